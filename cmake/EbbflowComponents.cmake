@@ -1,0 +1,58 @@
+# SPDX-License-Identifier: Apache-2.0
+# Optional component targets. Each carries the link dependencies of one
+# optional piece; a consumer links the ones it uses:
+#   ebbflow::asio  Boost.Asio + OpenSSL (rendezvous store, elastic control plane)
+#   ebbflow::ucx   UCX (host collectives)
+#   ebbflow::cuda  CUDA runtime (device executors, pinned memory)
+#   ebbflow::nccl  NCCL (device collectives)
+# A component whose dependency is missing is simply not defined.
+set(EBBFLOW_INSTALL_TARGETS ebbflow)
+set(EBBFLOW_COMPONENTS "")
+
+macro(_ebbflow_component name)
+  add_library(ebbflow_${name} INTERFACE)
+  add_library(ebbflow::${name} ALIAS ebbflow_${name})
+  set_target_properties(ebbflow_${name} PROPERTIES EXPORT_NAME ${name})
+  target_link_libraries(ebbflow_${name} INTERFACE ebbflow)
+  list(APPEND EBBFLOW_INSTALL_TARGETS ebbflow_${name})
+  list(APPEND EBBFLOW_COMPONENTS ${name})
+endmacro()
+
+find_package(Boost 1.74 QUIET CONFIG)
+find_package(OpenSSL QUIET COMPONENTS Crypto)
+if(Boost_FOUND AND OPENSSL_FOUND)
+  _ebbflow_component(asio)
+  target_link_libraries(ebbflow_asio INTERFACE Boost::headers OpenSSL::Crypto)
+endif()
+
+find_package(ucx QUIET CONFIG)
+if(ucx_FOUND)
+  _ebbflow_component(ucx)
+  target_link_libraries(ebbflow_ucx INTERFACE ucx::ucp ucx::ucs)
+endif()
+
+find_package(CUDAToolkit QUIET)
+if(CUDAToolkit_FOUND)
+  _ebbflow_component(cuda)
+  target_link_libraries(ebbflow_cuda INTERFACE CUDA::cudart)
+  find_package(NCCL QUIET)
+  if(NCCL_FOUND)
+    _ebbflow_component(nccl)
+    target_link_libraries(ebbflow_nccl INTERFACE ebbflow_cuda NCCL::nccl)
+  endif()
+endif()
+
+# nvcc for the .cu tests and kernels (not needed by consumers of the headers).
+set(EBBFLOW_CUDA_ENABLED OFF)
+if(EBBFLOW_ENABLE_CUDA AND CUDAToolkit_FOUND)
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND EBBFLOW_MASTER_PROJECT)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    enable_language(CUDA)
+    set(EBBFLOW_CUDA_ENABLED ON)
+  endif()
+endif()
+message(STATUS "ebbflow ${PROJECT_VERSION}: components [${EBBFLOW_COMPONENTS}], nvcc ${EBBFLOW_CUDA_ENABLED}")

@@ -1,0 +1,22 @@
+# SPDX-License-Identifier: Apache-2.0
+# ebbflow_add_test(<name> SOURCES ... [LIBS ...] [LABELS ...] [TIMEOUT s] [ARGS ...]
+#                  [NO_GTEST] [RUN_SERIAL])
+# Builds a test executable and registers it with CTest. Every test gets a
+# timeout (default 120 s) so that no test can hang CI.
+function(ebbflow_add_test name)
+  cmake_parse_arguments(T "NO_GTEST;RUN_SERIAL" "TIMEOUT" "SOURCES;LIBS;LABELS;ARGS" ${ARGN})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 120)
+  endif()
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ebbflow::ebbflow ${T_LIBS})
+  if(NOT T_NO_GTEST)
+    target_link_libraries(${name} PRIVATE GTest::gtest GTest::gtest_main)
+  endif()
+  target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic>)
+  add_test(NAME ${name} COMMAND ${name} ${T_ARGS})
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
+  if(T_RUN_SERIAL)
+    set_tests_properties(${name} PROPERTIES RUN_SERIAL TRUE)
+  endif()
+endfunction()

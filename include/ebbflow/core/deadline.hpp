@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file deadline.hpp
+//! Deadlines for blocking calls. Every blocking call in ebbflow takes one
+//! (or a timeout that is turned into one) and reports `errc::timeout` when it
+//! passes.
+#pragma once
+
+#include <ebbflow/config.hpp>
+
+#include <chrono>
+
+EBBFLOW_BEGIN_NAMESPACE
+
+using steady_clock = std::chrono::steady_clock;
+
+//! A point in time on the steady clock after which a blocking call gives up.
+class deadline {
+ public:
+  //! A deadline `timeout` from now.
+  template <class Rep, class Period>
+  static deadline after(std::chrono::duration<Rep, Period> timeout) noexcept {
+    return deadline(steady_clock::now() + std::chrono::duration_cast<steady_clock::duration>(timeout));
+  }
+  //! A deadline that never passes (use sparingly: prefer a bound).
+  static deadline never() noexcept { return deadline(steady_clock::time_point::max()); }
+
+  explicit deadline(steady_clock::time_point t) noexcept : at_(t) {}
+
+  [[nodiscard]] steady_clock::time_point at() const noexcept { return at_; }
+  [[nodiscard]] bool expired() const noexcept { return steady_clock::now() >= at_; }
+  //! Time left, zero once expired.
+  [[nodiscard]] steady_clock::duration remaining() const noexcept {
+    const auto now = steady_clock::now();
+    return now >= at_ ? steady_clock::duration::zero() : at_ - now;
+  }
+  //! The earlier of two deadlines.
+  [[nodiscard]] friend deadline min(deadline a, deadline b) noexcept { return a.at_ < b.at_ ? a : b; }
+
+ private:
+  steady_clock::time_point at_;
+};
+
+EBBFLOW_END_NAMESPACE

@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file dtype.hpp
+//! Element types and reduction operators that collectives and codecs accept.
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/core/half.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <type_traits>
+
+EBBFLOW_BEGIN_NAMESPACE
+
+//! Element type of a buffer.
+enum class dtype : std::uint8_t { f32, f64, f16, bf16, i32, i64, u8 };
+
+//! Every dtype, for iteration in tests and benchmarks.
+inline constexpr dtype all_dtypes[] = {dtype::f32, dtype::f64, dtype::f16, dtype::bf16,
+                                       dtype::i32, dtype::i64, dtype::u8};
+
+//! Size of one element in bytes.
+constexpr std::size_t size_of(dtype t) noexcept {
+  switch (t) {
+    case dtype::f64: case dtype::i64: return 8;
+    case dtype::f32: case dtype::i32: return 4;
+    case dtype::f16: case dtype::bf16: return 2;
+    case dtype::u8: return 1;
+  }
+  return 0;
+}
+
+//! Short name ("f32", "bf16", ...), as printed by benchmarks and errors.
+constexpr std::string_view name(dtype t) noexcept {
+  switch (t) {
+    case dtype::f32: return "f32";
+    case dtype::f64: return "f64";
+    case dtype::f16: return "f16";
+    case dtype::bf16: return "bf16";
+    case dtype::i32: return "i32";
+    case dtype::i64: return "i64";
+    case dtype::u8: return "u8";
+  }
+  return "?";
+}
+
+//! Parses a name produced by `name(dtype)`.
+constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept {
+  for (dtype t : all_dtypes)
+    if (name(t) == s) return t;
+  return std::nullopt;
+}
+
+constexpr bool is_floating(dtype t) noexcept {
+  return t == dtype::f32 || t == dtype::f64 || t == dtype::f16 || t == dtype::bf16;
+}
+
+//! The dtype of a C++ element type; `dtype_of_v<float> == dtype::f32`.
+template <class T> struct dtype_of;
+template <> struct dtype_of<float> : std::integral_constant<dtype, dtype::f32> {};
+template <> struct dtype_of<double> : std::integral_constant<dtype, dtype::f64> {};
+template <> struct dtype_of<half> : std::integral_constant<dtype, dtype::f16> {};
+template <> struct dtype_of<bfloat16> : std::integral_constant<dtype, dtype::bf16> {};
+template <> struct dtype_of<std::int32_t> : std::integral_constant<dtype, dtype::i32> {};
+template <> struct dtype_of<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
+template <> struct dtype_of<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
+template <class T> inline constexpr dtype dtype_of_v = dtype_of<std::remove_cv_t<T>>::value;
+
+//! Calls `f(T{})` with the C++ type of `t` (a tag value), returning its result.
+template <class F>
+constexpr decltype(auto) visit_dtype(dtype t, F&& f) {
+  switch (t) {
+    case dtype::f32: return f(float{});
+    case dtype::f64: return f(double{});
+    case dtype::f16: return f(half{});
+    case dtype::bf16: return f(bfloat16{});
+    case dtype::i32: return f(std::int32_t{});
+    case dtype::i64: return f(std::int64_t{});
+    case dtype::u8: return f(std::uint8_t{});
+  }
+  return f(float{});
+}
+
+//! Reduction operator of a collective. `avg` is `sum` divided by the world
+//! size (integers: truncating division).
+enum class reduce_op : std::uint8_t { sum, avg, min, max, prod };
+
+inline constexpr reduce_op all_reduce_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min,
+                                               reduce_op::max, reduce_op::prod};
+
+constexpr std::string_view name(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum: return "sum";
+    case reduce_op::avg: return "avg";
+    case reduce_op::min: return "min";
+    case reduce_op::max: return "max";
+    case reduce_op::prod: return "prod";
+  }
+  return "?";
+}
+
+constexpr std::optional<reduce_op> parse_reduce_op(std::string_view s) noexcept {
+  for (reduce_op op : all_reduce_ops)
+    if (name(op) == s) return op;
+  return std::nullopt;
+}
+
+EBBFLOW_END_NAMESPACE

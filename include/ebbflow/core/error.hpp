@@ -1,0 +1,301 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file error.hpp
+//! Error reporting: `std::error_code` categories for ebbflow itself and for
+//! each vendor's status type (UCX, CUDA, NCCL), portable conditions the
+//! elasticity logic tests against, and `ebbflow::system_error`, whose message
+//! names the rank, generation, peer and operation that failed.
+//!
+//! Conventions (STYLE.md §4): synchronous calls come in pairs, a throwing form
+//! and a `noexcept` form taking `std::error_code&`. Bad user input raises
+//! `std::invalid_argument` naming file and line. Nothing throws from
+//! destructors, device code or transport callbacks.
+#pragma once
+
+#include <ebbflow/config.hpp>
+
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+EBBFLOW_BEGIN_NAMESPACE
+
+//! Portable error conditions. Compare any `std::error_code` against these:
+//! `if (ec == ebbflow::errc::peer_lost) ...` holds for a UCX connection reset,
+//! an NCCL remote error and ebbflow's own `error::peer_lost` alike.
+enum class errc {
+  peer_lost = 1,  //!< a peer died or became unreachable
+  timeout,        //!< a deadline passed
+  revoked,        //!< the generation/communicator was revoked (membership changed)
+  bad_message,    //!< malformed, truncated or oversized message
+  unauthorized,   //!< missing or wrong job token
+  cancelled,      //!< the operation was cancelled (shutdown)
+  invalid_state,  //!< an operation was used in a state that does not allow it
+};
+
+//! Error codes raised by ebbflow itself (category `ebbflow_category()`); each
+//! maps onto the `errc` condition of the same name.
+enum class error {
+  peer_lost = 1,
+  timeout,
+  revoked,
+  bad_message,
+  unauthorized,
+  cancelled,
+  invalid_state,
+};
+
+namespace detail {
+inline constexpr std::string_view errc_name(int v) noexcept {
+  switch (v) {
+    case 1: return "peer lost";
+    case 2: return "timed out";
+    case 3: return "revoked";
+    case 4: return "bad message";
+    case 5: return "unauthorized";
+    case 6: return "cancelled";
+    case 7: return "invalid state";
+    default: return "unknown ebbflow error";
+  }
+}
+
+class condition_category_impl final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "ebbflow.condition"; }
+  std::string message(int v) const override { return std::string(errc_name(v)); }
+};
+
+class ebbflow_category_impl final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "ebbflow"; }
+  std::string message(int v) const override { return std::string(errc_name(v)); }
+  std::error_condition default_error_condition(int v) const noexcept override;
+};
+}  // namespace detail
+
+//! Category of the portable conditions (`errc`).
+inline const std::error_category& condition_category() noexcept {
+  static const detail::condition_category_impl c;
+  return c;
+}
+//! Category of ebbflow's own error codes (`error`).
+inline const std::error_category& ebbflow_category() noexcept {
+  static const detail::ebbflow_category_impl c;
+  return c;
+}
+inline std::error_condition detail::ebbflow_category_impl::default_error_condition(int v) const noexcept {
+  return {v, condition_category()};
+}
+
+inline std::error_condition make_error_condition(errc e) noexcept { return {static_cast<int>(e), condition_category()}; }
+inline std::error_code make_error_code(error e) noexcept { return {static_cast<int>(e), ebbflow_category()}; }
+
+namespace detail {
+//! UCX `ucs_status_t` values (stable ABI numbers from ucs/type/status.h), so
+//! this header needs no UCX include.
+class ucs_category_impl final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "ucs"; }
+  std::string message(int v) const override {
+    switch (v) {
+      case 0: return "success";
+      case -1: return "no pending message";
+      case -2: return "no resources are available to initiate the operation";
+      case -3: return "input/output error";
+      case -4: return "out of memory";
+      case -5: return "invalid parameter";
+      case -6: return "destination is unreachable";
+      case -7: return "address not valid";
+      case -8: return "function not implemented";
+      case -9: return "message truncated";
+      case -10: return "no progress";
+      case -11: return "provided buffer is too small";
+      case -12: return "no such element";
+      case -14: return "no such device";
+      case -15: return "device is busy";
+      case -16: return "request canceled";
+      case -20: return "operation timed out";
+      case -21: return "user-defined limit was reached";
+      case -22: return "unsupported operation";
+      case -23: return "operation rejected by remote peer";
+      case -24: return "endpoint is not connected";
+      case -25: return "connection reset by remote peer";
+      case -80: return "endpoint timeout";
+      default:
+        if (v <= -40 && v >= -59) return "link failure";
+        if (v <= -60 && v >= -89) return "endpoint failure";
+        return "UCX status " + std::to_string(v);
+    }
+  }
+  std::error_condition default_error_condition(int v) const noexcept override {
+    switch (v) {
+      case -16: return make_error_condition(errc::cancelled);
+      case -20: return make_error_condition(errc::timeout);
+      case -9: return make_error_condition(errc::bad_message);
+      // Any failure of a peer's operation means the peer is gone: UCX reports
+      // a killed process as reset, unreachable, i/o error or endpoint timeout
+      // depending on the transport (ENVIRONMENT-FACTS.md).
+      case -3: case -6: case -23: case -24: case -25:
+        return make_error_condition(errc::peer_lost);
+      default:
+        if (v <= -40 && v >= -89) return make_error_condition(errc::peer_lost);
+        return {v, *this};
+    }
+  }
+};
+
+//! CUDA runtime `cudaError_t` values; messages come from the runtime when
+//! the CUDA headers are available, otherwise the number.
+class cuda_category_impl final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "cuda"; }
+  std::string message(int v) const override {
+    switch (v) {
+      case 0: return "no error";
+      case 1: return "invalid argument";
+      case 2: return "out of memory";
+      case 35: return "CUDA driver version is insufficient for CUDA runtime version";
+      case 100: return "no CUDA-capable device is detected";
+      default: return "CUDA error " + std::to_string(v);
+    }
+  }
+};
+
+//! NCCL `ncclResult_t` values.
+class nccl_category_impl final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "nccl"; }
+  std::string message(int v) const override {
+    switch (v) {
+      case 0: return "no error";
+      case 1: return "unhandled cuda error";
+      case 2: return "unhandled system error";
+      case 3: return "internal error";
+      case 4: return "invalid argument";
+      case 5: return "invalid usage";
+      case 6: return "remote process exited or there was a network error";
+      case 7: return "NCCL operation in progress";
+      default: return "NCCL result " + std::to_string(v);
+    }
+  }
+  std::error_condition default_error_condition(int v) const noexcept override {
+    if (v == 6) return make_error_condition(errc::peer_lost);
+    return {v, *this};
+  }
+};
+}  // namespace detail
+
+//! Category for UCX `ucs_status_t` values. Peer failures map to `errc::peer_lost`.
+inline const std::error_category& ucs_category() noexcept {
+  static const detail::ucs_category_impl c;
+  return c;
+}
+//! Category for CUDA runtime `cudaError_t` values.
+inline const std::error_category& cuda_category() noexcept {
+  static const detail::cuda_category_impl c;
+  return c;
+}
+//! Category for NCCL `ncclResult_t` values. `ncclRemoteError` maps to `errc::peer_lost`.
+inline const std::error_category& nccl_category() noexcept {
+  static const detail::nccl_category_impl c;
+  return c;
+}
+
+//! Where an error happened. Any field may be unknown (-1 / empty).
+struct error_context {
+  int rank = -1;                       //!< rank that observed the error
+  std::int64_t generation = -1;        //!< membership generation
+  int peer = -1;                       //!< peer involved, if any
+  std::string operation = {};          //!< e.g. "allreduce", "store.get"
+  std::string detail = {};             //!< free text (sizes, keys, ...)
+};
+
+//! Exception carrying an `std::error_code` plus where it happened.
+//! `what()` reads e.g. "allreduce: peer lost [rank 2, generation 3, peer 1]".
+class system_error : public std::system_error {
+ public:
+  system_error(std::error_code ec, error_context ctx)
+      : std::system_error(ec), what_(format(ec, ctx)), ctx_(std::move(ctx)) {}
+  explicit system_error(std::error_code ec) : system_error(ec, error_context{}) {}
+
+  //! "operation: message (detail) [rank r, generation g, peer p]".
+  const char* what() const noexcept override { return what_.c_str(); }
+  [[nodiscard]] int rank() const noexcept { return ctx_.rank; }
+  [[nodiscard]] std::int64_t generation() const noexcept { return ctx_.generation; }
+  [[nodiscard]] int peer() const noexcept { return ctx_.peer; }
+  [[nodiscard]] std::string_view operation() const noexcept { return ctx_.operation; }
+  [[nodiscard]] const error_context& context() const noexcept { return ctx_; }
+
+  static std::string format(const std::error_code& ec, const error_context& c) {
+    std::ostringstream os;
+    if (!c.operation.empty()) os << c.operation << ": ";
+    os << ec.message();
+    if (!c.detail.empty()) os << " (" << c.detail << ")";
+    bool any = c.rank >= 0 || c.generation >= 0 || c.peer >= 0;
+    if (any) {
+      os << " [";
+      const char* sep = "";
+      if (c.rank >= 0) { os << "rank " << c.rank; sep = ", "; }
+      if (c.generation >= 0) { os << sep << "generation " << c.generation; sep = ", "; }
+      if (c.peer >= 0) { os << sep << "peer " << c.peer; }
+      os << "]";
+    }
+    return os.str();
+  }
+
+ private:
+  std::string what_;
+  error_context ctx_;
+};
+
+//! Throws `system_error(ec, ctx)` when `ec` holds an error.
+inline void throw_if(const std::error_code& ec, error_context ctx = {}) {
+  if (ec) EBBFLOW_THROW((system_error(ec, std::move(ctx))));
+}
+
+namespace detail {
+[[noreturn]] inline void throw_invalid_argument(const char* file, int line, const std::string& what) {
+  std::ostringstream os;
+  os << what << " (" << file << ":" << line << ")";
+#if EBBFLOW_EXCEPTIONS
+  throw std::invalid_argument(os.str());
+#else
+  std::fprintf(stderr, "ebbflow: invalid argument: %s\n", os.str().c_str());
+  std::abort();
+#endif
+}
+[[noreturn]] inline void expects_failed(const char* cond, const char* file, int line) {
+  std::ostringstream os;
+  os << "ebbflow internal invariant violated: " << cond << " (" << file << ":" << line << ")";
+#if EBBFLOW_EXCEPTIONS
+  throw std::logic_error(os.str());
+#else
+  std::fprintf(stderr, "%s\n", os.str().c_str());
+  std::abort();
+#endif
+}
+}  // namespace detail
+
+EBBFLOW_END_NAMESPACE
+
+template <>
+struct std::is_error_condition_enum<ebbflow::errc> : std::true_type {};
+template <>
+struct std::is_error_code_enum<ebbflow::error> : std::true_type {};
+
+//! Rejects bad user input: throws `std::invalid_argument` with `msg` (an
+//! ostream expression) plus file and line, when `cond` is false.
+#define EBBFLOW_ENFORCE(cond, msg)                                                    \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
+      std::ostringstream ebbflow_enforce_os_;                                         \
+      ebbflow_enforce_os_ << msg;                                                     \
+      ::ebbflow::detail::throw_invalid_argument(__FILE__, __LINE__, ebbflow_enforce_os_.str()); \
+    }                                                                                 \
+  } while (0)
+
+//! Internal invariant; a failure is a bug in ebbflow.
+#define EBBFLOW_EXPECTS(cond) \
+  ((cond) ? void(0) : ::ebbflow::detail::expects_failed(#cond, __FILE__, __LINE__))

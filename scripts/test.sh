@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The README's test command: installs what is missing, builds the release
+# preset (tests, benchmarks, examples, CUDA translation units when nvcc is
+# present) and runs every test. Extra arguments go to ctest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh test
+jobs=$(nproc)
+cmake --preset release >/dev/null
+cmake --build --preset release -j "$jobs"
+ctest --preset release -j "$jobs" "$@"
