@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file transport.hpp
+//! The point-to-point `transport` concept every collective algorithm is
+//! written over: tagged, non-blocking byte messages between the ranks of one
+//! generation, completed by `test` or by `wait` with a deadline.
+//!
+//! Semantics every model guarantees:
+//! * Messages between one (source, destination, tag) triple are matched in
+//!   the order they were posted (MPI-style non-overtaking).
+//! * A receive matches only a message of the same generation: the transport
+//!   folds `generation()` into the wire tag, so late traffic of an older
+//!   generation can never be consumed by a newer one.
+//! * The received message must have exactly the posted size; otherwise the
+//!   request fails with `errc::bad_message` naming both sizes.
+//! * A peer that died makes its pending and future requests fail with
+//!   `errc::peer_lost` (never a hang); `wait` returns `errc::timeout` when
+//!   its deadline passes, and the request stays pending (it may be waited on
+//!   again, or cancelled by destroying the transport).
+//! * Buffers must stay valid until the request completed.
+//! * Thread safety: one thread drives a transport at a time.
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/core/deadline.hpp>
+#include <ebbflow/core/error.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <system_error>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm {
+
+//! A user tag: 48 bits are available to collectives (the transport reserves
+//! the rest for the generation). Collectives compose it from an operation
+//! sequence number and a step (see `make_tag`).
+using tag_t = std::uint64_t;
+inline constexpr int tag_bits = 48;
+inline constexpr tag_t tag_mask = (tag_t{1} << tag_bits) - 1;
+
+//! Tag for step `step` (< 2^16) of collective number `seq` (wraps at 2^32).
+constexpr tag_t make_tag(std::uint64_t seq, std::uint32_t step) noexcept {
+  return ((seq & 0xffffffffu) << 16 | (step & 0xffffu)) & tag_mask;
+}
+
+template <class T>
+concept transport = requires(T& t, const T& ct, int peer, tag_t tag, std::span<const std::byte> out,
+                             std::span<std::byte> in, typename T::request& req, deadline d, std::error_code& ec) {
+  typename T::request;
+  { ct.rank() } -> std::convertible_to<int>;
+  { ct.size() } -> std::convertible_to<int>;
+  { ct.generation() } -> std::convertible_to<std::int64_t>;
+  //! Posts a send / receive; never blocks.
+  { t.isend(peer, tag, out) } -> std::same_as<typename T::request>;
+  { t.irecv(peer, tag, in) } -> std::same_as<typename T::request>;
+  //! Progresses; true once `req` completed (then `ec` holds its outcome).
+  { t.test(req, ec) } -> std::same_as<bool>;
+  //! Blocks until `req` completed or `d` passed (`errc::timeout`).
+  t.wait(req, d, ec);
+};
+
+//! Blocking send with a deadline. @throws system_error naming rank, peer, generation.
+template <transport T>
+void send(T& t, int peer, tag_t tag, std::span<const std::byte> data, deadline d) {
+  auto r = t.isend(peer, tag, data);
+  std::error_code ec;
+  t.wait(r, d, ec);
+  throw_if(ec, {.rank = t.rank(), .generation = t.generation(), .peer = peer, .operation = "send",
+                .detail = std::to_string(data.size()) + " bytes"});
+}
+
+//! Blocking receive with a deadline. @throws system_error naming rank, peer, generation.
+template <transport T>
+void recv(T& t, int peer, tag_t tag, std::span<std::byte> data, deadline d) {
+  auto r = t.irecv(peer, tag, data);
+  std::error_code ec;
+  t.wait(r, d, ec);
+  throw_if(ec, {.rank = t.rank(), .generation = t.generation(), .peer = peer, .operation = "recv",
+                .detail = std::to_string(data.size()) + " bytes"});
+}
+
+}  // namespace comm
+EBBFLOW_END_NAMESPACE
