@@ -22,10 +22,16 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace exec {
 
+namespace detail {
+struct probe_fn {
+  EBBFLOW_HD void operator()(std::size_t) const noexcept {}
+};
+}  // namespace detail
+
 template <class E>
 concept executor = requires(E& e, std::size_t n) {
   { E::space } -> std::convertible_to<memory_space>;
-  e.bulk(n, [](std::size_t) {});
+  e.bulk(n, detail::probe_fn{});
   e.wait();
 };
 
