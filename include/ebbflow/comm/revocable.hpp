@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file revocable.hpp
+//! `revocable<Transport>`: wraps any transport so that another thread can
+//! revoke it. Once revoked, every pending and later `wait` returns
+//! `errc::revoked` within about one poll slice. The elastic group uses this
+//! to pull every survivor out of a collective when any member saw a failure
+//! (a ring neighbour of a survivor is alive but will never send again).
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/comm/transport.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm {
+
+//! A flag shared between the transport user and the thread that revokes.
+class revoke_flag {
+ public:
+  void revoke() noexcept { v_.store(true, std::memory_order_release); }
+  [[nodiscard]] bool revoked() const noexcept { return v_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<bool> v_{false};
+};
+
+template <transport T>
+class revocable {
+ public:
+  using request = typename T::request;
+
+  //! `slice`: how long one inner wait may block before the flag is checked again.
+  revocable(T inner, std::shared_ptr<revoke_flag> flag, std::chrono::microseconds slice = std::chrono::milliseconds(2))
+      : inner_(std::move(inner)), flag_(std::move(flag)), slice_(slice) {}
+
+  [[nodiscard]] int rank() const noexcept { return inner_.rank(); }
+  [[nodiscard]] int size() const noexcept { return inner_.size(); }
+  [[nodiscard]] std::int64_t generation() const noexcept { return inner_.generation(); }
+  [[nodiscard]] T& inner() noexcept { return inner_; }
+  [[nodiscard]] const std::shared_ptr<revoke_flag>& flag() const noexcept { return flag_; }
+
+  request isend(int peer, tag_t tag, std::span<const std::byte> out) { return inner_.isend(peer, tag, out); }
+  request irecv(int peer, tag_t tag, std::span<std::byte> in) { return inner_.irecv(peer, tag, in); }
+  bool test(request& r, std::error_code& ec) {
+    if (inner_.test(r, ec)) return true;
+    if (flag_->revoked()) {
+      ec = make_error_code(error::revoked);
+      return true;
+    }
+    return false;
+  }
+  void wait(request& r, deadline d, std::error_code& ec) {
+    for (;;) {
+      if (flag_->revoked()) {
+        if (!inner_.test(r, ec)) ec = make_error_code(error::revoked);
+        return;
+      }
+      ec.clear();
+      inner_.wait(r, min(d, deadline::after(slice_)), ec);
+      if (ec != errc::timeout) return;
+      if (d.expired()) return;
+    }
+  }
+
+ private:
+  T inner_;
+  std::shared_ptr<revoke_flag> flag_;
+  std::chrono::microseconds slice_;
+};
+
+}  // namespace comm
+EBBFLOW_END_NAMESPACE

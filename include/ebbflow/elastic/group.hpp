@@ -1,0 +1,382 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file group.hpp
+//! The elastic group: data-parallel training whose workers join, leave and
+//! fail while training goes on, with no restart and no lost or repeated
+//! sample.
+//!
+//! A training loop uses it like this (see examples/elastic_train.cpp):
+//! @code
+//!   elastic::group g(connect_store, net, opts);          // joins the job
+//!   g.register_state("params", std::as_writable_bytes(std::span(params)));
+//!   while (g.active() && g.step() < total_steps) {
+//!     auto s = g.begin_step();                           // my slice and weight
+//!     compute gradients over samples [s.cursor + s.offset, + s.batch) of s.epoch,
+//!       scaled by s.weight (mean loss over my slice × b_i / B)
+//!     if (!g.allreduce(grads)) continue;                 // a member failed: redo the step
+//!     optimizer step
+//!     g.end_step(compute_seconds);                       // commit; membership changes happen here
+//!   }
+//! @endcode
+//!
+//! Protocol (docs/elastic.md has the full argument):
+//! * The store is the single source of truth. Generation g has a fixed member
+//!   list (rank = position) recorded under `<prefix>/gen/<g>`; every message
+//!   of g carries g in its tag (comm/transport.hpp), so traffic of an older
+//!   generation is never consumed by a newer one.
+//! * Every step ends with a small control exchange (an allreduce of a few
+//!   doubles per member): each member's batch and compute time (so every
+//!   member's planning policy sees the same history), leave requests, and the
+//!   coordinator's (rank 0's) decisions: a new plan, or admitted joiners.
+//! * Join: a newcomer registers its transport address and a join ticket and
+//!   waits, while the others keep training. The coordinator admits it at a step
+//!   boundary by writing generation g+1; everyone switches there and the
+//!   coordinator streams the committed state (registered buffers plus step,
+//!   epoch, cursor and plan) to the newcomer. Survivors stall only for that.
+//! * Leave (`request_leave`, e.g. from SIGTERM): announced in the control
+//!   exchange and applied at that boundary; no rollback, no state transfer.
+//! * Failure: a transport error (peer_lost, timeout) or a revocation aborts
+//!   the step on every survivor: the first to notice posts `abort/<g>`, whose
+//!   heartbeat threads revoke their transports. Survivors report their last
+//!   committed step under `recover/<g>/<id>`; a member is judged dead when
+//!   reported lost by a peer's transport or when its heartbeat lease expires.
+//!   One survivor proposes g+1 by compare-and-set (the first proposal wins);
+//!   the member with the newest committed step streams its state to any member
+//!   behind it. A step is committed by `end_step`, after the gradient
+//!   allreduce completed and the optimizer stepped, so the rolled-back step
+//!   applied no update and did not advance the cursor: it is simply redone.
+//! * Below `min_size` the survivors wait (logging why) until workers join.
+//!
+//! Thread safety: one thread drives a group; `request_leave` may be called
+//! from any thread or a signal handler (through `leave_on_signal`).
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/comm/revocable.hpp>
+#include <ebbflow/comm/transport.hpp>
+#include <ebbflow/core/deadline.hpp>
+#include <ebbflow/core/env.hpp>
+#include <ebbflow/core/error.hpp>
+#include <ebbflow/core/log.hpp>
+#include <ebbflow/elastic/detail/wire.hpp>
+#include <ebbflow/elastic/kv_store.hpp>
+#include <ebbflow/elastic/policy.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! A network builds the transport of each generation. `address()` is this
+//! process's transport address (published in the store); `connect(g, rank,
+//! addresses, d)` returns the transport of generation g given every member's
+//! address in rank order. UCX and loopback networks model this.
+template <class N>
+concept network = requires(N& n, std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline d) {
+  typename N::transport_type;
+  requires comm::transport<typename N::transport_type>;
+  { n.address() } -> std::convertible_to<bytes>;
+  { n.connect(g, rank, addrs, d) } -> std::same_as<typename N::transport_type>;
+};
+
+//! Settings of an elastic group. `from_environment()` reads the `EBBFLOW_*`
+//! variables named beside each field (validated; bad values throw).
+struct group_options {
+  std::string prefix = "ebbflow";       //!< store key prefix of this job (EBBFLOW_JOB)
+  int min_size = 1;                     //!< EBBFLOW_MIN_SIZE: below it the group waits
+  int max_size = 1 << 16;               //!< EBBFLOW_MAX_SIZE: joiners beyond it wait
+  std::size_t global_batch = 0;         //!< B, samples per step over all members (required)
+  std::size_t dataset_size = 0;         //!< N, samples per epoch (required)
+  bool drop_last = false;               //!< drop an epoch's short last batch
+  bool join = false;                    //!< EBBFLOW_JOIN=1: join a running job instead of starting one
+  std::chrono::milliseconds heartbeat{50};        //!< EBBFLOW_HEARTBEAT_MS
+  std::chrono::milliseconds lease{1000};          //!< EBBFLOW_LEASE_MS: silence after which a member is dead
+  std::chrono::milliseconds op_timeout{30'000};   //!< EBBFLOW_OP_TIMEOUT_MS: deadline of each collective
+  std::chrono::milliseconds join_timeout{120'000};  //!< EBBFLOW_JOIN_TIMEOUT_MS: waiting to be admitted / initial formation
+  std::chrono::milliseconds min_size_wait{600'000};  //!< EBBFLOW_MIN_WAIT_MS: waiting below min_size before giving up
+  std::chrono::milliseconds store_timeout{10'000};   //!< deadline of each store call
+
+  //! Reads the fields named above from the environment (launch rank and world
+  //! come from `launch_info`). @throws std::invalid_argument naming the variable.
+  static group_options from_environment() { return from_environment(group_options{}); }
+  //! As above, starting from `o` instead of the defaults.
+  static group_options from_environment(group_options o) {
+    if (auto j = env::get("EBBFLOW_JOB")) o.prefix = *j;
+    o.min_size = static_cast<int>(env::get_int("EBBFLOW_MIN_SIZE", o.min_size, 1, 1 << 20));
+    o.max_size = static_cast<int>(env::get_int("EBBFLOW_MAX_SIZE", o.max_size, o.min_size, 1 << 20));
+    o.join = env::get_bool("EBBFLOW_JOIN", o.join);
+    o.heartbeat = env::get_ms("EBBFLOW_HEARTBEAT_MS", o.heartbeat, 1, 60'000);
+    o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
+    o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
+    o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
+    o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
+    return o;
+  }
+};
+
+//! What this member does in the current step.
+struct step_info {
+  std::int64_t step = 0;          //!< committed steps so far (this step's number)
+  std::int64_t epoch = 0;         //!< epoch of this step
+  std::size_t cursor = 0;         //!< position in the epoch's sample order where this step's global batch starts
+  std::size_t global_batch = 0;   //!< B_t (B, or less for an epoch's short last batch)
+  std::size_t offset = 0;         //!< start of this member's slice inside the global batch
+  std::size_t batch = 0;          //!< b_i, this member's slice length (may be 0)
+  double weight = 0;              //!< b_i / B_t: scale of this member's mean-loss gradient
+  int rank = 0;                   //!< rank in the current generation
+  int world_size = 1;             //!< members in the current generation
+  std::int64_t generation = 0;    //!< current generation
+  std::uint64_t plan_version = 0; //!< identifies the plan (same on every member)
+};
+
+//! Why the membership changed (passed to world-changed callbacks).
+enum class change_reason : std::uint8_t { initial, join, leave, failure };
+
+constexpr std::string_view name(change_reason r) noexcept {
+  switch (r) {
+    case change_reason::initial: return "initial";
+    case change_reason::join: return "join";
+    case change_reason::leave: return "leave";
+    case change_reason::failure: return "failure";
+  }
+  return "?";
+}
+
+//! A membership change as seen by callbacks and the event log.
+struct world_change {
+  std::int64_t generation = 0;
+  change_reason reason = change_reason::initial;
+  int old_size = 0;
+  int new_size = 0;
+  int rank = 0;                  //!< this member's new rank
+  std::int64_t step = 0;         //!< committed step at which the change took effect
+  double stall_seconds = 0;      //!< time from the change's start to this member being ready again
+};
+
+namespace detail {
+struct member_entry {
+  member_id id = -1;
+  std::int64_t committed = -1;  // newest committed step the member holds; -1: no state
+};
+
+struct generation_record {
+  std::int64_t generation = 0;
+  change_reason reason = change_reason::initial;
+  std::vector<member_entry> members;
+  member_id source = -1;           // holds the newest committed state
+  std::int64_t source_step = 0;
+  std::vector<std::uint64_t> plan;  // full-B plan, rank order
+  std::uint64_t plan_version = 0;
+  std::int64_t joins_seen = 0;      // join tickets handled so far
+
+  [[nodiscard]] bytes encode() const {
+    writer w;
+    w.put<std::uint32_t>(0xEBBF1001u).put(generation).put(static_cast<std::uint8_t>(reason));
+    w.put<std::uint64_t>(members.size());
+    for (auto& m : members) w.put(m.id).put(m.committed);
+    w.put(source).put(source_step).put<std::uint64_t>(plan.size());
+    for (auto b : plan) w.put(b);
+    w.put(plan_version).put(joins_seen);
+    return w.take();
+  }
+  static generation_record decode(std::span<const std::byte> in) {
+    reader r(in, "generation record");
+    generation_record g;
+    if (r.get<std::uint32_t>() != 0xEBBF1001u)
+      throw system_error(make_error_code(error::bad_message), {.operation = "decode", .detail = "generation record magic"});
+    g.generation = r.get<std::int64_t>();
+    g.reason = static_cast<change_reason>(r.get<std::uint8_t>());
+    const auto n = r.get_count(16);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      member_entry m;
+      m.id = r.get<member_id>();
+      m.committed = r.get<std::int64_t>();
+      g.members.push_back(m);
+    }
+    g.source = r.get<member_id>();
+    g.source_step = r.get<std::int64_t>();
+    const auto p = r.get_count(8);
+    for (std::uint64_t i = 0; i < p; ++i) g.plan.push_back(r.get<std::uint64_t>());
+    g.plan_version = r.get<std::uint64_t>();
+    g.joins_seen = r.get<std::int64_t>();
+    r.expect_end();
+    return g;
+  }
+  [[nodiscard]] int rank_of(member_id id) const noexcept {
+    for (std::size_t i = 0; i < members.size(); ++i)
+      if (members[i].id == id) return static_cast<int>(i);
+    return -1;
+  }
+};
+
+inline std::atomic<bool>& signal_leave_flag() noexcept {
+  static std::atomic<bool> f{false};
+  return f;
+}
+extern "C" inline void on_leave_signal(int) { signal_leave_flag().store(true); }
+
+inline bytes i64_bytes(std::int64_t v) {
+  bytes b(sizeof v);
+  std::memcpy(b.data(), &v, sizeof v);
+  return b;
+}
+inline std::int64_t bytes_i64(const bytes& b) {
+  std::int64_t v = 0;
+  if (b.size() == sizeof v) std::memcpy(&v, b.data(), sizeof v);
+  return v;
+}
+}  // namespace detail
+
+//! Makes `sig` (e.g. SIGTERM) request a graceful leave of every group in this
+//! process at its next step boundary, instead of killing it.
+inline void leave_on_signal(int sig = SIGTERM) { std::signal(sig, detail::on_leave_signal); }
+
+//! Raised by `group` when it cannot go on: the store is gone, the membership
+//! stayed below `min_size` for `min_size_wait`, or this worker was never
+//! admitted. Carries errc::timeout / peer_lost / invalid_state.
+using group_error = system_error;
+
+//! The elastic group. `Store` models `kv_store`, `Net` models `network`.
+//! `connect_store` is called twice: for the training thread and for the
+//! heartbeat thread (store clients need not be thread-safe).
+template <kv_store Store, network Net>
+class group {
+ public:
+  using transport_type = comm::revocable<typename Net::transport_type>;
+  using store_factory = std::function<std::unique_ptr<Store>()>;
+
+  //! Joins the job: as one of the initial `launch.world_size` workers (rank
+  //! `launch.rank`), or, with `opts.join`, as a newcomer admitted at a step
+  //! boundary. Blocks until this worker is a member (deadline
+  //! `opts.join_timeout`). Registered state is synchronised at the first
+  //! `begin_step`; register it before that.
+  //! @throws group_error, std::invalid_argument for bad options.
+  group(store_factory connect_store, Net& net, group_options opts, launch_info launch,
+        std::unique_ptr<planning_policy> policy = std::make_unique<uniform_policy>());
+
+  group(const group&) = delete;
+  group& operator=(const group&) = delete;
+  //! Stops the heartbeat (the others see this worker as failed unless it left).
+  ~group();
+
+  //! Registers a buffer that is part of the training state (parameters,
+  //! optimizer state, ...): streamed to joiners and to members behind after a
+  //! failure. Host memory; same name and size on every member.
+  void register_state(std::string name, std::span<std::byte> host_bytes);
+  //! Called after every membership change (e.g. to rescale the learning rate).
+  void on_world_changed(std::function<void(const world_change&)> cb) { callbacks_.push_back(std::move(cb)); }
+
+  //! This member's share of the next step. Applies a pending switch or state
+  //! transfer first. @throws group_error when the group cannot go on.
+  step_info begin_step();
+
+  //! Runs `f(transport&)` (any collective over this generation's transport).
+  //! Returns false when a member failed: the step is aborted, the group
+  //! re-formed, and the caller must redo the step from `begin_step`.
+  template <class F>
+  bool collective(F&& f);
+  //! Sums `data` over all members (host memory). False: redo the step.
+  bool allreduce(std::span<float> data);
+  bool allreduce(std::span<double> data);
+
+  //! Commits the step (call after the optimizer step) and runs the control
+  //! exchange: feeds every member's timing to the policy, applies new plans,
+  //! leaves and joins. `compute_seconds`: this member's compute time of the step.
+  void end_step(double compute_seconds);
+
+  //! Asks to leave at the next step boundary (thread-safe).
+  void request_leave() noexcept { leave_requested_.store(true); }
+  //! Marks the job finished: workers still waiting to join stop waiting.
+  void finish();
+
+  [[nodiscard]] bool active() const noexcept { return active_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return static_cast<int>(gen_.members.size()); }
+  [[nodiscard]] std::int64_t generation() const noexcept { return gen_.generation; }
+  [[nodiscard]] std::int64_t step() const noexcept { return step_; }
+  [[nodiscard]] std::int64_t epoch() const noexcept { return epoch_; }
+  [[nodiscard]] member_id id() const noexcept { return id_; }
+  [[nodiscard]] std::span<const std::uint64_t> plan() const noexcept { return gen_.plan; }
+  [[nodiscard]] const std::vector<world_change>& history() const noexcept { return history_; }
+  //! The transport of the current generation (valid until the next change).
+  [[nodiscard]] transport_type& transport() { return *transport_; }
+
+ private:
+  std::string key(const std::string& k) const { return opts_.prefix + "/" + k; }
+  deadline store_deadline() const { return deadline::after(opts_.store_timeout); }
+  void heartbeat_loop(std::stop_token st);
+  step_info current_slice() const;
+  void form_initial();
+  void wait_admission();
+  void adopt(detail::generation_record rec, steady_clock::time_point started);
+  void sync_state();
+  void recover(std::int64_t failed_generation, int lost_peer);
+  void change_membership(const std::vector<double>& ctl, int n);
+  std::vector<bytes> addresses(const detail::generation_record& rec);
+  std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room);
+  bool fresh(member_id m, std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>& seen);
+  void control_allreduce(std::span<double> v);
+  template <class T>
+  bool allreduce_impl(std::span<T> data);
+  void notify(change_reason reason, int old_size, double stall);
+  [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
+
+  group_options opts_;
+  launch_info launch_;
+  store_factory connect_store_;
+  std::unique_ptr<Store> store_;
+  Net* net_;
+  std::unique_ptr<planning_policy> policy_;
+  member_id id_ = -1;
+  bytes address_;
+  std::map<member_id, bytes> address_cache_;
+
+  detail::generation_record gen_;
+  int rank_ = -1;
+  bool active_ = true;
+  std::int64_t step_ = -1;  // committed steps; -1 until state arrives
+  std::int64_t epoch_ = 0;
+  std::size_t cursor_ = 0;
+  std::uint64_t ctl_seq_ = 0;
+  struct pending_change {
+    change_reason reason;
+    int old_size;
+    steady_clock::time_point started;
+  };
+  std::optional<pending_change> pending_;  // state transfer and notification still to do
+  std::optional<transport_type> transport_;
+  std::shared_ptr<comm::revoke_flag> revoke_;
+  std::atomic<std::int64_t> hb_generation_{-1};
+  std::mutex hb_mutex_;
+  std::shared_ptr<comm::revoke_flag> hb_revoke_;
+  std::atomic<bool> leave_requested_{false};
+  std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
+
+  struct state_entry {
+    std::string name;
+    std::span<std::byte> data;
+  };
+  std::vector<state_entry> state_;
+  std::vector<std::function<void(const world_change&)>> callbacks_;
+  std::vector<world_change> history_;
+  std::jthread heartbeat_;
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+
+#include <ebbflow/elastic/impl/group.hpp>

@@ -1,0 +1,662 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group.hpp
+//! Definitions of elastic::group (see elastic/group.hpp for the contract).
+#pragma once
+
+#include <ebbflow/elastic/group.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <sstream>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+namespace detail {
+// Tag spaces of the group's own traffic on a generation's transport (user
+// collectives count their sequence numbers from 0 and stay far below).
+inline constexpr std::uint64_t control_seq_base = 0x80000000u;
+inline constexpr std::uint64_t sync_seq = 0x7fffffffu;
+
+inline bool recoverable(const std::error_code& ec) noexcept {
+  return ec == errc::peer_lost || ec == errc::timeout || ec == errc::revoked;
+}
+}  // namespace detail
+
+template <kv_store Store, network Net>
+group<Store, Net>::group(store_factory connect_store, Net& net, group_options opts, launch_info launch,
+                         std::unique_ptr<planning_policy> policy)
+    : opts_(std::move(opts)),
+      launch_(std::move(launch)),
+      connect_store_(std::move(connect_store)),
+      net_(&net),
+      policy_(std::move(policy)) {
+  EBBFLOW_ENFORCE(opts_.global_batch > 0, "elastic group: global_batch must be > 0");
+  EBBFLOW_ENFORCE(opts_.dataset_size > 0, "elastic group: dataset_size must be > 0");
+  EBBFLOW_ENFORCE(!opts_.drop_last || opts_.global_batch <= opts_.dataset_size,
+                  "elastic group: drop_last with global_batch " << opts_.global_batch << " > dataset_size "
+                                                                << opts_.dataset_size << " leaves no step");
+  EBBFLOW_ENFORCE(opts_.min_size >= 1 && opts_.max_size >= opts_.min_size,
+                  "elastic group: need 1 <= min_size (" << opts_.min_size << ") <= max_size (" << opts_.max_size << ")");
+  EBBFLOW_ENFORCE(policy_ != nullptr, "elastic group: null planning policy");
+  EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
+  store_ = connect_store_();
+  id_ = store_->add(key("next_id"), 1, store_deadline());
+  address_ = net_->address();
+  store_->set(key("addr/" + std::to_string(id_)), address_, store_deadline());
+  heartbeat_ = std::jthread([this](std::stop_token st) { heartbeat_loop(st); });
+  if (!opts_.join && launch_.rank < launch_.world_size)
+    form_initial();
+  else
+    wait_admission();
+}
+
+template <kv_store Store, network Net>
+group<Store, Net>::~group() {
+  heartbeat_.request_stop();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  transport_.reset();
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::register_state(std::string name, std::span<std::byte> host_bytes) {
+  for (auto& s : state_) EBBFLOW_ENFORCE(s.name != name, "elastic group: state '" << name << "' registered twice");
+  state_.push_back({std::move(name), host_bytes});
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::fail(std::error_code ec, const std::string& what) const {
+  throw group_error(ec, {.rank = rank_, .generation = gen_.generation, .operation = "elastic group", .detail = what});
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::heartbeat_loop(std::stop_token st) {
+  std::unique_ptr<Store> s;
+  bool warned = false;
+  std::mutex m;
+  std::condition_variable_any cv;
+  while (!st.stop_requested()) {
+    try {
+      if (!s) s = connect_store_();
+      s->add(key("hb/" + std::to_string(id_)), 1, deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
+      const std::int64_t g = hb_generation_.load();
+      if (g >= 0 && s->get(key("abort/" + std::to_string(g)), store_deadline())) {
+        std::lock_guard lk(hb_mutex_);
+        if (hb_revoke_ && !hb_revoke_->revoked()) {
+          EBBFLOW_LOG_DEBUG("generation " << g << " aborted by a peer: revoking the transport");
+          hb_revoke_->revoke();
+        }
+      }
+      warned = false;
+    } catch (const std::exception& e) {
+      if (!warned) EBBFLOW_LOG_WARN("heartbeat of member " << id_ << " failed: " << e.what());
+      warned = true;
+      s.reset();
+    }
+    std::unique_lock lk(m);
+    cv.wait_for(lk, st, opts_.heartbeat, [] { return false; });
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::form_initial() {
+  const auto started = steady_clock::now();
+  store_->set(key("init/" + std::to_string(launch_.rank)), detail::i64_bytes(id_), store_deadline());
+  const std::string gkey = key("gen/0");
+  if (launch_.rank == 0) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < launch_.world_size; ++r) keys.push_back(key("init/" + std::to_string(r)));
+    try {
+      store_->wait(keys, deadline::after(opts_.join_timeout));
+    } catch (const system_error& e) {
+      fail(e.code(), "only some of the " + std::to_string(launch_.world_size) +
+                         " initial workers registered within EBBFLOW_JOIN_TIMEOUT_MS");
+    }
+    detail::generation_record rec;
+    rec.generation = 0;
+    rec.reason = change_reason::initial;
+    std::vector<member_id> ids;
+    for (int r = 0; r < launch_.world_size; ++r) {
+      auto v = store_->get(keys[static_cast<std::size_t>(r)], store_deadline());
+      const member_id m = detail::bytes_i64(*v);
+      rec.members.push_back({m, r == 0 ? 0 : -1});
+      ids.push_back(m);
+    }
+    rec.source = id_;
+    rec.source_step = 0;
+    auto p = policy_->plan(ids, opts_.global_batch);
+    rec.plan.assign(p.begin(), p.end());
+    rec.plan_version = 1;
+    rec.joins_seen = 0;
+    store_->compare_set(gkey, {}, rec.encode(), store_deadline());
+    step_ = 0;
+  } else {
+    try {
+      store_->wait({gkey}, deadline::after(opts_.join_timeout));
+    } catch (const system_error& e) {
+      fail(e.code(), "the initial generation was not formed within EBBFLOW_JOIN_TIMEOUT_MS (is rank 0 running?)");
+    }
+  }
+  auto rec = detail::generation_record::decode(*store_->get(gkey, store_deadline()));
+  try {
+    adopt(std::move(rec), started);
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    recover(0, e.peer());
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::wait_admission() {
+  const auto started = steady_clock::now();
+  step_ = -1;
+  const auto seq = store_->add(key("join_seq"), 1, store_deadline());
+  store_->set(key("join/" + std::to_string(seq)), detail::i64_bytes(id_), store_deadline());
+  EBBFLOW_LOG_INFO("member " << id_ << " waiting to be admitted (join ticket " << seq << ")");
+  const auto d = deadline::after(opts_.join_timeout);
+  const std::string jkey = key("joined/" + std::to_string(id_));
+  for (;;) {
+    if (auto v = store_->get(jkey, store_deadline())) {
+      const auto g = detail::bytes_i64(*v);
+      auto rec = detail::generation_record::decode(*store_->get(key("gen/" + std::to_string(g)), store_deadline()));
+      try {
+        adopt(std::move(rec), started);
+      } catch (const system_error& e) {
+        if (!detail::recoverable(e.code())) throw;
+        recover(g, e.peer());
+      }
+      return;
+    }
+    if (store_->get(key("done"), store_deadline())) fail(error::invalid_state, "the job finished before this worker was admitted");
+    if (d.expired()) fail(error::timeout, "not admitted within EBBFLOW_JOIN_TIMEOUT_MS (group at max size, or no coordinator)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+template <kv_store Store, network Net>
+std::vector<bytes> group<Store, Net>::addresses(const detail::generation_record& rec) {
+  std::vector<bytes> out;
+  for (auto& m : rec.members) {
+    auto it = address_cache_.find(m.id);
+    if (it == address_cache_.end()) {
+      auto v = store_->get(key("addr/" + std::to_string(m.id)), store_deadline());
+      if (!v) fail(error::invalid_state, "member " + std::to_string(m.id) + " published no transport address");
+      it = address_cache_.emplace(m.id, std::move(*v)).first;
+    }
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_point started) {
+  const int old_size = static_cast<int>(gen_.members.size());
+  const int r = rec.rank_of(id_);
+  EBBFLOW_EXPECTS(r >= 0);
+  gen_ = std::move(rec);
+  rank_ = r;
+  ctl_seq_ = 0;
+  log::set_rank(rank_);
+  auto addrs = addresses(gen_);
+  revoke_ = std::make_shared<comm::revoke_flag>();
+  {
+    std::lock_guard lk(hb_mutex_);
+    hb_revoke_ = revoke_;
+  }
+  hb_generation_.store(gen_.generation);
+  transport_.reset();
+  transport_.emplace(net_->connect(gen_.generation, rank_, addrs, deadline::after(opts_.op_timeout)), revoke_);
+  // The state moves at the next begin_step: a newcomer registers its buffers
+  // after the constructor returned.
+  if (!pending_) pending_ = pending_change{gen_.reason, old_size, started};
+  pending_->reason = gen_.reason;
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::sync_state() {
+  using comm::make_tag;
+  const auto d = deadline::after(opts_.op_timeout);
+  auto& t = *transport_;
+  if (gen_.source == id_) {
+    EBBFLOW_EXPECTS(step_ == gen_.source_step);
+    detail::writer w;
+    w.put(step_).put(epoch_).put<std::uint64_t>(cursor_).put<std::uint64_t>(state_.size());
+    for (auto& s : state_) {
+      w.put_bytes(elastic::to_bytes(s.name));
+      w.put<std::uint64_t>(s.data.size());
+    }
+    const bytes header = w.take();
+    const std::uint64_t header_size = header.size();
+    for (std::size_t j = 0; j < gen_.members.size(); ++j) {
+      if (gen_.members[j].committed >= gen_.source_step) continue;
+      const int peer = static_cast<int>(j);
+      comm::send(t, peer, make_tag(detail::sync_seq, 0), std::as_bytes(std::span(&header_size, 1)), d);
+      comm::send(t, peer, make_tag(detail::sync_seq, 1), header, d);
+      for (std::size_t k = 0; k < state_.size(); ++k)
+        comm::send(t, peer, make_tag(detail::sync_seq, static_cast<std::uint32_t>(2 + k)), state_[k].data, d);
+      EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << peer << ")");
+    }
+  } else if (step_ < gen_.source_step) {
+    const int src = gen_.rank_of(gen_.source);
+    std::uint64_t header_size = 0;
+    comm::recv(t, src, make_tag(detail::sync_seq, 0), std::as_writable_bytes(std::span(&header_size, 1)), d);
+    if (header_size > (std::uint64_t{1} << 24)) fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");
+    bytes header(header_size);
+    comm::recv(t, src, make_tag(detail::sync_seq, 1), header, d);
+    detail::reader rd(header, "state header");
+    const auto step = rd.get<std::int64_t>();
+    const auto epoch = rd.get<std::int64_t>();
+    const auto cursor = rd.get<std::uint64_t>();
+    const auto n = rd.get<std::uint64_t>();
+    if (n != state_.size())
+      fail(error::invalid_state, "member " + std::to_string(gen_.source) + " has " + std::to_string(n) +
+                                     " registered state buffers, this member " + std::to_string(state_.size()));
+    for (std::size_t k = 0; k < state_.size(); ++k) {
+      auto nm = rd.get_bytes();
+      const auto sz = rd.get<std::uint64_t>();
+      const std::string name(reinterpret_cast<const char*>(nm.data()), nm.size());
+      if (name != state_[k].name || sz != state_[k].data.size()) {
+        std::ostringstream os;
+        os << "state buffer " << k << " is '" << name << "' of " << sz << " bytes on member " << gen_.source
+           << " but '" << state_[k].name << "' of " << state_[k].data.size() << " bytes here";
+        fail(error::invalid_state, os.str());
+      }
+    }
+    for (std::size_t k = 0; k < state_.size(); ++k)
+      comm::recv(t, src, make_tag(detail::sync_seq, static_cast<std::uint32_t>(2 + k)), state_[k].data, d);
+    step_ = step;
+    epoch_ = epoch;
+    cursor_ = cursor;
+    EBBFLOW_LOG_INFO("received state of step " << step_ << " from member " << gen_.source);
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::notify(change_reason reason, int old_size, double stall) {
+  world_change wc{gen_.generation, reason, old_size, size(), rank_, step_, stall};
+  history_.push_back(wc);
+  EBBFLOW_LOG_INFO("generation " << wc.generation << " (" << name(reason) << "): " << old_size << " -> " << wc.new_size
+                                 << " members, rank " << rank_ << ", step " << step_ << ", ready after "
+                                 << stall * 1e3 << " ms");
+  for (auto& cb : callbacks_) cb(wc);
+}
+
+template <kv_store Store, network Net>
+step_info group<Store, Net>::begin_step() {
+  if (!active_) fail(error::invalid_state, "begin_step after this member left the group");
+  if (detail::signal_leave_flag().load()) leave_requested_.store(true);
+  while (pending_) {
+    try {
+      sync_state();
+      const auto p = *pending_;
+      pending_.reset();
+      notify(p.reason, p.old_size, std::chrono::duration<double>(steady_clock::now() - p.started).count());
+    } catch (const system_error& e) {
+      if (!detail::recoverable(e.code())) throw;
+      EBBFLOW_LOG_WARN("state transfer failed: " << e.what());
+      recover(gen_.generation, e.code() == errc::peer_lost ? e.peer() : -1);
+    }
+  }
+  return current_slice();
+}
+
+template <kv_store Store, network Net>
+step_info group<Store, Net>::current_slice() const {
+  step_info s;
+  s.step = step_;
+  s.epoch = epoch_;
+  s.cursor = cursor_;
+  s.global_batch = std::min(opts_.global_batch, opts_.dataset_size - cursor_);
+  std::vector<std::size_t> plan(gen_.plan.begin(), gen_.plan.end());
+  auto p = scale_plan(plan, s.global_batch);
+  s.offset = std::accumulate(p.begin(), p.begin() + rank_, std::size_t{0});
+  s.batch = p[static_cast<std::size_t>(rank_)];
+  s.weight = s.global_batch ? static_cast<double>(s.batch) / static_cast<double>(s.global_batch) : 0.0;
+  s.rank = rank_;
+  s.world_size = size();
+  s.generation = gen_.generation;
+  s.plan_version = gen_.plan_version;
+  return s;
+}
+
+template <kv_store Store, network Net>
+template <class F>
+bool group<Store, Net>::collective(F&& f) {
+  try {
+    f(*transport_);
+    return true;
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    EBBFLOW_LOG_WARN("step " << step_ << " aborted: " << e.what());
+    recover(gen_.generation, e.code() == errc::peer_lost ? e.peer() : -1);
+    return false;
+  }
+}
+
+template <kv_store Store, network Net>
+template <class T>
+bool group<Store, Net>::allreduce_impl(std::span<T> data) {
+  // Reduce to rank 0 in rank order, then broadcast. Deterministic.
+  // TODO(#3): switch to comm::allreduce (ring / recursive doubling) once the collectives land.
+  return collective([&](transport_type& t) {
+    const auto d = deadline::after(opts_.op_timeout);
+    const std::uint64_t seq = ctl_seq_++;
+    const int n = t.size();
+    if (n == 1) return;
+    const auto tag = comm::make_tag(seq, 0);
+    if (t.rank() == 0) {
+      std::vector<T> tmp(data.size());
+      for (int r = 1; r < n; ++r) {
+        comm::recv(t, r, tag, std::as_writable_bytes(std::span(tmp)), d);
+        for (std::size_t i = 0; i < data.size(); ++i) data[i] += tmp[i];
+      }
+      std::vector<typename transport_type::request> reqs;
+      for (int r = 1; r < n; ++r) reqs.push_back(t.isend(r, comm::make_tag(seq, 1), std::as_bytes(data)));
+      for (std::size_t k = 0; k < reqs.size(); ++k) {
+        std::error_code ec;
+        t.wait(reqs[k], d, ec);
+        throw_if(ec, {.rank = rank_, .generation = gen_.generation, .peer = static_cast<int>(k + 1), .operation = "allreduce"});
+      }
+    } else {
+      comm::send(t, 0, tag, std::as_bytes(data), d);
+      comm::recv(t, 0, comm::make_tag(seq, 1), std::as_writable_bytes(data), d);
+    }
+  });
+}
+
+template <kv_store Store, network Net>
+bool group<Store, Net>::allreduce(std::span<float> data) {
+  return allreduce_impl(data);
+}
+template <kv_store Store, network Net>
+bool group<Store, Net>::allreduce(std::span<double> data) {
+  return allreduce_impl(data);
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::control_allreduce(std::span<double> v) {
+  const auto d = deadline::after(opts_.op_timeout);
+  auto& t = *transport_;
+  const int n = t.size();
+  if (n == 1) return;
+  const std::uint64_t seq = detail::control_seq_base | (ctl_seq_++ & 0x7fffffffu);
+  if (t.rank() == 0) {
+    std::vector<double> tmp(v.size());
+    for (int r = 1; r < n; ++r) {
+      comm::recv(t, r, comm::make_tag(seq, 0), std::as_writable_bytes(std::span(tmp)), d);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] += tmp[i];
+    }
+    std::vector<typename transport_type::request> reqs;
+    for (int r = 1; r < n; ++r) reqs.push_back(t.isend(r, comm::make_tag(seq, 1), std::as_bytes(v)));
+    for (std::size_t k = 0; k < reqs.size(); ++k) {
+      std::error_code ec;
+      t.wait(reqs[k], d, ec);
+      throw_if(ec, {.rank = rank_, .generation = gen_.generation, .peer = static_cast<int>(k + 1), .operation = "control exchange"});
+    }
+  } else {
+    comm::send(t, 0, comm::make_tag(seq, 0), std::as_bytes(v), d);
+    comm::recv(t, 0, comm::make_tag(seq, 1), std::as_writable_bytes(v), d);
+  }
+}
+
+template <kv_store Store, network Net>
+std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room) {
+  std::vector<member_id> out;
+  const auto total = store_->add(key("join_seq"), 0, store_deadline());
+  while (seen < total && out.size() < room) {
+    auto v = store_->get(key("join/" + std::to_string(seen + 1)), store_deadline());
+    if (!v) break;  // ticket taken but not yet written: pick it up next time
+    out.push_back(detail::bytes_i64(*v));
+    ++seen;
+  }
+  return out;
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::end_step(double compute_seconds) {
+  if (!active_) fail(error::invalid_state, "end_step after this member left the group");
+  if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
+  // Commit: the gradient collectives completed and the optimizer stepped.
+  const auto info = current_slice();
+  ++step_;
+  cursor_ += info.global_batch;
+  if (cursor_ >= opts_.dataset_size || (opts_.drop_last && opts_.dataset_size - cursor_ < opts_.global_batch)) {
+    ++epoch_;
+    cursor_ = 0;
+  }
+  if (detail::signal_leave_flag().load()) leave_requested_.store(true);
+
+  const int n = size();
+  const std::size_t un = static_cast<std::size_t>(n);
+  std::vector<double> v(4 + 4 * un, 0.0);
+  const std::size_t r = static_cast<std::size_t>(rank_);
+  v[3 + r] = compute_seconds;
+  v[3 + un + r] = static_cast<double>(info.batch);
+  v[3 + 2 * un + r] = leave_requested_.load() ? 1.0 : 0.0;
+  std::vector<member_id> ids;
+  for (auto& m : gen_.members) ids.push_back(m.id);
+  admitting_.clear();
+  std::int64_t seen = gen_.joins_seen;
+  if (rank_ == 0) {
+    try {
+      const std::size_t room = static_cast<std::size_t>(std::max(0, opts_.max_size - n));
+      admitting_ = pending_joiners(seen, room);
+    } catch (const system_error& e) {
+      EBBFLOW_LOG_WARN("coordinator could not read join tickets: " << e.what());
+    }
+    if (!admitting_.empty()) v[0] = 1;
+    std::vector<std::size_t> cur(gen_.plan.begin(), gen_.plan.end());
+    if (policy_->should_replan(ids, cur, opts_.global_batch)) {
+      auto p = policy_->plan(ids, opts_.global_batch);
+      v[1] = 1;
+      for (std::size_t i = 0; i < un; ++i) v[3 + 3 * un + i] = static_cast<double>(p[i]);
+    }
+  }
+  try {
+    control_allreduce(v);
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    EBBFLOW_LOG_WARN("control exchange after step " << step_ << " failed: " << e.what());
+    recover(gen_.generation, e.code() == errc::peer_lost ? e.peer() : -1);
+    return;
+  }
+  for (std::size_t i = 0; i < un; ++i)
+    if (v[3 + un + i] > 0) policy_->observe(ids[i], static_cast<std::size_t>(v[3 + un + i]), v[3 + i]);
+  if (v[1] > 0) {
+    for (std::size_t i = 0; i < un; ++i) gen_.plan[i] = static_cast<std::uint64_t>(v[3 + 3 * un + i]);
+    ++gen_.plan_version;
+  }
+  bool leaving = false;
+  for (std::size_t i = 0; i < un; ++i) leaving = leaving || v[3 + 2 * un + i] > 0;
+  if (v[0] > 0 || leaving) {
+    if (rank_ == 0) gen_.joins_seen = seen;
+    change_membership(v, n);
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
+  const auto started = steady_clock::now();
+  const std::size_t un = static_cast<std::size_t>(n);
+  const std::int64_t g1 = gen_.generation + 1;
+  const std::string gkey = key("gen/" + std::to_string(g1));
+  const bool me_leaving = v[3 + 2 * un + static_cast<std::size_t>(rank_)] > 0;
+  if (rank_ == 0) {
+    detail::generation_record rec;
+    rec.generation = g1;
+    rec.reason = admitting_.empty() ? change_reason::leave : change_reason::join;
+    std::vector<member_id> ids;
+    for (std::size_t i = 0; i < un; ++i)
+      if (v[3 + 2 * un + i] == 0) {
+        rec.members.push_back({gen_.members[i].id, step_});
+        ids.push_back(gen_.members[i].id);
+      }
+    for (auto j : admitting_) {
+      rec.members.push_back({j, -1});
+      ids.push_back(j);
+    }
+    rec.source = rec.members.empty() ? -1 : rec.members.front().id;
+    rec.source_step = step_;
+    if (!ids.empty()) {
+      auto p = policy_->plan(ids, opts_.global_batch);
+      rec.plan.assign(p.begin(), p.end());
+    }
+    rec.plan_version = gen_.plan_version + 1;
+    rec.joins_seen = gen_.joins_seen;
+    // The record must be written before the joiners are told, and before the
+    // coordinator itself leaves.
+    store_->compare_set(gkey, {}, rec.encode(), store_deadline());
+    for (auto j : admitting_) store_->set(key("joined/" + std::to_string(j)), detail::i64_bytes(g1), store_deadline());
+  }
+  if (me_leaving) {
+    active_ = false;
+    EBBFLOW_LOG_INFO("member " << id_ << " left the group after step " << step_);
+    hb_generation_.store(-1);
+    transport_.reset();
+    heartbeat_.request_stop();
+    return;
+  }
+  try {
+    store_->wait({gkey}, deadline::after(opts_.op_timeout));
+  } catch (const system_error& e) {
+    EBBFLOW_LOG_WARN("generation " << g1 << " was not announced: " << e.what() << "; re-forming");
+    recover(gen_.generation, -1);
+    return;
+  }
+  auto rec = detail::generation_record::decode(*store_->get(gkey, store_deadline()));
+  if (rec.rank_of(id_) < 0) {  // a concurrent recovery excluded this member: rejoin
+    wait_admission();
+    return;
+  }
+  try {
+    adopt(std::move(rec), started);
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    recover(g1, e.code() == errc::peer_lost ? e.peer() : -1);
+  }
+}
+
+template <kv_store Store, network Net>
+bool group<Store, Net>::fresh(member_id m, std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>& seen) {
+  auto v = store_->get(key("hb/" + std::to_string(m)), store_deadline());
+  const std::int64_t hb = v ? detail::bytes_i64(*v) : -1;
+  const auto now = steady_clock::now();
+  auto it = seen.find(m);
+  if (it == seen.end()) {
+    seen.emplace(m, std::make_pair(hb, now));
+    return true;
+  }
+  if (it->second.first != hb) {
+    it->second = {hb, now};
+    return true;
+  }
+  return now - it->second.second < opts_.lease;
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
+  const auto started = steady_clock::now();
+  auto overall = deadline::after(opts_.op_timeout + opts_.min_size_wait);
+  for (;;) {
+    // 1. Stop every collective of g and tell the others.
+    if (revoke_) revoke_->revoke();
+    hb_generation_.store(-1);
+    const std::string gs = std::to_string(g);
+    store_->set(key("abort/" + gs), elastic::to_bytes("1"), store_deadline());
+    if (lost_peer >= 0 && lost_peer < size() && gen_.generation == g)
+      store_->set(key("dead/" + gs + "/" + std::to_string(gen_.members[static_cast<std::size_t>(lost_peer)].id)),
+                  elastic::to_bytes("1"), store_deadline());
+    store_->set(key("recover/" + gs + "/" + std::to_string(id_)), detail::i64_bytes(step_), store_deadline());
+    EBBFLOW_LOG_WARN("generation " << g << " failed at step " << step_ << ": re-forming the group");
+
+    const std::string next_key = key("gen/" + std::to_string(g + 1));
+    std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>> hb_seen;
+    const auto unresolved_deadline = deadline::after(opts_.op_timeout);
+    bool waiting_logged = false;
+    std::optional<detail::generation_record> next;
+    while (!next) {
+      if (auto cur = store_->get(next_key, store_deadline())) {
+        next = detail::generation_record::decode(*cur);
+        break;
+      }
+      // Who of g is alive (reported), dead (reported lost or lease expired), or undecided?
+      std::vector<detail::member_entry> alive;
+      bool undecided = false;
+      for (auto& m : gen_.members) {
+        const std::string ms = std::to_string(m.id);
+        if (m.id == id_) {
+          alive.push_back({id_, step_});
+          continue;
+        }
+        if (auto c = store_->get(key("recover/" + gs + "/" + ms), store_deadline())) {
+          alive.push_back({m.id, detail::bytes_i64(*c)});
+        } else if (store_->get(key("dead/" + gs + "/" + ms), store_deadline())) {
+          // reported lost by a peer's transport
+        } else if (fresh(m.id, hb_seen) && !unresolved_deadline.expired()) {
+          undecided = true;
+        }
+      }
+      if (!undecided) {
+        std::int64_t seen = gen_.joins_seen;
+        const std::size_t room = static_cast<std::size_t>(std::max<std::int64_t>(0, opts_.max_size - static_cast<int>(alive.size())));
+        auto joiners = pending_joiners(seen, room);
+        const int total = static_cast<int>(alive.size() + joiners.size());
+        if (total < opts_.min_size) {
+          if (!waiting_logged)
+            EBBFLOW_LOG_WARN("only " << total << " workers left, below EBBFLOW_MIN_SIZE=" << opts_.min_size
+                                     << ": waiting for workers to join (up to EBBFLOW_MIN_WAIT_MS)");
+          waiting_logged = true;
+        } else {
+          detail::generation_record rec;
+          rec.generation = g + 1;
+          rec.reason = change_reason::failure;
+          rec.members = alive;
+          for (auto j : joiners) rec.members.push_back({j, -1});
+          std::vector<member_id> ids;
+          for (auto& m : rec.members) ids.push_back(m.id);
+          rec.source = -1;
+          rec.source_step = -1;
+          for (auto& m : rec.members)
+            if (m.committed > rec.source_step) {
+              rec.source_step = m.committed;
+              rec.source = m.id;
+            }
+          auto p = policy_->plan(ids, opts_.global_batch);
+          rec.plan.assign(p.begin(), p.end());
+          rec.plan_version = gen_.plan_version + 1;
+          rec.joins_seen = seen;
+          const bytes mine = rec.encode();
+          const bytes cur = store_->compare_set(next_key, {}, mine, store_deadline());
+          if (cur.size() == mine.size() && std::memcmp(cur.data(), mine.data(), mine.size()) == 0)
+            for (auto j : joiners) store_->set(key("joined/" + std::to_string(j)), detail::i64_bytes(g + 1), store_deadline());
+          next = detail::generation_record::decode(cur);
+          break;
+        }
+      }
+      if (overall.expired())
+        fail(error::timeout, "could not re-form the group after generation " + gs + " within the deadline");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (next->rank_of(id_) < 0) {
+      EBBFLOW_LOG_WARN("member " << id_ << " was left out of generation " << next->generation << ": rejoining");
+      wait_admission();
+      return;
+    }
+    try {
+      adopt(std::move(*next), started);
+      return;
+    } catch (const system_error& e) {
+      if (!detail::recoverable(e.code())) throw;
+      g = gen_.generation;
+      lost_peer = e.code() == errc::peer_lost ? e.peer() : -1;
+    }
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::finish() {
+  store_->set(key("done"), elastic::to_bytes("1"), store_deadline());
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE

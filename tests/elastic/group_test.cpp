@@ -1,0 +1,312 @@
+// SPDX-License-Identifier: Apache-2.0
+// Elastic group over in-process workers (threads, loopback transport, memory
+// store). The multi-process tests over UCX and the Asio store are in
+// tests/elastic/elastic_process_test.*; these pin down the protocol.
+#include <ebbflow/elastic/group.hpp>
+#include <ebbflow/elastic/loopback_network.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <set>
+#include <thread>
+
+namespace ef = ebbflow;
+namespace el = ef::elastic;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Forwards to one shared memory_store (each worker gets its own "client").
+struct store_ref {
+  std::shared_ptr<el::memory_store> s;
+  void set(const std::string& k, std::span<const std::byte> v, ef::deadline d) { s->set(k, v, d); }
+  std::optional<el::bytes> get(const std::string& k, ef::deadline d) { return s->get(k, d); }
+  std::int64_t add(const std::string& k, std::int64_t x, ef::deadline d) { return s->add(k, x, d); }
+  el::bytes compare_set(const std::string& k, std::span<const std::byte> e, std::span<const std::byte> v, ef::deadline d) {
+    return s->compare_set(k, e, v, d);
+  }
+  void wait(const std::vector<std::string>& k, ef::deadline d) { s->wait(k, d); }
+};
+using test_group = el::group<store_ref, el::loopback_network>;
+
+// Uneven but deterministic shares, to exercise the gradient weighting.
+class skewed_policy final : public el::planning_policy {
+ public:
+  void observe(el::member_id, std::size_t, double) override {}
+  std::vector<std::size_t> plan(std::span<const el::member_id> m, std::size_t B) override {
+    std::vector<std::size_t> w;
+    for (auto id : m) w.push_back(static_cast<std::size_t>(1 + id % 3));
+    return el::scale_plan(w, B);
+  }
+};
+
+// Softmax regression on a synthetic, linearly separable-ish problem.
+constexpr int features = 6, classes = 3;
+constexpr std::size_t dataset = 203;  // odd: epochs end with a short batch
+constexpr std::size_t batch = 16;
+constexpr float lr = 0.5f;
+
+struct data_set {
+  std::vector<float> x;
+  std::vector<int> y;
+  data_set() {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> n(0, 1);
+    for (std::size_t i = 0; i < dataset; ++i) {
+      float s = 0;
+      for (int f = 0; f < features; ++f) {
+        const float v = n(rng);
+        x.push_back(v);
+        s += v * static_cast<float>(f + 1);
+      }
+      y.push_back(s > 2 ? 2 : s < -2 ? 0 : 1);
+    }
+  }
+};
+const data_set& data() {
+  static data_set d;
+  return d;
+}
+
+// The epoch's sample order (a stand-in for plan::sampler: a seeded shuffle).
+std::vector<std::size_t> order(std::int64_t epoch) {
+  std::vector<std::size_t> o(dataset);
+  std::iota(o.begin(), o.end(), 0);
+  std::mt19937_64 rng(1234 + static_cast<std::uint64_t>(epoch));
+  std::shuffle(o.begin(), o.end(), rng);
+  return o;
+}
+
+// Adds the cross-entropy gradient of sample i, times `scale`, to g.
+void add_grad(const std::vector<float>& w, std::size_t i, float scale, std::vector<float>& g) {
+  const float* xi = &data().x[i * features];
+  float z[classes], m = -1e30f, s = 0;
+  for (int c = 0; c < classes; ++c) {
+    z[c] = 0;
+    for (int f = 0; f < features; ++f) z[c] += w[static_cast<std::size_t>(c * features + f)] * xi[f];
+    m = std::max(m, z[c]);
+  }
+  for (int c = 0; c < classes; ++c) s += (z[c] = std::exp(z[c] - m));
+  for (int c = 0; c < classes; ++c) {
+    const float p = z[c] / s - (c == data().y[i] ? 1.f : 0.f);
+    for (int f = 0; f < features; ++f) g[static_cast<std::size_t>(c * features + f)] += scale * p * xi[f];
+  }
+}
+
+std::vector<float> reference(std::int64_t steps) {
+  std::vector<float> w(features * classes, 0.f);
+  std::size_t cursor = 0;
+  std::int64_t epoch = 0;
+  for (std::int64_t t = 0; t < steps; ++t) {
+    const auto o = order(epoch);
+    const std::size_t B = std::min(batch, dataset - cursor);
+    std::vector<float> g(w.size(), 0.f);
+    for (std::size_t j = 0; j < B; ++j) add_grad(w, o[cursor + j], 1.f / static_cast<float>(B), g);
+    for (std::size_t k = 0; k < w.size(); ++k) w[k] -= lr * g[k];
+    cursor += B;
+    if (cursor >= dataset) cursor = 0, ++epoch;
+  }
+  return w;
+}
+
+struct scenario {
+  int initial = 3;
+  std::int64_t steps = 30;
+  std::vector<std::pair<int, std::int64_t>> kills;   // (initial launch rank, step at which it dies mid-step)
+  std::vector<std::pair<int, std::int64_t>> leaves;  // (launch rank, step at which it asks to leave)
+  std::vector<std::int64_t> joins;                   // steps (seen by rank 0) at which a newcomer starts
+  int min_size = 1;
+};
+
+struct outcome {
+  std::mutex m;
+  std::vector<std::vector<float>> finals;
+  std::set<std::pair<std::int64_t, std::size_t>> committed_samples;  // (step, sample) from the final rank-0 view
+  std::vector<el::world_change> history0;
+  std::vector<std::string> errors;
+};
+
+void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::shared_ptr<el::loopback_fabric> fabric,
+            int launch_rank, bool join, outcome& out, std::vector<std::jthread>& joiners, std::mutex& joiners_m) {
+  try {
+    el::loopback_network net(fabric);
+    el::group_options o;
+    o.global_batch = batch;
+    o.dataset_size = dataset;
+    o.join = join;
+    o.min_size = sc.min_size;
+    o.heartbeat = 10ms;
+    o.lease = 300ms;
+    o.op_timeout = 5s;
+    o.join_timeout = 20s;
+    o.min_size_wait = 20s;
+    ef::launch_info li;
+    li.rank = join ? sc.initial : launch_rank;
+    li.world_size = sc.initial;
+    test_group g([store] { return std::make_unique<store_ref>(store_ref{store}); }, net, o, li,
+                 std::make_unique<skewed_policy>());
+    std::vector<float> w(features * classes, 0.f);
+    g.register_state("w", std::as_writable_bytes(std::span(w)));
+    std::set<std::int64_t> join_started;
+    while (g.active() && g.step() < sc.steps) {
+      const auto s = g.begin_step();
+      if (!join && launch_rank == 0)
+        for (auto js : sc.joins)
+          if (s.step == js && join_started.insert(js).second) {
+            std::lock_guard lk(joiners_m);
+            joiners.emplace_back([&sc, store, fabric, &out, &joiners, &joiners_m] {
+              worker(sc, store, fabric, -1, true, out, joiners, joiners_m);
+            });
+          }
+      for (auto [r, ls] : sc.leaves)
+        if (!join && r == launch_rank && s.step == ls) g.request_leave();
+      const auto o2 = order(s.epoch);
+      std::vector<float> grad(w.size(), 0.f);
+      for (std::size_t j = 0; j < s.batch; ++j)
+        add_grad(w, o2[s.cursor + s.offset + j], 1.f / static_cast<float>(s.global_batch), grad);
+      for (auto [r, ks] : sc.kills)
+        if (!join && r == launch_rank && s.step == ks) {
+          net.kill();  // crash mid-step: peers are inside the allreduce
+          return;
+        }
+      if (!g.allreduce(grad)) continue;
+      for (std::size_t k = 0; k < w.size(); ++k) w[k] -= lr * grad[k];
+      g.end_step(1e-3);
+    }
+    if (g.active()) {
+      std::lock_guard lk(out.m);
+      out.finals.push_back(w);
+      if (g.rank() == 0) {
+        out.history0 = g.history();
+        g.finish();
+      }
+    }
+  } catch (const std::exception& e) {
+    std::lock_guard lk(out.m);
+    out.errors.push_back(e.what());
+  }
+}
+
+std::unique_ptr<outcome> run(const scenario& sc) {
+  auto store = std::make_shared<el::memory_store>();
+  auto fabric = std::make_shared<el::loopback_fabric>();
+  auto result = std::make_unique<outcome>();
+  outcome& out = *result;
+  std::vector<std::jthread> joiners;
+  std::mutex joiners_m;
+  {
+    std::vector<std::jthread> ts;
+    for (int r = 0; r < sc.initial; ++r)
+      ts.emplace_back([&, r] { worker(sc, store, fabric, r, false, out, joiners, joiners_m); });
+  }
+  for (;;) {  // joiners may still be starting threads of their own: drain
+    std::vector<std::jthread> batch_;
+    {
+      std::lock_guard lk(joiners_m);
+      if (joiners.empty()) break;
+      batch_.swap(joiners);
+    }
+  }
+  return result;
+}
+
+void expect_equal_to_reference(const scenario& sc, outcome& out, std::size_t survivors) {
+  ASSERT_TRUE(out.errors.empty()) << out.errors.front();
+  ASSERT_EQ(out.finals.size(), survivors);
+  const auto ref = reference(sc.steps);
+  for (auto& w : out.finals)
+    for (std::size_t k = 0; k < w.size(); ++k) ASSERT_NEAR(w[k], ref[k], 2e-5f * (1 + std::abs(ref[k]))) << k;
+}
+
+}  // namespace
+
+TEST(ElasticGroup, StaticGroupEqualsSingleProcess) {
+  scenario sc;
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 3);
+  ASSERT_EQ(out.history0.size(), 1u);
+  EXPECT_EQ(out.history0[0].reason, el::change_reason::initial);
+}
+
+TEST(ElasticGroup, JoinMidTrainingGetsStateAndEqualsSingleProcess) {
+  scenario sc;
+  sc.joins = {4, 9};
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 5);
+  int joins = 0;
+  for (auto& h : out.history0) joins += h.reason == el::change_reason::join;
+  EXPECT_GE(joins, 1);
+  EXPECT_EQ(out.history0.back().new_size, 5);
+}
+
+TEST(ElasticGroup, GracefulLeave) {
+  scenario sc;
+  sc.leaves = {{2, 7}};
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 2);
+  EXPECT_EQ(out.history0.back().reason, el::change_reason::leave);
+}
+
+TEST(ElasticGroup, KillDuringStepRollsBackAndRedoes) {
+  scenario sc;
+  sc.kills = {{1, 6}};
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 2);
+  EXPECT_EQ(out.history0.back().reason, el::change_reason::failure);
+  EXPECT_EQ(out.history0.back().new_size, 2);
+}
+
+TEST(ElasticGroup, KillOfCoordinator) {
+  scenario sc;
+  sc.initial = 4;
+  sc.kills = {{0, 5}};
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 3);
+}
+
+TEST(ElasticGroup, TwoFailuresAtOnceThenJoinAndLeave) {
+  scenario sc;
+  sc.initial = 5;
+  sc.steps = 40;
+  sc.kills = {{1, 8}, {3, 8}};
+  sc.leaves = {{4, 20}};
+  sc.joins = {12};
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 3);  // 5 - 2 killed - 1 left + 1 joined
+}
+
+TEST(ElasticGroup, BelowMinSizeWaitsForAJoiner) {
+  scenario sc;
+  sc.initial = 2;
+  sc.min_size = 2;
+  sc.kills = {{1, 4}};
+  sc.joins = {3};  // a newcomer arrives; the survivor waits for it after the failure
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 2);
+}
+
+TEST(ElasticGroup, BadOptionsAreNamed) {
+  auto store = std::make_shared<el::memory_store>();
+  auto fabric = std::make_shared<el::loopback_fabric>();
+  el::loopback_network net(fabric);
+  el::group_options o;
+  o.dataset_size = 10;
+  try {
+    test_group g([store] { return std::make_unique<store_ref>(store_ref{store}); }, net, o, ef::launch_info{});
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("global_batch must be > 0"), std::string::npos);
+  }
+}
