@@ -24,10 +24,10 @@ namespace {
 // Forwards to one shared memory_store (each worker gets its own "client").
 struct store_ref {
   std::shared_ptr<el::memory_store> s;
-  void set(const std::string& k, std::span<const std::byte> v, ef::deadline d) { s->set(k, v, d); }
-  std::optional<el::bytes> get(const std::string& k, ef::deadline d) { return s->get(k, d); }
+  void set(const std::string& k, std::string_view v, ef::deadline d) { s->set(k, v, d); }
+  std::optional<std::string> try_get(const std::string& k, ef::deadline d) { return s->try_get(k, d); }
   std::int64_t add(const std::string& k, std::int64_t x, ef::deadline d) { return s->add(k, x, d); }
-  el::bytes compare_set(const std::string& k, std::span<const std::byte> e, std::span<const std::byte> v, ef::deadline d) {
+  el::memory_store::cas_result compare_set(const std::string& k, std::string_view e, std::string_view v, ef::deadline d) {
     return s->compare_set(k, e, v, d);
   }
   void wait(const std::vector<std::string>& k, ef::deadline d) { s->wait(k, d); }

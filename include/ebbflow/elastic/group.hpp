@@ -229,16 +229,6 @@ inline std::atomic<bool>& signal_leave_flag() noexcept {
 }
 extern "C" inline void on_leave_signal(int) { signal_leave_flag().store(true); }
 
-inline bytes i64_bytes(std::int64_t v) {
-  bytes b(sizeof v);
-  std::memcpy(b.data(), &v, sizeof v);
-  return b;
-}
-inline std::int64_t bytes_i64(const bytes& b) {
-  std::int64_t v = 0;
-  if (b.size() == sizeof v) std::memcpy(&v, b.data(), sizeof v);
-  return v;
-}
 }  // namespace detail
 
 //! Makes `sig` (e.g. SIGTERM) request a graceful leave of every group in this

@@ -3,14 +3,14 @@
 //! The `kv_store` concept the elastic group coordinates through, and
 //! `memory_store`, an in-process model of it for unit tests.
 //!
-//! Semantics: keys are strings, values bytes. Every call takes a deadline and
+//! Semantics: keys and values are strings (values binary-safe). Every call takes a deadline and
 //! throws `ebbflow::system_error` (`errc::timeout`, `errc::peer_lost` when the
 //! store is unreachable, `errc::unauthorized`) on failure.
 //! * `set(k, v, d)` stores v under k.
-//! * `get(k, d)` returns the value, or nullopt when k is absent (never blocks on absence).
+//! * `try_get(k, d)` returns the value, or nullopt when k is absent (never blocks on absence).
 //! * `add(k, delta, d)` atomically adds to the 64-bit integer under k (absent = 0), returns the new value.
 //! * `compare_set(k, expected, desired, d)` stores desired when the current value
-//!   equals expected (an empty expected matches an absent key); returns the value now stored.
+//!   equals expected (an empty expected matches an absent key); the result's `current` is the value now stored.
 //! * `wait(keys, d)` blocks until every key exists, or throws `errc::timeout`.
 //! The Boost.Asio store client (elastic/store.hpp) models this concept.
 #pragma once
@@ -29,6 +29,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -37,16 +38,20 @@ namespace elastic {
 using bytes = std::vector<std::byte>;
 
 template <class S>
-concept kv_store = requires(S& s, const std::string& k, std::span<const std::byte> v, std::int64_t delta,
-                            deadline d, const std::vector<std::string>& keys) {
+concept kv_store = requires(S& s, const std::string& k, std::string_view v, std::int64_t delta, deadline d,
+                            const std::vector<std::string>& keys) {
   s.set(k, v, d);
-  { s.get(k, d) } -> std::same_as<std::optional<bytes>>;
+  { s.try_get(k, d) } -> std::same_as<std::optional<std::string>>;
   { s.add(k, delta, d) } -> std::same_as<std::int64_t>;
-  { s.compare_set(k, v, v, d) } -> std::same_as<bytes>;
+  { s.compare_set(k, v, v, d).current } -> std::convertible_to<std::string>;
   s.wait(keys, d);
 };
 
-//! Bytes of a string (for values that are text).
+//! Bytes as a string value (values are binary-safe).
+inline std::string to_value(std::span<const std::byte> b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+//! A string value as bytes.
 inline bytes to_bytes(std::string_view s) {
   bytes b(s.size());
   if (!s.empty()) std::memcpy(b.data(), s.data(), s.size());
@@ -57,13 +62,17 @@ inline bytes to_bytes(std::string_view s) {
 //! how clients react to a lost store.
 class memory_store {
  public:
-  void set(const std::string& k, std::span<const std::byte> v, deadline d) {
+  struct cas_result {
+    bool swapped = false;
+    std::string current;
+  };
+  void set(const std::string& k, std::string_view v, deadline d) {
     std::lock_guard lk(m_);
     check(d, "store.set");
-    kv_[k].assign(v.begin(), v.end());
+    kv_[k] = std::string(v);
     cv_.notify_all();
   }
-  std::optional<bytes> get(const std::string& k, deadline d) {
+  std::optional<std::string> try_get(const std::string& k, deadline d) {
     std::lock_guard lk(m_);
     check(d, "store.get");
     auto it = kv_.find(k);
@@ -74,29 +83,22 @@ class memory_store {
     std::lock_guard lk(m_);
     check(d, "store.add");
     auto& v = kv_[k];
-    std::int64_t x = 0;
-    if (v.size() == sizeof x) std::memcpy(&x, v.data(), sizeof x);
-    x += delta;
-    v.resize(sizeof x);
-    std::memcpy(v.data(), &x, sizeof x);
+    const std::int64_t x = (v.empty() ? 0 : std::stoll(v)) + delta;
+    v = std::to_string(x);
     cv_.notify_all();
     return x;
   }
-  bytes compare_set(const std::string& k, std::span<const std::byte> expected, std::span<const std::byte> desired,
-                    deadline d) {
+  cas_result compare_set(const std::string& k, std::string_view expected, std::string_view desired, deadline d) {
     std::lock_guard lk(m_);
     check(d, "store.compare_set");
     auto it = kv_.find(k);
-    const bool match = it == kv_.end() ? expected.empty()
-                                       : (it->second.size() == expected.size() &&
-                                          (expected.empty() ||
-                                           std::memcmp(it->second.data(), expected.data(), expected.size()) == 0));
+    const bool match = it == kv_.end() ? expected.empty() : it->second == expected;
     if (match) {
-      kv_[k].assign(desired.begin(), desired.end());
+      kv_[k] = std::string(desired);
       cv_.notify_all();
-      return kv_[k];
+      return {true, std::string(desired)};
     }
-    return it == kv_.end() ? bytes{} : it->second;
+    return {false, it == kv_.end() ? std::string() : it->second};
   }
   void wait(const std::vector<std::string>& keys, deadline d) {
     std::unique_lock lk(m_);
@@ -105,7 +107,8 @@ class memory_store {
       bool all = true;
       for (auto& k : keys) all = all && kv_.count(k) > 0;
       if (all) return;
-      if (d.expired()) throw_if(make_error_code(error::timeout), {.operation = "store.wait", .detail = keys.empty() ? "" : keys.front()});
+      if (d.expired())
+        throw_if(make_error_code(error::timeout), {.operation = "store.wait", .detail = keys.empty() ? "" : keys.front()});
       cv_.wait_until(lk, std::min(d.at(), steady_clock::now() + std::chrono::milliseconds(50)));
     }
   }
@@ -123,7 +126,7 @@ class memory_store {
   }
   std::mutex m_;
   std::condition_variable cv_;
-  std::map<std::string, bytes> kv_;
+  std::map<std::string, std::string> kv_;
   bool failed_ = false;
 };
 static_assert(kv_store<memory_store>);

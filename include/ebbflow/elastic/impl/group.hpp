@@ -5,6 +5,7 @@
 
 #include <ebbflow/elastic/group.hpp>
 
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -17,6 +18,15 @@ namespace detail {
 // collectives count their sequence numbers from 0 and stay far below).
 inline constexpr std::uint64_t control_seq_base = 0x80000000u;
 inline constexpr std::uint64_t sync_seq = 0x7fffffffu;
+
+// Integers the group stores as decimal text; anything else is a corrupt store.
+inline std::int64_t parse_i64(const std::string& v) {
+  std::int64_t x = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc{} || p != v.data() + v.size())
+    throw system_error(make_error_code(error::bad_message), {.operation = "elastic group", .detail = "store value '" + v.substr(0, 32) + "' is not an integer"});
+  return x;
+}
 
 inline bool recoverable(const std::error_code& ec) noexcept {
   return ec == errc::peer_lost || ec == errc::timeout || ec == errc::revoked;
@@ -43,7 +53,7 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   store_ = connect_store_();
   id_ = store_->add(key("next_id"), 1, store_deadline());
   address_ = net_->address();
-  store_->set(key("addr/" + std::to_string(id_)), address_, store_deadline());
+  store_->set(key("addr/" + std::to_string(id_)), to_value(address_), store_deadline());
   heartbeat_ = std::jthread([this](std::stop_token st) { heartbeat_loop(st); });
   if (!opts_.join && launch_.rank < launch_.world_size)
     form_initial();
@@ -80,7 +90,7 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
       if (!s) s = connect_store_();
       s->add(key("hb/" + std::to_string(id_)), 1, deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
       const std::int64_t g = hb_generation_.load();
-      if (g >= 0 && s->get(key("abort/" + std::to_string(g)), store_deadline())) {
+      if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
         std::lock_guard lk(hb_mutex_);
         if (hb_revoke_ && !hb_revoke_->revoked()) {
           EBBFLOW_LOG_DEBUG("generation " << g << " aborted by a peer: revoking the transport");
@@ -101,7 +111,7 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
 template <kv_store Store, network Net>
 void group<Store, Net>::form_initial() {
   const auto started = steady_clock::now();
-  store_->set(key("init/" + std::to_string(launch_.rank)), detail::i64_bytes(id_), store_deadline());
+  store_->set(key("init/" + std::to_string(launch_.rank)), std::to_string(id_), store_deadline());
   const std::string gkey = key("gen/0");
   if (launch_.rank == 0) {
     std::vector<std::string> keys;
@@ -117,8 +127,8 @@ void group<Store, Net>::form_initial() {
     rec.reason = change_reason::initial;
     std::vector<member_id> ids;
     for (int r = 0; r < launch_.world_size; ++r) {
-      auto v = store_->get(keys[static_cast<std::size_t>(r)], store_deadline());
-      const member_id m = detail::bytes_i64(*v);
+      auto v = store_->try_get(keys[static_cast<std::size_t>(r)], store_deadline());
+      const member_id m = detail::parse_i64(*v);
       rec.members.push_back({m, r == 0 ? 0 : -1});
       ids.push_back(m);
     }
@@ -128,7 +138,7 @@ void group<Store, Net>::form_initial() {
     rec.plan.assign(p.begin(), p.end());
     rec.plan_version = 1;
     rec.joins_seen = 0;
-    store_->compare_set(gkey, {}, rec.encode(), store_deadline());
+    store_->compare_set(gkey, "", to_value(rec.encode()), store_deadline());
     step_ = 0;
   } else {
     try {
@@ -137,7 +147,7 @@ void group<Store, Net>::form_initial() {
       fail(e.code(), "the initial generation was not formed within EBBFLOW_JOIN_TIMEOUT_MS (is rank 0 running?)");
     }
   }
-  auto rec = detail::generation_record::decode(*store_->get(gkey, store_deadline()));
+  auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline())));
   try {
     adopt(std::move(rec), started);
   } catch (const system_error& e) {
@@ -151,14 +161,14 @@ void group<Store, Net>::wait_admission() {
   const auto started = steady_clock::now();
   step_ = -1;
   const auto seq = store_->add(key("join_seq"), 1, store_deadline());
-  store_->set(key("join/" + std::to_string(seq)), detail::i64_bytes(id_), store_deadline());
+  store_->set(key("join/" + std::to_string(seq)), std::to_string(id_), store_deadline());
   EBBFLOW_LOG_INFO("member " << id_ << " waiting to be admitted (join ticket " << seq << ")");
   const auto d = deadline::after(opts_.join_timeout);
   const std::string jkey = key("joined/" + std::to_string(id_));
   for (;;) {
-    if (auto v = store_->get(jkey, store_deadline())) {
-      const auto g = detail::bytes_i64(*v);
-      auto rec = detail::generation_record::decode(*store_->get(key("gen/" + std::to_string(g)), store_deadline()));
+    if (auto v = store_->try_get(jkey, store_deadline())) {
+      const auto g = detail::parse_i64(*v);
+      auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(key("gen/" + std::to_string(g)), store_deadline())));
       try {
         adopt(std::move(rec), started);
       } catch (const system_error& e) {
@@ -167,7 +177,7 @@ void group<Store, Net>::wait_admission() {
       }
       return;
     }
-    if (store_->get(key("done"), store_deadline())) fail(error::invalid_state, "the job finished before this worker was admitted");
+    if (store_->try_get(key("done"), store_deadline())) fail(error::invalid_state, "the job finished before this worker was admitted");
     if (d.expired()) fail(error::timeout, "not admitted within EBBFLOW_JOIN_TIMEOUT_MS (group at max size, or no coordinator)");
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -179,9 +189,9 @@ std::vector<bytes> group<Store, Net>::addresses(const detail::generation_record&
   for (auto& m : rec.members) {
     auto it = address_cache_.find(m.id);
     if (it == address_cache_.end()) {
-      auto v = store_->get(key("addr/" + std::to_string(m.id)), store_deadline());
+      auto v = store_->try_get(key("addr/" + std::to_string(m.id)), store_deadline());
       if (!v) fail(error::invalid_state, "member " + std::to_string(m.id) + " published no transport address");
-      it = address_cache_.emplace(m.id, std::move(*v)).first;
+      it = address_cache_.emplace(m.id, to_bytes(*v)).first;
     }
     out.push_back(it->second);
   }
@@ -404,9 +414,9 @@ std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, st
   std::vector<member_id> out;
   const auto total = store_->add(key("join_seq"), 0, store_deadline());
   while (seen < total && out.size() < room) {
-    auto v = store_->get(key("join/" + std::to_string(seen + 1)), store_deadline());
+    auto v = store_->try_get(key("join/" + std::to_string(seen + 1)), store_deadline());
     if (!v) break;  // ticket taken but not yet written: pick it up next time
-    out.push_back(detail::bytes_i64(*v));
+    out.push_back(detail::parse_i64(*v));
     ++seen;
   }
   return out;
@@ -505,8 +515,8 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     rec.joins_seen = gen_.joins_seen;
     // The record must be written before the joiners are told, and before the
     // coordinator itself leaves.
-    store_->compare_set(gkey, {}, rec.encode(), store_deadline());
-    for (auto j : admitting_) store_->set(key("joined/" + std::to_string(j)), detail::i64_bytes(g1), store_deadline());
+    store_->compare_set(gkey, "", to_value(rec.encode()), store_deadline());
+    for (auto j : admitting_) store_->set(key("joined/" + std::to_string(j)), std::to_string(g1), store_deadline());
   }
   if (me_leaving) {
     active_ = false;
@@ -523,7 +533,7 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     recover(gen_.generation, -1);
     return;
   }
-  auto rec = detail::generation_record::decode(*store_->get(gkey, store_deadline()));
+  auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline())));
   if (rec.rank_of(id_) < 0) {  // a concurrent recovery excluded this member: rejoin
     wait_admission();
     return;
@@ -538,8 +548,7 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
 
 template <kv_store Store, network Net>
 bool group<Store, Net>::fresh(member_id m, std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>& seen) {
-  auto v = store_->get(key("hb/" + std::to_string(m)), store_deadline());
-  const std::int64_t hb = v ? detail::bytes_i64(*v) : -1;
+  const std::int64_t hb = store_->add(key("hb/" + std::to_string(m)), 0, store_deadline());
   const auto now = steady_clock::now();
   auto it = seen.find(m);
   if (it == seen.end()) {
@@ -562,11 +571,11 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
     if (revoke_) revoke_->revoke();
     hb_generation_.store(-1);
     const std::string gs = std::to_string(g);
-    store_->set(key("abort/" + gs), elastic::to_bytes("1"), store_deadline());
+    store_->set(key("abort/" + gs), "1", store_deadline());
     if (lost_peer >= 0 && lost_peer < size() && gen_.generation == g)
       store_->set(key("dead/" + gs + "/" + std::to_string(gen_.members[static_cast<std::size_t>(lost_peer)].id)),
-                  elastic::to_bytes("1"), store_deadline());
-    store_->set(key("recover/" + gs + "/" + std::to_string(id_)), detail::i64_bytes(step_), store_deadline());
+                  "1", store_deadline());
+    store_->set(key("recover/" + gs + "/" + std::to_string(id_)), std::to_string(step_), store_deadline());
     EBBFLOW_LOG_WARN("generation " << g << " failed at step " << step_ << ": re-forming the group");
 
     const std::string next_key = key("gen/" + std::to_string(g + 1));
@@ -575,8 +584,8 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
     bool waiting_logged = false;
     std::optional<detail::generation_record> next;
     while (!next) {
-      if (auto cur = store_->get(next_key, store_deadline())) {
-        next = detail::generation_record::decode(*cur);
+      if (auto cur = store_->try_get(next_key, store_deadline())) {
+        next = detail::generation_record::decode(to_bytes(*cur));
         break;
       }
       // Who of g is alive (reported), dead (reported lost or lease expired), or undecided?
@@ -588,9 +597,9 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
           alive.push_back({id_, step_});
           continue;
         }
-        if (auto c = store_->get(key("recover/" + gs + "/" + ms), store_deadline())) {
-          alive.push_back({m.id, detail::bytes_i64(*c)});
-        } else if (store_->get(key("dead/" + gs + "/" + ms), store_deadline())) {
+        if (auto c = store_->try_get(key("recover/" + gs + "/" + ms), store_deadline())) {
+          alive.push_back({m.id, detail::parse_i64(*c)});
+        } else if (store_->try_get(key("dead/" + gs + "/" + ms), store_deadline())) {
           // reported lost by a peer's transport
         } else if (fresh(m.id, hb_seen) && !unresolved_deadline.expired()) {
           undecided = true;
@@ -625,11 +634,11 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
           rec.plan.assign(p.begin(), p.end());
           rec.plan_version = gen_.plan_version + 1;
           rec.joins_seen = seen;
-          const bytes mine = rec.encode();
-          const bytes cur = store_->compare_set(next_key, {}, mine, store_deadline());
-          if (cur.size() == mine.size() && std::memcmp(cur.data(), mine.data(), mine.size()) == 0)
-            for (auto j : joiners) store_->set(key("joined/" + std::to_string(j)), detail::i64_bytes(g + 1), store_deadline());
-          next = detail::generation_record::decode(cur);
+          const std::string mine = to_value(rec.encode());
+          const std::string cur = store_->compare_set(next_key, "", mine, store_deadline()).current;
+          if (cur == mine)
+            for (auto j : joiners) store_->set(key("joined/" + std::to_string(j)), std::to_string(g + 1), store_deadline());
+          next = detail::generation_record::decode(to_bytes(cur));
           break;
         }
       }
@@ -655,7 +664,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
 
 template <kv_store Store, network Net>
 void group<Store, Net>::finish() {
-  store_->set(key("done"), elastic::to_bytes("1"), store_deadline());
+  store_->set(key("done"), "1", store_deadline());
 }
 
 }  // namespace elastic
