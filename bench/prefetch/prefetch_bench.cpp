@@ -125,9 +125,9 @@ std::size_t wrong_in(std::span<const std::byte> bytes, std::size_t first_index, 
 }
 
 struct run_result {
-  std::vector<double> step_s;  // timed steps
-  double load_s = 0;           // sync only: measured load time per batch
-  double compute_s = 0;        // sync only: measured compute time per step
+  std::vector<double> step_s;     // timed steps
+  std::vector<double> load_s;     // sync only: measured load time per batch
+  std::vector<double> compute_s;  // sync only: measured compute time per step
   std::size_t wrong = 0;
 };
 
@@ -138,7 +138,6 @@ run_result run_sync(const config& c, const loader_model& load, const compute_mod
   devices_mem dev(c.devices, c.batch * c.sample_bytes);
   const auto split = even_split(c.batch, c.devices);
   auto last = clk::now();
-  double load_sum = 0, comp_sum = 0;
   for (int s = 0; s < c.warmup + c.steps; ++s) {
     const std::size_t base = static_cast<std::size_t>(s) * c.batch;
     const auto t0 = clk::now();
@@ -155,13 +154,11 @@ run_result run_sync(const config& c, const loader_model& load, const compute_mod
     const auto now = clk::now();
     if (s >= c.warmup) {
       r.step_s.push_back(secs(now - last).count());
-      load_sum += secs(t1 - t0).count();
-      comp_sum += secs(now - t2).count();
+      r.load_s.push_back(secs(t1 - t0).count());
+      r.compute_s.push_back(secs(now - t2).count());
     }
     last = now;
   }
-  r.load_s = load_sum / c.steps;
-  r.compute_s = comp_sum / c.steps;
   return r;
 }
 
@@ -318,7 +315,7 @@ int main(int argc, char** argv) {
               c.spin ? "spin (CPU trainer)" : "sleep (GPU-like: CPU free while computing)", c.tc_ms, c.batch,
               c.sample_bytes, c.devices, c.loaders, c.depth, c.steps, c.warmup, c.reps);
   std::printf("# step/max = median step / max(T_c, T_l) with measured T_c, T_l; hidden = 1 - max(0, step - T_c) / T_l\n");
-  std::printf("# Tl/Tc: nominal; T_c_ms, T_l_ms: measured in the sync loop (sleep overshoot included)\n");
+  std::printf("# Tl/Tc: nominal; T_c_ms, T_l_ms: medians measured in the sync loop (sleep overshoot included)\n");
   std::printf("%6s %-8s %8s %8s %9s %9s %9s %9s %7s %6s\n", "Tl/Tc", "peer", "T_c_ms", "T_l_ms", "min_ms", "med_ms",
               "p99_ms", "step/max", "hidden", "#wrong");
   bool all_ok = true;
@@ -335,12 +332,13 @@ int main(int argc, char** argv) {
         acc[who].step_s.insert(acc[who].step_s.end(), r.step_s.begin(), r.step_s.end());
         acc[who].wrong += r.wrong;
         if (who == 0) {
-          acc[0].load_s += r.load_s / c.reps;
-          acc[0].compute_s += r.compute_s / c.reps;
+          acc[0].load_s.insert(acc[0].load_s.end(), r.load_s.begin(), r.load_s.end());
+          acc[0].compute_s.insert(acc[0].compute_s.end(), r.compute_s.begin(), r.compute_s.end());
         }
       }
     }
-    const double tl_m = acc[0].load_s, tc_m = acc[0].compute_s;
+    // Medians, like the step times they are compared with.
+    const double tl_m = summarize(acc[0].load_s).med, tc_m = summarize(acc[0].compute_s).med;
     const char* names[3] = {"sync", "double", "ebbflow"};
     summary sm[3];
     for (int w = 0; w < 3; ++w) {
