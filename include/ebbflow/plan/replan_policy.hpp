@@ -33,7 +33,7 @@ namespace plan {
 
 //! Hysteresis of the re-planning policy.
 struct replan_options {
-  double threshold = 0.02;  //!< re-plan when current / best − 1 exceeds this ...
+  double threshold = 0.01;  //!< re-plan when current / best − 1 exceeds this ...
   unsigned persist = 3;     //!< ... on this many consecutive checks (>= 1)
 };
 
