@@ -10,3 +10,4 @@
 #include <ebbflow/plan/cost_model.hpp>
 #include <ebbflow/plan/replan_policy.hpp>
 #include <ebbflow/plan/sampler.hpp>
+#include <ebbflow/plan/shard_sampler.hpp>
