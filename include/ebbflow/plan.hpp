@@ -1,0 +1,13 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file plan.hpp
+//! The heterogeneity-aware batch planner in one include: online cost models,
+//! the exact batch-size solver, the re-planning policy and the exactly-once
+//! samplers. Depends on core/ only; links nothing.
+#pragma once
+
+#include <ebbflow/plan/plan_error.hpp>
+#include <ebbflow/plan/batch_planner.hpp>
+#include <ebbflow/plan/cost_model.hpp>
+#include <ebbflow/plan/replan_policy.hpp>
+#include <ebbflow/plan/sampler.hpp>
+#include <ebbflow/plan/shard_sampler.hpp>

@@ -1,0 +1,310 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/batch_planner.hpp
+//! Definitions for plan/batch_planner.hpp.
+//!
+//! How `solve` is exact. Write K = B − Σ lo_i and call the values
+//! t_i(lo_i+1), ..., t_i(m_i) worker i's increments; they are non-decreasing
+//! in b. Any split takes a prefix of each worker's increments, K in total, and
+//! its step time is max(T_lo, largest increment taken) with T_lo = max_i
+//! t_i(lo_i). Taking the K smallest increments therefore minimises the step
+//! time, and taking them in (value, rank) order makes the choice unique.
+//!
+//! Finding them fast: a safeguarded Newton iteration solves the continuous
+//! relaxation Σ clamp((S − a_i)/c_i, lo_i, m_i) = B for a level S (a few
+//! O(n) passes; the function is monotone and piecewise linear). The level set
+//! {increments <= S} is a downward-closed prefix of the (value, rank) order
+//! whose size is within about n of K. A heap then adds the next-smallest
+//! increments (or removes the largest ones) one at a time until exactly K are
+//! taken: the result is the K-prefix of the order whatever S was, so rounding
+//! in the Newton step never changes the plan, only the amount of heap work.
+#pragma once
+
+#include <ebbflow/core/error.hpp>  // EBBFLOW_EXPECTS
+#include <ebbflow/plan/batch_planner.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+inline double batch_plan::weight(std::size_t rank) const {
+  EBBFLOW_PLAN_ENFORCE(rank < batch.size(), plan_errc::bad_rank,
+                       "rank " << rank << " outside a plan of " << batch.size() << " workers");
+  return static_cast<double>(batch[rank]) / static_cast<double>(global_batch);
+}
+
+inline std::vector<double> batch_plan::weights() const {
+  std::vector<double> w(batch.size());
+  for (std::size_t r = 0; r < batch.size(); ++r)
+    w[r] = static_cast<double>(batch[r]) / static_cast<double>(global_batch);
+  return w;
+}
+
+inline std::size_t batch_plan::rank_of(std::uint64_t id) const noexcept {
+  auto it = std::find(worker_ids.begin(), worker_ids.end(), id);
+  return static_cast<std::size_t>(it - worker_ids.begin());
+}
+
+inline void validate(std::span<const worker_spec> workers) {
+  EBBFLOW_PLAN_ENFORCE(!workers.empty(), plan_errc::empty_membership, "the membership has no workers");
+  for (const worker_spec& w : workers) {
+    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.c) && w.c > 0, plan_errc::bad_cost, w.id,
+                           "seconds per sample c = " << w.c << " must be finite and > 0");
+    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.a) && w.a >= 0, plan_errc::bad_cost, w.id,
+                           "fixed seconds a = " << w.a << " must be finite and >= 0");
+    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.comm_s) && w.comm_s >= 0, plan_errc::bad_cost, w.id,
+                           "communication seconds comm_s = " << w.comm_s << " must be finite and >= 0");
+    EBBFLOW_PLAN_ENFORCE_W(w.min_batch <= w.max_batch, plan_errc::bad_bounds, w.id,
+                           "min_batch " << w.min_batch << " > max_batch " << w.max_batch);
+  }
+  bool increasing = true;  // the common case needs no sort
+  for (std::size_t i = 1; i < workers.size() && increasing; ++i) increasing = workers[i - 1].id < workers[i].id;
+  if (!increasing) {
+    std::vector<std::uint64_t> ids(workers.size());
+    for (std::size_t i = 0; i < workers.size(); ++i) ids[i] = workers[i].id;
+    std::sort(ids.begin(), ids.end());
+    auto dup = std::adjacent_find(ids.begin(), ids.end());
+    EBBFLOW_PLAN_ENFORCE_W(dup == ids.end(), plan_errc::duplicate_worker, (dup == ids.end() ? 0 : *dup),
+                           "appears more than once in the membership");
+  }
+}
+
+namespace detail {
+inline std::size_t saturating_add(std::size_t x, std::size_t y) noexcept {
+  return x > std::numeric_limits<std::size_t>::max() - y ? std::numeric_limits<std::size_t>::max() : x + y;
+}
+
+//! Largest b in [lo, m] with w.step_time(b) <= s; requires w.step_time(lo) <= s.
+inline std::size_t level_count(const worker_spec& w, double inv_c, std::size_t lo, std::size_t m, double s) noexcept {
+  double x = (s - (w.a + w.comm_s)) * inv_c;
+  std::size_t g = !(x > static_cast<double>(lo)) ? lo : x >= static_cast<double>(m) ? m : static_cast<std::size_t>(x);
+  // The division above is within an ulp or two of the truth; step towards
+  // the exact answer, which is defined by step_time alone.
+  for (int k = 0; k < 4 && g < m && w.step_time(g + 1) <= s; ++k) ++g;
+  for (int k = 0; k < 4 && g > lo && w.step_time(g) > s; ++k) --g;
+  if (w.step_time(g) <= s && (g == m || w.step_time(g + 1) > s)) return g;
+  std::size_t lo_b = lo, hi_b = m;  // invariant: step_time(lo_b) <= s; answer in [lo_b, hi_b]
+  while (lo_b < hi_b) {
+    std::size_t mid = lo_b + (hi_b - lo_b + 1) / 2;
+    if (w.step_time(mid) <= s) lo_b = mid; else hi_b = mid - 1;
+  }
+  return lo_b;
+}
+
+struct increment {
+  double value;
+  std::size_t rank;
+};
+}  // namespace detail
+
+inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch, std::uint64_t version) {
+  validate(workers);
+  EBBFLOW_PLAN_ENFORCE(global_batch > 0, plan_errc::zero_batch, "global batch must be at least 1");
+  const std::size_t n = workers.size();
+  const std::size_t B = global_batch;
+
+  std::size_t sum_max = 0, sum_min = 0;
+  for (const worker_spec& w : workers) {
+    sum_max = detail::saturating_add(sum_max, w.max_batch);
+    sum_min = detail::saturating_add(sum_min, w.min_batch);
+  }
+  EBBFLOW_PLAN_ENFORCE(sum_max >= B, plan_errc::infeasible,
+                       "sum of max_batch " << sum_max << " < global batch " << B);
+  EBBFLOW_PLAN_ENFORCE(sum_min <= B, plan_errc::infeasible,
+                       "sum of min_batch " << sum_min << " > global batch " << B);
+
+  // Caps above B never bind; clamping keeps every count below B (no overflow).
+  std::vector<std::size_t> hi(n);
+  std::vector<double> inv_c(n), base(n), lo_d(n), hi_d(n);
+  double t_lo = -std::numeric_limits<double>::infinity();
+  double t_hi = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < n; ++i) {
+    hi[i] = std::min(workers[i].max_batch, B);
+    inv_c[i] = 1.0 / workers[i].c;
+    base[i] = workers[i].a + workers[i].comm_s;
+    lo_d[i] = static_cast<double>(workers[i].min_batch);
+    hi_d[i] = static_cast<double>(hi[i]);
+    t_lo = std::max(t_lo, workers[i].step_time(workers[i].min_batch));
+    t_hi = std::max(t_hi, workers[i].step_time(hi[i]));
+  }
+
+  // Continuous relaxation g(s) = Σ clamp((s − base_i)/c_i, lo_i, hi_i) − B.
+  auto relax = [&](double s, double& slope) {
+    double sum = 0;
+    slope = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double x = (s - base[i]) * inv_c[i];
+      const double lo = lo_d[i], m = hi_d[i];
+      if (x <= lo) {
+        sum += lo;
+      } else if (x >= m) {
+        sum += m;
+      } else {
+        sum += x;
+        slope += inv_c[i];
+      }
+    }
+    return sum - static_cast<double>(B);
+  };
+  double level = t_lo;
+  {
+    double slope = 0;
+    double f = relax(t_lo, slope);
+    if (f < 0) {
+      double lo_s = t_lo, hi_s = t_hi;
+      double num = static_cast<double>(B), den = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        num += base[i] * inv_c[i];
+        den += inv_c[i];
+      }
+      double s = std::clamp(num / den, lo_s, hi_s);
+      for (int it = 0; it < 200; ++it) {
+        f = relax(s, slope);
+        if (std::abs(f) < 0.5) break;
+        if (f < 0) lo_s = s; else hi_s = s;
+        double next = slope > 0 ? s - f / slope : std::numeric_limits<double>::quiet_NaN();
+        if (!(next > lo_s && next < hi_s)) next = lo_s + 0.5 * (hi_s - lo_s);
+        if (next == s || !(hi_s > lo_s)) break;
+        s = next;
+      }
+      level = s;
+      // Whole samples under the level fall short of the continuous sum by the
+      // fractional parts (about n/2 in total). A few secant steps on the
+      // integer count shrink that gap to a handful, so the heap repair below
+      // does O(few log n) work instead of O(n log n).
+      for (int it = 0; it < 6; ++it) {
+        double count = 0, slope_i = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          const double x = (level - base[i]) * inv_c[i];
+          const double lo = lo_d[i], m = hi_d[i];
+          if (x <= lo) {
+            count += lo;
+          } else if (x >= m) {
+            count += m;
+          } else {
+            count += std::floor(x);
+            slope_i += inv_c[i];
+          }
+        }
+        const double gap = static_cast<double>(B) - count;
+        if (std::abs(gap) <= 8 || slope_i <= 0) break;
+        level = std::clamp(level + gap / slope_i, t_lo, t_hi);
+      }
+    }
+  }
+
+  batch_plan p;
+  p.version = version;
+  p.global_batch = B;
+  p.batch.resize(n);
+  std::size_t taken = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    p.batch[i] = detail::level_count(workers[i], inv_c[i], workers[i].min_batch, hi[i], level);
+    taken += p.batch[i];
+  }
+
+  // Integer repair: reach exactly B along the (value, rank) order.
+  std::vector<detail::increment> heap;
+  heap.reserve(n);
+  if (taken < B) {
+    auto after = [](const detail::increment& x, const detail::increment& y) {
+      return x.value > y.value || (x.value == y.value && x.rank > y.rank);
+    };
+    for (std::size_t i = 0; i < n; ++i)
+      if (p.batch[i] < hi[i]) heap.push_back({workers[i].step_time(p.batch[i] + 1), i});
+    std::make_heap(heap.begin(), heap.end(), after);
+    while (taken < B) {
+      EBBFLOW_EXPECTS(!heap.empty());
+      std::pop_heap(heap.begin(), heap.end(), after);
+      const std::size_t i = heap.back().rank;
+      heap.pop_back();
+      ++p.batch[i];
+      ++taken;
+      if (p.batch[i] < hi[i]) {
+        heap.push_back({workers[i].step_time(p.batch[i] + 1), i});
+        std::push_heap(heap.begin(), heap.end(), after);
+      }
+    }
+  } else if (taken > B) {
+    auto before = [](const detail::increment& x, const detail::increment& y) {
+      return x.value < y.value || (x.value == y.value && x.rank < y.rank);
+    };
+    for (std::size_t i = 0; i < n; ++i)
+      if (p.batch[i] > workers[i].min_batch) heap.push_back({workers[i].step_time(p.batch[i]), i});
+    std::make_heap(heap.begin(), heap.end(), before);
+    while (taken > B) {
+      EBBFLOW_EXPECTS(!heap.empty());
+      std::pop_heap(heap.begin(), heap.end(), before);
+      const std::size_t i = heap.back().rank;
+      heap.pop_back();
+      --p.batch[i];
+      --taken;
+      if (p.batch[i] > workers[i].min_batch) {
+        heap.push_back({workers[i].step_time(p.batch[i]), i});
+        std::push_heap(heap.begin(), heap.end(), before);
+      }
+    }
+  }
+
+  p.worker_ids.resize(n);
+  p.offsets.resize(n + 1);
+  p.offsets[0] = 0;
+  double t = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < n; ++i) {
+    p.worker_ids[i] = workers[i].id;
+    p.offsets[i + 1] = p.offsets[i] + p.batch[i];
+    t = std::max(t, workers[i].step_time(p.batch[i]));
+  }
+  p.step_time = t;
+  return p;
+}
+
+inline double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers) {
+  EBBFLOW_PLAN_ENFORCE(plan.size() == workers.size(), plan_errc::membership_mismatch,
+                       "plan v" << plan.version << " has " << plan.size() << " workers, models have "
+                                << workers.size());
+  double t = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    EBBFLOW_PLAN_ENFORCE_W(plan.worker_ids[i] == workers[i].id, plan_errc::membership_mismatch, workers[i].id,
+                           "is at rank " << i << " but plan v" << plan.version << " has worker "
+                                         << plan.worker_ids[i] << " there");
+    t = std::max(t, workers[i].step_time(plan.batch[i]));
+  }
+  return t;
+}
+
+inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
+                            std::uint64_t version) {
+  validate(workers);
+  EBBFLOW_PLAN_ENFORCE(sizes.size() == workers.size(), plan_errc::membership_mismatch,
+                       sizes.size() << " sizes for " << workers.size() << " workers");
+  batch_plan p;
+  p.version = version;
+  p.batch.assign(sizes.begin(), sizes.end());
+  p.worker_ids.resize(workers.size());
+  p.offsets.resize(workers.size() + 1);
+  p.offsets[0] = 0;
+  double t = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    EBBFLOW_PLAN_ENFORCE_W(sizes[i] >= workers[i].min_batch && sizes[i] <= workers[i].max_batch,
+                           plan_errc::infeasible, workers[i].id,
+                           "batch " << sizes[i] << " outside [" << workers[i].min_batch << ", "
+                                    << workers[i].max_batch << "]");
+    p.worker_ids[i] = workers[i].id;
+    p.offsets[i + 1] = p.offsets[i] + sizes[i];
+    t = std::max(t, workers[i].step_time(sizes[i]));
+  }
+  p.global_batch = p.offsets.back();
+  EBBFLOW_PLAN_ENFORCE(p.global_batch > 0, plan_errc::zero_batch, "the sizes sum to 0");
+  p.step_time = t;
+  return p;
+}
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
