@@ -4,6 +4,7 @@
 // tests/elastic/elastic_process_test.*; these pin down the protocol.
 #include <ebbflow/elastic/group.hpp>
 #include <ebbflow/elastic/loopback_network.hpp>
+#include <ebbflow/elastic/planner_policy.hpp>
 
 #include <gtest/gtest.h>
 
@@ -121,6 +122,7 @@ struct scenario {
   std::vector<std::pair<int, std::int64_t>> leaves;  // (launch rank, step at which it asks to leave)
   std::vector<std::int64_t> joins;                   // steps (seen by rank 0) at which a newcomer starts
   int min_size = 1;
+  bool adaptive = false;  // planner_policy with emulated speeds (seconds per sample = 1 ms × (launch rank + 1))
 };
 
 struct outcome {
@@ -129,6 +131,7 @@ struct outcome {
   std::set<std::pair<std::int64_t, std::size_t>> committed_samples;  // (step, sample) from the final rank-0 view
   std::vector<el::world_change> history0;
   std::vector<std::string> errors;
+  std::vector<std::uint64_t> last_plan;
 };
 
 void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::shared_ptr<el::loopback_fabric> fabric,
@@ -148,8 +151,13 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
     ef::launch_info li;
     li.rank = join ? sc.initial : launch_rank;
     li.world_size = sc.initial;
-    test_group g([store] { return std::make_unique<store_ref>(store_ref{store}); }, net, o, li,
-                 std::make_unique<skewed_policy>());
+    std::unique_ptr<el::planning_policy> policy;
+    if (sc.adaptive)
+      policy = std::make_unique<el::planner_policy>();
+    else
+      policy = std::make_unique<skewed_policy>();
+    test_group g([store] { return std::make_unique<store_ref>(store_ref{store}); }, net, o, li, std::move(policy));
+    const double per_sample = 1e-3 * (join ? 2 : launch_rank + 1);
     std::vector<float> w(features * classes, 0.f);
     g.register_state("w", std::as_writable_bytes(std::span(w)));
     std::set<std::int64_t> join_started;
@@ -176,11 +184,12 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
         }
       if (!g.allreduce(grad)) continue;
       for (std::size_t k = 0; k < w.size(); ++k) w[k] -= lr * grad[k];
-      g.end_step(1e-3);
+      g.end_step(2e-3 + per_sample * static_cast<double>(s.batch));
     }
     if (g.active()) {
       std::lock_guard lk(out.m);
       out.finals.push_back(w);
+      out.last_plan.assign(g.plan().begin(), g.plan().end());
       if (g.rank() == 0) {
         out.history0 = g.history();
         g.finish();
@@ -309,4 +318,21 @@ TEST(ElasticGroup, BadOptionsAreNamed) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("global_batch must be > 0"), std::string::npos);
   }
+}
+
+TEST(ElasticGroup, PlannerPolicyBalancesHeterogeneousWorkersExactly) {
+  scenario sc;
+  sc.adaptive = true;
+  sc.steps = 40;
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 3);
+  // t_i(b) = 2 ms + (i+1) ms · b: the optimum of B = 16 gives the fastest the most.
+  ASSERT_EQ(out.last_plan.size(), 3u);
+  EXPECT_EQ(out.last_plan[0] + out.last_plan[1] + out.last_plan[2], batch);
+  EXPECT_GT(out.last_plan[0], out.last_plan[1]);
+  EXPECT_GT(out.last_plan[1], out.last_plan[2]);
+  // Exact optimum for (c = 1, 2, 3 ms, a = 2 ms, B = 16): (9, 4, 3) → max(11, 10, 11) ms.
+  const double t0 = 2 + 1.0 * out.last_plan[0], t1 = 2 + 2.0 * out.last_plan[1], t2 = 2 + 3.0 * out.last_plan[2];
+  EXPECT_LE(std::max({t0, t1, t2}), 11.0 + 1e-9);
 }

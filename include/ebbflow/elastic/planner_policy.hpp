@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file planner_policy.hpp
+//! `planner_policy`: the elastic group's heterogeneity-aware policy. Keeps a
+//! robust online cost model per member (plan::cost_model), plans with the
+//! exact batch planner (plan::solve) and re-plans with hysteresis
+//! (the threshold must hold for `persist` consecutive checks) when the models drift. Members without a fitted model
+//! yet (newcomers) are planned with the mean model of the others, so a
+//! joiner gets a sensible share at once and an exact one after a few steps.
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/elastic/policy.hpp>
+#include <ebbflow/plan/batch_planner.hpp>
+#include <ebbflow/plan/cost_model.hpp>
+#include <ebbflow/plan/replan_policy.hpp>  // plan::replan_options
+
+#include <map>
+#include <span>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+struct planner_policy_options {
+  std::size_t max_batch = 1u << 30;        //!< memory cap m_i applied to every member
+  plan::cost_model_options model{};        //!< per-member cost model settings
+  plan::replan_options replan{};           //!< drift threshold and hysteresis
+};
+
+class planner_policy final : public planning_policy {
+ public:
+  explicit planner_policy(planner_policy_options o = {}) : opts_(o) {}
+
+  void observe(member_id m, std::size_t batch, double seconds) override {
+    if (batch == 0 || !(seconds > 0)) return;
+    auto it = models_.try_emplace(m, opts_.model).first;
+    it->second.observe(batch, seconds);
+  }
+
+  std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) override {
+    auto specs = specs_of(members);
+    if (specs.empty()) return uniform_policy{}.plan(members, global_batch);
+    return plan::solve(specs, global_batch).batch;
+  }
+
+  bool should_replan(std::span<const member_id> members, std::span<const std::size_t> current,
+                     std::size_t global_batch) override {
+    auto specs = specs_of(members);
+    if (specs.empty()) return false;
+    // The plan in force is the group's; let the replanner judge it against the best.
+    const auto in_force = plan::make_plan(specs, current, 1);
+    const double now = plan::predict_step_time(in_force, specs);
+    const double best = plan::solve(specs, global_batch).step_time;
+    if (now > best * (1 + opts_.replan.threshold)) {
+      if (++streak_ >= opts_.replan.persist) {
+        streak_ = 0;
+        return true;
+      }
+    } else {
+      streak_ = 0;
+    }
+    return false;
+  }
+
+  //! The model of member `m`, or nullptr when it has none yet.
+  [[nodiscard]] const plan::cost_model* model(member_id m) const {
+    auto it = models_.find(m);
+    return it == models_.end() ? nullptr : &it->second;
+  }
+
+ private:
+  // Specs in rank order; members without a model get the mean of the others.
+  // Empty when nobody has a model (then the caller plans uniformly).
+  std::vector<plan::worker_spec> specs_of(std::span<const member_id> members) const {
+    double sa = 0, sc = 0;
+    int k = 0;
+    for (auto m : members)
+      if (auto* cm = model(m); cm && cm->ready() && cm->c() > 0) sa += cm->a(), sc += cm->c(), ++k;
+    if (k == 0) return {};
+    std::vector<plan::worker_spec> specs;
+    for (auto m : members) {
+      const auto* cm = model(m);
+      const bool ok = cm && cm->ready() && cm->c() > 0;
+      specs.push_back({static_cast<std::uint64_t>(m), ok ? cm->a() : sa / k, ok ? cm->c() : sc / k, opts_.max_batch, 0, 0});
+    }
+    return specs;
+  }
+
+  planner_policy_options opts_;
+  std::map<member_id, plan::cost_model> models_;
+  unsigned streak_ = 0;
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
