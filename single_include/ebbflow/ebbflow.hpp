@@ -19,11 +19,15 @@
 //! The one source of truth for the ebbflow version (read by CMake, packaging recipes).
 
 
+//! Major version: incompatible API changes.
 #define EBBFLOW_VERSION_MAJOR 0
+//! Minor version: compatible additions.
 #define EBBFLOW_VERSION_MINOR 1
+//! Patch version: fixes.
 #define EBBFLOW_VERSION_PATCH 0
 //! Encoded as MAJOR * 10000 + MINOR * 100 + PATCH.
 #define EBBFLOW_VERSION (EBBFLOW_VERSION_MAJOR * 10000 + EBBFLOW_VERSION_MINOR * 100 + EBBFLOW_VERSION_PATCH)
+//! "MAJOR.MINOR.PATCH".
 #define EBBFLOW_VERSION_STRING "0.1.0"
 // ==== end <ebbflow/version.hpp>
 
@@ -41,6 +45,7 @@
 #define EBBFLOW_BEGIN_NAMESPACE \
   namespace ebbflow {           \
   inline namespace v0 {
+//! Closes what EBBFLOW_BEGIN_NAMESPACE opened.
 #define EBBFLOW_END_NAMESPACE \
   }                           \
   }
@@ -49,9 +54,11 @@
 //! bodies are functors whose call operator carries this annotation.
 #if defined(__CUDACC__)
 #define EBBFLOW_HD __host__ __device__
+//! 1 under nvcc (host and device passes), 0 for a host compiler.
 #define EBBFLOW_DEVICE_COMPILER 1
 #else
 #define EBBFLOW_HD
+//! 1 under nvcc (host and device passes), 0 for a host compiler.
 #define EBBFLOW_DEVICE_COMPILER 0
 #endif
 
@@ -84,6 +91,7 @@
 #define EBBFLOW_HAS_NCCL 0
 #endif
 
+//! 1 when exceptions are enabled; EBBFLOW_THROW aborts otherwise.
 #if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
 #define EBBFLOW_EXCEPTIONS 1
 #else
@@ -117,6 +125,7 @@
 
 EBBFLOW_BEGIN_NAMESPACE
 
+//! The clock of every deadline and timeout in ebbflow.
 using steady_clock = std::chrono::steady_clock;
 
 //! A point in time on the steady clock after which a blocking call gives up.
@@ -130,9 +139,12 @@ class deadline {
   //! A deadline that never passes (use sparingly: prefer a bound).
   static deadline never() noexcept { return deadline(steady_clock::time_point::max()); }
 
+  //! A deadline at the time point `t`.
   explicit deadline(steady_clock::time_point t) noexcept : at_(t) {}
 
+  //! When it passes.
   [[nodiscard]] steady_clock::time_point at() const noexcept { return at_; }
+  //! True once the deadline has passed.
   [[nodiscard]] bool expired() const noexcept { return steady_clock::now() >= at_; }
   //! Time left, zero once expired.
   [[nodiscard]] steady_clock::duration remaining() const noexcept {
@@ -241,7 +253,9 @@ inline std::error_condition detail::ebbflow_category_impl::default_error_conditi
   return {v, condition_category()};
 }
 
+//! Makes `errc` values comparable with any `std::error_code` (found by ADL).
 inline std::error_condition make_error_condition(errc e) noexcept { return {static_cast<int>(e), condition_category()}; }
+//! Makes `error` values convertible to `std::error_code` (found by ADL).
 inline std::error_code make_error_code(error e) noexcept { return {static_cast<int>(e), ebbflow_category()}; }
 
 namespace detail {
@@ -368,18 +382,26 @@ struct error_context {
 //! `what()` reads e.g. "allreduce: peer lost [rank 2, generation 3, peer 1]".
 class system_error : public std::system_error {
  public:
+  //! An error `ec` that happened in `ctx`.
   system_error(std::error_code ec, error_context ctx)
       : std::system_error(ec), what_(format(ec, ctx)), ctx_(std::move(ctx)) {}
+  //! An error `ec` without context.
   explicit system_error(std::error_code ec) : system_error(ec, error_context{}) {}
 
   //! "operation: message (detail) [rank r, generation g, peer p]".
   const char* what() const noexcept override { return what_.c_str(); }
+  //! Rank that observed the error, or -1.
   [[nodiscard]] int rank() const noexcept { return ctx_.rank; }
+  //! Membership generation, or -1.
   [[nodiscard]] std::int64_t generation() const noexcept { return ctx_.generation; }
+  //! Peer involved, or -1.
   [[nodiscard]] int peer() const noexcept { return ctx_.peer; }
+  //! Operation that failed (e.g. "allreduce"), or empty.
   [[nodiscard]] std::string_view operation() const noexcept { return ctx_.operation; }
+  //! Everything known about where it happened.
   [[nodiscard]] const error_context& context() const noexcept { return ctx_; }
 
+  //! The text `what()` returns for `ec` in context `c`.
   static std::string format(const std::error_code& ec, const error_context& c) {
     std::ostringstream os;
     if (!c.operation.empty()) os << c.operation << ": ";
@@ -432,10 +454,13 @@ namespace detail {
 
 EBBFLOW_END_NAMESPACE
 
+// Standard-library opt-ins, not part of the documented API.
+//! @cond
 template <>
 struct std::is_error_condition_enum<ebbflow::errc> : std::true_type {};
 template <>
 struct std::is_error_code_enum<ebbflow::error> : std::true_type {};
+//! @endcond
 
 //! Rejects bad user input: throws `std::invalid_argument` with `msg` (an
 //! ostream expression) plus file and line, when `cond` is false.
@@ -493,7 +518,9 @@ namespace comm {
 //! the rest for the generation). Collectives compose it from an operation
 //! sequence number and a step (see `make_tag`).
 using tag_t = std::uint64_t;
+//! Bits of a tag available to collectives.
 inline constexpr int tag_bits = 48;
+//! Mask of the bits available to collectives.
 inline constexpr tag_t tag_mask = (tag_t{1} << tag_bits) - 1;
 
 //! Tag for step `step` (< 2^16) of collective number `seq` (wraps at 2^32).
@@ -571,8 +598,10 @@ namespace comm {
 //! Shared mailbox of a group of loopback transports. Thread-safe.
 class loopback_hub {
  public:
+  //! A hub for ranks 0 .. size-1, all alive.
   explicit loopback_hub(int size) : size_(size), dead_(static_cast<std::size_t>(size), false) {}
 
+  //! Number of ranks.
   [[nodiscard]] int size() const noexcept { return size_; }
   //! Marks `rank` dead: every pending or future operation with it fails with `peer_lost`.
   void kill(int rank) {
@@ -580,6 +609,7 @@ class loopback_hub {
     dead_.at(static_cast<std::size_t>(rank)) = true;
     cv_.notify_all();
   }
+  //! True once `kill(rank)` was called.
   [[nodiscard]] bool dead(int rank) const {
     std::lock_guard lk(m_);
     return dead_.at(static_cast<std::size_t>(rank));
@@ -606,29 +636,39 @@ class loopback_hub {
   std::chrono::microseconds delay_{0};
 };
 
+//! In-process transport over a shared `loopback_hub`, one per rank (thread).
+//! Models `comm::transport`; use the alias `loopback_transport`.
+//! One instance is used by one thread at a time.
 template <class Unused = void>
 class basic_loopback_transport {
  public:
   //! A pending operation. Sends complete eagerly (the message is copied).
   struct request {
-    bool done = false;
-    bool is_recv = false;
-    int peer = -1;
-    tag_t tag = 0;
-    std::span<std::byte> in;
-    std::error_code ec;
+    bool done = false;        //!< completed (successfully or not)
+    bool is_recv = false;     //!< a receive (else a send)
+    int peer = -1;            //!< the other rank
+    tag_t tag = 0;            //!< user tag
+    std::span<std::byte> in;  //!< receive buffer (host memory)
+    std::error_code ec;       //!< outcome once done
   };
 
+  //! Rank `rank` of `hub` in generation `generation`.
+  //! @throws std::invalid_argument when `rank` is outside the hub.
   basic_loopback_transport(std::shared_ptr<loopback_hub> hub, int rank, std::int64_t generation = 0)
       : hub_(std::move(hub)), rank_(rank), generation_(generation) {
     EBBFLOW_ENFORCE(rank >= 0 && rank < hub_->size(), "loopback rank " << rank << " outside [0, " << hub_->size() << ")");
   }
 
+  //! This transport's rank.
   [[nodiscard]] int rank() const noexcept { return rank_; }
+  //! Number of ranks.
   [[nodiscard]] int size() const noexcept { return hub_->size(); }
+  //! Generation carried in every message's key.
   [[nodiscard]] std::int64_t generation() const noexcept { return generation_; }
+  //! Moves to generation `g`; messages of other generations are not matched.
   void set_generation(std::int64_t g) noexcept { generation_ = g; }
 
+  //! Sends `out` (host memory, copied before returning) to `peer`.
   request isend(int peer, tag_t tag, std::span<const std::byte> out) {
     check_peer(peer);
     request r;
@@ -646,6 +686,7 @@ class basic_loopback_transport {
     return r;
   }
 
+  //! Posts a receive into `in` (host memory, must outlive the request).
   request irecv(int peer, tag_t tag, std::span<std::byte> in) {
     check_peer(peer);
     request r;
@@ -656,6 +697,7 @@ class basic_loopback_transport {
     return r;
   }
 
+  //! Non-blocking: true once `r` completed, with its outcome in `ec`.
   bool test(request& r, std::error_code& ec) {
     std::unique_lock lk(hub_->m_);
     try_complete(r);
@@ -663,6 +705,7 @@ class basic_loopback_transport {
     return r.done;
   }
 
+  //! Blocks until `r` completes or `d` passes (`ec` = errc::timeout).
   void wait(request& r, deadline d, std::error_code& ec) {
     std::unique_lock lk(hub_->m_);
     for (;;) {
@@ -780,12 +823,15 @@ EBBFLOW_HD inline float bits_float(std::uint32_t u) noexcept {
 
 //! IEEE 754 binary16 storage. Conversions round to nearest even; NaN stays NaN.
 struct half {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0;  //!< the binary16 bit pattern
 
   half() = default;
+  //! Rounds `f` to the nearest half.
   EBBFLOW_HD explicit half(float f) noexcept : bits(from_float(f)) {}
+  //! The exact float value.
   EBBFLOW_HD explicit operator float() const noexcept { return to_float(bits); }
 
+  //! Bit pattern of `f` rounded to half (nearest even; overflow gives inf).
   EBBFLOW_HD static std::uint16_t from_float(float f) noexcept {
     const std::uint32_t x = detail::float_bits(f);
     const std::uint32_t sign = (x >> 16) & 0x8000u;
@@ -813,6 +859,7 @@ struct half {
     return static_cast<std::uint16_t>(sign | h);
   }
 
+  //! The float value of the bit pattern `h`.
   EBBFLOW_HD static float to_float(std::uint16_t h) noexcept {
     const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
     const std::uint32_t e = (h >> 10) & 0x1fu;
@@ -830,18 +877,22 @@ struct half {
 
 //! bfloat16 storage (the upper 16 bits of a float). Round to nearest even.
 struct bfloat16 {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0;  //!< the bfloat16 bit pattern
 
   bfloat16() = default;
+  //! Rounds `f` to the nearest bfloat16.
   EBBFLOW_HD explicit bfloat16(float f) noexcept : bits(from_float(f)) {}
+  //! The exact float value.
   EBBFLOW_HD explicit operator float() const noexcept { return to_float(bits); }
 
+  //! Bit pattern of `f` rounded to bfloat16 (nearest even; NaN stays NaN).
   EBBFLOW_HD static std::uint16_t from_float(float f) noexcept {
     const std::uint32_t x = detail::float_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);  // quiet NaN
     const std::uint32_t lsb = (x >> 16) & 1u;
     return static_cast<std::uint16_t>((x + 0x7fffu + lsb) >> 16);
   }
+  //! The float value of the bit pattern `b`.
   EBBFLOW_HD static float to_float(std::uint16_t b) noexcept {
     return detail::bits_float(static_cast<std::uint32_t>(b) << 16);
   }
@@ -908,6 +959,7 @@ constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept {
   return std::nullopt;
 }
 
+//! True for f32, f64, f16 and bf16.
 constexpr bool is_floating(dtype t) noexcept {
   return t == dtype::f32 || t == dtype::f64 || t == dtype::f16 || t == dtype::bf16;
 }
@@ -921,6 +973,7 @@ template <> struct dtype_of<bfloat16> : std::integral_constant<dtype, dtype::bf1
 template <> struct dtype_of<std::int32_t> : std::integral_constant<dtype, dtype::i32> {};
 template <> struct dtype_of<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
 template <> struct dtype_of<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
+//! `dtype_of<T>::value`, ignoring cv-qualifiers.
 template <class T> inline constexpr dtype dtype_of_v = dtype_of<std::remove_cv_t<T>>::value;
 
 //! Calls `f(T{})` with the C++ type of `t` (a tag value), returning its result.
@@ -942,9 +995,11 @@ constexpr decltype(auto) visit_dtype(dtype t, F&& f) {
 //! size (integers: truncating division).
 enum class reduce_op : std::uint8_t { sum, avg, min, max, prod };
 
+//! Every reduce_op, for iteration in tests and benchmarks.
 inline constexpr reduce_op all_reduce_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min,
                                                reduce_op::max, reduce_op::prod};
 
+//! Short name ("sum", "avg", ...).
 constexpr std::string_view name(reduce_op op) noexcept {
   switch (op) {
     case reduce_op::sum: return "sum";
@@ -956,6 +1011,7 @@ constexpr std::string_view name(reduce_op op) noexcept {
   return "?";
 }
 
+//! Parses a name produced by `name(reduce_op)`.
 constexpr std::optional<reduce_op> parse_reduce_op(std::string_view s) noexcept {
   for (reduce_op op : all_reduce_ops)
     if (name(op) == s) return op;
@@ -1044,8 +1100,8 @@ inline std::chrono::milliseconds get_ms(const char* name, std::chrono::milliseco
 
 //! "host:port" split in two; port in [0, 65535].
 struct host_port {
-  std::string host;
-  std::uint16_t port = 0;
+  std::string host;        //!< name or address, never empty
+  std::uint16_t port = 0;  //!< port number
 };
 
 //! Parses "host:port" or "[v6addr]:port". @throws std::invalid_argument naming `what`.
@@ -1128,14 +1184,19 @@ EBBFLOW_END_NAMESPACE
 
 EBBFLOW_BEGIN_NAMESPACE
 
+//! Move-only owner of one handle of `Traits::value_type`; closes it with
+//! `Traits::close` on destruction or reset. Not thread-safe.
 template <class Traits>
 class unique_handle {
  public:
-  using value_type = typename Traits::value_type;
+  using value_type = typename Traits::value_type;  //!< the C handle type
 
   unique_handle() noexcept : h_(Traits::null()) {}
+  //! Takes ownership of `h`.
   explicit unique_handle(value_type h) noexcept : h_(h) {}
+  //! Takes `o`'s handle; `o` is left empty.
   unique_handle(unique_handle&& o) noexcept : h_(std::exchange(o.h_, Traits::null())) {}
+  //! Closes the current handle and takes `o`'s.
   unique_handle& operator=(unique_handle&& o) noexcept {
     if (this != &o) reset(std::exchange(o.h_, Traits::null()));
     return *this;
@@ -1144,7 +1205,9 @@ class unique_handle {
   unique_handle& operator=(const unique_handle&) = delete;
   ~unique_handle() { reset(); }
 
+  //! The handle, still owned.
   [[nodiscard]] value_type get() const noexcept { return h_; }
+  //! True when a handle is owned.
   explicit operator bool() const noexcept { return h_ != Traits::null(); }
   //! Gives up ownership without closing.
   [[nodiscard]] value_type release() noexcept { return std::exchange(h_, Traits::null()); }
@@ -1187,8 +1250,10 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace log {
 
+//! Severity of a record; `EBBFLOW_LOG` selects the highest one printed.
 enum class level : int { off = 0, error = 1, warn = 2, info = 3, debug = 4, trace = 5 };
 
+//! Lower-case name ("error", "info", ...), as accepted by `EBBFLOW_LOG`.
 constexpr std::string_view name(level l) noexcept {
   switch (l) {
     case level::off: return "off";
@@ -1201,6 +1266,7 @@ constexpr std::string_view name(level l) noexcept {
   return "?";
 }
 
+//! Parses a name produced by `name(level)`.
 constexpr std::optional<level> parse_level(std::string_view s) noexcept {
   for (int i = 0; i <= 5; ++i)
     if (name(static_cast<level>(i)) == s) return static_cast<level>(i);
@@ -1235,6 +1301,7 @@ inline level get_level() noexcept { return static_cast<level>(detail::current().
 inline void set_level(level l) noexcept { detail::current().store(static_cast<int>(l), std::memory_order_relaxed); }
 //! Tags every following record with this process's rank (-1: none).
 inline void set_rank(int rank) noexcept { detail::rank_tag().store(rank, std::memory_order_relaxed); }
+//! True when records of level `l` are printed. Thread-safe.
 inline bool enabled(level l) noexcept { return l != level::off && static_cast<int>(l) <= detail::current().load(std::memory_order_relaxed); }
 
 //! Writes one record (no level check; use the macros).
@@ -1263,10 +1330,15 @@ EBBFLOW_END_NAMESPACE
       ::ebbflow::log::write(lvl, ebbflow_log_os_.str());                 \
     }                                                                    \
   } while (0)
+//! Logs `expr` (an ostream expression: `"x=" << x`) at level error.
 #define EBBFLOW_LOG_ERROR(expr) EBBFLOW_DETAIL_LOG(::ebbflow::log::level::error, expr)
+//! Logs `expr` at level warn.
 #define EBBFLOW_LOG_WARN(expr) EBBFLOW_DETAIL_LOG(::ebbflow::log::level::warn, expr)
+//! Logs `expr` at level info.
 #define EBBFLOW_LOG_INFO(expr) EBBFLOW_DETAIL_LOG(::ebbflow::log::level::info, expr)
+//! Logs `expr` at level debug.
 #define EBBFLOW_LOG_DEBUG(expr) EBBFLOW_DETAIL_LOG(::ebbflow::log::level::debug, expr)
+//! Logs `expr` at level trace.
 #define EBBFLOW_LOG_TRACE(expr) EBBFLOW_DETAIL_LOG(::ebbflow::log::level::trace, expr)
 // ==== end <ebbflow/core/log.hpp>
 
@@ -1291,6 +1363,7 @@ EBBFLOW_BEGIN_NAMESPACE
 //! usable for asynchronous device copies).
 enum class memory_space : std::uint8_t { host, pinned, device };
 
+//! Lower-case name ("host", "pinned", "device").
 constexpr std::string_view name(memory_space s) noexcept {
   switch (s) {
     case memory_space::host: return "host";
@@ -1308,33 +1381,41 @@ constexpr bool host_accessible(memory_space s) noexcept { return s != memory_spa
 template <class T, memory_space Space>
 class mspan : public std::span<T> {
  public:
-  static constexpr memory_space space = Space;
+  static constexpr memory_space space = Space;  //!< where the elements live
   using std::span<T>::span;
   constexpr mspan() noexcept = default;
+  //! `n` elements at `p`, which must point into `Space`.
   constexpr mspan(T* p, std::size_t n) noexcept : std::span<T>(p, n) {}
+  //! Tags `s` as memory of `Space` (the caller vouches for it).
   constexpr explicit mspan(std::span<T> s) noexcept : std::span<T>(s) {}
   //! A span of const elements in the same space.
   template <class U>
     requires std::is_convertible_v<U (*)[], T (*)[]>
   constexpr mspan(mspan<U, Space> o) noexcept : std::span<T>(o.data(), o.size()) {}
 
+  //! Like `std::span::subspan`, keeping the memory space.
   [[nodiscard]] constexpr mspan subspan(std::size_t off, std::size_t n = std::dynamic_extent) const noexcept {
     return mspan(std::span<T>::subspan(off, n));
   }
 };
 
+//! Pageable host memory.
 template <class T> using host_span = mspan<T, memory_space::host>;
+//! Page-locked host memory.
 template <class T> using pinned_span = mspan<T, memory_space::pinned>;
+//! Device memory: not to be dereferenced on the CPU.
 template <class T> using device_span = mspan<T, memory_space::device>;
 
 //! An untyped view: `count` elements of `type` at `data` in `space`.
 struct buffer_view {
-  void* data = nullptr;
-  std::size_t count = 0;
-  dtype type = dtype::f32;
-  memory_space space = memory_space::host;
+  void* data = nullptr;                      //!< first element, in `space`
+  std::size_t count = 0;                     //!< number of elements
+  dtype type = dtype::f32;                   //!< element type
+  memory_space space = memory_space::host;   //!< where `data` lives
 
+  //! Size in bytes.
   [[nodiscard]] constexpr std::size_t bytes() const noexcept { return count * size_of(type); }
+  //! The bytes of the buffer (in `space`).
   [[nodiscard]] std::span<std::byte> as_bytes() const noexcept {
     return {static_cast<std::byte*>(data), bytes()};
   }
@@ -1402,11 +1483,13 @@ concept executor = requires(E& e, std::size_t n) {
 //! Blocking: `bulk` returns when all calls finished, so `wait()` is a no-op.
 class cpu_executor {
  public:
-  static constexpr memory_space space = memory_space::host;
+  static constexpr memory_space space = memory_space::host;  //!< functors touch host memory
 
   constexpr cpu_executor() noexcept = default;
+  //! Runs `bulk` on up to `threads` threads (0 counts as 1).
   explicit cpu_executor(unsigned threads) noexcept : threads_(threads == 0 ? 1 : threads) {}
 
+  //! Calls `f(i)` for every i in [0, n); returns when all calls finished.
   template <class F>
   void bulk(std::size_t n, F&& f) const {
     constexpr std::size_t min_per_thread = 1 << 15;
@@ -1426,7 +1509,9 @@ class cpu_executor {
     }
     for (std::size_t i = 0; i < std::min(n, chunk); ++i) f(i);
   }
+  //! No-op: `bulk` is blocking.
   void wait() const noexcept {}
+  //! Most threads `bulk` uses.
   [[nodiscard]] unsigned threads() const noexcept { return threads_; }
 
  private:
