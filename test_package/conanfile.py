@@ -26,6 +26,7 @@ class EbbflowTestPackage(ConanFile):
         cmake.configure(variables={
             "EBBFLOW_EXPECTED_VERSION": str(dep.ref.version),
             "EBBFLOW_TEST_ASIO": bool(dep.options.asio),
+            "EBBFLOW_TEST_UCX": bool(dep.options.ucx),
         })
         cmake.build()
 
