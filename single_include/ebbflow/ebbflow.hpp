@@ -13,7 +13,15 @@
 //! Defined when ebbflow comes from the single-include header.
 #define EBBFLOW_SINGLE_INCLUDE 1
 
-// ==== begin <ebbflow/version.hpp> =========================================
+// ==== begin <ebbflow/config.hpp> ==========================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file config.hpp
+//! Macros shared by every header: the versioned namespace, host/device
+//! annotations, feature detection of optional backends and error macros.
+
+
+// #include <ebbflow/version.hpp>  (inlined here)
+// ---- begin <ebbflow/version.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file version.hpp
 //! The one source of truth for the ebbflow version (read by CMake, packaging recipes).
@@ -29,16 +37,7 @@
 #define EBBFLOW_VERSION (EBBFLOW_VERSION_MAJOR * 10000 + EBBFLOW_VERSION_MINOR * 100 + EBBFLOW_VERSION_PATCH)
 //! "MAJOR.MINOR.PATCH".
 #define EBBFLOW_VERSION_STRING "0.1.0"
-// ==== end <ebbflow/version.hpp>
-
-// ==== begin <ebbflow/config.hpp> ==========================================
-// SPDX-License-Identifier: Apache-2.0
-//! @file config.hpp
-//! Macros shared by every header: the versioned namespace, host/device
-//! annotations, feature detection of optional backends and error macros.
-
-
-// #include <ebbflow/version.hpp>  (inlined)
+// ---- end <ebbflow/version.hpp>
 
 //! Opens `ebbflow::inline v0`: two copies of the headers with different ABI
 //! versions cannot silently violate the ODR.
@@ -111,7 +110,44 @@
 #define EBBFLOW_DETAIL_STR(x) EBBFLOW_DETAIL_STR2(x)
 // ==== end <ebbflow/config.hpp>
 
-// ==== begin <ebbflow/core/deadline.hpp> ===================================
+// ==== begin <ebbflow/comm/loopback_transport.hpp> =========================
+// SPDX-License-Identifier: Apache-2.0
+//! @file loopback_transport.hpp
+//! An in-process `transport` for unit tests: N threads, one `loopback_transport`
+//! each, exchanging messages through a shared `loopback_hub`. The hub can kill
+//! a rank (its peers then see `errc::peer_lost`) and delay delivery, so
+//! failure handling can be unit-tested. Never the only proof: integration
+//! tests run real processes over UCX.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/transport.hpp>  (inlined here)
+// ---- begin <ebbflow/comm/transport.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file transport.hpp
+//! The point-to-point `transport` concept every collective algorithm is
+//! written over: tagged, non-blocking byte messages between the ranks of one
+//! generation, completed by `test` or by `wait` with a deadline.
+//!
+//! Semantics every model guarantees:
+//! * Messages between one (source, destination, tag) triple are matched in
+//!   the order they were posted (MPI-style non-overtaking).
+//! * A receive matches only a message of the same generation: the transport
+//!   folds `generation()` into the wire tag, so late traffic of an older
+//!   generation can never be consumed by a newer one.
+//! * The received message must have exactly the posted size; otherwise the
+//!   request fails with `errc::bad_message` naming both sizes.
+//! * A peer that died makes its pending and future requests fail with
+//!   `errc::peer_lost` (never a hang); `wait` returns `errc::timeout` when
+//!   its deadline passes, and the request stays pending (it may be waited on
+//!   again, or cancelled by destroying the transport).
+//! * Buffers must stay valid until the request completed.
+//! * Thread safety: one thread drives a transport at a time.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined here)
+// ---- begin <ebbflow/core/deadline.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file deadline.hpp
 //! Deadlines for blocking calls. Every blocking call in ebbflow takes one
@@ -159,9 +195,9 @@ class deadline {
 };
 
 EBBFLOW_END_NAMESPACE
-// ==== end <ebbflow/core/deadline.hpp>
-
-// ==== begin <ebbflow/core/error.hpp> ======================================
+// ---- end <ebbflow/core/deadline.hpp>
+// #include <ebbflow/core/error.hpp>  (inlined here)
+// ---- begin <ebbflow/core/error.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file error.hpp
 //! Error reporting: `std::error_code` categories for ebbflow itself and for
@@ -476,34 +512,7 @@ struct std::is_error_code_enum<ebbflow::error> : std::true_type {};
 //! Internal invariant; a failure is a bug in ebbflow.
 #define EBBFLOW_EXPECTS(cond) \
   ((cond) ? void(0) : ::ebbflow::detail::expects_failed(#cond, __FILE__, __LINE__))
-// ==== end <ebbflow/core/error.hpp>
-
-// ==== begin <ebbflow/comm/transport.hpp> ==================================
-// SPDX-License-Identifier: Apache-2.0
-//! @file transport.hpp
-//! The point-to-point `transport` concept every collective algorithm is
-//! written over: tagged, non-blocking byte messages between the ranks of one
-//! generation, completed by `test` or by `wait` with a deadline.
-//!
-//! Semantics every model guarantees:
-//! * Messages between one (source, destination, tag) triple are matched in
-//!   the order they were posted (MPI-style non-overtaking).
-//! * A receive matches only a message of the same generation: the transport
-//!   folds `generation()` into the wire tag, so late traffic of an older
-//!   generation can never be consumed by a newer one.
-//! * The received message must have exactly the posted size; otherwise the
-//!   request fails with `errc::bad_message` naming both sizes.
-//! * A peer that died makes its pending and future requests fail with
-//!   `errc::peer_lost` (never a hang); `wait` returns `errc::timeout` when
-//!   its deadline passes, and the request stays pending (it may be waited on
-//!   again, or cancelled by destroying the transport).
-//! * Buffers must stay valid until the request completed.
-//! * Thread safety: one thread drives a transport at a time.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/deadline.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
+// ---- end <ebbflow/core/error.hpp>
 
 #include <concepts>
 #include <cstddef>
@@ -566,20 +575,7 @@ void recv(T& t, int peer, tag_t tag, std::span<std::byte> data, deadline d) {
 
 }  // namespace comm
 EBBFLOW_END_NAMESPACE
-// ==== end <ebbflow/comm/transport.hpp>
-
-// ==== begin <ebbflow/comm/loopback_transport.hpp> =========================
-// SPDX-License-Identifier: Apache-2.0
-//! @file loopback_transport.hpp
-//! An in-process `transport` for unit tests: N threads, one `loopback_transport`
-//! each, exchanging messages through a shared `loopback_hub`. The hub can kill
-//! a rank (its peers then see `errc::peer_lost`) and delay delivery, so
-//! failure handling can be unit-tested. Never the only proof: integration
-//! tests run real processes over UCX.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/comm/transport.hpp>  (inlined)
+// ---- end <ebbflow/comm/transport.hpp>
 
 #include <chrono>
 #include <condition_variable>
@@ -785,7 +781,15 @@ std::shared_ptr<loopback_hub> spawn_loopback(int n, F&& f, std::int64_t generati
 EBBFLOW_END_NAMESPACE
 // ==== end <ebbflow/comm/loopback_transport.hpp>
 
-// ==== begin <ebbflow/core/half.hpp> =======================================
+// ==== begin <ebbflow/core/dtype.hpp> ======================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file dtype.hpp
+//! Element types and reduction operators that collectives and codecs accept.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/half.hpp>  (inlined here)
+// ---- begin <ebbflow/core/half.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file half.hpp
 //! 16-bit floating-point storage types usable on host and device: `half`
@@ -901,16 +905,7 @@ struct bfloat16 {
 static_assert(sizeof(half) == 2 && sizeof(bfloat16) == 2);
 
 EBBFLOW_END_NAMESPACE
-// ==== end <ebbflow/core/half.hpp>
-
-// ==== begin <ebbflow/core/dtype.hpp> ======================================
-// SPDX-License-Identifier: Apache-2.0
-//! @file dtype.hpp
-//! Element types and reduction operators that collectives and codecs accept.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/half.hpp>  (inlined)
+// ---- end <ebbflow/core/half.hpp>
 
 #include <cstddef>
 #include <cstdint>
