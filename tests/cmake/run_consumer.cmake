@@ -10,6 +10,9 @@
 #   add_subdirectory  add_subdirectory(SOURCE_DIR)
 #   single_header     the single-include header, generated afresh from
 #                     SOURCE_DIR, alone on the include path
+#   amalgamate_fixture  the amalgamation of the headers plus fixture headers
+#                     (guards, header <-> impl/ cycles, #if includes) compiles
+#                     and runs with every backend and with none
 #   recipes           the vcpkg port and the Conan recipe name the same
 #                     targets, components and version as the CMake install
 # Inputs: MODE SOURCE_DIR BINARY_DIR WORK_DIR GENERATOR CXX_COMPILER BUILD_TYPE
@@ -192,6 +195,47 @@ elseif(MODE STREQUAL "single_header")
     message(FATAL_ERROR "[${MODE}] the single include directory holds more than ebbflow/ebbflow.hpp: ${single_dir_entries}")
   endif()
   consumer(single_header -DEBBFLOW_SINGLE_INCLUDE_DIR=${WORK_DIR}/single)
+
+elseif(MODE STREQUAL "amalgamate_fixture")
+  # The real headers plus fixture headers that need backends, include each
+  # other in a cycle (header <-> impl/), and include backend headers inside
+  # #if: amalgamate them, then compile and run a program against the single
+  # header and against the generated umbrella, with every backend and none.
+  set(tree "${WORK_DIR}/tree")
+  file(COPY "${SOURCE_DIR}/include" DESTINATION "${tree}")
+  file(COPY "${here}/amalgamate/fixture/ebbflow" DESTINATION "${tree}/include")
+  step("amalgamate the fixture tree" COMMAND ${CMAKE_COMMAND} -DSOURCE_DIR=${tree}
+       -DSINGLE_OUT=${WORK_DIR}/single/ebbflow/ebbflow.hpp -P "${SOURCE_DIR}/cmake/amalgamate.cmake")
+  file(READ "${WORK_DIR}/single/ebbflow/ebbflow.hpp" single)
+  foreach(g "#if EBBFLOW_HAS_UCX\n" "#if EBBFLOW_HAS_ASIO\n" "#if EBBFLOW_HAS_ASIO && EBBFLOW_HAS_UCX\n")
+    string(FIND "${single}" "${g}" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "[${MODE}] the single header lacks the guard ${g}")
+    endif()
+  endforeach()
+  if(NOT CXX_COMPILER)
+    set(CXX_COMPILER c++)
+  endif()
+  set(none -DEBBFLOW_NO_ASIO -DEBBFLOW_NO_UCX -DEBBFLOW_NO_CUDA -DEBBFLOW_NO_NCCL)
+  foreach(inc "${WORK_DIR}/single" "${tree}/include")
+    foreach(variant all none)
+      if(variant STREQUAL "all")
+        set(flags -DEBBFLOW_NO_CUDA -DEBBFLOW_NO_NCCL)
+        set(libs -lucp -lucs -lcrypto)
+        set(want "asio=1 ucx=1")
+      else()
+        set(flags ${none})
+        set(libs "")
+        set(want "asio=0 ucx=0")
+      endif()
+      set(exe "${WORK_DIR}/fixture_${variant}")
+      step("compile against ${inc} (${variant} backends)"
+           COMMAND ${CXX_COMPILER} -std=c++20 -Wall -Wextra -Werror -I${inc} ${flags}
+                   "${here}/amalgamate/main.cpp" -o "${exe}" ${libs} -pthread)
+      step("run (${variant} backends)" MATCH "${want}" COMMAND "${exe}" TIMEOUT 30)
+      message(STATUS "[${MODE}]   ${step_output}")
+    endforeach()
+  endforeach()
 
 elseif(MODE STREQUAL "recipes")
   # vcpkg cannot be installed here (it downloads itself from GitHub), so the
