@@ -11,6 +11,7 @@
 #define EBBFLOW_BEGIN_NAMESPACE \
   namespace ebbflow {           \
   inline namespace v0 {
+//! Closes what EBBFLOW_BEGIN_NAMESPACE opened.
 #define EBBFLOW_END_NAMESPACE \
   }                           \
   }
@@ -19,9 +20,11 @@
 //! bodies are functors whose call operator carries this annotation.
 #if defined(__CUDACC__)
 #define EBBFLOW_HD __host__ __device__
+//! 1 under nvcc (host and device passes), 0 for a host compiler.
 #define EBBFLOW_DEVICE_COMPILER 1
 #else
 #define EBBFLOW_HD
+//! 1 under nvcc (host and device passes), 0 for a host compiler.
 #define EBBFLOW_DEVICE_COMPILER 0
 #endif
 
@@ -54,6 +57,7 @@
 #define EBBFLOW_HAS_NCCL 0
 #endif
 
+//! 1 when exceptions are enabled; EBBFLOW_THROW aborts otherwise.
 #if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
 #define EBBFLOW_EXCEPTIONS 1
 #else

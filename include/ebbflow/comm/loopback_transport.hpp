@@ -27,8 +27,10 @@ namespace comm {
 //! Shared mailbox of a group of loopback transports. Thread-safe.
 class loopback_hub {
  public:
+  //! A hub for ranks 0 .. size-1, all alive.
   explicit loopback_hub(int size) : size_(size), dead_(static_cast<std::size_t>(size), false) {}
 
+  //! Number of ranks.
   [[nodiscard]] int size() const noexcept { return size_; }
   //! Marks `rank` dead: every pending or future operation with it fails with `peer_lost`.
   void kill(int rank) {
@@ -36,6 +38,7 @@ class loopback_hub {
     dead_.at(static_cast<std::size_t>(rank)) = true;
     cv_.notify_all();
   }
+  //! True once `kill(rank)` was called.
   [[nodiscard]] bool dead(int rank) const {
     std::lock_guard lk(m_);
     return dead_.at(static_cast<std::size_t>(rank));
@@ -62,29 +65,39 @@ class loopback_hub {
   std::chrono::microseconds delay_{0};
 };
 
+//! In-process transport over a shared `loopback_hub`, one per rank (thread).
+//! Models `comm::transport`; use the alias `loopback_transport`.
+//! One instance is used by one thread at a time.
 template <class Unused = void>
 class basic_loopback_transport {
  public:
   //! A pending operation. Sends complete eagerly (the message is copied).
   struct request {
-    bool done = false;
-    bool is_recv = false;
-    int peer = -1;
-    tag_t tag = 0;
-    std::span<std::byte> in;
-    std::error_code ec;
+    bool done = false;        //!< completed (successfully or not)
+    bool is_recv = false;     //!< a receive (else a send)
+    int peer = -1;            //!< the other rank
+    tag_t tag = 0;            //!< user tag
+    std::span<std::byte> in;  //!< receive buffer (host memory)
+    std::error_code ec;       //!< outcome once done
   };
 
+  //! Rank `rank` of `hub` in generation `generation`.
+  //! @throws std::invalid_argument when `rank` is outside the hub.
   basic_loopback_transport(std::shared_ptr<loopback_hub> hub, int rank, std::int64_t generation = 0)
       : hub_(std::move(hub)), rank_(rank), generation_(generation) {
     EBBFLOW_ENFORCE(rank >= 0 && rank < hub_->size(), "loopback rank " << rank << " outside [0, " << hub_->size() << ")");
   }
 
+  //! This transport's rank.
   [[nodiscard]] int rank() const noexcept { return rank_; }
+  //! Number of ranks.
   [[nodiscard]] int size() const noexcept { return hub_->size(); }
+  //! Generation carried in every message's key.
   [[nodiscard]] std::int64_t generation() const noexcept { return generation_; }
+  //! Moves to generation `g`; messages of other generations are not matched.
   void set_generation(std::int64_t g) noexcept { generation_ = g; }
 
+  //! Sends `out` (host memory, copied before returning) to `peer`.
   request isend(int peer, tag_t tag, std::span<const std::byte> out) {
     check_peer(peer);
     request r;
@@ -102,6 +115,7 @@ class basic_loopback_transport {
     return r;
   }
 
+  //! Posts a receive into `in` (host memory, must outlive the request).
   request irecv(int peer, tag_t tag, std::span<std::byte> in) {
     check_peer(peer);
     request r;
@@ -112,6 +126,7 @@ class basic_loopback_transport {
     return r;
   }
 
+  //! Non-blocking: true once `r` completed, with its outcome in `ec`.
   bool test(request& r, std::error_code& ec) {
     std::unique_lock lk(hub_->m_);
     try_complete(r);
@@ -119,6 +134,7 @@ class basic_loopback_transport {
     return r.done;
   }
 
+  //! Blocks until `r` completes or `d` passes (`ec` = errc::timeout).
   void wait(request& r, deadline d, std::error_code& ec) {
     std::unique_lock lk(hub_->m_);
     for (;;) {

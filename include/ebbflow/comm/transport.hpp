@@ -37,7 +37,9 @@ namespace comm {
 //! the rest for the generation). Collectives compose it from an operation
 //! sequence number and a step (see `make_tag`).
 using tag_t = std::uint64_t;
+//! Bits of a tag available to collectives.
 inline constexpr int tag_bits = 48;
+//! Mask of the bits available to collectives.
 inline constexpr tag_t tag_mask = (tag_t{1} << tag_bits) - 1;
 
 //! Tag for step `step` (< 2^16) of collective number `seq` (wraps at 2^32).

@@ -11,6 +11,7 @@
 
 EBBFLOW_BEGIN_NAMESPACE
 
+//! The clock of every deadline and timeout in ebbflow.
 using steady_clock = std::chrono::steady_clock;
 
 //! A point in time on the steady clock after which a blocking call gives up.
@@ -24,9 +25,12 @@ class deadline {
   //! A deadline that never passes (use sparingly: prefer a bound).
   static deadline never() noexcept { return deadline(steady_clock::time_point::max()); }
 
+  //! A deadline at the time point `t`.
   explicit deadline(steady_clock::time_point t) noexcept : at_(t) {}
 
+  //! When it passes.
   [[nodiscard]] steady_clock::time_point at() const noexcept { return at_; }
+  //! True once the deadline has passed.
   [[nodiscard]] bool expired() const noexcept { return steady_clock::now() >= at_; }
   //! Time left, zero once expired.
   [[nodiscard]] steady_clock::duration remaining() const noexcept {

@@ -53,6 +53,7 @@ constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept {
   return std::nullopt;
 }
 
+//! True for f32, f64, f16 and bf16.
 constexpr bool is_floating(dtype t) noexcept {
   return t == dtype::f32 || t == dtype::f64 || t == dtype::f16 || t == dtype::bf16;
 }
@@ -66,6 +67,7 @@ template <> struct dtype_of<bfloat16> : std::integral_constant<dtype, dtype::bf1
 template <> struct dtype_of<std::int32_t> : std::integral_constant<dtype, dtype::i32> {};
 template <> struct dtype_of<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
 template <> struct dtype_of<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
+//! `dtype_of<T>::value`, ignoring cv-qualifiers.
 template <class T> inline constexpr dtype dtype_of_v = dtype_of<std::remove_cv_t<T>>::value;
 
 //! Calls `f(T{})` with the C++ type of `t` (a tag value), returning its result.
@@ -87,9 +89,11 @@ constexpr decltype(auto) visit_dtype(dtype t, F&& f) {
 //! size (integers: truncating division).
 enum class reduce_op : std::uint8_t { sum, avg, min, max, prod };
 
+//! Every reduce_op, for iteration in tests and benchmarks.
 inline constexpr reduce_op all_reduce_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min,
                                                reduce_op::max, reduce_op::prod};
 
+//! Short name ("sum", "avg", ...).
 constexpr std::string_view name(reduce_op op) noexcept {
   switch (op) {
     case reduce_op::sum: return "sum";
@@ -101,6 +105,7 @@ constexpr std::string_view name(reduce_op op) noexcept {
   return "?";
 }
 
+//! Parses a name produced by `name(reduce_op)`.
 constexpr std::optional<reduce_op> parse_reduce_op(std::string_view s) noexcept {
   for (reduce_op op : all_reduce_ops)
     if (name(op) == s) return op;

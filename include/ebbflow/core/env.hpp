@@ -76,8 +76,8 @@ inline std::chrono::milliseconds get_ms(const char* name, std::chrono::milliseco
 
 //! "host:port" split in two; port in [0, 65535].
 struct host_port {
-  std::string host;
-  std::uint16_t port = 0;
+  std::string host;        //!< name or address, never empty
+  std::uint16_t port = 0;  //!< port number
 };
 
 //! Parses "host:port" or "[v6addr]:port". @throws std::invalid_argument naming `what`.

@@ -89,7 +89,9 @@ inline std::error_condition detail::ebbflow_category_impl::default_error_conditi
   return {v, condition_category()};
 }
 
+//! Makes `errc` values comparable with any `std::error_code` (found by ADL).
 inline std::error_condition make_error_condition(errc e) noexcept { return {static_cast<int>(e), condition_category()}; }
+//! Makes `error` values convertible to `std::error_code` (found by ADL).
 inline std::error_code make_error_code(error e) noexcept { return {static_cast<int>(e), ebbflow_category()}; }
 
 namespace detail {
@@ -216,18 +218,26 @@ struct error_context {
 //! `what()` reads e.g. "allreduce: peer lost [rank 2, generation 3, peer 1]".
 class system_error : public std::system_error {
  public:
+  //! An error `ec` that happened in `ctx`.
   system_error(std::error_code ec, error_context ctx)
       : std::system_error(ec), what_(format(ec, ctx)), ctx_(std::move(ctx)) {}
+  //! An error `ec` without context.
   explicit system_error(std::error_code ec) : system_error(ec, error_context{}) {}
 
   //! "operation: message (detail) [rank r, generation g, peer p]".
   const char* what() const noexcept override { return what_.c_str(); }
+  //! Rank that observed the error, or -1.
   [[nodiscard]] int rank() const noexcept { return ctx_.rank; }
+  //! Membership generation, or -1.
   [[nodiscard]] std::int64_t generation() const noexcept { return ctx_.generation; }
+  //! Peer involved, or -1.
   [[nodiscard]] int peer() const noexcept { return ctx_.peer; }
+  //! Operation that failed (e.g. "allreduce"), or empty.
   [[nodiscard]] std::string_view operation() const noexcept { return ctx_.operation; }
+  //! Everything known about where it happened.
   [[nodiscard]] const error_context& context() const noexcept { return ctx_; }
 
+  //! The text `what()` returns for `ec` in context `c`.
   static std::string format(const std::error_code& ec, const error_context& c) {
     std::ostringstream os;
     if (!c.operation.empty()) os << c.operation << ": ";
@@ -280,10 +290,13 @@ namespace detail {
 
 EBBFLOW_END_NAMESPACE
 
+// Standard-library opt-ins, not part of the documented API.
+//! @cond
 template <>
 struct std::is_error_condition_enum<ebbflow::errc> : std::true_type {};
 template <>
 struct std::is_error_code_enum<ebbflow::error> : std::true_type {};
+//! @endcond
 
 //! Rejects bad user input: throws `std::invalid_argument` with `msg` (an
 //! ostream expression) plus file and line, when `cond` is false.

@@ -35,12 +35,15 @@ EBBFLOW_HD inline float bits_float(std::uint32_t u) noexcept {
 
 //! IEEE 754 binary16 storage. Conversions round to nearest even; NaN stays NaN.
 struct half {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0;  //!< the binary16 bit pattern
 
   half() = default;
+  //! Rounds `f` to the nearest half.
   EBBFLOW_HD explicit half(float f) noexcept : bits(from_float(f)) {}
+  //! The exact float value.
   EBBFLOW_HD explicit operator float() const noexcept { return to_float(bits); }
 
+  //! Bit pattern of `f` rounded to half (nearest even; overflow gives inf).
   EBBFLOW_HD static std::uint16_t from_float(float f) noexcept {
     const std::uint32_t x = detail::float_bits(f);
     const std::uint32_t sign = (x >> 16) & 0x8000u;
@@ -68,6 +71,7 @@ struct half {
     return static_cast<std::uint16_t>(sign | h);
   }
 
+  //! The float value of the bit pattern `h`.
   EBBFLOW_HD static float to_float(std::uint16_t h) noexcept {
     const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
     const std::uint32_t e = (h >> 10) & 0x1fu;
@@ -85,18 +89,22 @@ struct half {
 
 //! bfloat16 storage (the upper 16 bits of a float). Round to nearest even.
 struct bfloat16 {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0;  //!< the bfloat16 bit pattern
 
   bfloat16() = default;
+  //! Rounds `f` to the nearest bfloat16.
   EBBFLOW_HD explicit bfloat16(float f) noexcept : bits(from_float(f)) {}
+  //! The exact float value.
   EBBFLOW_HD explicit operator float() const noexcept { return to_float(bits); }
 
+  //! Bit pattern of `f` rounded to bfloat16 (nearest even; NaN stays NaN).
   EBBFLOW_HD static std::uint16_t from_float(float f) noexcept {
     const std::uint32_t x = detail::float_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);  // quiet NaN
     const std::uint32_t lsb = (x >> 16) & 1u;
     return static_cast<std::uint16_t>((x + 0x7fffu + lsb) >> 16);
   }
+  //! The float value of the bit pattern `b`.
   EBBFLOW_HD static float to_float(std::uint16_t b) noexcept {
     return detail::bits_float(static_cast<std::uint32_t>(b) << 16);
   }

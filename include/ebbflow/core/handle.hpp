@@ -12,14 +12,19 @@
 
 EBBFLOW_BEGIN_NAMESPACE
 
+//! Move-only owner of one handle of `Traits::value_type`; closes it with
+//! `Traits::close` on destruction or reset. Not thread-safe.
 template <class Traits>
 class unique_handle {
  public:
-  using value_type = typename Traits::value_type;
+  using value_type = typename Traits::value_type;  //!< the C handle type
 
   unique_handle() noexcept : h_(Traits::null()) {}
+  //! Takes ownership of `h`.
   explicit unique_handle(value_type h) noexcept : h_(h) {}
+  //! Takes `o`'s handle; `o` is left empty.
   unique_handle(unique_handle&& o) noexcept : h_(std::exchange(o.h_, Traits::null())) {}
+  //! Closes the current handle and takes `o`'s.
   unique_handle& operator=(unique_handle&& o) noexcept {
     if (this != &o) reset(std::exchange(o.h_, Traits::null()));
     return *this;
@@ -28,7 +33,9 @@ class unique_handle {
   unique_handle& operator=(const unique_handle&) = delete;
   ~unique_handle() { reset(); }
 
+  //! The handle, still owned.
   [[nodiscard]] value_type get() const noexcept { return h_; }
+  //! True when a handle is owned.
   explicit operator bool() const noexcept { return h_ != Traits::null(); }
   //! Gives up ownership without closing.
   [[nodiscard]] value_type release() noexcept { return std::exchange(h_, Traits::null()); }

@@ -23,8 +23,10 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace log {
 
+//! Severity of a record; `EBBFLOW_LOG` selects the highest one printed.
 enum class level : int { off = 0, error = 1, warn = 2, info = 3, debug = 4, trace = 5 };
 
+//! Lower-case name ("error", "info", ...), as accepted by `EBBFLOW_LOG`.
 constexpr std::string_view name(level l) noexcept {
   switch (l) {
     case level::off: return "off";
@@ -37,6 +39,7 @@ constexpr std::string_view name(level l) noexcept {
   return "?";
 }
 
+//! Parses a name produced by `name(level)`.
 constexpr std::optional<level> parse_level(std::string_view s) noexcept {
   for (int i = 0; i <= 5; ++i)
     if (name(static_cast<level>(i)) == s) return static_cast<level>(i);
@@ -71,6 +74,7 @@ inline level get_level() noexcept { return static_cast<level>(detail::current().
 inline void set_level(level l) noexcept { detail::current().store(static_cast<int>(l), std::memory_order_relaxed); }
 //! Tags every following record with this process's rank (-1: none).
 inline void set_rank(int rank) noexcept { detail::rank_tag().store(rank, std::memory_order_relaxed); }
+//! True when records of level `l` are printed. Thread-safe.
 inline bool enabled(level l) noexcept { return l != level::off && static_cast<int>(l) <= detail::current().load(std::memory_order_relaxed); }
 
 //! Writes one record (no level check; use the macros).
@@ -99,8 +103,13 @@ EBBFLOW_END_NAMESPACE
       ::ebbflow::log::write(lvl, ebbflow_log_os_.str());                 \
     }                                                                    \
   } while (0)
+//! Logs `expr` (an ostream expression: `"x=" << x`) at level error.
 #define EBBFLOW_LOG_ERROR(expr) EBBFLOW_DETAIL_LOG(::ebbflow::log::level::error, expr)
+//! Logs `expr` at level warn.
 #define EBBFLOW_LOG_WARN(expr) EBBFLOW_DETAIL_LOG(::ebbflow::log::level::warn, expr)
+//! Logs `expr` at level info.
 #define EBBFLOW_LOG_INFO(expr) EBBFLOW_DETAIL_LOG(::ebbflow::log::level::info, expr)
+//! Logs `expr` at level debug.
 #define EBBFLOW_LOG_DEBUG(expr) EBBFLOW_DETAIL_LOG(::ebbflow::log::level::debug, expr)
+//! Logs `expr` at level trace.
 #define EBBFLOW_LOG_TRACE(expr) EBBFLOW_DETAIL_LOG(::ebbflow::log::level::trace, expr)

@@ -18,6 +18,7 @@ EBBFLOW_BEGIN_NAMESPACE
 //! usable for asynchronous device copies).
 enum class memory_space : std::uint8_t { host, pinned, device };
 
+//! Lower-case name ("host", "pinned", "device").
 constexpr std::string_view name(memory_space s) noexcept {
   switch (s) {
     case memory_space::host: return "host";
@@ -35,33 +36,41 @@ constexpr bool host_accessible(memory_space s) noexcept { return s != memory_spa
 template <class T, memory_space Space>
 class mspan : public std::span<T> {
  public:
-  static constexpr memory_space space = Space;
+  static constexpr memory_space space = Space;  //!< where the elements live
   using std::span<T>::span;
   constexpr mspan() noexcept = default;
+  //! `n` elements at `p`, which must point into `Space`.
   constexpr mspan(T* p, std::size_t n) noexcept : std::span<T>(p, n) {}
+  //! Tags `s` as memory of `Space` (the caller vouches for it).
   constexpr explicit mspan(std::span<T> s) noexcept : std::span<T>(s) {}
   //! A span of const elements in the same space.
   template <class U>
     requires std::is_convertible_v<U (*)[], T (*)[]>
   constexpr mspan(mspan<U, Space> o) noexcept : std::span<T>(o.data(), o.size()) {}
 
+  //! Like `std::span::subspan`, keeping the memory space.
   [[nodiscard]] constexpr mspan subspan(std::size_t off, std::size_t n = std::dynamic_extent) const noexcept {
     return mspan(std::span<T>::subspan(off, n));
   }
 };
 
+//! Pageable host memory.
 template <class T> using host_span = mspan<T, memory_space::host>;
+//! Page-locked host memory.
 template <class T> using pinned_span = mspan<T, memory_space::pinned>;
+//! Device memory: not to be dereferenced on the CPU.
 template <class T> using device_span = mspan<T, memory_space::device>;
 
 //! An untyped view: `count` elements of `type` at `data` in `space`.
 struct buffer_view {
-  void* data = nullptr;
-  std::size_t count = 0;
-  dtype type = dtype::f32;
-  memory_space space = memory_space::host;
+  void* data = nullptr;                      //!< first element, in `space`
+  std::size_t count = 0;                     //!< number of elements
+  dtype type = dtype::f32;                   //!< element type
+  memory_space space = memory_space::host;   //!< where `data` lives
 
+  //! Size in bytes.
   [[nodiscard]] constexpr std::size_t bytes() const noexcept { return count * size_of(type); }
+  //! The bytes of the buffer (in `space`).
   [[nodiscard]] std::span<std::byte> as_bytes() const noexcept {
     return {static_cast<std::byte*>(data), bytes()};
   }

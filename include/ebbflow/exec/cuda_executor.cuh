@@ -29,10 +29,14 @@ struct bulk_policy {
 };
 }  // namespace detail
 
+//! Runs functors as one CUDA kernel on a stream. `bulk` is asynchronous
+//! (enqueued on the stream); `wait` blocks until the stream is idle.
+//! Thread-safe as far as the stream is.
 class cuda_executor {
  public:
-  static constexpr memory_space space = memory_space::device;
+  static constexpr memory_space space = memory_space::device;  //!< functors touch device memory
 
+  //! An executor enqueuing on `stream` (not owned; default: the legacy stream).
   explicit cuda_executor(cudaStream_t stream = nullptr) noexcept : stream_(stream) {}
 
   //! Enqueues `f(i)` for i in [0, n) on the stream. @throws system_error on launch failure.
@@ -51,6 +55,7 @@ class cuda_executor {
     if (auto e = cudaStreamSynchronize(stream_); e != cudaSuccess)
       throw_if(std::error_code(static_cast<int>(e), cuda_category()), {.operation = "cuda_executor::wait"});
   }
+  //! The stream work is enqueued on.
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
 
  private:

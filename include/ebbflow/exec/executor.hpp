@@ -40,11 +40,13 @@ concept executor = requires(E& e, std::size_t n) {
 //! Blocking: `bulk` returns when all calls finished, so `wait()` is a no-op.
 class cpu_executor {
  public:
-  static constexpr memory_space space = memory_space::host;
+  static constexpr memory_space space = memory_space::host;  //!< functors touch host memory
 
   constexpr cpu_executor() noexcept = default;
+  //! Runs `bulk` on up to `threads` threads (0 counts as 1).
   explicit cpu_executor(unsigned threads) noexcept : threads_(threads == 0 ? 1 : threads) {}
 
+  //! Calls `f(i)` for every i in [0, n); returns when all calls finished.
   template <class F>
   void bulk(std::size_t n, F&& f) const {
     constexpr std::size_t min_per_thread = 1 << 15;
@@ -64,7 +66,9 @@ class cpu_executor {
     }
     for (std::size_t i = 0; i < std::min(n, chunk); ++i) f(i);
   }
+  //! No-op: `bulk` is blocking.
   void wait() const noexcept {}
+  //! Most threads `bulk` uses.
   [[nodiscard]] unsigned threads() const noexcept { return threads_; }
 
  private:

@@ -1,0 +1,34 @@
+# SPDX-License-Identifier: Apache-2.0
+# The programs every consumer project builds; run_consumer.cmake runs each one
+# listed in <build>/consumer-programs.txt and expects exit code 0.
+#   ebbflow_consumer_programs(CORE <libs> ASIO <libs> [DEFINES <defs>] [SET_STANDARD])
+# CORE: what a program using only the core links (ebbflow::ebbflow, or nothing
+# for the single header); ASIO: what a program using the asio component links.
+# TODO(#9): add, once their headers land,
+#   consumer_planner  (core only: plan a global batch, check sum(b_i) == B),
+#   consumer_ucx      (links ebbflow::ucx: a 2-process allreduce over UCX on
+#                      loopback, e.g. fork() + the UCX transport, checked sums),
+# and append both to the list written below.
+function(ebbflow_consumer_programs)
+  cmake_parse_arguments(C "SET_STANDARD" "" "CORE;ASIO;DEFINES" ${ARGN})
+  set(dir ${CMAKE_CURRENT_FUNCTION_LIST_DIR})
+  add_executable(consumer_core ${dir}/core_main.cpp)
+  target_link_libraries(consumer_core PRIVATE ${C_CORE})
+  set(programs consumer_core)
+  if(C_ASIO)  # only the Conan test_package built without its asio option omits it
+    add_executable(consumer_asio ${dir}/asio_main.cpp)
+    target_link_libraries(consumer_asio PRIVATE ${C_ASIO})
+    list(APPEND programs consumer_asio)
+  endif()
+  set(list "")
+  foreach(p IN LISTS programs)
+    target_compile_definitions(${p} PRIVATE ${C_DEFINES}
+      $<$<BOOL:${EBBFLOW_EXPECTED_VERSION}>:EBBFLOW_EXPECTED_VERSION="${EBBFLOW_EXPECTED_VERSION}">)
+    target_compile_options(${p} PRIVATE -Wall -Wextra -Werror)
+    if(C_SET_STANDARD)
+      target_compile_features(${p} PRIVATE cxx_std_20)
+    endif()
+    string(APPEND list "$<TARGET_FILE:${p}>\n")
+  endforeach()
+  file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/consumer-programs.txt CONTENT "${list}")
+endfunction()
