@@ -10,6 +10,7 @@
 #include <ebbflow/config.hpp>
 
 #include <ebbflow/comm/loopback_transport.hpp>
+#include <ebbflow/comm/revocable.hpp>
 #include <ebbflow/comm/transport.hpp>
 #include <ebbflow/core/deadline.hpp>
 #include <ebbflow/core/dtype.hpp>
@@ -19,5 +20,26 @@
 #include <ebbflow/core/handle.hpp>
 #include <ebbflow/core/log.hpp>
 #include <ebbflow/core/memory.hpp>
+#include <ebbflow/elastic/group.hpp>
+#include <ebbflow/elastic/kv_store.hpp>
+#include <ebbflow/elastic/loopback_network.hpp>
+#include <ebbflow/elastic/planner_policy.hpp>
+#include <ebbflow/elastic/policy.hpp>
 #include <ebbflow/exec/executor.hpp>
+#include <ebbflow/plan.hpp>
+#include <ebbflow/plan/batch_planner.hpp>
+#include <ebbflow/plan/cost_model.hpp>
+#include <ebbflow/plan/plan_error.hpp>
+#include <ebbflow/plan/replan_policy.hpp>
+#include <ebbflow/plan/sampler.hpp>
+#include <ebbflow/plan/shard_sampler.hpp>
+#include <ebbflow/prefetch/cuda_stage.hpp>
+#include <ebbflow/prefetch/device_stage.hpp>
+#include <ebbflow/prefetch/index_source.hpp>
+#include <ebbflow/prefetch/pinned_pool.hpp>
+#include <ebbflow/prefetch/prefetcher.hpp>
 #include <ebbflow/version.hpp>
+
+#if EBBFLOW_HAS_CUDA && EBBFLOW_HAS_NCCL
+#include <ebbflow/comm/nccl/communicator.hpp>
+#endif  // EBBFLOW_HAS_CUDA && EBBFLOW_HAS_NCCL

@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 13 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 39 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -1016,209 +1016,6 @@ constexpr std::optional<reduce_op> parse_reduce_op(std::string_view s) noexcept 
 EBBFLOW_END_NAMESPACE
 // ==== end <ebbflow/core/dtype.hpp>
 
-// ==== begin <ebbflow/core/env.hpp> ========================================
-// SPDX-License-Identifier: Apache-2.0
-//! @file env.hpp
-//! Configuration from environment variables, validated: a malformed or
-//! out-of-range value raises `std::invalid_argument` naming the variable, the
-//! value and what was expected; it is never silently replaced by a default.
-//!
-//! `launch_info::from_environment()` reads where this process sits in the job,
-//! from ebbflow's own variables or, when those are absent, from torchrun,
-//! Open MPI or Slurm.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-
-#include <charconv>
-#include <chrono>
-#include <cstdint>
-#include <cstdlib>
-#include <limits>
-#include <optional>
-#include <string>
-#include <string_view>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace env {
-
-//! The raw value, or nullopt when unset or empty.
-inline std::optional<std::string> get(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return std::nullopt;
-  return std::string(v);
-}
-
-//! An integer in [lo, hi], or `fallback` when unset.
-//! @throws std::invalid_argument when set but not an integer in range.
-inline std::int64_t get_int(const char* name, std::int64_t fallback,
-                            std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
-                            std::int64_t hi = std::numeric_limits<std::int64_t>::max()) {
-  auto v = get(name);
-  if (!v) return fallback;
-  std::int64_t out = 0;
-  auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), out);
-  EBBFLOW_ENFORCE(ec == std::errc{} && p == v->data() + v->size() && out >= lo && out <= hi,
-                  name << "='" << *v << "': expected an integer in [" << lo << ", " << hi << "]");
-  return out;
-}
-
-//! A number in [lo, hi], or `fallback` when unset.
-inline double get_double(const char* name, double fallback, double lo = -std::numeric_limits<double>::max(),
-                         double hi = std::numeric_limits<double>::max()) {
-  auto v = get(name);
-  if (!v) return fallback;
-  char* end = nullptr;
-  const double out = std::strtod(v->c_str(), &end);
-  EBBFLOW_ENFORCE(end == v->c_str() + v->size() && out == out && out >= lo && out <= hi,
-                  name << "='" << *v << "': expected a number in [" << lo << ", " << hi << "]");
-  return out;
-}
-
-//! A boolean (1/0, true/false, yes/no, on/off), or `fallback` when unset.
-inline bool get_bool(const char* name, bool fallback) {
-  auto v = get(name);
-  if (!v) return fallback;
-  const std::string& s = *v;
-  if (s == "1" || s == "true" || s == "yes" || s == "on" || s == "y") return true;
-  if (s == "0" || s == "false" || s == "no" || s == "off" || s == "n") return false;
-  EBBFLOW_ENFORCE(false, name << "='" << s << "': expected a boolean (1/0, true/false, yes/no, on/off)");
-  return fallback;
-}
-
-//! A duration in milliseconds in [lo_ms, hi_ms], or `fallback` when unset.
-inline std::chrono::milliseconds get_ms(const char* name, std::chrono::milliseconds fallback,
-                                        std::int64_t lo_ms = 0, std::int64_t hi_ms = 24LL * 3600 * 1000) {
-  return std::chrono::milliseconds(get_int(name, fallback.count(), lo_ms, hi_ms));
-}
-
-//! "host:port" split in two; port in [0, 65535].
-struct host_port {
-  std::string host;        //!< name or address, never empty
-  std::uint16_t port = 0;  //!< port number
-};
-
-//! Parses "host:port" or "[v6addr]:port". @throws std::invalid_argument naming `what`.
-inline host_port parse_host_port(std::string_view s, std::string_view what) {
-  auto colon = s.rfind(':');
-  EBBFLOW_ENFORCE(colon != std::string_view::npos && colon > 0 && colon + 1 < s.size(),
-                  what << "='" << s << "': expected HOST:PORT");
-  std::string host(s.substr(0, colon));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  std::string_view ps = s.substr(colon + 1);
-  unsigned port = 0;
-  auto [p, ec] = std::from_chars(ps.data(), ps.data() + ps.size(), port);
-  EBBFLOW_ENFORCE(ec == std::errc{} && p == ps.data() + ps.size() && port <= 65535,
-                  what << "='" << s << "': port must be an integer in [0, 65535]");
-  return {std::move(host), static_cast<std::uint16_t>(port)};
-}
-
-}  // namespace env
-
-//! Where this process sits in a job, as told by its launcher.
-struct launch_info {
-  int rank = 0;                 //!< this process's rank in the initial world
-  int world_size = 1;           //!< processes in the initial world
-  int local_rank = 0;           //!< rank among processes on this host
-  std::string store_host = "127.0.0.1";  //!< rendezvous store address
-  std::uint16_t store_port = 0;          //!< 0: no store given
-  std::string token;            //!< job secret (EBBFLOW_TOKEN); never logged
-  std::string source = "default";  //!< which launcher's variables were used
-
-  //! Reads, in order of precedence: ebbflow-run's `EBBFLOW_RANK`,
-  //! `EBBFLOW_WORLD_SIZE`, `EBBFLOW_LOCAL_RANK`, `EBBFLOW_STORE`,
-  //! `EBBFLOW_TOKEN`; torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
-  //! `MASTER_ADDR`, `MASTER_PORT`; Open MPI's `OMPI_COMM_WORLD_RANK`,
-  //! `OMPI_COMM_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_RANK`; Slurm's
-  //! `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`. With the last three the
-  //! store still comes from `EBBFLOW_STORE` or `MASTER_ADDR`/`MASTER_PORT`.
-  //! @throws std::invalid_argument for malformed or inconsistent values.
-  static launch_info from_environment() {
-    launch_info li;
-    auto pick = [&](const char* r, const char* w, const char* l, const char* src) {
-      if (!env::get(r)) return false;
-      li.world_size = static_cast<int>(env::get_int(w, 1, 1, 1 << 24));
-      li.rank = static_cast<int>(env::get_int(r, 0, 0, li.world_size - 1));
-      li.local_rank = static_cast<int>(env::get_int(l, 0, 0, 1 << 24));
-      li.source = src;
-      return true;
-    };
-    pick("EBBFLOW_RANK", "EBBFLOW_WORLD_SIZE", "EBBFLOW_LOCAL_RANK", "ebbflow") ||
-        pick("RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun") ||
-        pick("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "openmpi") ||
-        pick("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "slurm");
-    if (auto s = env::get("EBBFLOW_STORE")) {
-      auto hp = env::parse_host_port(*s, "EBBFLOW_STORE");
-      li.store_host = hp.host;
-      li.store_port = hp.port;
-    } else if (auto a = env::get("MASTER_ADDR")) {
-      li.store_host = *a;
-      li.store_port = static_cast<std::uint16_t>(env::get_int("MASTER_PORT", 29500, 1, 65535));
-    }
-    if (auto t = env::get("EBBFLOW_TOKEN")) li.token = *t;
-    return li;
-  }
-};
-
-EBBFLOW_END_NAMESPACE
-// ==== end <ebbflow/core/env.hpp>
-
-// ==== begin <ebbflow/core/handle.hpp> =====================================
-// SPDX-License-Identifier: Apache-2.0
-//! @file handle.hpp
-//! `unique_handle<Traits>`: a move-only owner of a C handle (UCX worker, CUDA
-//! stream, NCCL communicator, ...). `Traits` provides `using value_type`,
-//! `static value_type null() noexcept` and `static void close(value_type) noexcept`.
-//! Closing never throws; a failed close is the traits' job to log.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-
-#include <utility>
-
-EBBFLOW_BEGIN_NAMESPACE
-
-//! Move-only owner of one handle of `Traits::value_type`; closes it with
-//! `Traits::close` on destruction or reset. Not thread-safe.
-template <class Traits>
-class unique_handle {
- public:
-  using value_type = typename Traits::value_type;  //!< the C handle type
-
-  unique_handle() noexcept : h_(Traits::null()) {}
-  //! Takes ownership of `h`.
-  explicit unique_handle(value_type h) noexcept : h_(h) {}
-  //! Takes `o`'s handle; `o` is left empty.
-  unique_handle(unique_handle&& o) noexcept : h_(std::exchange(o.h_, Traits::null())) {}
-  //! Closes the current handle and takes `o`'s.
-  unique_handle& operator=(unique_handle&& o) noexcept {
-    if (this != &o) reset(std::exchange(o.h_, Traits::null()));
-    return *this;
-  }
-  unique_handle(const unique_handle&) = delete;
-  unique_handle& operator=(const unique_handle&) = delete;
-  ~unique_handle() { reset(); }
-
-  //! The handle, still owned.
-  [[nodiscard]] value_type get() const noexcept { return h_; }
-  //! True when a handle is owned.
-  explicit operator bool() const noexcept { return h_ != Traits::null(); }
-  //! Gives up ownership without closing.
-  [[nodiscard]] value_type release() noexcept { return std::exchange(h_, Traits::null()); }
-  //! Closes the current handle (if any) and takes `h`.
-  void reset(value_type h = Traits::null()) noexcept {
-    value_type old = std::exchange(h_, h);
-    if (old != Traits::null()) Traits::close(old);
-  }
-
- private:
-  value_type h_;
-};
-
-EBBFLOW_END_NAMESPACE
-// ==== end <ebbflow/core/handle.hpp>
-
 // ==== begin <ebbflow/core/log.hpp> ========================================
 // SPDX-License-Identifier: Apache-2.0
 //! @file log.hpp
@@ -1435,6 +1232,3118 @@ buffer_view view(std::span<T> s) noexcept {
 EBBFLOW_END_NAMESPACE
 // ==== end <ebbflow/core/memory.hpp>
 
+// ==== begin <ebbflow/comm/nccl/communicator.hpp> ==========================
+#if EBBFLOW_HAS_CUDA && EBBFLOW_HAS_NCCL
+// SPDX-License-Identifier: Apache-2.0
+//! @file communicator.hpp
+//! Elastic NCCL communicator for device buffers.
+//!
+//! * Non-blocking initialisation (`ncclConfig_t::blocking = 0`) from a fresh
+//!   unique id per generation (the elastic layer publishes it in the store),
+//!   polled until ready or the deadline passes.
+//! * Every collective is enqueued on a user stream and then polled through
+//!   `cudaStreamQuery` and `ncclCommGetAsyncError` with a deadline: a peer that
+//!   died yields `errc::peer_lost` (ncclRemoteError) and a stuck one
+//!   `errc::timeout`, never a hang. After an error the communicator is revoked
+//!   (`ncclCommRevoke`) so in-flight work stops, and is aborted on destruction.
+//! * `shrink()` builds the next generation without the lost or leaving ranks
+//!   (`ncclCommShrink`, NCCL 2.27+), with `NCCL_SHRINK_ABORT` after an error.
+//!
+//! Requires the CUDA runtime and NCCL headers and linking `ebbflow::nccl`.
+//! Thread safety: one thread drives a communicator at a time.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/dtype.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/core/memory.hpp>  (inlined)
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 27, 0)
+#error "ebbflow's NCCL communicator needs NCCL 2.27 or newer (ncclCommShrink, ncclCommRevoke)"
+#endif
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm::nccl {
+
+//! The 128-byte NCCL unique id, as bytes for the rendezvous store.
+using unique_id_bytes = std::array<std::byte, sizeof(ncclUniqueId)>;
+
+//! A fresh unique id (call on one rank per generation, then publish).
+//! @throws system_error (nccl category) when NCCL cannot create one (e.g. no network interface).
+inline unique_id_bytes make_unique_id() {
+  ncclUniqueId id;
+  if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess)
+    throw_if(std::error_code(r, nccl_category()), {.operation = "ncclGetUniqueId"});
+  unique_id_bytes out;
+  std::memcpy(out.data(), &id, sizeof id);
+  return out;
+}
+
+//! NCCL's element type for an ebbflow dtype.
+constexpr ncclDataType_t to_nccl(dtype t) noexcept {
+  switch (t) {
+    case dtype::f32: return ncclFloat32;
+    case dtype::f64: return ncclFloat64;
+    case dtype::f16: return ncclFloat16;
+    case dtype::bf16: return ncclBfloat16;
+    case dtype::i32: return ncclInt32;
+    case dtype::i64: return ncclInt64;
+    case dtype::u8: return ncclUint8;
+  }
+  return ncclFloat32;
+}
+//! NCCL's reduction for an ebbflow reduce_op.
+constexpr ncclRedOp_t to_nccl(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum: return ncclSum;
+    case reduce_op::avg: return ncclAvg;
+    case reduce_op::min: return ncclMin;
+    case reduce_op::max: return ncclMax;
+    case reduce_op::prod: return ncclProd;
+  }
+  return ncclSum;
+}
+
+//! Options of an NCCL communicator.
+struct options {
+  std::chrono::milliseconds init_timeout{60'000};  //!< deadline for non-blocking init / shrink
+  std::chrono::microseconds poll_interval{50};     //!< sleep between progress polls
+};
+
+//! An NCCL communicator of one generation. Move-only; destroys itself when
+//! healthy and aborts after a failure.
+class communicator {
+ public:
+  communicator() = default;
+
+  //! Joins generation `generation` as `rank` of `size`, from the id that rank 0
+  //! published. The current CUDA device must be set by the caller.
+  //! @throws system_error (timeout, or the NCCL error) naming rank and generation.
+  static communicator init(int rank, int size, std::int64_t generation, const unique_id_bytes& id,
+                           options opts = {}) {
+    EBBFLOW_ENFORCE(size > 0 && rank >= 0 && rank < size,
+                    "nccl::communicator::init: rank " << rank << " outside [0, " << size << ")");
+    communicator c;
+    c.rank_ = rank;
+    c.size_ = size;
+    c.generation_ = generation;
+    c.opts_ = opts;
+    ncclUniqueId uid;
+    std::memcpy(&uid, id.data(), sizeof uid);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&c.comm_, size, uid, rank, &cfg);
+    std::error_code ec;
+    if (r != ncclSuccess && r != ncclInProgress) ec = std::error_code(r, nccl_category());
+    if (!ec) c.wait_ready(deadline::after(opts.init_timeout), ec);
+    c.check(ec, "nccl init");
+    return c;
+  }
+
+  communicator(communicator&& o) noexcept { swap(o); }
+  communicator& operator=(communicator&& o) noexcept {
+    communicator tmp(std::move(o));
+    swap(tmp);
+    return *this;
+  }
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+  ~communicator() { close(); }
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] std::int64_t generation() const noexcept { return generation_; }
+  [[nodiscard]] bool valid() const noexcept { return comm_ != nullptr; }
+  //! True after an operation failed; the communicator must then be shrunk or replaced.
+  [[nodiscard]] bool failed() const noexcept { return failed_; }
+  [[nodiscard]] ncclComm_t native_handle() const noexcept { return comm_; }
+
+  //! Sums (or `op`) `count` elements of `type` from device memory `d_send` into
+  //! `d_recv` (may alias) over all ranks; enqueued on `stream`, then waited for
+  //! until `d`. @throws system_error: peer_lost, timeout or the NCCL error.
+  void allreduce(const void* d_send, void* d_recv, std::size_t count, dtype type, reduce_op op, cudaStream_t stream,
+                 deadline d) {
+    run("allreduce", stream, d, [&] { return ncclAllReduce(d_send, d_recv, count, to_nccl(type), to_nccl(op), comm_, stream); });
+  }
+  //! Broadcasts `count` elements from `root`'s `d_buf` to every rank's `d_buf`.
+  void broadcast(void* d_buf, std::size_t count, dtype type, int root, cudaStream_t stream, deadline d) {
+    EBBFLOW_ENFORCE(root >= 0 && root < size_, "nccl broadcast: root " << root << " outside [0, " << size_ << ")");
+    run("broadcast", stream, d, [&] { return ncclBroadcast(d_buf, d_buf, count, to_nccl(type), root, comm_, stream); });
+  }
+  //! Gathers `count` elements from every rank into `d_recv` (size × count), rank order.
+  void allgather(const void* d_send, void* d_recv, std::size_t count, dtype type, cudaStream_t stream, deadline d) {
+    run("allgather", stream, d, [&] { return ncclAllGather(d_send, d_recv, count, to_nccl(type), comm_, stream); });
+  }
+  //! Reduces size × `count` elements and leaves block `rank` (count elements) in `d_recv`.
+  void reduce_scatter(const void* d_send, void* d_recv, std::size_t count, dtype type, reduce_op op,
+                      cudaStream_t stream, deadline d) {
+    run("reduce_scatter", stream, d,
+        [&] { return ncclReduceScatter(d_send, d_recv, count, to_nccl(type), to_nccl(op), comm_, stream); });
+  }
+
+  //! Stops all in-flight operations (`ncclCommRevoke`); later operations fail
+  //! with `errc::revoked` until the communicator is shrunk. Safe to call after a failure.
+  void revoke() noexcept {
+    if (!comm_ || revoked_) return;
+    revoked_ = true;
+    failed_ = true;
+    if (ncclResult_t r = ncclCommRevoke(comm_, NCCL_REVOKE_DEFAULT); r != ncclSuccess && r != ncclInProgress)
+      EBBFLOW_LOG_WARN("ncclCommRevoke failed: " << ncclGetErrorString(r) << " [rank " << rank_ << ", generation "
+                                                 << generation_ << "]");
+  }
+
+  //! The communicator of generation `next_generation` without the ranks in
+  //! `exclude` (old ranks; the survivors keep their relative order). After a
+  //! failure or revoke NCCL_SHRINK_ABORT is used. Every survivor must call it.
+  //! @throws system_error on failure or timeout.
+  communicator shrink(std::span<const int> exclude, std::int64_t next_generation) {
+    for (int r : exclude)
+      EBBFLOW_ENFORCE(r >= 0 && r < size_ && r != rank_, "nccl shrink: cannot exclude rank " << r << " of " << size_
+                                                                                            << " from rank " << rank_);
+    communicator c;
+    c.opts_ = opts_;
+    c.generation_ = next_generation;
+    std::vector<int> ex(exclude.begin(), exclude.end());
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    const int flags = failed_ ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
+    ncclResult_t r = ncclCommShrink(comm_, ex.data(), static_cast<int>(ex.size()), &c.comm_, &cfg, flags);
+    std::error_code ec;
+    if (r != ncclSuccess && r != ncclInProgress) ec = std::error_code(r, nccl_category());
+    if (!ec) c.wait_ready(deadline::after(opts_.init_timeout), ec);
+    if (!ec) {
+      ncclCommUserRank(c.comm_, &c.rank_);
+      ncclCommCount(c.comm_, &c.size_);
+    }
+    c.check(ec, "nccl shrink");
+    return c;
+  }
+
+ private:
+  void swap(communicator& o) noexcept {
+    std::swap(comm_, o.comm_);
+    std::swap(rank_, o.rank_);
+    std::swap(size_, o.size_);
+    std::swap(generation_, o.generation_);
+    std::swap(failed_, o.failed_);
+    std::swap(revoked_, o.revoked_);
+    std::swap(opts_, o.opts_);
+  }
+
+  void close() noexcept {
+    if (!comm_) return;
+    // A healthy communicator is finalised and destroyed; a failed one aborted
+    // (destroy could wait forever for a dead peer).
+    ncclResult_t r = failed_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+    if (r != ncclSuccess) EBBFLOW_LOG_WARN("closing NCCL communicator: " << ncclGetErrorString(r));
+    comm_ = nullptr;
+  }
+
+  void wait_ready(deadline d, std::error_code& ec) noexcept {
+    for (;;) {
+      ncclResult_t st = ncclSuccess;
+      if (ncclResult_t r = ncclCommGetAsyncError(comm_, &st); r != ncclSuccess) st = r;
+      if (st == ncclSuccess) return;
+      if (st != ncclInProgress) {
+        ec = std::error_code(st, nccl_category());
+        return;
+      }
+      if (d.expired()) {
+        ec = make_error_code(error::timeout);
+        return;
+      }
+      std::this_thread::sleep_for(opts_.poll_interval);
+    }
+  }
+
+  template <class Enqueue>
+  void run(const char* what, cudaStream_t stream, deadline d, Enqueue&& enqueue) {
+    std::error_code ec;
+    if (!comm_ || revoked_) {
+      ec = make_error_code(error::revoked);
+    } else if (ncclResult_t r = enqueue(); r != ncclSuccess && r != ncclInProgress) {
+      ec = std::error_code(r, nccl_category());
+    } else {
+      for (;;) {
+        ncclResult_t st = ncclSuccess;
+        ncclCommGetAsyncError(comm_, &st);
+        if (st != ncclSuccess && st != ncclInProgress) {
+          ec = std::error_code(st, nccl_category());
+          break;
+        }
+        const cudaError_t q = cudaStreamQuery(stream);
+        if (q == cudaSuccess && st == ncclSuccess) break;
+        if (q != cudaSuccess && q != cudaErrorNotReady) {
+          ec = std::error_code(static_cast<int>(q), cuda_category());
+          break;
+        }
+        if (d.expired()) {
+          ec = make_error_code(error::timeout);
+          break;
+        }
+        std::this_thread::sleep_for(opts_.poll_interval);
+      }
+    }
+    if (ec) revoke();
+    check(ec, what);
+  }
+
+  void check(const std::error_code& ec, const char* what) {
+    if (!ec) return;
+    failed_ = true;
+    throw_if(ec, {.rank = rank_, .generation = generation_, .operation = what});
+  }
+
+  ncclComm_t comm_ = nullptr;
+  int rank_ = -1;
+  int size_ = 0;
+  std::int64_t generation_ = -1;
+  bool failed_ = false;
+  bool revoked_ = false;
+  options opts_{};
+};
+
+}  // namespace comm::nccl
+EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HAS_CUDA && EBBFLOW_HAS_NCCL
+// ==== end <ebbflow/comm/nccl/communicator.hpp>
+
+// ==== begin <ebbflow/comm/revocable.hpp> ==================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file revocable.hpp
+//! `revocable<Transport>`: wraps any transport so that another thread can
+//! revoke it. Once revoked, every pending and later `wait` returns
+//! `errc::revoked` within about one poll slice. The elastic group uses this
+//! to pull every survivor out of a collective when any member saw a failure
+//! (a ring neighbour of a survivor is alive but will never send again).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/transport.hpp>  (inlined)
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm {
+
+//! A flag shared between the transport user and the thread that revokes.
+class revoke_flag {
+ public:
+  void revoke() noexcept { v_.store(true, std::memory_order_release); }
+  [[nodiscard]] bool revoked() const noexcept { return v_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<bool> v_{false};
+};
+
+template <transport T>
+class revocable {
+ public:
+  using request = typename T::request;
+
+  //! `slice`: how long one inner wait may block before the flag is checked again.
+  revocable(T inner, std::shared_ptr<revoke_flag> flag, std::chrono::microseconds slice = std::chrono::milliseconds(2))
+      : inner_(std::move(inner)), flag_(std::move(flag)), slice_(slice) {}
+
+  [[nodiscard]] int rank() const noexcept { return inner_.rank(); }
+  [[nodiscard]] int size() const noexcept { return inner_.size(); }
+  [[nodiscard]] std::int64_t generation() const noexcept { return inner_.generation(); }
+  [[nodiscard]] T& inner() noexcept { return inner_; }
+  [[nodiscard]] const std::shared_ptr<revoke_flag>& flag() const noexcept { return flag_; }
+
+  request isend(int peer, tag_t tag, std::span<const std::byte> out) { return inner_.isend(peer, tag, out); }
+  request irecv(int peer, tag_t tag, std::span<std::byte> in) { return inner_.irecv(peer, tag, in); }
+  bool test(request& r, std::error_code& ec) {
+    if (inner_.test(r, ec)) return true;
+    if (flag_->revoked()) {
+      ec = make_error_code(error::revoked);
+      return true;
+    }
+    return false;
+  }
+  void wait(request& r, deadline d, std::error_code& ec) {
+    for (;;) {
+      if (flag_->revoked()) {
+        if (!inner_.test(r, ec)) ec = make_error_code(error::revoked);
+        return;
+      }
+      ec.clear();
+      inner_.wait(r, min(d, deadline::after(slice_)), ec);
+      if (ec != errc::timeout) return;
+      if (d.expired()) return;
+    }
+  }
+
+ private:
+  T inner_;
+  std::shared_ptr<revoke_flag> flag_;
+  std::chrono::microseconds slice_;
+};
+
+}  // namespace comm
+EBBFLOW_END_NAMESPACE
+// ==== end <ebbflow/comm/revocable.hpp>
+
+// ==== begin <ebbflow/core/env.hpp> ========================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file env.hpp
+//! Configuration from environment variables, validated: a malformed or
+//! out-of-range value raises `std::invalid_argument` naming the variable, the
+//! value and what was expected; it is never silently replaced by a default.
+//!
+//! `launch_info::from_environment()` reads where this process sits in the job,
+//! from ebbflow's own variables or, when those are absent, from torchrun,
+//! Open MPI or Slurm.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace env {
+
+//! The raw value, or nullopt when unset or empty.
+inline std::optional<std::string> get(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return std::nullopt;
+  return std::string(v);
+}
+
+//! An integer in [lo, hi], or `fallback` when unset.
+//! @throws std::invalid_argument when set but not an integer in range.
+inline std::int64_t get_int(const char* name, std::int64_t fallback,
+                            std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
+                            std::int64_t hi = std::numeric_limits<std::int64_t>::max()) {
+  auto v = get(name);
+  if (!v) return fallback;
+  std::int64_t out = 0;
+  auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), out);
+  EBBFLOW_ENFORCE(ec == std::errc{} && p == v->data() + v->size() && out >= lo && out <= hi,
+                  name << "='" << *v << "': expected an integer in [" << lo << ", " << hi << "]");
+  return out;
+}
+
+//! A number in [lo, hi], or `fallback` when unset.
+inline double get_double(const char* name, double fallback, double lo = -std::numeric_limits<double>::max(),
+                         double hi = std::numeric_limits<double>::max()) {
+  auto v = get(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  const double out = std::strtod(v->c_str(), &end);
+  EBBFLOW_ENFORCE(end == v->c_str() + v->size() && out == out && out >= lo && out <= hi,
+                  name << "='" << *v << "': expected a number in [" << lo << ", " << hi << "]");
+  return out;
+}
+
+//! A boolean (1/0, true/false, yes/no, on/off), or `fallback` when unset.
+inline bool get_bool(const char* name, bool fallback) {
+  auto v = get(name);
+  if (!v) return fallback;
+  const std::string& s = *v;
+  if (s == "1" || s == "true" || s == "yes" || s == "on" || s == "y") return true;
+  if (s == "0" || s == "false" || s == "no" || s == "off" || s == "n") return false;
+  EBBFLOW_ENFORCE(false, name << "='" << s << "': expected a boolean (1/0, true/false, yes/no, on/off)");
+  return fallback;
+}
+
+//! A duration in milliseconds in [lo_ms, hi_ms], or `fallback` when unset.
+inline std::chrono::milliseconds get_ms(const char* name, std::chrono::milliseconds fallback,
+                                        std::int64_t lo_ms = 0, std::int64_t hi_ms = 24LL * 3600 * 1000) {
+  return std::chrono::milliseconds(get_int(name, fallback.count(), lo_ms, hi_ms));
+}
+
+//! "host:port" split in two; port in [0, 65535].
+struct host_port {
+  std::string host;        //!< name or address, never empty
+  std::uint16_t port = 0;  //!< port number
+};
+
+//! Parses "host:port" or "[v6addr]:port". @throws std::invalid_argument naming `what`.
+inline host_port parse_host_port(std::string_view s, std::string_view what) {
+  auto colon = s.rfind(':');
+  EBBFLOW_ENFORCE(colon != std::string_view::npos && colon > 0 && colon + 1 < s.size(),
+                  what << "='" << s << "': expected HOST:PORT");
+  std::string host(s.substr(0, colon));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  std::string_view ps = s.substr(colon + 1);
+  unsigned port = 0;
+  auto [p, ec] = std::from_chars(ps.data(), ps.data() + ps.size(), port);
+  EBBFLOW_ENFORCE(ec == std::errc{} && p == ps.data() + ps.size() && port <= 65535,
+                  what << "='" << s << "': port must be an integer in [0, 65535]");
+  return {std::move(host), static_cast<std::uint16_t>(port)};
+}
+
+}  // namespace env
+
+//! Where this process sits in a job, as told by its launcher.
+struct launch_info {
+  int rank = 0;                 //!< this process's rank in the initial world
+  int world_size = 1;           //!< processes in the initial world
+  int local_rank = 0;           //!< rank among processes on this host
+  std::string store_host = "127.0.0.1";  //!< rendezvous store address
+  std::uint16_t store_port = 0;          //!< 0: no store given
+  std::string token;            //!< job secret (EBBFLOW_TOKEN); never logged
+  std::string source = "default";  //!< which launcher's variables were used
+
+  //! Reads, in order of precedence: ebbflow-run's `EBBFLOW_RANK`,
+  //! `EBBFLOW_WORLD_SIZE`, `EBBFLOW_LOCAL_RANK`, `EBBFLOW_STORE`,
+  //! `EBBFLOW_TOKEN`; torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+  //! `MASTER_ADDR`, `MASTER_PORT`; Open MPI's `OMPI_COMM_WORLD_RANK`,
+  //! `OMPI_COMM_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_RANK`; Slurm's
+  //! `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`. With the last three the
+  //! store still comes from `EBBFLOW_STORE` or `MASTER_ADDR`/`MASTER_PORT`.
+  //! @throws std::invalid_argument for malformed or inconsistent values.
+  static launch_info from_environment() {
+    launch_info li;
+    auto pick = [&](const char* r, const char* w, const char* l, const char* src) {
+      if (!env::get(r)) return false;
+      li.world_size = static_cast<int>(env::get_int(w, 1, 1, 1 << 24));
+      li.rank = static_cast<int>(env::get_int(r, 0, 0, li.world_size - 1));
+      li.local_rank = static_cast<int>(env::get_int(l, 0, 0, 1 << 24));
+      li.source = src;
+      return true;
+    };
+    pick("EBBFLOW_RANK", "EBBFLOW_WORLD_SIZE", "EBBFLOW_LOCAL_RANK", "ebbflow") ||
+        pick("RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun") ||
+        pick("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "openmpi") ||
+        pick("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "slurm");
+    if (auto s = env::get("EBBFLOW_STORE")) {
+      auto hp = env::parse_host_port(*s, "EBBFLOW_STORE");
+      li.store_host = hp.host;
+      li.store_port = hp.port;
+    } else if (auto a = env::get("MASTER_ADDR")) {
+      li.store_host = *a;
+      li.store_port = static_cast<std::uint16_t>(env::get_int("MASTER_PORT", 29500, 1, 65535));
+    }
+    if (auto t = env::get("EBBFLOW_TOKEN")) li.token = *t;
+    return li;
+  }
+};
+
+EBBFLOW_END_NAMESPACE
+// ==== end <ebbflow/core/env.hpp>
+
+// ==== begin <ebbflow/core/handle.hpp> =====================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file handle.hpp
+//! `unique_handle<Traits>`: a move-only owner of a C handle (UCX worker, CUDA
+//! stream, NCCL communicator, ...). `Traits` provides `using value_type`,
+//! `static value_type null() noexcept` and `static void close(value_type) noexcept`.
+//! Closing never throws; a failed close is the traits' job to log.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+
+//! Move-only owner of one handle of `Traits::value_type`; closes it with
+//! `Traits::close` on destruction or reset. Not thread-safe.
+template <class Traits>
+class unique_handle {
+ public:
+  using value_type = typename Traits::value_type;  //!< the C handle type
+
+  unique_handle() noexcept : h_(Traits::null()) {}
+  //! Takes ownership of `h`.
+  explicit unique_handle(value_type h) noexcept : h_(h) {}
+  //! Takes `o`'s handle; `o` is left empty.
+  unique_handle(unique_handle&& o) noexcept : h_(std::exchange(o.h_, Traits::null())) {}
+  //! Closes the current handle and takes `o`'s.
+  unique_handle& operator=(unique_handle&& o) noexcept {
+    if (this != &o) reset(std::exchange(o.h_, Traits::null()));
+    return *this;
+  }
+  unique_handle(const unique_handle&) = delete;
+  unique_handle& operator=(const unique_handle&) = delete;
+  ~unique_handle() { reset(); }
+
+  //! The handle, still owned.
+  [[nodiscard]] value_type get() const noexcept { return h_; }
+  //! True when a handle is owned.
+  explicit operator bool() const noexcept { return h_ != Traits::null(); }
+  //! Gives up ownership without closing.
+  [[nodiscard]] value_type release() noexcept { return std::exchange(h_, Traits::null()); }
+  //! Closes the current handle (if any) and takes `h`.
+  void reset(value_type h = Traits::null()) noexcept {
+    value_type old = std::exchange(h_, h);
+    if (old != Traits::null()) Traits::close(old);
+  }
+
+ private:
+  value_type h_;
+};
+
+EBBFLOW_END_NAMESPACE
+// ==== end <ebbflow/core/handle.hpp>
+
+// ==== begin <ebbflow/elastic/group.hpp> ===================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file group.hpp
+//! The elastic group: data-parallel training whose workers join, leave and
+//! fail while training goes on, with no restart and no lost or repeated
+//! sample.
+//!
+//! A training loop uses it like this (see examples/elastic_train.cpp):
+//! @code
+//!   elastic::group g(connect_store, net, opts);          // joins the job
+//!   g.register_state("params", std::as_writable_bytes(std::span(params)));
+//!   while (g.active() && g.step() < total_steps) {
+//!     auto s = g.begin_step();                           // my slice and weight
+//!     compute gradients over samples [s.cursor + s.offset, + s.batch) of s.epoch,
+//!       scaled by s.weight (mean loss over my slice × b_i / B)
+//!     if (!g.allreduce(grads)) continue;                 // a member failed: redo the step
+//!     optimizer step
+//!     g.end_step(compute_seconds);                       // commit; membership changes happen here
+//!   }
+//! @endcode
+//!
+//! Protocol (docs/elastic.md has the full argument):
+//! * The store is the single source of truth. Generation g has a fixed member
+//!   list (rank = position) recorded under `<prefix>/gen/<g>`; every message
+//!   of g carries g in its tag (comm/transport.hpp), so traffic of an older
+//!   generation is never consumed by a newer one.
+//! * Every step ends with a small control exchange (an allreduce of a few
+//!   doubles per member): each member's batch and compute time (so every
+//!   member's planning policy sees the same history), leave requests, and the
+//!   coordinator's (rank 0's) decisions: a new plan, or admitted joiners.
+//! * Join: a newcomer registers its transport address and a join ticket and
+//!   waits, while the others keep training. The coordinator admits it at a step
+//!   boundary by writing generation g+1; everyone switches there and the
+//!   coordinator streams the committed state (registered buffers plus step,
+//!   epoch, cursor and plan) to the newcomer. Survivors stall only for that.
+//! * Leave (`request_leave`, e.g. from SIGTERM): announced in the control
+//!   exchange and applied at that boundary; no rollback, no state transfer.
+//! * Failure: a transport error (peer_lost, timeout) or a revocation aborts
+//!   the step on every survivor: the first to notice posts `abort/<g>`, whose
+//!   heartbeat threads revoke their transports. Survivors report their last
+//!   committed step under `recover/<g>/<id>`; a member is judged dead when
+//!   reported lost by a peer's transport or when its heartbeat lease expires.
+//!   One survivor proposes g+1 by compare-and-set (the first proposal wins);
+//!   the member with the newest committed step streams its state to any member
+//!   behind it. A step is committed by `end_step`, after the gradient
+//!   allreduce completed and the optimizer stepped, so the rolled-back step
+//!   applied no update and did not advance the cursor: it is simply redone.
+//! * Below `min_size` the survivors wait (logging why) until workers join.
+//!
+//! Thread safety: one thread drives a group; `request_leave` may be called
+//! from any thread or a signal handler (through `leave_on_signal`).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/revocable.hpp>  (inlined)
+// #include <ebbflow/comm/transport.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/wire.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/wire.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file wire.hpp
+//! Little-endian byte writer/reader for the elastic group's records. The
+//! reader checks every length, so a truncated or corrupted record becomes
+//! `errc::bad_message`, never an out-of-bounds read.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+class writer {
+ public:
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  writer& put(const T& v) {
+    const auto* p = reinterpret_cast<const std::byte*>(&v);
+    out_.insert(out_.end(), p, p + sizeof v);
+    return *this;
+  }
+  writer& put_bytes(std::span<const std::byte> b) {
+    put<std::uint64_t>(b.size());
+    out_.insert(out_.end(), b.begin(), b.end());
+    return *this;
+  }
+  [[nodiscard]] std::vector<std::byte> take() { return std::move(out_); }
+
+ private:
+  std::vector<std::byte> out_;
+};
+
+class reader {
+ public:
+  reader(std::span<const std::byte> in, const char* what) : in_(in), what_(what) {}
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  T get() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, in_.data() + pos_, sizeof v);
+    pos_ += sizeof v;
+    return v;
+  }
+  std::vector<std::byte> get_bytes() {
+    const auto n = get<std::uint64_t>();
+    need(n);
+    std::vector<std::byte> b(in_.begin() + static_cast<std::ptrdiff_t>(pos_),
+                             in_.begin() + static_cast<std::ptrdiff_t>(pos_ + n));
+    pos_ += n;
+    return b;
+  }
+  //! Elements of a length-prefixed array, bounded by what is left.
+  std::uint64_t get_count(std::size_t elem_size) {
+    const auto n = get<std::uint64_t>();
+    if (elem_size && n > (in_.size() - pos_) / elem_size) fail();
+    return n;
+  }
+  void expect_end() const {
+    if (pos_ != in_.size()) fail();
+  }
+
+ private:
+  void need(std::uint64_t n) const {
+    if (n > in_.size() - pos_) fail();
+  }
+  [[noreturn]] void fail() const {
+    throw system_error(make_error_code(error::bad_message),
+                       {.operation = "decode", .detail = std::string(what_) + " of " + std::to_string(in_.size()) + " bytes"});
+  }
+  std::span<const std::byte> in_;
+  std::size_t pos_ = 0;
+  const char* what_;
+};
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/wire.hpp>
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/kv_store.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file kv_store.hpp
+//! The `kv_store` concept the elastic group coordinates through, and
+//! `memory_store`, an in-process model of it for unit tests.
+//!
+//! Semantics: keys and values are strings (values binary-safe). Every call takes a deadline and
+//! throws `ebbflow::system_error` (`errc::timeout`, `errc::peer_lost` when the
+//! store is unreachable, `errc::unauthorized`) on failure.
+//! * `set(k, v, d)` stores v under k.
+//! * `try_get(k, d)` returns the value, or nullopt when k is absent (never blocks on absence).
+//! * `add(k, delta, d)` atomically adds to the 64-bit integer under k (absent = 0), returns the new value.
+//! * `compare_set(k, expected, desired, d)` stores desired when the current value
+//!   equals expected (an empty expected matches an absent key); the result's `current` is the value now stored.
+//! * `wait(keys, d)` blocks until every key exists, or throws `errc::timeout`.
+//! The Boost.Asio store client (elastic/store.hpp) models this concept.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <condition_variable>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+using bytes = std::vector<std::byte>;
+
+template <class S>
+concept kv_store = requires(S& s, const std::string& k, std::string_view v, std::int64_t delta, deadline d,
+                            const std::vector<std::string>& keys) {
+  s.set(k, v, d);
+  { s.try_get(k, d) } -> std::same_as<std::optional<std::string>>;
+  { s.add(k, delta, d) } -> std::same_as<std::int64_t>;
+  { s.compare_set(k, v, v, d).current } -> std::convertible_to<std::string>;
+  s.wait(keys, d);
+};
+
+//! Bytes as a string value (values are binary-safe).
+inline std::string to_value(std::span<const std::byte> b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+//! A string value as bytes.
+inline bytes to_bytes(std::string_view s) {
+  bytes b(s.size());
+  if (!s.empty()) std::memcpy(b.data(), s.data(), s.size());
+  return b;
+}
+
+//! A thread-safe in-process store. Can be made unreachable (`fail()`) to test
+//! how clients react to a lost store.
+class memory_store {
+ public:
+  struct cas_result {
+    bool swapped = false;
+    std::string current;
+  };
+  void set(const std::string& k, std::string_view v, deadline d) {
+    std::lock_guard lk(m_);
+    check(d, "store.set");
+    kv_[k] = std::string(v);
+    cv_.notify_all();
+  }
+  std::optional<std::string> try_get(const std::string& k, deadline d) {
+    std::lock_guard lk(m_);
+    check(d, "store.get");
+    auto it = kv_.find(k);
+    if (it == kv_.end()) return std::nullopt;
+    return it->second;
+  }
+  std::int64_t add(const std::string& k, std::int64_t delta, deadline d) {
+    std::lock_guard lk(m_);
+    check(d, "store.add");
+    auto& v = kv_[k];
+    const std::int64_t x = (v.empty() ? 0 : std::stoll(v)) + delta;
+    v = std::to_string(x);
+    cv_.notify_all();
+    return x;
+  }
+  cas_result compare_set(const std::string& k, std::string_view expected, std::string_view desired, deadline d) {
+    std::lock_guard lk(m_);
+    check(d, "store.compare_set");
+    auto it = kv_.find(k);
+    const bool match = it == kv_.end() ? expected.empty() : it->second == expected;
+    if (match) {
+      kv_[k] = std::string(desired);
+      cv_.notify_all();
+      return {true, std::string(desired)};
+    }
+    return {false, it == kv_.end() ? std::string() : it->second};
+  }
+  void wait(const std::vector<std::string>& keys, deadline d) {
+    std::unique_lock lk(m_);
+    for (;;) {
+      check(deadline::never(), "store.wait");
+      bool all = true;
+      for (auto& k : keys) all = all && kv_.count(k) > 0;
+      if (all) return;
+      if (d.expired())
+        throw_if(make_error_code(error::timeout), {.operation = "store.wait", .detail = keys.empty() ? "" : keys.front()});
+      cv_.wait_until(lk, std::min(d.at(), steady_clock::now() + std::chrono::milliseconds(50)));
+    }
+  }
+  //! Makes every later call fail with `peer_lost` (the store went away).
+  void fail() {
+    std::lock_guard lk(m_);
+    failed_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  void check(deadline d, const char* op) const {
+    if (failed_) throw_if(make_error_code(error::peer_lost), {.operation = op});
+    if (d.expired()) throw_if(make_error_code(error::timeout), {.operation = op});
+  }
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> kv_;
+  bool failed_ = false;
+};
+static_assert(kv_store<memory_store>);
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/kv_store.hpp>
+// #include <ebbflow/elastic/policy.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/policy.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file policy.hpp
+//! How the elastic group sizes each member's share of the global batch.
+//! The coordinator asks its policy for a plan; every member feeds its policy
+//! the same observations (the per-step control exchange carries every
+//! member's batch and compute time), so a newly elected coordinator plans
+//! from the same history. Plans are for the full global batch; a short last
+//! batch of an epoch is split with `scale_plan`.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! Identifies a worker for the whole job (assigned by the store; never reused).
+using member_id = std::int64_t;
+
+class planning_policy {
+ public:
+  virtual ~planning_policy() = default;
+  //! One measured step of `member`: `batch` samples took `seconds` of compute.
+  virtual void observe(member_id member, std::size_t batch, double seconds) = 0;
+  //! Batch sizes (rank order of `members`) that sum to `global_batch`.
+  virtual std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) = 0;
+  //! Whether `current` should be replaced (checked by the coordinator each step).
+  virtual bool should_replan(std::span<const member_id> members, std::span<const std::size_t> current,
+                             std::size_t global_batch) {
+    (void)members, (void)current, (void)global_batch;
+    return false;
+  }
+};
+
+//! Equal shares (the remainder goes to the lowest ranks). The default when no
+//! planner is given; ignores timings.
+class uniform_policy final : public planning_policy {
+ public:
+  void observe(member_id, std::size_t, double) override {}
+  std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) override {
+    EBBFLOW_ENFORCE(!members.empty(), "uniform_policy: empty membership");
+    const std::size_t n = members.size();
+    std::vector<std::size_t> b(n, global_batch / n);
+    for (std::size_t i = 0; i < global_batch % n; ++i) ++b[i];
+    return b;
+  }
+};
+
+//! Splits `total` (≤ the plan's sum) in proportion to `plan`, deterministically:
+//! floor shares, then the remainder to the largest fractional parts (ties to
+//! the lower rank). Every rank computes the same result.
+inline std::vector<std::size_t> scale_plan(std::span<const std::size_t> plan, std::size_t total) {
+  const std::size_t sum = std::accumulate(plan.begin(), plan.end(), std::size_t{0});
+  std::vector<std::size_t> out(plan.size(), 0);
+  if (sum == total) {
+    out.assign(plan.begin(), plan.end());
+    return out;
+  }
+  if (sum == 0 || total == 0) {
+    for (std::size_t i = 0; i < total; ++i) ++out[i % out.size()];
+    return out;
+  }
+  std::vector<std::pair<std::size_t, std::size_t>> rem;  // (remainder numerator, rank)
+  std::size_t given = 0;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    __extension__ using u128 = unsigned __int128;
+    const u128 num = static_cast<u128>(plan[i]) * total;
+    out[i] = static_cast<std::size_t>(num / sum);
+    rem.emplace_back(static_cast<std::size_t>(num % sum), i);
+    given += out[i];
+  }
+  std::stable_sort(rem.begin(), rem.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  for (std::size_t k = 0; given < total; ++k, ++given) ++out[rem[k].second];
+  return out;
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/policy.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! A network builds the transport of each generation. `address()` is this
+//! process's transport address (published in the store); `connect(g, rank,
+//! addresses, d)` returns the transport of generation g given every member's
+//! address in rank order. UCX and loopback networks model this.
+template <class N>
+concept network = requires(N& n, std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline d) {
+  typename N::transport_type;
+  requires comm::transport<typename N::transport_type>;
+  { n.address() } -> std::convertible_to<bytes>;
+  { n.connect(g, rank, addrs, d) } -> std::same_as<typename N::transport_type>;
+};
+
+//! Settings of an elastic group. `from_environment()` reads the `EBBFLOW_*`
+//! variables named beside each field (validated; bad values throw).
+struct group_options {
+  std::string prefix = "ebbflow";       //!< store key prefix of this job (EBBFLOW_JOB)
+  int min_size = 1;                     //!< EBBFLOW_MIN_SIZE: below it the group waits
+  int max_size = 1 << 16;               //!< EBBFLOW_MAX_SIZE: joiners beyond it wait
+  std::size_t global_batch = 0;         //!< B, samples per step over all members (required)
+  std::size_t dataset_size = 0;         //!< N, samples per epoch (required)
+  bool drop_last = false;               //!< drop an epoch's short last batch
+  bool join = false;                    //!< EBBFLOW_JOIN=1: join a running job instead of starting one
+  std::chrono::milliseconds heartbeat{50};        //!< EBBFLOW_HEARTBEAT_MS
+  std::chrono::milliseconds lease{1000};          //!< EBBFLOW_LEASE_MS: silence after which a member is dead
+  std::chrono::milliseconds op_timeout{30'000};   //!< EBBFLOW_OP_TIMEOUT_MS: deadline of each collective
+  std::chrono::milliseconds join_timeout{120'000};  //!< EBBFLOW_JOIN_TIMEOUT_MS: waiting to be admitted / initial formation
+  std::chrono::milliseconds min_size_wait{600'000};  //!< EBBFLOW_MIN_WAIT_MS: waiting below min_size before giving up
+  std::chrono::milliseconds store_timeout{10'000};   //!< deadline of each store call
+
+  //! Reads the fields named above from the environment (launch rank and world
+  //! come from `launch_info`). @throws std::invalid_argument naming the variable.
+  static group_options from_environment() { return from_environment(group_options{}); }
+  //! As above, starting from `o` instead of the defaults.
+  static group_options from_environment(group_options o) {
+    if (auto j = env::get("EBBFLOW_JOB")) o.prefix = *j;
+    o.min_size = static_cast<int>(env::get_int("EBBFLOW_MIN_SIZE", o.min_size, 1, 1 << 20));
+    o.max_size = static_cast<int>(env::get_int("EBBFLOW_MAX_SIZE", o.max_size, o.min_size, 1 << 20));
+    o.join = env::get_bool("EBBFLOW_JOIN", o.join);
+    o.heartbeat = env::get_ms("EBBFLOW_HEARTBEAT_MS", o.heartbeat, 1, 60'000);
+    o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
+    o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
+    o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
+    o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
+    return o;
+  }
+};
+
+//! What this member does in the current step.
+struct step_info {
+  std::int64_t step = 0;          //!< committed steps so far (this step's number)
+  std::int64_t epoch = 0;         //!< epoch of this step
+  std::size_t cursor = 0;         //!< position in the epoch's sample order where this step's global batch starts
+  std::size_t global_batch = 0;   //!< B_t (B, or less for an epoch's short last batch)
+  std::size_t offset = 0;         //!< start of this member's slice inside the global batch
+  std::size_t batch = 0;          //!< b_i, this member's slice length (may be 0)
+  double weight = 0;              //!< b_i / B_t: scale of this member's mean-loss gradient
+  int rank = 0;                   //!< rank in the current generation
+  int world_size = 1;             //!< members in the current generation
+  std::int64_t generation = 0;    //!< current generation
+  std::uint64_t plan_version = 0; //!< identifies the plan (same on every member)
+};
+
+//! Why the membership changed (passed to world-changed callbacks).
+enum class change_reason : std::uint8_t { initial, join, leave, failure };
+
+constexpr std::string_view name(change_reason r) noexcept {
+  switch (r) {
+    case change_reason::initial: return "initial";
+    case change_reason::join: return "join";
+    case change_reason::leave: return "leave";
+    case change_reason::failure: return "failure";
+  }
+  return "?";
+}
+
+//! A membership change as seen by callbacks and the event log.
+struct world_change {
+  std::int64_t generation = 0;
+  change_reason reason = change_reason::initial;
+  int old_size = 0;
+  int new_size = 0;
+  int rank = 0;                  //!< this member's new rank
+  std::int64_t step = 0;         //!< committed step at which the change took effect
+  double stall_seconds = 0;      //!< time from the change's start to this member being ready again
+};
+
+namespace detail {
+struct member_entry {
+  member_id id = -1;
+  std::int64_t committed = -1;  // newest committed step the member holds; -1: no state
+};
+
+struct generation_record {
+  std::int64_t generation = 0;
+  change_reason reason = change_reason::initial;
+  std::vector<member_entry> members;
+  member_id source = -1;           // holds the newest committed state
+  std::int64_t source_step = 0;
+  std::vector<std::uint64_t> plan;  // full-B plan, rank order
+  std::uint64_t plan_version = 0;
+  std::int64_t joins_seen = 0;      // join tickets handled so far
+
+  [[nodiscard]] bytes encode() const {
+    writer w;
+    w.put<std::uint32_t>(0xEBBF1001u).put(generation).put(static_cast<std::uint8_t>(reason));
+    w.put<std::uint64_t>(members.size());
+    for (auto& m : members) w.put(m.id).put(m.committed);
+    w.put(source).put(source_step).put<std::uint64_t>(plan.size());
+    for (auto b : plan) w.put(b);
+    w.put(plan_version).put(joins_seen);
+    return w.take();
+  }
+  static generation_record decode(std::span<const std::byte> in) {
+    reader r(in, "generation record");
+    generation_record g;
+    if (r.get<std::uint32_t>() != 0xEBBF1001u)
+      throw system_error(make_error_code(error::bad_message), {.operation = "decode", .detail = "generation record magic"});
+    g.generation = r.get<std::int64_t>();
+    g.reason = static_cast<change_reason>(r.get<std::uint8_t>());
+    const auto n = r.get_count(16);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      member_entry m;
+      m.id = r.get<member_id>();
+      m.committed = r.get<std::int64_t>();
+      g.members.push_back(m);
+    }
+    g.source = r.get<member_id>();
+    g.source_step = r.get<std::int64_t>();
+    const auto p = r.get_count(8);
+    for (std::uint64_t i = 0; i < p; ++i) g.plan.push_back(r.get<std::uint64_t>());
+    g.plan_version = r.get<std::uint64_t>();
+    g.joins_seen = r.get<std::int64_t>();
+    r.expect_end();
+    return g;
+  }
+  [[nodiscard]] int rank_of(member_id id) const noexcept {
+    for (std::size_t i = 0; i < members.size(); ++i)
+      if (members[i].id == id) return static_cast<int>(i);
+    return -1;
+  }
+};
+
+inline std::atomic<bool>& signal_leave_flag() noexcept {
+  static std::atomic<bool> f{false};
+  return f;
+}
+extern "C" inline void on_leave_signal(int) { signal_leave_flag().store(true); }
+
+}  // namespace detail
+
+//! Makes `sig` (e.g. SIGTERM) request a graceful leave of every group in this
+//! process at its next step boundary, instead of killing it.
+inline void leave_on_signal(int sig = SIGTERM) { std::signal(sig, detail::on_leave_signal); }
+
+//! Raised by `group` when it cannot go on: the store is gone, the membership
+//! stayed below `min_size` for `min_size_wait`, or this worker was never
+//! admitted. Carries errc::timeout / peer_lost / invalid_state.
+using group_error = system_error;
+
+//! The elastic group. `Store` models `kv_store`, `Net` models `network`.
+//! `connect_store` is called twice: for the training thread and for the
+//! heartbeat thread (store clients need not be thread-safe).
+template <kv_store Store, network Net>
+class group {
+ public:
+  using transport_type = comm::revocable<typename Net::transport_type>;
+  using store_factory = std::function<std::unique_ptr<Store>()>;
+
+  //! Joins the job: as one of the initial `launch.world_size` workers (rank
+  //! `launch.rank`), or, with `opts.join`, as a newcomer admitted at a step
+  //! boundary. Blocks until this worker is a member (deadline
+  //! `opts.join_timeout`). Registered state is synchronised at the first
+  //! `begin_step`; register it before that.
+  //! @throws group_error, std::invalid_argument for bad options.
+  group(store_factory connect_store, Net& net, group_options opts, launch_info launch,
+        std::unique_ptr<planning_policy> policy = std::make_unique<uniform_policy>());
+
+  group(const group&) = delete;
+  group& operator=(const group&) = delete;
+  //! Stops the heartbeat (the others see this worker as failed unless it left).
+  ~group();
+
+  //! Registers a buffer that is part of the training state (parameters,
+  //! optimizer state, ...): streamed to joiners and to members behind after a
+  //! failure. Host memory; same name and size on every member.
+  void register_state(std::string name, std::span<std::byte> host_bytes);
+  //! Called after every membership change (e.g. to rescale the learning rate).
+  void on_world_changed(std::function<void(const world_change&)> cb) { callbacks_.push_back(std::move(cb)); }
+
+  //! This member's share of the next step. Applies a pending switch or state
+  //! transfer first. @throws group_error when the group cannot go on.
+  step_info begin_step();
+
+  //! Runs `f(transport&)` (any collective over this generation's transport).
+  //! Returns false when a member failed: the step is aborted, the group
+  //! re-formed, and the caller must redo the step from `begin_step`.
+  template <class F>
+  bool collective(F&& f);
+  //! Sums `data` over all members (host memory). False: redo the step.
+  bool allreduce(std::span<float> data);
+  bool allreduce(std::span<double> data);
+
+  //! Commits the step (call after the optimizer step) and runs the control
+  //! exchange: feeds every member's timing to the policy, applies new plans,
+  //! leaves and joins. `compute_seconds`: this member's compute time of the step.
+  void end_step(double compute_seconds);
+
+  //! Asks to leave at the next step boundary (thread-safe).
+  void request_leave() noexcept { leave_requested_.store(true); }
+  //! Marks the job finished: workers still waiting to join stop waiting.
+  void finish();
+
+  [[nodiscard]] bool active() const noexcept { return active_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return static_cast<int>(gen_.members.size()); }
+  [[nodiscard]] std::int64_t generation() const noexcept { return gen_.generation; }
+  [[nodiscard]] std::int64_t step() const noexcept { return step_; }
+  [[nodiscard]] std::int64_t epoch() const noexcept { return epoch_; }
+  [[nodiscard]] member_id id() const noexcept { return id_; }
+  [[nodiscard]] std::span<const std::uint64_t> plan() const noexcept { return gen_.plan; }
+  [[nodiscard]] const std::vector<world_change>& history() const noexcept { return history_; }
+  //! The transport of the current generation (valid until the next change).
+  [[nodiscard]] transport_type& transport() { return *transport_; }
+
+ private:
+  std::string key(const std::string& k) const { return opts_.prefix + "/" + k; }
+  deadline store_deadline() const { return deadline::after(opts_.store_timeout); }
+  void heartbeat_loop(std::stop_token st);
+  step_info current_slice() const;
+  void form_initial();
+  void wait_admission();
+  void adopt(detail::generation_record rec, steady_clock::time_point started);
+  void sync_state();
+  void recover(std::int64_t failed_generation, int lost_peer);
+  void change_membership(const std::vector<double>& ctl, int n);
+  std::vector<bytes> addresses(const detail::generation_record& rec);
+  std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room);
+  bool fresh(member_id m, std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>& seen);
+  void control_allreduce(std::span<double> v);
+  template <class T>
+  bool allreduce_impl(std::span<T> data);
+  void notify(change_reason reason, int old_size, double stall);
+  [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
+
+  group_options opts_;
+  launch_info launch_;
+  store_factory connect_store_;
+  std::unique_ptr<Store> store_;
+  Net* net_;
+  std::unique_ptr<planning_policy> policy_;
+  member_id id_ = -1;
+  bytes address_;
+  std::map<member_id, bytes> address_cache_;
+
+  detail::generation_record gen_;
+  int rank_ = -1;
+  bool active_ = true;
+  std::int64_t step_ = -1;  // committed steps; -1 until state arrives
+  std::int64_t epoch_ = 0;
+  std::size_t cursor_ = 0;
+  std::uint64_t ctl_seq_ = 0;
+  struct pending_change {
+    change_reason reason;
+    int old_size;
+    steady_clock::time_point started;
+  };
+  std::optional<pending_change> pending_;  // state transfer and notification still to do
+  std::optional<transport_type> transport_;
+  std::shared_ptr<comm::revoke_flag> revoke_;
+  std::atomic<std::int64_t> hb_generation_{-1};
+  std::mutex hb_mutex_;
+  std::shared_ptr<comm::revoke_flag> hb_revoke_;
+  std::atomic<bool> leave_requested_{false};
+  std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
+
+  struct state_entry {
+    std::string name;
+    std::span<std::byte> data;
+  };
+  std::vector<state_entry> state_;
+  std::vector<std::function<void(const world_change&)>> callbacks_;
+  std::vector<world_change> history_;
+  std::jthread heartbeat_;
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/elastic/impl/group.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group.hpp
+//! Definitions of elastic::group (see elastic/group.hpp for the contract).
+
+
+// #include <ebbflow/elastic/group.hpp>  (inlined)
+
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <sstream>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+namespace detail {
+// Tag spaces of the group's own traffic on a generation's transport (user
+// collectives count their sequence numbers from 0 and stay far below).
+inline constexpr std::uint64_t control_seq_base = 0x80000000u;
+inline constexpr std::uint64_t sync_seq = 0x7fffffffu;
+
+// Integers the group stores as decimal text; anything else is a corrupt store.
+inline std::int64_t parse_i64(const std::string& v) {
+  std::int64_t x = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc{} || p != v.data() + v.size())
+    throw system_error(make_error_code(error::bad_message), {.operation = "elastic group", .detail = "store value '" + v.substr(0, 32) + "' is not an integer"});
+  return x;
+}
+
+inline bool recoverable(const std::error_code& ec) noexcept {
+  return ec == errc::peer_lost || ec == errc::timeout || ec == errc::revoked;
+}
+}  // namespace detail
+
+template <kv_store Store, network Net>
+group<Store, Net>::group(store_factory connect_store, Net& net, group_options opts, launch_info launch,
+                         std::unique_ptr<planning_policy> policy)
+    : opts_(std::move(opts)),
+      launch_(std::move(launch)),
+      connect_store_(std::move(connect_store)),
+      net_(&net),
+      policy_(std::move(policy)) {
+  EBBFLOW_ENFORCE(opts_.global_batch > 0, "elastic group: global_batch must be > 0");
+  EBBFLOW_ENFORCE(opts_.dataset_size > 0, "elastic group: dataset_size must be > 0");
+  EBBFLOW_ENFORCE(!opts_.drop_last || opts_.global_batch <= opts_.dataset_size,
+                  "elastic group: drop_last with global_batch " << opts_.global_batch << " > dataset_size "
+                                                                << opts_.dataset_size << " leaves no step");
+  EBBFLOW_ENFORCE(opts_.min_size >= 1 && opts_.max_size >= opts_.min_size,
+                  "elastic group: need 1 <= min_size (" << opts_.min_size << ") <= max_size (" << opts_.max_size << ")");
+  EBBFLOW_ENFORCE(policy_ != nullptr, "elastic group: null planning policy");
+  EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
+  store_ = connect_store_();
+  id_ = store_->add(key("next_id"), 1, store_deadline());
+  address_ = net_->address();
+  store_->set(key("addr/" + std::to_string(id_)), to_value(address_), store_deadline());
+  heartbeat_ = std::jthread([this](std::stop_token st) { heartbeat_loop(st); });
+  if (!opts_.join && launch_.rank < launch_.world_size)
+    form_initial();
+  else
+    wait_admission();
+}
+
+template <kv_store Store, network Net>
+group<Store, Net>::~group() {
+  heartbeat_.request_stop();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  transport_.reset();
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::register_state(std::string name, std::span<std::byte> host_bytes) {
+  for (auto& s : state_) EBBFLOW_ENFORCE(s.name != name, "elastic group: state '" << name << "' registered twice");
+  state_.push_back({std::move(name), host_bytes});
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::fail(std::error_code ec, const std::string& what) const {
+  throw group_error(ec, {.rank = rank_, .generation = gen_.generation, .operation = "elastic group", .detail = what});
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::heartbeat_loop(std::stop_token st) {
+  std::unique_ptr<Store> s;
+  bool warned = false;
+  std::mutex m;
+  std::condition_variable_any cv;
+  while (!st.stop_requested()) {
+    try {
+      if (!s) s = connect_store_();
+      s->add(key("hb/" + std::to_string(id_)), 1, deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
+      const std::int64_t g = hb_generation_.load();
+      if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
+        std::lock_guard lk(hb_mutex_);
+        if (hb_revoke_ && !hb_revoke_->revoked()) {
+          EBBFLOW_LOG_DEBUG("generation " << g << " aborted by a peer: revoking the transport");
+          hb_revoke_->revoke();
+        }
+      }
+      warned = false;
+    } catch (const std::exception& e) {
+      if (!warned) EBBFLOW_LOG_WARN("heartbeat of member " << id_ << " failed: " << e.what());
+      warned = true;
+      s.reset();
+    }
+    std::unique_lock lk(m);
+    cv.wait_for(lk, st, opts_.heartbeat, [] { return false; });
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::form_initial() {
+  const auto started = steady_clock::now();
+  store_->set(key("init/" + std::to_string(launch_.rank)), std::to_string(id_), store_deadline());
+  const std::string gkey = key("gen/0");
+  if (launch_.rank == 0) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < launch_.world_size; ++r) keys.push_back(key("init/" + std::to_string(r)));
+    try {
+      store_->wait(keys, deadline::after(opts_.join_timeout));
+    } catch (const system_error& e) {
+      fail(e.code(), "only some of the " + std::to_string(launch_.world_size) +
+                         " initial workers registered within EBBFLOW_JOIN_TIMEOUT_MS");
+    }
+    detail::generation_record rec;
+    rec.generation = 0;
+    rec.reason = change_reason::initial;
+    std::vector<member_id> ids;
+    for (int r = 0; r < launch_.world_size; ++r) {
+      auto v = store_->try_get(keys[static_cast<std::size_t>(r)], store_deadline());
+      const member_id m = detail::parse_i64(*v);
+      rec.members.push_back({m, r == 0 ? 0 : -1});
+      ids.push_back(m);
+    }
+    rec.source = id_;
+    rec.source_step = 0;
+    auto p = policy_->plan(ids, opts_.global_batch);
+    rec.plan.assign(p.begin(), p.end());
+    rec.plan_version = 1;
+    rec.joins_seen = 0;
+    store_->compare_set(gkey, "", to_value(rec.encode()), store_deadline());
+    step_ = 0;
+  } else {
+    try {
+      store_->wait({gkey}, deadline::after(opts_.join_timeout));
+    } catch (const system_error& e) {
+      fail(e.code(), "the initial generation was not formed within EBBFLOW_JOIN_TIMEOUT_MS (is rank 0 running?)");
+    }
+  }
+  auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline())));
+  try {
+    adopt(std::move(rec), started);
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    recover(0, e.peer());
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::wait_admission() {
+  const auto started = steady_clock::now();
+  step_ = -1;
+  const auto seq = store_->add(key("join_seq"), 1, store_deadline());
+  store_->set(key("join/" + std::to_string(seq)), std::to_string(id_), store_deadline());
+  EBBFLOW_LOG_INFO("member " << id_ << " waiting to be admitted (join ticket " << seq << ")");
+  const auto d = deadline::after(opts_.join_timeout);
+  const std::string jkey = key("joined/" + std::to_string(id_));
+  for (;;) {
+    if (auto v = store_->try_get(jkey, store_deadline())) {
+      const auto g = detail::parse_i64(*v);
+      auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(key("gen/" + std::to_string(g)), store_deadline())));
+      try {
+        adopt(std::move(rec), started);
+      } catch (const system_error& e) {
+        if (!detail::recoverable(e.code())) throw;
+        recover(g, e.peer());
+      }
+      return;
+    }
+    if (store_->try_get(key("done"), store_deadline())) fail(error::invalid_state, "the job finished before this worker was admitted");
+    if (d.expired()) fail(error::timeout, "not admitted within EBBFLOW_JOIN_TIMEOUT_MS (group at max size, or no coordinator)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+template <kv_store Store, network Net>
+std::vector<bytes> group<Store, Net>::addresses(const detail::generation_record& rec) {
+  std::vector<bytes> out;
+  for (auto& m : rec.members) {
+    auto it = address_cache_.find(m.id);
+    if (it == address_cache_.end()) {
+      auto v = store_->try_get(key("addr/" + std::to_string(m.id)), store_deadline());
+      if (!v) fail(error::invalid_state, "member " + std::to_string(m.id) + " published no transport address");
+      it = address_cache_.emplace(m.id, to_bytes(*v)).first;
+    }
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_point started) {
+  const int old_size = static_cast<int>(gen_.members.size());
+  const int r = rec.rank_of(id_);
+  EBBFLOW_EXPECTS(r >= 0);
+  gen_ = std::move(rec);
+  rank_ = r;
+  ctl_seq_ = 0;
+  log::set_rank(rank_);
+  auto addrs = addresses(gen_);
+  revoke_ = std::make_shared<comm::revoke_flag>();
+  {
+    std::lock_guard lk(hb_mutex_);
+    hb_revoke_ = revoke_;
+  }
+  hb_generation_.store(gen_.generation);
+  transport_.reset();
+  transport_.emplace(net_->connect(gen_.generation, rank_, addrs, deadline::after(opts_.op_timeout)), revoke_);
+  // The state moves at the next begin_step: a newcomer registers its buffers
+  // after the constructor returned.
+  if (!pending_) pending_ = pending_change{gen_.reason, old_size, started};
+  pending_->reason = gen_.reason;
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::sync_state() {
+  using comm::make_tag;
+  const auto d = deadline::after(opts_.op_timeout);
+  auto& t = *transport_;
+  if (gen_.source == id_) {
+    EBBFLOW_EXPECTS(step_ == gen_.source_step);
+    detail::writer w;
+    w.put(step_).put(epoch_).put<std::uint64_t>(cursor_).put<std::uint64_t>(state_.size());
+    for (auto& s : state_) {
+      w.put_bytes(elastic::to_bytes(s.name));
+      w.put<std::uint64_t>(s.data.size());
+    }
+    const bytes header = w.take();
+    const std::uint64_t header_size = header.size();
+    for (std::size_t j = 0; j < gen_.members.size(); ++j) {
+      if (gen_.members[j].committed >= gen_.source_step) continue;
+      const int peer = static_cast<int>(j);
+      comm::send(t, peer, make_tag(detail::sync_seq, 0), std::as_bytes(std::span(&header_size, 1)), d);
+      comm::send(t, peer, make_tag(detail::sync_seq, 1), header, d);
+      for (std::size_t k = 0; k < state_.size(); ++k)
+        comm::send(t, peer, make_tag(detail::sync_seq, static_cast<std::uint32_t>(2 + k)), state_[k].data, d);
+      EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << peer << ")");
+    }
+  } else if (step_ < gen_.source_step) {
+    const int src = gen_.rank_of(gen_.source);
+    std::uint64_t header_size = 0;
+    comm::recv(t, src, make_tag(detail::sync_seq, 0), std::as_writable_bytes(std::span(&header_size, 1)), d);
+    if (header_size > (std::uint64_t{1} << 24)) fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");
+    bytes header(header_size);
+    comm::recv(t, src, make_tag(detail::sync_seq, 1), header, d);
+    detail::reader rd(header, "state header");
+    const auto step = rd.get<std::int64_t>();
+    const auto epoch = rd.get<std::int64_t>();
+    const auto cursor = rd.get<std::uint64_t>();
+    const auto n = rd.get<std::uint64_t>();
+    if (n != state_.size())
+      fail(error::invalid_state, "member " + std::to_string(gen_.source) + " has " + std::to_string(n) +
+                                     " registered state buffers, this member " + std::to_string(state_.size()));
+    for (std::size_t k = 0; k < state_.size(); ++k) {
+      auto nm = rd.get_bytes();
+      const auto sz = rd.get<std::uint64_t>();
+      const std::string name(reinterpret_cast<const char*>(nm.data()), nm.size());
+      if (name != state_[k].name || sz != state_[k].data.size()) {
+        std::ostringstream os;
+        os << "state buffer " << k << " is '" << name << "' of " << sz << " bytes on member " << gen_.source
+           << " but '" << state_[k].name << "' of " << state_[k].data.size() << " bytes here";
+        fail(error::invalid_state, os.str());
+      }
+    }
+    for (std::size_t k = 0; k < state_.size(); ++k)
+      comm::recv(t, src, make_tag(detail::sync_seq, static_cast<std::uint32_t>(2 + k)), state_[k].data, d);
+    step_ = step;
+    epoch_ = epoch;
+    cursor_ = cursor;
+    EBBFLOW_LOG_INFO("received state of step " << step_ << " from member " << gen_.source);
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::notify(change_reason reason, int old_size, double stall) {
+  world_change wc{gen_.generation, reason, old_size, size(), rank_, step_, stall};
+  history_.push_back(wc);
+  EBBFLOW_LOG_INFO("generation " << wc.generation << " (" << name(reason) << "): " << old_size << " -> " << wc.new_size
+                                 << " members, rank " << rank_ << ", step " << step_ << ", ready after "
+                                 << stall * 1e3 << " ms");
+  for (auto& cb : callbacks_) cb(wc);
+}
+
+template <kv_store Store, network Net>
+step_info group<Store, Net>::begin_step() {
+  if (!active_) fail(error::invalid_state, "begin_step after this member left the group");
+  if (detail::signal_leave_flag().load()) leave_requested_.store(true);
+  while (pending_) {
+    try {
+      sync_state();
+      const auto p = *pending_;
+      pending_.reset();
+      notify(p.reason, p.old_size, std::chrono::duration<double>(steady_clock::now() - p.started).count());
+    } catch (const system_error& e) {
+      if (!detail::recoverable(e.code())) throw;
+      EBBFLOW_LOG_WARN("state transfer failed: " << e.what());
+      recover(gen_.generation, e.code() == errc::peer_lost ? e.peer() : -1);
+    }
+  }
+  return current_slice();
+}
+
+template <kv_store Store, network Net>
+step_info group<Store, Net>::current_slice() const {
+  step_info s;
+  s.step = step_;
+  s.epoch = epoch_;
+  s.cursor = cursor_;
+  s.global_batch = std::min(opts_.global_batch, opts_.dataset_size - cursor_);
+  std::vector<std::size_t> plan(gen_.plan.begin(), gen_.plan.end());
+  auto p = scale_plan(plan, s.global_batch);
+  s.offset = std::accumulate(p.begin(), p.begin() + rank_, std::size_t{0});
+  s.batch = p[static_cast<std::size_t>(rank_)];
+  s.weight = s.global_batch ? static_cast<double>(s.batch) / static_cast<double>(s.global_batch) : 0.0;
+  s.rank = rank_;
+  s.world_size = size();
+  s.generation = gen_.generation;
+  s.plan_version = gen_.plan_version;
+  return s;
+}
+
+template <kv_store Store, network Net>
+template <class F>
+bool group<Store, Net>::collective(F&& f) {
+  try {
+    f(*transport_);
+    return true;
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    EBBFLOW_LOG_WARN("step " << step_ << " aborted: " << e.what());
+    recover(gen_.generation, e.code() == errc::peer_lost ? e.peer() : -1);
+    return false;
+  }
+}
+
+template <kv_store Store, network Net>
+template <class T>
+bool group<Store, Net>::allreduce_impl(std::span<T> data) {
+  // Reduce to rank 0 in rank order, then broadcast. Deterministic.
+  // TODO(#3): switch to comm::allreduce (ring / recursive doubling) once the collectives land.
+  return collective([&](transport_type& t) {
+    const auto d = deadline::after(opts_.op_timeout);
+    const std::uint64_t seq = ctl_seq_++;
+    const int n = t.size();
+    if (n == 1) return;
+    const auto tag = comm::make_tag(seq, 0);
+    if (t.rank() == 0) {
+      std::vector<T> tmp(data.size());
+      for (int r = 1; r < n; ++r) {
+        comm::recv(t, r, tag, std::as_writable_bytes(std::span(tmp)), d);
+        for (std::size_t i = 0; i < data.size(); ++i) data[i] += tmp[i];
+      }
+      std::vector<typename transport_type::request> reqs;
+      for (int r = 1; r < n; ++r) reqs.push_back(t.isend(r, comm::make_tag(seq, 1), std::as_bytes(data)));
+      for (std::size_t k = 0; k < reqs.size(); ++k) {
+        std::error_code ec;
+        t.wait(reqs[k], d, ec);
+        throw_if(ec, {.rank = rank_, .generation = gen_.generation, .peer = static_cast<int>(k + 1), .operation = "allreduce"});
+      }
+    } else {
+      comm::send(t, 0, tag, std::as_bytes(data), d);
+      comm::recv(t, 0, comm::make_tag(seq, 1), std::as_writable_bytes(data), d);
+    }
+  });
+}
+
+template <kv_store Store, network Net>
+bool group<Store, Net>::allreduce(std::span<float> data) {
+  return allreduce_impl(data);
+}
+template <kv_store Store, network Net>
+bool group<Store, Net>::allreduce(std::span<double> data) {
+  return allreduce_impl(data);
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::control_allreduce(std::span<double> v) {
+  const auto d = deadline::after(opts_.op_timeout);
+  auto& t = *transport_;
+  const int n = t.size();
+  if (n == 1) return;
+  const std::uint64_t seq = detail::control_seq_base | (ctl_seq_++ & 0x7fffffffu);
+  if (t.rank() == 0) {
+    std::vector<double> tmp(v.size());
+    for (int r = 1; r < n; ++r) {
+      comm::recv(t, r, comm::make_tag(seq, 0), std::as_writable_bytes(std::span(tmp)), d);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] += tmp[i];
+    }
+    std::vector<typename transport_type::request> reqs;
+    for (int r = 1; r < n; ++r) reqs.push_back(t.isend(r, comm::make_tag(seq, 1), std::as_bytes(v)));
+    for (std::size_t k = 0; k < reqs.size(); ++k) {
+      std::error_code ec;
+      t.wait(reqs[k], d, ec);
+      throw_if(ec, {.rank = rank_, .generation = gen_.generation, .peer = static_cast<int>(k + 1), .operation = "control exchange"});
+    }
+  } else {
+    comm::send(t, 0, comm::make_tag(seq, 0), std::as_bytes(v), d);
+    comm::recv(t, 0, comm::make_tag(seq, 1), std::as_writable_bytes(v), d);
+  }
+}
+
+template <kv_store Store, network Net>
+std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room) {
+  std::vector<member_id> out;
+  const auto total = store_->add(key("join_seq"), 0, store_deadline());
+  while (seen < total && out.size() < room) {
+    auto v = store_->try_get(key("join/" + std::to_string(seen + 1)), store_deadline());
+    if (!v) break;  // ticket taken but not yet written: pick it up next time
+    out.push_back(detail::parse_i64(*v));
+    ++seen;
+  }
+  return out;
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::end_step(double compute_seconds) {
+  if (!active_) fail(error::invalid_state, "end_step after this member left the group");
+  if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
+  // Commit: the gradient collectives completed and the optimizer stepped.
+  const auto info = current_slice();
+  ++step_;
+  cursor_ += info.global_batch;
+  if (cursor_ >= opts_.dataset_size || (opts_.drop_last && opts_.dataset_size - cursor_ < opts_.global_batch)) {
+    ++epoch_;
+    cursor_ = 0;
+  }
+  if (detail::signal_leave_flag().load()) leave_requested_.store(true);
+
+  const int n = size();
+  const std::size_t un = static_cast<std::size_t>(n);
+  std::vector<double> v(4 + 4 * un, 0.0);
+  const std::size_t r = static_cast<std::size_t>(rank_);
+  v[3 + r] = compute_seconds;
+  v[3 + un + r] = static_cast<double>(info.batch);
+  v[3 + 2 * un + r] = leave_requested_.load() ? 1.0 : 0.0;
+  std::vector<member_id> ids;
+  for (auto& m : gen_.members) ids.push_back(m.id);
+  admitting_.clear();
+  std::int64_t seen = gen_.joins_seen;
+  if (rank_ == 0) {
+    try {
+      const std::size_t room = static_cast<std::size_t>(std::max(0, opts_.max_size - n));
+      admitting_ = pending_joiners(seen, room);
+    } catch (const system_error& e) {
+      EBBFLOW_LOG_WARN("coordinator could not read join tickets: " << e.what());
+    }
+    if (!admitting_.empty()) v[0] = 1;
+    std::vector<std::size_t> cur(gen_.plan.begin(), gen_.plan.end());
+    if (policy_->should_replan(ids, cur, opts_.global_batch)) {
+      auto p = policy_->plan(ids, opts_.global_batch);
+      v[1] = 1;
+      for (std::size_t i = 0; i < un; ++i) v[3 + 3 * un + i] = static_cast<double>(p[i]);
+    }
+  }
+  try {
+    control_allreduce(v);
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    EBBFLOW_LOG_WARN("control exchange after step " << step_ << " failed: " << e.what());
+    recover(gen_.generation, e.code() == errc::peer_lost ? e.peer() : -1);
+    return;
+  }
+  for (std::size_t i = 0; i < un; ++i)
+    if (v[3 + un + i] > 0) policy_->observe(ids[i], static_cast<std::size_t>(v[3 + un + i]), v[3 + i]);
+  if (v[1] > 0) {
+    for (std::size_t i = 0; i < un; ++i) gen_.plan[i] = static_cast<std::uint64_t>(v[3 + 3 * un + i]);
+    ++gen_.plan_version;
+  }
+  bool leaving = false;
+  for (std::size_t i = 0; i < un; ++i) leaving = leaving || v[3 + 2 * un + i] > 0;
+  if (v[0] > 0 || leaving) {
+    if (rank_ == 0) gen_.joins_seen = seen;
+    change_membership(v, n);
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
+  const auto started = steady_clock::now();
+  const std::size_t un = static_cast<std::size_t>(n);
+  const std::int64_t g1 = gen_.generation + 1;
+  const std::string gkey = key("gen/" + std::to_string(g1));
+  const bool me_leaving = v[3 + 2 * un + static_cast<std::size_t>(rank_)] > 0;
+  if (rank_ == 0) {
+    detail::generation_record rec;
+    rec.generation = g1;
+    rec.reason = admitting_.empty() ? change_reason::leave : change_reason::join;
+    std::vector<member_id> ids;
+    for (std::size_t i = 0; i < un; ++i)
+      if (v[3 + 2 * un + i] == 0) {
+        rec.members.push_back({gen_.members[i].id, step_});
+        ids.push_back(gen_.members[i].id);
+      }
+    for (auto j : admitting_) {
+      rec.members.push_back({j, -1});
+      ids.push_back(j);
+    }
+    rec.source = rec.members.empty() ? -1 : rec.members.front().id;
+    rec.source_step = step_;
+    if (!ids.empty()) {
+      auto p = policy_->plan(ids, opts_.global_batch);
+      rec.plan.assign(p.begin(), p.end());
+    }
+    rec.plan_version = gen_.plan_version + 1;
+    rec.joins_seen = gen_.joins_seen;
+    // The record must be written before the joiners are told, and before the
+    // coordinator itself leaves.
+    store_->compare_set(gkey, "", to_value(rec.encode()), store_deadline());
+    for (auto j : admitting_) store_->set(key("joined/" + std::to_string(j)), std::to_string(g1), store_deadline());
+  }
+  if (me_leaving) {
+    active_ = false;
+    EBBFLOW_LOG_INFO("member " << id_ << " left the group after step " << step_);
+    hb_generation_.store(-1);
+    transport_.reset();
+    heartbeat_.request_stop();
+    return;
+  }
+  try {
+    store_->wait({gkey}, deadline::after(opts_.op_timeout));
+  } catch (const system_error& e) {
+    EBBFLOW_LOG_WARN("generation " << g1 << " was not announced: " << e.what() << "; re-forming");
+    recover(gen_.generation, -1);
+    return;
+  }
+  auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline())));
+  if (rec.rank_of(id_) < 0) {  // a concurrent recovery excluded this member: rejoin
+    wait_admission();
+    return;
+  }
+  try {
+    adopt(std::move(rec), started);
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    recover(g1, e.code() == errc::peer_lost ? e.peer() : -1);
+  }
+}
+
+template <kv_store Store, network Net>
+bool group<Store, Net>::fresh(member_id m, std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>& seen) {
+  const std::int64_t hb = store_->add(key("hb/" + std::to_string(m)), 0, store_deadline());
+  const auto now = steady_clock::now();
+  auto it = seen.find(m);
+  if (it == seen.end()) {
+    seen.emplace(m, std::make_pair(hb, now));
+    return true;
+  }
+  if (it->second.first != hb) {
+    it->second = {hb, now};
+    return true;
+  }
+  return now - it->second.second < opts_.lease;
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
+  const auto started = steady_clock::now();
+  auto overall = deadline::after(opts_.op_timeout + opts_.min_size_wait);
+  for (;;) {
+    // 1. Stop every collective of g and tell the others.
+    if (revoke_) revoke_->revoke();
+    hb_generation_.store(-1);
+    const std::string gs = std::to_string(g);
+    store_->set(key("abort/" + gs), "1", store_deadline());
+    if (lost_peer >= 0 && lost_peer < size() && gen_.generation == g)
+      store_->set(key("dead/" + gs + "/" + std::to_string(gen_.members[static_cast<std::size_t>(lost_peer)].id)),
+                  "1", store_deadline());
+    store_->set(key("recover/" + gs + "/" + std::to_string(id_)), std::to_string(step_), store_deadline());
+    EBBFLOW_LOG_WARN("generation " << g << " failed at step " << step_ << ": re-forming the group");
+
+    const std::string next_key = key("gen/" + std::to_string(g + 1));
+    std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>> hb_seen;
+    const auto unresolved_deadline = deadline::after(opts_.op_timeout);
+    bool waiting_logged = false;
+    std::optional<detail::generation_record> next;
+    while (!next) {
+      if (auto cur = store_->try_get(next_key, store_deadline())) {
+        next = detail::generation_record::decode(to_bytes(*cur));
+        break;
+      }
+      // Who of g is alive (reported), dead (reported lost or lease expired), or undecided?
+      std::vector<detail::member_entry> alive;
+      bool undecided = false;
+      for (auto& m : gen_.members) {
+        const std::string ms = std::to_string(m.id);
+        if (m.id == id_) {
+          alive.push_back({id_, step_});
+          continue;
+        }
+        if (auto c = store_->try_get(key("recover/" + gs + "/" + ms), store_deadline())) {
+          alive.push_back({m.id, detail::parse_i64(*c)});
+        } else if (store_->try_get(key("dead/" + gs + "/" + ms), store_deadline())) {
+          // reported lost by a peer's transport
+        } else if (fresh(m.id, hb_seen) && !unresolved_deadline.expired()) {
+          undecided = true;
+        }
+      }
+      if (!undecided) {
+        std::int64_t seen = gen_.joins_seen;
+        const std::size_t room = static_cast<std::size_t>(std::max<std::int64_t>(0, opts_.max_size - static_cast<int>(alive.size())));
+        auto joiners = pending_joiners(seen, room);
+        const int total = static_cast<int>(alive.size() + joiners.size());
+        if (total < opts_.min_size) {
+          if (!waiting_logged)
+            EBBFLOW_LOG_WARN("only " << total << " workers left, below EBBFLOW_MIN_SIZE=" << opts_.min_size
+                                     << ": waiting for workers to join (up to EBBFLOW_MIN_WAIT_MS)");
+          waiting_logged = true;
+        } else {
+          detail::generation_record rec;
+          rec.generation = g + 1;
+          rec.reason = change_reason::failure;
+          rec.members = alive;
+          for (auto j : joiners) rec.members.push_back({j, -1});
+          std::vector<member_id> ids;
+          for (auto& m : rec.members) ids.push_back(m.id);
+          rec.source = -1;
+          rec.source_step = -1;
+          for (auto& m : rec.members)
+            if (m.committed > rec.source_step) {
+              rec.source_step = m.committed;
+              rec.source = m.id;
+            }
+          auto p = policy_->plan(ids, opts_.global_batch);
+          rec.plan.assign(p.begin(), p.end());
+          rec.plan_version = gen_.plan_version + 1;
+          rec.joins_seen = seen;
+          const std::string mine = to_value(rec.encode());
+          const std::string cur = store_->compare_set(next_key, "", mine, store_deadline()).current;
+          if (cur == mine)
+            for (auto j : joiners) store_->set(key("joined/" + std::to_string(j)), std::to_string(g + 1), store_deadline());
+          next = detail::generation_record::decode(to_bytes(cur));
+          break;
+        }
+      }
+      if (overall.expired())
+        fail(error::timeout, "could not re-form the group after generation " + gs + " within the deadline");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (next->rank_of(id_) < 0) {
+      EBBFLOW_LOG_WARN("member " << id_ << " was left out of generation " << next->generation << ": rejoining");
+      wait_admission();
+      return;
+    }
+    try {
+      adopt(std::move(*next), started);
+      return;
+    } catch (const system_error& e) {
+      if (!detail::recoverable(e.code())) throw;
+      g = gen_.generation;
+      lost_peer = e.code() == errc::peer_lost ? e.peer() : -1;
+    }
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::finish() {
+  store_->set(key("done"), "1", store_deadline());
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group.hpp>
+// ==== end <ebbflow/elastic/group.hpp>
+
+// ==== begin <ebbflow/elastic/loopback_network.hpp> ========================
+// SPDX-License-Identifier: Apache-2.0
+//! @file loopback_network.hpp
+//! An in-process `network` for unit tests of the elastic group: every
+//! generation gets its own `loopback_hub`; `kill(address)` marks that worker
+//! dead in every hub it belongs to, as a crashed process would be.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/loopback_transport.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! Shared by all workers of one test.
+class loopback_fabric {
+ public:
+  std::shared_ptr<comm::loopback_hub> hub(std::int64_t g, int size, const bytes& addr, int rank) {
+    std::lock_guard lk(m_);
+    auto& h = hubs_[g];
+    if (!h) h = std::make_shared<comm::loopback_hub>(size);
+    const std::string k = str(addr);
+    where_[k].push_back({h, rank});
+    if (dead_.count(k)) h->kill(rank);
+    return h;
+  }
+  //! The worker with this address crashed.
+  void kill(const bytes& addr) {
+    std::lock_guard lk(m_);
+    const std::string k = str(addr);
+    dead_[k] = true;
+    for (auto& [h, r] : where_[k]) h->kill(r);
+  }
+  bytes new_address() { return to_bytes("loopback-" + std::to_string(next_++)); }
+
+ private:
+  static std::string str(const bytes& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
+  std::mutex m_;
+  std::map<std::int64_t, std::shared_ptr<comm::loopback_hub>> hubs_;
+  std::map<std::string, std::vector<std::pair<std::shared_ptr<comm::loopback_hub>, int>>> where_;
+  std::map<std::string, bool> dead_;
+  std::atomic<int> next_{0};
+};
+
+//! One worker's view of the fabric.
+class loopback_network {
+ public:
+  using transport_type = comm::loopback_transport;
+  explicit loopback_network(std::shared_ptr<loopback_fabric> f) : fabric_(std::move(f)), addr_(fabric_->new_address()) {}
+  [[nodiscard]] bytes address() const { return addr_; }
+  transport_type connect(std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline) {
+    return transport_type(fabric_->hub(g, static_cast<int>(addrs.size()), addr_, rank), rank, g);
+  }
+  //! Crashes this worker as seen by its peers.
+  void kill() { fabric_->kill(addr_); }
+
+ private:
+  std::shared_ptr<loopback_fabric> fabric_;
+  bytes addr_;
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ==== end <ebbflow/elastic/loopback_network.hpp>
+
+// ==== begin <ebbflow/elastic/planner_policy.hpp> ==========================
+// SPDX-License-Identifier: Apache-2.0
+//! @file planner_policy.hpp
+//! `planner_policy`: the elastic group's heterogeneity-aware policy. Keeps a
+//! robust online cost model per member (plan::cost_model), plans with the
+//! exact batch planner (plan::solve) and re-plans with hysteresis
+//! (the threshold must hold for `persist` consecutive checks) when the models drift. Members without a fitted model
+//! yet (newcomers) are planned with the mean model of the others, so a
+//! joiner gets a sensible share at once and an exact one after a few steps.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/elastic/policy.hpp>  (inlined)
+// #include <ebbflow/plan/batch_planner.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/batch_planner.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file batch_planner.hpp
+//! The exact heterogeneity-aware batch planner.
+//!
+//! Given per-worker step-time models t_i(b) = a_i + comm_i + c_i·b, memory
+//! caps m_i, optional minimums lo_i and a global batch B, `solve` returns the
+//! integer split b_i that minimises the step time max_i t_i(b_i) subject to
+//! Σ b_i = B and lo_i <= b_i <= m_i. The optimum is exact (no heuristic
+//! rounding), and the split is *canonical*: among all optimal splits it
+//! returns the one that takes, above the minimums, the B − Σ lo_i smallest
+//! "increments" t_i(lo_i+1), t_i(lo_i+2), ... in (value, rank) order. The
+//! canonical split depends only on the inputs and on the IEEE results of
+//! `worker_spec::step_time`, never on the solver's search path, so every rank
+//! that runs the same build on the same inputs computes bit-identical plans.
+//!
+//! Gradient weights and the loss-scaling contract: a worker that trains on
+//! b_i samples computes the *mean* loss over its local batch, back-propagates,
+//! and multiplies its gradients by w_i = b_i / B (`batch_plan::weight`). The
+//! allreduced SUM over all workers is then Σ_i (b_i/B)·mean_i = the mean-loss
+//! gradient of the single global batch of B samples, exactly the update of
+//! large-batch SGD. A worker with b_i = 0 contributes a zero gradient (it must
+//! still take part in the allreduce).
+//!
+//! Errors: every call raises `plan::plan_error` (a `std::invalid_argument`)
+//! naming the cause and worker; see plan_error.hpp. Thread safety: all
+//! functions are pure; distinct calls may run concurrently.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/plan/plan_error.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/plan_error.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file plan_error.hpp
+//! The one error type of the planner component. Every infeasible or malformed
+//! input to the cost model, the batch planner, the re-planner and the samplers
+//! raises `plan::plan_error`, which *is a* `std::invalid_argument` (the
+//! project-wide convention for bad user input, STYLE.md §4) and additionally
+//! names the cause (`plan::plan_errc`) and, where one is involved, the worker
+//! id. `what()` reads e.g.
+//! `"infeasible: sum of max_batch 96 < global batch 100 (plan/impl/batch_planner.hpp:57)"`.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+//! Why a planner-component call rejected its input.
+enum class plan_errc {
+  empty_membership = 1,  //!< no workers were given
+  zero_batch,            //!< global batch 0 (policy: a step always has at least one sample)
+  bad_cost,              //!< a worker's a, c or comm term is NaN, infinite, negative, or c <= 0
+  bad_bounds,            //!< a worker's min_batch exceeds its max_batch
+  infeasible,            //!< sum of max_batch < global batch, or sum of min_batch > global batch
+  duplicate_worker,      //!< the same worker id appears twice in one membership
+  bad_observation,       //!< a cost-model observation with NaN, infinite or non-positive seconds
+  bad_rank,              //!< a rank outside the plan
+  membership_mismatch,   //!< a plan used with a membership it was not made for
+  batch_exceeds_epoch,   //!< a plan's global batch is larger than what is left of the epoch
+  stale_plan,            //!< a plan older than one already committed
+  bad_dataset,           //!< data-set size 0, or a shard of size 0
+  bad_state,             //!< serialized sampler state is truncated, corrupt or of another version
+};
+
+//! Short stable name of a cause ("infeasible", "bad_cost", ...).
+constexpr std::string_view to_string(plan_errc e) noexcept {
+  switch (e) {
+    case plan_errc::empty_membership: return "empty_membership";
+    case plan_errc::zero_batch: return "zero_batch";
+    case plan_errc::bad_cost: return "bad_cost";
+    case plan_errc::bad_bounds: return "bad_bounds";
+    case plan_errc::infeasible: return "infeasible";
+    case plan_errc::duplicate_worker: return "duplicate_worker";
+    case plan_errc::bad_observation: return "bad_observation";
+    case plan_errc::bad_rank: return "bad_rank";
+    case plan_errc::membership_mismatch: return "membership_mismatch";
+    case plan_errc::batch_exceeds_epoch: return "batch_exceeds_epoch";
+    case plan_errc::stale_plan: return "stale_plan";
+    case plan_errc::bad_dataset: return "bad_dataset";
+    case plan_errc::bad_state: return "bad_state";
+  }
+  return "unknown";
+}
+
+//! Bad input to the planner component. Thread safety: an ordinary exception
+//! value. `code()` says why, `worker()` names the offending worker id when one
+//! is involved.
+class plan_error : public std::invalid_argument {
+ public:
+  plan_error(plan_errc code, std::string message, std::optional<std::uint64_t> worker = std::nullopt)
+      : std::invalid_argument(std::string(to_string(code)) + ": " + message), code_(code), worker_(worker) {}
+
+  [[nodiscard]] plan_errc code() const noexcept { return code_; }
+  [[nodiscard]] std::optional<std::uint64_t> worker() const noexcept { return worker_; }
+
+ private:
+  plan_errc code_;
+  std::optional<std::uint64_t> worker_;
+};
+
+namespace detail {
+[[noreturn]] inline void throw_plan_error(plan_errc code, const char* file, int line, const std::string& msg,
+                                          std::optional<std::uint64_t> worker = std::nullopt) {
+  std::ostringstream os;
+  os << msg << " (" << file << ":" << line << ")";
+  EBBFLOW_THROW((plan_error(code, os.str(), worker)));
+}
+}  // namespace detail
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+
+//! Throws `plan::plan_error(code, msg + file:line)` when `cond` is false.
+//! `msg` is an ostream expression.
+#define EBBFLOW_PLAN_ENFORCE(cond, code, msg)                                                        \
+  do {                                                                                               \
+    if (!(cond)) {                                                                                   \
+      std::ostringstream ebbflow_plan_os_;                                                           \
+      ebbflow_plan_os_ << msg;                                                                       \
+      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str());   \
+    }                                                                                                \
+  } while (0)
+
+//! Same, naming the offending worker id.
+#define EBBFLOW_PLAN_ENFORCE_W(cond, code, worker_id, msg)                                           \
+  do {                                                                                               \
+    if (!(cond)) {                                                                                   \
+      std::ostringstream ebbflow_plan_os_;                                                           \
+      ebbflow_plan_os_ << "worker " << (worker_id) << ": " << msg;                                   \
+      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str(),    \
+                                                std::uint64_t(worker_id));                           \
+    }                                                                                                \
+  } while (0)
+// ---- end <ebbflow/plan/plan_error.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+//! One worker as the planner sees it, in rank order. Value type.
+struct worker_spec {
+  std::uint64_t id = 0;        //!< stable worker id (unique within one membership)
+  double a = 0;                //!< fixed seconds per step (>= 0, finite)
+  double c = 0;                //!< seconds per sample (> 0, finite)
+  std::size_t max_batch = 0;   //!< m_i: largest batch that fits in memory
+  std::size_t min_batch = 0;   //!< lo_i: smallest batch this worker must take
+  double comm_s = 0;           //!< hook: per-worker communication seconds added to every step (>= 0)
+
+  //! Predicted seconds of one step on `b` samples: (a + comm_s) + c·b,
+  //! evaluated with one fused multiply-add so every call site and every rank
+  //! rounds identically. Every comparison inside the planner uses this.
+  [[nodiscard]] double step_time(std::size_t b) const noexcept {
+    return std::fma(c, static_cast<double>(b), a + comm_s);
+  }
+};
+
+//! A split of one global batch over the members, in rank order. Value type.
+struct batch_plan {
+  std::uint64_t version = 0;              //!< plans of one job are numbered 1, 2, ... (0: none)
+  std::size_t global_batch = 0;           //!< B = Σ batch
+  std::vector<std::uint64_t> worker_ids;  //!< members in rank order
+  std::vector<std::size_t> batch;         //!< b_i per rank
+  std::vector<std::size_t> offsets;       //!< prefix sums: offsets[r] = Σ_{j<r} b_j, offsets[n] = B
+  double step_time = 0;                   //!< predicted max_i t_i(b_i) under the models it was made from
+
+  //! Number of members.
+  [[nodiscard]] std::size_t size() const noexcept { return batch.size(); }
+  //! w_r = b_r / B, the factor rank r applies to its mean-loss gradients.
+  //! @throws plan_error(bad_rank) when r >= size().
+  [[nodiscard]] double weight(std::size_t rank) const;
+  //! All weights in rank order (they sum to 1 up to rounding).
+  [[nodiscard]] std::vector<double> weights() const;
+  //! Rank of worker `id`, or size() when it is not a member.
+  [[nodiscard]] std::size_t rank_of(std::uint64_t id) const noexcept;
+};
+
+//! Checks a membership: non-empty, unique ids, finite non-negative a and
+//! comm_s, finite positive c, min_batch <= max_batch. Does not look at B.
+//! @throws plan_error(empty_membership | duplicate_worker | bad_cost | bad_bounds)
+inline void validate(std::span<const worker_spec> workers);
+
+//! The exact optimal canonical split of `global_batch` (see the file comment).
+//! O(n log n) worst case, O(n) typical; no allocation beyond the result and
+//! O(n) scratch. `version` is stored in the result.
+//! @throws plan_error: validate()'s causes, zero_batch when global_batch == 0,
+//!         infeasible when Σ max_batch < B or Σ min_batch > B.
+[[nodiscard]] inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch,
+                                      std::uint64_t version = 1);
+
+//! Predicted step time of an existing `plan` under (possibly newer) models:
+//! max_r workers[r].step_time(plan.batch[r]).
+//! @throws plan_error(membership_mismatch) when the ids differ in value or order.
+[[nodiscard]] inline double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers);
+
+//! Builds a plan from explicit per-rank sizes (for baselines, tests, or a plan
+//! received from another rank). step_time is computed from `workers`.
+//! @throws plan_error: validate()'s causes; zero_batch when the sizes sum to 0;
+//!         infeasible when a size is outside [min_batch, max_batch].
+[[nodiscard]] inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
+                                          std::uint64_t version);
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/plan/impl/batch_planner.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/impl/batch_planner.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/batch_planner.hpp
+//! Definitions for plan/batch_planner.hpp.
+//!
+//! How `solve` is exact. Write K = B − Σ lo_i and call the values
+//! t_i(lo_i+1), ..., t_i(m_i) worker i's increments; they are non-decreasing
+//! in b. Any split takes a prefix of each worker's increments, K in total, and
+//! its step time is max(T_lo, largest increment taken) with T_lo = max_i
+//! t_i(lo_i). Taking the K smallest increments therefore minimises the step
+//! time, and taking them in (value, rank) order makes the choice unique.
+//!
+//! Finding them fast: a safeguarded Newton iteration solves the continuous
+//! relaxation Σ clamp((S − a_i)/c_i, lo_i, m_i) = B for a level S (a few
+//! O(n) passes; the function is monotone and piecewise linear). The level set
+//! {increments <= S} is a downward-closed prefix of the (value, rank) order
+//! whose size is within about n of K. A heap then adds the next-smallest
+//! increments (or removes the largest ones) one at a time until exactly K are
+//! taken: the result is the K-prefix of the order whatever S was, so rounding
+//! in the Newton step never changes the plan, only the amount of heap work.
+
+
+// #include <ebbflow/core/error.hpp>  (inlined)  // EBBFLOW_EXPECTS
+// #include <ebbflow/plan/batch_planner.hpp>  (inlined)
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+inline double batch_plan::weight(std::size_t rank) const {
+  EBBFLOW_PLAN_ENFORCE(rank < batch.size(), plan_errc::bad_rank,
+                       "rank " << rank << " outside a plan of " << batch.size() << " workers");
+  return static_cast<double>(batch[rank]) / static_cast<double>(global_batch);
+}
+
+inline std::vector<double> batch_plan::weights() const {
+  std::vector<double> w(batch.size());
+  for (std::size_t r = 0; r < batch.size(); ++r)
+    w[r] = static_cast<double>(batch[r]) / static_cast<double>(global_batch);
+  return w;
+}
+
+inline std::size_t batch_plan::rank_of(std::uint64_t id) const noexcept {
+  auto it = std::find(worker_ids.begin(), worker_ids.end(), id);
+  return static_cast<std::size_t>(it - worker_ids.begin());
+}
+
+inline void validate(std::span<const worker_spec> workers) {
+  EBBFLOW_PLAN_ENFORCE(!workers.empty(), plan_errc::empty_membership, "the membership has no workers");
+  for (const worker_spec& w : workers) {
+    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.c) && w.c > 0, plan_errc::bad_cost, w.id,
+                           "seconds per sample c = " << w.c << " must be finite and > 0");
+    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.a) && w.a >= 0, plan_errc::bad_cost, w.id,
+                           "fixed seconds a = " << w.a << " must be finite and >= 0");
+    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.comm_s) && w.comm_s >= 0, plan_errc::bad_cost, w.id,
+                           "communication seconds comm_s = " << w.comm_s << " must be finite and >= 0");
+    EBBFLOW_PLAN_ENFORCE_W(w.min_batch <= w.max_batch, plan_errc::bad_bounds, w.id,
+                           "min_batch " << w.min_batch << " > max_batch " << w.max_batch);
+  }
+  bool increasing = true;  // the common case needs no sort
+  for (std::size_t i = 1; i < workers.size() && increasing; ++i) increasing = workers[i - 1].id < workers[i].id;
+  if (!increasing) {
+    std::vector<std::uint64_t> ids(workers.size());
+    for (std::size_t i = 0; i < workers.size(); ++i) ids[i] = workers[i].id;
+    std::sort(ids.begin(), ids.end());
+    auto dup = std::adjacent_find(ids.begin(), ids.end());
+    EBBFLOW_PLAN_ENFORCE_W(dup == ids.end(), plan_errc::duplicate_worker, (dup == ids.end() ? 0 : *dup),
+                           "appears more than once in the membership");
+  }
+}
+
+namespace detail {
+inline std::size_t saturating_add(std::size_t x, std::size_t y) noexcept {
+  return x > std::numeric_limits<std::size_t>::max() - y ? std::numeric_limits<std::size_t>::max() : x + y;
+}
+
+//! Largest b in [lo, m] with w.step_time(b) <= s; requires w.step_time(lo) <= s.
+inline std::size_t level_count(const worker_spec& w, double inv_c, std::size_t lo, std::size_t m, double s) noexcept {
+  double x = (s - (w.a + w.comm_s)) * inv_c;
+  std::size_t g = !(x > static_cast<double>(lo)) ? lo : x >= static_cast<double>(m) ? m : static_cast<std::size_t>(x);
+  // The division above is within an ulp or two of the truth; step towards
+  // the exact answer, which is defined by step_time alone.
+  for (int k = 0; k < 4 && g < m && w.step_time(g + 1) <= s; ++k) ++g;
+  for (int k = 0; k < 4 && g > lo && w.step_time(g) > s; ++k) --g;
+  if (w.step_time(g) <= s && (g == m || w.step_time(g + 1) > s)) return g;
+  std::size_t lo_b = lo, hi_b = m;  // invariant: step_time(lo_b) <= s; answer in [lo_b, hi_b]
+  while (lo_b < hi_b) {
+    std::size_t mid = lo_b + (hi_b - lo_b + 1) / 2;
+    if (w.step_time(mid) <= s) lo_b = mid; else hi_b = mid - 1;
+  }
+  return lo_b;
+}
+
+struct increment {
+  double value;
+  std::size_t rank;
+};
+}  // namespace detail
+
+inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch, std::uint64_t version) {
+  validate(workers);
+  EBBFLOW_PLAN_ENFORCE(global_batch > 0, plan_errc::zero_batch, "global batch must be at least 1");
+  const std::size_t n = workers.size();
+  const std::size_t B = global_batch;
+
+  std::size_t sum_max = 0, sum_min = 0;
+  for (const worker_spec& w : workers) {
+    sum_max = detail::saturating_add(sum_max, w.max_batch);
+    sum_min = detail::saturating_add(sum_min, w.min_batch);
+  }
+  EBBFLOW_PLAN_ENFORCE(sum_max >= B, plan_errc::infeasible,
+                       "sum of max_batch " << sum_max << " < global batch " << B);
+  EBBFLOW_PLAN_ENFORCE(sum_min <= B, plan_errc::infeasible,
+                       "sum of min_batch " << sum_min << " > global batch " << B);
+
+  // Caps above B never bind; clamping keeps every count below B (no overflow).
+  std::vector<std::size_t> hi(n);
+  std::vector<double> inv_c(n), base(n), lo_d(n), hi_d(n);
+  double t_lo = -std::numeric_limits<double>::infinity();
+  double t_hi = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < n; ++i) {
+    hi[i] = std::min(workers[i].max_batch, B);
+    inv_c[i] = 1.0 / workers[i].c;
+    base[i] = workers[i].a + workers[i].comm_s;
+    lo_d[i] = static_cast<double>(workers[i].min_batch);
+    hi_d[i] = static_cast<double>(hi[i]);
+    t_lo = std::max(t_lo, workers[i].step_time(workers[i].min_batch));
+    t_hi = std::max(t_hi, workers[i].step_time(hi[i]));
+  }
+
+  // Continuous relaxation g(s) = Σ clamp((s − base_i)/c_i, lo_i, hi_i) − B.
+  auto relax = [&](double s, double& slope) {
+    double sum = 0;
+    slope = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double x = (s - base[i]) * inv_c[i];
+      const double lo = lo_d[i], m = hi_d[i];
+      if (x <= lo) {
+        sum += lo;
+      } else if (x >= m) {
+        sum += m;
+      } else {
+        sum += x;
+        slope += inv_c[i];
+      }
+    }
+    return sum - static_cast<double>(B);
+  };
+  double level = t_lo;
+  {
+    double slope = 0;
+    double f = relax(t_lo, slope);
+    if (f < 0) {
+      double lo_s = t_lo, hi_s = t_hi;
+      double num = static_cast<double>(B), den = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        num += base[i] * inv_c[i];
+        den += inv_c[i];
+      }
+      double s = std::clamp(num / den, lo_s, hi_s);
+      for (int it = 0; it < 200; ++it) {
+        f = relax(s, slope);
+        if (std::abs(f) < 0.5) break;
+        if (f < 0) lo_s = s; else hi_s = s;
+        double next = slope > 0 ? s - f / slope : std::numeric_limits<double>::quiet_NaN();
+        if (!(next > lo_s && next < hi_s)) next = lo_s + 0.5 * (hi_s - lo_s);
+        if (next == s || !(hi_s > lo_s)) break;
+        s = next;
+      }
+      level = s;
+      // Whole samples under the level fall short of the continuous sum by the
+      // fractional parts (about n/2 in total). A few secant steps on the
+      // integer count shrink that gap to a handful, so the heap repair below
+      // does O(few log n) work instead of O(n log n).
+      for (int it = 0; it < 6; ++it) {
+        double count = 0, slope_i = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          const double x = (level - base[i]) * inv_c[i];
+          const double lo = lo_d[i], m = hi_d[i];
+          if (x <= lo) {
+            count += lo;
+          } else if (x >= m) {
+            count += m;
+          } else {
+            count += std::floor(x);
+            slope_i += inv_c[i];
+          }
+        }
+        const double gap = static_cast<double>(B) - count;
+        if (std::abs(gap) <= 8 || slope_i <= 0) break;
+        level = std::clamp(level + gap / slope_i, t_lo, t_hi);
+      }
+    }
+  }
+
+  batch_plan p;
+  p.version = version;
+  p.global_batch = B;
+  p.batch.resize(n);
+  std::size_t taken = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    p.batch[i] = detail::level_count(workers[i], inv_c[i], workers[i].min_batch, hi[i], level);
+    taken += p.batch[i];
+  }
+
+  // Integer repair: reach exactly B along the (value, rank) order.
+  std::vector<detail::increment> heap;
+  heap.reserve(n);
+  if (taken < B) {
+    auto after = [](const detail::increment& x, const detail::increment& y) {
+      return x.value > y.value || (x.value == y.value && x.rank > y.rank);
+    };
+    for (std::size_t i = 0; i < n; ++i)
+      if (p.batch[i] < hi[i]) heap.push_back({workers[i].step_time(p.batch[i] + 1), i});
+    std::make_heap(heap.begin(), heap.end(), after);
+    while (taken < B) {
+      EBBFLOW_EXPECTS(!heap.empty());
+      std::pop_heap(heap.begin(), heap.end(), after);
+      const std::size_t i = heap.back().rank;
+      heap.pop_back();
+      ++p.batch[i];
+      ++taken;
+      if (p.batch[i] < hi[i]) {
+        heap.push_back({workers[i].step_time(p.batch[i] + 1), i});
+        std::push_heap(heap.begin(), heap.end(), after);
+      }
+    }
+  } else if (taken > B) {
+    auto before = [](const detail::increment& x, const detail::increment& y) {
+      return x.value < y.value || (x.value == y.value && x.rank < y.rank);
+    };
+    for (std::size_t i = 0; i < n; ++i)
+      if (p.batch[i] > workers[i].min_batch) heap.push_back({workers[i].step_time(p.batch[i]), i});
+    std::make_heap(heap.begin(), heap.end(), before);
+    while (taken > B) {
+      EBBFLOW_EXPECTS(!heap.empty());
+      std::pop_heap(heap.begin(), heap.end(), before);
+      const std::size_t i = heap.back().rank;
+      heap.pop_back();
+      --p.batch[i];
+      --taken;
+      if (p.batch[i] > workers[i].min_batch) {
+        heap.push_back({workers[i].step_time(p.batch[i]), i});
+        std::push_heap(heap.begin(), heap.end(), before);
+      }
+    }
+  }
+
+  p.worker_ids.resize(n);
+  p.offsets.resize(n + 1);
+  p.offsets[0] = 0;
+  double t = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < n; ++i) {
+    p.worker_ids[i] = workers[i].id;
+    p.offsets[i + 1] = p.offsets[i] + p.batch[i];
+    t = std::max(t, workers[i].step_time(p.batch[i]));
+  }
+  p.step_time = t;
+  return p;
+}
+
+inline double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers) {
+  EBBFLOW_PLAN_ENFORCE(plan.size() == workers.size(), plan_errc::membership_mismatch,
+                       "plan v" << plan.version << " has " << plan.size() << " workers, models have "
+                                << workers.size());
+  double t = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    EBBFLOW_PLAN_ENFORCE_W(plan.worker_ids[i] == workers[i].id, plan_errc::membership_mismatch, workers[i].id,
+                           "is at rank " << i << " but plan v" << plan.version << " has worker "
+                                         << plan.worker_ids[i] << " there");
+    t = std::max(t, workers[i].step_time(plan.batch[i]));
+  }
+  return t;
+}
+
+inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
+                            std::uint64_t version) {
+  validate(workers);
+  EBBFLOW_PLAN_ENFORCE(sizes.size() == workers.size(), plan_errc::membership_mismatch,
+                       sizes.size() << " sizes for " << workers.size() << " workers");
+  batch_plan p;
+  p.version = version;
+  p.batch.assign(sizes.begin(), sizes.end());
+  p.worker_ids.resize(workers.size());
+  p.offsets.resize(workers.size() + 1);
+  p.offsets[0] = 0;
+  double t = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    EBBFLOW_PLAN_ENFORCE_W(sizes[i] >= workers[i].min_batch && sizes[i] <= workers[i].max_batch,
+                           plan_errc::infeasible, workers[i].id,
+                           "batch " << sizes[i] << " outside [" << workers[i].min_batch << ", "
+                                    << workers[i].max_batch << "]");
+    p.worker_ids[i] = workers[i].id;
+    p.offsets[i + 1] = p.offsets[i] + sizes[i];
+    t = std::max(t, workers[i].step_time(sizes[i]));
+  }
+  p.global_batch = p.offsets.back();
+  EBBFLOW_PLAN_ENFORCE(p.global_batch > 0, plan_errc::zero_batch, "the sizes sum to 0");
+  p.step_time = t;
+  return p;
+}
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/plan/impl/batch_planner.hpp>
+// ---- end <ebbflow/plan/batch_planner.hpp>
+// #include <ebbflow/plan/cost_model.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/cost_model.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file cost_model.hpp
+//! Online fit of one worker's step time t(b) = a + c·b from measured
+//! (batch size, seconds) pairs.
+//!
+//! What to measure: the seconds the worker itself spent on the step's compute
+//! (data to device, forward, backward, optimizer), *not* the time it waited
+//! for slower peers in the allreduce; otherwise every worker looks as slow as
+//! the slowest. Every rank must feed identical observations to its copy of a
+//! worker's model (e.g. after an allgather of the timings), so that all ranks
+//! hold identical models and compute identical plans.
+//!
+//! How it fits:
+//! * exponentially forgetting weighted least squares (half-life
+//!   `half_life_steps` observations) over the sufficient statistics, so the
+//!   model follows slow drift (thermal throttling) and recovery;
+//! * robust: each residual is scaled by a running robust scale (exponentially
+//!   weighted mean absolute residual, floored at `min_rel_scale` of the
+//!   prediction). Residuals beyond `huber_k` scales are down-weighted (Huber),
+//!   beyond `reject_k` scales they are not used at all: an isolated GC pause
+//!   or transient straggler does not move the model;
+//! * change detector: `change_window` consecutive residuals on the same side
+//!   beyond `change_k` scales mean the speed really changed (a neighbour job);
+//!   the model restarts from exactly those observations (keeping the shape
+//!   a : c, fitting the scale), so a step change is followed after
+//!   `change_window` steps;
+//! * drift: a tracking signal (exponentially weighted mean of the residuals ÷
+//!   that of their absolute values, in [-1, 1]) near ±1 means the model lags
+//!   a trend (thermal throttling); while |signal| > `drift_signal` the
+//!   forgetting uses the shorter `fast_half_life_steps` and large residuals
+//!   keep their full weight;
+//! * identifiability: a and c separately need batch sizes that vary. While the
+//!   (weighted) batch sizes vary by less than `min_batch_spread` (coefficient
+//!   of variation) the model keeps the last known *shape* a : c (from a probe,
+//!   an earlier full fit, or a = 0 when nothing is known) and fits only a
+//!   common scale factor, which is what a slowdown of the whole device does.
+//!
+//! Thread safety: none; a value type (copy it freely).
+//! Errors: `plan_error(bad_observation)` for NaN, infinite or non-positive seconds.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/plan/batch_planner.hpp>  (inlined)
+// #include <ebbflow/plan/plan_error.hpp>  (inlined)
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+//! Tuning of `cost_model`; the defaults suit step-time noise of a few percent.
+struct cost_model_options {
+  double half_life_steps = 50;     //!< weight of an observation halves after this many newer ones
+  double huber_k = 2.5;            //!< residuals beyond this many robust scales are down-weighted
+  double reject_k = 6.0;           //!< residuals beyond this many robust scales are ignored
+  unsigned change_window = 3;      //!< same-side residuals beyond change_k in a row that mean a real change (1..8)
+  double change_k = 4.5;           //!< residual size (robust scales) that counts towards a change
+  double fast_half_life_steps = 4; //!< forgetting used while the residuals show a persistent bias (drift)
+  double drift_signal = 0.6;       //!< |tracking signal| above which the fast forgetting applies
+  unsigned min_slope_samples = 8;  //!< effective samples needed before a and c are fitted apart
+  double min_rel_scale = 0.005;    //!< floor of the robust scale, relative to the prediction
+  double min_batch_spread = 0.05;  //!< batch-size coefficient of variation needed to fit a and c apart
+  double initial_rel_scale = 0.05; //!< robust scale assumed before there is data, relative
+};
+
+//! What one observation did to the model.
+enum class observation_kind {
+  accepted,      //!< used with full weight
+  downweighted,  //!< used with a Huber weight < 1
+  outlier,       //!< ignored (isolated outlier)
+  change,        //!< a step change was detected; the model restarted from recent data
+};
+
+constexpr std::string_view to_string(observation_kind k) noexcept {
+  switch (k) {
+    case observation_kind::accepted: return "accepted";
+    case observation_kind::downweighted: return "downweighted";
+    case observation_kind::outlier: return "outlier";
+    case observation_kind::change: return "change";
+  }
+  return "?";
+}
+
+//! One measured step: `batch` samples took `seconds`.
+struct timing_sample {
+  std::size_t batch = 0;
+  double seconds = 0;
+};
+
+//! Online robust model of one worker's step time. Value type.
+class cost_model {
+ public:
+  explicit cost_model(cost_model_options opts = {}) noexcept;
+
+  //! A model seeded from a short probe (e.g. a few steps at two or three
+  //! batch sizes when the worker joins). With two or more distinct batch
+  //! sizes a and c are fitted apart; with one, a = 0 is assumed until the
+  //! batch sizes vary. @throws plan_error(bad_observation).
+  [[nodiscard]] static cost_model from_probe(std::span<const timing_sample> probe, cost_model_options opts = {});
+
+  //! Feeds one measured step. O(1), no allocation. @throws plan_error(bad_observation).
+  observation_kind observe(std::size_t batch, double seconds);
+
+  //! True once at least one observation was used.
+  [[nodiscard]] bool ready() const noexcept { return used_ > 0; }
+  //! Fixed seconds per step (0 before ready()).
+  [[nodiscard]] double a() const noexcept { return a_; }
+  //! Seconds per sample (0 before ready()).
+  [[nodiscard]] double c() const noexcept { return c_; }
+  //! a + c·b.
+  [[nodiscard]] double predict(std::size_t batch) const noexcept { return a_ + c_ * static_cast<double>(batch); }
+  //! Sum of the (forgotten, Huber) weights now in the fit: the number of
+  //! equivalent fresh observations behind it.
+  [[nodiscard]] double effective_samples() const noexcept { return w_; }
+  //! Estimated relative standard error of predict() at the recent batch
+  //! sizes: 1.25·scale / prediction / sqrt(effective_samples) (1.25 turns a
+  //! mean absolute deviation into a standard deviation). +inf before ready().
+  [[nodiscard]] double relative_error() const noexcept;
+  //! Confidence in [0, 1): 1 / (1 + (relative_error / 1 %)^2); 0.5 means the
+  //! prediction is good to about 1 %.
+  [[nodiscard]] double confidence() const noexcept;
+  //! True when the batch sizes in the fit vary enough to separate a from c.
+  [[nodiscard]] bool slope_identified() const noexcept { return full_fit_; }
+  //! Observations used so far (accepted or down-weighted, plus restarts).
+  [[nodiscard]] std::size_t observations() const noexcept { return used_; }
+  //! Observations ignored as outliers so far.
+  [[nodiscard]] std::size_t outliers() const noexcept { return outliers_; }
+  //! Step changes detected so far.
+  [[nodiscard]] std::size_t changes() const noexcept { return changes_; }
+  //! Tracking signal in [-1, 1]: persistent bias of the recent residuals.
+  [[nodiscard]] double tracking_signal() const noexcept { return ew_abs_r_ > 0 ? ew_r_ / ew_abs_r_ : 0; }
+  //! Robust residual scale in seconds.
+  [[nodiscard]] double scale() const noexcept { return scale_; }
+
+  //! The planner's view of this worker: {id, a, c, max_batch, min_batch, comm_s}.
+  //! Before ready() this has c = 0 and is rejected by the planner (bad_cost),
+  //! so a worker without a model cannot be planned by accident.
+  [[nodiscard]] worker_spec spec(std::uint64_t id, std::size_t max_batch, std::size_t min_batch = 0,
+                                 double comm_s = 0) const noexcept {
+    return worker_spec{id, a_, c_, max_batch, min_batch, comm_s};
+  }
+
+  [[nodiscard]] const cost_model_options& options() const noexcept { return opts_; }
+
+ private:
+  static constexpr std::size_t max_window = 8;
+  void add(double b, double t, double weight, double lambda) noexcept;
+  void refit(double min_samples) noexcept;
+  void restart_from_recent() noexcept;
+
+  cost_model_options opts_;
+  double lambda_;       // per-observation forgetting factor
+  double lambda_fast_;  // forgetting while drifting
+  double ew_r_ = 0, ew_abs_r_ = 0;  // tracking signal state
+  // Weighted sufficient statistics, batch sizes shifted by b0_ against cancellation.
+  double b0_ = 0, w_ = 0, wb_ = 0, wbb_ = 0, wt_ = 0, wbt_ = 0;
+  double a_ = 0, c_ = 0;
+  double shape_a_ = 0, shape_c_ = 1;  // a : c kept while the slope is not identified
+  bool full_fit_ = false;
+  double scale_ = 0;
+  std::size_t used_ = 0, outliers_ = 0, changes_ = 0;
+  int run_sign_ = 0;
+  unsigned run_ = 0;
+  std::array<timing_sample, max_window> recent_{};  // ring of the last observations
+  std::size_t recent_count_ = 0, recent_head_ = 0;
+};
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/plan/impl/cost_model.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/impl/cost_model.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/cost_model.hpp
+//! Definitions for plan/cost_model.hpp.
+
+
+// #include <ebbflow/plan/cost_model.hpp>  (inlined)
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+inline cost_model::cost_model(cost_model_options opts) noexcept : opts_(opts) {
+  opts_.change_window = std::clamp(opts_.change_window, 1u, static_cast<unsigned>(max_window));
+  opts_.half_life_steps = std::max(opts_.half_life_steps, 1.0);
+  opts_.reject_k = std::max(opts_.reject_k, opts_.huber_k);
+  opts_.fast_half_life_steps = std::clamp(opts_.fast_half_life_steps, 1.0, opts_.half_life_steps);
+  opts_.change_k = std::clamp(opts_.change_k, opts_.huber_k, opts_.reject_k);
+  lambda_ = std::exp2(-1.0 / opts_.half_life_steps);
+  lambda_fast_ = std::exp2(-1.0 / opts_.fast_half_life_steps);
+}
+
+inline cost_model cost_model::from_probe(std::span<const timing_sample> probe, cost_model_options opts) {
+  cost_model m(opts);
+  for (const timing_sample& s : probe) {
+    EBBFLOW_PLAN_ENFORCE(std::isfinite(s.seconds) && s.seconds > 0, plan_errc::bad_observation,
+                         "probe step of batch " << s.batch << " took " << s.seconds << " s");
+    // A probe is a short controlled measurement: all of it counts.
+    m.add(static_cast<double>(s.batch), s.seconds, 1.0, 1.0);
+    m.recent_[m.recent_head_] = s;
+    m.recent_head_ = (m.recent_head_ + 1) % max_window;
+    m.recent_count_ = std::min(m.recent_count_ + 1, max_window);
+    ++m.used_;
+  }
+  if (m.used_ == 0) return m;
+  m.refit(2);  // a controlled probe pins the slope with two batch sizes
+  double dev = 0;
+  for (const timing_sample& s : probe) dev += std::abs(s.seconds - m.predict(s.batch));
+  dev /= static_cast<double>(probe.size());
+  // Two points fit exactly: do not trust a zero residual as the noise level.
+  const double typical = m.wt_ / m.w_;
+  m.scale_ = probe.size() > 2 ? std::max(dev, opts.min_rel_scale * typical) : opts.initial_rel_scale * typical;
+  return m;
+}
+
+inline void cost_model::add(double b, double t, double weight, double lambda) noexcept {
+  if (w_ == 0) b0_ = b;
+  const double x = b - b0_;
+  w_ = lambda * w_ + weight;
+  wb_ = lambda * wb_ + weight * x;
+  wbb_ = lambda * wbb_ + weight * x * x;
+  wt_ = lambda * wt_ + weight * t;
+  wbt_ = lambda * wbt_ + weight * x * t;
+}
+
+inline void cost_model::refit(double min_samples) noexcept {
+  const double mb = wb_ / w_, mt = wt_ / w_;
+  const double var = std::max(wbb_ / w_ - mb * mb, 0.0);
+  const double cov = wbt_ / w_ - mb * mt;
+  const double mean_b = mb + b0_;
+  const double spread = opts_.min_batch_spread * mean_b;
+  full_fit_ = false;
+  if (var > 0 && var > spread * spread && w_ >= min_samples) {
+    double c = cov / var;
+    double a = mt - c * mb - c * b0_;
+    if (c > 0 && a < 0) {
+      // Through the origin: a = 0, c = Σwbt / Σwb² in unshifted terms.
+      const double sbt = wbt_ + b0_ * wt_;
+      const double sbb = wbb_ + 2 * b0_ * wb_ + b0_ * b0_ * w_;
+      a = 0;
+      c = sbb > 0 ? sbt / sbb : 0;
+    }
+    if (c > 0 && std::isfinite(c) && std::isfinite(a)) {
+      a_ = a;
+      c_ = c;
+      shape_a_ = a;
+      shape_c_ = c;
+      full_fit_ = true;
+      return;
+    }
+  }
+  // Slope not identified: keep the shape a : c, fit the common scale.
+  const double f = shape_a_ + shape_c_ * mean_b;
+  if (f > 0) {
+    const double k = mt / f;
+    a_ = k * shape_a_;
+    c_ = k * shape_c_;
+  } else {
+    a_ = mt;  // only empty batches seen: they measure a alone
+  }
+}
+
+inline void cost_model::restart_from_recent() noexcept {
+  const double rel = scale_ / std::max(wt_ / w_, std::numeric_limits<double>::min());
+  w_ = wb_ = wbb_ = wt_ = wbt_ = 0;
+  const std::size_t k = std::min<std::size_t>(opts_.change_window, recent_count_);
+  for (std::size_t j = k; j > 0; --j) {
+    const timing_sample& s = recent_[(recent_head_ + max_window - j) % max_window];
+    add(static_cast<double>(s.batch), s.seconds, 1.0, 1.0);
+  }
+  // A few points cannot pin the slope: keep the shape, fit the scale.
+  refit(opts_.min_slope_samples);
+  scale_ = rel * (wt_ / w_);
+  ew_r_ = ew_abs_r_ = 0;
+}
+
+inline observation_kind cost_model::observe(std::size_t batch, double seconds) {
+  EBBFLOW_PLAN_ENFORCE(std::isfinite(seconds) && seconds > 0, plan_errc::bad_observation,
+                       "a step of batch " << batch << " took " << seconds << " s");
+  recent_[recent_head_] = timing_sample{batch, seconds};
+  recent_head_ = (recent_head_ + 1) % max_window;
+  recent_count_ = std::min(recent_count_ + 1, max_window);
+  const auto b = static_cast<double>(batch);
+  if (used_ == 0) {
+    add(b, seconds, 1.0, lambda_);
+    refit(opts_.min_slope_samples);
+    scale_ = opts_.initial_rel_scale * seconds;
+    ++used_;
+    return observation_kind::accepted;
+  }
+  const double pred = predict(batch);
+  const double r = seconds - pred;
+  const double s = std::max(scale_, opts_.min_rel_scale * std::abs(pred));
+  const double z = std::abs(r) / s;
+  if (z > opts_.change_k) {
+    const int sign = r > 0 ? 1 : -1;
+    run_ = sign == run_sign_ ? run_ + 1 : 1;
+    run_sign_ = sign;
+  } else {
+    run_ = 0;
+    run_sign_ = 0;
+  }
+  if (run_ >= opts_.change_window) {
+    restart_from_recent();
+    run_ = 0;
+    run_sign_ = 0;
+    ++changes_;
+    ++used_;
+    return observation_kind::change;
+  }
+  if (z > opts_.reject_k) {
+    ++outliers_;
+    return observation_kind::outlier;
+  }
+  // Tracking signal over about the last 7 used observations (Trigg).
+  const double rc = std::clamp(r, -opts_.huber_k * s, opts_.huber_k * s);
+  ew_r_ = 0.85 * ew_r_ + 0.15 * rc;
+  ew_abs_r_ = 0.85 * ew_abs_r_ + 0.15 * std::abs(rc);
+  const bool drifting = used_ >= 8 && std::abs(tracking_signal()) > opts_.drift_signal;
+  // While drifting, large residuals are the trend, not noise: full weight.
+  const double h = z <= opts_.huber_k || drifting ? 1.0 : opts_.huber_k / z;
+  add(b, seconds, h, drifting ? lambda_fast_ : lambda_);
+  const double alpha = std::max(1.0 / static_cast<double>(used_ + 1), 1.0 - lambda_);
+  scale_ = (1 - alpha) * scale_ + alpha * std::min(std::abs(r), opts_.huber_k * s);
+  refit(opts_.min_slope_samples);
+  ++used_;
+  return h == 1.0 ? observation_kind::accepted : observation_kind::downweighted;
+}
+
+inline double cost_model::relative_error() const noexcept {
+  if (used_ == 0 || w_ <= 0) return std::numeric_limits<double>::infinity();
+  const double mean_t = wt_ / w_;
+  return 1.25 * scale_ / mean_t / std::sqrt(w_);
+}
+
+inline double cost_model::confidence() const noexcept {
+  const double e = relative_error();
+  if (!std::isfinite(e)) return 0;
+  const double q = e / 0.01;
+  return 1.0 / (1.0 + q * q);
+}
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/plan/impl/cost_model.hpp>
+// ---- end <ebbflow/plan/cost_model.hpp>
+// #include <ebbflow/plan/replan_policy.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/replan_policy.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file replan_policy.hpp
+//! When to switch to a new plan. A `replanner` holds the plan in force and,
+//! at each check, decides from the current models whether to keep it:
+//!
+//! * membership changed (ids or their rank order differ), or the global batch
+//!   changed, or there is no plan yet: re-plan at once;
+//! * otherwise solve for the best plan under the current models and compare:
+//!   if the plan in force is predicted slower than the best by more than
+//!   `threshold` (relative) on `persist` consecutive checks, adopt the best.
+//!   Both the threshold and the persistence are hysteresis: noise in the
+//!   models that makes the best plan wobble does not make plans flap.
+//!
+//! Each adopted plan gets version = previous + 1 (the first is 1). The
+//! replanner is a deterministic function of its inputs: ranks that feed it the
+//! same sequence of models and batches hold the same plan with the same
+//! version, so the version names which plan a step uses.
+//!
+//! Thread safety: none (one instance per rank, used by the training thread).
+//! Errors: those of `plan::solve` (plan_error).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/plan/batch_planner.hpp>  (inlined)
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+//! Hysteresis of the re-planning policy.
+struct replan_options {
+  double threshold = 0.01;  //!< re-plan when current / best − 1 exceeds this ...
+  unsigned persist = 3;     //!< ... on this many consecutive checks (>= 1)
+};
+
+//! Why the last `update` produced the plan it did.
+enum class replan_reason {
+  kept,        //!< the plan in force stays
+  initial,     //!< first plan
+  membership,  //!< members or their order changed
+  batch,       //!< the global batch changed
+  drift,       //!< the models drifted past the threshold for `persist` checks
+};
+
+constexpr std::string_view to_string(replan_reason r) noexcept {
+  switch (r) {
+    case replan_reason::kept: return "kept";
+    case replan_reason::initial: return "initial";
+    case replan_reason::membership: return "membership";
+    case replan_reason::batch: return "batch";
+    case replan_reason::drift: return "drift";
+  }
+  return "?";
+}
+
+//! Holds the plan in force and applies the policy. Value type (copyable).
+class replanner {
+ public:
+  explicit replanner(replan_options opts = {}) : opts_(opts) {
+    if (opts_.persist == 0) opts_.persist = 1;
+  }
+
+  //! Returns the plan for the next step given the current models (rank
+  //! order) and global batch. O(n log n) (one `solve`). @throws plan_error.
+  const batch_plan& update(std::span<const worker_spec> workers, std::size_t global_batch);
+
+  //! The plan in force (version 0 and empty before the first update).
+  [[nodiscard]] const batch_plan& current() const noexcept { return plan_; }
+  //! Why the last update returned what it did.
+  [[nodiscard]] replan_reason last_reason() const noexcept { return reason_; }
+  //! Consecutive checks the best plan has been better by more than the threshold.
+  [[nodiscard]] unsigned streak() const noexcept { return streak_; }
+  //! Relative gap current / best − 1 measured at the last update (0 after a re-plan).
+  [[nodiscard]] double last_gap() const noexcept { return gap_; }
+
+ private:
+  replan_options opts_;
+  batch_plan plan_{};
+  replan_reason reason_ = replan_reason::kept;
+  unsigned streak_ = 0;
+  double gap_ = 0;
+};
+
+inline const batch_plan& replanner::update(std::span<const worker_spec> workers, std::size_t global_batch) {
+  const std::uint64_t next = plan_.version + 1;
+  bool same_members = plan_.version != 0 && plan_.size() == workers.size();
+  for (std::size_t i = 0; same_members && i < workers.size(); ++i)
+    same_members = plan_.worker_ids[i] == workers[i].id;
+  if (plan_.version == 0 || !same_members || plan_.global_batch != global_batch) {
+    reason_ = plan_.version == 0 ? replan_reason::initial
+              : !same_members    ? replan_reason::membership
+                                 : replan_reason::batch;
+    plan_ = solve(workers, global_batch, next);
+    streak_ = 0;
+    gap_ = 0;
+    return plan_;
+  }
+  batch_plan best = solve(workers, global_batch, next);
+  const double cur = predict_step_time(plan_, workers);
+  gap_ = cur / best.step_time - 1.0;
+  if (gap_ > opts_.threshold) {
+    if (++streak_ >= opts_.persist) {
+      plan_ = std::move(best);
+      reason_ = replan_reason::drift;
+      streak_ = 0;
+      gap_ = 0;
+      return plan_;
+    }
+  } else {
+    streak_ = 0;
+  }
+  reason_ = replan_reason::kept;
+  return plan_;
+}
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/plan/replan_policy.hpp>
+
+#include <map>
+#include <span>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+struct planner_policy_options {
+  std::size_t max_batch = 1u << 30;        //!< memory cap m_i applied to every member
+  plan::cost_model_options model{};        //!< per-member cost model settings
+  plan::replan_options replan{};           //!< drift threshold and hysteresis
+};
+
+class planner_policy final : public planning_policy {
+ public:
+  explicit planner_policy(planner_policy_options o = {}) : opts_(o) {}
+
+  void observe(member_id m, std::size_t batch, double seconds) override {
+    if (batch == 0 || !(seconds > 0)) return;
+    auto it = models_.try_emplace(m, opts_.model).first;
+    it->second.observe(batch, seconds);
+  }
+
+  std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) override {
+    auto specs = specs_of(members);
+    if (specs.empty()) return uniform_policy{}.plan(members, global_batch);
+    return plan::solve(specs, global_batch).batch;
+  }
+
+  bool should_replan(std::span<const member_id> members, std::span<const std::size_t> current,
+                     std::size_t global_batch) override {
+    auto specs = specs_of(members);
+    if (specs.empty()) return false;
+    // The plan in force is the group's; let the replanner judge it against the best.
+    const auto in_force = plan::make_plan(specs, current, 1);
+    const double now = plan::predict_step_time(in_force, specs);
+    const double best = plan::solve(specs, global_batch).step_time;
+    if (now > best * (1 + opts_.replan.threshold)) {
+      if (++streak_ >= opts_.replan.persist) {
+        streak_ = 0;
+        return true;
+      }
+    } else {
+      streak_ = 0;
+    }
+    return false;
+  }
+
+  //! The model of member `m`, or nullptr when it has none yet.
+  [[nodiscard]] const plan::cost_model* model(member_id m) const {
+    auto it = models_.find(m);
+    return it == models_.end() ? nullptr : &it->second;
+  }
+
+ private:
+  // Specs in rank order; members without a model get the mean of the others.
+  // Empty when nobody has a model (then the caller plans uniformly).
+  std::vector<plan::worker_spec> specs_of(std::span<const member_id> members) const {
+    double sa = 0, sc = 0;
+    int k = 0;
+    for (auto m : members)
+      if (auto* cm = model(m); cm && cm->ready() && cm->c() > 0) sa += cm->a(), sc += cm->c(), ++k;
+    if (k == 0) return {};
+    std::vector<plan::worker_spec> specs;
+    for (auto m : members) {
+      const auto* cm = model(m);
+      const bool ok = cm && cm->ready() && cm->c() > 0;
+      specs.push_back({static_cast<std::uint64_t>(m), ok ? cm->a() : sa / k, ok ? cm->c() : sc / k, opts_.max_batch, 0, 0});
+    }
+    return specs;
+  }
+
+  planner_policy_options opts_;
+  std::map<member_id, plan::cost_model> models_;
+  unsigned streak_ = 0;
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ==== end <ebbflow/elastic/planner_policy.hpp>
+
 // ==== begin <ebbflow/exec/executor.hpp> ===================================
 // SPDX-License-Identifier: Apache-2.0
 //! @file executor.hpp
@@ -1517,5 +4426,2206 @@ static_assert(executor<cpu_executor>);
 }  // namespace exec
 EBBFLOW_END_NAMESPACE
 // ==== end <ebbflow/exec/executor.hpp>
+
+// ==== begin <ebbflow/plan.hpp> ============================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file plan.hpp
+//! The heterogeneity-aware batch planner in one include: online cost models,
+//! the exact batch-size solver, the re-planning policy and the exactly-once
+//! samplers. Depends on core/ only; links nothing.
+
+
+// #include <ebbflow/plan/plan_error.hpp>  (inlined)
+// #include <ebbflow/plan/batch_planner.hpp>  (inlined)
+// #include <ebbflow/plan/cost_model.hpp>  (inlined)
+// #include <ebbflow/plan/replan_policy.hpp>  (inlined)
+// #include <ebbflow/plan/sampler.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/sampler.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file sampler.hpp
+//! Exactly-once epoch sampler.
+//!
+//! Epoch e visits the data set [0, N) in the order pos -> order(pos), where
+//! `order` is a keyed pseudo-random bijection of [0, N) derived from (seed, e)
+//! (a 6-round Feistel network on the smallest even-bit power of two >= N,
+//! cycle-walked into [0, N)); nothing of size N is ever materialised.
+//!
+//! A cursor counts the positions of the current epoch already consumed by
+//! *committed* steps. A step under plan p takes the B = p.global_batch
+//! positions [cursor, cursor + B); rank r gets the contiguous part
+//! [cursor + p.offsets[r], cursor + p.offsets[r+1]) of it (prefix sums of
+//! b_i in rank order). Every worker's indices are therefore a pure function
+//! of (N, seed, epoch, cursor, policy) and the plan (`slice_of`): no worker
+//! communicates to learn its indices. `commit(p)` advances the cursor by B; a
+//! step that is rolled back simply is not committed, and its samples are
+//! served again to whichever plan the redone step uses. Because each committed
+//! step consumes the next B positions whatever the plan, the number of workers
+//! or their split, every sample is consumed exactly once per epoch across
+//! re-plans, joins, leaves, failures and changes of B.
+//!
+//! End of an epoch (`last_batch`):
+//! * `short_batch`: the final step of an epoch may be shorter than the nominal
+//!   batch. `step_size(B)` says how large it may be; pass a plan for that size
+//!   (e.g. `plan::solve(models, sampler.step_size(B))`). Every sample is seen
+//!   exactly once per epoch.
+//! * `drop`: a step whose plan does not fit in what is left of the epoch
+//!   starts the next epoch instead; the unvisited tail (< B samples, a
+//!   different random subset every epoch) is skipped. Every sample is seen at
+//!   most once per epoch, and all but the tail exactly once.
+//!
+//! Asynchronous extensions (out of scope here): the state already separates
+//! what is committed (epoch, cursor) from who takes which part (the plan), so
+//! an asynchronous mode can hand out position ranges per worker from the same
+//! permutation.
+//!
+//! Thread safety: `epoch_sampler` is a value type with no internal
+//! synchronisation; const members may be called concurrently.
+//! Errors: plan_error (bad_dataset, bad_rank, batch_exceeds_epoch,
+//! stale_plan, bad_state).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/plan/batch_planner.hpp>  (inlined)
+// #include <ebbflow/plan/plan_error.hpp>  (inlined)
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <ranges>
+#include <span>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+//! A keyed pseudo-random bijection of [0, n): the visiting order of one epoch.
+//! Value type; O(1) memory; each call costs a few hash rounds (expected < 4
+//! Feistel evaluations from cycle walking).
+class epoch_permutation {
+ public:
+  static constexpr int rounds = 6;
+
+  //! @throws plan_error(bad_dataset) when n == 0.
+  epoch_permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch);
+
+  //! Number of elements n.
+  [[nodiscard]] std::uint64_t size() const noexcept { return n_; }
+  //! The data-set index visited at position `pos` (< size()).
+  [[nodiscard]] std::uint64_t operator()(std::uint64_t pos) const noexcept;
+
+ private:
+  [[nodiscard]] std::uint64_t encrypt(std::uint64_t x) const noexcept;
+  std::uint64_t n_;
+  unsigned half_bits_;
+  std::uint64_t mask_;
+  std::array<std::uint64_t, rounds> keys_;
+};
+
+//! The samples of one worker in one step: positions [first, last) of the
+//! epoch order. `indices()` is a view of the data-set indices.
+struct sample_range {
+  epoch_permutation order;   //!< the epoch's visiting order
+  std::uint64_t epoch = 0;   //!< epoch these positions belong to
+  std::uint64_t first = 0;   //!< first position (inclusive)
+  std::uint64_t last = 0;    //!< last position (exclusive)
+
+  [[nodiscard]] std::uint64_t size() const noexcept { return last - first; }
+  [[nodiscard]] bool empty() const noexcept { return first == last; }
+  //! The i-th data-set index of this range (i < size()).
+  [[nodiscard]] std::uint64_t operator[](std::uint64_t i) const noexcept { return order(first + i); }
+  //! A view over the data-set indices, in order.
+  [[nodiscard]] auto indices() const { return std::views::iota(first, last) | std::views::transform(order); }
+};
+
+//! What happens at the end of an epoch; see the file comment.
+enum class last_batch : std::uint32_t { short_batch = 0, drop = 1 };
+
+//! Everything a joiner needs to continue the sampling: a small POD.
+struct sampler_state {
+  std::uint64_t dataset_size = 0;   //!< N
+  std::uint64_t seed = 0;
+  std::uint64_t epoch = 0;
+  std::uint64_t cursor = 0;         //!< positions of `epoch` consumed by committed steps
+  std::uint64_t plan_version = 0;   //!< version of the plan of the last committed step
+  last_batch policy = last_batch::short_batch;
+
+  //! Bytes of `encode()`: magic, format version, five u64, policy; little endian.
+  static constexpr std::size_t encoded_size = 4 + 4 + 5 * 8 + 4;
+  [[nodiscard]] std::array<std::byte, encoded_size> encode() const noexcept;
+  //! @throws plan_error(bad_state) for a wrong size, magic, format version or
+  //!         policy, N == 0, or cursor > N.
+  [[nodiscard]] static sampler_state decode(std::span<const std::byte> bytes);
+
+  friend bool operator==(const sampler_state&, const sampler_state&) = default;
+};
+
+//! The samples of `rank` in the next step under `plan`, computed from the
+//! state alone (what every worker does; `epoch_sampler::slice` calls this).
+//! @throws plan_error(bad_rank | batch_exceeds_epoch | stale_plan)
+[[nodiscard]] inline sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank);
+
+//! Exactly-once sampler over one data set. Value type.
+class epoch_sampler {
+ public:
+  //! @throws plan_error(bad_dataset) when dataset_size == 0.
+  epoch_sampler(std::uint64_t dataset_size, std::uint64_t seed, last_batch policy = last_batch::short_batch);
+  //! Resumes from a state (e.g. received by a joiner). @throws plan_error(bad_state).
+  explicit epoch_sampler(const sampler_state& state);
+
+  [[nodiscard]] const sampler_state& state() const noexcept { return s_; }
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return s_.epoch; }
+  [[nodiscard]] std::uint64_t cursor() const noexcept { return s_.cursor; }
+  [[nodiscard]] std::uint64_t dataset_size() const noexcept { return s_.dataset_size; }
+  //! Positions of the current epoch not yet consumed.
+  [[nodiscard]] std::uint64_t remaining() const noexcept { return s_.dataset_size - s_.cursor; }
+
+  //! The global batch the next step will have when the nominal batch is B:
+  //! min(B, remaining()) under short_batch, min(B, N) under drop.
+  [[nodiscard]] std::size_t step_size(std::size_t nominal_batch) const noexcept;
+
+  //! Rank `rank`'s samples of the next step under `plan`. Pure (does not advance).
+  [[nodiscard]] sample_range slice(const batch_plan& plan, std::size_t rank) const {
+    return slice_of(s_, plan, rank);
+  }
+  //! All samples of the next step under `plan` (every rank's slice, in rank order).
+  [[nodiscard]] sample_range step(const batch_plan& plan) const;
+
+  //! Commits the step made under `plan`: the cursor advances by its global
+  //! batch, and the epoch ends when it is used up (see last_batch).
+  //! @throws plan_error(batch_exceeds_epoch | stale_plan); the state is unchanged then.
+  void commit(const batch_plan& plan);
+
+ private:
+  sampler_state s_;
+};
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/plan/impl/sampler.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/impl/sampler.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/sampler.hpp
+//! Definitions for plan/sampler.hpp.
+
+
+// #include <ebbflow/plan/sampler.hpp>  (inlined)
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+namespace detail {
+//! splitmix64's finaliser: a bijective 64-bit mixer with full avalanche.
+constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+struct position {
+  std::uint64_t epoch;
+  std::uint64_t cursor;
+};
+
+//! Where a step of `batch` samples starts, under the state's policy.
+inline position step_position(const sampler_state& s, std::size_t batch) {
+  const std::uint64_t left = s.dataset_size - s.cursor;
+  if (s.policy == last_batch::short_batch) {
+    EBBFLOW_PLAN_ENFORCE(batch <= left, plan_errc::batch_exceeds_epoch,
+                         "a step of " << batch << " samples does not fit in the " << left
+                                      << " samples left of epoch " << s.epoch);
+    return {s.epoch, s.cursor};
+  }
+  EBBFLOW_PLAN_ENFORCE(batch <= s.dataset_size, plan_errc::batch_exceeds_epoch,
+                       "a step of " << batch << " samples is larger than the data set (" << s.dataset_size << ")");
+  if (batch > left) return {s.epoch + 1, 0};  // drop the tail
+  return {s.epoch, s.cursor};
+}
+
+inline void check_plan(const sampler_state& s, const batch_plan& plan) {
+  EBBFLOW_PLAN_ENFORCE(plan.version >= s.plan_version, plan_errc::stale_plan,
+                       "plan v" << plan.version << " is older than the committed plan v" << s.plan_version);
+  EBBFLOW_PLAN_ENFORCE(plan.offsets.size() == plan.batch.size() + 1 && plan.offsets.back() == plan.global_batch,
+                       plan_errc::membership_mismatch,
+                       "plan v" << plan.version << " has inconsistent offsets (build plans with solve or make_plan)");
+}
+
+inline void put_u64(std::byte* p, std::uint64_t v) noexcept {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+}
+inline void put_u32(std::byte* p, std::uint32_t v) noexcept {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+}
+inline std::uint64_t get_u64(const std::byte* p) noexcept {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= std::uint64_t(std::to_integer<std::uint8_t>(p[i])) << (8 * i);
+  return v;
+}
+inline std::uint32_t get_u32(const std::byte* p) noexcept {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= std::uint32_t(std::to_integer<std::uint8_t>(p[i])) << (8 * i);
+  return v;
+}
+inline constexpr std::uint32_t sampler_magic = 0x53464245;  // "EBFS" little endian
+inline constexpr std::uint32_t sampler_format = 1;
+}  // namespace detail
+
+inline epoch_permutation::epoch_permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch) : n_(n) {
+  EBBFLOW_PLAN_ENFORCE(n > 0, plan_errc::bad_dataset, "the data set is empty");
+  // Smallest h >= 1 with 2^(2h) >= n: the Feistel domain is < 4n, so cycle
+  // walking needs fewer than 4 encryptions on average.
+  const unsigned bits = n <= 1 ? 1u : static_cast<unsigned>(std::bit_width(n - 1));
+  half_bits_ = std::max(1u, (bits + 1) / 2);
+  mask_ = half_bits_ >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << half_bits_) - 1;
+  const std::uint64_t base = detail::mix64(seed ^ detail::mix64(epoch ^ 0x9e3779b97f4a7c15ULL));
+  for (int r = 0; r < rounds; ++r) keys_[r] = detail::mix64(base + 0x9e3779b97f4a7c15ULL * std::uint64_t(r + 1));
+}
+
+inline std::uint64_t epoch_permutation::encrypt(std::uint64_t x) const noexcept {
+  std::uint64_t left = x >> half_bits_, right = x & mask_;
+  for (int r = 0; r < rounds; ++r) {
+    const std::uint64_t f = detail::mix64(right ^ keys_[r]) & mask_;
+    const std::uint64_t next = left ^ f;
+    left = right;
+    right = next;
+  }
+  return (left << half_bits_) | right;
+}
+
+inline std::uint64_t epoch_permutation::operator()(std::uint64_t pos) const noexcept {
+  std::uint64_t y = encrypt(pos);
+  while (y >= n_) y = encrypt(y);  // cycle walking: stays a bijection of [0, n)
+  return y;
+}
+
+inline std::array<std::byte, sampler_state::encoded_size> sampler_state::encode() const noexcept {
+  std::array<std::byte, encoded_size> out{};
+  std::byte* p = out.data();
+  detail::put_u32(p, detail::sampler_magic);
+  detail::put_u32(p + 4, detail::sampler_format);
+  detail::put_u64(p + 8, dataset_size);
+  detail::put_u64(p + 16, seed);
+  detail::put_u64(p + 24, epoch);
+  detail::put_u64(p + 32, cursor);
+  detail::put_u64(p + 40, plan_version);
+  detail::put_u32(p + 48, static_cast<std::uint32_t>(policy));
+  return out;
+}
+
+inline sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
+  EBBFLOW_PLAN_ENFORCE(bytes.size() == encoded_size, plan_errc::bad_state,
+                       "sampler state of " << bytes.size() << " bytes, expected " << encoded_size);
+  const std::byte* p = bytes.data();
+  EBBFLOW_PLAN_ENFORCE(detail::get_u32(p) == detail::sampler_magic, plan_errc::bad_state, "bad magic");
+  EBBFLOW_PLAN_ENFORCE(detail::get_u32(p + 4) == detail::sampler_format, plan_errc::bad_state,
+                       "format version " << detail::get_u32(p + 4) << ", expected " << detail::sampler_format);
+  sampler_state s;
+  s.dataset_size = detail::get_u64(p + 8);
+  s.seed = detail::get_u64(p + 16);
+  s.epoch = detail::get_u64(p + 24);
+  s.cursor = detail::get_u64(p + 32);
+  s.plan_version = detail::get_u64(p + 40);
+  const std::uint32_t pol = detail::get_u32(p + 48);
+  EBBFLOW_PLAN_ENFORCE(pol <= 1, plan_errc::bad_state, "unknown last_batch policy " << pol);
+  s.policy = static_cast<last_batch>(pol);
+  EBBFLOW_PLAN_ENFORCE(s.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
+  EBBFLOW_PLAN_ENFORCE(s.cursor < s.dataset_size, plan_errc::bad_state,
+                       "cursor " << s.cursor << " not below the data-set size " << s.dataset_size);
+  return s;
+}
+
+inline sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank) {
+  detail::check_plan(state, plan);
+  EBBFLOW_PLAN_ENFORCE(rank < plan.size(), plan_errc::bad_rank,
+                       "rank " << rank << " outside plan v" << plan.version << " of " << plan.size() << " workers");
+  const detail::position at = detail::step_position(state, plan.global_batch);
+  return sample_range{epoch_permutation(state.dataset_size, state.seed, at.epoch), at.epoch,
+                      at.cursor + plan.offsets[rank], at.cursor + plan.offsets[rank + 1]};
+}
+
+inline epoch_sampler::epoch_sampler(std::uint64_t dataset_size, std::uint64_t seed, last_batch policy) {
+  EBBFLOW_PLAN_ENFORCE(dataset_size > 0, plan_errc::bad_dataset, "the data set is empty");
+  s_.dataset_size = dataset_size;
+  s_.seed = seed;
+  s_.policy = policy;
+}
+
+inline epoch_sampler::epoch_sampler(const sampler_state& state) : s_(state) {
+  EBBFLOW_PLAN_ENFORCE(s_.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
+  EBBFLOW_PLAN_ENFORCE(s_.cursor < s_.dataset_size, plan_errc::bad_state,
+                       "cursor " << s_.cursor << " not below the data-set size " << s_.dataset_size);
+  EBBFLOW_PLAN_ENFORCE(s_.policy == last_batch::short_batch || s_.policy == last_batch::drop, plan_errc::bad_state,
+                       "unknown last_batch policy");
+}
+
+inline std::size_t epoch_sampler::step_size(std::size_t nominal_batch) const noexcept {
+  const std::uint64_t cap = s_.policy == last_batch::short_batch ? remaining() : s_.dataset_size;
+  return static_cast<std::size_t>(std::min<std::uint64_t>(nominal_batch, cap));
+}
+
+inline sample_range epoch_sampler::step(const batch_plan& plan) const {
+  detail::check_plan(s_, plan);
+  const detail::position at = detail::step_position(s_, plan.global_batch);
+  return sample_range{epoch_permutation(s_.dataset_size, s_.seed, at.epoch), at.epoch, at.cursor,
+                      at.cursor + plan.global_batch};
+}
+
+inline void epoch_sampler::commit(const batch_plan& plan) {
+  detail::check_plan(s_, plan);
+  const detail::position at = detail::step_position(s_, plan.global_batch);
+  s_.epoch = at.epoch;
+  s_.cursor = at.cursor + plan.global_batch;
+  s_.plan_version = plan.version;
+  if (s_.cursor == s_.dataset_size) {
+    ++s_.epoch;
+    s_.cursor = 0;
+  }
+}
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/plan/impl/sampler.hpp>
+// ---- end <ebbflow/plan/sampler.hpp>
+// #include <ebbflow/plan/shard_sampler.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/shard_sampler.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file shard_sampler.hpp
+//! Exactly-once sampling of a data set partitioned into shards across nodes.
+//!
+//! The data set is shards 0..S-1 of the given sizes; shard j holds the global
+//! indices [start_j, start_j + size_j). Each shard is owned by one member and
+//! only its owner reads it. Within an epoch each shard is visited in its own
+//! keyed pseudo-random order (`epoch_permutation` of (seed, epoch, j)), and a
+//! per-shard cursor counts what committed steps consumed.
+//!
+//! Ownership (`rebalance`, deterministic): at the start of an epoch every
+//! shard is assigned, largest first, to the member whose share of the samples
+//! so far is furthest below its plan weight b_r / B, so that fast workers get
+//! more data and pools run dry at about the same time. On a membership change
+//! mid-epoch, survivors keep their shards (locality) and only shards whose
+//! owner left, with their cursors, go to survivors the same way. A joiner gets
+//! shards from the next epoch on (it trains on b_r = 0 samples until then, or
+//! re-plan it with min/max 0).
+//!
+//! A step: rank r takes up to b_r samples from its own unfinished shards in
+//! shard order. Near the end of an epoch a pool can hold fewer than b_r, so the
+//! step's real sizes are `actual(plan)` (use its weights for the gradients).
+//! `commit` advances the cursors; a rolled-back step does not. Every sample is
+//! read exactly once per epoch, by the owner of its shard at that time.
+//!
+//! Thread safety: a value type; const members may run concurrently.
+//! Errors: plan_error (bad_dataset, bad_rank, stale_plan, membership_mismatch).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/plan/batch_planner.hpp>  (inlined)
+// #include <ebbflow/plan/plan_error.hpp>  (inlined)
+// #include <ebbflow/plan/sampler.hpp>  (inlined)
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+//! Positions [first, last) of shard `shard`'s order in one epoch.
+struct shard_range {
+  std::uint64_t shard = 0;
+  std::uint64_t first = 0;
+  std::uint64_t last = 0;
+};
+
+//! Exactly-once sampler over a sharded data set. Value type.
+class shard_sampler {
+ public:
+  //! @throws plan_error(bad_dataset) when there are no shards or one is empty.
+  shard_sampler(std::vector<std::uint64_t> shard_sizes, std::uint64_t seed) : sizes_(std::move(shard_sizes)), seed_(seed) {
+    EBBFLOW_PLAN_ENFORCE(!sizes_.empty(), plan_errc::bad_dataset, "no shards");
+    starts_.resize(sizes_.size());
+    std::uint64_t at = 0;
+    for (std::size_t j = 0; j < sizes_.size(); ++j) {
+      EBBFLOW_PLAN_ENFORCE(sizes_[j] > 0, plan_errc::bad_dataset, "shard " << j << " is empty");
+      starts_[j] = at;
+      at += sizes_[j];
+    }
+    cursor_.assign(sizes_.size(), 0);
+    owner_.assign(sizes_.size(), unowned);
+  }
+
+  static constexpr std::uint64_t unowned = std::numeric_limits<std::uint64_t>::max();
+
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
+  //! Owner id of each shard (`unowned` before the first rebalance of an epoch).
+  [[nodiscard]] const std::vector<std::uint64_t>& owners() const noexcept { return owner_; }
+  //! Consumed positions of each shard in this epoch.
+  [[nodiscard]] const std::vector<std::uint64_t>& cursors() const noexcept { return cursor_; }
+
+  //! Assigns shards to the plan's members (see the file comment). Call it
+  //! whenever the membership changes; `slice` and `commit` call it themselves
+  //! when they find shards without a live owner. O(S·n).
+  void rebalance(const batch_plan& plan) {
+    EBBFLOW_PLAN_ENFORCE(plan.size() > 0 && plan.global_batch > 0, plan_errc::empty_membership, "empty plan");
+    const std::size_t n = plan.size();
+    std::vector<double> held(n, 0);  // samples left in shards each member keeps
+    std::vector<std::size_t> orphan;
+    for (std::size_t j = 0; j < sizes_.size(); ++j) {
+      if (cursor_[j] == sizes_[j]) continue;
+      const std::size_t r = owner_[j] == unowned ? n : plan.rank_of(owner_[j]);
+      if (r < n) held[r] += static_cast<double>(sizes_[j] - cursor_[j]);
+      else orphan.push_back(j);
+    }
+    std::stable_sort(orphan.begin(), orphan.end(), [&](std::size_t x, std::size_t y) {
+      return sizes_[x] - cursor_[x] > sizes_[y] - cursor_[y];
+    });
+    double total = 0;
+    for (double h : held) total += h;
+    for (std::size_t j : orphan) total += static_cast<double>(sizes_[j] - cursor_[j]);
+    for (std::size_t j : orphan) {
+      std::size_t best = 0;
+      double best_gap = -std::numeric_limits<double>::infinity();
+      for (std::size_t r = 0; r < n; ++r) {
+        const double gap = plan.weight(r) * total - held[r];
+        if (gap > best_gap) { best_gap = gap; best = r; }
+      }
+      owner_[j] = plan.worker_ids[best];
+      held[best] += static_cast<double>(sizes_[j] - cursor_[j]);
+    }
+  }
+
+  //! The shard ranges rank `rank` reads in the next step under `plan`.
+  //! @throws plan_error(bad_rank | stale_plan)
+  [[nodiscard]] std::vector<shard_range> slice(const batch_plan& plan, std::size_t rank) const {
+    shard_sampler s = *this;  // keep const: ownership repair happens on a copy
+    s.prepare(plan);
+    EBBFLOW_PLAN_ENFORCE(rank < plan.size(), plan_errc::bad_rank,
+                         "rank " << rank << " outside plan v" << plan.version << " of " << plan.size() << " workers");
+    return s.take(plan.worker_ids[rank], plan.batch[rank]);
+  }
+
+  //! The data-set index at position `pos` of shard `shard` in this epoch.
+  [[nodiscard]] std::uint64_t index(std::uint64_t shard, std::uint64_t pos) const {
+    return starts_[shard] + epoch_permutation(sizes_[shard], seed_ ^ (shard * 0x9e3779b97f4a7c15ULL), epoch_)(pos);
+  }
+
+  //! The sizes each rank really gets in the next step (b_r, or less where its
+  //! pool runs dry), as a plan with the same version: use its weights.
+  [[nodiscard]] batch_plan actual(const batch_plan& plan) const {
+    shard_sampler s = *this;
+    s.prepare(plan);
+    batch_plan out = plan;
+    out.offsets.assign(plan.size() + 1, 0);
+    for (std::size_t r = 0; r < plan.size(); ++r) {
+      std::uint64_t got = 0;
+      for (const shard_range& x : s.take(plan.worker_ids[r], plan.batch[r])) got += x.last - x.first;
+      out.batch[r] = static_cast<std::size_t>(got);
+      out.offsets[r + 1] = out.offsets[r] + out.batch[r];
+    }
+    out.global_batch = out.offsets.back();
+    return out;
+  }
+
+  //! Commits the step made under `plan`. @throws plan_error(stale_plan)
+  void commit(const batch_plan& plan) {
+    prepare(plan);
+    for (std::size_t r = 0; r < plan.size(); ++r)
+      for (const shard_range& x : take(plan.worker_ids[r], plan.batch[r])) cursor_[x.shard] = x.last;
+    plan_version_ = plan.version;
+    if (std::equal(cursor_.begin(), cursor_.end(), sizes_.begin())) {  // epoch done
+      ++epoch_;
+      std::fill(cursor_.begin(), cursor_.end(), 0);
+      std::fill(owner_.begin(), owner_.end(), unowned);
+    }
+  }
+
+ private:
+  void prepare(const batch_plan& plan) {
+    EBBFLOW_PLAN_ENFORCE(plan.version >= plan_version_, plan_errc::stale_plan,
+                         "plan v" << plan.version << " is older than the committed plan v" << plan_version_);
+    for (std::size_t j = 0; j < sizes_.size(); ++j)
+      if (cursor_[j] < sizes_[j] && (owner_[j] == unowned || plan.rank_of(owner_[j]) == plan.size())) {
+        rebalance(plan);
+        return;
+      }
+  }
+
+  std::vector<shard_range> take(std::uint64_t id, std::size_t want) const {
+    std::vector<shard_range> out;
+    for (std::size_t j = 0; j < sizes_.size() && want > 0; ++j) {
+      if (owner_[j] != id || cursor_[j] == sizes_[j]) continue;
+      const std::uint64_t n = std::min<std::uint64_t>(want, sizes_[j] - cursor_[j]);
+      out.push_back({j, cursor_[j], cursor_[j] + n});
+      want -= static_cast<std::size_t>(n);
+    }
+    return out;
+  }
+
+  std::vector<std::uint64_t> sizes_, starts_, cursor_, owner_;
+  std::uint64_t seed_;
+  std::uint64_t epoch_ = 0;
+  std::uint64_t plan_version_ = 0;
+};
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/plan/shard_sampler.hpp>
+// ==== end <ebbflow/plan.hpp>
+
+// ==== begin <ebbflow/prefetch/cuda_stage.hpp> =============================
+// SPDX-License-Identifier: Apache-2.0
+//! @file cuda_stage.hpp
+//! The CUDA device stage and pinned allocator for the prefetcher. Uses the
+//! CUDA runtime API only (no kernels), so it compiles with a host compiler as
+//! well as nvcc.
+//!
+//! Opt-in: this header is not included by prefetcher.hpp. Including it means
+//! the program must link the CUDA runtime (CMake: `ebbflow::cuda`). Without
+//! the CUDA headers on the include path (`EBBFLOW_HAS_CUDA` is 0) it declares
+//! nothing.
+//!
+//! * `cuda_host_allocator()`: staging memory from `cudaHostAlloc` (portable,
+//!   page-locked), so host-to-device copies are truly asynchronous.
+//! * `cuda_stage`: per local device, one dedicated non-blocking copy stream;
+//!   per ring slot and device, one device buffer and two events. `copy` enqueues
+//!   `cudaMemcpyAsync` on the copy stream and records the slot's *ready*
+//!   event; the consumer makes its compute stream wait on that event
+//!   (`batch.event(d).wait(stream)`, no host synchronisation). When the batch
+//!   is released, a *consumed* event is recorded on the stream the consumer
+//!   waited with (the legacy default stream if it never did), and the next
+//!   copy into that buffer waits for it on the copy stream, so the prefetcher
+//!   never overwrites a buffer that queued kernels still read. Only the
+//!   prefetcher's copy thread ever blocks on an event (`finish`), to know when
+//!   the staging bytes may be reused.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/core/memory.hpp>  (inlined)
+// #include <ebbflow/prefetch/device_stage.hpp>  (inlined here)
+// ---- begin <ebbflow/prefetch/device_stage.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file device_stage.hpp
+//! The `device_stage` concept: how the prefetcher moves a loaded sub-batch
+//! from its page-locked staging bytes to a device, and `cpu_stage`, the model
+//! used on the CPU executor (a copy thread into "device" host buffers, so the
+//! whole pipeline runs in tests without a GPU). `cuda_stage`
+//! (prefetch/cuda_stage.hpp) is the CUDA model: asynchronous copies on one
+//! dedicated stream per device, completion signalled by events.
+//!
+//! Contract (the prefetcher calls these; users rarely do):
+//! * `prepare(slots, capacity)` once, before anything else: allocate, for
+//!   each of `slots` ring slots and each device, a buffer of `capacity` bytes
+//!   in `S::space` memory. Never called again: stage memory never grows.
+//! * `devices()` the number of local devices; `buffer(slot, d)` the buffer.
+//! * `copy(slot, d, src)`: start copying host bytes `src` (page-locked) into
+//!   `buffer(slot, d)`; may return before the copy ended. Called on the
+//!   prefetcher's copy thread only. Before overwriting the buffer the stage
+//!   must respect `consumed(slot)` (work the consumer queued on the previous
+//!   contents must have finished reading them).
+//! * `finish(slot)`: block the copy thread until every copy of `slot` has
+//!   finished reading its `src` (the staging bytes are then reused).
+//! * `event(slot, d)`: a readiness event of type `S::event_type` that the
+//!   consumer waits on (on its stream for CUDA) before using the buffer.
+//! * `consumed(slot)`: the consumer released the batch in `slot`; called on
+//!   the consumer's thread.
+//! Errors: members may throw; the prefetcher reports a throwing `copy` or
+//! `finish` at the step it belongs to.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/memory.hpp>  (inlined)
+
+#include <concepts>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace prefetch {
+
+template <class S>
+concept device_stage = requires(S& s, std::size_t slot, std::size_t dev, std::span<const std::byte> src) {
+  { S::space } -> std::convertible_to<memory_space>;
+  typename S::event_type;
+  s.prepare(slot, dev);
+  { s.devices() } -> std::convertible_to<std::size_t>;
+  { s.buffer(slot, dev) } -> std::same_as<std::byte*>;
+  s.copy(slot, dev, src);
+  s.finish(slot);
+  { s.event(slot, dev) } -> std::same_as<typename S::event_type>;
+  s.consumed(slot);
+};
+
+//! Readiness of a CPU-stage buffer: the copy thread finished the copy before
+//! the batch was handed out, so it is always ready.
+struct host_event {
+  [[nodiscard]] constexpr bool ready() const noexcept { return true; }
+  constexpr void wait() const noexcept {}
+};
+
+//! The CPU executor's device stage: `devices` host buffers per slot, filled by
+//! `memcpy` on the prefetcher's copy thread. Memory space: host.
+//! Not thread-safe on its own; the prefetcher serialises access per slot.
+class cpu_stage {
+ public:
+  static constexpr memory_space space = memory_space::host;
+  using event_type = host_event;
+
+  //! @throws std::invalid_argument when devices is 0.
+  explicit cpu_stage(std::size_t devices = 1) : devices_(devices) {
+    EBBFLOW_ENFORCE(devices > 0, "cpu_stage: need at least one device");
+  }
+
+  void prepare(std::size_t slots, std::size_t capacity) {
+    EBBFLOW_ENFORCE(buffers_.empty(), "cpu_stage: prepare() called twice");
+    capacity_ = capacity;
+    buffers_.reserve(slots * devices_);
+    for (std::size_t i = 0; i < slots * devices_; ++i) {
+      // Allocated once and touched, so they are resident from the start.
+      auto p = std::unique_ptr<std::byte[]>(new std::byte[capacity > 0 ? capacity : 1]);
+      std::memset(p.get(), 0, capacity > 0 ? capacity : 1);
+      buffers_.push_back(std::move(p));
+    }
+  }
+  [[nodiscard]] std::size_t devices() const noexcept { return devices_; }
+  [[nodiscard]] std::byte* buffer(std::size_t slot, std::size_t d) const noexcept {
+    return buffers_[slot * devices_ + d].get();
+  }
+  void copy(std::size_t slot, std::size_t d, std::span<const std::byte> src) {
+    EBBFLOW_EXPECTS(src.size() <= capacity_);
+    if (!src.empty()) std::memcpy(buffer(slot, d), src.data(), src.size());
+  }
+  void finish(std::size_t) noexcept {}
+  [[nodiscard]] event_type event(std::size_t, std::size_t) const noexcept { return {}; }
+  void consumed(std::size_t) noexcept {}
+  //! Bytes of stage memory allocated by `prepare`.
+  [[nodiscard]] std::size_t bytes() const noexcept { return buffers_.size() * capacity_; }
+
+ private:
+  std::size_t devices_;
+  std::size_t capacity_ = 0;
+  std::vector<std::unique_ptr<std::byte[]>> buffers_;
+};
+static_assert(device_stage<cpu_stage>);
+
+}  // namespace prefetch
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/prefetch/device_stage.hpp>
+// #include <ebbflow/prefetch/pinned_pool.hpp>  (inlined here)
+// ---- begin <ebbflow/prefetch/pinned_pool.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file pinned_pool.hpp
+//! `pinned_pool`: one page-locked host region of a fixed size, allocated once
+//! at construction and carved into leases of any size. The pool never grows:
+//! a request that does not fit waits until earlier leases come back (or its
+//! deadline passes); a request larger than the whole pool is rejected at once.
+//! This is the bound DALI's growing pools lack.
+//!
+//! How the region is page-locked is chosen by a `host_allocator`:
+//! * `mlock_allocator()` (default, this header, no CUDA needed): page-aligned
+//!   host memory locked with `mlock(2)`. When locking is not permitted (e.g.
+//!   `RLIMIT_MEMLOCK` too low without `CAP_IPC_LOCK`) the memory stays
+//!   pageable, the pool still works, `stats().locked` is false and
+//!   `stats().lock_status` says why; a warning is logged once.
+//! * `prefetch::cuda_host_allocator()` (prefetch/cuda_stage.hpp, CUDA
+//!   runtime): `cudaHostAlloc`, which CUDA can DMA from asynchronously.
+//!
+//! Thread safety: every member function may be called from any thread.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace prefetch {
+
+//! How a pool obtains and frees its one region. Plain function pointers: the
+//! choice is made at run time (CUDA present or not) and happens once per pool.
+struct host_allocator {
+  //! Returns `bytes` of host memory (or nullptr). Sets `locked` when the
+  //! memory is page-locked and otherwise writes the reason to `status`.
+  void* (*allocate)(std::size_t bytes, bool& locked, std::string& status) = nullptr;
+  //! Frees what `allocate` returned. Must not throw.
+  void (*deallocate)(void* p, std::size_t bytes) noexcept = nullptr;
+  //! Short name for logs and statistics ("mlock", "cudaHostAlloc", ...).
+  const char* name = "";
+};
+
+//! Page-aligned host memory, locked with `mlock` when permitted (see file doc).
+[[nodiscard]] host_allocator mlock_allocator() noexcept;
+//! Plain pageable host memory, never locked (for comparisons and tests).
+[[nodiscard]] host_allocator pageable_allocator() noexcept;
+
+//! A snapshot of a pool's counters.
+struct pool_stats {
+  std::size_t capacity = 0;        //!< bytes of the region (fixed for the pool's life)
+  std::size_t in_use = 0;          //!< bytes currently leased
+  std::size_t peak = 0;            //!< largest `in_use` ever observed
+  std::size_t leases = 0;          //!< leases currently outstanding
+  std::size_t allocations = 0;     //!< regions allocated (1 for the pool's life: it never grows)
+  bool locked = false;             //!< the region is page-locked
+  std::string allocator = {};      //!< allocator name
+  std::string lock_status = {};    //!< why the region is not locked (empty when it is)
+};
+
+class pinned_pool;
+
+//! A leased range of a pool's region (host memory, page-locked when the pool
+//! is). Move-only; gives its bytes back on destruction or `reset()`.
+//! Not thread-safe itself; the pool it returns to is.
+class pinned_lease {
+ public:
+  pinned_lease() noexcept = default;
+  pinned_lease(pinned_lease&& o) noexcept
+      : pool_(std::exchange(o.pool_, nullptr)), offset_(o.offset_), bytes_(o.bytes_), data_(o.data_) {}
+  pinned_lease& operator=(pinned_lease&& o) noexcept {
+    if (this != &o) {
+      reset();
+      pool_ = std::exchange(o.pool_, nullptr);
+      offset_ = o.offset_;
+      bytes_ = o.bytes_;
+      data_ = o.data_;
+    }
+    return *this;
+  }
+  pinned_lease(const pinned_lease&) = delete;
+  pinned_lease& operator=(const pinned_lease&) = delete;
+  ~pinned_lease() { reset(); }
+
+  //! The leased bytes (host memory).
+  [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data_, bytes_}; }
+  [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
+  explicit operator bool() const noexcept { return pool_ != nullptr; }
+  //! Gives the bytes back to the pool now.
+  void reset() noexcept;
+
+ private:
+  friend class pinned_pool;
+  pinned_lease(pinned_pool* p, std::size_t off, std::size_t n, std::byte* d) noexcept
+      : pool_(p), offset_(off), bytes_(n), data_(d) {}
+  pinned_pool* pool_ = nullptr;
+  std::size_t offset_ = 0;
+  std::size_t bytes_ = 0;
+  std::byte* data_ = nullptr;
+};
+
+//! A fixed-size page-locked region carved into leases (first fit, coalescing).
+//! Leases are aligned to `alignment` (256 bytes, enough for any CUDA copy).
+//! The pool must outlive its leases.
+class pinned_pool {
+ public:
+  static constexpr std::size_t alignment = 256;
+
+  //! Allocates the whole region (`capacity` bytes, rounded up to `alignment`)
+  //! once. @throws std::invalid_argument when capacity is 0;
+  //! std::bad_alloc when the allocator returns nothing.
+  explicit pinned_pool(std::size_t capacity, host_allocator alloc = mlock_allocator());
+  pinned_pool(const pinned_pool&) = delete;
+  pinned_pool& operator=(const pinned_pool&) = delete;
+  ~pinned_pool();
+
+  //! A lease of `bytes` (rounded up to `alignment`), or nothing when no free
+  //! range is large enough now. Non-blocking. A request of 0 bytes gives an
+  //! empty but valid lease. @throws std::invalid_argument when `bytes`
+  //! exceeds the capacity (it could never be satisfied).
+  [[nodiscard]] std::optional<pinned_lease> try_acquire(std::size_t bytes);
+  //! Blocks until `bytes` fit or `until` passes.
+  //! @throws system_error(errc::timeout) at the deadline, system_error(errc::cancelled)
+  //! after `cancel()`, std::invalid_argument as `try_acquire`.
+  [[nodiscard]] pinned_lease acquire(std::size_t bytes, deadline until);
+  //! Wakes every blocked `acquire` with `errc::cancelled`; later calls fail the same way.
+  void cancel() noexcept;
+
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  //! Region start (host memory) — for registering the region with other APIs.
+  [[nodiscard]] std::byte* data() const noexcept { return base_; }
+  [[nodiscard]] pool_stats stats() const;
+  //! Called after every release (outside the pool's lock), e.g. to wake a
+  //! scheduler that waits for space. Set before leases are taken.
+  void on_release(void (*fn)(void*) noexcept, void* ctx) noexcept {
+    on_release_ = fn;
+    on_release_ctx_ = ctx;
+  }
+
+ private:
+  friend class pinned_lease;
+  void release(std::size_t offset, std::size_t bytes) noexcept;
+  std::optional<pinned_lease> try_acquire_locked(std::size_t bytes);
+
+  host_allocator alloc_;
+  std::size_t capacity_ = 0;
+  std::byte* base_ = nullptr;
+  bool locked_ = false;
+  std::string lock_status_;
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  std::map<std::size_t, std::size_t> free_;  // offset -> length, disjoint, coalesced
+  std::size_t in_use_ = 0, peak_ = 0, leases_ = 0;
+  bool cancelled_ = false;
+  void (*on_release_)(void*) noexcept = nullptr;
+  void* on_release_ctx_ = nullptr;
+};
+
+}  // namespace prefetch
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/prefetch/impl/pinned_pool.hpp>  (inlined here)
+// ---- begin <ebbflow/prefetch/impl/pinned_pool.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/pinned_pool.hpp
+//! Definitions for prefetch/pinned_pool.hpp.
+
+
+// #include <ebbflow/prefetch/pinned_pool.hpp>  (inlined)
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <sstream>
+
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace prefetch {
+namespace detail {
+
+inline std::size_t page_size() noexcept {
+  const long p = ::sysconf(_SC_PAGESIZE);
+  return p > 0 ? static_cast<std::size_t>(p) : 4096;
+}
+inline std::size_t round_up(std::size_t n, std::size_t a) noexcept { return (n + a - 1) / a * a; }
+
+inline void* page_alloc(std::size_t bytes) noexcept {
+  const std::size_t pg = page_size();
+  void* p = std::aligned_alloc(pg, round_up(bytes, pg));
+  // Touch every page now, so the pool's whole footprint is resident from the
+  // start and steady-state memory does not creep up as ranges get used.
+  if (p) std::memset(p, 0, round_up(bytes, pg));
+  return p;
+}
+
+inline void* mlock_allocate(std::size_t bytes, bool& locked, std::string& status) {
+  void* p = page_alloc(bytes);
+  if (!p) return nullptr;
+  if (::mlock(p, round_up(bytes, page_size())) == 0) {
+    locked = true;
+    return p;
+  }
+  const int err = errno;
+  std::ostringstream os;
+  os << "mlock of " << bytes << " bytes failed: " << std::strerror(err);
+  if (err == ENOMEM || err == EPERM) {
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+      os << " (RLIMIT_MEMLOCK soft limit ";
+      if (rl.rlim_cur == RLIM_INFINITY) os << "unlimited";
+      else os << rl.rlim_cur << " bytes";
+      os << "; raise it with `ulimit -l` or grant CAP_IPC_LOCK)";
+    }
+  }
+  os << "; the buffers stay pageable";
+  status = os.str();
+  locked = false;
+  return p;
+}
+inline void mlock_deallocate(void* p, std::size_t bytes) noexcept {
+  ::munlock(p, round_up(bytes, page_size()));  // harmless when it was never locked
+  std::free(p);
+}
+inline void* pageable_allocate(std::size_t bytes, bool& locked, std::string& status) {
+  locked = false;
+  status = "pageable allocator: not locked by request";
+  return page_alloc(bytes);
+}
+inline void pageable_deallocate(void* p, std::size_t) noexcept { std::free(p); }
+
+}  // namespace detail
+
+inline host_allocator mlock_allocator() noexcept {
+  return {&detail::mlock_allocate, &detail::mlock_deallocate, "mlock"};
+}
+inline host_allocator pageable_allocator() noexcept {
+  return {&detail::pageable_allocate, &detail::pageable_deallocate, "pageable"};
+}
+
+inline void pinned_lease::reset() noexcept {
+  if (pool_) std::exchange(pool_, nullptr)->release(offset_, bytes_);
+  bytes_ = 0;
+  data_ = nullptr;
+}
+
+inline pinned_pool::pinned_pool(std::size_t capacity, host_allocator alloc)
+    : alloc_(alloc), capacity_(detail::round_up(capacity, alignment)) {
+  EBBFLOW_ENFORCE(capacity > 0, "pinned_pool: capacity must be positive");
+  EBBFLOW_ENFORCE(alloc_.allocate && alloc_.deallocate, "pinned_pool: allocator without functions");
+  void* p = alloc_.allocate(capacity_, locked_, lock_status_);
+  if (!p) EBBFLOW_THROW(std::bad_alloc());
+  base_ = static_cast<std::byte*>(p);
+  free_.emplace(0, capacity_);
+  if (!locked_) EBBFLOW_LOG_WARN("prefetch::pinned_pool (" << alloc_.name << "): " << lock_status_);
+}
+
+inline pinned_pool::~pinned_pool() {
+  {
+    std::lock_guard lk(m_);
+    if (leases_ != 0) EBBFLOW_LOG_ERROR("prefetch::pinned_pool destroyed with " << leases_ << " leases outstanding");
+  }
+  alloc_.deallocate(base_, capacity_);
+}
+
+inline std::optional<pinned_lease> pinned_pool::try_acquire_locked(std::size_t bytes) {
+  if (bytes == 0) {
+    ++leases_;
+    return pinned_lease(this, 0, 0, base_);
+  }
+  const std::size_t need = detail::round_up(bytes, alignment);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < need) continue;
+    const std::size_t off = it->first, len = it->second;
+    free_.erase(it);
+    if (len > need) free_.emplace(off + need, len - need);
+    in_use_ += need;
+    if (in_use_ > peak_) peak_ = in_use_;
+    ++leases_;
+    return pinned_lease(this, off, need, base_ + off);
+  }
+  return std::nullopt;
+}
+
+inline std::optional<pinned_lease> pinned_pool::try_acquire(std::size_t bytes) {
+  EBBFLOW_ENFORCE(bytes <= capacity_, "pinned_pool: request of " << bytes << " bytes exceeds the pool's fixed capacity of "
+                                                                  << capacity_ << " bytes");
+  std::lock_guard lk(m_);
+  return try_acquire_locked(bytes);
+}
+
+inline pinned_lease pinned_pool::acquire(std::size_t bytes, deadline until) {
+  EBBFLOW_ENFORCE(bytes <= capacity_, "pinned_pool: request of " << bytes << " bytes exceeds the pool's fixed capacity of "
+                                                                  << capacity_ << " bytes");
+  std::unique_lock lk(m_);
+  for (;;) {
+    if (cancelled_) EBBFLOW_THROW((system_error(make_error_code(error::cancelled), {.operation = "pinned_pool::acquire"})));
+    if (auto l = try_acquire_locked(bytes)) return std::move(*l);
+    if (cv_.wait_until(lk, until.at()) == std::cv_status::timeout && until.expired()) {
+      if (auto l = try_acquire_locked(bytes)) return std::move(*l);
+      EBBFLOW_THROW((system_error(make_error_code(error::timeout),
+                                  {.operation = "pinned_pool::acquire", .detail = std::to_string(bytes) + " bytes"})));
+    }
+  }
+}
+
+inline void pinned_pool::cancel() noexcept {
+  {
+    std::lock_guard lk(m_);
+    cancelled_ = true;
+  }
+  cv_.notify_all();
+}
+
+inline void pinned_pool::release(std::size_t offset, std::size_t bytes) noexcept {
+  {
+    std::lock_guard lk(m_);
+    --leases_;
+    if (bytes != 0) {
+      in_use_ -= bytes;
+      auto it = free_.emplace(offset, bytes).first;
+      // Coalesce with the following and the preceding free range.
+      if (auto nx = std::next(it); nx != free_.end() && it->first + it->second == nx->first) {
+        it->second += nx->second;
+        free_.erase(nx);
+      }
+      if (it != free_.begin()) {
+        auto pv = std::prev(it);
+        if (pv->first + pv->second == it->first) {
+          pv->second += it->second;
+          free_.erase(it);
+        }
+      }
+    }
+  }
+  cv_.notify_all();
+  if (on_release_) on_release_(on_release_ctx_);
+}
+
+inline pool_stats pinned_pool::stats() const {
+  std::lock_guard lk(m_);
+  return {.capacity = capacity_, .in_use = in_use_, .peak = peak_, .leases = leases_, .allocations = 1,
+          .locked = locked_, .allocator = alloc_.name, .lock_status = lock_status_};
+}
+
+}  // namespace prefetch
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/prefetch/impl/pinned_pool.hpp>
+// ---- end <ebbflow/prefetch/pinned_pool.hpp>
+
+#if EBBFLOW_HAS_CUDA
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace prefetch {
+namespace detail {
+inline void cuda_check(cudaError_t e, const char* op) {
+  if (e != cudaSuccess)
+    EBBFLOW_THROW((system_error(std::error_code(static_cast<int>(e), cuda_category()),
+                                {.operation = op, .detail = cudaGetErrorString(e)})));
+}
+inline void* cuda_host_allocate(std::size_t bytes, bool& locked, std::string& status) {
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+  if (e == cudaSuccess) {
+    locked = true;
+    return p;
+  }
+  (void)cudaGetLastError();
+  status = std::string("cudaHostAlloc failed: ") + cudaGetErrorString(e);
+  locked = false;
+  return nullptr;
+}
+inline void cuda_host_deallocate(void* p, std::size_t) noexcept {
+  if (cudaFreeHost(p) != cudaSuccess) EBBFLOW_LOG_ERROR("prefetch: cudaFreeHost failed");
+}
+//! Restores the current device on scope exit.
+class device_guard {
+ public:
+  explicit device_guard(int dev) {
+    cuda_check(cudaGetDevice(&old_), "cudaGetDevice");
+    cuda_check(cudaSetDevice(dev), "cudaSetDevice");
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+  ~device_guard() { (void)cudaSetDevice(old_); }
+
+ private:
+  int old_ = 0;
+};
+}  // namespace detail
+
+//! True when the CUDA runtime sees at least one device. Never throws.
+[[nodiscard]] inline bool cuda_device_present() noexcept {
+  int n = 0;
+  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  if (!ok) (void)cudaGetLastError();
+  return ok;
+}
+
+//! Staging memory from `cudaHostAlloc(cudaHostAllocPortable)`.
+[[nodiscard]] inline host_allocator cuda_host_allocator() noexcept {
+  return {&detail::cuda_host_allocate, &detail::cuda_host_deallocate, "cudaHostAlloc"};
+}
+
+class cuda_stage;
+
+//! Readiness of one device sub-batch. Cheap to copy; valid while the batch is held.
+class cuda_ready_event {
+ public:
+  //! Makes `stream` (on this device) wait for the copy, without blocking the
+  //! host, and remembers `stream` as the one that consumes the buffer.
+  //! @throws system_error (cuda category).
+  void wait(cudaStream_t stream) const;
+  //! Non-blocking: true when the copy has finished.
+  [[nodiscard]] bool ready() const { return cudaEventQuery(event_) == cudaSuccess; }
+  //! Blocks the host until the copy has finished. @throws system_error.
+  void synchronize() const { detail::cuda_check(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+  [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
+
+ private:
+  friend class cuda_stage;
+  cuda_ready_event(cuda_stage* s, std::size_t slot, std::size_t d, cudaEvent_t e) noexcept
+      : stage_(s), slot_(slot), dev_(d), event_(e) {}
+  cuda_stage* stage_;
+  std::size_t slot_, dev_;
+  cudaEvent_t event_;
+};
+
+//! CUDA device stage over the local devices `device_ids` (device d of a plan's
+//! split is `device_ids[d]`). Memory space: device. Move-only.
+class cuda_stage {
+ public:
+  static constexpr memory_space space = memory_space::device;
+  using event_type = cuda_ready_event;
+
+  //! @throws std::invalid_argument for an empty list.
+  explicit cuda_stage(std::vector<int> device_ids) : ids_(std::move(device_ids)) {
+    EBBFLOW_ENFORCE(!ids_.empty(), "cuda_stage: need at least one device");
+  }
+  cuda_stage(cuda_stage&& o) noexcept { swap(o); }
+  cuda_stage& operator=(cuda_stage&& o) noexcept {
+    cuda_stage t(std::move(o));
+    swap(t);
+    return *this;
+  }
+  cuda_stage(const cuda_stage&) = delete;
+  cuda_stage& operator=(const cuda_stage&) = delete;
+  ~cuda_stage() { destroy(); }
+
+  //! cudaHostAlloc when a device is present, else mlock'ed host memory.
+  static host_allocator preferred_allocator() noexcept {
+    return cuda_device_present() ? cuda_host_allocator() : mlock_allocator();
+  }
+
+  //! @throws system_error when allocation fails (e.g. no device).
+  void prepare(std::size_t slots, std::size_t capacity) {
+    EBBFLOW_ENFORCE(streams_.empty(), "cuda_stage: prepare() called twice");
+    slots_ = slots;
+    capacity_ = capacity;
+    streams_.assign(ids_.size(), nullptr);
+    per_.assign(slots * ids_.size(), {});
+    for (std::size_t d = 0; d < ids_.size(); ++d) {
+      detail::device_guard g(ids_[d]);
+      detail::cuda_check(cudaStreamCreateWithFlags(&streams_[d], cudaStreamNonBlocking), "cudaStreamCreate");
+      for (std::size_t s = 0; s < slots; ++s) {
+        auto& p = at(s, d);
+        detail::cuda_check(cudaMalloc(&p.d_buf, capacity > 0 ? capacity : 1), "cudaMalloc");
+        detail::cuda_check(cudaEventCreateWithFlags(&p.ready, cudaEventDisableTiming), "cudaEventCreate");
+        detail::cuda_check(cudaEventCreateWithFlags(&p.consumed, cudaEventDisableTiming), "cudaEventCreate");
+      }
+    }
+  }
+  [[nodiscard]] std::size_t devices() const noexcept { return ids_.size(); }
+  [[nodiscard]] std::byte* buffer(std::size_t slot, std::size_t d) const noexcept {
+    return static_cast<std::byte*>(per_[slot * ids_.size() + d].d_buf);
+  }
+  //! Copy thread: enqueue the H2D copy after the previous consumer finished.
+  void copy(std::size_t slot, std::size_t d, std::span<const std::byte> src) {
+    auto& p = at(slot, d);
+    detail::device_guard g(ids_[d]);
+    if (p.consumed_pending) {
+      detail::cuda_check(cudaStreamWaitEvent(streams_[d], p.consumed, 0), "cudaStreamWaitEvent");
+      p.consumed_pending = false;
+    }
+    if (!src.empty())
+      detail::cuda_check(cudaMemcpyAsync(p.d_buf, src.data(), src.size(), cudaMemcpyHostToDevice, streams_[d]),
+                         "cudaMemcpyAsync");
+    detail::cuda_check(cudaEventRecord(p.ready, streams_[d]), "cudaEventRecord");
+  }
+  //! Copy thread: wait until the slot's copies have read their staging bytes.
+  void finish(std::size_t slot) {
+    for (std::size_t d = 0; d < ids_.size(); ++d)
+      detail::cuda_check(cudaEventSynchronize(at(slot, d).ready), "cudaEventSynchronize");
+  }
+  [[nodiscard]] event_type event(std::size_t slot, std::size_t d) noexcept {
+    return cuda_ready_event(this, slot, d, at(slot, d).ready);
+  }
+  //! Consumer thread: mark the end of the consumer's use of the slot's buffers.
+  void consumed(std::size_t slot) {
+    for (std::size_t d = 0; d < ids_.size(); ++d) {
+      auto& p = at(slot, d);
+      detail::device_guard g(ids_[d]);
+      detail::cuda_check(cudaEventRecord(p.consumed, p.consumer), "cudaEventRecord");
+      p.consumed_pending = true;
+      p.consumer = nullptr;
+    }
+  }
+  //! Device bytes allocated by `prepare`.
+  [[nodiscard]] std::size_t bytes() const noexcept { return per_.size() * capacity_; }
+  //! The copy stream of device `d`.
+  [[nodiscard]] cudaStream_t copy_stream(std::size_t d) const noexcept { return streams_[d]; }
+  [[nodiscard]] int device_id(std::size_t d) const noexcept { return ids_[d]; }
+
+ private:
+  friend class cuda_ready_event;
+  struct per_buffer {
+    void* d_buf = nullptr;
+    cudaEvent_t ready = nullptr, consumed = nullptr;
+    cudaStream_t consumer = nullptr;  // stream given to wait(); nullptr: legacy default stream
+    bool consumed_pending = false;
+  };
+  per_buffer& at(std::size_t slot, std::size_t d) noexcept { return per_[slot * ids_.size() + d]; }
+  void swap(cuda_stage& o) noexcept {
+    std::swap(ids_, o.ids_);
+    std::swap(slots_, o.slots_);
+    std::swap(capacity_, o.capacity_);
+    std::swap(streams_, o.streams_);
+    std::swap(per_, o.per_);
+  }
+  void destroy() noexcept {
+    for (std::size_t d = 0; d < streams_.size(); ++d) {
+      if (cudaSetDevice(ids_[d]) != cudaSuccess) continue;
+      if (streams_[d]) (void)cudaStreamSynchronize(streams_[d]);
+      for (std::size_t s = 0; s < slots_; ++s) {
+        auto& p = at(s, d);
+        if (p.d_buf) (void)cudaFree(p.d_buf);
+        if (p.ready) (void)cudaEventDestroy(p.ready);
+        if (p.consumed) (void)cudaEventDestroy(p.consumed);
+      }
+      if (streams_[d]) (void)cudaStreamDestroy(streams_[d]);
+    }
+    streams_.clear();
+    per_.clear();
+  }
+
+  std::vector<int> ids_;
+  std::size_t slots_ = 0, capacity_ = 0;
+  std::vector<cudaStream_t> streams_;
+  std::vector<per_buffer> per_;
+};
+static_assert(device_stage<cuda_stage>);
+
+inline void cuda_ready_event::wait(cudaStream_t stream) const {
+  detail::device_guard g(stage_->ids_[dev_]);
+  detail::cuda_check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent");
+  stage_->at(slot_, dev_).consumer = stream;
+}
+
+}  // namespace prefetch
+EBBFLOW_END_NAMESPACE
+
+#endif  // EBBFLOW_HAS_CUDA
+// ==== end <ebbflow/prefetch/cuda_stage.hpp>
+
+// ==== begin <ebbflow/prefetch/index_source.hpp> ===========================
+// SPDX-License-Identifier: Apache-2.0
+//! @file index_source.hpp
+//! `index_source`: what the prefetcher asks, step by step, for the samples of
+//! the global batch and how they are split over this process's local devices.
+//! The planner's epoch sampler is adapted to this concept; `sequence_source`
+//! and `list_source` are simple models for tests, benchmarks and users without
+//! a planner.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace prefetch {
+
+//! The plan of one step: the global batch's sample indices, in order, and the
+//! per-device sub-batch sizes. Device d receives the `split[d]` samples that
+//! follow those of devices 0..d-1 (CPU-centric splitting: the global batch is
+//! loaded once and sliced, not loaded by each device).
+//! Invariant checked by the prefetcher: sum(split) == indices.size().
+struct step_plan {
+  std::vector<std::size_t> indices;  //!< sample indices of the global batch
+  std::vector<std::size_t> split;    //!< samples per local device
+};
+
+//! A source of step plans. `s.plan(step, out)` fills `out` for `step` and
+//! returns true, or returns false when there is no such step (end of data).
+//! The prefetcher calls it from one thread at a time, with steps 0, 1, 2, ...
+//! in increasing order, reusing `out` (so a model can avoid allocations by
+//! assigning into it). It may throw; the exception surfaces from
+//! `prefetcher::next()` at that step and stops the prefetcher.
+template <class S>
+concept index_source = requires(S& s, std::uint64_t step, step_plan& out) {
+  { s.plan(step, out) } -> std::convertible_to<bool>;
+};
+
+//! Samples first, first+1, ... in order; the batch size of each step comes
+//! from `batch_size(step)` (which may change every step) and is split over
+//! `devices` devices as evenly as possible (the first devices get one more),
+//! or by `weights` when given (largest remainder rounding). Ends when fewer
+//! samples than the step's batch size remain, or after `steps` steps.
+class sequence_source {
+ public:
+  using batch_size_fn = std::function<std::size_t(std::uint64_t step)>;
+
+  //! @throws std::invalid_argument for 0 devices or a weight vector of the wrong size.
+  sequence_source(std::size_t samples, batch_size_fn batch_size, std::size_t devices = 1,
+                  std::vector<double> weights = {}, std::uint64_t steps = UINT64_MAX)
+      : samples_(samples), batch_size_(std::move(batch_size)), devices_(devices), weights_(std::move(weights)),
+        steps_(steps) {
+    EBBFLOW_ENFORCE(devices_ > 0, "sequence_source: need at least one device");
+    EBBFLOW_ENFORCE(weights_.empty() || weights_.size() == devices_, "sequence_source: one weight per device");
+    EBBFLOW_ENFORCE(static_cast<bool>(batch_size_), "sequence_source: batch_size function is empty");
+  }
+
+  bool plan(std::uint64_t step, step_plan& out) {
+    if (step >= steps_) return false;
+    if (step != next_step_) {  // only forward, in order (the concept's contract)
+      EBBFLOW_ENFORCE(step == next_step_, "sequence_source: steps must be asked for in order");
+    }
+    const std::size_t b = batch_size_(step);
+    if (b == 0 || cursor_ + b > samples_) return false;
+    out.indices.resize(b);
+    for (std::size_t i = 0; i < b; ++i) out.indices[i] = cursor_ + i;
+    split(b, out.split);
+    cursor_ += b;
+    ++next_step_;
+    return true;
+  }
+
+  //! Per-device sizes for a batch of `b` samples (the rule described above).
+  void split(std::size_t b, std::vector<std::size_t>& out) const {
+    out.assign(devices_, 0);
+    if (weights_.empty()) {
+      for (std::size_t d = 0; d < devices_; ++d) out[d] = b / devices_ + (d < b % devices_ ? 1 : 0);
+      return;
+    }
+    double total = 0;
+    for (double w : weights_) total += w;
+    std::size_t given = 0;
+    std::vector<std::pair<double, std::size_t>> rem;
+    rem.reserve(devices_);
+    for (std::size_t d = 0; d < devices_; ++d) {
+      const double exact = total > 0 ? static_cast<double>(b) * weights_[d] / total : 0.0;
+      out[d] = static_cast<std::size_t>(exact);
+      given += out[d];
+      rem.emplace_back(exact - static_cast<double>(out[d]), d);
+    }
+    std::stable_sort(rem.begin(), rem.end(), [](auto& x, auto& y) { return x.first > y.first; });
+    for (std::size_t k = 0; given < b; ++k, ++given) ++out[rem[k % devices_].second];
+  }
+
+ private:
+  std::size_t samples_;
+  batch_size_fn batch_size_;
+  std::size_t devices_;
+  std::vector<double> weights_;
+  std::uint64_t steps_;
+  std::size_t cursor_ = 0;
+  std::uint64_t next_step_ = 0;
+};
+static_assert(index_source<sequence_source>);
+
+//! A fixed list of step plans (plan k is step k). Useful in tests.
+class list_source {
+ public:
+  explicit list_source(std::vector<step_plan> plans) : plans_(std::move(plans)) {}
+  bool plan(std::uint64_t step, step_plan& out) const {
+    if (step >= plans_.size()) return false;
+    out = plans_[static_cast<std::size_t>(step)];
+    return true;
+  }
+
+ private:
+  std::vector<step_plan> plans_;
+};
+static_assert(index_source<list_source>);
+
+}  // namespace prefetch
+EBBFLOW_END_NAMESPACE
+// ==== end <ebbflow/prefetch/index_source.hpp>
+
+// ==== begin <ebbflow/prefetch/prefetcher.hpp> =============================
+// SPDX-License-Identifier: Apache-2.0
+//! @file prefetcher.hpp
+//! `prefetcher`: loads the next global batches into page-locked host memory on
+//! background threads, splits each on the CPU into per-device sub-batches, and
+//! copies them to the devices while the current step computes (ScaleDNN's
+//! mini-batch pre-loading with CPU-centric batch splitting).
+//!
+//! Pipeline (threads owned by the prefetcher):
+//! ```
+//!  index_source.plan(step) -> [loader threads] load(sample, bytes) into a
+//!  pinned_pool lease -> [copy thread] stage.copy(slot, device, sub-batch)
+//!  -> ready queue -> next() on the consumer's thread -> batch (RAII) -> slot free
+//! ```
+//! At most `depth` steps are in flight (a ring of `depth` slots); the staging
+//! bytes of all of them come from one `pinned_pool` of fixed size; stage
+//! buffers are allocated once. Memory never grows after construction.
+//!
+//! Ordering: `next()` returns steps 0, 1, 2, ... in order, each exactly once;
+//! within a step, sample i of the global batch lies at byte
+//! `i * sample_bytes` of the concatenated sub-batches, device d holding
+//! positions [sum(split[0..d)), sum(split[0..d])) of `indices`.
+//!
+//! Errors: an exception thrown by `load` (or by the source or the stage) for
+//! step s is rethrown by the `next()` call that would have returned step s,
+//! as `load_error` naming the step and sample. With `error_policy::stop` the
+//! prefetcher then ends (later `next()` return an empty batch); with
+//! `error_policy::skip_step` the failed step is skipped and step s+1 follows.
+//!
+//! Thread safety: `next()` is for one consumer thread at a time; `shutdown()`,
+//! `stats()` and releasing batches may happen on any thread. Every blocking
+//! call takes a deadline.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/memory.hpp>  (inlined)
+// #include <ebbflow/prefetch/device_stage.hpp>  (inlined)
+// #include <ebbflow/prefetch/index_source.hpp>  (inlined)
+// #include <ebbflow/prefetch/pinned_pool.hpp>  (inlined)
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <stop_token>
+#include <string>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace prefetch {
+
+//! What the prefetcher does after a step failed to load.
+enum class error_policy {
+  stop,       //!< report the failed step, then end (no later step is delivered)
+  skip_step,  //!< report the failed step, then continue with the next one
+};
+
+//! A step could not be prepared. `step()` is the step, `sample()` the global
+//! sample index whose load failed (`no_sample` when the failure was not in a
+//! sample's load, e.g. the source or the device copy), `cause()` the original
+//! exception. `what()` reads "prefetch: step 3, sample 17: <cause>".
+class load_error : public std::runtime_error {
+ public:
+  static constexpr std::size_t no_sample = std::numeric_limits<std::size_t>::max();
+  load_error(std::uint64_t step, std::size_t sample, std::exception_ptr cause)
+      : std::runtime_error(format(step, sample, cause)), step_(step), sample_(sample), cause_(std::move(cause)) {}
+  [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
+  [[nodiscard]] std::size_t sample() const noexcept { return sample_; }
+  [[nodiscard]] std::exception_ptr cause() const noexcept { return cause_; }
+  //! Rethrows the original exception.
+  [[noreturn]] void rethrow_cause() const { std::rethrow_exception(cause_); }
+
+ private:
+  static std::string format(std::uint64_t step, std::size_t sample, const std::exception_ptr& cause);
+  std::uint64_t step_;
+  std::size_t sample_;
+  std::exception_ptr cause_;
+};
+
+//! Construction parameters. `sample_bytes` and `max_batch_samples` are required.
+struct prefetch_options {
+  std::size_t sample_bytes = 0;        //!< bytes of one sample (fixed)
+  std::size_t max_batch_samples = 0;   //!< largest global batch any step may have
+  std::size_t max_device_samples = 0;  //!< largest sub-batch of one device; 0: max_batch_samples
+  std::size_t depth = 3;               //!< steps in flight (ring slots), >= 1
+  std::size_t pool_bytes = 0;          //!< pinned staging bound; 0: depth * max_batch_samples * sample_bytes
+  unsigned loaders = 2;                //!< loader threads, >= 1
+  std::size_t chunk_samples = 0;       //!< samples per loader task; 0: about batch / (4 * loaders)
+  error_policy on_error = error_policy::stop;
+  //! Staging allocator; empty: the stage's preferred one (cudaHostAlloc for
+  //! cuda_stage), else `mlock_allocator()`.
+  std::optional<host_allocator> allocator = std::nullopt;
+};
+
+//! Counters readable at any time from any thread (`prefetcher::stats()`).
+struct prefetch_stats {
+  std::uint64_t steps_delivered = 0;   //!< batches returned by next()
+  std::uint64_t steps_planned = 0;     //!< steps taken from the index source
+  std::size_t queue_depth = 0;         //!< steps ready and not yet taken by next()
+  std::size_t in_flight = 0;           //!< slots in use (planned, loading, ready or held)
+  double consumer_stall_s = 0;         //!< total time next() waited for a batch
+  std::uint64_t samples_loaded = 0;    //!< successful load calls (samples)
+  std::uint64_t bytes_loaded = 0;      //!< bytes written by successful loads
+  double loader_busy_s = 0;            //!< summed time inside load callbacks
+  double loader_bytes_per_s = 0;       //!< bytes_loaded / seconds since construction
+  std::uint64_t load_errors = 0;       //!< failed steps
+  pool_stats pool = {};                //!< staging pool: bytes in use, peak, capacity, locked
+  std::size_t stage_bytes = 0;         //!< stage buffers allocated at construction (0 if unknown)
+};
+
+namespace detail {
+template <class Source, class Load, class Stage>
+class prefetch_state;
+}
+
+//! A delivered step. Owns its ring slot until destroyed or `release()`d;
+//! move-only. Not thread-safe itself (release it from one thread). The spans
+//! stay valid until release. `data(d)` is in `Stage::space` memory: wait on
+//! `event(d)` (CUDA: `event(d).wait(stream)`) before using it.
+template <class State>
+class basic_batch {
+ public:
+  using stage_type = typename State::stage_type;
+  using event_type = typename stage_type::event_type;
+  static constexpr memory_space space = stage_type::space;
+
+  basic_batch() noexcept = default;
+  basic_batch(basic_batch&&) noexcept = default;
+  basic_batch& operator=(basic_batch&& o) noexcept {
+    if (this != &o) {
+      release();
+      state_ = std::move(o.state_);
+      slot_ = o.slot_;
+      step_ = o.step_;
+    }
+    return *this;
+  }
+  ~basic_batch() { release(); }
+
+  //! False for the empty batch that marks the end of data or shutdown.
+  explicit operator bool() const noexcept { return state_ != nullptr; }
+  [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
+  //! Global batch sample indices, in order.
+  [[nodiscard]] std::span<const std::size_t> indices() const noexcept;
+  //! Samples in the global batch.
+  [[nodiscard]] std::size_t size() const noexcept { return indices().size(); }
+  //! Per-device sub-batch sizes (samples).
+  [[nodiscard]] std::span<const std::size_t> sizes() const noexcept;
+  [[nodiscard]] std::size_t devices() const noexcept { return sizes().size(); }
+  //! Sample indices of device `d`'s sub-batch.
+  [[nodiscard]] std::span<const std::size_t> indices(std::size_t d) const noexcept;
+  //! Device `d`'s sub-batch bytes (`sizes()[d] * sample_bytes`), in `space` memory.
+  [[nodiscard]] mspan<std::byte, space> data(std::size_t d) const noexcept;
+  //! Readiness of `data(d)`.
+  [[nodiscard]] event_type event(std::size_t d) const { return state_->stage_event(slot_, d); }
+  //! Gives the slot back to the prefetcher (idempotent, noexcept).
+  void release() noexcept;
+
+ private:
+  friend State;
+  basic_batch(std::shared_ptr<State> s, std::size_t slot, std::uint64_t step) noexcept
+      : state_(std::move(s)), slot_(slot), step_(step) {}
+  std::shared_ptr<State> state_;
+  std::size_t slot_ = 0;
+  std::uint64_t step_ = 0;
+};
+
+//! The prefetcher. `Source` models `index_source`; `Load` is one of
+//! * `void(std::size_t sample, std::span<std::byte> dst)`: fill one sample;
+//! * `void(std::size_t sample, std::span<std::byte> dst, std::stop_token)`:
+//!   the same, and should return early once the token is stopped (shutdown);
+//! * `void(std::span<const std::size_t> samples, std::span<std::byte> dst)`:
+//!   fill a chunk of consecutive positions of one step (batch-level loading).
+//! `load` runs on the loader threads, concurrently with itself for different
+//! samples; `dst` is page-locked host memory when the pool is locked.
+//! `Stage` models `device_stage` (`cpu_stage` here, `cuda_stage` for CUDA).
+template <index_source Source, class Load, device_stage Stage = cpu_stage>
+class prefetcher {
+ public:
+  using state_type = detail::prefetch_state<Source, Load, Stage>;
+  using batch = basic_batch<state_type>;
+
+  //! Allocates the staging pool and stage buffers and starts the threads.
+  //! @throws std::invalid_argument for bad options; std::bad_alloc.
+  prefetcher(Source source, Load load, Stage stage, prefetch_options opt);
+  prefetcher(const prefetcher&) = delete;
+  prefetcher& operator=(const prefetcher&) = delete;
+  //! `shutdown()` then joins the threads (blocks until `load` calls return).
+  ~prefetcher();
+
+  //! The next step's batch, waiting until it is ready or `until` passes. An
+  //! empty batch means the source ended (or the prefetcher was shut down or
+  //! stopped after an error). Blocking; one consumer thread at a time.
+  //! @throws load_error for a step that failed to load;
+  //! system_error(errc::timeout) when `until` passes (the step is still
+  //! pending: a later call returns it).
+  [[nodiscard]] batch next(deadline until);
+  //! `next(deadline::after(timeout))`.
+  template <class Rep, class Period>
+  [[nodiscard]] batch next(std::chrono::duration<Rep, Period> timeout) {
+    return next(deadline::after(timeout));
+  }
+
+  //! Stops loading and wakes every waiter (a waiting next() returns an empty
+  //! batch). Non-blocking; callable from any thread, also from `load`.
+  void shutdown() noexcept;
+  //! `shutdown()` and wait until every background thread has exited or
+  //! `until` passes. @returns true when all exited.
+  bool close(deadline until);
+
+  [[nodiscard]] prefetch_stats stats() const;
+  [[nodiscard]] const prefetch_options& options() const noexcept;
+
+ private:
+  std::shared_ptr<state_type> state_;
+};
+
+template <class Source, class Load, class Stage>
+prefetcher(Source, Load, Stage, prefetch_options) -> prefetcher<Source, Load, Stage>;
+
+}  // namespace prefetch
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/prefetch/impl/prefetcher.hpp>  (inlined here)
+// ---- begin <ebbflow/prefetch/impl/prefetcher.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/prefetcher.hpp
+//! Definitions for prefetch/prefetcher.hpp. The shared state lives in
+//! `detail::prefetch_state`, owned jointly by the prefetcher and the batches
+//! it handed out, so a batch released after the prefetcher is gone is safe.
+
+
+// #include <ebbflow/prefetch/prefetcher.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+
+#include <algorithm>
+#include <atomic>
+#include <concepts>
+#include <condition_variable>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace prefetch {
+
+inline std::string load_error::format(std::uint64_t step, std::size_t sample, const std::exception_ptr& cause) {
+  std::ostringstream os;
+  os << "prefetch: step " << step;
+  if (sample != no_sample) os << ", sample " << sample;
+  os << ": ";
+  try {
+    if (cause) std::rethrow_exception(cause);
+    os << "unknown error";
+  } catch (const std::exception& e) {
+    os << e.what();
+  } catch (...) {
+    os << "non-standard exception";
+  }
+  return os.str();
+}
+
+namespace detail {
+
+// Which of the documented `load` signatures `Load` has.
+enum class load_kind { none, sample, sample_stop, chunk };
+template <class Load>
+constexpr load_kind kind_of() {
+  if constexpr (std::invocable<Load&, std::size_t, std::span<std::byte>, std::stop_token>) return load_kind::sample_stop;
+  else if constexpr (std::invocable<Load&, std::size_t, std::span<std::byte>>) return load_kind::sample;
+  else if constexpr (std::invocable<Load&, std::span<const std::size_t>, std::span<std::byte>>) return load_kind::chunk;
+  else return load_kind::none;
+}
+
+template <class Stage>
+host_allocator preferred_allocator(const std::optional<host_allocator>& given) {
+  if (given) return *given;
+  if constexpr (requires { { Stage::preferred_allocator() } -> std::convertible_to<host_allocator>; })
+    return Stage::preferred_allocator();
+  else
+    return mlock_allocator();
+}
+
+template <class Source, class Load, class Stage>
+class prefetch_state : public std::enable_shared_from_this<prefetch_state<Source, Load, Stage>> {
+ public:
+  using stage_type = Stage;
+  using batch = basic_batch<prefetch_state>;
+  static constexpr load_kind kind = kind_of<Load>();
+  static_assert(kind != load_kind::none,
+                "prefetcher: Load must be callable as load(std::size_t, std::span<std::byte>[, std::stop_token]) "
+                "or load(std::span<const std::size_t>, std::span<std::byte>)");
+
+  prefetch_state(Source source, Load load, Stage stage, prefetch_options opt)
+      : source_(std::move(source)), load_(std::move(load)), stage_(std::move(stage)), opt_(checked(opt)),
+        devices_(stage_.devices()),
+        pool_(opt_.pool_bytes, preferred_allocator<Stage>(opt_.allocator)),
+        slots_(opt_.depth), t0_(steady_clock::now()) {
+    stage_.prepare(opt_.depth, opt_.max_device_samples * opt_.sample_bytes);
+    for (auto& s : slots_) {
+      s.plan.indices.reserve(opt_.max_batch_samples);
+      s.plan.split.reserve(devices_);
+      s.offsets.reserve(devices_ + 1);
+    }
+    // Space freed in the pool may unblock a loader waiting to stage a step.
+    pool_.on_release(
+        [](void* self) noexcept {
+          auto* st = static_cast<prefetch_state*>(self);
+          { std::lock_guard lk(st->m_); }  // orders the wake-up after a waiter's check
+          st->cv_work_.notify_all();
+        },
+        this);
+  }
+
+  ~prefetch_state() { join(); }
+
+  void start() {
+    std::lock_guard jl(join_m_);
+    try {
+      for (unsigned i = 0; i < opt_.loaders; ++i) threads_.emplace_back([this] { guarded([this] { loader_loop(); }); });
+      threads_.emplace_back([this] { guarded([this] { copy_loop(); }); });
+    } catch (...) {
+      shutdown();
+      throw;  // the destructor joins what started
+    }
+  }
+
+  // ---------------------------------------------------------------- consumer
+  batch next(deadline until) {
+    std::unique_lock lk(m_);
+    const auto t0 = steady_clock::now();
+    const bool ok = cv_ready_.wait_until(lk, until.at(), [&] { return stopped_ || at_end_locked() || head_ready_locked(); });
+    stall_ns_.fetch_add(static_cast<std::uint64_t>((steady_clock::now() - t0).count()), std::memory_order_relaxed);
+    if (!ok)
+      EBBFLOW_THROW((system_error(make_error_code(error::timeout),
+                                  {.operation = "prefetch::next", .detail = "step " + std::to_string(consume_step_)})));
+    if (stopped_ || at_end_locked()) return {};
+    const std::uint64_t s = consume_step_++;
+    const std::size_t idx = index(s);
+    slot_t& sl = slots_[idx];
+    if (sl.error) {
+      load_error e(s, sl.error_sample, std::exchange(sl.error, nullptr));
+      sl.ph = phase::free;
+      lk.unlock();
+      cv_work_.notify_all();
+      EBBFLOW_THROW(e);
+    }
+    sl.ph = phase::held;
+    delivered_.fetch_add(1, std::memory_order_relaxed);
+    return batch(this->shared_from_this(), idx, s);
+  }
+
+  void give_back(std::size_t idx) noexcept {
+    try {
+      stage_.consumed(idx);
+    } catch (const std::exception& e) {
+      EBBFLOW_LOG_ERROR("prefetch: stage consumed() failed: " << e.what());
+    }
+    {
+      std::lock_guard lk(m_);
+      slots_[idx].ph = phase::free;
+    }
+    cv_work_.notify_all();
+  }
+
+  void shutdown() noexcept {
+    {
+      std::lock_guard lk(m_);
+      stopped_ = true;
+    }
+    stop_.request_stop();
+    cv_work_.notify_all();
+    cv_copy_.notify_all();
+    cv_ready_.notify_all();
+  }
+
+  bool close(deadline until) {
+    shutdown();
+    std::lock_guard jl(join_m_);
+    {
+      std::unique_lock lk(m_);
+      if (!cv_exit_.wait_until(lk, until.at(), [&] { return exited_ == threads_.size(); })) return false;
+    }
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+    return true;
+  }
+
+  void join() noexcept {
+    shutdown();
+    std::lock_guard jl(join_m_);
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+  }
+
+  prefetch_stats stats() const {
+    prefetch_stats r;
+    {
+      std::lock_guard lk(m_);
+      for (const auto& s : slots_) {
+        if (s.ph != phase::free) ++r.in_flight;
+        if (s.ph == phase::ready && s.step >= consume_step_ && s.step < end_step_) ++r.queue_depth;
+      }
+      r.steps_planned = plan_step_;
+    }
+    r.steps_delivered = delivered_.load(std::memory_order_relaxed);
+    r.consumer_stall_s = 1e-9 * static_cast<double>(stall_ns_.load(std::memory_order_relaxed));
+    r.samples_loaded = samples_.load(std::memory_order_relaxed);
+    r.bytes_loaded = bytes_.load(std::memory_order_relaxed);
+    r.loader_busy_s = 1e-9 * static_cast<double>(busy_ns_.load(std::memory_order_relaxed));
+    const double wall = std::chrono::duration<double>(steady_clock::now() - t0_).count();
+    r.loader_bytes_per_s = wall > 0 ? static_cast<double>(r.bytes_loaded) / wall : 0.0;
+    r.load_errors = errors_.load(std::memory_order_relaxed);
+    r.pool = pool_.stats();
+    if constexpr (requires(const Stage& s) { { s.bytes() } -> std::convertible_to<std::size_t>; }) r.stage_bytes = stage_.bytes();
+    return r;
+  }
+
+  const prefetch_options& options() const noexcept { return opt_; }
+
+  // ---------------------------------------------------------------- batch access (slot is held)
+  std::span<const std::size_t> indices(std::size_t idx) const noexcept { return slots_[idx].plan.indices; }
+  std::span<const std::size_t> sizes(std::size_t idx) const noexcept { return slots_[idx].plan.split; }
+  std::span<const std::size_t> indices(std::size_t idx, std::size_t d) const noexcept {
+    const auto& s = slots_[idx];
+    return std::span<const std::size_t>(s.plan.indices).subspan(s.offsets[d], s.plan.split[d]);
+  }
+  mspan<std::byte, Stage::space> data(std::size_t idx, std::size_t d) const noexcept {
+    return {stage_.buffer(idx, d), slots_[idx].plan.split[d] * opt_.sample_bytes};
+  }
+  typename Stage::event_type stage_event(std::size_t idx, std::size_t d) { return stage_.event(idx, d); }
+
+ private:
+  enum class phase : unsigned char { free, staging, loading, loaded, copying, ready, held };
+  struct slot_t {
+    phase ph = phase::free;
+    std::uint64_t step = UINT64_MAX;
+    step_plan plan;
+    std::vector<std::size_t> offsets;  // device d's first position; offsets[devices] = n
+    pinned_lease staging;
+    std::size_t next_pos = 0, done = 0;
+    std::exception_ptr error;
+    std::size_t error_pos = SIZE_MAX, error_sample = load_error::no_sample;
+  };
+
+  static prefetch_options checked(prefetch_options o) {
+    EBBFLOW_ENFORCE(o.sample_bytes > 0, "prefetcher: sample_bytes must be positive");
+    EBBFLOW_ENFORCE(o.max_batch_samples > 0, "prefetcher: max_batch_samples must be positive");
+    EBBFLOW_ENFORCE(o.depth >= 1, "prefetcher: depth must be at least 1");
+    EBBFLOW_ENFORCE(o.loaders >= 1, "prefetcher: need at least one loader thread");
+    if (o.max_device_samples == 0 || o.max_device_samples > o.max_batch_samples) o.max_device_samples = o.max_batch_samples;
+    const std::size_t batch_bytes = o.max_batch_samples * o.sample_bytes;
+    if (o.pool_bytes == 0) o.pool_bytes = o.depth * ((batch_bytes + pinned_pool::alignment - 1) / pinned_pool::alignment * pinned_pool::alignment);
+    EBBFLOW_ENFORCE(o.pool_bytes >= batch_bytes, "prefetcher: pool_bytes " << o.pool_bytes
+                                                   << " cannot hold one batch of max_batch_samples * sample_bytes = " << batch_bytes);
+    return o;
+  }
+
+  std::size_t index(std::uint64_t step) const noexcept { return static_cast<std::size_t>(step % opt_.depth); }
+  bool at_end_locked() const noexcept { return consume_step_ >= end_step_; }
+  bool head_ready_locked() const noexcept {
+    const slot_t& s = slots_[index(consume_step_)];
+    return s.step == consume_step_ && s.ph == phase::ready;
+  }
+
+  template <class F>
+  void guarded(F f) noexcept {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      EBBFLOW_LOG_ERROR("prefetch: internal thread failed, shutting down: " << e.what());
+      shutdown();
+    } catch (...) {
+      shutdown();
+    }
+    {
+      std::lock_guard lk(m_);
+      ++exited_;
+    }
+    cv_exit_.notify_all();
+  }
+
+  void fail_locked(slot_t& sl, std::uint64_t step, std::size_t pos, std::size_t sample, std::exception_ptr e) {
+    if (!sl.error) errors_.fetch_add(1, std::memory_order_relaxed);
+    if (!sl.error || pos < sl.error_pos) {
+      sl.error = std::move(e);
+      sl.error_pos = pos;
+      sl.error_sample = sample;
+    }
+    if (opt_.on_error == error_policy::stop) end_step_ = std::min(end_step_, step + 1);
+  }
+
+  void complete_if_done_locked(slot_t& sl) {
+    if (sl.ph == phase::loading && sl.done == sl.plan.indices.size()) {
+      sl.ph = phase::loaded;
+      cv_copy_.notify_one();
+    }
+  }
+
+  struct task {
+    std::size_t idx;
+    std::uint64_t step;
+    std::size_t begin, end;
+  };
+
+  // The oldest loading step with unassigned positions; positions of failed
+  // or discarded steps are retired here without calling load.
+  std::optional<task> take_task_locked() {
+    for (std::uint64_t s = copy_step_; s < plan_step_; ++s) {
+      const std::size_t idx = index(s);
+      slot_t& sl = slots_[idx];
+      if (sl.step != s || sl.ph != phase::loading) continue;
+      const std::size_t n = sl.plan.indices.size();
+      if (sl.next_pos >= n) continue;
+      if (sl.error || s >= end_step_) {
+        sl.done += n - sl.next_pos;
+        sl.next_pos = n;
+        complete_if_done_locked(sl);
+        continue;
+      }
+      const std::size_t chunk =
+          opt_.chunk_samples ? opt_.chunk_samples : std::max<std::size_t>(1, n / (4 * std::size_t{opt_.loaders}));
+      const std::size_t b = sl.next_pos, e = std::min(n, b + chunk);
+      sl.next_pos = e;
+      return task{idx, s, b, e};
+    }
+    return std::nullopt;
+  }
+
+  void run_task_and_finish(std::unique_lock<std::mutex>& lk, const task& t) {
+    slot_t& sl = slots_[t.idx];
+    const std::size_t sb = opt_.sample_bytes;
+    const std::span<std::byte> dst = sl.staging.bytes();
+    const std::span<const std::size_t> ind = sl.plan.indices;
+    std::size_t ok = 0, fail_pos = SIZE_MAX;
+    std::exception_ptr err;
+    lk.unlock();
+    const auto t0 = steady_clock::now();
+    if constexpr (kind == load_kind::chunk) {
+      try {
+        load_(ind.subspan(t.begin, t.end - t.begin), dst.subspan(t.begin * sb, (t.end - t.begin) * sb));
+        ok = t.end - t.begin;
+      } catch (...) {
+        err = std::current_exception();
+        fail_pos = t.begin;
+      }
+    } else {
+      const std::stop_token tok = stop_.get_token();
+      for (std::size_t i = t.begin; i < t.end && !tok.stop_requested(); ++i) {
+        try {
+          if constexpr (kind == load_kind::sample_stop) load_(ind[i], dst.subspan(i * sb, sb), tok);
+          else load_(ind[i], dst.subspan(i * sb, sb));
+          ++ok;
+        } catch (...) {
+          err = std::current_exception();
+          fail_pos = i;
+          break;
+        }
+      }
+    }
+    busy_ns_.fetch_add(static_cast<std::uint64_t>((steady_clock::now() - t0).count()), std::memory_order_relaxed);
+    samples_.fetch_add(ok, std::memory_order_relaxed);
+    bytes_.fetch_add(ok * sb, std::memory_order_relaxed);
+    lk.lock();
+    // Positions not loaded because of an error or a stop count as done: the
+    // step is reported as failed, or the prefetcher is shutting down.
+    sl.done += t.end - t.begin;
+    if (err) fail_locked(sl, t.step, fail_pos, ind[fail_pos], std::move(err));
+    complete_if_done_locked(sl);
+    if (err) cv_ready_.notify_all();
+  }
+
+  bool can_plan_locked() const noexcept {
+    return !planning_ && !staging_wait_ && plan_step_ < end_step_ && slots_[index(plan_step_)].ph == phase::free;
+  }
+
+  void plan_next(std::unique_lock<std::mutex>& lk) {
+    const std::uint64_t s = plan_step_;
+    slot_t& sl = slots_[index(s)];
+    planning_ = true;
+    lk.unlock();
+    bool more = false;
+    std::exception_ptr err;
+    try {
+      more = static_cast<bool>(source_.plan(s, sl.plan));
+      if (more) validate(sl.plan);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lk.lock();
+    planning_ = false;
+    if (!err && !more) {
+      end_step_ = std::min(end_step_, s);
+      cv_ready_.notify_all();
+      return;
+    }
+    sl.step = s;
+    sl.next_pos = sl.done = 0;
+    sl.error = nullptr;
+    sl.error_pos = SIZE_MAX;
+    sl.error_sample = load_error::no_sample;
+    ++plan_step_;
+    if (err) {
+      // A broken source cannot be continued past: always stop after this step.
+      errors_.fetch_add(1, std::memory_order_relaxed);
+      sl.error = std::move(err);
+      end_step_ = std::min(end_step_, s + 1);
+      sl.ph = phase::loaded;
+      sl.plan.indices.clear();
+      sl.plan.split.clear();
+      cv_copy_.notify_one();
+      return;
+    }
+    sl.offsets.assign(1, 0);
+    for (std::size_t d = 0; d < devices_; ++d) sl.offsets.push_back(sl.offsets.back() + sl.plan.split[d]);
+    sl.ph = phase::staging;
+    staging_wait_ = true;
+    try_stage_locked();
+  }
+
+  void validate(const step_plan& p) const {
+    const std::size_t n = p.indices.size();
+    EBBFLOW_ENFORCE(p.split.size() == devices_,
+                    "prefetch: the plan splits over " << p.split.size() << " devices, the stage has " << devices_);
+    std::size_t sum = 0;
+    for (std::size_t d = 0; d < devices_; ++d) {
+      EBBFLOW_ENFORCE(p.split[d] <= opt_.max_device_samples,
+                      "prefetch: device " << d << " gets " << p.split[d] << " samples > max_device_samples " << opt_.max_device_samples);
+      sum += p.split[d];
+    }
+    EBBFLOW_ENFORCE(sum == n, "prefetch: split sums to " << sum << " but the batch has " << n << " samples");
+    EBBFLOW_ENFORCE(n <= opt_.max_batch_samples, "prefetch: batch of " << n << " samples > max_batch_samples " << opt_.max_batch_samples);
+  }
+
+  // Leases staging bytes for the last planned step, when the pool has room.
+  bool try_stage_locked() {
+    slot_t& sl = slots_[index(plan_step_ - 1)];
+    auto lease = pool_.try_acquire(sl.plan.indices.size() * opt_.sample_bytes);
+    if (!lease) return false;
+    sl.staging = std::move(*lease);
+    staging_wait_ = false;
+    sl.ph = phase::loading;
+    complete_if_done_locked(sl);  // an empty batch is complete at once
+    cv_work_.notify_all();
+    return true;
+  }
+
+  void loader_loop() {
+    std::unique_lock lk(m_);
+    while (!stopped_) {
+      if (auto t = take_task_locked()) {
+        run_task_and_finish(lk, *t);
+        continue;
+      }
+      if (staging_wait_) {
+        if (try_stage_locked()) continue;
+      } else if (can_plan_locked()) {
+        plan_next(lk);
+        continue;
+      }
+      cv_work_.wait(lk);
+    }
+  }
+
+  void copy_loop() {
+    std::unique_lock lk(m_);
+    for (;;) {
+      cv_copy_.wait(lk, [&] {
+        if (stopped_) return true;
+        const slot_t& s = slots_[index(copy_step_)];
+        return copy_step_ < plan_step_ && s.step == copy_step_ && s.ph == phase::loaded;
+      });
+      if (stopped_) return;
+      const std::uint64_t s = copy_step_;
+      const std::size_t idx = index(s);
+      slot_t& sl = slots_[idx];
+      const bool skip = sl.error || s >= end_step_;
+      sl.ph = phase::copying;
+      lk.unlock();
+      std::exception_ptr err;
+      if (!skip) {
+        try {
+          const std::span<const std::byte> src = sl.staging.bytes();
+          const std::size_t sb = opt_.sample_bytes;
+          for (std::size_t d = 0; d < devices_; ++d)
+            stage_.copy(idx, d, src.subspan(sl.offsets[d] * sb, sl.plan.split[d] * sb));
+          stage_.finish(idx);
+        } catch (...) {
+          err = std::current_exception();
+        }
+      }
+      sl.staging.reset();  // outside m_: the pool's release hook takes m_
+      lk.lock();
+      if (err) fail_locked(sl, s, SIZE_MAX, load_error::no_sample, std::move(err));
+      sl.ph = phase::ready;
+      ++copy_step_;
+      cv_ready_.notify_all();
+      cv_work_.notify_all();  // a loader may be waiting to plan into a slot only the copy frees
+    }
+  }
+
+  // Members are declared in acquisition order; the pool's release hook uses
+  // m_ and cv_work_, so they are declared before the slots whose leases it sees.
+  Source source_;
+  Load load_;
+  Stage stage_;
+  prefetch_options opt_;
+  std::size_t devices_;
+  pinned_pool pool_;
+  mutable std::mutex m_;
+  std::condition_variable cv_work_, cv_copy_, cv_ready_, cv_exit_;
+  std::vector<slot_t> slots_;
+  std::uint64_t plan_step_ = 0, copy_step_ = 0, consume_step_ = 0, end_step_ = UINT64_MAX;
+  bool planning_ = false, staging_wait_ = false, stopped_ = false;
+  std::stop_source stop_;
+  std::atomic<std::uint64_t> delivered_{0}, samples_{0}, bytes_{0}, busy_ns_{0}, stall_ns_{0}, errors_{0};
+  steady_clock::time_point t0_;
+  std::mutex join_m_;
+  std::size_t exited_ = 0;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- basic_batch
+template <class State>
+std::span<const std::size_t> basic_batch<State>::indices() const noexcept {
+  return state_ ? state_->indices(slot_) : std::span<const std::size_t>{};
+}
+template <class State>
+std::span<const std::size_t> basic_batch<State>::sizes() const noexcept {
+  return state_ ? state_->sizes(slot_) : std::span<const std::size_t>{};
+}
+template <class State>
+std::span<const std::size_t> basic_batch<State>::indices(std::size_t d) const noexcept {
+  return state_->indices(slot_, d);
+}
+template <class State>
+auto basic_batch<State>::data(std::size_t d) const noexcept -> mspan<std::byte, space> {
+  return state_->data(slot_, d);
+}
+template <class State>
+void basic_batch<State>::release() noexcept {
+  if (state_) std::exchange(state_, nullptr)->give_back(slot_);
+}
+
+// ---------------------------------------------------------------- prefetcher
+template <index_source Source, class Load, device_stage Stage>
+prefetcher<Source, Load, Stage>::prefetcher(Source source, Load load, Stage stage, prefetch_options opt)
+    : state_(std::make_shared<state_type>(std::move(source), std::move(load), std::move(stage), std::move(opt))) {
+  state_->start();
+}
+template <index_source Source, class Load, device_stage Stage>
+prefetcher<Source, Load, Stage>::~prefetcher() {
+  if (state_) state_->join();
+}
+template <index_source Source, class Load, device_stage Stage>
+auto prefetcher<Source, Load, Stage>::next(deadline until) -> batch {
+  return state_->next(until);
+}
+template <index_source Source, class Load, device_stage Stage>
+void prefetcher<Source, Load, Stage>::shutdown() noexcept {
+  state_->shutdown();
+}
+template <index_source Source, class Load, device_stage Stage>
+bool prefetcher<Source, Load, Stage>::close(deadline until) {
+  return state_->close(until);
+}
+template <index_source Source, class Load, device_stage Stage>
+prefetch_stats prefetcher<Source, Load, Stage>::stats() const {
+  return state_->stats();
+}
+template <index_source Source, class Load, device_stage Stage>
+const prefetch_options& prefetcher<Source, Load, Stage>::options() const noexcept {
+  return state_->options();
+}
+
+}  // namespace prefetch
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/prefetch/impl/prefetcher.hpp>
+// ==== end <ebbflow/prefetch/prefetcher.hpp>
 
 #endif  // EBBFLOW_SINGLE_INCLUDE_HPP
