@@ -21,30 +21,45 @@ namespace comm {
 //! A flag shared between the transport user and the thread that revokes.
 class revoke_flag {
  public:
+  //! Sets the flag; never blocks, callable from any thread. Irreversible.
   void revoke() noexcept { v_.store(true, std::memory_order_release); }
+  //! True once `revoke()` was called (acquire load; any thread).
   [[nodiscard]] bool revoked() const noexcept { return v_.load(std::memory_order_acquire); }
 
  private:
   std::atomic<bool> v_{false};
 };
 
+//! A `transport` that forwards to `T` and fails waits with `errc::revoked`
+//! once its shared `revoke_flag` is set. Models `transport` itself. Like any
+//! transport, one thread drives it at a time; only the flag may be set from
+//! another thread.
 template <transport T>
 class revocable {
  public:
-  using request = typename T::request;
+  using request = typename T::request;  //!< the inner transport's request
 
   //! `slice`: how long one inner wait may block before the flag is checked again.
   revocable(T inner, std::shared_ptr<revoke_flag> flag, std::chrono::microseconds slice = std::chrono::milliseconds(2))
       : inner_(std::move(inner)), flag_(std::move(flag)), slice_(slice) {}
 
-  [[nodiscard]] int rank() const noexcept { return inner_.rank(); }
-  [[nodiscard]] int size() const noexcept { return inner_.size(); }
+  [[nodiscard]] int rank() const noexcept { return inner_.rank(); }  //!< the inner transport's rank
+  [[nodiscard]] int size() const noexcept { return inner_.size(); }  //!< the inner transport's size
+  //! The inner transport's generation.
   [[nodiscard]] std::int64_t generation() const noexcept { return inner_.generation(); }
+  //! The wrapped transport (bypasses the revoke check).
   [[nodiscard]] T& inner() noexcept { return inner_; }
+  //! The shared flag; set it (from any thread) to revoke.
   [[nodiscard]] const std::shared_ptr<revoke_flag>& flag() const noexcept { return flag_; }
 
+  //! Posts a send on the inner transport (not checked against the flag; never blocks).
+  //! `out` (host memory) must stay valid until the request completed.
   request isend(int peer, tag_t tag, std::span<const std::byte> out) { return inner_.isend(peer, tag, out); }
+  //! Posts a receive on the inner transport (not checked against the flag; never blocks).
+  //! `in` (host memory) must stay valid until the request completed.
   request irecv(int peer, tag_t tag, std::span<std::byte> in) { return inner_.irecv(peer, tag, in); }
+  //! Progresses `r`; true once it completed or the flag is set (then `ec` is
+  //! `errc::revoked` unless the request had already completed). Never blocks.
   bool test(request& r, std::error_code& ec) {
     if (inner_.test(r, ec)) return true;
     if (flag_->revoked()) {
@@ -53,6 +68,9 @@ class revocable {
     }
     return false;
   }
+  //! Blocks until `r` completes, the flag is set (`ec` = `errc::revoked`,
+  //! noticed within one `slice`) or `d` passes (`ec` = `errc::timeout`; the
+  //! request stays pending). Other errors of the inner transport pass through in `ec`.
   void wait(request& r, deadline d, std::error_code& ec) {
     for (;;) {
       if (flag_->revoked()) {

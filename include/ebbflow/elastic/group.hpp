@@ -146,6 +146,7 @@ struct step_info {
 //! Why the membership changed (passed to world-changed callbacks).
 enum class change_reason : std::uint8_t { initial, join, leave, failure };
 
+//! The reason as a lower-case word ("initial", "join", "leave", "failure"), for logs.
 constexpr std::string_view name(change_reason r) noexcept {
   switch (r) {
     case change_reason::initial: return "initial";
@@ -158,10 +159,10 @@ constexpr std::string_view name(change_reason r) noexcept {
 
 //! A membership change as seen by callbacks and the event log.
 struct world_change {
-  std::int64_t generation = 0;
-  change_reason reason = change_reason::initial;
-  int old_size = 0;
-  int new_size = 0;
+  std::int64_t generation = 0;  //!< the generation that the change created
+  change_reason reason = change_reason::initial;  //!< why it changed
+  int old_size = 0;              //!< members before the change (0 for the initial formation)
+  int new_size = 0;              //!< members after the change
   int rank = 0;                  //!< this member's new rank
   std::int64_t step = 0;         //!< committed step at which the change took effect
   double stall_seconds = 0;      //!< time from the change's start to this member being ready again
@@ -246,7 +247,9 @@ using group_error = system_error;
 template <kv_store Store, network Net>
 class group {
  public:
+  //! The transport handed to `collective`: `Net`'s, revocable by the heartbeat thread.
   using transport_type = comm::revocable<typename Net::transport_type>;
+  //! Connects a new store client (must not return nullptr; may throw, which the constructor passes on).
   using store_factory = std::function<std::unique_ptr<Store>()>;
 
   //! Joins the job: as one of the initial `launch.world_size` workers (rank
@@ -281,6 +284,7 @@ class group {
   bool collective(F&& f);
   //! Sums `data` over all members (host memory). False: redo the step.
   bool allreduce(std::span<float> data);
+  //! As above, for doubles.
   bool allreduce(std::span<double> data);
 
   //! Commits the step (call after the optimizer step) and runs the control
@@ -293,14 +297,24 @@ class group {
   //! Marks the job finished: workers still waiting to join stop waiting.
   void finish();
 
+  //! False once this member left the group (after `request_leave` took effect).
   [[nodiscard]] bool active() const noexcept { return active_; }
+  //! This member's rank in the current generation.
   [[nodiscard]] int rank() const noexcept { return rank_; }
+  //! Members in the current generation.
   [[nodiscard]] int size() const noexcept { return static_cast<int>(gen_.members.size()); }
+  //! The current generation (grows by one with every membership change).
   [[nodiscard]] std::int64_t generation() const noexcept { return gen_.generation; }
+  //! Steps committed so far; -1 on a joiner until its state arrived at the first `begin_step`.
   [[nodiscard]] std::int64_t step() const noexcept { return step_; }
+  //! The epoch of the next step.
   [[nodiscard]] std::int64_t epoch() const noexcept { return epoch_; }
+  //! This worker's job-wide id (from the store; never reused).
   [[nodiscard]] member_id id() const noexcept { return id_; }
+  //! The plan in force: every member's batch for a full global batch, rank
+  //! order. Valid until the next membership change or re-plan.
   [[nodiscard]] std::span<const std::uint64_t> plan() const noexcept { return gen_.plan; }
+  //! Every membership change this member saw, oldest first.
   [[nodiscard]] const std::vector<world_change>& history() const noexcept { return history_; }
   //! The transport of the current generation (valid until the next change).
   [[nodiscard]] transport_type& transport() { return *transport_; }

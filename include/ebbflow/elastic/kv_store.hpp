@@ -35,6 +35,7 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 
+//! Owned binary data (transport addresses, encoded records); host memory.
 using bytes = std::vector<std::byte>;
 
 template <class S>
@@ -62,16 +63,20 @@ inline bytes to_bytes(std::string_view s) {
 //! how clients react to a lost store.
 class memory_store {
  public:
+  //! Outcome of `compare_set`.
   struct cas_result {
-    bool swapped = false;
-    std::string current;
+    bool swapped = false;  //!< true when `desired` was stored
+    std::string current;   //!< the value now stored under the key ("" when absent)
   };
+  //! Stores `v` under `k` and wakes waiters. Never blocks beyond the lock.
+  //! @throws system_error: peer_lost after `fail()`, timeout when `d` already expired.
   void set(const std::string& k, std::string_view v, deadline d) {
     std::lock_guard lk(m_);
     check(d, "store.set");
     kv_[k] = std::string(v);
     cv_.notify_all();
   }
+  //! The value under `k`, or nullopt when absent. Errors as for `set`.
   std::optional<std::string> try_get(const std::string& k, deadline d) {
     std::lock_guard lk(m_);
     check(d, "store.get");
@@ -79,6 +84,9 @@ class memory_store {
     if (it == kv_.end()) return std::nullopt;
     return it->second;
   }
+  //! Adds `delta` to the decimal integer under `k` (absent = 0) and returns
+  //! the new value. Errors as for `set`; std::invalid_argument /
+  //! std::out_of_range when the stored value is not an integer.
   std::int64_t add(const std::string& k, std::int64_t delta, deadline d) {
     std::lock_guard lk(m_);
     check(d, "store.add");
@@ -88,6 +96,8 @@ class memory_store {
     cv_.notify_all();
     return x;
   }
+  //! Stores `desired` when the value under `k` equals `expected` (an empty
+  //! `expected` matches an absent key). Errors as for `set`.
   cas_result compare_set(const std::string& k, std::string_view expected, std::string_view desired, deadline d) {
     std::lock_guard lk(m_);
     check(d, "store.compare_set");
@@ -100,6 +110,9 @@ class memory_store {
     }
     return {false, it == kv_.end() ? std::string() : it->second};
   }
+  //! Blocks until every key in `keys` exists.
+  //! @throws system_error: timeout when `d` passes first (naming the first key),
+  //! peer_lost after `fail()`.
   void wait(const std::vector<std::string>& keys, deadline d) {
     std::unique_lock lk(m_);
     for (;;) {

@@ -19,9 +19,12 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 
-//! Shared by all workers of one test.
+//! Shared by all workers of one test. Thread-safe.
 class loopback_fabric {
  public:
+  //! The hub of generation `g` (created for `size` ranks by its first caller)
+  //! and records that `addr` is `rank` there; if `addr` was already killed,
+  //! that rank is dead in the hub at once.
   std::shared_ptr<comm::loopback_hub> hub(std::int64_t g, int size, const bytes& addr, int rank) {
     std::lock_guard lk(m_);
     auto& h = hubs_[g];
@@ -38,6 +41,7 @@ class loopback_fabric {
     dead_[k] = true;
     for (auto& [h, r] : where_[k]) h->kill(r);
   }
+  //! A fresh unique address ("loopback-<n>").
   bytes new_address() { return to_bytes("loopback-" + std::to_string(next_++)); }
 
  private:
@@ -49,12 +53,16 @@ class loopback_fabric {
   std::atomic<int> next_{0};
 };
 
-//! One worker's view of the fabric.
+//! One worker's view of the fabric; models `network`.
 class loopback_network {
  public:
-  using transport_type = comm::loopback_transport;
+  using transport_type = comm::loopback_transport;  //!< transport of each generation
+  //! A worker with a fresh address on `f` (must not be null).
   explicit loopback_network(std::shared_ptr<loopback_fabric> f) : fabric_(std::move(f)), addr_(fabric_->new_address()) {}
+  //! This worker's address.
   [[nodiscard]] bytes address() const { return addr_; }
+  //! The loopback transport of generation `g` as `rank` of `addrs.size()`.
+  //! Never blocks (the deadline is unused): loopback peers need no handshake.
   transport_type connect(std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline) {
     return transport_type(fabric_->hub(g, static_cast<int>(addrs.size()), addr_, rank), rank, g);
   }

@@ -21,14 +21,20 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 
+//! Settings of `planner_policy`.
 struct planner_policy_options {
   std::size_t max_batch = 1u << 30;        //!< memory cap m_i applied to every member
   plan::cost_model_options model{};        //!< per-member cost model settings
   plan::replan_options replan{};           //!< drift threshold and hysteresis
 };
 
+//! Plans with per-member robust cost models and the exact batch planner;
+//! observations with a zero batch or a non-positive time are ignored. Until
+//! any member has a fitted model it plans uniformly. Not thread-safe (see
+//! `planning_policy`).
 class planner_policy final : public planning_policy {
  public:
+  //! A policy with no observations yet (plans uniformly until models fit).
   explicit planner_policy(planner_policy_options o = {}) : opts_(o) {}
 
   void observe(member_id m, std::size_t batch, double seconds) override {

@@ -24,6 +24,9 @@ namespace elastic {
 //! Identifies a worker for the whole job (assigned by the store; never reused).
 using member_id = std::int64_t;
 
+//! Decides the members' batch sizes. Called only from the group's training
+//! thread (need not be thread-safe); exceptions propagate out of the group
+//! call that asked for the plan.
 class planning_policy {
  public:
   virtual ~planning_policy() = default;

@@ -75,6 +75,7 @@ enum class observation_kind {
   change,        //!< a step change was detected; the model restarted from recent data
 };
 
+//! Short stable name of `k` ("accepted", "downweighted", "outlier", "change").
 constexpr std::string_view to_string(observation_kind k) noexcept {
   switch (k) {
     case observation_kind::accepted: return "accepted";
@@ -87,13 +88,15 @@ constexpr std::string_view to_string(observation_kind k) noexcept {
 
 //! One measured step: `batch` samples took `seconds`.
 struct timing_sample {
-  std::size_t batch = 0;
-  double seconds = 0;
+  std::size_t batch = 0;  //!< samples in the step
+  double seconds = 0;     //!< measured step time (must be finite and > 0)
 };
 
 //! Online robust model of one worker's step time. Value type.
 class cost_model {
  public:
+  //! An empty model (not ready()). Out-of-range options are clamped into
+  //! their documented ranges rather than rejected; see `options()`.
   explicit cost_model(cost_model_options opts = {}) noexcept;
 
   //! A model seeded from a short probe (e.g. a few steps at two or three
@@ -144,6 +147,7 @@ class cost_model {
     return worker_spec{id, a_, c_, max_batch, min_batch, comm_s};
   }
 
+  //! The options in effect, after clamping.
   [[nodiscard]] const cost_model_options& options() const noexcept { return opts_; }
 
  private:

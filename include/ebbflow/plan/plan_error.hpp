@@ -63,10 +63,12 @@ constexpr std::string_view to_string(plan_errc e) noexcept {
 //! is involved.
 class plan_error : public std::invalid_argument {
  public:
+  //! `what()` becomes "<to_string(code)>: <message>".
   plan_error(plan_errc code, std::string message, std::optional<std::uint64_t> worker = std::nullopt)
       : std::invalid_argument(std::string(to_string(code)) + ": " + message), code_(code), worker_(worker) {}
 
-  [[nodiscard]] plan_errc code() const noexcept { return code_; }
+  [[nodiscard]] plan_errc code() const noexcept { return code_; }  //!< the cause
+  //! The offending worker's id, or nullopt when no single worker is to blame.
   [[nodiscard]] std::optional<std::uint64_t> worker() const noexcept { return worker_; }
 
  private:

@@ -46,6 +46,7 @@ enum class replan_reason {
   drift,       //!< the models drifted past the threshold for `persist` checks
 };
 
+//! Short stable name of `r` ("kept", "initial", "membership", "batch", "drift").
 constexpr std::string_view to_string(replan_reason r) noexcept {
   switch (r) {
     case replan_reason::kept: return "kept";
@@ -60,6 +61,7 @@ constexpr std::string_view to_string(replan_reason r) noexcept {
 //! Holds the plan in force and applies the policy. Value type (copyable).
 class replanner {
  public:
+  //! No plan yet; the first `update` plans. `persist` 0 is treated as 1.
   explicit replanner(replan_options opts = {}) : opts_(opts) {
     if (opts_.persist == 0) opts_.persist = 1;
   }

@@ -59,7 +59,7 @@ namespace plan {
 //! Feistel evaluations from cycle walking).
 class epoch_permutation {
  public:
-  static constexpr int rounds = 6;
+  static constexpr int rounds = 6;  //!< Feistel rounds per evaluation
 
   //! @throws plan_error(bad_dataset) when n == 0.
   epoch_permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch);
@@ -85,8 +85,8 @@ struct sample_range {
   std::uint64_t first = 0;   //!< first position (inclusive)
   std::uint64_t last = 0;    //!< last position (exclusive)
 
-  [[nodiscard]] std::uint64_t size() const noexcept { return last - first; }
-  [[nodiscard]] bool empty() const noexcept { return first == last; }
+  [[nodiscard]] std::uint64_t size() const noexcept { return last - first; }  //!< number of samples
+  [[nodiscard]] bool empty() const noexcept { return first == last; }          //!< true when size() == 0
   //! The i-th data-set index of this range (i < size()).
   [[nodiscard]] std::uint64_t operator[](std::uint64_t i) const noexcept { return order(first + i); }
   //! A view over the data-set indices, in order.
@@ -99,19 +99,21 @@ enum class last_batch : std::uint32_t { short_batch = 0, drop = 1 };
 //! Everything a joiner needs to continue the sampling: a small POD.
 struct sampler_state {
   std::uint64_t dataset_size = 0;   //!< N
-  std::uint64_t seed = 0;
-  std::uint64_t epoch = 0;
+  std::uint64_t seed = 0;           //!< key of every epoch's permutation
+  std::uint64_t epoch = 0;          //!< current epoch
   std::uint64_t cursor = 0;         //!< positions of `epoch` consumed by committed steps
   std::uint64_t plan_version = 0;   //!< version of the plan of the last committed step
-  last_batch policy = last_batch::short_batch;
+  last_batch policy = last_batch::short_batch;  //!< end-of-epoch behaviour
 
   //! Bytes of `encode()`: magic, format version, five u64, policy; little endian.
   static constexpr std::size_t encoded_size = 4 + 4 + 5 * 8 + 4;
+  //! The state as `encoded_size` bytes, for `decode` on another worker.
   [[nodiscard]] std::array<std::byte, encoded_size> encode() const noexcept;
   //! @throws plan_error(bad_state) for a wrong size, magic, format version or
   //!         policy, N == 0, or cursor > N.
   [[nodiscard]] static sampler_state decode(std::span<const std::byte> bytes);
 
+  //! Member-wise equality.
   friend bool operator==(const sampler_state&, const sampler_state&) = default;
 };
 
@@ -128,10 +130,12 @@ class epoch_sampler {
   //! Resumes from a state (e.g. received by a joiner). @throws plan_error(bad_state).
   explicit epoch_sampler(const sampler_state& state);
 
+  //! The committed state (what a joiner needs; see `sampler_state::encode`).
   [[nodiscard]] const sampler_state& state() const noexcept { return s_; }
-  [[nodiscard]] std::uint64_t epoch() const noexcept { return s_.epoch; }
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return s_.epoch; }  //!< current epoch
+  //! Positions of the current epoch consumed by committed steps.
   [[nodiscard]] std::uint64_t cursor() const noexcept { return s_.cursor; }
-  [[nodiscard]] std::uint64_t dataset_size() const noexcept { return s_.dataset_size; }
+  [[nodiscard]] std::uint64_t dataset_size() const noexcept { return s_.dataset_size; }  //!< N
   //! Positions of the current epoch not yet consumed.
   [[nodiscard]] std::uint64_t remaining() const noexcept { return s_.dataset_size - s_.cursor; }
 

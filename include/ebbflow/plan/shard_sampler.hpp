@@ -43,9 +43,9 @@ namespace plan {
 
 //! Positions [first, last) of shard `shard`'s order in one epoch.
 struct shard_range {
-  std::uint64_t shard = 0;
-  std::uint64_t first = 0;
-  std::uint64_t last = 0;
+  std::uint64_t shard = 0;  //!< shard index j
+  std::uint64_t first = 0;  //!< first position in the shard's order (inclusive)
+  std::uint64_t last = 0;   //!< last position (exclusive)
 };
 
 //! Exactly-once sampler over a sharded data set. Value type.
@@ -65,8 +65,10 @@ class shard_sampler {
     owner_.assign(sizes_.size(), unowned);
   }
 
+  //! Owner id of a shard that no member owns yet.
   static constexpr std::uint64_t unowned = std::numeric_limits<std::uint64_t>::max();
 
+  //! The current epoch (starts at 0).
   [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
   //! Owner id of each shard (`unowned` before the first rebalance of an epoch).
   [[nodiscard]] const std::vector<std::uint64_t>& owners() const noexcept { return owner_; }

@@ -105,6 +105,7 @@ class cuda_ready_event {
   [[nodiscard]] bool ready() const { return cudaEventQuery(event_) == cudaSuccess; }
   //! Blocks the host until the copy has finished. @throws system_error.
   void synchronize() const { detail::cuda_check(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+  //! The underlying CUDA event (owned by the stage; do not destroy or re-record it).
   [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
 
  private:
@@ -120,14 +121,16 @@ class cuda_ready_event {
 //! split is `device_ids[d]`). Memory space: device. Move-only.
 class cuda_stage {
  public:
-  static constexpr memory_space space = memory_space::device;
-  using event_type = cuda_ready_event;
+  static constexpr memory_space space = memory_space::device;  //!< buffers are `cudaMalloc` device memory
+  using event_type = cuda_ready_event;                         //!< per-buffer copy completion
 
   //! @throws std::invalid_argument for an empty list.
   explicit cuda_stage(std::vector<int> device_ids) : ids_(std::move(device_ids)) {
     EBBFLOW_ENFORCE(!ids_.empty(), "cuda_stage: need at least one device");
   }
+  //! Takes over `o`'s streams, buffers and events; `o` is left with no devices.
   cuda_stage(cuda_stage&& o) noexcept { swap(o); }
+  //! Frees this stage's CUDA resources (after synchronising its copy streams), then takes over `o`'s.
   cuda_stage& operator=(cuda_stage&& o) noexcept {
     cuda_stage t(std::move(o));
     swap(t);
@@ -160,7 +163,9 @@ class cuda_stage {
       }
     }
   }
-  [[nodiscard]] std::size_t devices() const noexcept { return ids_.size(); }
+  [[nodiscard]] std::size_t devices() const noexcept { return ids_.size(); }  //!< number of local devices
+  //! Device memory of (`slot`, `d`) on device `device_id(d)`, `capacity`
+  //! bytes; valid after `prepare` for the stage's lifetime. Indices are not checked.
   [[nodiscard]] std::byte* buffer(std::size_t slot, std::size_t d) const noexcept {
     return static_cast<std::byte*>(per_[slot * ids_.size() + d].d_buf);
   }
@@ -182,6 +187,7 @@ class cuda_stage {
     for (std::size_t d = 0; d < ids_.size(); ++d)
       detail::cuda_check(cudaEventSynchronize(at(slot, d).ready), "cudaEventSynchronize");
   }
+  //! The ready event of (`slot`, `d`), recorded by the last `copy`. Never blocks.
   [[nodiscard]] event_type event(std::size_t slot, std::size_t d) noexcept {
     return cuda_ready_event(this, slot, d, at(slot, d).ready);
   }
@@ -199,6 +205,7 @@ class cuda_stage {
   [[nodiscard]] std::size_t bytes() const noexcept { return per_.size() * capacity_; }
   //! The copy stream of device `d`.
   [[nodiscard]] cudaStream_t copy_stream(std::size_t d) const noexcept { return streams_[d]; }
+  //! The CUDA device ordinal of local device `d`.
   [[nodiscard]] int device_id(std::size_t d) const noexcept { return ids_[d]; }
 
  private:

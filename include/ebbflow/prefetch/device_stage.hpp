@@ -58,8 +58,8 @@ concept device_stage = requires(S& s, std::size_t slot, std::size_t dev, std::sp
 //! Readiness of a CPU-stage buffer: the copy thread finished the copy before
 //! the batch was handed out, so it is always ready.
 struct host_event {
-  [[nodiscard]] constexpr bool ready() const noexcept { return true; }
-  constexpr void wait() const noexcept {}
+  [[nodiscard]] constexpr bool ready() const noexcept { return true; }  //!< always true
+  constexpr void wait() const noexcept {}                              //!< returns at once
 };
 
 //! The CPU executor's device stage: `devices` host buffers per slot, filled by
@@ -67,14 +67,17 @@ struct host_event {
 //! Not thread-safe on its own; the prefetcher serialises access per slot.
 class cpu_stage {
  public:
-  static constexpr memory_space space = memory_space::host;
-  using event_type = host_event;
+  static constexpr memory_space space = memory_space::host;  //!< stage buffers are ordinary host memory
+  using event_type = host_event;                             //!< always-ready event
 
   //! @throws std::invalid_argument when devices is 0.
   explicit cpu_stage(std::size_t devices = 1) : devices_(devices) {
     EBBFLOW_ENFORCE(devices > 0, "cpu_stage: need at least one device");
   }
 
+  //! Allocates and zero-fills `slots` × `devices()` host buffers of `capacity`
+  //! bytes (at least 1). @throws std::invalid_argument when called twice,
+  //! std::bad_alloc.
   void prepare(std::size_t slots, std::size_t capacity) {
     EBBFLOW_ENFORCE(buffers_.empty(), "cpu_stage: prepare() called twice");
     capacity_ = capacity;
@@ -86,17 +89,22 @@ class cpu_stage {
       buffers_.push_back(std::move(p));
     }
   }
-  [[nodiscard]] std::size_t devices() const noexcept { return devices_; }
+  [[nodiscard]] std::size_t devices() const noexcept { return devices_; }  //!< as constructed
+  //! Host buffer of (`slot`, `d`), `capacity` bytes; valid after `prepare`
+  //! for the stage's lifetime. Indices are not checked.
   [[nodiscard]] std::byte* buffer(std::size_t slot, std::size_t d) const noexcept {
     return buffers_[slot * devices_ + d].get();
   }
+  //! Copies host bytes `src` (at most `capacity`) into `buffer(slot, d)`;
+  //! synchronous, so the buffer is ready when it returns.
   void copy(std::size_t slot, std::size_t d, std::span<const std::byte> src) {
     EBBFLOW_EXPECTS(src.size() <= capacity_);
     if (!src.empty()) std::memcpy(buffer(slot, d), src.data(), src.size());
   }
-  void finish(std::size_t) noexcept {}
+  void finish(std::size_t) noexcept {}  //!< no-op: `copy` already finished
+  //! An always-ready event (the copy finished inside `copy`).
   [[nodiscard]] event_type event(std::size_t, std::size_t) const noexcept { return {}; }
-  void consumed(std::size_t) noexcept {}
+  void consumed(std::size_t) noexcept {}  //!< no-op: nothing reads the buffer asynchronously
   //! Bytes of stage memory allocated by `prepare`.
   [[nodiscard]] std::size_t bytes() const noexcept { return buffers_.size() * capacity_; }
 

@@ -42,13 +42,14 @@ concept index_source = requires(S& s, std::uint64_t step, step_plan& out) {
   { s.plan(step, out) } -> std::convertible_to<bool>;
 };
 
-//! Samples first, first+1, ... in order; the batch size of each step comes
+//! Samples 0, 1, 2, ... in order; the batch size of each step comes
 //! from `batch_size(step)` (which may change every step) and is split over
 //! `devices` devices as evenly as possible (the first devices get one more),
 //! or by `weights` when given (largest remainder rounding). Ends when fewer
 //! samples than the step's batch size remain, or after `steps` steps.
 class sequence_source {
  public:
+  //! Batch size of a step; 0 ends the sequence.
   using batch_size_fn = std::function<std::size_t(std::uint64_t step)>;
 
   //! @throws std::invalid_argument for 0 devices or a weight vector of the wrong size.
@@ -61,6 +62,9 @@ class sequence_source {
     EBBFLOW_ENFORCE(static_cast<bool>(batch_size_), "sequence_source: batch_size function is empty");
   }
 
+  //! Fills `out` with the next `batch_size(step)` samples and their split;
+  //! false at the end (see above). @throws std::invalid_argument when `step`
+  //! is not the next one (steps must be asked for in order, without gaps).
   bool plan(std::uint64_t step, step_plan& out) {
     if (step >= steps_) return false;
     if (step != next_step_) {  // only forward, in order (the concept's contract)
@@ -112,7 +116,10 @@ static_assert(index_source<sequence_source>);
 //! A fixed list of step plans (plan k is step k). Useful in tests.
 class list_source {
  public:
+  //! The plans, used as given (not validated here; the prefetcher checks them).
   explicit list_source(std::vector<step_plan> plans) : plans_(std::move(plans)) {}
+  //! Copies plan `step` into `out`; false when `step` >= the number of plans.
+  //! Any order; const, so concurrent calls are safe.
   bool plan(std::uint64_t step, step_plan& out) const {
     if (step >= plans_.size()) return false;
     out = plans_[static_cast<std::size_t>(step)];

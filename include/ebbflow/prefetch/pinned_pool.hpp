@@ -73,8 +73,10 @@ class pinned_pool;
 class pinned_lease {
  public:
   pinned_lease() noexcept = default;
+  //! Takes over `o`'s bytes; `o` becomes empty.
   pinned_lease(pinned_lease&& o) noexcept
       : pool_(std::exchange(o.pool_, nullptr)), offset_(o.offset_), bytes_(o.bytes_), data_(o.data_) {}
+  //! Gives this lease's bytes back, then takes over `o`'s; `o` becomes empty.
   pinned_lease& operator=(pinned_lease&& o) noexcept {
     if (this != &o) {
       reset();
@@ -91,7 +93,10 @@ class pinned_lease {
 
   //! The leased bytes (host memory).
   [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data_, bytes_}; }
+  //! Leased bytes: the request rounded up to `pinned_pool::alignment`.
   [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
+  //! True while the lease holds bytes of a pool (also for a 0-byte lease);
+  //! false when default-constructed, moved from or reset.
   explicit operator bool() const noexcept { return pool_ != nullptr; }
   //! Gives the bytes back to the pool now.
   void reset() noexcept;
@@ -111,7 +116,7 @@ class pinned_lease {
 //! The pool must outlive its leases.
 class pinned_pool {
  public:
-  static constexpr std::size_t alignment = 256;
+  static constexpr std::size_t alignment = 256;  //!< lease alignment and size granule, bytes
 
   //! Allocates the whole region (`capacity` bytes, rounded up to `alignment`)
   //! once. @throws std::invalid_argument when capacity is 0;
@@ -133,9 +138,11 @@ class pinned_pool {
   //! Wakes every blocked `acquire` with `errc::cancelled`; later calls fail the same way.
   void cancel() noexcept;
 
+  //! Bytes of the region (the requested capacity rounded up to `alignment`).
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
   //! Region start (host memory) — for registering the region with other APIs.
   [[nodiscard]] std::byte* data() const noexcept { return base_; }
+  //! A consistent snapshot of the counters (takes the pool's lock briefly).
   [[nodiscard]] pool_stats stats() const;
   //! Called after every release (outside the pool's lock), e.g. to wake a
   //! scheduler that waits for space. Set before leases are taken.

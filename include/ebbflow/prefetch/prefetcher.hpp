@@ -66,11 +66,15 @@ enum class error_policy {
 //! exception. `what()` reads "prefetch: step 3, sample 17: <cause>".
 class load_error : public std::runtime_error {
  public:
+  //! `sample()` when the failure was not in one sample's load.
   static constexpr std::size_t no_sample = std::numeric_limits<std::size_t>::max();
+  //! The error of `step`, caused by `cause` while loading `sample` (or `no_sample`).
   load_error(std::uint64_t step, std::size_t sample, std::exception_ptr cause)
       : std::runtime_error(format(step, sample, cause)), step_(step), sample_(sample), cause_(std::move(cause)) {}
-  [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
+  [[nodiscard]] std::uint64_t step() const noexcept { return step_; }  //!< the failed step
+  //! The global sample index whose load failed, or `no_sample`.
   [[nodiscard]] std::size_t sample() const noexcept { return sample_; }
+  //! The original exception.
   [[nodiscard]] std::exception_ptr cause() const noexcept { return cause_; }
   //! Rethrows the original exception.
   [[noreturn]] void rethrow_cause() const { std::rethrow_exception(cause_); }
@@ -91,7 +95,7 @@ struct prefetch_options {
   std::size_t pool_bytes = 0;          //!< pinned staging bound; 0: depth * max_batch_samples * sample_bytes
   unsigned loaders = 2;                //!< loader threads, >= 1
   std::size_t chunk_samples = 0;       //!< samples per loader task; 0: about batch / (4 * loaders)
-  error_policy on_error = error_policy::stop;
+  error_policy on_error = error_policy::stop;  //!< what to do after a step failed to load
   //! Staging allocator; empty: the stage's preferred one (cudaHostAlloc for
   //! cuda_stage), else `mlock_allocator()`.
   std::optional<host_allocator> allocator = std::nullopt;
@@ -125,12 +129,15 @@ class prefetch_state;
 template <class State>
 class basic_batch {
  public:
-  using stage_type = typename State::stage_type;
-  using event_type = typename stage_type::event_type;
-  static constexpr memory_space space = stage_type::space;
+  using stage_type = typename State::stage_type;       //!< the prefetcher's `Stage`
+  using event_type = typename stage_type::event_type;  //!< readiness of one device's data
+  static constexpr memory_space space = stage_type::space;  //!< memory space of `data(d)`
 
+  //! The empty batch (false; owns no slot).
   basic_batch() noexcept = default;
+  //! Takes over `o`'s slot; `o` becomes empty.
   basic_batch(basic_batch&&) noexcept = default;
+  //! Releases this batch's slot, then takes over `o`'s; `o` becomes empty.
   basic_batch& operator=(basic_batch&& o) noexcept {
     if (this != &o) {
       release();
@@ -144,6 +151,7 @@ class basic_batch {
 
   //! False for the empty batch that marks the end of data or shutdown.
   explicit operator bool() const noexcept { return state_ != nullptr; }
+  //! The index source's step number of this batch.
   [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
   //! Global batch sample indices, in order.
   [[nodiscard]] std::span<const std::size_t> indices() const noexcept;
@@ -151,6 +159,7 @@ class basic_batch {
   [[nodiscard]] std::size_t size() const noexcept { return indices().size(); }
   //! Per-device sub-batch sizes (samples).
   [[nodiscard]] std::span<const std::size_t> sizes() const noexcept;
+  //! Number of local devices (sub-batches).
   [[nodiscard]] std::size_t devices() const noexcept { return sizes().size(); }
   //! Sample indices of device `d`'s sub-batch.
   [[nodiscard]] std::span<const std::size_t> indices(std::size_t d) const noexcept;
@@ -182,7 +191,9 @@ class basic_batch {
 template <index_source Source, class Load, device_stage Stage = cpu_stage>
 class prefetcher {
  public:
+  //! The shared state behind the threads and batches (implementation detail).
   using state_type = detail::prefetch_state<Source, Load, Stage>;
+  //! What `next()` returns.
   using batch = basic_batch<state_type>;
 
   //! Allocates the staging pool and stage buffers and starts the threads.
@@ -213,13 +224,18 @@ class prefetcher {
   //! `until` passes. @returns true when all exited.
   bool close(deadline until);
 
+  //! The counters now; any thread, at any time. Read while the threads run,
+  //! so they need not be mutually consistent.
   [[nodiscard]] prefetch_stats stats() const;
+  //! The options in effect: as given, with a zero `max_device_samples` or
+  //! `pool_bytes` replaced by its computed default.
   [[nodiscard]] const prefetch_options& options() const noexcept;
 
  private:
   std::shared_ptr<state_type> state_;
 };
 
+//! Deduces `prefetcher<Source, Load, Stage>` from the constructor's arguments.
 template <class Source, class Load, class Stage>
 prefetcher(Source, Load, Stage, prefetch_options) -> prefetcher<Source, Load, Stage>;
 

@@ -118,7 +118,9 @@ class communicator {
     return c;
   }
 
+  //! Takes over `o`'s NCCL communicator; `o` is left empty (`valid()` false).
   communicator(communicator&& o) noexcept { swap(o); }
+  //! Closes the held communicator (destroy, or abort after a failure), then takes over `o`'s.
   communicator& operator=(communicator&& o) noexcept {
     communicator tmp(std::move(o));
     swap(tmp);
@@ -128,12 +130,15 @@ class communicator {
   communicator& operator=(const communicator&) = delete;
   ~communicator() { close(); }
 
-  [[nodiscard]] int rank() const noexcept { return rank_; }
-  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }  //!< this rank in the generation; -1 when empty
+  [[nodiscard]] int size() const noexcept { return size_; }  //!< number of ranks; 0 when empty
+  //! The generation this communicator belongs to; -1 when empty.
   [[nodiscard]] std::int64_t generation() const noexcept { return generation_; }
+  //! True when an NCCL communicator is held (false when default-constructed or moved from).
   [[nodiscard]] bool valid() const noexcept { return comm_ != nullptr; }
   //! True after an operation failed; the communicator must then be shrunk or replaced.
   [[nodiscard]] bool failed() const noexcept { return failed_; }
+  //! The underlying `ncclComm_t` (still owned by this object; nullptr when empty).
   [[nodiscard]] ncclComm_t native_handle() const noexcept { return comm_; }
 
   //! Sums (or `op`) `count` elements of `type` from device memory `d_send` into
