@@ -1354,7 +1354,9 @@ class communicator {
     return c;
   }
 
+  //! Takes over `o`'s NCCL communicator; `o` is left empty (`valid()` false).
   communicator(communicator&& o) noexcept { swap(o); }
+  //! Closes the held communicator (destroy, or abort after a failure), then takes over `o`'s.
   communicator& operator=(communicator&& o) noexcept {
     communicator tmp(std::move(o));
     swap(tmp);
@@ -1364,12 +1366,15 @@ class communicator {
   communicator& operator=(const communicator&) = delete;
   ~communicator() { close(); }
 
-  [[nodiscard]] int rank() const noexcept { return rank_; }
-  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }  //!< this rank in the generation; -1 when empty
+  [[nodiscard]] int size() const noexcept { return size_; }  //!< number of ranks; 0 when empty
+  //! The generation this communicator belongs to; -1 when empty.
   [[nodiscard]] std::int64_t generation() const noexcept { return generation_; }
+  //! True when an NCCL communicator is held (false when default-constructed or moved from).
   [[nodiscard]] bool valid() const noexcept { return comm_ != nullptr; }
   //! True after an operation failed; the communicator must then be shrunk or replaced.
   [[nodiscard]] bool failed() const noexcept { return failed_; }
+  //! The underlying `ncclComm_t` (still owned by this object; nullptr when empty).
   [[nodiscard]] ncclComm_t native_handle() const noexcept { return comm_; }
 
   //! Sums (or `op`) `count` elements of `type` from device memory `d_send` into
@@ -1546,30 +1551,45 @@ namespace comm {
 //! A flag shared between the transport user and the thread that revokes.
 class revoke_flag {
  public:
+  //! Sets the flag; never blocks, callable from any thread. Irreversible.
   void revoke() noexcept { v_.store(true, std::memory_order_release); }
+  //! True once `revoke()` was called (acquire load; any thread).
   [[nodiscard]] bool revoked() const noexcept { return v_.load(std::memory_order_acquire); }
 
  private:
   std::atomic<bool> v_{false};
 };
 
+//! A `transport` that forwards to `T` and fails waits with `errc::revoked`
+//! once its shared `revoke_flag` is set. Models `transport` itself. Like any
+//! transport, one thread drives it at a time; only the flag may be set from
+//! another thread.
 template <transport T>
 class revocable {
  public:
-  using request = typename T::request;
+  using request = typename T::request;  //!< the inner transport's request
 
   //! `slice`: how long one inner wait may block before the flag is checked again.
   revocable(T inner, std::shared_ptr<revoke_flag> flag, std::chrono::microseconds slice = std::chrono::milliseconds(2))
       : inner_(std::move(inner)), flag_(std::move(flag)), slice_(slice) {}
 
-  [[nodiscard]] int rank() const noexcept { return inner_.rank(); }
-  [[nodiscard]] int size() const noexcept { return inner_.size(); }
+  [[nodiscard]] int rank() const noexcept { return inner_.rank(); }  //!< the inner transport's rank
+  [[nodiscard]] int size() const noexcept { return inner_.size(); }  //!< the inner transport's size
+  //! The inner transport's generation.
   [[nodiscard]] std::int64_t generation() const noexcept { return inner_.generation(); }
+  //! The wrapped transport (bypasses the revoke check).
   [[nodiscard]] T& inner() noexcept { return inner_; }
+  //! The shared flag; set it (from any thread) to revoke.
   [[nodiscard]] const std::shared_ptr<revoke_flag>& flag() const noexcept { return flag_; }
 
+  //! Posts a send on the inner transport (not checked against the flag; never blocks).
+  //! `out` (host memory) must stay valid until the request completed.
   request isend(int peer, tag_t tag, std::span<const std::byte> out) { return inner_.isend(peer, tag, out); }
+  //! Posts a receive on the inner transport (not checked against the flag; never blocks).
+  //! `in` (host memory) must stay valid until the request completed.
   request irecv(int peer, tag_t tag, std::span<std::byte> in) { return inner_.irecv(peer, tag, in); }
+  //! Progresses `r`; true once it completed or the flag is set (then `ec` is
+  //! `errc::revoked` unless the request had already completed). Never blocks.
   bool test(request& r, std::error_code& ec) {
     if (inner_.test(r, ec)) return true;
     if (flag_->revoked()) {
@@ -1578,6 +1598,9 @@ class revocable {
     }
     return false;
   }
+  //! Blocks until `r` completes, the flag is set (`ec` = `errc::revoked`,
+  //! noticed within one `slice`) or `d` passes (`ec` = `errc::timeout`; the
+  //! request stays pending). Other errors of the inner transport pass through in `ec`.
   void wait(request& r, deadline d, std::error_code& ec) {
     for (;;) {
       if (flag_->revoked()) {
@@ -1992,6 +2015,7 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 
+//! Owned binary data (transport addresses, encoded records); host memory.
 using bytes = std::vector<std::byte>;
 
 template <class S>
@@ -2019,16 +2043,20 @@ inline bytes to_bytes(std::string_view s) {
 //! how clients react to a lost store.
 class memory_store {
  public:
+  //! Outcome of `compare_set`.
   struct cas_result {
-    bool swapped = false;
-    std::string current;
+    bool swapped = false;  //!< true when `desired` was stored
+    std::string current;   //!< the value now stored under the key ("" when absent)
   };
+  //! Stores `v` under `k` and wakes waiters. Never blocks beyond the lock.
+  //! @throws system_error: peer_lost after `fail()`, timeout when `d` already expired.
   void set(const std::string& k, std::string_view v, deadline d) {
     std::lock_guard lk(m_);
     check(d, "store.set");
     kv_[k] = std::string(v);
     cv_.notify_all();
   }
+  //! The value under `k`, or nullopt when absent. Errors as for `set`.
   std::optional<std::string> try_get(const std::string& k, deadline d) {
     std::lock_guard lk(m_);
     check(d, "store.get");
@@ -2036,6 +2064,9 @@ class memory_store {
     if (it == kv_.end()) return std::nullopt;
     return it->second;
   }
+  //! Adds `delta` to the decimal integer under `k` (absent = 0) and returns
+  //! the new value. Errors as for `set`; std::invalid_argument /
+  //! std::out_of_range when the stored value is not an integer.
   std::int64_t add(const std::string& k, std::int64_t delta, deadline d) {
     std::lock_guard lk(m_);
     check(d, "store.add");
@@ -2045,6 +2076,8 @@ class memory_store {
     cv_.notify_all();
     return x;
   }
+  //! Stores `desired` when the value under `k` equals `expected` (an empty
+  //! `expected` matches an absent key). Errors as for `set`.
   cas_result compare_set(const std::string& k, std::string_view expected, std::string_view desired, deadline d) {
     std::lock_guard lk(m_);
     check(d, "store.compare_set");
@@ -2057,6 +2090,9 @@ class memory_store {
     }
     return {false, it == kv_.end() ? std::string() : it->second};
   }
+  //! Blocks until every key in `keys` exists.
+  //! @throws system_error: timeout when `d` passes first (naming the first key),
+  //! peer_lost after `fail()`.
   void wait(const std::vector<std::string>& keys, deadline d) {
     std::unique_lock lk(m_);
     for (;;) {
@@ -2119,6 +2155,9 @@ namespace elastic {
 //! Identifies a worker for the whole job (assigned by the store; never reused).
 using member_id = std::int64_t;
 
+//! Decides the members' batch sizes. Called only from the group's training
+//! thread (need not be thread-safe); exceptions propagate out of the group
+//! call that asked for the plan.
 class planning_policy {
  public:
   virtual ~planning_policy() = default;
@@ -2265,6 +2304,7 @@ struct step_info {
 //! Why the membership changed (passed to world-changed callbacks).
 enum class change_reason : std::uint8_t { initial, join, leave, failure };
 
+//! The reason as a lower-case word ("initial", "join", "leave", "failure"), for logs.
 constexpr std::string_view name(change_reason r) noexcept {
   switch (r) {
     case change_reason::initial: return "initial";
@@ -2277,10 +2317,10 @@ constexpr std::string_view name(change_reason r) noexcept {
 
 //! A membership change as seen by callbacks and the event log.
 struct world_change {
-  std::int64_t generation = 0;
-  change_reason reason = change_reason::initial;
-  int old_size = 0;
-  int new_size = 0;
+  std::int64_t generation = 0;  //!< the generation that the change created
+  change_reason reason = change_reason::initial;  //!< why it changed
+  int old_size = 0;              //!< members before the change (0 for the initial formation)
+  int new_size = 0;              //!< members after the change
   int rank = 0;                  //!< this member's new rank
   std::int64_t step = 0;         //!< committed step at which the change took effect
   double stall_seconds = 0;      //!< time from the change's start to this member being ready again
@@ -2365,7 +2405,9 @@ using group_error = system_error;
 template <kv_store Store, network Net>
 class group {
  public:
+  //! The transport handed to `collective`: `Net`'s, revocable by the heartbeat thread.
   using transport_type = comm::revocable<typename Net::transport_type>;
+  //! Connects a new store client (must not return nullptr; may throw, which the constructor passes on).
   using store_factory = std::function<std::unique_ptr<Store>()>;
 
   //! Joins the job: as one of the initial `launch.world_size` workers (rank
@@ -2400,6 +2442,7 @@ class group {
   bool collective(F&& f);
   //! Sums `data` over all members (host memory). False: redo the step.
   bool allreduce(std::span<float> data);
+  //! As above, for doubles.
   bool allreduce(std::span<double> data);
 
   //! Commits the step (call after the optimizer step) and runs the control
@@ -2412,14 +2455,24 @@ class group {
   //! Marks the job finished: workers still waiting to join stop waiting.
   void finish();
 
+  //! False once this member left the group (after `request_leave` took effect).
   [[nodiscard]] bool active() const noexcept { return active_; }
+  //! This member's rank in the current generation.
   [[nodiscard]] int rank() const noexcept { return rank_; }
+  //! Members in the current generation.
   [[nodiscard]] int size() const noexcept { return static_cast<int>(gen_.members.size()); }
+  //! The current generation (grows by one with every membership change).
   [[nodiscard]] std::int64_t generation() const noexcept { return gen_.generation; }
+  //! Steps committed so far; -1 on a joiner until its state arrived at the first `begin_step`.
   [[nodiscard]] std::int64_t step() const noexcept { return step_; }
+  //! The epoch of the next step.
   [[nodiscard]] std::int64_t epoch() const noexcept { return epoch_; }
+  //! This worker's job-wide id (from the store; never reused).
   [[nodiscard]] member_id id() const noexcept { return id_; }
+  //! The plan in force: every member's batch for a full global batch, rank
+  //! order. Valid until the next membership change or re-plan.
   [[nodiscard]] std::span<const std::uint64_t> plan() const noexcept { return gen_.plan; }
+  //! Every membership change this member saw, oldest first.
   [[nodiscard]] const std::vector<world_change>& history() const noexcept { return history_; }
   //! The transport of the current generation (valid until the next change).
   [[nodiscard]] transport_type& transport() { return *transport_; }
@@ -3186,9 +3239,12 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 
-//! Shared by all workers of one test.
+//! Shared by all workers of one test. Thread-safe.
 class loopback_fabric {
  public:
+  //! The hub of generation `g` (created for `size` ranks by its first caller)
+  //! and records that `addr` is `rank` there; if `addr` was already killed,
+  //! that rank is dead in the hub at once.
   std::shared_ptr<comm::loopback_hub> hub(std::int64_t g, int size, const bytes& addr, int rank) {
     std::lock_guard lk(m_);
     auto& h = hubs_[g];
@@ -3205,6 +3261,7 @@ class loopback_fabric {
     dead_[k] = true;
     for (auto& [h, r] : where_[k]) h->kill(r);
   }
+  //! A fresh unique address ("loopback-<n>").
   bytes new_address() { return to_bytes("loopback-" + std::to_string(next_++)); }
 
  private:
@@ -3216,12 +3273,16 @@ class loopback_fabric {
   std::atomic<int> next_{0};
 };
 
-//! One worker's view of the fabric.
+//! One worker's view of the fabric; models `network`.
 class loopback_network {
  public:
-  using transport_type = comm::loopback_transport;
+  using transport_type = comm::loopback_transport;  //!< transport of each generation
+  //! A worker with a fresh address on `f` (must not be null).
   explicit loopback_network(std::shared_ptr<loopback_fabric> f) : fabric_(std::move(f)), addr_(fabric_->new_address()) {}
+  //! This worker's address.
   [[nodiscard]] bytes address() const { return addr_; }
+  //! The loopback transport of generation `g` as `rank` of `addrs.size()`.
+  //! Never blocks (the deadline is unused): loopback peers need no handshake.
   transport_type connect(std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline) {
     return transport_type(fabric_->hub(g, static_cast<int>(addrs.size()), addr_, rank), rank, g);
   }
@@ -3348,10 +3409,12 @@ constexpr std::string_view to_string(plan_errc e) noexcept {
 //! is involved.
 class plan_error : public std::invalid_argument {
  public:
+  //! `what()` becomes "<to_string(code)>: <message>".
   plan_error(plan_errc code, std::string message, std::optional<std::uint64_t> worker = std::nullopt)
       : std::invalid_argument(std::string(to_string(code)) + ": " + message), code_(code), worker_(worker) {}
 
-  [[nodiscard]] plan_errc code() const noexcept { return code_; }
+  [[nodiscard]] plan_errc code() const noexcept { return code_; }  //!< the cause
+  //! The offending worker's id, or nullopt when no single worker is to blame.
   [[nodiscard]] std::optional<std::uint64_t> worker() const noexcept { return worker_; }
 
  private:
@@ -3861,6 +3924,7 @@ enum class observation_kind {
   change,        //!< a step change was detected; the model restarted from recent data
 };
 
+//! Short stable name of `k` ("accepted", "downweighted", "outlier", "change").
 constexpr std::string_view to_string(observation_kind k) noexcept {
   switch (k) {
     case observation_kind::accepted: return "accepted";
@@ -3873,13 +3937,15 @@ constexpr std::string_view to_string(observation_kind k) noexcept {
 
 //! One measured step: `batch` samples took `seconds`.
 struct timing_sample {
-  std::size_t batch = 0;
-  double seconds = 0;
+  std::size_t batch = 0;  //!< samples in the step
+  double seconds = 0;     //!< measured step time (must be finite and > 0)
 };
 
 //! Online robust model of one worker's step time. Value type.
 class cost_model {
  public:
+  //! An empty model (not ready()). Out-of-range options are clamped into
+  //! their documented ranges rather than rejected; see `options()`.
   explicit cost_model(cost_model_options opts = {}) noexcept;
 
   //! A model seeded from a short probe (e.g. a few steps at two or three
@@ -3930,6 +3996,7 @@ class cost_model {
     return worker_spec{id, a_, c_, max_batch, min_batch, comm_s};
   }
 
+  //! The options in effect, after clamping.
   [[nodiscard]] const cost_model_options& options() const noexcept { return opts_; }
 
  private:
@@ -4188,6 +4255,7 @@ enum class replan_reason {
   drift,       //!< the models drifted past the threshold for `persist` checks
 };
 
+//! Short stable name of `r` ("kept", "initial", "membership", "batch", "drift").
 constexpr std::string_view to_string(replan_reason r) noexcept {
   switch (r) {
     case replan_reason::kept: return "kept";
@@ -4202,6 +4270,7 @@ constexpr std::string_view to_string(replan_reason r) noexcept {
 //! Holds the plan in force and applies the policy. Value type (copyable).
 class replanner {
  public:
+  //! No plan yet; the first `update` plans. `persist` 0 is treated as 1.
   explicit replanner(replan_options opts = {}) : opts_(opts) {
     if (opts_.persist == 0) opts_.persist = 1;
   }
@@ -4270,14 +4339,20 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 
+//! Settings of `planner_policy`.
 struct planner_policy_options {
   std::size_t max_batch = 1u << 30;        //!< memory cap m_i applied to every member
   plan::cost_model_options model{};        //!< per-member cost model settings
   plan::replan_options replan{};           //!< drift threshold and hysteresis
 };
 
+//! Plans with per-member robust cost models and the exact batch planner;
+//! observations with a zero batch or a non-positive time are ignored. Until
+//! any member has a fitted model it plans uniformly. Not thread-safe (see
+//! `planning_policy`).
 class planner_policy final : public planning_policy {
  public:
+  //! A policy with no observations yet (plans uniformly until models fit).
   explicit planner_policy(planner_policy_options o = {}) : opts_(o) {}
 
   void observe(member_id m, std::size_t batch, double seconds) override {
@@ -4502,7 +4577,7 @@ namespace plan {
 //! Feistel evaluations from cycle walking).
 class epoch_permutation {
  public:
-  static constexpr int rounds = 6;
+  static constexpr int rounds = 6;  //!< Feistel rounds per evaluation
 
   //! @throws plan_error(bad_dataset) when n == 0.
   epoch_permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch);
@@ -4528,8 +4603,8 @@ struct sample_range {
   std::uint64_t first = 0;   //!< first position (inclusive)
   std::uint64_t last = 0;    //!< last position (exclusive)
 
-  [[nodiscard]] std::uint64_t size() const noexcept { return last - first; }
-  [[nodiscard]] bool empty() const noexcept { return first == last; }
+  [[nodiscard]] std::uint64_t size() const noexcept { return last - first; }  //!< number of samples
+  [[nodiscard]] bool empty() const noexcept { return first == last; }          //!< true when size() == 0
   //! The i-th data-set index of this range (i < size()).
   [[nodiscard]] std::uint64_t operator[](std::uint64_t i) const noexcept { return order(first + i); }
   //! A view over the data-set indices, in order.
@@ -4542,19 +4617,21 @@ enum class last_batch : std::uint32_t { short_batch = 0, drop = 1 };
 //! Everything a joiner needs to continue the sampling: a small POD.
 struct sampler_state {
   std::uint64_t dataset_size = 0;   //!< N
-  std::uint64_t seed = 0;
-  std::uint64_t epoch = 0;
+  std::uint64_t seed = 0;           //!< key of every epoch's permutation
+  std::uint64_t epoch = 0;          //!< current epoch
   std::uint64_t cursor = 0;         //!< positions of `epoch` consumed by committed steps
   std::uint64_t plan_version = 0;   //!< version of the plan of the last committed step
-  last_batch policy = last_batch::short_batch;
+  last_batch policy = last_batch::short_batch;  //!< end-of-epoch behaviour
 
   //! Bytes of `encode()`: magic, format version, five u64, policy; little endian.
   static constexpr std::size_t encoded_size = 4 + 4 + 5 * 8 + 4;
+  //! The state as `encoded_size` bytes, for `decode` on another worker.
   [[nodiscard]] std::array<std::byte, encoded_size> encode() const noexcept;
   //! @throws plan_error(bad_state) for a wrong size, magic, format version or
   //!         policy, N == 0, or cursor > N.
   [[nodiscard]] static sampler_state decode(std::span<const std::byte> bytes);
 
+  //! Member-wise equality.
   friend bool operator==(const sampler_state&, const sampler_state&) = default;
 };
 
@@ -4571,10 +4648,12 @@ class epoch_sampler {
   //! Resumes from a state (e.g. received by a joiner). @throws plan_error(bad_state).
   explicit epoch_sampler(const sampler_state& state);
 
+  //! The committed state (what a joiner needs; see `sampler_state::encode`).
   [[nodiscard]] const sampler_state& state() const noexcept { return s_; }
-  [[nodiscard]] std::uint64_t epoch() const noexcept { return s_.epoch; }
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return s_.epoch; }  //!< current epoch
+  //! Positions of the current epoch consumed by committed steps.
   [[nodiscard]] std::uint64_t cursor() const noexcept { return s_.cursor; }
-  [[nodiscard]] std::uint64_t dataset_size() const noexcept { return s_.dataset_size; }
+  [[nodiscard]] std::uint64_t dataset_size() const noexcept { return s_.dataset_size; }  //!< N
   //! Positions of the current epoch not yet consumed.
   [[nodiscard]] std::uint64_t remaining() const noexcept { return s_.dataset_size - s_.cursor; }
 
@@ -4838,9 +4917,9 @@ namespace plan {
 
 //! Positions [first, last) of shard `shard`'s order in one epoch.
 struct shard_range {
-  std::uint64_t shard = 0;
-  std::uint64_t first = 0;
-  std::uint64_t last = 0;
+  std::uint64_t shard = 0;  //!< shard index j
+  std::uint64_t first = 0;  //!< first position in the shard's order (inclusive)
+  std::uint64_t last = 0;   //!< last position (exclusive)
 };
 
 //! Exactly-once sampler over a sharded data set. Value type.
@@ -4860,8 +4939,10 @@ class shard_sampler {
     owner_.assign(sizes_.size(), unowned);
   }
 
+  //! Owner id of a shard that no member owns yet.
   static constexpr std::uint64_t unowned = std::numeric_limits<std::uint64_t>::max();
 
+  //! The current epoch (starts at 0).
   [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
   //! Owner id of each shard (`unowned` before the first rebalance of an epoch).
   [[nodiscard]] const std::vector<std::uint64_t>& owners() const noexcept { return owner_; }
@@ -5071,8 +5152,8 @@ concept device_stage = requires(S& s, std::size_t slot, std::size_t dev, std::sp
 //! Readiness of a CPU-stage buffer: the copy thread finished the copy before
 //! the batch was handed out, so it is always ready.
 struct host_event {
-  [[nodiscard]] constexpr bool ready() const noexcept { return true; }
-  constexpr void wait() const noexcept {}
+  [[nodiscard]] constexpr bool ready() const noexcept { return true; }  //!< always true
+  constexpr void wait() const noexcept {}                              //!< returns at once
 };
 
 //! The CPU executor's device stage: `devices` host buffers per slot, filled by
@@ -5080,14 +5161,17 @@ struct host_event {
 //! Not thread-safe on its own; the prefetcher serialises access per slot.
 class cpu_stage {
  public:
-  static constexpr memory_space space = memory_space::host;
-  using event_type = host_event;
+  static constexpr memory_space space = memory_space::host;  //!< stage buffers are ordinary host memory
+  using event_type = host_event;                             //!< always-ready event
 
   //! @throws std::invalid_argument when devices is 0.
   explicit cpu_stage(std::size_t devices = 1) : devices_(devices) {
     EBBFLOW_ENFORCE(devices > 0, "cpu_stage: need at least one device");
   }
 
+  //! Allocates and zero-fills `slots` × `devices()` host buffers of `capacity`
+  //! bytes (at least 1). @throws std::invalid_argument when called twice,
+  //! std::bad_alloc.
   void prepare(std::size_t slots, std::size_t capacity) {
     EBBFLOW_ENFORCE(buffers_.empty(), "cpu_stage: prepare() called twice");
     capacity_ = capacity;
@@ -5099,17 +5183,22 @@ class cpu_stage {
       buffers_.push_back(std::move(p));
     }
   }
-  [[nodiscard]] std::size_t devices() const noexcept { return devices_; }
+  [[nodiscard]] std::size_t devices() const noexcept { return devices_; }  //!< as constructed
+  //! Host buffer of (`slot`, `d`), `capacity` bytes; valid after `prepare`
+  //! for the stage's lifetime. Indices are not checked.
   [[nodiscard]] std::byte* buffer(std::size_t slot, std::size_t d) const noexcept {
     return buffers_[slot * devices_ + d].get();
   }
+  //! Copies host bytes `src` (at most `capacity`) into `buffer(slot, d)`;
+  //! synchronous, so the buffer is ready when it returns.
   void copy(std::size_t slot, std::size_t d, std::span<const std::byte> src) {
     EBBFLOW_EXPECTS(src.size() <= capacity_);
     if (!src.empty()) std::memcpy(buffer(slot, d), src.data(), src.size());
   }
-  void finish(std::size_t) noexcept {}
+  void finish(std::size_t) noexcept {}  //!< no-op: `copy` already finished
+  //! An always-ready event (the copy finished inside `copy`).
   [[nodiscard]] event_type event(std::size_t, std::size_t) const noexcept { return {}; }
-  void consumed(std::size_t) noexcept {}
+  void consumed(std::size_t) noexcept {}  //!< no-op: nothing reads the buffer asynchronously
   //! Bytes of stage memory allocated by `prepare`.
   [[nodiscard]] std::size_t bytes() const noexcept { return buffers_.size() * capacity_; }
 
@@ -5200,8 +5289,10 @@ class pinned_pool;
 class pinned_lease {
  public:
   pinned_lease() noexcept = default;
+  //! Takes over `o`'s bytes; `o` becomes empty.
   pinned_lease(pinned_lease&& o) noexcept
       : pool_(std::exchange(o.pool_, nullptr)), offset_(o.offset_), bytes_(o.bytes_), data_(o.data_) {}
+  //! Gives this lease's bytes back, then takes over `o`'s; `o` becomes empty.
   pinned_lease& operator=(pinned_lease&& o) noexcept {
     if (this != &o) {
       reset();
@@ -5218,7 +5309,10 @@ class pinned_lease {
 
   //! The leased bytes (host memory).
   [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data_, bytes_}; }
+  //! Leased bytes: the request rounded up to `pinned_pool::alignment`.
   [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
+  //! True while the lease holds bytes of a pool (also for a 0-byte lease);
+  //! false when default-constructed, moved from or reset.
   explicit operator bool() const noexcept { return pool_ != nullptr; }
   //! Gives the bytes back to the pool now.
   void reset() noexcept;
@@ -5238,7 +5332,7 @@ class pinned_lease {
 //! The pool must outlive its leases.
 class pinned_pool {
  public:
-  static constexpr std::size_t alignment = 256;
+  static constexpr std::size_t alignment = 256;  //!< lease alignment and size granule, bytes
 
   //! Allocates the whole region (`capacity` bytes, rounded up to `alignment`)
   //! once. @throws std::invalid_argument when capacity is 0;
@@ -5260,9 +5354,11 @@ class pinned_pool {
   //! Wakes every blocked `acquire` with `errc::cancelled`; later calls fail the same way.
   void cancel() noexcept;
 
+  //! Bytes of the region (the requested capacity rounded up to `alignment`).
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
   //! Region start (host memory) — for registering the region with other APIs.
   [[nodiscard]] std::byte* data() const noexcept { return base_; }
+  //! A consistent snapshot of the counters (takes the pool's lock briefly).
   [[nodiscard]] pool_stats stats() const;
   //! Called after every release (outside the pool's lock), e.g. to wake a
   //! scheduler that waits for space. Set before leases are taken.
@@ -5559,6 +5655,7 @@ class cuda_ready_event {
   [[nodiscard]] bool ready() const { return cudaEventQuery(event_) == cudaSuccess; }
   //! Blocks the host until the copy has finished. @throws system_error.
   void synchronize() const { detail::cuda_check(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+  //! The underlying CUDA event (owned by the stage; do not destroy or re-record it).
   [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
 
  private:
@@ -5574,14 +5671,16 @@ class cuda_ready_event {
 //! split is `device_ids[d]`). Memory space: device. Move-only.
 class cuda_stage {
  public:
-  static constexpr memory_space space = memory_space::device;
-  using event_type = cuda_ready_event;
+  static constexpr memory_space space = memory_space::device;  //!< buffers are `cudaMalloc` device memory
+  using event_type = cuda_ready_event;                         //!< per-buffer copy completion
 
   //! @throws std::invalid_argument for an empty list.
   explicit cuda_stage(std::vector<int> device_ids) : ids_(std::move(device_ids)) {
     EBBFLOW_ENFORCE(!ids_.empty(), "cuda_stage: need at least one device");
   }
+  //! Takes over `o`'s streams, buffers and events; `o` is left with no devices.
   cuda_stage(cuda_stage&& o) noexcept { swap(o); }
+  //! Frees this stage's CUDA resources (after synchronising its copy streams), then takes over `o`'s.
   cuda_stage& operator=(cuda_stage&& o) noexcept {
     cuda_stage t(std::move(o));
     swap(t);
@@ -5614,7 +5713,9 @@ class cuda_stage {
       }
     }
   }
-  [[nodiscard]] std::size_t devices() const noexcept { return ids_.size(); }
+  [[nodiscard]] std::size_t devices() const noexcept { return ids_.size(); }  //!< number of local devices
+  //! Device memory of (`slot`, `d`) on device `device_id(d)`, `capacity`
+  //! bytes; valid after `prepare` for the stage's lifetime. Indices are not checked.
   [[nodiscard]] std::byte* buffer(std::size_t slot, std::size_t d) const noexcept {
     return static_cast<std::byte*>(per_[slot * ids_.size() + d].d_buf);
   }
@@ -5636,6 +5737,7 @@ class cuda_stage {
     for (std::size_t d = 0; d < ids_.size(); ++d)
       detail::cuda_check(cudaEventSynchronize(at(slot, d).ready), "cudaEventSynchronize");
   }
+  //! The ready event of (`slot`, `d`), recorded by the last `copy`. Never blocks.
   [[nodiscard]] event_type event(std::size_t slot, std::size_t d) noexcept {
     return cuda_ready_event(this, slot, d, at(slot, d).ready);
   }
@@ -5653,6 +5755,7 @@ class cuda_stage {
   [[nodiscard]] std::size_t bytes() const noexcept { return per_.size() * capacity_; }
   //! The copy stream of device `d`.
   [[nodiscard]] cudaStream_t copy_stream(std::size_t d) const noexcept { return streams_[d]; }
+  //! The CUDA device ordinal of local device `d`.
   [[nodiscard]] int device_id(std::size_t d) const noexcept { return ids_[d]; }
 
  private:
@@ -5751,13 +5854,14 @@ concept index_source = requires(S& s, std::uint64_t step, step_plan& out) {
   { s.plan(step, out) } -> std::convertible_to<bool>;
 };
 
-//! Samples first, first+1, ... in order; the batch size of each step comes
+//! Samples 0, 1, 2, ... in order; the batch size of each step comes
 //! from `batch_size(step)` (which may change every step) and is split over
 //! `devices` devices as evenly as possible (the first devices get one more),
 //! or by `weights` when given (largest remainder rounding). Ends when fewer
 //! samples than the step's batch size remain, or after `steps` steps.
 class sequence_source {
  public:
+  //! Batch size of a step; 0 ends the sequence.
   using batch_size_fn = std::function<std::size_t(std::uint64_t step)>;
 
   //! @throws std::invalid_argument for 0 devices or a weight vector of the wrong size.
@@ -5770,6 +5874,9 @@ class sequence_source {
     EBBFLOW_ENFORCE(static_cast<bool>(batch_size_), "sequence_source: batch_size function is empty");
   }
 
+  //! Fills `out` with the next `batch_size(step)` samples and their split;
+  //! false at the end (see above). @throws std::invalid_argument when `step`
+  //! is not the next one (steps must be asked for in order, without gaps).
   bool plan(std::uint64_t step, step_plan& out) {
     if (step >= steps_) return false;
     if (step != next_step_) {  // only forward, in order (the concept's contract)
@@ -5821,7 +5928,10 @@ static_assert(index_source<sequence_source>);
 //! A fixed list of step plans (plan k is step k). Useful in tests.
 class list_source {
  public:
+  //! The plans, used as given (not validated here; the prefetcher checks them).
   explicit list_source(std::vector<step_plan> plans) : plans_(std::move(plans)) {}
+  //! Copies plan `step` into `out`; false when `step` >= the number of plans.
+  //! Any order; const, so concurrent calls are safe.
   bool plan(std::uint64_t step, step_plan& out) const {
     if (step >= plans_.size()) return false;
     out = plans_[static_cast<std::size_t>(step)];
@@ -5906,11 +6016,15 @@ enum class error_policy {
 //! exception. `what()` reads "prefetch: step 3, sample 17: <cause>".
 class load_error : public std::runtime_error {
  public:
+  //! `sample()` when the failure was not in one sample's load.
   static constexpr std::size_t no_sample = std::numeric_limits<std::size_t>::max();
+  //! The error of `step`, caused by `cause` while loading `sample` (or `no_sample`).
   load_error(std::uint64_t step, std::size_t sample, std::exception_ptr cause)
       : std::runtime_error(format(step, sample, cause)), step_(step), sample_(sample), cause_(std::move(cause)) {}
-  [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
+  [[nodiscard]] std::uint64_t step() const noexcept { return step_; }  //!< the failed step
+  //! The global sample index whose load failed, or `no_sample`.
   [[nodiscard]] std::size_t sample() const noexcept { return sample_; }
+  //! The original exception.
   [[nodiscard]] std::exception_ptr cause() const noexcept { return cause_; }
   //! Rethrows the original exception.
   [[noreturn]] void rethrow_cause() const { std::rethrow_exception(cause_); }
@@ -5931,7 +6045,7 @@ struct prefetch_options {
   std::size_t pool_bytes = 0;          //!< pinned staging bound; 0: depth * max_batch_samples * sample_bytes
   unsigned loaders = 2;                //!< loader threads, >= 1
   std::size_t chunk_samples = 0;       //!< samples per loader task; 0: about batch / (4 * loaders)
-  error_policy on_error = error_policy::stop;
+  error_policy on_error = error_policy::stop;  //!< what to do after a step failed to load
   //! Staging allocator; empty: the stage's preferred one (cudaHostAlloc for
   //! cuda_stage), else `mlock_allocator()`.
   std::optional<host_allocator> allocator = std::nullopt;
@@ -5965,12 +6079,15 @@ class prefetch_state;
 template <class State>
 class basic_batch {
  public:
-  using stage_type = typename State::stage_type;
-  using event_type = typename stage_type::event_type;
-  static constexpr memory_space space = stage_type::space;
+  using stage_type = typename State::stage_type;       //!< the prefetcher's `Stage`
+  using event_type = typename stage_type::event_type;  //!< readiness of one device's data
+  static constexpr memory_space space = stage_type::space;  //!< memory space of `data(d)`
 
+  //! The empty batch (false; owns no slot).
   basic_batch() noexcept = default;
+  //! Takes over `o`'s slot; `o` becomes empty.
   basic_batch(basic_batch&&) noexcept = default;
+  //! Releases this batch's slot, then takes over `o`'s; `o` becomes empty.
   basic_batch& operator=(basic_batch&& o) noexcept {
     if (this != &o) {
       release();
@@ -5984,6 +6101,7 @@ class basic_batch {
 
   //! False for the empty batch that marks the end of data or shutdown.
   explicit operator bool() const noexcept { return state_ != nullptr; }
+  //! The index source's step number of this batch.
   [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
   //! Global batch sample indices, in order.
   [[nodiscard]] std::span<const std::size_t> indices() const noexcept;
@@ -5991,6 +6109,7 @@ class basic_batch {
   [[nodiscard]] std::size_t size() const noexcept { return indices().size(); }
   //! Per-device sub-batch sizes (samples).
   [[nodiscard]] std::span<const std::size_t> sizes() const noexcept;
+  //! Number of local devices (sub-batches).
   [[nodiscard]] std::size_t devices() const noexcept { return sizes().size(); }
   //! Sample indices of device `d`'s sub-batch.
   [[nodiscard]] std::span<const std::size_t> indices(std::size_t d) const noexcept;
@@ -6022,7 +6141,9 @@ class basic_batch {
 template <index_source Source, class Load, device_stage Stage = cpu_stage>
 class prefetcher {
  public:
+  //! The shared state behind the threads and batches (implementation detail).
   using state_type = detail::prefetch_state<Source, Load, Stage>;
+  //! What `next()` returns.
   using batch = basic_batch<state_type>;
 
   //! Allocates the staging pool and stage buffers and starts the threads.
@@ -6053,13 +6174,18 @@ class prefetcher {
   //! `until` passes. @returns true when all exited.
   bool close(deadline until);
 
+  //! The counters now; any thread, at any time. Read while the threads run,
+  //! so they need not be mutually consistent.
   [[nodiscard]] prefetch_stats stats() const;
+  //! The options in effect: as given, with a zero `max_device_samples` or
+  //! `pool_bytes` replaced by its computed default.
   [[nodiscard]] const prefetch_options& options() const noexcept;
 
  private:
   std::shared_ptr<state_type> state_;
 };
 
+//! Deduces `prefetcher<Source, Load, Stage>` from the constructor's arguments.
 template <class Source, class Load, class Stage>
 prefetcher(Source, Load, Stage, prefetch_options) -> prefetcher<Source, Load, Stage>;
 
