@@ -393,4 +393,25 @@ inline std::error_code error_from_wire(std::uint8_t v) noexcept {
 }
 
 }  // namespace elastic::detail::proto
+
+namespace elastic::detail {
+//! A key for messages: quoted, non-printable bytes as \xNN, cut after 64 bytes.
+inline std::string quote_key(std::string_view k) {
+  std::string out = "'";
+  const std::size_t n = std::min<std::size_t>(k.size(), 64);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(k[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      static constexpr char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out.push_back(hex[c >> 4]);
+      out.push_back(hex[c & 15]);
+    }
+  }
+  if (k.size() > n) out += "...";
+  return out + "'";
+}
+}  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE

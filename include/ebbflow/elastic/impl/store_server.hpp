@@ -54,24 +54,6 @@ struct store_waiter {
   asio::steady_timer timer;
 };
 
-inline std::string quote_key(std::string_view k) {
-  std::string out = "'";
-  const std::size_t n = std::min<std::size_t>(k.size(), 64);
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto c = static_cast<unsigned char>(k[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out.push_back(static_cast<char>(c));
-    } else {
-      static constexpr char hex[] = "0123456789abcdef";
-      out += "\\x";
-      out.push_back(hex[c >> 4]);
-      out.push_back(hex[c & 15]);
-    }
-  }
-  if (k.size() > n) out += "...";
-  return out + "'";
-}
-
 //! All store state. Every member is touched only on `strand_`.
 class server_impl : public std::enable_shared_from_this<server_impl> {
  public:
