@@ -109,6 +109,19 @@ TEST(Store, BasicOperations) {
   EXPECT_EQ(ec, ef::errc::invalid_state);
   EXPECT_NE(c.last_error_detail().find("not an integer"), std::string::npos) << c.last_error_detail();
   c.ping(ef::deadline::after(1s));  // the connection survived the in-band error
+  // A value over the server's limit (1 MiB here) is refused with the reason; the client reconnects.
+  c.set("big", std::string(std::size_t{2} << 20, 'x'), ef::deadline::after(5s), ec);
+  EXPECT_EQ(ec, ef::errc::bad_message);
+  EXPECT_NE(c.last_error_detail().find("exceeds the limit of 1048576 bytes"), std::string::npos)
+      << c.last_error_detail();
+  c.ping(ef::deadline::after(1s));
+  // The client's own limit stops a request before it is sent.
+  el::client_options small;
+  small.max_message_bytes = 1000;
+  el::store_client s("127.0.0.1", srv.port(), token, small);
+  s.set("v", std::string(2000, 'x'), ec);
+  EXPECT_EQ(ec, ef::errc::bad_message);
+  EXPECT_NE(s.last_error_detail().find("exceeds max_message_bytes 1000"), std::string::npos);
 }
 
 TEST(Store, RoundTripIsSubMillisecond) {

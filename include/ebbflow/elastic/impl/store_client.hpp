@@ -299,6 +299,13 @@ inline detail::proto::decode_result store_client::call(std::string frame, deadli
   ec.clear();
   std::lock_guard lk(conn_->mu);
   conn_->last_detail.clear();
+  if (frame.size() - detail::proto::header_bytes > opts_.max_message_bytes) {
+    // The server would reject it and drop the connection: fail here instead.
+    ec = make_error_code(error::bad_message);
+    conn_->last_detail = "request of " + std::to_string(frame.size()) + " bytes exceeds max_message_bytes " +
+                         std::to_string(opts_.max_message_bytes);
+    return {};
+  }
   if (!conn_->connected()) {
     conn_->connect(d, ec);
     if (ec) return {};
