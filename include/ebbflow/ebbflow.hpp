@@ -40,6 +40,10 @@
 #include <ebbflow/prefetch/prefetcher.hpp>
 #include <ebbflow/version.hpp>
 
+#if EBBFLOW_HAS_ASIO
+#include <ebbflow/elastic/store.hpp>
+#endif  // EBBFLOW_HAS_ASIO
+
 #if EBBFLOW_HAS_CUDA && EBBFLOW_HAS_NCCL
 #include <ebbflow/comm/nccl/communicator.hpp>
 #endif  // EBBFLOW_HAS_CUDA && EBBFLOW_HAS_NCCL

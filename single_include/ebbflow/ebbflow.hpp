@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 39 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 45 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -4419,6 +4419,2100 @@ class planner_policy final : public planning_policy {
 EBBFLOW_END_NAMESPACE
 // ==== end <ebbflow/elastic/planner_policy.hpp>
 
+// ==== begin <ebbflow/elastic/detail/store_protocol.hpp> ===================
+// SPDX-License-Identifier: Apache-2.0
+//! @file store_protocol.hpp
+//! Wire protocol of the rendezvous store (no API promise).
+//!
+//! Every message is a frame: `u32 length` (little endian, bytes that follow),
+//! then `u8 opcode`, then the opcode's fields. Field types: `u8`, `u32`,
+//! `i64` (little endian) and `str` (`u32 length` + bytes, binary-safe).
+//! Frames longer than a configurable limit are rejected before any allocation.
+//!
+//! Handshake (the secret never crosses the wire):
+//!   server -> challenge{u8 version, nonce[32] server_nonce}
+//!   client -> auth{u8 version, nonce[32] client_nonce, mac[32]}
+//!             mac = HMAC-SHA256(token, "ebbflow-store client" | server_nonce | client_nonce)
+//!   server -> welcome{mac[32]}  (HMAC over "ebbflow-store server" | ...: the server proves it too)
+//!          or error{unauthorized} and closes.
+//! Requests and their replies (one reply per request, in order):
+//!   set{str key, str value}                    -> ok
+//!   get{str key, u32 timeout_ms, u8 wait}      -> value{str} | missing | error{timeout}
+//!   add{str key, i64 delta}                    -> integer{i64}
+//!   compare_set{str key, str expected, str desired} -> cas_result{u8 swapped, str current}
+//!   wait{u32 timeout_ms, u32 n, str key * n}   -> ok | error{timeout}
+//!   erase{str key}                             -> boolean{u8 existed}
+//!   num_keys{}                                 -> integer{i64}
+//!   check{u32 n, str key * n}                  -> boolean{u8 all present}
+//!   watch{str prefix, u8 include_existing}     -> ok, then event{u8 kind, str key, str value} forever
+//!   ping{}                                     -> ok
+//!   any                                        -> error{u8 errc, str reason}
+//! A malformed frame gets an error reply (when the socket still allows one)
+//! and the connection is closed, since the byte stream cannot be resynchronised.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail::proto {
+
+inline constexpr std::uint8_t version = 1;
+inline constexpr std::size_t header_bytes = 4;
+inline constexpr std::size_t nonce_bytes = 32;
+inline constexpr std::size_t mac_bytes = 32;
+//! Default limit on a frame's length (bytes after the length prefix).
+inline constexpr std::size_t default_max_message_bytes = std::size_t{16} << 20;
+//! Limit before authentication: an unauthenticated peer cannot make the
+//! server allocate more than this.
+inline constexpr std::size_t preauth_max_message_bytes = 1024;
+//! `timeout_ms` value meaning "no limit".
+inline constexpr std::uint32_t no_timeout = 0xffffffffu;
+
+enum class op : std::uint8_t {
+  // client -> server
+  auth = 0x01,
+  set = 0x02,
+  get = 0x03,
+  add = 0x04,
+  compare_set = 0x05,
+  wait = 0x06,
+  erase = 0x07,
+  num_keys = 0x08,
+  check = 0x09,
+  watch = 0x0a,
+  ping = 0x0b,
+  // server -> client
+  ok = 0x80,
+  challenge = 0x81,
+  welcome = 0x82,
+  value = 0x83,
+  missing = 0x84,
+  integer = 0x85,
+  cas_result = 0x86,
+  boolean = 0x87,
+  event = 0x88,
+  error = 0x89,
+};
+
+inline constexpr const char* op_name(op o) noexcept {
+  switch (o) {
+    case op::auth: return "auth";
+    case op::set: return "set";
+    case op::get: return "get";
+    case op::add: return "add";
+    case op::compare_set: return "compare_set";
+    case op::wait: return "wait";
+    case op::erase: return "erase";
+    case op::num_keys: return "num_keys";
+    case op::check: return "check";
+    case op::watch: return "watch";
+    case op::ping: return "ping";
+    case op::ok: return "ok";
+    case op::challenge: return "challenge";
+    case op::welcome: return "welcome";
+    case op::value: return "value";
+    case op::missing: return "missing";
+    case op::integer: return "integer";
+    case op::cas_result: return "cas_result";
+    case op::boolean: return "boolean";
+    case op::event: return "event";
+    case op::error: return "error";
+  }
+  return "?";
+}
+
+//! Kinds of `event` frames.
+enum class event_kind : std::uint8_t { set = 1, erase = 2 };
+
+//! A decoded frame. Views point into the decoded buffer and live as long as it.
+struct message {
+  op code{};
+  std::string_view key;       //!< set/get/add/compare_set/erase/event; watch: prefix
+  std::string_view value;     //!< set/value/event; compare_set: desired; cas_result: current; error: reason
+  std::string_view expected;  //!< compare_set
+  std::vector<std::string_view> keys;  //!< wait/check
+  std::int64_t integer = 0;   //!< add: delta; integer reply
+  std::uint32_t timeout_ms = 0;  //!< get/wait
+  std::uint8_t flag = 0;      //!< get: wait; watch: include existing; cas_result: swapped; boolean;
+                              //!< event: kind; error: errc value; challenge/auth: version
+  std::string_view nonce;     //!< challenge/auth (nonce_bytes)
+  std::string_view mac;       //!< auth/welcome (mac_bytes)
+};
+
+//! Result of `decode`: a message, or `errc::bad_message` with a reason.
+struct decode_result {
+  message msg;
+  std::error_code ec;
+  std::string reason;  //!< empty on success
+  explicit operator bool() const noexcept { return !ec; }
+};
+
+//! Checks a frame's announced length; returns an empty string when acceptable.
+inline std::string check_length(std::uint32_t length, std::size_t max_bytes) {
+  if (length == 0) return "empty frame (length 0, no opcode)";
+  if (length > max_bytes)
+    return "frame length " + std::to_string(length) + " exceeds the limit of " + std::to_string(max_bytes) +
+           " bytes";
+  return {};
+}
+
+inline std::uint32_t load_u32(const char* p) noexcept {
+  unsigned char b[4];
+  std::memcpy(b, p, 4);
+  return std::uint32_t(b[0]) | std::uint32_t(b[1]) << 8 | std::uint32_t(b[2]) << 16 | std::uint32_t(b[3]) << 24;
+}
+
+namespace detail {
+//! Bounds-checked reader over a body; the first failure sticks.
+class reader {
+ public:
+  explicit reader(std::string_view s) noexcept : s_(s) {}
+  bool failed() const noexcept { return !why_.empty(); }
+  const std::string& why() const noexcept { return why_; }
+  std::size_t left() const noexcept { return s_.size() - pos_; }
+
+  std::uint8_t u8(const char* field) {
+    if (!need(1, field)) return 0;
+    return static_cast<std::uint8_t>(s_[pos_++]);
+  }
+  std::uint32_t u32(const char* field) {
+    if (!need(4, field)) return 0;
+    auto v = load_u32(s_.data() + pos_);
+    pos_ += 4;
+    return v;
+  }
+  std::int64_t i64(const char* field) {
+    if (!need(8, field)) return 0;
+    std::uint64_t v = 0;
+    for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s_[pos_ + static_cast<std::size_t>(i)]);
+    pos_ += 8;
+    return static_cast<std::int64_t>(v);
+  }
+  std::string_view fixed(std::size_t n, const char* field) {
+    if (!need(n, field)) return {};
+    auto v = s_.substr(pos_, n);
+    pos_ += n;
+    return v;
+  }
+  std::string_view str(const char* field) {
+    const std::uint32_t n = u32(field);
+    if (failed()) return {};
+    if (n > left()) {
+      fail(std::string(field) + " length " + std::to_string(n) + " exceeds the " + std::to_string(left()) +
+           " bytes left in the frame");
+      return {};
+    }
+    auto v = s_.substr(pos_, n);
+    pos_ += n;
+    return v;
+  }
+  void fail(std::string why) {
+    if (why_.empty()) why_ = std::move(why);
+  }
+
+ private:
+  bool need(std::size_t n, const char* field) {
+    if (failed()) return false;
+    if (left() < n) {
+      fail(std::string("truncated: ") + field + " needs " + std::to_string(n) + " bytes, " +
+           std::to_string(left()) + " left");
+      return false;
+    }
+    return true;
+  }
+  std::string_view s_;
+  std::size_t pos_ = 0;
+  std::string why_;
+};
+
+inline void read_keys(reader& r, std::vector<std::string_view>& out) {
+  const std::uint32_t n = r.u32("key count");
+  if (r.failed()) return;
+  // Every key takes at least its 4-byte length: never trust `n` for the reservation.
+  if (n > r.left() / 4) {
+    r.fail("key count " + std::to_string(n) + " cannot fit in the " + std::to_string(r.left()) +
+           " bytes left in the frame");
+    return;
+  }
+  out.reserve(n);
+  for (std::uint32_t i = 0; i < n && !r.failed(); ++i) out.push_back(r.str("key"));
+}
+}  // namespace detail
+
+//! Decodes a frame body (opcode and fields, without the length prefix).
+//! Never throws for bad input (only std::bad_alloc); never reads out of bounds.
+inline decode_result decode_body(std::string_view body) {
+  decode_result res;
+  auto bad = [&](std::string why) {
+    res.ec = make_error_code(ebbflow::error::bad_message);
+    res.reason = std::move(why);
+    return std::move(res);
+  };
+  if (body.empty()) return bad("empty frame (no opcode)");
+  detail::reader r(body.substr(1));
+  message& m = res.msg;
+  const auto raw = static_cast<std::uint8_t>(body[0]);
+  m.code = static_cast<op>(raw);
+  switch (m.code) {
+    case op::auth:
+      m.flag = r.u8("version");
+      m.nonce = r.fixed(nonce_bytes, "client nonce");
+      m.mac = r.fixed(mac_bytes, "mac");
+      break;
+    case op::set:
+      m.key = r.str("key");
+      m.value = r.str("value");
+      break;
+    case op::get:
+      m.key = r.str("key");
+      m.timeout_ms = r.u32("timeout");
+      m.flag = r.u8("wait flag");
+      break;
+    case op::add:
+      m.key = r.str("key");
+      m.integer = r.i64("delta");
+      break;
+    case op::compare_set:
+      m.key = r.str("key");
+      m.expected = r.str("expected value");
+      m.value = r.str("desired value");
+      break;
+    case op::wait:
+      m.timeout_ms = r.u32("timeout");
+      detail::read_keys(r, m.keys);
+      break;
+    case op::erase: m.key = r.str("key"); break;
+    case op::num_keys:
+    case op::ping:
+    case op::ok:
+    case op::missing: break;
+    case op::check: detail::read_keys(r, m.keys); break;
+    case op::watch:
+      m.key = r.str("prefix");
+      m.flag = r.u8("include-existing flag");
+      break;
+    case op::challenge:
+      m.flag = r.u8("version");
+      m.nonce = r.fixed(nonce_bytes, "server nonce");
+      break;
+    case op::welcome: m.mac = r.fixed(mac_bytes, "mac"); break;
+    case op::value: m.value = r.str("value"); break;
+    case op::integer: m.integer = r.i64("integer"); break;
+    case op::cas_result:
+      m.flag = r.u8("swapped flag");
+      m.value = r.str("current value");
+      break;
+    case op::boolean: m.flag = r.u8("boolean"); break;
+    case op::event:
+      m.flag = r.u8("event kind");
+      m.key = r.str("key");
+      m.value = r.str("value");
+      if (!r.failed() && m.flag != 1 && m.flag != 2) r.fail("unknown event kind " + std::to_string(m.flag));
+      break;
+    case op::error:
+      m.flag = r.u8("error code");
+      m.value = r.str("reason");
+      break;
+    default: {
+      static constexpr char hex[] = "0123456789abcdef";
+      std::string h = "0x";
+      h += hex[raw >> 4];
+      h += hex[raw & 15];
+      return bad("unknown opcode " + h);
+    }
+  }
+  if (r.failed()) return bad(std::string(op_name(m.code)) + ": " + r.why());
+  if (r.left() != 0)
+    return bad(std::string(op_name(m.code)) + ": " + std::to_string(r.left()) + " trailing bytes after the last field");
+  return res;
+}
+
+//! Decodes one whole frame (length prefix included). The length must match
+//! the bytes given exactly and not exceed `max_bytes`. This is the fuzzed entry point.
+inline decode_result decode(std::span<const std::byte> frame, std::size_t max_bytes = default_max_message_bytes) {
+  const std::string_view s(reinterpret_cast<const char*>(frame.data()), frame.size());
+  if (s.size() < header_bytes) {
+    decode_result res;
+    res.ec = make_error_code(ebbflow::error::bad_message);
+    res.reason = "truncated header: " + std::to_string(s.size()) + " of 4 length bytes";
+    return res;
+  }
+  const std::uint32_t len = load_u32(s.data());
+  std::string why = check_length(len, max_bytes);
+  if (why.empty() && len != s.size() - header_bytes)
+    why = "frame length " + std::to_string(len) + " does not match the " + std::to_string(s.size() - header_bytes) +
+          " bytes that follow";
+  if (!why.empty()) {
+    decode_result res;
+    res.ec = make_error_code(ebbflow::error::bad_message);
+    res.reason = std::move(why);
+    return res;
+  }
+  return decode_body(s.substr(header_bytes));
+}
+
+//! Builds one frame in a std::string (the length is patched by `finish`).
+class frame_builder {
+ public:
+  explicit frame_builder(op o, std::size_t reserve = 64) {
+    buf_.reserve(reserve + header_bytes + 1);
+    buf_.append(header_bytes, '\0');
+    buf_.push_back(static_cast<char>(o));
+  }
+  frame_builder& u8(std::uint8_t v) {
+    buf_.push_back(static_cast<char>(v));
+    return *this;
+  }
+  frame_builder& u32(std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) buf_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+    return *this;
+  }
+  frame_builder& i64(std::int64_t s) {
+    auto v = static_cast<std::uint64_t>(s);
+    for (int i = 0; i < 8; ++i) buf_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+    return *this;
+  }
+  frame_builder& raw(std::string_view s) {
+    buf_.append(s);
+    return *this;
+  }
+  frame_builder& str(std::string_view s) {
+    u32(static_cast<std::uint32_t>(s.size()));
+    buf_.append(s);
+    return *this;
+  }
+  //! The finished frame (moves the buffer out); `size() - 4` must fit in u32.
+  std::string finish() {
+    const auto len = static_cast<std::uint32_t>(buf_.size() - header_bytes);
+    for (int i = 0; i < 4; ++i) buf_[static_cast<std::size_t>(i)] = static_cast<char>((len >> (8 * i)) & 0xff);
+    return std::move(buf_);
+  }
+
+ private:
+  std::string buf_;
+};
+
+//! An `error` frame.
+inline std::string error_frame(errc code, std::string_view reason) {
+  return frame_builder(op::error, reason.size() + 8).u8(static_cast<std::uint8_t>(code)).str(reason).finish();
+}
+
+//! Maps an `error` frame's code to ebbflow's error code (unknown codes: bad_message).
+inline std::error_code error_from_wire(std::uint8_t v) noexcept {
+  if (v >= 1 && v <= 7) return make_error_code(static_cast<ebbflow::error>(v));
+  return make_error_code(ebbflow::error::bad_message);
+}
+
+}  // namespace elastic::detail::proto
+
+namespace elastic::detail {
+//! A key for messages: quoted, non-printable bytes as \xNN, cut after 64 bytes.
+inline std::string quote_key(std::string_view k) {
+  std::string out = "'";
+  const std::size_t n = std::min<std::size_t>(k.size(), 64);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(k[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      static constexpr char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out.push_back(hex[c >> 4]);
+      out.push_back(hex[c & 15]);
+    }
+  }
+  if (k.size() > n) out += "...";
+  return out + "'";
+}
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ==== end <ebbflow/elastic/detail/store_protocol.hpp>
+
+// ==== begin <ebbflow/elastic/store.hpp> ===================================
+#if EBBFLOW_HAS_ASIO
+// SPDX-License-Identifier: Apache-2.0
+//! @file store.hpp
+//! The rendezvous store: a small key-value server over Boost.Asio that a job
+//! embeds (or runs standalone with `ebbflow-store`), and its client. In the
+//! spirit of PyTorch's c10d TCPStore. It holds membership, UCX worker
+//! addresses and heartbeats of an elastic job.
+//!
+//! Keys and values are arbitrary byte strings (`std::string` is binary-safe).
+//! Counters made by `add` are stored as decimal text.
+//!
+//! Security: every connection proves the job token (a shared secret, from
+//! `EBBFLOW_TOKEN` or passed in) with an HMAC-SHA256 challenge-response; the
+//! secret never crosses the wire and the server proves it too. A client with
+//! a wrong or missing token gets `errc::unauthorized` and is disconnected.
+//! Frames are length-prefixed with a maximum size; malformed, truncated or
+//! oversized frames, unknown opcodes and clients that stall mid-frame are
+//! answered with an error naming the problem, logged, and disconnected
+//! without affecting other clients. Traffic is not encrypted.
+//!
+//! Requires the `ebbflow::asio` CMake component (Boost headers + OpenSSL::Crypto).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+
+#include <boost/asio/io_context.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+namespace detail {
+class server_impl;
+class client_connection;
+}  // namespace detail
+
+//! Configuration of a `store_server`.
+struct server_options {
+  std::string host = "127.0.0.1";  //!< address to bind ("0.0.0.0" / "::" for any)
+  std::uint16_t port = 0;          //!< 0: pick a free port (see `store_server::port()`)
+  std::string token;               //!< job secret clients must prove; empty: the empty token
+  std::size_t max_message_bytes = detail::proto::default_max_message_bytes;  //!< frame limit
+  //! A frame whose first byte arrived must be complete within this time
+  //! (slow-loris defence); idle authenticated connections are kept.
+  std::chrono::milliseconds frame_timeout{10000};
+  //! A new connection must authenticate within this time.
+  std::chrono::milliseconds auth_timeout{10000};
+  std::size_t max_connections = 4096;  //!< further connections get an error and are closed
+  //! Per connection: unsent replies/events beyond this close the connection
+  //! (a watcher that does not read).
+  std::size_t max_pending_output_bytes = std::size_t{64} << 20;
+
+  //! Defaults plus `token` from `EBBFLOW_TOKEN`.
+  static server_options from_environment();
+};
+
+//! Counters of a running server (read with relaxed atomics; for tests and logs).
+struct server_stats {
+  std::uint64_t accepted = 0;       //!< connections accepted
+  std::uint64_t unauthorized = 0;   //!< connections refused for a bad token
+  std::uint64_t protocol_errors = 0;  //!< connections closed for a malformed frame or a stall
+  std::uint64_t open = 0;           //!< connections open now
+};
+
+//! The store's server. Owns the key-value map; all state lives on one
+//! strand, so handlers never race. Server-side `wait`/`get` block no thread:
+//! they complete when a `set`/`add`/`compare_set` provides the last key or
+//! their timeout passes.
+//!
+//! Thread safety: the member functions may be called from any thread.
+class store_server {
+ public:
+  //! Binds and starts serving on a thread of its own.
+  //! @throws system_error when the address cannot be bound; std::invalid_argument for bad options.
+  explicit store_server(server_options opts = {});
+  //! Binds and serves on `ioc`, which the caller runs (any number of threads).
+  //! `ioc` must outlive this object.
+  store_server(boost::asio::io_context& ioc, server_options opts);
+  //! Stops serving and closes every connection (clients see `errc::peer_lost`). Blocks until
+  //! the own thread, if any, has exited.
+  ~store_server();
+  store_server(const store_server&) = delete;
+  store_server& operator=(const store_server&) = delete;
+
+  //! The bound port (the chosen one when `port` was 0).
+  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+  //! The bound address as given in the options.
+  [[nodiscard]] const std::string& host() const noexcept { return host_; }
+  //! "host:port", suitable for `EBBFLOW_STORE`.
+  [[nodiscard]] std::string address() const;
+  [[nodiscard]] server_stats stats() const noexcept;
+  //! Stops accepting and closes all connections; idempotent, non-blocking.
+  void stop() noexcept;
+
+ private:
+  std::unique_ptr<boost::asio::io_context> own_ioc_;
+  std::shared_ptr<detail::server_impl> impl_;
+  std::thread thread_;
+  std::string host_;
+  std::uint16_t port_ = 0;
+};
+
+//! Configuration of a `store_client`.
+struct client_options {
+  //! Deadline of calls that are not given one.
+  std::chrono::milliseconds timeout{30000};
+  //! Largest reply accepted.
+  std::size_t max_message_bytes = detail::proto::default_max_message_bytes;
+  //! Defaults plus `timeout` from `EBBFLOW_STORE_TIMEOUT_MS`.
+  //! @throws std::invalid_argument for a malformed value.
+  static client_options from_environment();
+};
+
+//! Result of `compare_set`.
+struct compare_set_result {
+  bool swapped = false;  //!< the desired value was stored
+  std::string current;   //!< the value stored now
+};
+
+//! A change seen by a `store_watcher`.
+struct store_event {
+  enum class kind { set, erase };
+  kind type = kind::set;
+  std::string key;
+  std::string value;  //!< the new value (empty for erase)
+};
+
+//! A stream of changes to keys under a prefix, on its own connection.
+//! Not thread-safe: use one watcher from one thread at a time.
+class store_watcher {
+ public:
+  store_watcher(store_watcher&&) noexcept;
+  store_watcher& operator=(store_watcher&&) noexcept;
+  ~store_watcher();
+
+  //! Blocks until the next change or `d`. A timeout leaves the watcher usable.
+  //! @throws system_error: errc::timeout, errc::peer_lost (server gone), errc::bad_message.
+  store_event next(deadline d);
+  //! As above; on error returns an empty event and sets `ec`.
+  store_event next(deadline d, std::error_code& ec) noexcept;
+
+ private:
+  friend class store_client;
+  explicit store_watcher(std::unique_ptr<detail::client_connection> c);
+  std::unique_ptr<detail::client_connection> conn_;
+};
+
+//! A connection to a `store_server`. Connects lazily (retrying a refused
+//! connection until the call's deadline, so ranks may start before the
+//! store), and reconnects on the next call after the connection broke.
+//! A call whose deadline passes closes the connection, so a late reply can
+//! never be taken for the reply of a later call.
+//!
+//! Every call has a deadline: the one given, or now + `client_options::timeout`.
+//! Errors (`ec` forms; the throwing forms raise `ebbflow::system_error` with
+//! operation "store.<call>"): `errc::timeout`, `errc::unauthorized` (wrong
+//! token), `errc::peer_lost` (server gone or connection lost mid-call),
+//! `errc::bad_message` (a malformed or oversized frame), `errc::invalid_state`
+//! (`add` on a non-integer value).
+//!
+//! Thread safety: all calls may be made from any thread; they are serialised
+//! on the one connection (use one client per thread for parallel calls).
+class store_client {
+ public:
+  //! Does not connect yet. @throws std::invalid_argument for an empty host.
+  store_client(std::string host, std::uint16_t port, std::string token, client_options opts = {});
+  //! From `EBBFLOW_STORE` (or `MASTER_ADDR`/`MASTER_PORT`), `EBBFLOW_TOKEN` and
+  //! `EBBFLOW_STORE_TIMEOUT_MS` (see `launch_info`).
+  //! @throws std::invalid_argument when no store address is set or values are malformed.
+  static store_client from_environment();
+  store_client(store_client&&) noexcept;
+  store_client& operator=(store_client&&) noexcept;
+  ~store_client();
+
+  //! Connects and authenticates now (otherwise the first call does).
+  void connect(deadline d);
+  void connect(deadline d, std::error_code& ec) noexcept;
+
+  //! Stores `value` under `key`, waking waiters and watchers.
+  void set(std::string_view key, std::string_view value);
+  void set(std::string_view key, std::string_view value, deadline d);
+  void set(std::string_view key, std::string_view value, std::error_code& ec) noexcept;
+  void set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept;
+
+  //! The value of `key`, waiting (server-side) until it is set or `d` passes (errc::timeout).
+  std::string get(std::string_view key);
+  std::string get(std::string_view key, deadline d);
+  std::string get(std::string_view key, std::error_code& ec) noexcept;
+  std::string get(std::string_view key, deadline d, std::error_code& ec) noexcept;
+
+  //! The value of `key`, or nullopt when it is not set. Does not wait.
+  std::optional<std::string> try_get(std::string_view key);
+  std::optional<std::string> try_get(std::string_view key, deadline d);
+  std::optional<std::string> try_get(std::string_view key, std::error_code& ec) noexcept;
+  std::optional<std::string> try_get(std::string_view key, deadline d, std::error_code& ec) noexcept;
+
+  //! Atomically adds `delta` to the integer at `key` (missing: 0) and returns the result.
+  std::int64_t add(std::string_view key, std::int64_t delta);
+  std::int64_t add(std::string_view key, std::int64_t delta, deadline d);
+  std::int64_t add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept;
+  std::int64_t add(std::string_view key, std::int64_t delta, deadline d, std::error_code& ec) noexcept;
+
+  //! Atomically stores `desired` if the value is `expected` (a missing key
+  //! matches an empty `expected`), and returns what is stored now.
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired);
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
+                                 deadline d);
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
+                                 std::error_code& ec) noexcept;
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
+                                 deadline d, std::error_code& ec) noexcept;
+
+  //! Blocks until every key in `keys` is set, or `d` passes (errc::timeout).
+  //! The server waits; the client does not poll.
+  void wait(const std::vector<std::string>& keys, deadline d);
+  void wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept;
+
+  //! True when every key in `keys` is set. Does not wait.
+  bool check(const std::vector<std::string>& keys);
+  bool check(const std::vector<std::string>& keys, std::error_code& ec) noexcept;
+
+  //! Removes `key`; returns whether it existed.
+  bool erase(std::string_view key);
+  bool erase(std::string_view key, std::error_code& ec) noexcept;
+
+  //! Number of keys stored.
+  std::int64_t num_keys();
+  std::int64_t num_keys(std::error_code& ec) noexcept;
+
+  //! One round trip (liveness, latency).
+  void ping(deadline d);
+  void ping(deadline d, std::error_code& ec) noexcept;
+
+  //! Opens a new connection that streams every change to keys starting with
+  //! `prefix`; with `include_existing` it first reports the keys already set
+  //! (as `set` events, in unspecified order).
+  store_watcher watch(std::string_view prefix, bool include_existing, deadline d);
+  store_watcher watch(std::string_view prefix, bool include_existing, deadline d, std::error_code& ec) noexcept;
+
+  //! Drops the connection (the next call reconnects).
+  void close() noexcept;
+
+  //! The server's reason for the last failed call (e.g. "wait: 1 of 3 keys still
+  //! missing after 100 ms: 'b'"), or the local one; empty after a success.
+  [[nodiscard]] std::string last_error_detail() const;
+  [[nodiscard]] const std::string& host() const noexcept { return host_; }
+  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+
+ private:
+  [[nodiscard]] deadline default_deadline() const noexcept { return deadline::after(opts_.timeout); }
+  //! One request/reply exchange; `waits`: the server may hold the reply until `d`.
+  detail::proto::decode_result call(std::string frame, deadline d, bool waits, std::error_code& ec) noexcept;
+  [[noreturn]] void raise(const char* operation, std::string_view key, std::error_code ec) const;
+  std::string host_;
+  std::uint16_t port_ = 0;
+  std::string token_;
+  client_options opts_;
+  std::unique_ptr<detail::client_connection> conn_;
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/elastic/impl/store_server.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/store_server.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/store_server.hpp
+//! Definitions of `store_server` (included by elastic/store.hpp).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/hmac.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/hmac.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file hmac.hpp
+//! HMAC-SHA256 challenge-response helpers for the store handshake (no API
+//! promise). Uses OpenSSL's libcrypto (link `ebbflow::asio`).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <array>
+#include <random>
+#include <string>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+//! `n` cryptographically random bytes (OpenSSL RAND_bytes; falls back to
+//! std::random_device, which reads /dev/urandom on Linux, if RAND fails).
+inline std::string random_bytes(std::size_t n) {
+  std::string out(n, '\0');
+  if (n == 0) return out;
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) != 1) {
+    std::random_device rd;
+    for (auto& c : out) c = static_cast<char>(rd() & 0xff);
+  }
+  return out;
+}
+
+//! Lower-case hex of `n` random bytes (for generated job tokens).
+inline std::string random_hex(std::size_t n) {
+  static constexpr char hex[] = "0123456789abcdef";
+  const std::string b = random_bytes(n);
+  std::string out;
+  out.reserve(2 * n);
+  for (unsigned char c : b) {
+    out.push_back(hex[c >> 4]);
+    out.push_back(hex[c & 15]);
+  }
+  return out;
+}
+
+//! HMAC-SHA256(key, label | a | b).
+inline std::string handshake_mac(std::string_view key, std::string_view label, std::string_view a,
+                                 std::string_view b) {
+  std::string msg;
+  msg.reserve(label.size() + a.size() + b.size());
+  msg.append(label).append(a).append(b);
+  std::array<unsigned char, EVP_MAX_MD_SIZE> out{};
+  unsigned int out_len = 0;
+  static const unsigned char empty_key = 0;  // HMAC wants a non-null key pointer even for length 0
+  const void* k = key.empty() ? static_cast<const void*>(&empty_key) : static_cast<const void*>(key.data());
+  if (!HMAC(EVP_sha256(), k, static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(msg.data()),
+            msg.size(), out.data(), &out_len) ||
+      out_len != proto::mac_bytes) {
+    return {};  // empty: mac_equal() never accepts it
+  }
+  return std::string(reinterpret_cast<const char*>(out.data()), out_len);
+}
+
+inline constexpr std::string_view client_label = "ebbflow-store client";
+inline constexpr std::string_view server_label = "ebbflow-store server";
+
+//! Constant-time comparison of two MACs.
+inline bool mac_equal(std::string_view a, std::string_view b) noexcept {
+  return a.size() == b.size() && a.size() == proto::mac_bytes && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/hmac.hpp>
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+// #include <ebbflow/elastic/store.hpp>  (inlined)
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <deque>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+namespace detail {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+class server_conn;
+
+//! A server-side `wait` or waiting `get`.
+struct store_waiter {
+  explicit store_waiter(const asio::any_io_executor& ex) : timer(ex) {}
+  std::weak_ptr<server_conn> conn;
+  std::set<std::string> missing;  // keys not yet set
+  std::size_t total = 0;
+  bool is_get = false;
+  std::string get_key;
+  std::uint32_t timeout_ms = 0;
+  bool done = false;
+  asio::steady_timer timer;
+};
+
+//! All store state. Every member is touched only on `strand_`.
+class server_impl : public std::enable_shared_from_this<server_impl> {
+ public:
+  using strand_t = asio::strand<asio::io_context::executor_type>;
+
+  server_impl(asio::io_context& ioc, server_options opts)
+      : strand_(asio::make_strand(ioc)), acceptor_(strand_), retry_(strand_), opts_(std::move(opts)) {
+    EBBFLOW_ENFORCE(!opts_.host.empty(), "store_server: empty host");
+    EBBFLOW_ENFORCE(opts_.max_message_bytes >= 64 && opts_.max_message_bytes <= 0xffffffffu,
+                    "store_server: max_message_bytes " << opts_.max_message_bytes << " not in [64, 2^32)");
+    EBBFLOW_ENFORCE(opts_.frame_timeout.count() > 0 && opts_.auth_timeout.count() > 0,
+                    "store_server: timeouts must be positive");
+    EBBFLOW_ENFORCE(opts_.max_connections > 0, "store_server: max_connections must be positive");
+    error_context ctx{-1, -1, -1, "store.listen", opts_.host + ":" + std::to_string(opts_.port)};
+    boost::system::error_code ec;
+    tcp::resolver res(ioc);
+    auto eps = res.resolve(opts_.host, std::to_string(opts_.port), tcp::resolver::passive, ec);
+    if (ec || eps.empty()) throw_if(ec ? std::error_code(ec) : make_error_code(std::errc::address_not_available), ctx);
+    const tcp::endpoint ep = eps.begin()->endpoint();
+    acceptor_.open(ep.protocol(), ec);
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(ep, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    throw_if(ec, ctx);
+    port_ = acceptor_.local_endpoint().port();
+    if (opts_.token.empty())
+      EBBFLOW_LOG_WARN("store: serving on " << opts_.host << ":" << port_
+                                            << " without a job token (EBBFLOW_TOKEN unset): any local client can join");
+    EBBFLOW_LOG_INFO("store: listening on " << opts_.host << ":" << port_);
+  }
+
+  void start() {
+    asio::post(strand_, [self = shared_from_this()] { self->accept(); });
+  }
+  void stop() noexcept;
+
+  std::uint16_t port() const noexcept { return port_; }
+  server_stats stats() const noexcept {
+    return {accepted_.load(std::memory_order_relaxed), unauthorized_.load(std::memory_order_relaxed),
+            protocol_errors_.load(std::memory_order_relaxed), open_.load(std::memory_order_relaxed)};
+  }
+
+  // ---- used by server_conn (on the strand)
+  const server_options& opts() const noexcept { return opts_; }
+  strand_t& strand() noexcept { return strand_; }
+  void count_unauthorized() noexcept { unauthorized_.fetch_add(1, std::memory_order_relaxed); }
+  void count_protocol_error() noexcept { protocol_errors_.fetch_add(1, std::memory_order_relaxed); }
+  void forget(std::uint64_t id) noexcept {
+    if (conns_.erase(id)) open_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  //! Executes one authenticated request; returns the reply frame, or an
+  //! empty string when the reply comes later (a registered waiter).
+  std::string execute(const std::shared_ptr<server_conn>& conn, const proto::message& m);
+  void cancel_waiter(const std::shared_ptr<store_waiter>& w) noexcept;
+  void remove_watcher(const server_conn* c) noexcept {
+    std::erase_if(watchers_, [c](const auto& w) { return w.first.expired() || w.first.lock().get() == c; });
+  }
+
+ private:
+  void accept();
+  void notify(const std::string& key, proto::event_kind kind, std::string_view value);
+  void finish_waiter(const std::shared_ptr<store_waiter>& w, std::string frame);
+  std::string register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m, bool is_get);
+
+  strand_t strand_;
+  tcp::acceptor acceptor_;
+  asio::steady_timer retry_;
+  server_options opts_;
+  std::uint16_t port_ = 0;
+  bool stopped_ = false;
+  std::uint64_t next_id_ = 0;
+  std::unordered_map<std::string, std::string> data_;
+  std::unordered_multimap<std::string, std::shared_ptr<store_waiter>> waiters_;
+  std::vector<std::pair<std::weak_ptr<server_conn>, std::string>> watchers_;  // (conn, prefix)
+  std::unordered_map<std::uint64_t, std::weak_ptr<server_conn>> conns_;
+  std::atomic<std::uint64_t> accepted_{0}, unauthorized_{0}, protocol_errors_{0}, open_{0};
+};
+
+//! One client connection: frames in, replies and events out.
+class server_conn : public std::enable_shared_from_this<server_conn> {
+ public:
+  server_conn(std::shared_ptr<server_impl> srv, tcp::socket s, std::uint64_t id)
+      : srv_(std::move(srv)), sock_(std::move(s)), timer_(srv_->strand()), id_(id) {
+    boost::system::error_code ec;
+    auto ep = sock_.remote_endpoint(ec);
+    peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+    sock_.set_option(tcp::no_delay(true), ec);
+  }
+
+  void start() {
+    server_nonce_ = random_bytes(proto::nonce_bytes);
+    send(proto::frame_builder(proto::op::challenge).u8(proto::version).raw(server_nonce_).finish());
+    arm_timer(srv_->opts().auth_timeout);
+    read();
+  }
+
+  //! Rejects the connection (e.g. too many connections) with an error frame.
+  void reject(errc code, std::string reason) { fail(code, std::move(reason), false); }
+
+  void send(std::string frame) {
+    if (closed_) return;
+    out_bytes_ += frame.size();
+    outq_.push_back(std::move(frame));
+    if (out_bytes_ > srv_->opts().max_pending_output_bytes) {
+      EBBFLOW_LOG_WARN("store: closing connection from " << peer_ << ": " << out_bytes_
+                                                         << " bytes of replies/events unsent (client not reading)");
+      srv_->count_protocol_error();
+      close();
+      return;
+    }
+    if (!writing_) write();
+  }
+
+  //! The reply of a request that waited.
+  void complete(std::string frame) {
+    busy_ = false;
+    waiter_.reset();
+    send(std::move(frame));
+    while (!busy_ && !closed_ && !pending_.empty()) {
+      std::string body = std::move(pending_.front());
+      pending_.pop_front();
+      handle(body);
+    }
+  }
+
+  void set_watching() noexcept { watching_ = true; }
+  bool watching() const noexcept { return watching_; }
+  const std::string& peer() const noexcept { return peer_; }
+
+  //! Closes at once (server stop, slow watcher).
+  void close() noexcept {
+    if (closed_) return;
+    closed_ = true;
+    boost::system::error_code ec;
+    timer_.cancel();
+    if (waiter_) srv_->cancel_waiter(waiter_);
+    waiter_.reset();
+    if (watching_) srv_->remove_watcher(this);
+    sock_.close(ec);
+    srv_->forget(id_);
+  }
+
+ private:
+  void arm_timer(std::chrono::milliseconds after) {
+    timer_.expires_after(after);
+    const std::uint64_t seq = frame_seq_;
+    armed_seq_ = seq;
+    timer_armed_ = true;
+    timer_.async_wait([self = shared_from_this(), seq](const boost::system::error_code& ec) {
+      if (ec || self->closed_ || self->draining_) return;
+      if (!self->authed_) {
+        self->fail(errc::timeout, "no authentication within " + std::to_string(self->srv_->opts().auth_timeout.count()) +
+                                      " ms");
+      } else if (seq == self->frame_seq_ && !self->in_.empty()) {
+        std::string why = "read deadline: frame incomplete after " +
+                          std::to_string(self->srv_->opts().frame_timeout.count()) + " ms (" +
+                          std::to_string(self->in_.size()) + " bytes received";
+        if (self->in_.size() >= proto::header_bytes)
+          why += " of " + std::to_string(proto::load_u32(self->in_.data()) + proto::header_bytes);
+        self->fail(errc::timeout, why + ")");
+      }
+    });
+  }
+
+  void read() {
+    if (closed_ || failing_) return;
+    sock_.async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](const boost::system::error_code& ec,
+                                                                           std::size_t n) { self->on_read(ec, n); });
+  }
+
+  void on_read(const boost::system::error_code& ec, std::size_t n) {
+    if (closed_ || failing_) return;
+    if (ec) {
+      if (!in_.empty()) {
+        std::string why = "truncated frame: connection closed after " + std::to_string(in_.size()) + " of ";
+        why += in_.size() >= proto::header_bytes ? std::to_string(proto::load_u32(in_.data()) + proto::header_bytes)
+                                                  : std::string("4 header");
+        fail(errc::bad_message, why + " bytes");
+      } else {
+        EBBFLOW_LOG_DEBUG("store: " << peer_ << " disconnected (" << ec.message() << ")");
+        close();
+      }
+      return;
+    }
+    in_.append(rbuf_.data(), n);
+    // Extract every complete frame.
+    std::size_t pos = 0;
+    while (!closed_ && !failing_ && in_.size() - pos >= proto::header_bytes) {
+      const std::uint32_t len = proto::load_u32(in_.data() + pos);
+      const std::size_t limit = authed_ ? srv_->opts().max_message_bytes : proto::preauth_max_message_bytes;
+      if (auto why = proto::check_length(len, limit); !why.empty()) {
+        if (!authed_) why += " before authentication";
+        fail(errc::bad_message, why);
+        return;
+      }
+      if (in_.size() - pos < proto::header_bytes + len) break;
+      std::string body = in_.substr(pos + proto::header_bytes, len);
+      pos += proto::header_bytes + len;
+      ++frame_seq_;
+      on_frame(std::move(body));
+    }
+    if (closed_ || failing_) return;
+    in_.erase(0, pos);
+    if (authed_) {
+      if (in_.empty()) {
+        if (timer_armed_) timer_.cancel();
+        timer_armed_ = false;
+      } else if (!timer_armed_ || armed_seq_ != frame_seq_) {
+        arm_timer(srv_->opts().frame_timeout);  // the first bytes of a frame: start its deadline
+      }
+    }
+    read();
+  }
+
+  void on_frame(std::string body) {
+    if (!authed_) {
+      authenticate(body);
+      return;
+    }
+    if (busy_) {
+      if (pending_.size() >= 16) {
+        fail(errc::bad_message, "more than 16 requests pipelined behind a waiting request");
+        return;
+      }
+      pending_.push_back(std::move(body));
+      return;
+    }
+    handle(body);
+  }
+
+  void authenticate(const std::string& body) {
+    auto r = proto::decode_body(body);
+    if (!r) {
+      fail(errc::bad_message, "handshake: " + r.reason);
+      return;
+    }
+    if (r.msg.code != proto::op::auth) {
+      fail(errc::unauthorized, std::string("expected auth, got ") + proto::op_name(r.msg.code));
+      srv_->count_unauthorized();
+      return;
+    }
+    if (r.msg.flag != proto::version) {
+      fail(errc::bad_message, "protocol version " + std::to_string(r.msg.flag) + " not supported (server speaks " +
+                                  std::to_string(proto::version) + ")");
+      return;
+    }
+    const std::string& token = srv_->opts().token;
+    if (!mac_equal(r.msg.mac, handshake_mac(token, client_label, server_nonce_, r.msg.nonce))) {
+      srv_->count_unauthorized();
+      fail(errc::unauthorized, "job token does not match", false);
+      return;
+    }
+    authed_ = true;
+    timer_.cancel();
+    timer_armed_ = false;
+    send(proto::frame_builder(proto::op::welcome).raw(handshake_mac(token, server_label, server_nonce_, r.msg.nonce))
+             .finish());
+    EBBFLOW_LOG_DEBUG("store: " << peer_ << " authenticated");
+  }
+
+  void handle(const std::string& body) {
+    auto r = proto::decode_body(body);
+    if (!r) {
+      fail(errc::bad_message, r.reason);
+      return;
+    }
+    if (watching_) {
+      fail(errc::bad_message, std::string("a watch connection takes no requests (got ") + proto::op_name(r.msg.code) +
+                                  ")");
+      return;
+    }
+    if (static_cast<std::uint8_t>(r.msg.code) >= 0x80 || r.msg.code == proto::op::auth) {
+      fail(errc::bad_message, std::string("unexpected opcode ") + proto::op_name(r.msg.code) + " from a client");
+      return;
+    }
+    std::string reply = srv_->execute(shared_from_this(), r.msg);
+    if (reply.empty()) return;  // waiting; `complete` sends the reply
+    send(std::move(reply));
+  }
+
+ public:
+  void set_waiter(std::shared_ptr<store_waiter> w) {
+    waiter_ = std::move(w);
+    busy_ = true;
+  }
+
+ private:
+  //! Logs, replies with an error frame and closes once it is sent.
+  void fail(errc code, std::string reason, bool count = true) {
+    if (closed_ || failing_) return;
+    failing_ = true;
+    if (count && code != errc::unauthorized) srv_->count_protocol_error();
+    if (code == errc::unauthorized)
+      EBBFLOW_LOG_WARN("store: refused client " << peer_ << ": " << reason);
+    else
+      EBBFLOW_LOG_WARN("store: closing connection from " << peer_ << ": " << reason);
+    if (waiter_) srv_->cancel_waiter(waiter_);
+    waiter_.reset();
+    if (watching_) srv_->remove_watcher(this);
+    watching_ = false;
+    pending_.clear();
+    outq_.push_back(proto::error_frame(code, reason));
+    // A client that does not read cannot hold the error reply (and us) forever.
+    timer_armed_ = false;
+    timer_.expires_after(srv_->opts().frame_timeout);
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
+      if (!e && !self->draining_) self->close();
+    });
+    if (!writing_) write();
+  }
+
+  void write() {
+    if (closed_) return;
+    if (outq_.empty()) {
+      if (failing_) linger();
+      return;
+    }
+    writing_ = true;
+    asio::async_write(sock_, asio::buffer(outq_.front()),
+                      [self = shared_from_this()](const boost::system::error_code& ec, std::size_t) {
+                        self->writing_ = false;
+                        if (self->closed_) return;
+                        if (ec) {
+                          EBBFLOW_LOG_DEBUG("store: write to " << self->peer_ << " failed: " << ec.message());
+                          self->close();
+                          return;
+                        }
+                        self->out_bytes_ -= self->outq_.front().size();
+                        self->outq_.pop_front();
+                        self->write();
+                      });
+  }
+
+  //! After an error reply: send FIN, then discard input until the peer closes
+  //! (or a short deadline), so that unread input does not turn our close into
+  //! a reset that destroys the error reply before the client reads it.
+  void linger() {
+    if (draining_ || closed_) return;
+    draining_ = true;
+    boost::system::error_code ec;
+    sock_.shutdown(tcp::socket::shutdown_send, ec);
+    timer_.expires_after(std::min<std::chrono::milliseconds>(srv_->opts().frame_timeout, std::chrono::seconds(1)));
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
+      if (!e) self->close();
+    });
+    drain();
+  }
+  void drain() {
+    sock_.async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](const boost::system::error_code& ec,
+                                                                           std::size_t) {
+      if (self->closed_) return;
+      if (ec) {
+        self->close();
+        return;
+      }
+      self->drain();
+    });
+  }
+
+  std::shared_ptr<server_impl> srv_;
+  tcp::socket sock_;
+  asio::steady_timer timer_;
+  std::uint64_t id_;
+  std::string peer_;
+  std::string server_nonce_;
+  std::array<char, 65536> rbuf_{};
+  std::string in_;
+  std::deque<std::string> outq_;
+  std::deque<std::string> pending_;
+  std::size_t out_bytes_ = 0;
+  std::uint64_t frame_seq_ = 0, armed_seq_ = 0;
+  std::shared_ptr<store_waiter> waiter_;
+  bool authed_ = false, busy_ = false, watching_ = false, writing_ = false;
+  bool failing_ = false, draining_ = false, closed_ = false, timer_armed_ = false;
+};
+
+inline void server_impl::accept() {
+  if (stopped_) return;
+  auto sock = std::make_shared<tcp::socket>(strand_);
+  acceptor_.async_accept(*sock, [self = shared_from_this(), sock](const boost::system::error_code& ec) {
+    if (self->stopped_) return;
+    if (ec) {
+      // EMFILE and friends: log and retry shortly rather than spin.
+      EBBFLOW_LOG_WARN("store: accept failed: " << ec.message() << "; retrying in 50 ms");
+      self->retry_.expires_after(std::chrono::milliseconds(50));
+      self->retry_.async_wait([self](const boost::system::error_code& e) {
+        if (!e) self->accept();
+      });
+      return;
+    }
+    self->accepted_.fetch_add(1, std::memory_order_relaxed);
+    const std::uint64_t id = self->next_id_++;
+    auto conn = std::make_shared<server_conn>(self, std::move(*sock), id);
+    self->conns_.emplace(id, conn);
+    self->open_.fetch_add(1, std::memory_order_relaxed);
+    if (self->conns_.size() > self->opts_.max_connections) {
+      conn->reject(errc::invalid_state,
+                   "too many connections (limit " + std::to_string(self->opts_.max_connections) + ")");
+    } else {
+      conn->start();
+    }
+    self->accept();
+  });
+}
+
+inline void server_impl::stop() noexcept {
+  asio::post(strand_, [self = shared_from_this()] {
+    if (self->stopped_) return;
+    self->stopped_ = true;
+    boost::system::error_code ec;
+    self->acceptor_.close(ec);
+    self->retry_.cancel();
+    std::vector<std::shared_ptr<server_conn>> live;
+    for (auto& [id, w] : self->conns_)
+      if (auto c = w.lock()) live.push_back(std::move(c));
+    for (auto& c : live) c->close();
+    self->conns_.clear();
+    self->open_.store(0, std::memory_order_relaxed);
+    EBBFLOW_LOG_INFO("store: stopped");
+  });
+}
+
+inline void server_impl::notify(const std::string& key, proto::event_kind kind, std::string_view value) {
+  if (kind == proto::event_kind::set) {
+    auto [b, e] = waiters_.equal_range(key);
+    if (b != e) {
+      std::vector<std::shared_ptr<store_waiter>> hit;
+      for (auto it = b; it != e; ++it) hit.push_back(it->second);
+      waiters_.erase(b, e);
+      for (auto& w : hit) {
+        if (w->done) continue;
+        w->missing.erase(key);
+        if (!w->missing.empty()) continue;
+        if (w->is_get)
+          finish_waiter(w, proto::frame_builder(proto::op::value, value.size() + 8).str(value).finish());
+        else
+          finish_waiter(w, proto::frame_builder(proto::op::ok).finish());
+      }
+    }
+  }
+  if (!watchers_.empty()) {
+    std::string frame;
+    std::vector<std::shared_ptr<server_conn>> targets;
+    for (auto& [w, prefix] : watchers_)
+      if (key.starts_with(prefix))
+        if (auto c = w.lock()) targets.push_back(std::move(c));
+    if (!targets.empty()) {
+      frame = proto::frame_builder(proto::op::event, key.size() + value.size() + 16)
+                  .u8(static_cast<std::uint8_t>(kind))
+                  .str(key)
+                  .str(value)
+                  .finish();
+      for (auto& c : targets) c->send(frame);
+    }
+  }
+}
+
+inline void server_impl::finish_waiter(const std::shared_ptr<store_waiter>& w, std::string frame) {
+  w->done = true;
+  w->timer.cancel();
+  for (const auto& k : w->missing) {
+    auto [b, e] = waiters_.equal_range(k);
+    for (auto it = b; it != e;) it = it->second == w ? waiters_.erase(it) : std::next(it);
+  }
+  if (auto c = w->conn.lock()) c->complete(std::move(frame));
+}
+
+inline void server_impl::cancel_waiter(const std::shared_ptr<store_waiter>& w) noexcept {
+  if (w->done) return;
+  w->done = true;
+  w->timer.cancel();
+  for (const auto& k : w->missing) {
+    auto [b, e] = waiters_.equal_range(k);
+    for (auto it = b; it != e;) it = it->second == w ? waiters_.erase(it) : std::next(it);
+  }
+}
+
+inline std::string server_impl::register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m,
+                                                bool is_get) {
+  auto w = std::make_shared<store_waiter>(strand_);
+  w->conn = conn;
+  w->is_get = is_get;
+  w->timeout_ms = m.timeout_ms;
+  if (is_get) {
+    w->get_key = std::string(m.key);
+    w->missing.insert(w->get_key);
+    w->total = 1;
+  } else {
+    w->total = m.keys.size();
+    for (auto k : m.keys)
+      if (!data_.contains(std::string(k))) w->missing.emplace(k);
+  }
+  auto timeout_reply = [w] {
+    std::ostringstream os;
+    if (w->is_get) {
+      os << "get: key " << quote_key(w->get_key) << " not set within " << w->timeout_ms << " ms";
+    } else {
+      os << "wait: " << w->missing.size() << " of " << w->total << " keys still missing after " << w->timeout_ms
+         << " ms:";
+      int n = 0;
+      for (const auto& k : w->missing) {
+        if (n++ == 5) {
+          os << " ...";
+          break;
+        }
+        os << ' ' << quote_key(k);
+      }
+    }
+    return proto::error_frame(errc::timeout, os.str());
+  };
+  if (m.timeout_ms == 0) return timeout_reply();
+  for (const auto& k : w->missing) waiters_.emplace(k, w);
+  conn->set_waiter(w);
+  if (m.timeout_ms != proto::no_timeout) {
+    w->timer.expires_after(std::chrono::milliseconds(m.timeout_ms));
+    w->timer.async_wait([self = shared_from_this(), w, timeout_reply](const boost::system::error_code& ec) {
+      if (ec || w->done) return;
+      self->finish_waiter(w, timeout_reply());
+    });
+  }
+  return {};
+}
+
+inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn, const proto::message& m) {
+  using proto::frame_builder;
+  using proto::op;
+  switch (m.code) {
+    case op::set: {
+      std::string key(m.key);
+      auto& slot = data_[key];
+      slot.assign(m.value);
+      notify(key, proto::event_kind::set, m.value);
+      return frame_builder(op::ok).finish();
+    }
+    case op::get: {
+      if (auto it = data_.find(std::string(m.key)); it != data_.end())
+        return frame_builder(op::value, it->second.size() + 8).str(it->second).finish();
+      if (!m.flag) return frame_builder(op::missing).finish();
+      return register_waiter(conn, m, true);
+    }
+    case op::add: {
+      std::string key(m.key);
+      std::int64_t cur = 0;
+      auto it = data_.find(key);
+      if (it != data_.end()) {
+        const std::string& v = it->second;
+        auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), cur);
+        if (ec != std::errc{} || p != v.data() + v.size())
+          return proto::error_frame(errc::invalid_state, "add: value of " + quote_key(key) + " is not an integer");
+      }
+      std::int64_t next = 0;
+      if (__builtin_add_overflow(cur, m.integer, &next))
+        return proto::error_frame(errc::invalid_state, "add: " + quote_key(key) + " would overflow int64");
+      std::string text = std::to_string(next);
+      data_[key] = text;
+      notify(key, proto::event_kind::set, text);
+      return frame_builder(op::integer).i64(next).finish();
+    }
+    case op::compare_set: {
+      std::string key(m.key);
+      auto it = data_.find(key);
+      const bool match = it == data_.end() ? m.expected.empty() : it->second == m.expected;
+      if (match) {
+        data_[key].assign(m.value);
+        notify(key, proto::event_kind::set, m.value);
+        return frame_builder(op::cas_result, m.value.size() + 8).u8(1).str(m.value).finish();
+      }
+      std::string_view cur = it == data_.end() ? std::string_view{} : std::string_view(it->second);
+      return frame_builder(op::cas_result, cur.size() + 8).u8(0).str(cur).finish();
+    }
+    case op::wait: {
+      bool all = true;
+      for (auto k : m.keys)
+        if (!data_.contains(std::string(k))) {
+          all = false;
+          break;
+        }
+      if (all) return frame_builder(op::ok).finish();
+      return register_waiter(conn, m, false);
+    }
+    case op::erase: {
+      const bool existed = data_.erase(std::string(m.key)) > 0;
+      if (existed) notify(std::string(m.key), proto::event_kind::erase, {});
+      return frame_builder(op::boolean).u8(existed ? 1 : 0).finish();
+    }
+    case op::num_keys: return frame_builder(op::integer).i64(static_cast<std::int64_t>(data_.size())).finish();
+    case op::check: {
+      bool all = true;
+      for (auto k : m.keys) all = all && data_.contains(std::string(k));
+      return frame_builder(op::boolean).u8(all ? 1 : 0).finish();
+    }
+    case op::watch: {
+      std::string prefix(m.key);
+      watchers_.emplace_back(conn, prefix);
+      conn->set_watching();
+      conn->send(frame_builder(op::ok).finish());
+      if (m.flag)
+        for (const auto& [k, v] : data_)
+          if (k.starts_with(prefix))
+            conn->send(frame_builder(op::event, k.size() + v.size() + 16)
+                           .u8(static_cast<std::uint8_t>(proto::event_kind::set))
+                           .str(k)
+                           .str(v)
+                           .finish());
+      return {};
+    }
+    case op::ping: return frame_builder(op::ok).finish();
+    default:
+      return proto::error_frame(errc::bad_message,
+                                std::string("unexpected opcode ") + proto::op_name(m.code) + " from a client");
+  }
+}
+
+}  // namespace detail
+
+// ------------------------------------------------------------------ store_server
+
+inline server_options server_options::from_environment() {
+  server_options o;
+  if (auto t = env::get("EBBFLOW_TOKEN")) o.token = *t;
+  return o;
+}
+
+inline store_server::store_server(server_options opts)
+    : own_ioc_(std::make_unique<boost::asio::io_context>(1)) {
+  impl_ = std::make_shared<detail::server_impl>(*own_ioc_, std::move(opts));
+  host_ = impl_->opts().host;
+  port_ = impl_->port();
+  impl_->start();
+  thread_ = std::thread([ioc = own_ioc_.get()] {
+    for (;;) {
+      try {
+        ioc->run();
+        return;
+      } catch (const std::exception& e) {
+        // A handler should never throw (only std::bad_alloc can); keep serving.
+        EBBFLOW_LOG_ERROR("store: handler threw: " << e.what());
+      }
+    }
+  });
+}
+
+inline store_server::store_server(boost::asio::io_context& ioc, server_options opts) {
+  impl_ = std::make_shared<detail::server_impl>(ioc, std::move(opts));
+  host_ = impl_->opts().host;
+  port_ = impl_->port();
+  impl_->start();
+}
+
+inline store_server::~store_server() {
+  stop();
+  if (own_ioc_) {
+    // Let the stop handler run, then end the loop (pending handlers die with the io_context).
+    boost::asio::post(impl_->strand(), [ioc = own_ioc_.get()] { ioc->stop(); });
+    if (thread_.joinable()) thread_.join();
+    impl_.reset();
+    own_ioc_.reset();
+  }
+}
+
+inline std::string store_server::address() const {
+  return (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" + std::to_string(port_);
+}
+
+inline server_stats store_server::stats() const noexcept { return impl_->stats(); }
+
+inline void store_server::stop() noexcept {
+  if (impl_) impl_->stop();
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/store_server.hpp>
+// #include <ebbflow/elastic/impl/store_client.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/store_client.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/store_client.hpp
+//! Definitions of `store_client` and `store_watcher` (included by elastic/store.hpp).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/hmac.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+// #include <ebbflow/elastic/store.hpp>  (inlined)
+
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+namespace detail {
+
+namespace asio = boost::asio;
+
+//! A blocking connection with deadlines: each operation is started
+//! asynchronously and the private io_context is run until it completes or
+//! the deadline passes (then the operation is cancelled).
+class client_connection {
+ public:
+  client_connection(std::string host, std::uint16_t port, std::string token, std::size_t max_bytes)
+      : host_(std::move(host)), port_(port), token_(std::move(token)), max_bytes_(max_bytes) {}
+
+  std::mutex mu;            //!< serialises calls of a store_client
+  std::string last_detail;  //!< reason of the last failure
+
+  [[nodiscard]] bool connected() const noexcept { return connected_; }
+  [[nodiscard]] std::string address() const { return host_ + ":" + std::to_string(port_); }
+
+  void close() noexcept {
+    boost::system::error_code ec;
+    sock_.close(ec);
+    in_.clear();
+    connected_ = false;
+  }
+
+  //! Connects (retrying refused connections until `d`) and runs the handshake.
+  void connect(deadline d, std::error_code& ec) {
+    close();
+    ec.clear();
+    boost::system::error_code bec;
+    std::vector<tcp::endpoint> eps;
+    if (auto a = asio::ip::make_address(host_, bec); !bec) {
+      eps.emplace_back(a, port_);
+    } else {
+      tcp::resolver res(ioc_);
+      std::optional<boost::system::error_code> done;
+      res.async_resolve(host_, std::to_string(port_),
+                        [&](const boost::system::error_code& e, const tcp::resolver::results_type& r) {
+                          done = e;
+                          for (const auto& x : r) eps.push_back(x.endpoint());
+                        });
+      if (!run_until(d, done, [&] { res.cancel(); })) return fail(ec, error::timeout, "resolving " + host_);
+      if (*done || eps.empty())
+        return fail(ec, error::peer_lost, "cannot resolve " + host_ + ": " + done->message());
+    }
+    auto backoff = std::chrono::milliseconds(5);
+    for (;;) {
+      std::optional<boost::system::error_code> done;
+      sock_ = tcp::socket(ioc_);
+      asio::async_connect(sock_, eps, [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
+      if (!run_until(d, done, [&] { sock_.close(bec); }))
+        return fail(ec, error::timeout, "connecting to " + address());
+      if (!*done) break;
+      const bool retry = *done == asio::error::connection_refused || *done == asio::error::timed_out ||
+                         *done == asio::error::network_unreachable || *done == asio::error::host_unreachable;
+      // The store may not be up yet (ranks can start before it): retry until the deadline.
+      if (!retry || d.remaining() <= backoff)
+        return fail(ec, error::peer_lost, "cannot connect to " + address() + ": " + done->message());
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+    }
+    sock_.set_option(tcp::no_delay(true), bec);
+    connected_ = true;
+    // Handshake.
+    auto r = read_frame(d, ec, false);
+    if (ec) return;
+    if (r.msg.code == proto::op::error) return server_error(ec, r.msg);
+    if (r.msg.code != proto::op::challenge || r.msg.flag != proto::version)
+      return fail(ec, error::bad_message,
+                  std::string("handshake: expected challenge v") + std::to_string(proto::version) + ", got " +
+                      proto::op_name(r.msg.code) + " v" + std::to_string(r.msg.flag));
+    const std::string server_nonce(r.msg.nonce);
+    const std::string client_nonce = random_bytes(proto::nonce_bytes);
+    write_frame(proto::frame_builder(proto::op::auth, 80)
+                    .u8(proto::version)
+                    .raw(client_nonce)
+                    .raw(handshake_mac(token_, client_label, server_nonce, client_nonce))
+                    .finish(),
+                d, ec);
+    if (ec) return;
+    r = read_frame(d, ec, false);
+    if (ec) return;
+    if (r.msg.code == proto::op::error) return server_error(ec, r.msg);
+    if (r.msg.code != proto::op::welcome)
+      return fail(ec, error::bad_message, std::string("handshake: expected welcome, got ") + proto::op_name(r.msg.code));
+    if (!mac_equal(r.msg.mac, handshake_mac(token_, server_label, server_nonce, client_nonce)))
+      return fail(ec, error::unauthorized, "the server at " + address() + " could not prove the job token");
+  }
+
+  void write_frame(const std::string& frame, deadline d, std::error_code& ec) {
+    std::optional<boost::system::error_code> done;
+    asio::async_write(sock_, asio::buffer(frame), [&](const boost::system::error_code& e, std::size_t) { done = e; });
+    if (!run_until(d, done, [&] { sock_.cancel(); })) return fail(ec, error::timeout, "sending to " + address());
+    if (*done) return fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
+  }
+
+  //! Reads one frame. Views in the result point into this object until the
+  //! next read. On timeout the connection is closed unless `keep_on_timeout`.
+  proto::decode_result read_frame(deadline d, std::error_code& ec, bool keep_on_timeout) {
+    for (;;) {
+      if (in_.size() >= proto::header_bytes) {
+        const std::uint32_t len = proto::load_u32(in_.data());
+        if (auto why = proto::check_length(len, max_bytes_); !why.empty()) {
+          fail(ec, error::bad_message, "reply from " + address() + ": " + why);
+          return {};
+        }
+        if (in_.size() >= proto::header_bytes + len) {
+          body_.assign(in_, proto::header_bytes, len);
+          in_.erase(0, proto::header_bytes + len);
+          auto r = proto::decode_body(body_);
+          if (!r) fail(ec, error::bad_message, "reply from " + address() + ": " + r.reason);
+          return r;
+        }
+      }
+      std::optional<boost::system::error_code> done;
+      std::size_t got = 0;
+      sock_.async_read_some(asio::buffer(chunk_), [&](const boost::system::error_code& e, std::size_t n) {
+        done = e;
+        got = n;
+      });
+      if (!run_until(d, done, [&] { sock_.cancel(); })) {
+        if (keep_on_timeout) {
+          ec = make_error_code(error::timeout);
+          last_detail = "no message from " + address() + " before the deadline";
+        } else {
+          fail(ec, error::timeout, "no reply from " + address() + " before the deadline");
+        }
+        return {};
+      }
+      if (*done) {
+        fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
+        return {};
+      }
+      in_.append(chunk_.data(), got);
+    }
+  }
+
+  //! Sets `ec` from an `error` frame; the server closes the connection after
+  //! framing and authentication errors, so do we.
+  void server_error(std::error_code& ec, const proto::message& m) {
+    ec = proto::error_from_wire(m.flag);
+    last_detail = std::string(m.value);
+    if (ec != errc::timeout && ec != errc::invalid_state) close();
+  }
+
+  void fail(std::error_code& ec, error e, std::string why) {
+    ec = make_error_code(e);
+    last_detail = std::move(why);
+    close();
+  }
+
+ private:
+  template <class Cancel>
+  bool run_until(deadline d, std::optional<boost::system::error_code>& done, Cancel cancel) {
+    // run_until with time_point::max() would overflow inside Asio.
+    const auto cap = steady_clock::now() + std::chrono::hours(24 * 365);
+    ioc_.restart();
+    ioc_.run_until(std::min(d.at(), cap));
+    if (done) return true;
+    cancel();
+    ioc_.restart();
+    ioc_.run();  // let the cancelled handler run
+    return done && *done != asio::error::operation_aborted ? true : false;
+  }
+
+  using tcp = asio::ip::tcp;
+  std::string host_;
+  std::uint16_t port_;
+  std::string token_;
+  std::size_t max_bytes_;
+  asio::io_context ioc_{1};
+  tcp::socket sock_{ioc_};
+  bool connected_ = false;
+  std::string in_, body_;
+  std::array<char, 16384> chunk_{};
+};
+
+inline std::uint32_t timeout_ms_until(deadline d) noexcept {
+  if (d.at() == steady_clock::time_point::max()) return proto::no_timeout;
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()).count();
+  return static_cast<std::uint32_t>(std::min<std::int64_t>(ms, proto::no_timeout - 1));
+}
+
+inline std::string keys_frame(proto::op o, const std::vector<std::string>& keys, std::uint32_t timeout_ms,
+                              bool with_timeout) {
+  std::size_t n = 16;
+  for (const auto& k : keys) n += k.size() + 4;
+  proto::frame_builder b(o, n);
+  if (with_timeout) b.u32(timeout_ms);
+  b.u32(static_cast<std::uint32_t>(keys.size()));
+  for (const auto& k : keys) b.str(k);
+  return b.finish();
+}
+
+}  // namespace detail
+
+// ------------------------------------------------------------------ options
+
+inline client_options client_options::from_environment() {
+  client_options o;
+  o.timeout = env::get_ms("EBBFLOW_STORE_TIMEOUT_MS", o.timeout, 1);
+  return o;
+}
+
+// ------------------------------------------------------------------ store_watcher
+
+inline store_watcher::store_watcher(std::unique_ptr<detail::client_connection> c) : conn_(std::move(c)) {}
+inline store_watcher::store_watcher(store_watcher&&) noexcept = default;
+inline store_watcher& store_watcher::operator=(store_watcher&&) noexcept = default;
+inline store_watcher::~store_watcher() = default;
+
+inline store_event store_watcher::next(deadline d, std::error_code& ec) noexcept {
+  ec.clear();
+  if (!conn_ || !conn_->connected()) {
+    ec = make_error_code(error::peer_lost);
+    return {};
+  }
+  auto r = conn_->read_frame(d, ec, true);
+  if (ec) return {};
+  if (r.msg.code == detail::proto::op::error) {
+    conn_->server_error(ec, r.msg);
+    conn_->close();
+    return {};
+  }
+  if (r.msg.code != detail::proto::op::event) {
+    conn_->fail(ec, error::bad_message, std::string("watch: expected event, got ") + detail::proto::op_name(r.msg.code));
+    return {};
+  }
+  store_event e;
+  e.type = r.msg.flag == static_cast<std::uint8_t>(detail::proto::event_kind::erase) ? store_event::kind::erase
+                                                                                      : store_event::kind::set;
+  e.key = std::string(r.msg.key);
+  e.value = std::string(r.msg.value);
+  return e;
+}
+
+inline store_event store_watcher::next(deadline d) {
+  std::error_code ec;
+  auto e = next(d, ec);
+  if (ec)
+    throw_if(ec, {-1, -1, -1, "store.watch", conn_ ? conn_->last_detail : std::string("moved-from watcher")});
+  return e;
+}
+
+// ------------------------------------------------------------------ store_client
+
+inline store_client::store_client(std::string host, std::uint16_t port, std::string token, client_options opts)
+    : host_(std::move(host)), port_(port), token_(std::move(token)), opts_(opts) {
+  EBBFLOW_ENFORCE(!host_.empty(), "store_client: empty host");
+  EBBFLOW_ENFORCE(port_ != 0, "store_client: port 0 (no store address given)");
+  conn_ = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
+}
+
+inline store_client store_client::from_environment() {
+  const launch_info li = launch_info::from_environment();
+  EBBFLOW_ENFORCE(li.store_port != 0, "store_client::from_environment: EBBFLOW_STORE (HOST:PORT) or "
+                                      "MASTER_ADDR/MASTER_PORT is not set");
+  return store_client(li.store_host, li.store_port, li.token, client_options::from_environment());
+}
+
+inline store_client::store_client(store_client&&) noexcept = default;
+inline store_client& store_client::operator=(store_client&&) noexcept = default;
+inline store_client::~store_client() = default;
+
+inline detail::proto::decode_result store_client::call(std::string frame, deadline d, bool waits,
+                                                       std::error_code& ec) noexcept {
+  ec.clear();
+  std::lock_guard lk(conn_->mu);
+  conn_->last_detail.clear();
+  if (frame.size() - detail::proto::header_bytes > opts_.max_message_bytes) {
+    // The server would reject it and drop the connection: fail here instead.
+    ec = make_error_code(error::bad_message);
+    conn_->last_detail = "request of " + std::to_string(frame.size()) + " bytes exceeds max_message_bytes " +
+                         std::to_string(opts_.max_message_bytes);
+    return {};
+  }
+  if (!conn_->connected()) {
+    conn_->connect(d, ec);
+    if (ec) return {};
+  }
+  conn_->write_frame(frame, d, ec);
+  if (ec) return {};
+  // A waiting request times out on the server, which names the missing keys;
+  // allow its reply a little time to arrive before giving up locally.
+  const deadline local = waits && d.at() != steady_clock::time_point::max()
+                             ? deadline(d.at() + std::chrono::milliseconds(250))
+                             : d;
+  auto r = conn_->read_frame(local, ec, false);
+  if (ec) return {};
+  if (r.msg.code == detail::proto::op::error) {
+    conn_->server_error(ec, r.msg);
+    return {};
+  }
+  return r;
+}
+
+inline void store_client::raise(const char* operation, std::string_view key, std::error_code ec) const {
+  std::string detail;
+  if (!key.empty()) detail = "key " + detail::quote_key(key) + ", ";
+  detail += "store " + host_ + ":" + std::to_string(port_);
+  std::string why = last_error_detail();
+  if (!why.empty()) detail += ": " + why;
+  EBBFLOW_THROW((system_error(ec, {-1, -1, -1, operation, std::move(detail)})));
+}
+
+inline std::string store_client::last_error_detail() const {
+  std::lock_guard lk(conn_->mu);
+  return conn_->last_detail;
+}
+
+inline void store_client::close() noexcept {
+  std::lock_guard lk(conn_->mu);
+  conn_->close();
+}
+
+inline void store_client::connect(deadline d, std::error_code& ec) noexcept {
+  ec.clear();
+  std::lock_guard lk(conn_->mu);
+  conn_->last_detail.clear();
+  conn_->connect(d, ec);
+}
+inline void store_client::connect(deadline d) {
+  std::error_code ec;
+  connect(d, ec);
+  if (ec) raise("store.connect", {}, ec);
+}
+
+namespace detail {
+//! Checks the reply opcode; a mismatch is a protocol error.
+inline bool expect_reply(const proto::decode_result& r, proto::op want, std::error_code& ec,
+                         client_connection& c) {
+  if (ec) return false;
+  if (r.msg.code == want) return true;
+  c.fail(ec, error::bad_message,
+         std::string("expected reply ") + proto::op_name(want) + ", got " + proto::op_name(r.msg.code));
+  return false;
+}
+}  // namespace detail
+
+// set
+inline void store_client::set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::set, key.size() + value.size() + 8)
+                    .str(key)
+                    .str(value)
+                    .finish(),
+                d, false, ec);
+  detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
+}
+inline void store_client::set(std::string_view key, std::string_view value, std::error_code& ec) noexcept {
+  set(key, value, default_deadline(), ec);
+}
+inline void store_client::set(std::string_view key, std::string_view value, deadline d) {
+  std::error_code ec;
+  set(key, value, d, ec);
+  if (ec) raise("store.set", key, ec);
+}
+inline void store_client::set(std::string_view key, std::string_view value) { set(key, value, default_deadline()); }
+
+// get
+inline std::string store_client::get(std::string_view key, deadline d, std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::get, key.size() + 16)
+                    .str(key)
+                    .u32(detail::timeout_ms_until(d))
+                    .u8(1)
+                    .finish(),
+                d, true, ec);
+  if (!detail::expect_reply(r, detail::proto::op::value, ec, *conn_)) return {};
+  return std::string(r.msg.value);
+}
+inline std::string store_client::get(std::string_view key, std::error_code& ec) noexcept {
+  return get(key, default_deadline(), ec);
+}
+inline std::string store_client::get(std::string_view key, deadline d) {
+  std::error_code ec;
+  auto v = get(key, d, ec);
+  if (ec) raise("store.get", key, ec);
+  return v;
+}
+inline std::string store_client::get(std::string_view key) { return get(key, default_deadline()); }
+
+// try_get
+inline std::optional<std::string> store_client::try_get(std::string_view key, deadline d,
+                                                        std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::get, key.size() + 16).str(key).u32(0).u8(0).finish(),
+                d, false, ec);
+  if (ec) return std::nullopt;
+  if (r.msg.code == detail::proto::op::missing) return std::nullopt;
+  if (!detail::expect_reply(r, detail::proto::op::value, ec, *conn_)) return std::nullopt;
+  return std::string(r.msg.value);
+}
+inline std::optional<std::string> store_client::try_get(std::string_view key, std::error_code& ec) noexcept {
+  return try_get(key, default_deadline(), ec);
+}
+inline std::optional<std::string> store_client::try_get(std::string_view key, deadline d) {
+  std::error_code ec;
+  auto v = try_get(key, d, ec);
+  if (ec) raise("store.try_get", key, ec);
+  return v;
+}
+inline std::optional<std::string> store_client::try_get(std::string_view key) {
+  return try_get(key, default_deadline());
+}
+
+// add
+inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d,
+                                      std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::add, key.size() + 16).str(key).i64(delta).finish(), d,
+                false, ec);
+  if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
+  return r.msg.integer;
+}
+inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept {
+  return add(key, delta, default_deadline(), ec);
+}
+inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d) {
+  std::error_code ec;
+  auto v = add(key, delta, d, ec);
+  if (ec) raise("store.add", key, ec);
+  return v;
+}
+inline std::int64_t store_client::add(std::string_view key, std::int64_t delta) {
+  return add(key, delta, default_deadline());
+}
+
+// compare_set
+inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+                                                     std::string_view desired, deadline d,
+                                                     std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::compare_set,
+                                             key.size() + expected.size() + desired.size() + 16)
+                    .str(key)
+                    .str(expected)
+                    .str(desired)
+                    .finish(),
+                d, false, ec);
+  if (!detail::expect_reply(r, detail::proto::op::cas_result, ec, *conn_)) return {};
+  return {r.msg.flag != 0, std::string(r.msg.value)};
+}
+inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+                                                     std::string_view desired, std::error_code& ec) noexcept {
+  return compare_set(key, expected, desired, default_deadline(), ec);
+}
+inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+                                                     std::string_view desired, deadline d) {
+  std::error_code ec;
+  auto v = compare_set(key, expected, desired, d, ec);
+  if (ec) raise("store.compare_set", key, ec);
+  return v;
+}
+inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+                                                     std::string_view desired) {
+  return compare_set(key, expected, desired, default_deadline());
+}
+
+// wait
+inline void store_client::wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept {
+  auto r = call(detail::keys_frame(detail::proto::op::wait, keys, detail::timeout_ms_until(d), true), d, true, ec);
+  detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
+}
+inline void store_client::wait(const std::vector<std::string>& keys, deadline d) {
+  std::error_code ec;
+  wait(keys, d, ec);
+  if (ec) raise("store.wait", keys.size() == 1 ? std::string_view(keys[0]) : std::string_view{}, ec);
+}
+
+// check
+inline bool store_client::check(const std::vector<std::string>& keys, std::error_code& ec) noexcept {
+  auto r = call(detail::keys_frame(detail::proto::op::check, keys, 0, false), default_deadline(), false, ec);
+  if (!detail::expect_reply(r, detail::proto::op::boolean, ec, *conn_)) return false;
+  return r.msg.flag != 0;
+}
+inline bool store_client::check(const std::vector<std::string>& keys) {
+  std::error_code ec;
+  auto v = check(keys, ec);
+  if (ec) raise("store.check", {}, ec);
+  return v;
+}
+
+// erase
+inline bool store_client::erase(std::string_view key, std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::erase, key.size() + 8).str(key).finish(),
+                default_deadline(), false, ec);
+  if (!detail::expect_reply(r, detail::proto::op::boolean, ec, *conn_)) return false;
+  return r.msg.flag != 0;
+}
+inline bool store_client::erase(std::string_view key) {
+  std::error_code ec;
+  auto v = erase(key, ec);
+  if (ec) raise("store.erase", key, ec);
+  return v;
+}
+
+// num_keys
+inline std::int64_t store_client::num_keys(std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::num_keys).finish(), default_deadline(), false, ec);
+  if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
+  return r.msg.integer;
+}
+inline std::int64_t store_client::num_keys() {
+  std::error_code ec;
+  auto v = num_keys(ec);
+  if (ec) raise("store.num_keys", {}, ec);
+  return v;
+}
+
+// ping
+inline void store_client::ping(deadline d, std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::ping).finish(), d, false, ec);
+  detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
+}
+inline void store_client::ping(deadline d) {
+  std::error_code ec;
+  ping(d, ec);
+  if (ec) raise("store.ping", {}, ec);
+}
+
+// watch
+inline store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d,
+                                         std::error_code& ec) noexcept {
+  ec.clear();
+  auto c = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
+  c->connect(d, ec);
+  if (!ec)
+    c->write_frame(detail::proto::frame_builder(detail::proto::op::watch, prefix.size() + 8)
+                       .str(prefix)
+                       .u8(include_existing ? 1 : 0)
+                       .finish(),
+                   d, ec);
+  if (!ec) {
+    auto r = c->read_frame(d, ec, false);
+    if (!ec && r.msg.code == detail::proto::op::error) c->server_error(ec, r.msg);
+    else if (!ec) detail::expect_reply(r, detail::proto::op::ok, ec, *c);
+  }
+  if (ec) {
+    std::lock_guard lk(conn_->mu);
+    conn_->last_detail = c->last_detail;
+    c->close();
+  }
+  return store_watcher(std::move(c));
+}
+inline store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d) {
+  std::error_code ec;
+  auto w = watch(prefix, include_existing, d, ec);
+  if (ec) raise("store.watch", prefix, ec);
+  return w;
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/store_client.hpp>
+#endif  // EBBFLOW_HAS_ASIO
+// ==== end <ebbflow/elastic/store.hpp>
+
 // ==== begin <ebbflow/exec/executor.hpp> ===================================
 // SPDX-License-Identifier: Apache-2.0
 //! @file executor.hpp
@@ -6753,5 +8847,334 @@ const prefetch_options& prefetcher<Source, Load, Stage>::options() const noexcep
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/prefetch/impl/prefetcher.hpp>
 // ==== end <ebbflow/prefetch/prefetcher.hpp>
+
+// ==== begin <ebbflow/elastic/detail/process_group.hpp> ====================
+// SPDX-License-Identifier: Apache-2.0
+//! @file process_group.hpp
+//! Child-process management for `ebbflow-run` and the multi-process tests
+//! (POSIX/Linux; no API promise): spawn workers with their own environment,
+//! capture their output line by line, reap them as soon as they exit
+//! (a pidfd per child, so no SIGCHLD handler is needed and an exited worker
+//! never lingers as a zombie that peers could mistake for a live process),
+//! signal them, and tell how each ended.
+//!
+//! Built to grow elastic controls: children are identified by an integer id
+//! (the rank) chosen by the caller, can be spawned at any time, and exits are
+//! reported one by one, so a controller can replace or add workers at run time.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+extern char** environ;
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+//! What to start.
+struct child_spec {
+  int id = 0;                                              //!< caller's name for it (the rank)
+  std::vector<std::string> argv;                           //!< program (searched in PATH) and arguments
+  std::vector<std::pair<std::string, std::string>> env;    //!< set on top of this process's environment
+  bool capture_output = true;  //!< deliver stdout/stderr lines to the handler; else inherit ours
+};
+
+//! How a child ended.
+struct child_exit {
+  int id = 0;
+  pid_t pid = -1;
+  int code = -1;   //!< exit status, -1 when killed by a signal
+  int signal = 0;  //!< terminating signal, 0 when it exited
+  [[nodiscard]] bool ok() const noexcept { return signal == 0 && code == 0; }
+  //! "exited with status 3" / "killed by signal 9 (SIGKILL)".
+  [[nodiscard]] std::string describe() const {
+    if (signal != 0) {
+      const char* name = sigabbrev_np(signal);
+      return "killed by signal " + std::to_string(signal) + (name ? std::string(" (SIG") + name + ")" : std::string());
+    }
+    return "exited with status " + std::to_string(code);
+  }
+  //! Shell-style status: the code, or 128 + signal.
+  [[nodiscard]] int shell_status() const noexcept { return signal != 0 ? 128 + signal : code; }
+};
+
+//! A set of children. Not thread-safe: drive it from one thread.
+class process_group {
+ public:
+  //! Receives each complete line of a child's output (stream 1: stdout, 2: stderr), without the newline.
+  using line_handler = std::function<void(int id, int stream, std::string_view line)>;
+
+  explicit process_group(line_handler on_line = {}) : on_line_(std::move(on_line)) {}
+  ~process_group() {
+    signal_all(SIGKILL);
+    for (auto& [pid, c] : children_) {
+      int st = 0;
+      while (!c.exited && ::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+      }
+      c.close_fds();
+    }
+  }
+  process_group(const process_group&) = delete;
+  process_group& operator=(const process_group&) = delete;
+
+  //! Starts a child in its own process group (so signals reach its own
+  //! children too); it is killed if this thread exits. Blocks until exec.
+  //! @throws std::system_error when fork/pipe fails or the program cannot be executed.
+  pid_t spawn(const child_spec& spec) {
+    if (spec.argv.empty()) throw std::system_error(std::make_error_code(std::errc::invalid_argument), "spawn: empty argv");
+    // Everything the child needs is prepared before fork: after fork only
+    // async-signal-safe calls are allowed.
+    std::vector<std::string> envs;
+    for (char** e = environ; e && *e; ++e) {
+      std::string_view kv(*e);
+      auto eq = kv.find('=');
+      std::string_view k = kv.substr(0, eq);
+      bool overridden = std::any_of(spec.env.begin(), spec.env.end(), [&](const auto& p) { return p.first == k; });
+      if (!overridden) envs.emplace_back(kv);
+    }
+    for (const auto& [k, v] : spec.env) envs.push_back(k + "=" + v);
+    std::vector<char*> envp, argv;
+    for (auto& s : envs) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> args = spec.argv;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+
+    int out[2] = {-1, -1}, err[2] = {-1, -1}, ex[2] = {-1, -1};
+    auto fail = [&](const char* what) {
+      const int e = errno;
+      for (int fd : {out[0], out[1], err[0], err[1], ex[0], ex[1]})
+        if (fd >= 0) ::close(fd);
+      throw std::system_error(e, std::generic_category(), what);
+    };
+    if (spec.capture_output && (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)) fail("spawn: pipe");
+    if (::pipe2(ex, O_CLOEXEC) != 0) fail("spawn: pipe");
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) fail("spawn: fork");
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      for (int s : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) ::signal(s, SIG_DFL);
+      if (spec.capture_output) {
+        ::dup2(out[1], 1);
+        ::dup2(err[1], 2);
+      }
+      ::execvpe(argv[0], argv.data(), envp.data());
+      const int e = errno;
+      [[maybe_unused]] auto n = ::write(ex[1], &e, sizeof e);
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also from the parent: no race with signal_all()
+    ::close(ex[1]);
+    if (spec.capture_output) {
+      ::close(out[1]);
+      ::close(err[1]);
+    }
+    int exec_errno = 0;
+    ssize_t n;
+    while ((n = ::read(ex[0], &exec_errno, sizeof exec_errno)) < 0 && errno == EINTR) {
+    }
+    ::close(ex[0]);
+    if (n > 0) {
+      int st = 0;
+      ::waitpid(pid, &st, 0);
+      if (spec.capture_output) {
+        ::close(out[0]);
+        ::close(err[0]);
+      }
+      throw std::system_error(exec_errno, std::generic_category(), "cannot execute '" + spec.argv[0] + "'");
+    }
+    child c;
+    c.id = spec.id;
+    c.out = spec.capture_output ? out[0] : -1;
+    c.err = spec.capture_output ? err[0] : -1;
+    for (int fd : {c.out, c.err})
+      if (fd >= 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    c.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));  // -1 on old kernels: we poll instead
+    children_.emplace(pid, std::move(c));
+    return pid;
+  }
+
+  //! Pumps output and reaps children until at least one has exited, `d`
+  //! passes, or `extra_fd` (e.g. a signalfd; -1: none) is readable (then
+  //! `*extra_ready` is set). Returns the children that exited, in order.
+  std::vector<child_exit> poll(deadline d, int extra_fd = -1, bool* extra_ready = nullptr) {
+    std::vector<child_exit> exits;
+    if (extra_ready) *extra_ready = false;
+    for (;;) {
+      reap(exits);
+      if (!exits.empty()) return exits;
+      std::vector<pollfd> fds;
+      std::vector<std::pair<pid_t, int>> who;  // (pid, 0 pidfd / 1 out / 2 err)
+      bool tick = false;
+      for (auto& [pid, c] : children_) {
+        if (c.pidfd >= 0) {
+          fds.push_back({c.pidfd, POLLIN, 0});
+          who.emplace_back(pid, 0);
+        } else if (!c.exited) {
+          tick = true;
+        }
+        if (c.out >= 0) {
+          fds.push_back({c.out, POLLIN, 0});
+          who.emplace_back(pid, 1);
+        }
+        if (c.err >= 0) {
+          fds.push_back({c.err, POLLIN, 0});
+          who.emplace_back(pid, 2);
+        }
+      }
+      if (extra_fd >= 0) fds.push_back({extra_fd, POLLIN, 0});
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()).count();
+      if (ms > 1000) ms = 1000;  // re-check bookkeeping now and then
+      if (tick && ms > 20) ms = 20;
+      if (d.expired() && fds.empty()) return exits;
+      const int r = ::poll(fds.data(), fds.size(), static_cast<int>(ms));
+      if (r < 0 && errno != EINTR) return exits;
+      if (r > 0) {
+        for (std::size_t i = 0; i < who.size(); ++i) {
+          if (!fds[i].revents) continue;
+          auto it = children_.find(who[i].first);
+          if (it == children_.end()) continue;
+          if (who[i].second != 0) pump(it->second, who[i].second);  // pidfd readiness: reap() below
+        }
+        if (extra_fd >= 0 && fds.back().revents && extra_ready) {
+          *extra_ready = true;
+          reap(exits);
+          return exits;
+        }
+      }
+      reap(exits);
+      if (!exits.empty() || d.expired()) return exits;
+    }
+  }
+
+  //! Sends `sig` to every running child's process group.
+  void signal_all(int sig) noexcept {
+    for (auto& [pid, c] : children_)
+      if (!c.exited && ::kill(-pid, sig) != 0) ::kill(pid, sig);
+  }
+  //! Sends `sig` to one child (by id); false when it is not running.
+  bool signal(int id, int sig) noexcept {
+    for (auto& [pid, c] : children_)
+      if (c.id == id && !c.exited) return ::kill(-pid, sig) == 0 || ::kill(pid, sig) == 0;
+    return false;
+  }
+  //! Children still running.
+  [[nodiscard]] std::size_t running() const noexcept {
+    return static_cast<std::size_t>(
+        std::count_if(children_.begin(), children_.end(), [](const auto& p) { return !p.second.exited; }));
+  }
+  //! pid of a running child (by id), or -1.
+  [[nodiscard]] pid_t pid_of(int id) const noexcept {
+    for (const auto& [pid, c] : children_)
+      if (c.id == id && !c.exited) return pid;
+    return -1;
+  }
+
+ private:
+  struct child {
+    int id = 0;
+    int out = -1, err = -1, pidfd = -1;
+    std::string part[3];  // partial lines of stdout (1) and stderr (2)
+    bool exited = false;
+    void close_fds() noexcept {
+      for (int* fd : {&out, &err, &pidfd})
+        if (*fd >= 0) {
+          ::close(*fd);
+          *fd = -1;
+        }
+    }
+  };
+
+  void pump(child& c, int stream) {
+    int& fd = stream == 1 ? c.out : c.err;
+    char buf[65536];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n > 0) {
+        std::string& p = c.part[stream];
+        p.append(buf, static_cast<std::size_t>(n));
+        std::size_t start = 0, nl;
+        while ((nl = p.find('\n', start)) != std::string::npos) {
+          if (on_line_) on_line_(c.id, stream, std::string_view(p).substr(start, nl - start));
+          start = nl + 1;
+        }
+        p.erase(0, start);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      // EOF or error: flush a last line without newline.
+      if (!c.part[stream].empty() && on_line_) on_line_(c.id, stream, c.part[stream]);
+      c.part[stream].clear();
+      ::close(fd);
+      fd = -1;
+      return;
+    }
+  }
+
+  void reap(std::vector<child_exit>& exits) {
+    for (auto it = children_.begin(); it != children_.end();) {
+      child& c = it->second;
+      int st = 0;
+      const pid_t r = c.exited ? 0 : ::waitpid(it->first, &st, WNOHANG);
+      if (r == it->first) {
+        c.exited = true;
+        // Deliver what it wrote before dying before anyone reports its exit.
+        if (c.out >= 0) pump(c, 1);
+        if (c.err >= 0) pump(c, 2);
+        child_exit e;
+        e.id = c.id;
+        e.pid = it->first;
+        if (WIFSIGNALED(st)) e.signal = WTERMSIG(st);
+        else e.code = WEXITSTATUS(st);
+        exits.push_back(e);
+        if (c.pidfd >= 0) {
+          ::close(c.pidfd);
+          c.pidfd = -1;
+        }
+      }
+      // Keep an exited child's pipes open while a grandchild may still write; drop when closed.
+      if (c.exited && c.out < 0 && c.err < 0) {
+        it = children_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  line_handler on_line_;
+  std::map<pid_t, child> children_;
+};
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ==== end <ebbflow/elastic/detail/process_group.hpp>
 
 #endif  // EBBFLOW_SINGLE_INCLUDE_HPP

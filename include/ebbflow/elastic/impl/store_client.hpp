@@ -1,0 +1,581 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/store_client.hpp
+//! Definitions of `store_client` and `store_watcher` (included by elastic/store.hpp).
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/core/deadline.hpp>
+#include <ebbflow/core/env.hpp>
+#include <ebbflow/core/error.hpp>
+#include <ebbflow/core/log.hpp>
+#include <ebbflow/elastic/detail/hmac.hpp>
+#include <ebbflow/elastic/detail/store_protocol.hpp>
+#include <ebbflow/elastic/store.hpp>
+
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+namespace detail {
+
+namespace asio = boost::asio;
+
+//! A blocking connection with deadlines: each operation is started
+//! asynchronously and the private io_context is run until it completes or
+//! the deadline passes (then the operation is cancelled).
+class client_connection {
+ public:
+  client_connection(std::string host, std::uint16_t port, std::string token, std::size_t max_bytes)
+      : host_(std::move(host)), port_(port), token_(std::move(token)), max_bytes_(max_bytes) {}
+
+  std::mutex mu;            //!< serialises calls of a store_client
+  std::string last_detail;  //!< reason of the last failure
+
+  [[nodiscard]] bool connected() const noexcept { return connected_; }
+  [[nodiscard]] std::string address() const { return host_ + ":" + std::to_string(port_); }
+
+  void close() noexcept {
+    boost::system::error_code ec;
+    sock_.close(ec);
+    in_.clear();
+    connected_ = false;
+  }
+
+  //! Connects (retrying refused connections until `d`) and runs the handshake.
+  void connect(deadline d, std::error_code& ec) {
+    close();
+    ec.clear();
+    boost::system::error_code bec;
+    std::vector<tcp::endpoint> eps;
+    if (auto a = asio::ip::make_address(host_, bec); !bec) {
+      eps.emplace_back(a, port_);
+    } else {
+      tcp::resolver res(ioc_);
+      std::optional<boost::system::error_code> done;
+      res.async_resolve(host_, std::to_string(port_),
+                        [&](const boost::system::error_code& e, const tcp::resolver::results_type& r) {
+                          done = e;
+                          for (const auto& x : r) eps.push_back(x.endpoint());
+                        });
+      if (!run_until(d, done, [&] { res.cancel(); })) return fail(ec, error::timeout, "resolving " + host_);
+      if (*done || eps.empty())
+        return fail(ec, error::peer_lost, "cannot resolve " + host_ + ": " + done->message());
+    }
+    auto backoff = std::chrono::milliseconds(5);
+    for (;;) {
+      std::optional<boost::system::error_code> done;
+      sock_ = tcp::socket(ioc_);
+      asio::async_connect(sock_, eps, [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
+      if (!run_until(d, done, [&] { sock_.close(bec); }))
+        return fail(ec, error::timeout, "connecting to " + address());
+      if (!*done) break;
+      const bool retry = *done == asio::error::connection_refused || *done == asio::error::timed_out ||
+                         *done == asio::error::network_unreachable || *done == asio::error::host_unreachable;
+      // The store may not be up yet (ranks can start before it): retry until the deadline.
+      if (!retry || d.remaining() <= backoff)
+        return fail(ec, error::peer_lost, "cannot connect to " + address() + ": " + done->message());
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+    }
+    sock_.set_option(tcp::no_delay(true), bec);
+    connected_ = true;
+    // Handshake.
+    auto r = read_frame(d, ec, false);
+    if (ec) return;
+    if (r.msg.code == proto::op::error) return server_error(ec, r.msg);
+    if (r.msg.code != proto::op::challenge || r.msg.flag != proto::version)
+      return fail(ec, error::bad_message,
+                  std::string("handshake: expected challenge v") + std::to_string(proto::version) + ", got " +
+                      proto::op_name(r.msg.code) + " v" + std::to_string(r.msg.flag));
+    const std::string server_nonce(r.msg.nonce);
+    const std::string client_nonce = random_bytes(proto::nonce_bytes);
+    write_frame(proto::frame_builder(proto::op::auth, 80)
+                    .u8(proto::version)
+                    .raw(client_nonce)
+                    .raw(handshake_mac(token_, client_label, server_nonce, client_nonce))
+                    .finish(),
+                d, ec);
+    if (ec) return;
+    r = read_frame(d, ec, false);
+    if (ec) return;
+    if (r.msg.code == proto::op::error) return server_error(ec, r.msg);
+    if (r.msg.code != proto::op::welcome)
+      return fail(ec, error::bad_message, std::string("handshake: expected welcome, got ") + proto::op_name(r.msg.code));
+    if (!mac_equal(r.msg.mac, handshake_mac(token_, server_label, server_nonce, client_nonce)))
+      return fail(ec, error::unauthorized, "the server at " + address() + " could not prove the job token");
+  }
+
+  void write_frame(const std::string& frame, deadline d, std::error_code& ec) {
+    std::optional<boost::system::error_code> done;
+    asio::async_write(sock_, asio::buffer(frame), [&](const boost::system::error_code& e, std::size_t) { done = e; });
+    if (!run_until(d, done, [&] { sock_.cancel(); })) return fail(ec, error::timeout, "sending to " + address());
+    if (*done) return fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
+  }
+
+  //! Reads one frame. Views in the result point into this object until the
+  //! next read. On timeout the connection is closed unless `keep_on_timeout`.
+  proto::decode_result read_frame(deadline d, std::error_code& ec, bool keep_on_timeout) {
+    for (;;) {
+      if (in_.size() >= proto::header_bytes) {
+        const std::uint32_t len = proto::load_u32(in_.data());
+        if (auto why = proto::check_length(len, max_bytes_); !why.empty()) {
+          fail(ec, error::bad_message, "reply from " + address() + ": " + why);
+          return {};
+        }
+        if (in_.size() >= proto::header_bytes + len) {
+          body_.assign(in_, proto::header_bytes, len);
+          in_.erase(0, proto::header_bytes + len);
+          auto r = proto::decode_body(body_);
+          if (!r) fail(ec, error::bad_message, "reply from " + address() + ": " + r.reason);
+          return r;
+        }
+      }
+      std::optional<boost::system::error_code> done;
+      std::size_t got = 0;
+      sock_.async_read_some(asio::buffer(chunk_), [&](const boost::system::error_code& e, std::size_t n) {
+        done = e;
+        got = n;
+      });
+      if (!run_until(d, done, [&] { sock_.cancel(); })) {
+        if (keep_on_timeout) {
+          ec = make_error_code(error::timeout);
+          last_detail = "no message from " + address() + " before the deadline";
+        } else {
+          fail(ec, error::timeout, "no reply from " + address() + " before the deadline");
+        }
+        return {};
+      }
+      if (*done) {
+        fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
+        return {};
+      }
+      in_.append(chunk_.data(), got);
+    }
+  }
+
+  //! Sets `ec` from an `error` frame; the server closes the connection after
+  //! framing and authentication errors, so do we.
+  void server_error(std::error_code& ec, const proto::message& m) {
+    ec = proto::error_from_wire(m.flag);
+    last_detail = std::string(m.value);
+    if (ec != errc::timeout && ec != errc::invalid_state) close();
+  }
+
+  void fail(std::error_code& ec, error e, std::string why) {
+    ec = make_error_code(e);
+    last_detail = std::move(why);
+    close();
+  }
+
+ private:
+  template <class Cancel>
+  bool run_until(deadline d, std::optional<boost::system::error_code>& done, Cancel cancel) {
+    // run_until with time_point::max() would overflow inside Asio.
+    const auto cap = steady_clock::now() + std::chrono::hours(24 * 365);
+    ioc_.restart();
+    ioc_.run_until(std::min(d.at(), cap));
+    if (done) return true;
+    cancel();
+    ioc_.restart();
+    ioc_.run();  // let the cancelled handler run
+    return done && *done != asio::error::operation_aborted ? true : false;
+  }
+
+  using tcp = asio::ip::tcp;
+  std::string host_;
+  std::uint16_t port_;
+  std::string token_;
+  std::size_t max_bytes_;
+  asio::io_context ioc_{1};
+  tcp::socket sock_{ioc_};
+  bool connected_ = false;
+  std::string in_, body_;
+  std::array<char, 16384> chunk_{};
+};
+
+inline std::uint32_t timeout_ms_until(deadline d) noexcept {
+  if (d.at() == steady_clock::time_point::max()) return proto::no_timeout;
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()).count();
+  return static_cast<std::uint32_t>(std::min<std::int64_t>(ms, proto::no_timeout - 1));
+}
+
+inline std::string keys_frame(proto::op o, const std::vector<std::string>& keys, std::uint32_t timeout_ms,
+                              bool with_timeout) {
+  std::size_t n = 16;
+  for (const auto& k : keys) n += k.size() + 4;
+  proto::frame_builder b(o, n);
+  if (with_timeout) b.u32(timeout_ms);
+  b.u32(static_cast<std::uint32_t>(keys.size()));
+  for (const auto& k : keys) b.str(k);
+  return b.finish();
+}
+
+}  // namespace detail
+
+// ------------------------------------------------------------------ options
+
+inline client_options client_options::from_environment() {
+  client_options o;
+  o.timeout = env::get_ms("EBBFLOW_STORE_TIMEOUT_MS", o.timeout, 1);
+  return o;
+}
+
+// ------------------------------------------------------------------ store_watcher
+
+inline store_watcher::store_watcher(std::unique_ptr<detail::client_connection> c) : conn_(std::move(c)) {}
+inline store_watcher::store_watcher(store_watcher&&) noexcept = default;
+inline store_watcher& store_watcher::operator=(store_watcher&&) noexcept = default;
+inline store_watcher::~store_watcher() = default;
+
+inline store_event store_watcher::next(deadline d, std::error_code& ec) noexcept {
+  ec.clear();
+  if (!conn_ || !conn_->connected()) {
+    ec = make_error_code(error::peer_lost);
+    return {};
+  }
+  auto r = conn_->read_frame(d, ec, true);
+  if (ec) return {};
+  if (r.msg.code == detail::proto::op::error) {
+    conn_->server_error(ec, r.msg);
+    conn_->close();
+    return {};
+  }
+  if (r.msg.code != detail::proto::op::event) {
+    conn_->fail(ec, error::bad_message, std::string("watch: expected event, got ") + detail::proto::op_name(r.msg.code));
+    return {};
+  }
+  store_event e;
+  e.type = r.msg.flag == static_cast<std::uint8_t>(detail::proto::event_kind::erase) ? store_event::kind::erase
+                                                                                      : store_event::kind::set;
+  e.key = std::string(r.msg.key);
+  e.value = std::string(r.msg.value);
+  return e;
+}
+
+inline store_event store_watcher::next(deadline d) {
+  std::error_code ec;
+  auto e = next(d, ec);
+  if (ec)
+    throw_if(ec, {-1, -1, -1, "store.watch", conn_ ? conn_->last_detail : std::string("moved-from watcher")});
+  return e;
+}
+
+// ------------------------------------------------------------------ store_client
+
+inline store_client::store_client(std::string host, std::uint16_t port, std::string token, client_options opts)
+    : host_(std::move(host)), port_(port), token_(std::move(token)), opts_(opts) {
+  EBBFLOW_ENFORCE(!host_.empty(), "store_client: empty host");
+  EBBFLOW_ENFORCE(port_ != 0, "store_client: port 0 (no store address given)");
+  conn_ = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
+}
+
+inline store_client store_client::from_environment() {
+  const launch_info li = launch_info::from_environment();
+  EBBFLOW_ENFORCE(li.store_port != 0, "store_client::from_environment: EBBFLOW_STORE (HOST:PORT) or "
+                                      "MASTER_ADDR/MASTER_PORT is not set");
+  return store_client(li.store_host, li.store_port, li.token, client_options::from_environment());
+}
+
+inline store_client::store_client(store_client&&) noexcept = default;
+inline store_client& store_client::operator=(store_client&&) noexcept = default;
+inline store_client::~store_client() = default;
+
+inline detail::proto::decode_result store_client::call(std::string frame, deadline d, bool waits,
+                                                       std::error_code& ec) noexcept {
+  ec.clear();
+  std::lock_guard lk(conn_->mu);
+  conn_->last_detail.clear();
+  if (frame.size() - detail::proto::header_bytes > opts_.max_message_bytes) {
+    // The server would reject it and drop the connection: fail here instead.
+    ec = make_error_code(error::bad_message);
+    conn_->last_detail = "request of " + std::to_string(frame.size()) + " bytes exceeds max_message_bytes " +
+                         std::to_string(opts_.max_message_bytes);
+    return {};
+  }
+  if (!conn_->connected()) {
+    conn_->connect(d, ec);
+    if (ec) return {};
+  }
+  conn_->write_frame(frame, d, ec);
+  if (ec) return {};
+  // A waiting request times out on the server, which names the missing keys;
+  // allow its reply a little time to arrive before giving up locally.
+  const deadline local = waits && d.at() != steady_clock::time_point::max()
+                             ? deadline(d.at() + std::chrono::milliseconds(250))
+                             : d;
+  auto r = conn_->read_frame(local, ec, false);
+  if (ec) return {};
+  if (r.msg.code == detail::proto::op::error) {
+    conn_->server_error(ec, r.msg);
+    return {};
+  }
+  return r;
+}
+
+inline void store_client::raise(const char* operation, std::string_view key, std::error_code ec) const {
+  std::string detail;
+  if (!key.empty()) detail = "key " + detail::quote_key(key) + ", ";
+  detail += "store " + host_ + ":" + std::to_string(port_);
+  std::string why = last_error_detail();
+  if (!why.empty()) detail += ": " + why;
+  EBBFLOW_THROW((system_error(ec, {-1, -1, -1, operation, std::move(detail)})));
+}
+
+inline std::string store_client::last_error_detail() const {
+  std::lock_guard lk(conn_->mu);
+  return conn_->last_detail;
+}
+
+inline void store_client::close() noexcept {
+  std::lock_guard lk(conn_->mu);
+  conn_->close();
+}
+
+inline void store_client::connect(deadline d, std::error_code& ec) noexcept {
+  ec.clear();
+  std::lock_guard lk(conn_->mu);
+  conn_->last_detail.clear();
+  conn_->connect(d, ec);
+}
+inline void store_client::connect(deadline d) {
+  std::error_code ec;
+  connect(d, ec);
+  if (ec) raise("store.connect", {}, ec);
+}
+
+namespace detail {
+//! Checks the reply opcode; a mismatch is a protocol error.
+inline bool expect_reply(const proto::decode_result& r, proto::op want, std::error_code& ec,
+                         client_connection& c) {
+  if (ec) return false;
+  if (r.msg.code == want) return true;
+  c.fail(ec, error::bad_message,
+         std::string("expected reply ") + proto::op_name(want) + ", got " + proto::op_name(r.msg.code));
+  return false;
+}
+}  // namespace detail
+
+// set
+inline void store_client::set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::set, key.size() + value.size() + 8)
+                    .str(key)
+                    .str(value)
+                    .finish(),
+                d, false, ec);
+  detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
+}
+inline void store_client::set(std::string_view key, std::string_view value, std::error_code& ec) noexcept {
+  set(key, value, default_deadline(), ec);
+}
+inline void store_client::set(std::string_view key, std::string_view value, deadline d) {
+  std::error_code ec;
+  set(key, value, d, ec);
+  if (ec) raise("store.set", key, ec);
+}
+inline void store_client::set(std::string_view key, std::string_view value) { set(key, value, default_deadline()); }
+
+// get
+inline std::string store_client::get(std::string_view key, deadline d, std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::get, key.size() + 16)
+                    .str(key)
+                    .u32(detail::timeout_ms_until(d))
+                    .u8(1)
+                    .finish(),
+                d, true, ec);
+  if (!detail::expect_reply(r, detail::proto::op::value, ec, *conn_)) return {};
+  return std::string(r.msg.value);
+}
+inline std::string store_client::get(std::string_view key, std::error_code& ec) noexcept {
+  return get(key, default_deadline(), ec);
+}
+inline std::string store_client::get(std::string_view key, deadline d) {
+  std::error_code ec;
+  auto v = get(key, d, ec);
+  if (ec) raise("store.get", key, ec);
+  return v;
+}
+inline std::string store_client::get(std::string_view key) { return get(key, default_deadline()); }
+
+// try_get
+inline std::optional<std::string> store_client::try_get(std::string_view key, deadline d,
+                                                        std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::get, key.size() + 16).str(key).u32(0).u8(0).finish(),
+                d, false, ec);
+  if (ec) return std::nullopt;
+  if (r.msg.code == detail::proto::op::missing) return std::nullopt;
+  if (!detail::expect_reply(r, detail::proto::op::value, ec, *conn_)) return std::nullopt;
+  return std::string(r.msg.value);
+}
+inline std::optional<std::string> store_client::try_get(std::string_view key, std::error_code& ec) noexcept {
+  return try_get(key, default_deadline(), ec);
+}
+inline std::optional<std::string> store_client::try_get(std::string_view key, deadline d) {
+  std::error_code ec;
+  auto v = try_get(key, d, ec);
+  if (ec) raise("store.try_get", key, ec);
+  return v;
+}
+inline std::optional<std::string> store_client::try_get(std::string_view key) {
+  return try_get(key, default_deadline());
+}
+
+// add
+inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d,
+                                      std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::add, key.size() + 16).str(key).i64(delta).finish(), d,
+                false, ec);
+  if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
+  return r.msg.integer;
+}
+inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept {
+  return add(key, delta, default_deadline(), ec);
+}
+inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d) {
+  std::error_code ec;
+  auto v = add(key, delta, d, ec);
+  if (ec) raise("store.add", key, ec);
+  return v;
+}
+inline std::int64_t store_client::add(std::string_view key, std::int64_t delta) {
+  return add(key, delta, default_deadline());
+}
+
+// compare_set
+inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+                                                     std::string_view desired, deadline d,
+                                                     std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::compare_set,
+                                             key.size() + expected.size() + desired.size() + 16)
+                    .str(key)
+                    .str(expected)
+                    .str(desired)
+                    .finish(),
+                d, false, ec);
+  if (!detail::expect_reply(r, detail::proto::op::cas_result, ec, *conn_)) return {};
+  return {r.msg.flag != 0, std::string(r.msg.value)};
+}
+inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+                                                     std::string_view desired, std::error_code& ec) noexcept {
+  return compare_set(key, expected, desired, default_deadline(), ec);
+}
+inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+                                                     std::string_view desired, deadline d) {
+  std::error_code ec;
+  auto v = compare_set(key, expected, desired, d, ec);
+  if (ec) raise("store.compare_set", key, ec);
+  return v;
+}
+inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+                                                     std::string_view desired) {
+  return compare_set(key, expected, desired, default_deadline());
+}
+
+// wait
+inline void store_client::wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept {
+  auto r = call(detail::keys_frame(detail::proto::op::wait, keys, detail::timeout_ms_until(d), true), d, true, ec);
+  detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
+}
+inline void store_client::wait(const std::vector<std::string>& keys, deadline d) {
+  std::error_code ec;
+  wait(keys, d, ec);
+  if (ec) raise("store.wait", keys.size() == 1 ? std::string_view(keys[0]) : std::string_view{}, ec);
+}
+
+// check
+inline bool store_client::check(const std::vector<std::string>& keys, std::error_code& ec) noexcept {
+  auto r = call(detail::keys_frame(detail::proto::op::check, keys, 0, false), default_deadline(), false, ec);
+  if (!detail::expect_reply(r, detail::proto::op::boolean, ec, *conn_)) return false;
+  return r.msg.flag != 0;
+}
+inline bool store_client::check(const std::vector<std::string>& keys) {
+  std::error_code ec;
+  auto v = check(keys, ec);
+  if (ec) raise("store.check", {}, ec);
+  return v;
+}
+
+// erase
+inline bool store_client::erase(std::string_view key, std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::erase, key.size() + 8).str(key).finish(),
+                default_deadline(), false, ec);
+  if (!detail::expect_reply(r, detail::proto::op::boolean, ec, *conn_)) return false;
+  return r.msg.flag != 0;
+}
+inline bool store_client::erase(std::string_view key) {
+  std::error_code ec;
+  auto v = erase(key, ec);
+  if (ec) raise("store.erase", key, ec);
+  return v;
+}
+
+// num_keys
+inline std::int64_t store_client::num_keys(std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::num_keys).finish(), default_deadline(), false, ec);
+  if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
+  return r.msg.integer;
+}
+inline std::int64_t store_client::num_keys() {
+  std::error_code ec;
+  auto v = num_keys(ec);
+  if (ec) raise("store.num_keys", {}, ec);
+  return v;
+}
+
+// ping
+inline void store_client::ping(deadline d, std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::ping).finish(), d, false, ec);
+  detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
+}
+inline void store_client::ping(deadline d) {
+  std::error_code ec;
+  ping(d, ec);
+  if (ec) raise("store.ping", {}, ec);
+}
+
+// watch
+inline store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d,
+                                         std::error_code& ec) noexcept {
+  ec.clear();
+  auto c = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
+  c->connect(d, ec);
+  if (!ec)
+    c->write_frame(detail::proto::frame_builder(detail::proto::op::watch, prefix.size() + 8)
+                       .str(prefix)
+                       .u8(include_existing ? 1 : 0)
+                       .finish(),
+                   d, ec);
+  if (!ec) {
+    auto r = c->read_frame(d, ec, false);
+    if (!ec && r.msg.code == detail::proto::op::error) c->server_error(ec, r.msg);
+    else if (!ec) detail::expect_reply(r, detail::proto::op::ok, ec, *c);
+  }
+  if (ec) {
+    std::lock_guard lk(conn_->mu);
+    conn_->last_detail = c->last_detail;
+    c->close();
+  }
+  return store_watcher(std::move(c));
+}
+inline store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d) {
+  std::error_code ec;
+  auto w = watch(prefix, include_existing, d, ec);
+  if (ec) raise("store.watch", prefix, ec);
+  return w;
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE

@@ -1,0 +1,278 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file store.hpp
+//! The rendezvous store: a small key-value server over Boost.Asio that a job
+//! embeds (or runs standalone with `ebbflow-store`), and its client. In the
+//! spirit of PyTorch's c10d TCPStore. It holds membership, UCX worker
+//! addresses and heartbeats of an elastic job.
+//!
+//! Keys and values are arbitrary byte strings (`std::string` is binary-safe).
+//! Counters made by `add` are stored as decimal text.
+//!
+//! Security: every connection proves the job token (a shared secret, from
+//! `EBBFLOW_TOKEN` or passed in) with an HMAC-SHA256 challenge-response; the
+//! secret never crosses the wire and the server proves it too. A client with
+//! a wrong or missing token gets `errc::unauthorized` and is disconnected.
+//! Frames are length-prefixed with a maximum size; malformed, truncated or
+//! oversized frames, unknown opcodes and clients that stall mid-frame are
+//! answered with an error naming the problem, logged, and disconnected
+//! without affecting other clients. Traffic is not encrypted.
+//!
+//! Requires the `ebbflow::asio` CMake component (Boost headers + OpenSSL::Crypto).
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/core/deadline.hpp>
+#include <ebbflow/core/error.hpp>
+#include <ebbflow/elastic/detail/store_protocol.hpp>
+
+#include <boost/asio/io_context.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+namespace detail {
+class server_impl;
+class client_connection;
+}  // namespace detail
+
+//! Configuration of a `store_server`.
+struct server_options {
+  std::string host = "127.0.0.1";  //!< address to bind ("0.0.0.0" / "::" for any)
+  std::uint16_t port = 0;          //!< 0: pick a free port (see `store_server::port()`)
+  std::string token;               //!< job secret clients must prove; empty: the empty token
+  std::size_t max_message_bytes = detail::proto::default_max_message_bytes;  //!< frame limit
+  //! A frame whose first byte arrived must be complete within this time
+  //! (slow-loris defence); idle authenticated connections are kept.
+  std::chrono::milliseconds frame_timeout{10000};
+  //! A new connection must authenticate within this time.
+  std::chrono::milliseconds auth_timeout{10000};
+  std::size_t max_connections = 4096;  //!< further connections get an error and are closed
+  //! Per connection: unsent replies/events beyond this close the connection
+  //! (a watcher that does not read).
+  std::size_t max_pending_output_bytes = std::size_t{64} << 20;
+
+  //! Defaults plus `token` from `EBBFLOW_TOKEN`.
+  static server_options from_environment();
+};
+
+//! Counters of a running server (read with relaxed atomics; for tests and logs).
+struct server_stats {
+  std::uint64_t accepted = 0;       //!< connections accepted
+  std::uint64_t unauthorized = 0;   //!< connections refused for a bad token
+  std::uint64_t protocol_errors = 0;  //!< connections closed for a malformed frame or a stall
+  std::uint64_t open = 0;           //!< connections open now
+};
+
+//! The store's server. Owns the key-value map; all state lives on one
+//! strand, so handlers never race. Server-side `wait`/`get` block no thread:
+//! they complete when a `set`/`add`/`compare_set` provides the last key or
+//! their timeout passes.
+//!
+//! Thread safety: the member functions may be called from any thread.
+class store_server {
+ public:
+  //! Binds and starts serving on a thread of its own.
+  //! @throws system_error when the address cannot be bound; std::invalid_argument for bad options.
+  explicit store_server(server_options opts = {});
+  //! Binds and serves on `ioc`, which the caller runs (any number of threads).
+  //! `ioc` must outlive this object.
+  store_server(boost::asio::io_context& ioc, server_options opts);
+  //! Stops serving and closes every connection (clients see `errc::peer_lost`). Blocks until
+  //! the own thread, if any, has exited.
+  ~store_server();
+  store_server(const store_server&) = delete;
+  store_server& operator=(const store_server&) = delete;
+
+  //! The bound port (the chosen one when `port` was 0).
+  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+  //! The bound address as given in the options.
+  [[nodiscard]] const std::string& host() const noexcept { return host_; }
+  //! "host:port", suitable for `EBBFLOW_STORE`.
+  [[nodiscard]] std::string address() const;
+  [[nodiscard]] server_stats stats() const noexcept;
+  //! Stops accepting and closes all connections; idempotent, non-blocking.
+  void stop() noexcept;
+
+ private:
+  std::unique_ptr<boost::asio::io_context> own_ioc_;
+  std::shared_ptr<detail::server_impl> impl_;
+  std::thread thread_;
+  std::string host_;
+  std::uint16_t port_ = 0;
+};
+
+//! Configuration of a `store_client`.
+struct client_options {
+  //! Deadline of calls that are not given one.
+  std::chrono::milliseconds timeout{30000};
+  //! Largest reply accepted.
+  std::size_t max_message_bytes = detail::proto::default_max_message_bytes;
+  //! Defaults plus `timeout` from `EBBFLOW_STORE_TIMEOUT_MS`.
+  //! @throws std::invalid_argument for a malformed value.
+  static client_options from_environment();
+};
+
+//! Result of `compare_set`.
+struct compare_set_result {
+  bool swapped = false;  //!< the desired value was stored
+  std::string current;   //!< the value stored now
+};
+
+//! A change seen by a `store_watcher`.
+struct store_event {
+  enum class kind { set, erase };
+  kind type = kind::set;
+  std::string key;
+  std::string value;  //!< the new value (empty for erase)
+};
+
+//! A stream of changes to keys under a prefix, on its own connection.
+//! Not thread-safe: use one watcher from one thread at a time.
+class store_watcher {
+ public:
+  store_watcher(store_watcher&&) noexcept;
+  store_watcher& operator=(store_watcher&&) noexcept;
+  ~store_watcher();
+
+  //! Blocks until the next change or `d`. A timeout leaves the watcher usable.
+  //! @throws system_error: errc::timeout, errc::peer_lost (server gone), errc::bad_message.
+  store_event next(deadline d);
+  //! As above; on error returns an empty event and sets `ec`.
+  store_event next(deadline d, std::error_code& ec) noexcept;
+
+ private:
+  friend class store_client;
+  explicit store_watcher(std::unique_ptr<detail::client_connection> c);
+  std::unique_ptr<detail::client_connection> conn_;
+};
+
+//! A connection to a `store_server`. Connects lazily (retrying a refused
+//! connection until the call's deadline, so ranks may start before the
+//! store), and reconnects on the next call after the connection broke.
+//! A call whose deadline passes closes the connection, so a late reply can
+//! never be taken for the reply of a later call.
+//!
+//! Every call has a deadline: the one given, or now + `client_options::timeout`.
+//! Errors (`ec` forms; the throwing forms raise `ebbflow::system_error` with
+//! operation "store.<call>"): `errc::timeout`, `errc::unauthorized` (wrong
+//! token), `errc::peer_lost` (server gone or connection lost mid-call),
+//! `errc::bad_message` (a malformed or oversized frame), `errc::invalid_state`
+//! (`add` on a non-integer value).
+//!
+//! Thread safety: all calls may be made from any thread; they are serialised
+//! on the one connection (use one client per thread for parallel calls).
+class store_client {
+ public:
+  //! Does not connect yet. @throws std::invalid_argument for an empty host.
+  store_client(std::string host, std::uint16_t port, std::string token, client_options opts = {});
+  //! From `EBBFLOW_STORE` (or `MASTER_ADDR`/`MASTER_PORT`), `EBBFLOW_TOKEN` and
+  //! `EBBFLOW_STORE_TIMEOUT_MS` (see `launch_info`).
+  //! @throws std::invalid_argument when no store address is set or values are malformed.
+  static store_client from_environment();
+  store_client(store_client&&) noexcept;
+  store_client& operator=(store_client&&) noexcept;
+  ~store_client();
+
+  //! Connects and authenticates now (otherwise the first call does).
+  void connect(deadline d);
+  void connect(deadline d, std::error_code& ec) noexcept;
+
+  //! Stores `value` under `key`, waking waiters and watchers.
+  void set(std::string_view key, std::string_view value);
+  void set(std::string_view key, std::string_view value, deadline d);
+  void set(std::string_view key, std::string_view value, std::error_code& ec) noexcept;
+  void set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept;
+
+  //! The value of `key`, waiting (server-side) until it is set or `d` passes (errc::timeout).
+  std::string get(std::string_view key);
+  std::string get(std::string_view key, deadline d);
+  std::string get(std::string_view key, std::error_code& ec) noexcept;
+  std::string get(std::string_view key, deadline d, std::error_code& ec) noexcept;
+
+  //! The value of `key`, or nullopt when it is not set. Does not wait.
+  std::optional<std::string> try_get(std::string_view key);
+  std::optional<std::string> try_get(std::string_view key, deadline d);
+  std::optional<std::string> try_get(std::string_view key, std::error_code& ec) noexcept;
+  std::optional<std::string> try_get(std::string_view key, deadline d, std::error_code& ec) noexcept;
+
+  //! Atomically adds `delta` to the integer at `key` (missing: 0) and returns the result.
+  std::int64_t add(std::string_view key, std::int64_t delta);
+  std::int64_t add(std::string_view key, std::int64_t delta, deadline d);
+  std::int64_t add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept;
+  std::int64_t add(std::string_view key, std::int64_t delta, deadline d, std::error_code& ec) noexcept;
+
+  //! Atomically stores `desired` if the value is `expected` (a missing key
+  //! matches an empty `expected`), and returns what is stored now.
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired);
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
+                                 deadline d);
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
+                                 std::error_code& ec) noexcept;
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
+                                 deadline d, std::error_code& ec) noexcept;
+
+  //! Blocks until every key in `keys` is set, or `d` passes (errc::timeout).
+  //! The server waits; the client does not poll.
+  void wait(const std::vector<std::string>& keys, deadline d);
+  void wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept;
+
+  //! True when every key in `keys` is set. Does not wait.
+  bool check(const std::vector<std::string>& keys);
+  bool check(const std::vector<std::string>& keys, std::error_code& ec) noexcept;
+
+  //! Removes `key`; returns whether it existed.
+  bool erase(std::string_view key);
+  bool erase(std::string_view key, std::error_code& ec) noexcept;
+
+  //! Number of keys stored.
+  std::int64_t num_keys();
+  std::int64_t num_keys(std::error_code& ec) noexcept;
+
+  //! One round trip (liveness, latency).
+  void ping(deadline d);
+  void ping(deadline d, std::error_code& ec) noexcept;
+
+  //! Opens a new connection that streams every change to keys starting with
+  //! `prefix`; with `include_existing` it first reports the keys already set
+  //! (as `set` events, in unspecified order).
+  store_watcher watch(std::string_view prefix, bool include_existing, deadline d);
+  store_watcher watch(std::string_view prefix, bool include_existing, deadline d, std::error_code& ec) noexcept;
+
+  //! Drops the connection (the next call reconnects).
+  void close() noexcept;
+
+  //! The server's reason for the last failed call (e.g. "wait: 1 of 3 keys still
+  //! missing after 100 ms: 'b'"), or the local one; empty after a success.
+  [[nodiscard]] std::string last_error_detail() const;
+  [[nodiscard]] const std::string& host() const noexcept { return host_; }
+  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+
+ private:
+  [[nodiscard]] deadline default_deadline() const noexcept { return deadline::after(opts_.timeout); }
+  //! One request/reply exchange; `waits`: the server may hold the reply until `d`.
+  detail::proto::decode_result call(std::string frame, deadline d, bool waits, std::error_code& ec) noexcept;
+  [[noreturn]] void raise(const char* operation, std::string_view key, std::error_code ec) const;
+  std::string host_;
+  std::uint16_t port_ = 0;
+  std::string token_;
+  client_options opts_;
+  std::unique_ptr<detail::client_connection> conn_;
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+
+#include <ebbflow/elastic/impl/store_server.hpp>
+#include <ebbflow/elastic/impl/store_client.hpp>

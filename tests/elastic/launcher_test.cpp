@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: Apache-2.0
+// ebbflow-run and ebbflow-store as real processes.
+#include <ebbflow/elastic/detail/process_group.hpp>
+#include <ebbflow/elastic/store.hpp>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ef = ebbflow;
+namespace el = ebbflow::elastic;
+using namespace std::chrono_literals;
+
+namespace {
+struct run_result {
+  el::detail::child_exit exit;
+  std::string out, err;
+  double seconds = 0;
+};
+
+//! Runs `argv` to completion (at most `limit`), capturing its output.
+run_result run(std::vector<std::string> argv, std::vector<std::pair<std::string, std::string>> env = {},
+               std::chrono::milliseconds limit = 20s, std::function<void(pid_t)> meanwhile = {}) {
+  run_result r;
+  el::detail::process_group g([&](int, int stream, std::string_view line) {
+    (stream == 1 ? r.out : r.err).append(line).push_back('\n');
+  });
+  el::detail::child_spec s;
+  s.argv = std::move(argv);
+  s.env = std::move(env);
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t pid = g.spawn(s);
+  if (meanwhile) meanwhile(pid);
+  const auto d = ef::deadline::after(limit);
+  while (g.running() > 0 && !d.expired()) {
+    auto e = g.poll(d);
+    if (!e.empty()) r.exit = e.front();
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(g.running(), 0u) << "did not finish within the limit";
+  return r;
+}
+}  // namespace
+
+TEST(Launcher, FourRanksMeetInTheStore) {
+  auto r = run({EBBFLOW_RUN, "-n", "4", "--", EBBFLOW_STORE_WORKER, "meet"});
+  EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\nstdout:\n" << r.out << "stderr:\n" << r.err;
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE(r.out.find("[rank " + std::to_string(rank) + "] rank " + std::to_string(rank) + " of 4 met everyone"),
+              std::string::npos)
+        << r.out;
+}
+
+TEST(Launcher, AKilledRankFailsTheJobAndIsNamed) {
+  auto r = run({EBBFLOW_RUN, "-n", "4", "--", EBBFLOW_STORE_WORKER, "meet"}, {{"EBBFLOW_TEST_DIE_RANK", "2"}});
+  EXPECT_EQ(r.exit.code, 128 + SIGKILL) << r.exit.describe() << "\n" << r.err;
+  const auto at = r.err.find("rank 2 (pid ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(") failed: killed by signal 9 (SIGKILL); stopping the other ranks", at), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("job failed: rank 2 killed by signal 9"), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 8.0) << "the surviving ranks were not stopped promptly";
+}
+
+TEST(Launcher, ANonZeroExitIsNamedAndReturned) {
+  auto r = run({EBBFLOW_RUN, "-n", "3", "--", "sh", "-c", "echo hello from $EBBFLOW_RANK; [ $EBBFLOW_RANK != 1 ] || exit 3"});
+  EXPECT_EQ(r.exit.code, 3) << r.err;
+  EXPECT_NE(r.err.find("failed: exited with status 3"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("job failed: rank 1 exited with status 3"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("[rank 1] hello from 1"), std::string::npos) << r.out;
+}
+
+TEST(Launcher, JobTimeoutStopsEveryRank) {
+  auto r = run({EBBFLOW_RUN, "-n", "2", "--timeout", "0.3", "--", "sleep", "30"});
+  EXPECT_EQ(r.exit.code, 124) << r.err;
+  EXPECT_NE(r.err.find("job timeout"), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 5.0);
+}
+
+TEST(Launcher, ForwardsSigterm) {
+  auto r = run({EBBFLOW_RUN, "-n", "2", "--", "sleep", "30"}, {}, 20s, [](pid_t launcher) {
+    std::this_thread::sleep_for(300ms);
+    ::kill(launcher, SIGTERM);
+  });
+  EXPECT_EQ(r.exit.code, 128 + SIGTERM) << r.err;
+  EXPECT_NE(r.err.find("received SIGTERM; forwarding it to the ranks"), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 5.0);
+}
+
+TEST(Launcher, AttachesToAStandaloneStore) {
+  std::string out;
+  el::detail::process_group store([&](int, int stream, std::string_view line) {
+    if (stream == 1) out.append(line).push_back('\n');
+  });
+  el::detail::child_spec s;
+  s.argv = {EBBFLOW_STORE_TOOL, "--port", "0", "--token", "standalone-token"};
+  store.spawn(s);
+  const std::string banner = "listening on 127.0.0.1:";
+  const auto d = ef::deadline::after(10s);
+  while (out.find('\n') == std::string::npos && !d.expired()) store.poll(ef::deadline::after(20ms));
+  const auto at = out.find(banner);
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string port = out.substr(at + banner.size(), out.find('\n', at) - at - banner.size());
+  const std::string addr = "127.0.0.1:" + port;
+  auto r = run({EBBFLOW_RUN, "-n", "3", "--attach", "--store", addr, "--token", "standalone-token", "--",
+                EBBFLOW_STORE_WORKER, "meet"});
+  EXPECT_TRUE(r.exit.ok()) << r.err;
+  el::store_client c("127.0.0.1", static_cast<std::uint16_t>(std::stoi(port)), "standalone-token");
+  EXPECT_EQ(c.get("met", ef::deadline::after(2s)), "3");
+  store.signal_all(SIGTERM);
+  auto e = store.poll(ef::deadline::after(5s));
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_TRUE(e[0].ok()) << e[0].describe();
+}

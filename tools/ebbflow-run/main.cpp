@@ -1,0 +1,255 @@
+// SPDX-License-Identifier: Apache-2.0
+// ebbflow-run: starts N ranks of a program on this machine around an embedded
+// rendezvous store (like torchrun / mpirun for one host). See docs/launcher.md.
+#include <ebbflow/core/env.hpp>
+#include <ebbflow/core/log.hpp>
+#include <ebbflow/elastic/detail/hmac.hpp>
+#include <ebbflow/elastic/detail/process_group.hpp>
+#include <ebbflow/elastic/store.hpp>
+
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ef = ebbflow;
+namespace el = ebbflow::elastic;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr const char* usage_text =
+    "usage: ebbflow-run -n N [options] -- program [args...]\n"
+    "Starts N processes of `program` with EBBFLOW_RANK, EBBFLOW_WORLD_SIZE, EBBFLOW_LOCAL_RANK,\n"
+    "EBBFLOW_STORE and EBBFLOW_TOKEN set, around an embedded rendezvous store.\n"
+    "options:\n"
+    "  -n, --nproc N        number of ranks (1..4096)\n"
+    "  --store HOST:PORT    address the embedded store binds (default 127.0.0.1:0 = free port)\n"
+    "  --attach             use an existing store at --store instead of starting one\n"
+    "  --token T            job token (default: EBBFLOW_TOKEN, else a random one)\n"
+    "  --timeout SEC        stop the job after SEC seconds (exit status 124)\n"
+    "  --kill-after SEC     after stopping ranks with SIGTERM, SIGKILL them after SEC s (default 5)\n"
+    "  --no-prefix          do not prefix output lines with \"[rank R] \"\n"
+    "  -h, --help           this text\n"
+    "Exit status: 0 when every rank exits 0; otherwise the first failed rank's status\n"
+    "(128+signal when killed); 124 on --timeout; 128+signal when interrupted.\n";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::cerr << "ebbflow-run: " << msg << "\n" << usage_text;
+  std::exit(2);
+}
+
+double parse_seconds(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const double s = std::strtod(v.c_str(), &end);
+  if (v.empty() || end != v.c_str() + v.size() || !(s > 0) || s > 1e7)
+    usage_error(flag + " '" + v + "': expected a positive number of seconds");
+  return s;
+}
+
+struct options {
+  int n = 0;
+  std::string store = "127.0.0.1:0";
+  bool attach = false;
+  std::optional<std::string> token;
+  std::optional<double> timeout_s;
+  double kill_after_s = 5;
+  bool prefix = true;
+  std::vector<std::string> argv;
+};
+
+options parse(int argc, char** argv) {
+  options o;
+  int i = 1;
+  auto value = [&](const std::string& flag) -> std::string {
+    if (i + 1 >= argc) usage_error(flag + " needs a value");
+    return argv[++i];
+  };
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a == "-h" || a == "--help") {
+      std::cout << usage_text;
+      std::exit(0);
+    } else if (a == "-n" || a == "--nproc") {
+      std::string v = value(a);
+      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), o.n);
+      if (ec != std::errc{} || p != v.data() + v.size() || o.n < 1 || o.n > 4096)
+        usage_error(a + " '" + v + "': expected an integer in [1, 4096]");
+    } else if (a == "--store") {
+      o.store = value(a);
+    } else if (a == "--attach") {
+      o.attach = true;
+    } else if (a == "--token") {
+      o.token = value(a);
+    } else if (a == "--timeout") {
+      o.timeout_s = parse_seconds(a, value(a));
+    } else if (a == "--kill-after") {
+      o.kill_after_s = parse_seconds(a, value(a));
+    } else if (a == "--no-prefix") {
+      o.prefix = false;
+    } else if (!a.empty() && a[0] == '-') {
+      usage_error("unknown option " + a);
+    } else {
+      break;  // the program, without "--"
+    }
+  }
+  for (; i < argc; ++i) o.argv.emplace_back(argv[i]);
+  if (o.n == 0) usage_error("-n N is required");
+  if (o.argv.empty()) usage_error("no program given");
+  return o;
+}
+
+void write_all(int fd, const std::string& s) {
+  std::size_t off = 0;
+  while (off < s.size()) {
+    const ssize_t w = ::write(fd, s.data() + off, s.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    off += static_cast<std::size_t>(w);
+  }
+}
+
+void say(const std::string& msg) { write_all(2, "ebbflow-run: " + msg + "\n"); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options opt = parse(argc, argv);
+
+  // Signals arrive through a signalfd on this thread. Block them before the
+  // store's thread starts so it inherits the mask; children get a clean mask.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&sigs, s);
+  ::pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  const int sigfd = ::signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sigfd < 0) {
+    say(std::string("signalfd: ") + std::strerror(errno));
+    return 1;
+  }
+
+  std::string token;
+  if (opt.token) token = *opt.token;
+  else if (auto t = ef::env::get("EBBFLOW_TOKEN")) token = *t;
+  else token = el::detail::random_hex(16);
+
+  std::unique_ptr<el::store_server> server;
+  std::string store_addr;
+  try {
+    auto hp = ef::env::parse_host_port(opt.store, "--store");
+    if (opt.attach) {
+      if (hp.port == 0) usage_error("--attach needs --store HOST:PORT with a port");
+      store_addr = opt.store;
+    } else {
+      el::server_options so;
+      so.host = hp.host;
+      so.port = hp.port;
+      so.token = token;
+      server = std::make_unique<el::store_server>(so);
+      // Ranks connect to loopback when the store listens on every address.
+      std::string host = hp.host == "0.0.0.0" ? "127.0.0.1" : hp.host == "::" ? "::1" : hp.host;
+      store_addr = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+                   std::to_string(server->port());
+    }
+  } catch (const std::exception& e) {
+    say(std::string("cannot start the store: ") + e.what());
+    return 1;
+  }
+
+  el::detail::process_group group([&](int id, int stream, std::string_view line) {
+    std::string out;
+    if (opt.prefix) out = "[rank " + std::to_string(id) + "] ";
+    out.append(line);
+    out.push_back('\n');
+    write_all(stream == 1 ? 1 : 2, out);
+  });
+
+  for (int r = 0; r < opt.n; ++r) {
+    el::detail::child_spec spec;
+    spec.id = r;
+    spec.argv = opt.argv;
+    spec.env = {{"EBBFLOW_RANK", std::to_string(r)},
+                {"EBBFLOW_WORLD_SIZE", std::to_string(opt.n)},
+                {"EBBFLOW_LOCAL_RANK", std::to_string(r)},
+                {"EBBFLOW_STORE", store_addr},
+                {"EBBFLOW_TOKEN", token}};
+    try {
+      group.spawn(spec);
+    } catch (const std::exception& e) {
+      say("rank " + std::to_string(r) + ": " + e.what());
+      group.signal_all(SIGKILL);
+      return 127;
+    }
+  }
+
+  const auto job_deadline = opt.timeout_s ? ef::deadline::after(std::chrono::duration<double>(*opt.timeout_s))
+                                          : ef::deadline::never();
+  std::optional<ef::deadline> kill_deadline;  // set once we have asked the ranks to stop
+  std::optional<el::detail::child_exit> first_failure;
+  int interrupted_by = 0;
+  bool timed_out = false;
+  auto stop_all = [&](int sig) {
+    group.signal_all(sig);
+    if (!kill_deadline) kill_deadline = ef::deadline::after(std::chrono::duration<double>(opt.kill_after_s));
+  };
+
+  while (group.running() > 0) {
+    ef::deadline d = job_deadline;
+    if (kill_deadline) d = min(d, *kill_deadline);
+    bool sig_ready = false;
+    auto exits = group.poll(d, sigfd, &sig_ready);
+    for (const auto& e : exits) {
+      if (e.ok()) continue;
+      if (!first_failure && !interrupted_by && !timed_out) {
+        first_failure = e;
+        say("rank " + std::to_string(e.id) + " (pid " + std::to_string(e.pid) + ") failed: " + e.describe() +
+            "; stopping the other ranks");
+        stop_all(SIGTERM);
+      } else {
+        say("rank " + std::to_string(e.id) + " (pid " + std::to_string(e.pid) + ") " + e.describe());
+      }
+    }
+    if (sig_ready) {
+      signalfd_siginfo si{};
+      while (::read(sigfd, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+        const int sig = static_cast<int>(si.ssi_signo);
+        if (!interrupted_by) interrupted_by = sig;
+        say(std::string("received SIG") + sigabbrev_np(sig) + "; forwarding it to the ranks");
+        stop_all(sig);
+      }
+    }
+    if (!timed_out && job_deadline.expired() && group.running() > 0) {
+      timed_out = true;
+      say("job timeout of " + std::to_string(*opt.timeout_s) + " s reached; stopping the ranks");
+      stop_all(SIGTERM);
+    }
+    if (kill_deadline && kill_deadline->expired() && group.running() > 0) {
+      say(std::to_string(group.running()) + " rank(s) still running " + std::to_string(opt.kill_after_s) +
+          " s after SIGTERM; sending SIGKILL");
+      group.signal_all(SIGKILL);
+      kill_deadline = ef::deadline::after(1h);  // SIGKILL cannot be ignored: poll() reaps them
+    }
+  }
+  server.reset();
+
+  if (first_failure) {
+    say("job failed: rank " + std::to_string(first_failure->id) + " " + first_failure->describe());
+    return first_failure->shell_status() != 0 ? first_failure->shell_status() : 1;
+  }
+  if (timed_out) return 124;
+  if (interrupted_by) return 128 + interrupted_by;
+  return 0;
+}
