@@ -26,6 +26,10 @@
 //! (`memory_space::host` or `pinned`). In-place: pass the same view as input
 //! and output (for allgather: input at `output.slice(rank * n, n)`).
 //!
+//! A transport that also offers `int lost_peer() const` (the UCX transport
+//! does) lets errors name the peer that died rather than the neighbour whose
+//! transfer reported it.
+//!
 //! Thread safety: a communicator and its requests are driven by one thread at
 //! a time (the thread that drives its transport).
 #pragma once

@@ -406,6 +406,11 @@ bool request<T>::done() const noexcept {
 
 template <transport T>
 void request<T>::finish(std::error_code ec, int peer) {
+  // A transport that knows which peer died (UCX: `lost_peer()`) names it,
+  // whichever transfer happened to report the loss.
+  if constexpr (requires(const T& t) { { t.lost_peer() } -> std::convertible_to<int>; }) {
+    if (ec == errc::peer_lost && t_->lost_peer() >= 0) peer = t_->lost_peer();
+  }
   finished_ = true;
   ec_ = ec;
   if (ec) ctx_.peer = peer;
@@ -445,6 +450,13 @@ void request<T>::wait(deadline d, std::error_code& ec) {
     if (p.awaited) {
       std::error_code e;
       t_->wait(*p.awaited, d, e);
+      if constexpr (requires(const T& t) { { t.lost_peer() } -> std::convertible_to<int>; }) {
+        // The deadline passed because the group broke: report the loss.
+        if (e == errc::timeout && t_->lost_peer() >= 0) {
+          finish(make_error_code(error::peer_lost), t_->lost_peer());
+          break;
+        }
+      }
       if (e == errc::timeout && d.expired()) {
         ctx_.peer = p.peer;  // still pending: the caller may wait again
         ec = e;
