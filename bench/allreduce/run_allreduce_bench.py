@@ -40,6 +40,13 @@ def contestants(build, n, sizes_arg, only):
         "ebbflow": lambda: launch_env_ranks([os.path.join(b, "bench_allreduce_ebbflow")] + sizes_arg, n),
         "openmpi": lambda: subprocess.run(mpirun + [os.path.join(b, "bench_allreduce_mpi")] + sizes_arg,
                                           check=True, capture_output=True, text=True, timeout=900).stdout,
+        # Open MPI busy-polls without yielding; on a shared, oversubscribed
+        # machine that can cost it whole time slices, so also run it with
+        # yielding on (the best of both is the peer ratios are taken against).
+        "openmpi_yield": lambda: subprocess.run(mpirun[:-2] + ["--mca", "mpi_yield_when_idle", "1"] + mpirun[-2:] +
+                                                [os.path.join(b, "bench_allreduce_mpi")] + sizes_arg, check=True,
+                                                capture_output=True, text=True, timeout=900,
+                                                env=dict(os.environ, BENCH_LABEL="openmpi_yield")).stdout,
         "gloo_ring": lambda: launch_env_ranks([os.path.join(b, "bench_allreduce_gloo")] + sizes_arg + ["ring"], n),
         "gloo_hd": lambda: launch_env_ranks([os.path.join(b, "bench_allreduce_gloo")] + sizes_arg + ["hd"], n),
     }

@@ -52,7 +52,9 @@ TEST_P(Allreduce, EveryDtypeOpSizeMatchesReference) {
           const void* res = in_place ? in.data() : out.data();
           ASSERT_EQ(et::wrong_reduced(ty, op, n, res, count), 0u)
               << "rank " << t.rank() << " " << ef::name(ty) << " " << ef::name(op) << " count " << count;
-          if (!in_place) ASSERT_EQ(et::wrong_input(ty, op, t.rank(), in.data(), count), 0u) << "input modified";
+          if (!in_place) {
+            ASSERT_EQ(et::wrong_input(ty, op, t.rank(), in.data(), count), 0u) << "input modified";
+          }
         }
   });
 }

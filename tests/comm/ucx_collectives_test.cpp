@@ -9,7 +9,9 @@
 // Sizes are element counts. The full matrix (every collective x dtype x op)
 // runs at {0, 1, 7, 4099} and 1 MiB + 3 elements for 2, 3, 4 and 5 ranks;
 // 64 MiB (16 Mi f32) runs for allreduce sum/avg and broadcast only, to keep
-// CI within seconds.
+// CI within seconds. Automatic selection picks single_copy for allreduces
+// above 16 KiB on one host, so ring and recursive doubling are also forced
+// for f32 sum/avg at {1, 7, 4099, 1 MiB + 3 (ring) / 256 Ki + 3 (rd)}.
 #include <ebbflow/comm/communicator.hpp>
 #include <ebbflow/comm/ucx/address_exchange.hpp>
 #include <ebbflow/comm/ucx/transport.hpp>
@@ -56,10 +58,14 @@ int fail(const std::string& what) {
   return 1;
 }
 
-int run_matrix(const std::vector<std::size_t>& sizes, bool all_ops) {
+int run_matrix(const std::vector<std::size_t>& sizes, bool all_ops,
+               ef::comm::allreduce_algorithm algo = ef::comm::allreduce_algorithm::automatic) {
   worker_env w;
   auto t = w.connect();
-  comm_t c(t);
+  ef::comm::collective_options o;
+  o.allreduce = algo;
+  o.chunk_bytes = 100000;  // odd chunk boundaries
+  comm_t c(t, o);
   const int n = t.size(), r = t.rank();
   const auto d = [] { return ef::deadline::after(60s); };
   int bad = 0;
@@ -193,6 +199,9 @@ int worker_main(char** argv) {
   try {
     if (scenario == "matrix") return run_matrix({0, 1, 7, 4099, (std::size_t{1} << 20) + 3}, true);
     if (scenario == "large") return run_matrix({std::size_t{16} << 20}, false);
+    // The other allreduce algorithms (automatic picks single_copy above 16 KiB on one host).
+    if (scenario == "ring") return run_matrix({1, 7, 4099, (std::size_t{1} << 20) + 3}, false, ef::comm::allreduce_algorithm::ring);
+    if (scenario == "rd") return run_matrix({1, 7, 4099, (std::size_t{1} << 18) + 3}, false, ef::comm::allreduce_algorithm::recursive_doubling);
     if (scenario == "kill") return run_kill(std::chrono::milliseconds(std::stoi(argv[3])));
     if (scenario == "generation") return run_generation();
   } catch (const std::exception& e) {
@@ -276,6 +285,16 @@ TEST_P(UcxLarge, SixtyFourMiBAllreduceAndBroadcast) {
   for (int r = 0; r < n; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, UcxLarge, ::testing::Values(2, 3));
+
+class UcxAlgorithms : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+TEST_P(UcxAlgorithms, RingAndRecursiveDoublingMatchReference) {
+  const auto [n, algo] = GetParam();
+  auto res = launch(n, {algo}, 120s);
+  ASSERT_FALSE(res.timed_out);
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, UcxAlgorithms,
+                         ::testing::Combine(::testing::Values(2, 3, 5), ::testing::Values("ring", "rd")));
 
 class UcxKill : public ::testing::TestWithParam<int> {};
 TEST_P(UcxKill, SurvivorsGetPeerLostWithinDeadlinePlusOneSecond) {

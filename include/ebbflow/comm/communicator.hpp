@@ -7,10 +7,14 @@
 //!
 //! Algorithms:
 //! * allreduce: recursive doubling (with the MPICH fold for rank counts that
-//!   are not powers of two) at or below `small_bytes`, otherwise ring
-//!   reduce-scatter + ring allgather, pipelined in `chunk_bytes` chunks with
-//!   `window` receives in flight, reducing from cache-resident scratch slots.
-//!   Both give bitwise-identical results on every rank.
+//!   are not powers of two) at or below `small_bytes`; above it, when every
+//!   peer runs on this host and the transport allows single-copy reads
+//!   (`local_peer`, UCX transport on Linux), each rank reduces its segment
+//!   reading peers' buffers directly and then copies peers' segments
+//!   (`single_copy`); otherwise ring reduce-scatter + ring allgather,
+//!   pipelined in `chunk_bytes` chunks with `window` receives in flight,
+//!   reducing from cache-resident scratch slots. All give bitwise-identical
+//!   results on every rank.
 //! * broadcast: binomial tree (small) or chunk-pipelined chain (large).
 //! * allgather / reduce_scatter: ring. barrier: dissemination.
 //!
@@ -60,6 +64,7 @@ enum class allreduce_algorithm : std::uint8_t {
   automatic,           //!< recursive doubling up to `small_bytes`, ring above
   ring,                //!< bandwidth-optimal: 2(n-1)/n of the buffer per rank
   recursive_doubling,  //!< latency-optimal: ceil(log2 n) (+2) steps, full buffer each
+  single_copy,         //!< all ranks on one host: direct reads of peers' buffers (Linux CMA)
 };
 
 //! Tuning knobs and the default deadline; the defaults suit shared-memory
@@ -176,6 +181,7 @@ class basic_communicator {
 
  private:
   error_context ctx(const char* op, std::uint64_t seq, std::size_t bytes) const;
+  bool all_peers_local() const;
   T* t_;
   collective_options opts_;
   std::uint64_t seq_ = 0;

@@ -9,7 +9,10 @@
 
 #include <ebbflow/comm/communicator.hpp>
 
+#include <sys/uio.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <exception>
 #include <utility>
@@ -76,6 +79,8 @@ template <transport T>
 struct promise {
   typename T::request* awaited = nullptr;  // the transfer the coroutine waits for
   int peer = -1;                           // its peer, for error messages
+  std::error_code failed{};                // set by the coroutine before co_return on error
+  int failed_peer = -1;
   std::exception_ptr exc;
   task<T> get_return_object() noexcept;
   std::suspend_always initial_suspend() const noexcept { return {}; }
@@ -360,6 +365,134 @@ task<T> copy_only(const std::byte* in, std::byte* out, std::size_t bytes) {
   co_return;
 }
 
+//! Transports that know which peers share this host and allow
+//! `process_vm_readv` on them (the UCX transport) offer `local_peer(q)`.
+template <class T>
+concept single_copy_transport = requires(const T& t, int q) {
+  { t.local_peer(q) } -> std::convertible_to<long>;
+};
+
+//! Reads `bytes` at `remote` in process `pid` into `dst` (Linux CMA, one
+//! copy, no intermediate buffer). Returns 0 or errno.
+inline int cma_read(long pid, std::uint64_t remote, std::byte* dst, std::size_t bytes) noexcept {
+  while (bytes) {
+    iovec l{dst, bytes}, r{reinterpret_cast<void*>(remote), bytes};
+    const ssize_t got = ::process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (got == 0) return EFAULT;
+    dst += got;
+    remote += static_cast<std::uint64_t>(got);
+    bytes -= static_cast<std::size_t>(got);
+  }
+  return 0;
+}
+
+//! Single-copy allreduce for ranks on one host (the vader/CMA idea, as a
+//! collective): ranks swap buffer addresses; each rank reduces its own
+//! segment reading every peer's input directly (through a cache-sized
+//! scratch chunk), then copies every peer's reduced segment straight from the
+//! peer's output. Three rounds of empty messages order the phases (addresses
+//! known / segments reduced / reads done); they travel over the transport,
+//! so deadlines and peer-failure detection apply as everywhere else.
+//! Memory traffic per rank is the minimum: (n-1)/n of the buffer read twice
+//! from peers, one reduction pass, no staging copies, no rendezvous.
+template <transport T>
+task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* out, std::size_t count, dtype ty,
+                      reduce_op op, std::size_t chunk_bytes, std::shared_ptr<scratch_pool> pool) {
+  using req_t = typename T::request;
+  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
+  const std::size_t es = size_of(ty), nn = static_cast<std::size_t>(n);
+  struct addrs {
+    std::uint64_t in, out;
+  };
+  const addrs mine{reinterpret_cast<std::uint64_t>(in), reinterpret_cast<std::uint64_t>(out)};
+  std::vector<addrs> theirs(nn);
+  std::vector<req_t> sends, recvs;
+  std::vector<int> peers;
+  auto all_to_all = [&](std::uint32_t step, bool with_addrs) {
+    sends.clear();
+    recvs.clear();
+    peers.clear();
+    for (int i = 1; i < n; ++i) {
+      const int q = (r + i) % n;
+      peers.push_back(q);
+      auto rb = with_addrs ? std::as_writable_bytes(std::span(&theirs[static_cast<std::size_t>(q)], 1)) : std::span<std::byte>{};
+      recvs.push_back(t.irecv(q, make_tag(seq, step), rb));
+      sends.push_back(t.isend(q, make_tag(seq, step), with_addrs ? std::as_bytes(std::span(&mine, 1)) : std::span<const std::byte>{}));
+    }
+  };
+  auto seg_begin = [&](int s) { return count * static_cast<std::size_t>(s) / nn; };
+  auto fail = [&](int err, int q) -> std::error_code {
+    if constexpr (requires { t.mark_lost(q); }) {
+      if (err == ESRCH) t.mark_lost(q);
+    }
+    (void)q;
+    return err == ESRCH ? make_error_code(error::peer_lost) : std::error_code(err, std::system_category());
+  };
+  std::error_code failed;
+  int failed_peer = -1;
+
+  all_to_all(0, true);
+  for (std::size_t i = 0; i < recvs.size(); ++i) co_await awaiting<T>{t, recvs[i], peers[i]};
+  for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
+
+  {  // reduce my segment
+    const std::size_t b = seg_begin(r), e = seg_begin(r + 1);
+    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes / es);
+    auto lease = scratch_pool::take(pool, std::min(chunk, std::max<std::size_t>(e - b, 1)) * es);
+    for (std::size_t off = b; off < e && !failed; off += chunk) {
+      const std::size_t len = std::min(chunk, e - off);
+      const std::byte* acc = in + off * es;
+      for (int i = 1; i < n; ++i) {
+        const int q = (r + i) % n;
+        if (int err = cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].in + off * es, lease.data(), len * es)) {
+          failed = fail(err, q);
+          failed_peer = q;
+          break;
+        }
+        reduce(ty, op, out + off * es, acc, lease.data(), len);
+        acc = out + off * es;
+      }
+      if (!failed && op == reduce_op::avg) finish_avg(ty, out + off * es, len, n);
+    }
+  }
+  if (!failed) {
+    all_to_all(1, false);  // my segment is final; I no longer read your input
+    for (std::size_t i = 0; i < recvs.size(); ++i) co_await awaiting<T>{t, recvs[i], peers[i]};
+    for (int i = 1; i < n && !failed; ++i) {
+      const int q = (r + i) % n;
+      const std::size_t b = seg_begin(q), e = seg_begin(q + 1);
+      if (int err = cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].out + b * es, out + b * es, (e - b) * es)) {
+        failed = fail(err, q);
+        failed_peer = q;
+      }
+    }
+    for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
+  }
+  if (failed) {
+    // Report through the promise: the driver finishes the request with it.
+    struct set_failed {
+      std::error_code ec;
+      int peer;
+      bool await_ready() const noexcept { return false; }
+      bool await_suspend(std::coroutine_handle<promise<T>> h) const noexcept {
+        h.promise().failed = ec;
+        h.promise().failed_peer = peer;
+        return false;  // continue to co_return
+      }
+      void await_resume() const noexcept {}
+    };
+    co_await set_failed{failed, failed_peer};
+    co_return;
+  }
+  all_to_all(2, false);  // I finished reading your output: you may reuse it
+  for (std::size_t i = 0; i < recvs.size(); ++i) co_await awaiting<T>{t, recvs[i], peers[i]};
+  for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
+}
+
 inline void check_buffer(const buffer_view& v, const char* what) {
   EBBFLOW_ENFORCE(host_accessible(v.space), what << " must be host memory, got " << name(v.space));
   EBBFLOW_ENFORCE(v.count == 0 || v.data != nullptr, what << " is null with count " << v.count);
@@ -437,6 +570,7 @@ bool request<T>::test(std::error_code& ec) {
     }
     h_.resume();
     if (h_.promise().exc) finish(make_error_code(error::invalid_state), -1);
+    else if (h_.promise().failed) finish(h_.promise().failed, h_.promise().failed_peer);
     else if (h_.done()) finish({}, -1);
   }
   ec = ec_;
@@ -470,6 +604,7 @@ void request<T>::wait(deadline d, std::error_code& ec) {
     }
     h_.resume();
     if (h_.promise().exc) finish(make_error_code(error::invalid_state), -1);
+    else if (h_.promise().failed) finish(h_.promise().failed, h_.promise().failed_peer);
     else if (h_.done()) finish({}, -1);
   }
   ec = ec_;
@@ -490,6 +625,17 @@ basic_communicator<T>::basic_communicator(T& transport, collective_options opts)
 }
 
 template <transport T>
+bool basic_communicator<T>::all_peers_local() const {
+  if constexpr (detail::single_copy_transport<T>) {
+    for (int q = 0; q < size(); ++q)
+      if (q != rank() && t_->local_peer(q) == 0) return false;
+    return true;
+  } else {
+    return false;
+  }
+}
+
+template <transport T>
 error_context basic_communicator<T>::ctx(const char* op, std::uint64_t seq, std::size_t bytes) const {
   return {.rank = rank(), .generation = generation(), .peer = -1, .operation = op,
           .detail = "seq " + std::to_string(seq) + ", " + std::to_string(bytes) + " bytes"};
@@ -507,11 +653,23 @@ request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, re
   auto* dst = static_cast<std::byte*>(out.data);
   const std::size_t bytes = in.bytes();
   if (size() == 1 || in.count == 0) return request<T>(*t_, detail::copy_only<T>(src, dst, bytes), ctx("allreduce", seq, bytes));
-  bool ring = false;
+  bool ring = false, single_copy = false;
   switch (opts_.allreduce) {
-    case allreduce_algorithm::automatic: ring = bytes > opts_.small_bytes && in.count >= static_cast<std::size_t>(size()); break;
+    case allreduce_algorithm::automatic:
+      ring = bytes > opts_.small_bytes && in.count >= static_cast<std::size_t>(size());
+      single_copy = ring && all_peers_local();
+      break;
     case allreduce_algorithm::ring: ring = true; break;
     case allreduce_algorithm::recursive_doubling: ring = false; break;
+    case allreduce_algorithm::single_copy:
+      EBBFLOW_ENFORCE(all_peers_local(), "allreduce: single_copy needs every peer on this host with process_vm_readv access");
+      single_copy = true;
+      break;
+  }
+  if constexpr (detail::single_copy_transport<T>) {
+    if (single_copy)
+      return request<T>(*t_, detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.chunk_bytes, pool_),
+                        ctx("allreduce", seq, bytes));
   }
   if (ring)
     return request<T>(*t_,

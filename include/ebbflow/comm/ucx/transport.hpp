@@ -29,10 +29,14 @@
 #include <ebbflow/core/log.hpp>
 
 #include <sched.h>
+#include <sys/uio.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -44,6 +48,23 @@ EBBFLOW_BEGIN_NAMESPACE
 namespace comm::ucx {
 
 inline constexpr int max_ranks = 1 << 16;
+
+namespace detail {
+inline constexpr std::uint64_t probe_value = 0xebbf10'57a6e5ull;
+struct hello {
+  std::uint64_t pid;
+  std::uint64_t probe;
+  char boot_id[40];
+};
+inline void read_boot_id(char (&out)[40]) noexcept {
+  std::memset(out, 0, sizeof out);
+  if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    const std::size_t got = std::fread(out, 1, sizeof out - 1, f);
+    out[got] = 0;
+    std::fclose(f);
+  }
+}
+}  // namespace detail
 
 class transport {
   struct state;
@@ -107,6 +128,18 @@ class transport {
   void set_generation(std::int64_t g) noexcept { st_->generation = g; }
   //! The first peer reported lost, or -1.
   [[nodiscard]] int lost_peer() const noexcept { return st_->lost; }
+  //! The pid of `peer` when it runs on this host and its memory can be read
+  //! with `process_vm_readv` (checked at connect time), else 0. Collectives
+  //! use it for single-copy reads between processes of one host.
+  [[nodiscard]] pid_t local_peer(int peer) const noexcept {
+    return peer >= 0 && static_cast<std::size_t>(peer) < st_->pids.size() ? st_->pids[static_cast<std::size_t>(peer)] : 0;
+  }
+  //! Marks `peer` lost (e.g. a single-copy read found its process gone):
+  //! from now on it behaves as if UCX had reported the failure.
+  void mark_lost(int peer) noexcept {
+    peer_slot s{st_.get(), peer};
+    on_error(&s, nullptr, UCS_ERR_CONNECTION_RESET);
+  }
 
   request isend(int peer, tag_t tag, std::span<const std::byte> out);
   request irecv(int peer, tag_t tag, std::span<std::byte> in);
@@ -131,6 +164,8 @@ class transport {
     std::vector<std::uint8_t> dead;
     std::vector<peer_slot> slots;                // stable: error-callback arguments
     std::unordered_set<void*> pending_recvs;    // UCX receive requests in flight
+    std::vector<pid_t> pids;                     // local_peer()
+    std::uint64_t probe = detail::probe_value;   // read by peers to test single-copy access
     explicit state(worker wk) : w(std::move(wk)) {}
   };
 
@@ -209,15 +244,22 @@ inline transport::transport(worker w, std::int64_t generation, int rank, int siz
     }
     st_->eps[static_cast<std::size_t>(p)] = h;
   }
-  // Wire-up handshake on a tag collectives never use (step 0xfffe).
+  // Wire-up handshake on a tag collectives never use (step 0xfffe). Each
+  // rank also tells its pid, boot id and the address of a probe word, so
+  // peers on the same host can use single-copy reads (see `local_peer`).
   const tag_t hello = make_tag(0xffffffffu, 0xfffe);
+  detail::hello mine{};
+  mine.pid = static_cast<std::uint64_t>(::getpid());
+  mine.probe = reinterpret_cast<std::uint64_t>(&st_->probe);
+  detail::read_boot_id(mine.boot_id);
+  std::vector<detail::hello> theirs(n);
   std::vector<request> reqs;
   std::vector<int> peers;
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
-    reqs.push_back(irecv(p, hello, {}));
+    reqs.push_back(irecv(p, hello, std::as_writable_bytes(std::span(&theirs[static_cast<std::size_t>(p)], 1))));
     peers.push_back(p);
-    reqs.push_back(isend(p, hello, {}));
+    reqs.push_back(isend(p, hello, std::as_bytes(std::span(&mine, 1))));
     peers.push_back(p);
   }
   for (std::size_t i = 0; i < reqs.size(); ++i) {
@@ -227,6 +269,19 @@ inline transport::transport(worker w, std::int64_t generation, int rank, int siz
       reqs.clear();
       close_endpoints();
       throw_if(ec, {.rank = rank, .generation = generation, .peer = peers[i], .operation = "ucx connect"});
+    }
+  }
+  st_->pids.assign(n, 0);
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    const auto& h = theirs[static_cast<std::size_t>(p)];
+    // Same boot and the kernel lets us read the peer's memory: single-copy capable.
+    if (std::memcmp(h.boot_id, mine.boot_id, sizeof mine.boot_id) == 0 && mine.boot_id[0]) {
+      std::uint64_t v = 0;
+      iovec l{&v, sizeof v}, r{reinterpret_cast<void*>(h.probe), sizeof v};
+      if (::process_vm_readv(static_cast<pid_t>(h.pid), &l, 1, &r, 1, 0) == static_cast<ssize_t>(sizeof v) &&
+          v == detail::probe_value)
+        st_->pids[static_cast<std::size_t>(p)] = static_cast<pid_t>(h.pid);
     }
   }
 }
@@ -354,18 +409,19 @@ inline bool transport::test(request& r, std::error_code& ec) {
 }
 
 inline void transport::wait(request& r, deadline d, std::error_code& ec) {
-  unsigned idle = 0;
+  // Busy-poll (latency), but after ~50 us without completion start yielding
+  // the core, so ranks oversubscribing the cores still make progress.
+  unsigned spins = 0;
+  steady_clock::time_point spin_until{};
   while (!test(r, ec)) {
-    if (d.expired()) {
+    if ((++spins & 63) != 0) continue;
+    const auto now = steady_clock::now();
+    if (now >= d.at()) {
       ec = make_error_code(error::timeout);
       return;
     }
-    // Busy-poll while traffic flows; yield the core when nothing happens, so
-    // oversubscribed ranks (more ranks than cores) still make progress.
-    if (++idle > 64) {
-      sched_yield();
-      idle = 0;
-    }
+    if (spin_until == steady_clock::time_point{}) spin_until = now + std::chrono::microseconds(50);
+    else if (now >= spin_until) sched_yield();
   }
 }
 
