@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
   const int size = std::atoi(std::getenv("EBBFLOW_WORLD_SIZE"));
   const std::string algo = argc > 1 && std::string(argv[argc - 1]) == "hd" ? "hd" : "ring";
   gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
+  const char* host = std::getenv("GLOO_HOSTNAME");  // the veth address in the namespace runs
+  attr.hostname = host ? host : "127.0.0.1";
   auto dev = gloo::transport::tcp::CreateDevice(attr);
   gloo::rendezvous::FileStore store(std::getenv("EBBFLOW_BENCH_DIR"));
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);

@@ -12,6 +12,8 @@ columns (time = median) plus min/p99 and the busbw ratio ebbflow / best peer.
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile
 
+NETNS = []  # --netns: rank r runs in NETNS[r] (ip netns exec), with the per-rank env below
+
 def launch_env_ranks(cmd, n, extra_env=None, timeout=900):
     """Starts n processes of cmd with EBBFLOW_RANK/EBBFLOW_WORLD_SIZE; returns rank 0's stdout."""
     with tempfile.TemporaryDirectory(prefix="ebbflow-bench-") as d:
@@ -19,7 +21,12 @@ def launch_env_ranks(cmd, n, extra_env=None, timeout=900):
         for r in range(n):
             env = dict(os.environ, EBBFLOW_RANK=str(r), EBBFLOW_WORLD_SIZE=str(n), EBBFLOW_LOCAL_RANK=str(r),
                        EBBFLOW_BENCH_DIR=d, **(extra_env or {}))
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL))
+            full = cmd
+            if NETNS:
+                ns, ip = NETNS[r].split("=")
+                env.update(GLOO_HOSTNAME=ip, UCX_TLS="tcp", UCX_NET_DEVICES="ebb0", EBBFLOW_ALLREDUCE_ALGO="ring")
+                full = ["ip", "netns", "exec", ns] + cmd
+            procs.append(subprocess.Popen(full, env=env, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL))
         try:
             out, _ = procs[0].communicate(timeout=timeout)
             for p in procs[1:]:
@@ -50,6 +57,8 @@ def contestants(build, n, sizes_arg, only):
         "gloo_ring": lambda: launch_env_ranks([os.path.join(b, "bench_allreduce_gloo")] + sizes_arg + ["ring"], n),
         "gloo_hd": lambda: launch_env_ranks([os.path.join(b, "bench_allreduce_gloo")] + sizes_arg + ["hd"], n),
     }
+    if NETNS:  # mpirun cannot place ranks into namespaces without a remote launcher
+        c = {k: v for k, v in c.items() if not k.startswith("openmpi")}
     return {k: v for k, v in c.items() if not only or k in only}
 
 def pct(xs, p):
@@ -65,7 +74,10 @@ def main():
     ap.add_argument("--samples", default="5")
     ap.add_argument("--json", default="")
     ap.add_argument("--only", default="")
+    ap.add_argument("--netns", default="", help="NS=IP,NS=IP: one namespace per rank (ebbflow and Gloo only)")
     a = ap.parse_args()
+    if a.netns:
+        NETNS.extend(a.netns.split(","))
     sizes_arg = (["--sizes", a.sizes] if a.sizes else []) + ["--samples", a.samples]
     only = [x for x in a.only.split(",") if x]
     jf = open(a.json, "w") if a.json else None

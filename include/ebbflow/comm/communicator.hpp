@@ -43,6 +43,7 @@
 #include <ebbflow/comm/transport.hpp>
 #include <ebbflow/core/deadline.hpp>
 #include <ebbflow/core/dtype.hpp>
+#include <ebbflow/core/env.hpp>
 #include <ebbflow/core/error.hpp>
 #include <ebbflow/core/memory.hpp>
 
@@ -76,6 +77,26 @@ struct collective_options {
   std::size_t chunk_bytes = std::size_t{128} << 10;  //!< pipelining granularity of ring / chain
   int window = 4;                                     //!< chunk receives in flight (scratch slots)
   std::chrono::milliseconds timeout{60'000};          //!< deadline of calls that take none
+
+  //! Defaults overridden by `EBBFLOW_ALLREDUCE_ALGO` (automatic, ring,
+  //! recursive_doubling, single_copy), `EBBFLOW_SMALL_BYTES`,
+  //! `EBBFLOW_CHUNK_BYTES`, `EBBFLOW_COMM_WINDOW`, `EBBFLOW_COMM_TIMEOUT_MS`.
+  //! @throws std::invalid_argument for malformed values.
+  static collective_options from_environment() {
+    collective_options o;
+    if (auto a = env::get("EBBFLOW_ALLREDUCE_ALGO")) {
+      if (*a == "automatic") o.allreduce = allreduce_algorithm::automatic;
+      else if (*a == "ring") o.allreduce = allreduce_algorithm::ring;
+      else if (*a == "recursive_doubling") o.allreduce = allreduce_algorithm::recursive_doubling;
+      else if (*a == "single_copy") o.allreduce = allreduce_algorithm::single_copy;
+      else EBBFLOW_ENFORCE(false, "EBBFLOW_ALLREDUCE_ALGO='" << *a << "': expected automatic, ring, recursive_doubling or single_copy");
+    }
+    o.small_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_SMALL_BYTES", static_cast<std::int64_t>(o.small_bytes), 0));
+    o.chunk_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_CHUNK_BYTES", static_cast<std::int64_t>(o.chunk_bytes), 1));
+    o.window = static_cast<int>(env::get_int("EBBFLOW_COMM_WINDOW", o.window, 1, 1024));
+    o.timeout = env::get_ms("EBBFLOW_COMM_TIMEOUT_MS", o.timeout, 1);
+    return o;
+  }
 };
 
 namespace detail {
