@@ -103,6 +103,15 @@ namespace detail {
 template <transport T> struct promise;
 template <transport T> struct task;
 class scratch_pool;
+//! Where a request runs; seq/bytes become the error detail only on failure.
+struct op_context {
+  error_context ctx;
+  std::uint64_t seq = 0;
+  std::size_t bytes = 0;
+  bool describe = false;
+  op_context(error_context c) : ctx(std::move(c)) {}  // NOLINT: implicit on purpose
+  op_context(error_context c, std::uint64_t s, std::size_t b, bool d) : ctx(std::move(c)), seq(s), bytes(b), describe(d) {}
+};
 }  // namespace detail
 
 //! A non-blocking collective in flight. Move-only. Progresses only when
@@ -134,19 +143,22 @@ class request {
   //! True when finished (successfully or not) or empty.
   [[nodiscard]] bool done() const noexcept;
   //! Where the last error happened (peer = the rank whose transfer failed).
-  [[nodiscard]] const error_context& context() const noexcept { return ctx_; }
+  [[nodiscard]] const error_context& context() const;
 
  private:
   template <transport>
   friend class basic_communicator;
-  request(T& t, detail::task<T> task, error_context ctx);
+  request(T& t, detail::task<T> task, detail::op_context ctx);
   void finish(std::error_code ec, int peer);
 
   T* t_ = nullptr;
   std::coroutine_handle<detail::promise<T>> h_{};
   std::error_code ec_{};
   bool finished_ = true;
-  error_context ctx_{};
+  mutable error_context ctx_{};
+  std::uint64_t seq_ = 0;
+  std::size_t bytes_ = 0;
+  bool describe_ = false;
 };
 
 //! Collectives over a transport. Holds a reference to the transport (which
@@ -201,7 +213,7 @@ class basic_communicator {
   [[nodiscard]] request<T> irecv(buffer_view buf, int peer, std::uint32_t tag);
 
  private:
-  error_context ctx(const char* op, std::uint64_t seq, std::size_t bytes) const;
+  detail::op_context ctx(const char* op, std::uint64_t seq, std::size_t bytes) const;
   bool all_peers_local() const;
   T* t_;
   collective_options opts_;

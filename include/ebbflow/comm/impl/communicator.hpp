@@ -504,15 +504,17 @@ namespace comm {
 
 // ------------------------------------------------------------------ request
 template <transport T>
-request<T>::request(T& t, detail::task<T> task, error_context ctx)
-    : t_(&t), h_(task.h), finished_(false), ctx_(std::move(ctx)) {
+request<T>::request(T& t, detail::task<T> task, detail::op_context ctx)
+    : t_(&t), h_(task.h), finished_(false), ctx_(std::move(ctx.ctx)), seq_(ctx.seq), bytes_(ctx.bytes),
+      describe_(ctx.describe) {
   std::error_code ec;
   test(ec);  // start: post the first transfers now, so they overlap the caller's work
 }
 
 template <transport T>
 request<T>::request(request&& o) noexcept
-    : t_(o.t_), h_(std::exchange(o.h_, {})), ec_(o.ec_), finished_(std::exchange(o.finished_, true)), ctx_(std::move(o.ctx_)) {}
+    : t_(o.t_), h_(std::exchange(o.h_, {})), ec_(o.ec_), finished_(std::exchange(o.finished_, true)), ctx_(std::move(o.ctx_)),
+      seq_(o.seq_), bytes_(o.bytes_), describe_(o.describe_) {}
 
 template <transport T>
 request<T>& request<T>::operator=(request&& o) noexcept {
@@ -523,6 +525,9 @@ request<T>& request<T>::operator=(request&& o) noexcept {
     ec_ = o.ec_;
     finished_ = std::exchange(o.finished_, true);
     ctx_ = std::move(o.ctx_);
+    seq_ = o.seq_;
+    bytes_ = o.bytes_;
+    describe_ = o.describe_;
   }
   return *this;
 }
@@ -614,7 +619,14 @@ template <transport T>
 void request<T>::wait(deadline d) {
   std::error_code ec;
   wait(d, ec);
-  throw_if(ec, ctx_);
+  if (ec) throw_if(ec, context());
+}
+
+template <transport T>
+const error_context& request<T>::context() const {
+  if (describe_ && (ec_ || ctx_.peer >= 0) && ctx_.detail.empty())
+    ctx_.detail = "seq " + std::to_string(seq_) + ", " + std::to_string(bytes_) + " bytes";
+  return ctx_;
 }
 
 // ------------------------------------------------------------- communicator
@@ -636,9 +648,10 @@ bool basic_communicator<T>::all_peers_local() const {
 }
 
 template <transport T>
-error_context basic_communicator<T>::ctx(const char* op, std::uint64_t seq, std::size_t bytes) const {
-  return {.rank = rank(), .generation = generation(), .peer = -1, .operation = op,
-          .detail = "seq " + std::to_string(seq) + ", " + std::to_string(bytes) + " bytes"};
+detail::op_context basic_communicator<T>::ctx(const char* op, std::uint64_t seq, std::size_t bytes) const {
+  // The detail text ("seq S, B bytes") is built only if the collective fails:
+  // no allocation on the hot path.
+  return {{.rank = rank(), .generation = generation(), .peer = -1, .operation = op}, seq, bytes, true};
 }
 
 template <transport T>
@@ -743,7 +756,7 @@ request<T> basic_communicator<T>::isend(buffer_view buf, int peer, std::uint32_t
   EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(), "send: peer " << peer << " invalid for rank " << rank());
   // Point-to-point tags live in the step value 0xffff, which collectives never use.
   return request<T>(*t_, detail::p2p<T>(*t_, true, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
-                    {.rank = rank(), .generation = generation(), .peer = peer, .operation = "send",
+                    error_context{.rank = rank(), .generation = generation(), .peer = peer, .operation = "send",
                      .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
 }
 
@@ -752,7 +765,7 @@ request<T> basic_communicator<T>::irecv(buffer_view buf, int peer, std::uint32_t
   detail::check_buffer(buf, "recv buffer");
   EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(), "recv: peer " << peer << " invalid for rank " << rank());
   return request<T>(*t_, detail::p2p<T>(*t_, false, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
-                    {.rank = rank(), .generation = generation(), .peer = peer, .operation = "recv",
+                    error_context{.rank = rank(), .generation = generation(), .peer = peer, .operation = "recv",
                      .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
 }
 

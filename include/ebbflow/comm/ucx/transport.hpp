@@ -165,6 +165,7 @@ class transport {
     std::vector<peer_slot> slots;                // stable: error-callback arguments
     std::unordered_set<void*> pending_recvs;    // UCX receive requests in flight
     std::vector<pid_t> pids;                     // local_peer()
+    bool oversubscribed = false;                 // more local ranks than usable cores
     std::uint64_t probe = detail::probe_value;   // read by peers to test single-copy access
     explicit state(worker wk) : w(std::move(wk)) {}
   };
@@ -284,6 +285,12 @@ inline transport::transport(worker w, std::int64_t generation, int rank, int siz
         st_->pids[static_cast<std::size_t>(p)] = static_cast<pid_t>(h.pid);
     }
   }
+  int local = 1;
+  for (int p = 0; p < size; ++p) local += st_->pids[static_cast<std::size_t>(p)] != 0;
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int cores = ::sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  st_->oversubscribed = local > cores;
 }
 
 inline transport::~transport() {
@@ -410,10 +417,20 @@ inline bool transport::test(request& r, std::error_code& ec) {
 
 inline void transport::wait(request& r, deadline d, std::error_code& ec) {
   // Busy-poll (latency), but after ~50 us without completion start yielding
-  // the core, so ranks oversubscribing the cores still make progress.
+  // the core. When this host runs more ranks than this process may use cores
+  // (oversubscribed), yield on every idle poll from the start: a spinning
+  // rank would only steal the time slice the peer it waits for needs.
   unsigned spins = 0;
   steady_clock::time_point spin_until{};
   while (!test(r, ec)) {
+    if (st_->oversubscribed) {
+      sched_yield();
+      if (d.expired()) {
+        ec = make_error_code(error::timeout);
+        return;
+      }
+      continue;
+    }
     if ((++spins & 63) != 0) continue;
     const auto now = steady_clock::now();
     if (now >= d.at()) {
