@@ -1,0 +1,240 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file communicator.hpp
+//! Host collectives written once over any `comm::transport`: allreduce,
+//! broadcast, allgather, reduce_scatter, barrier and point-to-point
+//! send/recv, each in a blocking form and a non-blocking form returning a
+//! `comm::request` (so computation can overlap communication).
+//!
+//! Algorithms:
+//! * allreduce: recursive doubling (with the MPICH fold for rank counts that
+//!   are not powers of two) at or below `small_bytes`; above it, when every
+//!   peer runs on this host and the transport allows single-copy reads
+//!   (`local_peer`, UCX transport on Linux), each rank reduces its segment
+//!   reading peers' buffers directly and then copies peers' segments
+//!   (`single_copy`); otherwise ring reduce-scatter + ring allgather,
+//!   pipelined in `chunk_bytes` chunks with `window` receives in flight,
+//!   reducing from cache-resident scratch slots. All give bitwise-identical
+//!   results on every rank.
+//! * broadcast: binomial tree (small) or chunk-pipelined chain (large).
+//! * allgather / reduce_scatter: ring. barrier: dissemination.
+//!
+//! Every collective takes a deadline (default: `collective_options::timeout`
+//! from now) and reports failures as `ebbflow::system_error` whose message
+//! names the operation, this rank, the generation, the peer whose operation
+//! failed and the collective's sequence number. Conditions: `errc::peer_lost`
+//! (a peer died), `errc::timeout` (deadline passed), `errc::bad_message`
+//! (ranks disagree on sizes).
+//!
+//! All ranks must call the same collectives in the same order with matching
+//! sizes, dtypes and roots (MPI semantics). Buffers are host memory
+//! (`memory_space::host` or `pinned`). In-place: pass the same view as input
+//! and output (for allgather: input at `output.slice(rank * n, n)`).
+//!
+//! A transport that also offers `int lost_peer() const` (the UCX transport
+//! does) lets errors name the peer that died rather than the neighbour whose
+//! transfer reported it.
+//!
+//! Thread safety: a communicator and its requests are driven by one thread at
+//! a time (the thread that drives its transport).
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/comm/reduce.hpp>
+#include <ebbflow/comm/transport.hpp>
+#include <ebbflow/core/deadline.hpp>
+#include <ebbflow/core/dtype.hpp>
+#include <ebbflow/core/env.hpp>
+#include <ebbflow/core/error.hpp>
+#include <ebbflow/core/memory.hpp>
+
+#include <chrono>
+#include <concepts>
+#include <coroutine>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm {
+
+//! Allreduce algorithm selection.
+enum class allreduce_algorithm : std::uint8_t {
+  automatic,           //!< recursive doubling up to `small_bytes`, ring above
+  ring,                //!< bandwidth-optimal: 2(n-1)/n of the buffer per rank
+  recursive_doubling,  //!< latency-optimal: ceil(log2 n) (+2) steps, full buffer each
+  single_copy,         //!< all ranks on one host: direct reads of peers' buffers (Linux CMA)
+};
+
+//! Tuning knobs and the default deadline; the defaults suit shared-memory
+//! and TCP transports on one host. Every rank must use the same values for
+//! the algorithm choice (`allreduce`, `small_bytes`, `chunk_bytes`).
+struct collective_options {
+  allreduce_algorithm allreduce = allreduce_algorithm::automatic;
+  std::size_t small_bytes = std::size_t{16} << 10;   //!< at or below: latency-optimal algorithms
+  std::size_t chunk_bytes = std::size_t{128} << 10;  //!< pipelining granularity of ring / chain
+  int window = 4;                                     //!< chunk receives in flight (scratch slots)
+  std::chrono::milliseconds timeout{60'000};          //!< deadline of calls that take none
+
+  //! Defaults overridden by `EBBFLOW_ALLREDUCE_ALGO` (automatic, ring,
+  //! recursive_doubling, single_copy), `EBBFLOW_SMALL_BYTES`,
+  //! `EBBFLOW_CHUNK_BYTES`, `EBBFLOW_COMM_WINDOW`, `EBBFLOW_COMM_TIMEOUT_MS`.
+  //! @throws std::invalid_argument for malformed values.
+  static collective_options from_environment() {
+    collective_options o;
+    if (auto a = env::get("EBBFLOW_ALLREDUCE_ALGO")) {
+      if (*a == "automatic") o.allreduce = allreduce_algorithm::automatic;
+      else if (*a == "ring") o.allreduce = allreduce_algorithm::ring;
+      else if (*a == "recursive_doubling") o.allreduce = allreduce_algorithm::recursive_doubling;
+      else if (*a == "single_copy") o.allreduce = allreduce_algorithm::single_copy;
+      else EBBFLOW_ENFORCE(false, "EBBFLOW_ALLREDUCE_ALGO='" << *a << "': expected automatic, ring, recursive_doubling or single_copy");
+    }
+    o.small_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_SMALL_BYTES", static_cast<std::int64_t>(o.small_bytes), 0));
+    o.chunk_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_CHUNK_BYTES", static_cast<std::int64_t>(o.chunk_bytes), 1));
+    o.window = static_cast<int>(env::get_int("EBBFLOW_COMM_WINDOW", o.window, 1, 1024));
+    o.timeout = env::get_ms("EBBFLOW_COMM_TIMEOUT_MS", o.timeout, 1);
+    return o;
+  }
+};
+
+namespace detail {
+template <transport T> struct promise;
+template <transport T> struct task;
+class scratch_pool;
+//! Where a request runs; seq/bytes become the error detail only on failure.
+struct op_context {
+  error_context ctx;
+  std::uint64_t seq = 0;
+  std::size_t bytes = 0;
+  bool describe = false;
+  op_context(error_context c) : ctx(std::move(c)) {}  // NOLINT: implicit on purpose
+  op_context(error_context c, std::uint64_t s, std::size_t b, bool d) : ctx(std::move(c)), seq(s), bytes(b), describe(d) {}
+};
+}  // namespace detail
+
+//! A non-blocking collective in flight. Move-only. Progresses only when
+//! `test` or `wait` is called (or by another request's `wait` on the same
+//! transport, for the transfers already posted). Destroying a pending
+//! request abandons it: its posted transfers are cancelled by the
+//! transport, and the communicator's group must be considered broken (the
+//! elastic layer moves to a new generation).
+template <transport T>
+class request {
+ public:
+  request() noexcept = default;
+  request(request&& o) noexcept;
+  request& operator=(request&& o) noexcept;
+  request(const request&) = delete;
+  request& operator=(const request&) = delete;
+  ~request();
+
+  //! Progresses without blocking; true once the collective finished
+  //! (successfully or not: then `ec` holds the error). Never throws
+  //! except `std::bad_alloc`.
+  bool test(std::error_code& ec);
+  //! Blocks until finished or `d` passed (`errc::timeout`; the request
+  //! stays pending and may be waited on again).
+  void wait(deadline d, std::error_code& ec);
+  //! Blocks until finished. @throws system_error naming rank, generation,
+  //! peer, operation and sequence number.
+  void wait(deadline d);
+  //! True when finished (successfully or not) or empty.
+  [[nodiscard]] bool done() const noexcept;
+  //! Where the last error happened (peer = the rank whose transfer failed).
+  [[nodiscard]] const error_context& context() const;
+
+ private:
+  template <transport>
+  friend class basic_communicator;
+  request(T& t, detail::task<T> task, detail::op_context ctx);
+  void finish(std::error_code ec, int peer);
+
+  T* t_ = nullptr;
+  std::coroutine_handle<detail::promise<T>> h_{};
+  std::error_code ec_{};
+  bool finished_ = true;
+  mutable error_context ctx_{};
+  std::uint64_t seq_ = 0;
+  std::size_t bytes_ = 0;
+  bool describe_ = false;
+};
+
+//! Collectives over a transport. Holds a reference to the transport (which
+//! must outlive it) and the collective sequence number that, together with
+//! the step of an algorithm, forms every message tag.
+template <transport T>
+class basic_communicator {
+ public:
+  explicit basic_communicator(T& transport, collective_options opts = {});
+
+  [[nodiscard]] int rank() const { return static_cast<int>(t_->rank()); }
+  [[nodiscard]] int size() const { return static_cast<int>(t_->size()); }
+  [[nodiscard]] std::int64_t generation() const { return static_cast<std::int64_t>(t_->generation()); }
+  [[nodiscard]] const collective_options& options() const noexcept { return opts_; }
+  [[nodiscard]] T& transport() noexcept { return *t_; }
+  //! A deadline `options().timeout` from now.
+  [[nodiscard]] deadline default_deadline() const noexcept { return deadline::after(opts_.timeout); }
+
+  //! `out = op(in of every rank)`; `in` and `out` have the same count and
+  //! dtype; `in.data == out.data` is in-place. @throws system_error, std::invalid_argument.
+  void allreduce(buffer_view in, buffer_view out, reduce_op op, deadline d) { iallreduce(in, out, op).wait(d); }
+  void allreduce(buffer_view in, buffer_view out, reduce_op op) { allreduce(in, out, op, default_deadline()); }
+  void allreduce(buffer_view inout, reduce_op op, deadline d) { allreduce(inout, inout, op, d); }
+  void allreduce(buffer_view inout, reduce_op op) { allreduce(inout, inout, op, default_deadline()); }
+  //! Non-blocking allreduce; buffers stay in use until the request finished.
+  [[nodiscard]] request<T> iallreduce(buffer_view in, buffer_view out, reduce_op op);
+
+  //! Copies `root`'s `buf` into every rank's `buf`.
+  void broadcast(buffer_view buf, int root, deadline d) { ibroadcast(buf, root).wait(d); }
+  void broadcast(buffer_view buf, int root) { broadcast(buf, root, default_deadline()); }
+  [[nodiscard]] request<T> ibroadcast(buffer_view buf, int root);
+
+  //! `out` (count `in.count * size()`) receives every rank's `in` in rank order.
+  void allgather(buffer_view in, buffer_view out, deadline d) { iallgather(in, out).wait(d); }
+  void allgather(buffer_view in, buffer_view out) { allgather(in, out, default_deadline()); }
+  [[nodiscard]] request<T> iallgather(buffer_view in, buffer_view out);
+
+  //! `out` (count `in.count / size()`) receives block `rank()` of the reduction of every rank's `in`.
+  void reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d) { ireduce_scatter(in, out, op).wait(d); }
+  void reduce_scatter(buffer_view in, buffer_view out, reduce_op op) { reduce_scatter(in, out, op, default_deadline()); }
+  [[nodiscard]] request<T> ireduce_scatter(buffer_view in, buffer_view out, reduce_op op);
+
+  //! Returns once every rank entered the barrier.
+  void barrier(deadline d) { ibarrier().wait(d); }
+  void barrier() { barrier(default_deadline()); }
+  [[nodiscard]] request<T> ibarrier();
+
+  //! Point-to-point: matched by (peer, `tag` < 2^32) in posting order; sizes must agree.
+  void send(buffer_view buf, int peer, std::uint32_t tag, deadline d) { isend(buf, peer, tag).wait(d); }
+  void recv(buffer_view buf, int peer, std::uint32_t tag, deadline d) { irecv(buf, peer, tag).wait(d); }
+  [[nodiscard]] request<T> isend(buffer_view buf, int peer, std::uint32_t tag);
+  [[nodiscard]] request<T> irecv(buffer_view buf, int peer, std::uint32_t tag);
+
+ private:
+  detail::op_context ctx(const char* op, std::uint64_t seq, std::size_t bytes) const;
+  bool all_peers_local() const;
+  T* t_;
+  collective_options opts_;
+  std::uint64_t seq_ = 0;
+  std::shared_ptr<detail::scratch_pool> pool_;
+};
+
+//! What a communicator offers (syntactic; semantics as documented above).
+template <class C>
+concept communicator = requires(C& c, buffer_view v, reduce_op op, int root, deadline d) {
+  { c.rank() } -> std::convertible_to<int>;
+  { c.size() } -> std::convertible_to<int>;
+  { c.generation() } -> std::convertible_to<std::int64_t>;
+  c.allreduce(v, v, op, d);
+  c.broadcast(v, root, d);
+  c.allgather(v, v, d);
+  c.reduce_scatter(v, v, op, d);
+  c.barrier(d);
+};
+
+}  // namespace comm
+EBBFLOW_END_NAMESPACE
+
+#include <ebbflow/comm/impl/communicator.hpp>

@@ -1,0 +1,773 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/communicator.hpp
+//! Definitions for comm/communicator.hpp. Each collective is a C++20
+//! coroutine over the transport: it posts transfers and `co_await`s one
+//! transport request at a time; `request::test` / `request::wait` drive it.
+//! Writing the algorithms as straight-line code keeps them readable while the
+//! same code serves the blocking and the non-blocking forms.
+#pragma once
+
+#include <ebbflow/comm/communicator.hpp>
+
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm::detail {
+
+//! Reusable scratch buffers (uninitialised), so a collective does not pay
+//! page faults for fresh allocations on every call. Single-threaded, like the
+//! communicator that owns it.
+class scratch_pool {
+ public:
+  struct lease {
+    std::shared_ptr<scratch_pool> pool;
+    std::unique_ptr<std::byte[]> buf;
+    std::size_t cap = 0;
+    lease() = default;
+    lease(std::shared_ptr<scratch_pool> p, std::unique_ptr<std::byte[]> b, std::size_t c) noexcept
+        : pool(std::move(p)), buf(std::move(b)), cap(c) {}
+    lease(lease&&) noexcept = default;
+    lease& operator=(lease&&) noexcept = default;
+    ~lease() {
+      if (pool && buf) pool->give_back(std::move(buf), cap);
+    }
+    [[nodiscard]] std::byte* data() const noexcept { return buf.get(); }
+  };
+
+  static lease take(const std::shared_ptr<scratch_pool>& self, std::size_t bytes) {
+    auto& f = self->free_;
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      if (f[i].cap >= bytes) {
+        lease l(self, std::move(f[i].buf), f[i].cap);
+        f.erase(f.begin() + static_cast<std::ptrdiff_t>(i));
+        return l;
+      }
+    }
+    const std::size_t cap = std::max<std::size_t>(bytes, 64);
+    return lease(self, std::unique_ptr<std::byte[]>(new std::byte[cap]), cap);
+  }
+
+ private:
+  static constexpr std::size_t max_cached = 4;
+  struct entry {
+    std::size_t cap;
+    std::unique_ptr<std::byte[]> buf;
+  };
+  void give_back(std::unique_ptr<std::byte[]> b, std::size_t cap) noexcept {
+    try {
+      if (free_.size() >= max_cached) {
+        // Keep the largest buffers: they are the expensive ones to fault in.
+        auto smallest = std::min_element(free_.begin(), free_.end(),
+                                         [](const entry& x, const entry& y) { return x.cap < y.cap; });
+        if (smallest->cap >= cap) return;
+        free_.erase(smallest);
+      }
+      free_.push_back({cap, std::move(b)});
+    } catch (...) {
+    }
+  }
+  std::vector<entry> free_;
+};
+
+template <transport T>
+struct promise {
+  typename T::request* awaited = nullptr;  // the transfer the coroutine waits for
+  int peer = -1;                           // its peer, for error messages
+  std::error_code failed{};                // set by the coroutine before co_return on error
+  int failed_peer = -1;
+  std::exception_ptr exc;
+  task<T> get_return_object() noexcept;
+  std::suspend_always initial_suspend() const noexcept { return {}; }
+  std::suspend_always final_suspend() const noexcept { return {}; }
+  void return_void() const noexcept {}
+  void unhandled_exception() noexcept { exc = std::current_exception(); }
+};
+
+template <transport T>
+struct task {
+  using promise_type = promise<T>;
+  std::coroutine_handle<promise<T>> h;
+};
+
+template <transport T>
+task<T> promise<T>::get_return_object() noexcept {
+  return task<T>{std::coroutine_handle<promise<T>>::from_promise(*this)};
+}
+
+//! `co_await awaiting(t, req, peer)`: continues at once when `req` already
+//! completed successfully, otherwise suspends until the driver saw it complete.
+template <transport T>
+struct awaiting {
+  T& t;
+  typename T::request& req;
+  int peer;
+  bool await_ready() const {
+    std::error_code ec;
+    return t.test(req, ec) && !ec;
+  }
+  void await_suspend(std::coroutine_handle<promise<T>> h) const noexcept {
+    h.promise().awaited = &req;
+    h.promise().peer = peer;
+  }
+  void await_resume() const noexcept {}
+};
+
+inline std::span<const std::byte> cbytes(const std::byte* p, std::size_t n) noexcept { return {p, n}; }
+inline std::span<std::byte> mbytes(std::byte* p, std::size_t n) noexcept { return {p, n}; }
+inline int mod(long long a, int n) noexcept { return static_cast<int>(((a % n) + n) % n); }
+
+//! Ring reduce-scatter (+ allgather when `gather`). Segment s holds elements
+//! [count*s/n, count*(s+1)/n); each is cut into `chunks` pieces that travel
+//! independently, so the reduction of piece j overlaps the transfer of j+1.
+//! Rank r ends the reduce-scatter owning segment r (written to `final_dst`).
+template <transport T>
+task<T> ring_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* work, std::byte* final_dst,
+                       std::size_t count, dtype ty, reduce_op op, std::size_t chunk_bytes, int window, bool gather,
+                       std::shared_ptr<scratch_pool> pool, scratch_pool::lease keep_alive = {}) {
+  using req_t = typename T::request;
+  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  const std::size_t es = size_of(ty);
+  const std::size_t nn = static_cast<std::size_t>(n);
+  const std::size_t maxseg = (count + nn - 1) / nn;
+  const std::size_t chunk_elems = std::max<std::size_t>(1, chunk_bytes / es);
+  const std::size_t chunks = std::max<std::size_t>(1, (maxseg + chunk_elems - 1) / chunk_elems);
+  const std::size_t slot_bytes = std::max<std::size_t>(1, (maxseg + chunks - 1) / chunks) * es;
+  const std::size_t items = (nn - 1) * chunks;
+  const std::size_t w = std::min<std::size_t>(static_cast<std::size_t>(std::max(window, 1)), items);
+  auto seg_begin = [&](int s) { return count * static_cast<std::size_t>(s) / nn; };
+  auto chunk = [&](long long s_raw, std::size_t j) {
+    const int s = mod(s_raw, n);
+    const std::size_t b = seg_begin(s), len = seg_begin(s + 1) - b;
+    return std::pair{b + len * j / chunks, b + len * (j + 1) / chunks};
+  };
+  auto lease = scratch_pool::take(pool, w * slot_bytes);
+  auto slot = [&](std::size_t k) { return lease.data() + (k % w) * slot_bytes; };
+
+  std::vector<req_t> sends, recvs;
+  sends.reserve(items + chunks);
+  recvs.reserve(items);
+  // Reduce-scatter. Step s: send segment r-s-1, receive segment r-s-2 and reduce it.
+  for (std::size_t j = 0; j < chunks; ++j) {
+    auto [b, e] = chunk(r - 1, j);
+    sends.push_back(t.isend(right, make_tag(seq, 0), cbytes(in + b * es, (e - b) * es)));
+  }
+  auto post = [&](std::size_t k) {
+    const auto s = static_cast<long long>(k / chunks);
+    auto [b, e] = chunk(r - s - 2, k % chunks);
+    recvs.push_back(t.irecv(left, make_tag(seq, static_cast<std::uint32_t>(s)), mbytes(slot(k), (e - b) * es)));
+  };
+  for (std::size_t k = 0; k < w; ++k) post(k);
+  const std::size_t own_begin = seg_begin(r);
+  for (std::size_t k = 0; k < items; ++k) {
+    co_await awaiting<T>{t, recvs[k], left};
+    const auto s = static_cast<long long>(k / chunks);
+    auto [b, e] = chunk(r - s - 2, k % chunks);
+    const bool last = s == n - 2;
+    std::byte* dst = last ? final_dst + (b - own_begin) * es : work + b * es;
+    reduce(ty, op, dst, in + b * es, slot(k), e - b);
+    if (last) {
+      if (op == reduce_op::avg) finish_avg(ty, dst, e - b, n);
+    } else {
+      sends.push_back(t.isend(right, make_tag(seq, static_cast<std::uint32_t>(s + 1)), cbytes(dst, (e - b) * es)));
+    }
+    if (k + w < items) post(k + w);
+  }
+  // All reduce-scatter sends must be done before the allgather overwrites
+  // segments they may still read (in-place: segment r-1 was sent from `in`).
+  for (auto& q : sends) co_await awaiting<T>{t, q, right};
+  if (!gather) co_return;
+  (void)keep_alive;
+
+  sends.clear();
+  recvs.clear();
+  const auto ag = static_cast<std::uint32_t>(n);  // allgather steps follow the reduce-scatter's
+  for (std::size_t k = 0; k < items; ++k) {
+    const auto s = static_cast<long long>(k / chunks);
+    auto [b, e] = chunk(r - s - 1, k % chunks);
+    recvs.push_back(t.irecv(left, make_tag(seq, ag + static_cast<std::uint32_t>(s)), mbytes(work + b * es, (e - b) * es)));
+  }
+  for (std::size_t j = 0; j < chunks; ++j) {
+    auto [b, e] = chunk(r, j);
+    sends.push_back(t.isend(right, make_tag(seq, ag), cbytes(work + b * es, (e - b) * es)));
+  }
+  for (std::size_t k = 0; k < items; ++k) {
+    co_await awaiting<T>{t, recvs[k], left};
+    const auto s = static_cast<long long>(k / chunks);
+    if (s < n - 2) {
+      auto [b, e] = chunk(r - s - 1, k % chunks);
+      sends.push_back(t.isend(right, make_tag(seq, ag + static_cast<std::uint32_t>(s + 1)), cbytes(work + b * es, (e - b) * es)));
+    }
+  }
+  for (auto& q : sends) co_await awaiting<T>{t, q, right};
+}
+
+//! Recursive doubling; ranks beyond the largest power of two p first fold
+//! into a partner (MPICH), which hands the result back at the end.
+template <transport T>
+task<T> rd_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* out, std::size_t count, dtype ty,
+                     reduce_op op, std::shared_ptr<scratch_pool> pool) {
+  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
+  const std::size_t bytes = count * size_of(ty);
+  if (out != in) std::memcpy(out, in, bytes);
+  auto lease = scratch_pool::take(pool, bytes);
+  std::byte* tmp = lease.data();
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  const int rem = n - p;
+  constexpr std::uint32_t final_step = 0xff00;
+  int vr = -1;
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      auto s = t.isend(r + 1, make_tag(seq, 0), cbytes(out, bytes));
+      co_await awaiting<T>{t, s, r + 1};
+    } else {
+      auto q = t.irecv(r - 1, make_tag(seq, 0), mbytes(tmp, bytes));
+      co_await awaiting<T>{t, q, r - 1};
+      reduce(ty, op, out, out, tmp, count);
+      vr = r / 2;
+    }
+  } else {
+    vr = r - rem;
+  }
+  if (vr >= 0) {
+    std::uint32_t step = 1;
+    for (int mask = 1; mask < p; mask <<= 1, ++step) {
+      const int vp = vr ^ mask;
+      const int peer = vp < rem ? vp * 2 + 1 : vp + rem;
+      auto q = t.irecv(peer, make_tag(seq, step), mbytes(tmp, bytes));
+      auto s = t.isend(peer, make_tag(seq, step), cbytes(out, bytes));
+      co_await awaiting<T>{t, q, peer};
+      co_await awaiting<T>{t, s, peer};
+      reduce(ty, op, out, out, tmp, count);
+    }
+    if (op == reduce_op::avg) finish_avg(ty, out, count, n);
+  }
+  if (r < 2 * rem) {
+    if (r % 2 == 1) {
+      auto s = t.isend(r - 1, make_tag(seq, final_step), cbytes(out, bytes));
+      co_await awaiting<T>{t, s, r - 1};
+    } else {
+      auto q = t.irecv(r + 1, make_tag(seq, final_step), mbytes(out, bytes));
+      co_await awaiting<T>{t, q, r + 1};
+    }
+  }
+}
+
+//! Binomial tree (small) or a chunk-pipelined chain root -> root+1 -> ... (large).
+template <transport T>
+task<T> broadcast(T& t, std::uint64_t seq, std::byte* buf, std::size_t bytes, int root, bool chain,
+                  std::size_t chunk_bytes) {
+  using req_t = typename T::request;
+  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
+  const int vr = mod(r - root, n);
+  std::vector<req_t> sends;
+  if (!chain) {
+    int mask = 1;
+    while (mask < n) {
+      if (vr & mask) {
+        const int src = mod(vr - mask + root, n);
+        auto q = t.irecv(src, make_tag(seq, 0), mbytes(buf, bytes));
+        co_await awaiting<T>{t, q, src};
+        break;
+      }
+      mask <<= 1;
+    }
+    mask >>= 1;
+    std::vector<int> peers;
+    while (mask > 0) {
+      if (vr + mask < n) {
+        peers.push_back(mod(vr + mask + root, n));
+        sends.push_back(t.isend(peers.back(), make_tag(seq, 0), cbytes(buf, bytes)));
+      }
+      mask >>= 1;
+    }
+    for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
+    co_return;
+  }
+  const std::size_t chunks = n == 2 ? 1 : std::max<std::size_t>(1, (bytes + chunk_bytes - 1) / chunk_bytes);
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  auto piece = [&](std::size_t j) { return std::pair{bytes * j / chunks, bytes * (j + 1) / chunks}; };
+  sends.reserve(chunks);
+  if (vr == 0) {
+    for (std::size_t j = 0; j < chunks; ++j) {
+      auto [b, e] = piece(j);
+      sends.push_back(t.isend(next, make_tag(seq, 1), cbytes(buf + b, e - b)));
+    }
+  } else {
+    std::vector<req_t> recvs;
+    recvs.reserve(chunks);
+    for (std::size_t j = 0; j < chunks; ++j) {
+      auto [b, e] = piece(j);
+      recvs.push_back(t.irecv(prev, make_tag(seq, 1), mbytes(buf + b, e - b)));
+    }
+    for (std::size_t j = 0; j < chunks; ++j) {
+      co_await awaiting<T>{t, recvs[j], prev};
+      if (vr < n - 1) {
+        auto [b, e] = piece(j);
+        sends.push_back(t.isend(next, make_tag(seq, 1), cbytes(buf + b, e - b)));
+      }
+    }
+  }
+  for (auto& q : sends) co_await awaiting<T>{t, q, next};
+}
+
+//! Ring allgather of equal blocks of `bb` bytes.
+template <transport T>
+task<T> allgather(T& t, std::uint64_t seq, const std::byte* in, std::byte* out, std::size_t bb) {
+  using req_t = typename T::request;
+  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
+  const int right = mod(r + 1, n), left = mod(r - 1, n);
+  auto block = [&](long long i) { return out + static_cast<std::size_t>(mod(i, n)) * bb; };
+  if (block(r) != in && bb) std::memcpy(block(r), in, bb);
+  std::vector<req_t> recvs, sends;
+  recvs.reserve(static_cast<std::size_t>(n));
+  sends.reserve(static_cast<std::size_t>(n));
+  for (int s = 0; s < n - 1; ++s)
+    recvs.push_back(t.irecv(left, make_tag(seq, static_cast<std::uint32_t>(s)), mbytes(block(r - s - 1), bb)));
+  sends.push_back(t.isend(right, make_tag(seq, 0), cbytes(block(r), bb)));
+  for (int s = 0; s < n - 1; ++s) {
+    co_await awaiting<T>{t, recvs[static_cast<std::size_t>(s)], left};
+    if (s < n - 2) sends.push_back(t.isend(right, make_tag(seq, static_cast<std::uint32_t>(s + 1)), cbytes(block(r - s - 1), bb)));
+  }
+  for (auto& q : sends) co_await awaiting<T>{t, q, right};
+}
+
+//! Dissemination barrier: ceil(log2 n) rounds of empty messages.
+template <transport T>
+task<T> barrier(T& t, std::uint64_t seq) {
+  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
+  std::uint32_t step = 0;
+  for (int d = 1; d < n; d <<= 1, ++step) {
+    const int to = mod(r + d, n), from = mod(r - d, n);
+    auto q = t.irecv(from, make_tag(seq, step), {});
+    auto s = t.isend(to, make_tag(seq, step), {});
+    co_await awaiting<T>{t, q, from};
+    co_await awaiting<T>{t, s, to};
+  }
+}
+
+template <transport T>
+task<T> p2p(T& t, bool is_send, std::byte* buf, std::size_t bytes, int peer, tag_t tag) {
+  auto q = is_send ? t.isend(peer, tag, cbytes(buf, bytes)) : t.irecv(peer, tag, mbytes(buf, bytes));
+  co_await awaiting<T>{t, q, peer};
+}
+
+template <transport T>
+task<T> copy_only(const std::byte* in, std::byte* out, std::size_t bytes) {
+  if (in != out && bytes) std::memmove(out, in, bytes);
+  co_return;
+}
+
+//! Transports that know which peers share this host and allow
+//! `process_vm_readv` on them (the UCX transport) offer `local_peer(q)`.
+template <class T>
+concept single_copy_transport = requires(const T& t, int q) {
+  { t.local_peer(q) } -> std::convertible_to<long>;
+};
+
+//! Reads `bytes` at `remote` in process `pid` into `dst` (Linux CMA, one
+//! copy, no intermediate buffer). Returns 0 or errno.
+inline int cma_read(long pid, std::uint64_t remote, std::byte* dst, std::size_t bytes) noexcept {
+  while (bytes) {
+    iovec l{dst, bytes}, r{reinterpret_cast<void*>(remote), bytes};
+    const ssize_t got = ::process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (got == 0) return EFAULT;
+    dst += got;
+    remote += static_cast<std::uint64_t>(got);
+    bytes -= static_cast<std::size_t>(got);
+  }
+  return 0;
+}
+
+//! Single-copy allreduce for ranks on one host (the vader/CMA idea, as a
+//! collective): ranks swap buffer addresses; each rank reduces its own
+//! segment reading every peer's input directly (through a cache-sized
+//! scratch chunk), then copies every peer's reduced segment straight from the
+//! peer's output. Three rounds of empty messages order the phases (addresses
+//! known / segments reduced / reads done); they travel over the transport,
+//! so deadlines and peer-failure detection apply as everywhere else.
+//! Memory traffic per rank is the minimum: (n-1)/n of the buffer read twice
+//! from peers, one reduction pass, no staging copies, no rendezvous.
+template <transport T>
+task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* out, std::size_t count, dtype ty,
+                      reduce_op op, std::size_t chunk_bytes, std::shared_ptr<scratch_pool> pool) {
+  using req_t = typename T::request;
+  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
+  const std::size_t es = size_of(ty), nn = static_cast<std::size_t>(n);
+  struct addrs {
+    std::uint64_t in, out;
+  };
+  const addrs mine{reinterpret_cast<std::uint64_t>(in), reinterpret_cast<std::uint64_t>(out)};
+  std::vector<addrs> theirs(nn);
+  std::vector<req_t> sends, recvs;
+  std::vector<int> peers;
+  auto all_to_all = [&](std::uint32_t step, bool with_addrs) {
+    sends.clear();
+    recvs.clear();
+    peers.clear();
+    for (int i = 1; i < n; ++i) {
+      const int q = (r + i) % n;
+      peers.push_back(q);
+      auto rb = with_addrs ? std::as_writable_bytes(std::span(&theirs[static_cast<std::size_t>(q)], 1)) : std::span<std::byte>{};
+      recvs.push_back(t.irecv(q, make_tag(seq, step), rb));
+      sends.push_back(t.isend(q, make_tag(seq, step), with_addrs ? std::as_bytes(std::span(&mine, 1)) : std::span<const std::byte>{}));
+    }
+  };
+  auto seg_begin = [&](int s) { return count * static_cast<std::size_t>(s) / nn; };
+  auto fail = [&](int err, int q) -> std::error_code {
+    if constexpr (requires { t.mark_lost(q); }) {
+      if (err == ESRCH) t.mark_lost(q);
+    }
+    (void)q;
+    return err == ESRCH ? make_error_code(error::peer_lost) : std::error_code(err, std::system_category());
+  };
+  std::error_code failed;
+  int failed_peer = -1;
+
+  all_to_all(0, true);
+  for (std::size_t i = 0; i < recvs.size(); ++i) co_await awaiting<T>{t, recvs[i], peers[i]};
+  for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
+
+  {  // reduce my segment
+    const std::size_t b = seg_begin(r), e = seg_begin(r + 1);
+    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes / es);
+    auto lease = scratch_pool::take(pool, std::min(chunk, std::max<std::size_t>(e - b, 1)) * es);
+    for (std::size_t off = b; off < e && !failed; off += chunk) {
+      const std::size_t len = std::min(chunk, e - off);
+      const std::byte* acc = in + off * es;
+      for (int i = 1; i < n; ++i) {
+        const int q = (r + i) % n;
+        if (int err = cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].in + off * es, lease.data(), len * es)) {
+          failed = fail(err, q);
+          failed_peer = q;
+          break;
+        }
+        reduce(ty, op, out + off * es, acc, lease.data(), len);
+        acc = out + off * es;
+      }
+      if (!failed && op == reduce_op::avg) finish_avg(ty, out + off * es, len, n);
+    }
+  }
+  if (!failed) {
+    all_to_all(1, false);  // my segment is final; I no longer read your input
+    for (std::size_t i = 0; i < recvs.size(); ++i) co_await awaiting<T>{t, recvs[i], peers[i]};
+    for (int i = 1; i < n && !failed; ++i) {
+      const int q = (r + i) % n;
+      const std::size_t b = seg_begin(q), e = seg_begin(q + 1);
+      if (int err = cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].out + b * es, out + b * es, (e - b) * es)) {
+        failed = fail(err, q);
+        failed_peer = q;
+      }
+    }
+    for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
+  }
+  if (failed) {
+    // Report through the promise: the driver finishes the request with it.
+    struct set_failed {
+      std::error_code ec;
+      int peer;
+      bool await_ready() const noexcept { return false; }
+      bool await_suspend(std::coroutine_handle<promise<T>> h) const noexcept {
+        h.promise().failed = ec;
+        h.promise().failed_peer = peer;
+        return false;  // continue to co_return
+      }
+      void await_resume() const noexcept {}
+    };
+    co_await set_failed{failed, failed_peer};
+    co_return;
+  }
+  all_to_all(2, false);  // I finished reading your output: you may reuse it
+  for (std::size_t i = 0; i < recvs.size(); ++i) co_await awaiting<T>{t, recvs[i], peers[i]};
+  for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
+}
+
+inline void check_buffer(const buffer_view& v, const char* what) {
+  EBBFLOW_ENFORCE(host_accessible(v.space), what << " must be host memory, got " << name(v.space));
+  EBBFLOW_ENFORCE(v.count == 0 || v.data != nullptr, what << " is null with count " << v.count);
+}
+
+}  // namespace comm::detail
+
+namespace comm {
+
+// ------------------------------------------------------------------ request
+template <transport T>
+request<T>::request(T& t, detail::task<T> task, detail::op_context ctx)
+    : t_(&t), h_(task.h), finished_(false), ctx_(std::move(ctx.ctx)), seq_(ctx.seq), bytes_(ctx.bytes),
+      describe_(ctx.describe) {
+  std::error_code ec;
+  test(ec);  // start: post the first transfers now, so they overlap the caller's work
+}
+
+template <transport T>
+request<T>::request(request&& o) noexcept
+    : t_(o.t_), h_(std::exchange(o.h_, {})), ec_(o.ec_), finished_(std::exchange(o.finished_, true)), ctx_(std::move(o.ctx_)),
+      seq_(o.seq_), bytes_(o.bytes_), describe_(o.describe_) {}
+
+template <transport T>
+request<T>& request<T>::operator=(request&& o) noexcept {
+  if (this != &o) {
+    if (h_) h_.destroy();
+    t_ = o.t_;
+    h_ = std::exchange(o.h_, {});
+    ec_ = o.ec_;
+    finished_ = std::exchange(o.finished_, true);
+    ctx_ = std::move(o.ctx_);
+    seq_ = o.seq_;
+    bytes_ = o.bytes_;
+    describe_ = o.describe_;
+  }
+  return *this;
+}
+
+template <transport T>
+request<T>::~request() {
+  if (h_) h_.destroy();
+}
+
+template <transport T>
+bool request<T>::done() const noexcept {
+  return finished_;
+}
+
+template <transport T>
+void request<T>::finish(std::error_code ec, int peer) {
+  // A transport that knows which peer died (UCX: `lost_peer()`) names it,
+  // whichever transfer happened to report the loss.
+  if constexpr (requires(const T& t) { { t.lost_peer() } -> std::convertible_to<int>; }) {
+    if (ec == errc::peer_lost && t_->lost_peer() >= 0) peer = t_->lost_peer();
+  }
+  finished_ = true;
+  ec_ = ec;
+  if (ec) ctx_.peer = peer;
+  if (h_) {
+    auto exc = std::exchange(h_.promise().exc, nullptr);
+    h_.destroy();  // releases scratch; pending transfers are cancelled by their destructors
+    h_ = {};
+    if (exc) std::rethrow_exception(exc);
+  }
+}
+
+template <transport T>
+bool request<T>::test(std::error_code& ec) {
+  while (!finished_) {
+    auto& p = h_.promise();
+    if (p.awaited) {
+      std::error_code e;
+      if (!t_->test(*p.awaited, e)) return false;
+      p.awaited = nullptr;
+      if (e) {
+        finish(e, p.peer);
+        break;
+      }
+    }
+    h_.resume();
+    if (h_.promise().exc) finish(make_error_code(error::invalid_state), -1);
+    else if (h_.promise().failed) finish(h_.promise().failed, h_.promise().failed_peer);
+    else if (h_.done()) finish({}, -1);
+  }
+  ec = ec_;
+  return true;
+}
+
+template <transport T>
+void request<T>::wait(deadline d, std::error_code& ec) {
+  while (!finished_) {
+    auto& p = h_.promise();
+    if (p.awaited) {
+      std::error_code e;
+      t_->wait(*p.awaited, d, e);
+      if constexpr (requires(const T& t) { { t.lost_peer() } -> std::convertible_to<int>; }) {
+        // The deadline passed because the group broke: report the loss.
+        if (e == errc::timeout && t_->lost_peer() >= 0) {
+          finish(make_error_code(error::peer_lost), t_->lost_peer());
+          break;
+        }
+      }
+      if (e == errc::timeout && d.expired()) {
+        ctx_.peer = p.peer;  // still pending: the caller may wait again
+        ec = e;
+        return;
+      }
+      p.awaited = nullptr;
+      if (e) {
+        finish(e, p.peer);
+        break;
+      }
+    }
+    h_.resume();
+    if (h_.promise().exc) finish(make_error_code(error::invalid_state), -1);
+    else if (h_.promise().failed) finish(h_.promise().failed, h_.promise().failed_peer);
+    else if (h_.done()) finish({}, -1);
+  }
+  ec = ec_;
+}
+
+template <transport T>
+void request<T>::wait(deadline d) {
+  std::error_code ec;
+  wait(d, ec);
+  if (ec) throw_if(ec, context());
+}
+
+template <transport T>
+const error_context& request<T>::context() const {
+  if (describe_ && (ec_ || ctx_.peer >= 0) && ctx_.detail.empty())
+    ctx_.detail = "seq " + std::to_string(seq_) + ", " + std::to_string(bytes_) + " bytes";
+  return ctx_;
+}
+
+// ------------------------------------------------------------- communicator
+template <transport T>
+basic_communicator<T>::basic_communicator(T& transport, collective_options opts)
+    : t_(&transport), opts_(opts), pool_(std::make_shared<detail::scratch_pool>()) {
+  EBBFLOW_ENFORCE(opts_.chunk_bytes > 0 && opts_.window > 0, "collective_options: chunk_bytes and window must be positive");
+}
+
+template <transport T>
+bool basic_communicator<T>::all_peers_local() const {
+  if constexpr (detail::single_copy_transport<T>) {
+    for (int q = 0; q < size(); ++q)
+      if (q != rank() && t_->local_peer(q) == 0) return false;
+    return true;
+  } else {
+    return false;
+  }
+}
+
+template <transport T>
+detail::op_context basic_communicator<T>::ctx(const char* op, std::uint64_t seq, std::size_t bytes) const {
+  // The detail text ("seq S, B bytes") is built only if the collective fails:
+  // no allocation on the hot path.
+  return {{.rank = rank(), .generation = generation(), .peer = -1, .operation = op}, seq, bytes, true};
+}
+
+template <transport T>
+request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, reduce_op op) {
+  detail::check_buffer(in, "allreduce input");
+  detail::check_buffer(out, "allreduce output");
+  EBBFLOW_ENFORCE(in.count == out.count && in.type == out.type,
+                  "allreduce: input (" << in.count << " " << name(in.type) << ") and output (" << out.count << " "
+                                       << name(out.type) << ") differ");
+  const std::uint64_t seq = seq_++;
+  auto* src = static_cast<const std::byte*>(in.data);
+  auto* dst = static_cast<std::byte*>(out.data);
+  const std::size_t bytes = in.bytes();
+  if (size() == 1 || in.count == 0) return request<T>(*t_, detail::copy_only<T>(src, dst, bytes), ctx("allreduce", seq, bytes));
+  bool ring = false, single_copy = false;
+  switch (opts_.allreduce) {
+    case allreduce_algorithm::automatic:
+      ring = bytes > opts_.small_bytes && in.count >= static_cast<std::size_t>(size());
+      single_copy = ring && all_peers_local();
+      break;
+    case allreduce_algorithm::ring: ring = true; break;
+    case allreduce_algorithm::recursive_doubling: ring = false; break;
+    case allreduce_algorithm::single_copy:
+      EBBFLOW_ENFORCE(all_peers_local(), "allreduce: single_copy needs every peer on this host with process_vm_readv access");
+      single_copy = true;
+      break;
+  }
+  if constexpr (detail::single_copy_transport<T>) {
+    if (single_copy)
+      return request<T>(*t_, detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.chunk_bytes, pool_),
+                        ctx("allreduce", seq, bytes));
+  }
+  if (ring)
+    return request<T>(*t_,
+                      detail::ring_allreduce<T>(*t_, seq, src, dst, dst + in.count * static_cast<std::size_t>(rank()) / static_cast<std::size_t>(size()) * size_of(in.type),
+                                                in.count, in.type, op, opts_.chunk_bytes, opts_.window, true, pool_),
+                      ctx("allreduce", seq, bytes));
+  return request<T>(*t_, detail::rd_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, pool_), ctx("allreduce", seq, bytes));
+}
+
+template <transport T>
+request<T> basic_communicator<T>::ireduce_scatter(buffer_view in, buffer_view out, reduce_op op) {
+  detail::check_buffer(in, "reduce_scatter input");
+  detail::check_buffer(out, "reduce_scatter output");
+  const auto n = static_cast<std::size_t>(size());
+  EBBFLOW_ENFORCE(in.type == out.type && in.count == out.count * n,
+                  "reduce_scatter: input count " << in.count << " must be " << n << " x output count " << out.count
+                                                 << " of the same dtype");
+  const std::uint64_t seq = seq_++;
+  auto* src = static_cast<const std::byte*>(in.data);
+  auto* dst = static_cast<std::byte*>(out.data);
+  const std::size_t es = size_of(in.type);
+  if (n == 1 || out.count == 0) return request<T>(*t_, detail::copy_only<T>(src, dst, out.bytes()), ctx("reduce_scatter", seq, in.bytes()));
+  // Partial sums of the segments this rank forwards live in a work buffer
+  // owned by the coroutine; the final reduction of segment `rank()` goes
+  // straight to `out`.
+  auto work = detail::scratch_pool::take(pool_, in.bytes());
+  std::byte* w = work.data();
+  (void)es;
+  return request<T>(*t_,
+                    detail::ring_allreduce<T>(*t_, seq, src, w, dst, in.count, in.type, op, opts_.chunk_bytes,
+                                              opts_.window, false, pool_, std::move(work)),
+                    ctx("reduce_scatter", seq, in.bytes()));
+}
+
+template <transport T>
+request<T> basic_communicator<T>::ibroadcast(buffer_view buf, int root) {
+  detail::check_buffer(buf, "broadcast buffer");
+  EBBFLOW_ENFORCE(root >= 0 && root < size(), "broadcast root " << root << " outside [0, " << size() << ")");
+  const std::uint64_t seq = seq_++;
+  auto* p = static_cast<std::byte*>(buf.data);
+  if (size() == 1 || buf.count == 0) return request<T>(*t_, detail::copy_only<T>(p, p, 0), ctx("broadcast", seq, buf.bytes()));
+  const bool chain = buf.bytes() > opts_.small_bytes;
+  return request<T>(*t_, detail::broadcast<T>(*t_, seq, p, buf.bytes(), root, chain, opts_.chunk_bytes),
+                    ctx("broadcast", seq, buf.bytes()));
+}
+
+template <transport T>
+request<T> basic_communicator<T>::iallgather(buffer_view in, buffer_view out) {
+  detail::check_buffer(in, "allgather input");
+  detail::check_buffer(out, "allgather output");
+  const auto n = static_cast<std::size_t>(size());
+  EBBFLOW_ENFORCE(in.type == out.type && out.count == in.count * n,
+                  "allgather: output count " << out.count << " must be " << n << " x input count " << in.count
+                                             << " of the same dtype");
+  const std::uint64_t seq = seq_++;
+  auto* src = static_cast<const std::byte*>(in.data);
+  auto* dst = static_cast<std::byte*>(out.data);
+  if (n == 1 || in.count == 0) return request<T>(*t_, detail::copy_only<T>(src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
+  return request<T>(*t_, detail::allgather<T>(*t_, seq, src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
+}
+
+template <transport T>
+request<T> basic_communicator<T>::ibarrier() {
+  const std::uint64_t seq = seq_++;
+  return request<T>(*t_, detail::barrier<T>(*t_, seq), ctx("barrier", seq, 0));
+}
+
+template <transport T>
+request<T> basic_communicator<T>::isend(buffer_view buf, int peer, std::uint32_t tag) {
+  detail::check_buffer(buf, "send buffer");
+  EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(), "send: peer " << peer << " invalid for rank " << rank());
+  // Point-to-point tags live in the step value 0xffff, which collectives never use.
+  return request<T>(*t_, detail::p2p<T>(*t_, true, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
+                    error_context{.rank = rank(), .generation = generation(), .peer = peer, .operation = "send",
+                     .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
+}
+
+template <transport T>
+request<T> basic_communicator<T>::irecv(buffer_view buf, int peer, std::uint32_t tag) {
+  detail::check_buffer(buf, "recv buffer");
+  EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(), "recv: peer " << peer << " invalid for rank " << rank());
+  return request<T>(*t_, detail::p2p<T>(*t_, false, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
+                    error_context{.rank = rank(), .generation = generation(), .peer = peer, .operation = "recv",
+                     .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
+}
+
+}  // namespace comm
+EBBFLOW_END_NAMESPACE

@@ -1,0 +1,446 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file ucx/transport.hpp
+//! `comm::ucx::transport`: the `comm::transport` concept over UCX tag
+//! matching (shm, CMA and tcp as UCX selects them), with peer-failure
+//! handling on.
+//!
+//! Wire tag (64 bits): [generation mod 2^8 | source rank (16 bits) | low 40
+//! bits of the collective tag]. UCX tag matching has no source filter, so the
+//! source rank is part of the tag. Collective sequence numbers therefore wrap
+//! at 2^24 on the wire (only operations in flight must differ). Each
+//! generation normally gets a fresh worker (a new address), so traffic of an
+//! old generation cannot even reach it; the generation bits additionally keep
+//! a reused worker (`set_generation`) from matching late messages.
+//!
+//! Failure: every endpoint uses `UCP_ERR_HANDLING_MODE_PEER`. When UCX
+//! reports a peer's endpoint failed, the peer is marked lost, sends to it
+//! fail, and every receive pending at that moment (from any peer) is
+//! cancelled and fails with `errc::peer_lost` (UCX owns posted receives on the
+//! worker and would never fail them). `lost_peer()` names the first lost peer.
+//!
+//! Thread safety: one thread drives a transport and its requests.
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/comm/transport.hpp>
+#include <ebbflow/comm/ucx/handles.hpp>
+#include <ebbflow/core/deadline.hpp>
+#include <ebbflow/core/error.hpp>
+#include <ebbflow/core/log.hpp>
+
+#include <sched.h>
+#include <sys/uio.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm::ucx {
+
+inline constexpr int max_ranks = 1 << 16;
+
+namespace detail {
+inline constexpr std::uint64_t probe_value = 0xebbf10'57a6e5ull;
+struct hello {
+  std::uint64_t pid;
+  std::uint64_t probe;
+  char boot_id[40];
+};
+inline void read_boot_id(char (&out)[40]) noexcept {
+  std::memset(out, 0, sizeof out);
+  if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    const std::size_t got = std::fread(out, 1, sizeof out - 1, f);
+    out[got] = 0;
+    std::fclose(f);
+  }
+}
+}  // namespace detail
+
+class transport {
+  struct state;
+
+ public:
+  //! A posted send or receive. Move-only; destroying a pending request
+  //! cancels it (receives) or abandons it (sends; UCX finishes or fails it).
+  class request {
+   public:
+    request() noexcept = default;
+    request(request&& o) noexcept { swap(o); }
+    request& operator=(request&& o) noexcept {
+      request tmp(std::move(o));
+      swap(tmp);
+      return *this;
+    }
+    request(const request&) = delete;
+    request& operator=(const request&) = delete;
+    ~request() { release(); }
+
+   private:
+    friend class transport;
+    void swap(request& o) noexcept {
+      std::swap(st_, o.st_);
+      std::swap(ucx_, o.ucx_);
+      std::swap(done_, o.done_);
+      std::swap(ec_, o.ec_);
+      std::swap(peer_, o.peer_);
+      std::swap(len_, o.len_);
+      std::swap(recv_, o.recv_);
+    }
+    void release() noexcept;
+    state* st_ = nullptr;
+    void* ucx_ = nullptr;  // UCX request while in flight
+    bool done_ = true;
+    std::error_code ec_{};
+    int peer_ = -1;
+    std::size_t len_ = 0;
+    bool recv_ = false;
+  };
+
+  //! Connects to every peer: creates endpoints from `addresses` (one per
+  //! rank, indexed by rank; this rank's own is ignored) and exchanges an
+  //! empty message with each, so every endpoint is wired up (and watched by
+  //! keepalive) before the first collective. Blocks until done or `d`.
+  //! @throws system_error (peer_lost / timeout naming the peer), std::invalid_argument.
+  transport(worker w, std::int64_t generation, int rank, int size,
+            const std::vector<std::vector<std::byte>>& addresses, deadline d);
+  transport(transport&&) noexcept = default;
+  transport& operator=(transport&&) noexcept = default;
+  //! Flushes and closes the endpoints (bounded: 1 s, then forced).
+  ~transport();
+
+  [[nodiscard]] int rank() const noexcept { return st_->rank; }
+  [[nodiscard]] int size() const noexcept { return st_->size; }
+  [[nodiscard]] std::int64_t generation() const noexcept { return st_->generation; }
+  //! Switches the tag generation on the same worker and endpoints. Requests
+  //! of the old generation must have completed; late messages of the old
+  //! generation will never match. For tests and for keeping a worker across
+  //! generations.
+  void set_generation(std::int64_t g) noexcept { st_->generation = g; }
+  //! The first peer reported lost, or -1.
+  [[nodiscard]] int lost_peer() const noexcept { return st_->lost; }
+  //! The pid of `peer` when it runs on this host and its memory can be read
+  //! with `process_vm_readv` (checked at connect time), else 0. Collectives
+  //! use it for single-copy reads between processes of one host.
+  [[nodiscard]] pid_t local_peer(int peer) const noexcept {
+    return peer >= 0 && static_cast<std::size_t>(peer) < st_->pids.size() ? st_->pids[static_cast<std::size_t>(peer)] : 0;
+  }
+  //! Marks `peer` lost (e.g. a single-copy read found its process gone):
+  //! from now on it behaves as if UCX had reported the failure.
+  void mark_lost(int peer) noexcept {
+    peer_slot s{st_.get(), peer};
+    on_error(&s, nullptr, UCS_ERR_CONNECTION_RESET);
+  }
+
+  request isend(int peer, tag_t tag, std::span<const std::byte> out);
+  request irecv(int peer, tag_t tag, std::span<std::byte> in);
+  bool test(request& r, std::error_code& ec);
+  void wait(request& r, deadline d, std::error_code& ec);
+  //! Drives UCX once; returns whether anything happened.
+  bool progress();
+
+ private:
+  struct peer_slot {
+    state* st;
+    int peer;
+  };
+  struct state {
+    worker w;
+    int rank = 0, size = 1;
+    std::int64_t generation = 0;
+    int lost = -1;
+    bool cancel_pending = false;
+    bool abandoned_sends = false;
+    std::vector<ucp_ep_h> eps;
+    std::vector<std::uint8_t> dead;
+    std::vector<peer_slot> slots;                // stable: error-callback arguments
+    std::unordered_set<void*> pending_recvs;    // UCX receive requests in flight
+    std::vector<pid_t> pids;                     // local_peer()
+    bool oversubscribed = false;                 // more local ranks than usable cores
+    std::uint64_t probe = detail::probe_value;   // read by peers to test single-copy access
+    explicit state(worker wk) : w(std::move(wk)) {}
+  };
+
+  static void on_error(void* arg, ucp_ep_h, ucs_status_t status) noexcept {
+    auto* s = static_cast<peer_slot*>(arg);
+    state* st = s->st;
+    if (!st->dead[static_cast<std::size_t>(s->peer)]) {
+      st->dead[static_cast<std::size_t>(s->peer)] = 1;
+      if (st->lost < 0) st->lost = s->peer;
+      // Cancelling from inside progress is avoided: done on the next test/wait.
+      st->cancel_pending = true;
+      EBBFLOW_LOG_WARN("ucx: peer " << s->peer << " lost (" << ucs_status_string(status) << ") [rank " << st->rank
+                                    << ", generation " << st->generation << "]");
+    }
+  }
+  ucp_tag_t wire_tag(int src, tag_t tag) const noexcept {
+    return (static_cast<ucp_tag_t>(st_->generation) & 0xff) << 56 | (static_cast<ucp_tag_t>(src) & 0xffff) << 40 |
+           (tag & ((ucp_tag_t{1} << 40) - 1));
+  }
+  void check_peer(int peer) const {
+    EBBFLOW_ENFORCE(peer >= 0 && peer < st_->size && peer != st_->rank,
+                    "ucx transport: peer " << peer << " invalid for rank " << st_->rank << " of " << st_->size);
+  }
+  void cancel_all_receives() noexcept {
+    st_->cancel_pending = false;
+    for (void* r : st_->pending_recvs) ucp_request_cancel(st_->w.get(), r);
+  }
+  void complete(request& r) noexcept;
+  void close_endpoints() noexcept;
+
+  std::unique_ptr<state> st_;
+};
+static_assert(comm::transport<transport>);
+
+// ------------------------------------------------------------------ definitions
+inline void transport::request::release() noexcept {
+  if (!ucx_) return;
+  if (recv_) {
+    st_->pending_recvs.erase(ucx_);
+    if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) ucp_request_cancel(st_->w.get(), ucx_);
+  } else if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) {
+    st_->abandoned_sends = true;  // only a forced close can retire it now
+  }
+  ucp_request_free(ucx_);
+  ucx_ = nullptr;
+}
+
+inline transport::transport(worker w, std::int64_t generation, int rank, int size,
+                            const std::vector<std::vector<std::byte>>& addresses, deadline d)
+    : st_(std::make_unique<state>(std::move(w))) {
+  EBBFLOW_ENFORCE(size >= 1 && size <= max_ranks && rank >= 0 && rank < size,
+                  "ucx transport: rank " << rank << " / size " << size << " invalid (size <= " << max_ranks << ")");
+  EBBFLOW_ENFORCE(addresses.size() == static_cast<std::size_t>(size),
+                  "ucx transport: " << addresses.size() << " addresses for " << size << " ranks");
+  st_->rank = rank;
+  st_->size = size;
+  st_->generation = generation;
+  const auto n = static_cast<std::size_t>(size);
+  st_->eps.assign(n, nullptr);
+  st_->dead.assign(n, 0);
+  st_->slots.reserve(n);
+  for (int p = 0; p < size; ++p) st_->slots.push_back({st_.get(), p});
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(addresses[static_cast<std::size_t>(p)].data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &transport::on_error;
+    ep.err_handler.arg = &st_->slots[static_cast<std::size_t>(p)];
+    ucp_ep_h h = nullptr;
+    const ucs_status_t s = ucp_ep_create(st_->w.get(), &ep, &h);
+    if (s != UCS_OK) {
+      close_endpoints();
+      throw_if(make_error(s), {.rank = rank, .generation = generation, .peer = p, .operation = "ucp_ep_create"});
+    }
+    st_->eps[static_cast<std::size_t>(p)] = h;
+  }
+  // Wire-up handshake on a tag collectives never use (step 0xfffe). Each
+  // rank also tells its pid, boot id and the address of a probe word, so
+  // peers on the same host can use single-copy reads (see `local_peer`).
+  const tag_t hello = make_tag(0xffffffffu, 0xfffe);
+  detail::hello mine{};
+  mine.pid = static_cast<std::uint64_t>(::getpid());
+  mine.probe = reinterpret_cast<std::uint64_t>(&st_->probe);
+  detail::read_boot_id(mine.boot_id);
+  std::vector<detail::hello> theirs(n);
+  std::vector<request> reqs;
+  std::vector<int> peers;
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    reqs.push_back(irecv(p, hello, std::as_writable_bytes(std::span(&theirs[static_cast<std::size_t>(p)], 1))));
+    peers.push_back(p);
+    reqs.push_back(isend(p, hello, std::as_bytes(std::span(&mine, 1))));
+    peers.push_back(p);
+  }
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    std::error_code ec;
+    wait(reqs[i], d, ec);
+    if (ec) {
+      reqs.clear();
+      close_endpoints();
+      throw_if(ec, {.rank = rank, .generation = generation, .peer = peers[i], .operation = "ucx connect"});
+    }
+  }
+  st_->pids.assign(n, 0);
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    const auto& h = theirs[static_cast<std::size_t>(p)];
+    // Same boot and the kernel lets us read the peer's memory: single-copy capable.
+    if (std::memcmp(h.boot_id, mine.boot_id, sizeof mine.boot_id) == 0 && mine.boot_id[0]) {
+      std::uint64_t v = 0;
+      iovec l{&v, sizeof v}, r{reinterpret_cast<void*>(h.probe), sizeof v};
+      if (::process_vm_readv(static_cast<pid_t>(h.pid), &l, 1, &r, 1, 0) == static_cast<ssize_t>(sizeof v) &&
+          v == detail::probe_value)
+        st_->pids[static_cast<std::size_t>(p)] = static_cast<pid_t>(h.pid);
+    }
+  }
+  int local = 1;
+  for (int p = 0; p < size; ++p) local += st_->pids[static_cast<std::size_t>(p)] != 0;
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int cores = ::sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  st_->oversubscribed = local > cores;
+}
+
+inline transport::~transport() {
+  if (st_) close_endpoints();
+}
+
+inline void transport::close_endpoints() noexcept {
+  if (st_->pending_recvs.size()) cancel_all_receives();
+  std::vector<void*> closing;
+  for (std::size_t p = 0; p < st_->eps.size(); ++p) {
+    ucp_ep_h ep = std::exchange(st_->eps[p], nullptr);
+    if (!ep) continue;
+    ucp_request_param_t prm{};
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    // A healthy group flushes what is queued. A broken one (a peer lost, or
+    // sends abandoned by a failed collective, whose rendezvous the peer will
+    // never answer) is closed by force, which fails everything outstanding;
+    // UCX asserts when a worker dies with requests still on an endpoint.
+    prm.flags = (st_->lost >= 0 || st_->abandoned_sends) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
+    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+  }
+  const auto until = deadline::after(std::chrono::seconds(1));
+  for (void* r : closing) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && !until.expired()) ucp_worker_progress(st_->w.get());
+    if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(st_->w.get(), r);
+    ucp_request_free(r);
+  }
+}
+
+inline transport::request transport::isend(int peer, tag_t tag, std::span<const std::byte> out) {
+  check_peer(peer);
+  request r;
+  r.st_ = st_.get();
+  r.peer_ = peer;
+  r.len_ = out.size();
+  if (st_->dead[static_cast<std::size_t>(peer)]) {
+    r.ec_ = make_error_code(error::peer_lost);
+    return r;
+  }
+  ucp_request_param_t prm{};
+  ucs_status_ptr_t p = ucp_tag_send_nbx(st_->eps[static_cast<std::size_t>(peer)], out.data(), out.size(),
+                                        wire_tag(st_->rank, tag), &prm);
+  if (UCS_PTR_IS_ERR(p)) {
+    r.ec_ = make_error(UCS_PTR_STATUS(p));
+  } else if (p != nullptr) {
+    r.ucx_ = p;
+    r.done_ = false;
+  }
+  return r;
+}
+
+inline transport::request transport::irecv(int peer, tag_t tag, std::span<std::byte> in) {
+  check_peer(peer);
+  request r;
+  r.st_ = st_.get();
+  r.peer_ = peer;
+  r.len_ = in.size();
+  r.recv_ = true;
+  if (st_->dead[static_cast<std::size_t>(peer)]) {
+    r.ec_ = make_error_code(error::peer_lost);
+    return r;
+  }
+  ucp_request_param_t prm{};
+  ucs_status_ptr_t p = ucp_tag_recv_nbx(st_->w.get(), in.data(), in.size(), wire_tag(peer, tag),
+                                        ~ucp_tag_t{0}, &prm);
+  if (UCS_PTR_IS_ERR(p)) {
+    r.ec_ = make_error(UCS_PTR_STATUS(p));
+  } else if (p != nullptr) {
+    r.ucx_ = p;
+    r.done_ = false;
+    st_->pending_recvs.insert(p);
+  }
+  return r;
+}
+
+inline void transport::complete(request& r) noexcept {
+  if (r.done_) return;
+  ucs_status_t s;
+  std::size_t got = r.len_;
+  if (r.recv_) {
+    ucp_tag_recv_info_t info{};
+    s = ucp_tag_recv_request_test(r.ucx_, &info);
+    if (s == UCS_OK) got = info.length;
+  } else {
+    s = ucp_request_check_status(r.ucx_);
+  }
+  if (s == UCS_INPROGRESS) return;
+  r.done_ = true;
+  if (s == UCS_OK && got != r.len_) {
+    r.ec_ = make_error_code(error::bad_message);
+  } else if (s == UCS_ERR_CANCELED && st_->lost >= 0) {
+    r.ec_ = make_error_code(error::peer_lost);  // cancelled because a peer died
+  } else if (s != UCS_OK && st_->dead[static_cast<std::size_t>(r.peer_)]) {
+    r.ec_ = make_error_code(error::peer_lost);  // UCX says reset, i/o error, timeout...: one condition
+  } else if (s != UCS_OK) {
+    r.ec_ = make_error(s);
+  }
+  if (r.recv_) st_->pending_recvs.erase(r.ucx_);
+  ucp_request_free(r.ucx_);
+  r.ucx_ = nullptr;
+}
+
+inline bool transport::progress() {
+  const bool any = ucp_worker_progress(st_->w.get()) != 0;
+  if (st_->cancel_pending) cancel_all_receives();
+  return any;
+}
+
+inline bool transport::test(request& r, std::error_code& ec) {
+  if (!r.done_) {
+    progress();
+    complete(r);
+    if (!r.done_ && r.peer_ >= 0 && st_->dead[static_cast<std::size_t>(r.peer_)] && !r.recv_) {
+      // A send to a lost peer that UCX has not failed yet: fail it now.
+      r.release();
+      r.done_ = true;
+      r.ec_ = make_error_code(error::peer_lost);
+    }
+  }
+  if (r.done_) ec = r.ec_;
+  return r.done_;
+}
+
+inline void transport::wait(request& r, deadline d, std::error_code& ec) {
+  // Busy-poll (latency), but after ~50 us without completion start yielding
+  // the core. When this host runs more ranks than this process may use cores
+  // (oversubscribed), yield on every idle poll from the start: a spinning
+  // rank would only steal the time slice the peer it waits for needs.
+  unsigned spins = 0;
+  steady_clock::time_point spin_until{};
+  while (!test(r, ec)) {
+    if (st_->oversubscribed) {
+      sched_yield();
+      if (d.expired()) {
+        ec = make_error_code(error::timeout);
+        return;
+      }
+      continue;
+    }
+    if ((++spins & 63) != 0) continue;
+    const auto now = steady_clock::now();
+    if (now >= d.at()) {
+      ec = make_error_code(error::timeout);
+      return;
+    }
+    if (spin_until == steady_clock::time_point{}) spin_until = now + std::chrono::microseconds(50);
+    else if (now >= spin_until) sched_yield();
+  }
+}
+
+}  // namespace comm::ucx
+EBBFLOW_END_NAMESPACE

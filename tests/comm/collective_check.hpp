@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Test data and an independent reference for collectives. Inputs are small
+//! integers, so every summation order is exact in every dtype (f16/bf16
+//! included) and floats can be compared bit for bit; `avg` is one division
+//! of the exact sum, which the reference performs in the element type too.
+#pragma once
+
+#include <ebbflow/core/dtype.hpp>
+#include <ebbflow/core/half.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+namespace ebbflow_test {
+namespace ef = ebbflow;
+
+//! Input element i of rank r for reduce op `op` (sum data also serves
+//! allgather/broadcast). Values keep every reduction exact in every dtype.
+inline double input_value(ef::reduce_op op, ef::dtype t, int r, std::size_t i) {
+  const bool unsigned_type = t == ef::dtype::u8;
+  if (op == ef::reduce_op::prod) {
+    if ((i + static_cast<std::size_t>(r)) % 3 == 0) return 2;
+    return (!unsigned_type && (i * 5 + static_cast<std::size_t>(r)) % 2) ? -1 : 1;
+  }
+  const double v = static_cast<double>((i * 7 + static_cast<std::size_t>(r) * 13) % 11);
+  return unsigned_type ? v : v - 5;
+}
+
+template <class T>
+T to_elem(double v) {
+  if constexpr (std::is_same_v<T, ef::half> || std::is_same_v<T, ef::bfloat16>) return T(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+template <class T>
+bool same_bits(T a, T b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+//! Expected element i of an allreduce over ranks 0..n-1, in the element type.
+template <class T>
+T expected(ef::reduce_op op, int n, std::size_t i) {
+  const ef::dtype t = ef::dtype_of_v<T>;
+  double acc = input_value(op, t, 0, i);
+  for (int r = 1; r < n; ++r) {
+    const double v = input_value(op, t, r, i);
+    switch (op) {
+      case ef::reduce_op::sum: case ef::reduce_op::avg: acc += v; break;
+      case ef::reduce_op::prod: acc *= v; break;
+      case ef::reduce_op::min: acc = v < acc ? v : acc; break;
+      case ef::reduce_op::max: acc = v > acc ? v : acc; break;
+    }
+  }
+  if (op != ef::reduce_op::avg) return to_elem<T>(acc);
+  if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<T>(acc) / static_cast<T>(n));
+  else if constexpr (std::is_same_v<T, double>) return acc / n;
+  else return to_elem<T>(static_cast<float>(acc) / static_cast<float>(n));
+}
+
+//! Fills `count` elements of type `t` at `p` with rank r's input.
+inline void fill(ef::dtype t, ef::reduce_op op, int r, void* p, std::size_t count, std::size_t first_index = 0) {
+  ef::visit_dtype(t, [&](auto z) {
+    using T = decltype(z);
+    auto* q = static_cast<T*>(p);
+    for (std::size_t i = 0; i < count; ++i) q[i] = to_elem<T>(input_value(op, t, r, first_index + i));
+  });
+}
+
+//! Number of elements of an allreduce result that differ from the reference
+//! (element j of `p` is global element first_index + j).
+inline std::size_t wrong_reduced(ef::dtype t, ef::reduce_op op, int n, const void* p, std::size_t count,
+                                 std::size_t first_index = 0) {
+  std::size_t wrong = 0;
+  ef::visit_dtype(t, [&](auto z) {
+    using T = decltype(z);
+    auto* q = static_cast<const T*>(p);
+    for (std::size_t i = 0; i < count; ++i) wrong += !same_bits(q[i], expected<T>(op, n, first_index + i));
+  });
+  return wrong;
+}
+
+//! Number of elements that differ from rank r's input.
+inline std::size_t wrong_input(ef::dtype t, ef::reduce_op op, int r, const void* p, std::size_t count,
+                               std::size_t first_index = 0) {
+  std::size_t wrong = 0;
+  ef::visit_dtype(t, [&](auto z) {
+    using T = decltype(z);
+    auto* q = static_cast<const T*>(p);
+    for (std::size_t i = 0; i < count; ++i)
+      wrong += !same_bits(q[i], to_elem<T>(input_value(op, t, r, first_index + i)));
+  });
+  return wrong;
+}
+
+}  // namespace ebbflow_test

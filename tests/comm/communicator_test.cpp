@@ -1,0 +1,245 @@
+// SPDX-License-Identifier: Apache-2.0
+// Collectives over the in-process loopback transport: every collective x
+// dtype x op x size x rank count, both allreduce algorithms, in-place and
+// out-of-place, non-blocking overlap, failures and deadlines. The same
+// algorithms run over real UCX processes in ucx_collectives_test.
+#include <ebbflow/comm/communicator.hpp>
+#include <ebbflow/comm/loopback_transport.hpp>
+
+#include "collective_check.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+namespace ef = ebbflow;
+namespace et = ebbflow_test;
+using namespace std::chrono_literals;
+using comm_t = ef::comm::basic_communicator<ef::comm::loopback_transport>;
+static_assert(ef::comm::communicator<comm_t>);
+
+namespace {
+std::vector<std::byte> buffer(ef::dtype t, std::size_t count) { return std::vector<std::byte>(count * ef::size_of(t) + 1); }
+ef::buffer_view view_of(std::vector<std::byte>& v, ef::dtype t, std::size_t count) { return {v.data(), count, t}; }
+
+struct case_t {
+  int n;
+  ef::comm::allreduce_algorithm algo;
+};
+class Allreduce : public ::testing::TestWithParam<case_t> {};
+
+TEST_P(Allreduce, EveryDtypeOpSizeMatchesReference) {
+  const auto [n, algo] = GetParam();
+  ef::comm::collective_options o;
+  o.allreduce = algo;
+  o.chunk_bytes = 1000;  // many chunks, odd boundaries
+  o.window = 3;
+  ef::comm::spawn_loopback(n, [&](ef::comm::loopback_transport& t) {
+    comm_t c(t, o);
+    int iter = 0;
+    for (ef::dtype ty : ef::all_dtypes)
+      for (ef::reduce_op op : ef::all_reduce_ops)
+        for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4099}}) {
+          const bool in_place = (iter++ % 2) == 0;
+          auto in = buffer(ty, count), out = buffer(ty, count);
+          et::fill(ty, op, t.rank(), in.data(), count);
+          if (in_place) {
+            c.allreduce(view_of(in, ty, count), op, ef::deadline::after(10s));
+          } else {
+            c.allreduce(view_of(in, ty, count), view_of(out, ty, count), op, ef::deadline::after(10s));
+          }
+          const void* res = in_place ? in.data() : out.data();
+          ASSERT_EQ(et::wrong_reduced(ty, op, n, res, count), 0u)
+              << "rank " << t.rank() << " " << ef::name(ty) << " " << ef::name(op) << " count " << count;
+          if (!in_place) {
+            ASSERT_EQ(et::wrong_input(ty, op, t.rank(), in.data(), count), 0u) << "input modified";
+          }
+        }
+  });
+}
+INSTANTIATE_TEST_SUITE_P(Loopback, Allreduce,
+                         ::testing::Values(case_t{1, ef::comm::allreduce_algorithm::automatic},
+                                           case_t{2, ef::comm::allreduce_algorithm::ring},
+                                           case_t{2, ef::comm::allreduce_algorithm::recursive_doubling},
+                                           case_t{3, ef::comm::allreduce_algorithm::ring},
+                                           case_t{3, ef::comm::allreduce_algorithm::recursive_doubling},
+                                           case_t{4, ef::comm::allreduce_algorithm::automatic},
+                                           case_t{5, ef::comm::allreduce_algorithm::ring},
+                                           case_t{5, ef::comm::allreduce_algorithm::recursive_doubling},
+                                           case_t{6, ef::comm::allreduce_algorithm::recursive_doubling},
+                                           case_t{7, ef::comm::allreduce_algorithm::ring}));
+
+class Others : public ::testing::TestWithParam<int> {};
+
+TEST_P(Others, BroadcastAllgatherReduceScatterBarrier) {
+  const int n = GetParam();
+  ef::comm::collective_options o;
+  o.chunk_bytes = 512;
+  o.small_bytes = 2048;
+  ef::comm::spawn_loopback(n, [&](ef::comm::loopback_transport& t) {
+    comm_t c(t, o);
+    const int r = t.rank();
+    const auto d = [] { return ef::deadline::after(10s); };
+    for (ef::dtype ty : ef::all_dtypes)
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4099}}) {
+        for (int root = 0; root < n; root += 2) {  // small (tree) and large (chain) broadcasts
+          auto b = buffer(ty, count);
+          if (r == root) et::fill(ty, ef::reduce_op::sum, root, b.data(), count);
+          c.broadcast(view_of(b, ty, count), root, d());
+          ASSERT_EQ(et::wrong_input(ty, ef::reduce_op::sum, root, b.data(), count), 0u) << "broadcast root " << root;
+        }
+        auto in = buffer(ty, count), out = buffer(ty, count * static_cast<std::size_t>(n));
+        et::fill(ty, ef::reduce_op::sum, r, in.data(), count);
+        c.allgather(view_of(in, ty, count), view_of(out, ty, count * static_cast<std::size_t>(n)), d());
+        for (int q = 0; q < n; ++q)
+          ASSERT_EQ(et::wrong_input(ty, ef::reduce_op::sum, q, out.data() + static_cast<std::size_t>(q) * count * ef::size_of(ty), count), 0u)
+              << "allgather block " << q;
+        // In-place allgather: my block already sits in the output.
+        auto ip = buffer(ty, count * static_cast<std::size_t>(n));
+        et::fill(ty, ef::reduce_op::sum, r, ip.data() + static_cast<std::size_t>(r) * count * ef::size_of(ty), count);
+        c.allgather(ef::buffer_view{ip.data() + static_cast<std::size_t>(r) * count * ef::size_of(ty), count, ty},
+                    view_of(ip, ty, count * static_cast<std::size_t>(n)), d());
+        ASSERT_EQ(ip, out) << "in-place allgather";
+        for (ef::reduce_op op : ef::all_reduce_ops) {
+          const std::size_t total = count * static_cast<std::size_t>(n);
+          auto rin = buffer(ty, total), rout = buffer(ty, count);
+          et::fill(ty, op, r, rin.data(), total);
+          c.reduce_scatter(view_of(rin, ty, total), view_of(rout, ty, count), op, d());
+          ASSERT_EQ(et::wrong_reduced(ty, op, n, rout.data(), count, static_cast<std::size_t>(r) * count), 0u)
+              << "reduce_scatter " << ef::name(ty) << " " << ef::name(op);
+        }
+      }
+    c.barrier(d());
+  });
+}
+INSTANTIATE_TEST_SUITE_P(Loopback, Others, ::testing::Values(1, 2, 3, 4, 5));
+
+TEST(Communicator, RandomFloatsWithinTolerance) {
+  // Non-integer data: summation order differs from the reference, so compare
+  // with |err| <= n * eps * sum|x| (eps of the element type; f32 here).
+  constexpr int n = 4;
+  constexpr std::size_t count = 10007;
+  std::vector<std::vector<float>> data(n, std::vector<float>(count));
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (auto& v : data)
+    for (auto& x : v) x = u(gen);
+  ef::comm::spawn_loopback(n, [&](ef::comm::loopback_transport& t) {
+    ef::comm::collective_options o;
+    o.chunk_bytes = 4096;
+    comm_t c(t, o);
+    std::vector<float> v = data[static_cast<std::size_t>(t.rank())];
+    c.allreduce(ef::view(std::span(v)), ef::reduce_op::sum, ef::deadline::after(10s));
+    for (std::size_t i = 0; i < count; ++i) {
+      double ref = 0, mag = 0;
+      for (int r = 0; r < n; ++r) ref += data[static_cast<std::size_t>(r)][i], mag += std::fabs(data[static_cast<std::size_t>(r)][i]);
+      ASSERT_LE(std::fabs(v[i] - ref), n * 1.2e-7 * mag) << i;
+    }
+  });
+}
+
+TEST(Communicator, NonBlockingRequestsOverlapAndCompleteInAnyOrder) {
+  ef::comm::spawn_loopback(3, [&](ef::comm::loopback_transport& t) {
+    comm_t c(t);
+    std::vector<std::int32_t> a(5000, t.rank() + 1), b(3, t.rank());
+    auto ra = c.iallreduce(ef::view(std::span(a)), ef::view(std::span(a)), ef::reduce_op::sum);
+    auto rb = c.iallreduce(ef::view(std::span(b)), ef::view(std::span(b)), ef::reduce_op::max);
+    std::error_code ec;
+    int polls = 0;
+    while (!rb.test(ec)) ++polls;  // "compute" while the collectives progress
+    ASSERT_FALSE(ec);
+    ra.wait(ef::deadline::after(10s));
+    EXPECT_EQ(a[0], 6);
+    EXPECT_EQ(a[4999], 6);
+    EXPECT_EQ(b[2], 2);
+  });
+}
+
+TEST(Communicator, PointToPoint) {
+  ef::comm::spawn_loopback(2, [&](ef::comm::loopback_transport& t) {
+    comm_t c(t);
+    std::vector<double> v(33, t.rank() == 0 ? 2.5 : 0.0);
+    if (t.rank() == 0) {
+      c.send(ef::view(std::span(v)), 1, 42, ef::deadline::after(10s));
+    } else {
+      c.recv(ef::view(std::span(v)), 0, 42, ef::deadline::after(10s));
+    }
+    EXPECT_EQ(v[32], 2.5);
+  });
+}
+
+TEST(Communicator, DeadPeerYieldsPeerLostNamingPeer) {
+  auto hub = std::make_shared<ef::comm::loopback_hub>(3);
+  std::vector<std::jthread> th;
+  std::array<std::string, 3> what;
+  std::array<int, 3> peer{-2, -2, -2};
+  for (int r = 0; r < 2; ++r)
+    th.emplace_back([&, r] {
+      ef::comm::loopback_transport t(hub, r);
+      comm_t c(t);
+      std::vector<float> v(100000, 1.f);
+      try {
+        c.allreduce(ef::view(std::span(v)), ef::reduce_op::sum, ef::deadline::after(1s));
+      } catch (const ef::system_error& e) {
+        // Rank 0 receives from the dead rank 2; rank 1 waits on rank 0, which
+        // gave up: loopback propagates nothing, so rank 1 sees its deadline.
+        if (r == 0) EXPECT_EQ(e.code(), ef::errc::peer_lost) << e.what();
+        else EXPECT_EQ(e.code(), ef::errc::timeout) << e.what();
+        what[static_cast<std::size_t>(r)] = e.what();
+        peer[static_cast<std::size_t>(r)] = e.peer();
+      }
+    });
+  std::this_thread::sleep_for(50ms);
+  hub->kill(2);
+  th.clear();
+  EXPECT_NE(what[0].find("allreduce"), std::string::npos) << what[0];
+  EXPECT_NE(what[0].find("rank 0"), std::string::npos) << what[0];
+  EXPECT_EQ(peer[0], 2) << what[0];
+  EXPECT_EQ(peer[1], 0) << what[1];
+}
+
+TEST(Communicator, DeadlineGivesTimeoutAndRequestStaysPending) {
+  auto hub = std::make_shared<ef::comm::loopback_hub>(2);
+  ef::comm::loopback_transport t0(hub, 0), t1(hub, 1);
+  comm_t c0(t0), c1(t1);
+  std::vector<float> a(10, 1.f), b(10, 2.f);
+  auto r0 = c0.iallreduce(ef::view(std::span(a)), ef::view(std::span(a)), ef::reduce_op::sum);
+  std::error_code ec;
+  const auto t_start = ef::steady_clock::now();
+  r0.wait(ef::deadline::after(30ms), ec);
+  EXPECT_EQ(ec, ef::errc::timeout);
+  EXPECT_GE(ef::steady_clock::now() - t_start, 30ms);
+  EXPECT_EQ(r0.context().peer, 1);
+  EXPECT_FALSE(r0.done());
+  auto r1 = c1.iallreduce(ef::view(std::span(b)), ef::view(std::span(b)), ef::reduce_op::sum);
+  // Single thread drives both ranks alternately.
+  while (!(r0.done() && r1.done())) {
+    r0.test(ec);
+    ASSERT_FALSE(ec);
+    r1.test(ec);
+    ASSERT_FALSE(ec);
+  }
+  EXPECT_EQ(a[9], 3.f);
+  EXPECT_EQ(b[0], 3.f);
+  try {
+    std::vector<float> z(4);
+    c0.allreduce(ef::view(std::span(z)), ef::reduce_op::sum, ef::deadline::after(10ms));
+    ADD_FAILURE() << "no timeout";
+  } catch (const ef::system_error& e) {
+    EXPECT_EQ(e.code(), ef::errc::timeout);
+    EXPECT_EQ(e.peer(), 1);
+    EXPECT_NE(std::string(e.what()).find("seq 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Communicator, RejectsMismatchedBuffers) {
+  auto hub = std::make_shared<ef::comm::loopback_hub>(2);
+  ef::comm::loopback_transport t(hub, 0);
+  comm_t c(t);
+  std::vector<float> a(4), b(5);
+  EXPECT_THROW(c.allreduce(ef::view(std::span(a)), ef::view(std::span(b)), ef::reduce_op::sum), std::invalid_argument);
+  EXPECT_THROW(c.allgather(ef::view(std::span(a)), ef::view(std::span(b))), std::invalid_argument);
+  EXPECT_THROW(c.broadcast(ef::view(std::span(a)), 2), std::invalid_argument);
+}
+}  // namespace

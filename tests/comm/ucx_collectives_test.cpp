@@ -1,0 +1,325 @@
+// SPDX-License-Identifier: Apache-2.0
+// Collectives over real UCX between real processes. The test binary is its
+// own launcher: each TEST forks and execs N copies of itself in worker mode
+// (`--worker SCENARIO`, rank and size in EBBFLOW_RANK / EBBFLOW_WORLD_SIZE,
+// as ebbflow-run sets them), reaps them promptly (an unreaped dead peer is
+// invisible to UCX keepalive over shared memory) and kills all of them at the
+// test's deadline, so nothing can hang.
+//
+// Sizes are element counts. The full matrix (every collective x dtype x op)
+// runs at {0, 1, 7, 4099} and 1 MiB + 3 elements for 2, 3, 4 and 5 ranks;
+// 64 MiB (16 Mi f32) runs for allreduce sum/avg and broadcast only, to keep
+// CI within seconds. Automatic selection picks single_copy for allreduces
+// above 16 KiB on one host, so ring and recursive doubling are also forced
+// for f32 sum/avg at {1, 7, 4099, 1 MiB + 3 (ring) / 256 Ki + 3 (rd)}.
+#include <ebbflow/comm/communicator.hpp>
+#include <ebbflow/comm/ucx/address_exchange.hpp>
+#include <ebbflow/comm/ucx/transport.hpp>
+#include <ebbflow/core/env.hpp>
+
+#include "collective_check.hpp"
+
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ef = ebbflow;
+namespace et = ebbflow_test;
+namespace ucx = ebbflow::comm::ucx;
+using namespace std::chrono_literals;
+using comm_t = ef::comm::basic_communicator<ucx::transport>;
+
+namespace {
+
+// ------------------------------------------------------------------ workers
+struct worker_env {
+  ef::launch_info li = ef::launch_info::from_environment();
+  std::shared_ptr<ucx::context> ctx = ucx::context::create();
+  ucx::file_address_exchange ex{std::filesystem::path(ef::env::get("EBBFLOW_TEST_DIR").value())};
+  ucx::transport connect(std::int64_t g = 0) {
+    return ucx::connect(ctx, ex, g, li.rank, li.world_size, ef::deadline::after(20s));
+  }
+};
+
+std::vector<std::byte> buf(ef::dtype t, std::size_t count) { return std::vector<std::byte>(count * ef::size_of(t)); }
+
+int fail(const std::string& what) {
+  std::cerr << "[worker " << ef::env::get("EBBFLOW_RANK").value_or("?") << "] FAIL " << what << std::endl;
+  return 1;
+}
+
+int run_matrix(const std::vector<std::size_t>& sizes, bool all_ops,
+               ef::comm::allreduce_algorithm algo = ef::comm::allreduce_algorithm::automatic) {
+  worker_env w;
+  auto t = w.connect();
+  ef::comm::collective_options o;
+  o.allreduce = algo;
+  o.chunk_bytes = 100000;  // odd chunk boundaries
+  comm_t c(t, o);
+  const int n = t.size(), r = t.rank();
+  const auto d = [] { return ef::deadline::after(60s); };
+  int bad = 0;
+  for (std::size_t count : sizes)
+    for (ef::dtype ty : ef::all_dtypes) {
+      if (!all_ops && ty != ef::dtype::f32) continue;
+      for (ef::reduce_op op : ef::all_reduce_ops) {
+        if (!all_ops && op != ef::reduce_op::sum && op != ef::reduce_op::avg) continue;
+        const bool in_place = (count + static_cast<std::size_t>(op)) % 2 == 0;
+        auto in = buf(ty, count), out = buf(ty, count);
+        et::fill(ty, op, r, in.data(), count);
+        if (in_place) {
+          c.allreduce({in.data(), count, ty}, op, d());
+          out = in;
+        } else {
+          c.allreduce({in.data(), count, ty}, {out.data(), count, ty}, op, d());
+        }
+        if (auto k = et::wrong_reduced(ty, op, n, out.data(), count))
+          bad += fail("allreduce " + std::string(ef::name(ty)) + " " + std::string(ef::name(op)) + " count " +
+                      std::to_string(count) + ": " + std::to_string(k) + " wrong");
+        if (!all_ops) continue;
+        const std::size_t m = count / static_cast<std::size_t>(n), total = m * static_cast<std::size_t>(n);
+        auto rin = buf(ty, total), rout = buf(ty, m);
+        et::fill(ty, op, r, rin.data(), total);
+        c.reduce_scatter({rin.data(), total, ty}, {rout.data(), m, ty}, op, d());
+        if (auto k = et::wrong_reduced(ty, op, n, rout.data(), m, static_cast<std::size_t>(r) * m))
+          bad += fail("reduce_scatter " + std::string(ef::name(ty)) + " " + std::string(ef::name(op)) + " count " +
+                      std::to_string(total) + ": " + std::to_string(k) + " wrong");
+      }
+      // broadcast from the last rank, allgather of count/n elements per rank
+      const int root = n - 1;
+      auto b = buf(ty, count);
+      if (r == root) et::fill(ty, ef::reduce_op::sum, root, b.data(), count);
+      c.broadcast({b.data(), count, ty}, root, d());
+      if (auto k = et::wrong_input(ty, ef::reduce_op::sum, root, b.data(), count))
+        bad += fail("broadcast " + std::string(ef::name(ty)) + " count " + std::to_string(count) + ": " + std::to_string(k));
+      if (!all_ops) continue;
+      const std::size_t m = count / static_cast<std::size_t>(n);
+      auto gin = buf(ty, m), gout = buf(ty, m * static_cast<std::size_t>(n));
+      et::fill(ty, ef::reduce_op::sum, r, gin.data(), m);
+      c.allgather({gin.data(), m, ty}, {gout.data(), m * static_cast<std::size_t>(n), ty}, d());
+      for (int q = 0; q < n; ++q)
+        if (auto k = et::wrong_input(ty, ef::reduce_op::sum, q, gout.data() + static_cast<std::size_t>(q) * m * ef::size_of(ty), m))
+          bad += fail("allgather block " + std::to_string(q) + ": " + std::to_string(k));
+    }
+  // point-to-point ring and a barrier to finish together
+  std::vector<std::int64_t> p2p(5, r);
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  std::vector<std::int64_t> got(5, -1);
+  auto s = c.isend(ef::view(std::span(p2p)), right, 77);
+  c.recv(ef::view(std::span(got)), left, 77, d());
+  s.wait(d());
+  if (got[4] != left) bad += fail("p2p");
+  c.barrier(d());
+  return bad ? 1 : 0;
+}
+
+int run_kill(std::chrono::milliseconds timeout) {
+  worker_env w;
+  auto t = w.connect();
+  ef::comm::collective_options o;
+  o.timeout = timeout;
+  comm_t c(t, o);
+  const int n = t.size(), r = t.rank(), victim = n - 1;
+  std::vector<float> v(std::size_t{8} << 20, 1.0f);  // 32 MiB
+  c.allreduce(ef::view(std::span(v)), ef::reduce_op::sum);  // everyone is up and connected
+  if (r == victim) {
+    auto req = c.iallreduce(ef::view(std::span(v)), ef::view(std::span(v)), ef::reduce_op::sum);
+    std::error_code ec;
+    for (int i = 0; i < 50; ++i) req.test(ec);
+    ::raise(SIGKILL);  // mid-allreduce: transfers posted, nothing finished
+  }
+  const auto start = ef::steady_clock::now();
+  try {
+    for (int i = 0; i < 1000; ++i) c.allreduce(ef::view(std::span(v)), ef::reduce_op::sum);
+    return fail("no error after the victim died");
+  } catch (const ef::system_error& e) {
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(ef::steady_clock::now() - start);
+    std::cerr << "[worker " << r << "] got after " << took.count() << " ms: " << e.what() << std::endl;
+    if (e.code() != ef::errc::peer_lost && e.code() != ef::errc::timeout) return fail("wrong condition");
+    if (took > timeout + 1s) return fail("too late");
+    if (e.code() == ef::errc::peer_lost && e.peer() != victim) return fail("error does not name the victim");
+    if (std::string(e.what()).find("rank " + std::to_string(r)) == std::string::npos) return fail("no rank in message");
+  }
+  // Survivors stay up (as they would to form the next generation), so the
+  // victim is the only peer that dies while the others detect it.
+  std::this_thread::sleep_for(1500ms);
+  return 0;
+}
+
+int run_generation() {
+  worker_env w;
+  auto t = w.connect();
+  const int r = t.rank();
+  const ef::comm::tag_t tag = ef::comm::make_tag(5, 1);
+  auto d = [] { return ef::deadline::after(10s); };
+  std::int32_t v = 0;
+  auto bytes = std::as_writable_bytes(std::span(&v, 1));
+  if (r == 0) {
+    // Two rounds: the late generation-g message reaches rank 1 after it moved
+    // to g+1 (round 1: before its receive is posted; round 2: after).
+    for (int g = 0; g < 4; g += 2) {
+      t.set_generation(g);
+      v = 1000 + g;  // stale
+      ef::comm::send(t, 1, tag, bytes, d());
+      std::this_thread::sleep_for(150ms);
+      t.set_generation(g + 1);
+      v = 2000 + g;  // current
+      ef::comm::send(t, 1, tag, bytes, d());
+      // wait for rank 1's acknowledgement in generation g+1
+      ef::comm::recv(t, 1, tag + 1, bytes, d());
+    }
+    return 0;
+  }
+  for (int g = 0; g < 4; g += 2) {
+    t.set_generation(g + 1);
+    if (g == 0) std::this_thread::sleep_for(100ms);  // stale message arrives first (unexpected queue)
+    v = -1;
+    auto q = t.irecv(0, tag, bytes);
+    std::error_code ec;
+    t.wait(q, d(), ec);
+    if (ec) return fail("recv: " + ec.message());
+    if (v != 2000 + g) return fail("generation " + std::to_string(g + 1) + " consumed " + std::to_string(v));
+    ef::comm::send(t, 0, tag + 1, bytes, d());
+  }
+  return 0;
+}
+
+int worker_main(char** argv) {
+  const std::string scenario = argv[2];
+  try {
+    if (scenario == "matrix") return run_matrix({0, 1, 7, 4099, (std::size_t{1} << 20) + 3}, true);
+    if (scenario == "large") return run_matrix({std::size_t{16} << 20}, false);
+    // The other allreduce algorithms (automatic picks single_copy above 16 KiB on one host).
+    if (scenario == "ring") return run_matrix({1, 7, 4099, (std::size_t{1} << 20) + 3}, false, ef::comm::allreduce_algorithm::ring);
+    if (scenario == "rd") return run_matrix({1, 7, 4099, (std::size_t{1} << 18) + 3}, false, ef::comm::allreduce_algorithm::recursive_doubling);
+    if (scenario == "kill") return run_kill(std::chrono::milliseconds(std::stoi(argv[3])));
+    if (scenario == "generation") return run_generation();
+  } catch (const std::exception& e) {
+    return fail(std::string("exception: ") + e.what());
+  }
+  return fail("unknown scenario " + scenario);
+}
+
+// ------------------------------------------------------------------ launcher
+struct group_result {
+  std::vector<int> status;  // wait status per rank
+  bool timed_out = false;
+};
+
+group_result launch(int n, const std::vector<std::string>& args, std::chrono::seconds limit) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("ebbflow-ucx-test-" + std::to_string(::getpid()) + "-" + std::to_string(std::rand()));
+  std::filesystem::create_directories(dir);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("EBBFLOW_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("EBBFLOW_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("EBBFLOW_LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("EBBFLOW_TEST_DIR", dir.c_str(), 1);
+      std::vector<std::string> a{"ucx_collectives_test", "--worker"};
+      a.insert(a.end(), args.begin(), args.end());
+      std::vector<char*> argv;
+      for (auto& s : a) argv.push_back(s.data());
+      argv.push_back(nullptr);
+      ::execv("/proc/self/exe", argv.data());
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  group_result res;
+  res.status.assign(static_cast<std::size_t>(n), -1);
+  std::size_t left = pids.size();
+  const auto until = ef::deadline::after(limit);
+  while (left) {
+    for (std::size_t i = 0; i < pids.size(); ++i) {
+      if (pids[i] <= 0) continue;
+      int st = 0;
+      if (::waitpid(pids[i], &st, WNOHANG) == pids[i]) {
+        res.status[i] = st;
+        pids[i] = -1;
+        --left;
+      }
+    }
+    if (left && until.expired()) {
+      res.timed_out = true;
+      for (pid_t p : pids)
+        if (p > 0) ::kill(p, SIGKILL);
+      for (std::size_t i = 0; i < pids.size(); ++i)
+        if (pids[i] > 0) ::waitpid(pids[i], &res.status[i], 0);
+      break;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  std::filesystem::remove_all(dir);
+  return res;
+}
+
+bool exited_ok(int st) { return WIFEXITED(st) && WEXITSTATUS(st) == 0; }
+
+class UcxMatrix : public ::testing::TestWithParam<int> {};
+TEST_P(UcxMatrix, EveryCollectiveDtypeOpSizeMatchesReference) {
+  const int n = GetParam();
+  auto res = launch(n, {"matrix"}, 150s);
+  ASSERT_FALSE(res.timed_out);
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, UcxMatrix, ::testing::Values(2, 3, 4, 5));
+
+class UcxLarge : public ::testing::TestWithParam<int> {};
+TEST_P(UcxLarge, SixtyFourMiBAllreduceAndBroadcast) {
+  const int n = GetParam();
+  auto res = launch(n, {"large"}, 150s);
+  ASSERT_FALSE(res.timed_out);
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, UcxLarge, ::testing::Values(2, 3));
+
+class UcxAlgorithms : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+TEST_P(UcxAlgorithms, RingAndRecursiveDoublingMatchReference) {
+  const auto [n, algo] = GetParam();
+  auto res = launch(n, {algo}, 120s);
+  ASSERT_FALSE(res.timed_out);
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, UcxAlgorithms,
+                         ::testing::Combine(::testing::Values(2, 3, 5), ::testing::Values("ring", "rd")));
+
+class UcxKill : public ::testing::TestWithParam<int> {};
+TEST_P(UcxKill, SurvivorsGetPeerLostWithinDeadlinePlusOneSecond) {
+  const int n = GetParam();
+  const auto t0 = ef::steady_clock::now();
+  auto res = launch(n, {"kill", "3000"}, 60s);
+  ASSERT_FALSE(res.timed_out) << "a survivor hung";
+  const int victim = n - 1;
+  EXPECT_TRUE(WIFSIGNALED(res.status[static_cast<std::size_t>(victim)]));
+  for (int r = 0; r < victim; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+  std::cerr << "kill scenario with " << n << " ranks took "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(ef::steady_clock::now() - t0).count() << " ms\n";
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, UcxKill, ::testing::Values(2, 3, 4, 5));
+
+TEST(UcxGeneration, LateMessagesOfAnOlderGenerationAreNeverConsumed) {
+  auto res = launch(2, {"generation"}, 60s);
+  ASSERT_FALSE(res.timed_out);
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && std::strcmp(argv[1], "--worker") == 0) return worker_main(argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
