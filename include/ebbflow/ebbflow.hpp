@@ -9,7 +9,9 @@
 
 #include <ebbflow/config.hpp>
 
+#include <ebbflow/comm/communicator.hpp>
 #include <ebbflow/comm/loopback_transport.hpp>
+#include <ebbflow/comm/reduce.hpp>
 #include <ebbflow/comm/revocable.hpp>
 #include <ebbflow/comm/transport.hpp>
 #include <ebbflow/core/deadline.hpp>
@@ -47,3 +49,10 @@
 #if EBBFLOW_HAS_CUDA && EBBFLOW_HAS_NCCL
 #include <ebbflow/comm/nccl/communicator.hpp>
 #endif  // EBBFLOW_HAS_CUDA && EBBFLOW_HAS_NCCL
+
+#if EBBFLOW_HAS_UCX
+#include <ebbflow/comm/ucx/address_exchange.hpp>
+#include <ebbflow/comm/ucx/handles.hpp>
+#include <ebbflow/comm/ucx/transport.hpp>
+#include <ebbflow/elastic/ucx_network.hpp>
+#endif  // EBBFLOW_HAS_UCX

@@ -38,6 +38,17 @@ constexpr const char* usage_text =
     "  --timeout SEC        stop the job after SEC seconds (exit status 124)\n"
     "  --kill-after SEC     after stopping ranks with SIGTERM, SIGKILL them after SEC s (default 5)\n"
     "  --no-prefix          do not prefix output lines with \"[rank R] \"\n"
+    "elastic controls (workers use <ebbflow/elastic/group.hpp>):\n"
+    "  --elastic            a failed worker does not stop the job; exit 0 when a worker finished with 0\n"
+    "  --min N / --max N    membership bounds passed to workers (EBBFLOW_MIN_SIZE / EBBFLOW_MAX_SIZE)\n"
+    "  --add SEC[:K]        after SEC seconds start K (default 1) more workers that join the running job\n"
+    "  --kill SEC:ID        after SEC seconds SIGKILL worker ID (fault injection)\n"
+    "  --leave SEC:ID       after SEC seconds SIGTERM worker ID (graceful leave at the next step)\n"
+    "  --restart K          restart a failed worker as a joiner, up to K times in all\n"
+    "  --discovery CMD      poll CMD (every --discovery-interval SEC, default 2): it prints the wanted\n"
+    "                       number of workers; more are started, or the newest asked to leave\n"
+    "  SIGUSR1 / SIGUSR2    to ebbflow-run: add one worker / ask the newest to leave\n"
+    "Joining workers get EBBFLOW_JOIN=1 and no EBBFLOW_RANK (the group assigns ranks).\n"
     "  -h, --help           this text\n"
     "Exit status: 0 when every rank exits 0; otherwise the first failed rank's status\n"
     "(128+signal when killed); 124 on --timeout; 128+signal when interrupted.\n";
@@ -63,8 +74,27 @@ struct options {
   std::optional<double> timeout_s;
   double kill_after_s = 5;
   bool prefix = true;
+  bool elastic = false;
+  int min_size = 0, max_size = 0;
+  struct event {
+    double at;
+    enum kind { add, kill, leave } what;
+    int arg;
+  };
+  std::vector<event> events;
+  int restarts = 0;
+  std::string discovery;
+  double discovery_interval = 2;
   std::vector<std::string> argv;
 };
+
+int parse_int(const std::string& flag, const std::string& v, int lo, int hi) {
+  int x = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc{} || p != v.data() + v.size() || x < lo || x > hi)
+    usage_error(flag + " '" + v + "': expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
 
 options parse(int argc, char** argv) {
   options o;
@@ -99,6 +129,32 @@ options parse(int argc, char** argv) {
       o.kill_after_s = parse_seconds(a, value(a));
     } else if (a == "--no-prefix") {
       o.prefix = false;
+    } else if (a == "--elastic") {
+      o.elastic = true;
+    } else if (a == "--min") {
+      o.min_size = parse_int(a, value(a), 1, 1 << 20);
+    } else if (a == "--max") {
+      o.max_size = parse_int(a, value(a), 1, 1 << 20);
+    } else if (a == "--restart") {
+      o.restarts = parse_int(a, value(a), 0, 1 << 20);
+    } else if (a == "--discovery") {
+      o.discovery = value(a);
+    } else if (a == "--discovery-interval") {
+      o.discovery_interval = parse_seconds(a, value(a));
+    } else if (a == "--add" || a == "--kill" || a == "--leave") {
+      const std::string v = value(a);
+      const auto colon = v.find(':');
+      options::event ev{};
+      ev.at = parse_seconds(a, v.substr(0, colon));
+      ev.what = a == "--add" ? options::event::add : a == "--kill" ? options::event::kill : options::event::leave;
+      if (colon == std::string::npos) {
+        if (ev.what != options::event::add) usage_error(a + " '" + v + "': expected SEC:ID");
+        ev.arg = 1;
+      } else {
+        ev.arg = parse_int(a, v.substr(colon + 1), 0, 1 << 20);
+      }
+      o.events.push_back(ev);
+      o.elastic = true;
     } else if (!a.empty() && a[0] == '-') {
       usage_error("unknown option " + a);
     } else {
@@ -108,6 +164,8 @@ options parse(int argc, char** argv) {
   for (; i < argc; ++i) o.argv.emplace_back(argv[i]);
   if (o.n == 0) usage_error("-n N is required");
   if (o.argv.empty()) usage_error("no program given");
+  if (!o.discovery.empty() || o.restarts > 0) o.elastic = true;
+  if (o.min_size && o.max_size && o.min_size > o.max_size) usage_error("--min is larger than --max");
   return o;
 }
 
@@ -132,7 +190,7 @@ int main(int argc, char** argv) {
   // store's thread starts so it inherits the mask; children get a clean mask.
   sigset_t sigs;
   sigemptyset(&sigs);
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&sigs, s);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&sigs, s);
   ::pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
   const int sigfd = ::signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
@@ -177,23 +235,62 @@ int main(int argc, char** argv) {
     write_all(stream == 1 ? 1 : 2, out);
   });
 
-  for (int r = 0; r < opt.n; ++r) {
+  // Initial workers get ranks 0..n-1; workers started later join the running
+  // job (EBBFLOW_JOIN=1) and are named by the next free id.
+  int next_id = 0;
+  std::vector<int> alive;  // ids of running workers, oldest first
+  auto spawn = [&](bool joiner) {
     el::detail::child_spec spec;
-    spec.id = r;
+    spec.id = next_id++;
     spec.argv = opt.argv;
-    spec.env = {{"EBBFLOW_RANK", std::to_string(r)},
-                {"EBBFLOW_WORLD_SIZE", std::to_string(opt.n)},
-                {"EBBFLOW_LOCAL_RANK", std::to_string(r)},
-                {"EBBFLOW_STORE", store_addr},
-                {"EBBFLOW_TOKEN", token}};
+    if (joiner) {
+      spec.env = {{"EBBFLOW_JOIN", "1"}, {"EBBFLOW_WORKER_ID", std::to_string(spec.id)}};
+    } else {
+      spec.env = {{"EBBFLOW_RANK", std::to_string(spec.id)},
+                  {"EBBFLOW_WORLD_SIZE", std::to_string(opt.n)},
+                  {"EBBFLOW_WORKER_ID", std::to_string(spec.id)}};
+    }
+    spec.env.push_back({"EBBFLOW_LOCAL_RANK", std::to_string(spec.id)});
+    spec.env.push_back({"EBBFLOW_STORE", store_addr});
+    spec.env.push_back({"EBBFLOW_TOKEN", token});
+    if (opt.min_size) spec.env.push_back({"EBBFLOW_MIN_SIZE", std::to_string(opt.min_size)});
+    if (opt.max_size) spec.env.push_back({"EBBFLOW_MAX_SIZE", std::to_string(opt.max_size)});
+    group.spawn(spec);
+    alive.push_back(spec.id);
+    if (joiner) say("started worker " + std::to_string(spec.id) + " (joins the running job)");
+  };
+  for (int r = 0; r < opt.n; ++r) {
     try {
-      group.spawn(spec);
+      spawn(false);
     } catch (const std::exception& e) {
       say("rank " + std::to_string(r) + ": " + e.what());
       group.signal_all(SIGKILL);
       return 127;
     }
   }
+  const auto started = ef::steady_clock::now();
+  auto since_start = [&] { return std::chrono::duration<double>(ef::steady_clock::now() - started).count(); };
+  std::vector<bool> event_done(opt.events.size(), false);
+  int restarts_left = opt.restarts;
+  int finished_ok = 0;
+  double next_discovery = opt.discovery.empty() ? 1e300 : 0;
+  auto add_workers = [&](int k) {
+    for (int i = 0; i < k; ++i) {
+      try {
+        spawn(true);
+      } catch (const std::exception& e) {
+        say(std::string("cannot start a worker: ") + e.what());
+      }
+    }
+  };
+  auto retire_newest = [&](int k) {
+    for (int i = 0; i < k && !alive.empty(); ++i) {
+      const int id = alive.back();
+      alive.pop_back();
+      say("asking worker " + std::to_string(id) + " to leave");
+      group.signal(id, SIGTERM);
+    }
+  };
 
   const auto job_deadline = opt.timeout_s ? ef::deadline::after(std::chrono::duration<double>(*opt.timeout_s))
                                           : ef::deadline::never();
@@ -209,10 +306,26 @@ int main(int argc, char** argv) {
   while (group.running() > 0) {
     ef::deadline d = job_deadline;
     if (kill_deadline) d = min(d, *kill_deadline);
+    if (opt.elastic && !kill_deadline) d = min(d, ef::deadline::after(20ms));  // timed events
     bool sig_ready = false;
     auto exits = group.poll(d, sigfd, &sig_ready);
     for (const auto& e : exits) {
-      if (e.ok()) continue;
+      std::erase(alive, e.id);
+      if (e.ok()) {
+        ++finished_ok;
+        continue;
+      }
+      if (opt.elastic && !interrupted_by && !timed_out) {
+        say("worker " + std::to_string(e.id) + " (pid " + std::to_string(e.pid) + ") " + e.describe() +
+            "; the job goes on without it");
+        if (!first_failure) first_failure = e;
+        if (restarts_left > 0 && !kill_deadline) {
+          --restarts_left;
+          say("restarting it as a joiner (" + std::to_string(restarts_left) + " restarts left)");
+          add_workers(1);
+        }
+        continue;
+      }
       if (!first_failure && !interrupted_by && !timed_out) {
         first_failure = e;
         say("rank " + std::to_string(e.id) + " (pid " + std::to_string(e.pid) + ") failed: " + e.describe() +
@@ -226,9 +339,51 @@ int main(int argc, char** argv) {
       signalfd_siginfo si{};
       while (::read(sigfd, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
         const int sig = static_cast<int>(si.ssi_signo);
+        if (sig == SIGUSR1) {
+          add_workers(1);
+          continue;
+        }
+        if (sig == SIGUSR2) {
+          retire_newest(1);
+          continue;
+        }
         if (!interrupted_by) interrupted_by = sig;
         say(std::string("received SIG") + sigabbrev_np(sig) + "; forwarding it to the ranks");
         stop_all(sig);
+      }
+    }
+    if (opt.elastic && !kill_deadline) {
+      const double now = since_start();
+      for (std::size_t k = 0; k < opt.events.size(); ++k) {
+        if (event_done[k] || now < opt.events[k].at) continue;
+        event_done[k] = true;
+        const auto& ev = opt.events[k];
+        if (ev.what == options::event::add) {
+          add_workers(ev.arg);
+        } else if (ev.what == options::event::kill) {
+          say("killing worker " + std::to_string(ev.arg) + " (SIGKILL)");
+          if (!group.signal(ev.arg, SIGKILL)) say("worker " + std::to_string(ev.arg) + " is not running");
+        } else {
+          say("asking worker " + std::to_string(ev.arg) + " to leave (SIGTERM)");
+          if (!group.signal(ev.arg, SIGTERM)) say("worker " + std::to_string(ev.arg) + " is not running");
+        }
+      }
+      if (now >= next_discovery) {
+        next_discovery = now + opt.discovery_interval;
+        if (FILE* f = ::popen(opt.discovery.c_str(), "r")) {
+          char buf[64] = {0};
+          const bool got = std::fgets(buf, sizeof buf, f) != nullptr;
+          const int rc = ::pclose(f);
+          char* end = nullptr;
+          const long want = got ? std::strtol(buf, &end, 10) : -1;
+          if (rc != 0 || !got || want < 0 || want > 4096) {
+            say("--discovery command failed or printed no worker count; keeping " + std::to_string(alive.size()));
+          } else if (want > static_cast<long>(alive.size())) {
+            add_workers(static_cast<int>(want - static_cast<long>(alive.size())));
+          } else if (want < static_cast<long>(alive.size())) {
+            retire_newest(static_cast<int>(static_cast<long>(alive.size()) - want));
+          }
+        }
       }
     }
     if (!timed_out && job_deadline.expired() && group.running() > 0) {
@@ -245,6 +400,15 @@ int main(int argc, char** argv) {
   }
   server.reset();
 
+  if (opt.elastic && !timed_out && !interrupted_by) {
+    if (finished_ok > 0) return 0;
+    if (first_failure) {
+      say("job failed: no worker finished successfully (first failure: worker " + std::to_string(first_failure->id) +
+          " " + first_failure->describe() + ")");
+      return first_failure->shell_status() != 0 ? first_failure->shell_status() : 1;
+    }
+    return 0;
+  }
   if (first_failure) {
     say("job failed: rank " + std::to_string(first_failure->id) + " " + first_failure->describe());
     return first_failure->shell_status() != 0 ? first_failure->shell_status() : 1;

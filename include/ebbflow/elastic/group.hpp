@@ -51,6 +51,7 @@
 #pragma once
 
 #include <ebbflow/config.hpp>
+#include <ebbflow/comm/communicator.hpp>
 #include <ebbflow/comm/revocable.hpp>
 #include <ebbflow/comm/transport.hpp>
 #include <ebbflow/core/deadline.hpp>
@@ -81,15 +82,16 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 
-//! A network builds the transport of each generation. `address()` is this
-//! process's transport address (published in the store); `connect(g, rank,
-//! addresses, d)` returns the transport of generation g given every member's
-//! address in rank order. UCX and loopback networks model this.
+//! A network builds the transport of each generation. `prepare(g)` creates
+//! this process's endpoint for generation g and returns its address (the
+//! group publishes it in the store); `connect(g, rank, addresses, d)` returns
+//! the transport of generation g given every member's address in rank order.
+//! The UCX network (elastic/ucx_network.hpp) and the loopback network model this.
 template <class N>
 concept network = requires(N& n, std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline d) {
   typename N::transport_type;
   requires comm::transport<typename N::transport_type>;
-  { n.address() } -> std::convertible_to<bytes>;
+  { n.prepare(g) } -> std::convertible_to<bytes>;
   { n.connect(g, rank, addrs, d) } -> std::same_as<typename N::transport_type>;
 };
 
@@ -249,6 +251,8 @@ class group {
  public:
   //! The transport handed to `collective`: `Net`'s, revocable by the heartbeat thread.
   using transport_type = comm::revocable<typename Net::transport_type>;
+  //! Collectives over the current generation's transport.
+  using communicator_type = comm::basic_communicator<transport_type>;
   //! Connects a new store client (must not return nullptr; may throw, which the constructor passes on).
   using store_factory = std::function<std::unique_ptr<Store>()>;
 
@@ -277,7 +281,7 @@ class group {
   //! transfer first. @throws group_error when the group cannot go on.
   step_info begin_step();
 
-  //! Runs `f(transport&)` (any collective over this generation's transport).
+  //! Runs `f(communicator&)` (any collectives over this generation).
   //! Returns false when a member failed: the step is aborted, the group
   //! re-formed, and the caller must redo the step from `begin_step`.
   template <class F>
@@ -318,6 +322,8 @@ class group {
   [[nodiscard]] const std::vector<world_change>& history() const noexcept { return history_; }
   //! The transport of the current generation (valid until the next change).
   [[nodiscard]] transport_type& transport() { return *transport_; }
+  //! The communicator of the current generation (valid until the next change).
+  [[nodiscard]] communicator_type& communicator() { return *comm_; }
 
  private:
   std::string key(const std::string& k) const { return opts_.prefix + "/" + k; }
@@ -330,12 +336,10 @@ class group {
   void sync_state();
   void recover(std::int64_t failed_generation, int lost_peer);
   void change_membership(const std::vector<double>& ctl, int n);
-  std::vector<bytes> addresses(const detail::generation_record& rec);
+  std::vector<bytes> gather_addresses(const detail::generation_record& rec);
   std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room);
   bool fresh(member_id m, std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>& seen);
   void control_allreduce(std::span<double> v);
-  template <class T>
-  bool allreduce_impl(std::span<T> data);
   void notify(change_reason reason, int old_size, double stall);
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
 
@@ -346,8 +350,7 @@ class group {
   Net* net_;
   std::unique_ptr<planning_policy> policy_;
   member_id id_ = -1;
-  bytes address_;
-  std::map<member_id, bytes> address_cache_;
+  comm::collective_options coll_opts_;
 
   detail::generation_record gen_;
   int rank_ = -1;
@@ -355,7 +358,6 @@ class group {
   std::int64_t step_ = -1;  // committed steps; -1 until state arrives
   std::int64_t epoch_ = 0;
   std::size_t cursor_ = 0;
-  std::uint64_t ctl_seq_ = 0;
   struct pending_change {
     change_reason reason;
     int old_size;
@@ -363,6 +365,7 @@ class group {
   };
   std::optional<pending_change> pending_;  // state transfer and notification still to do
   std::optional<transport_type> transport_;
+  std::optional<communicator_type> comm_;
   std::shared_ptr<comm::revoke_flag> revoke_;
   std::atomic<std::int64_t> hb_generation_{-1};
   std::mutex hb_mutex_;

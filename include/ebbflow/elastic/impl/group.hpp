@@ -14,10 +14,6 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 namespace detail {
-// Tag spaces of the group's own traffic on a generation's transport (user
-// collectives count their sequence numbers from 0 and stay far below).
-inline constexpr std::uint64_t control_seq_base = 0x80000000u;
-inline constexpr std::uint64_t sync_seq = 0x7fffffffu;
 
 // Integers the group stores as decimal text; anything else is a corrupt store.
 inline std::int64_t parse_i64(const std::string& v) {
@@ -51,9 +47,9 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(policy_ != nullptr, "elastic group: null planning policy");
   EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
   store_ = connect_store_();
+  coll_opts_ = comm::collective_options::from_environment();
+  coll_opts_.timeout = opts_.op_timeout;
   id_ = store_->add(key("next_id"), 1, store_deadline());
-  address_ = net_->address();
-  store_->set(key("addr/" + std::to_string(id_)), to_value(address_), store_deadline());
   heartbeat_ = std::jthread([this](std::stop_token st) { heartbeat_loop(st); });
   if (!opts_.join && launch_.rank < launch_.world_size)
     form_initial();
@@ -65,6 +61,7 @@ template <kv_store Store, network Net>
 group<Store, Net>::~group() {
   heartbeat_.request_stop();
   if (heartbeat_.joinable()) heartbeat_.join();
+  comm_.reset();
   transport_.reset();
 }
 
@@ -184,17 +181,37 @@ void group<Store, Net>::wait_admission() {
 }
 
 template <kv_store Store, network Net>
-std::vector<bytes> group<Store, Net>::addresses(const detail::generation_record& rec) {
-  std::vector<bytes> out;
-  for (auto& m : rec.members) {
-    auto it = address_cache_.find(m.id);
-    if (it == address_cache_.end()) {
-      auto v = store_->try_get(key("addr/" + std::to_string(m.id)), store_deadline());
-      if (!v) fail(error::invalid_state, "member " + std::to_string(m.id) + " published no transport address");
-      it = address_cache_.emplace(m.id, to_bytes(*v)).first;
+std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_record& rec) {
+  // Every member publishes the address of its endpoint for this generation;
+  // a member that stops heartbeating before it published is reported lost,
+  // so the others fail over instead of waiting for the full deadline.
+  const std::string gs = std::to_string(rec.generation);
+  std::vector<std::optional<bytes>> found(rec.members.size());
+  std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>> hb;
+  const auto d = deadline::after(opts_.op_timeout);
+  for (std::size_t missing = found.size();;) {
+    for (std::size_t j = 0; j < found.size(); ++j) {
+      if (found[j]) continue;
+      const member_id m = rec.members[j].id;
+      if (auto v = store_->try_get(key("addr/" + gs + "/" + std::to_string(m)), store_deadline())) {
+        found[j] = to_bytes(*v);
+        --missing;
+      } else if (!fresh(m, hb)) {
+        throw system_error(make_error_code(error::peer_lost),
+                           {.rank = rank_, .generation = rec.generation, .peer = static_cast<int>(j), .operation = "connect",
+                            .detail = "member " + std::to_string(m) + " stopped before publishing its address"});
+      }
     }
-    out.push_back(it->second);
+    if (missing == 0) break;
+    if (revoke_ && revoke_->revoked())
+      throw system_error(make_error_code(error::revoked), {.rank = rank_, .generation = rec.generation, .operation = "connect"});
+    if (d.expired())
+      throw system_error(make_error_code(error::timeout), {.rank = rank_, .generation = rec.generation, .operation = "connect",
+                                                           .detail = std::to_string(missing) + " members published no address"});
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
+  std::vector<bytes> out;
+  for (auto& f : found) out.push_back(std::move(*f));
   return out;
 }
 
@@ -205,17 +222,20 @@ void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_
   EBBFLOW_EXPECTS(r >= 0);
   gen_ = std::move(rec);
   rank_ = r;
-  ctl_seq_ = 0;
   log::set_rank(rank_);
-  auto addrs = addresses(gen_);
   revoke_ = std::make_shared<comm::revoke_flag>();
   {
     std::lock_guard lk(hb_mutex_);
     hb_revoke_ = revoke_;
   }
   hb_generation_.store(gen_.generation);
+  comm_.reset();
   transport_.reset();
+  const bytes mine = net_->prepare(gen_.generation);
+  store_->set(key("addr/" + std::to_string(gen_.generation) + "/" + std::to_string(id_)), to_value(mine), store_deadline());
+  auto addrs = gather_addresses(gen_);
   transport_.emplace(net_->connect(gen_.generation, rank_, addrs, deadline::after(opts_.op_timeout)), revoke_);
+  comm_.emplace(*transport_, coll_opts_);
   // The state moves at the next begin_step: a newcomer registers its buffers
   // after the constructor returned.
   if (!pending_) pending_ = pending_change{gen_.reason, old_size, started};
@@ -224,9 +244,11 @@ void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_
 
 template <kv_store Store, network Net>
 void group<Store, Net>::sync_state() {
-  using comm::make_tag;
   const auto d = deadline::after(opts_.op_timeout);
-  auto& t = *transport_;
+  auto& c = *comm_;
+  auto raw = [](void* p, std::size_t n) { return buffer_view{p, n, dtype::u8, memory_space::host}; };
+  // Point-to-point tags of the state transfer (collectives never use p2p tags).
+  constexpr std::uint32_t tag_size = 1, tag_header = 2, tag_first = 3;
   if (gen_.source == id_) {
     EBBFLOW_EXPECTS(step_ == gen_.source_step);
     detail::writer w;
@@ -240,19 +262,21 @@ void group<Store, Net>::sync_state() {
     for (std::size_t j = 0; j < gen_.members.size(); ++j) {
       if (gen_.members[j].committed >= gen_.source_step) continue;
       const int peer = static_cast<int>(j);
-      comm::send(t, peer, make_tag(detail::sync_seq, 0), std::as_bytes(std::span(&header_size, 1)), d);
-      comm::send(t, peer, make_tag(detail::sync_seq, 1), header, d);
+      std::uint64_t hs = header_size;
+      bytes h = header;
+      c.send(raw(&hs, sizeof hs), peer, tag_size, d);
+      c.send(raw(h.data(), h.size()), peer, tag_header, d);
       for (std::size_t k = 0; k < state_.size(); ++k)
-        comm::send(t, peer, make_tag(detail::sync_seq, static_cast<std::uint32_t>(2 + k)), state_[k].data, d);
+        c.send(raw(state_[k].data.data(), state_[k].data.size()), peer, tag_first + static_cast<std::uint32_t>(k), d);
       EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << peer << ")");
     }
   } else if (step_ < gen_.source_step) {
     const int src = gen_.rank_of(gen_.source);
     std::uint64_t header_size = 0;
-    comm::recv(t, src, make_tag(detail::sync_seq, 0), std::as_writable_bytes(std::span(&header_size, 1)), d);
+    c.recv(raw(&header_size, sizeof header_size), src, tag_size, d);
     if (header_size > (std::uint64_t{1} << 24)) fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");
     bytes header(header_size);
-    comm::recv(t, src, make_tag(detail::sync_seq, 1), header, d);
+    c.recv(raw(header.data(), header.size()), src, tag_header, d);
     detail::reader rd(header, "state header");
     const auto step = rd.get<std::int64_t>();
     const auto epoch = rd.get<std::int64_t>();
@@ -273,7 +297,7 @@ void group<Store, Net>::sync_state() {
       }
     }
     for (std::size_t k = 0; k < state_.size(); ++k)
-      comm::recv(t, src, make_tag(detail::sync_seq, static_cast<std::uint32_t>(2 + k)), state_[k].data, d);
+      c.recv(raw(state_[k].data.data(), state_[k].data.size()), src, tag_first + static_cast<std::uint32_t>(k), d);
     step_ = step;
     epoch_ = epoch;
     cursor_ = cursor;
@@ -333,7 +357,7 @@ template <kv_store Store, network Net>
 template <class F>
 bool group<Store, Net>::collective(F&& f) {
   try {
-    f(*transport_);
+    f(*comm_);
     return true;
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
@@ -344,69 +368,19 @@ bool group<Store, Net>::collective(F&& f) {
 }
 
 template <kv_store Store, network Net>
-template <class T>
-bool group<Store, Net>::allreduce_impl(std::span<T> data) {
-  // Reduce to rank 0 in rank order, then broadcast. Deterministic.
-  // TODO(#3): switch to comm::allreduce (ring / recursive doubling) once the collectives land.
-  return collective([&](transport_type& t) {
-    const auto d = deadline::after(opts_.op_timeout);
-    const std::uint64_t seq = ctl_seq_++;
-    const int n = t.size();
-    if (n == 1) return;
-    const auto tag = comm::make_tag(seq, 0);
-    if (t.rank() == 0) {
-      std::vector<T> tmp(data.size());
-      for (int r = 1; r < n; ++r) {
-        comm::recv(t, r, tag, std::as_writable_bytes(std::span(tmp)), d);
-        for (std::size_t i = 0; i < data.size(); ++i) data[i] += tmp[i];
-      }
-      std::vector<typename transport_type::request> reqs;
-      for (int r = 1; r < n; ++r) reqs.push_back(t.isend(r, comm::make_tag(seq, 1), std::as_bytes(data)));
-      for (std::size_t k = 0; k < reqs.size(); ++k) {
-        std::error_code ec;
-        t.wait(reqs[k], d, ec);
-        throw_if(ec, {.rank = rank_, .generation = gen_.generation, .peer = static_cast<int>(k + 1), .operation = "allreduce"});
-      }
-    } else {
-      comm::send(t, 0, tag, std::as_bytes(data), d);
-      comm::recv(t, 0, comm::make_tag(seq, 1), std::as_writable_bytes(data), d);
-    }
-  });
-}
-
-template <kv_store Store, network Net>
 bool group<Store, Net>::allreduce(std::span<float> data) {
-  return allreduce_impl(data);
+  return collective([&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
 }
 template <kv_store Store, network Net>
 bool group<Store, Net>::allreduce(std::span<double> data) {
-  return allreduce_impl(data);
+  return collective([&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
 }
 
 template <kv_store Store, network Net>
 void group<Store, Net>::control_allreduce(std::span<double> v) {
-  const auto d = deadline::after(opts_.op_timeout);
-  auto& t = *transport_;
-  const int n = t.size();
-  if (n == 1) return;
-  const std::uint64_t seq = detail::control_seq_base | (ctl_seq_++ & 0x7fffffffu);
-  if (t.rank() == 0) {
-    std::vector<double> tmp(v.size());
-    for (int r = 1; r < n; ++r) {
-      comm::recv(t, r, comm::make_tag(seq, 0), std::as_writable_bytes(std::span(tmp)), d);
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] += tmp[i];
-    }
-    std::vector<typename transport_type::request> reqs;
-    for (int r = 1; r < n; ++r) reqs.push_back(t.isend(r, comm::make_tag(seq, 1), std::as_bytes(v)));
-    for (std::size_t k = 0; k < reqs.size(); ++k) {
-      std::error_code ec;
-      t.wait(reqs[k], d, ec);
-      throw_if(ec, {.rank = rank_, .generation = gen_.generation, .peer = static_cast<int>(k + 1), .operation = "control exchange"});
-    }
-  } else {
-    comm::send(t, 0, comm::make_tag(seq, 0), std::as_bytes(v), d);
-    comm::recv(t, 0, comm::make_tag(seq, 1), std::as_writable_bytes(v), d);
-  }
+  // The communicator's allreduce gives bitwise-identical results on every
+  // rank, so every member's policy observes exactly the same numbers.
+  comm_->allreduce(view(v), reduce_op::sum, deadline::after(opts_.op_timeout));
 }
 
 template <kv_store Store, network Net>
@@ -522,6 +496,7 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     active_ = false;
     EBBFLOW_LOG_INFO("member " << id_ << " left the group after step " << step_);
     hb_generation_.store(-1);
+    comm_.reset();
     transport_.reset();
     heartbeat_.request_stop();
     return;

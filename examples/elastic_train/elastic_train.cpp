@@ -1,0 +1,206 @@
+// SPDX-License-Identifier: Apache-2.0
+// Elastic, heterogeneity-aware data-parallel training of a small MLP on the
+// digits data set, in plain C++: the ebbflow lines are marked "ebbflow:".
+//
+//   ebbflow-run -n 4 --add 3 --kill 6:2 -- elastic_train --steps 300 --metrics run.csv
+//
+// Each worker can be made slower (an emulated slower GPU) with
+// EBBFLOW_SLOWDOWN=<factor>; with --sample-us U every sample costs U µs of
+// emulated device time (× the slowdown), so speeds differ in a known way.
+// --reference runs the same global batches in one process (for checks).
+#include <ebbflow/elastic/group.hpp>
+#include <ebbflow/elastic/planner_policy.hpp>
+#include <ebbflow/elastic/store.hpp>
+#include <ebbflow/elastic/ucx_network.hpp>
+#include <ebbflow/plan/sampler.hpp>
+
+#include "../common/digits.hpp"
+#include "../common/mlp.hpp"
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ef = ebbflow;
+namespace el = ebbflow::elastic;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+struct args {
+  std::int64_t steps = 200;
+  std::size_t batch = 64;
+  float lr = 0.05f, momentum = 0.9f;
+  std::uint64_t seed = 1;
+  double sample_us = 0, step_us = 0;  // emulated device time per sample / per step
+  int hidden = 64;
+  std::string metrics, params_out;
+  bool reference = false;
+  std::int64_t die_at = -1;  // this worker SIGKILLs itself in the middle of that step (tests)
+};
+
+args parse(int argc, char** argv) {
+  args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto v = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::cerr << "elastic_train: " << k << " needs a value\n";
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--steps") a.steps = std::stoll(v());
+    else if (k == "--batch") a.batch = std::stoul(v());
+    else if (k == "--lr") a.lr = std::stof(v());
+    else if (k == "--momentum") a.momentum = std::stof(v());
+    else if (k == "--seed") a.seed = std::stoull(v());
+    else if (k == "--sample-us") a.sample_us = std::stod(v());
+    else if (k == "--step-us") a.step_us = std::stod(v());
+    else if (k == "--hidden") a.hidden = std::stoi(v());
+    else if (k == "--metrics") a.metrics = v();
+    else if (k == "--params-out") a.params_out = v();
+    else if (k == "--die-at") a.die_at = std::stoll(v());
+    else if (k == "--reference") a.reference = true;
+    else {
+      std::cerr << "elastic_train: unknown argument " << k << "\n";
+      std::exit(2);
+    }
+  }
+  if (auto* d = std::getenv("EBBFLOW_TEST_DIE_AT")) a.die_at = std::stoll(d);
+  return a;
+}
+
+void write_params(const std::string& path, const std::vector<float>& p) {
+  if (path.empty()) return;
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size() * sizeof(float)));
+}
+
+// Emulated device time of one step on `b` samples (a slower GPU takes longer).
+void emulate_device(const args& a, std::size_t b, double slowdown) {
+  const double us = slowdown * (a.step_us + a.sample_us * static_cast<double>(b));
+  if (us > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(us));
+}
+
+int reference(const args& a, const digits::data_set& train, const digits::data_set& test) {
+  const mlp::shape sh{64, a.hidden, 10};
+  auto p = mlp::init(sh, a.seed);
+  std::vector<float> v(p.size(), 0.f), g(p.size());
+  std::size_t cursor = 0;
+  std::int64_t epoch = 0;
+  for (std::int64_t t = 0; t < a.steps; ++t) {
+    const ef::plan::epoch_permutation order(train.size(), a.seed, static_cast<std::uint64_t>(epoch));
+    const std::size_t B = std::min(a.batch, train.size() - cursor);
+    std::fill(g.begin(), g.end(), 0.f);
+    for (std::size_t j = 0; j < B; ++j) {
+      const auto i = order(cursor + j);
+      mlp::accumulate(sh, p, &train.x[i * 64], train.y[i], 1.f / static_cast<float>(B), g);
+    }
+    mlp::sgd_step(p, v, g, a.lr, a.momentum);
+    cursor += B;
+    if (cursor >= train.size()) cursor = 0, ++epoch;
+  }
+  std::printf("reference: %lld steps, test accuracy %.4f\n", static_cast<long long>(a.steps),
+              mlp::accuracy(sh, p, test.x, test.y));
+  write_params(a.params_out, p);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const args a = parse(argc, argv);
+  digits::data_set all = digits::load(), train, test;
+  digits::split(all, train, test);
+  if (a.reference) return reference(a, train, test);
+
+  const double slowdown = ef::env::get_double("EBBFLOW_SLOWDOWN", 1.0, 1.0, 1000.0);
+  const mlp::shape sh{64, a.hidden, 10};
+  auto params = mlp::init(sh, a.seed);
+  std::vector<float> velocity(params.size(), 0.f);
+  std::vector<float> grad(params.size() + 1);  // + 1: the weighted loss rides along
+
+  // ebbflow: join the job (initial worker or newcomer), with the exact batch planner.
+  el::leave_on_signal(SIGTERM);
+  el::group_options opts = el::group_options::from_environment();
+  opts.global_batch = a.batch;
+  opts.dataset_size = train.size();
+  el::ucx_network net;
+  el::group<el::store_client, el::ucx_network> group(
+      [] { return std::make_unique<el::store_client>(el::store_client::from_environment()); }, net, opts,
+      ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
+  // ebbflow: the training state joiners receive.
+  group.register_state("params", std::as_writable_bytes(std::span(params)));
+  group.register_state("velocity", std::as_writable_bytes(std::span(velocity)));
+  group.on_world_changed([&](const el::world_change& w) {
+    std::fprintf(stderr, "world changed (%s): %d -> %d workers at step %lld, ready after %.1f ms\n",
+                 std::string(el::name(w.reason)).c_str(), w.old_size, w.new_size, static_cast<long long>(w.step),
+                 w.stall_seconds * 1e3);
+  });
+
+  std::FILE* metrics = nullptr;
+  const auto t0 = clk::now();
+  auto last = t0;
+  while (group.active() && group.step() < a.steps) {
+    const auto s = group.begin_step();  // ebbflow: my slice of the global batch
+    if (!a.metrics.empty() && s.rank == 0 && !metrics) {
+      // Appended to: after a failure another member may become rank 0 and go on writing.
+      metrics = std::fopen(a.metrics.c_str(), "a");
+      if (metrics && std::ftell(metrics) == 0)
+        std::fprintf(metrics, "step,time_s,generation,world_size,loss,test_acc,samples_per_s,plan\n");
+    }
+    const auto c0 = clk::now();
+    const ef::plan::epoch_permutation order(train.size(), a.seed, static_cast<std::uint64_t>(s.epoch));
+    std::fill(grad.begin(), grad.end(), 0.f);
+    float loss = 0;
+    for (std::size_t j = 0; j < s.batch; ++j) {
+      const auto i = order(s.cursor + s.offset + j);
+      // Gradient of the global mean loss: my samples weigh 1 / B_t each (= w_i × my mean).
+      loss += mlp::accumulate(sh, params, &train.x[i * 64], train.y[i], 1.f / static_cast<float>(s.global_batch),
+                              std::span(grad).first(params.size()));
+    }
+    grad.back() = loss / static_cast<float>(s.global_batch);
+    emulate_device(a, s.batch, slowdown);
+    const double compute_s = std::chrono::duration<double>(clk::now() - c0).count();
+    if (s.step == a.die_at) std::raise(SIGKILL);  // fault injection for tests
+
+    if (!group.allreduce(grad)) continue;  // ebbflow: a member failed; the step is redone
+    mlp::sgd_step(params, velocity, std::span(grad).first(params.size()), a.lr, a.momentum);
+    group.end_step(compute_s);  // ebbflow: commit; joins, leaves and re-plans happen here
+
+    if (metrics && s.rank == 0) {
+      const auto now = clk::now();
+      const double dt = std::chrono::duration<double>(now - last).count();
+      last = now;
+      const bool eval = s.step % 10 == 0 || group.step() == a.steps;
+      std::string plan;
+      for (auto b : group.plan()) plan += (plan.empty() ? "" : ";") + std::to_string(b);
+      std::fprintf(metrics, "%lld,%.3f,%lld,%d,%.6f,%s,%.1f,%s\n", static_cast<long long>(s.step),
+                   std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(),
+                   static_cast<long long>(s.generation),
+                   s.world_size, grad.back(),
+                   eval ? std::to_string(mlp::accuracy(sh, params, test.x, test.y)).c_str() : "",
+                   dt > 0 ? static_cast<double>(s.global_batch) / dt : 0.0, plan.c_str());
+      std::fflush(metrics);
+    }
+  }
+  if (group.active() && group.rank() == 0) {
+    std::printf("finished %lld steps in %.2f s: world size %d, test accuracy %.4f\n",
+                static_cast<long long>(group.step()), std::chrono::duration<double>(clk::now() - t0).count(),
+                group.size(), mlp::accuracy(sh, params, test.x, test.y));
+    write_params(a.params_out, params);
+    group.finish();
+  }
+  if (metrics) std::fclose(metrics);
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "elastic_train: %s\n", e.what());
+  return 1;
+}
