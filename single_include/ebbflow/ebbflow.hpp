@@ -3910,7 +3910,8 @@ EBBFLOW_END_NAMESPACE
 //! * `try_get(k, d)` returns the value, or nullopt when k is absent (never blocks on absence).
 //! * `add(k, delta, d)` atomically adds to the 64-bit integer under k (absent = 0), returns the new value.
 //! * `compare_set(k, expected, desired, d)` stores desired when the current value
-//!   equals expected (an empty expected matches an absent key); the result's `current` is the value now stored.
+//!   equals expected (an empty expected matches an absent key); the result's `swapped` tells whether it did,
+//!   `current` is the value now stored.
 //! * `wait(keys, d)` blocks until every key exists, or throws `errc::timeout`.
 //! The Boost.Asio store client (elastic/store.hpp) models this concept.
 
@@ -3945,6 +3946,7 @@ concept kv_store = requires(S& s, const std::string& k, std::string_view v, std:
   { s.try_get(k, d) } -> std::same_as<std::optional<std::string>>;
   { s.add(k, delta, d) } -> std::same_as<std::int64_t>;
   { s.compare_set(k, v, v, d).current } -> std::convertible_to<std::string>;
+  { s.compare_set(k, v, v, d).swapped } -> std::convertible_to<bool>;
   s.wait(keys, d);
 };
 
@@ -4419,6 +4421,7 @@ class group {
   void control_allreduce(std::span<double> v);
   void notify(change_reason reason, int old_size, double stall);
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
+  void fault_point(const char* point);
 
   group_options opts_;
   launch_info launch_;
@@ -4733,6 +4736,7 @@ void group<Store, Net>::sync_state() {
       bytes h = header;
       c.send(raw(&hs, sizeof hs), peer, tag_size, d);
       c.send(raw(h.data(), h.size()), peer, tag_header, d);
+      if (step_ > 0) fault_point("sync-send");
       for (std::size_t k = 0; k < state_.size(); ++k)
         c.send(raw(state_[k].data.data(), state_[k].data.size()), peer, tag_first + static_cast<std::uint32_t>(k), d);
       EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << peer << ")");
@@ -4744,6 +4748,7 @@ void group<Store, Net>::sync_state() {
     if (header_size > (std::uint64_t{1} << 24)) fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");
     bytes header(header_size);
     c.recv(raw(header.data(), header.size()), src, tag_header, d);
+    if (opts_.join) fault_point("sync-recv");
     detail::reader rd(header, "state header");
     const auto step = rd.get<std::int64_t>();
     const auto epoch = rd.get<std::int64_t>();
@@ -5101,6 +5106,18 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
       g = gen_.generation;
       lost_peer = e.code() == errc::peer_lost ? e.peer() : -1;
     }
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::fault_point(const char* point) {
+  // Fault injection for tests (EBBFLOW_FAULT=<point>): the first member of the
+  // job to reach the point dies there, as a crashed process would.
+  static const std::optional<std::string> fault = env::get("EBBFLOW_FAULT");
+  if (!fault || *fault != point) return;
+  if (store_->compare_set(key(std::string("fault/") + point), "", "fired", store_deadline()).swapped) {
+    EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << " dies here");
+    std::raise(SIGKILL);
   }
 }
 

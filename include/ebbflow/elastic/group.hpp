@@ -342,6 +342,7 @@ class group {
   void control_allreduce(std::span<double> v);
   void notify(change_reason reason, int old_size, double stall);
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
+  void fault_point(const char* point);
 
   group_options opts_;
   launch_info launch_;

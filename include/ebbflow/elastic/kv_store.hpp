@@ -10,7 +10,8 @@
 //! * `try_get(k, d)` returns the value, or nullopt when k is absent (never blocks on absence).
 //! * `add(k, delta, d)` atomically adds to the 64-bit integer under k (absent = 0), returns the new value.
 //! * `compare_set(k, expected, desired, d)` stores desired when the current value
-//!   equals expected (an empty expected matches an absent key); the result's `current` is the value now stored.
+//!   equals expected (an empty expected matches an absent key); the result's `swapped` tells whether it did,
+//!   `current` is the value now stored.
 //! * `wait(keys, d)` blocks until every key exists, or throws `errc::timeout`.
 //! The Boost.Asio store client (elastic/store.hpp) models this concept.
 #pragma once
@@ -45,6 +46,7 @@ concept kv_store = requires(S& s, const std::string& k, std::string_view v, std:
   { s.try_get(k, d) } -> std::same_as<std::optional<std::string>>;
   { s.add(k, delta, d) } -> std::same_as<std::int64_t>;
   { s.compare_set(k, v, v, d).current } -> std::convertible_to<std::string>;
+  { s.compare_set(k, v, v, d).swapped } -> std::convertible_to<bool>;
   s.wait(keys, d);
 };
 

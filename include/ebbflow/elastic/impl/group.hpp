@@ -266,6 +266,7 @@ void group<Store, Net>::sync_state() {
       bytes h = header;
       c.send(raw(&hs, sizeof hs), peer, tag_size, d);
       c.send(raw(h.data(), h.size()), peer, tag_header, d);
+      if (step_ > 0) fault_point("sync-send");
       for (std::size_t k = 0; k < state_.size(); ++k)
         c.send(raw(state_[k].data.data(), state_[k].data.size()), peer, tag_first + static_cast<std::uint32_t>(k), d);
       EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << peer << ")");
@@ -277,6 +278,7 @@ void group<Store, Net>::sync_state() {
     if (header_size > (std::uint64_t{1} << 24)) fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");
     bytes header(header_size);
     c.recv(raw(header.data(), header.size()), src, tag_header, d);
+    if (opts_.join) fault_point("sync-recv");
     detail::reader rd(header, "state header");
     const auto step = rd.get<std::int64_t>();
     const auto epoch = rd.get<std::int64_t>();
@@ -634,6 +636,18 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
       g = gen_.generation;
       lost_peer = e.code() == errc::peer_lost ? e.peer() : -1;
     }
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::fault_point(const char* point) {
+  // Fault injection for tests (EBBFLOW_FAULT=<point>): the first member of the
+  // job to reach the point dies there, as a crashed process would.
+  static const std::optional<std::string> fault = env::get("EBBFLOW_FAULT");
+  if (!fault || *fault != point) return;
+  if (store_->compare_set(key(std::string("fault/") + point), "", "fired", store_deadline()).swapped) {
+    EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << " dies here");
+    std::raise(SIGKILL);
   }
 }
 
