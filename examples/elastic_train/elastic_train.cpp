@@ -41,6 +41,9 @@ struct args {
   double sample_us = 0, step_us = 0;  // emulated device time per sample / per step
   int hidden = 64;
   std::string metrics, params_out;
+  std::string checkpoint;          // with checkpoint_at: save there and stop; with resume: load from there
+  std::int64_t checkpoint_at = -1;
+  bool resume = false;
   bool reference = false;
   std::int64_t die_at = -1;  // this worker SIGKILLs itself in the middle of that step (tests)
 };
@@ -68,6 +71,9 @@ args parse(int argc, char** argv) {
     else if (k == "--params-out") a.params_out = v();
     else if (k == "--die-at") a.die_at = std::stoll(v());
     else if (k == "--reference") a.reference = true;
+    else if (k == "--checkpoint") a.checkpoint = v();
+    else if (k == "--checkpoint-at") a.checkpoint_at = std::stoll(v());
+    else if (k == "--resume") a.resume = true;
     else {
       std::cerr << "elastic_train: unknown argument " << k << "\n";
       std::exit(2);
@@ -81,6 +87,33 @@ void write_params(const std::string& path, const std::vector<float>& p) {
   if (path.empty()) return;
   std::ofstream f(path, std::ios::binary);
   f.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size() * sizeof(float)));
+}
+
+// The checkpoint-restart baseline: the state and position in one file.
+struct checkpoint_header {
+  std::int64_t step, epoch;
+  std::uint64_t cursor, n;
+};
+void save_checkpoint(const std::string& path, const checkpoint_header& h, const std::vector<float>& p,
+                     const std::vector<float>& v) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(&h), sizeof h);
+    f.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size() * sizeof(float)));
+    f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+    f.flush();
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+checkpoint_header load_checkpoint(const std::string& path, std::vector<float>& p, std::vector<float>& v) {
+  std::ifstream f(path, std::ios::binary);
+  checkpoint_header h{};
+  if (!f.read(reinterpret_cast<char*>(&h), sizeof h) || h.n != p.size() ||
+      !f.read(reinterpret_cast<char*>(p.data()), static_cast<std::streamsize>(p.size() * sizeof(float))) ||
+      !f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float))))
+    throw std::runtime_error("cannot read checkpoint " + path);
+  return h;
 }
 
 // Emulated device time of one step on `b` samples (a slower GPU takes longer).
@@ -145,6 +178,11 @@ int main(int argc, char** argv) try {
                  w.stall_seconds * 1e3);
   });
 
+  if (a.resume) {
+    const auto h = load_checkpoint(a.checkpoint, params, velocity);
+    group.restore_position(h.step, h.epoch, h.cursor);
+  }
+
   std::FILE* metrics = nullptr;
   const auto t0 = clk::now();
   auto last = t0;
@@ -174,6 +212,9 @@ int main(int argc, char** argv) try {
     if (!group.allreduce(grad)) continue;  // ebbflow: a member failed; the step is redone
     mlp::sgd_step(params, velocity, std::span(grad).first(params.size()), a.lr, a.momentum);
     group.end_step(compute_s);  // ebbflow: commit; joins, leaves and re-plans happen here
+    const bool stop_for_checkpoint = a.checkpoint_at >= 0 && group.step() == a.checkpoint_at;
+    if (stop_for_checkpoint && group.rank() == 0)
+      save_checkpoint(a.checkpoint, {group.step(), group.epoch(), group.cursor(), params.size()}, params, velocity);
 
     if (metrics && s.rank == 0) {
       const auto now = clk::now();
@@ -190,6 +231,7 @@ int main(int argc, char** argv) try {
                    dt > 0 ? static_cast<double>(s.global_batch) / dt : 0.0, plan.c_str());
       std::fflush(metrics);
     }
+    if (stop_for_checkpoint) break;
   }
   if (group.active() && group.rank() == 0) {
     std::printf("finished %lld steps in %.2f s: world size %d, test accuracy %.4f\n",

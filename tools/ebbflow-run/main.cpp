@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -181,6 +182,14 @@ void write_all(int fd, const std::string& s) {
 
 void say(const std::string& msg) { write_all(2, "ebbflow-run: " + msg + "\n"); }
 
+// Wall-clock stamp for event lines, so reports can align them with metrics.
+std::string stamp() {
+  char b[48];
+  std::snprintf(b, sizeof b, " [t=%.3f]",
+                std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  return b;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -257,7 +266,7 @@ int main(int argc, char** argv) {
     if (opt.max_size) spec.env.push_back({"EBBFLOW_MAX_SIZE", std::to_string(opt.max_size)});
     group.spawn(spec);
     alive.push_back(spec.id);
-    if (joiner) say("started worker " + std::to_string(spec.id) + " (joins the running job)");
+    if (joiner) say("started worker " + std::to_string(spec.id) + " (joins the running job)" + stamp());
   };
   for (int r = 0; r < opt.n; ++r) {
     try {
@@ -287,7 +296,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < k && !alive.empty(); ++i) {
       const int id = alive.back();
       alive.pop_back();
-      say("asking worker " + std::to_string(id) + " to leave");
+      say("asking worker " + std::to_string(id) + " to leave" + stamp());
       group.signal(id, SIGTERM);
     }
   };
@@ -361,10 +370,10 @@ int main(int argc, char** argv) {
         if (ev.what == options::event::add) {
           add_workers(ev.arg);
         } else if (ev.what == options::event::kill) {
-          say("killing worker " + std::to_string(ev.arg) + " (SIGKILL)");
+          say("killing worker " + std::to_string(ev.arg) + " (SIGKILL)" + stamp());
           if (!group.signal(ev.arg, SIGKILL)) say("worker " + std::to_string(ev.arg) + " is not running");
         } else {
-          say("asking worker " + std::to_string(ev.arg) + " to leave (SIGTERM)");
+          say("asking worker " + std::to_string(ev.arg) + " to leave (SIGTERM)" + stamp());
           if (!group.signal(ev.arg, SIGTERM)) say("worker " + std::to_string(ev.arg) + " is not running");
         }
       }

@@ -296,6 +296,12 @@ class group {
   //! leaves and joins. `compute_seconds`: this member's compute time of the step.
   void end_step(double compute_seconds);
 
+  //! Resumes from a checkpoint: the step, epoch and cursor the job had
+  //! reached. Call before the first `begin_step` on every member (the
+  //! source's position travels with the initial state).
+  //! @throws group_error after the first begin_step, std::invalid_argument.
+  void restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor);
+
   //! Asks to leave at the next step boundary (thread-safe).
   void request_leave() noexcept { leave_requested_.store(true); }
   //! Marks the job finished: workers still waiting to join stop waiting.
@@ -313,6 +319,8 @@ class group {
   [[nodiscard]] std::int64_t step() const noexcept { return step_; }
   //! The epoch of the next step.
   [[nodiscard]] std::int64_t epoch() const noexcept { return epoch_; }
+  //! Position in the epoch's sample order where the next step's global batch starts.
+  [[nodiscard]] std::size_t cursor() const noexcept { return cursor_; }
   //! This worker's job-wide id (from the store; never reused).
   [[nodiscard]] member_id id() const noexcept { return id_; }
   //! The plan in force: every member's batch for a full global batch, rank
@@ -356,6 +364,7 @@ class group {
   detail::generation_record gen_;
   int rank_ = -1;
   bool active_ = true;
+  bool started_ = false;  // begin_step was called
   std::int64_t step_ = -1;  // committed steps; -1 until state arrives
   std::int64_t epoch_ = 0;
   std::size_t cursor_ = 0;

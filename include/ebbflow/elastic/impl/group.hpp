@@ -231,11 +231,18 @@ void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_
   hb_generation_.store(gen_.generation);
   comm_.reset();
   transport_.reset();
+  const auto t0 = steady_clock::now();
   const bytes mine = net_->prepare(gen_.generation);
+  const auto t1 = steady_clock::now();
   store_->set(key("addr/" + std::to_string(gen_.generation) + "/" + std::to_string(id_)), to_value(mine), store_deadline());
   auto addrs = gather_addresses(gen_);
+  const auto t2 = steady_clock::now();
   transport_.emplace(net_->connect(gen_.generation, rank_, addrs, deadline::after(opts_.op_timeout)), revoke_);
   comm_.emplace(*transport_, coll_opts_);
+  const auto t3 = steady_clock::now();
+  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  EBBFLOW_LOG_INFO("generation " << gen_.generation << " connect: prepare " << ms(t0, t1) << " ms, addresses "
+                                 << ms(t1, t2) << " ms, wire-up " << ms(t2, t3) << " ms");
   // The state moves at the next begin_step: a newcomer registers its buffers
   // after the constructor returned.
   if (!pending_) pending_ = pending_change{gen_.reason, old_size, started};
@@ -250,7 +257,6 @@ void group<Store, Net>::sync_state() {
   // Point-to-point tags of the state transfer (collectives never use p2p tags).
   constexpr std::uint32_t tag_size = 1, tag_header = 2, tag_first = 3;
   if (gen_.source == id_) {
-    EBBFLOW_EXPECTS(step_ == gen_.source_step);
     detail::writer w;
     w.put(step_).put(epoch_).put<std::uint64_t>(cursor_).put<std::uint64_t>(state_.size());
     for (auto& s : state_) {
@@ -321,6 +327,7 @@ template <kv_store Store, network Net>
 step_info group<Store, Net>::begin_step() {
   if (!active_) fail(error::invalid_state, "begin_step after this member left the group");
   if (detail::signal_leave_flag().load()) leave_requested_.store(true);
+  started_ = true;
   while (pending_) {
     try {
       sync_state();
@@ -637,6 +644,18 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
       lost_peer = e.code() == errc::peer_lost ? e.peer() : -1;
     }
   }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor) {
+  if (started_) fail(error::invalid_state, "restore_position after the first begin_step");
+  EBBFLOW_ENFORCE(step >= 0 && epoch >= 0 && cursor < opts_.dataset_size,
+                  "restore_position: step " << step << ", epoch " << epoch << ", cursor " << cursor
+                                            << " (dataset_size " << opts_.dataset_size << ")");
+  if (gen_.source != id_) return;  // the source's position reaches everybody with the state
+  step_ = step;
+  epoch_ = epoch;
+  cursor_ = cursor;
 }
 
 template <kv_store Store, network Net>

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Elastic scale events, measured side by side in one run.
+
+Runs examples/elastic_train (MLP on digits, emulated device time per step so
+that N workers behave like N GPUs on this 2-core machine) under ebbflow-run:
+
+  steady     N workers, no event: steady throughput
+  scaleout   N -> 2N while training (--add): survivors' throughput between the
+             start of the newcomers and the switch, as a share of steady state;
+             each survivor's stall at the switch
+  leave      one worker leaves gracefully: stall per worker
+  kill       one worker is SIGKILLed: time from the kill to the survivors'
+             first completed step
+  restart    the usual way: stop all N workers at a step, checkpoint to disk,
+             start 2N workers that reload it: time from the last step before
+             the stop to the first step after the restart
+
+and prints the ratios (restart downtime / ebbflow stall). Rounds interleave
+the scenarios (A B C D E A B C D E ...). Wrap the workers in network
+namespaces with --wrap (see netns_elastic.sh).
+"""
+import argparse
+import csv
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def run_job(args, launcher_flags, extra, tag, env_extra=None, metrics=None):
+    metrics = metrics or os.path.join(args.tmp, f"{tag}.csv")
+    if os.path.exists(metrics) and "--resume" not in extra:
+        os.remove(metrics)
+    cmd = [args.run] + launcher_flags + ["--"] + args.wrap + [args.train, "--steps", str(args.steps),
+           "--batch", str(args.batch), "--step-us", str(args.step_us), "--sample-us", str(args.sample_us),
+           "--metrics", metrics] + extra
+    env = dict(os.environ, EBBFLOW_LOG="warn")
+    env.update(env_extra or {})
+    t0 = time.time()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=args.tmp)
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout + p.stderr)
+        raise SystemExit(f"{tag}: ebbflow-run exited {p.returncode}")
+    rows = []
+    with open(metrics) as f:
+        for r in csv.DictReader(f):
+            rows.append({"step": int(r["step"]), "t": float(r["time_s"]), "gen": int(r["generation"]),
+                         "world": int(r["world_size"])})
+    rows.sort(key=lambda r: (r["step"], r["t"]))
+    return rows, p.stdout + p.stderr, time.time() - t0
+
+
+def stamp(out, pattern):
+    m = re.search(pattern + r".*\[t=([0-9.]+)\]", out)
+    return float(m.group(1)) if m else None
+
+
+def throughput(rows, t_from, t_to, batch):
+    sel = [r for r in rows if t_from <= r["t"] <= t_to]
+    if len(sel) < 2:
+        return float("nan")
+    return (len(sel) - 1) * batch / (sel[-1]["t"] - sel[0]["t"])
+
+
+def stalls(out, reason):
+    """Stall of every member that was already training (old size > 0)."""
+    found = re.findall(r"world changed \(" + reason + r"\): (\d+) -> \d+ workers at step \d+, ready after ([0-9.]+) ms", out)
+    return [float(ms) for old, ms in found if int(old) > 0]
+
+
+def interval_share(rows, t_from, t_to, steady_interval):
+    """Steady step interval / mean interval of the steps that ended in (t_from, t_to]."""
+    ts = [r["t"] for r in rows]
+    iv = [b - a for a, b in zip(ts, ts[1:]) if t_from < b <= t_to]
+    return steady_interval / statistics.mean(iv) if iv else float("nan")
+
+
+def steady(args, rows):
+    n = len(rows)
+    a, b = rows[n // 5]["t"], rows[n - 1 - n // 10]["t"]
+    return throughput(rows, a, b, args.batch)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build/release")
+    ap.add_argument("-n", type=int, default=4, help="workers before scale-out (default 4 -> 8)")
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--step-us", type=float, default=4000, help="emulated fixed device time per step")
+    ap.add_argument("--sample-us", type=float, default=400, help="emulated device time per sample")
+    ap.add_argument("--event-at", type=float, default=1.5, help="seconds into the job when the event happens")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--wrap", default="", help="command prefix for every worker (e.g. the netns wrapper)")
+    ap.add_argument("--json", help="write one JSON object per measured point")
+    args = ap.parse_args()
+    args.run = os.path.abspath(os.path.join(args.build, "tools/ebbflow-run/ebbflow-run"))
+    args.train = os.path.abspath(os.path.join(args.build, "examples/elastic_train/elastic_train"))
+    args.wrap = args.wrap.split() if args.wrap else []
+    args.tmp = tempfile.mkdtemp(prefix="ebbflow-elastic-bench-")
+    n, ev = args.n, args.event_at
+    res = {k: [] for k in ["steady", "scale_share", "scale_stall_max", "scale_done", "leave_stall_max",
+                           "kill_to_step", "restart_down", "restart_done", "steady_2n"]}
+    for rnd in range(args.rounds):
+        # steady
+        rows, _, _ = run_job(args, ["-n", str(n)], [], "steady")
+        res["steady"].append(steady(args, rows))
+        # scale-out N -> 2N
+        rows, out, _ = run_job(args, ["-n", str(n), "--add", f"{ev}:{n}"], [], "scaleout")
+        t_add = stamp(out, "started worker")
+        switch = next(r for r in rows if r["world"] == 2 * n)
+        before = [r for r in rows if r["t"] < t_add]
+        last_small = max(r["t"] for r in rows if r["world"] == n)
+        base = throughput(rows, before[len(before) // 5]["t"], t_add, args.batch)
+        res["scale_share"].append(interval_share(rows, t_add, last_small, args.batch / base))
+        st = stalls(out, "join")
+        res["scale_stall_max"].append(max(st) if st else float("nan"))
+        res["scale_done"].append(switch["t"] - t_add)
+        after = [r for r in rows if r["world"] == 2 * n]
+        res["steady_2n"].append(throughput(rows, after[len(after) // 5]["t"], after[-1]["t"], args.batch))
+        # graceful leave
+        rows, out, _ = run_job(args, ["-n", str(n), "--leave", f"{ev}:{n - 1}"], [], "leave")
+        st = stalls(out, "leave")
+        res["leave_stall_max"].append(max(st) if st else float("nan"))
+        # SIGKILL
+        rows, out, _ = run_job(args, ["-n", str(n), "--kill", f"{ev}:{n - 1}"], [], "kill")
+        t_kill = stamp(out, "killing worker")
+        first = next(r for r in rows if r["t"] > t_kill and r["world"] == n - 1)
+        res["kill_to_step"].append(first["t"] - t_kill)
+        # checkpoint-restart baseline: stop N at the step the scale-out switched at, restart 2N
+        ck = os.path.join(args.tmp, "ckpt.bin")
+        mpath = os.path.join(args.tmp, "restart.csv")
+        if os.path.exists(mpath):
+            os.remove(mpath)
+        rows1, _, _ = run_job(args, ["-n", str(n)], ["--checkpoint", ck, "--checkpoint-at", str(switch["step"])],
+                              "restart", metrics=mpath)
+        t_stop = max(r["t"] for r in rows1)
+        rows2, _, _ = run_job(args, ["-n", str(2 * n)], ["--checkpoint", ck, "--resume"], "restart", metrics=mpath)
+        first2 = min(r["t"] for r in rows2 if r["t"] > t_stop)
+        step_time = 1 / res["steady"][-1] * args.batch
+        res["restart_down"].append(first2 - t_stop - step_time)
+        res["restart_done"].append(first2 - t_stop)
+        print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
+
+    med = {k: statistics.median(v) for k, v in res.items() if v}
+    print(f"# elastic scale events: {n} -> {2 * n} workers, B={args.batch}, emulated device "
+          f"{args.step_us:.0f} us/step + {args.sample_us:.0f} us/sample, {args.rounds} round(s), medians")
+    print(f"{'metric':48s} {'value':>12s}")
+    print(f"{'steady throughput, N workers (samples/s)':48s} {med['steady']:12.0f}")
+    print(f"{'steady throughput, 2N workers (samples/s)':48s} {med['steady_2n']:12.0f}")
+    print(f"{'survivors during scale-out / steady':48s} {med['scale_share'] * 100:11.2f}%")
+    print(f"{'scale-out stall, worst survivor (ms)':48s} {med['scale_stall_max']:12.1f}")
+    print(f"{'scale-out: newcomer start -> 2N step (s)':48s} {med['scale_done']:12.2f}")
+    print(f"{'graceful leave stall, worst member (ms)':48s} {med['leave_stall_max']:12.1f}")
+    print(f"{'SIGKILL -> first completed step (s)':48s} {med['kill_to_step']:12.3f}")
+    print(f"{'checkpoint-restart downtime (s)':48s} {med['restart_down']:12.2f}")
+    print(f"{'ratio restart downtime / ebbflow scale-out stall':48s} {med['restart_down'] / (med['scale_stall_max'] / 1e3):11.1f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            for k, v in res.items():
+                for i, x in enumerate(v):
+                    f.write(json.dumps({"metric": k, "round": i, "value": x}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
