@@ -681,7 +681,7 @@ request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, re
   }
   if constexpr (detail::single_copy_transport<T>) {
     if (single_copy)
-      return request<T>(*t_, detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.chunk_bytes, pool_),
+      return request<T>(*t_, detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.copy_chunk_bytes, pool_),
                         ctx("allreduce", seq, bytes));
   }
   if (ring)
