@@ -209,7 +209,7 @@ class basic_communicator {
   void barrier() { barrier(default_deadline()); }
   [[nodiscard]] request<T> ibarrier();
 
-  //! Point-to-point: matched by (peer, `tag` < 2^32) in posting order; sizes must agree.
+  //! Point-to-point: matched by (peer, `tag` < 2^24) in posting order; sizes must agree.
   void send(buffer_view buf, int peer, std::uint32_t tag, deadline d) { isend(buf, peer, tag).wait(d); }
   void recv(buffer_view buf, int peer, std::uint32_t tag, deadline d) { irecv(buf, peer, tag).wait(d); }
   [[nodiscard]] request<T> isend(buffer_view buf, int peer, std::uint32_t tag);
