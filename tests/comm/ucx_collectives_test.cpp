@@ -194,6 +194,23 @@ int run_generation() {
   return 0;
 }
 
+int run_mismatch() {
+  // Rank 1 passes one element more: every rank must get bad_message (or
+  // peer_lost when the other side already gave up), never a wrong result.
+  worker_env w;
+  auto t = w.connect();
+  comm_t c(t);
+  std::vector<float> v(100000 + static_cast<std::size_t>(t.rank() == 1), 1.0f);
+  try {
+    c.allreduce(ef::view(std::span(v)), ef::reduce_op::sum, ef::deadline::after(5s));
+    return fail("mismatched sizes accepted");
+  } catch (const ef::system_error& e) {
+    std::cerr << "[worker " << t.rank() << "] " << e.what() << std::endl;
+    if (e.code() != ef::errc::bad_message) return fail("expected bad_message");
+  }
+  return 0;
+}
+
 int worker_main(char** argv) {
   const std::string scenario = argv[2];
   try {
@@ -204,6 +221,7 @@ int worker_main(char** argv) {
     if (scenario == "rd") return run_matrix({1, 7, 4099, (std::size_t{1} << 18) + 3}, false, ef::comm::allreduce_algorithm::recursive_doubling);
     if (scenario == "kill") return run_kill(std::chrono::milliseconds(std::stoi(argv[3])));
     if (scenario == "generation") return run_generation();
+    if (scenario == "mismatch") return run_mismatch();
   } catch (const std::exception& e) {
     return fail(std::string("exception: ") + e.what());
   }
@@ -309,6 +327,28 @@ TEST_P(UcxKill, SurvivorsGetPeerLostWithinDeadlinePlusOneSecond) {
             << std::chrono::duration_cast<std::chrono::milliseconds>(ef::steady_clock::now() - t0).count() << " ms\n";
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, UcxKill, ::testing::Values(2, 3, 4, 5));
+
+TEST(UcxErrors, MismatchedSizesGiveBadMessage) {
+  auto res = launch(2, {"mismatch"}, 60s);
+  ASSERT_FALSE(res.timed_out);
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+}
+
+TEST(UcxErrors, AddressExchangeTimesOutNamingTheMissingRank) {
+  const auto dir = std::filesystem::temp_directory_path() / ("ebbflow-ax-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  ucx::file_address_exchange ex(dir);
+  const std::byte addr[3]{};
+  try {
+    (void)ex(7, 0, 2, addr, ef::deadline::after(50ms));
+    ADD_FAILURE() << "no timeout";
+  } catch (const ef::system_error& e) {
+    EXPECT_EQ(e.code(), ef::errc::timeout);
+    EXPECT_EQ(e.peer(), 1);
+    EXPECT_EQ(e.generation(), 7);
+  }
+  std::filesystem::remove_all(dir);
+}
 
 TEST(UcxGeneration, LateMessagesOfAnOlderGenerationAreNeverConsumed) {
   auto res = launch(2, {"generation"}, 60s);

@@ -76,11 +76,13 @@ struct collective_options {
   std::size_t small_bytes = std::size_t{16} << 10;   //!< at or below: latency-optimal algorithms
   std::size_t chunk_bytes = std::size_t{128} << 10;  //!< pipelining granularity of ring / chain
   int window = 4;                                     //!< chunk receives in flight (scratch slots)
+  std::size_t copy_chunk_bytes = std::size_t{512} << 10;  //!< single_copy: peer data read per reduction step
   std::chrono::milliseconds timeout{60'000};          //!< deadline of calls that take none
 
   //! Defaults overridden by `EBBFLOW_ALLREDUCE_ALGO` (automatic, ring,
   //! recursive_doubling, single_copy), `EBBFLOW_SMALL_BYTES`,
-  //! `EBBFLOW_CHUNK_BYTES`, `EBBFLOW_COMM_WINDOW`, `EBBFLOW_COMM_TIMEOUT_MS`.
+  //! `EBBFLOW_CHUNK_BYTES`, `EBBFLOW_COMM_WINDOW`, `EBBFLOW_COPY_CHUNK_BYTES`,
+  //! `EBBFLOW_COMM_TIMEOUT_MS`.
   //! @throws std::invalid_argument for malformed values.
   static collective_options from_environment() {
     collective_options o;
@@ -94,6 +96,7 @@ struct collective_options {
     o.small_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_SMALL_BYTES", static_cast<std::int64_t>(o.small_bytes), 0));
     o.chunk_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_CHUNK_BYTES", static_cast<std::int64_t>(o.chunk_bytes), 1));
     o.window = static_cast<int>(env::get_int("EBBFLOW_COMM_WINDOW", o.window, 1, 1024));
+    o.copy_chunk_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_COPY_CHUNK_BYTES", static_cast<std::int64_t>(o.copy_chunk_bytes), 1));
     o.timeout = env::get_ms("EBBFLOW_COMM_TIMEOUT_MS", o.timeout, 1);
     return o;
   }
@@ -206,7 +209,7 @@ class basic_communicator {
   void barrier() { barrier(default_deadline()); }
   [[nodiscard]] request<T> ibarrier();
 
-  //! Point-to-point: matched by (peer, `tag` < 2^32) in posting order; sizes must agree.
+  //! Point-to-point: matched by (peer, `tag` < 2^24) in posting order; sizes must agree.
   void send(buffer_view buf, int peer, std::uint32_t tag, deadline d) { isend(buf, peer, tag).wait(d); }
   void recv(buffer_view buf, int peer, std::uint32_t tag, deadline d) { irecv(buf, peer, tag).wait(d); }
   [[nodiscard]] request<T> isend(buffer_view buf, int peer, std::uint32_t tag);

@@ -406,9 +406,9 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
   const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
   const std::size_t es = size_of(ty), nn = static_cast<std::size_t>(n);
   struct addrs {
-    std::uint64_t in, out;
+    std::uint64_t in, out, bytes;
   };
-  const addrs mine{reinterpret_cast<std::uint64_t>(in), reinterpret_cast<std::uint64_t>(out)};
+  const addrs mine{reinterpret_cast<std::uint64_t>(in), reinterpret_cast<std::uint64_t>(out), count * es};
   std::vector<addrs> theirs(nn);
   std::vector<req_t> sends, recvs;
   std::vector<int> peers;
@@ -438,8 +438,16 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
   all_to_all(0, true);
   for (std::size_t i = 0; i < recvs.size(); ++i) co_await awaiting<T>{t, recvs[i], peers[i]};
   for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
+  // Ranks that disagree on the size would read past a peer's buffer: refuse
+  // (every rank sees the disagreement with at least one peer).
+  for (int q : peers) {
+    if (theirs[static_cast<std::size_t>(q)].bytes != mine.bytes) {
+      failed = make_error_code(error::bad_message);
+      failed_peer = q;
+    }
+  }
 
-  {  // reduce my segment
+  if (!failed) {  // reduce my segment
     const std::size_t b = seg_begin(r), e = seg_begin(r + 1);
     const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes / es);
     auto lease = scratch_pool::take(pool, std::min(chunk, std::max<std::size_t>(e - b, 1)) * es);
@@ -681,7 +689,7 @@ request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, re
   }
   if constexpr (detail::single_copy_transport<T>) {
     if (single_copy)
-      return request<T>(*t_, detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.chunk_bytes, pool_),
+      return request<T>(*t_, detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.copy_chunk_bytes, pool_),
                         ctx("allreduce", seq, bytes));
   }
   if (ring)
@@ -754,6 +762,7 @@ template <transport T>
 request<T> basic_communicator<T>::isend(buffer_view buf, int peer, std::uint32_t tag) {
   detail::check_buffer(buf, "send buffer");
   EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(), "send: peer " << peer << " invalid for rank " << rank());
+  EBBFLOW_ENFORCE(tag < (1u << 24), "send: tag " << tag << " must be < 2^24");
   // Point-to-point tags live in the step value 0xffff, which collectives never use.
   return request<T>(*t_, detail::p2p<T>(*t_, true, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
                     error_context{.rank = rank(), .generation = generation(), .peer = peer, .operation = "send",
@@ -764,6 +773,7 @@ template <transport T>
 request<T> basic_communicator<T>::irecv(buffer_view buf, int peer, std::uint32_t tag) {
   detail::check_buffer(buf, "recv buffer");
   EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(), "recv: peer " << peer << " invalid for rank " << rank());
+  EBBFLOW_ENFORCE(tag < (1u << 24), "recv: tag " << tag << " must be < 2^24");
   return request<T>(*t_, detail::p2p<T>(*t_, false, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
                     error_context{.rank = rank(), .generation = generation(), .peer = peer, .operation = "recv",
                      .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
