@@ -87,6 +87,8 @@ namespace elastic {
 //! group publishes it in the store); `connect(g, rank, addresses, d)` returns
 //! the transport of generation g given every member's address in rank order.
 //! The UCX network (elastic/ucx_network.hpp) and the loopback network model this.
+//! A network whose `stable_address()` is true returns the same address for
+//! every generation; the group then publishes it once, at registration.
 template <class N>
 concept network = requires(N& n, std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline d) {
   typename N::transport_type;
@@ -360,6 +362,7 @@ class group {
   std::unique_ptr<planning_policy> policy_;
   member_id id_ = -1;
   comm::collective_options coll_opts_;
+  std::map<member_id, bytes> address_cache_;  // stable-address networks only
 
   detail::generation_record gen_;
   int rank_ = -1;

@@ -60,6 +60,8 @@ class loopback_network {
   //! A worker with a fresh address on `f` (must not be null).
   explicit loopback_network(std::shared_ptr<loopback_fabric> f) : fabric_(std::move(f)), addr_(fabric_->new_address()) {}
   //! This worker's address.
+  //! The address never changes (see `network`).
+  [[nodiscard]] static constexpr bool stable_address() noexcept { return true; }
   //! The same address for every generation (the fabric routes by generation).
   [[nodiscard]] bytes prepare(std::int64_t) const { return addr_; }
   //! The loopback transport of generation `g` as `rank` of `addrs.size()`.

@@ -113,6 +113,12 @@ class transport {
   //! @throws system_error (peer_lost / timeout naming the peer), std::invalid_argument.
   transport(worker w, std::int64_t generation, int rank, int size,
             const std::vector<std::vector<std::byte>>& addresses, deadline d);
+  //! As above, on a worker shared with other (earlier or later) transports:
+  //! the elastic layer keeps one worker, and so one address, for the whole
+  //! job and builds each generation's endpoints on it. The generation bits of
+  //! the wire tag keep late messages of an older generation from matching.
+  transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
+            const std::vector<std::vector<std::byte>>& addresses, deadline d);
   transport(transport&&) noexcept = default;
   transport& operator=(transport&&) noexcept = default;
   //! Flushes and closes the endpoints (bounded: 1 s, then forced).
@@ -154,7 +160,7 @@ class transport {
     int peer;
   };
   struct state {
-    worker w;
+    std::shared_ptr<worker> w;  // shared: a worker may serve several generations in turn
     int rank = 0, size = 1;
     std::int64_t generation = 0;
     int lost = -1;
@@ -167,7 +173,7 @@ class transport {
     std::vector<pid_t> pids;                     // local_peer()
     bool oversubscribed = false;                 // more local ranks than usable cores
     std::uint64_t probe = detail::probe_value;   // read by peers to test single-copy access
-    explicit state(worker wk) : w(std::move(wk)) {}
+    explicit state(std::shared_ptr<worker> wk) : w(std::move(wk)) {}
   };
 
   static void on_error(void* arg, ucp_ep_h, ucs_status_t status) noexcept {
@@ -192,7 +198,7 @@ class transport {
   }
   void cancel_all_receives() noexcept {
     st_->cancel_pending = false;
-    for (void* r : st_->pending_recvs) ucp_request_cancel(st_->w.get(), r);
+    for (void* r : st_->pending_recvs) ucp_request_cancel(st_->w->get(), r);
   }
   void complete(request& r) noexcept;
   void close_endpoints() noexcept;
@@ -206,7 +212,7 @@ inline void transport::request::release() noexcept {
   if (!ucx_) return;
   if (recv_) {
     st_->pending_recvs.erase(ucx_);
-    if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) ucp_request_cancel(st_->w.get(), ucx_);
+    if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) ucp_request_cancel(st_->w->get(), ucx_);
   } else if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) {
     st_->abandoned_sends = true;  // only a forced close can retire it now
   }
@@ -216,7 +222,12 @@ inline void transport::request::release() noexcept {
 
 inline transport::transport(worker w, std::int64_t generation, int rank, int size,
                             const std::vector<std::vector<std::byte>>& addresses, deadline d)
+    : transport(std::make_shared<worker>(std::move(w)), generation, rank, size, addresses, d) {}
+
+inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
+                            const std::vector<std::vector<std::byte>>& addresses, deadline d)
     : st_(std::make_unique<state>(std::move(w))) {
+  EBBFLOW_ENFORCE(st_->w != nullptr, "ucx transport: null worker");
   EBBFLOW_ENFORCE(size >= 1 && size <= max_ranks && rank >= 0 && rank < size,
                   "ucx transport: rank " << rank << " / size " << size << " invalid (size <= " << max_ranks << ")");
   EBBFLOW_ENFORCE(addresses.size() == static_cast<std::size_t>(size),
@@ -238,7 +249,7 @@ inline transport::transport(worker w, std::int64_t generation, int rank, int siz
     ep.err_handler.cb = &transport::on_error;
     ep.err_handler.arg = &st_->slots[static_cast<std::size_t>(p)];
     ucp_ep_h h = nullptr;
-    const ucs_status_t s = ucp_ep_create(st_->w.get(), &ep, &h);
+    const ucs_status_t s = ucp_ep_create(st_->w->get(), &ep, &h);
     if (s != UCS_OK) {
       close_endpoints();
       throw_if(make_error(s), {.rank = rank, .generation = generation, .peer = p, .operation = "ucp_ep_create"});
@@ -315,8 +326,8 @@ inline void transport::close_endpoints() noexcept {
   }
   const auto until = deadline::after(std::chrono::seconds(1));
   for (void* r : closing) {
-    while (ucp_request_check_status(r) == UCS_INPROGRESS && !until.expired()) ucp_worker_progress(st_->w.get());
-    if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(st_->w.get(), r);
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && !until.expired()) ucp_worker_progress(st_->w->get());
+    if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(st_->w->get(), r);
     ucp_request_free(r);
   }
 }
@@ -355,7 +366,7 @@ inline transport::request transport::irecv(int peer, tag_t tag, std::span<std::b
     return r;
   }
   ucp_request_param_t prm{};
-  ucs_status_ptr_t p = ucp_tag_recv_nbx(st_->w.get(), in.data(), in.size(), wire_tag(peer, tag),
+  ucs_status_ptr_t p = ucp_tag_recv_nbx(st_->w->get(), in.data(), in.size(), wire_tag(peer, tag),
                                         ~ucp_tag_t{0}, &prm);
   if (UCS_PTR_IS_ERR(p)) {
     r.ec_ = make_error(UCS_PTR_STATUS(p));
@@ -395,7 +406,7 @@ inline void transport::complete(request& r) noexcept {
 }
 
 inline bool transport::progress() {
-  const bool any = ucp_worker_progress(st_->w.get()) != 0;
+  const bool any = ucp_worker_progress(st_->w->get()) != 0;
   if (st_->cancel_pending) cancel_all_receives();
   return any;
 }

@@ -24,6 +24,14 @@ inline std::int64_t parse_i64(const std::string& v) {
   return x;
 }
 
+template <class N>
+constexpr bool stable_address() {
+  if constexpr (requires { { N::stable_address() } -> std::convertible_to<bool>; })
+    return N::stable_address();
+  else
+    return false;
+}
+
 inline bool recoverable(const std::error_code& ec) noexcept {
   return ec == errc::peer_lost || ec == errc::timeout || ec == errc::revoked;
 }
@@ -50,6 +58,10 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   coll_opts_ = comm::collective_options::from_environment();
   coll_opts_.timeout = opts_.op_timeout;
   id_ = store_->add(key("next_id"), 1, store_deadline());
+  if constexpr (detail::stable_address<Net>()) {
+    const bytes mine = net_->prepare(0);
+    store_->set(key("addr/" + std::to_string(id_)), to_value(mine), store_deadline());
+  }
   heartbeat_ = std::jthread([this](std::stop_token st) { heartbeat_loop(st); });
   if (!opts_.join && launch_.rank < launch_.world_size)
     form_initial();
@@ -185,16 +197,24 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
   // Every member publishes the address of its endpoint for this generation;
   // a member that stops heartbeating before it published is reported lost,
   // so the others fail over instead of waiting for the full deadline.
+  constexpr bool stable = detail::stable_address<Net>();
   const std::string gs = std::to_string(rec.generation);
   std::vector<std::optional<bytes>> found(rec.members.size());
+  if constexpr (stable)
+    for (std::size_t j = 0; j < found.size(); ++j)
+      if (auto it = address_cache_.find(rec.members[j].id); it != address_cache_.end()) found[j] = it->second;
+  std::size_t cached = 0;
+  for (auto& f : found) cached += f.has_value();
   std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>> hb;
   const auto d = deadline::after(opts_.op_timeout);
-  for (std::size_t missing = found.size();;) {
+  for (std::size_t missing = found.size() - cached;;) {
     for (std::size_t j = 0; j < found.size(); ++j) {
       if (found[j]) continue;
       const member_id m = rec.members[j].id;
-      if (auto v = store_->try_get(key("addr/" + gs + "/" + std::to_string(m)), store_deadline())) {
+      const std::string akey = stable ? key("addr/" + std::to_string(m)) : key("addr/" + gs + "/" + std::to_string(m));
+      if (auto v = store_->try_get(akey, store_deadline())) {
         found[j] = to_bytes(*v);
+        if constexpr (stable) address_cache_[m] = *found[j];
         --missing;
       } else if (!fresh(m, hb)) {
         throw system_error(make_error_code(error::peer_lost),
@@ -232,9 +252,12 @@ void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_
   comm_.reset();
   transport_.reset();
   const auto t0 = steady_clock::now();
-  const bytes mine = net_->prepare(gen_.generation);
+  if constexpr (!detail::stable_address<Net>()) {
+    const bytes mine = net_->prepare(gen_.generation);
+    store_->set(key("addr/" + std::to_string(gen_.generation) + "/" + std::to_string(id_)), to_value(mine),
+                store_deadline());
+  }
   const auto t1 = steady_clock::now();
-  store_->set(key("addr/" + std::to_string(gen_.generation) + "/" + std::to_string(id_)), to_value(mine), store_deadline());
   auto addrs = gather_addresses(gen_);
   const auto t2 = steady_clock::now();
   transport_.emplace(net_->connect(gen_.generation, rank_, addrs, deadline::after(opts_.op_timeout)), revoke_);
