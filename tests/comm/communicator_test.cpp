@@ -139,6 +139,29 @@ TEST(Communicator, RandomFloatsWithinTolerance) {
   });
 }
 
+TEST(Communicator, RanksWaitForTheirRequestsInDifferentOrders) {
+  // Even ranks wait for the first collective first, odd ranks for the second:
+  // every wait must move all collectives in flight, or this deadlocks.
+  ef::comm::spawn_loopback(4, [&](ef::comm::loopback_transport& t) {
+    ef::comm::collective_options o;
+    o.allreduce = ef::comm::allreduce_algorithm::ring;
+    o.chunk_bytes = 256;
+    comm_t c(t, o);
+    std::vector<std::int32_t> a(20000, 1), b(30000, 2);
+    auto ra = c.iallreduce(ef::view(std::span(a)), ef::view(std::span(a)), ef::reduce_op::sum);
+    auto rb = c.iallreduce(ef::view(std::span(b)), ef::view(std::span(b)), ef::reduce_op::sum);
+    if (t.rank() % 2) {
+      rb.wait(ef::deadline::after(10s));
+      ra.wait(ef::deadline::after(10s));
+    } else {
+      ra.wait(ef::deadline::after(10s));
+      rb.wait(ef::deadline::after(10s));
+    }
+    EXPECT_EQ(a[19999], 4);
+    EXPECT_EQ(b[29999], 8);
+  });
+}
+
 TEST(Communicator, NonBlockingRequestsOverlapAndCompleteInAnyOrder) {
   ef::comm::spawn_loopback(3, [&](ef::comm::loopback_transport& t) {
     comm_t c(t);

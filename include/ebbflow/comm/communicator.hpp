@@ -105,6 +105,7 @@ struct collective_options {
 namespace detail {
 template <transport T> struct promise;
 template <transport T> struct task;
+template <transport T> struct active_set;
 class scratch_pool;
 //! Where a request runs; seq/bytes become the error detail only on failure.
 struct op_context {
@@ -117,9 +118,10 @@ struct op_context {
 };
 }  // namespace detail
 
-//! A non-blocking collective in flight. Move-only. Progresses only when
-//! `test` or `wait` is called (or by another request's `wait` on the same
-//! transport, for the transfers already posted). Destroying a pending
+//! A non-blocking collective in flight. Move-only. Progresses when `test`
+//! or `wait` is called on it or on any other request of the same
+//! communicator (each call moves every collective in flight), so ranks may
+//! complete their requests in different orders. Destroying a pending
 //! request abandons it: its posted transfers are cancelled by the
 //! transport, and the communicator's group must be considered broken (the
 //! elastic layer moves to a new generation).
@@ -151,8 +153,10 @@ class request {
  private:
   template <transport>
   friend class basic_communicator;
-  request(T& t, detail::task<T> task, detail::op_context ctx);
+  request(T& t, detail::task<T> task, detail::op_context ctx, std::shared_ptr<detail::active_set<T>> active);
   void finish(std::error_code ec, int peer);
+  void progress();
+  void release() noexcept;
 
   T* t_ = nullptr;
   std::coroutine_handle<detail::promise<T>> h_{};
@@ -162,6 +166,7 @@ class request {
   std::uint64_t seq_ = 0;
   std::size_t bytes_ = 0;
   bool describe_ = false;
+  std::shared_ptr<detail::active_set<T>> active_;
 };
 
 //! Collectives over a transport. Holds a reference to the transport (which
@@ -218,10 +223,12 @@ class basic_communicator {
  private:
   detail::op_context ctx(const char* op, std::uint64_t seq, std::size_t bytes) const;
   bool all_peers_local() const;
+  request<T> make_request(detail::task<T> tk, detail::op_context c);
   T* t_;
   collective_options opts_;
   std::uint64_t seq_ = 0;
   std::shared_ptr<detail::scratch_pool> pool_;
+  std::shared_ptr<detail::active_set<T>> active_;
 };
 
 //! What a communicator offers (syntactic; semantics as documented above).

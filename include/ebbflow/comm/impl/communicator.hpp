@@ -95,6 +95,12 @@ struct task {
   std::coroutine_handle<promise<T>> h;
 };
 
+//! The collectives in flight on one communicator.
+template <transport T>
+struct active_set {
+  std::vector<std::coroutine_handle<promise<T>>> hs;
+};
+
 template <transport T>
 task<T> promise<T>::get_return_object() noexcept {
   return task<T>{std::coroutine_handle<promise<T>>::from_promise(*this)};
@@ -512,9 +518,15 @@ namespace comm {
 
 // ------------------------------------------------------------------ request
 template <transport T>
-request<T>::request(T& t, detail::task<T> task, detail::op_context ctx)
+request<T>::request(T& t, detail::task<T> task, detail::op_context ctx, std::shared_ptr<detail::active_set<T>> active)
     : t_(&t), h_(task.h), finished_(false), ctx_(std::move(ctx.ctx)), seq_(ctx.seq), bytes_(ctx.bytes),
-      describe_(ctx.describe) {
+      describe_(ctx.describe), active_(std::move(active)) {
+  try {
+    active_->hs.push_back(h_);
+  } catch (...) {
+    h_.destroy();
+    throw;
+  }
   std::error_code ec;
   test(ec);  // start: post the first transfers now, so they overlap the caller's work
 }
@@ -522,12 +534,12 @@ request<T>::request(T& t, detail::task<T> task, detail::op_context ctx)
 template <transport T>
 request<T>::request(request&& o) noexcept
     : t_(o.t_), h_(std::exchange(o.h_, {})), ec_(o.ec_), finished_(std::exchange(o.finished_, true)), ctx_(std::move(o.ctx_)),
-      seq_(o.seq_), bytes_(o.bytes_), describe_(o.describe_) {}
+      seq_(o.seq_), bytes_(o.bytes_), describe_(o.describe_), active_(std::move(o.active_)) {}
 
 template <transport T>
 request<T>& request<T>::operator=(request&& o) noexcept {
   if (this != &o) {
-    if (h_) h_.destroy();
+    release();
     t_ = o.t_;
     h_ = std::exchange(o.h_, {});
     ec_ = o.ec_;
@@ -536,13 +548,22 @@ request<T>& request<T>::operator=(request&& o) noexcept {
     seq_ = o.seq_;
     bytes_ = o.bytes_;
     describe_ = o.describe_;
+    active_ = std::move(o.active_);
   }
   return *this;
 }
 
 template <transport T>
 request<T>::~request() {
-  if (h_) h_.destroy();
+  release();
+}
+
+template <transport T>
+void request<T>::release() noexcept {
+  if (!h_) return;
+  if (active_) std::erase(active_->hs, h_);
+  h_.destroy();  // releases scratch; pending transfers are cancelled by their destructors
+  h_ = {};
 }
 
 template <transport T>
@@ -562,30 +583,51 @@ void request<T>::finish(std::error_code ec, int peer) {
   if (ec) ctx_.peer = peer;
   if (h_) {
     auto exc = std::exchange(h_.promise().exc, nullptr);
-    h_.destroy();  // releases scratch; pending transfers are cancelled by their destructors
-    h_ = {};
+    release();
     if (exc) std::rethrow_exception(exc);
   }
 }
 
+namespace detail {
+//! Moves one collective forward as far as its completed transfers allow.
+//! Failures are parked in the promise for the owning request to report.
 template <transport T>
-bool request<T>::test(std::error_code& ec) {
-  while (!finished_) {
-    auto& p = h_.promise();
+void advance(T& t, std::coroutine_handle<promise<T>> h) {
+  for (;;) {
+    auto& p = h.promise();
+    if (h.done() || p.failed || p.exc) return;
     if (p.awaited) {
       std::error_code e;
-      if (!t_->test(*p.awaited, e)) return false;
+      if (!t.test(*p.awaited, e)) return;
       p.awaited = nullptr;
       if (e) {
-        finish(e, p.peer);
-        break;
+        p.failed = e;
+        p.failed_peer = p.peer;
+        return;
       }
     }
-    h_.resume();
-    if (h_.promise().exc) finish(make_error_code(error::invalid_state), -1);
-    else if (h_.promise().failed) finish(h_.promise().failed, h_.promise().failed_peer);
-    else if (h_.done()) finish({}, -1);
+    h.resume();
   }
+}
+}  // namespace detail
+
+template <transport T>
+void request<T>::progress() {
+  // Every collective in flight on this communicator moves, not only this one:
+  // ranks may wait for their requests in different orders without deadlock.
+  for (std::size_t i = 0; i < active_->hs.size(); ++i)
+    if (active_->hs[i] != h_) detail::advance(*t_, active_->hs[i]);
+  detail::advance(*t_, h_);
+  auto& p = h_.promise();
+  if (p.exc) finish(make_error_code(error::invalid_state), -1);
+  else if (p.failed) finish(p.failed, p.failed_peer);
+  else if (h_.done()) finish({}, -1);
+}
+
+template <transport T>
+bool request<T>::test(std::error_code& ec) {
+  if (!finished_) progress();
+  if (!finished_) return false;
   ec = ec_;
   return true;
 }
@@ -593,32 +635,28 @@ bool request<T>::test(std::error_code& ec) {
 template <transport T>
 void request<T>::wait(deadline d, std::error_code& ec) {
   while (!finished_) {
+    progress();
+    if (finished_) break;
     auto& p = h_.promise();
-    if (p.awaited) {
-      std::error_code e;
-      t_->wait(*p.awaited, d, e);
+    // Block on this collective's transfer; with others in flight, only for a
+    // short slice, so their next steps get posted too.
+    const deadline slice = active_->hs.size() > 1 ? min(d, deadline::after(std::chrono::microseconds(200))) : d;
+    std::error_code e;
+    t_->wait(*p.awaited, slice, e);
+    if (e == errc::timeout) {
       if constexpr (requires(const T& t) { { t.lost_peer() } -> std::convertible_to<int>; }) {
         // The deadline passed because the group broke: report the loss.
-        if (e == errc::timeout && t_->lost_peer() >= 0) {
+        if (t_->lost_peer() >= 0) {
           finish(make_error_code(error::peer_lost), t_->lost_peer());
           break;
         }
       }
-      if (e == errc::timeout && d.expired()) {
+      if (d.expired()) {
         ctx_.peer = p.peer;  // still pending: the caller may wait again
         ec = e;
         return;
       }
-      p.awaited = nullptr;
-      if (e) {
-        finish(e, p.peer);
-        break;
-      }
     }
-    h_.resume();
-    if (h_.promise().exc) finish(make_error_code(error::invalid_state), -1);
-    else if (h_.promise().failed) finish(h_.promise().failed, h_.promise().failed_peer);
-    else if (h_.done()) finish({}, -1);
   }
   ec = ec_;
 }
@@ -640,8 +678,14 @@ const error_context& request<T>::context() const {
 // ------------------------------------------------------------- communicator
 template <transport T>
 basic_communicator<T>::basic_communicator(T& transport, collective_options opts)
-    : t_(&transport), opts_(opts), pool_(std::make_shared<detail::scratch_pool>()) {
+    : t_(&transport), opts_(opts), pool_(std::make_shared<detail::scratch_pool>()),
+      active_(std::make_shared<detail::active_set<T>>()) {
   EBBFLOW_ENFORCE(opts_.chunk_bytes > 0 && opts_.window > 0, "collective_options: chunk_bytes and window must be positive");
+}
+
+template <transport T>
+request<T> basic_communicator<T>::make_request(detail::task<T> tk, detail::op_context c) {
+  return request<T>(*t_, std::move(tk), std::move(c), active_);
 }
 
 template <transport T>
@@ -673,7 +717,7 @@ request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, re
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   const std::size_t bytes = in.bytes();
-  if (size() == 1 || in.count == 0) return request<T>(*t_, detail::copy_only<T>(src, dst, bytes), ctx("allreduce", seq, bytes));
+  if (size() == 1 || in.count == 0) return make_request(detail::copy_only<T>(src, dst, bytes), ctx("allreduce", seq, bytes));
   bool ring = false, single_copy = false;
   switch (opts_.allreduce) {
     case allreduce_algorithm::automatic:
@@ -689,15 +733,15 @@ request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, re
   }
   if constexpr (detail::single_copy_transport<T>) {
     if (single_copy)
-      return request<T>(*t_, detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.copy_chunk_bytes, pool_),
+      return make_request(detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.copy_chunk_bytes, pool_),
                         ctx("allreduce", seq, bytes));
   }
   if (ring)
-    return request<T>(*t_,
+    return make_request(
                       detail::ring_allreduce<T>(*t_, seq, src, dst, dst + in.count * static_cast<std::size_t>(rank()) / static_cast<std::size_t>(size()) * size_of(in.type),
                                                 in.count, in.type, op, opts_.chunk_bytes, opts_.window, true, pool_),
                       ctx("allreduce", seq, bytes));
-  return request<T>(*t_, detail::rd_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, pool_), ctx("allreduce", seq, bytes));
+  return make_request(detail::rd_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, pool_), ctx("allreduce", seq, bytes));
 }
 
 template <transport T>
@@ -712,14 +756,14 @@ request<T> basic_communicator<T>::ireduce_scatter(buffer_view in, buffer_view ou
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   const std::size_t es = size_of(in.type);
-  if (n == 1 || out.count == 0) return request<T>(*t_, detail::copy_only<T>(src, dst, out.bytes()), ctx("reduce_scatter", seq, in.bytes()));
+  if (n == 1 || out.count == 0) return make_request(detail::copy_only<T>(src, dst, out.bytes()), ctx("reduce_scatter", seq, in.bytes()));
   // Partial sums of the segments this rank forwards live in a work buffer
   // owned by the coroutine; the final reduction of segment `rank()` goes
   // straight to `out`.
   auto work = detail::scratch_pool::take(pool_, in.bytes());
   std::byte* w = work.data();
   (void)es;
-  return request<T>(*t_,
+  return make_request(
                     detail::ring_allreduce<T>(*t_, seq, src, w, dst, in.count, in.type, op, opts_.chunk_bytes,
                                               opts_.window, false, pool_, std::move(work)),
                     ctx("reduce_scatter", seq, in.bytes()));
@@ -731,9 +775,9 @@ request<T> basic_communicator<T>::ibroadcast(buffer_view buf, int root) {
   EBBFLOW_ENFORCE(root >= 0 && root < size(), "broadcast root " << root << " outside [0, " << size() << ")");
   const std::uint64_t seq = seq_++;
   auto* p = static_cast<std::byte*>(buf.data);
-  if (size() == 1 || buf.count == 0) return request<T>(*t_, detail::copy_only<T>(p, p, 0), ctx("broadcast", seq, buf.bytes()));
+  if (size() == 1 || buf.count == 0) return make_request(detail::copy_only<T>(p, p, 0), ctx("broadcast", seq, buf.bytes()));
   const bool chain = buf.bytes() > opts_.small_bytes;
-  return request<T>(*t_, detail::broadcast<T>(*t_, seq, p, buf.bytes(), root, chain, opts_.chunk_bytes),
+  return make_request(detail::broadcast<T>(*t_, seq, p, buf.bytes(), root, chain, opts_.chunk_bytes),
                     ctx("broadcast", seq, buf.bytes()));
 }
 
@@ -748,14 +792,14 @@ request<T> basic_communicator<T>::iallgather(buffer_view in, buffer_view out) {
   const std::uint64_t seq = seq_++;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
-  if (n == 1 || in.count == 0) return request<T>(*t_, detail::copy_only<T>(src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
-  return request<T>(*t_, detail::allgather<T>(*t_, seq, src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
+  if (n == 1 || in.count == 0) return make_request(detail::copy_only<T>(src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
+  return make_request(detail::allgather<T>(*t_, seq, src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
 }
 
 template <transport T>
 request<T> basic_communicator<T>::ibarrier() {
   const std::uint64_t seq = seq_++;
-  return request<T>(*t_, detail::barrier<T>(*t_, seq), ctx("barrier", seq, 0));
+  return make_request(detail::barrier<T>(*t_, seq), ctx("barrier", seq, 0));
 }
 
 template <transport T>
@@ -764,7 +808,7 @@ request<T> basic_communicator<T>::isend(buffer_view buf, int peer, std::uint32_t
   EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(), "send: peer " << peer << " invalid for rank " << rank());
   EBBFLOW_ENFORCE(tag < (1u << 24), "send: tag " << tag << " must be < 2^24");
   // Point-to-point tags live in the step value 0xffff, which collectives never use.
-  return request<T>(*t_, detail::p2p<T>(*t_, true, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
+  return make_request(detail::p2p<T>(*t_, true, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
                     error_context{.rank = rank(), .generation = generation(), .peer = peer, .operation = "send",
                      .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
 }
@@ -774,7 +818,7 @@ request<T> basic_communicator<T>::irecv(buffer_view buf, int peer, std::uint32_t
   detail::check_buffer(buf, "recv buffer");
   EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(), "recv: peer " << peer << " invalid for rank " << rank());
   EBBFLOW_ENFORCE(tag < (1u << 24), "recv: tag " << tag << " must be < 2^24");
-  return request<T>(*t_, detail::p2p<T>(*t_, false, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
+  return make_request(detail::p2p<T>(*t_, false, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
                     error_context{.rank = rank(), .generation = generation(), .peer = peer, .operation = "recv",
                      .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
 }
