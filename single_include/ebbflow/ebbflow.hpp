@@ -1334,11 +1334,13 @@ struct collective_options {
   std::size_t small_bytes = std::size_t{16} << 10;   //!< at or below: latency-optimal algorithms
   std::size_t chunk_bytes = std::size_t{128} << 10;  //!< pipelining granularity of ring / chain
   int window = 4;                                     //!< chunk receives in flight (scratch slots)
+  std::size_t copy_chunk_bytes = std::size_t{512} << 10;  //!< single_copy: peer data read per reduction step
   std::chrono::milliseconds timeout{60'000};          //!< deadline of calls that take none
 
   //! Defaults overridden by `EBBFLOW_ALLREDUCE_ALGO` (automatic, ring,
   //! recursive_doubling, single_copy), `EBBFLOW_SMALL_BYTES`,
-  //! `EBBFLOW_CHUNK_BYTES`, `EBBFLOW_COMM_WINDOW`, `EBBFLOW_COMM_TIMEOUT_MS`.
+  //! `EBBFLOW_CHUNK_BYTES`, `EBBFLOW_COMM_WINDOW`, `EBBFLOW_COPY_CHUNK_BYTES`,
+  //! `EBBFLOW_COMM_TIMEOUT_MS`.
   //! @throws std::invalid_argument for malformed values.
   static collective_options from_environment() {
     collective_options o;
@@ -1352,6 +1354,7 @@ struct collective_options {
     o.small_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_SMALL_BYTES", static_cast<std::int64_t>(o.small_bytes), 0));
     o.chunk_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_CHUNK_BYTES", static_cast<std::int64_t>(o.chunk_bytes), 1));
     o.window = static_cast<int>(env::get_int("EBBFLOW_COMM_WINDOW", o.window, 1, 1024));
+    o.copy_chunk_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_COPY_CHUNK_BYTES", static_cast<std::int64_t>(o.copy_chunk_bytes), 1));
     o.timeout = env::get_ms("EBBFLOW_COMM_TIMEOUT_MS", o.timeout, 1);
     return o;
   }
@@ -1360,6 +1363,7 @@ struct collective_options {
 namespace detail {
 template <transport T> struct promise;
 template <transport T> struct task;
+template <transport T> struct active_set;
 class scratch_pool;
 //! Where a request runs; seq/bytes become the error detail only on failure.
 struct op_context {
@@ -1372,9 +1376,10 @@ struct op_context {
 };
 }  // namespace detail
 
-//! A non-blocking collective in flight. Move-only. Progresses only when
-//! `test` or `wait` is called (or by another request's `wait` on the same
-//! transport, for the transfers already posted). Destroying a pending
+//! A non-blocking collective in flight. Move-only. Progresses when `test`
+//! or `wait` is called on it or on any other request of the same
+//! communicator (each call moves every collective in flight), so ranks may
+//! complete their requests in different orders. Destroying a pending
 //! request abandons it: its posted transfers are cancelled by the
 //! transport, and the communicator's group must be considered broken (the
 //! elastic layer moves to a new generation).
@@ -1406,8 +1411,10 @@ class request {
  private:
   template <transport>
   friend class basic_communicator;
-  request(T& t, detail::task<T> task, detail::op_context ctx);
+  request(T& t, detail::task<T> task, detail::op_context ctx, std::shared_ptr<detail::active_set<T>> active);
   void finish(std::error_code ec, int peer);
+  void progress();
+  void release() noexcept;
 
   T* t_ = nullptr;
   std::coroutine_handle<detail::promise<T>> h_{};
@@ -1417,6 +1424,7 @@ class request {
   std::uint64_t seq_ = 0;
   std::size_t bytes_ = 0;
   bool describe_ = false;
+  std::shared_ptr<detail::active_set<T>> active_;
 };
 
 //! Collectives over a transport. Holds a reference to the transport (which
@@ -1464,7 +1472,7 @@ class basic_communicator {
   void barrier() { barrier(default_deadline()); }
   [[nodiscard]] request<T> ibarrier();
 
-  //! Point-to-point: matched by (peer, `tag` < 2^32) in posting order; sizes must agree.
+  //! Point-to-point: matched by (peer, `tag` < 2^24) in posting order; sizes must agree.
   void send(buffer_view buf, int peer, std::uint32_t tag, deadline d) { isend(buf, peer, tag).wait(d); }
   void recv(buffer_view buf, int peer, std::uint32_t tag, deadline d) { irecv(buf, peer, tag).wait(d); }
   [[nodiscard]] request<T> isend(buffer_view buf, int peer, std::uint32_t tag);
@@ -1473,10 +1481,12 @@ class basic_communicator {
  private:
   detail::op_context ctx(const char* op, std::uint64_t seq, std::size_t bytes) const;
   bool all_peers_local() const;
+  request<T> make_request(detail::task<T> tk, detail::op_context c);
   T* t_;
   collective_options opts_;
   std::uint64_t seq_ = 0;
   std::shared_ptr<detail::scratch_pool> pool_;
+  std::shared_ptr<detail::active_set<T>> active_;
 };
 
 //! What a communicator offers (syntactic; semantics as documented above).
@@ -1592,6 +1602,12 @@ template <transport T>
 struct task {
   using promise_type = promise<T>;
   std::coroutine_handle<promise<T>> h;
+};
+
+//! The collectives in flight on one communicator.
+template <transport T>
+struct active_set {
+  std::vector<std::coroutine_handle<promise<T>>> hs;
 };
 
 template <transport T>
@@ -1905,9 +1921,9 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
   const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
   const std::size_t es = size_of(ty), nn = static_cast<std::size_t>(n);
   struct addrs {
-    std::uint64_t in, out;
+    std::uint64_t in, out, bytes;
   };
-  const addrs mine{reinterpret_cast<std::uint64_t>(in), reinterpret_cast<std::uint64_t>(out)};
+  const addrs mine{reinterpret_cast<std::uint64_t>(in), reinterpret_cast<std::uint64_t>(out), count * es};
   std::vector<addrs> theirs(nn);
   std::vector<req_t> sends, recvs;
   std::vector<int> peers;
@@ -1937,8 +1953,16 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
   all_to_all(0, true);
   for (std::size_t i = 0; i < recvs.size(); ++i) co_await awaiting<T>{t, recvs[i], peers[i]};
   for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
+  // Ranks that disagree on the size would read past a peer's buffer: refuse
+  // (every rank sees the disagreement with at least one peer).
+  for (int q : peers) {
+    if (theirs[static_cast<std::size_t>(q)].bytes != mine.bytes) {
+      failed = make_error_code(error::bad_message);
+      failed_peer = q;
+    }
+  }
 
-  {  // reduce my segment
+  if (!failed) {  // reduce my segment
     const std::size_t b = seg_begin(r), e = seg_begin(r + 1);
     const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes / es);
     auto lease = scratch_pool::take(pool, std::min(chunk, std::max<std::size_t>(e - b, 1)) * es);
@@ -2003,9 +2027,15 @@ namespace comm {
 
 // ------------------------------------------------------------------ request
 template <transport T>
-request<T>::request(T& t, detail::task<T> task, detail::op_context ctx)
+request<T>::request(T& t, detail::task<T> task, detail::op_context ctx, std::shared_ptr<detail::active_set<T>> active)
     : t_(&t), h_(task.h), finished_(false), ctx_(std::move(ctx.ctx)), seq_(ctx.seq), bytes_(ctx.bytes),
-      describe_(ctx.describe) {
+      describe_(ctx.describe), active_(std::move(active)) {
+  try {
+    active_->hs.push_back(h_);
+  } catch (...) {
+    h_.destroy();
+    throw;
+  }
   std::error_code ec;
   test(ec);  // start: post the first transfers now, so they overlap the caller's work
 }
@@ -2013,12 +2043,12 @@ request<T>::request(T& t, detail::task<T> task, detail::op_context ctx)
 template <transport T>
 request<T>::request(request&& o) noexcept
     : t_(o.t_), h_(std::exchange(o.h_, {})), ec_(o.ec_), finished_(std::exchange(o.finished_, true)), ctx_(std::move(o.ctx_)),
-      seq_(o.seq_), bytes_(o.bytes_), describe_(o.describe_) {}
+      seq_(o.seq_), bytes_(o.bytes_), describe_(o.describe_), active_(std::move(o.active_)) {}
 
 template <transport T>
 request<T>& request<T>::operator=(request&& o) noexcept {
   if (this != &o) {
-    if (h_) h_.destroy();
+    release();
     t_ = o.t_;
     h_ = std::exchange(o.h_, {});
     ec_ = o.ec_;
@@ -2027,13 +2057,22 @@ request<T>& request<T>::operator=(request&& o) noexcept {
     seq_ = o.seq_;
     bytes_ = o.bytes_;
     describe_ = o.describe_;
+    active_ = std::move(o.active_);
   }
   return *this;
 }
 
 template <transport T>
 request<T>::~request() {
-  if (h_) h_.destroy();
+  release();
+}
+
+template <transport T>
+void request<T>::release() noexcept {
+  if (!h_) return;
+  if (active_) std::erase(active_->hs, h_);
+  h_.destroy();  // releases scratch; pending transfers are cancelled by their destructors
+  h_ = {};
 }
 
 template <transport T>
@@ -2053,30 +2092,51 @@ void request<T>::finish(std::error_code ec, int peer) {
   if (ec) ctx_.peer = peer;
   if (h_) {
     auto exc = std::exchange(h_.promise().exc, nullptr);
-    h_.destroy();  // releases scratch; pending transfers are cancelled by their destructors
-    h_ = {};
+    release();
     if (exc) std::rethrow_exception(exc);
   }
 }
 
+namespace detail {
+//! Moves one collective forward as far as its completed transfers allow.
+//! Failures are parked in the promise for the owning request to report.
 template <transport T>
-bool request<T>::test(std::error_code& ec) {
-  while (!finished_) {
-    auto& p = h_.promise();
+void advance(T& t, std::coroutine_handle<promise<T>> h) {
+  for (;;) {
+    auto& p = h.promise();
+    if (h.done() || p.failed || p.exc) return;
     if (p.awaited) {
       std::error_code e;
-      if (!t_->test(*p.awaited, e)) return false;
+      if (!t.test(*p.awaited, e)) return;
       p.awaited = nullptr;
       if (e) {
-        finish(e, p.peer);
-        break;
+        p.failed = e;
+        p.failed_peer = p.peer;
+        return;
       }
     }
-    h_.resume();
-    if (h_.promise().exc) finish(make_error_code(error::invalid_state), -1);
-    else if (h_.promise().failed) finish(h_.promise().failed, h_.promise().failed_peer);
-    else if (h_.done()) finish({}, -1);
+    h.resume();
   }
+}
+}  // namespace detail
+
+template <transport T>
+void request<T>::progress() {
+  // Every collective in flight on this communicator moves, not only this one:
+  // ranks may wait for their requests in different orders without deadlock.
+  for (std::size_t i = 0; i < active_->hs.size(); ++i)
+    if (active_->hs[i] != h_) detail::advance(*t_, active_->hs[i]);
+  detail::advance(*t_, h_);
+  auto& p = h_.promise();
+  if (p.exc) finish(make_error_code(error::invalid_state), -1);
+  else if (p.failed) finish(p.failed, p.failed_peer);
+  else if (h_.done()) finish({}, -1);
+}
+
+template <transport T>
+bool request<T>::test(std::error_code& ec) {
+  if (!finished_) progress();
+  if (!finished_) return false;
   ec = ec_;
   return true;
 }
@@ -2084,32 +2144,28 @@ bool request<T>::test(std::error_code& ec) {
 template <transport T>
 void request<T>::wait(deadline d, std::error_code& ec) {
   while (!finished_) {
+    progress();
+    if (finished_) break;
     auto& p = h_.promise();
-    if (p.awaited) {
-      std::error_code e;
-      t_->wait(*p.awaited, d, e);
+    // Block on this collective's transfer; with others in flight, only for a
+    // short slice, so their next steps get posted too.
+    const deadline slice = active_->hs.size() > 1 ? min(d, deadline::after(std::chrono::microseconds(200))) : d;
+    std::error_code e;
+    t_->wait(*p.awaited, slice, e);
+    if (e == errc::timeout) {
       if constexpr (requires(const T& t) { { t.lost_peer() } -> std::convertible_to<int>; }) {
         // The deadline passed because the group broke: report the loss.
-        if (e == errc::timeout && t_->lost_peer() >= 0) {
+        if (t_->lost_peer() >= 0) {
           finish(make_error_code(error::peer_lost), t_->lost_peer());
           break;
         }
       }
-      if (e == errc::timeout && d.expired()) {
+      if (d.expired()) {
         ctx_.peer = p.peer;  // still pending: the caller may wait again
         ec = e;
         return;
       }
-      p.awaited = nullptr;
-      if (e) {
-        finish(e, p.peer);
-        break;
-      }
     }
-    h_.resume();
-    if (h_.promise().exc) finish(make_error_code(error::invalid_state), -1);
-    else if (h_.promise().failed) finish(h_.promise().failed, h_.promise().failed_peer);
-    else if (h_.done()) finish({}, -1);
   }
   ec = ec_;
 }
@@ -2131,8 +2187,14 @@ const error_context& request<T>::context() const {
 // ------------------------------------------------------------- communicator
 template <transport T>
 basic_communicator<T>::basic_communicator(T& transport, collective_options opts)
-    : t_(&transport), opts_(opts), pool_(std::make_shared<detail::scratch_pool>()) {
+    : t_(&transport), opts_(opts), pool_(std::make_shared<detail::scratch_pool>()),
+      active_(std::make_shared<detail::active_set<T>>()) {
   EBBFLOW_ENFORCE(opts_.chunk_bytes > 0 && opts_.window > 0, "collective_options: chunk_bytes and window must be positive");
+}
+
+template <transport T>
+request<T> basic_communicator<T>::make_request(detail::task<T> tk, detail::op_context c) {
+  return request<T>(*t_, std::move(tk), std::move(c), active_);
 }
 
 template <transport T>
@@ -2164,7 +2226,7 @@ request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, re
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   const std::size_t bytes = in.bytes();
-  if (size() == 1 || in.count == 0) return request<T>(*t_, detail::copy_only<T>(src, dst, bytes), ctx("allreduce", seq, bytes));
+  if (size() == 1 || in.count == 0) return make_request(detail::copy_only<T>(src, dst, bytes), ctx("allreduce", seq, bytes));
   bool ring = false, single_copy = false;
   switch (opts_.allreduce) {
     case allreduce_algorithm::automatic:
@@ -2180,15 +2242,15 @@ request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, re
   }
   if constexpr (detail::single_copy_transport<T>) {
     if (single_copy)
-      return request<T>(*t_, detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.chunk_bytes, pool_),
+      return make_request(detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.copy_chunk_bytes, pool_),
                         ctx("allreduce", seq, bytes));
   }
   if (ring)
-    return request<T>(*t_,
+    return make_request(
                       detail::ring_allreduce<T>(*t_, seq, src, dst, dst + in.count * static_cast<std::size_t>(rank()) / static_cast<std::size_t>(size()) * size_of(in.type),
                                                 in.count, in.type, op, opts_.chunk_bytes, opts_.window, true, pool_),
                       ctx("allreduce", seq, bytes));
-  return request<T>(*t_, detail::rd_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, pool_), ctx("allreduce", seq, bytes));
+  return make_request(detail::rd_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, pool_), ctx("allreduce", seq, bytes));
 }
 
 template <transport T>
@@ -2203,14 +2265,14 @@ request<T> basic_communicator<T>::ireduce_scatter(buffer_view in, buffer_view ou
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   const std::size_t es = size_of(in.type);
-  if (n == 1 || out.count == 0) return request<T>(*t_, detail::copy_only<T>(src, dst, out.bytes()), ctx("reduce_scatter", seq, in.bytes()));
+  if (n == 1 || out.count == 0) return make_request(detail::copy_only<T>(src, dst, out.bytes()), ctx("reduce_scatter", seq, in.bytes()));
   // Partial sums of the segments this rank forwards live in a work buffer
   // owned by the coroutine; the final reduction of segment `rank()` goes
   // straight to `out`.
   auto work = detail::scratch_pool::take(pool_, in.bytes());
   std::byte* w = work.data();
   (void)es;
-  return request<T>(*t_,
+  return make_request(
                     detail::ring_allreduce<T>(*t_, seq, src, w, dst, in.count, in.type, op, opts_.chunk_bytes,
                                               opts_.window, false, pool_, std::move(work)),
                     ctx("reduce_scatter", seq, in.bytes()));
@@ -2222,9 +2284,9 @@ request<T> basic_communicator<T>::ibroadcast(buffer_view buf, int root) {
   EBBFLOW_ENFORCE(root >= 0 && root < size(), "broadcast root " << root << " outside [0, " << size() << ")");
   const std::uint64_t seq = seq_++;
   auto* p = static_cast<std::byte*>(buf.data);
-  if (size() == 1 || buf.count == 0) return request<T>(*t_, detail::copy_only<T>(p, p, 0), ctx("broadcast", seq, buf.bytes()));
+  if (size() == 1 || buf.count == 0) return make_request(detail::copy_only<T>(p, p, 0), ctx("broadcast", seq, buf.bytes()));
   const bool chain = buf.bytes() > opts_.small_bytes;
-  return request<T>(*t_, detail::broadcast<T>(*t_, seq, p, buf.bytes(), root, chain, opts_.chunk_bytes),
+  return make_request(detail::broadcast<T>(*t_, seq, p, buf.bytes(), root, chain, opts_.chunk_bytes),
                     ctx("broadcast", seq, buf.bytes()));
 }
 
@@ -2239,22 +2301,23 @@ request<T> basic_communicator<T>::iallgather(buffer_view in, buffer_view out) {
   const std::uint64_t seq = seq_++;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
-  if (n == 1 || in.count == 0) return request<T>(*t_, detail::copy_only<T>(src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
-  return request<T>(*t_, detail::allgather<T>(*t_, seq, src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
+  if (n == 1 || in.count == 0) return make_request(detail::copy_only<T>(src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
+  return make_request(detail::allgather<T>(*t_, seq, src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
 }
 
 template <transport T>
 request<T> basic_communicator<T>::ibarrier() {
   const std::uint64_t seq = seq_++;
-  return request<T>(*t_, detail::barrier<T>(*t_, seq), ctx("barrier", seq, 0));
+  return make_request(detail::barrier<T>(*t_, seq), ctx("barrier", seq, 0));
 }
 
 template <transport T>
 request<T> basic_communicator<T>::isend(buffer_view buf, int peer, std::uint32_t tag) {
   detail::check_buffer(buf, "send buffer");
   EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(), "send: peer " << peer << " invalid for rank " << rank());
+  EBBFLOW_ENFORCE(tag < (1u << 24), "send: tag " << tag << " must be < 2^24");
   // Point-to-point tags live in the step value 0xffff, which collectives never use.
-  return request<T>(*t_, detail::p2p<T>(*t_, true, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
+  return make_request(detail::p2p<T>(*t_, true, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
                     error_context{.rank = rank(), .generation = generation(), .peer = peer, .operation = "send",
                      .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
 }
@@ -2263,7 +2326,8 @@ template <transport T>
 request<T> basic_communicator<T>::irecv(buffer_view buf, int peer, std::uint32_t tag) {
   detail::check_buffer(buf, "recv buffer");
   EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(), "recv: peer " << peer << " invalid for rank " << rank());
-  return request<T>(*t_, detail::p2p<T>(*t_, false, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
+  EBBFLOW_ENFORCE(tag < (1u << 24), "recv: tag " << tag << " must be < 2^24");
+  return make_request(detail::p2p<T>(*t_, false, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
                     error_context{.rank = rank(), .generation = generation(), .peer = peer, .operation = "recv",
                      .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
 }
@@ -3326,6 +3390,12 @@ class transport {
   //! @throws system_error (peer_lost / timeout naming the peer), std::invalid_argument.
   transport(worker w, std::int64_t generation, int rank, int size,
             const std::vector<std::vector<std::byte>>& addresses, deadline d);
+  //! As above, on a worker shared with other (earlier or later) transports:
+  //! the elastic layer keeps one worker, and so one address, for the whole
+  //! job and builds each generation's endpoints on it. The generation bits of
+  //! the wire tag keep late messages of an older generation from matching.
+  transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
+            const std::vector<std::vector<std::byte>>& addresses, deadline d);
   transport(transport&&) noexcept = default;
   transport& operator=(transport&&) noexcept = default;
   //! Flushes and closes the endpoints (bounded: 1 s, then forced).
@@ -3367,7 +3437,7 @@ class transport {
     int peer;
   };
   struct state {
-    worker w;
+    std::shared_ptr<worker> w;  // shared: a worker may serve several generations in turn
     int rank = 0, size = 1;
     std::int64_t generation = 0;
     int lost = -1;
@@ -3380,7 +3450,7 @@ class transport {
     std::vector<pid_t> pids;                     // local_peer()
     bool oversubscribed = false;                 // more local ranks than usable cores
     std::uint64_t probe = detail::probe_value;   // read by peers to test single-copy access
-    explicit state(worker wk) : w(std::move(wk)) {}
+    explicit state(std::shared_ptr<worker> wk) : w(std::move(wk)) {}
   };
 
   static void on_error(void* arg, ucp_ep_h, ucs_status_t status) noexcept {
@@ -3405,7 +3475,7 @@ class transport {
   }
   void cancel_all_receives() noexcept {
     st_->cancel_pending = false;
-    for (void* r : st_->pending_recvs) ucp_request_cancel(st_->w.get(), r);
+    for (void* r : st_->pending_recvs) ucp_request_cancel(st_->w->get(), r);
   }
   void complete(request& r) noexcept;
   void close_endpoints() noexcept;
@@ -3419,7 +3489,7 @@ inline void transport::request::release() noexcept {
   if (!ucx_) return;
   if (recv_) {
     st_->pending_recvs.erase(ucx_);
-    if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) ucp_request_cancel(st_->w.get(), ucx_);
+    if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) ucp_request_cancel(st_->w->get(), ucx_);
   } else if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) {
     st_->abandoned_sends = true;  // only a forced close can retire it now
   }
@@ -3429,7 +3499,12 @@ inline void transport::request::release() noexcept {
 
 inline transport::transport(worker w, std::int64_t generation, int rank, int size,
                             const std::vector<std::vector<std::byte>>& addresses, deadline d)
+    : transport(std::make_shared<worker>(std::move(w)), generation, rank, size, addresses, d) {}
+
+inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
+                            const std::vector<std::vector<std::byte>>& addresses, deadline d)
     : st_(std::make_unique<state>(std::move(w))) {
+  EBBFLOW_ENFORCE(st_->w != nullptr, "ucx transport: null worker");
   EBBFLOW_ENFORCE(size >= 1 && size <= max_ranks && rank >= 0 && rank < size,
                   "ucx transport: rank " << rank << " / size " << size << " invalid (size <= " << max_ranks << ")");
   EBBFLOW_ENFORCE(addresses.size() == static_cast<std::size_t>(size),
@@ -3451,7 +3526,7 @@ inline transport::transport(worker w, std::int64_t generation, int rank, int siz
     ep.err_handler.cb = &transport::on_error;
     ep.err_handler.arg = &st_->slots[static_cast<std::size_t>(p)];
     ucp_ep_h h = nullptr;
-    const ucs_status_t s = ucp_ep_create(st_->w.get(), &ep, &h);
+    const ucs_status_t s = ucp_ep_create(st_->w->get(), &ep, &h);
     if (s != UCS_OK) {
       close_endpoints();
       throw_if(make_error(s), {.rank = rank, .generation = generation, .peer = p, .operation = "ucp_ep_create"});
@@ -3528,8 +3603,8 @@ inline void transport::close_endpoints() noexcept {
   }
   const auto until = deadline::after(std::chrono::seconds(1));
   for (void* r : closing) {
-    while (ucp_request_check_status(r) == UCS_INPROGRESS && !until.expired()) ucp_worker_progress(st_->w.get());
-    if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(st_->w.get(), r);
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && !until.expired()) ucp_worker_progress(st_->w->get());
+    if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(st_->w->get(), r);
     ucp_request_free(r);
   }
 }
@@ -3568,7 +3643,7 @@ inline transport::request transport::irecv(int peer, tag_t tag, std::span<std::b
     return r;
   }
   ucp_request_param_t prm{};
-  ucs_status_ptr_t p = ucp_tag_recv_nbx(st_->w.get(), in.data(), in.size(), wire_tag(peer, tag),
+  ucs_status_ptr_t p = ucp_tag_recv_nbx(st_->w->get(), in.data(), in.size(), wire_tag(peer, tag),
                                         ~ucp_tag_t{0}, &prm);
   if (UCS_PTR_IS_ERR(p)) {
     r.ec_ = make_error(UCS_PTR_STATUS(p));
@@ -3608,7 +3683,7 @@ inline void transport::complete(request& r) noexcept {
 }
 
 inline bool transport::progress() {
-  const bool any = ucp_worker_progress(st_->w.get()) != 0;
+  const bool any = ucp_worker_progress(st_->w->get()) != 0;
   if (st_->cancel_pending) cancel_all_receives();
   return any;
 }
@@ -4166,6 +4241,8 @@ namespace elastic {
 //! group publishes it in the store); `connect(g, rank, addresses, d)` returns
 //! the transport of generation g given every member's address in rank order.
 //! The UCX network (elastic/ucx_network.hpp) and the loopback network model this.
+//! A network whose `stable_address()` is true returns the same address for
+//! every generation; the group then publishes it once, at registration.
 template <class N>
 concept network = requires(N& n, std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline d) {
   typename N::transport_type;
@@ -4375,6 +4452,12 @@ class group {
   //! leaves and joins. `compute_seconds`: this member's compute time of the step.
   void end_step(double compute_seconds);
 
+  //! Resumes from a checkpoint: the step, epoch and cursor the job had
+  //! reached. Call before the first `begin_step` on every member (the
+  //! source's position travels with the initial state).
+  //! @throws group_error after the first begin_step, std::invalid_argument.
+  void restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor);
+
   //! Asks to leave at the next step boundary (thread-safe).
   void request_leave() noexcept { leave_requested_.store(true); }
   //! Marks the job finished: workers still waiting to join stop waiting.
@@ -4392,6 +4475,8 @@ class group {
   [[nodiscard]] std::int64_t step() const noexcept { return step_; }
   //! The epoch of the next step.
   [[nodiscard]] std::int64_t epoch() const noexcept { return epoch_; }
+  //! Position in the epoch's sample order where the next step's global batch starts.
+  [[nodiscard]] std::size_t cursor() const noexcept { return cursor_; }
   //! This worker's job-wide id (from the store; never reused).
   [[nodiscard]] member_id id() const noexcept { return id_; }
   //! The plan in force: every member's batch for a full global batch, rank
@@ -4431,10 +4516,12 @@ class group {
   std::unique_ptr<planning_policy> policy_;
   member_id id_ = -1;
   comm::collective_options coll_opts_;
+  std::map<member_id, bytes> address_cache_;  // stable-address networks only
 
   detail::generation_record gen_;
   int rank_ = -1;
   bool active_ = true;
+  bool started_ = false;  // begin_step was called
   std::int64_t step_ = -1;  // committed steps; -1 until state arrives
   std::int64_t epoch_ = 0;
   std::size_t cursor_ = 0;
@@ -4494,6 +4581,14 @@ inline std::int64_t parse_i64(const std::string& v) {
   return x;
 }
 
+template <class N>
+constexpr bool stable_address() {
+  if constexpr (requires { { N::stable_address() } -> std::convertible_to<bool>; })
+    return N::stable_address();
+  else
+    return false;
+}
+
 inline bool recoverable(const std::error_code& ec) noexcept {
   return ec == errc::peer_lost || ec == errc::timeout || ec == errc::revoked;
 }
@@ -4520,6 +4615,10 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   coll_opts_ = comm::collective_options::from_environment();
   coll_opts_.timeout = opts_.op_timeout;
   id_ = store_->add(key("next_id"), 1, store_deadline());
+  if constexpr (detail::stable_address<Net>()) {
+    const bytes mine = net_->prepare(0);
+    store_->set(key("addr/" + std::to_string(id_)), to_value(mine), store_deadline());
+  }
   heartbeat_ = std::jthread([this](std::stop_token st) { heartbeat_loop(st); });
   if (!opts_.join && launch_.rank < launch_.world_size)
     form_initial();
@@ -4655,16 +4754,24 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
   // Every member publishes the address of its endpoint for this generation;
   // a member that stops heartbeating before it published is reported lost,
   // so the others fail over instead of waiting for the full deadline.
+  constexpr bool stable = detail::stable_address<Net>();
   const std::string gs = std::to_string(rec.generation);
   std::vector<std::optional<bytes>> found(rec.members.size());
+  if constexpr (stable)
+    for (std::size_t j = 0; j < found.size(); ++j)
+      if (auto it = address_cache_.find(rec.members[j].id); it != address_cache_.end()) found[j] = it->second;
+  std::size_t cached = 0;
+  for (auto& f : found) cached += f.has_value();
   std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>> hb;
   const auto d = deadline::after(opts_.op_timeout);
-  for (std::size_t missing = found.size();;) {
+  for (std::size_t missing = found.size() - cached;;) {
     for (std::size_t j = 0; j < found.size(); ++j) {
       if (found[j]) continue;
       const member_id m = rec.members[j].id;
-      if (auto v = store_->try_get(key("addr/" + gs + "/" + std::to_string(m)), store_deadline())) {
+      const std::string akey = stable ? key("addr/" + std::to_string(m)) : key("addr/" + gs + "/" + std::to_string(m));
+      if (auto v = store_->try_get(akey, store_deadline())) {
         found[j] = to_bytes(*v);
+        if constexpr (stable) address_cache_[m] = *found[j];
         --missing;
       } else if (!fresh(m, hb)) {
         throw system_error(make_error_code(error::peer_lost),
@@ -4701,11 +4808,21 @@ void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_
   hb_generation_.store(gen_.generation);
   comm_.reset();
   transport_.reset();
-  const bytes mine = net_->prepare(gen_.generation);
-  store_->set(key("addr/" + std::to_string(gen_.generation) + "/" + std::to_string(id_)), to_value(mine), store_deadline());
+  const auto t0 = steady_clock::now();
+  if constexpr (!detail::stable_address<Net>()) {
+    const bytes mine = net_->prepare(gen_.generation);
+    store_->set(key("addr/" + std::to_string(gen_.generation) + "/" + std::to_string(id_)), to_value(mine),
+                store_deadline());
+  }
+  const auto t1 = steady_clock::now();
   auto addrs = gather_addresses(gen_);
+  const auto t2 = steady_clock::now();
   transport_.emplace(net_->connect(gen_.generation, rank_, addrs, deadline::after(opts_.op_timeout)), revoke_);
   comm_.emplace(*transport_, coll_opts_);
+  const auto t3 = steady_clock::now();
+  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  EBBFLOW_LOG_INFO("generation " << gen_.generation << " connect: prepare " << ms(t0, t1) << " ms, addresses "
+                                 << ms(t1, t2) << " ms, wire-up " << ms(t2, t3) << " ms");
   // The state moves at the next begin_step: a newcomer registers its buffers
   // after the constructor returned.
   if (!pending_) pending_ = pending_change{gen_.reason, old_size, started};
@@ -4720,7 +4837,6 @@ void group<Store, Net>::sync_state() {
   // Point-to-point tags of the state transfer (collectives never use p2p tags).
   constexpr std::uint32_t tag_size = 1, tag_header = 2, tag_first = 3;
   if (gen_.source == id_) {
-    EBBFLOW_EXPECTS(step_ == gen_.source_step);
     detail::writer w;
     w.put(step_).put(epoch_).put<std::uint64_t>(cursor_).put<std::uint64_t>(state_.size());
     for (auto& s : state_) {
@@ -4791,6 +4907,7 @@ template <kv_store Store, network Net>
 step_info group<Store, Net>::begin_step() {
   if (!active_) fail(error::invalid_state, "begin_step after this member left the group");
   if (detail::signal_leave_flag().load()) leave_requested_.store(true);
+  started_ = true;
   while (pending_) {
     try {
       sync_state();
@@ -5110,6 +5227,18 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
 }
 
 template <kv_store Store, network Net>
+void group<Store, Net>::restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor) {
+  if (started_) fail(error::invalid_state, "restore_position after the first begin_step");
+  EBBFLOW_ENFORCE(step >= 0 && epoch >= 0 && cursor < opts_.dataset_size,
+                  "restore_position: step " << step << ", epoch " << epoch << ", cursor " << cursor
+                                            << " (dataset_size " << opts_.dataset_size << ")");
+  if (gen_.source != id_) return;  // the source's position reaches everybody with the state
+  step_ = step;
+  epoch_ = epoch;
+  cursor_ = cursor;
+}
+
+template <kv_store Store, network Net>
 void group<Store, Net>::fault_point(const char* point) {
   // Fault injection for tests (EBBFLOW_FAULT=<point>): the first member of the
   // job to reach the point dies there, as a crashed process would.
@@ -5194,6 +5323,8 @@ class loopback_network {
   //! A worker with a fresh address on `f` (must not be null).
   explicit loopback_network(std::shared_ptr<loopback_fabric> f) : fabric_(std::move(f)), addr_(fabric_->new_address()) {}
   //! This worker's address.
+  //! The address never changes (see `network`).
+  [[nodiscard]] static constexpr bool stable_address() noexcept { return true; }
   //! The same address for every generation (the fabric routes by generation).
   [[nodiscard]] bytes prepare(std::int64_t) const { return addr_; }
   //! The loopback transport of generation `g` as `rank` of `addrs.size()`.
@@ -8432,10 +8563,10 @@ EBBFLOW_END_NAMESPACE
 #if EBBFLOW_HAS_UCX
 // SPDX-License-Identifier: Apache-2.0
 //! @file ucx_network.hpp
-//! `ucx_network`: the elastic group's `network` over UCX. Each generation
-//! gets a fresh UCX worker (a new address), so traffic of an old generation
-//! cannot even reach the new one; the UCP context is shared for the whole
-//! process. Requires the `ebbflow::ucx` component.
+//! `ucx_network`: the elastic group's `network` over UCX. One UCX worker
+//! (one address) serves the whole job; each generation builds its endpoints
+//! on it, and the generation bits of every wire tag keep late messages of an
+//! older generation from matching. Requires the `ebbflow::ucx` component.
 //!
 //! Thread safety: used by the group's training thread only.
 
@@ -8446,7 +8577,6 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/core/error.hpp>  (inlined)
 // #include <ebbflow/elastic/kv_store.hpp>  (inlined)
 
-#include <map>
 #include <memory>
 #include <vector>
 
@@ -8457,39 +8587,32 @@ class ucx_network {
  public:
   using transport_type = comm::ucx::transport;
 
-  //! Creates the process's UCP context (UCX reads its configuration from the
-  //! environment; see docs/comm.md for the defaults ebbflow sets).
-  //! @throws system_error when UCX cannot initialise.
-  ucx_network() : ctx_(comm::ucx::context::create()) {}
+  //! Creates the process's UCP context and its one worker (UCX reads its
+  //! configuration from the environment; see docs/comm.md for the defaults
+  //! ebbflow sets). @throws system_error when UCX cannot initialise.
+  ucx_network() : ucx_network(comm::ucx::context::create()) {}
   //! Shares an existing context.
-  explicit ucx_network(std::shared_ptr<comm::ucx::context> ctx) : ctx_(std::move(ctx)) {
-    EBBFLOW_ENFORCE(ctx_ != nullptr, "ucx_network: null UCX context");
+  explicit ucx_network(std::shared_ptr<comm::ucx::context> ctx) {
+    EBBFLOW_ENFORCE(ctx != nullptr, "ucx_network: null UCX context");
+    worker_ = std::make_shared<comm::ucx::worker>(std::move(ctx));
   }
 
-  //! Creates this process's worker for generation `g` and returns its
-  //! address. @throws system_error.
-  bytes prepare(std::int64_t g) {
-    auto w = std::make_unique<comm::ucx::worker>(ctx_);
-    bytes a(w->address().begin(), w->address().end());
-    workers_.erase(workers_.begin(), workers_.lower_bound(g));  // older generations are gone
-    workers_[g] = std::move(w);
-    return a;
-  }
+  //! One worker serves every generation, so its address never changes: the
+  //! group publishes it once, and a membership change only builds endpoints.
+  [[nodiscard]] static constexpr bool stable_address() noexcept { return true; }
 
-  //! Connects generation `g`'s worker to every member (addresses in rank
-  //! order). Blocks until every endpoint is wired up or `d` passes.
+  //! This process's worker address (the same for every generation).
+  bytes prepare(std::int64_t) const { return bytes(worker_->address().begin(), worker_->address().end()); }
+
+  //! Connects to every member of generation `g` (addresses in rank order) on
+  //! the shared worker. Blocks until every endpoint is wired up or `d` passes.
   //! @throws system_error (peer_lost / timeout naming the peer), std::invalid_argument.
   transport_type connect(std::int64_t g, int rank, const std::vector<bytes>& addresses, deadline d) {
-    auto it = workers_.find(g);
-    EBBFLOW_ENFORCE(it != workers_.end(), "ucx_network: connect for generation " << g << " without prepare");
-    comm::ucx::worker w = std::move(*it->second);
-    workers_.erase(it);
-    return transport_type(std::move(w), g, rank, static_cast<int>(addresses.size()), addresses, d);
+    return transport_type(worker_, g, rank, static_cast<int>(addresses.size()), addresses, d);
   }
 
  private:
-  std::shared_ptr<comm::ucx::context> ctx_;
-  std::map<std::int64_t, std::unique_ptr<comm::ucx::worker>> workers_;
+  std::shared_ptr<comm::ucx::worker> worker_;
 };
 
 }  // namespace elastic
