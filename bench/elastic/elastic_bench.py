@@ -36,7 +36,7 @@ def run_job(args, launcher_flags, extra, tag, env_extra=None, metrics=None):
     metrics = metrics or os.path.join(args.tmp, f"{tag}.csv")
     if os.path.exists(metrics) and "--resume" not in extra:
         os.remove(metrics)
-    cmd = [args.run] + launcher_flags + ["--"] + args.wrap + [args.train, "--steps", str(args.steps),
+    cmd = [args.run, "--store", args.store] + launcher_flags + ["--"] + args.wrap + [args.train, "--steps", str(args.steps),
            "--batch", str(args.batch), "--step-us", str(args.step_us), "--sample-us", str(args.sample_us),
            "--metrics", metrics] + extra
     env = dict(os.environ, EBBFLOW_LOG="warn")
@@ -97,6 +97,7 @@ def main():
     ap.add_argument("--event-at", type=float, default=1.5, help="seconds into the job when the event happens")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--wrap", default="", help="command prefix for every worker (e.g. the netns wrapper)")
+    ap.add_argument("--store", default="127.0.0.1:0", help="address the launcher's store binds")
     ap.add_argument("--json", help="write one JSON object per measured point")
     args = ap.parse_args()
     args.run = os.path.abspath(os.path.join(args.build, "tools/ebbflow-run/ebbflow-run"))
