@@ -96,6 +96,13 @@ class report {
   //! A membership change (`what`: initial, join, leave, failure).
   void event(std::string_view what, std::int64_t step, int old_size, int new_size, std::int64_t generation,
              double stall_s) {
+    if (progress_ && what != "initial") {  // above the progress line
+      if (!tty_) tty_ = std::fopen("/dev/tty", "w");
+      if (tty_)
+        std::fprintf(tty_, "\r\033[K -> %.*s: %d -> %d workers at step %lld (ready after %.0f ms)\n",
+                     static_cast<int>(what.size()), what.data(), old_size, new_size, static_cast<long long>(step),
+                     stall_s * 1e3);
+    }
     if (dir_.empty()) return;
     if (!events_) {
       events_ = open("events.csv");

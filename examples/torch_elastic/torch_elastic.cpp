@@ -55,6 +55,7 @@ struct args {
   std::string codec = "dense";
   std::string report_dir, params_out;
   int eval_every = 10, log_every = 0;
+  long long die_worker = -1, die_step = -1;  // --die-at W:S: worker W SIGKILLs itself in step S (tests)
   bool progress = false, reference = false;
 };
 
@@ -62,7 +63,8 @@ struct args {
   std::cerr << "torch_elastic: " << msg << "\n"
             << "usage: torch_elastic [--steps N] [--batch B] [--lr X] [--momentum X] [--hidden H] [--seed S]\n"
                "  [--sample-us U] [--step-us U] [--slowdowns 1,1.5,2,3] [--codec dense|fp16|int8|topk]\n"
-               "  [--report DIR] [--params-out FILE] [--eval-every N] [--log-every N] [--progress] [--reference]\n";
+               "  [--report DIR] [--params-out FILE] [--eval-every N] [--log-every N] [--progress] [--reference]\n"
+               "  [--die-at WORKER:STEP]\n";
   std::exit(2);
 }
 
@@ -90,6 +92,11 @@ args parse(int argc, char** argv) {
       else if (k == "--log-every") a.log_every = std::stoi(v());
       else if (k == "--progress") a.progress = true;
       else if (k == "--reference") a.reference = true;
+      else if (k == "--die-at") {
+        const std::string d = v();
+        a.die_worker = std::stoll(d.substr(0, d.find(':')));
+        a.die_step = std::stoll(d.substr(d.find(':') + 1));
+      }
       else if (k == "--slowdowns") {
         a.slowdowns.clear();
         std::string s = v();
@@ -376,6 +383,7 @@ int main(int argc, char** argv) try {
     emulate_device(a, s.batch, slowdown);
     const double compute_s = std::chrono::duration<double>(clk::now() - c0).count();
     samples.attempt(s.step, s.generation, s.epoch, mine.indices);
+    if (worker == a.die_worker && s.step == a.die_step) std::raise(SIGKILL);  // fault injection (tests)
 
     if (!h_grads.is_same(flat.grads)) h_grads.copy_(flat.grads);
     if (!group.allreduce(floats_of(h_grads))) continue;  // ebbflow: a member failed; the step is redone
