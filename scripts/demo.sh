@@ -84,7 +84,7 @@ awk -F, -v acc="$acc" -v ref="$ref" -v target="$target" -v steps="$steps" \
     printf "  LibTorch MLP on the 8x8 digits, torch::optim::SGD (momentum 0.9), %d steps,\n", steps
     printf "  global batch 128 split by the planner over workers of emulated speeds 1x..3x\n"
     printf "  membership changes:%s\n", changes
-    printf "  phases: throughput (mean of the last-10-step rate) and the planner's split of 128 (rank order)\n"
+    printf "  phases: throughput (mean of the last-10-step rate) and the planner split of 128 (rank order)\n"
     for (k = 1; k <= phases; k++) { g = order[k]
       printf "    from step %4d: %d workers %6.0f samples/s   batches %s\n", first[g] - 1, w[g], r[g] / n[g], plan[g] }
     printf "  test accuracy: elastic %.2f %%, single process %.2f %% (difference %+.2f points)\n", 100 * acc, 100 * ref, 100 * (acc - ref)
