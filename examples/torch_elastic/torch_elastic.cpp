@@ -19,6 +19,14 @@
 #include <ebbflow/plan/sampler.hpp>            // plan::epoch_permutation
 #include <ebbflow/prefetch/prefetcher.hpp>     // prefetch::prefetcher
 
+#if __has_include(<ebbflow/compress/compressed_allreduce.hpp>)
+#include <ebbflow/compress/codecs/cast.hpp>
+#include <ebbflow/compress/codecs/quantize.hpp>
+#include <ebbflow/compress/codecs/topk.hpp>
+#include <ebbflow/compress/compressed_allreduce.hpp>  // compress::compressed_allreduce (--codec)
+#define TORCH_ELASTIC_HAS_COMPRESS 1
+#endif
+
 #include "../common/digits.hpp"
 #include "report.hpp"
 
@@ -233,6 +241,49 @@ void write_result(const args& a, const char* name, std::int64_t steps, double wa
     << ",\"global_batch\":" << a.batch << ",\"codec\":\"" << a.codec << "\"}\n";
 }
 
+// Sums the gradient (and the loss in its last slot) over the group: dense, or
+// with a compressed allreduce over the group's transport. The compressor is
+// made again for every generation (the transport is per generation; its
+// error-feedback residuals start from zero). False: a member failed; redo the step.
+template <class Group>
+class gradient_sum {
+ public:
+  gradient_sum(Group& g, std::string codec) : group_(g), codec_(std::move(codec)) {
+#ifndef TORCH_ELASTIC_HAS_COMPRESS
+    if (codec_ != "dense") usage("--codec " + codec_ + ": this build has the dense allreduce only (no <ebbflow/compress/...>)");
+#endif
+  }
+  bool operator()(std::span<float> grads_and_loss) {
+    if (codec_ == "dense") return group_.allreduce(grads_and_loss);
+#ifdef TORCH_ELASTIC_HAS_COMPRESS
+    if (generation_ != group_.generation()) make(), generation_ = group_.generation();
+    return group_.collective([&](auto& comm) {
+      run_(grads_and_loss.first(grads_and_loss.size() - 1));
+      comm.allreduce(ef::view(grads_and_loss.last(1)), ef::reduce_op::sum);  // the loss, exactly
+    });
+#else
+    return false;
+#endif
+  }
+
+ private:
+#ifdef TORCH_ELASTIC_HAS_COMPRESS
+  void make() {
+    namespace cz = ef::compress;
+    auto& t = group_.transport();
+    auto wrap = [](auto c) { return [c](std::span<float> g) mutable { c->run(g); }; };
+    using tr = std::remove_reference_t<decltype(t)>;
+    if (codec_ == "fp16") run_ = wrap(std::make_shared<cz::compressed_allreduce<cz::fp16_codec, tr>>(t, cz::fp16_codec{}));
+    else if (codec_ == "int8") run_ = wrap(std::make_shared<cz::compressed_allreduce<cz::int8_codec, tr>>(t, cz::int8_codec{}));
+    else run_ = wrap(std::make_shared<cz::compressed_allreduce<cz::topk_codec, tr>>(t, cz::topk_codec(0.1)));
+  }
+  std::function<void(std::span<float>)> run_;
+  std::int64_t generation_ = -1;
+#endif
+  Group& group_;
+  std::string codec_;
+};
+
 // The single-process run over the same global batches (same seed, same order).
 int reference(const args& a, const digits::data_set& train, const torch::Tensor& test_x, const torch::Tensor& test_y) {
   torch::manual_seed(a.seed);
@@ -293,8 +344,6 @@ int main(int argc, char** argv) try {
   const auto test_x = torch::from_blob(const_cast<float*>(test.x.data()), {n_test, digits::pixels}).clone();
   const auto test_y = torch::tensor(std::vector<std::int64_t>(test.y.begin(), test.y.end()));
   if (a.reference) return reference(a, train, test_x, test_y);
-  if (a.codec != "dense")  // needs <ebbflow/compress/compressed_allreduce.hpp>; see docs/tutorial.md
-    usage("--codec " + a.codec + ": this build has the dense allreduce only");
 
   const long long worker = ef::env::get_int("EBBFLOW_WORKER_ID", 0, 0, 1 << 20);
   const double slowdown = ef::env::get_double(
@@ -325,6 +374,7 @@ int main(int argc, char** argv) try {
   // ebbflow: the training state that joiners (and members behind after a failure) receive.
   group.register_state("params", std::as_writable_bytes(floats_of(h_params)));
   group.register_state("momentum", std::as_writable_bytes(floats_of(h_momentum)));
+  gradient_sum sum_gradients(group, a.codec);  // ebbflow: dense allreduce, or --codec fp16|int8|topk
   bool state_changed = true;  // the state may have arrived from another member
   demo::report report(a.report_dir, a.progress, a.log_every, a.steps);
   group.on_world_changed([&](const el::world_change& w) {
@@ -386,7 +436,7 @@ int main(int argc, char** argv) try {
     if (worker == a.die_worker && s.step == a.die_step) std::raise(SIGKILL);  // fault injection (tests)
 
     if (!h_grads.is_same(flat.grads)) h_grads.copy_(flat.grads);
-    if (!group.allreduce(floats_of(h_grads))) continue;  // ebbflow: a member failed; the step is redone
+    if (!sum_gradients(floats_of(h_grads))) continue;  // ebbflow: allreduce; false: a member failed, redo the step
     if (!h_grads.is_same(flat.grads)) flat.grads.copy_(h_grads);
     optimizer.step();
     if (!h_params.is_same(flat.params)) h_params.copy_(flat.params), h_momentum.copy_(flat.momentum);
