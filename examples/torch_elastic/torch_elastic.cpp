@@ -359,7 +359,7 @@ int main(int argc, char** argv) try {
   // ebbflow: parameters, gradients and momentum become views into three flat tensors.
   auto flat = flatten(model->parameters(), optimizer, device);
   // On a GPU the group works on host mirrors of the flat tensors; on the CPU they are the same tensors.
-  auto host_of = [&](const torch::Tensor& t) { return t.is_cpu() ? t : torch::empty(t.sizes(), torch::kFloat32); };
+  auto host_of = [](const torch::Tensor& t) { return t.is_cpu() ? t : t.to(torch::kCPU); };
   const torch::Tensor h_params = host_of(flat.params), h_momentum = host_of(flat.momentum), h_grads = host_of(flat.grads);
 
   // ebbflow: join the job (an initial worker, or a newcomer with EBBFLOW_JOIN=1), with the exact batch planner.
