@@ -170,6 +170,11 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
             joiners.emplace_back([&sc, store, fabric, &out, &joiners, &joiners_m] {
               worker(sc, store, fabric, -1, true, out, joiners, joiners_m);
             });
+            // Steps take microseconds here: wait until the newcomer holds its
+            // join ticket, so it is admitted at this boundary, not after the end.
+            const auto want = static_cast<std::int64_t>(join_started.size());
+            while (store->add("ebbflow/join_seq", 0, ef::deadline::after(1s)) < want)
+              std::this_thread::sleep_for(100us);
           }
       for (auto [r, ls] : sc.leaves)
         if (!join && r == launch_rank && s.step == ls) g.request_leave();

@@ -353,6 +353,7 @@ class group {
   void notify(change_reason reason, int old_size, double stall);
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
   void fault_point(const char* point);
+  int lost_peer_of(const system_error& e) const noexcept;
 
   group_options opts_;
   launch_info launch_;

@@ -360,7 +360,7 @@ step_info group<Store, Net>::begin_step() {
     } catch (const system_error& e) {
       if (!detail::recoverable(e.code())) throw;
       EBBFLOW_LOG_WARN("state transfer failed: " << e.what());
-      recover(gen_.generation, e.code() == errc::peer_lost ? e.peer() : -1);
+      recover(gen_.generation, lost_peer_of(e));
     }
   }
   return current_slice();
@@ -394,7 +394,7 @@ bool group<Store, Net>::collective(F&& f) {
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
     EBBFLOW_LOG_WARN("step " << step_ << " aborted: " << e.what());
-    recover(gen_.generation, e.code() == errc::peer_lost ? e.peer() : -1);
+    recover(gen_.generation, lost_peer_of(e));
     return false;
   }
 }
@@ -473,7 +473,7 @@ void group<Store, Net>::end_step(double compute_seconds) {
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
     EBBFLOW_LOG_WARN("control exchange after step " << step_ << " failed: " << e.what());
-    recover(gen_.generation, e.code() == errc::peer_lost ? e.peer() : -1);
+    recover(gen_.generation, lost_peer_of(e));
     return;
   }
   for (std::size_t i = 0; i < un; ++i)
@@ -549,7 +549,7 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     adopt(std::move(rec), started);
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
-    recover(g1, e.code() == errc::peer_lost ? e.peer() : -1);
+    recover(g1, lost_peer_of(e));
   }
 }
 
@@ -664,8 +664,21 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
     } catch (const system_error& e) {
       if (!detail::recoverable(e.code())) throw;
       g = gen_.generation;
-      lost_peer = e.code() == errc::peer_lost ? e.peer() : -1;
+      lost_peer = lost_peer_of(e);
     }
+  }
+}
+
+template <kv_store Store, network Net>
+int group<Store, Net>::lost_peer_of(const system_error& e) const noexcept {
+  // Only a transport that saw a peer die may name it: a collective's error
+  // names the neighbour whose transfer failed, which in a ring is often a
+  // live member stuck behind the dead one. Reporting it dead would exclude it.
+  if (e.code() != errc::peer_lost) return -1;
+  if constexpr (requires(const transport_type& t) { { t.lost_peer() } -> std::convertible_to<int>; }) {
+    return transport_ ? transport_->lost_peer() : -1;
+  } else {
+    return e.peer();
   }
 }
 
