@@ -9,6 +9,7 @@
 
 #include <ebbflow/config.hpp>
 #include <ebbflow/compress/codec.hpp>
+#include <ebbflow/compress/detail/run.hpp>
 #include <ebbflow/compress/kernels/cast.hpp>
 
 #include <cstddef>
@@ -33,15 +34,15 @@ struct cast_codec {
   //! Encodes n floats (+ residual) into `out`. Pointers in `Ex`'s space.
   template <class Ex>
   void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context = {}) const {
-    ex.bulk(kernels::blocks_of(n), kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n});
+    detail::bulk(ex, kernels::blocks_of(n), kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n});
   }
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    ex.bulk(kernels::blocks_of(n), kernels::cast_decode<F, false>{reinterpret_cast<const std::uint16_t*>(in), out, n});
+    detail::bulk(ex, kernels::blocks_of(n), kernels::cast_decode<F, false>{reinterpret_cast<const std::uint16_t*>(in), out, n});
   }
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    ex.bulk(kernels::blocks_of(n), kernels::cast_decode<F, true>{reinterpret_cast<const std::uint16_t*>(in), out, n});
+    detail::bulk(ex, kernels::blocks_of(n), kernels::cast_decode<F, true>{reinterpret_cast<const std::uint16_t*>(in), out, n});
   }
 };
 

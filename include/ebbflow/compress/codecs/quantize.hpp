@@ -13,6 +13,7 @@
 
 #include <ebbflow/config.hpp>
 #include <ebbflow/compress/codec.hpp>
+#include <ebbflow/compress/detail/run.hpp>
 #include <ebbflow/compress/kernels/quantize.hpp>
 
 #include <cstddef>
@@ -41,20 +42,20 @@ struct quantize_codec {
   template <class Ex>
   void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context ctx = {}) const {
     const std::size_t nb = kernels::blocks_of(n);
-    ex.bulk(nb, kernels::quantize_encode<Bits>{in, residual, reinterpret_cast<float*>(out),
+    detail::bulk(ex, nb, kernels::quantize_encode<Bits>{in, residual, reinterpret_cast<float*>(out),
                                                reinterpret_cast<std::uint8_t*>(out) + 4 * nb, n,
                                                {ctx.seed, ctx.stream}});
   }
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
-    ex.bulk(nb, kernels::quantize_decode<Bits, false>{reinterpret_cast<const float*>(in),
+    detail::bulk(ex, nb, kernels::quantize_decode<Bits, false>{reinterpret_cast<const float*>(in),
                                                       reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
   }
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
-    ex.bulk(nb, kernels::quantize_decode<Bits, true>{reinterpret_cast<const float*>(in),
+    detail::bulk(ex, nb, kernels::quantize_decode<Bits, true>{reinterpret_cast<const float*>(in),
                                                      reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
   }
 };

@@ -10,6 +10,7 @@
 
 #include <ebbflow/config.hpp>
 #include <ebbflow/compress/codec.hpp>
+#include <ebbflow/compress/detail/run.hpp>
 #include <ebbflow/compress/kernels/sign.hpp>
 
 #include <cstddef>
@@ -34,19 +35,19 @@ struct sign_codec {
   template <class Ex>
   void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context = {}) const {
     const std::size_t nb = kernels::blocks_of(n);
-    ex.bulk(nb, kernels::sign_encode{in, residual, reinterpret_cast<float*>(out),
+    detail::bulk(ex, nb, kernels::sign_encode{in, residual, reinterpret_cast<float*>(out),
                                      reinterpret_cast<std::uint32_t*>(out + 4 * nb), n});
   }
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
-    ex.bulk(nb, kernels::sign_decode<false>{reinterpret_cast<const float*>(in),
+    detail::bulk(ex, nb, kernels::sign_decode<false>{reinterpret_cast<const float*>(in),
                                             reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
   }
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
-    ex.bulk(nb, kernels::sign_decode<true>{reinterpret_cast<const float*>(in),
+    detail::bulk(ex, nb, kernels::sign_decode<true>{reinterpret_cast<const float*>(in),
                                            reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
   }
 };

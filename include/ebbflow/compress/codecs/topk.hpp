@@ -13,6 +13,7 @@
 
 #include <ebbflow/config.hpp>
 #include <ebbflow/compress/codec.hpp>
+#include <ebbflow/compress/detail/run.hpp>
 #include <ebbflow/compress/kernels/topk.hpp>
 #include <ebbflow/core/error.hpp>
 
@@ -65,9 +66,9 @@ struct topk_codec {
         1, s);
     ex.bulk(s, kernels::topk_sample{in, residual, sample, n, {ctx.seed, ctx.stream}});
     ex.bulk(1, kernels::topk_threshold{sample, s, m, thr});
-    ex.bulk(nb, kernels::topk_count{in, residual, thr, counts, n});
+    detail::bulk(ex, nb, kernels::topk_count{in, residual, thr, counts, n});
     ex.bulk(1, kernels::topk_scan{counts, nb, header, k});
-    ex.bulk(nb, kernels::topk_write{in, residual, thr, counts, header + 2,
+    detail::bulk(ex, nb, kernels::topk_write{in, residual, thr, counts, header + 2,
                                     reinterpret_cast<float*>(header + 2 + k), n, k});
   }
   template <class Ex>

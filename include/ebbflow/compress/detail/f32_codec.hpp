@@ -7,6 +7,7 @@
 #include <ebbflow/config.hpp>
 #include <ebbflow/compress/codec.hpp>
 #include <ebbflow/compress/detail/fp.hpp>
+#include <ebbflow/compress/detail/run.hpp>
 #include <ebbflow/compress/kernels/block.hpp>
 
 #include <cstddef>
@@ -52,15 +53,15 @@ struct f32_codec {
   //! Ignores the residual: raw floats are exact.
   template <class Ex>
   void encode(Ex& ex, const float* in, float*, std::byte* out, std::size_t n, encode_context = {}) const {
-    ex.bulk(kernels::blocks_of(n), copy_fn{in, reinterpret_cast<float*>(out), n});
+    detail::bulk(ex, kernels::blocks_of(n), copy_fn{in, reinterpret_cast<float*>(out), n});
   }
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    ex.bulk(kernels::blocks_of(n), copy_fn{reinterpret_cast<const float*>(in), out, n});
+    detail::bulk(ex, kernels::blocks_of(n), copy_fn{reinterpret_cast<const float*>(in), out, n});
   }
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    ex.bulk(kernels::blocks_of(n), add_fn{reinterpret_cast<const float*>(in), out, n});
+    detail::bulk(ex, kernels::blocks_of(n), add_fn{reinterpret_cast<const float*>(in), out, n});
   }
 };
 static_assert(codec<f32_codec>);

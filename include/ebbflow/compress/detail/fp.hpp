@@ -60,6 +60,12 @@ EBBFLOW_HD inline std::int32_t floor_i32(float x) noexcept {
   return t - static_cast<std::int32_t>(static_cast<float>(t) > x);
 }
 
+//! Branch-free select: `c ? a : b` as masks, so host loops if-convert and vectorise.
+EBBFLOW_HD inline std::uint32_t select(bool c, std::uint32_t a, std::uint32_t b) noexcept {
+  const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
+  return (a & m) | (b & ~m);
+}
+
 //! float -> IEEE binary16 bits, round to nearest even, branch-free (after
 //! F. Giesen's float_to_half_fast3_rtne). Same bits as `ebbflow::half`.
 EBBFLOW_HD inline std::uint16_t f32_to_f16(float f) noexcept {
@@ -70,9 +76,9 @@ EBBFLOW_HD inline std::uint16_t f32_to_f16(float f) noexcept {
   const std::uint32_t normal = (ax + 0xC8000FFFu + ((ax >> 13) & 1u)) >> 13;
   // Subnormal range: let the FPU round (adding 0.5 aligns the 10 bits).
   const std::uint32_t sub = as_u32(as_f32(ax) + 0.5f) - 0x3F000000u;
-  const std::uint32_t special = ax > 0x7F800000u ? 0x7E00u : 0x7C00u;
-  std::uint32_t o = ax < 0x38800000u ? sub : normal;
-  o = ax >= 0x47800000u ? special : o;
+  const std::uint32_t special = select(ax > 0x7F800000u, 0x7E00u, 0x7C00u);
+  std::uint32_t o = select(ax < 0x38800000u, sub, normal);
+  o = select(ax >= 0x47800000u, special, o);
   return static_cast<std::uint16_t>(o | (sign >> 16));
 }
 //! IEEE binary16 bits -> float (exact), branch-free.
@@ -83,8 +89,8 @@ EBBFLOW_HD inline float f16_to_f32(std::uint16_t h) noexcept {
   const std::uint32_t normal = body + 0x38000000u;
   const std::uint32_t inf_nan = body + 0x70000000u;
   const std::uint32_t sub = as_u32(as_f32(body + 0x38800000u) - 6.103515625e-05f);
-  std::uint32_t o = exp == 0x0F800000u ? inf_nan : normal;
-  o = exp == 0 ? sub : o;
+  std::uint32_t o = select(exp == 0x0F800000u, inf_nan, normal);
+  o = select(exp == 0, sub, o);
   return as_f32(o | ((hu & 0x8000u) << 16));
 }
 //! float -> bfloat16 bits, round to nearest even; NaN stays a quiet NaN.
@@ -92,7 +98,7 @@ EBBFLOW_HD inline std::uint16_t f32_to_bf16(float f) noexcept {
   const std::uint32_t x = as_u32(f);
   const std::uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
   const std::uint32_t nan = (x >> 16) | 0x40u;
-  return static_cast<std::uint16_t>((x & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+  return static_cast<std::uint16_t>(select((x & 0x7FFFFFFFu) > 0x7F800000u, nan, rounded));
 }
 EBBFLOW_HD inline float bf16_to_f32(std::uint16_t b) noexcept { return as_f32(static_cast<std::uint32_t>(b) << 16); }
 

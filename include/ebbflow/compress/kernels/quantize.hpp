@@ -68,30 +68,33 @@ struct quantize_encode {
       const float scale = amax / static_cast<float>(L);
       const float inv = amax > 0.0f ? static_cast<float>(L) / amax : 0.0f;
       scales[b] = scale;
-      // 2. 16 random bits per element: one Philox block per 8 elements.
-      std::uint16_t rnd[block_size];
-      const std::uint32_t groups = (static_cast<std::uint32_t>(cnt) + 7u) / 8u;
-      for (std::uint32_t g = 0; g < groups; ++g) {
+      // 2. 16 random bits per element from 32 Philox blocks. Word w of block
+      //    g lands at rw[32 w + g], so both loops below run over contiguous
+      //    memory and vectorise; element j uses half (j >> 7) of rw[j & 127].
+      std::uint32_t rw[128];
+      for (std::uint32_t g = 0; g < 32; ++g) {
         const detail::philox_u4 r = rng(o / 8 + g);
-        rnd[8 * g + 0] = static_cast<std::uint16_t>(r.x);
-        rnd[8 * g + 1] = static_cast<std::uint16_t>(r.x >> 16);
-        rnd[8 * g + 2] = static_cast<std::uint16_t>(r.y);
-        rnd[8 * g + 3] = static_cast<std::uint16_t>(r.y >> 16);
-        rnd[8 * g + 4] = static_cast<std::uint16_t>(r.z);
-        rnd[8 * g + 5] = static_cast<std::uint16_t>(r.z >> 16);
-        rnd[8 * g + 6] = static_cast<std::uint16_t>(r.w);
-        rnd[8 * g + 7] = static_cast<std::uint16_t>(r.w >> 16);
+        rw[g] = r.x;
+        rw[32 + g] = r.y;
+        rw[64 + g] = r.z;
+        rw[96 + g] = r.w;
       }
       // 3. stochastic rounding, residual update.
       std::int8_t q[block_size];
-      for (std::uint32_t j = 0; j < cnt; ++j) {
-        const float v = EF ? detail::fadd(pi[j], pr[j]) : pi[j];
-        const float u = detail::fmul(static_cast<float>(rnd[j]) + 0.5f, 1.0f / 65536.0f);
-        std::int32_t k = detail::floor_i32(detail::fadd(detail::fmul(v, inv), u));
-        k = k > L ? L : k;
-        k = k < -L ? -L : k;
-        q[j] = static_cast<std::int8_t>(k);
-        if constexpr (EF) pr[j] = detail::fsub(v, detail::fmul(static_cast<float>(k), scale));
+      for (std::uint32_t h = 0; h < 2; ++h) {
+        const std::uint32_t base = 128 * h;
+        const std::uint32_t len = cnt > base ? (cnt - base < 128u ? cnt - base : 128u) : 0u;
+        const std::uint32_t shift = 16 * h;
+        for (std::uint32_t j2 = 0; j2 < len; ++j2) {
+          const std::uint32_t j = base + j2;
+          const float v = EF ? detail::fadd(pi[j], pr[j]) : pi[j];
+          const float u = detail::fmul(static_cast<float>((rw[j2] >> shift) & 0xFFFFu) + 0.5f, 1.0f / 65536.0f);
+          std::int32_t k = detail::floor_i32(detail::fadd(detail::fmul(v, inv), u));
+          k = k > L ? L : k;
+          k = k < -L ? -L : k;
+          q[j] = static_cast<std::int8_t>(k);
+          if constexpr (EF) pr[j] = detail::fsub(v, detail::fmul(static_cast<float>(k), scale));
+        }
       }
       if constexpr (Bits == 8) {
         for (std::uint32_t j = 0; j < cnt; ++j) pc[j] = static_cast<std::uint8_t>(q[j]);
