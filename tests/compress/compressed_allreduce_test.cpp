@@ -25,7 +25,7 @@ std::vector<float> normal_vec(std::size_t n, unsigned seed, float mean = 0.0f) {
 }
 cx::allreduce_options small_opts() {
   cx::allreduce_options o;
-  o.segment_bytes = 4096;          // 1024 elements: many segments per chunk
+  o.segment_bytes = 4096;          // 4 KiB of wire per segment: several segments per chunk
   o.dense_threshold_bytes = 1024;  // compress anything from 256 elements up
   o.timeout = std::chrono::seconds(30);
   return o;

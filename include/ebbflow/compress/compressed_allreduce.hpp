@@ -35,6 +35,7 @@
 #include <ebbflow/core/memory.hpp>
 #include <ebbflow/exec/executor.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -47,7 +48,9 @@ EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
 
 struct allreduce_options {
-  //! Uncompressed bytes per pipelined segment (rounded to whole codec blocks).
+  //! Encoded (wire) bytes per pipelined segment, about: a segment holds as
+  //! many elements as encode to this size (whole codec blocks), so strongly
+  //! compressing codecs are not cut into tiny messages.
   std::size_t segment_bytes = std::size_t{1} << 20;
   //! Tensors smaller than this are reduced dense (exact): compressing them
   //! costs more in latency than it saves in bytes.
@@ -58,6 +61,11 @@ struct allreduce_options {
   std::uint64_t seed = 0x5EEDC0DEull;
   //! Deadline of one `run`, from its start.
   std::chrono::milliseconds timeout{60000};
+  //! Tag space (0-255) of this object: several allreduce objects (or other
+  //! collectives) driving one transport must use distinct tag spaces, so
+  //! that a fast rank's next collective can never match a slow rank's
+  //! pending receive of another one.
+  std::uint32_t tag_space = 0;
 };
 
 //! Counters of one allreduce object (this rank).
@@ -102,6 +110,7 @@ class compressed_allreduce {
     std::vector<float> res, res2, q, p, q_local;
   };
   tensor_state& state_for(std::size_t key, std::size_t n);
+  [[nodiscard]] std::size_t segment_elems(std::size_t n) const noexcept;
   void run_impl(std::span<float> grad, std::size_t key, matrix_shape shape);
   void run_low_rank(std::span<float> grad, tensor_state& st, matrix_shape shape, detail::coll_ctx& ctx);
 

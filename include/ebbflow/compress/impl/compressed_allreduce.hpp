@@ -12,6 +12,7 @@ template <class Codec, comm::transport Transport, exec::executor Executor>
 compressed_allreduce<Codec, Transport, Executor>::compressed_allreduce(Transport& transport, Codec c, Executor ex,
                                                                       allreduce_options opts)
     : transport_(&transport), codec_(std::move(c)), exec_(std::move(ex)), opts_(opts) {
+  EBBFLOW_ENFORCE(opts_.tag_space < 256, "tag_space " << opts_.tag_space << " above 255");
   EBBFLOW_ENFORCE(opts_.segment_bytes >= 4 * kernels::block_size,
                   "segment_bytes " << opts_.segment_bytes << " below one block (" << 4 * kernels::block_size << ")");
 }
@@ -65,12 +66,12 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
   seq_ += 4;  // a call uses up to 4 tag sequence numbers (PowerSGD: P, Q, tail)
   ++stats_.calls;
   detail::coll_ctx ctx;
-  ctx.seg_elems = opts_.segment_bytes / 4;
+  ctx.seg_elems = segment_elems(n);
   ctx.dl = deadline::after(opts_.timeout);
   ctx.seed = opts_.seed;
   ctx.stream_base = detail::mix64(detail::mix64(call) ^ detail::mix64(key + 0x1234567) ^
                                   detail::mix64(static_cast<std::uint64_t>(t.rank()) + 1));
-  ctx.seq = call;
+  ctx.seq = (std::uint64_t{opts_.tag_space} << 24) | (call & 0xFFFFFFu);
   if (t.size() == 1 || n == 0) return;
   if (n * sizeof(float) < opts_.dense_threshold_bytes) {
     ++stats_.dense_calls;
@@ -137,10 +138,21 @@ void compressed_allreduce<Codec, Transport, Executor>::run_low_rank(std::span<fl
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
+std::size_t compressed_allreduce<Codec, Transport, Executor>::segment_elems(std::size_t n) const noexcept {
+  std::size_t per = opts_.segment_bytes / 4;  // raw floats
+  if constexpr (Codec::kind != codec_kind::low_rank) {
+    const std::size_t probe = std::max<std::size_t>(n, 1 << 16);
+    const double bytes_per_elem = static_cast<double>(codec_.max_encoded_bytes(probe)) / static_cast<double>(probe);
+    if (bytes_per_elem > 0) per = static_cast<std::size_t>(static_cast<double>(opts_.segment_bytes) / bytes_per_elem);
+  }
+  return std::max<std::size_t>(per, kernels::block_size);
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
 std::size_t compressed_allreduce<Codec, Transport, Executor>::wire_bytes(std::size_t n) const noexcept {
   const auto p = static_cast<std::size_t>(transport_->size());
   if (p <= 1 || n == 0) return 0;
-  const std::size_t seg = opts_.segment_bytes / 4;
+  const std::size_t seg = segment_elems(n);
   const auto area = [&](const auto& c, int parts) {
     return detail::area_bytes(detail::make_layout(c, n, parts, seg));
   };
