@@ -35,7 +35,13 @@ struct sign_encode {
       // Eight interleaved partial sums, combined in a fixed order: the same
       // bits on every executor, and a dependency chain 8x shorter.
       float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (std::uint32_t j = 0; j < cnt; ++j) {
+      std::uint32_t j = 0;
+      for (; j + 8 <= cnt; j += 8)
+        for (std::uint32_t l = 0; l < 8; ++l) {
+          const float v = pr ? detail::fadd(pi[j + l], pr[j + l]) : pi[j + l];
+          part[l] = detail::fadd(part[l], detail::as_f32(detail::as_u32(v) & 0x7FFFFFFFu));
+        }
+      for (; j < cnt; ++j) {
         const float v = pr ? detail::fadd(pi[j], pr[j]) : pi[j];
         part[j & 7u] = detail::fadd(part[j & 7u], detail::as_f32(detail::as_u32(v) & 0x7FFFFFFFu));
       }
@@ -43,12 +49,23 @@ struct sign_encode {
                                      detail::fadd(detail::fadd(part[4], part[5]), detail::fadd(part[6], part[7])));
       const float scale = sum / static_cast<float>(static_cast<std::uint32_t>(cnt));
       scales[b] = scale;
-      for (std::uint32_t w = 0; w < sign_words_per_block; ++w) pw[w] = 0;
-      for (std::uint32_t j = 0; j < cnt; ++j) {
-        const float v = pr ? detail::fadd(pi[j], pr[j]) : pi[j];
-        const std::uint32_t pos = (detail::as_u32(v) >> 31) ^ 1u;  // 1 for +0 and positives
-        pw[j / 32] |= pos << (j & 31u);
-        if (pr) pr[j] = detail::fsub(v, pos ? scale : -scale);
+      const std::uint32_t scale_bits = detail::as_u32(scale);
+      // Bit j of word j/32 set for v >= +0 (sign bit clear).
+      for (std::uint32_t w = 0; w < sign_words_per_block; ++w) {
+        std::uint32_t word = 0;
+        const std::uint32_t lo = 32 * w, hi = cnt < lo + 32 ? cnt : lo + 32;
+        for (std::uint32_t jj = lo; jj < hi; ++jj) {
+          const float v = pr ? detail::fadd(pi[jj], pr[jj]) : pi[jj];
+          word |= ((detail::as_u32(v) >> 31) ^ 1u) << (jj - lo);
+        }
+        pw[w] = word;
+      }
+      if (pr) {
+        // decoded value = +-scale with v's sign bit
+        for (std::uint32_t jj = 0; jj < cnt; ++jj) {
+          const float v = detail::fadd(pi[jj], pr[jj]);
+          pr[jj] = detail::fsub(v, detail::as_f32(scale_bits | (detail::as_u32(v) & 0x80000000u)));
+        }
       }
     });
   }
@@ -67,8 +84,10 @@ struct sign_decode {
     float* EBBFLOW_DETAIL_RESTRICT po = out + o;
     const float s = scales[b];
     for_block(b, n, [&](auto cnt) {
+      const std::uint32_t sb = detail::as_u32(s);
       for (std::uint32_t j = 0; j < cnt; ++j) {
-        const float d = (pw[j / 32] >> (j & 31u)) & 1u ? s : -s;
+        const std::uint32_t neg = ((pw[j / 32] >> (j & 31u)) & 1u) ^ 1u;
+        const float d = detail::as_f32(sb | (neg << 31));
         if constexpr (Add) po[j] = detail::fadd(po[j], d);
         else po[j] = d;
       }
