@@ -127,8 +127,8 @@ struct topk_scan {
 };
 
 //! Packs block b's selected elements at its offset; updates the residual
-//! (sent elements -> 0, others keep v). Needs the unscanned count of block b
-//! only implicitly: slots past k are dropped (they stay in the residual).
+//! (sent elements -> 0, others keep v); selected elements past slot k are
+//! not sent and stay in the residual.
 struct topk_write {
   const float* in;
   float* res;
@@ -145,29 +145,16 @@ struct topk_write {
     float* EBBFLOW_DETAIL_RESTRICT pr = res ? res + o : nullptr;
     std::size_t slot = offsets[b];
     for_block(b, n, [&](auto cnt) {
-      // 1. pack (branchy, but ~ratio of the elements take the branch)
-      std::uint32_t first_dropped = cnt;  // elements from here on that were selected are not sent
       for (std::uint32_t j = 0; j < cnt; ++j) {
         const float v = pr ? detail::fadd(pi[j], pr[j]) : pi[j];
         const float a = abs_bits(v);
-        if (a >= t && a > 0.0f) {
-          if (slot < k) {
-            indices[slot] = static_cast<std::uint32_t>(o + j);
-            values[slot] = v;
-            ++slot;
-          } else if (first_dropped == cnt) {
-            first_dropped = j;
-          }
+        const bool take = a >= t && a > 0.0f && slot < k;
+        if (take) {
+          indices[slot] = static_cast<std::uint32_t>(o + j);
+          values[slot] = v;
+          ++slot;
         }
-      }
-      // 2. residual: sent -> 0, everything else keeps v (vectorisable)
-      if (pr) {
-        for (std::uint32_t j = 0; j < cnt; ++j) {
-          const float v = detail::fadd(pi[j], pr[j]);
-          const float a = abs_bits(v);
-          const bool sent = a >= t && a > 0.0f && j < first_dropped;
-          pr[j] = sent ? 0.0f : v;
-        }
+        if (pr) pr[j] = take ? 0.0f : v;
       }
     });
   }
