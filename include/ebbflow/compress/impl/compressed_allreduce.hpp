@@ -144,6 +144,9 @@ std::size_t compressed_allreduce<Codec, Transport, Executor>::segment_elems(std:
     const std::size_t probe = std::max<std::size_t>(n, 1 << 16);
     const double bytes_per_elem = static_cast<double>(codec_.max_encoded_bytes(probe)) / static_cast<double>(probe);
     if (bytes_per_elem > 0) per = static_cast<std::size_t>(static_cast<double>(opts_.segment_bytes) / bytes_per_elem);
+    // ... but at most 4x the raw-float segment, so that encoding still
+    // overlaps the transfer for very sparse codes (top-k: ~0.08 B/element).
+    per = std::min(per, opts_.segment_bytes);
   }
   return std::max<std::size_t>(per, kernels::block_size);
 }
