@@ -17,8 +17,10 @@
 #include <cstddef>
 #include <type_traits>
 
+// Not under TSan/ASan: an ifunc resolver runs before the sanitizer runtime is
+// initialised and crashes in instrumented code.
 #if !defined(__CUDACC__) && defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    !defined(EBBFLOW_NO_TARGET_CLONES)
+    !defined(EBBFLOW_NO_TARGET_CLONES) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
 #define EBBFLOW_DETAIL_CLONES __attribute__((target_clones("avx2", "default"), flatten))
 #else
 #define EBBFLOW_DETAIL_CLONES
