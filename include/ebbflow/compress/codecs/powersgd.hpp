@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file powersgd.hpp
+//! PowerSGD rank-r compression (Vogels et al., NeurIPS 2019) of a matrix
+//! gradient M (rows x cols, row-major): one power-iteration step per call with
+//! a warm-started Q. Not a flat codec: `compressed_allreduce` runs
+//!   M = grad + residual; P = M Q; allreduce(P); orthogonalise(P);
+//!   Q = M^T P; residual = M - P Q^T; allreduce(Q); grad = P Q^T,
+//! i.e. two dense allreduces of (rows + cols) r floats instead of rows cols.
+//! This type holds the rank and the per-step kernels; the per-tensor state
+//! (Q, residual) lives in the allreduce. A matrix of rank <= r is reproduced
+//! exactly (up to float rounding) once Q spans its row space; on full-rank
+//! matrices error feedback makes the accumulated updates converge to the
+//! accumulated gradients.
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/compress/codec.hpp>
+#include <ebbflow/compress/detail/philox.hpp>
+#include <ebbflow/compress/kernels/lowrank.hpp>
+#include <ebbflow/core/error.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress {
+
+//! A matrix view of a flat gradient.
+struct matrix_shape {
+  std::size_t rows = 0, cols = 0;
+  [[nodiscard]] constexpr std::size_t size() const noexcept { return rows * cols; }
+};
+
+namespace kernels {
+//! q[i] = uniform(-1, 1) from Philox; the same on every rank for one seed.
+struct uniform_fill {
+  float* q;
+  compress::detail::philox_stream rng;
+  EBBFLOW_HD void operator()(std::size_t i) const noexcept {
+    const auto r = rng(i);
+    q[i] = compress::detail::fsub(compress::detail::fmul(static_cast<float>(r.x >> 8), 1.0f / 8388608.0f), 1.0f);
+  }
+};
+}  // namespace kernels
+
+//! Value type; thread-safe.
+struct powersgd_codec {
+  static constexpr codec_kind kind = codec_kind::low_rank;
+
+  //! @throws std::invalid_argument unless 1 <= rank <= kernels::max_rank.
+  explicit powersgd_codec(std::size_t rank = 4) : rank_(rank) {
+    EBBFLOW_ENFORCE(rank >= 1 && rank <= kernels::max_rank,
+                    "PowerSGD rank " << rank << " outside [1, " << kernels::max_rank << "]");
+  }
+  [[nodiscard]] std::string_view name() const noexcept { return "powersgd"; }
+  [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
+  //! Rank actually used for a shape: min(rank, rows, cols).
+  [[nodiscard]] std::size_t rank_for(matrix_shape s) const noexcept { return std::min({rank_, s.rows, s.cols}); }
+  //! Default matrix view of n elements: cols = ceil(sqrt(n)), rows = n / cols;
+  //! the n - rows * cols tail is reduced dense.
+  [[nodiscard]] static matrix_shape shape_for(std::size_t n) noexcept {
+    if (n == 0) return {};
+    const auto cols = static_cast<std::size_t>(std::ceil(std::sqrt(static_cast<double>(n))));
+    return {n / cols, cols};
+  }
+  //! Floats sent per allreduce round for a shape (P then Q).
+  [[nodiscard]] std::size_t factor_floats(matrix_shape s) const noexcept { return (s.rows + s.cols) * rank_for(s); }
+
+  //! q (cols x r) = uniform(-1, 1) for the first step of a tensor.
+  template <class Ex>
+  void init_q(Ex& ex, float* q, matrix_shape s, std::uint64_t seed) const {
+    ex.bulk(s.cols * rank_for(s), kernels::uniform_fill{q, {seed, 0x9051D}});
+  }
+  template <class Ex>
+  void compute_p(Ex& ex, const float* m, const float* q, float* p, matrix_shape s) const {
+    ex.bulk(s.rows, kernels::lowrank_mul_p{m, q, p, s.rows, s.cols, rank_for(s)});
+  }
+  template <class Ex>
+  void orthogonalize(Ex& ex, float* p, matrix_shape s) const {
+    kernels::orthogonalizer<Ex>::run(ex, p, s.rows, rank_for(s));
+  }
+  template <class Ex>
+  void compute_q(Ex& ex, const float* m, const float* p, float* q, matrix_shape s) const {
+    ex.bulk(s.cols, kernels::lowrank_mul_q{m, p, q, s.rows, s.cols, rank_for(s)});
+  }
+  //! res = m - P Q^T (may alias m).
+  template <class Ex>
+  void residual(Ex& ex, const float* m, const float* p, const float* q, float* res, matrix_shape s) const {
+    ex.bulk(s.rows, kernels::lowrank_residual{m, p, q, res, s.rows, s.cols, rank_for(s)});
+  }
+  //! out = P Q^T.
+  template <class Ex>
+  void reconstruct(Ex& ex, const float* p, const float* q, float* out, matrix_shape s) const {
+    ex.bulk(s.rows, kernels::lowrank_reconstruct{p, q, out, s.rows, s.cols, rank_for(s)});
+  }
+
+ private:
+  std::size_t rank_;
+};
+
+}  // namespace compress
+EBBFLOW_END_NAMESPACE

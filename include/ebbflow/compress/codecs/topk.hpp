@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file topk.hpp
+//! Top-k sparsification codec with error feedback and a sampled threshold
+//! (Deep Gradient Compression, Lin et al. 2018): k = ceil(ratio * n) slots of
+//! (u32 index, f32 value), 8 + 8k bytes on the wire. The threshold is the
+//! matching quantile of |v| over `sample_size` random elements, so no full
+//! sort is needed; at most k elements at or above it are sent, in index order,
+//! and everything not sent stays in the residual. With s samples the count
+//! above the estimated threshold is within about 3 / sqrt(s k / n) relative of
+//! k (binomial), which bounds how many of the true top k can be missed.
+//! Not summable: `compressed_allreduce` allgathers the encoded blocks.
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/compress/codec.hpp>
+#include <ebbflow/compress/detail/run.hpp>
+#include <ebbflow/compress/kernels/topk.hpp>
+#include <ebbflow/core/error.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress {
+
+//! Value type; thread-safe.
+struct topk_codec {
+  static constexpr codec_kind kind = codec_kind::sparse;
+
+  //! @throws std::invalid_argument unless 0 < ratio <= 1 and sample_size >= 64.
+  explicit topk_codec(double ratio = 0.01, std::size_t sample_size = 16384) : ratio_(ratio), sample_(sample_size) {
+    EBBFLOW_ENFORCE(ratio > 0.0 && ratio <= 1.0, "top-k ratio " << ratio << " outside (0, 1]");
+    EBBFLOW_ENFORCE(sample_size >= 64, "top-k sample size " << sample_size << " below 64");
+  }
+
+  [[nodiscard]] std::string_view name() const noexcept { return "topk"; }
+  [[nodiscard]] double ratio() const noexcept { return ratio_; }
+  //! Slots for n elements: ceil(ratio * n), at least 1 when n > 0.
+  [[nodiscard]] std::size_t slots(std::size_t n) const noexcept {
+    if (n == 0) return 0;
+    return std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(ratio_ * static_cast<double>(n))), 1, n);
+  }
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept { return align8(8 + 8 * slots(n)); }
+  [[nodiscard]] std::size_t sample_count(std::size_t n) const noexcept { return std::min(sample_, n); }
+  [[nodiscard]] std::size_t workspace_bytes(std::size_t n) const noexcept {
+    return align8(4 * sample_count(n)) + align8(4 * kernels::blocks_of(n)) + 8;
+  }
+  [[nodiscard]] std::size_t block_elems() const noexcept { return kernels::block_size; }
+
+  //! Needs `ctx.workspace` (workspace_bytes(n), same space) when n > 0.
+  template <class Ex>
+  void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context ctx) const {
+    if (n == 0) return;
+    EBBFLOW_ENFORCE(ctx.workspace != nullptr, "top-k encode needs a workspace of " << workspace_bytes(n) << " bytes");
+    const std::size_t k = slots(n), s = sample_count(n), nb = kernels::blocks_of(n);
+    auto* sample = reinterpret_cast<float*>(ctx.workspace);
+    auto* counts = reinterpret_cast<std::uint32_t*>(ctx.workspace + align8(4 * s));
+    auto* thr = reinterpret_cast<float*>(ctx.workspace + align8(4 * s) + align8(4 * nb));
+    auto* header = reinterpret_cast<std::uint32_t*>(out);
+    // Rank of the threshold in the sample: the same quantile as k in n.
+    const std::size_t m = std::clamp<std::size_t>(
+        static_cast<std::size_t>(std::llround(static_cast<double>(s) * static_cast<double>(k) / static_cast<double>(n))),
+        1, s);
+    ex.bulk(s, kernels::topk_sample{in, residual, sample, n, {ctx.seed, ctx.stream}});
+    ex.bulk(1, kernels::topk_threshold{sample, s, m, thr});
+    detail::bulk(ex, nb, kernels::topk_count{in, residual, thr, counts, n});
+    ex.bulk(1, kernels::topk_scan{counts, nb, header, k});
+    detail::bulk(ex, nb, kernels::topk_write{in, residual, thr, counts, header + 2,
+                                    reinterpret_cast<float*>(header + 2 + k), n, k});
+  }
+  template <class Ex>
+  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    ex.bulk(n, kernels::fill_zero{out});
+    decode_add(ex, in, out, n);
+  }
+  template <class Ex>
+  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    ex.bulk(slots(n), kernels::topk_scatter<true>{reinterpret_cast<const std::uint32_t*>(in), slots(n), out});
+  }
+
+ private:
+  double ratio_;
+  std::size_t sample_;
+};
+static_assert(codec<topk_codec>);
+
+}  // namespace compress
+EBBFLOW_END_NAMESPACE

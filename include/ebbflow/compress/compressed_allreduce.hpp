@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file compressed_allreduce.hpp
+//! Error-feedback compressed allreduce (sum) over any `comm::transport`.
+//!
+//! The algorithm follows the codec's `kind`:
+//! * `linear` (fp16, bf16, int8, int4): pipelined ring reduce-scatter with
+//!   decode-add-encode per hop, then a ring allgather of the encoded chunks;
+//! * `sparse` (top-k): ring allgather of every rank's encoded tensor, decoded
+//!   by everybody in rank order;
+//! * `sign` (1-bit): compressed reduce-scatter, sum, re-encode with a second
+//!   residual, compressed allgather (DeepSpeed 1-bit);
+//! * `low_rank` (PowerSGD): two dense ring allreduces of the factors P and Q.
+//! Tensors smaller than `dense_threshold_bytes` take the dense ring. Every rank
+//! ends with the same bits. Error-feedback state (residuals, PowerSGD's Q) is
+//! kept per tensor key and survives between calls.
+//!
+//! Requirements: every rank calls `run` with the same keys, sizes and codec,
+//! in the same order (collectives are matched by a call sequence number).
+//! Memory: `grad` must be host-accessible (the executor computes in place;
+//! a device path needs staging buffers and is a follow-up). Blocking.
+//! Thread safety: one thread per object, and one object per transport at a time.
+//! Errors: the throwing `run` raises `ebbflow::system_error` (timeout,
+//! peer_lost, bad_message, with rank/peer/generation); the `ec` form reports
+//! the same code. After an error the result and the residuals of that tensor
+//! are unspecified; call `reset()` before reuse.
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/comm/transport.hpp>
+#include <ebbflow/compress/codec.hpp>
+#include <ebbflow/compress/codecs/powersgd.hpp>
+#include <ebbflow/compress/detail/collectives.hpp>
+#include <ebbflow/compress/detail/f32_codec.hpp>
+#include <ebbflow/core/error.hpp>
+#include <ebbflow/core/memory.hpp>
+#include <ebbflow/exec/executor.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <system_error>
+#include <unordered_map>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress {
+
+struct allreduce_options {
+  //! Encoded (wire) bytes per pipelined segment, about: a segment holds as
+  //! many elements as encode to this size (whole codec blocks, at most
+  //! `segment_bytes` elements), so strongly compressing codecs are not cut
+  //! into tiny messages yet still overlap encoding with the transfer.
+  std::size_t segment_bytes = std::size_t{1} << 20;
+  //! Tensors smaller than this are reduced dense (exact): compressing them
+  //! costs more in latency than it saves in bytes.
+  std::size_t dense_threshold_bytes = std::size_t{32} << 10;
+  //! Keep the compression error and add it to the next call of the same tensor.
+  bool error_feedback = true;
+  //! Seed of the stochastic codecs and of PowerSGD's initial Q (same on all ranks).
+  std::uint64_t seed = 0x5EEDC0DEull;
+  //! Deadline of one `run`, from its start.
+  std::chrono::milliseconds timeout{60000};
+  //! Tag space (0-255) of this object: several allreduce objects (or other
+  //! collectives) driving one transport must use distinct tag spaces, so
+  //! that a fast rank's next collective can never match a slow rank's
+  //! pending receive of another one.
+  std::uint32_t tag_space = 0;
+};
+
+//! Counters of one allreduce object (this rank).
+struct allreduce_stats {
+  std::size_t calls = 0;
+  std::size_t wire_bytes_sent = 0;  //!< bytes handed to the transport
+  std::size_t dense_calls = 0;      //!< calls that took the dense path
+};
+
+//! An error-feedback compressed allreduce bound to one transport.
+//! `Codec` is a `codec` or `powersgd_codec`.
+template <class Codec, comm::transport Transport, exec::executor Executor = exec::cpu_executor>
+class compressed_allreduce {
+  static_assert(host_accessible(Executor::space), "compressed_allreduce needs host-accessible gradients for now");
+  static_assert(codec<Codec> || Codec::kind == codec_kind::low_rank);
+
+ public:
+  //! Keeps a reference to `transport`, which must outlive this object.
+  compressed_allreduce(Transport& transport, Codec c, Executor ex = {}, allreduce_options opts = {});
+
+  //! Sums `grad` (host-accessible, in place) over all ranks. `key` names the
+  //! tensor whose residual is used. Low-rank codecs view the tensor as
+  //! `powersgd_codec::shape_for(n)`. @throws system_error
+  void run(std::span<float> grad, std::size_t key = 0);
+  //! As above; errors in `ec`.
+  void run(std::span<float> grad, std::size_t key, std::error_code& ec) noexcept;
+  //! Low-rank codecs: the tensor is the row-major rows x cols matrix `shape`
+  //! (shape.size() == grad.size()). Other codecs ignore the shape.
+  void run(std::span<float> grad, std::size_t key, matrix_shape shape);
+
+  //! Bytes this rank sends for one call on n elements (no dense threshold).
+  [[nodiscard]] std::size_t wire_bytes(std::size_t n) const noexcept;
+  [[nodiscard]] const allreduce_stats& stats() const noexcept { return stats_; }
+  [[nodiscard]] const Codec& get_codec() const noexcept { return codec_; }
+  //! Drops all residuals and PowerSGD state (e.g. after a membership change).
+  void reset() noexcept { state_.clear(); }
+
+ private:
+  struct tensor_state {
+    std::size_t n = 0;
+    int ranks = 0;
+    std::vector<float> res, res2, q, p, q_local;
+  };
+  tensor_state& state_for(std::size_t key, std::size_t n);
+  [[nodiscard]] std::size_t segment_elems(std::size_t n) const noexcept;
+  void run_impl(std::span<float> grad, std::size_t key, matrix_shape shape);
+  void run_low_rank(std::span<float> grad, tensor_state& st, matrix_shape shape, detail::coll_ctx& ctx);
+
+  Transport* transport_;
+  Codec codec_;
+  Executor exec_;
+  allreduce_options opts_;
+  std::unordered_map<std::size_t, tensor_state> state_;
+  detail::arenas arenas_;
+  std::uint64_t seq_ = 0;
+  allreduce_stats stats_;
+};
+
+}  // namespace compress
+EBBFLOW_END_NAMESPACE
+
+#include <ebbflow/compress/impl/compressed_allreduce.hpp>

@@ -1,0 +1,317 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file collectives.hpp
+//! The pipelined algorithms behind `compressed_allreduce`, written over the
+//! `comm::transport` concept: a ring with decode-add-encode per hop (linear
+//! codes; with the identity codec it is the dense ring allreduce), a ring
+//! allgather of encoded blocks (sparse codes) and the two-phase sign scheme.
+//! Self-contained on purpose (no dependency on comm/'s dense collectives).
+//!
+//! Pipelining: the tensor is cut into chunks (one per rank, block aligned) and
+//! chunks into segments of `seg_elems`; all receives are posted up front,
+//! each segment is sent as soon as it is encoded, so encoding segment k+1
+//! overlaps the transfer of segment k, and a segment is forwarded to the next
+//! hop as soon as it arrived. Segments of one (peer, tag) arrive in posting
+//! order (the transport is non-overtaking), so one tag per ring step suffices.
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/comm/transport.hpp>
+#include <ebbflow/compress/codec.hpp>
+#include <ebbflow/compress/detail/philox.hpp>
+#include <ebbflow/core/deadline.hpp>
+#include <ebbflow/core/error.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress::detail {
+
+//! One pipelined segment: elements [begin, begin + len) of the tensor, its
+//! encoding at byte `off` of its chunk's encoded area.
+struct segment {
+  std::size_t begin, len, off, bytes;
+};
+struct chunk {
+  std::size_t begin = 0, end = 0, bytes = 0, area_off = 0;  //!< area_off: offset in a p-chunk arena
+  std::vector<segment> segs;
+};
+
+//! Chunks (block aligned, one per rank) and their segments.
+template <class Codec>
+std::vector<chunk> make_layout(const Codec& c, std::size_t n, int parts, std::size_t seg_elems) {
+  const std::size_t g = c.block_elems();
+  const std::size_t blocks = (n + g - 1) / g;
+  seg_elems = std::max(g, seg_elems / g * g);
+  std::vector<chunk> out(static_cast<std::size_t>(parts));
+  std::size_t area = 0;
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    auto& ch = out[k];
+    ch.begin = std::min(n, blocks * k / out.size() * g);
+    ch.end = std::min(n, blocks * (k + 1) / out.size() * g);
+    ch.area_off = area;
+    for (std::size_t b = ch.begin; b < ch.end; b += seg_elems) {
+      const std::size_t len = std::min(seg_elems, ch.end - b);
+      const std::size_t bytes = c.max_encoded_bytes(len);
+      ch.segs.push_back({b, len, ch.bytes, bytes});
+      ch.bytes += bytes;
+    }
+    area += ch.bytes;
+  }
+  return out;
+}
+inline std::size_t area_bytes(const std::vector<chunk>& l) noexcept {
+  return l.empty() ? 0 : l.back().area_off + l.back().bytes;
+}
+
+//! Per-call context shared by the algorithms.
+struct coll_ctx {
+  std::size_t seg_elems = 1 << 18;
+  deadline dl = deadline::never();
+  std::uint64_t seed = 0;
+  std::uint64_t stream_base = 0;  //!< unique per (rank, call, tensor)
+  std::uint64_t seq = 0;          //!< tag sequence number of this collective
+  std::size_t wire_sent = 0;      //!< bytes this rank sent (accumulated)
+  const char* op = "compressed_allreduce";
+};
+
+//! Reusable byte arenas (host memory) of one allreduce object.
+struct arenas {
+  std::vector<std::byte> a, b, c, ws;
+  static std::byte* get(std::vector<std::byte>& v, std::size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+  }
+};
+
+//! Requests plus the deadline/error plumbing.
+template <class T>
+class request_set {
+ public:
+  request_set(T& t, coll_ctx& ctx) : t_(t), ctx_(ctx) {}
+  std::size_t recv(int peer, comm::tag_t tag, std::byte* p, std::size_t n) {
+    reqs_.push_back(t_.irecv(peer, tag, std::span<std::byte>(p, n)));
+    peers_.push_back(peer);
+    return reqs_.size() - 1;
+  }
+  void send(int peer, comm::tag_t tag, const std::byte* p, std::size_t n) {
+    sends_.push_back(t_.isend(peer, tag, std::span<const std::byte>(p, n)));
+    send_peers_.push_back(peer);
+    ctx_.wire_sent += n;
+    // Fail fast when the transport already knows the peer is gone: otherwise
+    // this rank would first wait for a receive that may never come.
+    std::error_code ec;
+    if (t_.test(sends_.back(), ec) && ec)
+      throw_if(ec, {.rank = t_.rank(), .generation = t_.generation(), .peer = peer, .operation = ctx_.op,
+                    .detail = "send"});
+  }
+  //! Blocks until receive `i` completed. @throws system_error (timeout, peer_lost, ...).
+  void wait_recv(std::size_t i) { wait(reqs_[i], peers_[i], "recv"); }
+  void wait_sends() {
+    for (std::size_t i = 0; i < sends_.size(); ++i) wait(sends_[i], send_peers_[i], "send");
+    sends_.clear();
+    send_peers_.clear();
+  }
+
+ private:
+  void wait(typename T::request& r, int peer, const char* what) {
+    std::error_code ec;
+    t_.wait(r, ctx_.dl, ec);
+    throw_if(ec, {.rank = t_.rank(), .generation = t_.generation(), .peer = peer,
+                  .operation = ctx_.op, .detail = what});
+  }
+  T& t_;
+  coll_ctx& ctx_;
+  std::vector<typename T::request> reqs_, sends_;
+  std::vector<int> peers_, send_peers_;
+};
+
+inline int mod(int a, int p) noexcept { return ((a % p) + p) % p; }
+
+inline encode_context seg_ctx(const coll_ctx& ctx, std::uint64_t phase, std::size_t begin, std::byte* ws) noexcept {
+  return {ctx.seed, mix64(ctx.stream_base ^ mix64((phase << 56) ^ begin)), ws};
+}
+
+//! Ring allreduce (sum) of `data[0, n)` with decode-add-encode per hop.
+//! `res` (nullable) is the error-feedback residual of this rank, n floats:
+//! every rank encodes every region exactly once per call, so the residual of
+//! each region carries exactly that encode's error into the next call.
+template <class Codec, class T, class Ex>
+void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n, float* res, coll_ctx& ctx,
+                    arenas& ar) {
+  const int p = t.size(), r = t.rank();
+  if (p == 1 || n == 0) return;
+  const auto L = make_layout(codec, n, p, ctx.seg_elems);
+  const std::size_t area = area_bytes(L);
+  std::byte* rs_in = arenas::get(ar.a, area);
+  std::byte* rs_out = arenas::get(ar.b, area);
+  std::byte* ag = arenas::get(ar.c, area);
+  std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
+  const int left = mod(r - 1, p), right = mod(r + 1, p);
+  const auto tag_rs = [&](int s) { return comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s)); };
+  const auto tag_ag = [&](int s) { return comm::make_tag(ctx.seq, 0x8000u | static_cast<std::uint32_t>(s)); };
+  const auto& ch = [&](int c) -> const chunk& { return L[static_cast<std::size_t>(c)]; };
+
+  request_set<T> rq(t, ctx);
+  std::vector<std::size_t> rs_ids, ag_ids;
+  for (int s = 0; s < p - 1; ++s)
+    for (const auto& sg : ch(mod(r - s - 1, p)).segs)
+      rs_ids.push_back(rq.recv(left, tag_rs(s), rs_in + ch(mod(r - s - 1, p)).area_off + sg.off, sg.bytes));
+  for (int s = 0; s < p - 1; ++s)
+    for (const auto& sg : ch(mod(r - s, p)).segs)
+      ag_ids.push_back(rq.recv(left, tag_ag(s), ag + ch(mod(r - s, p)).area_off + sg.off, sg.bytes));
+
+  float* no_res = nullptr;
+  const auto encode_seg = [&](const chunk& c, const segment& sg, std::byte* area) {
+    codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, area + c.area_off + sg.off, sg.len,
+                 seg_ctx(ctx, 0, sg.begin, ws));
+    ex.wait();
+  };
+  for (const auto& sg : ch(r).segs) {  // reduce-scatter step 0: my own chunk, local data
+    encode_seg(ch(r), sg, rs_out);
+    rq.send(right, tag_rs(0), rs_out + ch(r).area_off + sg.off, sg.bytes);
+  }
+  std::size_t k = 0;
+  for (int s = 0; s < p - 1; ++s) {
+    const chunk& c = ch(mod(r - s - 1, p));
+    for (const auto& sg : c.segs) {
+      rq.wait_recv(rs_ids[k++]);
+      codec.decode_add(ex, rs_in + c.area_off + sg.off, data + sg.begin, sg.len);
+      if (s < p - 2) {
+        encode_seg(c, sg, rs_out);
+        rq.send(right, tag_rs(s + 1), rs_out + c.area_off + sg.off, sg.bytes);
+      } else {  // complete: encode once for the allgather, keep exactly what the others will decode
+        encode_seg(c, sg, ag);
+        codec.decode(ex, ag + c.area_off + sg.off, data + sg.begin, sg.len);
+        rq.send(right, tag_ag(0), ag + c.area_off + sg.off, sg.bytes);
+      }
+    }
+  }
+  k = 0;
+  for (int s = 0; s < p - 1; ++s) {
+    const chunk& c = ch(mod(r - s, p));
+    for (const auto& sg : c.segs) {
+      rq.wait_recv(ag_ids[k++]);
+      if (s < p - 2) rq.send(right, tag_ag(s + 1), ag + c.area_off + sg.off, sg.bytes);
+      codec.decode(ex, ag + c.area_off + sg.off, data + sg.begin, sg.len);
+    }
+  }
+  ex.wait();
+  rq.wait_sends();
+}
+
+//! Allgather of every rank's encoded tensor, then each rank decodes all p
+//! encodings in rank order (so every rank gets the same bits).
+template <class Codec, class T, class Ex>
+void sparse_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n, float* res, coll_ctx& ctx,
+                      arenas& ar) {
+  const int p = t.size(), r = t.rank();
+  if (p == 1 || n == 0) return;
+  const auto L = make_layout(codec, n, 1, ctx.seg_elems);
+  const chunk& all = L[0];
+  std::byte* g = arenas::get(ar.a, all.bytes * static_cast<std::size_t>(p));
+  std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
+  const auto at = [&](int origin, const segment& sg) { return g + all.bytes * static_cast<std::size_t>(origin) + sg.off; };
+  const int left = mod(r - 1, p), right = mod(r + 1, p);
+  request_set<T> rq(t, ctx);
+  std::vector<std::size_t> ids;
+  for (int s = 0; s < p - 1; ++s)
+    for (const auto& sg : all.segs)
+      ids.push_back(rq.recv(left, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s)), at(mod(r - s - 1, p), sg), sg.bytes));
+  float* no_res = nullptr;
+  for (const auto& sg : all.segs) {
+    codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, at(r, sg), sg.len, seg_ctx(ctx, 1, sg.begin, ws));
+    ex.wait();
+    rq.send(right, comm::make_tag(ctx.seq, 0), at(r, sg), sg.bytes);
+  }
+  std::size_t k = 0;
+  for (int s = 0; s < p - 1; ++s)
+    for (const auto& sg : all.segs) {
+      rq.wait_recv(ids[k++]);
+      if (s < p - 2) rq.send(right, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s + 1)), at(mod(r - s - 1, p), sg), sg.bytes);
+    }
+  for (int o = 0; o < p; ++o)
+    for (const auto& sg : all.segs) {
+      if (o == 0) codec.decode(ex, at(o, sg), data + sg.begin, sg.len);
+      else codec.decode_add(ex, at(o, sg), data + sg.begin, sg.len);
+    }
+  ex.wait();
+  rq.wait_sends();
+}
+
+//! DeepSpeed 1-bit style: every rank encodes its tensor (worker residual
+//! `res`) and sends chunk c to rank c; rank c decodes the p versions in rank
+//! order, sums, re-encodes with its server residual `res2` (n floats, only
+//! chunk c used) and the encoded chunks are allgathered around the ring.
+template <class Codec, class T, class Ex>
+void two_phase_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n, float* res, float* res2,
+                         coll_ctx& ctx, arenas& ar) {
+  const int p = t.size(), r = t.rank();
+  if (p == 1 || n == 0) return;
+  const auto L = make_layout(codec, n, p, ctx.seg_elems);
+  const std::size_t area = area_bytes(L);
+  const chunk& mine = L[static_cast<std::size_t>(r)];
+  std::byte* out = arenas::get(ar.a, area);
+  std::byte* in = arenas::get(ar.b, mine.bytes * static_cast<std::size_t>(p));
+  std::byte* ag = arenas::get(ar.c, area);
+  std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
+  const auto& ch = [&](int c) -> const chunk& { return L[static_cast<std::size_t>(c)]; };
+  const int left = mod(r - 1, p), right = mod(r + 1, p);
+  const auto tag_ag = [&](int s) { return comm::make_tag(ctx.seq, 0x8000u | static_cast<std::uint32_t>(s)); };
+  request_set<T> rq(t, ctx);
+  std::vector<std::size_t> a2a_ids(static_cast<std::size_t>(p) * mine.segs.size()), ag_ids;
+  for (int o = 0; o < p; ++o)
+    if (o != r)
+      for (std::size_t i = 0; i < mine.segs.size(); ++i)
+        a2a_ids[static_cast<std::size_t>(o) * mine.segs.size() + i] =
+            rq.recv(o, comm::make_tag(ctx.seq, 0), in + mine.bytes * static_cast<std::size_t>(o) + mine.segs[i].off,
+                    mine.segs[i].bytes);
+  for (int s = 0; s < p - 1; ++s)
+    for (const auto& sg : ch(mod(r - 1 - s, p)).segs)
+      ag_ids.push_back(rq.recv(left, tag_ag(s), ag + ch(mod(r - 1 - s, p)).area_off + sg.off, sg.bytes));
+  float* no_res = nullptr;
+  // Phase 1: compressed all-to-all (my chunk last, so the others start early).
+  for (int k = 1; k <= p; ++k) {
+    const int c = mod(r + k, p);
+    for (const auto& sg : ch(c).segs) {
+      codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, out + ch(c).area_off + sg.off, sg.len,
+                   seg_ctx(ctx, 2, sg.begin, ws));
+      ex.wait();
+      if (c != r) rq.send(c, comm::make_tag(ctx.seq, 0), out + ch(c).area_off + sg.off, sg.bytes);
+    }
+  }
+  // Sum the p versions of my chunk in rank order, re-encode (server residual).
+  for (std::size_t i = 0; i < mine.segs.size(); ++i) {
+    const segment& sg = mine.segs[i];
+    for (int o = 0; o < p; ++o) {
+      const std::byte* src = o == r ? out + mine.area_off + sg.off : in + mine.bytes * static_cast<std::size_t>(o) + sg.off;
+      if (o != r) rq.wait_recv(a2a_ids[static_cast<std::size_t>(o) * mine.segs.size() + i]);
+      if (o == 0) codec.decode(ex, src, data + sg.begin, sg.len);
+      else codec.decode_add(ex, src, data + sg.begin, sg.len);
+    }
+    std::byte* e = ag + mine.area_off + sg.off;
+    codec.encode(ex, data + sg.begin, res2 ? res2 + sg.begin : no_res, e, sg.len, seg_ctx(ctx, 3, sg.begin, ws));
+    codec.decode(ex, e, data + sg.begin, sg.len);
+    ex.wait();
+    rq.send(right, tag_ag(0), e, sg.bytes);
+  }
+  // Phase 2: ring allgather of the re-encoded chunks.
+  std::size_t k = 0;
+  for (int s = 0; s < p - 1; ++s) {
+    const chunk& c = ch(mod(r - 1 - s, p));
+    for (const auto& sg : c.segs) {
+      rq.wait_recv(ag_ids[k++]);
+      if (s < p - 2) rq.send(right, tag_ag(s + 1), ag + c.area_off + sg.off, sg.bytes);
+      codec.decode(ex, ag + c.area_off + sg.off, data + sg.begin, sg.len);
+    }
+  }
+  ex.wait();
+  rq.wait_sends();
+}
+
+}  // namespace compress::detail
+EBBFLOW_END_NAMESPACE

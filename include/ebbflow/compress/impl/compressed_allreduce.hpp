@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/compressed_allreduce.hpp
+//! Definitions of compressed_allreduce (included by the public header).
+#pragma once
+
+#include <ebbflow/compress/compressed_allreduce.hpp>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress {
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+compressed_allreduce<Codec, Transport, Executor>::compressed_allreduce(Transport& transport, Codec c, Executor ex,
+                                                                      allreduce_options opts)
+    : transport_(&transport), codec_(std::move(c)), exec_(std::move(ex)), opts_(opts) {
+  EBBFLOW_ENFORCE(opts_.tag_space < 256, "tag_space " << opts_.tag_space << " above 255");
+  EBBFLOW_ENFORCE(opts_.segment_bytes >= 4 * kernels::block_size,
+                  "segment_bytes " << opts_.segment_bytes << " below one block (" << 4 * kernels::block_size << ")");
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+auto compressed_allreduce<Codec, Transport, Executor>::state_for(std::size_t key, std::size_t n) -> tensor_state& {
+  auto& st = state_[key];
+  if (st.n != n || st.ranks != transport_->size()) {  // new tensor, or the group changed: start afresh
+    st = tensor_state{};
+    st.n = n;
+    st.ranks = transport_->size();
+  }
+  return st;
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+void compressed_allreduce<Codec, Transport, Executor>::run(std::span<float> grad, std::size_t key) {
+  run_impl(grad, key, Codec::kind == codec_kind::low_rank ? powersgd_codec::shape_for(grad.size()) : matrix_shape{});
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+void compressed_allreduce<Codec, Transport, Executor>::run(std::span<float> grad, std::size_t key,
+                                                           matrix_shape shape) {
+  EBBFLOW_ENFORCE(Codec::kind != codec_kind::low_rank || shape.size() == grad.size(),
+                  "matrix shape " << shape.rows << "x" << shape.cols << " does not cover " << grad.size()
+                                  << " elements");
+  run_impl(grad, key, shape);
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+void compressed_allreduce<Codec, Transport, Executor>::run(std::span<float> grad, std::size_t key,
+                                                           std::error_code& ec) noexcept {
+  ec.clear();
+  try {
+    run(grad, key);
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (const std::bad_alloc&) {
+    ec = std::make_error_code(std::errc::not_enough_memory);
+  } catch (...) {
+    ec = make_error_code(error::invalid_state);
+  }
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float> grad, std::size_t key,
+                                                                matrix_shape shape) {
+  const std::size_t n = grad.size();
+  Transport& t = *transport_;
+  const std::uint64_t call = seq_;
+  seq_ += 4;  // a call uses up to 4 tag sequence numbers (PowerSGD: P, Q, tail)
+  ++stats_.calls;
+  detail::coll_ctx ctx;
+  ctx.seg_elems = segment_elems(n);
+  ctx.dl = deadline::after(opts_.timeout);
+  ctx.seed = opts_.seed;
+  ctx.stream_base = detail::mix64(detail::mix64(call) ^ detail::mix64(key + 0x1234567) ^
+                                  detail::mix64(static_cast<std::uint64_t>(t.rank()) + 1));
+  ctx.seq = (std::uint64_t{opts_.tag_space} << 24) | (call & 0xFFFFFFu);
+  if (t.size() == 1 || n == 0) return;
+  if (n * sizeof(float) < opts_.dense_threshold_bytes) {
+    ++stats_.dense_calls;
+    detail::ring_allreduce(t, detail::f32_codec{}, exec_, grad.data(), n, nullptr, ctx, arenas_);
+    stats_.wire_bytes_sent += ctx.wire_sent;
+    return;
+  }
+  tensor_state& st = state_for(key, n);
+  float* res = nullptr;
+  if (opts_.error_feedback || Codec::kind == codec_kind::sign) {  // sign codes are useless without it
+    if (st.res.empty()) st.res.assign(n, 0.0f);
+    res = st.res.data();
+  }
+  if constexpr (Codec::kind == codec_kind::linear) {
+    detail::ring_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
+  } else if constexpr (Codec::kind == codec_kind::sparse) {
+    detail::sparse_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
+  } else if constexpr (Codec::kind == codec_kind::sign) {
+    if (st.res2.empty()) st.res2.assign(n, 0.0f);
+    detail::two_phase_allreduce(t, codec_, exec_, grad.data(), n, res, st.res2.data(), ctx, arenas_);
+  } else {
+    run_low_rank(grad, st, shape, ctx);
+  }
+  stats_.wire_bytes_sent += ctx.wire_sent;
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+void compressed_allreduce<Codec, Transport, Executor>::run_low_rank(std::span<float> grad, tensor_state& st,
+                                                                    matrix_shape shape, detail::coll_ctx& ctx) {
+  if constexpr (Codec::kind == codec_kind::low_rank) {
+    Transport& t = *transport_;
+    const std::size_t main = shape.size(), r = codec_.rank_for(shape);
+    float* m = grad.data();
+    if (main > 0 && r > 0) {
+      if (opts_.error_feedback)  // M = grad + residual, in place
+        exec_.bulk(main, kernels::add_into{m, st.res.data(), m});
+      if (st.q.empty()) {
+        st.q.resize(shape.cols * r);
+        codec_.init_q(exec_, st.q.data(), shape, opts_.seed);
+      }
+      st.p.resize(shape.rows * r);
+      st.q_local.resize(shape.cols * r);
+      codec_.compute_p(exec_, m, st.q.data(), st.p.data(), shape);
+      exec_.wait();
+      detail::ring_allreduce(t, detail::f32_codec{}, exec_, st.p.data(), st.p.size(), nullptr, ctx, arenas_);
+      codec_.orthogonalize(exec_, st.p.data(), shape);
+      codec_.compute_q(exec_, m, st.p.data(), st.q_local.data(), shape);
+      if (opts_.error_feedback) codec_.residual(exec_, m, st.p.data(), st.q_local.data(), st.res.data(), shape);
+      exec_.wait();
+      st.q = st.q_local;
+      ctx.seq += 1;
+      detail::ring_allreduce(t, detail::f32_codec{}, exec_, st.q.data(), st.q.size(), nullptr, ctx, arenas_);
+      codec_.reconstruct(exec_, st.p.data(), st.q.data(), m, shape);  // warm start: keep the summed Q
+      exec_.wait();
+    }
+    if (main < grad.size()) {
+      ctx.seq += 1;
+      detail::ring_allreduce(t, detail::f32_codec{}, exec_, grad.data() + main, grad.size() - main, nullptr, ctx,
+                             arenas_);
+    }
+  } else {
+    (void)grad, (void)st, (void)shape, (void)ctx;
+  }
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+std::size_t compressed_allreduce<Codec, Transport, Executor>::segment_elems(std::size_t n) const noexcept {
+  std::size_t per = opts_.segment_bytes / 4;  // raw floats
+  if constexpr (Codec::kind != codec_kind::low_rank) {
+    const std::size_t probe = std::max<std::size_t>(n, 1 << 16);
+    const double bytes_per_elem = static_cast<double>(codec_.max_encoded_bytes(probe)) / static_cast<double>(probe);
+    if (bytes_per_elem > 0) per = static_cast<std::size_t>(static_cast<double>(opts_.segment_bytes) / bytes_per_elem);
+    // ... but at most 4x the raw-float segment, so that encoding still
+    // overlaps the transfer for very sparse codes (top-k: ~0.08 B/element).
+    per = std::min(per, opts_.segment_bytes);
+  }
+  return std::max<std::size_t>(per, kernels::block_size);
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+std::size_t compressed_allreduce<Codec, Transport, Executor>::wire_bytes(std::size_t n) const noexcept {
+  const auto p = static_cast<std::size_t>(transport_->size());
+  if (p <= 1 || n == 0) return 0;
+  const std::size_t seg = segment_elems(n);
+  const auto area = [&](const auto& c, int parts) {
+    return detail::area_bytes(detail::make_layout(c, n, parts, seg));
+  };
+  if constexpr (Codec::kind == codec_kind::linear || Codec::kind == codec_kind::sign) {
+    const auto l = detail::make_layout(codec_, n, static_cast<int>(p), seg);
+    const std::size_t total = detail::area_bytes(l);
+    const std::size_t mine = l[static_cast<std::size_t>(transport_->rank())].bytes;
+    const auto rk = static_cast<std::size_t>(transport_->rank());
+    const std::size_t next = l[(rk + 1) % p].bytes;
+    if constexpr (Codec::kind == codec_kind::linear) {
+      // reduce-scatter sends every chunk but (rank+1)'s; allgather every chunk but (rank+2)'s.
+      return (total - next) + (total - l[(rk + 2) % p].bytes);
+    } else {
+      // all-to-all sends every chunk but mine; allgather every chunk but (rank+1)'s.
+      return (total - mine) + (total - next);
+    }
+  } else if constexpr (Codec::kind == codec_kind::sparse) {
+    return (p - 1) * area(codec_, 1);
+  } else {
+    const matrix_shape s = powersgd_codec::shape_for(n);
+    const std::size_t f = codec_.factor_floats(s) + (n - s.size());
+    return 2 * (p - 1) * 4 * f / p;  // approximate: ring of the factors
+  }
+}
+
+}  // namespace compress
+EBBFLOW_END_NAMESPACE

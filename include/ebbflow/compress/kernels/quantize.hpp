@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file quantize.hpp
+//! Stochastic int8 / int4 quantisation with one float scale per block
+//! (QSGD-style, max-abs scaling). Level count L = 127 (int8) or 7 (int4):
+//! q = floor(v * L / amax + u), u uniform in (0, 1) from Philox, so
+//! E[q * amax / L] = v (unbiased up to the 16-bit resolution of u: the bias is
+//! at most 2^-17 of one quantisation step). Bit-identical on host and device.
+//!
+//! Encoded layout of n elements, nb = blocks_of(n): nb float scales, then the
+//! codes: int8 -> n bytes, int4 -> 128 bytes per block (two 4-bit codes per
+//! byte, low nibble first, stored as q + 8).
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/compress/detail/fp.hpp>
+#include <ebbflow/compress/detail/philox.hpp>
+#include <ebbflow/compress/kernels/block.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress::kernels {
+
+//! Bits per code.
+template <int Bits>
+inline constexpr std::int32_t levels = Bits == 8 ? 127 : 7;
+
+//! Bytes of the code part of a block of `len` elements.
+template <int Bits>
+EBBFLOW_HD constexpr std::size_t code_bytes(std::size_t len) noexcept {
+  return Bits == 8 ? len : (len + 1) / 2;
+}
+
+//! Encodes block b: scales[b] and its codes. `res` may be null.
+template <int Bits>
+struct quantize_encode {
+  const float* in;
+  float* res;
+  float* scales;
+  std::uint8_t* codes;  //!< byte offset b * code_bytes<Bits>(block_size) for block b
+  std::size_t n;
+  detail::philox_stream rng;
+
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    if (res == nullptr) run<false>(b);
+    else run<true>(b);
+  }
+
+ private:
+  template <bool EF>
+  EBBFLOW_HD void run(std::size_t b) const noexcept {
+    constexpr std::int32_t L = levels<Bits>;
+    const std::size_t o = b * block_size;
+    const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
+    float* EBBFLOW_DETAIL_RESTRICT pr = EF ? res + o : nullptr;
+    std::uint8_t* EBBFLOW_DETAIL_RESTRICT pc = codes + b * code_bytes<Bits>(block_size);
+    for_block(b, n, [&](auto cnt) {
+      // 1. max |v| on the integer image of |v| (monotone for non-negative
+      //    floats), which vectorises where a float max reduction would not.
+      std::int32_t amax_bits = 0;
+      for (std::uint32_t j = 0; j < cnt; ++j) {
+        const float v = EF ? detail::fadd(pi[j], pr[j]) : pi[j];
+        const auto a = static_cast<std::int32_t>(detail::as_u32(v) & 0x7FFFFFFFu);
+        amax_bits = a > amax_bits ? a : amax_bits;
+      }
+      const float amax = detail::as_f32(static_cast<std::uint32_t>(amax_bits));
+      const float scale = amax / static_cast<float>(L);
+      const float inv = amax > 0.0f ? static_cast<float>(L) / amax : 0.0f;
+      scales[b] = scale;
+      // 2. 16 random bits per element from 32 Philox blocks. Word w of block
+      //    g lands at rw[32 w + g], so both loops below run over contiguous
+      //    memory and vectorise; element j uses half (j >> 7) of rw[j & 127].
+      std::uint32_t rw[128];
+      for (std::uint32_t g = 0; g < 32; ++g) {
+        const detail::philox_u4 r = rng(o / 8 + g);
+        rw[g] = r.x;
+        rw[32 + g] = r.y;
+        rw[64 + g] = r.z;
+        rw[96 + g] = r.w;
+      }
+      // 3. stochastic rounding, residual update.
+      std::int8_t q[block_size];
+      for (std::uint32_t h = 0; h < 2; ++h) {
+        const std::uint32_t base = 128 * h;
+        const std::uint32_t len = cnt > base ? (cnt - base < 128u ? cnt - base : 128u) : 0u;
+        const std::uint32_t shift = 16 * h;
+        for (std::uint32_t j2 = 0; j2 < len; ++j2) {
+          const std::uint32_t j = base + j2;
+          const float v = EF ? detail::fadd(pi[j], pr[j]) : pi[j];
+          const float u = detail::fmul(static_cast<float>((rw[j2] >> shift) & 0xFFFFu) + 0.5f, 1.0f / 65536.0f);
+          std::int32_t k = detail::floor_i32(detail::fadd(detail::fmul(v, inv), u));
+          k = k > L ? L : k;
+          k = k < -L ? -L : k;
+          q[j] = static_cast<std::int8_t>(k);
+          if constexpr (EF) pr[j] = detail::fsub(v, detail::fmul(static_cast<float>(k), scale));
+        }
+      }
+      if constexpr (Bits == 8) {
+        for (std::uint32_t j = 0; j < cnt; ++j) pc[j] = static_cast<std::uint8_t>(q[j]);
+      } else {
+        if (cnt & 1u) q[cnt] = 0;  // cnt < block_size here
+        for (std::uint32_t j = 0; j < (cnt + 1u) / 2u; ++j)
+          pc[j] = static_cast<std::uint8_t>((q[2 * j] + 8) | ((q[2 * j + 1] + 8) << 4));
+      }
+    });
+  }
+};
+
+//! Decodes block b into out (Add = false) or adds it to out (Add = true).
+template <int Bits, bool Add>
+struct quantize_decode {
+  const float* scales;
+  const std::uint8_t* codes;
+  float* out;
+  std::size_t n;
+
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    const std::size_t o = b * block_size;
+    const std::uint8_t* EBBFLOW_DETAIL_RESTRICT pc = codes + b * code_bytes<Bits>(block_size);
+    float* EBBFLOW_DETAIL_RESTRICT po = out + o;
+    const float s = scales[b];
+    for_block(b, n, [&](auto cnt) {
+      for (std::uint32_t j = 0; j < cnt; ++j) {
+        std::int32_t k;
+        if constexpr (Bits == 8) k = static_cast<std::int8_t>(pc[j]);
+        else k = static_cast<std::int32_t>((pc[j / 2] >> ((j & 1u) * 4u)) & 0xFu) - 8;
+        const float d = detail::fmul(static_cast<float>(k), s);
+        if constexpr (Add) po[j] = detail::fadd(po[j], d);
+        else po[j] = d;
+      }
+    });
+  }
+};
+
+}  // namespace compress::kernels
+EBBFLOW_END_NAMESPACE

@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file topk.hpp
+//! Top-k sparsification kernels, DGC-style: the threshold is estimated from a
+//! random sample of |v| (no full sort), elements with |v| >= threshold are
+//! packed as (index, value) pairs in index order, at most k of them; what is
+//! not sent stays in the error-feedback residual. Deterministic and
+//! identical on host and device: the compaction uses per-block counts and an
+//! exclusive scan instead of atomics.
+//!
+//! Encoded layout for k slots: u32 count, u32 reserved, k u32 indices, k f32
+//! values (slots past `count` are zero).
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/compress/detail/fp.hpp>
+#include <ebbflow/compress/detail/philox.hpp>
+#include <ebbflow/compress/kernels/block.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress::kernels {
+
+EBBFLOW_HD inline float abs_bits(float v) noexcept { return detail::as_f32(detail::as_u32(v) & 0x7FFFFFFFu); }
+
+//! sample[s] = |in[i] + res[i]| for a Philox-chosen i (with replacement).
+struct topk_sample {
+  const float* in;
+  const float* res;
+  float* sample;
+  std::size_t n;
+  detail::philox_stream rng;
+
+  EBBFLOW_HD void operator()(std::size_t s) const noexcept {
+    const detail::philox_u4 r = rng(s);
+    const std::uint64_t wide = (static_cast<std::uint64_t>(r.x) << 32) | r.y;
+    const std::size_t i = static_cast<std::size_t>(wide % n);
+    sample[s] = abs_bits(res ? detail::fadd(in[i], res[i]) : in[i]);
+  }
+};
+
+//! Single-thread functor: *threshold = the m-th largest of sample[0, s)
+//! (quickselect, in place, deterministic pivots). Run with bulk(1, ...).
+struct topk_threshold {
+  float* sample;
+  std::size_t s;
+  std::size_t m;  //!< 1 <= m <= s
+  float* threshold;
+
+  EBBFLOW_HD void operator()(std::size_t) const noexcept {
+    // m-th largest == element at position s - m in ascending order.
+    std::size_t want = s - m, lo = 0, hi = s - 1;
+    while (lo < hi) {
+      const float pivot = sample[lo + (hi - lo) / 2];
+      std::size_t i = lo, j = hi;
+      while (i <= j) {
+        while (sample[i] < pivot) ++i;
+        while (sample[j] > pivot) --j;
+        if (i <= j) {
+          const float t = sample[i];
+          sample[i] = sample[j];
+          sample[j] = t;
+          ++i;
+          if (j == 0) break;
+          --j;
+        }
+      }
+      if (want <= j) hi = j;
+      else if (want >= i) lo = i;
+      else break;
+    }
+    *threshold = sample[want];
+  }
+};
+
+//! counts[b] = number of elements of block b with |v| >= threshold (> 0).
+struct topk_count {
+  const float* in;
+  const float* res;
+  const float* threshold;
+  std::uint32_t* counts;
+  std::size_t n;
+
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    const std::size_t o = b * block_size;
+    const float t = *threshold;
+    const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
+    const float* EBBFLOW_DETAIL_RESTRICT pr = res ? res + o : nullptr;
+    std::uint32_t c = 0;
+    for_block(b, n, [&](auto cnt) {
+      if (pr) {
+        for (std::uint32_t j = 0; j < cnt; ++j) {
+          const float a = abs_bits(detail::fadd(pi[j], pr[j]));
+          c += a >= t && a > 0.0f ? 1u : 0u;  // zeros carry nothing: never sent
+        }
+      } else {
+        for (std::uint32_t j = 0; j < cnt; ++j) {
+          const float a = abs_bits(pi[j]);
+          c += a >= t && a > 0.0f ? 1u : 0u;
+        }
+      }
+    });
+    counts[b] = c;
+  }
+};
+
+//! Single-thread functor: counts -> exclusive offsets (in place); writes
+//! min(total, k) to the header and zeroes the k slots. Run with bulk(1, ...).
+struct topk_scan {
+  std::uint32_t* counts;
+  std::size_t blocks;
+  std::uint32_t* header;  //!< encoded buffer start
+  std::size_t k;
+
+  EBBFLOW_HD void operator()(std::size_t) const noexcept {
+    std::uint64_t acc = 0;
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const std::uint32_t c = counts[b];
+      counts[b] = static_cast<std::uint32_t>(acc < 0xFFFFFFFFu ? acc : 0xFFFFFFFFu);
+      acc += c;
+    }
+    header[0] = static_cast<std::uint32_t>(acc < k ? acc : k);
+    header[1] = 0;
+    for (std::size_t i = 0; i < 2 * k; ++i) header[2 + i] = 0;
+  }
+};
+
+//! Packs block b's selected elements at its offset; updates the residual
+//! (sent elements -> 0, others keep v); selected elements past slot k are
+//! not sent and stay in the residual.
+struct topk_write {
+  const float* in;
+  float* res;
+  const float* threshold;
+  const std::uint32_t* offsets;
+  std::uint32_t* indices;
+  float* values;
+  std::size_t n, k;
+
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    const std::size_t o = b * block_size;
+    const float t = *threshold;
+    const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
+    float* EBBFLOW_DETAIL_RESTRICT pr = res ? res + o : nullptr;
+    std::size_t slot = offsets[b];
+    for_block(b, n, [&](auto cnt) {
+      for (std::uint32_t j = 0; j < cnt; ++j) {
+        const float v = pr ? detail::fadd(pi[j], pr[j]) : pi[j];
+        const float a = abs_bits(v);
+        const bool take = a >= t && a > 0.0f && slot < k;
+        if (take) {
+          indices[slot] = static_cast<std::uint32_t>(o + j);
+          values[slot] = v;
+          ++slot;
+        }
+        if (pr) pr[j] = take ? 0.0f : v;
+      }
+    });
+  }
+};
+
+//! out[idx[i]] (+)= val[i] for the slots i < count of an encoding with k
+//! slots. Indices within one encoding are distinct, so calls never collide.
+template <bool Add>
+struct topk_scatter {
+  const std::uint32_t* header;
+  std::size_t k;
+  float* out;
+
+  EBBFLOW_HD void operator()(std::size_t i) const noexcept {
+    if (i >= header[0]) return;
+    const std::uint32_t idx = header[2 + i];
+    const float v = detail::as_f32(header[2 + k + i]);
+    if constexpr (Add) out[idx] = detail::fadd(out[idx], v);
+    else out[idx] = v;
+  }
+};
+
+//! out[i] = 0.
+struct fill_zero {
+  float* out;
+  EBBFLOW_HD void operator()(std::size_t i) const noexcept { out[i] = 0.0f; }
+};
+
+}  // namespace compress::kernels
+EBBFLOW_END_NAMESPACE

@@ -1,0 +1,316 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU tests of the codecs: bit-exactness of the casts, error bounds,
+// unbiasedness of stochastic rounding, error feedback, top-k selection,
+// PowerSGD reconstruction and convergence. All random inputs use fixed seeds.
+#include <ebbflow/compress.hpp>
+#include <ebbflow/compress/detail/philox.hpp>
+#include <ebbflow/core/half.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace ef = ebbflow;
+namespace cx = ebbflow::compress;
+
+namespace {
+std::vector<float> normal_vec(std::size_t n, unsigned seed, float mean = 0.0f, float sd = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(mean, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+template <class C>
+std::vector<std::byte> encode(const C& c, const std::vector<float>& in, float* res, cx::encode_context ctx = {}) {
+  std::vector<std::byte> out(c.max_encoded_bytes(in.size()));
+  std::vector<std::byte> ws(c.workspace_bytes(in.size()) + 8);
+  ctx.workspace = ws.data();
+  ef::exec::cpu_executor ex;
+  c.encode(ex, in.data(), res, out.data(), in.size(), ctx);
+  return out;
+}
+template <class C>
+std::vector<float> decode(const C& c, const std::vector<std::byte>& e, std::size_t n) {
+  std::vector<float> out(n, 123.0f);
+  ef::exec::cpu_executor ex;
+  c.decode(ex, e.data(), out.data(), n);
+  return out;
+}
+}  // namespace
+
+TEST(Philox, MatchesRandom123KnownAnswers) {
+  using cx::detail::philox4x32_10;
+  auto a = philox4x32_10({0, 0, 0, 0}, 0, 0);
+  EXPECT_EQ(a.x, 0x6627e8d5u);
+  EXPECT_EQ(a.y, 0xe169c58du);
+  EXPECT_EQ(a.z, 0xbc57ac4cu);
+  EXPECT_EQ(a.w, 0x9b00dbd8u);
+  auto b = philox4x32_10({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, 0xffffffffu, 0xffffffffu);
+  EXPECT_EQ(b.x, 0x408f276du);
+  EXPECT_EQ(b.y, 0x41c83b0eu);
+  EXPECT_EQ(b.z, 0xa20bc7c6u);
+  EXPECT_EQ(b.w, 0x6d5451fdu);
+  auto c = philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, 0xa4093822u, 0x299f31d0u);
+  EXPECT_EQ(c.x, 0xd16cfe09u);
+  EXPECT_EQ(c.y, 0x94fdccebu);
+  EXPECT_EQ(c.z, 0x5001e420u);
+  EXPECT_EQ(c.w, 0x24126ea1u);
+}
+
+TEST(Cast, Fp16AndBf16BitsMatchCoreTypesOverASweepOfFloats) {
+  // Every 2^32 / 40503 th bit pattern (all exponents, signs, NaN, inf).
+  for (std::uint64_t u = 0; u <= 0xffffffffull; u += 40503) {
+    const float f = cx::detail::as_f32(static_cast<std::uint32_t>(u));
+    ASSERT_EQ(cx::detail::f32_to_f16(f), ef::half::from_float(f)) << std::hex << u;
+    ASSERT_EQ(cx::detail::f32_to_bf16(f), ef::bfloat16::from_float(f)) << std::hex << u;
+  }
+  for (std::uint32_t h = 0; h < 0x10000u; ++h) {
+    const float a = cx::detail::f16_to_f32(static_cast<std::uint16_t>(h));
+    const float b = ef::half::to_float(static_cast<std::uint16_t>(h));
+    ASSERT_EQ(cx::detail::as_u32(a), cx::detail::as_u32(b)) << h;
+  }
+}
+
+template <class C>
+class CastRoundTrip : public ::testing::Test {};
+using CastCodecs = ::testing::Types<cx::fp16_codec, cx::bf16_codec>;
+TYPED_TEST_SUITE(CastRoundTrip, CastCodecs);
+
+TYPED_TEST(CastRoundTrip, RelativeErrorWithinUnitRoundoff) {
+  TypeParam c;
+  for (std::size_t n : {0u, 1u, 255u, 256u, 257u, 10007u}) {
+    auto v = normal_vec(n, 7);
+    auto d = decode(c, encode(c, v, nullptr), n);
+    for (std::size_t i = 0; i < n; ++i) ASSERT_LE(std::fabs(d[i] - v[i]), TypeParam::unit_roundoff * std::fabs(v[i])) << i;
+  }
+}
+
+template <class C>
+class QuantizeTest : public ::testing::Test {};
+using QuantCodecs = ::testing::Types<cx::int8_codec, cx::int4_codec>;
+TYPED_TEST_SUITE(QuantizeTest, QuantCodecs);
+
+TYPED_TEST(QuantizeTest, ErrorBelowOneStepPerBlock) {
+  TypeParam c;
+  for (std::size_t n : {1u, 7u, 255u, 256u, 257u, 1000u, 10007u}) {
+    auto v = normal_vec(n, 11, 0.3f, 2.0f);
+    auto d = decode(c, encode(c, v, nullptr, {1, 2}), n);
+    for (std::size_t b = 0; b * 256 < n; ++b) {
+      float amax = 0;
+      for (std::size_t i = b * 256; i < std::min(n, b * 256 + 256); ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float step = amax / TypeParam::levels;
+      for (std::size_t i = b * 256; i < std::min(n, b * 256 + 256); ++i)
+        ASSERT_LT(std::fabs(d[i] - v[i]), step * 1.0001f) << "n=" << n << " i=" << i;
+    }
+  }
+}
+
+TYPED_TEST(QuantizeTest, SameSeedSameBitsOtherStreamOtherBits) {
+  TypeParam c;
+  auto v = normal_vec(1000, 3);
+  EXPECT_EQ(encode(c, v, nullptr, {5, 9}), encode(c, v, nullptr, {5, 9}));
+  EXPECT_NE(encode(c, v, nullptr, {5, 9}), encode(c, v, nullptr, {5, 10}));
+}
+
+// Unbiasedness: over T independent streams, the mean decode of each element
+// has standard deviation <= step / (2 sqrt(T)) (a rounding is a Bernoulli
+// over one step). We require |mean - v| <= 5 sd for each of 512 elements: a
+// correct codec fails this with probability < 512 * 5.7e-7 = 3e-4 (99.97 %
+// confidence), while a biased rounding (round-to-nearest or floor) fails by
+// hundreds of sd. The seed is fixed, so the test is deterministic.
+TYPED_TEST(QuantizeTest, StochasticRoundingIsUnbiased) {
+  TypeParam c;
+  const std::size_t n = 512, T = 4000;
+  auto v = normal_vec(n, 21);
+  std::vector<double> mean(n, 0.0);
+  for (std::size_t t = 0; t < T; ++t) {
+    auto d = decode(c, encode(c, v, nullptr, {77, t}), n);
+    for (std::size_t i = 0; i < n; ++i) mean[i] += d[i];
+  }
+  std::size_t nonzero_err = 0;
+  for (std::size_t b = 0; b < n / 256; ++b) {
+    float amax = 0;
+    for (std::size_t i = b * 256; i < b * 256 + 256; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const double step = amax / TypeParam::levels, sd = step / (2.0 * std::sqrt(double(T)));
+    for (std::size_t i = b * 256; i < b * 256 + 256; ++i) {
+      const double m = mean[i] / T;
+      ASSERT_LE(std::fabs(m - v[i]), 5 * sd) << "element " << i << " v=" << v[i];
+      nonzero_err += std::fabs(m - v[i]) > 0;
+    }
+  }
+  EXPECT_GT(nonzero_err, n / 2);  // it really is random (not an exact code)
+}
+
+// Error feedback: with residual e, sum_t decode_t = sum_t g_t - e_T exactly
+// (up to float rounding of the accumulations), and e_T stays bounded, so the
+// relative gap shrinks like 1/T when the gradients have a persistent mean.
+template <class C>
+double ef_gap(const C& c, std::size_t n, std::size_t steps, double* identity_err) {
+  std::vector<float> res(n, 0.0f);
+  std::vector<double> sum_g(n, 0.0), sum_d(n, 0.0);
+  for (std::size_t t = 0; t < steps; ++t) {
+    auto g = normal_vec(n, 1000 + static_cast<unsigned>(t), 0.05f, 1.0f);
+    auto d = decode(c, encode(c, g, res.data(), {3, t}), n);
+    for (std::size_t i = 0; i < n; ++i) sum_g[i] += g[i], sum_d[i] += d[i];
+  }
+  double num = 0, den = 0, id = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    num += (sum_d[i] - sum_g[i]) * (sum_d[i] - sum_g[i]);
+    den += sum_g[i] * sum_g[i];
+    id = std::max(id, std::fabs(sum_d[i] + res[i] - sum_g[i]));
+  }
+  *identity_err = id;
+  return std::sqrt(num / den);
+}
+
+template <class C>
+class ErrorFeedback : public ::testing::Test {};
+using AllFlat = ::testing::Types<cx::fp16_codec, cx::bf16_codec, cx::int8_codec, cx::int4_codec, cx::sign_codec,
+                                 cx::topk_codec>;
+TYPED_TEST_SUITE(ErrorFeedback, AllFlat);
+
+TYPED_TEST(ErrorFeedback, DecodedSumTracksGradientSum) {
+  TypeParam c;
+  double id = 0;
+  const double gap_short = ef_gap(c, 4099, 20, &id);
+  EXPECT_LT(id, 1e-3);  // sum d + e_T == sum g: nothing is lost
+  const double gap_long = ef_gap(c, 4099, 400, &id);
+  EXPECT_LT(id, 1e-2);
+  // Residual bounded -> relative gap falls with T (top-k 1 %: the residual
+  // holds ~100 steps of a coordinate, so it needs the long horizon most).
+  EXPECT_LT(gap_long, 0.25) << c.name();
+  EXPECT_LT(gap_long, gap_short + 1e-6) << c.name();
+}
+
+TEST(TopK, KeepsTheKLargestWithinSamplingTolerance) {
+  for (double ratio : {0.01, 0.05}) {
+    cx::topk_codec c(ratio);
+    const std::size_t n = 200003;
+    auto v = normal_vec(n, 5);
+    auto e = encode(c, v, nullptr, {9, 1});
+    const auto* h = reinterpret_cast<const std::uint32_t*>(e.data());
+    const std::size_t k = c.slots(n), count = h[0];
+    ASSERT_LE(count, k);
+    EXPECT_GE(count, k * 85 / 100);  // the sampled threshold lands near the k-th largest
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::nth_element(order.begin(), order.begin() + static_cast<long>(k), order.end(),
+                     [&](auto a, auto b) { return std::fabs(v[a]) > std::fabs(v[b]); });
+    std::vector<bool> top(n, false);
+    for (std::size_t i = 0; i < k; ++i) top[order[i]] = true;
+    std::size_t hits = 0;
+    for (std::size_t s = 0; s < count; ++s) {
+      const std::uint32_t idx = h[2 + s];
+      ASSERT_LT(idx, n);
+      ASSERT_EQ(cx::detail::as_f32(h[2 + k + s]), v[idx]);  // values sent exactly
+      hits += top[idx];
+    }
+    // With 16384 samples the k-th-largest estimate is within ~3 sd = 3/sqrt(s k/n)
+    // relative (23 % at 1 %): at least 80 % of the true top k must be sent.
+    EXPECT_GE(hits, k * 80 / 100) << "ratio " << ratio << " count " << count;
+  }
+}
+
+TEST(Sign, DecodeKeepsSignAndBlockL1Norm) {
+  cx::sign_codec c;
+  const std::size_t n = 1000;
+  auto v = normal_vec(n, 8);
+  auto d = decode(c, encode(c, v, nullptr), n);
+  for (std::size_t b = 0; b * 256 < n; ++b) {
+    double l1v = 0, l1d = 0;
+    for (std::size_t i = b * 256; i < std::min(n, b * 256 + 256); ++i) {
+      l1v += std::fabs(v[i]), l1d += std::fabs(d[i]);
+      ASSERT_EQ(v[i] >= 0, d[i] >= 0);
+    }
+    EXPECT_NEAR(l1v, l1d, 1e-3 * l1v);
+  }
+}
+
+namespace {
+// One PowerSGD step on one rank: out = P Q^T with P = orth(M Q), Q = M^T P.
+std::vector<float> powersgd_step(const cx::powersgd_codec& c, const std::vector<float>& m, cx::matrix_shape s,
+                                 std::vector<float>& q) {
+  ef::exec::cpu_executor ex;
+  const std::size_t r = c.rank_for(s);
+  std::vector<float> p(s.rows * r), out(s.size());
+  c.compute_p(ex, m.data(), q.data(), p.data(), s);
+  c.orthogonalize(ex, p.data(), s);
+  c.compute_q(ex, m.data(), p.data(), q.data(), s);
+  c.reconstruct(ex, p.data(), q.data(), out.data(), s);
+  return out;
+}
+}  // namespace
+
+TEST(PowerSgd, OrthogonalisedColumnsAreOrthonormal) {
+  cx::powersgd_codec c(6);
+  const cx::matrix_shape s{300, 40};
+  auto p = normal_vec(s.rows * 6, 4);
+  ef::exec::cpu_executor ex;
+  c.orthogonalize(ex, p.data(), s);
+  for (std::size_t i = 0; i < 6; ++i)
+    for (std::size_t j = 0; j < 6; ++j) {
+      double d = 0;
+      for (std::size_t k = 0; k < s.rows; ++k) d += double(p[k * 6 + i]) * p[k * 6 + j];
+      EXPECT_NEAR(d, i == j ? 1.0 : 0.0, 1e-5);
+    }
+}
+
+TEST(PowerSgd, ReconstructsLowRankMatricesExactly) {
+  for (std::size_t rank_m : {1u, 2u, 4u}) {
+    const cx::matrix_shape s{97, 61};
+    auto a = normal_vec(s.rows * rank_m, 1), b = normal_vec(s.cols * rank_m, 2);
+    std::vector<float> m(s.size(), 0.0f);
+    for (std::size_t i = 0; i < s.rows; ++i)
+      for (std::size_t j = 0; j < s.cols; ++j)
+        for (std::size_t k = 0; k < rank_m; ++k) m[i * s.cols + j] += a[i * rank_m + k] * b[j * rank_m + k];
+    cx::powersgd_codec c(4);
+    std::vector<float> q(s.cols * 4);
+    ef::exec::cpu_executor ex;
+    c.init_q(ex, q.data(), s, 42);
+    auto out = powersgd_step(c, m, s, q);
+    double err = 0, norm = 0;
+    for (std::size_t i = 0; i < m.size(); ++i) err += (out[i] - m[i]) * (out[i] - m[i]), norm += m[i] * m[i];
+    EXPECT_LT(std::sqrt(err / norm), 1e-5) << "rank " << rank_m;
+  }
+}
+
+TEST(PowerSgd, ErrorFeedbackConvergesOnFullRankMatrices) {
+  // Feeding the same full-rank M every step with error feedback, the average
+  // of the decoded updates converges to M (the residual stays bounded).
+  const cx::matrix_shape s{64, 48};
+  auto m = normal_vec(s.size(), 9);
+  cx::powersgd_codec c(2);
+  ef::exec::cpu_executor ex;
+  std::vector<float> q(s.cols * 2), res(s.size(), 0.0f), acc(s.size(), 0.0f);
+  c.init_q(ex, q.data(), s, 1);
+  auto rel_gap = [&](std::size_t steps) {
+    double e = 0, nn = 0;
+    for (std::size_t i = 0; i < m.size(); ++i) {
+      const double d = acc[i] / double(steps) - m[i];
+      e += d * d, nn += double(m[i]) * m[i];
+    }
+    return std::sqrt(e / nn);
+  };
+  double gap10 = 0;
+  for (std::size_t t = 1; t <= 400; ++t) {
+    std::vector<float> mm(s.size());
+    for (std::size_t i = 0; i < mm.size(); ++i) mm[i] = m[i] + res[i];
+    const std::size_t r = c.rank_for(s);
+    std::vector<float> p(s.rows * r), out(s.size());
+    c.compute_p(ex, mm.data(), q.data(), p.data(), s);
+    c.orthogonalize(ex, p.data(), s);
+    c.compute_q(ex, mm.data(), p.data(), q.data(), s);
+    c.residual(ex, mm.data(), p.data(), q.data(), res.data(), s);
+    c.reconstruct(ex, p.data(), q.data(), out.data(), s);
+    for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += out[i];
+    if (t == 10) gap10 = rel_gap(10);
+  }
+  const double gap400 = rel_gap(400);
+  EXPECT_LT(gap400, 0.1);
+  EXPECT_LT(gap400, gap10 / 4);
+}

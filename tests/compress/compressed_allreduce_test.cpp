@@ -1,0 +1,238 @@
+// SPDX-License-Identifier: Apache-2.0
+// Multi-rank compressed allreduce over the in-process loopback transport:
+// 2-5 ranks, odd sizes, several segments; every codec within its stated
+// error of the exact sum, every rank with the same bits.
+#include <ebbflow/comm/loopback_transport.hpp>
+#include <ebbflow/compress.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <mutex>
+#include <random>
+#include <vector>
+
+namespace ef = ebbflow;
+namespace cx = ebbflow::compress;
+
+namespace {
+std::vector<float> normal_vec(std::size_t n, unsigned seed, float mean = 0.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(mean, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+cx::allreduce_options small_opts() {
+  cx::allreduce_options o;
+  o.segment_bytes = 4096;          // 4 KiB of wire per segment: several segments per chunk
+  o.dense_threshold_bytes = 1024;  // compress anything from 256 elements up
+  o.timeout = std::chrono::seconds(30);
+  return o;
+}
+
+// Runs `calls` allreduces of per-rank inputs make(rank, call) on p ranks;
+// returns each rank's result of every call.
+template <class Codec, class Make>
+std::vector<std::vector<std::vector<float>>> run_group(int p, Codec c, std::size_t calls, Make make,
+                                                       cx::allreduce_options o = small_opts(),
+                                                       cx::matrix_shape shape = {}) {
+  std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(p));
+  ef::comm::spawn_loopback(p, [&](ef::comm::loopback_transport& t) {
+    cx::compressed_allreduce<Codec, ef::comm::loopback_transport> ar(t, c, {}, o);
+    for (std::size_t k = 0; k < calls; ++k) {
+      std::vector<float> g = make(t.rank(), k);
+      if (shape.size()) ar.run(g, 7, shape);
+      else ar.run(g, 7);
+      out[static_cast<std::size_t>(t.rank())].push_back(std::move(g));
+    }
+  });
+  return out;
+}
+template <class Make>
+std::vector<double> exact_sum(int p, std::size_t n, std::size_t call, Make make) {
+  std::vector<double> s(n, 0.0);
+  for (int r = 0; r < p; ++r) {
+    auto g = make(r, call);
+    for (std::size_t i = 0; i < n; ++i) s[i] += g[i];
+  }
+  return s;
+}
+void expect_same_on_all_ranks(const std::vector<std::vector<std::vector<float>>>& out) {
+  for (std::size_t r = 1; r < out.size(); ++r)
+    for (std::size_t k = 0; k < out[0].size(); ++k) ASSERT_EQ(out[r][k], out[0][k]) << "rank " << r << " call " << k;
+}
+}  // namespace
+
+struct Shape {
+  int ranks;
+  std::size_t n;
+};
+class AllreduceTest : public ::testing::TestWithParam<Shape> {};
+INSTANTIATE_TEST_SUITE_P(RanksAndSizes, AllreduceTest,
+                         ::testing::Values(Shape{2, 1}, Shape{2, 300}, Shape{3, 10007}, Shape{4, 257}, Shape{4, 65537},
+                                           Shape{5, 4099}, Shape{5, 3}),
+                         [](const auto& i) { return "p" + std::to_string(i.param.ranks) + "_n" + std::to_string(i.param.n); });
+
+template <class Codec>
+void check_cast(int p, std::size_t n) {
+  auto make = [n](int r, std::size_t) { return normal_vec(n, 100 + static_cast<unsigned>(r)); };
+  auto out = run_group(p, Codec{}, 1, make);
+  expect_same_on_all_ranks(out);
+  auto s = exact_sum(p, n, 0, make);
+  std::vector<double> abs_sums(n, 0.0);
+  for (int r = 0; r < p; ++r) {
+    auto g = make(r, 0);
+    for (std::size_t i = 0; i < n; ++i) abs_sums[i] += std::fabs(g[i]);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const double abs_sum = abs_sums[i];
+    // p encodes along the chain, each within unit roundoff of a partial sum.
+    ASSERT_LE(std::fabs(out[0][0][i] - s[i]), (p + 1) * Codec::unit_roundoff * abs_sum + 1e-5) << i;
+  }
+}
+TEST_P(AllreduceTest, Fp16WithinRoundoffOfExactSum) { check_cast<cx::fp16_codec>(GetParam().ranks, GetParam().n); }
+TEST_P(AllreduceTest, Bf16WithinRoundoffOfExactSum) { check_cast<cx::bf16_codec>(GetParam().ranks, GetParam().n); }
+
+template <class Codec>
+void check_quant(int p, std::size_t n) {
+  std::vector<std::vector<float>> g;
+  for (int r = 0; r < p; ++r) g.push_back(normal_vec(n, 200 + static_cast<unsigned>(r), 0.1f));
+  auto make = [&](int r, std::size_t) { return g[static_cast<std::size_t>(r)]; };
+  auto out = run_group(p, Codec{}, 1, make);
+  expect_same_on_all_ranks(out);
+  auto s = exact_sum(p, n, 0, make);
+  for (std::size_t b = 0; b * 256 < n; ++b) {
+    const std::size_t e = std::min(n, b * 256 + 256);
+    double amax_sum = 0;  // every partial sum's block max is <= this
+    for (int r = 0; r < p; ++r) {
+      double a = 0;
+      for (std::size_t i = b * 256; i < e; ++i) a = std::max(a, double(std::fabs(g[static_cast<std::size_t>(r)][i])));
+      amax_sum += a;
+    }
+    const double bound = n * 4 < 1024 ? 1e-5 * amax_sum : p * amax_sum / Codec::levels * 1.001 + 1e-5;
+    for (std::size_t i = b * 256; i < e; ++i) ASSERT_LE(std::fabs(out[0][0][i] - s[i]), bound) << i;
+  }
+}
+TEST_P(AllreduceTest, Int8WithinPStepsOfExactSum) { check_quant<cx::int8_codec>(GetParam().ranks, GetParam().n); }
+TEST_P(AllreduceTest, Int4WithinPStepsOfExactSum) { check_quant<cx::int4_codec>(GetParam().ranks, GetParam().n); }
+
+TEST_P(AllreduceTest, TopKIsExactOnSparseEnoughGradients) {
+  const int p = GetParam().ranks;
+  const std::size_t n = GetParam().n;
+  // ~2.5 % non-zeros per rank, below the 5 % slots of every 1024-element segment.
+  auto make = [n](int r, std::size_t) {
+    auto v = normal_vec(n, 300 + static_cast<unsigned>(r));
+    for (std::size_t i = 0; i < n; ++i)
+      if ((i * 7 + static_cast<std::size_t>(r)) % 40 != 0) v[i] = 0.0f;
+    return v;
+  };
+  auto out = run_group(p, cx::topk_codec(0.05), 1, make);
+  expect_same_on_all_ranks(out);
+  auto s = exact_sum(p, n, 0, make);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_NEAR(out[0][0][i], s[i], 1e-5 * (1 + std::fabs(s[i]))) << i;
+}
+
+// Biased codes (top-k of dense gradients, 1-bit sign) are judged as they are
+// used: over many steps the sum of allreduced updates tracks the sum of the
+// exact sums, with a relative gap that shrinks as steps accumulate.
+template <class Codec>
+void check_tracking(int p, std::size_t n, Codec c, double bound) {
+  const std::size_t calls = 60;
+  auto make = [n](int r, std::size_t k) { return normal_vec(n, 1000 * static_cast<unsigned>(k) + static_cast<unsigned>(r), 0.2f); };
+  auto out = run_group(p, c, calls, make);
+  expect_same_on_all_ranks(out);
+  std::vector<double> acc(n, 0.0), ex(n, 0.0);
+  double gap_at_5 = 0;
+  auto gap = [&] {
+    double e = 0, d = 0;
+    for (std::size_t i = 0; i < n; ++i) e += (acc[i] - ex[i]) * (acc[i] - ex[i]), d += ex[i] * ex[i];
+    return std::sqrt(e / d);
+  };
+  for (std::size_t k = 0; k < calls; ++k) {
+    auto s = exact_sum(p, n, k, make);
+    for (std::size_t i = 0; i < n; ++i) acc[i] += out[0][k][i], ex[i] += s[i];
+    if (k == 4) gap_at_5 = gap();
+  }
+  const double g = gap();
+  EXPECT_LT(g, bound) << c.name();
+  if (n * 4 >= 1024) {
+    EXPECT_LT(g, gap_at_5) << c.name();
+  }
+}
+TEST_P(AllreduceTest, TopKWithErrorFeedbackTracksTheSum) {
+  check_tracking(GetParam().ranks, GetParam().n, cx::topk_codec(0.05), 0.35);
+}
+TEST_P(AllreduceTest, SignTwoPhaseWithErrorFeedbackTracksTheSum) {
+  check_tracking(GetParam().ranks, GetParam().n, cx::sign_codec{}, 0.35);
+}
+
+TEST_P(AllreduceTest, PowerSgdReconstructsALowRankSumExactly) {
+  const int p = GetParam().ranks;
+  const cx::matrix_shape s{std::max<std::size_t>(1, GetParam().n / 37), 37};
+  const std::size_t n = s.size();
+  // M_r = U_r V^T with V shared: the sum has rank <= 2.
+  auto v = normal_vec(s.cols * 2, 5);
+  auto make = [&](int r, std::size_t) {
+    auto u = normal_vec(s.rows * 2, 600 + static_cast<unsigned>(r));
+    std::vector<float> m(n, 0.0f);
+    for (std::size_t i = 0; i < s.rows; ++i)
+      for (std::size_t j = 0; j < s.cols; ++j) m[i * s.cols + j] = u[i * 2] * v[j * 2] + u[i * 2 + 1] * v[j * 2 + 1];
+    return m;
+  };
+  auto out = run_group(p, cx::powersgd_codec(4), 1, make, small_opts(), s);
+  expect_same_on_all_ranks(out);
+  auto ex = exact_sum(p, n, 0, make);
+  double e = 0, d = 0;
+  for (std::size_t i = 0; i < n; ++i) e += (out[0][0][i] - ex[i]) * (out[0][0][i] - ex[i]), d += ex[i] * ex[i];
+  EXPECT_LT(std::sqrt(e / d), 1e-4);
+}
+
+TEST_P(AllreduceTest, PowerSgdDefaultShapeTracksTheSum) {
+  check_tracking(GetParam().ranks, GetParam().n, cx::powersgd_codec(2), 0.5);
+}
+
+TEST(Allreduce, DenseBelowThresholdIsExactAndCounted) {
+  const std::size_t n = 100;
+  auto make = [](int r, std::size_t) { return normal_vec(100, static_cast<unsigned>(r)); };
+  std::mutex m;
+  std::size_t dense = 0;
+  ef::comm::spawn_loopback(3, [&](ef::comm::loopback_transport& t) {
+    cx::compressed_allreduce<cx::int4_codec, ef::comm::loopback_transport> ar(t, {});
+    auto g = make(t.rank(), 0);
+    ar.run(g);
+    auto s = exact_sum(3, n, 0, make);
+    for (std::size_t i = 0; i < n; ++i) EXPECT_NEAR(g[i], s[i], 1e-5);
+    std::lock_guard lk(m);
+    dense += ar.stats().dense_calls;
+  });
+  EXPECT_EQ(dense, 3u);
+}
+
+TEST(Allreduce, WireBytesMatchThePrediction) {
+  const std::size_t n = 100000;
+  ef::comm::spawn_loopback(4, [&](ef::comm::loopback_transport& t) {
+    cx::compressed_allreduce<cx::int8_codec, ef::comm::loopback_transport> ar(t, {});
+    auto g = normal_vec(n, 1);
+    ar.run(g);
+    EXPECT_EQ(ar.stats().wire_bytes_sent, ar.wire_bytes(n));
+    // ~ 2 (p-1)/p n (1 + 4/256) bytes: about 4x fewer than dense floats.
+    EXPECT_LT(ar.wire_bytes(n), 2 * 3 * n * 4 / 4 / 3.8);
+  });
+}
+
+TEST(Allreduce, DeadPeerFailsWithPeerLostInsteadOfHanging) {
+  auto hub = std::make_shared<ef::comm::loopback_hub>(3);
+  hub->kill(2);
+  std::vector<std::jthread> th;
+  std::vector<std::error_code> ecs(2);
+  for (int r = 0; r < 2; ++r)
+    th.emplace_back([&, r] {
+      ef::comm::loopback_transport t(hub, r);
+      cx::compressed_allreduce<cx::fp16_codec, ef::comm::loopback_transport> ar(t, {}, {}, small_opts());
+      auto g = normal_vec(5000, 1);
+      ar.run(g, 0, ecs[static_cast<std::size_t>(r)]);
+    });
+  th.clear();
+  for (auto& ec : ecs) EXPECT_EQ(ec, ef::errc::peer_lost) << ec.message();
+}

@@ -1,0 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
+// GPU: 1-bit sign kernels on the CUDA executor == CPU executor, bit for bit.
+#include "gpu_compare.cuh"
+
+using namespace gpu_compare;
+
+TEST(SignKernelsGpu, BitIdenticalToCpu) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  for (std::size_t n : sizes())
+    for (bool ef : {false, true}) compare_codec(cx::sign_codec{}, n, ef, 5);
+}
