@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   cs.push_back(make(t, "sign1", cx::sign_codec{}, 1.0, 5));
   cs.push_back(make(t, "topk1%", cx::topk_codec(0.01), 1.0, 6));
   auto barrier_ar = std::make_shared<cx::compressed_allreduce<cx::detail::f32_codec, tp>>(
-      t, cx::detail::f32_codec{}, ef::exec::cpu_executor{}, cx::allreduce_options{.tag_space = 99});
+      t, cx::detail::f32_codec{}, ef::exec::cpu_executor{}, cx::allreduce_options{.tag_space = 14});
   const auto barrier = [&] {
     std::vector<float> x(1, 1.0f);
     barrier_ar->run(x, 99);

@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 53 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 74 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -1010,6 +1010,19 @@ using tag_t = std::uint64_t;
 inline constexpr int tag_bits = 48;
 //! Mask of the bits available to collectives.
 inline constexpr tag_t tag_mask = (tag_t{1} << tag_bits) - 1;
+
+//! Sequence numbers of collectives that share a transport. The UCX wire keeps
+//! 24 bits of a sequence number; its top 4 bits name a *tag space*, so that
+//! independent drivers of one transport (the communicator's collectives in
+//! space 0, each compressed allreduce object in its own space) can never
+//! match each other's messages, and the low 20 bits count operations.
+inline constexpr std::uint64_t seq_counter_bits = 20;
+inline constexpr std::uint64_t seq_counter_mask = (std::uint64_t{1} << seq_counter_bits) - 1;
+inline constexpr std::uint32_t tag_spaces = 16;
+//! The sequence number of operation `count` in tag space `space` (< 16).
+constexpr std::uint64_t make_seq(std::uint32_t space, std::uint64_t count) noexcept {
+  return (std::uint64_t{space & (tag_spaces - 1)} << seq_counter_bits) | (count & seq_counter_mask);
+}
 
 //! Tag for step `step` (< 2^16) of collective number `seq` (wraps at 2^32).
 constexpr tag_t make_tag(std::uint64_t seq, std::uint32_t step) noexcept {
@@ -2222,7 +2235,7 @@ request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, re
   EBBFLOW_ENFORCE(in.count == out.count && in.type == out.type,
                   "allreduce: input (" << in.count << " " << name(in.type) << ") and output (" << out.count << " "
                                        << name(out.type) << ") differ");
-  const std::uint64_t seq = seq_++;
+  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   const std::size_t bytes = in.bytes();
@@ -2261,7 +2274,7 @@ request<T> basic_communicator<T>::ireduce_scatter(buffer_view in, buffer_view ou
   EBBFLOW_ENFORCE(in.type == out.type && in.count == out.count * n,
                   "reduce_scatter: input count " << in.count << " must be " << n << " x output count " << out.count
                                                  << " of the same dtype");
-  const std::uint64_t seq = seq_++;
+  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   const std::size_t es = size_of(in.type);
@@ -2282,7 +2295,7 @@ template <transport T>
 request<T> basic_communicator<T>::ibroadcast(buffer_view buf, int root) {
   detail::check_buffer(buf, "broadcast buffer");
   EBBFLOW_ENFORCE(root >= 0 && root < size(), "broadcast root " << root << " outside [0, " << size() << ")");
-  const std::uint64_t seq = seq_++;
+  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* p = static_cast<std::byte*>(buf.data);
   if (size() == 1 || buf.count == 0) return make_request(detail::copy_only<T>(p, p, 0), ctx("broadcast", seq, buf.bytes()));
   const bool chain = buf.bytes() > opts_.small_bytes;
@@ -2298,7 +2311,7 @@ request<T> basic_communicator<T>::iallgather(buffer_view in, buffer_view out) {
   EBBFLOW_ENFORCE(in.type == out.type && out.count == in.count * n,
                   "allgather: output count " << out.count << " must be " << n << " x input count " << in.count
                                              << " of the same dtype");
-  const std::uint64_t seq = seq_++;
+  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   if (n == 1 || in.count == 0) return make_request(detail::copy_only<T>(src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
@@ -2307,7 +2320,7 @@ request<T> basic_communicator<T>::iallgather(buffer_view in, buffer_view out) {
 
 template <transport T>
 request<T> basic_communicator<T>::ibarrier() {
-  const std::uint64_t seq = seq_++;
+  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   return make_request(detail::barrier<T>(*t_, seq), ctx("barrier", seq, 0));
 }
 
@@ -3821,6 +3834,2372 @@ EBBFLOW_END_NAMESPACE
 #endif  // EBBFLOW_HAS_UCX
 // ==== end <ebbflow/comm/ucx/address_exchange.hpp>
 
+// ==== begin <ebbflow/compress.hpp> ========================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file compress.hpp
+//! Umbrella header of the compression piece: codecs, compressed allreduce,
+//! bucket manager. Host-compiler safe; device paths are in the .cuh files.
+
+
+// #include <ebbflow/compress/bucket.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/bucket.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file bucket.hpp
+//! Tensor fusion: packs many small gradient tensors into a few flat buckets
+//! (Horovod tensor fusion, PyTorch DDP buckets) so that each bucket is one
+//! compressed allreduce, large enough to compress well and to amortise the
+//! per-collective latency.
+//!
+//! Tensors are assigned in registration order (for DDP: reverse order of the
+//! backward pass, so the first bucket fills first) and a bucket closes when
+//! adding the next tensor would exceed `bucket_bytes`; a tensor larger than
+//! the cap gets a bucket of its own. `mark_ready(t)` reports the bucket that
+//! became complete, so a caller can start its allreduce while backward still
+//! runs. Host memory. Not thread-safe (one training thread).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress {
+
+class bucket_manager {
+ public:
+  //! Where tensor `i` lives inside its bucket.
+  struct slot {
+    std::size_t bucket = 0, offset = 0, size = 0;
+  };
+
+  //! `sizes[i]` = element count of tensor i. @throws std::invalid_argument if bucket_bytes < 4.
+  bucket_manager(std::span<const std::size_t> sizes, std::size_t bucket_bytes) {
+    EBBFLOW_ENFORCE(bucket_bytes >= sizeof(float), "bucket_bytes " << bucket_bytes << " below one float");
+    const std::size_t cap = bucket_bytes / sizeof(float);
+    slots_.reserve(sizes.size());
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      if (buckets_.empty() || (fill_ > 0 && fill_ + sizes[i] > cap)) {
+        buckets_.push_back({});
+        fill_ = 0;
+      }
+      slots_.push_back({buckets_.size() - 1, fill_, sizes[i]});
+      buckets_.back().tensors.push_back(i);
+      fill_ += sizes[i];
+      buckets_.back().data.resize(fill_);
+    }
+    pending_.resize(buckets_.size());
+    reset_ready();
+  }
+
+  [[nodiscard]] std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  [[nodiscard]] std::size_t tensor_count() const noexcept { return slots_.size(); }
+  [[nodiscard]] const slot& slot_of(std::size_t tensor) const { return slots_.at(tensor); }
+  //! Tensors of bucket b, in registration order.
+  [[nodiscard]] std::span<const std::size_t> tensors_of(std::size_t b) const { return buckets_.at(b).tensors; }
+  //! The fused buffer of bucket b (host memory, owned by the manager).
+  [[nodiscard]] std::span<float> bucket(std::size_t b) { return buckets_.at(b).data; }
+
+  //! Copies tensor `t` (host memory, `slot_of(t).size` floats) into its bucket.
+  void pack(std::size_t t, std::span<const float> grad) {
+    const slot& s = slots_.at(t);
+    EBBFLOW_ENFORCE(grad.size() == s.size, "tensor " << t << " has " << grad.size() << " elements, registered " << s.size);
+    if (s.size) std::memcpy(buckets_[s.bucket].data.data() + s.offset, grad.data(), s.size * sizeof(float));
+  }
+  //! Copies tensor `t` back out of its bucket.
+  void unpack(std::size_t t, std::span<float> grad) const {
+    const slot& s = slots_.at(t);
+    EBBFLOW_ENFORCE(grad.size() == s.size, "tensor " << t << " has " << grad.size() << " elements, registered " << s.size);
+    if (s.size) std::memcpy(grad.data(), buckets_[s.bucket].data.data() + s.offset, s.size * sizeof(float));
+  }
+  //! Packs `grad` for tensor t and marks it ready; returns the bucket index
+  //! when this completed the bucket (each bucket is returned once per step).
+  std::optional<std::size_t> mark_ready(std::size_t t, std::span<const float> grad) {
+    pack(t, grad);
+    const std::size_t b = slots_[t].bucket;
+    EBBFLOW_ENFORCE(pending_[b] > 0, "tensor " << t << " marked ready twice in one step");
+    if (--pending_[b] == 0) return b;
+    return std::nullopt;
+  }
+  //! Starts a new step: every bucket waits for all its tensors again.
+  void reset_ready() {
+    for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].tensors.size();
+  }
+
+  //! Convenience for one step: packs all `grads`, calls `reduce(bucket_span,
+  //! bucket_index)` per bucket, unpacks. `grads[i]` is tensor i.
+  template <class Reduce>
+  void allreduce(std::span<const std::span<float>> grads, Reduce&& reduce) {
+    EBBFLOW_ENFORCE(grads.size() == slots_.size(), grads.size() << " tensors given, " << slots_.size() << " registered");
+    for (std::size_t t = 0; t < grads.size(); ++t) pack(t, grads[t]);
+    for (std::size_t b = 0; b < buckets_.size(); ++b) reduce(std::span<float>(buckets_[b].data), b);
+    for (std::size_t t = 0; t < grads.size(); ++t) unpack(t, grads[t]);
+  }
+
+ private:
+  struct bucket_data {
+    std::vector<std::size_t> tensors;
+    std::vector<float> data;
+  };
+  std::vector<slot> slots_;
+  std::vector<bucket_data> buckets_;
+  std::vector<std::size_t> pending_;
+  std::size_t fill_ = 0;
+};
+
+}  // namespace compress
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/bucket.hpp>
+// #include <ebbflow/compress/codec.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/codec.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file codec.hpp
+//! The `codec` concept: how a gradient compressor presents itself to
+//! `compressed_allreduce`.
+//!
+//! A codec turns `n` floats into at most `max_encoded_bytes(n)` bytes and back.
+//! Every pointer handed to a codec lives in the memory space of the executor
+//! it is called with (`exec::cpu_executor`: host; `exec::cuda_executor`:
+//! device); the codec itself never allocates, copies across spaces or blocks
+//! beyond what its executor's `bulk` does.
+//!
+//! * `encode(ex, in, residual, out, n, ctx)`: error feedback is built in. When
+//!   `residual` is not null the codec encodes `v = in + residual` and stores
+//!   `residual = v - decode(out)`, so the compression error of this call is
+//!   added to the next one (Seide et al. 2014; Karimireddy et al. 2019). With a
+//!   null residual it encodes `in` alone. `ctx` carries the random seed/stream
+//!   for stochastic codecs and a scratch area of `workspace_bytes(n)` bytes.
+//! * `decode(ex, in, out, n)` writes the decoded floats; `decode_add` adds them
+//!   to `out`.
+//! * `kind` tells `compressed_allreduce` which algorithm is valid for the code.
+//!
+//! Encoded buffers must be 8-byte aligned; `max_encoded_bytes` is a multiple
+//! of 8 so that consecutive encoded segments stay aligned. Encoding is
+//! deterministic given (input, residual, seed, stream): the same bits on CPU
+//! and GPU. Codecs are cheap value types; calls on distinct buffers may run
+//! concurrently.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/exec/executor.hpp>  (inlined here)
+// ---- begin <ebbflow/exec/executor.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file executor.hpp
+//! The `executor` concept: runs an `EBBFLOW_HD` functor over an index range
+//! in one memory space. `cpu_executor` (this header) runs it as a host loop and
+//! is the reference every GPU result is checked against; `cuda_executor`
+//! (cuda_executor.cuh, nvcc only) launches it as a kernel on a stream.
+//!
+//! `bulk(n, f)` calls `f(i)` for every i in [0, n) in unspecified order and
+//! possibly concurrently; `f` must not depend on ordering. `wait()` blocks
+//! until every bulk submitted before it has finished.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/memory.hpp>  (inlined)
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <thread>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace exec {
+
+namespace detail {
+struct probe_fn {
+  EBBFLOW_HD void operator()(std::size_t) const noexcept {}
+};
+}  // namespace detail
+
+template <class E>
+concept executor = requires(E& e, std::size_t n) {
+  { E::space } -> std::convertible_to<memory_space>;
+  e.bulk(n, detail::probe_fn{});
+  e.wait();
+};
+
+//! Runs functors on the calling thread, or on `threads` threads in contiguous
+//! chunks when `threads > 1` and the range is large enough to pay for it.
+//! Blocking: `bulk` returns when all calls finished, so `wait()` is a no-op.
+class cpu_executor {
+ public:
+  static constexpr memory_space space = memory_space::host;  //!< functors touch host memory
+
+  constexpr cpu_executor() noexcept = default;
+  //! Runs `bulk` on up to `threads` threads (0 counts as 1).
+  explicit cpu_executor(unsigned threads) noexcept : threads_(threads == 0 ? 1 : threads) {}
+
+  //! Calls `f(i)` for every i in [0, n); returns when all calls finished.
+  template <class F>
+  void bulk(std::size_t n, F&& f) const {
+    constexpr std::size_t min_per_thread = 1 << 15;
+    const std::size_t t = std::min<std::size_t>(threads_, std::max<std::size_t>(1, n / min_per_thread));
+    if (t <= 1) {
+      for (std::size_t i = 0; i < n; ++i) f(i);
+      return;
+    }
+    std::vector<std::jthread> pool;
+    pool.reserve(t - 1);
+    const std::size_t chunk = (n + t - 1) / t;
+    for (std::size_t k = 1; k < t; ++k) {
+      const std::size_t b = k * chunk, e = std::min(n, b + chunk);
+      pool.emplace_back([&f, b, e] {
+        for (std::size_t i = b; i < e; ++i) f(i);
+      });
+    }
+    for (std::size_t i = 0; i < std::min(n, chunk); ++i) f(i);
+  }
+  //! No-op: `bulk` is blocking.
+  void wait() const noexcept {}
+  //! Most threads `bulk` uses.
+  [[nodiscard]] unsigned threads() const noexcept { return threads_; }
+
+ private:
+  unsigned threads_ = 1;
+};
+static_assert(executor<cpu_executor>);
+
+}  // namespace exec
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/exec/executor.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress {
+
+//! Which reduction algorithm a code admits.
+enum class codec_kind {
+  //! Summable after a per-hop decode: a ring reduce-scatter can decode, add
+  //! its own data and re-encode at every hop (casts; unbiased stochastic
+  //! quantisers, whose per-hop errors stay unbiased). Wire bytes per rank
+  //! ~ 2(p-1)/p * encoded size.
+  linear,
+  //! Not summable (top-k): every rank's encoded blocks are allgathered and
+  //! decoded by everybody. Wire bytes per rank ~ (p-1) * encoded size.
+  sparse,
+  //! Sign codes (1-bit): compressed reduce-scatter, average, re-encode with a
+  //! second error-feedback residual, compressed allgather (DeepSpeed 1-bit).
+  sign,
+  //! Low-rank (PowerSGD): not a flat codec; two dense allreduces of the
+  //! factors P and Q.
+  low_rank,
+};
+
+constexpr std::string_view name(codec_kind k) noexcept {
+  switch (k) {
+    case codec_kind::linear: return "linear";
+    case codec_kind::sparse: return "sparse";
+    case codec_kind::sign: return "sign";
+    case codec_kind::low_rank: return "low_rank";
+  }
+  return "?";
+}
+
+//! Per-call context of an encode. `workspace` points to `workspace_bytes(n)`
+//! bytes (8-byte aligned) in the executor's memory space, or is null when the
+//! codec needs none. `seed` and `stream` select the Philox stream of
+//! stochastic codecs: callers make `stream` unique per (rank, step, region).
+struct encode_context {
+  std::uint64_t seed = 0;
+  std::uint64_t stream = 0;
+  std::byte* workspace = nullptr;
+};
+
+//! Rounds `b` up to a multiple of 8 bytes.
+constexpr std::size_t align8(std::size_t b) noexcept { return (b + 7) / 8 * 8; }
+
+template <class C>
+concept codec = std::copy_constructible<C> &&
+    requires(const C& c, exec::cpu_executor& ex, const float* in, float* res, float* out, const std::byte* ein,
+             std::byte* eout, std::size_t n, encode_context ctx) {
+      { C::kind } -> std::convertible_to<codec_kind>;
+      { c.name() } -> std::convertible_to<std::string_view>;
+      { c.max_encoded_bytes(n) } -> std::same_as<std::size_t>;
+      { c.workspace_bytes(n) } -> std::same_as<std::size_t>;
+      //! Granularity: segment boundaries passed by the allreduce are multiples of it.
+      { c.block_elems() } -> std::same_as<std::size_t>;
+      c.encode(ex, in, res, eout, n, ctx);
+      c.decode(ex, ein, out, n);
+      c.decode_add(ex, ein, out, n);
+    };
+
+}  // namespace compress
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/codec.hpp>
+// #include <ebbflow/compress/codecs/cast.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/codecs/cast.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file cast.hpp
+//! fp16 and bf16 cast codecs: 2 bytes per element, round to nearest even,
+//! with optional error feedback. Linear: the ring decodes, adds and re-encodes
+//! at every hop. Relative error per encode <= 2^-11 (fp16, inside its normal
+//! range |v| in [6.1e-5, 65504]; larger values become inf) or 2^-8 (bf16,
+//! full float range).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/compress/codec.hpp>  (inlined)
+// #include <ebbflow/compress/detail/run.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/detail/run.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file run.hpp
+//! How codecs launch their block functors. On a single-threaded
+//! `exec::cpu_executor` compiled by GCC for x86-64, the host loop is built
+//! twice (baseline SSE2 and AVX2, picked at load time through an ifunc:
+//! `target_clones`), because the codec loops are compute-bound at SSE2 width
+//! on fast memory. AVX2 without FMA is chosen on purpose: with no fused
+//! multiply-add available, GCC cannot contract a * b + c, so both clones, and
+//! the GPU, produce the same bits. `flatten` inlines the functor into each
+//! clone (otherwise it stays a baseline-ISA call). Everything else goes to
+//! `ex.bulk`.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/exec/executor.hpp>  (inlined)
+
+#include <cstddef>
+#include <type_traits>
+
+// Not under TSan/ASan: an ifunc resolver runs before the sanitizer runtime is
+// initialised and crashes in instrumented code.
+#if !defined(__CUDACC__) && defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
+    !defined(EBBFLOW_NO_TARGET_CLONES) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+#define EBBFLOW_DETAIL_CLONES __attribute__((target_clones("avx2", "default"), flatten))
+#else
+#define EBBFLOW_DETAIL_CLONES
+#endif
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress::detail {
+
+template <class F>
+EBBFLOW_DETAIL_CLONES void host_loop(std::size_t n, const F& f) {
+  for (std::size_t i = 0; i < n; ++i) f(i);
+}
+
+//! Runs f(i) for i in [0, n) on `ex`.
+template <class Ex, class F>
+void bulk(Ex& ex, std::size_t n, const F& f) {
+  if constexpr (std::is_same_v<std::remove_cv_t<Ex>, exec::cpu_executor>) {
+    if (ex.threads() <= 1) {
+      host_loop(n, f);
+      return;
+    }
+  }
+  ex.bulk(n, f);
+}
+
+}  // namespace compress::detail
+EBBFLOW_END_NAMESPACE
+
+#undef EBBFLOW_DETAIL_CLONES
+// ---- end <ebbflow/compress/detail/run.hpp>
+// #include <ebbflow/compress/kernels/cast.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/kernels/cast.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file cast.hpp
+//! fp16 / bf16 cast kernels with optional error feedback. One functor call
+//! per block of `block_size` elements. Bit-identical on host and device.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/compress/detail/fp.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/detail/fp.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file fp.hpp
+//! Floating-point helpers whose results are bit-identical on host and device.
+//! nvcc contracts `a * b + c` into an FMA by default while a host build for
+//! baseline x86-64 does not, so kernels that must match the CPU bit for bit
+//! multiply and add through `fmul` / `fadd`, which nvcc never fuses. Bit casts
+//! and branch-free selects keep host loops vectorisable.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <cstdint>
+#include <cstring>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress::detail {
+
+EBBFLOW_HD inline float fmul(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+EBBFLOW_HD inline float fadd(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+EBBFLOW_HD inline float fsub(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+EBBFLOW_HD inline std::uint32_t as_u32(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+EBBFLOW_HD inline float as_f32(std::uint32_t u) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+//! Round toward minus infinity, as an int (|x| < 2^31).
+EBBFLOW_HD inline std::int32_t floor_i32(float x) noexcept {
+  const auto t = static_cast<std::int32_t>(x);  // truncates toward zero
+  return t - static_cast<std::int32_t>(static_cast<float>(t) > x);
+}
+
+//! Branch-free select: `c ? a : b` as masks, so host loops if-convert and vectorise.
+EBBFLOW_HD inline std::uint32_t select(bool c, std::uint32_t a, std::uint32_t b) noexcept {
+  const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
+  return (a & m) | (b & ~m);
+}
+
+//! float -> IEEE binary16 bits, round to nearest even, branch-free (after
+//! F. Giesen's float_to_half_fast3_rtne). Same bits as `ebbflow::half`.
+EBBFLOW_HD inline std::uint16_t f32_to_f16(float f) noexcept {
+  const std::uint32_t x = as_u32(f);
+  const std::uint32_t sign = x & 0x80000000u;
+  const std::uint32_t ax = x ^ sign;
+  // Normal range: rebias, round to nearest even through the carry.
+  const std::uint32_t normal = (ax + 0xC8000FFFu + ((ax >> 13) & 1u)) >> 13;
+  // Subnormal range: let the FPU round (adding 0.5 aligns the 10 bits).
+  const std::uint32_t sub = as_u32(as_f32(ax) + 0.5f) - 0x3F000000u;
+  const std::uint32_t special = select(ax > 0x7F800000u, 0x7E00u, 0x7C00u);
+  std::uint32_t o = select(ax < 0x38800000u, sub, normal);
+  o = select(ax >= 0x47800000u, special, o);
+  return static_cast<std::uint16_t>(o | (sign >> 16));
+}
+//! IEEE binary16 bits -> float (exact), branch-free.
+EBBFLOW_HD inline float f16_to_f32(std::uint16_t h) noexcept {
+  const std::uint32_t hu = h;
+  const std::uint32_t body = (hu & 0x7FFFu) << 13;
+  const std::uint32_t exp = body & 0x0F800000u;
+  const std::uint32_t normal = body + 0x38000000u;
+  const std::uint32_t inf_nan = body + 0x70000000u;
+  const std::uint32_t sub = as_u32(as_f32(body + 0x38800000u) - 6.103515625e-05f);
+  std::uint32_t o = select(exp == 0x0F800000u, inf_nan, normal);
+  o = select(exp == 0, sub, o);
+  return as_f32(o | ((hu & 0x8000u) << 16));
+}
+//! float -> bfloat16 bits, round to nearest even; NaN stays a quiet NaN.
+EBBFLOW_HD inline std::uint16_t f32_to_bf16(float f) noexcept {
+  const std::uint32_t x = as_u32(f);
+  const std::uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (x >> 16) | 0x40u;
+  return static_cast<std::uint16_t>(select((x & 0x7FFFFFFFu) > 0x7F800000u, nan, rounded));
+}
+EBBFLOW_HD inline float bf16_to_f32(std::uint16_t b) noexcept { return as_f32(static_cast<std::uint32_t>(b) << 16); }
+
+}  // namespace compress::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/detail/fp.hpp>
+// #include <ebbflow/compress/kernels/block.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/kernels/block.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file block.hpp
+//! Blocking conventions shared by the codec kernels. Each kernel functor is
+//! called once per block of `block_size` elements (the last block may be
+//! short), so a host loop over one full block has a compile-time trip count
+//! and vectorises, and a GPU thread owns a whole block (its per-block scale,
+//! its random numbers) without cross-thread communication.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__CUDACC__) || defined(__GNUC__)
+#define EBBFLOW_DETAIL_RESTRICT __restrict__
+#else
+#define EBBFLOW_DETAIL_RESTRICT
+#endif
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress::kernels {
+
+//! Elements per block for scaled codes (one float scale per block).
+inline constexpr std::size_t block_size = 256;
+
+//! Number of blocks covering `n` elements.
+EBBFLOW_HD constexpr std::size_t blocks_of(std::size_t n) noexcept { return (n + block_size - 1) / block_size; }
+
+//! Calls `body(count)` for block `b` of an `n`-element range: with a
+//! compile-time 256 when the block is full (vectorisable), with the run-time
+//! length for the short tail.
+template <class Body>
+EBBFLOW_HD inline void for_block(std::size_t b, std::size_t n, Body&& body) {
+  const std::size_t begin = b * block_size;
+  const std::size_t len = n - begin < block_size ? n - begin : block_size;
+  if (len == block_size)
+    body(std::integral_constant<std::uint32_t, static_cast<std::uint32_t>(block_size)>{});
+  else
+    body(static_cast<std::uint32_t>(len));
+}
+
+}  // namespace compress::kernels
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/kernels/block.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress::kernels {
+
+//! Target format of a cast code.
+enum class cast_format { f16, bf16 };
+
+template <cast_format F>
+EBBFLOW_HD inline std::uint16_t to_bits(float v) noexcept {
+  if constexpr (F == cast_format::f16) return detail::f32_to_f16(v);
+  else return detail::f32_to_bf16(v);
+}
+template <cast_format F>
+EBBFLOW_HD inline float from_bits(std::uint16_t b) noexcept {
+  if constexpr (F == cast_format::f16) return detail::f16_to_f32(b);
+  else return detail::bf16_to_f32(b);
+}
+
+//! out[i] = cast(in[i] + res[i]); res[i] = (in[i] + res[i]) - float(out[i]).
+//! `res` may be null (no error feedback). Pointers in the executor's space.
+template <cast_format F>
+struct cast_encode {
+  const float* in;
+  float* res;
+  std::uint16_t* out;
+  std::size_t n;
+
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    const std::size_t o = b * block_size;
+    const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
+    std::uint16_t* EBBFLOW_DETAIL_RESTRICT po = out + o;
+    if (res == nullptr) {
+      for_block(b, n, [&](auto cnt) {
+        for (std::uint32_t j = 0; j < cnt; ++j) po[j] = to_bits<F>(pi[j]);
+      });
+    } else {
+      float* EBBFLOW_DETAIL_RESTRICT pr = res + o;
+      for_block(b, n, [&](auto cnt) {
+        for (std::uint32_t j = 0; j < cnt; ++j) {
+          const float v = detail::fadd(pi[j], pr[j]);
+          const std::uint16_t q = to_bits<F>(v);
+          po[j] = q;
+          pr[j] = detail::fsub(v, from_bits<F>(q));
+        }
+      });
+    }
+  }
+};
+
+//! out[i] = float(in[i]) (Add = false) or out[i] += float(in[i]) (Add = true).
+template <cast_format F, bool Add>
+struct cast_decode {
+  const std::uint16_t* in;
+  float* out;
+  std::size_t n;
+
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    const std::size_t o = b * block_size;
+    const std::uint16_t* EBBFLOW_DETAIL_RESTRICT pi = in + o;
+    float* EBBFLOW_DETAIL_RESTRICT po = out + o;
+    for_block(b, n, [&](auto cnt) {
+      for (std::uint32_t j = 0; j < cnt; ++j) {
+        if constexpr (Add) po[j] = detail::fadd(po[j], from_bits<F>(pi[j]));
+        else po[j] = from_bits<F>(pi[j]);
+      }
+    });
+  }
+};
+
+}  // namespace compress::kernels
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/kernels/cast.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress {
+
+//! Cast codec to the 16-bit format `F`. Stateless; thread-safe.
+template <kernels::cast_format F>
+struct cast_codec {
+  static constexpr codec_kind kind = codec_kind::linear;
+  //! Unit roundoff of one encode, relative to |v| (documented bound).
+  static constexpr float unit_roundoff = F == kernels::cast_format::f16 ? 1.0f / 2048 : 1.0f / 256;
+
+  [[nodiscard]] std::string_view name() const noexcept { return F == kernels::cast_format::f16 ? "fp16" : "bf16"; }
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept { return align8(2 * n); }
+  [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
+  [[nodiscard]] std::size_t block_elems() const noexcept { return kernels::block_size; }
+
+  //! Encodes n floats (+ residual) into `out`. Pointers in `Ex`'s space.
+  template <class Ex>
+  void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context = {}) const {
+    detail::bulk(ex, kernels::blocks_of(n), kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n});
+  }
+  template <class Ex>
+  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    detail::bulk(ex, kernels::blocks_of(n), kernels::cast_decode<F, false>{reinterpret_cast<const std::uint16_t*>(in), out, n});
+  }
+  template <class Ex>
+  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    detail::bulk(ex, kernels::blocks_of(n), kernels::cast_decode<F, true>{reinterpret_cast<const std::uint16_t*>(in), out, n});
+  }
+};
+
+using fp16_codec = cast_codec<kernels::cast_format::f16>;
+using bf16_codec = cast_codec<kernels::cast_format::bf16>;
+static_assert(codec<fp16_codec> && codec<bf16_codec>);
+
+}  // namespace compress
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/codecs/cast.hpp>
+// #include <ebbflow/compress/codecs/powersgd.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/codecs/powersgd.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file powersgd.hpp
+//! PowerSGD rank-r compression (Vogels et al., NeurIPS 2019) of a matrix
+//! gradient M (rows x cols, row-major): one power-iteration step per call with
+//! a warm-started Q. Not a flat codec: `compressed_allreduce` runs
+//!   M = grad + residual; P = M Q; allreduce(P); orthogonalise(P);
+//!   Q = M^T P; residual = M - P Q^T; allreduce(Q); grad = P Q^T,
+//! i.e. two dense allreduces of (rows + cols) r floats instead of rows cols.
+//! This type holds the rank and the per-step kernels; the per-tensor state
+//! (Q, residual) lives in the allreduce. A matrix of rank <= r is reproduced
+//! exactly (up to float rounding) once Q spans its row space; on full-rank
+//! matrices error feedback makes the accumulated updates converge to the
+//! accumulated gradients.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/compress/codec.hpp>  (inlined)
+// #include <ebbflow/compress/detail/philox.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/detail/philox.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file philox.hpp
+//! Philox4x32-10 (Salmon et al., SC'11), the counter-based generator of
+//! cuRAND and Random123, written once for host and device. Pure integer
+//! arithmetic (32x32->64 multiplies), so the CPU and the GPU produce the same
+//! bits for the same key and counter. No state: a stochastic kernel derives the
+//! counter from the element index, so results do not depend on how the work is
+//! split into threads or blocks.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <cstdint>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress::detail {
+
+struct philox_u4 {
+  std::uint32_t x, y, z, w;
+};
+
+//! One Philox4x32-10 block: four uniformly distributed 32-bit words for
+//! counter `c` under key (k0, k1).
+EBBFLOW_HD inline philox_u4 philox4x32_10(philox_u4 c, std::uint32_t k0, std::uint32_t k1) noexcept {
+  constexpr std::uint32_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u;
+  constexpr std::uint32_t w0 = 0x9E3779B9u, w1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    const std::uint64_t p0 = static_cast<std::uint64_t>(m0) * c.x;
+    const std::uint64_t p1 = static_cast<std::uint64_t>(m1) * c.z;
+    const std::uint32_t hi0 = static_cast<std::uint32_t>(p0 >> 32), lo0 = static_cast<std::uint32_t>(p0);
+    const std::uint32_t hi1 = static_cast<std::uint32_t>(p1 >> 32), lo1 = static_cast<std::uint32_t>(p1);
+    c = philox_u4{hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0};
+    k0 += w0;
+    k1 += w1;
+  }
+  return c;
+}
+
+//! Key and stream of one stochastic encode: the 64-bit seed is the key, the
+//! stream id (e.g. rank, step and region hashed together) goes in the counter's
+//! upper words, the element-group index in the lower ones.
+struct philox_stream {
+  std::uint64_t seed = 0;
+  std::uint64_t stream = 0;
+
+  //! Four random words for group `i` of this stream.
+  EBBFLOW_HD philox_u4 operator()(std::uint64_t i) const noexcept {
+    return philox4x32_10({static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(i >> 32),
+                          static_cast<std::uint32_t>(stream), static_cast<std::uint32_t>(stream >> 32)},
+                         static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
+  }
+};
+
+//! SplitMix64 finaliser: mixes rank/step/region into one well-spread stream id.
+EBBFLOW_HD constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace compress::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/detail/philox.hpp>
+// #include <ebbflow/compress/kernels/lowrank.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/kernels/lowrank.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file lowrank.hpp
+//! PowerSGD kernels (Vogels et al., NeurIPS 2019) for a row-major rows x cols
+//! matrix M and rank r: P = M Q, Q = M^T P, reconstruction P Q^T with the
+//! error-feedback residual, and Gram-Schmidt orthogonalisation of P's
+//! columns. Every dot product runs in one fixed order (256 interleaved lanes,
+//! then a pairwise tree), the order a 256-thread CUDA block uses, so host and
+//! device give the same bits. The device orthogonalisation is in
+//! orthogonalize.cuh.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/compress/detail/fp.hpp>  (inlined)
+// #include <ebbflow/exec/executor.hpp>  (inlined)
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress::kernels {
+
+//! Largest supported rank (per-thread accumulators live in registers).
+inline constexpr std::size_t max_rank = 32;
+//! Lanes of the fixed-order dot product (= CUDA block size of the device path).
+inline constexpr std::size_t dot_lanes = 256;
+//! Added to column norms before dividing (as PyTorch's PowerSGD hook does).
+inline constexpr float orthogonalize_eps = 1e-8f;
+//! A column whose norm fell below this fraction of its original norm during
+//! orthogonalisation is treated as linearly dependent and zeroed.
+inline constexpr float rank_tolerance = 1e-3f;
+
+//! P[i, j] = sum_c M[i, c] Q[c, j]; one call per row i.
+struct lowrank_mul_p {
+  const float* m;
+  const float* q;
+  float* p;
+  std::size_t rows, cols, rank;
+
+  EBBFLOW_HD void operator()(std::size_t i) const noexcept {
+    float acc[max_rank];
+    for (std::size_t j = 0; j < rank; ++j) acc[j] = 0.0f;
+    const float* row = m + i * cols;
+    for (std::size_t c = 0; c < cols; ++c) {
+      const float v = row[c];
+      for (std::size_t j = 0; j < rank; ++j) acc[j] = detail::fadd(acc[j], detail::fmul(v, q[c * rank + j]));
+    }
+    for (std::size_t j = 0; j < rank; ++j) p[i * rank + j] = acc[j];
+  }
+};
+
+//! Q[c, j] = sum_i M[i, c] P[i, j]; one call per column c.
+struct lowrank_mul_q {
+  const float* m;
+  const float* p;
+  float* q;
+  std::size_t rows, cols, rank;
+
+  EBBFLOW_HD void operator()(std::size_t c) const noexcept {
+    float acc[max_rank];
+    for (std::size_t j = 0; j < rank; ++j) acc[j] = 0.0f;
+    for (std::size_t i = 0; i < rows; ++i) {
+      const float v = m[i * cols + c];
+      for (std::size_t j = 0; j < rank; ++j) acc[j] = detail::fadd(acc[j], detail::fmul(v, p[i * rank + j]));
+    }
+    for (std::size_t j = 0; j < rank; ++j) q[c * rank + j] = acc[j];
+  }
+};
+
+//! Row i of P Q^T: out[i, c] = sum_j P[i, j] Q[c, j]. When `res` is not null,
+//! also res[i, c] = m[i, c] - (P Q_local^T)[i, c] with `q_local` (error feedback
+//! against this rank's own factor). One call per row.
+struct lowrank_reconstruct {
+  const float* p;
+  const float* q;
+  float* out;
+  std::size_t rows, cols, rank;
+
+  EBBFLOW_HD void operator()(std::size_t i) const noexcept {
+    for (std::size_t c = 0; c < cols; ++c) {
+      float acc = 0.0f;
+      for (std::size_t j = 0; j < rank; ++j) acc = detail::fadd(acc, detail::fmul(p[i * rank + j], q[c * rank + j]));
+      out[i * cols + c] = acc;
+    }
+  }
+};
+
+//! res[i, c] = m[i, c] - sum_j P[i, j] Q[c, j]; one call per row.
+struct lowrank_residual {
+  const float* m;
+  const float* p;
+  const float* q;
+  float* res;
+  std::size_t rows, cols, rank;
+
+  EBBFLOW_HD void operator()(std::size_t i) const noexcept {
+    for (std::size_t c = 0; c < cols; ++c) {
+      float acc = 0.0f;
+      for (std::size_t j = 0; j < rank; ++j) acc = detail::fadd(acc, detail::fmul(p[i * rank + j], q[c * rank + j]));
+      res[i * cols + c] = detail::fsub(m[i * cols + c], acc);
+    }
+  }
+};
+
+//! out[i] = a[i] + b[i]; used to form M = grad + residual.
+struct add_into {
+  const float* a;
+  const float* b;
+  float* out;
+  EBBFLOW_HD void operator()(std::size_t i) const noexcept { out[i] = detail::fadd(a[i], b[i]); }
+};
+
+namespace detail_lr {
+//! Pairwise tree over 256 lanes: lane[t] += lane[t + s], s = 128, 64, ..., 1.
+inline float tree256(float* lane) noexcept {
+  for (std::size_t s = dot_lanes / 2; s > 0; s /= 2)
+    for (std::size_t t = 0; t < s; ++t) lane[t] = compress::detail::fadd(lane[t], lane[t + s]);
+  return lane[0];
+}
+//! sum_k x[k*stride] * y[k*stride] in the fixed lane order.
+inline float dot(const float* x, const float* y, std::size_t n, std::size_t stride) noexcept {
+  float lane[dot_lanes] = {};
+  for (std::size_t base = 0; base < n; base += dot_lanes)
+    for (std::size_t t = 0; t < dot_lanes && base + t < n; ++t)
+      lane[t] = compress::detail::fadd(lane[t], compress::detail::fmul(x[(base + t) * stride], y[(base + t) * stride]));
+  return tree256(lane);
+}
+}  // namespace detail_lr
+
+//! Modified Gram-Schmidt on the `rank` columns of the row-major rows x rank
+//! matrix p, in host memory: column i /= (|column i| + eps), then every later
+//! column loses its projection on column i. Blocking.
+inline void orthogonalize_host(float* p, std::size_t rows, std::size_t rank) noexcept {
+  using compress::detail::fmul;
+  using compress::detail::fsub;
+  float orig[max_rank];
+  for (std::size_t i = 0; i < rank; ++i) orig[i] = std::sqrt(detail_lr::dot(p + i, p + i, rows, rank));
+  for (std::size_t i = 0; i < rank; ++i) {
+    const float norm = std::sqrt(detail_lr::dot(p + i, p + i, rows, rank));
+    // A column that lost almost all of its norm to the previous ones is
+    // rounding noise (P has lower rank than r): drop it rather than blow the
+    // noise up to a unit vector that is not orthogonal to the others.
+    const bool keep = norm > rank_tolerance * orig[i];
+    const float denom = norm + orthogonalize_eps;
+    for (std::size_t k = 0; k < rows; ++k) p[k * rank + i] = keep ? p[k * rank + i] / denom : 0.0f;
+    for (std::size_t j = i + 1; j < rank; ++j) {
+      const float d = detail_lr::dot(p + i, p + j, rows, rank);
+      for (std::size_t k = 0; k < rows; ++k) p[k * rank + j] = fsub(p[k * rank + j], fmul(d, p[k * rank + i]));
+    }
+  }
+}
+
+//! Orthogonalisation dispatch by executor: specialised for `exec::cpu_executor`
+//! here and for `exec::cuda_executor` in orthogonalize.cuh.
+template <class Executor>
+struct orthogonalizer;
+
+template <>
+struct orthogonalizer<exec::cpu_executor> {
+  static void run(const exec::cpu_executor&, float* p, std::size_t rows, std::size_t rank) {
+    orthogonalize_host(p, rows, rank);
+  }
+};
+
+}  // namespace compress::kernels
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/kernels/lowrank.hpp>
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress {
+
+//! A matrix view of a flat gradient.
+struct matrix_shape {
+  std::size_t rows = 0, cols = 0;
+  [[nodiscard]] constexpr std::size_t size() const noexcept { return rows * cols; }
+};
+
+namespace kernels {
+//! q[i] = uniform(-1, 1) from Philox; the same on every rank for one seed.
+struct uniform_fill {
+  float* q;
+  compress::detail::philox_stream rng;
+  EBBFLOW_HD void operator()(std::size_t i) const noexcept {
+    const auto r = rng(i);
+    q[i] = compress::detail::fsub(compress::detail::fmul(static_cast<float>(r.x >> 8), 1.0f / 8388608.0f), 1.0f);
+  }
+};
+}  // namespace kernels
+
+//! Value type; thread-safe.
+struct powersgd_codec {
+  static constexpr codec_kind kind = codec_kind::low_rank;
+
+  //! @throws std::invalid_argument unless 1 <= rank <= kernels::max_rank.
+  explicit powersgd_codec(std::size_t rank = 4) : rank_(rank) {
+    EBBFLOW_ENFORCE(rank >= 1 && rank <= kernels::max_rank,
+                    "PowerSGD rank " << rank << " outside [1, " << kernels::max_rank << "]");
+  }
+  [[nodiscard]] std::string_view name() const noexcept { return "powersgd"; }
+  [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
+  //! Rank actually used for a shape: min(rank, rows, cols).
+  [[nodiscard]] std::size_t rank_for(matrix_shape s) const noexcept { return std::min({rank_, s.rows, s.cols}); }
+  //! Default matrix view of n elements: cols = ceil(sqrt(n)), rows = n / cols;
+  //! the n - rows * cols tail is reduced dense.
+  [[nodiscard]] static matrix_shape shape_for(std::size_t n) noexcept {
+    if (n == 0) return {};
+    const auto cols = static_cast<std::size_t>(std::ceil(std::sqrt(static_cast<double>(n))));
+    return {n / cols, cols};
+  }
+  //! Floats sent per allreduce round for a shape (P then Q).
+  [[nodiscard]] std::size_t factor_floats(matrix_shape s) const noexcept { return (s.rows + s.cols) * rank_for(s); }
+
+  //! q (cols x r) = uniform(-1, 1) for the first step of a tensor.
+  template <class Ex>
+  void init_q(Ex& ex, float* q, matrix_shape s, std::uint64_t seed) const {
+    ex.bulk(s.cols * rank_for(s), kernels::uniform_fill{q, {seed, 0x9051D}});
+  }
+  template <class Ex>
+  void compute_p(Ex& ex, const float* m, const float* q, float* p, matrix_shape s) const {
+    ex.bulk(s.rows, kernels::lowrank_mul_p{m, q, p, s.rows, s.cols, rank_for(s)});
+  }
+  template <class Ex>
+  void orthogonalize(Ex& ex, float* p, matrix_shape s) const {
+    kernels::orthogonalizer<Ex>::run(ex, p, s.rows, rank_for(s));
+  }
+  template <class Ex>
+  void compute_q(Ex& ex, const float* m, const float* p, float* q, matrix_shape s) const {
+    ex.bulk(s.cols, kernels::lowrank_mul_q{m, p, q, s.rows, s.cols, rank_for(s)});
+  }
+  //! res = m - P Q^T (may alias m).
+  template <class Ex>
+  void residual(Ex& ex, const float* m, const float* p, const float* q, float* res, matrix_shape s) const {
+    ex.bulk(s.rows, kernels::lowrank_residual{m, p, q, res, s.rows, s.cols, rank_for(s)});
+  }
+  //! out = P Q^T.
+  template <class Ex>
+  void reconstruct(Ex& ex, const float* p, const float* q, float* out, matrix_shape s) const {
+    ex.bulk(s.rows, kernels::lowrank_reconstruct{p, q, out, s.rows, s.cols, rank_for(s)});
+  }
+
+ private:
+  std::size_t rank_;
+};
+
+}  // namespace compress
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/codecs/powersgd.hpp>
+// #include <ebbflow/compress/codecs/quantize.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/codecs/quantize.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file quantize.hpp
+//! int8 and int4 stochastic quantisation codecs with one float scale per 256
+//! elements (QSGD-style max-abs scaling, Philox stochastic rounding).
+//!
+//! Guarantees, per encode of a block with max |v| = a:
+//! * every element's error is below one step, a / 127 (int8) or a / 7 (int4);
+//! * unbiased: E[decode(encode(v))] = v, up to 2^-17 of a step (16-bit u);
+//! * the same bits on CPU and GPU for the same (seed, stream).
+//! Linear in expectation, so the ring decodes, adds and re-encodes per hop.
+//! Wire size: n + 4 n / 256 bytes (int8), n / 2 + 4 n / 256 (int4).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/compress/codec.hpp>  (inlined)
+// #include <ebbflow/compress/detail/run.hpp>  (inlined)
+// #include <ebbflow/compress/kernels/quantize.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/kernels/quantize.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file quantize.hpp
+//! Stochastic int8 / int4 quantisation with one float scale per block
+//! (QSGD-style, max-abs scaling). Level count L = 127 (int8) or 7 (int4):
+//! q = floor(v * L / amax + u), u uniform in (0, 1) from Philox, so
+//! E[q * amax / L] = v (unbiased up to the 16-bit resolution of u: the bias is
+//! at most 2^-17 of one quantisation step). Bit-identical on host and device.
+//!
+//! Encoded layout of n elements, nb = blocks_of(n): nb float scales, then the
+//! codes: int8 -> n bytes, int4 -> 128 bytes per block (two 4-bit codes per
+//! byte, low nibble first, stored as q + 8).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/compress/detail/fp.hpp>  (inlined)
+// #include <ebbflow/compress/detail/philox.hpp>  (inlined)
+// #include <ebbflow/compress/kernels/block.hpp>  (inlined)
+
+#include <cstddef>
+#include <cstdint>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress::kernels {
+
+//! Bits per code.
+template <int Bits>
+inline constexpr std::int32_t levels = Bits == 8 ? 127 : 7;
+
+//! Bytes of the code part of a block of `len` elements.
+template <int Bits>
+EBBFLOW_HD constexpr std::size_t code_bytes(std::size_t len) noexcept {
+  return Bits == 8 ? len : (len + 1) / 2;
+}
+
+//! Encodes block b: scales[b] and its codes. `res` may be null.
+template <int Bits>
+struct quantize_encode {
+  const float* in;
+  float* res;
+  float* scales;
+  std::uint8_t* codes;  //!< byte offset b * code_bytes<Bits>(block_size) for block b
+  std::size_t n;
+  detail::philox_stream rng;
+
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    if (res == nullptr) run<false>(b);
+    else run<true>(b);
+  }
+
+ private:
+  template <bool EF>
+  EBBFLOW_HD void run(std::size_t b) const noexcept {
+    constexpr std::int32_t L = levels<Bits>;
+    const std::size_t o = b * block_size;
+    const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
+    float* EBBFLOW_DETAIL_RESTRICT pr = EF ? res + o : nullptr;
+    std::uint8_t* EBBFLOW_DETAIL_RESTRICT pc = codes + b * code_bytes<Bits>(block_size);
+    for_block(b, n, [&](auto cnt) {
+      // 1. max |v| on the integer image of |v| (monotone for non-negative
+      //    floats), which vectorises where a float max reduction would not.
+      std::int32_t amax_bits = 0;
+      for (std::uint32_t j = 0; j < cnt; ++j) {
+        const float v = EF ? detail::fadd(pi[j], pr[j]) : pi[j];
+        const auto a = static_cast<std::int32_t>(detail::as_u32(v) & 0x7FFFFFFFu);
+        amax_bits = a > amax_bits ? a : amax_bits;
+      }
+      const float amax = detail::as_f32(static_cast<std::uint32_t>(amax_bits));
+      const float scale = amax / static_cast<float>(L);
+      const float inv = amax > 0.0f ? static_cast<float>(L) / amax : 0.0f;
+      scales[b] = scale;
+      // 2. 16 random bits per element from 32 Philox blocks. Word w of block
+      //    g lands at rw[32 w + g], so both loops below run over contiguous
+      //    memory and vectorise; element j uses half (j >> 7) of rw[j & 127].
+      std::uint32_t rw[128];
+      for (std::uint32_t g = 0; g < 32; ++g) {
+        const detail::philox_u4 r = rng(o / 8 + g);
+        rw[g] = r.x;
+        rw[32 + g] = r.y;
+        rw[64 + g] = r.z;
+        rw[96 + g] = r.w;
+      }
+      // 3. stochastic rounding, residual update.
+      std::int8_t q[block_size];
+      for (std::uint32_t h = 0; h < 2; ++h) {
+        const std::uint32_t base = 128 * h;
+        const std::uint32_t len = cnt > base ? (cnt - base < 128u ? cnt - base : 128u) : 0u;
+        const std::uint32_t shift = 16 * h;
+        for (std::uint32_t j2 = 0; j2 < len; ++j2) {
+          const std::uint32_t j = base + j2;
+          const float v = EF ? detail::fadd(pi[j], pr[j]) : pi[j];
+          const float u = detail::fmul(static_cast<float>((rw[j2] >> shift) & 0xFFFFu) + 0.5f, 1.0f / 65536.0f);
+          std::int32_t k = detail::floor_i32(detail::fadd(detail::fmul(v, inv), u));
+          k = k > L ? L : k;
+          k = k < -L ? -L : k;
+          q[j] = static_cast<std::int8_t>(k);
+          if constexpr (EF) pr[j] = detail::fsub(v, detail::fmul(static_cast<float>(k), scale));
+        }
+      }
+      if constexpr (Bits == 8) {
+        for (std::uint32_t j = 0; j < cnt; ++j) pc[j] = static_cast<std::uint8_t>(q[j]);
+      } else {
+        if (cnt & 1u) q[cnt] = 0;  // cnt < block_size here
+        for (std::uint32_t j = 0; j < (cnt + 1u) / 2u; ++j)
+          pc[j] = static_cast<std::uint8_t>((q[2 * j] + 8) | ((q[2 * j + 1] + 8) << 4));
+      }
+    });
+  }
+};
+
+//! Decodes block b into out (Add = false) or adds it to out (Add = true).
+template <int Bits, bool Add>
+struct quantize_decode {
+  const float* scales;
+  const std::uint8_t* codes;
+  float* out;
+  std::size_t n;
+
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    const std::size_t o = b * block_size;
+    const std::uint8_t* EBBFLOW_DETAIL_RESTRICT pc = codes + b * code_bytes<Bits>(block_size);
+    float* EBBFLOW_DETAIL_RESTRICT po = out + o;
+    const float s = scales[b];
+    for_block(b, n, [&](auto cnt) {
+      for (std::uint32_t j = 0; j < cnt; ++j) {
+        std::int32_t k;
+        if constexpr (Bits == 8) k = static_cast<std::int8_t>(pc[j]);
+        else k = static_cast<std::int32_t>((pc[j / 2] >> ((j & 1u) * 4u)) & 0xFu) - 8;
+        const float d = detail::fmul(static_cast<float>(k), s);
+        if constexpr (Add) po[j] = detail::fadd(po[j], d);
+        else po[j] = d;
+      }
+    });
+  }
+};
+
+}  // namespace compress::kernels
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/kernels/quantize.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress {
+
+//! `Bits` = 8 or 4. Stateless; thread-safe.
+template <int Bits>
+struct quantize_codec {
+  static_assert(Bits == 8 || Bits == 4);
+  static constexpr codec_kind kind = codec_kind::linear;
+  static constexpr std::int32_t levels = kernels::levels<Bits>;
+
+  [[nodiscard]] std::string_view name() const noexcept { return Bits == 8 ? "int8" : "int4"; }
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept {
+    const std::size_t nb = kernels::blocks_of(n);
+    return align8(4 * nb + (nb == 0 ? 0 : (nb - 1) * kernels::code_bytes<Bits>(kernels::block_size) +
+                                              kernels::code_bytes<Bits>(n - (nb - 1) * kernels::block_size)));
+  }
+  [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
+  [[nodiscard]] std::size_t block_elems() const noexcept { return kernels::block_size; }
+
+  template <class Ex>
+  void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context ctx = {}) const {
+    const std::size_t nb = kernels::blocks_of(n);
+    detail::bulk(ex, nb, kernels::quantize_encode<Bits>{in, residual, reinterpret_cast<float*>(out),
+                                               reinterpret_cast<std::uint8_t*>(out) + 4 * nb, n,
+                                               {ctx.seed, ctx.stream}});
+  }
+  template <class Ex>
+  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    const std::size_t nb = kernels::blocks_of(n);
+    detail::bulk(ex, nb, kernels::quantize_decode<Bits, false>{reinterpret_cast<const float*>(in),
+                                                      reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
+  }
+  template <class Ex>
+  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    const std::size_t nb = kernels::blocks_of(n);
+    detail::bulk(ex, nb, kernels::quantize_decode<Bits, true>{reinterpret_cast<const float*>(in),
+                                                     reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
+  }
+};
+
+using int8_codec = quantize_codec<8>;
+using int4_codec = quantize_codec<4>;
+static_assert(codec<int8_codec> && codec<int4_codec>);
+
+}  // namespace compress
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/codecs/quantize.hpp>
+// #include <ebbflow/compress/codecs/sign.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/codecs/sign.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file sign.hpp
+//! 1-bit sign codec with a per-block l1 scale (EF-signSGD / DeepSpeed 1-bit
+//! Adam style). ~1.03 bits per element on the wire. Biased, so
+//! `compressed_allreduce` always runs it with error feedback, in the
+//! two-phase scheme (compressed reduce-scatter, average, re-encode with a
+//! second residual, compressed allgather). Per encode, the decoded block has
+//! the same l1 norm as the input block; the error lives in the residual.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/compress/codec.hpp>  (inlined)
+// #include <ebbflow/compress/detail/run.hpp>  (inlined)
+// #include <ebbflow/compress/kernels/sign.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/kernels/sign.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file sign.hpp
+//! 1-bit sign code with one scale per block: scale = mean |v| over the block
+//! (the l1-scaled sign of EF-signSGD), bit j set when v_j >= 0; decode gives
+//! +scale or -scale. Biased on its own, so always used with error feedback.
+//! Encoded layout of n elements: nb float scales, then 8 32-bit words per
+//! block (256 bits; the tail block's unused bits are zero).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/compress/detail/fp.hpp>  (inlined)
+// #include <ebbflow/compress/kernels/block.hpp>  (inlined)
+
+#include <cstddef>
+#include <cstdint>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress::kernels {
+
+inline constexpr std::size_t sign_words_per_block = block_size / 32;
+
+struct sign_encode {
+  const float* in;
+  float* res;  //!< may be null (no error feedback; not recommended)
+  float* scales;
+  std::uint32_t* words;
+  std::size_t n;
+
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    const std::size_t o = b * block_size;
+    const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
+    float* EBBFLOW_DETAIL_RESTRICT pr = res == nullptr ? nullptr : res + o;
+    std::uint32_t* EBBFLOW_DETAIL_RESTRICT pw = words + b * sign_words_per_block;
+    for_block(b, n, [&](auto cnt) {
+      // Eight interleaved partial sums, combined in a fixed order: the same
+      // bits on every executor, and a dependency chain 8x shorter.
+      float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      std::uint32_t j = 0;
+      for (; j + 8 <= cnt; j += 8)
+        for (std::uint32_t l = 0; l < 8; ++l) {
+          const float v = pr ? detail::fadd(pi[j + l], pr[j + l]) : pi[j + l];
+          part[l] = detail::fadd(part[l], detail::as_f32(detail::as_u32(v) & 0x7FFFFFFFu));
+        }
+      for (; j < cnt; ++j) {
+        const float v = pr ? detail::fadd(pi[j], pr[j]) : pi[j];
+        part[j & 7u] = detail::fadd(part[j & 7u], detail::as_f32(detail::as_u32(v) & 0x7FFFFFFFu));
+      }
+      const float sum = detail::fadd(detail::fadd(detail::fadd(part[0], part[1]), detail::fadd(part[2], part[3])),
+                                     detail::fadd(detail::fadd(part[4], part[5]), detail::fadd(part[6], part[7])));
+      const float scale = sum / static_cast<float>(static_cast<std::uint32_t>(cnt));
+      scales[b] = scale;
+      const std::uint32_t scale_bits = detail::as_u32(scale);
+      // Bit j of word j/32 set for v >= +0 (sign bit clear).
+      for (std::uint32_t w = 0; w < sign_words_per_block; ++w) {
+        std::uint32_t word = 0;
+        const std::uint32_t lo = 32 * w, hi = cnt < lo + 32 ? cnt : lo + 32;
+        for (std::uint32_t jj = lo; jj < hi; ++jj) {
+          const float v = pr ? detail::fadd(pi[jj], pr[jj]) : pi[jj];
+          word |= ((detail::as_u32(v) >> 31) ^ 1u) << (jj - lo);
+        }
+        pw[w] = word;
+      }
+      if (pr) {
+        // decoded value = +-scale with v's sign bit
+        for (std::uint32_t jj = 0; jj < cnt; ++jj) {
+          const float v = detail::fadd(pi[jj], pr[jj]);
+          pr[jj] = detail::fsub(v, detail::as_f32(scale_bits | (detail::as_u32(v) & 0x80000000u)));
+        }
+      }
+    });
+  }
+};
+
+template <bool Add>
+struct sign_decode {
+  const float* scales;
+  const std::uint32_t* words;
+  float* out;
+  std::size_t n;
+
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    const std::size_t o = b * block_size;
+    const std::uint32_t* EBBFLOW_DETAIL_RESTRICT pw = words + b * sign_words_per_block;
+    float* EBBFLOW_DETAIL_RESTRICT po = out + o;
+    const float s = scales[b];
+    for_block(b, n, [&](auto cnt) {
+      const std::uint32_t sb = detail::as_u32(s);
+      for (std::uint32_t j = 0; j < cnt; ++j) {
+        const std::uint32_t neg = ((pw[j / 32] >> (j & 31u)) & 1u) ^ 1u;
+        const float d = detail::as_f32(sb | (neg << 31));
+        if constexpr (Add) po[j] = detail::fadd(po[j], d);
+        else po[j] = d;
+      }
+    });
+  }
+};
+
+}  // namespace compress::kernels
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/kernels/sign.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress {
+
+//! Stateless; thread-safe.
+struct sign_codec {
+  static constexpr codec_kind kind = codec_kind::sign;
+
+  [[nodiscard]] std::string_view name() const noexcept { return "sign1"; }
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept {
+    const std::size_t nb = kernels::blocks_of(n);
+    return align8(4 * nb + 4 * kernels::sign_words_per_block * nb);
+  }
+  [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
+  [[nodiscard]] std::size_t block_elems() const noexcept { return kernels::block_size; }
+
+  template <class Ex>
+  void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context = {}) const {
+    const std::size_t nb = kernels::blocks_of(n);
+    detail::bulk(ex, nb, kernels::sign_encode{in, residual, reinterpret_cast<float*>(out),
+                                     reinterpret_cast<std::uint32_t*>(out + 4 * nb), n});
+  }
+  template <class Ex>
+  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    const std::size_t nb = kernels::blocks_of(n);
+    detail::bulk(ex, nb, kernels::sign_decode<false>{reinterpret_cast<const float*>(in),
+                                            reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
+  }
+  template <class Ex>
+  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    const std::size_t nb = kernels::blocks_of(n);
+    detail::bulk(ex, nb, kernels::sign_decode<true>{reinterpret_cast<const float*>(in),
+                                           reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
+  }
+};
+static_assert(codec<sign_codec>);
+
+}  // namespace compress
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/codecs/sign.hpp>
+// #include <ebbflow/compress/codecs/topk.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/codecs/topk.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file topk.hpp
+//! Top-k sparsification codec with error feedback and a sampled threshold
+//! (Deep Gradient Compression, Lin et al. 2018): k = ceil(ratio * n) slots of
+//! (u32 index, f32 value), 8 + 8k bytes on the wire. The threshold is the
+//! matching quantile of |v| over `sample_size` random elements, so no full
+//! sort is needed; at most k elements at or above it are sent, in index order,
+//! and everything not sent stays in the residual. With s samples the count
+//! above the estimated threshold is within about 3 / sqrt(s k / n) relative of
+//! k (binomial), which bounds how many of the true top k can be missed.
+//! Not summable: `compressed_allreduce` allgathers the encoded blocks.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/compress/codec.hpp>  (inlined)
+// #include <ebbflow/compress/detail/run.hpp>  (inlined)
+// #include <ebbflow/compress/kernels/topk.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/kernels/topk.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file topk.hpp
+//! Top-k sparsification kernels, DGC-style: the threshold is estimated from a
+//! random sample of |v| (no full sort), elements with |v| >= threshold are
+//! packed as (index, value) pairs in index order, at most k of them; what is
+//! not sent stays in the error-feedback residual. Deterministic and
+//! identical on host and device: the compaction uses per-block counts and an
+//! exclusive scan instead of atomics.
+//!
+//! Encoded layout for k slots: u32 count, u32 reserved, k u32 indices, k f32
+//! values (slots past `count` are zero).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/compress/detail/fp.hpp>  (inlined)
+// #include <ebbflow/compress/detail/philox.hpp>  (inlined)
+// #include <ebbflow/compress/kernels/block.hpp>  (inlined)
+
+#include <cstddef>
+#include <cstdint>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress::kernels {
+
+EBBFLOW_HD inline float abs_bits(float v) noexcept { return detail::as_f32(detail::as_u32(v) & 0x7FFFFFFFu); }
+
+//! sample[s] = |in[i] + res[i]| for a Philox-chosen i (with replacement).
+struct topk_sample {
+  const float* in;
+  const float* res;
+  float* sample;
+  std::size_t n;
+  detail::philox_stream rng;
+
+  EBBFLOW_HD void operator()(std::size_t s) const noexcept {
+    const detail::philox_u4 r = rng(s);
+    const std::uint64_t wide = (static_cast<std::uint64_t>(r.x) << 32) | r.y;
+    const std::size_t i = static_cast<std::size_t>(wide % n);
+    sample[s] = abs_bits(res ? detail::fadd(in[i], res[i]) : in[i]);
+  }
+};
+
+//! Single-thread functor: *threshold = the m-th largest of sample[0, s)
+//! (quickselect, in place, deterministic pivots). Run with bulk(1, ...).
+struct topk_threshold {
+  float* sample;
+  std::size_t s;
+  std::size_t m;  //!< 1 <= m <= s
+  float* threshold;
+
+  EBBFLOW_HD void operator()(std::size_t) const noexcept {
+    // m-th largest == element at position s - m in ascending order.
+    std::size_t want = s - m, lo = 0, hi = s - 1;
+    while (lo < hi) {
+      const float pivot = sample[lo + (hi - lo) / 2];
+      std::size_t i = lo, j = hi;
+      while (i <= j) {
+        while (sample[i] < pivot) ++i;
+        while (sample[j] > pivot) --j;
+        if (i <= j) {
+          const float t = sample[i];
+          sample[i] = sample[j];
+          sample[j] = t;
+          ++i;
+          if (j == 0) break;
+          --j;
+        }
+      }
+      if (want <= j) hi = j;
+      else if (want >= i) lo = i;
+      else break;
+    }
+    *threshold = sample[want];
+  }
+};
+
+//! counts[b] = number of elements of block b with |v| >= threshold (> 0).
+struct topk_count {
+  const float* in;
+  const float* res;
+  const float* threshold;
+  std::uint32_t* counts;
+  std::size_t n;
+
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    const std::size_t o = b * block_size;
+    const float t = *threshold;
+    const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
+    const float* EBBFLOW_DETAIL_RESTRICT pr = res ? res + o : nullptr;
+    std::uint32_t c = 0;
+    for_block(b, n, [&](auto cnt) {
+      if (pr) {
+        for (std::uint32_t j = 0; j < cnt; ++j) {
+          const float a = abs_bits(detail::fadd(pi[j], pr[j]));
+          c += a >= t && a > 0.0f ? 1u : 0u;  // zeros carry nothing: never sent
+        }
+      } else {
+        for (std::uint32_t j = 0; j < cnt; ++j) {
+          const float a = abs_bits(pi[j]);
+          c += a >= t && a > 0.0f ? 1u : 0u;
+        }
+      }
+    });
+    counts[b] = c;
+  }
+};
+
+//! Single-thread functor: counts -> exclusive offsets (in place); writes
+//! min(total, k) to the header and zeroes the k slots. Run with bulk(1, ...).
+struct topk_scan {
+  std::uint32_t* counts;
+  std::size_t blocks;
+  std::uint32_t* header;  //!< encoded buffer start
+  std::size_t k;
+
+  EBBFLOW_HD void operator()(std::size_t) const noexcept {
+    std::uint64_t acc = 0;
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const std::uint32_t c = counts[b];
+      counts[b] = static_cast<std::uint32_t>(acc < 0xFFFFFFFFu ? acc : 0xFFFFFFFFu);
+      acc += c;
+    }
+    header[0] = static_cast<std::uint32_t>(acc < k ? acc : k);
+    header[1] = 0;
+    for (std::size_t i = 0; i < 2 * k; ++i) header[2 + i] = 0;
+  }
+};
+
+//! Packs block b's selected elements at its offset; updates the residual
+//! (sent elements -> 0, others keep v); selected elements past slot k are
+//! not sent and stay in the residual.
+struct topk_write {
+  const float* in;
+  float* res;
+  const float* threshold;
+  const std::uint32_t* offsets;
+  std::uint32_t* indices;
+  float* values;
+  std::size_t n, k;
+
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    const std::size_t o = b * block_size;
+    const float t = *threshold;
+    const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
+    float* EBBFLOW_DETAIL_RESTRICT pr = res ? res + o : nullptr;
+    std::size_t slot = offsets[b];
+    for_block(b, n, [&](auto cnt) {
+      for (std::uint32_t j = 0; j < cnt; ++j) {
+        const float v = pr ? detail::fadd(pi[j], pr[j]) : pi[j];
+        const float a = abs_bits(v);
+        const bool take = a >= t && a > 0.0f && slot < k;
+        if (take) {
+          indices[slot] = static_cast<std::uint32_t>(o + j);
+          values[slot] = v;
+          ++slot;
+        }
+        if (pr) pr[j] = take ? 0.0f : v;
+      }
+    });
+  }
+};
+
+//! out[idx[i]] (+)= val[i] for the slots i < count of an encoding with k
+//! slots. Indices within one encoding are distinct, so calls never collide.
+template <bool Add>
+struct topk_scatter {
+  const std::uint32_t* header;
+  std::size_t k;
+  float* out;
+
+  EBBFLOW_HD void operator()(std::size_t i) const noexcept {
+    if (i >= header[0]) return;
+    const std::uint32_t idx = header[2 + i];
+    const float v = detail::as_f32(header[2 + k + i]);
+    if constexpr (Add) out[idx] = detail::fadd(out[idx], v);
+    else out[idx] = v;
+  }
+};
+
+//! out[i] = 0.
+struct fill_zero {
+  float* out;
+  EBBFLOW_HD void operator()(std::size_t i) const noexcept { out[i] = 0.0f; }
+};
+
+}  // namespace compress::kernels
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/kernels/topk.hpp>
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress {
+
+//! Value type; thread-safe.
+struct topk_codec {
+  static constexpr codec_kind kind = codec_kind::sparse;
+
+  //! @throws std::invalid_argument unless 0 < ratio <= 1 and sample_size >= 64.
+  explicit topk_codec(double ratio = 0.01, std::size_t sample_size = 16384) : ratio_(ratio), sample_(sample_size) {
+    EBBFLOW_ENFORCE(ratio > 0.0 && ratio <= 1.0, "top-k ratio " << ratio << " outside (0, 1]");
+    EBBFLOW_ENFORCE(sample_size >= 64, "top-k sample size " << sample_size << " below 64");
+  }
+
+  [[nodiscard]] std::string_view name() const noexcept { return "topk"; }
+  [[nodiscard]] double ratio() const noexcept { return ratio_; }
+  //! Slots for n elements: ceil(ratio * n), at least 1 when n > 0.
+  [[nodiscard]] std::size_t slots(std::size_t n) const noexcept {
+    if (n == 0) return 0;
+    return std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(ratio_ * static_cast<double>(n))), 1, n);
+  }
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept { return align8(8 + 8 * slots(n)); }
+  [[nodiscard]] std::size_t sample_count(std::size_t n) const noexcept { return std::min(sample_, n); }
+  [[nodiscard]] std::size_t workspace_bytes(std::size_t n) const noexcept {
+    return align8(4 * sample_count(n)) + align8(4 * kernels::blocks_of(n)) + 8;
+  }
+  [[nodiscard]] std::size_t block_elems() const noexcept { return kernels::block_size; }
+
+  //! Needs `ctx.workspace` (workspace_bytes(n), same space) when n > 0.
+  template <class Ex>
+  void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context ctx) const {
+    if (n == 0) return;
+    EBBFLOW_ENFORCE(ctx.workspace != nullptr, "top-k encode needs a workspace of " << workspace_bytes(n) << " bytes");
+    const std::size_t k = slots(n), s = sample_count(n), nb = kernels::blocks_of(n);
+    auto* sample = reinterpret_cast<float*>(ctx.workspace);
+    auto* counts = reinterpret_cast<std::uint32_t*>(ctx.workspace + align8(4 * s));
+    auto* thr = reinterpret_cast<float*>(ctx.workspace + align8(4 * s) + align8(4 * nb));
+    auto* header = reinterpret_cast<std::uint32_t*>(out);
+    // Rank of the threshold in the sample: the same quantile as k in n.
+    const std::size_t m = std::clamp<std::size_t>(
+        static_cast<std::size_t>(std::llround(static_cast<double>(s) * static_cast<double>(k) / static_cast<double>(n))),
+        1, s);
+    ex.bulk(s, kernels::topk_sample{in, residual, sample, n, {ctx.seed, ctx.stream}});
+    ex.bulk(1, kernels::topk_threshold{sample, s, m, thr});
+    detail::bulk(ex, nb, kernels::topk_count{in, residual, thr, counts, n});
+    ex.bulk(1, kernels::topk_scan{counts, nb, header, k});
+    detail::bulk(ex, nb, kernels::topk_write{in, residual, thr, counts, header + 2,
+                                    reinterpret_cast<float*>(header + 2 + k), n, k});
+  }
+  template <class Ex>
+  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    ex.bulk(n, kernels::fill_zero{out});
+    decode_add(ex, in, out, n);
+  }
+  template <class Ex>
+  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    ex.bulk(slots(n), kernels::topk_scatter<true>{reinterpret_cast<const std::uint32_t*>(in), slots(n), out});
+  }
+
+ private:
+  double ratio_;
+  std::size_t sample_;
+};
+static_assert(codec<topk_codec>);
+
+}  // namespace compress
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/codecs/topk.hpp>
+// #include <ebbflow/compress/compressed_allreduce.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/compressed_allreduce.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file compressed_allreduce.hpp
+//! Error-feedback compressed allreduce (sum) over any `comm::transport`.
+//!
+//! The algorithm follows the codec's `kind`:
+//! * `linear` (fp16, bf16, int8, int4): pipelined ring reduce-scatter with
+//!   decode-add-encode per hop, then a ring allgather of the encoded chunks;
+//! * `sparse` (top-k): ring allgather of every rank's encoded tensor, decoded
+//!   by everybody in rank order;
+//! * `sign` (1-bit): compressed reduce-scatter, sum, re-encode with a second
+//!   residual, compressed allgather (DeepSpeed 1-bit);
+//! * `low_rank` (PowerSGD): two dense ring allreduces of the factors P and Q.
+//! Tensors smaller than `dense_threshold_bytes` take the dense ring. Every rank
+//! ends with the same bits. Error-feedback state (residuals, PowerSGD's Q) is
+//! kept per tensor key and survives between calls.
+//!
+//! Requirements: every rank calls `run` with the same keys, sizes and codec,
+//! in the same order (collectives are matched by a call sequence number).
+//! Memory: `grad` must be host-accessible (the executor computes in place;
+//! a device path needs staging buffers and is a follow-up). Blocking.
+//! Thread safety: one thread per object, and one object per transport at a time.
+//! Errors: the throwing `run` raises `ebbflow::system_error` (timeout,
+//! peer_lost, bad_message, with rank/peer/generation); the `ec` form reports
+//! the same code. After an error the result and the residuals of that tensor
+//! are unspecified; call `reset()` before reuse.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/transport.hpp>  (inlined)
+// #include <ebbflow/compress/codec.hpp>  (inlined)
+// #include <ebbflow/compress/codecs/powersgd.hpp>  (inlined)
+// #include <ebbflow/compress/detail/collectives.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/detail/collectives.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file collectives.hpp
+//! The pipelined algorithms behind `compressed_allreduce`, written over the
+//! `comm::transport` concept: a ring with decode-add-encode per hop (linear
+//! codes; with the identity codec it is the dense ring allreduce), a ring
+//! allgather of encoded blocks (sparse codes) and the two-phase sign scheme.
+//! Self-contained on purpose (no dependency on comm/'s dense collectives).
+//!
+//! Pipelining: the tensor is cut into chunks (one per rank, block aligned) and
+//! chunks into segments of `seg_elems`; all receives are posted up front,
+//! each segment is sent as soon as it is encoded, so encoding segment k+1
+//! overlaps the transfer of segment k, and a segment is forwarded to the next
+//! hop as soon as it arrived. Segments of one (peer, tag) arrive in posting
+//! order (the transport is non-overtaking), so one tag per ring step suffices.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/transport.hpp>  (inlined)
+// #include <ebbflow/compress/codec.hpp>  (inlined)
+// #include <ebbflow/compress/detail/philox.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress::detail {
+
+//! One pipelined segment: elements [begin, begin + len) of the tensor, its
+//! encoding at byte `off` of its chunk's encoded area.
+struct segment {
+  std::size_t begin, len, off, bytes;
+};
+struct chunk {
+  std::size_t begin = 0, end = 0, bytes = 0, area_off = 0;  //!< area_off: offset in a p-chunk arena
+  std::vector<segment> segs;
+};
+
+//! Chunks (block aligned, one per rank) and their segments.
+template <class Codec>
+std::vector<chunk> make_layout(const Codec& c, std::size_t n, int parts, std::size_t seg_elems) {
+  const std::size_t g = c.block_elems();
+  const std::size_t blocks = (n + g - 1) / g;
+  seg_elems = std::max(g, seg_elems / g * g);
+  std::vector<chunk> out(static_cast<std::size_t>(parts));
+  std::size_t area = 0;
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    auto& ch = out[k];
+    ch.begin = std::min(n, blocks * k / out.size() * g);
+    ch.end = std::min(n, blocks * (k + 1) / out.size() * g);
+    ch.area_off = area;
+    for (std::size_t b = ch.begin; b < ch.end; b += seg_elems) {
+      const std::size_t len = std::min(seg_elems, ch.end - b);
+      const std::size_t bytes = c.max_encoded_bytes(len);
+      ch.segs.push_back({b, len, ch.bytes, bytes});
+      ch.bytes += bytes;
+    }
+    area += ch.bytes;
+  }
+  return out;
+}
+inline std::size_t area_bytes(const std::vector<chunk>& l) noexcept {
+  return l.empty() ? 0 : l.back().area_off + l.back().bytes;
+}
+
+//! Per-call context shared by the algorithms.
+struct coll_ctx {
+  std::size_t seg_elems = 1 << 18;
+  deadline dl = deadline::never();
+  std::uint64_t seed = 0;
+  std::uint64_t stream_base = 0;  //!< unique per (rank, call, tensor)
+  std::uint64_t seq = 0;          //!< tag sequence number of this collective
+  std::size_t wire_sent = 0;      //!< bytes this rank sent (accumulated)
+  const char* op = "compressed_allreduce";
+};
+
+//! Reusable byte arenas (host memory) of one allreduce object.
+struct arenas {
+  std::vector<std::byte> a, b, c, ws;
+  static std::byte* get(std::vector<std::byte>& v, std::size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+  }
+};
+
+//! Requests plus the deadline/error plumbing.
+template <class T>
+class request_set {
+ public:
+  request_set(T& t, coll_ctx& ctx) : t_(t), ctx_(ctx) {}
+  std::size_t recv(int peer, comm::tag_t tag, std::byte* p, std::size_t n) {
+    reqs_.push_back(t_.irecv(peer, tag, std::span<std::byte>(p, n)));
+    peers_.push_back(peer);
+    return reqs_.size() - 1;
+  }
+  void send(int peer, comm::tag_t tag, const std::byte* p, std::size_t n) {
+    sends_.push_back(t_.isend(peer, tag, std::span<const std::byte>(p, n)));
+    send_peers_.push_back(peer);
+    ctx_.wire_sent += n;
+    // Fail fast when the transport already knows the peer is gone: otherwise
+    // this rank would first wait for a receive that may never come.
+    std::error_code ec;
+    if (t_.test(sends_.back(), ec) && ec)
+      throw_if(ec, {.rank = t_.rank(), .generation = t_.generation(), .peer = peer, .operation = ctx_.op,
+                    .detail = "send"});
+  }
+  //! Blocks until receive `i` completed. @throws system_error (timeout, peer_lost, ...).
+  void wait_recv(std::size_t i) { wait(reqs_[i], peers_[i], "recv"); }
+  void wait_sends() {
+    for (std::size_t i = 0; i < sends_.size(); ++i) wait(sends_[i], send_peers_[i], "send");
+    sends_.clear();
+    send_peers_.clear();
+  }
+
+ private:
+  void wait(typename T::request& r, int peer, const char* what) {
+    std::error_code ec;
+    t_.wait(r, ctx_.dl, ec);
+    throw_if(ec, {.rank = t_.rank(), .generation = t_.generation(), .peer = peer,
+                  .operation = ctx_.op, .detail = what});
+  }
+  T& t_;
+  coll_ctx& ctx_;
+  std::vector<typename T::request> reqs_, sends_;
+  std::vector<int> peers_, send_peers_;
+};
+
+inline int mod(int a, int p) noexcept { return ((a % p) + p) % p; }
+
+inline encode_context seg_ctx(const coll_ctx& ctx, std::uint64_t phase, std::size_t begin, std::byte* ws) noexcept {
+  return {ctx.seed, mix64(ctx.stream_base ^ mix64((phase << 56) ^ begin)), ws};
+}
+
+//! Ring allreduce (sum) of `data[0, n)` with decode-add-encode per hop.
+//! `res` (nullable) is the error-feedback residual of this rank, n floats:
+//! every rank encodes every region exactly once per call, so the residual of
+//! each region carries exactly that encode's error into the next call.
+template <class Codec, class T, class Ex>
+void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n, float* res, coll_ctx& ctx,
+                    arenas& ar) {
+  const int p = t.size(), r = t.rank();
+  if (p == 1 || n == 0) return;
+  const auto L = make_layout(codec, n, p, ctx.seg_elems);
+  const std::size_t area = area_bytes(L);
+  std::byte* rs_in = arenas::get(ar.a, area);
+  std::byte* rs_out = arenas::get(ar.b, area);
+  std::byte* ag = arenas::get(ar.c, area);
+  std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
+  const int left = mod(r - 1, p), right = mod(r + 1, p);
+  const auto tag_rs = [&](int s) { return comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s)); };
+  const auto tag_ag = [&](int s) { return comm::make_tag(ctx.seq, 0x8000u | static_cast<std::uint32_t>(s)); };
+  const auto& ch = [&](int c) -> const chunk& { return L[static_cast<std::size_t>(c)]; };
+
+  request_set<T> rq(t, ctx);
+  std::vector<std::size_t> rs_ids, ag_ids;
+  for (int s = 0; s < p - 1; ++s)
+    for (const auto& sg : ch(mod(r - s - 1, p)).segs)
+      rs_ids.push_back(rq.recv(left, tag_rs(s), rs_in + ch(mod(r - s - 1, p)).area_off + sg.off, sg.bytes));
+  for (int s = 0; s < p - 1; ++s)
+    for (const auto& sg : ch(mod(r - s, p)).segs)
+      ag_ids.push_back(rq.recv(left, tag_ag(s), ag + ch(mod(r - s, p)).area_off + sg.off, sg.bytes));
+
+  float* no_res = nullptr;
+  const auto encode_seg = [&](const chunk& c, const segment& sg, std::byte* area) {
+    codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, area + c.area_off + sg.off, sg.len,
+                 seg_ctx(ctx, 0, sg.begin, ws));
+    ex.wait();
+  };
+  for (const auto& sg : ch(r).segs) {  // reduce-scatter step 0: my own chunk, local data
+    encode_seg(ch(r), sg, rs_out);
+    rq.send(right, tag_rs(0), rs_out + ch(r).area_off + sg.off, sg.bytes);
+  }
+  std::size_t k = 0;
+  for (int s = 0; s < p - 1; ++s) {
+    const chunk& c = ch(mod(r - s - 1, p));
+    for (const auto& sg : c.segs) {
+      rq.wait_recv(rs_ids[k++]);
+      codec.decode_add(ex, rs_in + c.area_off + sg.off, data + sg.begin, sg.len);
+      if (s < p - 2) {
+        encode_seg(c, sg, rs_out);
+        rq.send(right, tag_rs(s + 1), rs_out + c.area_off + sg.off, sg.bytes);
+      } else {  // complete: encode once for the allgather, keep exactly what the others will decode
+        encode_seg(c, sg, ag);
+        codec.decode(ex, ag + c.area_off + sg.off, data + sg.begin, sg.len);
+        rq.send(right, tag_ag(0), ag + c.area_off + sg.off, sg.bytes);
+      }
+    }
+  }
+  k = 0;
+  for (int s = 0; s < p - 1; ++s) {
+    const chunk& c = ch(mod(r - s, p));
+    for (const auto& sg : c.segs) {
+      rq.wait_recv(ag_ids[k++]);
+      if (s < p - 2) rq.send(right, tag_ag(s + 1), ag + c.area_off + sg.off, sg.bytes);
+      codec.decode(ex, ag + c.area_off + sg.off, data + sg.begin, sg.len);
+    }
+  }
+  ex.wait();
+  rq.wait_sends();
+}
+
+//! Allgather of every rank's encoded tensor, then each rank decodes all p
+//! encodings in rank order (so every rank gets the same bits).
+template <class Codec, class T, class Ex>
+void sparse_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n, float* res, coll_ctx& ctx,
+                      arenas& ar) {
+  const int p = t.size(), r = t.rank();
+  if (p == 1 || n == 0) return;
+  const auto L = make_layout(codec, n, 1, ctx.seg_elems);
+  const chunk& all = L[0];
+  std::byte* g = arenas::get(ar.a, all.bytes * static_cast<std::size_t>(p));
+  std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
+  const auto at = [&](int origin, const segment& sg) { return g + all.bytes * static_cast<std::size_t>(origin) + sg.off; };
+  const int left = mod(r - 1, p), right = mod(r + 1, p);
+  request_set<T> rq(t, ctx);
+  std::vector<std::size_t> ids;
+  for (int s = 0; s < p - 1; ++s)
+    for (const auto& sg : all.segs)
+      ids.push_back(rq.recv(left, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s)), at(mod(r - s - 1, p), sg), sg.bytes));
+  float* no_res = nullptr;
+  for (const auto& sg : all.segs) {
+    codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, at(r, sg), sg.len, seg_ctx(ctx, 1, sg.begin, ws));
+    ex.wait();
+    rq.send(right, comm::make_tag(ctx.seq, 0), at(r, sg), sg.bytes);
+  }
+  std::size_t k = 0;
+  for (int s = 0; s < p - 1; ++s)
+    for (const auto& sg : all.segs) {
+      rq.wait_recv(ids[k++]);
+      if (s < p - 2) rq.send(right, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s + 1)), at(mod(r - s - 1, p), sg), sg.bytes);
+    }
+  for (int o = 0; o < p; ++o)
+    for (const auto& sg : all.segs) {
+      if (o == 0) codec.decode(ex, at(o, sg), data + sg.begin, sg.len);
+      else codec.decode_add(ex, at(o, sg), data + sg.begin, sg.len);
+    }
+  ex.wait();
+  rq.wait_sends();
+}
+
+//! DeepSpeed 1-bit style: every rank encodes its tensor (worker residual
+//! `res`) and sends chunk c to rank c; rank c decodes the p versions in rank
+//! order, sums, re-encodes with its server residual `res2` (n floats, only
+//! chunk c used) and the encoded chunks are allgathered around the ring.
+template <class Codec, class T, class Ex>
+void two_phase_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n, float* res, float* res2,
+                         coll_ctx& ctx, arenas& ar) {
+  const int p = t.size(), r = t.rank();
+  if (p == 1 || n == 0) return;
+  const auto L = make_layout(codec, n, p, ctx.seg_elems);
+  const std::size_t area = area_bytes(L);
+  const chunk& mine = L[static_cast<std::size_t>(r)];
+  std::byte* out = arenas::get(ar.a, area);
+  std::byte* in = arenas::get(ar.b, mine.bytes * static_cast<std::size_t>(p));
+  std::byte* ag = arenas::get(ar.c, area);
+  std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
+  const auto& ch = [&](int c) -> const chunk& { return L[static_cast<std::size_t>(c)]; };
+  const int left = mod(r - 1, p), right = mod(r + 1, p);
+  const auto tag_ag = [&](int s) { return comm::make_tag(ctx.seq, 0x8000u | static_cast<std::uint32_t>(s)); };
+  request_set<T> rq(t, ctx);
+  std::vector<std::size_t> a2a_ids(static_cast<std::size_t>(p) * mine.segs.size()), ag_ids;
+  for (int o = 0; o < p; ++o)
+    if (o != r)
+      for (std::size_t i = 0; i < mine.segs.size(); ++i)
+        a2a_ids[static_cast<std::size_t>(o) * mine.segs.size() + i] =
+            rq.recv(o, comm::make_tag(ctx.seq, 0), in + mine.bytes * static_cast<std::size_t>(o) + mine.segs[i].off,
+                    mine.segs[i].bytes);
+  for (int s = 0; s < p - 1; ++s)
+    for (const auto& sg : ch(mod(r - 1 - s, p)).segs)
+      ag_ids.push_back(rq.recv(left, tag_ag(s), ag + ch(mod(r - 1 - s, p)).area_off + sg.off, sg.bytes));
+  float* no_res = nullptr;
+  // Phase 1: compressed all-to-all (my chunk last, so the others start early).
+  for (int k = 1; k <= p; ++k) {
+    const int c = mod(r + k, p);
+    for (const auto& sg : ch(c).segs) {
+      codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, out + ch(c).area_off + sg.off, sg.len,
+                   seg_ctx(ctx, 2, sg.begin, ws));
+      ex.wait();
+      if (c != r) rq.send(c, comm::make_tag(ctx.seq, 0), out + ch(c).area_off + sg.off, sg.bytes);
+    }
+  }
+  // Sum the p versions of my chunk in rank order, re-encode (server residual).
+  for (std::size_t i = 0; i < mine.segs.size(); ++i) {
+    const segment& sg = mine.segs[i];
+    for (int o = 0; o < p; ++o) {
+      const std::byte* src = o == r ? out + mine.area_off + sg.off : in + mine.bytes * static_cast<std::size_t>(o) + sg.off;
+      if (o != r) rq.wait_recv(a2a_ids[static_cast<std::size_t>(o) * mine.segs.size() + i]);
+      if (o == 0) codec.decode(ex, src, data + sg.begin, sg.len);
+      else codec.decode_add(ex, src, data + sg.begin, sg.len);
+    }
+    std::byte* e = ag + mine.area_off + sg.off;
+    codec.encode(ex, data + sg.begin, res2 ? res2 + sg.begin : no_res, e, sg.len, seg_ctx(ctx, 3, sg.begin, ws));
+    codec.decode(ex, e, data + sg.begin, sg.len);
+    ex.wait();
+    rq.send(right, tag_ag(0), e, sg.bytes);
+  }
+  // Phase 2: ring allgather of the re-encoded chunks.
+  std::size_t k = 0;
+  for (int s = 0; s < p - 1; ++s) {
+    const chunk& c = ch(mod(r - 1 - s, p));
+    for (const auto& sg : c.segs) {
+      rq.wait_recv(ag_ids[k++]);
+      if (s < p - 2) rq.send(right, tag_ag(s + 1), ag + c.area_off + sg.off, sg.bytes);
+      codec.decode(ex, ag + c.area_off + sg.off, data + sg.begin, sg.len);
+    }
+  }
+  ex.wait();
+  rq.wait_sends();
+}
+
+}  // namespace compress::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/detail/collectives.hpp>
+// #include <ebbflow/compress/detail/f32_codec.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/detail/f32_codec.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file f32_codec.hpp
+//! The identity "codec" (raw floats): lets the dense pass-through path reuse
+//! the pipelined ring of `compressed_allreduce`. Exact; no error feedback.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/compress/codec.hpp>  (inlined)
+// #include <ebbflow/compress/detail/fp.hpp>  (inlined)
+// #include <ebbflow/compress/detail/run.hpp>  (inlined)
+// #include <ebbflow/compress/kernels/block.hpp>  (inlined)
+
+#include <cstddef>
+#include <cstring>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress::detail {
+
+struct copy_fn {
+  const float* in;
+  float* out;
+  std::size_t n;
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    const std::size_t o = b * kernels::block_size;
+    const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
+    float* EBBFLOW_DETAIL_RESTRICT po = out + o;
+    kernels::for_block(b, n, [&](auto cnt) {
+      for (std::uint32_t j = 0; j < cnt; ++j) po[j] = pi[j];
+    });
+  }
+};
+struct add_fn {
+  const float* in;
+  float* out;
+  std::size_t n;
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    const std::size_t o = b * kernels::block_size;
+    const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
+    float* EBBFLOW_DETAIL_RESTRICT po = out + o;
+    kernels::for_block(b, n, [&](auto cnt) {
+      for (std::uint32_t j = 0; j < cnt; ++j) po[j] = fadd(po[j], pi[j]);
+    });
+  }
+};
+
+struct f32_codec {
+  static constexpr codec_kind kind = codec_kind::linear;
+  [[nodiscard]] std::string_view name() const noexcept { return "dense"; }
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept { return align8(4 * n); }
+  [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
+  [[nodiscard]] std::size_t block_elems() const noexcept { return kernels::block_size; }
+  //! Ignores the residual: raw floats are exact.
+  template <class Ex>
+  void encode(Ex& ex, const float* in, float*, std::byte* out, std::size_t n, encode_context = {}) const {
+    detail::bulk(ex, kernels::blocks_of(n), copy_fn{in, reinterpret_cast<float*>(out), n});
+  }
+  template <class Ex>
+  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    detail::bulk(ex, kernels::blocks_of(n), copy_fn{reinterpret_cast<const float*>(in), out, n});
+  }
+  template <class Ex>
+  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    detail::bulk(ex, kernels::blocks_of(n), add_fn{reinterpret_cast<const float*>(in), out, n});
+  }
+};
+static_assert(codec<f32_codec>);
+
+}  // namespace compress::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/detail/f32_codec.hpp>
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/memory.hpp>  (inlined)
+// #include <ebbflow/exec/executor.hpp>  (inlined)
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <system_error>
+#include <unordered_map>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress {
+
+struct allreduce_options {
+  //! Encoded (wire) bytes per pipelined segment, about: a segment holds as
+  //! many elements as encode to this size (whole codec blocks, at most
+  //! `segment_bytes` elements), so strongly compressing codecs are not cut
+  //! into tiny messages yet still overlap encoding with the transfer.
+  std::size_t segment_bytes = std::size_t{1} << 20;
+  //! Tensors smaller than this are reduced dense (exact): compressing them
+  //! costs more in latency than it saves in bytes.
+  std::size_t dense_threshold_bytes = std::size_t{32} << 10;
+  //! Keep the compression error and add it to the next call of the same tensor.
+  bool error_feedback = true;
+  //! Seed of the stochastic codecs and of PowerSGD's initial Q (same on all ranks).
+  std::uint64_t seed = 0x5EEDC0DEull;
+  //! Deadline of one `run`, from its start.
+  std::chrono::milliseconds timeout{60000};
+  //! Tag space (0-14) of this object: several allreduce objects driving one
+  //! transport must use distinct tag spaces, so that a fast rank's next
+  //! collective can never match a slow rank's pending receive of another
+  //! one. The communicator's own collectives (and so the elastic group's)
+  //! use a space of their own and never collide with any of these.
+  std::uint32_t tag_space = 0;
+};
+
+//! Counters of one allreduce object (this rank).
+struct allreduce_stats {
+  std::size_t calls = 0;
+  std::size_t wire_bytes_sent = 0;  //!< bytes handed to the transport
+  std::size_t dense_calls = 0;      //!< calls that took the dense path
+};
+
+//! An error-feedback compressed allreduce bound to one transport.
+//! `Codec` is a `codec` or `powersgd_codec`.
+template <class Codec, comm::transport Transport, exec::executor Executor = exec::cpu_executor>
+class compressed_allreduce {
+  static_assert(host_accessible(Executor::space), "compressed_allreduce needs host-accessible gradients for now");
+  static_assert(codec<Codec> || Codec::kind == codec_kind::low_rank);
+
+ public:
+  //! Keeps a reference to `transport`, which must outlive this object.
+  compressed_allreduce(Transport& transport, Codec c, Executor ex = {}, allreduce_options opts = {});
+
+  //! Sums `grad` (host-accessible, in place) over all ranks. `key` names the
+  //! tensor whose residual is used. Low-rank codecs view the tensor as
+  //! `powersgd_codec::shape_for(n)`. @throws system_error
+  void run(std::span<float> grad, std::size_t key = 0);
+  //! As above; errors in `ec`.
+  void run(std::span<float> grad, std::size_t key, std::error_code& ec) noexcept;
+  //! Low-rank codecs: the tensor is the row-major rows x cols matrix `shape`
+  //! (shape.size() == grad.size()). Other codecs ignore the shape.
+  void run(std::span<float> grad, std::size_t key, matrix_shape shape);
+
+  //! Bytes this rank sends for one call on n elements (no dense threshold).
+  [[nodiscard]] std::size_t wire_bytes(std::size_t n) const noexcept;
+  [[nodiscard]] const allreduce_stats& stats() const noexcept { return stats_; }
+  [[nodiscard]] const Codec& get_codec() const noexcept { return codec_; }
+  //! Drops all residuals and PowerSGD state (e.g. after a membership change).
+  void reset() noexcept { state_.clear(); }
+
+ private:
+  struct tensor_state {
+    std::size_t n = 0;
+    int ranks = 0;
+    std::vector<float> res, res2, q, p, q_local;
+  };
+  tensor_state& state_for(std::size_t key, std::size_t n);
+  [[nodiscard]] std::size_t segment_elems(std::size_t n) const noexcept;
+  void run_impl(std::span<float> grad, std::size_t key, matrix_shape shape);
+  void run_low_rank(std::span<float> grad, tensor_state& st, matrix_shape shape, detail::coll_ctx& ctx);
+
+  Transport* transport_;
+  Codec codec_;
+  Executor exec_;
+  allreduce_options opts_;
+  std::unordered_map<std::size_t, tensor_state> state_;
+  detail::arenas arenas_;
+  std::uint64_t seq_ = 0;
+  allreduce_stats stats_;
+};
+
+}  // namespace compress
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/compress/impl/compressed_allreduce.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/impl/compressed_allreduce.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/compressed_allreduce.hpp
+//! Definitions of compressed_allreduce (included by the public header).
+
+
+// #include <ebbflow/compress/compressed_allreduce.hpp>  (inlined)
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress {
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+compressed_allreduce<Codec, Transport, Executor>::compressed_allreduce(Transport& transport, Codec c, Executor ex,
+                                                                      allreduce_options opts)
+    : transport_(&transport), codec_(std::move(c)), exec_(std::move(ex)), opts_(opts) {
+  EBBFLOW_ENFORCE(opts_.tag_space + 1 < comm::tag_spaces,
+                  "tag_space " << opts_.tag_space << " above " << comm::tag_spaces - 2
+                               << " (space 0 of the transport belongs to the communicator's collectives)");
+  EBBFLOW_ENFORCE(opts_.segment_bytes >= 4 * kernels::block_size,
+                  "segment_bytes " << opts_.segment_bytes << " below one block (" << 4 * kernels::block_size << ")");
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+auto compressed_allreduce<Codec, Transport, Executor>::state_for(std::size_t key, std::size_t n) -> tensor_state& {
+  auto& st = state_[key];
+  if (st.n != n || st.ranks != transport_->size()) {  // new tensor, or the group changed: start afresh
+    st = tensor_state{};
+    st.n = n;
+    st.ranks = transport_->size();
+  }
+  return st;
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+void compressed_allreduce<Codec, Transport, Executor>::run(std::span<float> grad, std::size_t key) {
+  run_impl(grad, key, Codec::kind == codec_kind::low_rank ? powersgd_codec::shape_for(grad.size()) : matrix_shape{});
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+void compressed_allreduce<Codec, Transport, Executor>::run(std::span<float> grad, std::size_t key,
+                                                           matrix_shape shape) {
+  EBBFLOW_ENFORCE(Codec::kind != codec_kind::low_rank || shape.size() == grad.size(),
+                  "matrix shape " << shape.rows << "x" << shape.cols << " does not cover " << grad.size()
+                                  << " elements");
+  run_impl(grad, key, shape);
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+void compressed_allreduce<Codec, Transport, Executor>::run(std::span<float> grad, std::size_t key,
+                                                           std::error_code& ec) noexcept {
+  ec.clear();
+  try {
+    run(grad, key);
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (const std::bad_alloc&) {
+    ec = std::make_error_code(std::errc::not_enough_memory);
+  } catch (...) {
+    ec = make_error_code(error::invalid_state);
+  }
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float> grad, std::size_t key,
+                                                                matrix_shape shape) {
+  const std::size_t n = grad.size();
+  Transport& t = *transport_;
+  const std::uint64_t call = seq_;
+  seq_ += 4;  // a call uses up to 4 tag sequence numbers (PowerSGD: P, Q, tail)
+  ++stats_.calls;
+  detail::coll_ctx ctx;
+  ctx.seg_elems = segment_elems(n);
+  ctx.dl = deadline::after(opts_.timeout);
+  ctx.seed = opts_.seed;
+  ctx.stream_base = detail::mix64(detail::mix64(call) ^ detail::mix64(key + 0x1234567) ^
+                                  detail::mix64(static_cast<std::uint64_t>(t.rank()) + 1));
+  ctx.seq = comm::make_seq(opts_.tag_space + 1, call);
+  if (t.size() == 1 || n == 0) return;
+  if (n * sizeof(float) < opts_.dense_threshold_bytes) {
+    ++stats_.dense_calls;
+    detail::ring_allreduce(t, detail::f32_codec{}, exec_, grad.data(), n, nullptr, ctx, arenas_);
+    stats_.wire_bytes_sent += ctx.wire_sent;
+    return;
+  }
+  tensor_state& st = state_for(key, n);
+  float* res = nullptr;
+  if (opts_.error_feedback || Codec::kind == codec_kind::sign) {  // sign codes are useless without it
+    if (st.res.empty()) st.res.assign(n, 0.0f);
+    res = st.res.data();
+  }
+  if constexpr (Codec::kind == codec_kind::linear) {
+    detail::ring_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
+  } else if constexpr (Codec::kind == codec_kind::sparse) {
+    detail::sparse_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
+  } else if constexpr (Codec::kind == codec_kind::sign) {
+    if (st.res2.empty()) st.res2.assign(n, 0.0f);
+    detail::two_phase_allreduce(t, codec_, exec_, grad.data(), n, res, st.res2.data(), ctx, arenas_);
+  } else {
+    run_low_rank(grad, st, shape, ctx);
+  }
+  stats_.wire_bytes_sent += ctx.wire_sent;
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+void compressed_allreduce<Codec, Transport, Executor>::run_low_rank(std::span<float> grad, tensor_state& st,
+                                                                    matrix_shape shape, detail::coll_ctx& ctx) {
+  if constexpr (Codec::kind == codec_kind::low_rank) {
+    Transport& t = *transport_;
+    const std::size_t main = shape.size(), r = codec_.rank_for(shape);
+    float* m = grad.data();
+    if (main > 0 && r > 0) {
+      if (opts_.error_feedback)  // M = grad + residual, in place
+        exec_.bulk(main, kernels::add_into{m, st.res.data(), m});
+      if (st.q.empty()) {
+        st.q.resize(shape.cols * r);
+        codec_.init_q(exec_, st.q.data(), shape, opts_.seed);
+      }
+      st.p.resize(shape.rows * r);
+      st.q_local.resize(shape.cols * r);
+      codec_.compute_p(exec_, m, st.q.data(), st.p.data(), shape);
+      exec_.wait();
+      detail::ring_allreduce(t, detail::f32_codec{}, exec_, st.p.data(), st.p.size(), nullptr, ctx, arenas_);
+      codec_.orthogonalize(exec_, st.p.data(), shape);
+      codec_.compute_q(exec_, m, st.p.data(), st.q_local.data(), shape);
+      if (opts_.error_feedback) codec_.residual(exec_, m, st.p.data(), st.q_local.data(), st.res.data(), shape);
+      exec_.wait();
+      st.q = st.q_local;
+      ctx.seq += 1;
+      detail::ring_allreduce(t, detail::f32_codec{}, exec_, st.q.data(), st.q.size(), nullptr, ctx, arenas_);
+      codec_.reconstruct(exec_, st.p.data(), st.q.data(), m, shape);  // warm start: keep the summed Q
+      exec_.wait();
+    }
+    if (main < grad.size()) {
+      ctx.seq += 1;
+      detail::ring_allreduce(t, detail::f32_codec{}, exec_, grad.data() + main, grad.size() - main, nullptr, ctx,
+                             arenas_);
+    }
+  } else {
+    (void)grad, (void)st, (void)shape, (void)ctx;
+  }
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+std::size_t compressed_allreduce<Codec, Transport, Executor>::segment_elems(std::size_t n) const noexcept {
+  std::size_t per = opts_.segment_bytes / 4;  // raw floats
+  if constexpr (Codec::kind != codec_kind::low_rank) {
+    const std::size_t probe = std::max<std::size_t>(n, 1 << 16);
+    const double bytes_per_elem = static_cast<double>(codec_.max_encoded_bytes(probe)) / static_cast<double>(probe);
+    if (bytes_per_elem > 0) per = static_cast<std::size_t>(static_cast<double>(opts_.segment_bytes) / bytes_per_elem);
+    // ... but at most 4x the raw-float segment, so that encoding still
+    // overlaps the transfer for very sparse codes (top-k: ~0.08 B/element).
+    per = std::min(per, opts_.segment_bytes);
+  }
+  return std::max<std::size_t>(per, kernels::block_size);
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+std::size_t compressed_allreduce<Codec, Transport, Executor>::wire_bytes(std::size_t n) const noexcept {
+  const auto p = static_cast<std::size_t>(transport_->size());
+  if (p <= 1 || n == 0) return 0;
+  const std::size_t seg = segment_elems(n);
+  const auto area = [&](const auto& c, int parts) {
+    return detail::area_bytes(detail::make_layout(c, n, parts, seg));
+  };
+  if constexpr (Codec::kind == codec_kind::linear || Codec::kind == codec_kind::sign) {
+    const auto l = detail::make_layout(codec_, n, static_cast<int>(p), seg);
+    const std::size_t total = detail::area_bytes(l);
+    const std::size_t mine = l[static_cast<std::size_t>(transport_->rank())].bytes;
+    const auto rk = static_cast<std::size_t>(transport_->rank());
+    const std::size_t next = l[(rk + 1) % p].bytes;
+    if constexpr (Codec::kind == codec_kind::linear) {
+      // reduce-scatter sends every chunk but (rank+1)'s; allgather every chunk but (rank+2)'s.
+      return (total - next) + (total - l[(rk + 2) % p].bytes);
+    } else {
+      // all-to-all sends every chunk but mine; allgather every chunk but (rank+1)'s.
+      return (total - mine) + (total - next);
+    }
+  } else if constexpr (Codec::kind == codec_kind::sparse) {
+    return (p - 1) * area(codec_, 1);
+  } else {
+    const matrix_shape s = powersgd_codec::shape_for(n);
+    const std::size_t f = codec_.factor_floats(s) + (n - s.size());
+    return 2 * (p - 1) * 4 * f / p;  // approximate: ring of the factors
+  }
+}
+
+}  // namespace compress
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/compress/impl/compressed_allreduce.hpp>
+// ---- end <ebbflow/compress/compressed_allreduce.hpp>
+// ==== end <ebbflow/compress.hpp>
+
 // ==== begin <ebbflow/elastic/group.hpp> ===================================
 // SPDX-License-Identifier: Apache-2.0
 //! @file group.hpp
@@ -4507,6 +6886,7 @@ class group {
   void notify(change_reason reason, int old_size, double stall);
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
   void fault_point(const char* point);
+  int lost_peer_of(const system_error& e) const noexcept;
 
   group_options opts_;
   launch_info launch_;
@@ -4917,7 +7297,7 @@ step_info group<Store, Net>::begin_step() {
     } catch (const system_error& e) {
       if (!detail::recoverable(e.code())) throw;
       EBBFLOW_LOG_WARN("state transfer failed: " << e.what());
-      recover(gen_.generation, e.code() == errc::peer_lost ? e.peer() : -1);
+      recover(gen_.generation, lost_peer_of(e));
     }
   }
   return current_slice();
@@ -4951,7 +7331,7 @@ bool group<Store, Net>::collective(F&& f) {
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
     EBBFLOW_LOG_WARN("step " << step_ << " aborted: " << e.what());
-    recover(gen_.generation, e.code() == errc::peer_lost ? e.peer() : -1);
+    recover(gen_.generation, lost_peer_of(e));
     return false;
   }
 }
@@ -5030,7 +7410,7 @@ void group<Store, Net>::end_step(double compute_seconds) {
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
     EBBFLOW_LOG_WARN("control exchange after step " << step_ << " failed: " << e.what());
-    recover(gen_.generation, e.code() == errc::peer_lost ? e.peer() : -1);
+    recover(gen_.generation, lost_peer_of(e));
     return;
   }
   for (std::size_t i = 0; i < un; ++i)
@@ -5106,7 +7486,7 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     adopt(std::move(rec), started);
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
-    recover(g1, e.code() == errc::peer_lost ? e.peer() : -1);
+    recover(g1, lost_peer_of(e));
   }
 }
 
@@ -5221,8 +7601,21 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
     } catch (const system_error& e) {
       if (!detail::recoverable(e.code())) throw;
       g = gen_.generation;
-      lost_peer = e.code() == errc::peer_lost ? e.peer() : -1;
+      lost_peer = lost_peer_of(e);
     }
+  }
+}
+
+template <kv_store Store, network Net>
+int group<Store, Net>::lost_peer_of(const system_error& e) const noexcept {
+  // Only a transport that saw a peer die may name it: a collective's error
+  // names the neighbour whose transfer failed, which in a ring is often a
+  // live member stuck behind the dead one. Reporting it dead would exclude it.
+  if (e.code() != errc::peer_lost) return -1;
+  if constexpr (requires(const transport_type& t) { { t.lost_peer() } -> std::convertible_to<int>; }) {
+    return transport_ ? transport_->lost_peer() : -1;
+  } else {
+    return e.peer();
   }
 }
 
@@ -8619,89 +11012,6 @@ class ucx_network {
 EBBFLOW_END_NAMESPACE
 #endif  // EBBFLOW_HAS_UCX
 // ==== end <ebbflow/elastic/ucx_network.hpp>
-
-// ==== begin <ebbflow/exec/executor.hpp> ===================================
-// SPDX-License-Identifier: Apache-2.0
-//! @file executor.hpp
-//! The `executor` concept: runs an `EBBFLOW_HD` functor over an index range
-//! in one memory space. `cpu_executor` (this header) runs it as a host loop and
-//! is the reference every GPU result is checked against; `cuda_executor`
-//! (cuda_executor.cuh, nvcc only) launches it as a kernel on a stream.
-//!
-//! `bulk(n, f)` calls `f(i)` for every i in [0, n) in unspecified order and
-//! possibly concurrently; `f` must not depend on ordering. `wait()` blocks
-//! until every bulk submitted before it has finished.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/memory.hpp>  (inlined)
-
-#include <algorithm>
-#include <concepts>
-#include <cstddef>
-#include <thread>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace exec {
-
-namespace detail {
-struct probe_fn {
-  EBBFLOW_HD void operator()(std::size_t) const noexcept {}
-};
-}  // namespace detail
-
-template <class E>
-concept executor = requires(E& e, std::size_t n) {
-  { E::space } -> std::convertible_to<memory_space>;
-  e.bulk(n, detail::probe_fn{});
-  e.wait();
-};
-
-//! Runs functors on the calling thread, or on `threads` threads in contiguous
-//! chunks when `threads > 1` and the range is large enough to pay for it.
-//! Blocking: `bulk` returns when all calls finished, so `wait()` is a no-op.
-class cpu_executor {
- public:
-  static constexpr memory_space space = memory_space::host;  //!< functors touch host memory
-
-  constexpr cpu_executor() noexcept = default;
-  //! Runs `bulk` on up to `threads` threads (0 counts as 1).
-  explicit cpu_executor(unsigned threads) noexcept : threads_(threads == 0 ? 1 : threads) {}
-
-  //! Calls `f(i)` for every i in [0, n); returns when all calls finished.
-  template <class F>
-  void bulk(std::size_t n, F&& f) const {
-    constexpr std::size_t min_per_thread = 1 << 15;
-    const std::size_t t = std::min<std::size_t>(threads_, std::max<std::size_t>(1, n / min_per_thread));
-    if (t <= 1) {
-      for (std::size_t i = 0; i < n; ++i) f(i);
-      return;
-    }
-    std::vector<std::jthread> pool;
-    pool.reserve(t - 1);
-    const std::size_t chunk = (n + t - 1) / t;
-    for (std::size_t k = 1; k < t; ++k) {
-      const std::size_t b = k * chunk, e = std::min(n, b + chunk);
-      pool.emplace_back([&f, b, e] {
-        for (std::size_t i = b; i < e; ++i) f(i);
-      });
-    }
-    for (std::size_t i = 0; i < std::min(n, chunk); ++i) f(i);
-  }
-  //! No-op: `bulk` is blocking.
-  void wait() const noexcept {}
-  //! Most threads `bulk` uses.
-  [[nodiscard]] unsigned threads() const noexcept { return threads_; }
-
- private:
-  unsigned threads_ = 1;
-};
-static_assert(executor<cpu_executor>);
-
-}  // namespace exec
-EBBFLOW_END_NAMESPACE
-// ==== end <ebbflow/exec/executor.hpp>
 
 // ==== begin <ebbflow/plan.hpp> ============================================
 // SPDX-License-Identifier: Apache-2.0

@@ -42,6 +42,19 @@ inline constexpr int tag_bits = 48;
 //! Mask of the bits available to collectives.
 inline constexpr tag_t tag_mask = (tag_t{1} << tag_bits) - 1;
 
+//! Sequence numbers of collectives that share a transport. The UCX wire keeps
+//! 24 bits of a sequence number; its top 4 bits name a *tag space*, so that
+//! independent drivers of one transport (the communicator's collectives in
+//! space 0, each compressed allreduce object in its own space) can never
+//! match each other's messages, and the low 20 bits count operations.
+inline constexpr std::uint64_t seq_counter_bits = 20;
+inline constexpr std::uint64_t seq_counter_mask = (std::uint64_t{1} << seq_counter_bits) - 1;
+inline constexpr std::uint32_t tag_spaces = 16;
+//! The sequence number of operation `count` in tag space `space` (< 16).
+constexpr std::uint64_t make_seq(std::uint32_t space, std::uint64_t count) noexcept {
+  return (std::uint64_t{space & (tag_spaces - 1)} << seq_counter_bits) | (count & seq_counter_mask);
+}
+
 //! Tag for step `step` (< 2^16) of collective number `seq` (wraps at 2^32).
 constexpr tag_t make_tag(std::uint64_t seq, std::uint32_t step) noexcept {
   return ((seq & 0xffffffffu) << 16 | (step & 0xffffu)) & tag_mask;

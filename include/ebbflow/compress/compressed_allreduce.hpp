@@ -62,10 +62,11 @@ struct allreduce_options {
   std::uint64_t seed = 0x5EEDC0DEull;
   //! Deadline of one `run`, from its start.
   std::chrono::milliseconds timeout{60000};
-  //! Tag space (0-255) of this object: several allreduce objects (or other
-  //! collectives) driving one transport must use distinct tag spaces, so
-  //! that a fast rank's next collective can never match a slow rank's
-  //! pending receive of another one.
+  //! Tag space (0-14) of this object: several allreduce objects driving one
+  //! transport must use distinct tag spaces, so that a fast rank's next
+  //! collective can never match a slow rank's pending receive of another
+  //! one. The communicator's own collectives (and so the elastic group's)
+  //! use a space of their own and never collide with any of these.
   std::uint32_t tag_space = 0;
 };
 

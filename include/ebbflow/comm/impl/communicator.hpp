@@ -713,7 +713,7 @@ request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, re
   EBBFLOW_ENFORCE(in.count == out.count && in.type == out.type,
                   "allreduce: input (" << in.count << " " << name(in.type) << ") and output (" << out.count << " "
                                        << name(out.type) << ") differ");
-  const std::uint64_t seq = seq_++;
+  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   const std::size_t bytes = in.bytes();
@@ -752,7 +752,7 @@ request<T> basic_communicator<T>::ireduce_scatter(buffer_view in, buffer_view ou
   EBBFLOW_ENFORCE(in.type == out.type && in.count == out.count * n,
                   "reduce_scatter: input count " << in.count << " must be " << n << " x output count " << out.count
                                                  << " of the same dtype");
-  const std::uint64_t seq = seq_++;
+  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   const std::size_t es = size_of(in.type);
@@ -773,7 +773,7 @@ template <transport T>
 request<T> basic_communicator<T>::ibroadcast(buffer_view buf, int root) {
   detail::check_buffer(buf, "broadcast buffer");
   EBBFLOW_ENFORCE(root >= 0 && root < size(), "broadcast root " << root << " outside [0, " << size() << ")");
-  const std::uint64_t seq = seq_++;
+  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* p = static_cast<std::byte*>(buf.data);
   if (size() == 1 || buf.count == 0) return make_request(detail::copy_only<T>(p, p, 0), ctx("broadcast", seq, buf.bytes()));
   const bool chain = buf.bytes() > opts_.small_bytes;
@@ -789,7 +789,7 @@ request<T> basic_communicator<T>::iallgather(buffer_view in, buffer_view out) {
   EBBFLOW_ENFORCE(in.type == out.type && out.count == in.count * n,
                   "allgather: output count " << out.count << " must be " << n << " x input count " << in.count
                                              << " of the same dtype");
-  const std::uint64_t seq = seq_++;
+  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   if (n == 1 || in.count == 0) return make_request(detail::copy_only<T>(src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
@@ -798,7 +798,7 @@ request<T> basic_communicator<T>::iallgather(buffer_view in, buffer_view out) {
 
 template <transport T>
 request<T> basic_communicator<T>::ibarrier() {
-  const std::uint64_t seq = seq_++;
+  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   return make_request(detail::barrier<T>(*t_, seq), ctx("barrier", seq, 0));
 }
 

@@ -12,7 +12,9 @@ template <class Codec, comm::transport Transport, exec::executor Executor>
 compressed_allreduce<Codec, Transport, Executor>::compressed_allreduce(Transport& transport, Codec c, Executor ex,
                                                                       allreduce_options opts)
     : transport_(&transport), codec_(std::move(c)), exec_(std::move(ex)), opts_(opts) {
-  EBBFLOW_ENFORCE(opts_.tag_space < 256, "tag_space " << opts_.tag_space << " above 255");
+  EBBFLOW_ENFORCE(opts_.tag_space + 1 < comm::tag_spaces,
+                  "tag_space " << opts_.tag_space << " above " << comm::tag_spaces - 2
+                               << " (space 0 of the transport belongs to the communicator's collectives)");
   EBBFLOW_ENFORCE(opts_.segment_bytes >= 4 * kernels::block_size,
                   "segment_bytes " << opts_.segment_bytes << " below one block (" << 4 * kernels::block_size << ")");
 }
@@ -71,7 +73,7 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
   ctx.seed = opts_.seed;
   ctx.stream_base = detail::mix64(detail::mix64(call) ^ detail::mix64(key + 0x1234567) ^
                                   detail::mix64(static_cast<std::uint64_t>(t.rank()) + 1));
-  ctx.seq = (std::uint64_t{opts_.tag_space} << 24) | (call & 0xFFFFFFu);
+  ctx.seq = comm::make_seq(opts_.tag_space + 1, call);
   if (t.size() == 1 || n == 0) return;
   if (n * sizeof(float) < opts_.dense_threshold_bytes) {
     ++stats_.dense_calls;
