@@ -72,7 +72,7 @@ enum class allreduce_algorithm : std::uint8_t {
 //! and TCP transports on one host. Every rank must use the same values for
 //! the algorithm choice (`allreduce`, `small_bytes`, `chunk_bytes`).
 struct collective_options {
-  allreduce_algorithm allreduce = allreduce_algorithm::automatic;
+  allreduce_algorithm allreduce = allreduce_algorithm::automatic;  //!< allreduce algorithm (see `allreduce_algorithm`)
   std::size_t small_bytes = std::size_t{16} << 10;   //!< at or below: latency-optimal algorithms
   std::size_t chunk_bytes = std::size_t{128} << 10;  //!< pipelining granularity of ring / chain
   int window = 4;                                     //!< chunk receives in flight (scratch slots)
@@ -129,7 +129,9 @@ template <transport T>
 class request {
  public:
   request() noexcept = default;
+  //! Takes over `o`'s collective; `o` becomes empty (done).
   request(request&& o) noexcept;
+  //! Abandons this request's pending collective (as destruction does), then takes over `o`'s.
   request& operator=(request&& o) noexcept;
   request(const request&) = delete;
   request& operator=(const request&) = delete;
@@ -175,12 +177,19 @@ class request {
 template <transport T>
 class basic_communicator {
  public:
+  //! Communicates over `transport` (not owned; must outlive this). Sends nothing.
+  //! @throws std::invalid_argument when `opts.chunk_bytes` or `opts.window` is not positive.
   explicit basic_communicator(T& transport, collective_options opts = {});
 
+  //! This rank (0-based), as the transport reports it.
   [[nodiscard]] int rank() const { return static_cast<int>(t_->rank()); }
+  //! Number of ranks in the group.
   [[nodiscard]] int size() const { return static_cast<int>(t_->size()); }
+  //! Membership generation of the transport (named in error messages).
   [[nodiscard]] std::int64_t generation() const { return static_cast<std::int64_t>(t_->generation()); }
+  //! The options given at construction.
   [[nodiscard]] const collective_options& options() const noexcept { return opts_; }
+  //! The underlying transport.
   [[nodiscard]] T& transport() noexcept { return *t_; }
   //! A deadline `options().timeout` from now.
   [[nodiscard]] deadline default_deadline() const noexcept { return deadline::after(opts_.timeout); }
@@ -188,36 +197,51 @@ class basic_communicator {
   //! `out = op(in of every rank)`; `in` and `out` have the same count and
   //! dtype; `in.data == out.data` is in-place. @throws system_error, std::invalid_argument.
   void allreduce(buffer_view in, buffer_view out, reduce_op op, deadline d) { iallreduce(in, out, op).wait(d); }
+  //! As above with `default_deadline()`.
   void allreduce(buffer_view in, buffer_view out, reduce_op op) { allreduce(in, out, op, default_deadline()); }
+  //! In-place allreduce of `inout` by deadline `d`.
   void allreduce(buffer_view inout, reduce_op op, deadline d) { allreduce(inout, inout, op, d); }
+  //! In-place allreduce of `inout` with `default_deadline()`.
   void allreduce(buffer_view inout, reduce_op op) { allreduce(inout, inout, op, default_deadline()); }
   //! Non-blocking allreduce; buffers stay in use until the request finished.
   [[nodiscard]] request<T> iallreduce(buffer_view in, buffer_view out, reduce_op op);
 
   //! Copies `root`'s `buf` into every rank's `buf`.
   void broadcast(buffer_view buf, int root, deadline d) { ibroadcast(buf, root).wait(d); }
+  //! As above with `default_deadline()`.
   void broadcast(buffer_view buf, int root) { broadcast(buf, root, default_deadline()); }
+  //! Non-blocking broadcast; `buf` stays in use until the request finished.
   [[nodiscard]] request<T> ibroadcast(buffer_view buf, int root);
 
   //! `out` (count `in.count * size()`) receives every rank's `in` in rank order.
   void allgather(buffer_view in, buffer_view out, deadline d) { iallgather(in, out).wait(d); }
+  //! As above with `default_deadline()`.
   void allgather(buffer_view in, buffer_view out) { allgather(in, out, default_deadline()); }
+  //! Non-blocking allgather; buffers stay in use until the request finished.
   [[nodiscard]] request<T> iallgather(buffer_view in, buffer_view out);
 
   //! `out` (count `in.count / size()`) receives block `rank()` of the reduction of every rank's `in`.
   void reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d) { ireduce_scatter(in, out, op).wait(d); }
+  //! As above with `default_deadline()`.
   void reduce_scatter(buffer_view in, buffer_view out, reduce_op op) { reduce_scatter(in, out, op, default_deadline()); }
+  //! Non-blocking reduce_scatter; buffers stay in use until the request finished.
   [[nodiscard]] request<T> ireduce_scatter(buffer_view in, buffer_view out, reduce_op op);
 
   //! Returns once every rank entered the barrier.
   void barrier(deadline d) { ibarrier().wait(d); }
+  //! As above with `default_deadline()`.
   void barrier() { barrier(default_deadline()); }
+  //! Non-blocking barrier: finished once every rank entered it.
   [[nodiscard]] request<T> ibarrier();
 
   //! Point-to-point: matched by (peer, `tag` < 2^24) in posting order; sizes must agree.
+  //! Blocking send of `buf` to `peer`. @throws system_error, std::invalid_argument.
   void send(buffer_view buf, int peer, std::uint32_t tag, deadline d) { isend(buf, peer, tag).wait(d); }
+  //! Blocking receive into `buf` from `peer`. @throws system_error, std::invalid_argument.
   void recv(buffer_view buf, int peer, std::uint32_t tag, deadline d) { irecv(buf, peer, tag).wait(d); }
+  //! Non-blocking send; `buf` stays in use until the request finished.
   [[nodiscard]] request<T> isend(buffer_view buf, int peer, std::uint32_t tag);
+  //! Non-blocking receive; `buf` stays in use until the request finished.
   [[nodiscard]] request<T> irecv(buffer_view buf, int peer, std::uint32_t tag);
 
  private:

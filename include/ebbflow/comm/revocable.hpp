@@ -74,6 +74,8 @@ class revocable {
     inner_.mark_lost(q);
   }
 
+  //! Posts a send on the inner transport (not checked against the flag; never blocks).
+  //! `out` (host memory) must stay valid until the request completed.
   request isend(int peer, tag_t tag, std::span<const std::byte> out) { return inner_.isend(peer, tag, out); }
   //! Posts a receive on the inner transport (not checked against the flag; never blocks).
   //! `in` (host memory) must stay valid until the request completed.

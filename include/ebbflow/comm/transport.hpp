@@ -48,7 +48,9 @@ inline constexpr tag_t tag_mask = (tag_t{1} << tag_bits) - 1;
 //! space 0, each compressed allreduce object in its own space) can never
 //! match each other's messages, and the low 20 bits count operations.
 inline constexpr std::uint64_t seq_counter_bits = 20;
+//! Mask of the low `seq_counter_bits` bits: the operation count within a tag space.
 inline constexpr std::uint64_t seq_counter_mask = (std::uint64_t{1} << seq_counter_bits) - 1;
+//! Number of tag spaces (the top 4 of the 24 wire bits).
 inline constexpr std::uint32_t tag_spaces = 16;
 //! The sequence number of operation `count` in tag space `space` (< 16).
 constexpr std::uint64_t make_seq(std::uint32_t space, std::uint64_t count) noexcept {

@@ -26,11 +26,19 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
 
+//! Assigns tensors to fused float buckets (see the file comment) and owns
+//! the bucket buffers (host memory). Not thread-safe.
 class bucket_manager {
  public:
   //! Where tensor `i` lives inside its bucket.
   struct slot {
     std::size_t bucket = 0, offset = 0, size = 0;
+    //! @var bucket
+    //! Index of the bucket holding the tensor.
+    //! @var offset
+    //! First element of the tensor within its bucket.
+    //! @var size
+    //! Element count of the tensor.
   };
 
   //! `sizes[i]` = element count of tensor i. @throws std::invalid_argument if bucket_bytes < 4.
@@ -52,8 +60,11 @@ class bucket_manager {
     reset_ready();
   }
 
+  //! Number of buckets.
   [[nodiscard]] std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  //! Number of registered tensors.
   [[nodiscard]] std::size_t tensor_count() const noexcept { return slots_.size(); }
+  //! Where `tensor` lives. @throws std::out_of_range for an unknown tensor.
   [[nodiscard]] const slot& slot_of(std::size_t tensor) const { return slots_.at(tensor); }
   //! Tensors of bucket b, in registration order.
   [[nodiscard]] std::span<const std::size_t> tensors_of(std::size_t b) const { return buckets_.at(b).tensors; }

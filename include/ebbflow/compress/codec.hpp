@@ -55,6 +55,7 @@ enum class codec_kind {
   low_rank,
 };
 
+//! The enumerator's name ("linear", "sparse", "sign", "low_rank"), or "?".
 constexpr std::string_view name(codec_kind k) noexcept {
   switch (k) {
     case codec_kind::linear: return "linear";
@@ -70,9 +71,9 @@ constexpr std::string_view name(codec_kind k) noexcept {
 //! codec needs none. `seed` and `stream` select the Philox stream of
 //! stochastic codecs: callers make `stream` unique per (rank, step, region).
 struct encode_context {
-  std::uint64_t seed = 0;
-  std::uint64_t stream = 0;
-  std::byte* workspace = nullptr;
+  std::uint64_t seed = 0;         //!< Philox key of stochastic codecs
+  std::uint64_t stream = 0;       //!< Philox stream: unique per (rank, step, region)
+  std::byte* workspace = nullptr;  //!< `workspace_bytes(n)` bytes in the executor's memory space, or null
 };
 
 //! Rounds `b` up to a multiple of 8 bytes.

@@ -42,8 +42,15 @@ concept address_exchange = requires(X& x, std::int64_t g, int rank, int size, st
 //! every millisecond. Thread-safe for distinct ranks.
 class file_address_exchange {
  public:
+  //! Exchanges through files in `dir`, a directory every rank can reach (e.g.
+  //! a shared or node-local filesystem); touches nothing until called.
   explicit file_address_exchange(std::filesystem::path dir) : dir_(std::move(dir)) {}
 
+  //! Publishes `mine` for (`generation`, `rank`) and returns all `size`
+  //! addresses indexed by rank, blocking (polling) until every rank published
+  //! or `d` passed. @throws system_error (`errc::timeout` naming a missing
+  //! rank), std::invalid_argument when the file cannot be written,
+  //! std::filesystem::filesystem_error when the rename fails.
   std::vector<std::vector<std::byte>> operator()(std::int64_t generation, int rank, int size,
                                                  std::span<const std::byte> mine, deadline d) const {
     namespace fs = std::filesystem;

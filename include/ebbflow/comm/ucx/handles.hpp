@@ -80,6 +80,7 @@ class context {
     throw_if(make_error(s), {.operation = "ucp_init"});
     return std::shared_ptr<context>(new context(h));
   }
+  //! The raw UCP context handle (owned by this object).
   [[nodiscard]] ucp_context_h get() const noexcept { return h_.get(); }
 
  private:
@@ -106,6 +107,7 @@ class worker {
     address_.assign(p, p + len);
     ucp_worker_release_address(w, a);
   }
+  //! The raw UCP worker handle (owned by this object).
   [[nodiscard]] ucp_worker_h get() const noexcept { return h_.get(); }
   //! This worker's address: the bytes peers need to connect (opaque).
   [[nodiscard]] std::span<const std::byte> address() const noexcept { return address_; }

@@ -47,6 +47,7 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace comm::ucx {
 
+//! Most ranks a transport supports: the wire tag holds the source rank in 16 bits.
 inline constexpr int max_ranks = 1 << 16;
 
 namespace detail {
@@ -66,6 +67,9 @@ inline void read_boot_id(char (&out)[40]) noexcept {
 }
 }  // namespace detail
 
+//! The `comm::transport` concept over UCX tag matching: one endpoint per
+//! peer on a `worker`, peer failures reported as `errc::peer_lost` (see the
+//! file comment). Move-only; one thread drives it and its requests.
 class transport {
   struct state;
 
@@ -75,7 +79,9 @@ class transport {
   class request {
    public:
     request() noexcept = default;
+    //! Takes over `o`'s operation; `o` becomes empty (done).
     request(request&& o) noexcept { swap(o); }
+    //! Releases this request's operation (as destruction does), then takes over `o`'s.
     request& operator=(request&& o) noexcept {
       request tmp(std::move(o));
       swap(tmp);
@@ -119,13 +125,18 @@ class transport {
   //! the wire tag keep late messages of an older generation from matching.
   transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
             const std::vector<std::vector<std::byte>>& addresses, deadline d);
+  //! Takes over the endpoints; the source must not be used afterwards.
   transport(transport&&) noexcept = default;
+  //! Takes over the endpoints; the source must not be used afterwards.
   transport& operator=(transport&&) noexcept = default;
   //! Flushes and closes the endpoints (bounded: 1 s, then forced).
   ~transport();
 
+  //! This rank (0-based).
   [[nodiscard]] int rank() const noexcept { return st_->rank; }
+  //! Number of ranks.
   [[nodiscard]] int size() const noexcept { return st_->size; }
+  //! Current tag generation.
   [[nodiscard]] std::int64_t generation() const noexcept { return st_->generation; }
   //! Switches the tag generation on the same worker and endpoints. Requests
   //! of the old generation must have completed; late messages of the old
@@ -147,9 +158,20 @@ class transport {
     on_error(&s, nullptr, UCS_ERR_CONNECTION_RESET);
   }
 
+  //! Posts a send of `out` (host memory, valid until the request completed)
+  //! to `peer`; never blocks. A send to a lost peer completes at once with
+  //! `errc::peer_lost`. @throws std::invalid_argument for a bad `peer`.
   request isend(int peer, tag_t tag, std::span<const std::byte> out);
+  //! Posts a receive into `in` (host memory, valid until the request
+  //! completed) from `peer`; never blocks. A size mismatch completes it with
+  //! `errc::bad_message`. @throws std::invalid_argument for a bad `peer`.
   request irecv(int peer, tag_t tag, std::span<std::byte> in);
+  //! Drives UCX once; true once `r` completed (then `ec` holds its outcome).
+  //! Never blocks.
   bool test(request& r, std::error_code& ec);
+  //! Blocks until `r` completed (`ec` = its outcome) or `d` passed (`ec` =
+  //! `errc::timeout`; `r` stays pending). Busy-polls, yielding the core after
+  //! ~50 us (at once when the host is oversubscribed).
   void wait(request& r, deadline d, std::error_code& ec);
   //! Drives UCX once; returns whether anything happened.
   bool progress();

@@ -31,14 +31,21 @@ namespace compress {
 //! A matrix view of a flat gradient.
 struct matrix_shape {
   std::size_t rows = 0, cols = 0;
+  //! @var rows
+  //! Number of rows.
+  //! @var cols
+  //! Number of columns (row-major: elements per row).
+
+  //! Element count: rows * cols.
   [[nodiscard]] constexpr std::size_t size() const noexcept { return rows * cols; }
 };
 
 namespace kernels {
 //! q[i] = uniform(-1, 1) from Philox; the same on every rank for one seed.
 struct uniform_fill {
-  float* q;
-  compress::detail::philox_stream rng;
+  float* q;                             //!< output (executor's memory space)
+  compress::detail::philox_stream rng;  //!< (seed, stream) of the Philox generator
+  //! Writes element `i`.
   EBBFLOW_HD void operator()(std::size_t i) const noexcept {
     const auto r = rng(i);
     q[i] = compress::detail::fsub(compress::detail::fmul(static_cast<float>(r.x >> 8), 1.0f / 8388608.0f), 1.0f);
@@ -48,14 +55,16 @@ struct uniform_fill {
 
 //! Value type; thread-safe.
 struct powersgd_codec {
-  static constexpr codec_kind kind = codec_kind::low_rank;
+  static constexpr codec_kind kind = codec_kind::low_rank;  //!< two dense allreduces of the factors
 
   //! @throws std::invalid_argument unless 1 <= rank <= kernels::max_rank.
   explicit powersgd_codec(std::size_t rank = 4) : rank_(rank) {
     EBBFLOW_ENFORCE(rank >= 1 && rank <= kernels::max_rank,
                     "PowerSGD rank " << rank << " outside [1, " << kernels::max_rank << "]");
   }
+  //! "powersgd".
   [[nodiscard]] std::string_view name() const noexcept { return "powersgd"; }
+  //! Requested rank r.
   [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
   //! Rank actually used for a shape: min(rank, rows, cols).
   [[nodiscard]] std::size_t rank_for(matrix_shape s) const noexcept { return std::min({rank_, s.rows, s.cols}); }
@@ -74,14 +83,19 @@ struct powersgd_codec {
   void init_q(Ex& ex, float* q, matrix_shape s, std::uint64_t seed) const {
     ex.bulk(s.cols * rank_for(s), kernels::uniform_fill{q, {seed, 0x9051D}});
   }
+  //! p (rows x r) = m q, with m (rows x cols) and q (cols x r) row-major.
+  //! Pointers in `Ex`'s space; completes as `ex.bulk` does.
   template <class Ex>
   void compute_p(Ex& ex, const float* m, const float* q, float* p, matrix_shape s) const {
     ex.bulk(s.rows, kernels::lowrank_mul_p{m, q, p, s.rows, s.cols, rank_for(s)});
   }
+  //! Gram-Schmidt on the columns of p (rows x r) in place; blocking on the
+  //! CPU executor, enqueued on the stream of the CUDA executor.
   template <class Ex>
   void orthogonalize(Ex& ex, float* p, matrix_shape s) const {
     kernels::orthogonalizer<Ex>::run(ex, p, s.rows, rank_for(s));
   }
+  //! q (cols x r) = m^T p. Pointers in `Ex`'s space; completes as `ex.bulk` does.
   template <class Ex>
   void compute_q(Ex& ex, const float* m, const float* p, float* q, matrix_shape s) const {
     ex.bulk(s.cols, kernels::lowrank_mul_q{m, p, q, s.rows, s.cols, rank_for(s)});

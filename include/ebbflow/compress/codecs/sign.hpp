@@ -22,28 +22,39 @@ namespace compress {
 
 //! Stateless; thread-safe.
 struct sign_codec {
-  static constexpr codec_kind kind = codec_kind::sign;
+  static constexpr codec_kind kind = codec_kind::sign;  //!< two-phase scheme with error feedback
 
+  //! "sign1".
   [[nodiscard]] std::string_view name() const noexcept { return "sign1"; }
+  //! Encoded size of `n` elements: a float scale and 256 sign bits per
+  //! block, rounded up to 8.
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept {
     const std::size_t nb = kernels::blocks_of(n);
     return align8(4 * nb + 4 * kernels::sign_words_per_block * nb);
   }
+  //! No workspace needed: 0.
   [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
+  //! Segment granularity: `kernels::block_size` (256) elements.
   [[nodiscard]] std::size_t block_elems() const noexcept { return kernels::block_size; }
 
+  //! Encodes `n` floats (+ `residual` when not null, which receives the new
+  //! error) into `out`. Pointers in `Ex`'s space.
   template <class Ex>
   void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context = {}) const {
     const std::size_t nb = kernels::blocks_of(n);
     detail::bulk(ex, nb, kernels::sign_encode{in, residual, reinterpret_cast<float*>(out),
                                      reinterpret_cast<std::uint32_t*>(out + 4 * nb), n});
   }
+  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
     detail::bulk(ex, nb, kernels::sign_decode<false>{reinterpret_cast<const float*>(in),
                                             reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
   }
+  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);

@@ -28,7 +28,7 @@ namespace compress {
 
 //! Value type; thread-safe.
 struct topk_codec {
-  static constexpr codec_kind kind = codec_kind::sparse;
+  static constexpr codec_kind kind = codec_kind::sparse;  //!< not summable: encoded blocks are allgathered
 
   //! @throws std::invalid_argument unless 0 < ratio <= 1 and sample_size >= 64.
   explicit topk_codec(double ratio = 0.01, std::size_t sample_size = 16384) : ratio_(ratio), sample_(sample_size) {
@@ -36,18 +36,24 @@ struct topk_codec {
     EBBFLOW_ENFORCE(sample_size >= 64, "top-k sample size " << sample_size << " below 64");
   }
 
+  //! "topk".
   [[nodiscard]] std::string_view name() const noexcept { return "topk"; }
+  //! Fraction of elements sent, in (0, 1].
   [[nodiscard]] double ratio() const noexcept { return ratio_; }
   //! Slots for n elements: ceil(ratio * n), at least 1 when n > 0.
   [[nodiscard]] std::size_t slots(std::size_t n) const noexcept {
     if (n == 0) return 0;
     return std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(ratio_ * static_cast<double>(n))), 1, n);
   }
+  //! Encoded size of `n` elements: an 8-byte header plus (index, value) per slot.
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept { return align8(8 + 8 * slots(n)); }
+  //! Elements sampled to estimate the threshold: min(sample_size, n).
   [[nodiscard]] std::size_t sample_count(std::size_t n) const noexcept { return std::min(sample_, n); }
+  //! Scratch for the sample, per-block counts and the threshold.
   [[nodiscard]] std::size_t workspace_bytes(std::size_t n) const noexcept {
     return align8(4 * sample_count(n)) + align8(4 * kernels::blocks_of(n)) + 8;
   }
+  //! Segment granularity: `kernels::block_size` (256) elements.
   [[nodiscard]] std::size_t block_elems() const noexcept { return kernels::block_size; }
 
   //! Needs `ctx.workspace` (workspace_bytes(n), same space) when n > 0.
@@ -71,11 +77,15 @@ struct topk_codec {
     detail::bulk(ex, nb, kernels::topk_write{in, residual, thr, counts, header + 2,
                                     reinterpret_cast<float*>(header + 2 + k), n, k});
   }
+  //! Zeroes `out`, then scatters the sent values of `in` into it (both in
+  //! `Ex`'s space; completes as `ex.bulk` does).
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     ex.bulk(n, kernels::fill_zero{out});
     decode_add(ex, in, out, n);
   }
+  //! Adds the sent values of `in` to their positions in `out` (both in
+  //! `Ex`'s space; completes as `ex.bulk` does).
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     ex.bulk(slots(n), kernels::topk_scatter<true>{reinterpret_cast<const std::uint32_t*>(in), slots(n), out});

@@ -32,11 +32,18 @@ inline constexpr float rank_tolerance = 1e-3f;
 
 //! P[i, j] = sum_c M[i, c] Q[c, j]; one call per row i.
 struct lowrank_mul_p {
-  const float* m;
-  const float* q;
-  float* p;
+  const float* m;  //!< M, rows x cols row-major (executor's memory space)
+  const float* q;  //!< Q, cols x rank row-major
+  float* p;        //!< P (output), rows x rank row-major
   std::size_t rows, cols, rank;
+  //! @var rows
+  //! Rows of M (and of P).
+  //! @var cols
+  //! Columns of M (rows of Q).
+  //! @var rank
+  //! Rank r: columns of P and Q (<= `max_rank`).
 
+  //! Computes row `i` of P.
   EBBFLOW_HD void operator()(std::size_t i) const noexcept {
     float acc[max_rank];
     for (std::size_t j = 0; j < rank; ++j) acc[j] = 0.0f;
@@ -51,11 +58,18 @@ struct lowrank_mul_p {
 
 //! Q[c, j] = sum_i M[i, c] P[i, j]; one call per column c.
 struct lowrank_mul_q {
-  const float* m;
-  const float* p;
-  float* q;
+  const float* m;  //!< M, rows x cols row-major (executor's memory space)
+  const float* p;  //!< P, rows x rank row-major
+  float* q;        //!< Q (output), cols x rank row-major
   std::size_t rows, cols, rank;
+  //! @var rows
+  //! Rows of M (and of P).
+  //! @var cols
+  //! Columns of M (rows of Q).
+  //! @var rank
+  //! Rank r: columns of P and Q (<= `max_rank`).
 
+  //! Computes row `c` of Q (column `c` of M^T P).
   EBBFLOW_HD void operator()(std::size_t c) const noexcept {
     float acc[max_rank];
     for (std::size_t j = 0; j < rank; ++j) acc[j] = 0.0f;
@@ -67,15 +81,20 @@ struct lowrank_mul_q {
   }
 };
 
-//! Row i of P Q^T: out[i, c] = sum_j P[i, j] Q[c, j]. When `res` is not null,
-//! also res[i, c] = m[i, c] - (P Q_local^T)[i, c] with `q_local` (error feedback
-//! against this rank's own factor). One call per row.
+//! Row i of P Q^T: out[i, c] = sum_j P[i, j] Q[c, j]. One call per row.
 struct lowrank_reconstruct {
-  const float* p;
-  const float* q;
-  float* out;
+  const float* p;  //!< P, rows x rank row-major (executor's memory space)
+  const float* q;  //!< Q, cols x rank row-major
+  float* out;      //!< P Q^T (output), rows x cols row-major
   std::size_t rows, cols, rank;
+  //! @var rows
+  //! Rows of M (and of P).
+  //! @var cols
+  //! Columns of M (rows of Q).
+  //! @var rank
+  //! Rank r: columns of P and Q (<= `max_rank`).
 
+  //! Writes row `i`.
   EBBFLOW_HD void operator()(std::size_t i) const noexcept {
     for (std::size_t c = 0; c < cols; ++c) {
       float acc = 0.0f;
@@ -87,12 +106,19 @@ struct lowrank_reconstruct {
 
 //! res[i, c] = m[i, c] - sum_j P[i, j] Q[c, j]; one call per row.
 struct lowrank_residual {
-  const float* m;
-  const float* p;
-  const float* q;
-  float* res;
+  const float* m;  //!< M, rows x cols row-major (executor's memory space)
+  const float* p;  //!< P, rows x rank row-major
+  const float* q;  //!< Q, cols x rank row-major
+  float* res;      //!< M - P Q^T (output; may alias `m`)
   std::size_t rows, cols, rank;
+  //! @var rows
+  //! Rows of M (and of P).
+  //! @var cols
+  //! Columns of M (rows of Q).
+  //! @var rank
+  //! Rank r: columns of P and Q (<= `max_rank`).
 
+  //! Writes row `i`.
   EBBFLOW_HD void operator()(std::size_t i) const noexcept {
     for (std::size_t c = 0; c < cols; ++c) {
       float acc = 0.0f;
@@ -104,9 +130,10 @@ struct lowrank_residual {
 
 //! out[i] = a[i] + b[i]; used to form M = grad + residual.
 struct add_into {
-  const float* a;
-  const float* b;
-  float* out;
+  const float* a;  //!< first summand (executor's memory space)
+  const float* b;  //!< second summand
+  float* out;      //!< sum (may alias `a` or `b`)
+  //! Writes element `i`.
   EBBFLOW_HD void operator()(std::size_t i) const noexcept { out[i] = detail::fadd(a[i], b[i]); }
 };
 
@@ -155,8 +182,10 @@ inline void orthogonalize_host(float* p, std::size_t rows, std::size_t rank) noe
 template <class Executor>
 struct orthogonalizer;
 
+//! Host orthogonalisation: `orthogonalize_host`, blocking.
 template <>
 struct orthogonalizer<exec::cpu_executor> {
+  //! Orthogonalises the columns of `p` (host memory, rows x rank) in place.
   static void run(const exec::cpu_executor&, float* p, std::size_t rows, std::size_t rank) {
     orthogonalize_host(p, rows, rank);
   }

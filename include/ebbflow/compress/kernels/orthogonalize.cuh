@@ -17,6 +17,8 @@ EBBFLOW_BEGIN_NAMESPACE
 namespace compress::kernels {
 namespace detail_lr {
 
+//! Fixed-order dot product of x[k*stride] and y[k*stride] over k < n by the
+//! whole block (`lane`: 256 floats of shared memory); every thread gets the sum.
 __device__ inline float block_dot(const float* x, const float* y, std::size_t n, std::size_t stride, float* lane) {
   const unsigned t = threadIdx.x;
   float acc = 0.0f;
@@ -33,6 +35,8 @@ __device__ inline float block_dot(const float* x, const float* y, std::size_t n,
   return r;
 }
 
+//! Modified Gram-Schmidt on the columns of device matrix `p` (rows x rank,
+//! row-major), in place; launched as one 256-thread block.
 __global__ void orthogonalize_kernel(float* p, std::size_t rows, std::size_t rank) {
   __shared__ float lane[dot_lanes];
   float orig[max_rank];
@@ -54,6 +58,7 @@ __global__ void orthogonalize_kernel(float* p, std::size_t rows, std::size_t ran
 }
 }  // namespace detail_lr
 
+//! Device orthogonalisation: one 256-thread block on the executor's stream.
 template <>
 struct orthogonalizer<exec::cuda_executor> {
   //! Enqueues the orthogonalisation of device matrix `d_p` on `ex`'s stream.
