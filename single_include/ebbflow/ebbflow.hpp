@@ -1017,7 +1017,9 @@ inline constexpr tag_t tag_mask = (tag_t{1} << tag_bits) - 1;
 //! space 0, each compressed allreduce object in its own space) can never
 //! match each other's messages, and the low 20 bits count operations.
 inline constexpr std::uint64_t seq_counter_bits = 20;
+//! Mask of the low `seq_counter_bits` bits: the operation count within a tag space.
 inline constexpr std::uint64_t seq_counter_mask = (std::uint64_t{1} << seq_counter_bits) - 1;
+//! Number of tag spaces (the top 4 of the 24 wire bits).
 inline constexpr std::uint32_t tag_spaces = 16;
 //! The sequence number of operation `count` in tag space `space` (< 16).
 constexpr std::uint64_t make_seq(std::uint32_t space, std::uint64_t count) noexcept {
@@ -1343,7 +1345,7 @@ enum class allreduce_algorithm : std::uint8_t {
 //! and TCP transports on one host. Every rank must use the same values for
 //! the algorithm choice (`allreduce`, `small_bytes`, `chunk_bytes`).
 struct collective_options {
-  allreduce_algorithm allreduce = allreduce_algorithm::automatic;
+  allreduce_algorithm allreduce = allreduce_algorithm::automatic;  //!< allreduce algorithm (see `allreduce_algorithm`)
   std::size_t small_bytes = std::size_t{16} << 10;   //!< at or below: latency-optimal algorithms
   std::size_t chunk_bytes = std::size_t{128} << 10;  //!< pipelining granularity of ring / chain
   int window = 4;                                     //!< chunk receives in flight (scratch slots)
@@ -1400,7 +1402,9 @@ template <transport T>
 class request {
  public:
   request() noexcept = default;
+  //! Takes over `o`'s collective; `o` becomes empty (done).
   request(request&& o) noexcept;
+  //! Abandons this request's pending collective (as destruction does), then takes over `o`'s.
   request& operator=(request&& o) noexcept;
   request(const request&) = delete;
   request& operator=(const request&) = delete;
@@ -1446,12 +1450,19 @@ class request {
 template <transport T>
 class basic_communicator {
  public:
+  //! Communicates over `transport` (not owned; must outlive this). Sends nothing.
+  //! @throws std::invalid_argument when `opts.chunk_bytes` or `opts.window` is not positive.
   explicit basic_communicator(T& transport, collective_options opts = {});
 
+  //! This rank (0-based), as the transport reports it.
   [[nodiscard]] int rank() const { return static_cast<int>(t_->rank()); }
+  //! Number of ranks in the group.
   [[nodiscard]] int size() const { return static_cast<int>(t_->size()); }
+  //! Membership generation of the transport (named in error messages).
   [[nodiscard]] std::int64_t generation() const { return static_cast<std::int64_t>(t_->generation()); }
+  //! The options given at construction.
   [[nodiscard]] const collective_options& options() const noexcept { return opts_; }
+  //! The underlying transport.
   [[nodiscard]] T& transport() noexcept { return *t_; }
   //! A deadline `options().timeout` from now.
   [[nodiscard]] deadline default_deadline() const noexcept { return deadline::after(opts_.timeout); }
@@ -1459,36 +1470,51 @@ class basic_communicator {
   //! `out = op(in of every rank)`; `in` and `out` have the same count and
   //! dtype; `in.data == out.data` is in-place. @throws system_error, std::invalid_argument.
   void allreduce(buffer_view in, buffer_view out, reduce_op op, deadline d) { iallreduce(in, out, op).wait(d); }
+  //! As above with `default_deadline()`.
   void allreduce(buffer_view in, buffer_view out, reduce_op op) { allreduce(in, out, op, default_deadline()); }
+  //! In-place allreduce of `inout` by deadline `d`.
   void allreduce(buffer_view inout, reduce_op op, deadline d) { allreduce(inout, inout, op, d); }
+  //! In-place allreduce of `inout` with `default_deadline()`.
   void allreduce(buffer_view inout, reduce_op op) { allreduce(inout, inout, op, default_deadline()); }
   //! Non-blocking allreduce; buffers stay in use until the request finished.
   [[nodiscard]] request<T> iallreduce(buffer_view in, buffer_view out, reduce_op op);
 
   //! Copies `root`'s `buf` into every rank's `buf`.
   void broadcast(buffer_view buf, int root, deadline d) { ibroadcast(buf, root).wait(d); }
+  //! As above with `default_deadline()`.
   void broadcast(buffer_view buf, int root) { broadcast(buf, root, default_deadline()); }
+  //! Non-blocking broadcast; `buf` stays in use until the request finished.
   [[nodiscard]] request<T> ibroadcast(buffer_view buf, int root);
 
   //! `out` (count `in.count * size()`) receives every rank's `in` in rank order.
   void allgather(buffer_view in, buffer_view out, deadline d) { iallgather(in, out).wait(d); }
+  //! As above with `default_deadline()`.
   void allgather(buffer_view in, buffer_view out) { allgather(in, out, default_deadline()); }
+  //! Non-blocking allgather; buffers stay in use until the request finished.
   [[nodiscard]] request<T> iallgather(buffer_view in, buffer_view out);
 
   //! `out` (count `in.count / size()`) receives block `rank()` of the reduction of every rank's `in`.
   void reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d) { ireduce_scatter(in, out, op).wait(d); }
+  //! As above with `default_deadline()`.
   void reduce_scatter(buffer_view in, buffer_view out, reduce_op op) { reduce_scatter(in, out, op, default_deadline()); }
+  //! Non-blocking reduce_scatter; buffers stay in use until the request finished.
   [[nodiscard]] request<T> ireduce_scatter(buffer_view in, buffer_view out, reduce_op op);
 
   //! Returns once every rank entered the barrier.
   void barrier(deadline d) { ibarrier().wait(d); }
+  //! As above with `default_deadline()`.
   void barrier() { barrier(default_deadline()); }
+  //! Non-blocking barrier: finished once every rank entered it.
   [[nodiscard]] request<T> ibarrier();
 
   //! Point-to-point: matched by (peer, `tag` < 2^24) in posting order; sizes must agree.
+  //! Blocking send of `buf` to `peer`. @throws system_error, std::invalid_argument.
   void send(buffer_view buf, int peer, std::uint32_t tag, deadline d) { isend(buf, peer, tag).wait(d); }
+  //! Blocking receive into `buf` from `peer`. @throws system_error, std::invalid_argument.
   void recv(buffer_view buf, int peer, std::uint32_t tag, deadline d) { irecv(buf, peer, tag).wait(d); }
+  //! Non-blocking send; `buf` stays in use until the request finished.
   [[nodiscard]] request<T> isend(buffer_view buf, int peer, std::uint32_t tag);
+  //! Non-blocking receive; `buf` stays in use until the request finished.
   [[nodiscard]] request<T> irecv(buffer_view buf, int peer, std::uint32_t tag);
 
  private:
@@ -3057,6 +3083,8 @@ class revocable {
     inner_.mark_lost(q);
   }
 
+  //! Posts a send on the inner transport (not checked against the flag; never blocks).
+  //! `out` (host memory) must stay valid until the request completed.
   request isend(int peer, tag_t tag, std::span<const std::byte> out) { return inner_.isend(peer, tag, out); }
   //! Posts a receive on the inner transport (not checked against the flag; never blocks).
   //! `in` (host memory) must stay valid until the request completed.
@@ -3247,6 +3275,7 @@ class context {
     throw_if(make_error(s), {.operation = "ucp_init"});
     return std::shared_ptr<context>(new context(h));
   }
+  //! The raw UCP context handle (owned by this object).
   [[nodiscard]] ucp_context_h get() const noexcept { return h_.get(); }
 
  private:
@@ -3273,6 +3302,7 @@ class worker {
     address_.assign(p, p + len);
     ucp_worker_release_address(w, a);
   }
+  //! The raw UCP worker handle (owned by this object).
   [[nodiscard]] ucp_worker_h get() const noexcept { return h_.get(); }
   //! This worker's address: the bytes peers need to connect (opaque).
   [[nodiscard]] std::span<const std::byte> address() const noexcept { return address_; }
@@ -3337,6 +3367,7 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace comm::ucx {
 
+//! Most ranks a transport supports: the wire tag holds the source rank in 16 bits.
 inline constexpr int max_ranks = 1 << 16;
 
 namespace detail {
@@ -3356,6 +3387,9 @@ inline void read_boot_id(char (&out)[40]) noexcept {
 }
 }  // namespace detail
 
+//! The `comm::transport` concept over UCX tag matching: one endpoint per
+//! peer on a `worker`, peer failures reported as `errc::peer_lost` (see the
+//! file comment). Move-only; one thread drives it and its requests.
 class transport {
   struct state;
 
@@ -3365,7 +3399,9 @@ class transport {
   class request {
    public:
     request() noexcept = default;
+    //! Takes over `o`'s operation; `o` becomes empty (done).
     request(request&& o) noexcept { swap(o); }
+    //! Releases this request's operation (as destruction does), then takes over `o`'s.
     request& operator=(request&& o) noexcept {
       request tmp(std::move(o));
       swap(tmp);
@@ -3409,13 +3445,18 @@ class transport {
   //! the wire tag keep late messages of an older generation from matching.
   transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
             const std::vector<std::vector<std::byte>>& addresses, deadline d);
+  //! Takes over the endpoints; the source must not be used afterwards.
   transport(transport&&) noexcept = default;
+  //! Takes over the endpoints; the source must not be used afterwards.
   transport& operator=(transport&&) noexcept = default;
   //! Flushes and closes the endpoints (bounded: 1 s, then forced).
   ~transport();
 
+  //! This rank (0-based).
   [[nodiscard]] int rank() const noexcept { return st_->rank; }
+  //! Number of ranks.
   [[nodiscard]] int size() const noexcept { return st_->size; }
+  //! Current tag generation.
   [[nodiscard]] std::int64_t generation() const noexcept { return st_->generation; }
   //! Switches the tag generation on the same worker and endpoints. Requests
   //! of the old generation must have completed; late messages of the old
@@ -3437,9 +3478,20 @@ class transport {
     on_error(&s, nullptr, UCS_ERR_CONNECTION_RESET);
   }
 
+  //! Posts a send of `out` (host memory, valid until the request completed)
+  //! to `peer`; never blocks. A send to a lost peer completes at once with
+  //! `errc::peer_lost`. @throws std::invalid_argument for a bad `peer`.
   request isend(int peer, tag_t tag, std::span<const std::byte> out);
+  //! Posts a receive into `in` (host memory, valid until the request
+  //! completed) from `peer`; never blocks. A size mismatch completes it with
+  //! `errc::bad_message`. @throws std::invalid_argument for a bad `peer`.
   request irecv(int peer, tag_t tag, std::span<std::byte> in);
+  //! Drives UCX once; true once `r` completed (then `ec` holds its outcome).
+  //! Never blocks.
   bool test(request& r, std::error_code& ec);
+  //! Blocks until `r` completed (`ec` = its outcome) or `d` passed (`ec` =
+  //! `errc::timeout`; `r` stays pending). Busy-polls, yielding the core after
+  //! ~50 us (at once when the host is oversubscribed).
   void wait(request& r, deadline d, std::error_code& ec);
   //! Drives UCX once; returns whether anything happened.
   bool progress();
@@ -3779,8 +3831,15 @@ concept address_exchange = requires(X& x, std::int64_t g, int rank, int size, st
 //! every millisecond. Thread-safe for distinct ranks.
 class file_address_exchange {
  public:
+  //! Exchanges through files in `dir`, a directory every rank can reach (e.g.
+  //! a shared or node-local filesystem); touches nothing until called.
   explicit file_address_exchange(std::filesystem::path dir) : dir_(std::move(dir)) {}
 
+  //! Publishes `mine` for (`generation`, `rank`) and returns all `size`
+  //! addresses indexed by rank, blocking (polling) until every rank published
+  //! or `d` passed. @throws system_error (`errc::timeout` naming a missing
+  //! rank), std::invalid_argument when the file cannot be written,
+  //! std::filesystem::filesystem_error when the rename fails.
   std::vector<std::vector<std::byte>> operator()(std::int64_t generation, int rank, int size,
                                                  std::span<const std::byte> mine, deadline d) const {
     namespace fs = std::filesystem;
@@ -3871,11 +3930,19 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
 
+//! Assigns tensors to fused float buckets (see the file comment) and owns
+//! the bucket buffers (host memory). Not thread-safe.
 class bucket_manager {
  public:
   //! Where tensor `i` lives inside its bucket.
   struct slot {
     std::size_t bucket = 0, offset = 0, size = 0;
+    //! @var bucket
+    //! Index of the bucket holding the tensor.
+    //! @var offset
+    //! First element of the tensor within its bucket.
+    //! @var size
+    //! Element count of the tensor.
   };
 
   //! `sizes[i]` = element count of tensor i. @throws std::invalid_argument if bucket_bytes < 4.
@@ -3897,8 +3964,11 @@ class bucket_manager {
     reset_ready();
   }
 
+  //! Number of buckets.
   [[nodiscard]] std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  //! Number of registered tensors.
   [[nodiscard]] std::size_t tensor_count() const noexcept { return slots_.size(); }
+  //! Where `tensor` lives. @throws std::out_of_range for an unknown tensor.
   [[nodiscard]] const slot& slot_of(std::size_t tensor) const { return slots_.at(tensor); }
   //! Tensors of bucket b, in registration order.
   [[nodiscard]] std::span<const std::size_t> tensors_of(std::size_t b) const { return buckets_.at(b).tensors; }
@@ -4096,6 +4166,7 @@ enum class codec_kind {
   low_rank,
 };
 
+//! The enumerator's name ("linear", "sparse", "sign", "low_rank"), or "?".
 constexpr std::string_view name(codec_kind k) noexcept {
   switch (k) {
     case codec_kind::linear: return "linear";
@@ -4111,9 +4182,9 @@ constexpr std::string_view name(codec_kind k) noexcept {
 //! codec needs none. `seed` and `stream` select the Philox stream of
 //! stochastic codecs: callers make `stream` unique per (rank, step, region).
 struct encode_context {
-  std::uint64_t seed = 0;
-  std::uint64_t stream = 0;
-  std::byte* workspace = nullptr;
+  std::uint64_t seed = 0;         //!< Philox key of stochastic codecs
+  std::uint64_t stream = 0;       //!< Philox stream: unique per (rank, step, region)
+  std::byte* workspace = nullptr;  //!< `workspace_bytes(n)` bytes in the executor's memory space, or null
 };
 
 //! Rounds `b` up to a multiple of 8 bytes.
@@ -4381,11 +4452,13 @@ namespace compress::kernels {
 //! Target format of a cast code.
 enum class cast_format { f16, bf16 };
 
+//! `v` rounded to nearest even in format `F`, as raw bits.
 template <cast_format F>
 EBBFLOW_HD inline std::uint16_t to_bits(float v) noexcept {
   if constexpr (F == cast_format::f16) return detail::f32_to_f16(v);
   else return detail::f32_to_bf16(v);
 }
+//! The float value of raw bits `b` of format `F` (exact).
 template <cast_format F>
 EBBFLOW_HD inline float from_bits(std::uint16_t b) noexcept {
   if constexpr (F == cast_format::f16) return detail::f16_to_f32(b);
@@ -4396,11 +4469,12 @@ EBBFLOW_HD inline float from_bits(std::uint16_t b) noexcept {
 //! `res` may be null (no error feedback). Pointers in the executor's space.
 template <cast_format F>
 struct cast_encode {
-  const float* in;
-  float* res;
-  std::uint16_t* out;
-  std::size_t n;
+  const float* in;     //!< n input floats
+  float* res;          //!< n residual floats, or null
+  std::uint16_t* out;  //!< n codes (output)
+  std::size_t n;       //!< element count
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     const std::size_t o = b * block_size;
     const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
@@ -4426,10 +4500,11 @@ struct cast_encode {
 //! out[i] = float(in[i]) (Add = false) or out[i] += float(in[i]) (Add = true).
 template <cast_format F, bool Add>
 struct cast_decode {
-  const std::uint16_t* in;
-  float* out;
-  std::size_t n;
+  const std::uint16_t* in;  //!< n codes
+  float* out;               //!< n floats (output, or accumulated into when `Add`)
+  std::size_t n;            //!< element count
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     const std::size_t o = b * block_size;
     const std::uint16_t* EBBFLOW_DETAIL_RESTRICT pi = in + o;
@@ -4457,13 +4532,17 @@ namespace compress {
 //! Cast codec to the 16-bit format `F`. Stateless; thread-safe.
 template <kernels::cast_format F>
 struct cast_codec {
-  static constexpr codec_kind kind = codec_kind::linear;
+  static constexpr codec_kind kind = codec_kind::linear;  //!< decoded, added and re-encoded per ring hop
   //! Unit roundoff of one encode, relative to |v| (documented bound).
   static constexpr float unit_roundoff = F == kernels::cast_format::f16 ? 1.0f / 2048 : 1.0f / 256;
 
+  //! "fp16" or "bf16".
   [[nodiscard]] std::string_view name() const noexcept { return F == kernels::cast_format::f16 ? "fp16" : "bf16"; }
+  //! Encoded size of `n` elements: 2 bytes each, rounded up to 8.
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept { return align8(2 * n); }
+  //! No workspace needed: 0.
   [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
+  //! Segment granularity: `kernels::block_size` (256) elements.
   [[nodiscard]] std::size_t block_elems() const noexcept { return kernels::block_size; }
 
   //! Encodes n floats (+ residual) into `out`. Pointers in `Ex`'s space.
@@ -4471,17 +4550,23 @@ struct cast_codec {
   void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context = {}) const {
     detail::bulk(ex, kernels::blocks_of(n), kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n});
   }
+  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     detail::bulk(ex, kernels::blocks_of(n), kernels::cast_decode<F, false>{reinterpret_cast<const std::uint16_t*>(in), out, n});
   }
+  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     detail::bulk(ex, kernels::blocks_of(n), kernels::cast_decode<F, true>{reinterpret_cast<const std::uint16_t*>(in), out, n});
   }
 };
 
+//! IEEE binary16 cast codec.
 using fp16_codec = cast_codec<kernels::cast_format::f16>;
+//! bfloat16 cast codec.
 using bf16_codec = cast_codec<kernels::cast_format::bf16>;
 static_assert(codec<fp16_codec> && codec<bf16_codec>);
 
@@ -4609,11 +4694,18 @@ inline constexpr float rank_tolerance = 1e-3f;
 
 //! P[i, j] = sum_c M[i, c] Q[c, j]; one call per row i.
 struct lowrank_mul_p {
-  const float* m;
-  const float* q;
-  float* p;
+  const float* m;  //!< M, rows x cols row-major (executor's memory space)
+  const float* q;  //!< Q, cols x rank row-major
+  float* p;        //!< P (output), rows x rank row-major
   std::size_t rows, cols, rank;
+  //! @var rows
+  //! Rows of M (and of P).
+  //! @var cols
+  //! Columns of M (rows of Q).
+  //! @var rank
+  //! Rank r: columns of P and Q (<= `max_rank`).
 
+  //! Computes row `i` of P.
   EBBFLOW_HD void operator()(std::size_t i) const noexcept {
     float acc[max_rank];
     for (std::size_t j = 0; j < rank; ++j) acc[j] = 0.0f;
@@ -4628,11 +4720,18 @@ struct lowrank_mul_p {
 
 //! Q[c, j] = sum_i M[i, c] P[i, j]; one call per column c.
 struct lowrank_mul_q {
-  const float* m;
-  const float* p;
-  float* q;
+  const float* m;  //!< M, rows x cols row-major (executor's memory space)
+  const float* p;  //!< P, rows x rank row-major
+  float* q;        //!< Q (output), cols x rank row-major
   std::size_t rows, cols, rank;
+  //! @var rows
+  //! Rows of M (and of P).
+  //! @var cols
+  //! Columns of M (rows of Q).
+  //! @var rank
+  //! Rank r: columns of P and Q (<= `max_rank`).
 
+  //! Computes row `c` of Q (column `c` of M^T P).
   EBBFLOW_HD void operator()(std::size_t c) const noexcept {
     float acc[max_rank];
     for (std::size_t j = 0; j < rank; ++j) acc[j] = 0.0f;
@@ -4644,15 +4743,20 @@ struct lowrank_mul_q {
   }
 };
 
-//! Row i of P Q^T: out[i, c] = sum_j P[i, j] Q[c, j]. When `res` is not null,
-//! also res[i, c] = m[i, c] - (P Q_local^T)[i, c] with `q_local` (error feedback
-//! against this rank's own factor). One call per row.
+//! Row i of P Q^T: out[i, c] = sum_j P[i, j] Q[c, j]. One call per row.
 struct lowrank_reconstruct {
-  const float* p;
-  const float* q;
-  float* out;
+  const float* p;  //!< P, rows x rank row-major (executor's memory space)
+  const float* q;  //!< Q, cols x rank row-major
+  float* out;      //!< P Q^T (output), rows x cols row-major
   std::size_t rows, cols, rank;
+  //! @var rows
+  //! Rows of M (and of P).
+  //! @var cols
+  //! Columns of M (rows of Q).
+  //! @var rank
+  //! Rank r: columns of P and Q (<= `max_rank`).
 
+  //! Writes row `i`.
   EBBFLOW_HD void operator()(std::size_t i) const noexcept {
     for (std::size_t c = 0; c < cols; ++c) {
       float acc = 0.0f;
@@ -4664,12 +4768,19 @@ struct lowrank_reconstruct {
 
 //! res[i, c] = m[i, c] - sum_j P[i, j] Q[c, j]; one call per row.
 struct lowrank_residual {
-  const float* m;
-  const float* p;
-  const float* q;
-  float* res;
+  const float* m;  //!< M, rows x cols row-major (executor's memory space)
+  const float* p;  //!< P, rows x rank row-major
+  const float* q;  //!< Q, cols x rank row-major
+  float* res;      //!< M - P Q^T (output; may alias `m`)
   std::size_t rows, cols, rank;
+  //! @var rows
+  //! Rows of M (and of P).
+  //! @var cols
+  //! Columns of M (rows of Q).
+  //! @var rank
+  //! Rank r: columns of P and Q (<= `max_rank`).
 
+  //! Writes row `i`.
   EBBFLOW_HD void operator()(std::size_t i) const noexcept {
     for (std::size_t c = 0; c < cols; ++c) {
       float acc = 0.0f;
@@ -4681,9 +4792,10 @@ struct lowrank_residual {
 
 //! out[i] = a[i] + b[i]; used to form M = grad + residual.
 struct add_into {
-  const float* a;
-  const float* b;
-  float* out;
+  const float* a;  //!< first summand (executor's memory space)
+  const float* b;  //!< second summand
+  float* out;      //!< sum (may alias `a` or `b`)
+  //! Writes element `i`.
   EBBFLOW_HD void operator()(std::size_t i) const noexcept { out[i] = detail::fadd(a[i], b[i]); }
 };
 
@@ -4732,8 +4844,10 @@ inline void orthogonalize_host(float* p, std::size_t rows, std::size_t rank) noe
 template <class Executor>
 struct orthogonalizer;
 
+//! Host orthogonalisation: `orthogonalize_host`, blocking.
 template <>
 struct orthogonalizer<exec::cpu_executor> {
+  //! Orthogonalises the columns of `p` (host memory, rows x rank) in place.
   static void run(const exec::cpu_executor&, float* p, std::size_t rows, std::size_t rank) {
     orthogonalize_host(p, rows, rank);
   }
@@ -4756,14 +4870,21 @@ namespace compress {
 //! A matrix view of a flat gradient.
 struct matrix_shape {
   std::size_t rows = 0, cols = 0;
+  //! @var rows
+  //! Number of rows.
+  //! @var cols
+  //! Number of columns (row-major: elements per row).
+
+  //! Element count: rows * cols.
   [[nodiscard]] constexpr std::size_t size() const noexcept { return rows * cols; }
 };
 
 namespace kernels {
 //! q[i] = uniform(-1, 1) from Philox; the same on every rank for one seed.
 struct uniform_fill {
-  float* q;
-  compress::detail::philox_stream rng;
+  float* q;                             //!< output (executor's memory space)
+  compress::detail::philox_stream rng;  //!< (seed, stream) of the Philox generator
+  //! Writes element `i`.
   EBBFLOW_HD void operator()(std::size_t i) const noexcept {
     const auto r = rng(i);
     q[i] = compress::detail::fsub(compress::detail::fmul(static_cast<float>(r.x >> 8), 1.0f / 8388608.0f), 1.0f);
@@ -4773,14 +4894,16 @@ struct uniform_fill {
 
 //! Value type; thread-safe.
 struct powersgd_codec {
-  static constexpr codec_kind kind = codec_kind::low_rank;
+  static constexpr codec_kind kind = codec_kind::low_rank;  //!< two dense allreduces of the factors
 
   //! @throws std::invalid_argument unless 1 <= rank <= kernels::max_rank.
   explicit powersgd_codec(std::size_t rank = 4) : rank_(rank) {
     EBBFLOW_ENFORCE(rank >= 1 && rank <= kernels::max_rank,
                     "PowerSGD rank " << rank << " outside [1, " << kernels::max_rank << "]");
   }
+  //! "powersgd".
   [[nodiscard]] std::string_view name() const noexcept { return "powersgd"; }
+  //! Requested rank r.
   [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
   //! Rank actually used for a shape: min(rank, rows, cols).
   [[nodiscard]] std::size_t rank_for(matrix_shape s) const noexcept { return std::min({rank_, s.rows, s.cols}); }
@@ -4799,14 +4922,19 @@ struct powersgd_codec {
   void init_q(Ex& ex, float* q, matrix_shape s, std::uint64_t seed) const {
     ex.bulk(s.cols * rank_for(s), kernels::uniform_fill{q, {seed, 0x9051D}});
   }
+  //! p (rows x r) = m q, with m (rows x cols) and q (cols x r) row-major.
+  //! Pointers in `Ex`'s space; completes as `ex.bulk` does.
   template <class Ex>
   void compute_p(Ex& ex, const float* m, const float* q, float* p, matrix_shape s) const {
     ex.bulk(s.rows, kernels::lowrank_mul_p{m, q, p, s.rows, s.cols, rank_for(s)});
   }
+  //! Gram-Schmidt on the columns of p (rows x r) in place; blocking on the
+  //! CPU executor, enqueued on the stream of the CUDA executor.
   template <class Ex>
   void orthogonalize(Ex& ex, float* p, matrix_shape s) const {
     kernels::orthogonalizer<Ex>::run(ex, p, s.rows, rank_for(s));
   }
+  //! q (cols x r) = m^T p. Pointers in `Ex`'s space; completes as `ex.bulk` does.
   template <class Ex>
   void compute_q(Ex& ex, const float* m, const float* p, float* q, matrix_shape s) const {
     ex.bulk(s.cols, kernels::lowrank_mul_q{m, p, q, s.rows, s.cols, rank_for(s)});
@@ -4873,7 +5001,7 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress::kernels {
 
-//! Bits per code.
+//! Largest code magnitude L for `Bits`-bit codes: codes lie in [-L, L].
 template <int Bits>
 inline constexpr std::int32_t levels = Bits == 8 ? 127 : 7;
 
@@ -4886,13 +5014,14 @@ EBBFLOW_HD constexpr std::size_t code_bytes(std::size_t len) noexcept {
 //! Encodes block b: scales[b] and its codes. `res` may be null.
 template <int Bits>
 struct quantize_encode {
-  const float* in;
-  float* res;
-  float* scales;
+  const float* in;      //!< n input floats (executor's memory space)
+  float* res;           //!< n residual floats, or null
+  float* scales;        //!< one scale per block (output): max |v| / L
   std::uint8_t* codes;  //!< byte offset b * code_bytes<Bits>(block_size) for block b
-  std::size_t n;
-  detail::philox_stream rng;
+  std::size_t n;        //!< element count
+  detail::philox_stream rng;  //!< random bits for stochastic rounding
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     if (res == nullptr) run<false>(b);
     else run<true>(b);
@@ -4961,11 +5090,12 @@ struct quantize_encode {
 //! Decodes block b into out (Add = false) or adds it to out (Add = true).
 template <int Bits, bool Add>
 struct quantize_decode {
-  const float* scales;
-  const std::uint8_t* codes;
-  float* out;
-  std::size_t n;
+  const float* scales;        //!< one scale per block
+  const std::uint8_t* codes;  //!< codes, laid out as `quantize_encode` writes them
+  float* out;                 //!< n floats (output, or accumulated into when `Add`)
+  std::size_t n;              //!< element count
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     const std::size_t o = b * block_size;
     const std::uint8_t* EBBFLOW_DETAIL_RESTRICT pc = codes + b * code_bytes<Bits>(block_size);
@@ -4999,18 +5129,26 @@ namespace compress {
 template <int Bits>
 struct quantize_codec {
   static_assert(Bits == 8 || Bits == 4);
-  static constexpr codec_kind kind = codec_kind::linear;
-  static constexpr std::int32_t levels = kernels::levels<Bits>;
+  static constexpr codec_kind kind = codec_kind::linear;         //!< unbiased: decoded, added and re-encoded per ring hop
+  static constexpr std::int32_t levels = kernels::levels<Bits>;  //!< largest code magnitude: 127 (int8) or 7 (int4)
 
+  //! "int8" or "int4".
   [[nodiscard]] std::string_view name() const noexcept { return Bits == 8 ? "int8" : "int4"; }
+  //! Encoded size of `n` elements: a float scale per block plus the codes
+  //! (1 or 1/2 byte each), rounded up to 8.
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept {
     const std::size_t nb = kernels::blocks_of(n);
     return align8(4 * nb + (nb == 0 ? 0 : (nb - 1) * kernels::code_bytes<Bits>(kernels::block_size) +
                                               kernels::code_bytes<Bits>(n - (nb - 1) * kernels::block_size)));
   }
+  //! No workspace needed: 0.
   [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
+  //! Segment granularity: `kernels::block_size` (256) elements.
   [[nodiscard]] std::size_t block_elems() const noexcept { return kernels::block_size; }
 
+  //! Encodes `n` floats (+ `residual` when not null, which receives the new
+  //! error) into `out`, rounding stochastically with the Philox stream
+  //! (`ctx.seed`, `ctx.stream`). Pointers in `Ex`'s space.
   template <class Ex>
   void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context ctx = {}) const {
     const std::size_t nb = kernels::blocks_of(n);
@@ -5018,12 +5156,16 @@ struct quantize_codec {
                                                reinterpret_cast<std::uint8_t*>(out) + 4 * nb, n,
                                                {ctx.seed, ctx.stream}});
   }
+  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
     detail::bulk(ex, nb, kernels::quantize_decode<Bits, false>{reinterpret_cast<const float*>(in),
                                                       reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
   }
+  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
@@ -5032,7 +5174,9 @@ struct quantize_codec {
   }
 };
 
+//! 8-bit stochastic quantiser.
 using int8_codec = quantize_codec<8>;
+//! 4-bit stochastic quantiser.
 using int4_codec = quantize_codec<4>;
 static_assert(codec<int8_codec> && codec<int4_codec>);
 
@@ -5075,15 +5219,20 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress::kernels {
 
+//! 32-bit words of sign bits per block.
 inline constexpr std::size_t sign_words_per_block = block_size / 32;
 
+//! Encodes block b of v = in + res: scales[b] = mean |v| over the block, one
+//! bit per element (set for v >= +0); with `res`, res = v - (+-scale).
+//! Pointers in the executor's space.
 struct sign_encode {
-  const float* in;
+  const float* in;  //!< n input floats
   float* res;  //!< may be null (no error feedback; not recommended)
-  float* scales;
-  std::uint32_t* words;
-  std::size_t n;
+  float* scales;         //!< one scale per block (output)
+  std::uint32_t* words;  //!< `sign_words_per_block` words per block (output)
+  std::size_t n;         //!< element count
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     const std::size_t o = b * block_size;
     const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
@@ -5129,13 +5278,16 @@ struct sign_encode {
   }
 };
 
+//! Decodes block b to +-scales[b] by sign bit into out (Add = false) or adds
+//! it to out (Add = true). Pointers in the executor's space.
 template <bool Add>
 struct sign_decode {
-  const float* scales;
-  const std::uint32_t* words;
-  float* out;
-  std::size_t n;
+  const float* scales;         //!< one scale per block
+  const std::uint32_t* words;  //!< `sign_words_per_block` words per block
+  float* out;                  //!< n floats (output, or accumulated into when `Add`)
+  std::size_t n;               //!< element count
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     const std::size_t o = b * block_size;
     const std::uint32_t* EBBFLOW_DETAIL_RESTRICT pw = words + b * sign_words_per_block;
@@ -5166,28 +5318,39 @@ namespace compress {
 
 //! Stateless; thread-safe.
 struct sign_codec {
-  static constexpr codec_kind kind = codec_kind::sign;
+  static constexpr codec_kind kind = codec_kind::sign;  //!< two-phase scheme with error feedback
 
+  //! "sign1".
   [[nodiscard]] std::string_view name() const noexcept { return "sign1"; }
+  //! Encoded size of `n` elements: a float scale and 256 sign bits per
+  //! block, rounded up to 8.
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept {
     const std::size_t nb = kernels::blocks_of(n);
     return align8(4 * nb + 4 * kernels::sign_words_per_block * nb);
   }
+  //! No workspace needed: 0.
   [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
+  //! Segment granularity: `kernels::block_size` (256) elements.
   [[nodiscard]] std::size_t block_elems() const noexcept { return kernels::block_size; }
 
+  //! Encodes `n` floats (+ `residual` when not null, which receives the new
+  //! error) into `out`. Pointers in `Ex`'s space.
   template <class Ex>
   void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context = {}) const {
     const std::size_t nb = kernels::blocks_of(n);
     detail::bulk(ex, nb, kernels::sign_encode{in, residual, reinterpret_cast<float*>(out),
                                      reinterpret_cast<std::uint32_t*>(out + 4 * nb), n});
   }
+  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
     detail::bulk(ex, nb, kernels::sign_decode<false>{reinterpret_cast<const float*>(in),
                                             reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
   }
+  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
@@ -5244,16 +5407,18 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress::kernels {
 
+//! |v| by clearing the sign bit.
 EBBFLOW_HD inline float abs_bits(float v) noexcept { return detail::as_f32(detail::as_u32(v) & 0x7FFFFFFFu); }
 
 //! sample[s] = |in[i] + res[i]| for a Philox-chosen i (with replacement).
 struct topk_sample {
-  const float* in;
-  const float* res;
-  float* sample;
-  std::size_t n;
-  detail::philox_stream rng;
+  const float* in;            //!< n input floats (executor's memory space)
+  const float* res;           //!< n residual floats, or null
+  float* sample;              //!< sampled magnitudes (output)
+  std::size_t n;              //!< element count (> 0)
+  detail::philox_stream rng;  //!< chooses the sampled indices
 
+  //! Draws sample `s`.
   EBBFLOW_HD void operator()(std::size_t s) const noexcept {
     const detail::philox_u4 r = rng(s);
     const std::uint64_t wide = (static_cast<std::uint64_t>(r.x) << 32) | r.y;
@@ -5265,11 +5430,12 @@ struct topk_sample {
 //! Single-thread functor: *threshold = the m-th largest of sample[0, s)
 //! (quickselect, in place, deterministic pivots). Run with bulk(1, ...).
 struct topk_threshold {
-  float* sample;
-  std::size_t s;
+  float* sample;     //!< s magnitudes; reordered in place
+  std::size_t s;     //!< sample count (> 0)
   std::size_t m;  //!< 1 <= m <= s
-  float* threshold;
+  float* threshold;  //!< one float (output)
 
+  //! Runs the selection (the index is ignored).
   EBBFLOW_HD void operator()(std::size_t) const noexcept {
     // m-th largest == element at position s - m in ascending order.
     std::size_t want = s - m, lo = 0, hi = s - 1;
@@ -5298,12 +5464,13 @@ struct topk_threshold {
 
 //! counts[b] = number of elements of block b with |v| >= threshold (> 0).
 struct topk_count {
-  const float* in;
-  const float* res;
-  const float* threshold;
-  std::uint32_t* counts;
-  std::size_t n;
+  const float* in;         //!< n input floats (executor's memory space)
+  const float* res;        //!< n residual floats, or null
+  const float* threshold;  //!< one float, from `topk_threshold`
+  std::uint32_t* counts;   //!< one count per block (output)
+  std::size_t n;           //!< element count
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     const std::size_t o = b * block_size;
     const float t = *threshold;
@@ -5330,11 +5497,12 @@ struct topk_count {
 //! Single-thread functor: counts -> exclusive offsets (in place); writes
 //! min(total, k) to the header and zeroes the k slots. Run with bulk(1, ...).
 struct topk_scan {
-  std::uint32_t* counts;
-  std::size_t blocks;
+  std::uint32_t* counts;  //!< per-block counts in, exclusive offsets out
+  std::size_t blocks;     //!< block count
   std::uint32_t* header;  //!< encoded buffer start
-  std::size_t k;
+  std::size_t k;          //!< slot count
 
+  //! Runs the scan (the index is ignored).
   EBBFLOW_HD void operator()(std::size_t) const noexcept {
     std::uint64_t acc = 0;
     for (std::size_t b = 0; b < blocks; ++b) {
@@ -5352,14 +5520,19 @@ struct topk_scan {
 //! (sent elements -> 0, others keep v); selected elements past slot k are
 //! not sent and stay in the residual.
 struct topk_write {
-  const float* in;
-  float* res;
-  const float* threshold;
-  const std::uint32_t* offsets;
-  std::uint32_t* indices;
-  float* values;
+  const float* in;               //!< n input floats (executor's memory space)
+  float* res;                    //!< n residual floats, or null
+  const float* threshold;        //!< one float, from `topk_threshold`
+  const std::uint32_t* offsets;  //!< first slot per block, from `topk_scan`
+  std::uint32_t* indices;        //!< k slot indices (output)
+  float* values;                 //!< k slot values (output)
   std::size_t n, k;
+  //! @var n
+  //! Element count.
+  //! @var k
+  //! Slot count.
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     const std::size_t o = b * block_size;
     const float t = *threshold;
@@ -5386,10 +5559,11 @@ struct topk_write {
 //! slots. Indices within one encoding are distinct, so calls never collide.
 template <bool Add>
 struct topk_scatter {
-  const std::uint32_t* header;
-  std::size_t k;
-  float* out;
+  const std::uint32_t* header;  //!< encoded buffer (count, 0, k indices, k values)
+  std::size_t k;                //!< slot count of the encoding
+  float* out;                   //!< decoded floats (updated)
 
+  //! Applies slot `i` (nothing when i >= the sent count).
   EBBFLOW_HD void operator()(std::size_t i) const noexcept {
     if (i >= header[0]) return;
     const std::uint32_t idx = header[2 + i];
@@ -5401,7 +5575,8 @@ struct topk_scatter {
 
 //! out[i] = 0.
 struct fill_zero {
-  float* out;
+  float* out;  //!< floats to zero (executor's memory space)
+  //! Zeroes element `i`.
   EBBFLOW_HD void operator()(std::size_t i) const noexcept { out[i] = 0.0f; }
 };
 
@@ -5421,7 +5596,7 @@ namespace compress {
 
 //! Value type; thread-safe.
 struct topk_codec {
-  static constexpr codec_kind kind = codec_kind::sparse;
+  static constexpr codec_kind kind = codec_kind::sparse;  //!< not summable: encoded blocks are allgathered
 
   //! @throws std::invalid_argument unless 0 < ratio <= 1 and sample_size >= 64.
   explicit topk_codec(double ratio = 0.01, std::size_t sample_size = 16384) : ratio_(ratio), sample_(sample_size) {
@@ -5429,18 +5604,24 @@ struct topk_codec {
     EBBFLOW_ENFORCE(sample_size >= 64, "top-k sample size " << sample_size << " below 64");
   }
 
+  //! "topk".
   [[nodiscard]] std::string_view name() const noexcept { return "topk"; }
+  //! Fraction of elements sent, in (0, 1].
   [[nodiscard]] double ratio() const noexcept { return ratio_; }
   //! Slots for n elements: ceil(ratio * n), at least 1 when n > 0.
   [[nodiscard]] std::size_t slots(std::size_t n) const noexcept {
     if (n == 0) return 0;
     return std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(ratio_ * static_cast<double>(n))), 1, n);
   }
+  //! Encoded size of `n` elements: an 8-byte header plus (index, value) per slot.
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept { return align8(8 + 8 * slots(n)); }
+  //! Elements sampled to estimate the threshold: min(sample_size, n).
   [[nodiscard]] std::size_t sample_count(std::size_t n) const noexcept { return std::min(sample_, n); }
+  //! Scratch for the sample, per-block counts and the threshold.
   [[nodiscard]] std::size_t workspace_bytes(std::size_t n) const noexcept {
     return align8(4 * sample_count(n)) + align8(4 * kernels::blocks_of(n)) + 8;
   }
+  //! Segment granularity: `kernels::block_size` (256) elements.
   [[nodiscard]] std::size_t block_elems() const noexcept { return kernels::block_size; }
 
   //! Needs `ctx.workspace` (workspace_bytes(n), same space) when n > 0.
@@ -5464,11 +5645,15 @@ struct topk_codec {
     detail::bulk(ex, nb, kernels::topk_write{in, residual, thr, counts, header + 2,
                                     reinterpret_cast<float*>(header + 2 + k), n, k});
   }
+  //! Zeroes `out`, then scatters the sent values of `in` into it (both in
+  //! `Ex`'s space; completes as `ex.bulk` does).
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     ex.bulk(n, kernels::fill_zero{out});
     decode_add(ex, in, out, n);
   }
+  //! Adds the sent values of `in` to their positions in `out` (both in
+  //! `Ex`'s space; completes as `ex.bulk` does).
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     ex.bulk(slots(n), kernels::topk_scatter<true>{reinterpret_cast<const std::uint32_t*>(in), slots(n), out});
@@ -5925,6 +6110,7 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
 
+//! Tuning of a `compressed_allreduce`. Every rank must use the same values.
 struct allreduce_options {
   //! Encoded (wire) bytes per pipelined segment, about: a segment holds as
   //! many elements as encode to this size (whole codec blocks, at most
@@ -5950,7 +6136,7 @@ struct allreduce_options {
 
 //! Counters of one allreduce object (this rank).
 struct allreduce_stats {
-  std::size_t calls = 0;
+  std::size_t calls = 0;            //!< `run` calls
   std::size_t wire_bytes_sent = 0;  //!< bytes handed to the transport
   std::size_t dense_calls = 0;      //!< calls that took the dense path
 };
@@ -5978,7 +6164,9 @@ class compressed_allreduce {
 
   //! Bytes this rank sends for one call on n elements (no dense threshold).
   [[nodiscard]] std::size_t wire_bytes(std::size_t n) const noexcept;
+  //! Counters since construction.
   [[nodiscard]] const allreduce_stats& stats() const noexcept { return stats_; }
+  //! The codec given at construction.
   [[nodiscard]] const Codec& get_codec() const noexcept { return codec_; }
   //! Drops all residuals and PowerSGD state (e.g. after a membership change).
   void reset() noexcept { state_.clear(); }
@@ -9383,6 +9571,7 @@ class store_server {
   [[nodiscard]] const std::string& host() const noexcept { return host_; }
   //! "host:port", suitable for `EBBFLOW_STORE`.
   [[nodiscard]] std::string address() const;
+  //! A snapshot of the counters (relaxed reads; never blocks).
   [[nodiscard]] server_stats stats() const noexcept;
   //! Stops accepting and closes all connections; idempotent, non-blocking.
   void stop() noexcept;
@@ -9414,9 +9603,10 @@ struct compare_set_result {
 
 //! A change seen by a `store_watcher`.
 struct store_event {
+  //! What happened to the key.
   enum class kind { set, erase };
-  kind type = kind::set;
-  std::string key;
+  kind type = kind::set;  //!< set (or initial report) or erase
+  std::string key;        //!< the key that changed
   std::string value;  //!< the new value (empty for erase)
 };
 
@@ -9424,7 +9614,9 @@ struct store_event {
 //! Not thread-safe: use one watcher from one thread at a time.
 class store_watcher {
  public:
+  //! Takes over the connection of the source, which must not be used afterwards.
   store_watcher(store_watcher&&) noexcept;
+  //! Closes this watcher's connection and takes over the source's.
   store_watcher& operator=(store_watcher&&) noexcept;
   ~store_watcher();
 
@@ -9463,73 +9655,98 @@ class store_client {
   //! `EBBFLOW_STORE_TIMEOUT_MS` (see `launch_info`).
   //! @throws std::invalid_argument when no store address is set or values are malformed.
   static store_client from_environment();
+  //! Takes over the connection of the source, which must not be used afterwards.
   store_client(store_client&&) noexcept;
+  //! Closes this client's connection and takes over the source's.
   store_client& operator=(store_client&&) noexcept;
   ~store_client();
 
   //! Connects and authenticates now (otherwise the first call does).
   void connect(deadline d);
+  //! As above; errors in `ec`.
   void connect(deadline d, std::error_code& ec) noexcept;
 
   //! Stores `value` under `key`, waking waiters and watchers.
   void set(std::string_view key, std::string_view value);
+  //! As above, by deadline `d`.
   void set(std::string_view key, std::string_view value, deadline d);
+  //! As above; errors in `ec`.
   void set(std::string_view key, std::string_view value, std::error_code& ec) noexcept;
+  //! As above, by deadline `d`; errors in `ec`.
   void set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept;
 
   //! The value of `key`, waiting (server-side) until it is set or `d` passes (errc::timeout).
   std::string get(std::string_view key);
+  //! As above, by deadline `d`.
   std::string get(std::string_view key, deadline d);
+  //! As above; on error sets `ec` and returns an empty string.
   std::string get(std::string_view key, std::error_code& ec) noexcept;
+  //! As above, by deadline `d`; on error sets `ec` and returns an empty string.
   std::string get(std::string_view key, deadline d, std::error_code& ec) noexcept;
 
   //! The value of `key`, or nullopt when it is not set. Does not wait.
   std::optional<std::string> try_get(std::string_view key);
+  //! As above, by deadline `d`.
   std::optional<std::string> try_get(std::string_view key, deadline d);
+  //! As above; on error sets `ec` and returns nullopt.
   std::optional<std::string> try_get(std::string_view key, std::error_code& ec) noexcept;
+  //! As above, by deadline `d`; on error sets `ec` and returns nullopt.
   std::optional<std::string> try_get(std::string_view key, deadline d, std::error_code& ec) noexcept;
 
   //! Atomically adds `delta` to the integer at `key` (missing: 0) and returns the result.
   std::int64_t add(std::string_view key, std::int64_t delta);
+  //! As above, by deadline `d`.
   std::int64_t add(std::string_view key, std::int64_t delta, deadline d);
+  //! As above; on error sets `ec` and returns 0.
   std::int64_t add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept;
+  //! As above, by deadline `d`; on error sets `ec` and returns 0.
   std::int64_t add(std::string_view key, std::int64_t delta, deadline d, std::error_code& ec) noexcept;
 
   //! Atomically stores `desired` if the value is `expected` (a missing key
   //! matches an empty `expected`), and returns what is stored now.
   compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired);
+  //! As above, by deadline `d`.
   compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
                                  deadline d);
+  //! As above; on error sets `ec` and returns an empty result.
   compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
                                  std::error_code& ec) noexcept;
+  //! As above, by deadline `d`; on error sets `ec` and returns an empty result.
   compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
                                  deadline d, std::error_code& ec) noexcept;
 
   //! Blocks until every key in `keys` is set, or `d` passes (errc::timeout).
   //! The server waits; the client does not poll.
   void wait(const std::vector<std::string>& keys, deadline d);
+  //! As above; errors in `ec`.
   void wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept;
 
   //! True when every key in `keys` is set. Does not wait.
   bool check(const std::vector<std::string>& keys);
+  //! As above; on error sets `ec` and returns false.
   bool check(const std::vector<std::string>& keys, std::error_code& ec) noexcept;
 
   //! Removes `key`; returns whether it existed.
   bool erase(std::string_view key);
+  //! As above; on error sets `ec` and returns false.
   bool erase(std::string_view key, std::error_code& ec) noexcept;
 
   //! Number of keys stored.
   std::int64_t num_keys();
+  //! As above; on error sets `ec` and returns 0.
   std::int64_t num_keys(std::error_code& ec) noexcept;
 
   //! One round trip (liveness, latency).
   void ping(deadline d);
+  //! As above; errors in `ec`.
   void ping(deadline d, std::error_code& ec) noexcept;
 
   //! Opens a new connection that streams every change to keys starting with
   //! `prefix`; with `include_existing` it first reports the keys already set
   //! (as `set` events, in unspecified order).
   store_watcher watch(std::string_view prefix, bool include_existing, deadline d);
+  //! As above; on error sets `ec` and returns a watcher whose connection is
+  //! closed (do not use it).
   store_watcher watch(std::string_view prefix, bool include_existing, deadline d, std::error_code& ec) noexcept;
 
   //! Drops the connection (the next call reconnects).
@@ -9538,7 +9755,9 @@ class store_client {
   //! The server's reason for the last failed call (e.g. "wait: 1 of 3 keys still
   //! missing after 100 ms: 'b'"), or the local one; empty after a success.
   [[nodiscard]] std::string last_error_detail() const;
+  //! The server host given at construction.
   [[nodiscard]] const std::string& host() const noexcept { return host_; }
+  //! The server port given at construction.
   [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
 
  private:
@@ -10976,9 +11195,11 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 
+//! The elastic group's `network` over UCX: one context and one worker for
+//! the whole job, a `comm::ucx::transport` per generation. Not thread-safe.
 class ucx_network {
  public:
-  using transport_type = comm::ucx::transport;
+  using transport_type = comm::ucx::transport;  //!< what `connect` builds per generation
 
   //! Creates the process's UCP context and its one worker (UCX reads its
   //! configuration from the environment; see docs/comm.md for the defaults

@@ -47,6 +47,7 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
 
+//! Tuning of a `compressed_allreduce`. Every rank must use the same values.
 struct allreduce_options {
   //! Encoded (wire) bytes per pipelined segment, about: a segment holds as
   //! many elements as encode to this size (whole codec blocks, at most
@@ -72,7 +73,7 @@ struct allreduce_options {
 
 //! Counters of one allreduce object (this rank).
 struct allreduce_stats {
-  std::size_t calls = 0;
+  std::size_t calls = 0;            //!< `run` calls
   std::size_t wire_bytes_sent = 0;  //!< bytes handed to the transport
   std::size_t dense_calls = 0;      //!< calls that took the dense path
 };
@@ -100,7 +101,9 @@ class compressed_allreduce {
 
   //! Bytes this rank sends for one call on n elements (no dense threshold).
   [[nodiscard]] std::size_t wire_bytes(std::size_t n) const noexcept;
+  //! Counters since construction.
   [[nodiscard]] const allreduce_stats& stats() const noexcept { return stats_; }
+  //! The codec given at construction.
   [[nodiscard]] const Codec& get_codec() const noexcept { return codec_; }
   //! Drops all residuals and PowerSGD state (e.g. after a membership change).
   void reset() noexcept { state_.clear(); }

@@ -101,6 +101,7 @@ class store_server {
   [[nodiscard]] const std::string& host() const noexcept { return host_; }
   //! "host:port", suitable for `EBBFLOW_STORE`.
   [[nodiscard]] std::string address() const;
+  //! A snapshot of the counters (relaxed reads; never blocks).
   [[nodiscard]] server_stats stats() const noexcept;
   //! Stops accepting and closes all connections; idempotent, non-blocking.
   void stop() noexcept;
@@ -132,9 +133,10 @@ struct compare_set_result {
 
 //! A change seen by a `store_watcher`.
 struct store_event {
+  //! What happened to the key.
   enum class kind { set, erase };
-  kind type = kind::set;
-  std::string key;
+  kind type = kind::set;  //!< set (or initial report) or erase
+  std::string key;        //!< the key that changed
   std::string value;  //!< the new value (empty for erase)
 };
 
@@ -142,7 +144,9 @@ struct store_event {
 //! Not thread-safe: use one watcher from one thread at a time.
 class store_watcher {
  public:
+  //! Takes over the connection of the source, which must not be used afterwards.
   store_watcher(store_watcher&&) noexcept;
+  //! Closes this watcher's connection and takes over the source's.
   store_watcher& operator=(store_watcher&&) noexcept;
   ~store_watcher();
 
@@ -181,73 +185,98 @@ class store_client {
   //! `EBBFLOW_STORE_TIMEOUT_MS` (see `launch_info`).
   //! @throws std::invalid_argument when no store address is set or values are malformed.
   static store_client from_environment();
+  //! Takes over the connection of the source, which must not be used afterwards.
   store_client(store_client&&) noexcept;
+  //! Closes this client's connection and takes over the source's.
   store_client& operator=(store_client&&) noexcept;
   ~store_client();
 
   //! Connects and authenticates now (otherwise the first call does).
   void connect(deadline d);
+  //! As above; errors in `ec`.
   void connect(deadline d, std::error_code& ec) noexcept;
 
   //! Stores `value` under `key`, waking waiters and watchers.
   void set(std::string_view key, std::string_view value);
+  //! As above, by deadline `d`.
   void set(std::string_view key, std::string_view value, deadline d);
+  //! As above; errors in `ec`.
   void set(std::string_view key, std::string_view value, std::error_code& ec) noexcept;
+  //! As above, by deadline `d`; errors in `ec`.
   void set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept;
 
   //! The value of `key`, waiting (server-side) until it is set or `d` passes (errc::timeout).
   std::string get(std::string_view key);
+  //! As above, by deadline `d`.
   std::string get(std::string_view key, deadline d);
+  //! As above; on error sets `ec` and returns an empty string.
   std::string get(std::string_view key, std::error_code& ec) noexcept;
+  //! As above, by deadline `d`; on error sets `ec` and returns an empty string.
   std::string get(std::string_view key, deadline d, std::error_code& ec) noexcept;
 
   //! The value of `key`, or nullopt when it is not set. Does not wait.
   std::optional<std::string> try_get(std::string_view key);
+  //! As above, by deadline `d`.
   std::optional<std::string> try_get(std::string_view key, deadline d);
+  //! As above; on error sets `ec` and returns nullopt.
   std::optional<std::string> try_get(std::string_view key, std::error_code& ec) noexcept;
+  //! As above, by deadline `d`; on error sets `ec` and returns nullopt.
   std::optional<std::string> try_get(std::string_view key, deadline d, std::error_code& ec) noexcept;
 
   //! Atomically adds `delta` to the integer at `key` (missing: 0) and returns the result.
   std::int64_t add(std::string_view key, std::int64_t delta);
+  //! As above, by deadline `d`.
   std::int64_t add(std::string_view key, std::int64_t delta, deadline d);
+  //! As above; on error sets `ec` and returns 0.
   std::int64_t add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept;
+  //! As above, by deadline `d`; on error sets `ec` and returns 0.
   std::int64_t add(std::string_view key, std::int64_t delta, deadline d, std::error_code& ec) noexcept;
 
   //! Atomically stores `desired` if the value is `expected` (a missing key
   //! matches an empty `expected`), and returns what is stored now.
   compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired);
+  //! As above, by deadline `d`.
   compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
                                  deadline d);
+  //! As above; on error sets `ec` and returns an empty result.
   compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
                                  std::error_code& ec) noexcept;
+  //! As above, by deadline `d`; on error sets `ec` and returns an empty result.
   compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
                                  deadline d, std::error_code& ec) noexcept;
 
   //! Blocks until every key in `keys` is set, or `d` passes (errc::timeout).
   //! The server waits; the client does not poll.
   void wait(const std::vector<std::string>& keys, deadline d);
+  //! As above; errors in `ec`.
   void wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept;
 
   //! True when every key in `keys` is set. Does not wait.
   bool check(const std::vector<std::string>& keys);
+  //! As above; on error sets `ec` and returns false.
   bool check(const std::vector<std::string>& keys, std::error_code& ec) noexcept;
 
   //! Removes `key`; returns whether it existed.
   bool erase(std::string_view key);
+  //! As above; on error sets `ec` and returns false.
   bool erase(std::string_view key, std::error_code& ec) noexcept;
 
   //! Number of keys stored.
   std::int64_t num_keys();
+  //! As above; on error sets `ec` and returns 0.
   std::int64_t num_keys(std::error_code& ec) noexcept;
 
   //! One round trip (liveness, latency).
   void ping(deadline d);
+  //! As above; errors in `ec`.
   void ping(deadline d, std::error_code& ec) noexcept;
 
   //! Opens a new connection that streams every change to keys starting with
   //! `prefix`; with `include_existing` it first reports the keys already set
   //! (as `set` events, in unspecified order).
   store_watcher watch(std::string_view prefix, bool include_existing, deadline d);
+  //! As above; on error sets `ec` and returns a watcher whose connection is
+  //! closed (do not use it).
   store_watcher watch(std::string_view prefix, bool include_existing, deadline d, std::error_code& ec) noexcept;
 
   //! Drops the connection (the next call reconnects).
@@ -256,7 +285,9 @@ class store_client {
   //! The server's reason for the last failed call (e.g. "wait: 1 of 3 keys still
   //! missing after 100 ms: 'b'"), or the local one; empty after a success.
   [[nodiscard]] std::string last_error_detail() const;
+  //! The server host given at construction.
   [[nodiscard]] const std::string& host() const noexcept { return host_; }
+  //! The server port given at construction.
   [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
 
  private:

@@ -20,9 +20,11 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 
+//! The elastic group's `network` over UCX: one context and one worker for
+//! the whole job, a `comm::ucx::transport` per generation. Not thread-safe.
 class ucx_network {
  public:
-  using transport_type = comm::ucx::transport;
+  using transport_type = comm::ucx::transport;  //!< what `connect` builds per generation
 
   //! Creates the process's UCP context and its one worker (UCX reads its
   //! configuration from the environment; see docs/comm.md for the defaults

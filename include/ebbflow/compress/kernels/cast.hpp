@@ -17,11 +17,13 @@ namespace compress::kernels {
 //! Target format of a cast code.
 enum class cast_format { f16, bf16 };
 
+//! `v` rounded to nearest even in format `F`, as raw bits.
 template <cast_format F>
 EBBFLOW_HD inline std::uint16_t to_bits(float v) noexcept {
   if constexpr (F == cast_format::f16) return detail::f32_to_f16(v);
   else return detail::f32_to_bf16(v);
 }
+//! The float value of raw bits `b` of format `F` (exact).
 template <cast_format F>
 EBBFLOW_HD inline float from_bits(std::uint16_t b) noexcept {
   if constexpr (F == cast_format::f16) return detail::f16_to_f32(b);
@@ -32,11 +34,12 @@ EBBFLOW_HD inline float from_bits(std::uint16_t b) noexcept {
 //! `res` may be null (no error feedback). Pointers in the executor's space.
 template <cast_format F>
 struct cast_encode {
-  const float* in;
-  float* res;
-  std::uint16_t* out;
-  std::size_t n;
+  const float* in;     //!< n input floats
+  float* res;          //!< n residual floats, or null
+  std::uint16_t* out;  //!< n codes (output)
+  std::size_t n;       //!< element count
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     const std::size_t o = b * block_size;
     const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
@@ -62,10 +65,11 @@ struct cast_encode {
 //! out[i] = float(in[i]) (Add = false) or out[i] += float(in[i]) (Add = true).
 template <cast_format F, bool Add>
 struct cast_decode {
-  const std::uint16_t* in;
-  float* out;
-  std::size_t n;
+  const std::uint16_t* in;  //!< n codes
+  float* out;               //!< n floats (output, or accumulated into when `Add`)
+  std::size_t n;            //!< element count
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     const std::size_t o = b * block_size;
     const std::uint16_t* EBBFLOW_DETAIL_RESTRICT pi = in + o;

@@ -22,7 +22,7 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress::kernels {
 
-//! Bits per code.
+//! Largest code magnitude L for `Bits`-bit codes: codes lie in [-L, L].
 template <int Bits>
 inline constexpr std::int32_t levels = Bits == 8 ? 127 : 7;
 
@@ -35,13 +35,14 @@ EBBFLOW_HD constexpr std::size_t code_bytes(std::size_t len) noexcept {
 //! Encodes block b: scales[b] and its codes. `res` may be null.
 template <int Bits>
 struct quantize_encode {
-  const float* in;
-  float* res;
-  float* scales;
+  const float* in;      //!< n input floats (executor's memory space)
+  float* res;           //!< n residual floats, or null
+  float* scales;        //!< one scale per block (output): max |v| / L
   std::uint8_t* codes;  //!< byte offset b * code_bytes<Bits>(block_size) for block b
-  std::size_t n;
-  detail::philox_stream rng;
+  std::size_t n;        //!< element count
+  detail::philox_stream rng;  //!< random bits for stochastic rounding
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     if (res == nullptr) run<false>(b);
     else run<true>(b);
@@ -110,11 +111,12 @@ struct quantize_encode {
 //! Decodes block b into out (Add = false) or adds it to out (Add = true).
 template <int Bits, bool Add>
 struct quantize_decode {
-  const float* scales;
-  const std::uint8_t* codes;
-  float* out;
-  std::size_t n;
+  const float* scales;        //!< one scale per block
+  const std::uint8_t* codes;  //!< codes, laid out as `quantize_encode` writes them
+  float* out;                 //!< n floats (output, or accumulated into when `Add`)
+  std::size_t n;              //!< element count
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     const std::size_t o = b * block_size;
     const std::uint8_t* EBBFLOW_DETAIL_RESTRICT pc = codes + b * code_bytes<Bits>(block_size);

@@ -17,15 +17,20 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress::kernels {
 
+//! 32-bit words of sign bits per block.
 inline constexpr std::size_t sign_words_per_block = block_size / 32;
 
+//! Encodes block b of v = in + res: scales[b] = mean |v| over the block, one
+//! bit per element (set for v >= +0); with `res`, res = v - (+-scale).
+//! Pointers in the executor's space.
 struct sign_encode {
-  const float* in;
+  const float* in;  //!< n input floats
   float* res;  //!< may be null (no error feedback; not recommended)
-  float* scales;
-  std::uint32_t* words;
-  std::size_t n;
+  float* scales;         //!< one scale per block (output)
+  std::uint32_t* words;  //!< `sign_words_per_block` words per block (output)
+  std::size_t n;         //!< element count
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     const std::size_t o = b * block_size;
     const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
@@ -71,13 +76,16 @@ struct sign_encode {
   }
 };
 
+//! Decodes block b to +-scales[b] by sign bit into out (Add = false) or adds
+//! it to out (Add = true). Pointers in the executor's space.
 template <bool Add>
 struct sign_decode {
-  const float* scales;
-  const std::uint32_t* words;
-  float* out;
-  std::size_t n;
+  const float* scales;         //!< one scale per block
+  const std::uint32_t* words;  //!< `sign_words_per_block` words per block
+  float* out;                  //!< n floats (output, or accumulated into when `Add`)
+  std::size_t n;               //!< element count
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     const std::size_t o = b * block_size;
     const std::uint32_t* EBBFLOW_DETAIL_RESTRICT pw = words + b * sign_words_per_block;

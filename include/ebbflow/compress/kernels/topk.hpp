@@ -22,16 +22,18 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress::kernels {
 
+//! |v| by clearing the sign bit.
 EBBFLOW_HD inline float abs_bits(float v) noexcept { return detail::as_f32(detail::as_u32(v) & 0x7FFFFFFFu); }
 
 //! sample[s] = |in[i] + res[i]| for a Philox-chosen i (with replacement).
 struct topk_sample {
-  const float* in;
-  const float* res;
-  float* sample;
-  std::size_t n;
-  detail::philox_stream rng;
+  const float* in;            //!< n input floats (executor's memory space)
+  const float* res;           //!< n residual floats, or null
+  float* sample;              //!< sampled magnitudes (output)
+  std::size_t n;              //!< element count (> 0)
+  detail::philox_stream rng;  //!< chooses the sampled indices
 
+  //! Draws sample `s`.
   EBBFLOW_HD void operator()(std::size_t s) const noexcept {
     const detail::philox_u4 r = rng(s);
     const std::uint64_t wide = (static_cast<std::uint64_t>(r.x) << 32) | r.y;
@@ -43,11 +45,12 @@ struct topk_sample {
 //! Single-thread functor: *threshold = the m-th largest of sample[0, s)
 //! (quickselect, in place, deterministic pivots). Run with bulk(1, ...).
 struct topk_threshold {
-  float* sample;
-  std::size_t s;
+  float* sample;     //!< s magnitudes; reordered in place
+  std::size_t s;     //!< sample count (> 0)
   std::size_t m;  //!< 1 <= m <= s
-  float* threshold;
+  float* threshold;  //!< one float (output)
 
+  //! Runs the selection (the index is ignored).
   EBBFLOW_HD void operator()(std::size_t) const noexcept {
     // m-th largest == element at position s - m in ascending order.
     std::size_t want = s - m, lo = 0, hi = s - 1;
@@ -76,12 +79,13 @@ struct topk_threshold {
 
 //! counts[b] = number of elements of block b with |v| >= threshold (> 0).
 struct topk_count {
-  const float* in;
-  const float* res;
-  const float* threshold;
-  std::uint32_t* counts;
-  std::size_t n;
+  const float* in;         //!< n input floats (executor's memory space)
+  const float* res;        //!< n residual floats, or null
+  const float* threshold;  //!< one float, from `topk_threshold`
+  std::uint32_t* counts;   //!< one count per block (output)
+  std::size_t n;           //!< element count
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     const std::size_t o = b * block_size;
     const float t = *threshold;
@@ -108,11 +112,12 @@ struct topk_count {
 //! Single-thread functor: counts -> exclusive offsets (in place); writes
 //! min(total, k) to the header and zeroes the k slots. Run with bulk(1, ...).
 struct topk_scan {
-  std::uint32_t* counts;
-  std::size_t blocks;
+  std::uint32_t* counts;  //!< per-block counts in, exclusive offsets out
+  std::size_t blocks;     //!< block count
   std::uint32_t* header;  //!< encoded buffer start
-  std::size_t k;
+  std::size_t k;          //!< slot count
 
+  //! Runs the scan (the index is ignored).
   EBBFLOW_HD void operator()(std::size_t) const noexcept {
     std::uint64_t acc = 0;
     for (std::size_t b = 0; b < blocks; ++b) {
@@ -130,14 +135,19 @@ struct topk_scan {
 //! (sent elements -> 0, others keep v); selected elements past slot k are
 //! not sent and stay in the residual.
 struct topk_write {
-  const float* in;
-  float* res;
-  const float* threshold;
-  const std::uint32_t* offsets;
-  std::uint32_t* indices;
-  float* values;
+  const float* in;               //!< n input floats (executor's memory space)
+  float* res;                    //!< n residual floats, or null
+  const float* threshold;        //!< one float, from `topk_threshold`
+  const std::uint32_t* offsets;  //!< first slot per block, from `topk_scan`
+  std::uint32_t* indices;        //!< k slot indices (output)
+  float* values;                 //!< k slot values (output)
   std::size_t n, k;
+  //! @var n
+  //! Element count.
+  //! @var k
+  //! Slot count.
 
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
     const std::size_t o = b * block_size;
     const float t = *threshold;
@@ -164,10 +174,11 @@ struct topk_write {
 //! slots. Indices within one encoding are distinct, so calls never collide.
 template <bool Add>
 struct topk_scatter {
-  const std::uint32_t* header;
-  std::size_t k;
-  float* out;
+  const std::uint32_t* header;  //!< encoded buffer (count, 0, k indices, k values)
+  std::size_t k;                //!< slot count of the encoding
+  float* out;                   //!< decoded floats (updated)
 
+  //! Applies slot `i` (nothing when i >= the sent count).
   EBBFLOW_HD void operator()(std::size_t i) const noexcept {
     if (i >= header[0]) return;
     const std::uint32_t idx = header[2 + i];
@@ -179,7 +190,8 @@ struct topk_scatter {
 
 //! out[i] = 0.
 struct fill_zero {
-  float* out;
+  float* out;  //!< floats to zero (executor's memory space)
+  //! Zeroes element `i`.
   EBBFLOW_HD void operator()(std::size_t i) const noexcept { out[i] = 0.0f; }
 };
 
