@@ -42,6 +42,7 @@
 #include <ebbflow/elastic/loopback_network.hpp>
 #include <ebbflow/elastic/planner_policy.hpp>
 #include <ebbflow/elastic/policy.hpp>
+#include <ebbflow/elastic/store_address_exchange.hpp>
 #include <ebbflow/exec/executor.hpp>
 #include <ebbflow/plan.hpp>
 #include <ebbflow/plan/batch_planner.hpp>

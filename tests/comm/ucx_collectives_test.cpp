@@ -19,6 +19,11 @@
 
 #include "collective_check.hpp"
 
+#if EBBFLOW_HAS_ASIO
+#include <ebbflow/elastic/store.hpp>
+#include <ebbflow/elastic/store_address_exchange.hpp>
+#endif
+
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -42,11 +47,20 @@ using comm_t = ef::comm::basic_communicator<ucx::transport>;
 namespace {
 
 // ------------------------------------------------------------------ workers
+// Addresses travel through files when this binary launches its own workers,
+// and through the rendezvous store when ebbflow-run started them.
 struct worker_env {
   ef::launch_info li = ef::launch_info::from_environment();
   std::shared_ptr<ucx::context> ctx = ucx::context::create();
-  ucx::file_address_exchange ex{std::filesystem::path(ef::env::get("EBBFLOW_TEST_DIR").value())};
   ucx::transport connect(std::int64_t g = 0) {
+#if EBBFLOW_HAS_ASIO
+    if (li.store_port != 0) {
+      auto store = ebbflow::elastic::store_client::from_environment();
+      ebbflow::elastic::store_address_exchange<ebbflow::elastic::store_client> ex(store, "ucx-test");
+      return ucx::connect(ctx, ex, g, li.rank, li.world_size, ef::deadline::after(20s));
+    }
+#endif
+    ucx::file_address_exchange ex{std::filesystem::path(ef::env::get("EBBFLOW_TEST_DIR").value())};
     return ucx::connect(ctx, ex, g, li.rank, li.world_size, ef::deadline::after(20s));
   }
 };
