@@ -11195,6 +11195,9 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 
+//! Address exchange through a `kv_store` (see the file comment). Holds a
+//! pointer to the store, not the store; concurrent calls are as safe as the
+//! store's calls are.
 template <kv_store Store>
 class store_address_exchange {
  public:
