@@ -34,6 +34,13 @@ class EbbflowTestPackage(ConanFile):
         if not can_run(self):
             return
         programs = load(self, os.path.join(self.build_folder, "consumer-programs.txt")).split()
-        assert programs, "no consumer programs were built"
+        names = {os.path.basename(p) for p in programs}
+        want = {"consumer_core", "consumer_plan"}
+        dep = self.dependencies["ebbflow"]
+        if dep.options.asio:
+            want.add("consumer_asio")
+        if dep.options.ucx:
+            want.add("consumer_ucx")
+        assert want <= names, f"consumer programs missing: {sorted(want - names)}"
         for p in programs:
             self.run(p, env="conanrun")

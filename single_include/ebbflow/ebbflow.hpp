@@ -3843,7 +3843,16 @@ class file_address_exchange {
   std::vector<std::vector<std::byte>> operator()(std::int64_t generation, int rank, int size,
                                                  std::span<const std::byte> mine, deadline d) const {
     namespace fs = std::filesystem;
-    auto name = [&](int r) { return dir_ / ("g" + std::to_string(generation) + ".r" + std::to_string(r) + ".addr"); };
+    // Built by appending: GCC 12 at -O3 reports a false -Wrestrict on
+    // `"literal" + std::to_string(...)` (GCC bug 105651), which breaks -Werror users.
+    auto name = [&](int r) {
+      std::string file = "g";
+      file += std::to_string(generation);
+      file += ".r";
+      file += std::to_string(r);
+      file += ".addr";
+      return dir_ / file;
+    };
     const fs::path tmp = name(rank).string() + ".tmp";
     {
       std::ofstream f(tmp, std::ios::binary | std::ios::trunc);

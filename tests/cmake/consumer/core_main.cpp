@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // A consumer program of the header-only core, built by every packaging test
-// (find_package, FetchContent, add_subdirectory, single header, Conan).
+// (find_package, FetchContent, add_subdirectory, single header, Conan); the
+// planner and the UCX collectives have their own programs (plan_main.cpp,
+// ucx_main.cpp).
 // Includes only the umbrella, so the same file proves the umbrella and the
 // single-include header; links only ebbflow::ebbflow (or nothing but the
 // single header), and does not set the C++ standard: the target must carry
@@ -73,11 +75,6 @@ int main() {
               w.find("generation 5") != std::string::npos && e.code() == ef::errc::peer_lost,
           "system_error names operation, rank and generation");
   }
-
-  // TODO(#9): once <ebbflow/plan/batch_planner.hpp> lands, add a consumer_planner
-  // program (no optional dependency, links ebbflow::ebbflow only) that plans a
-  // global batch over heterogeneous workers and checks sum(b_i) == B, and list
-  // it in programs.cmake.
 
   if (failures) return EXIT_FAILURE;
   std::printf("consumer_core OK (ebbflow %s)\n", EBBFLOW_VERSION_STRING);

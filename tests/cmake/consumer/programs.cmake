@@ -1,24 +1,29 @@
 # SPDX-License-Identifier: Apache-2.0
 # The programs every consumer project builds; run_consumer.cmake runs each one
 # listed in <build>/consumer-programs.txt and expects exit code 0.
-#   ebbflow_consumer_programs(CORE <libs> ASIO <libs> [DEFINES <defs>] [SET_STANDARD])
+#   ebbflow_consumer_programs(CORE <libs> [ASIO <libs>] [UCX <libs>] [DEFINES <defs>] [SET_STANDARD])
 # CORE: what a program using only the core links (ebbflow::ebbflow, or nothing
-# for the single header); ASIO: what a program using the asio component links.
-# TODO(#9): add, once their headers land,
-#   consumer_planner  (core only: plan a global batch, check sum(b_i) == B),
-#   consumer_ucx      (links ebbflow::ucx: a 2-process allreduce over UCX on
-#                      loopback, e.g. fork() + the UCX transport, checked sums),
-# and append both to the list written below.
+# but the single header); consumer_core and consumer_plan (the batch planner,
+# no optional dependency) link it. ASIO / UCX: what a program using the asio /
+# ucx component links (consumer_asio; consumer_ucx, a two-process allreduce
+# over UCX); each is built only when given.
 function(ebbflow_consumer_programs)
-  cmake_parse_arguments(C "SET_STANDARD" "" "CORE;ASIO;DEFINES" ${ARGN})
+  cmake_parse_arguments(C "SET_STANDARD" "" "CORE;ASIO;UCX;DEFINES" ${ARGN})
   set(dir ${CMAKE_CURRENT_FUNCTION_LIST_DIR})
   add_executable(consumer_core ${dir}/core_main.cpp)
   target_link_libraries(consumer_core PRIVATE ${C_CORE})
-  set(programs consumer_core)
+  add_executable(consumer_plan ${dir}/plan_main.cpp)
+  target_link_libraries(consumer_plan PRIVATE ${C_CORE})
+  set(programs consumer_core consumer_plan)
   if(C_ASIO)  # only the Conan test_package built without its asio option omits it
     add_executable(consumer_asio ${dir}/asio_main.cpp)
     target_link_libraries(consumer_asio PRIVATE ${C_ASIO})
     list(APPEND programs consumer_asio)
+  endif()
+  if(C_UCX)  # the Conan test_package built without its ucx option omits it
+    add_executable(consumer_ucx ${dir}/ucx_main.cpp)
+    target_link_libraries(consumer_ucx PRIVATE ${C_UCX})
+    list(APPEND programs consumer_ucx)
   endif()
   set(list "")
   foreach(p IN LISTS programs)
