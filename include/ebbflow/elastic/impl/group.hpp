@@ -188,7 +188,13 @@ void group<Store, Net>::wait_admission() {
     }
     if (store_->try_get(key("done"), store_deadline())) fail(error::invalid_state, "the job finished before this worker was admitted");
     if (d.expired()) fail(error::timeout, "not admitted within EBBFLOW_JOIN_TIMEOUT_MS (group at max size, or no coordinator)");
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // Wait on the server (no polling: waiting newcomers cost the running
+    // members nothing), in slices so the job's end is noticed.
+    try {
+      store_->wait({jkey}, min(d, deadline::after(std::chrono::milliseconds(200))));
+    } catch (const system_error& e) {
+      if (e.code() != errc::timeout) throw;
+    }
   }
 }
 
