@@ -8,6 +8,7 @@
 #pragma once
 
 #include <ebbflow/config.hpp>
+#include <ebbflow/core/half.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -36,24 +37,9 @@ EBBFLOW_HD inline float fsub(float a, float b) noexcept {
   return a - b;
 #endif
 }
-EBBFLOW_HD inline std::uint32_t as_u32(float f) noexcept {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-#endif
-}
-EBBFLOW_HD inline float as_f32(std::uint32_t u) noexcept {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-#endif
-}
+// Bit casts shared with core/half.hpp (one implementation, host and device).
+EBBFLOW_HD inline std::uint32_t as_u32(float f) noexcept { return ::ebbflow::detail::float_bits(f); }
+EBBFLOW_HD inline float as_f32(std::uint32_t u) noexcept { return ::ebbflow::detail::bits_float(u); }
 //! Round toward minus infinity, as an int (|x| < 2^31).
 EBBFLOW_HD inline std::int32_t floor_i32(float x) noexcept {
   const auto t = static_cast<std::int32_t>(x);  // truncates toward zero
