@@ -105,7 +105,7 @@ def main():
     args.wrap = args.wrap.split() if args.wrap else []
     args.tmp = tempfile.mkdtemp(prefix="ebbflow-elastic-bench-")
     n, ev = args.n, args.event_at
-    res = {k: [] for k in ["steady", "scale_share", "scale_stall_max", "scale_done", "leave_stall_max",
+    res = {k: [] for k in ["steady", "scale_share", "scale_lost_ms", "scale_stall_max", "scale_done", "leave_stall_max",
                            "kill_to_step", "restart_down", "restart_done", "steady_2n"]}
     for rnd in range(args.rounds):
         # steady
@@ -119,6 +119,11 @@ def main():
         last_small = max(r["t"] for r in rows if r["world"] == n)
         base = throughput(rows, before[len(before) // 5]["t"], t_add, args.batch)
         res["scale_share"].append(interval_share(rows, t_add, last_small, args.batch / base))
+        # Time the survivors lost, from the newcomers' start to the first step
+        # with 2N workers: every step interval beyond the steady one counts.
+        ts = [r["t"] for r in rows]
+        lost = sum(max(0.0, (b - a) - args.batch / base) for a, b in zip(ts, ts[1:]) if t_add < b <= switch["t"])
+        res["scale_lost_ms"].append(lost * 1e3)
         st = stalls(out, "join")
         res["scale_stall_max"].append(max(st) if st else float("nan"))
         res["scale_done"].append(switch["t"] - t_add)
@@ -155,6 +160,7 @@ def main():
     print(f"{'steady throughput, N workers (samples/s)':48s} {med['steady']:12.0f}")
     print(f"{'steady throughput, 2N workers (samples/s)':48s} {med['steady_2n']:12.0f}")
     print(f"{'survivors during scale-out / steady':48s} {med['scale_share'] * 100:11.2f}%")
+    print(f"{'survivors time lost, start -> 2N step (ms)':48s} {med['scale_lost_ms']:12.1f}")
     print(f"{'scale-out stall, worst survivor (ms)':48s} {med['scale_stall_max']:12.1f}")
     print(f"{'scale-out: newcomer start -> 2N step (s)':48s} {med['scale_done']:12.2f}")
     print(f"{'graceful leave stall, worst member (ms)':48s} {med['leave_stall_max']:12.1f}")
