@@ -6829,6 +6829,10 @@ struct group_options {
   std::chrono::milliseconds join_timeout{120'000};  //!< EBBFLOW_JOIN_TIMEOUT_MS: waiting to be admitted / initial formation
   std::chrono::milliseconds min_size_wait{600'000};  //!< EBBFLOW_MIN_WAIT_MS: waiting below min_size before giving up
   std::chrono::milliseconds store_timeout{10'000};   //!< deadline of each store call
+  //! EBBFLOW_ADMIT_DELAY_MS: join tickets are admitted once no new one
+  //! appeared for this long (at most 10× this after the oldest), so
+  //! newcomers started together join in one switch.
+  std::chrono::milliseconds admit_delay{50};
 
   //! Reads the fields named above from the environment (launch rank and world
   //! come from `launch_info`). @throws std::invalid_argument naming the variable.
@@ -6844,6 +6848,7 @@ struct group_options {
     o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
     o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
+    o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
     return o;
   }
 };
@@ -7063,7 +7068,7 @@ class group {
   void recover(std::int64_t failed_generation, int lost_peer);
   void change_membership(const std::vector<double>& ctl, int n);
   std::vector<bytes> gather_addresses(const detail::generation_record& rec);
-  std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room);
+  std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room, bool settle);
   bool fresh(member_id m, std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>& seen);
   void control_allreduce(std::span<double> v);
   void notify(change_reason reason, int old_size, double stall);
@@ -7102,6 +7107,9 @@ class group {
   std::shared_ptr<comm::revoke_flag> hb_revoke_;
   std::atomic<bool> leave_requested_{false};
   std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
+  std::int64_t ticket_seen_until_ = 0;          // coordinator: newest join ticket seen
+  steady_clock::time_point ticket_first_seen_;  // when the oldest waiting ticket was seen
+  steady_clock::time_point ticket_last_change_;  // when the newest ticket was seen
 
   struct state_entry {
     std::string name;
@@ -7542,9 +7550,23 @@ void group<Store, Net>::control_allreduce(std::span<double> v) {
 }
 
 template <kv_store Store, network Net>
-std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room) {
+std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room, bool settle) {
   std::vector<member_id> out;
-  const auto total = store_->add(key("join_seq"), 0, store_deadline());
+  auto total = store_->add(key("join_seq"), 0, store_deadline());
+  if (settle) {
+    // Admit once no new ticket appeared for admit_delay (bounded by 10×):
+    // workers started together register a few ms apart, and admitting them
+    // together costs the members one switch instead of several.
+    const auto now = steady_clock::now();
+    if (total > ticket_seen_until_) {
+      if (ticket_seen_until_ <= seen) ticket_first_seen_ = now;  // the oldest waiting ticket
+      ticket_seen_until_ = total;
+      ticket_last_change_ = now;
+    }
+    const bool quiet = now - ticket_last_change_ >= opts_.admit_delay;
+    const bool overdue = now - ticket_first_seen_ >= 10 * opts_.admit_delay;
+    if (!quiet && !overdue) total = seen;
+  }
   while (seen < total && out.size() < room) {
     auto v = store_->try_get(key("join/" + std::to_string(seen + 1)), store_deadline());
     if (!v) break;  // ticket taken but not yet written: pick it up next time
@@ -7582,7 +7604,7 @@ void group<Store, Net>::end_step(double compute_seconds) {
   if (rank_ == 0) {
     try {
       const std::size_t room = static_cast<std::size_t>(std::max(0, opts_.max_size - n));
-      admitting_ = pending_joiners(seen, room);
+      admitting_ = pending_joiners(seen, room, true);
     } catch (const system_error& e) {
       EBBFLOW_LOG_WARN("coordinator could not read join tickets: " << e.what());
     }
@@ -7741,7 +7763,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
       if (!undecided) {
         std::int64_t seen = gen_.joins_seen;
         const std::size_t room = static_cast<std::size_t>(std::max<std::int64_t>(0, opts_.max_size - static_cast<int>(alive.size())));
-        auto joiners = pending_joiners(seen, room);
+        auto joiners = pending_joiners(seen, room, false);
         const int total = static_cast<int>(alive.size() + joiners.size());
         if (total < opts_.min_size) {
           if (!waiting_logged)

@@ -148,6 +148,7 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
     o.op_timeout = 5s;
     o.join_timeout = 20s;
     o.min_size_wait = 20s;
+    o.admit_delay = 0ms;  // steps take microseconds here
     ef::launch_info li;
     li.rank = join ? sc.initial : launch_rank;
     li.world_size = sc.initial;

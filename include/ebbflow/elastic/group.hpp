@@ -113,6 +113,10 @@ struct group_options {
   std::chrono::milliseconds join_timeout{120'000};  //!< EBBFLOW_JOIN_TIMEOUT_MS: waiting to be admitted / initial formation
   std::chrono::milliseconds min_size_wait{600'000};  //!< EBBFLOW_MIN_WAIT_MS: waiting below min_size before giving up
   std::chrono::milliseconds store_timeout{10'000};   //!< deadline of each store call
+  //! EBBFLOW_ADMIT_DELAY_MS: join tickets are admitted once no new one
+  //! appeared for this long (at most 10× this after the oldest), so
+  //! newcomers started together join in one switch.
+  std::chrono::milliseconds admit_delay{50};
 
   //! Reads the fields named above from the environment (launch rank and world
   //! come from `launch_info`). @throws std::invalid_argument naming the variable.
@@ -128,6 +132,7 @@ struct group_options {
     o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
     o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
+    o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
     return o;
   }
 };
@@ -347,7 +352,7 @@ class group {
   void recover(std::int64_t failed_generation, int lost_peer);
   void change_membership(const std::vector<double>& ctl, int n);
   std::vector<bytes> gather_addresses(const detail::generation_record& rec);
-  std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room);
+  std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room, bool settle);
   bool fresh(member_id m, std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>& seen);
   void control_allreduce(std::span<double> v);
   void notify(change_reason reason, int old_size, double stall);
@@ -386,6 +391,9 @@ class group {
   std::shared_ptr<comm::revoke_flag> hb_revoke_;
   std::atomic<bool> leave_requested_{false};
   std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
+  std::int64_t ticket_seen_until_ = 0;          // coordinator: newest join ticket seen
+  steady_clock::time_point ticket_first_seen_;  // when the oldest waiting ticket was seen
+  steady_clock::time_point ticket_last_change_;  // when the newest ticket was seen
 
   struct state_entry {
     std::string name;

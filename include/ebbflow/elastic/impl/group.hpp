@@ -422,9 +422,23 @@ void group<Store, Net>::control_allreduce(std::span<double> v) {
 }
 
 template <kv_store Store, network Net>
-std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room) {
+std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room, bool settle) {
   std::vector<member_id> out;
-  const auto total = store_->add(key("join_seq"), 0, store_deadline());
+  auto total = store_->add(key("join_seq"), 0, store_deadline());
+  if (settle) {
+    // Admit once no new ticket appeared for admit_delay (bounded by 10×):
+    // workers started together register a few ms apart, and admitting them
+    // together costs the members one switch instead of several.
+    const auto now = steady_clock::now();
+    if (total > ticket_seen_until_) {
+      if (ticket_seen_until_ <= seen) ticket_first_seen_ = now;  // the oldest waiting ticket
+      ticket_seen_until_ = total;
+      ticket_last_change_ = now;
+    }
+    const bool quiet = now - ticket_last_change_ >= opts_.admit_delay;
+    const bool overdue = now - ticket_first_seen_ >= 10 * opts_.admit_delay;
+    if (!quiet && !overdue) total = seen;
+  }
   while (seen < total && out.size() < room) {
     auto v = store_->try_get(key("join/" + std::to_string(seen + 1)), store_deadline());
     if (!v) break;  // ticket taken but not yet written: pick it up next time
@@ -462,7 +476,7 @@ void group<Store, Net>::end_step(double compute_seconds) {
   if (rank_ == 0) {
     try {
       const std::size_t room = static_cast<std::size_t>(std::max(0, opts_.max_size - n));
-      admitting_ = pending_joiners(seen, room);
+      admitting_ = pending_joiners(seen, room, true);
     } catch (const system_error& e) {
       EBBFLOW_LOG_WARN("coordinator could not read join tickets: " << e.what());
     }
@@ -621,7 +635,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
       if (!undecided) {
         std::int64_t seen = gen_.joins_seen;
         const std::size_t room = static_cast<std::size_t>(std::max<std::int64_t>(0, opts_.max_size - static_cast<int>(alive.size())));
-        auto joiners = pending_joiners(seen, room);
+        auto joiners = pending_joiners(seen, room, false);
         const int total = static_cast<int>(alive.size() + joiners.size());
         if (total < opts_.min_size) {
           if (!waiting_logged)
