@@ -20,7 +20,8 @@ int main() try {
   const auto li = ef::launch_info::from_environment();
   ef::comm::ucx::file_address_exchange exchange(ef::env::get("EBBFLOW_ADDR_DIR").value_or("/tmp"));
   auto ctx = ef::comm::ucx::context::create();
-  auto transport = ef::comm::ucx::connect(ctx, exchange, /*generation=*/0, li.rank, li.world_size, ef::deadline::after(30s));
+  auto transport =
+      ef::comm::ucx::connect(ctx, exchange, /*generation=*/0, li.rank, li.world_size, ef::deadline::after(30s));
   ef::comm::basic_communicator comm(transport);
 
   std::vector<float> grad(1 << 20, static_cast<float>(li.rank + 1));

@@ -85,13 +85,14 @@ inline void run(const contestant& c, const options& o) {
       us.push_back(std::chrono::duration<double, std::micro>(clock::now() - a).count() / static_cast<double>(k));
     }
     if (c.rank == 0) {
-      std::printf("{\"lib\":\"%s\",\"ranks\":%d,\"bytes\":%zu,\"batch\":%ld,\"wrong\":%ld,\"us\":[", c.name.c_str(), c.size,
-                  bytes, k, wrong);
+      std::printf("{\"lib\":\"%s\",\"ranks\":%d,\"bytes\":%zu,\"batch\":%ld,\"wrong\":%ld,\"us\":[", c.name.c_str(),
+                  c.size, bytes, k, wrong);
       for (std::size_t i = 0; i < us.size(); ++i) std::printf("%s%.3f", i ? "," : "", us[i]);
       std::printf("]}\n");
       std::fflush(stdout);
     }
-    if (wrong) std::fprintf(stderr, "%s rank %d: %ld wrong elements at %zu bytes\n", c.name.c_str(), c.rank, wrong, bytes);
+    if (wrong)
+      std::fprintf(stderr, "%s rank %d: %ld wrong elements at %zu bytes\n", c.name.c_str(), c.rank, wrong, bytes);
   }
 }
 

@@ -18,14 +18,17 @@ int main(int argc, char** argv) {
   ucx::file_address_exchange ex(ef::env::get("EBBFLOW_BENCH_DIR").value_or("/tmp"));
   auto t = ucx::connect(ctx, ex, 0, li.rank, li.world_size, ef::deadline::after(60s));
   ef::comm::basic_communicator<ucx::transport> c(t, ef::comm::collective_options::from_environment());
-  allreduce_bench::contestant k{
-      "ebbflow", li.rank, li.world_size,
-      [&](float* p, std::size_t n) { c.allreduce(ef::buffer_view{p, n, ef::dtype::f32}, ef::reduce_op::sum); },
-      [&] { c.barrier(); },
-      [&](long v) {
-        c.broadcast(ef::buffer_view{&v, sizeof v, ef::dtype::u8}, 0);
-        return v;
-      }};
+  allreduce_bench::contestant k{"ebbflow",
+                                li.rank,
+                                li.world_size,
+                                [&](float* p, std::size_t n) {
+                                  c.allreduce(ef::buffer_view{p, n, ef::dtype::f32}, ef::reduce_op::sum);
+                                },
+                                [&] { c.barrier(); },
+                                [&](long v) {
+                                  c.broadcast(ef::buffer_view{&v, sizeof v, ef::dtype::u8}, 0);
+                                  return v;
+                                }};
   allreduce_bench::run(k, o);
   c.barrier();
 }

@@ -33,23 +33,28 @@ int main(int argc, char** argv) {
   long bval = 0;
   gloo::BroadcastOneToAll<long> bc(ctx, {&bval}, 1, 0);
   gloo::BarrierAllToAll barrier(ctx);
-  allreduce_bench::contestant k{
-      "gloo_" + algo, rank, size,
-      [&](float* p, std::size_t n) {
-        if (p != op_ptr || n != op_count) {
-          if (algo == "hd") op = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(ctx, std::vector<float*>{p}, static_cast<int>(n));
-          else op = std::make_unique<gloo::AllreduceRing<float>>(ctx, std::vector<float*>{p}, static_cast<int>(n));
-          op_ptr = p;
-          op_count = n;
-        }
-        op->run();
-      },
-      [&] { barrier.run(); },
-      [&](long v) {
-        bval = v;
-        bc.run();
-        return bval;
-      }};
+  allreduce_bench::contestant k{"gloo_" + algo,
+                                rank,
+                                size,
+                                [&](float* p, std::size_t n) {
+                                  if (p != op_ptr || n != op_count) {
+                                    if (algo == "hd")
+                                      op = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(
+                                          ctx, std::vector<float*>{p}, static_cast<int>(n));
+                                    else
+                                      op = std::make_unique<gloo::AllreduceRing<float>>(ctx, std::vector<float*>{p},
+                                                                                        static_cast<int>(n));
+                                    op_ptr = p;
+                                    op_count = n;
+                                  }
+                                  op->run();
+                                },
+                                [&] { barrier.run(); },
+                                [&](long v) {
+                                  bval = v;
+                                  bc.run();
+                                  return bval;
+                                }};
   allreduce_bench::run(k, o);
   barrier.run();
 }

@@ -18,7 +18,9 @@ struct stats {
 inline stats summarize(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   if (v.empty()) return {};
-  const auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<std::size_t>(q * double(v.size() - 1) + 0.5))]; };
+  const auto at = [&](double q) {
+    return v[std::min(v.size() - 1, static_cast<std::size_t>(q * double(v.size() - 1) + 0.5))];
+  };
   return {v.front(), at(0.5), at(0.99)};
 }
 inline double now_s() {

@@ -41,7 +41,8 @@ bool check(const C& c, const std::vector<float>& h_in, const float* d_in, std::b
   dx.wait();
   cudaMemcpy(g_enc.data(), d_enc, g_enc.size(), cudaMemcpyDeviceToHost);
   const bool ok = g_enc == h_enc;
-  std::printf("# check %-6s GPU encoding %s the CPU executor's\n", std::string(c.name()).c_str(), ok ? "bit-identical to" : "DIFFERS from");
+  std::printf("# check %-6s GPU encoding %s the CPU executor's\n", std::string(c.name()).c_str(),
+              ok ? "bit-identical to" : "DIFFERS from");
   return ok;
 }
 
@@ -107,14 +108,16 @@ int main(int argc, char** argv) {
     }
   const double bytes = double(n) * 4;
   const auto base = bench::summarize(cs[0].times);
-  std::printf("# %zu MiB float input on the GPU, %d rounds interleaved; GB/s = input bytes / time\n", n * 4 >> 20, rounds);
+  std::printf("# %zu MiB float input on the GPU, %d rounds interleaved; GB/s = input bytes / time\n", n * 4 >> 20,
+              rounds);
   std::printf("%-18s %10s %10s %10s %12s\n", "contestant", "max_GBps", "med_GBps", "p99_GBps", "med/memcpy");
   for (auto& c : cs) {
     const auto s = bench::summarize(c.times);
     std::printf("%-18s %10.1f %10.1f %10.1f %11.0f%%\n", c.name.c_str(), bytes / s.min / 1e9, bytes / s.median / 1e9,
                 bytes / s.p99 / 1e9, 100 * base.median / s.median);
     json.write("\"bench\":\"codec_gpu\",\"contestant\":\"" + c.name + "\",\"bytes\":" + std::to_string(n * 4) +
-               ",\"median_s\":" + std::to_string(s.median) + ",\"ratio_vs_memcpy\":" + std::to_string(base.median / s.median));
+               ",\"median_s\":" + std::to_string(s.median) +
+               ",\"ratio_vs_memcpy\":" + std::to_string(base.median / s.median));
   }
   return 0;
 }

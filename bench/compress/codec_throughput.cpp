@@ -38,11 +38,20 @@ void add_codec(std::vector<contestant>& cs, const C& c, const std::vector<float>
   double e = 0, d = 0;
   for (std::size_t i = 0; i < n; ++i) e += double(out[i] - in[i]) * (out[i] - in[i]), d += double(in[i]) * in[i];
   const double rel = std::sqrt(e / d);
-  std::printf("# check %-6s rel_l2 %.3e (limit %.1e) %s\n", std::string(c.name()).c_str(), rel, tol, rel <= tol ? "ok" : "WRONG");
+  std::printf("# check %-6s rel_l2 %.3e (limit %.1e) %s\n", std::string(c.name()).c_str(), rel, tol,
+              rel <= tol ? "ok" : "WRONG");
   if (!(rel <= tol)) std::exit(1);
   const std::string nm(c.name());
-  cs.push_back({nm + " encode", [&, c, ex]() mutable { c.encode(ex, in.data(), nullptr, enc.data(), in.size(), {1, 2, ws.data()}); }, {}});
-  cs.push_back({nm + " encode+EF", [&, c, ex]() mutable { c.encode(ex, in.data(), res.data(), enc.data(), in.size(), {1, 2, ws.data()}); }, {}});
+  cs.push_back({nm + " encode",
+                [&, c, ex]() mutable {
+                  c.encode(ex, in.data(), nullptr, enc.data(), in.size(), {1, 2, ws.data()});
+                },
+                {}});
+  cs.push_back({nm + " encode+EF",
+                [&, c, ex]() mutable {
+                  c.encode(ex, in.data(), res.data(), enc.data(), in.size(), {1, 2, ws.data()});
+                },
+                {}});
   cs.push_back({nm + " decode", [&, c, ex]() mutable { c.decode(ex, enc.data(), out.data(), in.size()); }, {}});
 }
 }  // namespace

@@ -136,7 +136,8 @@ double train(const dataset& d, std::size_t train_end, int steps, Codec codec, st
         m.backward(d.x[idx].data(), d.y[idx], 1.0f / global, grad);
       }
       std::vector<std::span<float>> views(grad.begin(), grad.end());
-      buckets.allreduce(std::span<const std::span<float>>(views), [&](std::span<float> b, std::size_t id) { ar.run(b, id); });
+      buckets.allreduce(std::span<const std::span<float>>(views),
+                        [&](std::span<float> b, std::size_t id) { ar.run(b, id); });
       auto ps = m.params();
       for (std::size_t k = 0; k < 4; ++k)
         for (std::size_t i = 0; i < sizes[k]; ++i) (*ps[k])[i] -= lr * grad[k][i];
@@ -154,12 +155,14 @@ double train(const dataset& d, std::size_t train_end, int steps, Codec codec, st
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string path = bench::arg(argc, argv, "--csv", "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz");
+  const std::string path =
+      bench::arg(argc, argv, "--csv", "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz");
   const int steps = std::stoi(bench::arg(argc, argv, "--steps", "1500"));
   bench::json_lines json(bench::arg(argc, argv, "--json", ""));
   dataset d = load(path);
   if (d.x.size() != 1797) {
-    std::fprintf(stderr, "digits: expected 1797 rows from %s, got %zu (install python3-sklearn)\n", path.c_str(), d.x.size());
+    std::fprintf(stderr, "digits: expected 1797 rows from %s, got %zu (install python3-sklearn)\n", path.c_str(),
+                 d.x.size());
     return 2;
   }
   // Fixed shuffle, 1397 train / 400 test.

@@ -38,7 +38,7 @@ struct contestant {
   std::string name;
   std::function<void(std::vector<float>&)> run;
   std::function<std::size_t()> wire;  // bytes sent by this rank, cumulative
-  double tolerance;                    // max relative l2 error of one call
+  double tolerance;                   // max relative l2 error of one call
   std::vector<double> times;
   std::size_t wire_per_call = 0;
   double rel_err = 0;
@@ -46,9 +46,14 @@ struct contestant {
 
 template <class Codec>
 contestant make(tp& t, const char* name, Codec c, double tol, std::size_t key) {
-  auto ar = std::make_shared<cx::compressed_allreduce<Codec, tp>>(t, c, ef::exec::cpu_executor{},
-                                                                   cx::allreduce_options{.timeout = std::chrono::minutes(5), .tag_space = static_cast<std::uint32_t>(key)});
-  return {name, [ar, key](std::vector<float>& g) { ar->run(g, key); }, [ar] { return ar->stats().wire_bytes_sent; }, tol, {}};
+  auto ar = std::make_shared<cx::compressed_allreduce<Codec, tp>>(
+      t, c, ef::exec::cpu_executor{},
+      cx::allreduce_options{.timeout = std::chrono::minutes(5), .tag_space = static_cast<std::uint32_t>(key)});
+  return {name,
+          [ar, key](std::vector<float>& g) { ar->run(g, key); },
+          [ar] { return ar->stats().wire_bytes_sent; },
+          tol,
+          {}};
 }
 }  // namespace
 
@@ -107,7 +112,8 @@ int main(int argc, char** argv) {
           for (std::size_t i = 0; i < n; ++i) e += (buf[i] - exact[i]) * (buf[i] - exact[i]), d += exact[i] * exact[i];
           c.rel_err = std::sqrt(e / d);
           if (!(c.rel_err <= c.tolerance)) {
-            std::fprintf(stderr, "%s: relative l2 error %.3e above %.1e: WRONG\n", c.name.c_str(), c.rel_err, c.tolerance);
+            std::fprintf(stderr, "%s: relative l2 error %.3e above %.1e: WRONG\n", c.name.c_str(), c.rel_err,
+                         c.tolerance);
             return 1;
           }
         }
@@ -126,8 +132,8 @@ int main(int argc, char** argv) {
       const auto s = bench::summarize(c.times);
       const double algbw = bytes / s.median / 1e9, busbw = algbw * 2 * (p - 1) / p;
       const double ratio = dense.median / s.median;
-      std::printf("%-8s %12.0f %10.1f %10.1f %10.1f %10.3f %10.3f %14zu %7.2fx %11.3e\n", c.name.c_str(), bytes, 1e3 * s.min,
-                  1e3 * s.median, 1e3 * s.p99, algbw, busbw, c.wire_per_call, ratio, c.rel_err);
+      std::printf("%-8s %12.0f %10.1f %10.1f %10.1f %10.3f %10.3f %14zu %7.2fx %11.3e\n", c.name.c_str(), bytes,
+                  1e3 * s.min, 1e3 * s.median, 1e3 * s.p99, algbw, busbw, c.wire_per_call, ratio, c.rel_err);
       json.write("\"bench\":\"net_allreduce\",\"label\":\"" + label + "\",\"codec\":\"" + c.name + "\",\"ranks\":" +
                  std::to_string(p) + ",\"bytes\":" + std::to_string(n * 4) + ",\"min_s\":" + std::to_string(s.min) +
                  ",\"median_s\":" + std::to_string(s.median) + ",\"p99_s\":" + std::to_string(s.p99) +

@@ -70,7 +70,8 @@ class tcp_transport {
     for (int k = rank + 1; k < size_; ++k) {
       int fd = accept(ls, nullptr, nullptr);
       int who = -1;
-      if (fd < 0 || !read_all(fd, &who, sizeof who) || who <= rank || who >= size_) throw std::runtime_error("bad accept");
+      if (fd < 0 || !read_all(fd, &who, sizeof who) || who <= rank || who >= size_)
+        throw std::runtime_error("bad accept");
       setup(who, fd);
     }
     close(ls);
@@ -206,8 +207,10 @@ class tcp_transport {
     peers_[static_cast<std::size_t>(j)]->fd = fd;
   }
   static void complete_with(op& o, const std::vector<std::byte>& msg) {
-    if (msg.size() != o.in.size()) o.ec = make_error_code(ef::error::bad_message);
-    else if (!msg.empty()) std::memcpy(o.in.data(), msg.data(), msg.size());
+    if (msg.size() != o.in.size())
+      o.ec = make_error_code(ef::error::bad_message);
+    else if (!msg.empty())
+      std::memcpy(o.in.data(), msg.data(), msg.size());
     o.done = true;
   }
   void fail(int j) {  // with m_ held
@@ -231,7 +234,8 @@ class tcp_transport {
         item = p.sendq.front();
       }
       const header h{item.first, item.second->out.size()};
-      const bool ok = write_all(p.fd, &h, sizeof h) && write_all(p.fd, item.second->out.data(), item.second->out.size());
+      const bool ok =
+          write_all(p.fd, &h, sizeof h) && write_all(p.fd, item.second->out.data(), item.second->out.size());
       std::lock_guard lk(m_);
       if (!ok) {
         fail(j);
@@ -272,8 +276,10 @@ class tcp_transport {
             it->second.pop_front();
           }
         }
-        if (target) complete_with(*target, msg);
-        else p.unexpected[h.tag].push_back(std::move(msg));
+        if (target)
+          complete_with(*target, msg);
+        else
+          p.unexpected[h.tag].push_back(std::move(msg));
         cv_.notify_all();
       }
     }

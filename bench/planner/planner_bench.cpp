@@ -73,7 +73,8 @@ std::vector<std::size_t> split_by_shares(const std::vector<pl::worker_spec>& w, 
       frac.push_back({x - static_cast<double>(add[i]), i});
       given += add[i];
     }
-    std::sort(frac.begin(), frac.end(), [](auto& p, auto& q) { return p.first > q.first || (p.first == q.first && p.second < q.second); });
+    std::sort(frac.begin(), frac.end(),
+              [](auto& p, auto& q) { return p.first > q.first || (p.first == q.first && p.second < q.second); });
     for (std::size_t k = 0; k < left - given && k < frac.size(); ++k) ++add[frac[k].second];
     bool any_cap = false;
     std::size_t used = 0;
@@ -83,7 +84,10 @@ std::vector<std::size_t> split_by_shares(const std::vector<pl::worker_spec>& w, 
       const std::size_t take = std::min(room, add[i]);
       b[i] += take;
       used += take;
-      if (take < add[i] || b[i] == w[i].max_batch) { capped[i] = 1; any_cap = any_cap || take < add[i]; }
+      if (take < add[i] || b[i] == w[i].max_batch) {
+        capped[i] = 1;
+        any_cap = any_cap || take < add[i];
+      }
     }
     left -= used;
     if (!any_cap && left == 0) break;
@@ -121,8 +125,8 @@ bool certified_optimal(const pl::batch_plan& p, const std::vector<pl::worker_spe
 
 void plan_time(const args& a) {
   std::printf("# (a) plan time: exact solve vs proportional split (LB-BSP), interleaved, microseconds\n");
-  std::printf("%8s %9s | %10s %10s %10s | %10s %10s %10s | %8s %6s\n", "workers", "B", "ebb_min", "ebb_med",
-              "ebb_p99", "prop_min", "prop_med", "prop_p99", "ebb/prop", "#wrong");
+  std::printf("%8s %9s | %10s %10s %10s | %10s %10s %10s | %8s %6s\n", "workers", "B", "ebb_min", "ebb_med", "ebb_p99",
+              "prop_min", "prop_med", "prop_p99", "ebb/prop", "#wrong");
   for (std::size_t n : {8ul, 64ul, 1000ul, 10000ul, 100000ul}) {
     if (n > a.max_n) break;
     std::mt19937_64 rng(n);
@@ -133,7 +137,8 @@ void plan_time(const args& a) {
     // Check before timing.
     pl::batch_plan check = pl::solve(w, B);
     int wrong = certified_optimal(check, w) ? 0 : 1;
-    const int reps = a.quick ? std::max<int>(5, static_cast<int>(20000 / n)) : std::max<int>(15, static_cast<int>(400000 / n));
+    const int reps =
+        a.quick ? std::max<int>(5, static_cast<int>(20000 / n)) : std::max<int>(15, static_cast<int>(400000 / n));
     std::vector<double> te, tp;
     volatile std::size_t sink = 0;
     for (int r = -3; r < reps; ++r) {  // 3 warm-up rounds
@@ -152,10 +157,11 @@ void plan_time(const args& a) {
     std::printf("%8zu %9zu | %10.2f %10.2f %10.2f | %10.2f %10.2f %10.2f | %8.2f %6d\n", n, B, e.min, e.median, e.p99,
                 p.min, p.median, p.p99, e.median / p.median, wrong);
     char buf[512];
-    std::snprintf(buf, sizeof buf,
-                  R"({"bench":"plan_time","workers":%zu,"batch":%zu,"ebbflow_us":{"min":%.3f,"median":%.3f,"p99":%.3f},)"
-                  R"("proportional_us":{"min":%.3f,"median":%.3f,"p99":%.3f},"ratio_median":%.4f,"wrong":%d})",
-                  n, B, e.min, e.median, e.p99, p.min, p.median, p.p99, e.median / p.median, wrong);
+    std::snprintf(
+        buf, sizeof buf,
+        R"({"bench":"plan_time","workers":%zu,"batch":%zu,"ebbflow_us":{"min":%.3f,"median":%.3f,"p99":%.3f},)"
+        R"("proportional_us":{"min":%.3f,"median":%.3f,"p99":%.3f},"ratio_median":%.4f,"wrong":%d})",
+        n, B, e.min, e.median, e.p99, p.min, p.median, p.p99, e.median / p.median, wrong);
     emit(buf);
   }
 }
@@ -163,25 +169,25 @@ void plan_time(const args& a) {
 // ------------------------------------------------------------------ (b) simulator
 struct sim_config {
   const char* name;
-  double jitter;       // true per-step compute variation (relative sd)
-  double meas_noise;   // timer / host noise on what the cost model sees (relative sd)
-  double straggle_p;   // probability per worker-step of a transient straggler
+  double jitter;           // true per-step compute variation (relative sd)
+  double meas_noise;       // timer / host noise on what the cost model sees (relative sd)
+  double straggle_p;       // probability per worker-step of a transient straggler
   double fixed_s = 0.002;  // mean fixed seconds per step a_i
 };
 
 struct gpu {
   std::uint64_t id;
-  double a, c;         // true model (seconds, seconds per sample)
+  double a, c;  // true model (seconds, seconds per sample)
   std::size_t cap;
   const char* kind;
 };
 
 struct contestant {
   const char* name;
-  double time = 0;              // Σ actual step time
+  double time = 0;  // Σ actual step time
   double samples = 0;
-  double batch_err = 0;         // Σ over steps of Σ|b − b*| / B
-  double step_excess = 0;       // Σ over steps of T_true(plan) / T* − 1
+  double batch_err = 0;    // Σ over steps of Σ|b − b*| / B
+  double step_excess = 0;  // Σ over steps of T_true(plan) / T* − 1
   std::size_t replans = 0;
 };
 
@@ -284,19 +290,24 @@ void simulate(const args& a, const sim_config& cfg) {
     }
   }
   const double best = best_sum / steps;
-  std::printf("\n# (b) simulated cluster '%s': %d workers (V100:A100:H100 speed 1:2.2:4), B=%zu, %d steps,\n"
-              "#     a_i ~ %.0f ms, jitter %.1f%%, measurement noise %.1f%%, stragglers p=%.2f%% x(2..4), one H100 1.8x slower for "
-              "steps [%d,%d), leave at %d, join at %d\n",
-              cfg.name, a.workers, B, steps, 1000 * cfg.fixed_s, 100 * cfg.jitter, 100 * cfg.meas_noise, 100 * cfg.straggle_p, slow_from,
-              slow_to, leave_at, join_at);
-  std::printf("%-13s %11s %11s %14s %16s %8s\n", "contestant", "samples/s", "efficiency", "batch_err_%", "step_excess_%",
-              "replans");
+  std::printf(
+      "\n# (b) simulated cluster '%s': %d workers (V100:A100:H100 speed 1:2.2:4), B=%zu, %d steps,\n"
+      "#     a_i ~ %.0f ms, jitter %.1f%%, measurement noise %.1f%%, stragglers p=%.2f%% x(2..4), one H100 1.8x slower "
+      "for "
+      "steps [%d,%d), leave at %d, join at %d\n",
+      cfg.name, a.workers, B, steps, 1000 * cfg.fixed_s, 100 * cfg.jitter, 100 * cfg.meas_noise, 100 * cfg.straggle_p,
+      slow_from, slow_to, leave_at, join_at);
+  std::printf("%-13s %11s %11s %14s %16s %8s\n", "contestant", "samples/s", "efficiency", "batch_err_%",
+              "step_excess_%", "replans");
   double eff[4];
   for (int k = 0; k < 4; ++k) {
     const double sps = cs[k].samples / cs[k].time;
     eff[k] = sps / best;
-    std::printf("%-13s %11.1f %10.2f%% %14.3f %16.3f %8zu\n", cs[k].name, sps, 100 * eff[k], 100 * cs[k].batch_err / steps,
-                100 * cs[k].step_excess / steps, k == 0 ? std::size_t{0} : k == 3 ? std::size_t(steps) : cs[k].replans);
+    std::printf("%-13s %11.1f %10.2f%% %14.3f %16.3f %8zu\n", cs[k].name, sps, 100 * eff[k],
+                100 * cs[k].batch_err / steps, 100 * cs[k].step_excess / steps,
+                k == 0   ? std::size_t{0}
+                : k == 3 ? std::size_t(steps)
+                         : cs[k].replans);
     char buf[512];
     std::snprintf(buf, sizeof buf,
                   R"({"bench":"simulator","config":"%s","contestant":"%s","samples_per_s":%.3f,"efficiency":%.5f,)"
@@ -314,14 +325,23 @@ void simulate(const args& a, const sim_config& cfg) {
 int main(int argc, char** argv) {
   args a;
   for (int i = 1; i < argc; ++i) {
-    auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "missing value\n"), std::exit(2), nullptr); };
-    if (!std::strcmp(argv[i], "--json")) a.json = next();
-    else if (!std::strcmp(argv[i], "--steps")) a.steps = std::atoi(next());
-    else if (!std::strcmp(argv[i], "--workers")) a.workers = std::max(3, std::atoi(next()));
-    else if (!std::strcmp(argv[i], "--max-n")) a.max_n = std::strtoull(next(), nullptr, 10);
-    else if (!std::strcmp(argv[i], "--quick")) a.quick = true;
-    else if (!std::strcmp(argv[i], "--threshold")) a.threshold = std::atof(next());
-    else if (!std::strcmp(argv[i], "--persist")) a.persist = static_cast<unsigned>(std::atoi(next()));
+    auto next = [&] {
+      return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "missing value\n"), std::exit(2), nullptr);
+    };
+    if (!std::strcmp(argv[i], "--json"))
+      a.json = next();
+    else if (!std::strcmp(argv[i], "--steps"))
+      a.steps = std::atoi(next());
+    else if (!std::strcmp(argv[i], "--workers"))
+      a.workers = std::max(3, std::atoi(next()));
+    else if (!std::strcmp(argv[i], "--max-n"))
+      a.max_n = std::strtoull(next(), nullptr, 10);
+    else if (!std::strcmp(argv[i], "--quick"))
+      a.quick = true;
+    else if (!std::strcmp(argv[i], "--threshold"))
+      a.threshold = std::atof(next());
+    else if (!std::strcmp(argv[i], "--persist"))
+      a.persist = static_cast<unsigned>(std::atoi(next()));
     else {
       std::fprintf(stderr, "usage: %s [--json FILE] [--steps N] [--workers N] [--max-n N] [--quick]\n", argv[0]);
       return 2;

@@ -102,8 +102,10 @@ struct compute_model {
   double tc_s;
   double iters_per_s;
   void operator()() const {
-    if (spin) spin_sink = spin_iters(static_cast<std::uint64_t>(tc_s * iters_per_s));
-    else std::this_thread::sleep_for(secs(tc_s));
+    if (spin)
+      spin_sink = spin_iters(static_cast<std::uint64_t>(tc_s * iters_per_s));
+    else
+      std::this_thread::sleep_for(secs(tc_s));
   }
 };
 
@@ -141,7 +143,8 @@ run_result run_sync(const config& c, const loader_model& load, const compute_mod
   for (int s = 0; s < c.warmup + c.steps; ++s) {
     const std::size_t base = static_cast<std::size_t>(s) * c.batch;
     const auto t0 = clk::now();
-    for (std::size_t i = 0; i < c.batch; ++i) load(base + i, std::span(host).subspan(i * c.sample_bytes, c.sample_bytes));
+    for (std::size_t i = 0; i < c.batch; ++i)
+      load(base + i, std::span(host).subspan(i * c.sample_bytes, c.sample_bytes));
     const auto t1 = clk::now();
     std::size_t off = 0;
     for (std::size_t d = 0; d < c.devices; ++d) {
@@ -179,7 +182,8 @@ run_result run_double(const config& c, const loader_model& load, const compute_m
         if (tok.stop_requested()) return;
       }
       const std::size_t base = static_cast<std::size_t>(s) * c.batch;
-      for (std::size_t i = 0; i < c.batch; ++i) load(base + i, std::span(bufs[k]).subspan(i * c.sample_bytes, c.sample_bytes));
+      for (std::size_t i = 0; i < c.batch; ++i)
+        load(base + i, std::span(bufs[k]).subspan(i * c.sample_bytes, c.sample_bytes));
       {
         std::lock_guard lk(m);
         full[k] = true;
@@ -217,13 +221,16 @@ run_result run_double(const config& c, const loader_model& load, const compute_m
   return r;
 }
 
-run_result run_ebbflow(const config& c, const loader_model& load, const compute_model& compute, pf::prefetch_stats& st) {
+run_result run_ebbflow(const config& c, const loader_model& load, const compute_model& compute,
+                       pf::prefetch_stats& st) {
   run_result r;
   const int total = c.warmup + c.steps;
-  pf::prefetch_options o{.sample_bytes = c.sample_bytes, .max_batch_samples = c.batch, .depth = c.depth, .loaders = c.loaders};
+  pf::prefetch_options o{
+      .sample_bytes = c.sample_bytes, .max_batch_samples = c.batch, .depth = c.depth, .loaders = c.loaders};
   const std::size_t b = c.batch;
-  pf::prefetcher p(pf::sequence_source(b * static_cast<std::size_t>(total), [b](auto) { return b; }, c.devices), load,
-                   pf::cpu_stage(c.devices), o);
+  pf::prefetcher p(pf::sequence_source(
+                       b * static_cast<std::size_t>(total), [b](auto) { return b; }, c.devices),
+                   load, pf::cpu_stage(c.devices), o);
   auto last = clk::now();
   for (int s = 0; s < total; ++s) {
     auto batch = p.next(std::chrono::seconds(30));
@@ -253,7 +260,9 @@ struct summary {
 summary summarize(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   if (v.empty()) return {};
-  const auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5))]; };
+  const auto at = [&](double q) {
+    return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5))];
+  };
   return {v.front(), at(0.5), at(0.99)};
 }
 
@@ -288,18 +297,30 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--tc-ms") c.tc_ms = std::stod(val());
-    else if (a == "--ratios") c.ratios = parse_list(val());
-    else if (a == "--batch") c.batch = std::stoul(val());
-    else if (a == "--sample-bytes") c.sample_bytes = std::stoul(val());
-    else if (a == "--devices") c.devices = std::stoul(val());
-    else if (a == "--steps") c.steps = std::stoi(val());
-    else if (a == "--warmup") c.warmup = std::stoi(val());
-    else if (a == "--reps") c.reps = std::stoi(val());
-    else if (a == "--loaders") c.loaders = static_cast<unsigned>(std::stoul(val()));
-    else if (a == "--depth") c.depth = std::stoul(val());
-    else if (a == "--compute") c.spin = val() == "spin";
-    else if (a == "--json") c.json = val();
+    if (a == "--tc-ms")
+      c.tc_ms = std::stod(val());
+    else if (a == "--ratios")
+      c.ratios = parse_list(val());
+    else if (a == "--batch")
+      c.batch = std::stoul(val());
+    else if (a == "--sample-bytes")
+      c.sample_bytes = std::stoul(val());
+    else if (a == "--devices")
+      c.devices = std::stoul(val());
+    else if (a == "--steps")
+      c.steps = std::stoi(val());
+    else if (a == "--warmup")
+      c.warmup = std::stoi(val());
+    else if (a == "--reps")
+      c.reps = std::stoi(val());
+    else if (a == "--loaders")
+      c.loaders = static_cast<unsigned>(std::stoul(val()));
+    else if (a == "--depth")
+      c.depth = std::stoul(val());
+    else if (a == "--compute")
+      c.spin = val() == "spin";
+    else if (a == "--json")
+      c.json = val();
     else {
       usage();
       return a == "--help" ? 0 : 2;
@@ -310,11 +331,13 @@ int main(int argc, char** argv) {
   const double ips = c.spin ? calibrate_spin() : 0;
   std::FILE* json = c.json.empty() ? nullptr : std::fopen(c.json.c_str(), "w");
 
-  std::printf("# prefetch_bench: compute=%s T_c=%.1f ms batch=%zu sample=%zu B devices=%zu loaders=%u depth=%zu "
-              "steps=%d (+%d warm-up) x %d reps, interleaved\n",
-              c.spin ? "spin (CPU trainer)" : "sleep (GPU-like: CPU free while computing)", c.tc_ms, c.batch,
-              c.sample_bytes, c.devices, c.loaders, c.depth, c.steps, c.warmup, c.reps);
-  std::printf("# step/max = median step / max(T_c, T_l) with measured T_c, T_l; hidden = 1 - max(0, step - T_c) / T_l\n");
+  std::printf(
+      "# prefetch_bench: compute=%s T_c=%.1f ms batch=%zu sample=%zu B devices=%zu loaders=%u depth=%zu "
+      "steps=%d (+%d warm-up) x %d reps, interleaved\n",
+      c.spin ? "spin (CPU trainer)" : "sleep (GPU-like: CPU free while computing)", c.tc_ms, c.batch, c.sample_bytes,
+      c.devices, c.loaders, c.depth, c.steps, c.warmup, c.reps);
+  std::printf(
+      "# step/max = median step / max(T_c, T_l) with measured T_c, T_l; hidden = 1 - max(0, step - T_c) / T_l\n");
   std::printf("# Tl/Tc: nominal; T_c_ms, T_l_ms: medians measured in the sync loop (sleep overshoot included)\n");
   std::printf("%6s %-8s %8s %8s %9s %9s %9s %9s %7s %6s\n", "Tl/Tc", "peer", "T_c_ms", "T_l_ms", "min_ms", "med_ms",
               "p99_ms", "step/max", "hidden", "#wrong");
@@ -328,7 +351,9 @@ int main(int argc, char** argv) {
     for (int rep = 0; rep < c.reps; ++rep) {
       for (int k = 0; k < 3; ++k) {
         const int who = (k + rep) % 3;  // rotate the order between repetitions
-        run_result r = who == 0 ? run_sync(c, load, compute) : who == 1 ? run_double(c, load, compute) : run_ebbflow(c, load, compute, st);
+        run_result r = who == 0   ? run_sync(c, load, compute)
+                       : who == 1 ? run_double(c, load, compute)
+                                  : run_ebbflow(c, load, compute, st);
         acc[who].step_s.insert(acc[who].step_s.end(), r.step_s.begin(), r.step_s.end());
         acc[who].wrong += r.wrong;
         if (who == 0) {
@@ -346,26 +371,30 @@ int main(int argc, char** argv) {
       const double norm = sm[w].med / std::max(tc_m, tl_m);
       const double hidden = 1.0 - std::max(0.0, sm[w].med - tc_m) / tl_m;
       all_ok = all_ok && acc[w].wrong == 0;
-      std::printf("%6.2f %-8s %8.2f %8.2f %9.2f %9.2f %9.2f %9.3f %6.1f%% %6zu\n", ratio, names[w], tc_m * 1e3, tl_m * 1e3,
-                  sm[w].min * 1e3, sm[w].med * 1e3, sm[w].p99 * 1e3, norm, 100 * std::clamp(hidden, 0.0, 1.0), acc[w].wrong);
+      std::printf("%6.2f %-8s %8.2f %8.2f %9.2f %9.2f %9.2f %9.3f %6.1f%% %6zu\n", ratio, names[w], tc_m * 1e3,
+                  tl_m * 1e3, sm[w].min * 1e3, sm[w].med * 1e3, sm[w].p99 * 1e3, norm,
+                  100 * std::clamp(hidden, 0.0, 1.0), acc[w].wrong);
       if (json)
-        std::fprintf(json,
-                     "{\"bench\":\"prefetch\",\"compute\":\"%s\",\"ratio\":%g,\"peer\":\"%s\",\"tc_ms\":%.4f,\"tl_ms\":%.4f,"
-                     "\"min_ms\":%.4f,\"median_ms\":%.4f,\"p99_ms\":%.4f,\"step_over_max\":%.4f,\"hidden\":%.4f,"
-                     "\"wrong\":%zu,\"loaders\":%u,\"depth\":%zu,\"batch\":%zu,\"sample_bytes\":%zu}\n",
-                     c.spin ? "spin" : "sleep", ratio, names[w], tc_m * 1e3, tl_m * 1e3, sm[w].min * 1e3, sm[w].med * 1e3,
-                     sm[w].p99 * 1e3, norm, std::clamp(hidden, 0.0, 1.0), acc[w].wrong, c.loaders, c.depth, c.batch,
-                     c.sample_bytes);
+        std::fprintf(
+            json,
+            "{\"bench\":\"prefetch\",\"compute\":\"%s\",\"ratio\":%g,\"peer\":\"%s\",\"tc_ms\":%.4f,\"tl_ms\":%.4f,"
+            "\"min_ms\":%.4f,\"median_ms\":%.4f,\"p99_ms\":%.4f,\"step_over_max\":%.4f,\"hidden\":%.4f,"
+            "\"wrong\":%zu,\"loaders\":%u,\"depth\":%zu,\"batch\":%zu,\"sample_bytes\":%zu}\n",
+            c.spin ? "spin" : "sleep", ratio, names[w], tc_m * 1e3, tl_m * 1e3, sm[w].min * 1e3, sm[w].med * 1e3,
+            sm[w].p99 * 1e3, norm, std::clamp(hidden, 0.0, 1.0), acc[w].wrong, c.loaders, c.depth, c.batch,
+            c.sample_bytes);
     }
     // The goal: T_l <= T_c -> step <= 1.05 T_c; T_l > T_c -> step <= 1.05 T_l, i.e.
     // step <= 1.05 max(T_c, T_l), judged with the measured T_c and T_l.
     const bool tl_le_tc = tl_m <= tc_m;
     const double bound = 1.05 * std::max(tc_m, tl_m);
-    std::printf("%6.2f ratios  ebbflow/sync %.3f  ebbflow/double %.3f  measured T_l/T_c %.2f  goal step <= 1.05*%s = %.2f ms: %s  "
-                "(stall %.3f s, pinned %s, pool peak %zu/%zu B)\n",
-                ratio, sm[2].med / sm[0].med, sm[2].med / sm[1].med, tl_m / tc_m, tl_le_tc ? "T_c" : "T_l", bound * 1e3,
-                sm[2].med <= bound ? "met" : "NOT met", st.consumer_stall_s, st.pool.locked ? "yes" : "no", st.pool.peak,
-                st.pool.capacity);
+    std::printf(
+        "%6.2f ratios  ebbflow/sync %.3f  ebbflow/double %.3f  measured T_l/T_c %.2f  goal step <= 1.05*%s = %.2f ms: "
+        "%s  "
+        "(stall %.3f s, pinned %s, pool peak %zu/%zu B)\n",
+        ratio, sm[2].med / sm[0].med, sm[2].med / sm[1].med, tl_m / tc_m, tl_le_tc ? "T_c" : "T_l", bound * 1e3,
+        sm[2].med <= bound ? "met" : "NOT met", st.consumer_stall_s, st.pool.locked ? "yes" : "no", st.pool.peak,
+        st.pool.capacity);
     std::fflush(stdout);
   }
   if (json) std::fclose(json);

@@ -62,7 +62,8 @@ inline data_set load(const std::string& path = default_path()) {
     }
     pos = end + 1;
   }
-  if (d.size() != 1797) throw std::runtime_error("digits: expected 1797 rows in " + path + ", got " + std::to_string(d.size()));
+  if (d.size() != 1797)
+    throw std::runtime_error("digits: expected 1797 rows in " + path + ", got " + std::to_string(d.size()));
   return d;
 }
 

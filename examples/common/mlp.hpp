@@ -36,8 +36,7 @@ inline std::vector<float> init(const shape& s, std::uint64_t seed) {
 }
 
 //! Forward pass of one sample; writes class probabilities and the hidden layer. Returns the loss.
-inline float forward(const shape& s, std::span<const float> p, const float* x, int label, float* hidden,
-                     float* prob) {
+inline float forward(const shape& s, std::span<const float> p, const float* x, int label, float* hidden, float* prob) {
   const float* W1 = p.data();
   const float* b1 = W1 + s.in * s.hidden;
   const float* W2 = b1 + s.hidden;
@@ -102,7 +101,8 @@ inline double accuracy(const shape& s, std::span<const float> p, std::span<const
   std::size_t ok = 0;
   for (std::size_t i = 0; i < y.size(); ++i) {
     forward(s, p, &x[i * static_cast<std::size_t>(s.in)], y[i], hidden.data(), prob.data());
-    ok += static_cast<std::size_t>(std::max_element(prob.begin(), prob.end()) - prob.begin()) == static_cast<std::size_t>(y[i]);
+    ok += static_cast<std::size_t>(std::max_element(prob.begin(), prob.end()) - prob.begin()) ==
+          static_cast<std::size_t>(y[i]);
   }
   return y.empty() ? 0.0 : static_cast<double>(ok) / static_cast<double>(y.size());
 }

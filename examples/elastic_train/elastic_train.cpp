@@ -41,7 +41,7 @@ struct args {
   double sample_us = 0, step_us = 0;  // emulated device time per sample / per step
   int hidden = 64;
   std::string metrics, params_out;
-  std::string checkpoint;          // with checkpoint_at: save there and stop; with resume: load from there
+  std::string checkpoint;  // with checkpoint_at: save there and stop; with resume: load from there
   std::int64_t checkpoint_at = -1;
   bool resume = false;
   bool reference = false;
@@ -59,21 +59,36 @@ args parse(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (k == "--steps") a.steps = std::stoll(v());
-    else if (k == "--batch") a.batch = std::stoul(v());
-    else if (k == "--lr") a.lr = std::stof(v());
-    else if (k == "--momentum") a.momentum = std::stof(v());
-    else if (k == "--seed") a.seed = std::stoull(v());
-    else if (k == "--sample-us") a.sample_us = std::stod(v());
-    else if (k == "--step-us") a.step_us = std::stod(v());
-    else if (k == "--hidden") a.hidden = std::stoi(v());
-    else if (k == "--metrics") a.metrics = v();
-    else if (k == "--params-out") a.params_out = v();
-    else if (k == "--die-at") a.die_at = std::stoll(v());
-    else if (k == "--reference") a.reference = true;
-    else if (k == "--checkpoint") a.checkpoint = v();
-    else if (k == "--checkpoint-at") a.checkpoint_at = std::stoll(v());
-    else if (k == "--resume") a.resume = true;
+    if (k == "--steps")
+      a.steps = std::stoll(v());
+    else if (k == "--batch")
+      a.batch = std::stoul(v());
+    else if (k == "--lr")
+      a.lr = std::stof(v());
+    else if (k == "--momentum")
+      a.momentum = std::stof(v());
+    else if (k == "--seed")
+      a.seed = std::stoull(v());
+    else if (k == "--sample-us")
+      a.sample_us = std::stod(v());
+    else if (k == "--step-us")
+      a.step_us = std::stod(v());
+    else if (k == "--hidden")
+      a.hidden = std::stoi(v());
+    else if (k == "--metrics")
+      a.metrics = v();
+    else if (k == "--params-out")
+      a.params_out = v();
+    else if (k == "--die-at")
+      a.die_at = std::stoll(v());
+    else if (k == "--reference")
+      a.reference = true;
+    else if (k == "--checkpoint")
+      a.checkpoint = v();
+    else if (k == "--checkpoint-at")
+      a.checkpoint_at = std::stoll(v());
+    else if (k == "--resume")
+      a.resume = true;
     else {
       std::cerr << "elastic_train: unknown argument " << k << "\n";
       std::exit(2);
@@ -225,8 +240,7 @@ int main(int argc, char** argv) try {
       for (auto b : group.plan()) plan += (plan.empty() ? "" : ";") + std::to_string(b);
       std::fprintf(metrics, "%lld,%.3f,%lld,%d,%.6f,%s,%.1f,%s\n", static_cast<long long>(s.step),
                    std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(),
-                   static_cast<long long>(s.generation),
-                   s.world_size, grad.back(),
+                   static_cast<long long>(s.generation), s.world_size, grad.back(),
                    eval ? std::to_string(mlp::accuracy(sh, params, test.x, test.y)).c_str() : "",
                    dt > 0 ? static_cast<double>(s.global_batch) / dt : 0.0, plan.c_str());
       std::fflush(metrics);

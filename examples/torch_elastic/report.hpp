@@ -25,13 +25,13 @@ inline double unix_now() {
 
 //! One committed step as the coordinator saw it.
 struct step_record {
-  std::int64_t step = 0;        // steps committed after this one
+  std::int64_t step = 0;  // steps committed after this one
   std::int64_t epoch = 0;
-  double epoch_progress = 0;    // fraction of the epoch done after this step
+  double epoch_progress = 0;  // fraction of the epoch done after this step
   std::int64_t generation = 0;
   int world_size = 1;
-  double loss = 0;              // global mean training loss of the step
-  double test_acc = NAN;        // NaN: not evaluated at this step
+  double loss = 0;        // global mean training loss of the step
+  double test_acc = NAN;  // NaN: not evaluated at this step
   std::size_t global_batch = 0;
   std::vector<std::size_t> batches;  // every rank's batch, rank order
 };
@@ -68,7 +68,8 @@ class report {
       if (!csv_) {
         csv_ = open("metrics.csv");
         if (csv_ && std::ftell(csv_) == 0)
-          std::fputs("step,time_s,epoch,epoch_progress,generation,world_size,loss,test_acc,samples_per_s,batches\n", csv_);
+          std::fputs("step,time_s,epoch,epoch_progress,generation,world_size,loss,test_acc,samples_per_s,batches\n",
+                     csv_);
         jsonl_ = open("metrics.jsonl");
       }
       const std::string acc = std::isnan(r.test_acc) ? "" : std::to_string(r.test_acc);
@@ -106,7 +107,8 @@ class report {
     if (dir_.empty()) return;
     if (!events_) {
       events_ = open("events.csv");
-      if (events_ && std::ftell(events_) == 0) std::fputs("time_s,step,event,old_size,new_size,generation,stall_ms\n", events_);
+      if (events_ && std::ftell(events_) == 0)
+        std::fputs("time_s,step,event,old_size,new_size,generation,stall_ms\n", events_);
     }
     if (!events_) return;
     std::fprintf(events_, "%.3f,%lld,%.*s,%d,%d,%lld,%.1f\n", unix_now(), static_cast<long long>(step),
@@ -135,7 +137,8 @@ class report {
       const int full = static_cast<int>(std::lround(r.epoch_progress * width));
       std::string bar(static_cast<std::size_t>(full), '#');
       bar.resize(width, '.');
-      std::fprintf(tty_, "\r\033[K epoch %lld [%s] step %lld/%lld  loss %.3f  acc %s  %6.0f samples/s  world %d  batches %s",
+      std::fprintf(tty_,
+                   "\r\033[K epoch %lld [%s] step %lld/%lld  loss %.3f  acc %s  %6.0f samples/s  world %d  batches %s",
                    static_cast<long long>(r.epoch), bar.c_str(), static_cast<long long>(r.step),
                    static_cast<long long>(total_), r.loss, acc, rate, r.world_size, plan.c_str());
       std::fflush(tty_);

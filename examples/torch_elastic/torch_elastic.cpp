@@ -85,27 +85,41 @@ args parse(int argc, char** argv) {
       return argv[++i];
     };
     try {
-      if (k == "--steps") a.steps = std::stoll(v());
-      else if (k == "--batch") a.batch = std::stoul(v());
-      else if (k == "--lr") a.lr = std::stod(v());
-      else if (k == "--momentum") a.momentum = std::stod(v());
-      else if (k == "--hidden") a.hidden = std::stoi(v());
-      else if (k == "--seed") a.seed = std::stoull(v());
-      else if (k == "--sample-us") a.sample_us = std::stod(v());
-      else if (k == "--step-us") a.step_us = std::stod(v());
-      else if (k == "--codec") a.codec = v();
-      else if (k == "--report") a.report_dir = v();
-      else if (k == "--params-out") a.params_out = v();
-      else if (k == "--eval-every") a.eval_every = std::stoi(v());
-      else if (k == "--log-every") a.log_every = std::stoi(v());
-      else if (k == "--progress") a.progress = true;
-      else if (k == "--reference") a.reference = true;
+      if (k == "--steps")
+        a.steps = std::stoll(v());
+      else if (k == "--batch")
+        a.batch = std::stoul(v());
+      else if (k == "--lr")
+        a.lr = std::stod(v());
+      else if (k == "--momentum")
+        a.momentum = std::stod(v());
+      else if (k == "--hidden")
+        a.hidden = std::stoi(v());
+      else if (k == "--seed")
+        a.seed = std::stoull(v());
+      else if (k == "--sample-us")
+        a.sample_us = std::stod(v());
+      else if (k == "--step-us")
+        a.step_us = std::stod(v());
+      else if (k == "--codec")
+        a.codec = v();
+      else if (k == "--report")
+        a.report_dir = v();
+      else if (k == "--params-out")
+        a.params_out = v();
+      else if (k == "--eval-every")
+        a.eval_every = std::stoi(v());
+      else if (k == "--log-every")
+        a.log_every = std::stoi(v());
+      else if (k == "--progress")
+        a.progress = true;
+      else if (k == "--reference")
+        a.reference = true;
       else if (k == "--die-at") {
         const std::string d = v();
         a.die_worker = std::stoll(d.substr(0, d.find(':')));
         a.die_step = std::stoll(d.substr(d.find(':') + 1));
-      }
-      else if (k == "--slowdowns") {
+      } else if (k == "--slowdowns") {
         a.slowdowns.clear();
         std::string s = v();
         for (std::size_t p = 0; p <= s.size();) {
@@ -113,12 +127,14 @@ args parse(int argc, char** argv) {
           a.slowdowns.push_back(std::stod(s.substr(p, q - p)));
           p = q + 1;
         }
-      } else usage("unknown argument " + k);
+      } else
+        usage("unknown argument " + k);
     } catch (const std::logic_error&) {
       usage("bad value for " + k);
     }
   }
-  if (a.steps < 1 || a.batch < 1 || a.hidden < 1 || a.eval_every < 1) usage("--steps, --batch, --hidden, --eval-every must be >= 1");
+  if (a.steps < 1 || a.batch < 1 || a.hidden < 1 || a.eval_every < 1)
+    usage("--steps, --batch, --hidden, --eval-every must be >= 1");
   for (double s : a.slowdowns)
     if (!(s >= 1.0)) usage("--slowdowns: every factor must be >= 1");
   if (a.codec != "dense" && a.codec != "fp16" && a.codec != "int8" && a.codec != "topk") usage("--codec " + a.codec);
@@ -147,8 +163,10 @@ struct flat_state {
 // The optimizer's state is keyed by the parameter: a string in LibTorch 1.13, a pointer later.
 template <class Map>
 void put_state(Map& state, const torch::Tensor& p, std::unique_ptr<torch::optim::SGDParamState> st) {
-  if constexpr (std::is_same_v<typename Map::key_type, std::string>) state[c10::guts::to_string(p.unsafeGetTensorImpl())] = std::move(st);
-  else state[p.unsafeGetTensorImpl()] = std::move(st);
+  if constexpr (std::is_same_v<typename Map::key_type, std::string>)
+    state[c10::guts::to_string(p.unsafeGetTensorImpl())] = std::move(st);
+  else
+    state[p.unsafeGetTensorImpl()] = std::move(st);
 }
 
 flat_state flatten(std::vector<torch::Tensor> params, torch::optim::SGD& opt, torch::Device device) {
@@ -250,7 +268,8 @@ class gradient_sum {
  public:
   gradient_sum(Group& g, std::string codec) : group_(g), codec_(std::move(codec)) {
 #ifndef TORCH_ELASTIC_HAS_COMPRESS
-    if (codec_ != "dense") usage("--codec " + codec_ + ": this build has the dense allreduce only (no <ebbflow/compress/...>)");
+    if (codec_ != "dense")
+      usage("--codec " + codec_ + ": this build has the dense allreduce only (no <ebbflow/compress/...>)");
 #endif
   }
   bool operator()(std::span<float> grads_and_loss) {
@@ -273,9 +292,12 @@ class gradient_sum {
     auto& t = group_.transport();
     auto wrap = [](auto c) { return [c](std::span<float> g) mutable { c->run(g); }; };
     using tr = std::remove_reference_t<decltype(t)>;
-    if (codec_ == "fp16") run_ = wrap(std::make_shared<cz::compressed_allreduce<cz::fp16_codec, tr>>(t, cz::fp16_codec{}));
-    else if (codec_ == "int8") run_ = wrap(std::make_shared<cz::compressed_allreduce<cz::int8_codec, tr>>(t, cz::int8_codec{}));
-    else run_ = wrap(std::make_shared<cz::compressed_allreduce<cz::topk_codec, tr>>(t, cz::topk_codec(0.1)));
+    if (codec_ == "fp16")
+      run_ = wrap(std::make_shared<cz::compressed_allreduce<cz::fp16_codec, tr>>(t, cz::fp16_codec{}));
+    else if (codec_ == "int8")
+      run_ = wrap(std::make_shared<cz::compressed_allreduce<cz::int8_codec, tr>>(t, cz::int8_codec{}));
+    else
+      run_ = wrap(std::make_shared<cz::compressed_allreduce<cz::topk_codec, tr>>(t, cz::topk_codec(0.1)));
   }
   std::function<void(std::span<float>)> run_;
   std::int64_t generation_ = -1;
@@ -360,7 +382,8 @@ int main(int argc, char** argv) try {
   auto flat = flatten(model->parameters(), optimizer, device);
   // On a GPU the group works on host mirrors of the flat tensors; on the CPU they are the same tensors.
   auto host_of = [](const torch::Tensor& t) { return t.is_cpu() ? t : t.to(torch::kCPU); };
-  const torch::Tensor h_params = host_of(flat.params), h_momentum = host_of(flat.momentum), h_grads = host_of(flat.grads);
+  const torch::Tensor h_params = host_of(flat.params), h_momentum = host_of(flat.momentum),
+                      h_grads = host_of(flat.grads);
 
   // ebbflow: join the job (an initial worker, or a newcomer with EBBFLOW_JOIN=1), with the exact batch planner.
   el::leave_on_signal(SIGTERM);
@@ -375,7 +398,7 @@ int main(int argc, char** argv) try {
   group.register_state("params", std::as_writable_bytes(floats_of(h_params)));
   group.register_state("momentum", std::as_writable_bytes(floats_of(h_momentum)));
   gradient_sum sum_gradients(group, a.codec);  // ebbflow: dense allreduce, or --codec fp16|int8|topk
-  bool state_changed = true;  // the state may have arrived from another member
+  bool state_changed = true;                   // the state may have arrived from another member
   demo::report report(a.report_dir, a.progress, a.log_every, a.steps);
   group.on_world_changed([&](const el::world_change& w) {
     state_changed = true;
@@ -392,8 +415,8 @@ int main(int argc, char** argv) try {
     std::memcpy(dst.data() + digits::pixels * sizeof(float), &label, sizeof label);
   };
   using prefetcher = pf::prefetcher<slice_source, decltype(load)>;
-  const pf::prefetch_options popts{.sample_bytes = sample_floats * sizeof(float), .max_batch_samples = a.batch,
-                                   .depth = 2, .loaders = 1};
+  const pf::prefetch_options popts{
+      .sample_bytes = sample_floats * sizeof(float), .max_batch_samples = a.batch, .depth = 2, .loaders = 1};
   std::optional<prefetcher> loader;
   pf::step_plan mine;
   std::int64_t restarts = -1;  // prefetcher (re)starts after a change of plan
@@ -446,12 +469,15 @@ int main(int argc, char** argv) try {
     if (group.active() && group.rank() == 0) {
       const bool eval = group.step() % a.eval_every == 0 || group.step() == a.steps;
       const std::size_t done = s.cursor + s.global_batch;
-      report.step({.step = group.step(), .epoch = s.epoch,
+      report.step({.step = group.step(),
+                   .epoch = s.epoch,
                    .epoch_progress = static_cast<double>(done) / static_cast<double>(train.size()),
-                   .generation = s.generation, .world_size = s.world_size,
+                   .generation = s.generation,
+                   .world_size = s.world_size,
                    .loss = h_grads[flat.n].item<double>(),
                    .test_acc = eval ? accuracy(model, test_x.to(device), test_y.to(device)) : NAN,
-                   .global_batch = s.global_batch, .batches = el::scale_plan(plan, s.global_batch)});
+                   .global_batch = s.global_batch,
+                   .batches = el::scale_plan(plan, s.global_batch)});
     }
   }
   if (group.active() && group.rank() == 0) {

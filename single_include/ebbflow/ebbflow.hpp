@@ -233,7 +233,7 @@ struct half {
       return static_cast<std::uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
     }
     if (ax >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow -> inf
-    if (ax < 0x38800000u) {  // subnormal or zero in half
+    if (ax < 0x38800000u) {                                                    // subnormal or zero in half
       // Shift the float (with implicit bit) into half subnormal position, RNE.
       if (ax < 0x33000000u) return static_cast<std::uint16_t>(sign);  // < 2^-25 rounds to 0
       const std::uint32_t e = ax >> 23;
@@ -314,10 +314,17 @@ inline constexpr dtype all_dtypes[] = {dtype::f32, dtype::f64, dtype::f16, dtype
 //! Size of one element in bytes.
 constexpr std::size_t size_of(dtype t) noexcept {
   switch (t) {
-    case dtype::f64: case dtype::i64: return 8;
-    case dtype::f32: case dtype::i32: return 4;
-    case dtype::f16: case dtype::bf16: return 2;
-    case dtype::u8: return 1;
+    case dtype::f64:
+    case dtype::i64:
+      return 8;
+    case dtype::f32:
+    case dtype::i32:
+      return 4;
+    case dtype::f16:
+    case dtype::bf16:
+      return 2;
+    case dtype::u8:
+      return 1;
   }
   return 0;
 }
@@ -325,13 +332,20 @@ constexpr std::size_t size_of(dtype t) noexcept {
 //! Short name ("f32", "bf16", ...), as printed by benchmarks and errors.
 constexpr std::string_view name(dtype t) noexcept {
   switch (t) {
-    case dtype::f32: return "f32";
-    case dtype::f64: return "f64";
-    case dtype::f16: return "f16";
-    case dtype::bf16: return "bf16";
-    case dtype::i32: return "i32";
-    case dtype::i64: return "i64";
-    case dtype::u8: return "u8";
+    case dtype::f32:
+      return "f32";
+    case dtype::f64:
+      return "f64";
+    case dtype::f16:
+      return "f16";
+    case dtype::bf16:
+      return "bf16";
+    case dtype::i32:
+      return "i32";
+    case dtype::i64:
+      return "i64";
+    case dtype::u8:
+      return "u8";
   }
   return "?";
 }
@@ -349,28 +363,44 @@ constexpr bool is_floating(dtype t) noexcept {
 }
 
 //! The dtype of a C++ element type; `dtype_of_v<float> == dtype::f32`.
-template <class T> struct dtype_of;
-template <> struct dtype_of<float> : std::integral_constant<dtype, dtype::f32> {};
-template <> struct dtype_of<double> : std::integral_constant<dtype, dtype::f64> {};
-template <> struct dtype_of<half> : std::integral_constant<dtype, dtype::f16> {};
-template <> struct dtype_of<bfloat16> : std::integral_constant<dtype, dtype::bf16> {};
-template <> struct dtype_of<std::int32_t> : std::integral_constant<dtype, dtype::i32> {};
-template <> struct dtype_of<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
-template <> struct dtype_of<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<float> : std::integral_constant<dtype, dtype::f32> {};
+template <>
+struct dtype_of<double> : std::integral_constant<dtype, dtype::f64> {};
+template <>
+struct dtype_of<half> : std::integral_constant<dtype, dtype::f16> {};
+template <>
+struct dtype_of<bfloat16> : std::integral_constant<dtype, dtype::bf16> {};
+template <>
+struct dtype_of<std::int32_t> : std::integral_constant<dtype, dtype::i32> {};
+template <>
+struct dtype_of<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
+template <>
+struct dtype_of<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
 //! `dtype_of<T>::value`, ignoring cv-qualifiers.
-template <class T> inline constexpr dtype dtype_of_v = dtype_of<std::remove_cv_t<T>>::value;
+template <class T>
+inline constexpr dtype dtype_of_v = dtype_of<std::remove_cv_t<T>>::value;
 
 //! Calls `f(T{})` with the C++ type of `t` (a tag value), returning its result.
 template <class F>
 constexpr decltype(auto) visit_dtype(dtype t, F&& f) {
   switch (t) {
-    case dtype::f32: return f(float{});
-    case dtype::f64: return f(double{});
-    case dtype::f16: return f(half{});
-    case dtype::bf16: return f(bfloat16{});
-    case dtype::i32: return f(std::int32_t{});
-    case dtype::i64: return f(std::int64_t{});
-    case dtype::u8: return f(std::uint8_t{});
+    case dtype::f32:
+      return f(float{});
+    case dtype::f64:
+      return f(double{});
+    case dtype::f16:
+      return f(half{});
+    case dtype::bf16:
+      return f(bfloat16{});
+    case dtype::i32:
+      return f(std::int32_t{});
+    case dtype::i64:
+      return f(std::int64_t{});
+    case dtype::u8:
+      return f(std::uint8_t{});
   }
   return f(float{});
 }
@@ -380,17 +410,22 @@ constexpr decltype(auto) visit_dtype(dtype t, F&& f) {
 enum class reduce_op : std::uint8_t { sum, avg, min, max, prod };
 
 //! Every reduce_op, for iteration in tests and benchmarks.
-inline constexpr reduce_op all_reduce_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min,
-                                               reduce_op::max, reduce_op::prod};
+inline constexpr reduce_op all_reduce_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max,
+                                               reduce_op::prod};
 
 //! Short name ("sum", "avg", ...).
 constexpr std::string_view name(reduce_op op) noexcept {
   switch (op) {
-    case reduce_op::sum: return "sum";
-    case reduce_op::avg: return "avg";
-    case reduce_op::min: return "min";
-    case reduce_op::max: return "max";
-    case reduce_op::prod: return "prod";
+    case reduce_op::sum:
+      return "sum";
+    case reduce_op::avg:
+      return "avg";
+    case reduce_op::min:
+      return "min";
+    case reduce_op::max:
+      return "max";
+    case reduce_op::prod:
+      return "prod";
   }
   return "?";
 }
@@ -449,24 +484,52 @@ using v_u8 = std::uint8_t __attribute__((vector_size(16)));
 using v_u32 = std::uint32_t __attribute__((vector_size(16)));
 using v4_u16 = std::uint16_t __attribute__((vector_size(8)));
 
-template <class T> struct vec_of;
-template <> struct vec_of<float> { using type = v_f32; };
-template <> struct vec_of<double> { using type = v_f64; };
-template <> struct vec_of<std::int32_t> { using type = v_i32; };
-template <> struct vec_of<std::int64_t> { using type = v_i64; };
-template <> struct vec_of<std::uint8_t> { using type = v_u8; };
+template <class T>
+struct vec_of;
+template <>
+struct vec_of<float> {
+  using type = v_f32;
+};
+template <>
+struct vec_of<double> {
+  using type = v_f64;
+};
+template <>
+struct vec_of<std::int32_t> {
+  using type = v_i32;
+};
+template <>
+struct vec_of<std::int64_t> {
+  using type = v_i64;
+};
+template <>
+struct vec_of<std::uint8_t> {
+  using type = v_u8;
+};
 
 struct op_sum {
-  template <class V> static V apply(V a, V b) noexcept { return a + b; }
+  template <class V>
+  static V apply(V a, V b) noexcept {
+    return a + b;
+  }
 };
 struct op_prod {
-  template <class V> static V apply(V a, V b) noexcept { return a * b; }
+  template <class V>
+  static V apply(V a, V b) noexcept {
+    return a * b;
+  }
 };
 struct op_min {
-  template <class V> static V apply(V a, V b) noexcept { return b < a ? b : a; }
+  template <class V>
+  static V apply(V a, V b) noexcept {
+    return b < a ? b : a;
+  }
 };
 struct op_max {
-  template <class V> static V apply(V a, V b) noexcept { return a < b ? b : a; }
+  template <class V>
+  static V apply(V a, V b) noexcept {
+    return a < b ? b : a;
+  }
 };
 
 template <class V>
@@ -529,20 +592,33 @@ inline void reduce_bf16(std::uint16_t* dst, const std::uint16_t* a, const std::u
 template <class Op>
 inline void reduce_f16(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* __restrict b,
                        std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i)
-    dst[i] = half::from_float(Op::apply(half::to_float(a[i]), half::to_float(b[i])));
+  for (std::size_t i = 0; i < n; ++i) dst[i] = half::from_float(Op::apply(half::to_float(a[i]), half::to_float(b[i])));
 }
 
 template <class Op>
 inline void reduce_typed(dtype type, void* dst, const void* a, const void* b, std::size_t n) noexcept {
   switch (type) {
-    case dtype::f32: return reduce_native<float, Op>(static_cast<float*>(dst), static_cast<const float*>(a), static_cast<const float*>(b), n);
-    case dtype::f64: return reduce_native<double, Op>(static_cast<double*>(dst), static_cast<const double*>(a), static_cast<const double*>(b), n);
-    case dtype::i32: return reduce_native<std::int32_t, Op>(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(a), static_cast<const std::int32_t*>(b), n);
-    case dtype::i64: return reduce_native<std::int64_t, Op>(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(a), static_cast<const std::int64_t*>(b), n);
-    case dtype::u8: return reduce_native<std::uint8_t, Op>(static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(a), static_cast<const std::uint8_t*>(b), n);
-    case dtype::bf16: return reduce_bf16<Op>(static_cast<std::uint16_t*>(dst), static_cast<const std::uint16_t*>(a), static_cast<const std::uint16_t*>(b), n);
-    case dtype::f16: return reduce_f16<Op>(static_cast<std::uint16_t*>(dst), static_cast<const std::uint16_t*>(a), static_cast<const std::uint16_t*>(b), n);
+    case dtype::f32:
+      return reduce_native<float, Op>(static_cast<float*>(dst), static_cast<const float*>(a),
+                                      static_cast<const float*>(b), n);
+    case dtype::f64:
+      return reduce_native<double, Op>(static_cast<double*>(dst), static_cast<const double*>(a),
+                                       static_cast<const double*>(b), n);
+    case dtype::i32:
+      return reduce_native<std::int32_t, Op>(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(a),
+                                             static_cast<const std::int32_t*>(b), n);
+    case dtype::i64:
+      return reduce_native<std::int64_t, Op>(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(a),
+                                             static_cast<const std::int64_t*>(b), n);
+    case dtype::u8:
+      return reduce_native<std::uint8_t, Op>(static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(a),
+                                             static_cast<const std::uint8_t*>(b), n);
+    case dtype::bf16:
+      return reduce_bf16<Op>(static_cast<std::uint16_t*>(dst), static_cast<const std::uint16_t*>(a),
+                             static_cast<const std::uint16_t*>(b), n);
+    case dtype::f16:
+      return reduce_f16<Op>(static_cast<std::uint16_t*>(dst), static_cast<const std::uint16_t*>(a),
+                            static_cast<const std::uint16_t*>(b), n);
   }
 }
 
@@ -559,10 +635,14 @@ inline void reduce(dtype type, reduce_op op, void* dst, const void* a, const voi
   if (count == 0) return;
   switch (op) {
     case reduce_op::sum:
-    case reduce_op::avg: return detail::reduce_typed<detail::op_sum>(type, dst, a, b, count);
-    case reduce_op::prod: return detail::reduce_typed<detail::op_prod>(type, dst, a, b, count);
-    case reduce_op::min: return detail::reduce_typed<detail::op_min>(type, dst, a, b, count);
-    case reduce_op::max: return detail::reduce_typed<detail::op_max>(type, dst, a, b, count);
+    case reduce_op::avg:
+      return detail::reduce_typed<detail::op_sum>(type, dst, a, b, count);
+    case reduce_op::prod:
+      return detail::reduce_typed<detail::op_prod>(type, dst, a, b, count);
+    case reduce_op::min:
+      return detail::reduce_typed<detail::op_min>(type, dst, a, b, count);
+    case reduce_op::max:
+      return detail::reduce_typed<detail::op_max>(type, dst, a, b, count);
   }
 }
 
@@ -574,9 +654,12 @@ inline void finish_avg(dtype type, void* dst, std::size_t count, int divisor) no
       // keep the division so every algorithm gives the same result.
       return detail::divide_native(static_cast<float*>(dst), count, static_cast<float>(divisor));
     }
-    case dtype::f64: return detail::divide_native(static_cast<double*>(dst), count, static_cast<double>(divisor));
-    case dtype::i32: return detail::divide_native(static_cast<std::int32_t*>(dst), count, std::int32_t{divisor});
-    case dtype::i64: return detail::divide_native(static_cast<std::int64_t*>(dst), count, std::int64_t{divisor});
+    case dtype::f64:
+      return detail::divide_native(static_cast<double*>(dst), count, static_cast<double>(divisor));
+    case dtype::i32:
+      return detail::divide_native(static_cast<std::int32_t*>(dst), count, std::int32_t{divisor});
+    case dtype::i64:
+      return detail::divide_native(static_cast<std::int64_t*>(dst), count, std::int64_t{divisor});
     case dtype::u8: {
       auto* p = static_cast<std::uint8_t*>(dst);
       for (std::size_t i = 0; i < count; ++i) p[i] = static_cast<std::uint8_t>(p[i] / divisor);
@@ -584,7 +667,8 @@ inline void finish_avg(dtype type, void* dst, std::size_t count, int divisor) no
     }
     case dtype::f16: {
       auto* p = static_cast<std::uint16_t*>(dst);
-      for (std::size_t i = 0; i < count; ++i) p[i] = half::from_float(half::to_float(p[i]) / static_cast<float>(divisor));
+      for (std::size_t i = 0; i < count; ++i)
+        p[i] = half::from_float(half::to_float(p[i]) / static_cast<float>(divisor));
       return;
     }
     case dtype::bf16: {
@@ -729,14 +813,22 @@ enum class error {
 namespace detail {
 inline constexpr std::string_view errc_name(int v) noexcept {
   switch (v) {
-    case 1: return "peer lost";
-    case 2: return "timed out";
-    case 3: return "revoked";
-    case 4: return "bad message";
-    case 5: return "unauthorized";
-    case 6: return "cancelled";
-    case 7: return "invalid state";
-    default: return "unknown ebbflow error";
+    case 1:
+      return "peer lost";
+    case 2:
+      return "timed out";
+    case 3:
+      return "revoked";
+    case 4:
+      return "bad message";
+    case 5:
+      return "unauthorized";
+    case 6:
+      return "cancelled";
+    case 7:
+      return "invalid state";
+    default:
+      return "unknown ebbflow error";
   }
 }
 
@@ -769,7 +861,9 @@ inline std::error_condition detail::ebbflow_category_impl::default_error_conditi
 }
 
 //! Makes `errc` values comparable with any `std::error_code` (found by ADL).
-inline std::error_condition make_error_condition(errc e) noexcept { return {static_cast<int>(e), condition_category()}; }
+inline std::error_condition make_error_condition(errc e) noexcept {
+  return {static_cast<int>(e), condition_category()};
+}
 //! Makes `error` values convertible to `std::error_code` (found by ADL).
 inline std::error_code make_error_code(error e) noexcept { return {static_cast<int>(e), ebbflow_category()}; }
 
@@ -781,29 +875,52 @@ class ucs_category_impl final : public std::error_category {
   const char* name() const noexcept override { return "ucs"; }
   std::string message(int v) const override {
     switch (v) {
-      case 0: return "success";
-      case -1: return "no pending message";
-      case -2: return "no resources are available to initiate the operation";
-      case -3: return "input/output error";
-      case -4: return "out of memory";
-      case -5: return "invalid parameter";
-      case -6: return "destination is unreachable";
-      case -7: return "address not valid";
-      case -8: return "function not implemented";
-      case -9: return "message truncated";
-      case -10: return "no progress";
-      case -11: return "provided buffer is too small";
-      case -12: return "no such element";
-      case -14: return "no such device";
-      case -15: return "device is busy";
-      case -16: return "request canceled";
-      case -20: return "operation timed out";
-      case -21: return "user-defined limit was reached";
-      case -22: return "unsupported operation";
-      case -23: return "operation rejected by remote peer";
-      case -24: return "endpoint is not connected";
-      case -25: return "connection reset by remote peer";
-      case -80: return "endpoint timeout";
+      case 0:
+        return "success";
+      case -1:
+        return "no pending message";
+      case -2:
+        return "no resources are available to initiate the operation";
+      case -3:
+        return "input/output error";
+      case -4:
+        return "out of memory";
+      case -5:
+        return "invalid parameter";
+      case -6:
+        return "destination is unreachable";
+      case -7:
+        return "address not valid";
+      case -8:
+        return "function not implemented";
+      case -9:
+        return "message truncated";
+      case -10:
+        return "no progress";
+      case -11:
+        return "provided buffer is too small";
+      case -12:
+        return "no such element";
+      case -14:
+        return "no such device";
+      case -15:
+        return "device is busy";
+      case -16:
+        return "request canceled";
+      case -20:
+        return "operation timed out";
+      case -21:
+        return "user-defined limit was reached";
+      case -22:
+        return "unsupported operation";
+      case -23:
+        return "operation rejected by remote peer";
+      case -24:
+        return "endpoint is not connected";
+      case -25:
+        return "connection reset by remote peer";
+      case -80:
+        return "endpoint timeout";
       default:
         if (v <= -40 && v >= -59) return "link failure";
         if (v <= -60 && v >= -89) return "endpoint failure";
@@ -812,13 +929,20 @@ class ucs_category_impl final : public std::error_category {
   }
   std::error_condition default_error_condition(int v) const noexcept override {
     switch (v) {
-      case -16: return make_error_condition(errc::cancelled);
-      case -20: return make_error_condition(errc::timeout);
-      case -9: return make_error_condition(errc::bad_message);
+      case -16:
+        return make_error_condition(errc::cancelled);
+      case -20:
+        return make_error_condition(errc::timeout);
+      case -9:
+        return make_error_condition(errc::bad_message);
       // Any failure of a peer's operation means the peer is gone: UCX reports
       // a killed process as reset, unreachable, i/o error or endpoint timeout
       // depending on the transport (ENVIRONMENT-FACTS.md).
-      case -3: case -6: case -23: case -24: case -25:
+      case -3:
+      case -6:
+      case -23:
+      case -24:
+      case -25:
         return make_error_condition(errc::peer_lost);
       default:
         if (v <= -40 && v >= -89) return make_error_condition(errc::peer_lost);
@@ -834,12 +958,18 @@ class cuda_category_impl final : public std::error_category {
   const char* name() const noexcept override { return "cuda"; }
   std::string message(int v) const override {
     switch (v) {
-      case 0: return "no error";
-      case 1: return "invalid argument";
-      case 2: return "out of memory";
-      case 35: return "CUDA driver version is insufficient for CUDA runtime version";
-      case 100: return "no CUDA-capable device is detected";
-      default: return "CUDA error " + std::to_string(v);
+      case 0:
+        return "no error";
+      case 1:
+        return "invalid argument";
+      case 2:
+        return "out of memory";
+      case 35:
+        return "CUDA driver version is insufficient for CUDA runtime version";
+      case 100:
+        return "no CUDA-capable device is detected";
+      default:
+        return "CUDA error " + std::to_string(v);
     }
   }
 };
@@ -850,15 +980,24 @@ class nccl_category_impl final : public std::error_category {
   const char* name() const noexcept override { return "nccl"; }
   std::string message(int v) const override {
     switch (v) {
-      case 0: return "no error";
-      case 1: return "unhandled cuda error";
-      case 2: return "unhandled system error";
-      case 3: return "internal error";
-      case 4: return "invalid argument";
-      case 5: return "invalid usage";
-      case 6: return "remote process exited or there was a network error";
-      case 7: return "NCCL operation in progress";
-      default: return "NCCL result " + std::to_string(v);
+      case 0:
+        return "no error";
+      case 1:
+        return "unhandled cuda error";
+      case 2:
+        return "unhandled system error";
+      case 3:
+        return "internal error";
+      case 4:
+        return "invalid argument";
+      case 5:
+        return "invalid usage";
+      case 6:
+        return "remote process exited or there was a network error";
+      case 7:
+        return "NCCL operation in progress";
+      default:
+        return "NCCL result " + std::to_string(v);
     }
   }
   std::error_condition default_error_condition(int v) const noexcept override {
@@ -886,11 +1025,11 @@ inline const std::error_category& nccl_category() noexcept {
 
 //! Where an error happened. Any field may be unknown (-1 / empty).
 struct error_context {
-  int rank = -1;                       //!< rank that observed the error
-  std::int64_t generation = -1;        //!< membership generation
-  int peer = -1;                       //!< peer involved, if any
-  std::string operation = {};          //!< e.g. "allreduce", "store.get"
-  std::string detail = {};             //!< free text (sizes, keys, ...)
+  int rank = -1;                 //!< rank that observed the error
+  std::int64_t generation = -1;  //!< membership generation
+  int peer = -1;                 //!< peer involved, if any
+  std::string operation = {};    //!< e.g. "allreduce", "store.get"
+  std::string detail = {};       //!< free text (sizes, keys, ...)
 };
 
 //! Exception carrying an `std::error_code` plus where it happened.
@@ -926,9 +1065,17 @@ class system_error : public std::system_error {
     if (any) {
       os << " [";
       const char* sep = "";
-      if (c.rank >= 0) { os << "rank " << c.rank; sep = ", "; }
-      if (c.generation >= 0) { os << sep << "generation " << c.generation; sep = ", "; }
-      if (c.peer >= 0) { os << sep << "peer " << c.peer; }
+      if (c.rank >= 0) {
+        os << "rank " << c.rank;
+        sep = ", ";
+      }
+      if (c.generation >= 0) {
+        os << sep << "generation " << c.generation;
+        sep = ", ";
+      }
+      if (c.peer >= 0) {
+        os << sep << "peer " << c.peer;
+      }
       os << "]";
     }
     return os.str();
@@ -979,18 +1126,17 @@ struct std::is_error_code_enum<ebbflow::error> : std::true_type {};
 
 //! Rejects bad user input: throws `std::invalid_argument` with `msg` (an
 //! ostream expression) plus file and line, when `cond` is false.
-#define EBBFLOW_ENFORCE(cond, msg)                                                    \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      std::ostringstream ebbflow_enforce_os_;                                         \
-      ebbflow_enforce_os_ << msg;                                                     \
+#define EBBFLOW_ENFORCE(cond, msg)                                                              \
+  do {                                                                                          \
+    if (!(cond)) {                                                                              \
+      std::ostringstream ebbflow_enforce_os_;                                                   \
+      ebbflow_enforce_os_ << msg;                                                               \
       ::ebbflow::detail::throw_invalid_argument(__FILE__, __LINE__, ebbflow_enforce_os_.str()); \
-    }                                                                                 \
+    }                                                                                           \
   } while (0)
 
 //! Internal invariant; a failure is a bug in ebbflow.
-#define EBBFLOW_EXPECTS(cond) \
-  ((cond) ? void(0) : ::ebbflow::detail::expects_failed(#cond, __FILE__, __LINE__))
+#define EBBFLOW_EXPECTS(cond) ((cond) ? void(0) : ::ebbflow::detail::expects_failed(#cond, __FILE__, __LINE__))
 // ---- end <ebbflow/core/error.hpp>
 
 #include <concepts>
@@ -1053,7 +1199,10 @@ void send(T& t, int peer, tag_t tag, std::span<const std::byte> data, deadline d
   auto r = t.isend(peer, tag, data);
   std::error_code ec;
   t.wait(r, d, ec);
-  throw_if(ec, {.rank = t.rank(), .generation = t.generation(), .peer = peer, .operation = "send",
+  throw_if(ec, {.rank = t.rank(),
+                .generation = t.generation(),
+                .peer = peer,
+                .operation = "send",
                 .detail = std::to_string(data.size()) + " bytes"});
 }
 
@@ -1063,7 +1212,10 @@ void recv(T& t, int peer, tag_t tag, std::span<std::byte> data, deadline d) {
   auto r = t.irecv(peer, tag, data);
   std::error_code ec;
   t.wait(r, d, ec);
-  throw_if(ec, {.rank = t.rank(), .generation = t.generation(), .peer = peer, .operation = "recv",
+  throw_if(ec, {.rank = t.rank(),
+                .generation = t.generation(),
+                .peer = peer,
+                .operation = "recv",
                 .detail = std::to_string(data.size()) + " bytes"});
 }
 
@@ -1145,8 +1297,8 @@ inline bool get_bool(const char* name, bool fallback) {
 }
 
 //! A duration in milliseconds in [lo_ms, hi_ms], or `fallback` when unset.
-inline std::chrono::milliseconds get_ms(const char* name, std::chrono::milliseconds fallback,
-                                        std::int64_t lo_ms = 0, std::int64_t hi_ms = 24LL * 3600 * 1000) {
+inline std::chrono::milliseconds get_ms(const char* name, std::chrono::milliseconds fallback, std::int64_t lo_ms = 0,
+                                        std::int64_t hi_ms = 24LL * 3600 * 1000) {
   return std::chrono::milliseconds(get_int(name, fallback.count(), lo_ms, hi_ms));
 }
 
@@ -1175,13 +1327,13 @@ inline host_port parse_host_port(std::string_view s, std::string_view what) {
 
 //! Where this process sits in a job, as told by its launcher.
 struct launch_info {
-  int rank = 0;                 //!< this process's rank in the initial world
-  int world_size = 1;           //!< processes in the initial world
-  int local_rank = 0;           //!< rank among processes on this host
+  int rank = 0;                          //!< this process's rank in the initial world
+  int world_size = 1;                    //!< processes in the initial world
+  int local_rank = 0;                    //!< rank among processes on this host
   std::string store_host = "127.0.0.1";  //!< rendezvous store address
   std::uint16_t store_port = 0;          //!< 0: no store given
-  std::string token;            //!< job secret (EBBFLOW_TOKEN); never logged
-  std::string source = "default";  //!< which launcher's variables were used
+  std::string token;                     //!< job secret (EBBFLOW_TOKEN); never logged
+  std::string source = "default";        //!< which launcher's variables were used
 
   //! Reads, in order of precedence: ebbflow-run's `EBBFLOW_RANK`,
   //! `EBBFLOW_WORLD_SIZE`, `EBBFLOW_LOCAL_RANK`, `EBBFLOW_STORE`,
@@ -1246,9 +1398,12 @@ enum class memory_space : std::uint8_t { host, pinned, device };
 //! Lower-case name ("host", "pinned", "device").
 constexpr std::string_view name(memory_space s) noexcept {
   switch (s) {
-    case memory_space::host: return "host";
-    case memory_space::pinned: return "pinned";
-    case memory_space::device: return "device";
+    case memory_space::host:
+      return "host";
+    case memory_space::pinned:
+      return "pinned";
+    case memory_space::device:
+      return "device";
   }
   return "?";
 }
@@ -1270,7 +1425,7 @@ class mspan : public std::span<T> {
   constexpr explicit mspan(std::span<T> s) noexcept : std::span<T>(s) {}
   //! A span of const elements in the same space.
   template <class U>
-    requires std::is_convertible_v<U (*)[], T (*)[]>
+  requires std::is_convertible_v<U (*)[], T (*)[]>
   constexpr mspan(mspan<U, Space> o) noexcept : std::span<T>(o.data(), o.size()) {}
 
   //! Like `std::span::subspan`, keeping the memory space.
@@ -1280,25 +1435,26 @@ class mspan : public std::span<T> {
 };
 
 //! Pageable host memory.
-template <class T> using host_span = mspan<T, memory_space::host>;
+template <class T>
+using host_span = mspan<T, memory_space::host>;
 //! Page-locked host memory.
-template <class T> using pinned_span = mspan<T, memory_space::pinned>;
+template <class T>
+using pinned_span = mspan<T, memory_space::pinned>;
 //! Device memory: not to be dereferenced on the CPU.
-template <class T> using device_span = mspan<T, memory_space::device>;
+template <class T>
+using device_span = mspan<T, memory_space::device>;
 
 //! An untyped view: `count` elements of `type` at `data` in `space`.
 struct buffer_view {
-  void* data = nullptr;                      //!< first element, in `space`
-  std::size_t count = 0;                     //!< number of elements
-  dtype type = dtype::f32;                   //!< element type
-  memory_space space = memory_space::host;   //!< where `data` lives
+  void* data = nullptr;                     //!< first element, in `space`
+  std::size_t count = 0;                    //!< number of elements
+  dtype type = dtype::f32;                  //!< element type
+  memory_space space = memory_space::host;  //!< where `data` lives
 
   //! Size in bytes.
   [[nodiscard]] constexpr std::size_t bytes() const noexcept { return count * size_of(type); }
   //! The bytes of the buffer (in `space`).
-  [[nodiscard]] std::span<std::byte> as_bytes() const noexcept {
-    return {static_cast<std::byte*>(data), bytes()};
-  }
+  [[nodiscard]] std::span<std::byte> as_bytes() const noexcept { return {static_cast<std::byte*>(data), bytes()}; }
   //! Elements [off, off + n).
   [[nodiscard]] buffer_view slice(std::size_t off, std::size_t n) const noexcept {
     return {static_cast<std::byte*>(data) + off * size_of(type), n, type, space};
@@ -1346,11 +1502,11 @@ enum class allreduce_algorithm : std::uint8_t {
 //! the algorithm choice (`allreduce`, `small_bytes`, `chunk_bytes`).
 struct collective_options {
   allreduce_algorithm allreduce = allreduce_algorithm::automatic;  //!< allreduce algorithm (see `allreduce_algorithm`)
-  std::size_t small_bytes = std::size_t{16} << 10;   //!< at or below: latency-optimal algorithms
-  std::size_t chunk_bytes = std::size_t{128} << 10;  //!< pipelining granularity of ring / chain
-  int window = 4;                                     //!< chunk receives in flight (scratch slots)
-  std::size_t copy_chunk_bytes = std::size_t{512} << 10;  //!< single_copy: peer data read per reduction step
-  std::chrono::milliseconds timeout{60'000};          //!< deadline of calls that take none
+  std::size_t small_bytes = std::size_t{16} << 10;                 //!< at or below: latency-optimal algorithms
+  std::size_t chunk_bytes = std::size_t{128} << 10;                //!< pipelining granularity of ring / chain
+  int window = 4;                                                  //!< chunk receives in flight (scratch slots)
+  std::size_t copy_chunk_bytes = std::size_t{512} << 10;           //!< single_copy: peer data read per reduction step
+  std::chrono::milliseconds timeout{60'000};                       //!< deadline of calls that take none
 
   //! Defaults overridden by `EBBFLOW_ALLREDUCE_ALGO` (automatic, ring,
   //! recursive_doubling, single_copy), `EBBFLOW_SMALL_BYTES`,
@@ -1360,25 +1516,37 @@ struct collective_options {
   static collective_options from_environment() {
     collective_options o;
     if (auto a = env::get("EBBFLOW_ALLREDUCE_ALGO")) {
-      if (*a == "automatic") o.allreduce = allreduce_algorithm::automatic;
-      else if (*a == "ring") o.allreduce = allreduce_algorithm::ring;
-      else if (*a == "recursive_doubling") o.allreduce = allreduce_algorithm::recursive_doubling;
-      else if (*a == "single_copy") o.allreduce = allreduce_algorithm::single_copy;
-      else EBBFLOW_ENFORCE(false, "EBBFLOW_ALLREDUCE_ALGO='" << *a << "': expected automatic, ring, recursive_doubling or single_copy");
+      if (*a == "automatic")
+        o.allreduce = allreduce_algorithm::automatic;
+      else if (*a == "ring")
+        o.allreduce = allreduce_algorithm::ring;
+      else if (*a == "recursive_doubling")
+        o.allreduce = allreduce_algorithm::recursive_doubling;
+      else if (*a == "single_copy")
+        o.allreduce = allreduce_algorithm::single_copy;
+      else
+        EBBFLOW_ENFORCE(false, "EBBFLOW_ALLREDUCE_ALGO='"
+                                   << *a << "': expected automatic, ring, recursive_doubling or single_copy");
     }
-    o.small_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_SMALL_BYTES", static_cast<std::int64_t>(o.small_bytes), 0));
-    o.chunk_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_CHUNK_BYTES", static_cast<std::int64_t>(o.chunk_bytes), 1));
+    o.small_bytes =
+        static_cast<std::size_t>(env::get_int("EBBFLOW_SMALL_BYTES", static_cast<std::int64_t>(o.small_bytes), 0));
+    o.chunk_bytes =
+        static_cast<std::size_t>(env::get_int("EBBFLOW_CHUNK_BYTES", static_cast<std::int64_t>(o.chunk_bytes), 1));
     o.window = static_cast<int>(env::get_int("EBBFLOW_COMM_WINDOW", o.window, 1, 1024));
-    o.copy_chunk_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_COPY_CHUNK_BYTES", static_cast<std::int64_t>(o.copy_chunk_bytes), 1));
+    o.copy_chunk_bytes = static_cast<std::size_t>(
+        env::get_int("EBBFLOW_COPY_CHUNK_BYTES", static_cast<std::int64_t>(o.copy_chunk_bytes), 1));
     o.timeout = env::get_ms("EBBFLOW_COMM_TIMEOUT_MS", o.timeout, 1);
     return o;
   }
 };
 
 namespace detail {
-template <transport T> struct promise;
-template <transport T> struct task;
-template <transport T> struct active_set;
+template <transport T>
+struct promise;
+template <transport T>
+struct task;
+template <transport T>
+struct active_set;
 class scratch_pool;
 //! Where a request runs; seq/bytes become the error detail only on failure.
 struct op_context {
@@ -1387,7 +1555,8 @@ struct op_context {
   std::size_t bytes = 0;
   bool describe = false;
   op_context(error_context c) : ctx(std::move(c)) {}  // NOLINT: implicit on purpose
-  op_context(error_context c, std::uint64_t s, std::size_t b, bool d) : ctx(std::move(c)), seq(s), bytes(b), describe(d) {}
+  op_context(error_context c, std::uint64_t s, std::size_t b, bool d)
+      : ctx(std::move(c)), seq(s), bytes(b), describe(d) {}
 };
 }  // namespace detail
 
@@ -1494,9 +1663,13 @@ class basic_communicator {
   [[nodiscard]] request<T> iallgather(buffer_view in, buffer_view out);
 
   //! `out` (count `in.count / size()`) receives block `rank()` of the reduction of every rank's `in`.
-  void reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d) { ireduce_scatter(in, out, op).wait(d); }
+  void reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d) {
+    ireduce_scatter(in, out, op).wait(d);
+  }
   //! As above with `default_deadline()`.
-  void reduce_scatter(buffer_view in, buffer_view out, reduce_op op) { reduce_scatter(in, out, op, default_deadline()); }
+  void reduce_scatter(buffer_view in, buffer_view out, reduce_op op) {
+    reduce_scatter(in, out, op, default_deadline());
+  }
   //! Non-blocking reduce_scatter; buffers stay in use until the request finished.
   [[nodiscard]] request<T> ireduce_scatter(buffer_view in, buffer_view out, reduce_op op);
 
@@ -1611,8 +1784,8 @@ class scratch_pool {
     try {
       if (free_.size() >= max_cached) {
         // Keep the largest buffers: they are the expensive ones to fault in.
-        auto smallest = std::min_element(free_.begin(), free_.end(),
-                                         [](const entry& x, const entry& y) { return x.cap < y.cap; });
+        auto smallest =
+            std::min_element(free_.begin(), free_.end(), [](const entry& x, const entry& y) { return x.cap < y.cap; });
         if (smallest->cap >= cap) return;
         free_.erase(smallest);
       }
@@ -1745,7 +1918,8 @@ task<T> ring_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* 
   for (std::size_t k = 0; k < items; ++k) {
     const auto s = static_cast<long long>(k / chunks);
     auto [b, e] = chunk(r - s - 1, k % chunks);
-    recvs.push_back(t.irecv(left, make_tag(seq, ag + static_cast<std::uint32_t>(s)), mbytes(work + b * es, (e - b) * es)));
+    recvs.push_back(
+        t.irecv(left, make_tag(seq, ag + static_cast<std::uint32_t>(s)), mbytes(work + b * es, (e - b) * es)));
   }
   for (std::size_t j = 0; j < chunks; ++j) {
     auto [b, e] = chunk(r, j);
@@ -1756,7 +1930,8 @@ task<T> ring_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* 
     const auto s = static_cast<long long>(k / chunks);
     if (s < n - 2) {
       auto [b, e] = chunk(r - s - 1, k % chunks);
-      sends.push_back(t.isend(right, make_tag(seq, ag + static_cast<std::uint32_t>(s + 1)), cbytes(work + b * es, (e - b) * es)));
+      sends.push_back(
+          t.isend(right, make_tag(seq, ag + static_cast<std::uint32_t>(s + 1)), cbytes(work + b * es, (e - b) * es)));
     }
   }
   for (auto& q : sends) co_await awaiting<T>{t, q, right};
@@ -1888,7 +2063,8 @@ task<T> allgather(T& t, std::uint64_t seq, const std::byte* in, std::byte* out, 
   sends.push_back(t.isend(right, make_tag(seq, 0), cbytes(block(r), bb)));
   for (int s = 0; s < n - 1; ++s) {
     co_await awaiting<T>{t, recvs[static_cast<std::size_t>(s)], left};
-    if (s < n - 2) sends.push_back(t.isend(right, make_tag(seq, static_cast<std::uint32_t>(s + 1)), cbytes(block(r - s - 1), bb)));
+    if (s < n - 2)
+      sends.push_back(t.isend(right, make_tag(seq, static_cast<std::uint32_t>(s + 1)), cbytes(block(r - s - 1), bb)));
   }
   for (auto& q : sends) co_await awaiting<T>{t, q, right};
 }
@@ -1973,9 +2149,11 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
     for (int i = 1; i < n; ++i) {
       const int q = (r + i) % n;
       peers.push_back(q);
-      auto rb = with_addrs ? std::as_writable_bytes(std::span(&theirs[static_cast<std::size_t>(q)], 1)) : std::span<std::byte>{};
+      auto rb = with_addrs ? std::as_writable_bytes(std::span(&theirs[static_cast<std::size_t>(q)], 1))
+                           : std::span<std::byte>{};
       recvs.push_back(t.irecv(q, make_tag(seq, step), rb));
-      sends.push_back(t.isend(q, make_tag(seq, step), with_addrs ? std::as_bytes(std::span(&mine, 1)) : std::span<const std::byte>{}));
+      sends.push_back(t.isend(q, make_tag(seq, step),
+                              with_addrs ? std::as_bytes(std::span(&mine, 1)) : std::span<const std::byte>{}));
     }
   };
   auto seg_begin = [&](int s) { return count * static_cast<std::size_t>(s) / nn; };
@@ -2010,7 +2188,8 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
       const std::byte* acc = in + off * es;
       for (int i = 1; i < n; ++i) {
         const int q = (r + i) % n;
-        if (int err = cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].in + off * es, lease.data(), len * es)) {
+        if (int err =
+                cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].in + off * es, lease.data(), len * es)) {
           failed = fail(err, q);
           failed_peer = q;
           break;
@@ -2027,7 +2206,8 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
     for (int i = 1; i < n && !failed; ++i) {
       const int q = (r + i) % n;
       const std::size_t b = seg_begin(q), e = seg_begin(q + 1);
-      if (int err = cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].out + b * es, out + b * es, (e - b) * es)) {
+      if (int err =
+              cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].out + b * es, out + b * es, (e - b) * es)) {
         failed = fail(err, q);
         failed_peer = q;
       }
@@ -2067,8 +2247,14 @@ namespace comm {
 // ------------------------------------------------------------------ request
 template <transport T>
 request<T>::request(T& t, detail::task<T> task, detail::op_context ctx, std::shared_ptr<detail::active_set<T>> active)
-    : t_(&t), h_(task.h), finished_(false), ctx_(std::move(ctx.ctx)), seq_(ctx.seq), bytes_(ctx.bytes),
-      describe_(ctx.describe), active_(std::move(active)) {
+    : t_(&t),
+      h_(task.h),
+      finished_(false),
+      ctx_(std::move(ctx.ctx)),
+      seq_(ctx.seq),
+      bytes_(ctx.bytes),
+      describe_(ctx.describe),
+      active_(std::move(active)) {
   try {
     active_->hs.push_back(h_);
   } catch (...) {
@@ -2081,8 +2267,15 @@ request<T>::request(T& t, detail::task<T> task, detail::op_context ctx, std::sha
 
 template <transport T>
 request<T>::request(request&& o) noexcept
-    : t_(o.t_), h_(std::exchange(o.h_, {})), ec_(o.ec_), finished_(std::exchange(o.finished_, true)), ctx_(std::move(o.ctx_)),
-      seq_(o.seq_), bytes_(o.bytes_), describe_(o.describe_), active_(std::move(o.active_)) {}
+    : t_(o.t_),
+      h_(std::exchange(o.h_, {})),
+      ec_(o.ec_),
+      finished_(std::exchange(o.finished_, true)),
+      ctx_(std::move(o.ctx_)),
+      seq_(o.seq_),
+      bytes_(o.bytes_),
+      describe_(o.describe_),
+      active_(std::move(o.active_)) {}
 
 template <transport T>
 request<T>& request<T>::operator=(request&& o) noexcept {
@@ -2123,7 +2316,9 @@ template <transport T>
 void request<T>::finish(std::error_code ec, int peer) {
   // A transport that knows which peer died (UCX: `lost_peer()`) names it,
   // whichever transfer happened to report the loss.
-  if constexpr (requires(const T& t) { { t.lost_peer() } -> std::convertible_to<int>; }) {
+  if constexpr (requires(const T& t) {
+                  { t.lost_peer() } -> std::convertible_to<int>;
+                }) {
     if (ec == errc::peer_lost && t_->lost_peer() >= 0) peer = t_->lost_peer();
   }
   finished_ = true;
@@ -2167,9 +2362,12 @@ void request<T>::progress() {
     if (active_->hs[i] != h_) detail::advance(*t_, active_->hs[i]);
   detail::advance(*t_, h_);
   auto& p = h_.promise();
-  if (p.exc) finish(make_error_code(error::invalid_state), -1);
-  else if (p.failed) finish(p.failed, p.failed_peer);
-  else if (h_.done()) finish({}, -1);
+  if (p.exc)
+    finish(make_error_code(error::invalid_state), -1);
+  else if (p.failed)
+    finish(p.failed, p.failed_peer);
+  else if (h_.done())
+    finish({}, -1);
 }
 
 template <transport T>
@@ -2192,7 +2390,9 @@ void request<T>::wait(deadline d, std::error_code& ec) {
     std::error_code e;
     t_->wait(*p.awaited, slice, e);
     if (e == errc::timeout) {
-      if constexpr (requires(const T& t) { { t.lost_peer() } -> std::convertible_to<int>; }) {
+      if constexpr (requires(const T& t) {
+                      { t.lost_peer() } -> std::convertible_to<int>;
+                    }) {
         // The deadline passed because the group broke: report the loss.
         if (t_->lost_peer() >= 0) {
           finish(make_error_code(error::peer_lost), t_->lost_peer());
@@ -2226,9 +2426,12 @@ const error_context& request<T>::context() const {
 // ------------------------------------------------------------- communicator
 template <transport T>
 basic_communicator<T>::basic_communicator(T& transport, collective_options opts)
-    : t_(&transport), opts_(opts), pool_(std::make_shared<detail::scratch_pool>()),
+    : t_(&transport),
+      opts_(opts),
+      pool_(std::make_shared<detail::scratch_pool>()),
       active_(std::make_shared<detail::active_set<T>>()) {
-  EBBFLOW_ENFORCE(opts_.chunk_bytes > 0 && opts_.window > 0, "collective_options: chunk_bytes and window must be positive");
+  EBBFLOW_ENFORCE(opts_.chunk_bytes > 0 && opts_.window > 0,
+                  "collective_options: chunk_bytes and window must be positive");
 }
 
 template <transport T>
@@ -2265,31 +2468,40 @@ request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, re
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   const std::size_t bytes = in.bytes();
-  if (size() == 1 || in.count == 0) return make_request(detail::copy_only<T>(src, dst, bytes), ctx("allreduce", seq, bytes));
+  if (size() == 1 || in.count == 0)
+    return make_request(detail::copy_only<T>(src, dst, bytes), ctx("allreduce", seq, bytes));
   bool ring = false, single_copy = false;
   switch (opts_.allreduce) {
     case allreduce_algorithm::automatic:
       ring = bytes > opts_.small_bytes && in.count >= static_cast<std::size_t>(size());
       single_copy = ring && all_peers_local();
       break;
-    case allreduce_algorithm::ring: ring = true; break;
-    case allreduce_algorithm::recursive_doubling: ring = false; break;
+    case allreduce_algorithm::ring:
+      ring = true;
+      break;
+    case allreduce_algorithm::recursive_doubling:
+      ring = false;
+      break;
     case allreduce_algorithm::single_copy:
-      EBBFLOW_ENFORCE(all_peers_local(), "allreduce: single_copy needs every peer on this host with process_vm_readv access");
+      EBBFLOW_ENFORCE(all_peers_local(),
+                      "allreduce: single_copy needs every peer on this host with process_vm_readv access");
       single_copy = true;
       break;
   }
   if constexpr (detail::single_copy_transport<T>) {
     if (single_copy)
-      return make_request(detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.copy_chunk_bytes, pool_),
-                        ctx("allreduce", seq, bytes));
+      return make_request(
+          detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.copy_chunk_bytes, pool_),
+          ctx("allreduce", seq, bytes));
   }
   if (ring)
-    return make_request(
-                      detail::ring_allreduce<T>(*t_, seq, src, dst, dst + in.count * static_cast<std::size_t>(rank()) / static_cast<std::size_t>(size()) * size_of(in.type),
-                                                in.count, in.type, op, opts_.chunk_bytes, opts_.window, true, pool_),
+    return make_request(detail::ring_allreduce<T>(*t_, seq, src, dst,
+                                                  dst + in.count * static_cast<std::size_t>(rank()) /
+                                                            static_cast<std::size_t>(size()) * size_of(in.type),
+                                                  in.count, in.type, op, opts_.chunk_bytes, opts_.window, true, pool_),
+                        ctx("allreduce", seq, bytes));
+  return make_request(detail::rd_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, pool_),
                       ctx("allreduce", seq, bytes));
-  return make_request(detail::rd_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, pool_), ctx("allreduce", seq, bytes));
 }
 
 template <transport T>
@@ -2304,17 +2516,17 @@ request<T> basic_communicator<T>::ireduce_scatter(buffer_view in, buffer_view ou
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   const std::size_t es = size_of(in.type);
-  if (n == 1 || out.count == 0) return make_request(detail::copy_only<T>(src, dst, out.bytes()), ctx("reduce_scatter", seq, in.bytes()));
+  if (n == 1 || out.count == 0)
+    return make_request(detail::copy_only<T>(src, dst, out.bytes()), ctx("reduce_scatter", seq, in.bytes()));
   // Partial sums of the segments this rank forwards live in a work buffer
   // owned by the coroutine; the final reduction of segment `rank()` goes
   // straight to `out`.
   auto work = detail::scratch_pool::take(pool_, in.bytes());
   std::byte* w = work.data();
   (void)es;
-  return make_request(
-                    detail::ring_allreduce<T>(*t_, seq, src, w, dst, in.count, in.type, op, opts_.chunk_bytes,
-                                              opts_.window, false, pool_, std::move(work)),
-                    ctx("reduce_scatter", seq, in.bytes()));
+  return make_request(detail::ring_allreduce<T>(*t_, seq, src, w, dst, in.count, in.type, op, opts_.chunk_bytes,
+                                                opts_.window, false, pool_, std::move(work)),
+                      ctx("reduce_scatter", seq, in.bytes()));
 }
 
 template <transport T>
@@ -2323,10 +2535,11 @@ request<T> basic_communicator<T>::ibroadcast(buffer_view buf, int root) {
   EBBFLOW_ENFORCE(root >= 0 && root < size(), "broadcast root " << root << " outside [0, " << size() << ")");
   const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* p = static_cast<std::byte*>(buf.data);
-  if (size() == 1 || buf.count == 0) return make_request(detail::copy_only<T>(p, p, 0), ctx("broadcast", seq, buf.bytes()));
+  if (size() == 1 || buf.count == 0)
+    return make_request(detail::copy_only<T>(p, p, 0), ctx("broadcast", seq, buf.bytes()));
   const bool chain = buf.bytes() > opts_.small_bytes;
   return make_request(detail::broadcast<T>(*t_, seq, p, buf.bytes(), root, chain, opts_.chunk_bytes),
-                    ctx("broadcast", seq, buf.bytes()));
+                      ctx("broadcast", seq, buf.bytes()));
 }
 
 template <transport T>
@@ -2340,7 +2553,8 @@ request<T> basic_communicator<T>::iallgather(buffer_view in, buffer_view out) {
   const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
-  if (n == 1 || in.count == 0) return make_request(detail::copy_only<T>(src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
+  if (n == 1 || in.count == 0)
+    return make_request(detail::copy_only<T>(src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
   return make_request(detail::allgather<T>(*t_, seq, src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
 }
 
@@ -2353,22 +2567,32 @@ request<T> basic_communicator<T>::ibarrier() {
 template <transport T>
 request<T> basic_communicator<T>::isend(buffer_view buf, int peer, std::uint32_t tag) {
   detail::check_buffer(buf, "send buffer");
-  EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(), "send: peer " << peer << " invalid for rank " << rank());
+  EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(),
+                  "send: peer " << peer << " invalid for rank " << rank());
   EBBFLOW_ENFORCE(tag < (1u << 24), "send: tag " << tag << " must be < 2^24");
   // Point-to-point tags live in the step value 0xffff, which collectives never use.
-  return make_request(detail::p2p<T>(*t_, true, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
-                    error_context{.rank = rank(), .generation = generation(), .peer = peer, .operation = "send",
-                     .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
+  return make_request(
+      detail::p2p<T>(*t_, true, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
+      error_context{.rank = rank(),
+                    .generation = generation(),
+                    .peer = peer,
+                    .operation = "send",
+                    .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
 }
 
 template <transport T>
 request<T> basic_communicator<T>::irecv(buffer_view buf, int peer, std::uint32_t tag) {
   detail::check_buffer(buf, "recv buffer");
-  EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(), "recv: peer " << peer << " invalid for rank " << rank());
+  EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(),
+                  "recv: peer " << peer << " invalid for rank " << rank());
   EBBFLOW_ENFORCE(tag < (1u << 24), "recv: tag " << tag << " must be < 2^24");
-  return make_request(detail::p2p<T>(*t_, false, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
-                    error_context{.rank = rank(), .generation = generation(), .peer = peer, .operation = "recv",
-                     .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
+  return make_request(
+      detail::p2p<T>(*t_, false, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
+      error_context{.rank = rank(),
+                    .generation = generation(),
+                    .peer = peer,
+                    .operation = "recv",
+                    .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
 }
 
 }  // namespace comm
@@ -2464,7 +2688,8 @@ class basic_loopback_transport {
   //! @throws std::invalid_argument when `rank` is outside the hub.
   basic_loopback_transport(std::shared_ptr<loopback_hub> hub, int rank, std::int64_t generation = 0)
       : hub_(std::move(hub)), rank_(rank), generation_(generation) {
-    EBBFLOW_ENFORCE(rank >= 0 && rank < hub_->size(), "loopback rank " << rank << " outside [0, " << hub_->size() << ")");
+    EBBFLOW_ENFORCE(rank >= 0 && rank < hub_->size(),
+                    "loopback rank " << rank << " outside [0, " << hub_->size() << ")");
   }
 
   //! This transport's rank.
@@ -2625,12 +2850,18 @@ enum class level : int { off = 0, error = 1, warn = 2, info = 3, debug = 4, trac
 //! Lower-case name ("error", "info", ...), as accepted by `EBBFLOW_LOG`.
 constexpr std::string_view name(level l) noexcept {
   switch (l) {
-    case level::off: return "off";
-    case level::error: return "error";
-    case level::warn: return "warn";
-    case level::info: return "info";
-    case level::debug: return "debug";
-    case level::trace: return "trace";
+    case level::off:
+      return "off";
+    case level::error:
+      return "error";
+    case level::warn:
+      return "warn";
+    case level::info:
+      return "info";
+    case level::debug:
+      return "debug";
+    case level::trace:
+      return "trace";
   }
   return "?";
 }
@@ -2647,7 +2878,8 @@ inline level level_from_env() noexcept {
   const char* v = std::getenv("EBBFLOW_LOG");
   if (!v || !*v) return level::warn;
   if (auto l = parse_level(v)) return *l;
-  std::fprintf(stderr, "[ebbflow] warn: EBBFLOW_LOG='%s' is not one of off,error,warn,info,debug,trace; using warn\n", v);
+  std::fprintf(stderr, "[ebbflow] warn: EBBFLOW_LOG='%s' is not one of off,error,warn,info,debug,trace; using warn\n",
+               v);
   return level::warn;
 }
 inline std::atomic<int>& current() noexcept {
@@ -2671,7 +2903,9 @@ inline void set_level(level l) noexcept { detail::current().store(static_cast<in
 //! Tags every following record with this process's rank (-1: none).
 inline void set_rank(int rank) noexcept { detail::rank_tag().store(rank, std::memory_order_relaxed); }
 //! True when records of level `l` are printed. Thread-safe.
-inline bool enabled(level l) noexcept { return l != level::off && static_cast<int>(l) <= detail::current().load(std::memory_order_relaxed); }
+inline bool enabled(level l) noexcept {
+  return l != level::off && static_cast<int>(l) <= detail::current().load(std::memory_order_relaxed);
+}
 
 //! Writes one record (no level check; use the macros).
 inline void write(level l, std::string_view msg) noexcept {
@@ -2691,13 +2925,13 @@ inline void write(level l, std::string_view msg) noexcept {
 }  // namespace log
 EBBFLOW_END_NAMESPACE
 
-#define EBBFLOW_DETAIL_LOG(lvl, expr)                                    \
-  do {                                                                   \
-    if (::ebbflow::log::enabled(lvl)) {                                  \
-      std::ostringstream ebbflow_log_os_;                                \
-      ebbflow_log_os_ << expr;                                           \
-      ::ebbflow::log::write(lvl, ebbflow_log_os_.str());                 \
-    }                                                                    \
+#define EBBFLOW_DETAIL_LOG(lvl, expr)                    \
+  do {                                                   \
+    if (::ebbflow::log::enabled(lvl)) {                  \
+      std::ostringstream ebbflow_log_os_;                \
+      ebbflow_log_os_ << expr;                           \
+      ::ebbflow::log::write(lvl, ebbflow_log_os_.str()); \
+    }                                                    \
   } while (0)
 //! Logs `expr` (an ostream expression: `"x=" << x`) at level error.
 #define EBBFLOW_LOG_ERROR(expr) EBBFLOW_DETAIL_LOG(::ebbflow::log::level::error, expr)
@@ -2775,24 +3009,36 @@ inline unique_id_bytes make_unique_id() {
 //! NCCL's element type for an ebbflow dtype.
 constexpr ncclDataType_t to_nccl(dtype t) noexcept {
   switch (t) {
-    case dtype::f32: return ncclFloat32;
-    case dtype::f64: return ncclFloat64;
-    case dtype::f16: return ncclFloat16;
-    case dtype::bf16: return ncclBfloat16;
-    case dtype::i32: return ncclInt32;
-    case dtype::i64: return ncclInt64;
-    case dtype::u8: return ncclUint8;
+    case dtype::f32:
+      return ncclFloat32;
+    case dtype::f64:
+      return ncclFloat64;
+    case dtype::f16:
+      return ncclFloat16;
+    case dtype::bf16:
+      return ncclBfloat16;
+    case dtype::i32:
+      return ncclInt32;
+    case dtype::i64:
+      return ncclInt64;
+    case dtype::u8:
+      return ncclUint8;
   }
   return ncclFloat32;
 }
 //! NCCL's reduction for an ebbflow reduce_op.
 constexpr ncclRedOp_t to_nccl(reduce_op op) noexcept {
   switch (op) {
-    case reduce_op::sum: return ncclSum;
-    case reduce_op::avg: return ncclAvg;
-    case reduce_op::min: return ncclMin;
-    case reduce_op::max: return ncclMax;
-    case reduce_op::prod: return ncclProd;
+    case reduce_op::sum:
+      return ncclSum;
+    case reduce_op::avg:
+      return ncclAvg;
+    case reduce_op::min:
+      return ncclMin;
+    case reduce_op::max:
+      return ncclMax;
+    case reduce_op::prod:
+      return ncclProd;
   }
   return ncclSum;
 }
@@ -2812,8 +3058,7 @@ class communicator {
   //! Joins generation `generation` as `rank` of `size`, from the id that rank 0
   //! published. The current CUDA device must be set by the caller.
   //! @throws system_error (timeout, or the NCCL error) naming rank and generation.
-  static communicator init(int rank, int size, std::int64_t generation, const unique_id_bytes& id,
-                           options opts = {}) {
+  static communicator init(int rank, int size, std::int64_t generation, const unique_id_bytes& id, options opts = {}) {
     EBBFLOW_ENFORCE(size > 0 && rank >= 0 && rank < size,
                     "nccl::communicator::init: rank " << rank << " outside [0, " << size << ")");
     communicator c;
@@ -2861,7 +3106,8 @@ class communicator {
   //! until `d`. @throws system_error: peer_lost, timeout or the NCCL error.
   void allreduce(const void* d_send, void* d_recv, std::size_t count, dtype type, reduce_op op, cudaStream_t stream,
                  deadline d) {
-    run("allreduce", stream, d, [&] { return ncclAllReduce(d_send, d_recv, count, to_nccl(type), to_nccl(op), comm_, stream); });
+    run("allreduce", stream, d,
+        [&] { return ncclAllReduce(d_send, d_recv, count, to_nccl(type), to_nccl(op), comm_, stream); });
   }
   //! Broadcasts `count` elements from `root`'s `d_buf` to every rank's `d_buf`.
   void broadcast(void* d_buf, std::size_t count, dtype type, int root, cudaStream_t stream, deadline d) {
@@ -2896,8 +3142,8 @@ class communicator {
   //! @throws system_error on failure or timeout.
   communicator shrink(std::span<const int> exclude, std::int64_t next_generation) {
     for (int r : exclude)
-      EBBFLOW_ENFORCE(r >= 0 && r < size_ && r != rank_, "nccl shrink: cannot exclude rank " << r << " of " << size_
-                                                                                            << " from rank " << rank_);
+      EBBFLOW_ENFORCE(r >= 0 && r < size_ && r != rank_,
+                      "nccl shrink: cannot exclude rank " << r << " of " << size_ << " from rank " << rank_);
     communicator c;
     c.opts_ = opts_;
     c.generation_ = next_generation;
@@ -3065,23 +3311,16 @@ class revocable {
   //! `out` (host memory) must stay valid until the request completed.
   //! Forwarded when the inner transport knows which peers share this host
   //! (enables the communicator's single-copy path).
-  [[nodiscard]] long local_peer(int q) const noexcept
-    requires requires(const T& t) { t.local_peer(q); }
-  {
-    return static_cast<long>(inner_.local_peer(q));
-  }
+  [[nodiscard]] long local_peer(int q) const noexcept requires requires(const T& t) { t.local_peer(q); }
+  { return static_cast<long>(inner_.local_peer(q)); }
   //! Forwarded when the inner transport can name the peer that died.
-  [[nodiscard]] int lost_peer() const noexcept
-    requires requires(const T& t) { { t.lost_peer() } -> std::convertible_to<int>; }
-  {
-    return inner_.lost_peer();
+  [[nodiscard]] int lost_peer() const noexcept requires requires(const T& t) {
+    { t.lost_peer() } -> std::convertible_to<int>;
   }
+  { return inner_.lost_peer(); }
   //! Forwarded when the inner transport can be told that a peer died.
-  void mark_lost(int q) noexcept
-    requires requires(T& t) { t.mark_lost(q); }
-  {
-    inner_.mark_lost(q);
-  }
+  void mark_lost(int q) noexcept requires requires(T& t) { t.mark_lost(q); }
+  { inner_.mark_lost(q); }
 
   //! Posts a send on the inner transport (not checked against the flag; never blocks).
   //! `out` (host memory) must stay valid until the request completed.
@@ -3437,8 +3676,8 @@ class transport {
   //! empty message with each, so every endpoint is wired up (and watched by
   //! keepalive) before the first collective. Blocks until done or `d`.
   //! @throws system_error (peer_lost / timeout naming the peer), std::invalid_argument.
-  transport(worker w, std::int64_t generation, int rank, int size,
-            const std::vector<std::vector<std::byte>>& addresses, deadline d);
+  transport(worker w, std::int64_t generation, int rank, int size, const std::vector<std::vector<std::byte>>& addresses,
+            deadline d);
   //! As above, on a worker shared with other (earlier or later) transports:
   //! the elastic layer keeps one worker, and so one address, for the whole
   //! job and builds each generation's endpoints on it. The generation bits of
@@ -3469,7 +3708,8 @@ class transport {
   //! with `process_vm_readv` (checked at connect time), else 0. Collectives
   //! use it for single-copy reads between processes of one host.
   [[nodiscard]] pid_t local_peer(int peer) const noexcept {
-    return peer >= 0 && static_cast<std::size_t>(peer) < st_->pids.size() ? st_->pids[static_cast<std::size_t>(peer)] : 0;
+    return peer >= 0 && static_cast<std::size_t>(peer) < st_->pids.size() ? st_->pids[static_cast<std::size_t>(peer)]
+                                                                          : 0;
   }
   //! Marks `peer` lost (e.g. a single-copy read found its process gone):
   //! from now on it behaves as if UCX had reported the failure.
@@ -3510,11 +3750,11 @@ class transport {
     bool abandoned_sends = false;
     std::vector<ucp_ep_h> eps;
     std::vector<std::uint8_t> dead;
-    std::vector<peer_slot> slots;                // stable: error-callback arguments
+    std::vector<peer_slot> slots;               // stable: error-callback arguments
     std::unordered_set<void*> pending_recvs;    // UCX receive requests in flight
-    std::vector<pid_t> pids;                     // local_peer()
-    bool oversubscribed = false;                 // more local ranks than usable cores
-    std::uint64_t probe = detail::probe_value;   // read by peers to test single-copy access
+    std::vector<pid_t> pids;                    // local_peer()
+    bool oversubscribed = false;                // more local ranks than usable cores
+    std::uint64_t probe = detail::probe_value;  // read by peers to test single-copy access
     explicit state(std::shared_ptr<worker> wk) : w(std::move(wk)) {}
   };
 
@@ -3585,7 +3825,8 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
     ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.field_mask =
+        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.address = reinterpret_cast<const ucp_address_t*>(addresses[static_cast<std::size_t>(p)].data());
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = &transport::on_error;
@@ -3708,8 +3949,7 @@ inline transport::request transport::irecv(int peer, tag_t tag, std::span<std::b
     return r;
   }
   ucp_request_param_t prm{};
-  ucs_status_ptr_t p = ucp_tag_recv_nbx(st_->w->get(), in.data(), in.size(), wire_tag(peer, tag),
-                                        ~ucp_tag_t{0}, &prm);
+  ucs_status_ptr_t p = ucp_tag_recv_nbx(st_->w->get(), in.data(), in.size(), wire_tag(peer, tag), ~ucp_tag_t{0}, &prm);
   if (UCS_PTR_IS_ERR(p)) {
     r.ec_ = make_error(UCS_PTR_STATUS(p));
   } else if (p != nullptr) {
@@ -3790,8 +4030,10 @@ inline void transport::wait(request& r, deadline d, std::error_code& ec) {
       ec = make_error_code(error::timeout);
       return;
     }
-    if (spin_until == steady_clock::time_point{}) spin_until = now + std::chrono::microseconds(50);
-    else if (now >= spin_until) sched_yield();
+    if (spin_until == steady_clock::time_point{})
+      spin_until = now + std::chrono::microseconds(50);
+    else if (now >= spin_until)
+      sched_yield();
   }
 }
 
@@ -3822,7 +4064,8 @@ namespace comm::ucx {
 //! passed (then throws `system_error` with `errc::timeout` naming a missing
 //! rank).
 template <class X>
-concept address_exchange = requires(X& x, std::int64_t g, int rank, int size, std::span<const std::byte> mine, deadline d) {
+concept address_exchange = requires(X& x, std::int64_t g, int rank, int size, std::span<const std::byte> mine,
+                                    deadline d) {
   { x(g, rank, size, mine, d) } -> std::same_as<std::vector<std::vector<std::byte>>>;
 };
 
@@ -3873,8 +4116,11 @@ class file_address_exchange {
           break;
         }
         if (d.expired())
-          throw_if(make_error_code(error::timeout), {.rank = rank, .generation = generation, .peer = r,
-                                                     .operation = "address exchange", .detail = name(r).string()});
+          throw_if(make_error_code(error::timeout), {.rank = rank,
+                                                     .generation = generation,
+                                                     .peer = r,
+                                                     .operation = "address exchange",
+                                                     .detail = name(r).string()});
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     }
@@ -3987,13 +4233,15 @@ class bucket_manager {
   //! Copies tensor `t` (host memory, `slot_of(t).size` floats) into its bucket.
   void pack(std::size_t t, std::span<const float> grad) {
     const slot& s = slots_.at(t);
-    EBBFLOW_ENFORCE(grad.size() == s.size, "tensor " << t << " has " << grad.size() << " elements, registered " << s.size);
+    EBBFLOW_ENFORCE(grad.size() == s.size,
+                    "tensor " << t << " has " << grad.size() << " elements, registered " << s.size);
     if (s.size) std::memcpy(buckets_[s.bucket].data.data() + s.offset, grad.data(), s.size * sizeof(float));
   }
   //! Copies tensor `t` back out of its bucket.
   void unpack(std::size_t t, std::span<float> grad) const {
     const slot& s = slots_.at(t);
-    EBBFLOW_ENFORCE(grad.size() == s.size, "tensor " << t << " has " << grad.size() << " elements, registered " << s.size);
+    EBBFLOW_ENFORCE(grad.size() == s.size,
+                    "tensor " << t << " has " << grad.size() << " elements, registered " << s.size);
     if (s.size) std::memcpy(grad.data(), buckets_[s.bucket].data.data() + s.offset, s.size * sizeof(float));
   }
   //! Packs `grad` for tensor t and marks it ready; returns the bucket index
@@ -4014,7 +4262,8 @@ class bucket_manager {
   //! bucket_index)` per bucket, unpacks. `grads[i]` is tensor i.
   template <class Reduce>
   void allreduce(std::span<const std::span<float>> grads, Reduce&& reduce) {
-    EBBFLOW_ENFORCE(grads.size() == slots_.size(), grads.size() << " tensors given, " << slots_.size() << " registered");
+    EBBFLOW_ENFORCE(grads.size() == slots_.size(), grads.size()
+                                                       << " tensors given, " << slots_.size() << " registered");
     for (std::size_t t = 0; t < grads.size(); ++t) pack(t, grads[t]);
     for (std::size_t b = 0; b < buckets_.size(); ++b) reduce(std::span<float>(buckets_[b].data), b);
     for (std::size_t t = 0; t < grads.size(); ++t) unpack(t, grads[t]);
@@ -4178,10 +4427,14 @@ enum class codec_kind {
 //! The enumerator's name ("linear", "sparse", "sign", "low_rank"), or "?".
 constexpr std::string_view name(codec_kind k) noexcept {
   switch (k) {
-    case codec_kind::linear: return "linear";
-    case codec_kind::sparse: return "sparse";
-    case codec_kind::sign: return "sign";
-    case codec_kind::low_rank: return "low_rank";
+    case codec_kind::linear:
+      return "linear";
+    case codec_kind::sparse:
+      return "sparse";
+    case codec_kind::sign:
+      return "sign";
+    case codec_kind::low_rank:
+      return "low_rank";
   }
   return "?";
 }
@@ -4191,8 +4444,8 @@ constexpr std::string_view name(codec_kind k) noexcept {
 //! codec needs none. `seed` and `stream` select the Philox stream of
 //! stochastic codecs: callers make `stream` unique per (rank, step, region).
 struct encode_context {
-  std::uint64_t seed = 0;         //!< Philox key of stochastic codecs
-  std::uint64_t stream = 0;       //!< Philox stream: unique per (rank, step, region)
+  std::uint64_t seed = 0;          //!< Philox key of stochastic codecs
+  std::uint64_t stream = 0;        //!< Philox stream: unique per (rank, step, region)
   std::byte* workspace = nullptr;  //!< `workspace_bytes(n)` bytes in the executor's memory space, or null
 };
 
@@ -4203,16 +4456,16 @@ template <class C>
 concept codec = std::copy_constructible<C> &&
     requires(const C& c, exec::cpu_executor& ex, const float* in, float* res, float* out, const std::byte* ein,
              std::byte* eout, std::size_t n, encode_context ctx) {
-      { C::kind } -> std::convertible_to<codec_kind>;
-      { c.name() } -> std::convertible_to<std::string_view>;
-      { c.max_encoded_bytes(n) } -> std::same_as<std::size_t>;
-      { c.workspace_bytes(n) } -> std::same_as<std::size_t>;
-      //! Granularity: segment boundaries passed by the allreduce are multiples of it.
-      { c.block_elems() } -> std::same_as<std::size_t>;
-      c.encode(ex, in, res, eout, n, ctx);
-      c.decode(ex, ein, out, n);
-      c.decode_add(ex, ein, out, n);
-    };
+  { C::kind } -> std::convertible_to<codec_kind>;
+  { c.name() } -> std::convertible_to<std::string_view>;
+  { c.max_encoded_bytes(n) } -> std::same_as<std::size_t>;
+  { c.workspace_bytes(n) } -> std::same_as<std::size_t>;
+  //! Granularity: segment boundaries passed by the allreduce are multiples of it.
+  { c.block_elems() } -> std::same_as<std::size_t>;
+  c.encode(ex, in, res, eout, n, ctx);
+  c.decode(ex, ein, out, n);
+  c.decode_add(ex, ein, out, n);
+};
 
 }  // namespace compress
 EBBFLOW_END_NAMESPACE
@@ -4450,14 +4703,18 @@ enum class cast_format { f16, bf16 };
 //! `v` rounded to nearest even in format `F`, as raw bits.
 template <cast_format F>
 EBBFLOW_HD inline std::uint16_t to_bits(float v) noexcept {
-  if constexpr (F == cast_format::f16) return detail::f32_to_f16(v);
-  else return detail::f32_to_bf16(v);
+  if constexpr (F == cast_format::f16)
+    return detail::f32_to_f16(v);
+  else
+    return detail::f32_to_bf16(v);
 }
 //! The float value of raw bits `b` of format `F` (exact).
 template <cast_format F>
 EBBFLOW_HD inline float from_bits(std::uint16_t b) noexcept {
-  if constexpr (F == cast_format::f16) return detail::f16_to_f32(b);
-  else return detail::bf16_to_f32(b);
+  if constexpr (F == cast_format::f16)
+    return detail::f16_to_f32(b);
+  else
+    return detail::bf16_to_f32(b);
 }
 
 //! out[i] = cast(in[i] + res[i]); res[i] = (in[i] + res[i]) - float(out[i]).
@@ -4506,8 +4763,10 @@ struct cast_decode {
     float* EBBFLOW_DETAIL_RESTRICT po = out + o;
     for_block(b, n, [&](auto cnt) {
       for (std::uint32_t j = 0; j < cnt; ++j) {
-        if constexpr (Add) po[j] = detail::fadd(po[j], from_bits<F>(pi[j]));
-        else po[j] = from_bits<F>(pi[j]);
+        if constexpr (Add)
+          po[j] = detail::fadd(po[j], from_bits<F>(pi[j]));
+        else
+          po[j] = from_bits<F>(pi[j]);
       }
     });
   }
@@ -4543,19 +4802,22 @@ struct cast_codec {
   //! Encodes n floats (+ residual) into `out`. Pointers in `Ex`'s space.
   template <class Ex>
   void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context = {}) const {
-    detail::bulk(ex, kernels::blocks_of(n), kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n});
+    detail::bulk(ex, kernels::blocks_of(n),
+                 kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n});
   }
   //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    detail::bulk(ex, kernels::blocks_of(n), kernels::cast_decode<F, false>{reinterpret_cast<const std::uint16_t*>(in), out, n});
+    detail::bulk(ex, kernels::blocks_of(n),
+                 kernels::cast_decode<F, false>{reinterpret_cast<const std::uint16_t*>(in), out, n});
   }
   //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    detail::bulk(ex, kernels::blocks_of(n), kernels::cast_decode<F, true>{reinterpret_cast<const std::uint16_t*>(in), out, n});
+    detail::bulk(ex, kernels::blocks_of(n),
+                 kernels::cast_decode<F, true>{reinterpret_cast<const std::uint16_t*>(in), out, n});
   }
 };
 
@@ -5009,17 +5271,19 @@ EBBFLOW_HD constexpr std::size_t code_bytes(std::size_t len) noexcept {
 //! Encodes block b: scales[b] and its codes. `res` may be null.
 template <int Bits>
 struct quantize_encode {
-  const float* in;      //!< n input floats (executor's memory space)
-  float* res;           //!< n residual floats, or null
-  float* scales;        //!< one scale per block (output): max |v| / L
-  std::uint8_t* codes;  //!< byte offset b * code_bytes<Bits>(block_size) for block b
-  std::size_t n;        //!< element count
+  const float* in;            //!< n input floats (executor's memory space)
+  float* res;                 //!< n residual floats, or null
+  float* scales;              //!< one scale per block (output): max |v| / L
+  std::uint8_t* codes;        //!< byte offset b * code_bytes<Bits>(block_size) for block b
+  std::size_t n;              //!< element count
   detail::philox_stream rng;  //!< random bits for stochastic rounding
 
   //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
-    if (res == nullptr) run<false>(b);
-    else run<true>(b);
+    if (res == nullptr)
+      run<false>(b);
+    else
+      run<true>(b);
   }
 
  private:
@@ -5099,11 +5363,15 @@ struct quantize_decode {
     for_block(b, n, [&](auto cnt) {
       for (std::uint32_t j = 0; j < cnt; ++j) {
         std::int32_t k;
-        if constexpr (Bits == 8) k = static_cast<std::int8_t>(pc[j]);
-        else k = static_cast<std::int32_t>((pc[j / 2] >> ((j & 1u) * 4u)) & 0xFu) - 8;
+        if constexpr (Bits == 8)
+          k = static_cast<std::int8_t>(pc[j]);
+        else
+          k = static_cast<std::int32_t>((pc[j / 2] >> ((j & 1u) * 4u)) & 0xFu) - 8;
         const float d = detail::fmul(static_cast<float>(k), s);
-        if constexpr (Add) po[j] = detail::fadd(po[j], d);
-        else po[j] = d;
+        if constexpr (Add)
+          po[j] = detail::fadd(po[j], d);
+        else
+          po[j] = d;
       }
     });
   }
@@ -5124,7 +5392,7 @@ namespace compress {
 template <int Bits>
 struct quantize_codec {
   static_assert(Bits == 8 || Bits == 4);
-  static constexpr codec_kind kind = codec_kind::linear;         //!< unbiased: decoded, added and re-encoded per ring hop
+  static constexpr codec_kind kind = codec_kind::linear;  //!< unbiased: decoded, added and re-encoded per ring hop
   static constexpr std::int32_t levels = kernels::levels<Bits>;  //!< largest code magnitude: 127 (int8) or 7 (int4)
 
   //! "int8" or "int4".
@@ -5133,8 +5401,9 @@ struct quantize_codec {
   //! (1 or 1/2 byte each), rounded up to 8.
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept {
     const std::size_t nb = kernels::blocks_of(n);
-    return align8(4 * nb + (nb == 0 ? 0 : (nb - 1) * kernels::code_bytes<Bits>(kernels::block_size) +
-                                              kernels::code_bytes<Bits>(n - (nb - 1) * kernels::block_size)));
+    return align8(4 * nb + (nb == 0 ? 0
+                                    : (nb - 1) * kernels::code_bytes<Bits>(kernels::block_size) +
+                                          kernels::code_bytes<Bits>(n - (nb - 1) * kernels::block_size)));
   }
   //! No workspace needed: 0.
   [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
@@ -5147,25 +5416,31 @@ struct quantize_codec {
   template <class Ex>
   void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context ctx = {}) const {
     const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb, kernels::quantize_encode<Bits>{in, residual, reinterpret_cast<float*>(out),
-                                               reinterpret_cast<std::uint8_t*>(out) + 4 * nb, n,
-                                               {ctx.seed, ctx.stream}});
+    detail::bulk(ex, nb,
+                 kernels::quantize_encode<Bits>{in,
+                                                residual,
+                                                reinterpret_cast<float*>(out),
+                                                reinterpret_cast<std::uint8_t*>(out) + 4 * nb,
+                                                n,
+                                                {ctx.seed, ctx.stream}});
   }
   //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb, kernels::quantize_decode<Bits, false>{reinterpret_cast<const float*>(in),
-                                                      reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
+    detail::bulk(ex, nb,
+                 kernels::quantize_decode<Bits, false>{reinterpret_cast<const float*>(in),
+                                                       reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
   }
   //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb, kernels::quantize_decode<Bits, true>{reinterpret_cast<const float*>(in),
-                                                     reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
+    detail::bulk(ex, nb,
+                 kernels::quantize_decode<Bits, true>{reinterpret_cast<const float*>(in),
+                                                      reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
   }
 };
 
@@ -5221,8 +5496,8 @@ inline constexpr std::size_t sign_words_per_block = block_size / 32;
 //! bit per element (set for v >= +0); with `res`, res = v - (+-scale).
 //! Pointers in the executor's space.
 struct sign_encode {
-  const float* in;  //!< n input floats
-  float* res;  //!< may be null (no error feedback; not recommended)
+  const float* in;       //!< n input floats
+  float* res;            //!< may be null (no error feedback; not recommended)
   float* scales;         //!< one scale per block (output)
   std::uint32_t* words;  //!< `sign_words_per_block` words per block (output)
   std::size_t n;         //!< element count
@@ -5293,8 +5568,10 @@ struct sign_decode {
       for (std::uint32_t j = 0; j < cnt; ++j) {
         const std::uint32_t neg = ((pw[j / 32] >> (j & 31u)) & 1u) ^ 1u;
         const float d = detail::as_f32(sb | (neg << 31));
-        if constexpr (Add) po[j] = detail::fadd(po[j], d);
-        else po[j] = d;
+        if constexpr (Add)
+          po[j] = detail::fadd(po[j], d);
+        else
+          po[j] = d;
       }
     });
   }
@@ -5333,24 +5610,27 @@ struct sign_codec {
   template <class Ex>
   void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context = {}) const {
     const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb, kernels::sign_encode{in, residual, reinterpret_cast<float*>(out),
-                                     reinterpret_cast<std::uint32_t*>(out + 4 * nb), n});
+    detail::bulk(ex, nb,
+                 kernels::sign_encode{in, residual, reinterpret_cast<float*>(out),
+                                      reinterpret_cast<std::uint32_t*>(out + 4 * nb), n});
   }
   //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb, kernels::sign_decode<false>{reinterpret_cast<const float*>(in),
-                                            reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
+    detail::bulk(ex, nb,
+                 kernels::sign_decode<false>{reinterpret_cast<const float*>(in),
+                                             reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
   }
   //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb, kernels::sign_decode<true>{reinterpret_cast<const float*>(in),
-                                           reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
+    detail::bulk(ex, nb,
+                 kernels::sign_decode<true>{reinterpret_cast<const float*>(in),
+                                            reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
   }
 };
 static_assert(codec<sign_codec>);
@@ -5427,7 +5707,7 @@ struct topk_sample {
 struct topk_threshold {
   float* sample;     //!< s magnitudes; reordered in place
   std::size_t s;     //!< sample count (> 0)
-  std::size_t m;  //!< 1 <= m <= s
+  std::size_t m;     //!< 1 <= m <= s
   float* threshold;  //!< one float (output)
 
   //! Runs the selection (the index is ignored).
@@ -5449,9 +5729,12 @@ struct topk_threshold {
           --j;
         }
       }
-      if (want <= j) hi = j;
-      else if (want >= i) lo = i;
-      else break;
+      if (want <= j)
+        hi = j;
+      else if (want >= i)
+        lo = i;
+      else
+        break;
     }
     *threshold = sample[want];
   }
@@ -5563,8 +5846,10 @@ struct topk_scatter {
     if (i >= header[0]) return;
     const std::uint32_t idx = header[2 + i];
     const float v = detail::as_f32(header[2 + k + i]);
-    if constexpr (Add) out[idx] = detail::fadd(out[idx], v);
-    else out[idx] = v;
+    if constexpr (Add)
+      out[idx] = detail::fadd(out[idx], v);
+    else
+      out[idx] = v;
   }
 };
 
@@ -5630,15 +5915,17 @@ struct topk_codec {
     auto* thr = reinterpret_cast<float*>(ctx.workspace + align8(4 * s) + align8(4 * nb));
     auto* header = reinterpret_cast<std::uint32_t*>(out);
     // Rank of the threshold in the sample: the same quantile as k in n.
-    const std::size_t m = std::clamp<std::size_t>(
-        static_cast<std::size_t>(std::llround(static_cast<double>(s) * static_cast<double>(k) / static_cast<double>(n))),
-        1, s);
+    const std::size_t m =
+        std::clamp<std::size_t>(static_cast<std::size_t>(std::llround(static_cast<double>(s) * static_cast<double>(k) /
+                                                                      static_cast<double>(n))),
+                                1, s);
     ex.bulk(s, kernels::topk_sample{in, residual, sample, n, {ctx.seed, ctx.stream}});
     ex.bulk(1, kernels::topk_threshold{sample, s, m, thr});
     detail::bulk(ex, nb, kernels::topk_count{in, residual, thr, counts, n});
     ex.bulk(1, kernels::topk_scan{counts, nb, header, k});
-    detail::bulk(ex, nb, kernels::topk_write{in, residual, thr, counts, header + 2,
-                                    reinterpret_cast<float*>(header + 2 + k), n, k});
+    detail::bulk(
+        ex, nb,
+        kernels::topk_write{in, residual, thr, counts, header + 2, reinterpret_cast<float*>(header + 2 + k), n, k});
   }
   //! Zeroes `out`, then scatters the sent values of `in` into it (both in
   //! `Ex`'s space; completes as `ex.bulk` does).
@@ -5806,8 +6093,8 @@ class request_set {
     // this rank would first wait for a receive that may never come.
     std::error_code ec;
     if (t_.test(sends_.back(), ec) && ec)
-      throw_if(ec, {.rank = t_.rank(), .generation = t_.generation(), .peer = peer, .operation = ctx_.op,
-                    .detail = "send"});
+      throw_if(
+          ec, {.rank = t_.rank(), .generation = t_.generation(), .peer = peer, .operation = ctx_.op, .detail = "send"});
   }
   //! Blocks until receive `i` completed. @throws system_error (timeout, peer_lost, ...).
   void wait_recv(std::size_t i) { wait(reqs_[i], peers_[i], "recv"); }
@@ -5821,8 +6108,8 @@ class request_set {
   void wait(typename T::request& r, int peer, const char* what) {
     std::error_code ec;
     t_.wait(r, ctx_.dl, ec);
-    throw_if(ec, {.rank = t_.rank(), .generation = t_.generation(), .peer = peer,
-                  .operation = ctx_.op, .detail = what});
+    throw_if(ec,
+             {.rank = t_.rank(), .generation = t_.generation(), .peer = peer, .operation = ctx_.op, .detail = what});
   }
   T& t_;
   coll_ctx& ctx_;
@@ -5915,13 +6202,16 @@ void sparse_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t
   const chunk& all = L[0];
   std::byte* g = arenas::get(ar.a, all.bytes * static_cast<std::size_t>(p));
   std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
-  const auto at = [&](int origin, const segment& sg) { return g + all.bytes * static_cast<std::size_t>(origin) + sg.off; };
+  const auto at = [&](int origin, const segment& sg) {
+    return g + all.bytes * static_cast<std::size_t>(origin) + sg.off;
+  };
   const int left = mod(r - 1, p), right = mod(r + 1, p);
   request_set<T> rq(t, ctx);
   std::vector<std::size_t> ids;
   for (int s = 0; s < p - 1; ++s)
     for (const auto& sg : all.segs)
-      ids.push_back(rq.recv(left, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s)), at(mod(r - s - 1, p), sg), sg.bytes));
+      ids.push_back(
+          rq.recv(left, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s)), at(mod(r - s - 1, p), sg), sg.bytes));
   float* no_res = nullptr;
   for (const auto& sg : all.segs) {
     codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, at(r, sg), sg.len, seg_ctx(ctx, 1, sg.begin, ws));
@@ -5932,12 +6222,15 @@ void sparse_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t
   for (int s = 0; s < p - 1; ++s)
     for (const auto& sg : all.segs) {
       rq.wait_recv(ids[k++]);
-      if (s < p - 2) rq.send(right, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s + 1)), at(mod(r - s - 1, p), sg), sg.bytes);
+      if (s < p - 2)
+        rq.send(right, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s + 1)), at(mod(r - s - 1, p), sg), sg.bytes);
     }
   for (int o = 0; o < p; ++o)
     for (const auto& sg : all.segs) {
-      if (o == 0) codec.decode(ex, at(o, sg), data + sg.begin, sg.len);
-      else codec.decode_add(ex, at(o, sg), data + sg.begin, sg.len);
+      if (o == 0)
+        codec.decode(ex, at(o, sg), data + sg.begin, sg.len);
+      else
+        codec.decode_add(ex, at(o, sg), data + sg.begin, sg.len);
     }
   ex.wait();
   rq.wait_sends();
@@ -5988,10 +6281,13 @@ void two_phase_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::siz
   for (std::size_t i = 0; i < mine.segs.size(); ++i) {
     const segment& sg = mine.segs[i];
     for (int o = 0; o < p; ++o) {
-      const std::byte* src = o == r ? out + mine.area_off + sg.off : in + mine.bytes * static_cast<std::size_t>(o) + sg.off;
+      const std::byte* src =
+          o == r ? out + mine.area_off + sg.off : in + mine.bytes * static_cast<std::size_t>(o) + sg.off;
       if (o != r) rq.wait_recv(a2a_ids[static_cast<std::size_t>(o) * mine.segs.size() + i]);
-      if (o == 0) codec.decode(ex, src, data + sg.begin, sg.len);
-      else codec.decode_add(ex, src, data + sg.begin, sg.len);
+      if (o == 0)
+        codec.decode(ex, src, data + sg.begin, sg.len);
+      else
+        codec.decode_add(ex, src, data + sg.begin, sg.len);
     }
     std::byte* e = ag + mine.area_off + sg.off;
     codec.encode(ex, data + sg.begin, res2 ? res2 + sg.begin : no_res, e, sg.len, seg_ctx(ctx, 3, sg.begin, ws));
@@ -6204,7 +6500,7 @@ namespace compress {
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
 compressed_allreduce<Codec, Transport, Executor>::compressed_allreduce(Transport& transport, Codec c, Executor ex,
-                                                                      allreduce_options opts)
+                                                                       allreduce_options opts)
     : transport_(&transport), codec_(std::move(c)), exec_(std::move(ex)), opts_(opts) {
   EBBFLOW_ENFORCE(opts_.tag_space + 1 < comm::tag_spaces,
                   "tag_space " << opts_.tag_space << " above " << comm::tag_spaces - 2
@@ -6230,11 +6526,10 @@ void compressed_allreduce<Codec, Transport, Executor>::run(std::span<float> grad
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
-void compressed_allreduce<Codec, Transport, Executor>::run(std::span<float> grad, std::size_t key,
-                                                           matrix_shape shape) {
-  EBBFLOW_ENFORCE(Codec::kind != codec_kind::low_rank || shape.size() == grad.size(),
-                  "matrix shape " << shape.rows << "x" << shape.cols << " does not cover " << grad.size()
-                                  << " elements");
+void compressed_allreduce<Codec, Transport, Executor>::run(std::span<float> grad, std::size_t key, matrix_shape shape) {
+  EBBFLOW_ENFORCE(
+      Codec::kind != codec_kind::low_rank || shape.size() == grad.size(),
+      "matrix shape " << shape.rows << "x" << shape.cols << " does not cover " << grad.size() << " elements");
   run_impl(grad, key, shape);
 }
 
@@ -6352,9 +6647,7 @@ std::size_t compressed_allreduce<Codec, Transport, Executor>::wire_bytes(std::si
   const auto p = static_cast<std::size_t>(transport_->size());
   if (p <= 1 || n == 0) return 0;
   const std::size_t seg = segment_elems(n);
-  const auto area = [&](const auto& c, int parts) {
-    return detail::area_bytes(detail::make_layout(c, n, parts, seg));
-  };
+  const auto area = [&](const auto& c, int parts) { return detail::area_bytes(detail::make_layout(c, n, parts, seg)); };
   if constexpr (Codec::kind == codec_kind::linear || Codec::kind == codec_kind::sign) {
     const auto l = detail::make_layout(codec_, n, static_cast<int>(p), seg);
     const std::size_t total = detail::area_bytes(l);
@@ -6470,8 +6763,7 @@ namespace elastic::detail {
 class writer {
  public:
   template <class T>
-    requires std::is_trivially_copyable_v<T>
-  writer& put(const T& v) {
+  requires std::is_trivially_copyable_v<T> writer& put(const T& v) {
     const auto* p = reinterpret_cast<const std::byte*>(&v);
     out_.insert(out_.end(), p, p + sizeof v);
     return *this;
@@ -6491,8 +6783,7 @@ class reader {
  public:
   reader(std::span<const std::byte> in, const char* what) : in_(in), what_(what) {}
   template <class T>
-    requires std::is_trivially_copyable_v<T>
-  T get() {
+  requires std::is_trivially_copyable_v<T> T get() {
     need(sizeof(T));
     T v;
     std::memcpy(&v, in_.data() + pos_, sizeof v);
@@ -6522,8 +6813,9 @@ class reader {
     if (n > in_.size() - pos_) fail();
   }
   [[noreturn]] void fail() const {
-    throw system_error(make_error_code(error::bad_message),
-                       {.operation = "decode", .detail = std::string(what_) + " of " + std::to_string(in_.size()) + " bytes"});
+    throw system_error(
+        make_error_code(error::bad_message),
+        {.operation = "decode", .detail = std::string(what_) + " of " + std::to_string(in_.size()) + " bytes"});
   }
   std::span<const std::byte> in_;
   std::size_t pos_ = 0;
@@ -6660,7 +6952,8 @@ class memory_store {
       for (auto& k : keys) all = all && kv_.count(k) > 0;
       if (all) return;
       if (d.expired())
-        throw_if(make_error_code(error::timeout), {.operation = "store.wait", .detail = keys.empty() ? "" : keys.front()});
+        throw_if(make_error_code(error::timeout),
+                 {.operation = "store.wait", .detail = keys.empty() ? "" : keys.front()});
       cv_.wait_until(lk, std::min(d.at(), steady_clock::now() + std::chrono::milliseconds(50)));
     }
   }
@@ -6816,17 +7109,18 @@ concept network = requires(N& n, std::int64_t g, int rank, const std::vector<byt
 //! Settings of an elastic group. `from_environment()` reads the `EBBFLOW_*`
 //! variables named beside each field (validated; bad values throw).
 struct group_options {
-  std::string prefix = "ebbflow";       //!< store key prefix of this job (EBBFLOW_JOB)
-  int min_size = 1;                     //!< EBBFLOW_MIN_SIZE: below it the group waits
-  int max_size = 1 << 16;               //!< EBBFLOW_MAX_SIZE: joiners beyond it wait
-  std::size_t global_batch = 0;         //!< B, samples per step over all members (required)
-  std::size_t dataset_size = 0;         //!< N, samples per epoch (required)
-  bool drop_last = false;               //!< drop an epoch's short last batch
-  bool join = false;                    //!< EBBFLOW_JOIN=1: join a running job instead of starting one
-  std::chrono::milliseconds heartbeat{50};        //!< EBBFLOW_HEARTBEAT_MS
-  std::chrono::milliseconds lease{1000};          //!< EBBFLOW_LEASE_MS: silence after which a member is dead
-  std::chrono::milliseconds op_timeout{30'000};   //!< EBBFLOW_OP_TIMEOUT_MS: deadline of each collective
-  std::chrono::milliseconds join_timeout{120'000};  //!< EBBFLOW_JOIN_TIMEOUT_MS: waiting to be admitted / initial formation
+  std::string prefix = "ebbflow";                //!< store key prefix of this job (EBBFLOW_JOB)
+  int min_size = 1;                              //!< EBBFLOW_MIN_SIZE: below it the group waits
+  int max_size = 1 << 16;                        //!< EBBFLOW_MAX_SIZE: joiners beyond it wait
+  std::size_t global_batch = 0;                  //!< B, samples per step over all members (required)
+  std::size_t dataset_size = 0;                  //!< N, samples per epoch (required)
+  bool drop_last = false;                        //!< drop an epoch's short last batch
+  bool join = false;                             //!< EBBFLOW_JOIN=1: join a running job instead of starting one
+  std::chrono::milliseconds heartbeat{50};       //!< EBBFLOW_HEARTBEAT_MS
+  std::chrono::milliseconds lease{1000};         //!< EBBFLOW_LEASE_MS: silence after which a member is dead
+  std::chrono::milliseconds op_timeout{30'000};  //!< EBBFLOW_OP_TIMEOUT_MS: deadline of each collective
+  std::chrono::milliseconds join_timeout{
+      120'000};  //!< EBBFLOW_JOIN_TIMEOUT_MS: waiting to be admitted / initial formation
   std::chrono::milliseconds min_size_wait{600'000};  //!< EBBFLOW_MIN_WAIT_MS: waiting below min_size before giving up
   std::chrono::milliseconds store_timeout{10'000};   //!< deadline of each store call
   //! EBBFLOW_ADMIT_DELAY_MS: join tickets are admitted once no new one
@@ -6855,17 +7149,17 @@ struct group_options {
 
 //! What this member does in the current step.
 struct step_info {
-  std::int64_t step = 0;          //!< committed steps so far (this step's number)
-  std::int64_t epoch = 0;         //!< epoch of this step
-  std::size_t cursor = 0;         //!< position in the epoch's sample order where this step's global batch starts
-  std::size_t global_batch = 0;   //!< B_t (B, or less for an epoch's short last batch)
-  std::size_t offset = 0;         //!< start of this member's slice inside the global batch
-  std::size_t batch = 0;          //!< b_i, this member's slice length (may be 0)
-  double weight = 0;              //!< b_i / B_t: scale of this member's mean-loss gradient
-  int rank = 0;                   //!< rank in the current generation
-  int world_size = 1;             //!< members in the current generation
-  std::int64_t generation = 0;    //!< current generation
-  std::uint64_t plan_version = 0; //!< identifies the plan (same on every member)
+  std::int64_t step = 0;           //!< committed steps so far (this step's number)
+  std::int64_t epoch = 0;          //!< epoch of this step
+  std::size_t cursor = 0;          //!< position in the epoch's sample order where this step's global batch starts
+  std::size_t global_batch = 0;    //!< B_t (B, or less for an epoch's short last batch)
+  std::size_t offset = 0;          //!< start of this member's slice inside the global batch
+  std::size_t batch = 0;           //!< b_i, this member's slice length (may be 0)
+  double weight = 0;               //!< b_i / B_t: scale of this member's mean-loss gradient
+  int rank = 0;                    //!< rank in the current generation
+  int world_size = 1;              //!< members in the current generation
+  std::int64_t generation = 0;     //!< current generation
+  std::uint64_t plan_version = 0;  //!< identifies the plan (same on every member)
 };
 
 //! Why the membership changed (passed to world-changed callbacks).
@@ -6874,23 +7168,27 @@ enum class change_reason : std::uint8_t { initial, join, leave, failure };
 //! The reason as a lower-case word ("initial", "join", "leave", "failure"), for logs.
 constexpr std::string_view name(change_reason r) noexcept {
   switch (r) {
-    case change_reason::initial: return "initial";
-    case change_reason::join: return "join";
-    case change_reason::leave: return "leave";
-    case change_reason::failure: return "failure";
+    case change_reason::initial:
+      return "initial";
+    case change_reason::join:
+      return "join";
+    case change_reason::leave:
+      return "leave";
+    case change_reason::failure:
+      return "failure";
   }
   return "?";
 }
 
 //! A membership change as seen by callbacks and the event log.
 struct world_change {
-  std::int64_t generation = 0;  //!< the generation that the change created
+  std::int64_t generation = 0;                    //!< the generation that the change created
   change_reason reason = change_reason::initial;  //!< why it changed
-  int old_size = 0;              //!< members before the change (0 for the initial formation)
-  int new_size = 0;              //!< members after the change
-  int rank = 0;                  //!< this member's new rank
-  std::int64_t step = 0;         //!< committed step at which the change took effect
-  double stall_seconds = 0;      //!< time from the change's start to this member being ready again
+  int old_size = 0;                               //!< members before the change (0 for the initial formation)
+  int new_size = 0;                               //!< members after the change
+  int rank = 0;                                   //!< this member's new rank
+  std::int64_t step = 0;                          //!< committed step at which the change took effect
+  double stall_seconds = 0;                       //!< time from the change's start to this member being ready again
 };
 
 namespace detail {
@@ -6903,11 +7201,11 @@ struct generation_record {
   std::int64_t generation = 0;
   change_reason reason = change_reason::initial;
   std::vector<member_entry> members;
-  member_id source = -1;           // holds the newest committed state
+  member_id source = -1;  // holds the newest committed state
   std::int64_t source_step = 0;
   std::vector<std::uint64_t> plan;  // full-B plan, rank order
   std::uint64_t plan_version = 0;
-  std::int64_t joins_seen = 0;      // join tickets handled so far
+  std::int64_t joins_seen = 0;  // join tickets handled so far
 
   [[nodiscard]] bytes encode() const {
     writer w;
@@ -6923,7 +7221,8 @@ struct generation_record {
     reader r(in, "generation record");
     generation_record g;
     if (r.get<std::uint32_t>() != 0xEBBF1001u)
-      throw system_error(make_error_code(error::bad_message), {.operation = "decode", .detail = "generation record magic"});
+      throw system_error(make_error_code(error::bad_message),
+                         {.operation = "decode", .detail = "generation record magic"});
     g.generation = r.get<std::int64_t>();
     g.reason = static_cast<change_reason>(r.get<std::uint8_t>());
     const auto n = r.get_count(16);
@@ -7089,7 +7388,7 @@ class group {
   detail::generation_record gen_;
   int rank_ = -1;
   bool active_ = true;
-  bool started_ = false;  // begin_step was called
+  bool started_ = false;    // begin_step was called
   std::int64_t step_ = -1;  // committed steps; -1 until state arrives
   std::int64_t epoch_ = 0;
   std::size_t cursor_ = 0;
@@ -7106,9 +7405,9 @@ class group {
   std::mutex hb_mutex_;
   std::shared_ptr<comm::revoke_flag> hb_revoke_;
   std::atomic<bool> leave_requested_{false};
-  std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
-  std::int64_t ticket_seen_until_ = 0;          // coordinator: newest join ticket seen
-  steady_clock::time_point ticket_first_seen_;  // when the oldest waiting ticket was seen
+  std::vector<member_id> admitting_;             // joiners the coordinator flagged in this step's control exchange
+  std::int64_t ticket_seen_until_ = 0;           // coordinator: newest join ticket seen
+  steady_clock::time_point ticket_first_seen_;   // when the oldest waiting ticket was seen
   steady_clock::time_point ticket_last_change_;  // when the newest ticket was seen
 
   struct state_entry {
@@ -7148,13 +7447,17 @@ inline std::int64_t parse_i64(const std::string& v) {
   std::int64_t x = 0;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
   if (ec != std::errc{} || p != v.data() + v.size())
-    throw system_error(make_error_code(error::bad_message), {.operation = "elastic group", .detail = "store value '" + v.substr(0, 32) + "' is not an integer"});
+    throw system_error(
+        make_error_code(error::bad_message),
+        {.operation = "elastic group", .detail = "store value '" + v.substr(0, 32) + "' is not an integer"});
   return x;
 }
 
 template <class N>
 constexpr bool stable_address() {
-  if constexpr (requires { { N::stable_address() } -> std::convertible_to<bool>; })
+  if constexpr (requires {
+                  { N::stable_address() } -> std::convertible_to<bool>;
+                })
     return N::stable_address();
   else
     return false;
@@ -7178,8 +7481,9 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(!opts_.drop_last || opts_.global_batch <= opts_.dataset_size,
                   "elastic group: drop_last with global_batch " << opts_.global_batch << " > dataset_size "
                                                                 << opts_.dataset_size << " leaves no step");
-  EBBFLOW_ENFORCE(opts_.min_size >= 1 && opts_.max_size >= opts_.min_size,
-                  "elastic group: need 1 <= min_size (" << opts_.min_size << ") <= max_size (" << opts_.max_size << ")");
+  EBBFLOW_ENFORCE(opts_.min_size >= 1 && opts_.max_size >= opts_.min_size, "elastic group: need 1 <= min_size ("
+                                                                               << opts_.min_size << ") <= max_size ("
+                                                                               << opts_.max_size << ")");
   EBBFLOW_ENFORCE(policy_ != nullptr, "elastic group: null planning policy");
   EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
   store_ = connect_store_();
@@ -7225,7 +7529,8 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
   while (!st.stop_requested()) {
     try {
       if (!s) s = connect_store_();
-      s->add(key("hb/" + std::to_string(id_)), 1, deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
+      s->add(key("hb/" + std::to_string(id_)), 1,
+             deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
       const std::int64_t g = hb_generation_.load();
       if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
         std::lock_guard lk(hb_mutex_);
@@ -7305,7 +7610,8 @@ void group<Store, Net>::wait_admission() {
   for (;;) {
     if (auto v = store_->try_get(jkey, store_deadline())) {
       const auto g = detail::parse_i64(*v);
-      auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(key("gen/" + std::to_string(g)), store_deadline())));
+      auto rec = detail::generation_record::decode(
+          to_bytes(*store_->try_get(key("gen/" + std::to_string(g)), store_deadline())));
       try {
         adopt(std::move(rec), started);
       } catch (const system_error& e) {
@@ -7314,8 +7620,10 @@ void group<Store, Net>::wait_admission() {
       }
       return;
     }
-    if (store_->try_get(key("done"), store_deadline())) fail(error::invalid_state, "the job finished before this worker was admitted");
-    if (d.expired()) fail(error::timeout, "not admitted within EBBFLOW_JOIN_TIMEOUT_MS (group at max size, or no coordinator)");
+    if (store_->try_get(key("done"), store_deadline()))
+      fail(error::invalid_state, "the job finished before this worker was admitted");
+    if (d.expired())
+      fail(error::timeout, "not admitted within EBBFLOW_JOIN_TIMEOUT_MS (group at max size, or no coordinator)");
     // Wait on the server (no polling: waiting newcomers cost the running
     // members nothing), in slices so the job's end is noticed.
     try {
@@ -7352,16 +7660,23 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
         --missing;
       } else if (!fresh(m, hb)) {
         throw system_error(make_error_code(error::peer_lost),
-                           {.rank = rank_, .generation = rec.generation, .peer = static_cast<int>(j), .operation = "connect",
+                           {.rank = rank_,
+                            .generation = rec.generation,
+                            .peer = static_cast<int>(j),
+                            .operation = "connect",
                             .detail = "member " + std::to_string(m) + " stopped before publishing its address"});
       }
     }
     if (missing == 0) break;
     if (revoke_ && revoke_->revoked())
-      throw system_error(make_error_code(error::revoked), {.rank = rank_, .generation = rec.generation, .operation = "connect"});
+      throw system_error(make_error_code(error::revoked),
+                         {.rank = rank_, .generation = rec.generation, .operation = "connect"});
     if (d.expired())
-      throw system_error(make_error_code(error::timeout), {.rank = rank_, .generation = rec.generation, .operation = "connect",
-                                                           .detail = std::to_string(missing) + " members published no address"});
+      throw system_error(make_error_code(error::timeout),
+                         {.rank = rank_,
+                          .generation = rec.generation,
+                          .operation = "connect",
+                          .detail = std::to_string(missing) + " members published no address"});
     std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
   std::vector<bytes> out;
@@ -7432,13 +7747,15 @@ void group<Store, Net>::sync_state() {
       if (step_ > 0) fault_point("sync-send");
       for (std::size_t k = 0; k < state_.size(); ++k)
         c.send(raw(state_[k].data.data(), state_[k].data.size()), peer, tag_first + static_cast<std::uint32_t>(k), d);
-      EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << peer << ")");
+      EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << peer
+                                             << ")");
     }
   } else if (step_ < gen_.source_step) {
     const int src = gen_.rank_of(gen_.source);
     std::uint64_t header_size = 0;
     c.recv(raw(&header_size, sizeof header_size), src, tag_size, d);
-    if (header_size > (std::uint64_t{1} << 24)) fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");
+    if (header_size > (std::uint64_t{1} << 24))
+      fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");
     bytes header(header_size);
     c.recv(raw(header.data(), header.size()), src, tag_header, d);
     if (opts_.join) fault_point("sync-recv");
@@ -7456,8 +7773,8 @@ void group<Store, Net>::sync_state() {
       const std::string name(reinterpret_cast<const char*>(nm.data()), nm.size());
       if (name != state_[k].name || sz != state_[k].data.size()) {
         std::ostringstream os;
-        os << "state buffer " << k << " is '" << name << "' of " << sz << " bytes on member " << gen_.source
-           << " but '" << state_[k].name << "' of " << state_[k].data.size() << " bytes here";
+        os << "state buffer " << k << " is '" << name << "' of " << sz << " bytes on member " << gen_.source << " but '"
+           << state_[k].name << "' of " << state_[k].data.size() << " bytes here";
         fail(error::invalid_state, os.str());
       }
     }
@@ -7475,8 +7792,8 @@ void group<Store, Net>::notify(change_reason reason, int old_size, double stall)
   world_change wc{gen_.generation, reason, old_size, size(), rank_, step_, stall};
   history_.push_back(wc);
   EBBFLOW_LOG_INFO("generation " << wc.generation << " (" << name(reason) << "): " << old_size << " -> " << wc.new_size
-                                 << " members, rank " << rank_ << ", step " << step_ << ", ready after "
-                                 << stall * 1e3 << " ms");
+                                 << " members, rank " << rank_ << ", step " << step_ << ", ready after " << stall * 1e3
+                                 << " ms");
   for (auto& cb : callbacks_) cb(wc);
 }
 
@@ -7535,11 +7852,13 @@ bool group<Store, Net>::collective(F&& f) {
 
 template <kv_store Store, network Net>
 bool group<Store, Net>::allreduce(std::span<float> data) {
-  return collective([&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
+  return collective(
+      [&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
 }
 template <kv_store Store, network Net>
 bool group<Store, Net>::allreduce(std::span<double> data) {
-  return collective([&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
+  return collective(
+      [&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
 }
 
 template <kv_store Store, network Net>
@@ -7702,7 +8021,8 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
 }
 
 template <kv_store Store, network Net>
-bool group<Store, Net>::fresh(member_id m, std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>& seen) {
+bool group<Store, Net>::fresh(member_id m,
+                              std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>& seen) {
   const std::int64_t hb = store_->add(key("hb/" + std::to_string(m)), 0, store_deadline());
   const auto now = steady_clock::now();
   auto it = seen.find(m);
@@ -7728,8 +8048,8 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
     const std::string gs = std::to_string(g);
     store_->set(key("abort/" + gs), "1", store_deadline());
     if (lost_peer >= 0 && lost_peer < size() && gen_.generation == g)
-      store_->set(key("dead/" + gs + "/" + std::to_string(gen_.members[static_cast<std::size_t>(lost_peer)].id)),
-                  "1", store_deadline());
+      store_->set(key("dead/" + gs + "/" + std::to_string(gen_.members[static_cast<std::size_t>(lost_peer)].id)), "1",
+                  store_deadline());
     store_->set(key("recover/" + gs + "/" + std::to_string(id_)), std::to_string(step_), store_deadline());
     EBBFLOW_LOG_WARN("generation " << g << " failed at step " << step_ << ": re-forming the group");
 
@@ -7762,7 +8082,8 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
       }
       if (!undecided) {
         std::int64_t seen = gen_.joins_seen;
-        const std::size_t room = static_cast<std::size_t>(std::max<std::int64_t>(0, opts_.max_size - static_cast<int>(alive.size())));
+        const std::size_t room =
+            static_cast<std::size_t>(std::max<std::int64_t>(0, opts_.max_size - static_cast<int>(alive.size())));
         auto joiners = pending_joiners(seen, room, false);
         const int total = static_cast<int>(alive.size() + joiners.size());
         if (total < opts_.min_size) {
@@ -7792,7 +8113,8 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
           const std::string mine = to_value(rec.encode());
           const std::string cur = store_->compare_set(next_key, "", mine, store_deadline()).current;
           if (cur == mine)
-            for (auto j : joiners) store_->set(key("joined/" + std::to_string(j)), std::to_string(g + 1), store_deadline());
+            for (auto j : joiners)
+              store_->set(key("joined/" + std::to_string(j)), std::to_string(g + 1), store_deadline());
           next = detail::generation_record::decode(to_bytes(cur));
           break;
         }
@@ -7823,7 +8145,9 @@ int group<Store, Net>::lost_peer_of(const system_error& e) const noexcept {
   // names the neighbour whose transfer failed, which in a ring is often a
   // live member stuck behind the dead one. Reporting it dead would exclude it.
   if (e.code() != errc::peer_lost) return -1;
-  if constexpr (requires(const transport_type& t) { { t.lost_peer() } -> std::convertible_to<int>; }) {
+  if constexpr (requires(const transport_type& t) {
+                  { t.lost_peer() } -> std::convertible_to<int>;
+                }) {
     return transport_ ? transport_->lost_peer() : -1;
   } else {
     return e.peer();
@@ -7834,8 +8158,8 @@ template <kv_store Store, network Net>
 void group<Store, Net>::restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor) {
   if (started_) fail(error::invalid_state, "restore_position after the first begin_step");
   EBBFLOW_ENFORCE(step >= 0 && epoch >= 0 && cursor < opts_.dataset_size,
-                  "restore_position: step " << step << ", epoch " << epoch << ", cursor " << cursor
-                                            << " (dataset_size " << opts_.dataset_size << ")");
+                  "restore_position: step " << step << ", epoch " << epoch << ", cursor " << cursor << " (dataset_size "
+                                            << opts_.dataset_size << ")");
   if (gen_.source != id_) return;  // the source's position reaches everybody with the state
   step_ = step;
   epoch_ = epoch;
@@ -7925,7 +8249,8 @@ class loopback_network {
  public:
   using transport_type = comm::loopback_transport;  //!< transport of each generation
   //! A worker with a fresh address on `f` (must not be null).
-  explicit loopback_network(std::shared_ptr<loopback_fabric> f) : fabric_(std::move(f)), addr_(fabric_->new_address()) {}
+  explicit loopback_network(std::shared_ptr<loopback_fabric> f)
+      : fabric_(std::move(f)), addr_(fabric_->new_address()) {}
   //! This worker's address.
   //! The address never changes (see `network`).
   [[nodiscard]] static constexpr bool stable_address() noexcept { return true; }
@@ -8037,19 +8362,32 @@ enum class plan_errc {
 //! Short stable name of a cause ("infeasible", "bad_cost", ...).
 constexpr std::string_view to_string(plan_errc e) noexcept {
   switch (e) {
-    case plan_errc::empty_membership: return "empty_membership";
-    case plan_errc::zero_batch: return "zero_batch";
-    case plan_errc::bad_cost: return "bad_cost";
-    case plan_errc::bad_bounds: return "bad_bounds";
-    case plan_errc::infeasible: return "infeasible";
-    case plan_errc::duplicate_worker: return "duplicate_worker";
-    case plan_errc::bad_observation: return "bad_observation";
-    case plan_errc::bad_rank: return "bad_rank";
-    case plan_errc::membership_mismatch: return "membership_mismatch";
-    case plan_errc::batch_exceeds_epoch: return "batch_exceeds_epoch";
-    case plan_errc::stale_plan: return "stale_plan";
-    case plan_errc::bad_dataset: return "bad_dataset";
-    case plan_errc::bad_state: return "bad_state";
+    case plan_errc::empty_membership:
+      return "empty_membership";
+    case plan_errc::zero_batch:
+      return "zero_batch";
+    case plan_errc::bad_cost:
+      return "bad_cost";
+    case plan_errc::bad_bounds:
+      return "bad_bounds";
+    case plan_errc::infeasible:
+      return "infeasible";
+    case plan_errc::duplicate_worker:
+      return "duplicate_worker";
+    case plan_errc::bad_observation:
+      return "bad_observation";
+    case plan_errc::bad_rank:
+      return "bad_rank";
+    case plan_errc::membership_mismatch:
+      return "membership_mismatch";
+    case plan_errc::batch_exceeds_epoch:
+      return "batch_exceeds_epoch";
+    case plan_errc::stale_plan:
+      return "stale_plan";
+    case plan_errc::bad_dataset:
+      return "bad_dataset";
+    case plan_errc::bad_state:
+      return "bad_state";
   }
   return "unknown";
 }
@@ -8086,24 +8424,24 @@ EBBFLOW_END_NAMESPACE
 
 //! Throws `plan::plan_error(code, msg + file:line)` when `cond` is false.
 //! `msg` is an ostream expression.
-#define EBBFLOW_PLAN_ENFORCE(cond, code, msg)                                                        \
-  do {                                                                                               \
-    if (!(cond)) {                                                                                   \
-      std::ostringstream ebbflow_plan_os_;                                                           \
-      ebbflow_plan_os_ << msg;                                                                       \
-      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str());   \
-    }                                                                                                \
+#define EBBFLOW_PLAN_ENFORCE(cond, code, msg)                                                      \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      std::ostringstream ebbflow_plan_os_;                                                         \
+      ebbflow_plan_os_ << msg;                                                                     \
+      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str()); \
+    }                                                                                              \
   } while (0)
 
 //! Same, naming the offending worker id.
-#define EBBFLOW_PLAN_ENFORCE_W(cond, code, worker_id, msg)                                           \
-  do {                                                                                               \
-    if (!(cond)) {                                                                                   \
-      std::ostringstream ebbflow_plan_os_;                                                           \
-      ebbflow_plan_os_ << "worker " << (worker_id) << ": " << msg;                                   \
-      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str(),    \
-                                                std::uint64_t(worker_id));                           \
-    }                                                                                                \
+#define EBBFLOW_PLAN_ENFORCE_W(cond, code, worker_id, msg)                                        \
+  do {                                                                                            \
+    if (!(cond)) {                                                                                \
+      std::ostringstream ebbflow_plan_os_;                                                        \
+      ebbflow_plan_os_ << "worker " << (worker_id) << ": " << msg;                                \
+      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str(), \
+                                                std::uint64_t(worker_id));                        \
+    }                                                                                             \
   } while (0)
 // ---- end <ebbflow/plan/plan_error.hpp>
 
@@ -8118,12 +8456,12 @@ namespace plan {
 
 //! One worker as the planner sees it, in rank order. Value type.
 struct worker_spec {
-  std::uint64_t id = 0;        //!< stable worker id (unique within one membership)
-  double a = 0;                //!< fixed seconds per step (>= 0, finite)
-  double c = 0;                //!< seconds per sample (> 0, finite)
-  std::size_t max_batch = 0;   //!< m_i: largest batch that fits in memory
-  std::size_t min_batch = 0;   //!< lo_i: smallest batch this worker must take
-  double comm_s = 0;           //!< hook: per-worker communication seconds added to every step (>= 0)
+  std::uint64_t id = 0;       //!< stable worker id (unique within one membership)
+  double a = 0;               //!< fixed seconds per step (>= 0, finite)
+  double c = 0;               //!< seconds per sample (> 0, finite)
+  std::size_t max_batch = 0;  //!< m_i: largest batch that fits in memory
+  std::size_t min_batch = 0;  //!< lo_i: smallest batch this worker must take
+  double comm_s = 0;          //!< hook: per-worker communication seconds added to every step (>= 0)
 
   //! Predicted seconds of one step on `b` samples: (a + comm_s) + c·b,
   //! evaluated with one fused multiply-add so every call site and every rank
@@ -8277,7 +8615,10 @@ inline std::size_t level_count(const worker_spec& w, double inv_c, std::size_t l
   std::size_t lo_b = lo, hi_b = m;  // invariant: step_time(lo_b) <= s; answer in [lo_b, hi_b]
   while (lo_b < hi_b) {
     std::size_t mid = lo_b + (hi_b - lo_b + 1) / 2;
-    if (w.step_time(mid) <= s) lo_b = mid; else hi_b = mid - 1;
+    if (w.step_time(mid) <= s)
+      lo_b = mid;
+    else
+      hi_b = mid - 1;
   }
   return lo_b;
 }
@@ -8299,10 +8640,8 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
     sum_max = detail::saturating_add(sum_max, w.max_batch);
     sum_min = detail::saturating_add(sum_min, w.min_batch);
   }
-  EBBFLOW_PLAN_ENFORCE(sum_max >= B, plan_errc::infeasible,
-                       "sum of max_batch " << sum_max << " < global batch " << B);
-  EBBFLOW_PLAN_ENFORCE(sum_min <= B, plan_errc::infeasible,
-                       "sum of min_batch " << sum_min << " > global batch " << B);
+  EBBFLOW_PLAN_ENFORCE(sum_max >= B, plan_errc::infeasible, "sum of max_batch " << sum_max << " < global batch " << B);
+  EBBFLOW_PLAN_ENFORCE(sum_min <= B, plan_errc::infeasible, "sum of min_batch " << sum_min << " > global batch " << B);
 
   // Caps above B never bind; clamping keeps every count below B (no overflow).
   std::vector<std::size_t> hi(n);
@@ -8352,7 +8691,10 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
       for (int it = 0; it < 200; ++it) {
         f = relax(s, slope);
         if (std::abs(f) < 0.5) break;
-        if (f < 0) lo_s = s; else hi_s = s;
+        if (f < 0)
+          lo_s = s;
+        else
+          hi_s = s;
         double next = slope > 0 ? s - f / slope : std::numeric_limits<double>::quiet_NaN();
         if (!(next > lo_s && next < hi_s)) next = lo_s + 0.5 * (hi_s - lo_s);
         if (next == s || !(hi_s > lo_s)) break;
@@ -8451,14 +8793,14 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
 }
 
 inline double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers) {
-  EBBFLOW_PLAN_ENFORCE(plan.size() == workers.size(), plan_errc::membership_mismatch,
-                       "plan v" << plan.version << " has " << plan.size() << " workers, models have "
-                                << workers.size());
+  EBBFLOW_PLAN_ENFORCE(
+      plan.size() == workers.size(), plan_errc::membership_mismatch,
+      "plan v" << plan.version << " has " << plan.size() << " workers, models have " << workers.size());
   double t = -std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < workers.size(); ++i) {
-    EBBFLOW_PLAN_ENFORCE_W(plan.worker_ids[i] == workers[i].id, plan_errc::membership_mismatch, workers[i].id,
-                           "is at rank " << i << " but plan v" << plan.version << " has worker "
-                                         << plan.worker_ids[i] << " there");
+    EBBFLOW_PLAN_ENFORCE_W(
+        plan.worker_ids[i] == workers[i].id, plan_errc::membership_mismatch, workers[i].id,
+        "is at rank " << i << " but plan v" << plan.version << " has worker " << plan.worker_ids[i] << " there");
     t = std::max(t, workers[i].step_time(plan.batch[i]));
   }
   return t;
@@ -8477,10 +8819,9 @@ inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<cons
   p.offsets[0] = 0;
   double t = -std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < workers.size(); ++i) {
-    EBBFLOW_PLAN_ENFORCE_W(sizes[i] >= workers[i].min_batch && sizes[i] <= workers[i].max_batch,
-                           plan_errc::infeasible, workers[i].id,
-                           "batch " << sizes[i] << " outside [" << workers[i].min_batch << ", "
-                                    << workers[i].max_batch << "]");
+    EBBFLOW_PLAN_ENFORCE_W(
+        sizes[i] >= workers[i].min_batch && sizes[i] <= workers[i].max_batch, plan_errc::infeasible, workers[i].id,
+        "batch " << sizes[i] << " outside [" << workers[i].min_batch << ", " << workers[i].max_batch << "]");
     p.worker_ids[i] = workers[i].id;
     p.offsets[i + 1] = p.offsets[i] + sizes[i];
     t = std::max(t, workers[i].step_time(sizes[i]));
@@ -8553,17 +8894,17 @@ namespace plan {
 
 //! Tuning of `cost_model`; the defaults suit step-time noise of a few percent.
 struct cost_model_options {
-  double half_life_steps = 50;     //!< weight of an observation halves after this many newer ones
-  double huber_k = 2.5;            //!< residuals beyond this many robust scales are down-weighted
-  double reject_k = 6.0;           //!< residuals beyond this many robust scales are ignored
-  unsigned change_window = 3;      //!< same-side residuals beyond change_k in a row that mean a real change (1..8)
-  double change_k = 4.5;           //!< residual size (robust scales) that counts towards a change
-  double fast_half_life_steps = 4; //!< forgetting used while the residuals show a persistent bias (drift)
-  double drift_signal = 0.6;       //!< |tracking signal| above which the fast forgetting applies
-  unsigned min_slope_samples = 8;  //!< effective samples needed before a and c are fitted apart
-  double min_rel_scale = 0.005;    //!< floor of the robust scale, relative to the prediction
-  double min_batch_spread = 0.05;  //!< batch-size coefficient of variation needed to fit a and c apart
-  double initial_rel_scale = 0.05; //!< robust scale assumed before there is data, relative
+  double half_life_steps = 50;      //!< weight of an observation halves after this many newer ones
+  double huber_k = 2.5;             //!< residuals beyond this many robust scales are down-weighted
+  double reject_k = 6.0;            //!< residuals beyond this many robust scales are ignored
+  unsigned change_window = 3;       //!< same-side residuals beyond change_k in a row that mean a real change (1..8)
+  double change_k = 4.5;            //!< residual size (robust scales) that counts towards a change
+  double fast_half_life_steps = 4;  //!< forgetting used while the residuals show a persistent bias (drift)
+  double drift_signal = 0.6;        //!< |tracking signal| above which the fast forgetting applies
+  unsigned min_slope_samples = 8;   //!< effective samples needed before a and c are fitted apart
+  double min_rel_scale = 0.005;     //!< floor of the robust scale, relative to the prediction
+  double min_batch_spread = 0.05;   //!< batch-size coefficient of variation needed to fit a and c apart
+  double initial_rel_scale = 0.05;  //!< robust scale assumed before there is data, relative
 };
 
 //! What one observation did to the model.
@@ -8577,10 +8918,14 @@ enum class observation_kind {
 //! Short stable name of `k` ("accepted", "downweighted", "outlier", "change").
 constexpr std::string_view to_string(observation_kind k) noexcept {
   switch (k) {
-    case observation_kind::accepted: return "accepted";
-    case observation_kind::downweighted: return "downweighted";
-    case observation_kind::outlier: return "outlier";
-    case observation_kind::change: return "change";
+    case observation_kind::accepted:
+      return "accepted";
+    case observation_kind::downweighted:
+      return "downweighted";
+    case observation_kind::outlier:
+      return "outlier";
+    case observation_kind::change:
+      return "change";
   }
   return "?";
 }
@@ -8656,8 +9001,8 @@ class cost_model {
   void restart_from_recent() noexcept;
 
   cost_model_options opts_;
-  double lambda_;       // per-observation forgetting factor
-  double lambda_fast_;  // forgetting while drifting
+  double lambda_;                   // per-observation forgetting factor
+  double lambda_fast_;              // forgetting while drifting
   double ew_r_ = 0, ew_abs_r_ = 0;  // tracking signal state
   // Weighted sufficient statistics, batch sizes shifted by b0_ against cancellation.
   double b0_ = 0, w_ = 0, wb_ = 0, wbb_ = 0, wt_ = 0, wbt_ = 0;
@@ -8908,11 +9253,16 @@ enum class replan_reason {
 //! Short stable name of `r` ("kept", "initial", "membership", "batch", "drift").
 constexpr std::string_view to_string(replan_reason r) noexcept {
   switch (r) {
-    case replan_reason::kept: return "kept";
-    case replan_reason::initial: return "initial";
-    case replan_reason::membership: return "membership";
-    case replan_reason::batch: return "batch";
-    case replan_reason::drift: return "drift";
+    case replan_reason::kept:
+      return "kept";
+    case replan_reason::initial:
+      return "initial";
+    case replan_reason::membership:
+      return "membership";
+    case replan_reason::batch:
+      return "batch";
+    case replan_reason::drift:
+      return "drift";
   }
   return "?";
 }
@@ -8949,8 +9299,7 @@ class replanner {
 inline const batch_plan& replanner::update(std::span<const worker_spec> workers, std::size_t global_batch) {
   const std::uint64_t next = plan_.version + 1;
   bool same_members = plan_.version != 0 && plan_.size() == workers.size();
-  for (std::size_t i = 0; same_members && i < workers.size(); ++i)
-    same_members = plan_.worker_ids[i] == workers[i].id;
+  for (std::size_t i = 0; same_members && i < workers.size(); ++i) same_members = plan_.worker_ids[i] == workers[i].id;
   if (plan_.version == 0 || !same_members || plan_.global_batch != global_batch) {
     reason_ = plan_.version == 0 ? replan_reason::initial
               : !same_members    ? replan_reason::membership
@@ -8991,9 +9340,9 @@ namespace elastic {
 
 //! Settings of `planner_policy`.
 struct planner_policy_options {
-  std::size_t max_batch = 1u << 30;        //!< memory cap m_i applied to every member
-  plan::cost_model_options model{};        //!< per-member cost model settings
-  plan::replan_options replan{};           //!< drift threshold and hysteresis
+  std::size_t max_batch = 1u << 30;  //!< memory cap m_i applied to every member
+  plan::cost_model_options model{};  //!< per-member cost model settings
+  plan::replan_options replan{};     //!< drift threshold and hysteresis
 };
 
 //! Plans with per-member robust cost models and the exact batch planner;
@@ -9055,7 +9404,8 @@ class planner_policy final : public planning_policy {
     for (auto m : members) {
       const auto* cm = model(m);
       const bool ok = cm && cm->ready() && cm->c() > 0;
-      specs.push_back({static_cast<std::uint64_t>(m), ok ? cm->a() : sa / k, ok ? cm->c() : sc / k, opts_.max_batch, 0, 0});
+      specs.push_back(
+          {static_cast<std::uint64_t>(m), ok ? cm->a() : sa / k, ok ? cm->c() : sc / k, opts_.max_batch, 0, 0});
     }
     return specs;
   }
@@ -9157,27 +9507,48 @@ enum class op : std::uint8_t {
 
 inline constexpr const char* op_name(op o) noexcept {
   switch (o) {
-    case op::auth: return "auth";
-    case op::set: return "set";
-    case op::get: return "get";
-    case op::add: return "add";
-    case op::compare_set: return "compare_set";
-    case op::wait: return "wait";
-    case op::erase: return "erase";
-    case op::num_keys: return "num_keys";
-    case op::check: return "check";
-    case op::watch: return "watch";
-    case op::ping: return "ping";
-    case op::ok: return "ok";
-    case op::challenge: return "challenge";
-    case op::welcome: return "welcome";
-    case op::value: return "value";
-    case op::missing: return "missing";
-    case op::integer: return "integer";
-    case op::cas_result: return "cas_result";
-    case op::boolean: return "boolean";
-    case op::event: return "event";
-    case op::error: return "error";
+    case op::auth:
+      return "auth";
+    case op::set:
+      return "set";
+    case op::get:
+      return "get";
+    case op::add:
+      return "add";
+    case op::compare_set:
+      return "compare_set";
+    case op::wait:
+      return "wait";
+    case op::erase:
+      return "erase";
+    case op::num_keys:
+      return "num_keys";
+    case op::check:
+      return "check";
+    case op::watch:
+      return "watch";
+    case op::ping:
+      return "ping";
+    case op::ok:
+      return "ok";
+    case op::challenge:
+      return "challenge";
+    case op::welcome:
+      return "welcome";
+    case op::value:
+      return "value";
+    case op::missing:
+      return "missing";
+    case op::integer:
+      return "integer";
+    case op::cas_result:
+      return "cas_result";
+    case op::boolean:
+      return "boolean";
+    case op::event:
+      return "event";
+    case op::error:
+      return "error";
   }
   return "?";
 }
@@ -9188,16 +9559,16 @@ enum class event_kind : std::uint8_t { set = 1, erase = 2 };
 //! A decoded frame. Views point into the decoded buffer and live as long as it.
 struct message {
   op code{};
-  std::string_view key;       //!< set/get/add/compare_set/erase/event; watch: prefix
-  std::string_view value;     //!< set/value/event; compare_set: desired; cas_result: current; error: reason
-  std::string_view expected;  //!< compare_set
+  std::string_view key;                //!< set/get/add/compare_set/erase/event; watch: prefix
+  std::string_view value;              //!< set/value/event; compare_set: desired; cas_result: current; error: reason
+  std::string_view expected;           //!< compare_set
   std::vector<std::string_view> keys;  //!< wait/check
-  std::int64_t integer = 0;   //!< add: delta; integer reply
-  std::uint32_t timeout_ms = 0;  //!< get/wait
-  std::uint8_t flag = 0;      //!< get: wait; watch: include existing; cas_result: swapped; boolean;
-                              //!< event: kind; error: errc value; challenge/auth: version
-  std::string_view nonce;     //!< challenge/auth (nonce_bytes)
-  std::string_view mac;       //!< auth/welcome (mac_bytes)
+  std::int64_t integer = 0;            //!< add: delta; integer reply
+  std::uint32_t timeout_ms = 0;        //!< get/wait
+  std::uint8_t flag = 0;               //!< get: wait; watch: include existing; cas_result: swapped; boolean;
+                                       //!< event: kind; error: errc value; challenge/auth: version
+  std::string_view nonce;              //!< challenge/auth (nonce_bytes)
+  std::string_view mac;                //!< auth/welcome (mac_bytes)
 };
 
 //! Result of `decode`: a message, or `errc::bad_message` with a reason.
@@ -9212,8 +9583,7 @@ struct decode_result {
 inline std::string check_length(std::uint32_t length, std::size_t max_bytes) {
   if (length == 0) return "empty frame (length 0, no opcode)";
   if (length > max_bytes)
-    return "frame length " + std::to_string(length) + " exceeds the limit of " + std::to_string(max_bytes) +
-           " bytes";
+    return "frame length " + std::to_string(length) + " exceeds the limit of " + std::to_string(max_bytes) + " bytes";
   return {};
 }
 
@@ -9275,8 +9645,8 @@ class reader {
   bool need(std::size_t n, const char* field) {
     if (failed()) return false;
     if (left() < n) {
-      fail(std::string("truncated: ") + field + " needs " + std::to_string(n) + " bytes, " +
-           std::to_string(left()) + " left");
+      fail(std::string("truncated: ") + field + " needs " + std::to_string(n) + " bytes, " + std::to_string(left()) +
+           " left");
       return false;
     }
     return true;
@@ -9342,12 +9712,17 @@ inline decode_result decode_body(std::string_view body) {
       m.timeout_ms = r.u32("timeout");
       detail::read_keys(r, m.keys);
       break;
-    case op::erase: m.key = r.str("key"); break;
+    case op::erase:
+      m.key = r.str("key");
+      break;
     case op::num_keys:
     case op::ping:
     case op::ok:
-    case op::missing: break;
-    case op::check: detail::read_keys(r, m.keys); break;
+    case op::missing:
+      break;
+    case op::check:
+      detail::read_keys(r, m.keys);
+      break;
     case op::watch:
       m.key = r.str("prefix");
       m.flag = r.u8("include-existing flag");
@@ -9356,14 +9731,22 @@ inline decode_result decode_body(std::string_view body) {
       m.flag = r.u8("version");
       m.nonce = r.fixed(nonce_bytes, "server nonce");
       break;
-    case op::welcome: m.mac = r.fixed(mac_bytes, "mac"); break;
-    case op::value: m.value = r.str("value"); break;
-    case op::integer: m.integer = r.i64("integer"); break;
+    case op::welcome:
+      m.mac = r.fixed(mac_bytes, "mac");
+      break;
+    case op::value:
+      m.value = r.str("value");
+      break;
+    case op::integer:
+      m.integer = r.i64("integer");
+      break;
     case op::cas_result:
       m.flag = r.u8("swapped flag");
       m.value = r.str("current value");
       break;
-    case op::boolean: m.flag = r.u8("boolean"); break;
+    case op::boolean:
+      m.flag = r.u8("boolean");
+      break;
     case op::event:
       m.flag = r.u8("event kind");
       m.key = r.str("key");
@@ -9562,10 +9945,10 @@ struct server_options {
 
 //! Counters of a running server (read with relaxed atomics; for tests and logs).
 struct server_stats {
-  std::uint64_t accepted = 0;       //!< connections accepted
-  std::uint64_t unauthorized = 0;   //!< connections refused for a bad token
+  std::uint64_t accepted = 0;         //!< connections accepted
+  std::uint64_t unauthorized = 0;     //!< connections refused for a bad token
   std::uint64_t protocol_errors = 0;  //!< connections closed for a malformed frame or a stall
-  std::uint64_t open = 0;           //!< connections open now
+  std::uint64_t open = 0;             //!< connections open now
 };
 
 //! The store's server. Owns the key-value map; all state lives on one
@@ -9630,7 +10013,7 @@ struct store_event {
   enum class kind { set, erase };
   kind type = kind::set;  //!< set (or initial report) or erase
   std::string key;        //!< the key that changed
-  std::string value;  //!< the new value (empty for erase)
+  std::string value;      //!< the new value (empty for erase)
 };
 
 //! A stream of changes to keys under a prefix, on its own connection.
@@ -9729,14 +10112,13 @@ class store_client {
   //! matches an empty `expected`), and returns what is stored now.
   compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired);
   //! As above, by deadline `d`.
-  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
-                                 deadline d);
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired, deadline d);
   //! As above; on error sets `ec` and returns an empty result.
   compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
                                  std::error_code& ec) noexcept;
   //! As above, by deadline `d`; on error sets `ec` and returns an empty result.
-  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
-                                 deadline d, std::error_code& ec) noexcept;
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired, deadline d,
+                                 std::error_code& ec) noexcept;
 
   //! Blocks until every key in `keys` is set, or `d` passes (errc::timeout).
   //! The server waits; the client does not poll.
@@ -9859,8 +10241,7 @@ inline std::string random_hex(std::size_t n) {
 }
 
 //! HMAC-SHA256(key, label | a | b).
-inline std::string handshake_mac(std::string_view key, std::string_view label, std::string_view a,
-                                 std::string_view b) {
+inline std::string handshake_mac(std::string_view key, std::string_view label, std::string_view a, std::string_view b) {
   std::string msg;
   msg.reserve(label.size() + a.size() + b.size());
   msg.append(label).append(a).append(b);
@@ -10085,8 +10466,8 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
     timer_.async_wait([self = shared_from_this(), seq](const boost::system::error_code& ec) {
       if (ec || self->closed_ || self->draining_) return;
       if (!self->authed_) {
-        self->fail(errc::timeout, "no authentication within " + std::to_string(self->srv_->opts().auth_timeout.count()) +
-                                      " ms");
+        self->fail(errc::timeout,
+                   "no authentication within " + std::to_string(self->srv_->opts().auth_timeout.count()) + " ms");
       } else if (seq == self->frame_seq_ && !self->in_.empty()) {
         std::string why = "read deadline: frame incomplete after " +
                           std::to_string(self->srv_->opts().frame_timeout.count()) + " ms (" +
@@ -10110,7 +10491,7 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
       if (!in_.empty()) {
         std::string why = "truncated frame: connection closed after " + std::to_string(in_.size()) + " of ";
         why += in_.size() >= proto::header_bytes ? std::to_string(proto::load_u32(in_.data()) + proto::header_bytes)
-                                                  : std::string("4 header");
+                                                 : std::string("4 header");
         fail(errc::bad_message, why + " bytes");
       } else {
         EBBFLOW_LOG_DEBUG("store: " << peer_ << " disconnected (" << ec.message() << ")");
@@ -10189,7 +10570,8 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
     authed_ = true;
     timer_.cancel();
     timer_armed_ = false;
-    send(proto::frame_builder(proto::op::welcome).raw(handshake_mac(token, server_label, server_nonce_, r.msg.nonce))
+    send(proto::frame_builder(proto::op::welcome)
+             .raw(handshake_mac(token, server_label, server_nonce_, r.msg.nonce))
              .finish());
     EBBFLOW_LOG_DEBUG("store: " << peer_ << " authenticated");
   }
@@ -10201,8 +10583,8 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
       return;
     }
     if (watching_) {
-      fail(errc::bad_message, std::string("a watch connection takes no requests (got ") + proto::op_name(r.msg.code) +
-                                  ")");
+      fail(errc::bad_message,
+           std::string("a watch connection takes no requests (got ") + proto::op_name(r.msg.code) + ")");
       return;
     }
     if (static_cast<std::uint8_t>(r.msg.code) >= 0x80 || r.msg.code == proto::op::auth) {
@@ -10282,15 +10664,15 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
     drain();
   }
   void drain() {
-    sock_.async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](const boost::system::error_code& ec,
-                                                                           std::size_t) {
-      if (self->closed_) return;
-      if (ec) {
-        self->close();
-        return;
-      }
-      self->drain();
-    });
+    sock_.async_read_some(asio::buffer(rbuf_),
+                          [self = shared_from_this()](const boost::system::error_code& ec, std::size_t) {
+                            if (self->closed_) return;
+                            if (ec) {
+                              self->close();
+                              return;
+                            }
+                            self->drain();
+                          });
   }
 
   std::shared_ptr<server_impl> srv_;
@@ -10519,7 +10901,8 @@ inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn
       if (existed) notify(std::string(m.key), proto::event_kind::erase, {});
       return frame_builder(op::boolean).u8(existed ? 1 : 0).finish();
     }
-    case op::num_keys: return frame_builder(op::integer).i64(static_cast<std::int64_t>(data_.size())).finish();
+    case op::num_keys:
+      return frame_builder(op::integer).i64(static_cast<std::int64_t>(data_.size())).finish();
     case op::check: {
       bool all = true;
       for (auto k : m.keys) all = all && data_.contains(std::string(k));
@@ -10540,7 +10923,8 @@ inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn
                            .finish());
       return {};
     }
-    case op::ping: return frame_builder(op::ok).finish();
+    case op::ping:
+      return frame_builder(op::ok).finish();
     default:
       return proto::error_frame(errc::bad_message,
                                 std::string("unexpected opcode ") + proto::op_name(m.code) + " from a client");
@@ -10557,8 +10941,7 @@ inline server_options server_options::from_environment() {
   return o;
 }
 
-inline store_server::store_server(server_options opts)
-    : own_ioc_(std::make_unique<boost::asio::io_context>(1)) {
+inline store_server::store_server(server_options opts) : own_ioc_(std::make_unique<boost::asio::io_context>(1)) {
   impl_ = std::make_shared<detail::server_impl>(*own_ioc_, std::move(opts));
   host_ = impl_->opts().host;
   port_ = impl_->port();
@@ -10683,16 +11066,14 @@ class client_connection {
                           for (const auto& x : r) eps.push_back(x.endpoint());
                         });
       if (!run_until(d, done, [&] { res.cancel(); })) return fail(ec, error::timeout, "resolving " + host_);
-      if (*done || eps.empty())
-        return fail(ec, error::peer_lost, "cannot resolve " + host_ + ": " + done->message());
+      if (*done || eps.empty()) return fail(ec, error::peer_lost, "cannot resolve " + host_ + ": " + done->message());
     }
     auto backoff = std::chrono::milliseconds(5);
     for (;;) {
       std::optional<boost::system::error_code> done;
       sock_ = tcp::socket(ioc_);
       asio::async_connect(sock_, eps, [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
-      if (!run_until(d, done, [&] { sock_.close(bec); }))
-        return fail(ec, error::timeout, "connecting to " + address());
+      if (!run_until(d, done, [&] { sock_.close(bec); })) return fail(ec, error::timeout, "connecting to " + address());
       if (!*done) break;
       const bool retry = *done == asio::error::connection_refused || *done == asio::error::timed_out ||
                          *done == asio::error::network_unreachable || *done == asio::error::host_unreachable;
@@ -10725,7 +11106,8 @@ class client_connection {
     if (ec) return;
     if (r.msg.code == proto::op::error) return server_error(ec, r.msg);
     if (r.msg.code != proto::op::welcome)
-      return fail(ec, error::bad_message, std::string("handshake: expected welcome, got ") + proto::op_name(r.msg.code));
+      return fail(ec, error::bad_message,
+                  std::string("handshake: expected welcome, got ") + proto::op_name(r.msg.code));
     if (!mac_equal(r.msg.mac, handshake_mac(token_, server_label, server_nonce, client_nonce)))
       return fail(ec, error::unauthorized, "the server at " + address() + " could not prove the job token");
   }
@@ -10866,12 +11248,13 @@ inline store_event store_watcher::next(deadline d, std::error_code& ec) noexcept
     return {};
   }
   if (r.msg.code != detail::proto::op::event) {
-    conn_->fail(ec, error::bad_message, std::string("watch: expected event, got ") + detail::proto::op_name(r.msg.code));
+    conn_->fail(ec, error::bad_message,
+                std::string("watch: expected event, got ") + detail::proto::op_name(r.msg.code));
     return {};
   }
   store_event e;
   e.type = r.msg.flag == static_cast<std::uint8_t>(detail::proto::event_kind::erase) ? store_event::kind::erase
-                                                                                      : store_event::kind::set;
+                                                                                     : store_event::kind::set;
   e.key = std::string(r.msg.key);
   e.value = std::string(r.msg.value);
   return e;
@@ -10880,8 +11263,7 @@ inline store_event store_watcher::next(deadline d, std::error_code& ec) noexcept
 inline store_event store_watcher::next(deadline d) {
   std::error_code ec;
   auto e = next(d, ec);
-  if (ec)
-    throw_if(ec, {-1, -1, -1, "store.watch", conn_ ? conn_->last_detail : std::string("moved-from watcher")});
+  if (ec) throw_if(ec, {-1, -1, -1, "store.watch", conn_ ? conn_->last_detail : std::string("moved-from watcher")});
   return e;
 }
 
@@ -10896,8 +11278,9 @@ inline store_client::store_client(std::string host, std::uint16_t port, std::str
 
 inline store_client store_client::from_environment() {
   const launch_info li = launch_info::from_environment();
-  EBBFLOW_ENFORCE(li.store_port != 0, "store_client::from_environment: EBBFLOW_STORE (HOST:PORT) or "
-                                      "MASTER_ADDR/MASTER_PORT is not set");
+  EBBFLOW_ENFORCE(li.store_port != 0,
+                  "store_client::from_environment: EBBFLOW_STORE (HOST:PORT) or "
+                  "MASTER_ADDR/MASTER_PORT is not set");
   return store_client(li.store_host, li.store_port, li.token, client_options::from_environment());
 }
 
@@ -10925,9 +11308,8 @@ inline detail::proto::decode_result store_client::call(std::string frame, deadli
   if (ec) return {};
   // A waiting request times out on the server, which names the missing keys;
   // allow its reply a little time to arrive before giving up locally.
-  const deadline local = waits && d.at() != steady_clock::time_point::max()
-                             ? deadline(d.at() + std::chrono::milliseconds(250))
-                             : d;
+  const deadline local =
+      waits && d.at() != steady_clock::time_point::max() ? deadline(d.at() + std::chrono::milliseconds(250)) : d;
   auto r = conn_->read_frame(local, ec, false);
   if (ec) return {};
   if (r.msg.code == detail::proto::op::error) {
@@ -10970,8 +11352,7 @@ inline void store_client::connect(deadline d) {
 
 namespace detail {
 //! Checks the reply opcode; a mismatch is a protocol error.
-inline bool expect_reply(const proto::decode_result& r, proto::op want, std::error_code& ec,
-                         client_connection& c) {
+inline bool expect_reply(const proto::decode_result& r, proto::op want, std::error_code& ec, client_connection& c) {
   if (ec) return false;
   if (r.msg.code == want) return true;
   c.fail(ec, error::bad_message,
@@ -10982,11 +11363,9 @@ inline bool expect_reply(const proto::decode_result& r, proto::op want, std::err
 
 // set
 inline void store_client::set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept {
-  auto r = call(detail::proto::frame_builder(detail::proto::op::set, key.size() + value.size() + 8)
-                    .str(key)
-                    .str(value)
-                    .finish(),
-                d, false, ec);
+  auto r = call(
+      detail::proto::frame_builder(detail::proto::op::set, key.size() + value.size() + 8).str(key).str(value).finish(),
+      d, false, ec);
   detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
 }
 inline void store_client::set(std::string_view key, std::string_view value, std::error_code& ec) noexcept {
@@ -11024,8 +11403,8 @@ inline std::string store_client::get(std::string_view key) { return get(key, def
 // try_get
 inline std::optional<std::string> store_client::try_get(std::string_view key, deadline d,
                                                         std::error_code& ec) noexcept {
-  auto r = call(detail::proto::frame_builder(detail::proto::op::get, key.size() + 16).str(key).u32(0).u8(0).finish(),
-                d, false, ec);
+  auto r = call(detail::proto::frame_builder(detail::proto::op::get, key.size() + 16).str(key).u32(0).u8(0).finish(), d,
+                false, ec);
   if (ec) return std::nullopt;
   if (r.msg.code == detail::proto::op::missing) return std::nullopt;
   if (!detail::expect_reply(r, detail::proto::op::value, ec, *conn_)) return std::nullopt;
@@ -11067,31 +11446,31 @@ inline std::int64_t store_client::add(std::string_view key, std::int64_t delta) 
 
 // compare_set
 inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
-                                                     std::string_view desired, deadline d,
-                                                     std::error_code& ec) noexcept {
-  auto r = call(detail::proto::frame_builder(detail::proto::op::compare_set,
-                                             key.size() + expected.size() + desired.size() + 16)
-                    .str(key)
-                    .str(expected)
-                    .str(desired)
-                    .finish(),
-                d, false, ec);
+                                                    std::string_view desired, deadline d,
+                                                    std::error_code& ec) noexcept {
+  auto r = call(
+      detail::proto::frame_builder(detail::proto::op::compare_set, key.size() + expected.size() + desired.size() + 16)
+          .str(key)
+          .str(expected)
+          .str(desired)
+          .finish(),
+      d, false, ec);
   if (!detail::expect_reply(r, detail::proto::op::cas_result, ec, *conn_)) return {};
   return {r.msg.flag != 0, std::string(r.msg.value)};
 }
 inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
-                                                     std::string_view desired, std::error_code& ec) noexcept {
+                                                    std::string_view desired, std::error_code& ec) noexcept {
   return compare_set(key, expected, desired, default_deadline(), ec);
 }
 inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
-                                                     std::string_view desired, deadline d) {
+                                                    std::string_view desired, deadline d) {
   std::error_code ec;
   auto v = compare_set(key, expected, desired, d, ec);
   if (ec) raise("store.compare_set", key, ec);
   return v;
 }
 inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
-                                                     std::string_view desired) {
+                                                    std::string_view desired) {
   return compare_set(key, expected, desired, default_deadline());
 }
 
@@ -11171,8 +11550,10 @@ inline store_watcher store_client::watch(std::string_view prefix, bool include_e
                    d, ec);
   if (!ec) {
     auto r = c->read_frame(d, ec, false);
-    if (!ec && r.msg.code == detail::proto::op::error) c->server_error(ec, r.msg);
-    else if (!ec) detail::expect_reply(r, detail::proto::op::ok, ec, *c);
+    if (!ec && r.msg.code == detail::proto::op::error)
+      c->server_error(ec, r.msg);
+    else if (!ec)
+      detail::expect_reply(r, detail::proto::op::ok, ec, *c);
   }
   if (ec) {
     std::lock_guard lk(conn_->mu);
@@ -11225,7 +11606,8 @@ template <kv_store Store>
 class store_address_exchange {
  public:
   //! `store` must outlive the exchange; `prefix` separates jobs sharing a store.
-  explicit store_address_exchange(Store& store, std::string prefix = "ebbflow") : store_(&store), prefix_(std::move(prefix)) {}
+  explicit store_address_exchange(Store& store, std::string prefix = "ebbflow")
+      : store_(&store), prefix_(std::move(prefix)) {}
 
   //! Publishes `mine` for (generation, rank) and returns every rank's address
   //! by rank. Blocks until all `size` ranks published or `d` passes.
@@ -11243,9 +11625,11 @@ class store_address_exchange {
     for (int r = 0; r < size; ++r) {
       auto v = store_->try_get(keys[static_cast<std::size_t>(r)], d);
       if (!v)
-        throw system_error(make_error_code(error::invalid_state),
-                           {.rank = rank, .generation = generation, .peer = r, .operation = "address exchange",
-                            .detail = "key vanished from the store"});
+        throw system_error(make_error_code(error::invalid_state), {.rank = rank,
+                                                                   .generation = generation,
+                                                                   .peer = r,
+                                                                   .operation = "address exchange",
+                                                                   .detail = "key vanished from the store"});
       all.push_back(to_bytes(*v));
     }
     return all;
@@ -11419,13 +11803,13 @@ class epoch_permutation {
 //! The samples of one worker in one step: positions [first, last) of the
 //! epoch order. `indices()` is a view of the data-set indices.
 struct sample_range {
-  epoch_permutation order;   //!< the epoch's visiting order
-  std::uint64_t epoch = 0;   //!< epoch these positions belong to
-  std::uint64_t first = 0;   //!< first position (inclusive)
-  std::uint64_t last = 0;    //!< last position (exclusive)
+  epoch_permutation order;  //!< the epoch's visiting order
+  std::uint64_t epoch = 0;  //!< epoch these positions belong to
+  std::uint64_t first = 0;  //!< first position (inclusive)
+  std::uint64_t last = 0;   //!< last position (exclusive)
 
   [[nodiscard]] std::uint64_t size() const noexcept { return last - first; }  //!< number of samples
-  [[nodiscard]] bool empty() const noexcept { return first == last; }          //!< true when size() == 0
+  [[nodiscard]] bool empty() const noexcept { return first == last; }         //!< true when size() == 0
   //! The i-th data-set index of this range (i < size()).
   [[nodiscard]] std::uint64_t operator[](std::uint64_t i) const noexcept { return order(first + i); }
   //! A view over the data-set indices, in order.
@@ -11437,11 +11821,11 @@ enum class last_batch : std::uint32_t { short_batch = 0, drop = 1 };
 
 //! Everything a joiner needs to continue the sampling: a small POD.
 struct sampler_state {
-  std::uint64_t dataset_size = 0;   //!< N
-  std::uint64_t seed = 0;           //!< key of every epoch's permutation
-  std::uint64_t epoch = 0;          //!< current epoch
-  std::uint64_t cursor = 0;         //!< positions of `epoch` consumed by committed steps
-  std::uint64_t plan_version = 0;   //!< version of the plan of the last committed step
+  std::uint64_t dataset_size = 0;               //!< N
+  std::uint64_t seed = 0;                       //!< key of every epoch's permutation
+  std::uint64_t epoch = 0;                      //!< current epoch
+  std::uint64_t cursor = 0;                     //!< positions of `epoch` consumed by committed steps
+  std::uint64_t plan_version = 0;               //!< version of the plan of the last committed step
   last_batch policy = last_batch::short_batch;  //!< end-of-epoch behaviour
 
   //! Bytes of `encode()`: magic, format version, five u64, policy; little endian.
@@ -11483,9 +11867,7 @@ class epoch_sampler {
   [[nodiscard]] std::size_t step_size(std::size_t nominal_batch) const noexcept;
 
   //! Rank `rank`'s samples of the next step under `plan`. Pure (does not advance).
-  [[nodiscard]] sample_range slice(const batch_plan& plan, std::size_t rank) const {
-    return slice_of(s_, plan, rank);
-  }
+  [[nodiscard]] sample_range slice(const batch_plan& plan, std::size_t rank) const { return slice_of(s_, plan, rank); }
   //! All samples of the next step under `plan` (every rank's slice, in rank order).
   [[nodiscard]] sample_range step(const batch_plan& plan) const;
 
@@ -11536,9 +11918,9 @@ struct position {
 inline position step_position(const sampler_state& s, std::size_t batch) {
   const std::uint64_t left = s.dataset_size - s.cursor;
   if (s.policy == last_batch::short_batch) {
-    EBBFLOW_PLAN_ENFORCE(batch <= left, plan_errc::batch_exceeds_epoch,
-                         "a step of " << batch << " samples does not fit in the " << left
-                                      << " samples left of epoch " << s.epoch);
+    EBBFLOW_PLAN_ENFORCE(
+        batch <= left, plan_errc::batch_exceeds_epoch,
+        "a step of " << batch << " samples does not fit in the " << left << " samples left of epoch " << s.epoch);
     return {s.epoch, s.cursor};
   }
   EBBFLOW_PLAN_ENFORCE(batch <= s.dataset_size, plan_errc::batch_exceeds_epoch,
@@ -11747,7 +12129,8 @@ struct shard_range {
 class shard_sampler {
  public:
   //! @throws plan_error(bad_dataset) when there are no shards or one is empty.
-  shard_sampler(std::vector<std::uint64_t> shard_sizes, std::uint64_t seed) : sizes_(std::move(shard_sizes)), seed_(seed) {
+  shard_sampler(std::vector<std::uint64_t> shard_sizes, std::uint64_t seed)
+      : sizes_(std::move(shard_sizes)), seed_(seed) {
     EBBFLOW_PLAN_ENFORCE(!sizes_.empty(), plan_errc::bad_dataset, "no shards");
     starts_.resize(sizes_.size());
     std::uint64_t at = 0;
@@ -11781,12 +12164,13 @@ class shard_sampler {
     for (std::size_t j = 0; j < sizes_.size(); ++j) {
       if (cursor_[j] == sizes_[j]) continue;
       const std::size_t r = owner_[j] == unowned ? n : plan.rank_of(owner_[j]);
-      if (r < n) held[r] += static_cast<double>(sizes_[j] - cursor_[j]);
-      else orphan.push_back(j);
+      if (r < n)
+        held[r] += static_cast<double>(sizes_[j] - cursor_[j]);
+      else
+        orphan.push_back(j);
     }
-    std::stable_sort(orphan.begin(), orphan.end(), [&](std::size_t x, std::size_t y) {
-      return sizes_[x] - cursor_[x] > sizes_[y] - cursor_[y];
-    });
+    std::stable_sort(orphan.begin(), orphan.end(),
+                     [&](std::size_t x, std::size_t y) { return sizes_[x] - cursor_[x] > sizes_[y] - cursor_[y]; });
     double total = 0;
     for (double h : held) total += h;
     for (std::size_t j : orphan) total += static_cast<double>(sizes_[j] - cursor_[j]);
@@ -11795,7 +12179,10 @@ class shard_sampler {
       double best_gap = -std::numeric_limits<double>::infinity();
       for (std::size_t r = 0; r < n; ++r) {
         const double gap = plan.weight(r) * total - held[r];
-        if (gap > best_gap) { best_gap = gap; best = r; }
+        if (gap > best_gap) {
+          best_gap = gap;
+          best = r;
+        }
       }
       owner_[j] = plan.worker_ids[best];
       held[best] += static_cast<double>(sizes_[j] - cursor_[j]);
@@ -11974,7 +12361,7 @@ concept device_stage = requires(S& s, std::size_t slot, std::size_t dev, std::sp
 //! the batch was handed out, so it is always ready.
 struct host_event {
   [[nodiscard]] constexpr bool ready() const noexcept { return true; }  //!< always true
-  constexpr void wait() const noexcept {}                              //!< returns at once
+  constexpr void wait() const noexcept {}                               //!< returns at once
 };
 
 //! The CPU executor's device stage: `devices` host buffers per slot, filled by
@@ -12092,14 +12479,14 @@ struct host_allocator {
 
 //! A snapshot of a pool's counters.
 struct pool_stats {
-  std::size_t capacity = 0;        //!< bytes of the region (fixed for the pool's life)
-  std::size_t in_use = 0;          //!< bytes currently leased
-  std::size_t peak = 0;            //!< largest `in_use` ever observed
-  std::size_t leases = 0;          //!< leases currently outstanding
-  std::size_t allocations = 0;     //!< regions allocated (1 for the pool's life: it never grows)
-  bool locked = false;             //!< the region is page-locked
-  std::string allocator = {};      //!< allocator name
-  std::string lock_status = {};    //!< why the region is not locked (empty when it is)
+  std::size_t capacity = 0;      //!< bytes of the region (fixed for the pool's life)
+  std::size_t in_use = 0;        //!< bytes currently leased
+  std::size_t peak = 0;          //!< largest `in_use` ever observed
+  std::size_t leases = 0;        //!< leases currently outstanding
+  std::size_t allocations = 0;   //!< regions allocated (1 for the pool's life: it never grows)
+  bool locked = false;           //!< the region is page-locked
+  std::string allocator = {};    //!< allocator name
+  std::string lock_status = {};  //!< why the region is not locked (empty when it is)
 };
 
 class pinned_pool;
@@ -12262,8 +12649,10 @@ inline void* mlock_allocate(std::size_t bytes, bool& locked, std::string& status
     rlimit rl{};
     if (::getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
       os << " (RLIMIT_MEMLOCK soft limit ";
-      if (rl.rlim_cur == RLIM_INFINITY) os << "unlimited";
-      else os << rl.rlim_cur << " bytes";
+      if (rl.rlim_cur == RLIM_INFINITY)
+        os << "unlimited";
+      else
+        os << rl.rlim_cur << " bytes";
       os << "; raise it with `ulimit -l` or grant CAP_IPC_LOCK)";
     }
   }
@@ -12337,18 +12726,21 @@ inline std::optional<pinned_lease> pinned_pool::try_acquire_locked(std::size_t b
 }
 
 inline std::optional<pinned_lease> pinned_pool::try_acquire(std::size_t bytes) {
-  EBBFLOW_ENFORCE(bytes <= capacity_, "pinned_pool: request of " << bytes << " bytes exceeds the pool's fixed capacity of "
-                                                                  << capacity_ << " bytes");
+  EBBFLOW_ENFORCE(bytes <= capacity_, "pinned_pool: request of "
+                                          << bytes << " bytes exceeds the pool's fixed capacity of " << capacity_
+                                          << " bytes");
   std::lock_guard lk(m_);
   return try_acquire_locked(bytes);
 }
 
 inline pinned_lease pinned_pool::acquire(std::size_t bytes, deadline until) {
-  EBBFLOW_ENFORCE(bytes <= capacity_, "pinned_pool: request of " << bytes << " bytes exceeds the pool's fixed capacity of "
-                                                                  << capacity_ << " bytes");
+  EBBFLOW_ENFORCE(bytes <= capacity_, "pinned_pool: request of "
+                                          << bytes << " bytes exceeds the pool's fixed capacity of " << capacity_
+                                          << " bytes");
   std::unique_lock lk(m_);
   for (;;) {
-    if (cancelled_) EBBFLOW_THROW((system_error(make_error_code(error::cancelled), {.operation = "pinned_pool::acquire"})));
+    if (cancelled_)
+      EBBFLOW_THROW((system_error(make_error_code(error::cancelled), {.operation = "pinned_pool::acquire"})));
     if (auto l = try_acquire_locked(bytes)) return std::move(*l);
     if (cv_.wait_until(lk, until.at()) == std::cv_status::timeout && until.expired()) {
       if (auto l = try_acquire_locked(bytes)) return std::move(*l);
@@ -12393,8 +12785,14 @@ inline void pinned_pool::release(std::size_t offset, std::size_t bytes) noexcept
 
 inline pool_stats pinned_pool::stats() const {
   std::lock_guard lk(m_);
-  return {.capacity = capacity_, .in_use = in_use_, .peak = peak_, .leases = leases_, .allocations = 1,
-          .locked = locked_, .allocator = alloc_.name, .lock_status = lock_status_};
+  return {.capacity = capacity_,
+          .in_use = in_use_,
+          .peak = peak_,
+          .leases = leases_,
+          .allocations = 1,
+          .locked = locked_,
+          .allocator = alloc_.name,
+          .lock_status = lock_status_};
 }
 
 }  // namespace prefetch
@@ -12688,7 +13086,10 @@ class sequence_source {
   //! @throws std::invalid_argument for 0 devices or a weight vector of the wrong size.
   sequence_source(std::size_t samples, batch_size_fn batch_size, std::size_t devices = 1,
                   std::vector<double> weights = {}, std::uint64_t steps = UINT64_MAX)
-      : samples_(samples), batch_size_(std::move(batch_size)), devices_(devices), weights_(std::move(weights)),
+      : samples_(samples),
+        batch_size_(std::move(batch_size)),
+        devices_(devices),
+        weights_(std::move(weights)),
         steps_(steps) {
     EBBFLOW_ENFORCE(devices_ > 0, "sequence_source: need at least one device");
     EBBFLOW_ENFORCE(weights_.empty() || weights_.size() == devices_, "sequence_source: one weight per device");
@@ -12859,13 +13260,13 @@ class load_error : public std::runtime_error {
 
 //! Construction parameters. `sample_bytes` and `max_batch_samples` are required.
 struct prefetch_options {
-  std::size_t sample_bytes = 0;        //!< bytes of one sample (fixed)
-  std::size_t max_batch_samples = 0;   //!< largest global batch any step may have
-  std::size_t max_device_samples = 0;  //!< largest sub-batch of one device; 0: max_batch_samples
-  std::size_t depth = 3;               //!< steps in flight (ring slots), >= 1
-  std::size_t pool_bytes = 0;          //!< pinned staging bound; 0: depth * max_batch_samples * sample_bytes
-  unsigned loaders = 2;                //!< loader threads, >= 1
-  std::size_t chunk_samples = 0;       //!< samples per loader task; 0: about batch / (4 * loaders)
+  std::size_t sample_bytes = 0;                //!< bytes of one sample (fixed)
+  std::size_t max_batch_samples = 0;           //!< largest global batch any step may have
+  std::size_t max_device_samples = 0;          //!< largest sub-batch of one device; 0: max_batch_samples
+  std::size_t depth = 3;                       //!< steps in flight (ring slots), >= 1
+  std::size_t pool_bytes = 0;                  //!< pinned staging bound; 0: depth * max_batch_samples * sample_bytes
+  unsigned loaders = 2;                        //!< loader threads, >= 1
+  std::size_t chunk_samples = 0;               //!< samples per loader task; 0: about batch / (4 * loaders)
   error_policy on_error = error_policy::stop;  //!< what to do after a step failed to load
   //! Staging allocator; empty: the stage's preferred one (cudaHostAlloc for
   //! cuda_stage), else `mlock_allocator()`.
@@ -12874,18 +13275,18 @@ struct prefetch_options {
 
 //! Counters readable at any time from any thread (`prefetcher::stats()`).
 struct prefetch_stats {
-  std::uint64_t steps_delivered = 0;   //!< batches returned by next()
-  std::uint64_t steps_planned = 0;     //!< steps taken from the index source
-  std::size_t queue_depth = 0;         //!< steps ready and not yet taken by next()
-  std::size_t in_flight = 0;           //!< slots in use (planned, loading, ready or held)
-  double consumer_stall_s = 0;         //!< total time next() waited for a batch
-  std::uint64_t samples_loaded = 0;    //!< successful load calls (samples)
-  std::uint64_t bytes_loaded = 0;      //!< bytes written by successful loads
-  double loader_busy_s = 0;            //!< summed time inside load callbacks
-  double loader_bytes_per_s = 0;       //!< bytes_loaded / seconds since construction
-  std::uint64_t load_errors = 0;       //!< failed steps
-  pool_stats pool = {};                //!< staging pool: bytes in use, peak, capacity, locked
-  std::size_t stage_bytes = 0;         //!< stage buffers allocated at construction (0 if unknown)
+  std::uint64_t steps_delivered = 0;  //!< batches returned by next()
+  std::uint64_t steps_planned = 0;    //!< steps taken from the index source
+  std::size_t queue_depth = 0;        //!< steps ready and not yet taken by next()
+  std::size_t in_flight = 0;          //!< slots in use (planned, loading, ready or held)
+  double consumer_stall_s = 0;        //!< total time next() waited for a batch
+  std::uint64_t samples_loaded = 0;   //!< successful load calls (samples)
+  std::uint64_t bytes_loaded = 0;     //!< bytes written by successful loads
+  double loader_busy_s = 0;           //!< summed time inside load callbacks
+  double loader_bytes_per_s = 0;      //!< bytes_loaded / seconds since construction
+  std::uint64_t load_errors = 0;      //!< failed steps
+  pool_stats pool = {};               //!< staging pool: bytes in use, peak, capacity, locked
+  std::size_t stage_bytes = 0;        //!< stage buffers allocated at construction (0 if unknown)
 };
 
 namespace detail {
@@ -12900,8 +13301,8 @@ class prefetch_state;
 template <class State>
 class basic_batch {
  public:
-  using stage_type = typename State::stage_type;       //!< the prefetcher's `Stage`
-  using event_type = typename stage_type::event_type;  //!< readiness of one device's data
+  using stage_type = typename State::stage_type;            //!< the prefetcher's `Stage`
+  using event_type = typename stage_type::event_type;       //!< readiness of one device's data
   static constexpr memory_space space = stage_type::space;  //!< memory space of `data(d)`
 
   //! The empty batch (false; owns no slot).
@@ -13061,16 +13462,22 @@ namespace detail {
 enum class load_kind { none, sample, sample_stop, chunk };
 template <class Load>
 constexpr load_kind kind_of() {
-  if constexpr (std::invocable<Load&, std::size_t, std::span<std::byte>, std::stop_token>) return load_kind::sample_stop;
-  else if constexpr (std::invocable<Load&, std::size_t, std::span<std::byte>>) return load_kind::sample;
-  else if constexpr (std::invocable<Load&, std::span<const std::size_t>, std::span<std::byte>>) return load_kind::chunk;
-  else return load_kind::none;
+  if constexpr (std::invocable<Load&, std::size_t, std::span<std::byte>, std::stop_token>)
+    return load_kind::sample_stop;
+  else if constexpr (std::invocable<Load&, std::size_t, std::span<std::byte>>)
+    return load_kind::sample;
+  else if constexpr (std::invocable<Load&, std::span<const std::size_t>, std::span<std::byte>>)
+    return load_kind::chunk;
+  else
+    return load_kind::none;
 }
 
 template <class Stage>
 host_allocator preferred_allocator(const std::optional<host_allocator>& given) {
   if (given) return *given;
-  if constexpr (requires { { Stage::preferred_allocator() } -> std::convertible_to<host_allocator>; })
+  if constexpr (requires {
+                  { Stage::preferred_allocator() } -> std::convertible_to<host_allocator>;
+                })
     return Stage::preferred_allocator();
   else
     return mlock_allocator();
@@ -13087,10 +13494,14 @@ class prefetch_state : public std::enable_shared_from_this<prefetch_state<Source
                 "or load(std::span<const std::size_t>, std::span<std::byte>)");
 
   prefetch_state(Source source, Load load, Stage stage, prefetch_options opt)
-      : source_(std::move(source)), load_(std::move(load)), stage_(std::move(stage)), opt_(checked(opt)),
+      : source_(std::move(source)),
+        load_(std::move(load)),
+        stage_(std::move(stage)),
+        opt_(checked(opt)),
         devices_(stage_.devices()),
         pool_(opt_.pool_bytes, preferred_allocator<Stage>(opt_.allocator)),
-        slots_(opt_.depth), t0_(steady_clock::now()) {
+        slots_(opt_.depth),
+        t0_(steady_clock::now()) {
     stage_.prepare(opt_.depth, opt_.max_device_samples * opt_.sample_bytes);
     for (auto& s : slots_) {
       s.plan.indices.reserve(opt_.max_batch_samples);
@@ -13124,7 +13535,8 @@ class prefetch_state : public std::enable_shared_from_this<prefetch_state<Source
   batch next(deadline until) {
     std::unique_lock lk(m_);
     const auto t0 = steady_clock::now();
-    const bool ok = cv_ready_.wait_until(lk, until.at(), [&] { return stopped_ || at_end_locked() || head_ready_locked(); });
+    const bool ok =
+        cv_ready_.wait_until(lk, until.at(), [&] { return stopped_ || at_end_locked() || head_ready_locked(); });
     stall_ns_.fetch_add(static_cast<std::uint64_t>((steady_clock::now() - t0).count()), std::memory_order_relaxed);
     if (!ok)
       EBBFLOW_THROW((system_error(make_error_code(error::timeout),
@@ -13207,7 +13619,10 @@ class prefetch_state : public std::enable_shared_from_this<prefetch_state<Source
     r.loader_bytes_per_s = wall > 0 ? static_cast<double>(r.bytes_loaded) / wall : 0.0;
     r.load_errors = errors_.load(std::memory_order_relaxed);
     r.pool = pool_.stats();
-    if constexpr (requires(const Stage& s) { { s.bytes() } -> std::convertible_to<std::size_t>; }) r.stage_bytes = stage_.bytes();
+    if constexpr (requires(const Stage& s) {
+                    { s.bytes() } -> std::convertible_to<std::size_t>;
+                  })
+      r.stage_bytes = stage_.bytes();
     return r;
   }
 
@@ -13243,11 +13658,16 @@ class prefetch_state : public std::enable_shared_from_this<prefetch_state<Source
     EBBFLOW_ENFORCE(o.max_batch_samples > 0, "prefetcher: max_batch_samples must be positive");
     EBBFLOW_ENFORCE(o.depth >= 1, "prefetcher: depth must be at least 1");
     EBBFLOW_ENFORCE(o.loaders >= 1, "prefetcher: need at least one loader thread");
-    if (o.max_device_samples == 0 || o.max_device_samples > o.max_batch_samples) o.max_device_samples = o.max_batch_samples;
+    if (o.max_device_samples == 0 || o.max_device_samples > o.max_batch_samples)
+      o.max_device_samples = o.max_batch_samples;
     const std::size_t batch_bytes = o.max_batch_samples * o.sample_bytes;
-    if (o.pool_bytes == 0) o.pool_bytes = o.depth * ((batch_bytes + pinned_pool::alignment - 1) / pinned_pool::alignment * pinned_pool::alignment);
-    EBBFLOW_ENFORCE(o.pool_bytes >= batch_bytes, "prefetcher: pool_bytes " << o.pool_bytes
-                                                   << " cannot hold one batch of max_batch_samples * sample_bytes = " << batch_bytes);
+    if (o.pool_bytes == 0)
+      o.pool_bytes =
+          o.depth * ((batch_bytes + pinned_pool::alignment - 1) / pinned_pool::alignment * pinned_pool::alignment);
+    EBBFLOW_ENFORCE(o.pool_bytes >= batch_bytes,
+                    "prefetcher: pool_bytes "
+                        << o.pool_bytes
+                        << " cannot hold one batch of max_batch_samples * sample_bytes = " << batch_bytes);
     return o;
   }
 
@@ -13343,8 +13763,10 @@ class prefetch_state : public std::enable_shared_from_this<prefetch_state<Source
       const std::stop_token tok = stop_.get_token();
       for (std::size_t i = t.begin; i < t.end && !tok.stop_requested(); ++i) {
         try {
-          if constexpr (kind == load_kind::sample_stop) load_(ind[i], dst.subspan(i * sb, sb), tok);
-          else load_(ind[i], dst.subspan(i * sb, sb));
+          if constexpr (kind == load_kind::sample_stop)
+            load_(ind[i], dst.subspan(i * sb, sb), tok);
+          else
+            load_(ind[i], dst.subspan(i * sb, sb));
           ++ok;
         } catch (...) {
           err = std::current_exception();
@@ -13419,12 +13841,14 @@ class prefetch_state : public std::enable_shared_from_this<prefetch_state<Source
                     "prefetch: the plan splits over " << p.split.size() << " devices, the stage has " << devices_);
     std::size_t sum = 0;
     for (std::size_t d = 0; d < devices_; ++d) {
-      EBBFLOW_ENFORCE(p.split[d] <= opt_.max_device_samples,
-                      "prefetch: device " << d << " gets " << p.split[d] << " samples > max_device_samples " << opt_.max_device_samples);
+      EBBFLOW_ENFORCE(p.split[d] <= opt_.max_device_samples, "prefetch: device " << d << " gets " << p.split[d]
+                                                                                 << " samples > max_device_samples "
+                                                                                 << opt_.max_device_samples);
       sum += p.split[d];
     }
     EBBFLOW_ENFORCE(sum == n, "prefetch: split sums to " << sum << " but the batch has " << n << " samples");
-    EBBFLOW_ENFORCE(n <= opt_.max_batch_samples, "prefetch: batch of " << n << " samples > max_batch_samples " << opt_.max_batch_samples);
+    EBBFLOW_ENFORCE(n <= opt_.max_batch_samples,
+                    "prefetch: batch of " << n << " samples > max_batch_samples " << opt_.max_batch_samples);
   }
 
   // Leases staging bytes for the last planned step, when the pool has room.
@@ -13621,9 +14045,9 @@ namespace elastic::detail {
 
 //! What to start.
 struct child_spec {
-  int id = 0;                                              //!< caller's name for it (the rank)
-  std::vector<std::string> argv;                           //!< program (searched in PATH) and arguments
-  std::vector<std::pair<std::string, std::string>> env;    //!< set on top of this process's environment
+  int id = 0;                                            //!< caller's name for it (the rank)
+  std::vector<std::string> argv;                         //!< program (searched in PATH) and arguments
+  std::vector<std::pair<std::string, std::string>> env;  //!< set on top of this process's environment
   bool capture_output = true;  //!< deliver stdout/stderr lines to the handler; else inherit ours
 };
 
@@ -13669,7 +14093,8 @@ class process_group {
   //! children too); it is killed if this thread exits. Blocks until exec.
   //! @throws std::system_error when fork/pipe fails or the program cannot be executed.
   pid_t spawn(const child_spec& spec) {
-    if (spec.argv.empty()) throw std::system_error(std::make_error_code(std::errc::invalid_argument), "spawn: empty argv");
+    if (spec.argv.empty())
+      throw std::system_error(std::make_error_code(std::errc::invalid_argument), "spawn: empty argv");
     // Everything the child needs is prepared before fork: after fork only
     // async-signal-safe calls are allowed.
     std::vector<std::string> envs;
@@ -13879,8 +14304,10 @@ class process_group {
         child_exit e;
         e.id = c.id;
         e.pid = it->first;
-        if (WIFSIGNALED(st)) e.signal = WTERMSIG(st);
-        else e.code = WEXITSTATUS(st);
+        if (WIFSIGNALED(st))
+          e.signal = WTERMSIG(st);
+        else
+          e.code = WEXITSTATUS(st);
         exits.push_back(e);
         if (c.pidfd >= 0) {
           ::close(c.pidfd);

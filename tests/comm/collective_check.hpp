@@ -32,8 +32,10 @@ inline double input_value(ef::reduce_op op, ef::dtype t, int r, std::size_t i) {
 
 template <class T>
 T to_elem(double v) {
-  if constexpr (std::is_same_v<T, ef::half> || std::is_same_v<T, ef::bfloat16>) return T(static_cast<float>(v));
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, ef::half> || std::is_same_v<T, ef::bfloat16>)
+    return T(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
 }
 template <class T>
 bool same_bits(T a, T b) {
@@ -48,16 +50,28 @@ T expected(ef::reduce_op op, int n, std::size_t i) {
   for (int r = 1; r < n; ++r) {
     const double v = input_value(op, t, r, i);
     switch (op) {
-      case ef::reduce_op::sum: case ef::reduce_op::avg: acc += v; break;
-      case ef::reduce_op::prod: acc *= v; break;
-      case ef::reduce_op::min: acc = v < acc ? v : acc; break;
-      case ef::reduce_op::max: acc = v > acc ? v : acc; break;
+      case ef::reduce_op::sum:
+      case ef::reduce_op::avg:
+        acc += v;
+        break;
+      case ef::reduce_op::prod:
+        acc *= v;
+        break;
+      case ef::reduce_op::min:
+        acc = v < acc ? v : acc;
+        break;
+      case ef::reduce_op::max:
+        acc = v > acc ? v : acc;
+        break;
     }
   }
   if (op != ef::reduce_op::avg) return to_elem<T>(acc);
-  if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<T>(acc) / static_cast<T>(n));
-  else if constexpr (std::is_same_v<T, double>) return acc / n;
-  else return to_elem<T>(static_cast<float>(acc) / static_cast<float>(n));
+  if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(static_cast<T>(acc) / static_cast<T>(n));
+  else if constexpr (std::is_same_v<T, double>)
+    return acc / n;
+  else
+    return to_elem<T>(static_cast<float>(acc) / static_cast<float>(n));
 }
 
 //! Fills `count` elements of type `t` at `p` with rank r's input.

@@ -20,7 +20,9 @@ using comm_t = ef::comm::basic_communicator<ef::comm::loopback_transport>;
 static_assert(ef::comm::communicator<comm_t>);
 
 namespace {
-std::vector<std::byte> buffer(ef::dtype t, std::size_t count) { return std::vector<std::byte>(count * ef::size_of(t) + 1); }
+std::vector<std::byte> buffer(ef::dtype t, std::size_t count) {
+  return std::vector<std::byte>(count * ef::size_of(t) + 1);
+}
 ef::buffer_view view_of(std::vector<std::byte>& v, ef::dtype t, std::size_t count) { return {v.data(), count, t}; }
 
 struct case_t {
@@ -93,7 +95,9 @@ TEST_P(Others, BroadcastAllgatherReduceScatterBarrier) {
         et::fill(ty, ef::reduce_op::sum, r, in.data(), count);
         c.allgather(view_of(in, ty, count), view_of(out, ty, count * static_cast<std::size_t>(n)), d());
         for (int q = 0; q < n; ++q)
-          ASSERT_EQ(et::wrong_input(ty, ef::reduce_op::sum, q, out.data() + static_cast<std::size_t>(q) * count * ef::size_of(ty), count), 0u)
+          ASSERT_EQ(et::wrong_input(ty, ef::reduce_op::sum, q,
+                                    out.data() + static_cast<std::size_t>(q) * count * ef::size_of(ty), count),
+                    0u)
               << "allgather block " << q;
         // In-place allgather: my block already sits in the output.
         auto ip = buffer(ty, count * static_cast<std::size_t>(n));
@@ -133,7 +137,8 @@ TEST(Communicator, RandomFloatsWithinTolerance) {
     c.allreduce(ef::view(std::span(v)), ef::reduce_op::sum, ef::deadline::after(10s));
     for (std::size_t i = 0; i < count; ++i) {
       double ref = 0, mag = 0;
-      for (int r = 0; r < n; ++r) ref += data[static_cast<std::size_t>(r)][i], mag += std::fabs(data[static_cast<std::size_t>(r)][i]);
+      for (int r = 0; r < n; ++r)
+        ref += data[static_cast<std::size_t>(r)][i], mag += std::fabs(data[static_cast<std::size_t>(r)][i]);
       ASSERT_LE(std::fabs(v[i] - ref), n * 1.2e-7 * mag) << i;
     }
   });
@@ -207,8 +212,10 @@ TEST(Communicator, DeadPeerYieldsPeerLostNamingPeer) {
       } catch (const ef::system_error& e) {
         // Rank 0 receives from the dead rank 2; rank 1 waits on rank 0, which
         // gave up: loopback propagates nothing, so rank 1 sees its deadline.
-        if (r == 0) EXPECT_EQ(e.code(), ef::errc::peer_lost) << e.what();
-        else EXPECT_EQ(e.code(), ef::errc::timeout) << e.what();
+        if (r == 0)
+          EXPECT_EQ(e.code(), ef::errc::peer_lost) << e.what();
+        else
+          EXPECT_EQ(e.code(), ef::errc::timeout) << e.what();
         what[static_cast<std::size_t>(r)] = e.what();
         peer[static_cast<std::size_t>(r)] = e.peer();
       }

@@ -115,14 +115,16 @@ int run_matrix(const std::vector<std::size_t>& sizes, bool all_ops,
       if (r == root) et::fill(ty, ef::reduce_op::sum, root, b.data(), count);
       c.broadcast({b.data(), count, ty}, root, d());
       if (auto k = et::wrong_input(ty, ef::reduce_op::sum, root, b.data(), count))
-        bad += fail("broadcast " + std::string(ef::name(ty)) + " count " + std::to_string(count) + ": " + std::to_string(k));
+        bad += fail("broadcast " + std::string(ef::name(ty)) + " count " + std::to_string(count) + ": " +
+                    std::to_string(k));
       if (!all_ops) continue;
       const std::size_t m = count / static_cast<std::size_t>(n);
       auto gin = buf(ty, m), gout = buf(ty, m * static_cast<std::size_t>(n));
       et::fill(ty, ef::reduce_op::sum, r, gin.data(), m);
       c.allgather({gin.data(), m, ty}, {gout.data(), m * static_cast<std::size_t>(n), ty}, d());
       for (int q = 0; q < n; ++q)
-        if (auto k = et::wrong_input(ty, ef::reduce_op::sum, q, gout.data() + static_cast<std::size_t>(q) * m * ef::size_of(ty), m))
+        if (auto k = et::wrong_input(ty, ef::reduce_op::sum, q,
+                                     gout.data() + static_cast<std::size_t>(q) * m * ef::size_of(ty), m))
           bad += fail("allgather block " + std::to_string(q) + ": " + std::to_string(k));
     }
   // point-to-point ring and a barrier to finish together
@@ -144,7 +146,7 @@ int run_kill(std::chrono::milliseconds timeout) {
   o.timeout = timeout;
   comm_t c(t, o);
   const int n = t.size(), r = t.rank(), victim = n - 1;
-  std::vector<float> v(std::size_t{8} << 20, 1.0f);  // 32 MiB
+  std::vector<float> v(std::size_t{8} << 20, 1.0f);         // 32 MiB
   c.allreduce(ef::view(std::span(v)), ef::reduce_op::sum);  // everyone is up and connected
   if (r == victim) {
     auto req = c.iallreduce(ef::view(std::span(v)), ef::view(std::span(v)), ef::reduce_op::sum);
@@ -231,8 +233,11 @@ int worker_main(char** argv) {
     if (scenario == "matrix") return run_matrix({0, 1, 7, 4099, (std::size_t{1} << 20) + 3}, true);
     if (scenario == "large") return run_matrix({std::size_t{16} << 20}, false);
     // The other allreduce algorithms (automatic picks single_copy above 16 KiB on one host).
-    if (scenario == "ring") return run_matrix({1, 7, 4099, (std::size_t{1} << 20) + 3}, false, ef::comm::allreduce_algorithm::ring);
-    if (scenario == "rd") return run_matrix({1, 7, 4099, (std::size_t{1} << 18) + 3}, false, ef::comm::allreduce_algorithm::recursive_doubling);
+    if (scenario == "ring")
+      return run_matrix({1, 7, 4099, (std::size_t{1} << 20) + 3}, false, ef::comm::allreduce_algorithm::ring);
+    if (scenario == "rd")
+      return run_matrix({1, 7, 4099, (std::size_t{1} << 18) + 3}, false,
+                        ef::comm::allreduce_algorithm::recursive_doubling);
     if (scenario == "kill") return run_kill(std::chrono::milliseconds(std::stoi(argv[3])));
     if (scenario == "generation") return run_generation();
     if (scenario == "mismatch") return run_mismatch();

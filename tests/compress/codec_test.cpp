@@ -86,7 +86,8 @@ TYPED_TEST(CastRoundTrip, RelativeErrorWithinUnitRoundoff) {
   for (std::size_t n : {0u, 1u, 255u, 256u, 257u, 10007u}) {
     auto v = normal_vec(n, 7);
     auto d = decode(c, encode(c, v, nullptr), n);
-    for (std::size_t i = 0; i < n; ++i) ASSERT_LE(std::fabs(d[i] - v[i]), TypeParam::unit_roundoff * std::fabs(v[i])) << i;
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_LE(std::fabs(d[i] - v[i]), TypeParam::unit_roundoff * std::fabs(v[i])) << i;
   }
 }
 
@@ -170,8 +171,8 @@ double ef_gap(const C& c, std::size_t n, std::size_t steps, double* identity_err
 
 template <class C>
 class ErrorFeedback : public ::testing::Test {};
-using AllFlat = ::testing::Types<cx::fp16_codec, cx::bf16_codec, cx::int8_codec, cx::int4_codec, cx::sign_codec,
-                                 cx::topk_codec>;
+using AllFlat =
+    ::testing::Types<cx::fp16_codec, cx::bf16_codec, cx::int8_codec, cx::int4_codec, cx::sign_codec, cx::topk_codec>;
 TYPED_TEST_SUITE(ErrorFeedback, AllFlat);
 
 TYPED_TEST(ErrorFeedback, DecodedSumTracksGradientSum) {

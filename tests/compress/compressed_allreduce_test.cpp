@@ -42,8 +42,10 @@ std::vector<std::vector<std::vector<float>>> run_group(int p, Codec c, std::size
     cx::compressed_allreduce<Codec, ef::comm::loopback_transport> ar(t, c, {}, o);
     for (std::size_t k = 0; k < calls; ++k) {
       std::vector<float> g = make(t.rank(), k);
-      if (shape.size()) ar.run(g, 7, shape);
-      else ar.run(g, 7);
+      if (shape.size())
+        ar.run(g, 7, shape);
+      else
+        ar.run(g, 7);
       out[static_cast<std::size_t>(t.rank())].push_back(std::move(g));
     }
   });
@@ -72,7 +74,9 @@ class AllreduceTest : public ::testing::TestWithParam<Shape> {};
 INSTANTIATE_TEST_SUITE_P(RanksAndSizes, AllreduceTest,
                          ::testing::Values(Shape{2, 1}, Shape{2, 300}, Shape{3, 10007}, Shape{4, 257}, Shape{4, 65537},
                                            Shape{5, 4099}, Shape{5, 3}),
-                         [](const auto& i) { return "p" + std::to_string(i.param.ranks) + "_n" + std::to_string(i.param.n); });
+                         [](const auto& i) {
+                           return "p" + std::to_string(i.param.ranks) + "_n" + std::to_string(i.param.n);
+                         });
 
 template <class Codec>
 void check_cast(int p, std::size_t n) {
@@ -139,7 +143,9 @@ TEST_P(AllreduceTest, TopKIsExactOnSparseEnoughGradients) {
 template <class Codec>
 void check_tracking(int p, std::size_t n, Codec c, double bound) {
   const std::size_t calls = 60;
-  auto make = [n](int r, std::size_t k) { return normal_vec(n, 1000 * static_cast<unsigned>(k) + static_cast<unsigned>(r), 0.2f); };
+  auto make = [n](int r, std::size_t k) {
+    return normal_vec(n, 1000 * static_cast<unsigned>(k) + static_cast<unsigned>(r), 0.2f);
+  };
   auto out = run_group(p, c, calls, make);
   expect_same_on_all_ranks(out);
   std::vector<double> acc(n, 0.0), ex(n, 0.0);

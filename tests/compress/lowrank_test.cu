@@ -9,8 +9,8 @@ using namespace gpu_compare;
 
 TEST(LowRankKernelsGpu, PowerSgdStepBitIdenticalToCpu) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  for (cx::matrix_shape s : {cx::matrix_shape{1, 1}, cx::matrix_shape{37, 5}, cx::matrix_shape{300, 257},
-                             cx::matrix_shape{1031, 64}}) {
+  for (cx::matrix_shape s :
+       {cx::matrix_shape{1, 1}, cx::matrix_shape{37, 5}, cx::matrix_shape{300, 257}, cx::matrix_shape{1031, 64}}) {
     for (std::size_t rank : {1u, 4u, 8u}) {
       cx::powersgd_codec c(rank);
       const std::size_t r = c.rank_for(s);

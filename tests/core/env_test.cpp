@@ -19,10 +19,10 @@ struct scoped_env {
   }
 };
 void clear_launch_env() {
-  for (const char* n : {"EBBFLOW_RANK", "EBBFLOW_WORLD_SIZE", "EBBFLOW_LOCAL_RANK", "EBBFLOW_STORE", "EBBFLOW_TOKEN",
-                        "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
-                        "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
-                        "SLURM_LOCALID"})
+  for (const char* n :
+       {"EBBFLOW_RANK", "EBBFLOW_WORLD_SIZE", "EBBFLOW_LOCAL_RANK", "EBBFLOW_STORE", "EBBFLOW_TOKEN", "RANK",
+        "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"})
     ::unsetenv(n);
 }
 }  // namespace
@@ -37,8 +37,7 @@ TEST(Env, ValidatesAndNamesTheVariable) {
     ef::env::get_int("EBBFLOW_TEST_X", 42, 0, 100);
     FAIL();
   } catch (const std::invalid_argument& ex) {
-    EXPECT_NE(std::string(ex.what()).find("EBBFLOW_TEST_X='17abc': expected an integer in [0, 100]"),
-              std::string::npos)
+    EXPECT_NE(std::string(ex.what()).find("EBBFLOW_TEST_X='17abc': expected an integer in [0, 100]"), std::string::npos)
         << ex.what();
   }
   e.set("EBBFLOW_TEST_X", "1000");

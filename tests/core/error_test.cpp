@@ -11,13 +11,13 @@
 namespace ef = ebbflow;
 
 TEST(Error, VendorCodesMapToPortableConditions) {
-  EXPECT_EQ(std::error_code(-25, ef::ucs_category()), ef::errc::peer_lost);      // connection reset
-  EXPECT_EQ(std::error_code(-80, ef::ucs_category()), ef::errc::peer_lost);      // endpoint timeout
-  EXPECT_EQ(std::error_code(-3, ef::ucs_category()), ef::errc::peer_lost);       // i/o error
+  EXPECT_EQ(std::error_code(-25, ef::ucs_category()), ef::errc::peer_lost);  // connection reset
+  EXPECT_EQ(std::error_code(-80, ef::ucs_category()), ef::errc::peer_lost);  // endpoint timeout
+  EXPECT_EQ(std::error_code(-3, ef::ucs_category()), ef::errc::peer_lost);   // i/o error
   EXPECT_EQ(std::error_code(-20, ef::ucs_category()), ef::errc::timeout);
   EXPECT_EQ(std::error_code(-16, ef::ucs_category()), ef::errc::cancelled);
-  EXPECT_NE(std::error_code(-5, ef::ucs_category()), ef::errc::peer_lost);       // invalid param
-  EXPECT_EQ(std::error_code(6, ef::nccl_category()), ef::errc::peer_lost);       // ncclRemoteError
+  EXPECT_NE(std::error_code(-5, ef::ucs_category()), ef::errc::peer_lost);  // invalid param
+  EXPECT_EQ(std::error_code(6, ef::nccl_category()), ef::errc::peer_lost);  // ncclRemoteError
   EXPECT_EQ(ef::make_error_code(ef::error::timeout), ef::errc::timeout);
   EXPECT_NE(ef::make_error_code(ef::error::timeout), ef::errc::peer_lost);
   EXPECT_EQ(std::error_code(ef::error::unauthorized), ef::errc::unauthorized);
@@ -26,8 +26,8 @@ TEST(Error, VendorCodesMapToPortableConditions) {
 }
 
 TEST(Error, SystemErrorNamesWhereItHappened) {
-  ef::system_error e(ef::error::peer_lost, {.rank = 2, .generation = 3, .peer = 1, .operation = "allreduce",
-                                            .detail = "4096 bytes"});
+  ef::system_error e(ef::error::peer_lost,
+                     {.rank = 2, .generation = 3, .peer = 1, .operation = "allreduce", .detail = "4096 bytes"});
   EXPECT_STREQ(e.what(), "allreduce: peer lost (4096 bytes) [rank 2, generation 3, peer 1]");
   EXPECT_EQ(e.code(), ef::errc::peer_lost);
   EXPECT_EQ(e.rank(), 2);

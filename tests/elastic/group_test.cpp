@@ -28,7 +28,8 @@ struct store_ref {
   void set(const std::string& k, std::string_view v, ef::deadline d) { s->set(k, v, d); }
   std::optional<std::string> try_get(const std::string& k, ef::deadline d) { return s->try_get(k, d); }
   std::int64_t add(const std::string& k, std::int64_t x, ef::deadline d) { return s->add(k, x, d); }
-  el::memory_store::cas_result compare_set(const std::string& k, std::string_view e, std::string_view v, ef::deadline d) {
+  el::memory_store::cas_result compare_set(const std::string& k, std::string_view e, std::string_view v,
+                                           ef::deadline d) {
     return s->compare_set(k, e, v, d);
   }
   void wait(const std::vector<std::string>& k, ef::deadline d) { s->wait(k, d); }

@@ -25,9 +25,8 @@ struct run_result {
 run_result run(std::vector<std::string> argv, std::vector<std::pair<std::string, std::string>> env = {},
                std::chrono::milliseconds limit = 20s, std::function<void(pid_t)> meanwhile = {}) {
   run_result r;
-  el::detail::process_group g([&](int, int stream, std::string_view line) {
-    (stream == 1 ? r.out : r.err).append(line).push_back('\n');
-  });
+  el::detail::process_group g(
+      [&](int, int stream, std::string_view line) { (stream == 1 ? r.out : r.err).append(line).push_back('\n'); });
   el::detail::child_spec s;
   s.argv = std::move(argv);
   s.env = std::move(env);
@@ -66,7 +65,8 @@ TEST(Launcher, AKilledRankFailsTheJobAndIsNamed) {
 }
 
 TEST(Launcher, ANonZeroExitIsNamedAndReturned) {
-  auto r = run({EBBFLOW_RUN, "-n", "3", "--", "sh", "-c", "echo hello from $EBBFLOW_RANK; [ $EBBFLOW_RANK != 1 ] || exit 3"});
+  auto r = run(
+      {EBBFLOW_RUN, "-n", "3", "--", "sh", "-c", "echo hello from $EBBFLOW_RANK; [ $EBBFLOW_RANK != 1 ] || exit 3"});
   EXPECT_EQ(r.exit.code, 3) << r.err;
   EXPECT_NE(r.err.find("failed: exited with status 3"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("job failed: rank 1 exited with status 3"), std::string::npos) << r.err;

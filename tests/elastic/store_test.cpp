@@ -52,7 +52,9 @@ struct workers {
     s.id = id;
     s.argv = {EBBFLOW_STORE_WORKER};
     s.argv.insert(s.argv.end(), args.begin(), args.end());
-    s.env = {{"EBBFLOW_STORE", srv.address()}, {"EBBFLOW_TOKEN", tok}, {"EBBFLOW_RANK", std::to_string(id)},
+    s.env = {{"EBBFLOW_STORE", srv.address()},
+             {"EBBFLOW_TOKEN", tok},
+             {"EBBFLOW_RANK", std::to_string(id)},
              {"EBBFLOW_WORLD_SIZE", "1000"}};
     return group.spawn(s);
   }
@@ -235,18 +237,26 @@ TEST(Store, BadInputsGetClearErrorsWhileOthersAreServed) {
   };
   const std::string half = le32(100) + std::string(10, 'x');
   const std::vector<row> rows = {
-      {"truncated header", true, "\x05\x00"s, true, ef::errc::bad_message, "truncated frame: connection closed after 2 of 4 header bytes"},
-      {"length over the limit", true, le32((1u << 20) + 1) + "\x02", false, ef::errc::bad_message, "exceeds the limit of 1048576 bytes"},
+      {"truncated header", true, "\x05\x00"s, true, ef::errc::bad_message,
+       "truncated frame: connection closed after 2 of 4 header bytes"},
+      {"length over the limit", true, le32((1u << 20) + 1) + "\x02", false, ef::errc::bad_message,
+       "exceeds the limit of 1048576 bytes"},
       {"zero length", true, le32(0), false, ef::errc::bad_message, "empty frame"},
       {"unknown opcode", true, le32(1) + "\x7f", false, ef::errc::bad_message, "unknown opcode 0x7f"},
-      {"garbage bytes (HTTP)", true, "GET / HTTP/1.1\r\nHost: store\r\n\r\n", false, ef::errc::bad_message, "exceeds the limit"},
-      {"garbage fields", true, le32(9) + "\x02\xff\xff\xff\xff" + "abcd", false, ef::errc::bad_message, "set: key length 4294967295 exceeds the 4 bytes left"},
+      {"garbage bytes (HTTP)", true, "GET / HTTP/1.1\r\nHost: store\r\n\r\n", false, ef::errc::bad_message,
+       "exceeds the limit"},
+      {"garbage fields", true, le32(9) + "\x02\xff\xff\xff\xff" + "abcd", false, ef::errc::bad_message,
+       "set: key length 4294967295 exceeds the 4 bytes left"},
       {"trailing bytes", true, le32(2) + "\x0b" + "!", false, ef::errc::bad_message, "ping: 1 trailing bytes"},
       {"server opcode from a client", true, le32(1) + "\x80", false, ef::errc::bad_message, "unexpected opcode ok"},
-      {"half a message then silence", true, half, false, ef::errc::timeout, "read deadline: frame incomplete after 300 ms (14 bytes received of 104)"},
-      {"garbage before authentication", false, "\x10\x00\x00\x00hello, store?!!!"s, false, ef::errc::bad_message, "handshake: unknown opcode 0x68"},
-      {"request before authentication", false, le32(11) + "\x02" + le32(1) + "k" + le32(1) + "v", false, ef::errc::unauthorized, "expected auth, got set"},
-      {"huge frame before authentication", false, le32(5000) + "x", false, ef::errc::bad_message, "before authentication"},
+      {"half a message then silence", true, half, false, ef::errc::timeout,
+       "read deadline: frame incomplete after 300 ms (14 bytes received of 104)"},
+      {"garbage before authentication", false, "\x10\x00\x00\x00hello, store?!!!"s, false, ef::errc::bad_message,
+       "handshake: unknown opcode 0x68"},
+      {"request before authentication", false, le32(11) + "\x02" + le32(1) + "k" + le32(1) + "v", false,
+       ef::errc::unauthorized, "expected auth, got set"},
+      {"huge frame before authentication", false, le32(5000) + "x", false, ef::errc::bad_message,
+       "before authentication"},
   };
   std::vector<std::unique_ptr<ebbflow_test::raw_conn>> conns;
   for (const auto& r : rows) {

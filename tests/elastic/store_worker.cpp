@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
     if (mode == "half-frame") {
       ebbflow_test::raw_conn c(li.store_port);
       if (!c.authenticate(li.token)) return 3;
-      std::string f = ebbflow_test::proto::frame_builder(ebbflow_test::proto::op::set).str("k").str(std::string(100, 'x')).finish();
+      std::string f =
+          ebbflow_test::proto::frame_builder(ebbflow_test::proto::op::set).str("k").str(std::string(100, 'x')).finish();
       c.send(std::string_view(f).substr(0, f.size() / 2));
       std::cout << "ready" << std::endl;
       std::this_thread::sleep_for(60s);

@@ -43,7 +43,8 @@ TEST(CudaExecutor, BulkVisitsEveryIndexOnce) {
 TEST(CudaExecutor, HalfConversionIsBitIdenticalToTheCpu) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   std::vector<float> in;
-  for (std::uint32_t b = 0; b < 0x10000u; b += 1) in.push_back(ef::half::to_float(static_cast<std::uint16_t>(b)) * 1.0001f);
+  for (std::uint32_t b = 0; b < 0x10000u; b += 1)
+    in.push_back(ef::half::to_float(static_cast<std::uint16_t>(b)) * 1.0001f);
   float* d_in = nullptr;
   std::uint16_t* d_out = nullptr;
   ASSERT_EQ(cudaMalloc(&d_in, in.size() * 4), cudaSuccess);

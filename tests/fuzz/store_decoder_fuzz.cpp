@@ -28,11 +28,21 @@ std::string reencode(const proto::message& m) {
   using proto::op;
   proto::frame_builder b(m.code);
   switch (m.code) {
-    case op::auth: b.u8(m.flag).raw(m.nonce).raw(m.mac); break;
-    case op::set: b.str(m.key).str(m.value); break;
-    case op::get: b.str(m.key).u32(m.timeout_ms).u8(m.flag); break;
-    case op::add: b.str(m.key).i64(m.integer); break;
-    case op::compare_set: b.str(m.key).str(m.expected).str(m.value); break;
+    case op::auth:
+      b.u8(m.flag).raw(m.nonce).raw(m.mac);
+      break;
+    case op::set:
+      b.str(m.key).str(m.value);
+      break;
+    case op::get:
+      b.str(m.key).u32(m.timeout_ms).u8(m.flag);
+      break;
+    case op::add:
+      b.str(m.key).i64(m.integer);
+      break;
+    case op::compare_set:
+      b.str(m.key).str(m.expected).str(m.value);
+      break;
     case op::wait:
       b.u32(m.timeout_ms).u32(static_cast<std::uint32_t>(m.keys.size()));
       for (auto k : m.keys) b.str(k);
@@ -41,20 +51,41 @@ std::string reencode(const proto::message& m) {
       b.u32(static_cast<std::uint32_t>(m.keys.size()));
       for (auto k : m.keys) b.str(k);
       break;
-    case op::erase: b.str(m.key); break;
-    case op::watch: b.str(m.key).u8(m.flag); break;
-    case op::challenge: b.u8(m.flag).raw(m.nonce); break;
-    case op::welcome: b.raw(m.mac); break;
-    case op::value: b.str(m.value); break;
-    case op::integer: b.i64(m.integer); break;
-    case op::cas_result: b.u8(m.flag).str(m.value); break;
-    case op::boolean: b.u8(m.flag); break;
-    case op::event: b.u8(m.flag).str(m.key).str(m.value); break;
-    case op::error: b.u8(m.flag).str(m.value); break;
+    case op::erase:
+      b.str(m.key);
+      break;
+    case op::watch:
+      b.str(m.key).u8(m.flag);
+      break;
+    case op::challenge:
+      b.u8(m.flag).raw(m.nonce);
+      break;
+    case op::welcome:
+      b.raw(m.mac);
+      break;
+    case op::value:
+      b.str(m.value);
+      break;
+    case op::integer:
+      b.i64(m.integer);
+      break;
+    case op::cas_result:
+      b.u8(m.flag).str(m.value);
+      break;
+    case op::boolean:
+      b.u8(m.flag);
+      break;
+    case op::event:
+      b.u8(m.flag).str(m.key).str(m.value);
+      break;
+    case op::error:
+      b.u8(m.flag).str(m.value);
+      break;
     case op::num_keys:
     case op::ping:
     case op::ok:
-    case op::missing: break;
+    case op::missing:
+      break;
   }
   return b.finish();
 }

@@ -38,16 +38,21 @@ double exhaustive_optimum(const std::vector<pl::worker_spec>& w, std::size_t B) 
 // Reference for the canonical split: lo_i plus the K smallest increments in
 // (value, rank) order, by sorting every increment.
 std::vector<std::size_t> reference_split(const std::vector<pl::worker_spec>& w, std::size_t B) {
-  struct inc { double v; std::size_t r; };
+  struct inc {
+    double v;
+    std::size_t r;
+  };
   std::vector<inc> all;
   std::size_t K = B;
   std::vector<std::size_t> b(w.size());
   for (std::size_t i = 0; i < w.size(); ++i) {
     b[i] = w[i].min_batch;
     K -= w[i].min_batch;
-    for (std::size_t x = w[i].min_batch + 1; x <= std::min(w[i].max_batch, B); ++x) all.push_back({w[i].step_time(x), i});
+    for (std::size_t x = w[i].min_batch + 1; x <= std::min(w[i].max_batch, B); ++x)
+      all.push_back({w[i].step_time(x), i});
   }
-  std::stable_sort(all.begin(), all.end(), [](const inc& x, const inc& y) { return x.v < y.v || (x.v == y.v && x.r < y.r); });
+  std::stable_sort(all.begin(), all.end(),
+                   [](const inc& x, const inc& y) { return x.v < y.v || (x.v == y.v && x.r < y.r); });
   for (std::size_t k = 0; k < K; ++k) ++b[all[k].r];
   return b;
 }
@@ -73,12 +78,18 @@ enum class family { random, caps, fixed_dominant, per_sample_dominant, one_slow,
 
 std::string name(family f) {
   switch (f) {
-    case family::random: return "random";
-    case family::caps: return "caps";
-    case family::fixed_dominant: return "fixed_dominant";
-    case family::per_sample_dominant: return "per_sample_dominant";
-    case family::one_slow: return "one_100x_slower";
-    case family::minimums: return "minimums";
+    case family::random:
+      return "random";
+    case family::caps:
+      return "caps";
+    case family::fixed_dominant:
+      return "fixed_dominant";
+    case family::per_sample_dominant:
+      return "per_sample_dominant";
+    case family::one_slow:
+      return "one_100x_slower";
+    case family::minimums:
+      return "minimums";
   }
   return "?";
 }
@@ -100,7 +111,8 @@ std::pair<std::vector<pl::worker_spec>, std::size_t> instance(family f, std::mt1
     if (u(rng) < 0.3) w[i].a = 0;
   }
   switch (f) {
-    case family::random: break;
+    case family::random:
+      break;
     case family::caps:
       for (auto& x : w) x.max_batch = 1 + static_cast<std::size_t>(u(rng) * B_max / 2);
       break;
@@ -164,8 +176,12 @@ TEST(BatchPlanner, LargeInstancesAreCanonicalAndCertified) {
       std::vector<pl::worker_spec> w(n);
       const double ratios[] = {1.0, 2.2, 4.0};
       for (std::size_t i = 0; i < n; ++i) {
-        w[i] = {i * 3 + 1, 0.002 * u(rng), 0.004 / ratios[i % 3] * (0.9 + 0.2 * u(rng)),
-                static_cast<std::size_t>(64 + 512 * u(rng)), 0, trial == 3 ? 0.001 * u(rng) : 0.0};
+        w[i] = {i * 3 + 1,
+                0.002 * u(rng),
+                0.004 / ratios[i % 3] * (0.9 + 0.2 * u(rng)),
+                static_cast<std::size_t>(64 + 512 * u(rng)),
+                0,
+                trial == 3 ? 0.001 * u(rng) : 0.0};
       }
       const std::size_t B = static_cast<std::size_t>(n * (100 + 100 * u(rng)));
       pl::batch_plan p = pl::solve(w, B);
@@ -213,8 +229,8 @@ TEST(BatchPlanner, CommunicationHookShiftsLoad) {
 // The loss-scaling contract: mean loss per worker times w_i, summed, is the
 // global mean.
 TEST(BatchPlanner, WeightedMeansSumToTheGlobalMean) {
-  std::vector<pl::worker_spec> w = {{1, 0.01, 0.001, 500}, {2, 0.0, 0.0025, 500}, {3, 0.2, 0.01, 500},
-                                    {4, 0.001, 0.0004, 500}};
+  std::vector<pl::worker_spec> w = {
+      {1, 0.01, 0.001, 500}, {2, 0.0, 0.0025, 500}, {3, 0.2, 0.01, 500}, {4, 0.001, 0.0004, 500}};
   const std::size_t B = 777;
   pl::batch_plan p = pl::solve(w, B);
   std::mt19937_64 rng(3);

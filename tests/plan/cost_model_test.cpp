@@ -43,9 +43,9 @@ TEST_P(CostModelRecovery, RecoversKnownCoefficients) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CostModelRecovery,
-                         ::testing::Values(truth{0.010, 0.0010},    // a ~ 7 % of a step
-                                           truth{0.100, 0.0002},    // a dominates
-                                           truth{0.000, 0.0040},    // no fixed cost
+                         ::testing::Values(truth{0.010, 0.0010},  // a ~ 7 % of a step
+                                           truth{0.100, 0.0002},  // a dominates
+                                           truth{0.000, 0.0040},  // no fixed cost
                                            truth{0.050, 0.0005}));
 
 // A 1.6x slowdown at a constant batch (a neighbour job): within
@@ -78,8 +78,11 @@ TEST(CostModel, FollowsGradualDrift) {
   pl::cost_model m;
   double worst = 0;
   for (int s = 0; s < 600; ++s) {
-    const double f = s < 100 ? 1.0 : s < 200 ? 1.0 + 0.3 * (s - 100) / 100.0 : s < 300 ? 1.3
-                   : s < 400 ? 1.3 - 0.3 * (s - 300) / 100.0 : 1.0;
+    const double f = s < 100   ? 1.0
+                     : s < 200 ? 1.0 + 0.3 * (s - 100) / 100.0
+                     : s < 300 ? 1.3
+                     : s < 400 ? 1.3 - 0.3 * (s - 300) / 100.0
+                               : 1.0;
     const std::size_t b = 100 + (s % 7) * 10;
     m.observe(b, f * t.at(b) * (1 + noise(rng)));
     if (s > 20) worst = std::max(worst, std::abs(m.predict(b) / (f * t.at(b)) - 1));
@@ -100,8 +103,14 @@ TEST(CostModel, IgnoresIsolatedOutliers) {
   for (int s = 0; s < 500; ++s) {
     const std::size_t b = bd(rng);
     double sec = t.at(b) * (1 + noise(rng));
-    if (s > 10 && s % 17 == 0) { sec *= 5; ++injected; }
-    if (s > 10 && s % 29 == 0) { sec += 0.5; ++injected; }
+    if (s > 10 && s % 17 == 0) {
+      sec *= 5;
+      ++injected;
+    }
+    if (s > 10 && s % 29 == 0) {
+      sec += 0.5;
+      ++injected;
+    }
     m.observe(b, sec);
     if (s > 30) worst = std::max(worst, std::abs(m.predict(128) / t.at(128) - 1));
   }

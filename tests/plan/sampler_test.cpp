@@ -146,13 +146,11 @@ TEST_P(ExactlyOnce, AcrossReplansJoinsLeavesAndRollbacks) {
   RecordProperty("steps", static_cast<int>(steps));
 }
 
-INSTANTIATE_TEST_SUITE_P(Random, ExactlyOnce,
-                         ::testing::Values(scenario{1000, pl::last_batch::short_batch, 1},
-                                           scenario{997, pl::last_batch::short_batch, 2},
-                                           scenario{5003, pl::last_batch::short_batch, 3},
-                                           scenario{64, pl::last_batch::short_batch, 4},
-                                           scenario{1000, pl::last_batch::drop, 5},
-                                           scenario{4099, pl::last_batch::drop, 6}));
+INSTANTIATE_TEST_SUITE_P(
+    Random, ExactlyOnce,
+    ::testing::Values(scenario{1000, pl::last_batch::short_batch, 1}, scenario{997, pl::last_batch::short_batch, 2},
+                      scenario{5003, pl::last_batch::short_batch, 3}, scenario{64, pl::last_batch::short_batch, 4},
+                      scenario{1000, pl::last_batch::drop, 5}, scenario{4099, pl::last_batch::drop, 6}));
 
 TEST(EpochSampler, DropPolicySkipsOnlyTheTail) {
   pl::epoch_sampler s(10, 3, pl::last_batch::drop);

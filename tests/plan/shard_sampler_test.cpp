@@ -35,8 +35,15 @@ TEST(ShardSampler, ExactlyOnceAndOwnShardsOnly) {
   int rollbacks = 0, changes = 0;
   while (s.epoch() < 3) {
     const double e = u(rng);
-    if (e < 0.05) { members.push_back(next_id++); plan = make(); ++changes; }
-    else if (e < 0.10 && members.size() > 1) { members.erase(members.begin() + static_cast<long>(u(rng) * members.size())); plan = make(); ++changes; }
+    if (e < 0.05) {
+      members.push_back(next_id++);
+      plan = make();
+      ++changes;
+    } else if (e < 0.10 && members.size() > 1) {
+      members.erase(members.begin() + static_cast<long>(u(rng) * members.size()));
+      plan = make();
+      ++changes;
+    }
     const pl::batch_plan real = s.actual(plan);
     ASSERT_GT(real.global_batch, 0u);
     std::vector<std::vector<pl::shard_range>> parts;
@@ -46,7 +53,10 @@ TEST(ShardSampler, ExactlyOnceAndOwnShardsOnly) {
       for (const auto& x : parts.back()) got += x.last - x.first;
       ASSERT_EQ(got, real.batch[r]);
     }
-    if (u(rng) < 0.1) { ++rollbacks; continue; }
+    if (u(rng) < 0.1) {
+      ++rollbacks;
+      continue;
+    }
     const std::uint64_t epoch = s.epoch();
     auto& counts = seen[epoch];
     if (counts.empty()) counts.assign(n, 0);

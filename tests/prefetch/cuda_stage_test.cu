@@ -36,8 +36,9 @@ TEST(CudaStage, DeliversEveryStepToEachDeviceWithoutHostSync) {
   for (int d = 0; d < std::min(count, 2); ++d) ids.push_back(d);
   const std::size_t devices = ids.size();
   pf::prefetch_options o{.sample_bytes = sample_bytes, .max_batch_samples = 64, .depth = 3, .loaders = 2};
-  pf::prefetcher p(pf::sequence_source(64 * 200, [](std::uint64_t s) { return 8 + s % 57; }, devices), fill_load{},
-                   pf::cuda_stage(ids), o);
+  pf::prefetcher p(pf::sequence_source(
+                       64 * 200, [](std::uint64_t s) { return 8 + s % 57; }, devices),
+                   fill_load{}, pf::cuda_stage(ids), o);
   EXPECT_EQ(p.stats().pool.allocator, "cudaHostAlloc");
   EXPECT_TRUE(p.stats().pool.locked);
   std::vector<cudaStream_t> compute(devices);
@@ -53,8 +54,10 @@ TEST(CudaStage, DeliversEveryStepToEachDeviceWithoutHostSync) {
       b.event(d).wait(compute[d]);
       auto span = b.data(d);
       host.assign(span.size() / 4, 0);
-      ASSERT_EQ(cudaMemcpyAsync(host.data(), span.data(), span.size(), cudaMemcpyDeviceToHost, compute[d]), cudaSuccess);
-      if (!span.empty()) scribble<<<64, 256, 0, compute[d]>>>(reinterpret_cast<std::uint32_t*>(span.data()), span.size() / 4);
+      ASSERT_EQ(cudaMemcpyAsync(host.data(), span.data(), span.size(), cudaMemcpyDeviceToHost, compute[d]),
+                cudaSuccess);
+      if (!span.empty())
+        scribble<<<64, 256, 0, compute[d]>>>(reinterpret_cast<std::uint32_t*>(span.data()), span.size() / 4);
       ASSERT_EQ(cudaStreamSynchronize(compute[d]), cudaSuccess);
       const auto idx = b.indices(d);
       for (std::size_t i = 0; i < idx.size(); ++i)

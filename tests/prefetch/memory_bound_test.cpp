@@ -42,8 +42,8 @@ TEST(PrefetchMemory, StaysWithinTheBoundOver10000StepsOfChangingBatchSizes) {
   // A bound smaller than depth * max batch: large batches must wait for space.
   constexpr std::size_t bound = 2 * max_batch * sample;
   auto bs = [](std::uint64_t s) -> std::size_t { return 1 + (s * 37 + (s / 100) * 11) % max_batch; };
-  pf::prefetch_options o{.sample_bytes = sample, .max_batch_samples = max_batch, .depth = 4, .pool_bytes = bound,
-                         .loaders = 2};
+  pf::prefetch_options o{
+      .sample_bytes = sample, .max_batch_samples = max_batch, .depth = 4, .pool_bytes = bound, .loaders = 2};
   auto load = [](std::size_t i, std::span<std::byte> d) {
     std::memset(d.data(), static_cast<int>(i & 0xff), d.size());
   };
@@ -72,8 +72,9 @@ TEST(PrefetchMemory, StaysWithinTheBoundOver10000StepsOfChangingBatchSizes) {
   std::printf("pool: capacity %zu B, peak in use %zu B (%.1f %%), regions allocated %zu, locked %d%s%s\n",
               st.pool.capacity, st.pool.peak, 100.0 * static_cast<double>(st.pool.peak) / static_cast<double>(bound),
               st.pool.allocations, st.pool.locked ? 1 : 0, st.pool.locked ? "" : ": ", st.pool.lock_status.c_str());
-  std::printf("stage buffers: %zu B; RSS: before %zu KiB, after construction %zu KiB, at step 200 %zu KiB, max after %zu KiB\n",
-              st.stage_bytes, rss0 >> 10, rss_built >> 10, rss_warm >> 10, rss_max >> 10);
+  std::printf(
+      "stage buffers: %zu B; RSS: before %zu KiB, after construction %zu KiB, at step 200 %zu KiB, max after %zu KiB\n",
+      st.stage_bytes, rss0 >> 10, rss_built >> 10, rss_warm >> 10, rss_max >> 10);
   if (sanitized) {
     // Quarantine and shadow memory make RSS meaningless; the pool's own accounting is checked above.
     std::printf("RSS bound not asserted under a sanitizer\n");

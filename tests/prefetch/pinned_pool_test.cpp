@@ -83,8 +83,10 @@ TEST(PinnedPool, ReportsWhetherTheRegionIsLocked) {
   const auto st = locked.stats();
   EXPECT_EQ(st.allocator, "mlock");
   // Either locked, or the reason is spelled out (e.g. RLIMIT_MEMLOCK).
-  if (st.locked) EXPECT_TRUE(st.lock_status.empty());
-  else EXPECT_NE(st.lock_status.find("mlock"), std::string::npos) << st.lock_status;
+  if (st.locked)
+    EXPECT_TRUE(st.lock_status.empty());
+  else
+    EXPECT_NE(st.lock_status.find("mlock"), std::string::npos) << st.lock_status;
 
   pf::pinned_pool pageable(1 << 16, pf::pageable_allocator());
   EXPECT_FALSE(pageable.stats().locked);

@@ -160,7 +160,9 @@ TEST_P(LoadError, SurfacesAtTheStepOfTheSample) {
   const auto policy = GetParam();
   const std::size_t k = 37;  // batch 10: step 3, position 7
   pf::prefetch_options o{.sample_bytes = sample_bytes, .max_batch_samples = 10, .loaders = 3, .on_error = policy};
-  pf::prefetcher p(pf::sequence_source(100, [](auto) { return 10; }, 2), throw_at{k}, pf::cpu_stage(2), o);
+  pf::prefetcher p(pf::sequence_source(
+                       100, [](auto) { return 10; }, 2),
+                   throw_at{k}, pf::cpu_stage(2), o);
   for (std::uint64_t s = 0; s < 3; ++s) {
     auto b = p.next(10s);
     ASSERT_TRUE(b);
@@ -252,7 +254,8 @@ TEST(Prefetcher, NextTimesOutAndTheStepStaysPending) {
   std::atomic<bool> block{true};
   std::atomic<int> blocked{0};
   pf::prefetch_options o{.sample_bytes = sample_bytes, .max_batch_samples = 4, .loaders = 1};
-  pf::prefetcher p(pf::sequence_source(100, [](auto) { return 4; }), blocking_load{&block, &blocked}, pf::cpu_stage(1), o);
+  pf::prefetcher p(pf::sequence_source(100, [](auto) { return 4; }), blocking_load{&block, &blocked}, pf::cpu_stage(1),
+                   o);
   const auto t0 = std::chrono::steady_clock::now();
   try {
     (void)p.next(30ms);
@@ -269,7 +272,9 @@ TEST(Prefetcher, ShutdownWhileLoadersAreBlockedInLoad) {
   std::atomic<bool> block{true};
   std::atomic<int> blocked{0};
   pf::prefetch_options o{.sample_bytes = sample_bytes, .max_batch_samples = 8, .loaders = 3, .chunk_samples = 1};
-  pf::prefetcher p(pf::sequence_source(1000, [](auto) { return 8; }, 2), blocking_load{&block, &blocked}, pf::cpu_stage(2), o);
+  pf::prefetcher p(pf::sequence_source(
+                       1000, [](auto) { return 8; }, 2),
+                   blocking_load{&block, &blocked}, pf::cpu_stage(2), o);
   ASSERT_TRUE(eventually([&] { return blocked.load() == 3; }));
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(p.close(deadline::after(2s)));
@@ -322,7 +327,8 @@ TEST(Prefetcher, ShutdownWhileTheConsumerWaits) {
   std::atomic<bool> block{true};
   std::atomic<int> blocked{0};
   pf::prefetch_options o{.sample_bytes = sample_bytes, .max_batch_samples = 4, .loaders = 2};
-  pf::prefetcher p(pf::sequence_source(100, [](auto) { return 4; }), blocking_load{&block, &blocked}, pf::cpu_stage(1), o);
+  pf::prefetcher p(pf::sequence_source(100, [](auto) { return 4; }), blocking_load{&block, &blocked}, pf::cpu_stage(1),
+                   o);
   std::atomic<bool> got_empty{false};
   const auto t0 = std::chrono::steady_clock::now();
   std::thread consumer([&] {
@@ -354,7 +360,9 @@ TEST(Prefetcher, ABatchMayOutliveItsPrefetcher) {
 
 TEST(Prefetcher, StatisticsAreReadableWhileRunning) {
   pf::prefetch_options o{.sample_bytes = sample_bytes, .max_batch_samples = 16, .depth = 4, .loaders = 2};
-  pf::prefetcher p(pf::sequence_source(16 * 300, [](auto) { return 16; }, 2), fill_load{}, pf::cpu_stage(2), o);
+  pf::prefetcher p(pf::sequence_source(
+                       16 * 300, [](auto) { return 16; }, 2),
+                   fill_load{}, pf::cpu_stage(2), o);
   std::atomic<bool> done{false};
   std::thread reader([&] {
     while (!done.load()) {

@@ -84,9 +84,9 @@ TEST_F(TorchElastic, JoinAndFailureKeepAccuracyHistoryAndExactlyOnceSamples) {
                              " --batch 128 --sample-us 400 --step-us 2000 --slowdowns 1,2,3,1 --report " +
                              (dir_ / "report").string();
   // Worker 1 dies in step 100, after it computed its gradient and logged its attempt.
-  auto job = sh("cd " + dir_.string() + " && EBBFLOW_LEASE_MS=500 timeout 90 " EBBFLOW_RUN
-                " -n 3 --elastic --add 1 -- " TORCH_ELASTIC + common + " --die-at 1:100 --log-every 50 --params-out " +
-                (dir_ / "elastic.bin").string());
+  auto job = sh("cd " + dir_.string() +
+                " && EBBFLOW_LEASE_MS=500 timeout 90 " EBBFLOW_RUN " -n 3 --elastic --add 1 -- " TORCH_ELASTIC +
+                common + " --die-at 1:100 --log-every 50 --params-out " + (dir_ / "elastic.bin").string());
   ASSERT_EQ(job.status, 0) << job.output;
   auto ref = sh(std::string(TORCH_ELASTIC) + common + " --reference --params-out " + (dir_ / "ref.bin").string());
   ASSERT_EQ(ref.status, 0) << ref.output;
@@ -96,7 +96,8 @@ TEST_F(TorchElastic, JoinAndFailureKeepAccuracyHistoryAndExactlyOnceSamples) {
   const double ref_acc = json_number(dir_ / "report" / "reference.json", "test_acc");
   EXPECT_EQ(json_number(dir_ / "report" / "result.json", "steps"), steps);
   EXPECT_GT(ref_acc, 0.85);
-  EXPECT_LE(std::abs(acc - ref_acc), 0.01) << "elastic " << acc << " vs single process " << ref_acc << "\n" << job.output;
+  EXPECT_LE(std::abs(acc - ref_acc), 0.01) << "elastic " << acc << " vs single process " << ref_acc << "\n"
+                                           << job.output;
   const auto a = read_floats(dir_ / "elastic.bin"), b = read_floats(dir_ / "ref.bin");
   ASSERT_EQ(a.size(), b.size());
   ASSERT_FALSE(a.empty());

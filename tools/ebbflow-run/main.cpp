@@ -209,9 +209,12 @@ int main(int argc, char** argv) {
   }
 
   std::string token;
-  if (opt.token) token = *opt.token;
-  else if (auto t = ef::env::get("EBBFLOW_TOKEN")) token = *t;
-  else token = el::detail::random_hex(16);
+  if (opt.token)
+    token = *opt.token;
+  else if (auto t = ef::env::get("EBBFLOW_TOKEN"))
+    token = *t;
+  else
+    token = el::detail::random_hex(16);
 
   std::unique_ptr<el::store_server> server;
   std::string store_addr;
@@ -228,8 +231,8 @@ int main(int argc, char** argv) {
       server = std::make_unique<el::store_server>(so);
       // Ranks connect to loopback when the store listens on every address.
       std::string host = hp.host == "0.0.0.0" ? "127.0.0.1" : hp.host == "::" ? "::1" : hp.host;
-      store_addr = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
-                   std::to_string(server->port());
+      store_addr =
+          (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(server->port());
     }
   } catch (const std::exception& e) {
     say(std::string("cannot start the store: ") + e.what());
@@ -301,8 +304,8 @@ int main(int argc, char** argv) {
     }
   };
 
-  const auto job_deadline = opt.timeout_s ? ef::deadline::after(std::chrono::duration<double>(*opt.timeout_s))
-                                          : ef::deadline::never();
+  const auto job_deadline =
+      opt.timeout_s ? ef::deadline::after(std::chrono::duration<double>(*opt.timeout_s)) : ef::deadline::never();
   std::optional<ef::deadline> kill_deadline;  // set once we have asked the ranks to stop
   std::optional<el::detail::child_exit> first_failure;
   int interrupted_by = 0;

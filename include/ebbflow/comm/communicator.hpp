@@ -73,11 +73,11 @@ enum class allreduce_algorithm : std::uint8_t {
 //! the algorithm choice (`allreduce`, `small_bytes`, `chunk_bytes`).
 struct collective_options {
   allreduce_algorithm allreduce = allreduce_algorithm::automatic;  //!< allreduce algorithm (see `allreduce_algorithm`)
-  std::size_t small_bytes = std::size_t{16} << 10;   //!< at or below: latency-optimal algorithms
-  std::size_t chunk_bytes = std::size_t{128} << 10;  //!< pipelining granularity of ring / chain
-  int window = 4;                                     //!< chunk receives in flight (scratch slots)
-  std::size_t copy_chunk_bytes = std::size_t{512} << 10;  //!< single_copy: peer data read per reduction step
-  std::chrono::milliseconds timeout{60'000};          //!< deadline of calls that take none
+  std::size_t small_bytes = std::size_t{16} << 10;                 //!< at or below: latency-optimal algorithms
+  std::size_t chunk_bytes = std::size_t{128} << 10;                //!< pipelining granularity of ring / chain
+  int window = 4;                                                  //!< chunk receives in flight (scratch slots)
+  std::size_t copy_chunk_bytes = std::size_t{512} << 10;           //!< single_copy: peer data read per reduction step
+  std::chrono::milliseconds timeout{60'000};                       //!< deadline of calls that take none
 
   //! Defaults overridden by `EBBFLOW_ALLREDUCE_ALGO` (automatic, ring,
   //! recursive_doubling, single_copy), `EBBFLOW_SMALL_BYTES`,
@@ -87,25 +87,37 @@ struct collective_options {
   static collective_options from_environment() {
     collective_options o;
     if (auto a = env::get("EBBFLOW_ALLREDUCE_ALGO")) {
-      if (*a == "automatic") o.allreduce = allreduce_algorithm::automatic;
-      else if (*a == "ring") o.allreduce = allreduce_algorithm::ring;
-      else if (*a == "recursive_doubling") o.allreduce = allreduce_algorithm::recursive_doubling;
-      else if (*a == "single_copy") o.allreduce = allreduce_algorithm::single_copy;
-      else EBBFLOW_ENFORCE(false, "EBBFLOW_ALLREDUCE_ALGO='" << *a << "': expected automatic, ring, recursive_doubling or single_copy");
+      if (*a == "automatic")
+        o.allreduce = allreduce_algorithm::automatic;
+      else if (*a == "ring")
+        o.allreduce = allreduce_algorithm::ring;
+      else if (*a == "recursive_doubling")
+        o.allreduce = allreduce_algorithm::recursive_doubling;
+      else if (*a == "single_copy")
+        o.allreduce = allreduce_algorithm::single_copy;
+      else
+        EBBFLOW_ENFORCE(false, "EBBFLOW_ALLREDUCE_ALGO='"
+                                   << *a << "': expected automatic, ring, recursive_doubling or single_copy");
     }
-    o.small_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_SMALL_BYTES", static_cast<std::int64_t>(o.small_bytes), 0));
-    o.chunk_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_CHUNK_BYTES", static_cast<std::int64_t>(o.chunk_bytes), 1));
+    o.small_bytes =
+        static_cast<std::size_t>(env::get_int("EBBFLOW_SMALL_BYTES", static_cast<std::int64_t>(o.small_bytes), 0));
+    o.chunk_bytes =
+        static_cast<std::size_t>(env::get_int("EBBFLOW_CHUNK_BYTES", static_cast<std::int64_t>(o.chunk_bytes), 1));
     o.window = static_cast<int>(env::get_int("EBBFLOW_COMM_WINDOW", o.window, 1, 1024));
-    o.copy_chunk_bytes = static_cast<std::size_t>(env::get_int("EBBFLOW_COPY_CHUNK_BYTES", static_cast<std::int64_t>(o.copy_chunk_bytes), 1));
+    o.copy_chunk_bytes = static_cast<std::size_t>(
+        env::get_int("EBBFLOW_COPY_CHUNK_BYTES", static_cast<std::int64_t>(o.copy_chunk_bytes), 1));
     o.timeout = env::get_ms("EBBFLOW_COMM_TIMEOUT_MS", o.timeout, 1);
     return o;
   }
 };
 
 namespace detail {
-template <transport T> struct promise;
-template <transport T> struct task;
-template <transport T> struct active_set;
+template <transport T>
+struct promise;
+template <transport T>
+struct task;
+template <transport T>
+struct active_set;
 class scratch_pool;
 //! Where a request runs; seq/bytes become the error detail only on failure.
 struct op_context {
@@ -114,7 +126,8 @@ struct op_context {
   std::size_t bytes = 0;
   bool describe = false;
   op_context(error_context c) : ctx(std::move(c)) {}  // NOLINT: implicit on purpose
-  op_context(error_context c, std::uint64_t s, std::size_t b, bool d) : ctx(std::move(c)), seq(s), bytes(b), describe(d) {}
+  op_context(error_context c, std::uint64_t s, std::size_t b, bool d)
+      : ctx(std::move(c)), seq(s), bytes(b), describe(d) {}
 };
 }  // namespace detail
 
@@ -221,9 +234,13 @@ class basic_communicator {
   [[nodiscard]] request<T> iallgather(buffer_view in, buffer_view out);
 
   //! `out` (count `in.count / size()`) receives block `rank()` of the reduction of every rank's `in`.
-  void reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d) { ireduce_scatter(in, out, op).wait(d); }
+  void reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d) {
+    ireduce_scatter(in, out, op).wait(d);
+  }
   //! As above with `default_deadline()`.
-  void reduce_scatter(buffer_view in, buffer_view out, reduce_op op) { reduce_scatter(in, out, op, default_deadline()); }
+  void reduce_scatter(buffer_view in, buffer_view out, reduce_op op) {
+    reduce_scatter(in, out, op, default_deadline());
+  }
   //! Non-blocking reduce_scatter; buffers stay in use until the request finished.
   [[nodiscard]] request<T> ireduce_scatter(buffer_view in, buffer_view out, reduce_op op);
 

@@ -85,7 +85,8 @@ class basic_loopback_transport {
   //! @throws std::invalid_argument when `rank` is outside the hub.
   basic_loopback_transport(std::shared_ptr<loopback_hub> hub, int rank, std::int64_t generation = 0)
       : hub_(std::move(hub)), rank_(rank), generation_(generation) {
-    EBBFLOW_ENFORCE(rank >= 0 && rank < hub_->size(), "loopback rank " << rank << " outside [0, " << hub_->size() << ")");
+    EBBFLOW_ENFORCE(rank >= 0 && rank < hub_->size(),
+                    "loopback rank " << rank << " outside [0, " << hub_->size() << ")");
   }
 
   //! This transport's rank.

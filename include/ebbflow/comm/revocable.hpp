@@ -56,23 +56,16 @@ class revocable {
   //! `out` (host memory) must stay valid until the request completed.
   //! Forwarded when the inner transport knows which peers share this host
   //! (enables the communicator's single-copy path).
-  [[nodiscard]] long local_peer(int q) const noexcept
-    requires requires(const T& t) { t.local_peer(q); }
-  {
-    return static_cast<long>(inner_.local_peer(q));
-  }
+  [[nodiscard]] long local_peer(int q) const noexcept requires requires(const T& t) { t.local_peer(q); }
+  { return static_cast<long>(inner_.local_peer(q)); }
   //! Forwarded when the inner transport can name the peer that died.
-  [[nodiscard]] int lost_peer() const noexcept
-    requires requires(const T& t) { { t.lost_peer() } -> std::convertible_to<int>; }
-  {
-    return inner_.lost_peer();
+  [[nodiscard]] int lost_peer() const noexcept requires requires(const T& t) {
+    { t.lost_peer() } -> std::convertible_to<int>;
   }
+  { return inner_.lost_peer(); }
   //! Forwarded when the inner transport can be told that a peer died.
-  void mark_lost(int q) noexcept
-    requires requires(T& t) { t.mark_lost(q); }
-  {
-    inner_.mark_lost(q);
-  }
+  void mark_lost(int q) noexcept requires requires(T& t) { t.mark_lost(q); }
+  { inner_.mark_lost(q); }
 
   //! Posts a send on the inner transport (not checked against the flag; never blocks).
   //! `out` (host memory) must stay valid until the request completed.

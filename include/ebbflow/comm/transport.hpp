@@ -84,7 +84,10 @@ void send(T& t, int peer, tag_t tag, std::span<const std::byte> data, deadline d
   auto r = t.isend(peer, tag, data);
   std::error_code ec;
   t.wait(r, d, ec);
-  throw_if(ec, {.rank = t.rank(), .generation = t.generation(), .peer = peer, .operation = "send",
+  throw_if(ec, {.rank = t.rank(),
+                .generation = t.generation(),
+                .peer = peer,
+                .operation = "send",
                 .detail = std::to_string(data.size()) + " bytes"});
 }
 
@@ -94,7 +97,10 @@ void recv(T& t, int peer, tag_t tag, std::span<std::byte> data, deadline d) {
   auto r = t.irecv(peer, tag, data);
   std::error_code ec;
   t.wait(r, d, ec);
-  throw_if(ec, {.rank = t.rank(), .generation = t.generation(), .peer = peer, .operation = "recv",
+  throw_if(ec, {.rank = t.rank(),
+                .generation = t.generation(),
+                .peer = peer,
+                .operation = "recv",
                 .detail = std::to_string(data.size()) + " bytes"});
 }
 

@@ -74,13 +74,15 @@ class bucket_manager {
   //! Copies tensor `t` (host memory, `slot_of(t).size` floats) into its bucket.
   void pack(std::size_t t, std::span<const float> grad) {
     const slot& s = slots_.at(t);
-    EBBFLOW_ENFORCE(grad.size() == s.size, "tensor " << t << " has " << grad.size() << " elements, registered " << s.size);
+    EBBFLOW_ENFORCE(grad.size() == s.size,
+                    "tensor " << t << " has " << grad.size() << " elements, registered " << s.size);
     if (s.size) std::memcpy(buckets_[s.bucket].data.data() + s.offset, grad.data(), s.size * sizeof(float));
   }
   //! Copies tensor `t` back out of its bucket.
   void unpack(std::size_t t, std::span<float> grad) const {
     const slot& s = slots_.at(t);
-    EBBFLOW_ENFORCE(grad.size() == s.size, "tensor " << t << " has " << grad.size() << " elements, registered " << s.size);
+    EBBFLOW_ENFORCE(grad.size() == s.size,
+                    "tensor " << t << " has " << grad.size() << " elements, registered " << s.size);
     if (s.size) std::memcpy(grad.data(), buckets_[s.bucket].data.data() + s.offset, s.size * sizeof(float));
   }
   //! Packs `grad` for tensor t and marks it ready; returns the bucket index
@@ -101,7 +103,8 @@ class bucket_manager {
   //! bucket_index)` per bucket, unpacks. `grads[i]` is tensor i.
   template <class Reduce>
   void allreduce(std::span<const std::span<float>> grads, Reduce&& reduce) {
-    EBBFLOW_ENFORCE(grads.size() == slots_.size(), grads.size() << " tensors given, " << slots_.size() << " registered");
+    EBBFLOW_ENFORCE(grads.size() == slots_.size(), grads.size()
+                                                       << " tensors given, " << slots_.size() << " registered");
     for (std::size_t t = 0; t < grads.size(); ++t) pack(t, grads[t]);
     for (std::size_t b = 0; b < buckets_.size(); ++b) reduce(std::span<float>(buckets_[b].data), b);
     for (std::size_t t = 0; t < grads.size(); ++t) unpack(t, grads[t]);

@@ -58,10 +58,14 @@ enum class codec_kind {
 //! The enumerator's name ("linear", "sparse", "sign", "low_rank"), or "?".
 constexpr std::string_view name(codec_kind k) noexcept {
   switch (k) {
-    case codec_kind::linear: return "linear";
-    case codec_kind::sparse: return "sparse";
-    case codec_kind::sign: return "sign";
-    case codec_kind::low_rank: return "low_rank";
+    case codec_kind::linear:
+      return "linear";
+    case codec_kind::sparse:
+      return "sparse";
+    case codec_kind::sign:
+      return "sign";
+    case codec_kind::low_rank:
+      return "low_rank";
   }
   return "?";
 }
@@ -71,8 +75,8 @@ constexpr std::string_view name(codec_kind k) noexcept {
 //! codec needs none. `seed` and `stream` select the Philox stream of
 //! stochastic codecs: callers make `stream` unique per (rank, step, region).
 struct encode_context {
-  std::uint64_t seed = 0;         //!< Philox key of stochastic codecs
-  std::uint64_t stream = 0;       //!< Philox stream: unique per (rank, step, region)
+  std::uint64_t seed = 0;          //!< Philox key of stochastic codecs
+  std::uint64_t stream = 0;        //!< Philox stream: unique per (rank, step, region)
   std::byte* workspace = nullptr;  //!< `workspace_bytes(n)` bytes in the executor's memory space, or null
 };
 
@@ -83,16 +87,16 @@ template <class C>
 concept codec = std::copy_constructible<C> &&
     requires(const C& c, exec::cpu_executor& ex, const float* in, float* res, float* out, const std::byte* ein,
              std::byte* eout, std::size_t n, encode_context ctx) {
-      { C::kind } -> std::convertible_to<codec_kind>;
-      { c.name() } -> std::convertible_to<std::string_view>;
-      { c.max_encoded_bytes(n) } -> std::same_as<std::size_t>;
-      { c.workspace_bytes(n) } -> std::same_as<std::size_t>;
-      //! Granularity: segment boundaries passed by the allreduce are multiples of it.
-      { c.block_elems() } -> std::same_as<std::size_t>;
-      c.encode(ex, in, res, eout, n, ctx);
-      c.decode(ex, ein, out, n);
-      c.decode_add(ex, ein, out, n);
-    };
+  { C::kind } -> std::convertible_to<codec_kind>;
+  { c.name() } -> std::convertible_to<std::string_view>;
+  { c.max_encoded_bytes(n) } -> std::same_as<std::size_t>;
+  { c.workspace_bytes(n) } -> std::same_as<std::size_t>;
+  //! Granularity: segment boundaries passed by the allreduce are multiples of it.
+  { c.block_elems() } -> std::same_as<std::size_t>;
+  c.encode(ex, in, res, eout, n, ctx);
+  c.decode(ex, ein, out, n);
+  c.decode_add(ex, ein, out, n);
+};
 
 }  // namespace compress
 EBBFLOW_END_NAMESPACE

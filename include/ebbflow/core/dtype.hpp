@@ -24,10 +24,17 @@ inline constexpr dtype all_dtypes[] = {dtype::f32, dtype::f64, dtype::f16, dtype
 //! Size of one element in bytes.
 constexpr std::size_t size_of(dtype t) noexcept {
   switch (t) {
-    case dtype::f64: case dtype::i64: return 8;
-    case dtype::f32: case dtype::i32: return 4;
-    case dtype::f16: case dtype::bf16: return 2;
-    case dtype::u8: return 1;
+    case dtype::f64:
+    case dtype::i64:
+      return 8;
+    case dtype::f32:
+    case dtype::i32:
+      return 4;
+    case dtype::f16:
+    case dtype::bf16:
+      return 2;
+    case dtype::u8:
+      return 1;
   }
   return 0;
 }
@@ -35,13 +42,20 @@ constexpr std::size_t size_of(dtype t) noexcept {
 //! Short name ("f32", "bf16", ...), as printed by benchmarks and errors.
 constexpr std::string_view name(dtype t) noexcept {
   switch (t) {
-    case dtype::f32: return "f32";
-    case dtype::f64: return "f64";
-    case dtype::f16: return "f16";
-    case dtype::bf16: return "bf16";
-    case dtype::i32: return "i32";
-    case dtype::i64: return "i64";
-    case dtype::u8: return "u8";
+    case dtype::f32:
+      return "f32";
+    case dtype::f64:
+      return "f64";
+    case dtype::f16:
+      return "f16";
+    case dtype::bf16:
+      return "bf16";
+    case dtype::i32:
+      return "i32";
+    case dtype::i64:
+      return "i64";
+    case dtype::u8:
+      return "u8";
   }
   return "?";
 }
@@ -59,28 +73,44 @@ constexpr bool is_floating(dtype t) noexcept {
 }
 
 //! The dtype of a C++ element type; `dtype_of_v<float> == dtype::f32`.
-template <class T> struct dtype_of;
-template <> struct dtype_of<float> : std::integral_constant<dtype, dtype::f32> {};
-template <> struct dtype_of<double> : std::integral_constant<dtype, dtype::f64> {};
-template <> struct dtype_of<half> : std::integral_constant<dtype, dtype::f16> {};
-template <> struct dtype_of<bfloat16> : std::integral_constant<dtype, dtype::bf16> {};
-template <> struct dtype_of<std::int32_t> : std::integral_constant<dtype, dtype::i32> {};
-template <> struct dtype_of<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
-template <> struct dtype_of<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<float> : std::integral_constant<dtype, dtype::f32> {};
+template <>
+struct dtype_of<double> : std::integral_constant<dtype, dtype::f64> {};
+template <>
+struct dtype_of<half> : std::integral_constant<dtype, dtype::f16> {};
+template <>
+struct dtype_of<bfloat16> : std::integral_constant<dtype, dtype::bf16> {};
+template <>
+struct dtype_of<std::int32_t> : std::integral_constant<dtype, dtype::i32> {};
+template <>
+struct dtype_of<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
+template <>
+struct dtype_of<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
 //! `dtype_of<T>::value`, ignoring cv-qualifiers.
-template <class T> inline constexpr dtype dtype_of_v = dtype_of<std::remove_cv_t<T>>::value;
+template <class T>
+inline constexpr dtype dtype_of_v = dtype_of<std::remove_cv_t<T>>::value;
 
 //! Calls `f(T{})` with the C++ type of `t` (a tag value), returning its result.
 template <class F>
 constexpr decltype(auto) visit_dtype(dtype t, F&& f) {
   switch (t) {
-    case dtype::f32: return f(float{});
-    case dtype::f64: return f(double{});
-    case dtype::f16: return f(half{});
-    case dtype::bf16: return f(bfloat16{});
-    case dtype::i32: return f(std::int32_t{});
-    case dtype::i64: return f(std::int64_t{});
-    case dtype::u8: return f(std::uint8_t{});
+    case dtype::f32:
+      return f(float{});
+    case dtype::f64:
+      return f(double{});
+    case dtype::f16:
+      return f(half{});
+    case dtype::bf16:
+      return f(bfloat16{});
+    case dtype::i32:
+      return f(std::int32_t{});
+    case dtype::i64:
+      return f(std::int64_t{});
+    case dtype::u8:
+      return f(std::uint8_t{});
   }
   return f(float{});
 }
@@ -90,17 +120,22 @@ constexpr decltype(auto) visit_dtype(dtype t, F&& f) {
 enum class reduce_op : std::uint8_t { sum, avg, min, max, prod };
 
 //! Every reduce_op, for iteration in tests and benchmarks.
-inline constexpr reduce_op all_reduce_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min,
-                                               reduce_op::max, reduce_op::prod};
+inline constexpr reduce_op all_reduce_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max,
+                                               reduce_op::prod};
 
 //! Short name ("sum", "avg", ...).
 constexpr std::string_view name(reduce_op op) noexcept {
   switch (op) {
-    case reduce_op::sum: return "sum";
-    case reduce_op::avg: return "avg";
-    case reduce_op::min: return "min";
-    case reduce_op::max: return "max";
-    case reduce_op::prod: return "prod";
+    case reduce_op::sum:
+      return "sum";
+    case reduce_op::avg:
+      return "avg";
+    case reduce_op::min:
+      return "min";
+    case reduce_op::max:
+      return "max";
+    case reduce_op::prod:
+      return "prod";
   }
   return "?";
 }

@@ -69,8 +69,8 @@ inline bool get_bool(const char* name, bool fallback) {
 }
 
 //! A duration in milliseconds in [lo_ms, hi_ms], or `fallback` when unset.
-inline std::chrono::milliseconds get_ms(const char* name, std::chrono::milliseconds fallback,
-                                        std::int64_t lo_ms = 0, std::int64_t hi_ms = 24LL * 3600 * 1000) {
+inline std::chrono::milliseconds get_ms(const char* name, std::chrono::milliseconds fallback, std::int64_t lo_ms = 0,
+                                        std::int64_t hi_ms = 24LL * 3600 * 1000) {
   return std::chrono::milliseconds(get_int(name, fallback.count(), lo_ms, hi_ms));
 }
 
@@ -99,13 +99,13 @@ inline host_port parse_host_port(std::string_view s, std::string_view what) {
 
 //! Where this process sits in a job, as told by its launcher.
 struct launch_info {
-  int rank = 0;                 //!< this process's rank in the initial world
-  int world_size = 1;           //!< processes in the initial world
-  int local_rank = 0;           //!< rank among processes on this host
+  int rank = 0;                          //!< this process's rank in the initial world
+  int world_size = 1;                    //!< processes in the initial world
+  int local_rank = 0;                    //!< rank among processes on this host
   std::string store_host = "127.0.0.1";  //!< rendezvous store address
   std::uint16_t store_port = 0;          //!< 0: no store given
-  std::string token;            //!< job secret (EBBFLOW_TOKEN); never logged
-  std::string source = "default";  //!< which launcher's variables were used
+  std::string token;                     //!< job secret (EBBFLOW_TOKEN); never logged
+  std::string source = "default";        //!< which launcher's variables were used
 
   //! Reads, in order of precedence: ebbflow-run's `EBBFLOW_RANK`,
   //! `EBBFLOW_WORLD_SIZE`, `EBBFLOW_LOCAL_RANK`, `EBBFLOW_STORE`,

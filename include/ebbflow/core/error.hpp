@@ -50,14 +50,22 @@ enum class error {
 namespace detail {
 inline constexpr std::string_view errc_name(int v) noexcept {
   switch (v) {
-    case 1: return "peer lost";
-    case 2: return "timed out";
-    case 3: return "revoked";
-    case 4: return "bad message";
-    case 5: return "unauthorized";
-    case 6: return "cancelled";
-    case 7: return "invalid state";
-    default: return "unknown ebbflow error";
+    case 1:
+      return "peer lost";
+    case 2:
+      return "timed out";
+    case 3:
+      return "revoked";
+    case 4:
+      return "bad message";
+    case 5:
+      return "unauthorized";
+    case 6:
+      return "cancelled";
+    case 7:
+      return "invalid state";
+    default:
+      return "unknown ebbflow error";
   }
 }
 
@@ -90,7 +98,9 @@ inline std::error_condition detail::ebbflow_category_impl::default_error_conditi
 }
 
 //! Makes `errc` values comparable with any `std::error_code` (found by ADL).
-inline std::error_condition make_error_condition(errc e) noexcept { return {static_cast<int>(e), condition_category()}; }
+inline std::error_condition make_error_condition(errc e) noexcept {
+  return {static_cast<int>(e), condition_category()};
+}
 //! Makes `error` values convertible to `std::error_code` (found by ADL).
 inline std::error_code make_error_code(error e) noexcept { return {static_cast<int>(e), ebbflow_category()}; }
 
@@ -102,29 +112,52 @@ class ucs_category_impl final : public std::error_category {
   const char* name() const noexcept override { return "ucs"; }
   std::string message(int v) const override {
     switch (v) {
-      case 0: return "success";
-      case -1: return "no pending message";
-      case -2: return "no resources are available to initiate the operation";
-      case -3: return "input/output error";
-      case -4: return "out of memory";
-      case -5: return "invalid parameter";
-      case -6: return "destination is unreachable";
-      case -7: return "address not valid";
-      case -8: return "function not implemented";
-      case -9: return "message truncated";
-      case -10: return "no progress";
-      case -11: return "provided buffer is too small";
-      case -12: return "no such element";
-      case -14: return "no such device";
-      case -15: return "device is busy";
-      case -16: return "request canceled";
-      case -20: return "operation timed out";
-      case -21: return "user-defined limit was reached";
-      case -22: return "unsupported operation";
-      case -23: return "operation rejected by remote peer";
-      case -24: return "endpoint is not connected";
-      case -25: return "connection reset by remote peer";
-      case -80: return "endpoint timeout";
+      case 0:
+        return "success";
+      case -1:
+        return "no pending message";
+      case -2:
+        return "no resources are available to initiate the operation";
+      case -3:
+        return "input/output error";
+      case -4:
+        return "out of memory";
+      case -5:
+        return "invalid parameter";
+      case -6:
+        return "destination is unreachable";
+      case -7:
+        return "address not valid";
+      case -8:
+        return "function not implemented";
+      case -9:
+        return "message truncated";
+      case -10:
+        return "no progress";
+      case -11:
+        return "provided buffer is too small";
+      case -12:
+        return "no such element";
+      case -14:
+        return "no such device";
+      case -15:
+        return "device is busy";
+      case -16:
+        return "request canceled";
+      case -20:
+        return "operation timed out";
+      case -21:
+        return "user-defined limit was reached";
+      case -22:
+        return "unsupported operation";
+      case -23:
+        return "operation rejected by remote peer";
+      case -24:
+        return "endpoint is not connected";
+      case -25:
+        return "connection reset by remote peer";
+      case -80:
+        return "endpoint timeout";
       default:
         if (v <= -40 && v >= -59) return "link failure";
         if (v <= -60 && v >= -89) return "endpoint failure";
@@ -133,13 +166,20 @@ class ucs_category_impl final : public std::error_category {
   }
   std::error_condition default_error_condition(int v) const noexcept override {
     switch (v) {
-      case -16: return make_error_condition(errc::cancelled);
-      case -20: return make_error_condition(errc::timeout);
-      case -9: return make_error_condition(errc::bad_message);
+      case -16:
+        return make_error_condition(errc::cancelled);
+      case -20:
+        return make_error_condition(errc::timeout);
+      case -9:
+        return make_error_condition(errc::bad_message);
       // Any failure of a peer's operation means the peer is gone: UCX reports
       // a killed process as reset, unreachable, i/o error or endpoint timeout
       // depending on the transport (ENVIRONMENT-FACTS.md).
-      case -3: case -6: case -23: case -24: case -25:
+      case -3:
+      case -6:
+      case -23:
+      case -24:
+      case -25:
         return make_error_condition(errc::peer_lost);
       default:
         if (v <= -40 && v >= -89) return make_error_condition(errc::peer_lost);
@@ -155,12 +195,18 @@ class cuda_category_impl final : public std::error_category {
   const char* name() const noexcept override { return "cuda"; }
   std::string message(int v) const override {
     switch (v) {
-      case 0: return "no error";
-      case 1: return "invalid argument";
-      case 2: return "out of memory";
-      case 35: return "CUDA driver version is insufficient for CUDA runtime version";
-      case 100: return "no CUDA-capable device is detected";
-      default: return "CUDA error " + std::to_string(v);
+      case 0:
+        return "no error";
+      case 1:
+        return "invalid argument";
+      case 2:
+        return "out of memory";
+      case 35:
+        return "CUDA driver version is insufficient for CUDA runtime version";
+      case 100:
+        return "no CUDA-capable device is detected";
+      default:
+        return "CUDA error " + std::to_string(v);
     }
   }
 };
@@ -171,15 +217,24 @@ class nccl_category_impl final : public std::error_category {
   const char* name() const noexcept override { return "nccl"; }
   std::string message(int v) const override {
     switch (v) {
-      case 0: return "no error";
-      case 1: return "unhandled cuda error";
-      case 2: return "unhandled system error";
-      case 3: return "internal error";
-      case 4: return "invalid argument";
-      case 5: return "invalid usage";
-      case 6: return "remote process exited or there was a network error";
-      case 7: return "NCCL operation in progress";
-      default: return "NCCL result " + std::to_string(v);
+      case 0:
+        return "no error";
+      case 1:
+        return "unhandled cuda error";
+      case 2:
+        return "unhandled system error";
+      case 3:
+        return "internal error";
+      case 4:
+        return "invalid argument";
+      case 5:
+        return "invalid usage";
+      case 6:
+        return "remote process exited or there was a network error";
+      case 7:
+        return "NCCL operation in progress";
+      default:
+        return "NCCL result " + std::to_string(v);
     }
   }
   std::error_condition default_error_condition(int v) const noexcept override {
@@ -207,11 +262,11 @@ inline const std::error_category& nccl_category() noexcept {
 
 //! Where an error happened. Any field may be unknown (-1 / empty).
 struct error_context {
-  int rank = -1;                       //!< rank that observed the error
-  std::int64_t generation = -1;        //!< membership generation
-  int peer = -1;                       //!< peer involved, if any
-  std::string operation = {};          //!< e.g. "allreduce", "store.get"
-  std::string detail = {};             //!< free text (sizes, keys, ...)
+  int rank = -1;                 //!< rank that observed the error
+  std::int64_t generation = -1;  //!< membership generation
+  int peer = -1;                 //!< peer involved, if any
+  std::string operation = {};    //!< e.g. "allreduce", "store.get"
+  std::string detail = {};       //!< free text (sizes, keys, ...)
 };
 
 //! Exception carrying an `std::error_code` plus where it happened.
@@ -247,9 +302,17 @@ class system_error : public std::system_error {
     if (any) {
       os << " [";
       const char* sep = "";
-      if (c.rank >= 0) { os << "rank " << c.rank; sep = ", "; }
-      if (c.generation >= 0) { os << sep << "generation " << c.generation; sep = ", "; }
-      if (c.peer >= 0) { os << sep << "peer " << c.peer; }
+      if (c.rank >= 0) {
+        os << "rank " << c.rank;
+        sep = ", ";
+      }
+      if (c.generation >= 0) {
+        os << sep << "generation " << c.generation;
+        sep = ", ";
+      }
+      if (c.peer >= 0) {
+        os << sep << "peer " << c.peer;
+      }
       os << "]";
     }
     return os.str();
@@ -300,15 +363,14 @@ struct std::is_error_code_enum<ebbflow::error> : std::true_type {};
 
 //! Rejects bad user input: throws `std::invalid_argument` with `msg` (an
 //! ostream expression) plus file and line, when `cond` is false.
-#define EBBFLOW_ENFORCE(cond, msg)                                                    \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      std::ostringstream ebbflow_enforce_os_;                                         \
-      ebbflow_enforce_os_ << msg;                                                     \
+#define EBBFLOW_ENFORCE(cond, msg)                                                              \
+  do {                                                                                          \
+    if (!(cond)) {                                                                              \
+      std::ostringstream ebbflow_enforce_os_;                                                   \
+      ebbflow_enforce_os_ << msg;                                                               \
       ::ebbflow::detail::throw_invalid_argument(__FILE__, __LINE__, ebbflow_enforce_os_.str()); \
-    }                                                                                 \
+    }                                                                                           \
   } while (0)
 
 //! Internal invariant; a failure is a bug in ebbflow.
-#define EBBFLOW_EXPECTS(cond) \
-  ((cond) ? void(0) : ::ebbflow::detail::expects_failed(#cond, __FILE__, __LINE__))
+#define EBBFLOW_EXPECTS(cond) ((cond) ? void(0) : ::ebbflow::detail::expects_failed(#cond, __FILE__, __LINE__))

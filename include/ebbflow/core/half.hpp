@@ -52,7 +52,7 @@ struct half {
       return static_cast<std::uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
     }
     if (ax >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow -> inf
-    if (ax < 0x38800000u) {  // subnormal or zero in half
+    if (ax < 0x38800000u) {                                                    // subnormal or zero in half
       // Shift the float (with implicit bit) into half subnormal position, RNE.
       if (ax < 0x33000000u) return static_cast<std::uint16_t>(sign);  // < 2^-25 rounds to 0
       const std::uint32_t e = ax >> 23;

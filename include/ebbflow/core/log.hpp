@@ -29,12 +29,18 @@ enum class level : int { off = 0, error = 1, warn = 2, info = 3, debug = 4, trac
 //! Lower-case name ("error", "info", ...), as accepted by `EBBFLOW_LOG`.
 constexpr std::string_view name(level l) noexcept {
   switch (l) {
-    case level::off: return "off";
-    case level::error: return "error";
-    case level::warn: return "warn";
-    case level::info: return "info";
-    case level::debug: return "debug";
-    case level::trace: return "trace";
+    case level::off:
+      return "off";
+    case level::error:
+      return "error";
+    case level::warn:
+      return "warn";
+    case level::info:
+      return "info";
+    case level::debug:
+      return "debug";
+    case level::trace:
+      return "trace";
   }
   return "?";
 }
@@ -51,7 +57,8 @@ inline level level_from_env() noexcept {
   const char* v = std::getenv("EBBFLOW_LOG");
   if (!v || !*v) return level::warn;
   if (auto l = parse_level(v)) return *l;
-  std::fprintf(stderr, "[ebbflow] warn: EBBFLOW_LOG='%s' is not one of off,error,warn,info,debug,trace; using warn\n", v);
+  std::fprintf(stderr, "[ebbflow] warn: EBBFLOW_LOG='%s' is not one of off,error,warn,info,debug,trace; using warn\n",
+               v);
   return level::warn;
 }
 inline std::atomic<int>& current() noexcept {
@@ -75,7 +82,9 @@ inline void set_level(level l) noexcept { detail::current().store(static_cast<in
 //! Tags every following record with this process's rank (-1: none).
 inline void set_rank(int rank) noexcept { detail::rank_tag().store(rank, std::memory_order_relaxed); }
 //! True when records of level `l` are printed. Thread-safe.
-inline bool enabled(level l) noexcept { return l != level::off && static_cast<int>(l) <= detail::current().load(std::memory_order_relaxed); }
+inline bool enabled(level l) noexcept {
+  return l != level::off && static_cast<int>(l) <= detail::current().load(std::memory_order_relaxed);
+}
 
 //! Writes one record (no level check; use the macros).
 inline void write(level l, std::string_view msg) noexcept {
@@ -95,13 +104,13 @@ inline void write(level l, std::string_view msg) noexcept {
 }  // namespace log
 EBBFLOW_END_NAMESPACE
 
-#define EBBFLOW_DETAIL_LOG(lvl, expr)                                    \
-  do {                                                                   \
-    if (::ebbflow::log::enabled(lvl)) {                                  \
-      std::ostringstream ebbflow_log_os_;                                \
-      ebbflow_log_os_ << expr;                                           \
-      ::ebbflow::log::write(lvl, ebbflow_log_os_.str());                 \
-    }                                                                    \
+#define EBBFLOW_DETAIL_LOG(lvl, expr)                    \
+  do {                                                   \
+    if (::ebbflow::log::enabled(lvl)) {                  \
+      std::ostringstream ebbflow_log_os_;                \
+      ebbflow_log_os_ << expr;                           \
+      ::ebbflow::log::write(lvl, ebbflow_log_os_.str()); \
+    }                                                    \
   } while (0)
 //! Logs `expr` (an ostream expression: `"x=" << x`) at level error.
 #define EBBFLOW_LOG_ERROR(expr) EBBFLOW_DETAIL_LOG(::ebbflow::log::level::error, expr)

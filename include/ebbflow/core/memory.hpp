@@ -21,9 +21,12 @@ enum class memory_space : std::uint8_t { host, pinned, device };
 //! Lower-case name ("host", "pinned", "device").
 constexpr std::string_view name(memory_space s) noexcept {
   switch (s) {
-    case memory_space::host: return "host";
-    case memory_space::pinned: return "pinned";
-    case memory_space::device: return "device";
+    case memory_space::host:
+      return "host";
+    case memory_space::pinned:
+      return "pinned";
+    case memory_space::device:
+      return "device";
   }
   return "?";
 }
@@ -45,7 +48,7 @@ class mspan : public std::span<T> {
   constexpr explicit mspan(std::span<T> s) noexcept : std::span<T>(s) {}
   //! A span of const elements in the same space.
   template <class U>
-    requires std::is_convertible_v<U (*)[], T (*)[]>
+  requires std::is_convertible_v<U (*)[], T (*)[]>
   constexpr mspan(mspan<U, Space> o) noexcept : std::span<T>(o.data(), o.size()) {}
 
   //! Like `std::span::subspan`, keeping the memory space.
@@ -55,25 +58,26 @@ class mspan : public std::span<T> {
 };
 
 //! Pageable host memory.
-template <class T> using host_span = mspan<T, memory_space::host>;
+template <class T>
+using host_span = mspan<T, memory_space::host>;
 //! Page-locked host memory.
-template <class T> using pinned_span = mspan<T, memory_space::pinned>;
+template <class T>
+using pinned_span = mspan<T, memory_space::pinned>;
 //! Device memory: not to be dereferenced on the CPU.
-template <class T> using device_span = mspan<T, memory_space::device>;
+template <class T>
+using device_span = mspan<T, memory_space::device>;
 
 //! An untyped view: `count` elements of `type` at `data` in `space`.
 struct buffer_view {
-  void* data = nullptr;                      //!< first element, in `space`
-  std::size_t count = 0;                     //!< number of elements
-  dtype type = dtype::f32;                   //!< element type
-  memory_space space = memory_space::host;   //!< where `data` lives
+  void* data = nullptr;                     //!< first element, in `space`
+  std::size_t count = 0;                    //!< number of elements
+  dtype type = dtype::f32;                  //!< element type
+  memory_space space = memory_space::host;  //!< where `data` lives
 
   //! Size in bytes.
   [[nodiscard]] constexpr std::size_t bytes() const noexcept { return count * size_of(type); }
   //! The bytes of the buffer (in `space`).
-  [[nodiscard]] std::span<std::byte> as_bytes() const noexcept {
-    return {static_cast<std::byte*>(data), bytes()};
-  }
+  [[nodiscard]] std::span<std::byte> as_bytes() const noexcept { return {static_cast<std::byte*>(data), bytes()}; }
   //! Elements [off, off + n).
   [[nodiscard]] buffer_view slice(std::size_t off, std::size_t n) const noexcept {
     return {static_cast<std::byte*>(data) + off * size_of(type), n, type, space};

@@ -100,17 +100,18 @@ concept network = requires(N& n, std::int64_t g, int rank, const std::vector<byt
 //! Settings of an elastic group. `from_environment()` reads the `EBBFLOW_*`
 //! variables named beside each field (validated; bad values throw).
 struct group_options {
-  std::string prefix = "ebbflow";       //!< store key prefix of this job (EBBFLOW_JOB)
-  int min_size = 1;                     //!< EBBFLOW_MIN_SIZE: below it the group waits
-  int max_size = 1 << 16;               //!< EBBFLOW_MAX_SIZE: joiners beyond it wait
-  std::size_t global_batch = 0;         //!< B, samples per step over all members (required)
-  std::size_t dataset_size = 0;         //!< N, samples per epoch (required)
-  bool drop_last = false;               //!< drop an epoch's short last batch
-  bool join = false;                    //!< EBBFLOW_JOIN=1: join a running job instead of starting one
-  std::chrono::milliseconds heartbeat{50};        //!< EBBFLOW_HEARTBEAT_MS
-  std::chrono::milliseconds lease{1000};          //!< EBBFLOW_LEASE_MS: silence after which a member is dead
-  std::chrono::milliseconds op_timeout{30'000};   //!< EBBFLOW_OP_TIMEOUT_MS: deadline of each collective
-  std::chrono::milliseconds join_timeout{120'000};  //!< EBBFLOW_JOIN_TIMEOUT_MS: waiting to be admitted / initial formation
+  std::string prefix = "ebbflow";                //!< store key prefix of this job (EBBFLOW_JOB)
+  int min_size = 1;                              //!< EBBFLOW_MIN_SIZE: below it the group waits
+  int max_size = 1 << 16;                        //!< EBBFLOW_MAX_SIZE: joiners beyond it wait
+  std::size_t global_batch = 0;                  //!< B, samples per step over all members (required)
+  std::size_t dataset_size = 0;                  //!< N, samples per epoch (required)
+  bool drop_last = false;                        //!< drop an epoch's short last batch
+  bool join = false;                             //!< EBBFLOW_JOIN=1: join a running job instead of starting one
+  std::chrono::milliseconds heartbeat{50};       //!< EBBFLOW_HEARTBEAT_MS
+  std::chrono::milliseconds lease{1000};         //!< EBBFLOW_LEASE_MS: silence after which a member is dead
+  std::chrono::milliseconds op_timeout{30'000};  //!< EBBFLOW_OP_TIMEOUT_MS: deadline of each collective
+  std::chrono::milliseconds join_timeout{
+      120'000};  //!< EBBFLOW_JOIN_TIMEOUT_MS: waiting to be admitted / initial formation
   std::chrono::milliseconds min_size_wait{600'000};  //!< EBBFLOW_MIN_WAIT_MS: waiting below min_size before giving up
   std::chrono::milliseconds store_timeout{10'000};   //!< deadline of each store call
   //! EBBFLOW_ADMIT_DELAY_MS: join tickets are admitted once no new one
@@ -139,17 +140,17 @@ struct group_options {
 
 //! What this member does in the current step.
 struct step_info {
-  std::int64_t step = 0;          //!< committed steps so far (this step's number)
-  std::int64_t epoch = 0;         //!< epoch of this step
-  std::size_t cursor = 0;         //!< position in the epoch's sample order where this step's global batch starts
-  std::size_t global_batch = 0;   //!< B_t (B, or less for an epoch's short last batch)
-  std::size_t offset = 0;         //!< start of this member's slice inside the global batch
-  std::size_t batch = 0;          //!< b_i, this member's slice length (may be 0)
-  double weight = 0;              //!< b_i / B_t: scale of this member's mean-loss gradient
-  int rank = 0;                   //!< rank in the current generation
-  int world_size = 1;             //!< members in the current generation
-  std::int64_t generation = 0;    //!< current generation
-  std::uint64_t plan_version = 0; //!< identifies the plan (same on every member)
+  std::int64_t step = 0;           //!< committed steps so far (this step's number)
+  std::int64_t epoch = 0;          //!< epoch of this step
+  std::size_t cursor = 0;          //!< position in the epoch's sample order where this step's global batch starts
+  std::size_t global_batch = 0;    //!< B_t (B, or less for an epoch's short last batch)
+  std::size_t offset = 0;          //!< start of this member's slice inside the global batch
+  std::size_t batch = 0;           //!< b_i, this member's slice length (may be 0)
+  double weight = 0;               //!< b_i / B_t: scale of this member's mean-loss gradient
+  int rank = 0;                    //!< rank in the current generation
+  int world_size = 1;              //!< members in the current generation
+  std::int64_t generation = 0;     //!< current generation
+  std::uint64_t plan_version = 0;  //!< identifies the plan (same on every member)
 };
 
 //! Why the membership changed (passed to world-changed callbacks).
@@ -158,23 +159,27 @@ enum class change_reason : std::uint8_t { initial, join, leave, failure };
 //! The reason as a lower-case word ("initial", "join", "leave", "failure"), for logs.
 constexpr std::string_view name(change_reason r) noexcept {
   switch (r) {
-    case change_reason::initial: return "initial";
-    case change_reason::join: return "join";
-    case change_reason::leave: return "leave";
-    case change_reason::failure: return "failure";
+    case change_reason::initial:
+      return "initial";
+    case change_reason::join:
+      return "join";
+    case change_reason::leave:
+      return "leave";
+    case change_reason::failure:
+      return "failure";
   }
   return "?";
 }
 
 //! A membership change as seen by callbacks and the event log.
 struct world_change {
-  std::int64_t generation = 0;  //!< the generation that the change created
+  std::int64_t generation = 0;                    //!< the generation that the change created
   change_reason reason = change_reason::initial;  //!< why it changed
-  int old_size = 0;              //!< members before the change (0 for the initial formation)
-  int new_size = 0;              //!< members after the change
-  int rank = 0;                  //!< this member's new rank
-  std::int64_t step = 0;         //!< committed step at which the change took effect
-  double stall_seconds = 0;      //!< time from the change's start to this member being ready again
+  int old_size = 0;                               //!< members before the change (0 for the initial formation)
+  int new_size = 0;                               //!< members after the change
+  int rank = 0;                                   //!< this member's new rank
+  std::int64_t step = 0;                          //!< committed step at which the change took effect
+  double stall_seconds = 0;                       //!< time from the change's start to this member being ready again
 };
 
 namespace detail {
@@ -187,11 +192,11 @@ struct generation_record {
   std::int64_t generation = 0;
   change_reason reason = change_reason::initial;
   std::vector<member_entry> members;
-  member_id source = -1;           // holds the newest committed state
+  member_id source = -1;  // holds the newest committed state
   std::int64_t source_step = 0;
   std::vector<std::uint64_t> plan;  // full-B plan, rank order
   std::uint64_t plan_version = 0;
-  std::int64_t joins_seen = 0;      // join tickets handled so far
+  std::int64_t joins_seen = 0;  // join tickets handled so far
 
   [[nodiscard]] bytes encode() const {
     writer w;
@@ -207,7 +212,8 @@ struct generation_record {
     reader r(in, "generation record");
     generation_record g;
     if (r.get<std::uint32_t>() != 0xEBBF1001u)
-      throw system_error(make_error_code(error::bad_message), {.operation = "decode", .detail = "generation record magic"});
+      throw system_error(make_error_code(error::bad_message),
+                         {.operation = "decode", .detail = "generation record magic"});
     g.generation = r.get<std::int64_t>();
     g.reason = static_cast<change_reason>(r.get<std::uint8_t>());
     const auto n = r.get_count(16);
@@ -373,7 +379,7 @@ class group {
   detail::generation_record gen_;
   int rank_ = -1;
   bool active_ = true;
-  bool started_ = false;  // begin_step was called
+  bool started_ = false;    // begin_step was called
   std::int64_t step_ = -1;  // committed steps; -1 until state arrives
   std::int64_t epoch_ = 0;
   std::size_t cursor_ = 0;
@@ -390,9 +396,9 @@ class group {
   std::mutex hb_mutex_;
   std::shared_ptr<comm::revoke_flag> hb_revoke_;
   std::atomic<bool> leave_requested_{false};
-  std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
-  std::int64_t ticket_seen_until_ = 0;          // coordinator: newest join ticket seen
-  steady_clock::time_point ticket_first_seen_;  // when the oldest waiting ticket was seen
+  std::vector<member_id> admitting_;             // joiners the coordinator flagged in this step's control exchange
+  std::int64_t ticket_seen_until_ = 0;           // coordinator: newest join ticket seen
+  steady_clock::time_point ticket_first_seen_;   // when the oldest waiting ticket was seen
   steady_clock::time_point ticket_last_change_;  // when the newest ticket was seen
 
   struct state_entry {

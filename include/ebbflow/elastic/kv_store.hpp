@@ -123,7 +123,8 @@ class memory_store {
       for (auto& k : keys) all = all && kv_.count(k) > 0;
       if (all) return;
       if (d.expired())
-        throw_if(make_error_code(error::timeout), {.operation = "store.wait", .detail = keys.empty() ? "" : keys.front()});
+        throw_if(make_error_code(error::timeout),
+                 {.operation = "store.wait", .detail = keys.empty() ? "" : keys.front()});
       cv_.wait_until(lk, std::min(d.at(), steady_clock::now() + std::chrono::milliseconds(50)));
     }
   }

@@ -58,7 +58,8 @@ class loopback_network {
  public:
   using transport_type = comm::loopback_transport;  //!< transport of each generation
   //! A worker with a fresh address on `f` (must not be null).
-  explicit loopback_network(std::shared_ptr<loopback_fabric> f) : fabric_(std::move(f)), addr_(fabric_->new_address()) {}
+  explicit loopback_network(std::shared_ptr<loopback_fabric> f)
+      : fabric_(std::move(f)), addr_(fabric_->new_address()) {}
   //! This worker's address.
   //! The address never changes (see `network`).
   [[nodiscard]] static constexpr bool stable_address() noexcept { return true; }

@@ -23,9 +23,9 @@ namespace elastic {
 
 //! Settings of `planner_policy`.
 struct planner_policy_options {
-  std::size_t max_batch = 1u << 30;        //!< memory cap m_i applied to every member
-  plan::cost_model_options model{};        //!< per-member cost model settings
-  plan::replan_options replan{};           //!< drift threshold and hysteresis
+  std::size_t max_batch = 1u << 30;  //!< memory cap m_i applied to every member
+  plan::cost_model_options model{};  //!< per-member cost model settings
+  plan::replan_options replan{};     //!< drift threshold and hysteresis
 };
 
 //! Plans with per-member robust cost models and the exact batch planner;
@@ -87,7 +87,8 @@ class planner_policy final : public planning_policy {
     for (auto m : members) {
       const auto* cm = model(m);
       const bool ok = cm && cm->ready() && cm->c() > 0;
-      specs.push_back({static_cast<std::uint64_t>(m), ok ? cm->a() : sa / k, ok ? cm->c() : sc / k, opts_.max_batch, 0, 0});
+      specs.push_back(
+          {static_cast<std::uint64_t>(m), ok ? cm->a() : sa / k, ok ? cm->c() : sc / k, opts_.max_batch, 0, 0});
     }
     return specs;
   }

@@ -69,10 +69,10 @@ struct server_options {
 
 //! Counters of a running server (read with relaxed atomics; for tests and logs).
 struct server_stats {
-  std::uint64_t accepted = 0;       //!< connections accepted
-  std::uint64_t unauthorized = 0;   //!< connections refused for a bad token
+  std::uint64_t accepted = 0;         //!< connections accepted
+  std::uint64_t unauthorized = 0;     //!< connections refused for a bad token
   std::uint64_t protocol_errors = 0;  //!< connections closed for a malformed frame or a stall
-  std::uint64_t open = 0;           //!< connections open now
+  std::uint64_t open = 0;             //!< connections open now
 };
 
 //! The store's server. Owns the key-value map; all state lives on one
@@ -137,7 +137,7 @@ struct store_event {
   enum class kind { set, erase };
   kind type = kind::set;  //!< set (or initial report) or erase
   std::string key;        //!< the key that changed
-  std::string value;  //!< the new value (empty for erase)
+  std::string value;      //!< the new value (empty for erase)
 };
 
 //! A stream of changes to keys under a prefix, on its own connection.
@@ -236,14 +236,13 @@ class store_client {
   //! matches an empty `expected`), and returns what is stored now.
   compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired);
   //! As above, by deadline `d`.
-  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
-                                 deadline d);
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired, deadline d);
   //! As above; on error sets `ec` and returns an empty result.
   compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
                                  std::error_code& ec) noexcept;
   //! As above, by deadline `d`; on error sets `ec` and returns an empty result.
-  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
-                                 deadline d, std::error_code& ec) noexcept;
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired, deadline d,
+                                 std::error_code& ec) noexcept;
 
   //! Blocks until every key in `keys` is set, or `d` passes (errc::timeout).
   //! The server waits; the client does not poll.

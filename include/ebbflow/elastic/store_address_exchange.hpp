@@ -28,7 +28,8 @@ template <kv_store Store>
 class store_address_exchange {
  public:
   //! `store` must outlive the exchange; `prefix` separates jobs sharing a store.
-  explicit store_address_exchange(Store& store, std::string prefix = "ebbflow") : store_(&store), prefix_(std::move(prefix)) {}
+  explicit store_address_exchange(Store& store, std::string prefix = "ebbflow")
+      : store_(&store), prefix_(std::move(prefix)) {}
 
   //! Publishes `mine` for (generation, rank) and returns every rank's address
   //! by rank. Blocks until all `size` ranks published or `d` passes.
@@ -46,9 +47,11 @@ class store_address_exchange {
     for (int r = 0; r < size; ++r) {
       auto v = store_->try_get(keys[static_cast<std::size_t>(r)], d);
       if (!v)
-        throw system_error(make_error_code(error::invalid_state),
-                           {.rank = rank, .generation = generation, .peer = r, .operation = "address exchange",
-                            .detail = "key vanished from the store"});
+        throw system_error(make_error_code(error::invalid_state), {.rank = rank,
+                                                                   .generation = generation,
+                                                                   .peer = r,
+                                                                   .operation = "address exchange",
+                                                                   .detail = "key vanished from the store"});
       all.push_back(to_bytes(*v));
     }
     return all;

@@ -40,12 +40,12 @@ namespace plan {
 
 //! One worker as the planner sees it, in rank order. Value type.
 struct worker_spec {
-  std::uint64_t id = 0;        //!< stable worker id (unique within one membership)
-  double a = 0;                //!< fixed seconds per step (>= 0, finite)
-  double c = 0;                //!< seconds per sample (> 0, finite)
-  std::size_t max_batch = 0;   //!< m_i: largest batch that fits in memory
-  std::size_t min_batch = 0;   //!< lo_i: smallest batch this worker must take
-  double comm_s = 0;           //!< hook: per-worker communication seconds added to every step (>= 0)
+  std::uint64_t id = 0;       //!< stable worker id (unique within one membership)
+  double a = 0;               //!< fixed seconds per step (>= 0, finite)
+  double c = 0;               //!< seconds per sample (> 0, finite)
+  std::size_t max_batch = 0;  //!< m_i: largest batch that fits in memory
+  std::size_t min_batch = 0;  //!< lo_i: smallest batch this worker must take
+  double comm_s = 0;          //!< hook: per-worker communication seconds added to every step (>= 0)
 
   //! Predicted seconds of one step on `b` samples: (a + comm_s) + c·b,
   //! evaluated with one fused multiply-add so every call site and every rank

@@ -54,17 +54,17 @@ namespace plan {
 
 //! Tuning of `cost_model`; the defaults suit step-time noise of a few percent.
 struct cost_model_options {
-  double half_life_steps = 50;     //!< weight of an observation halves after this many newer ones
-  double huber_k = 2.5;            //!< residuals beyond this many robust scales are down-weighted
-  double reject_k = 6.0;           //!< residuals beyond this many robust scales are ignored
-  unsigned change_window = 3;      //!< same-side residuals beyond change_k in a row that mean a real change (1..8)
-  double change_k = 4.5;           //!< residual size (robust scales) that counts towards a change
-  double fast_half_life_steps = 4; //!< forgetting used while the residuals show a persistent bias (drift)
-  double drift_signal = 0.6;       //!< |tracking signal| above which the fast forgetting applies
-  unsigned min_slope_samples = 8;  //!< effective samples needed before a and c are fitted apart
-  double min_rel_scale = 0.005;    //!< floor of the robust scale, relative to the prediction
-  double min_batch_spread = 0.05;  //!< batch-size coefficient of variation needed to fit a and c apart
-  double initial_rel_scale = 0.05; //!< robust scale assumed before there is data, relative
+  double half_life_steps = 50;      //!< weight of an observation halves after this many newer ones
+  double huber_k = 2.5;             //!< residuals beyond this many robust scales are down-weighted
+  double reject_k = 6.0;            //!< residuals beyond this many robust scales are ignored
+  unsigned change_window = 3;       //!< same-side residuals beyond change_k in a row that mean a real change (1..8)
+  double change_k = 4.5;            //!< residual size (robust scales) that counts towards a change
+  double fast_half_life_steps = 4;  //!< forgetting used while the residuals show a persistent bias (drift)
+  double drift_signal = 0.6;        //!< |tracking signal| above which the fast forgetting applies
+  unsigned min_slope_samples = 8;   //!< effective samples needed before a and c are fitted apart
+  double min_rel_scale = 0.005;     //!< floor of the robust scale, relative to the prediction
+  double min_batch_spread = 0.05;   //!< batch-size coefficient of variation needed to fit a and c apart
+  double initial_rel_scale = 0.05;  //!< robust scale assumed before there is data, relative
 };
 
 //! What one observation did to the model.
@@ -78,10 +78,14 @@ enum class observation_kind {
 //! Short stable name of `k` ("accepted", "downweighted", "outlier", "change").
 constexpr std::string_view to_string(observation_kind k) noexcept {
   switch (k) {
-    case observation_kind::accepted: return "accepted";
-    case observation_kind::downweighted: return "downweighted";
-    case observation_kind::outlier: return "outlier";
-    case observation_kind::change: return "change";
+    case observation_kind::accepted:
+      return "accepted";
+    case observation_kind::downweighted:
+      return "downweighted";
+    case observation_kind::outlier:
+      return "outlier";
+    case observation_kind::change:
+      return "change";
   }
   return "?";
 }
@@ -157,8 +161,8 @@ class cost_model {
   void restart_from_recent() noexcept;
 
   cost_model_options opts_;
-  double lambda_;       // per-observation forgetting factor
-  double lambda_fast_;  // forgetting while drifting
+  double lambda_;                   // per-observation forgetting factor
+  double lambda_fast_;              // forgetting while drifting
   double ew_r_ = 0, ew_abs_r_ = 0;  // tracking signal state
   // Weighted sufficient statistics, batch sizes shifted by b0_ against cancellation.
   double b0_ = 0, w_ = 0, wb_ = 0, wbb_ = 0, wt_ = 0, wbt_ = 0;

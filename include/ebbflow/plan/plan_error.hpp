@@ -41,19 +41,32 @@ enum class plan_errc {
 //! Short stable name of a cause ("infeasible", "bad_cost", ...).
 constexpr std::string_view to_string(plan_errc e) noexcept {
   switch (e) {
-    case plan_errc::empty_membership: return "empty_membership";
-    case plan_errc::zero_batch: return "zero_batch";
-    case plan_errc::bad_cost: return "bad_cost";
-    case plan_errc::bad_bounds: return "bad_bounds";
-    case plan_errc::infeasible: return "infeasible";
-    case plan_errc::duplicate_worker: return "duplicate_worker";
-    case plan_errc::bad_observation: return "bad_observation";
-    case plan_errc::bad_rank: return "bad_rank";
-    case plan_errc::membership_mismatch: return "membership_mismatch";
-    case plan_errc::batch_exceeds_epoch: return "batch_exceeds_epoch";
-    case plan_errc::stale_plan: return "stale_plan";
-    case plan_errc::bad_dataset: return "bad_dataset";
-    case plan_errc::bad_state: return "bad_state";
+    case plan_errc::empty_membership:
+      return "empty_membership";
+    case plan_errc::zero_batch:
+      return "zero_batch";
+    case plan_errc::bad_cost:
+      return "bad_cost";
+    case plan_errc::bad_bounds:
+      return "bad_bounds";
+    case plan_errc::infeasible:
+      return "infeasible";
+    case plan_errc::duplicate_worker:
+      return "duplicate_worker";
+    case plan_errc::bad_observation:
+      return "bad_observation";
+    case plan_errc::bad_rank:
+      return "bad_rank";
+    case plan_errc::membership_mismatch:
+      return "membership_mismatch";
+    case plan_errc::batch_exceeds_epoch:
+      return "batch_exceeds_epoch";
+    case plan_errc::stale_plan:
+      return "stale_plan";
+    case plan_errc::bad_dataset:
+      return "bad_dataset";
+    case plan_errc::bad_state:
+      return "bad_state";
   }
   return "unknown";
 }
@@ -90,22 +103,22 @@ EBBFLOW_END_NAMESPACE
 
 //! Throws `plan::plan_error(code, msg + file:line)` when `cond` is false.
 //! `msg` is an ostream expression.
-#define EBBFLOW_PLAN_ENFORCE(cond, code, msg)                                                        \
-  do {                                                                                               \
-    if (!(cond)) {                                                                                   \
-      std::ostringstream ebbflow_plan_os_;                                                           \
-      ebbflow_plan_os_ << msg;                                                                       \
-      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str());   \
-    }                                                                                                \
+#define EBBFLOW_PLAN_ENFORCE(cond, code, msg)                                                      \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      std::ostringstream ebbflow_plan_os_;                                                         \
+      ebbflow_plan_os_ << msg;                                                                     \
+      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str()); \
+    }                                                                                              \
   } while (0)
 
 //! Same, naming the offending worker id.
-#define EBBFLOW_PLAN_ENFORCE_W(cond, code, worker_id, msg)                                           \
-  do {                                                                                               \
-    if (!(cond)) {                                                                                   \
-      std::ostringstream ebbflow_plan_os_;                                                           \
-      ebbflow_plan_os_ << "worker " << (worker_id) << ": " << msg;                                   \
-      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str(),    \
-                                                std::uint64_t(worker_id));                           \
-    }                                                                                                \
+#define EBBFLOW_PLAN_ENFORCE_W(cond, code, worker_id, msg)                                        \
+  do {                                                                                            \
+    if (!(cond)) {                                                                                \
+      std::ostringstream ebbflow_plan_os_;                                                        \
+      ebbflow_plan_os_ << "worker " << (worker_id) << ": " << msg;                                \
+      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str(), \
+                                                std::uint64_t(worker_id));                        \
+    }                                                                                             \
   } while (0)

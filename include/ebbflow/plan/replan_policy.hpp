@@ -49,11 +49,16 @@ enum class replan_reason {
 //! Short stable name of `r` ("kept", "initial", "membership", "batch", "drift").
 constexpr std::string_view to_string(replan_reason r) noexcept {
   switch (r) {
-    case replan_reason::kept: return "kept";
-    case replan_reason::initial: return "initial";
-    case replan_reason::membership: return "membership";
-    case replan_reason::batch: return "batch";
-    case replan_reason::drift: return "drift";
+    case replan_reason::kept:
+      return "kept";
+    case replan_reason::initial:
+      return "initial";
+    case replan_reason::membership:
+      return "membership";
+    case replan_reason::batch:
+      return "batch";
+    case replan_reason::drift:
+      return "drift";
   }
   return "?";
 }
@@ -90,8 +95,7 @@ class replanner {
 inline const batch_plan& replanner::update(std::span<const worker_spec> workers, std::size_t global_batch) {
   const std::uint64_t next = plan_.version + 1;
   bool same_members = plan_.version != 0 && plan_.size() == workers.size();
-  for (std::size_t i = 0; same_members && i < workers.size(); ++i)
-    same_members = plan_.worker_ids[i] == workers[i].id;
+  for (std::size_t i = 0; same_members && i < workers.size(); ++i) same_members = plan_.worker_ids[i] == workers[i].id;
   if (plan_.version == 0 || !same_members || plan_.global_batch != global_batch) {
     reason_ = plan_.version == 0 ? replan_reason::initial
               : !same_members    ? replan_reason::membership

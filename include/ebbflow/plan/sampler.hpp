@@ -80,13 +80,13 @@ class epoch_permutation {
 //! The samples of one worker in one step: positions [first, last) of the
 //! epoch order. `indices()` is a view of the data-set indices.
 struct sample_range {
-  epoch_permutation order;   //!< the epoch's visiting order
-  std::uint64_t epoch = 0;   //!< epoch these positions belong to
-  std::uint64_t first = 0;   //!< first position (inclusive)
-  std::uint64_t last = 0;    //!< last position (exclusive)
+  epoch_permutation order;  //!< the epoch's visiting order
+  std::uint64_t epoch = 0;  //!< epoch these positions belong to
+  std::uint64_t first = 0;  //!< first position (inclusive)
+  std::uint64_t last = 0;   //!< last position (exclusive)
 
   [[nodiscard]] std::uint64_t size() const noexcept { return last - first; }  //!< number of samples
-  [[nodiscard]] bool empty() const noexcept { return first == last; }          //!< true when size() == 0
+  [[nodiscard]] bool empty() const noexcept { return first == last; }         //!< true when size() == 0
   //! The i-th data-set index of this range (i < size()).
   [[nodiscard]] std::uint64_t operator[](std::uint64_t i) const noexcept { return order(first + i); }
   //! A view over the data-set indices, in order.
@@ -98,11 +98,11 @@ enum class last_batch : std::uint32_t { short_batch = 0, drop = 1 };
 
 //! Everything a joiner needs to continue the sampling: a small POD.
 struct sampler_state {
-  std::uint64_t dataset_size = 0;   //!< N
-  std::uint64_t seed = 0;           //!< key of every epoch's permutation
-  std::uint64_t epoch = 0;          //!< current epoch
-  std::uint64_t cursor = 0;         //!< positions of `epoch` consumed by committed steps
-  std::uint64_t plan_version = 0;   //!< version of the plan of the last committed step
+  std::uint64_t dataset_size = 0;               //!< N
+  std::uint64_t seed = 0;                       //!< key of every epoch's permutation
+  std::uint64_t epoch = 0;                      //!< current epoch
+  std::uint64_t cursor = 0;                     //!< positions of `epoch` consumed by committed steps
+  std::uint64_t plan_version = 0;               //!< version of the plan of the last committed step
   last_batch policy = last_batch::short_batch;  //!< end-of-epoch behaviour
 
   //! Bytes of `encode()`: magic, format version, five u64, policy; little endian.
@@ -144,9 +144,7 @@ class epoch_sampler {
   [[nodiscard]] std::size_t step_size(std::size_t nominal_batch) const noexcept;
 
   //! Rank `rank`'s samples of the next step under `plan`. Pure (does not advance).
-  [[nodiscard]] sample_range slice(const batch_plan& plan, std::size_t rank) const {
-    return slice_of(s_, plan, rank);
-  }
+  [[nodiscard]] sample_range slice(const batch_plan& plan, std::size_t rank) const { return slice_of(s_, plan, rank); }
   //! All samples of the next step under `plan` (every rank's slice, in rank order).
   [[nodiscard]] sample_range step(const batch_plan& plan) const;
 

@@ -52,7 +52,8 @@ struct shard_range {
 class shard_sampler {
  public:
   //! @throws plan_error(bad_dataset) when there are no shards or one is empty.
-  shard_sampler(std::vector<std::uint64_t> shard_sizes, std::uint64_t seed) : sizes_(std::move(shard_sizes)), seed_(seed) {
+  shard_sampler(std::vector<std::uint64_t> shard_sizes, std::uint64_t seed)
+      : sizes_(std::move(shard_sizes)), seed_(seed) {
     EBBFLOW_PLAN_ENFORCE(!sizes_.empty(), plan_errc::bad_dataset, "no shards");
     starts_.resize(sizes_.size());
     std::uint64_t at = 0;
@@ -86,12 +87,13 @@ class shard_sampler {
     for (std::size_t j = 0; j < sizes_.size(); ++j) {
       if (cursor_[j] == sizes_[j]) continue;
       const std::size_t r = owner_[j] == unowned ? n : plan.rank_of(owner_[j]);
-      if (r < n) held[r] += static_cast<double>(sizes_[j] - cursor_[j]);
-      else orphan.push_back(j);
+      if (r < n)
+        held[r] += static_cast<double>(sizes_[j] - cursor_[j]);
+      else
+        orphan.push_back(j);
     }
-    std::stable_sort(orphan.begin(), orphan.end(), [&](std::size_t x, std::size_t y) {
-      return sizes_[x] - cursor_[x] > sizes_[y] - cursor_[y];
-    });
+    std::stable_sort(orphan.begin(), orphan.end(),
+                     [&](std::size_t x, std::size_t y) { return sizes_[x] - cursor_[x] > sizes_[y] - cursor_[y]; });
     double total = 0;
     for (double h : held) total += h;
     for (std::size_t j : orphan) total += static_cast<double>(sizes_[j] - cursor_[j]);
@@ -100,7 +102,10 @@ class shard_sampler {
       double best_gap = -std::numeric_limits<double>::infinity();
       for (std::size_t r = 0; r < n; ++r) {
         const double gap = plan.weight(r) * total - held[r];
-        if (gap > best_gap) { best_gap = gap; best = r; }
+        if (gap > best_gap) {
+          best_gap = gap;
+          best = r;
+        }
       }
       owner_[j] = plan.worker_ids[best];
       held[best] += static_cast<double>(sizes_[j] - cursor_[j]);

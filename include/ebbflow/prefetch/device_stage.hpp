@@ -59,7 +59,7 @@ concept device_stage = requires(S& s, std::size_t slot, std::size_t dev, std::sp
 //! the batch was handed out, so it is always ready.
 struct host_event {
   [[nodiscard]] constexpr bool ready() const noexcept { return true; }  //!< always true
-  constexpr void wait() const noexcept {}                              //!< returns at once
+  constexpr void wait() const noexcept {}                               //!< returns at once
 };
 
 //! The CPU executor's device stage: `devices` host buffers per slot, filled by

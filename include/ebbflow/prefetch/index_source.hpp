@@ -55,7 +55,10 @@ class sequence_source {
   //! @throws std::invalid_argument for 0 devices or a weight vector of the wrong size.
   sequence_source(std::size_t samples, batch_size_fn batch_size, std::size_t devices = 1,
                   std::vector<double> weights = {}, std::uint64_t steps = UINT64_MAX)
-      : samples_(samples), batch_size_(std::move(batch_size)), devices_(devices), weights_(std::move(weights)),
+      : samples_(samples),
+        batch_size_(std::move(batch_size)),
+        devices_(devices),
+        weights_(std::move(weights)),
         steps_(steps) {
     EBBFLOW_ENFORCE(devices_ > 0, "sequence_source: need at least one device");
     EBBFLOW_ENFORCE(weights_.empty() || weights_.size() == devices_, "sequence_source: one weight per device");

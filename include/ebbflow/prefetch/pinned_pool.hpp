@@ -55,14 +55,14 @@ struct host_allocator {
 
 //! A snapshot of a pool's counters.
 struct pool_stats {
-  std::size_t capacity = 0;        //!< bytes of the region (fixed for the pool's life)
-  std::size_t in_use = 0;          //!< bytes currently leased
-  std::size_t peak = 0;            //!< largest `in_use` ever observed
-  std::size_t leases = 0;          //!< leases currently outstanding
-  std::size_t allocations = 0;     //!< regions allocated (1 for the pool's life: it never grows)
-  bool locked = false;             //!< the region is page-locked
-  std::string allocator = {};      //!< allocator name
-  std::string lock_status = {};    //!< why the region is not locked (empty when it is)
+  std::size_t capacity = 0;      //!< bytes of the region (fixed for the pool's life)
+  std::size_t in_use = 0;        //!< bytes currently leased
+  std::size_t peak = 0;          //!< largest `in_use` ever observed
+  std::size_t leases = 0;        //!< leases currently outstanding
+  std::size_t allocations = 0;   //!< regions allocated (1 for the pool's life: it never grows)
+  bool locked = false;           //!< the region is page-locked
+  std::string allocator = {};    //!< allocator name
+  std::string lock_status = {};  //!< why the region is not locked (empty when it is)
 };
 
 class pinned_pool;

@@ -88,13 +88,13 @@ class load_error : public std::runtime_error {
 
 //! Construction parameters. `sample_bytes` and `max_batch_samples` are required.
 struct prefetch_options {
-  std::size_t sample_bytes = 0;        //!< bytes of one sample (fixed)
-  std::size_t max_batch_samples = 0;   //!< largest global batch any step may have
-  std::size_t max_device_samples = 0;  //!< largest sub-batch of one device; 0: max_batch_samples
-  std::size_t depth = 3;               //!< steps in flight (ring slots), >= 1
-  std::size_t pool_bytes = 0;          //!< pinned staging bound; 0: depth * max_batch_samples * sample_bytes
-  unsigned loaders = 2;                //!< loader threads, >= 1
-  std::size_t chunk_samples = 0;       //!< samples per loader task; 0: about batch / (4 * loaders)
+  std::size_t sample_bytes = 0;                //!< bytes of one sample (fixed)
+  std::size_t max_batch_samples = 0;           //!< largest global batch any step may have
+  std::size_t max_device_samples = 0;          //!< largest sub-batch of one device; 0: max_batch_samples
+  std::size_t depth = 3;                       //!< steps in flight (ring slots), >= 1
+  std::size_t pool_bytes = 0;                  //!< pinned staging bound; 0: depth * max_batch_samples * sample_bytes
+  unsigned loaders = 2;                        //!< loader threads, >= 1
+  std::size_t chunk_samples = 0;               //!< samples per loader task; 0: about batch / (4 * loaders)
   error_policy on_error = error_policy::stop;  //!< what to do after a step failed to load
   //! Staging allocator; empty: the stage's preferred one (cudaHostAlloc for
   //! cuda_stage), else `mlock_allocator()`.
@@ -103,18 +103,18 @@ struct prefetch_options {
 
 //! Counters readable at any time from any thread (`prefetcher::stats()`).
 struct prefetch_stats {
-  std::uint64_t steps_delivered = 0;   //!< batches returned by next()
-  std::uint64_t steps_planned = 0;     //!< steps taken from the index source
-  std::size_t queue_depth = 0;         //!< steps ready and not yet taken by next()
-  std::size_t in_flight = 0;           //!< slots in use (planned, loading, ready or held)
-  double consumer_stall_s = 0;         //!< total time next() waited for a batch
-  std::uint64_t samples_loaded = 0;    //!< successful load calls (samples)
-  std::uint64_t bytes_loaded = 0;      //!< bytes written by successful loads
-  double loader_busy_s = 0;            //!< summed time inside load callbacks
-  double loader_bytes_per_s = 0;       //!< bytes_loaded / seconds since construction
-  std::uint64_t load_errors = 0;       //!< failed steps
-  pool_stats pool = {};                //!< staging pool: bytes in use, peak, capacity, locked
-  std::size_t stage_bytes = 0;         //!< stage buffers allocated at construction (0 if unknown)
+  std::uint64_t steps_delivered = 0;  //!< batches returned by next()
+  std::uint64_t steps_planned = 0;    //!< steps taken from the index source
+  std::size_t queue_depth = 0;        //!< steps ready and not yet taken by next()
+  std::size_t in_flight = 0;          //!< slots in use (planned, loading, ready or held)
+  double consumer_stall_s = 0;        //!< total time next() waited for a batch
+  std::uint64_t samples_loaded = 0;   //!< successful load calls (samples)
+  std::uint64_t bytes_loaded = 0;     //!< bytes written by successful loads
+  double loader_busy_s = 0;           //!< summed time inside load callbacks
+  double loader_bytes_per_s = 0;      //!< bytes_loaded / seconds since construction
+  std::uint64_t load_errors = 0;      //!< failed steps
+  pool_stats pool = {};               //!< staging pool: bytes in use, peak, capacity, locked
+  std::size_t stage_bytes = 0;        //!< stage buffers allocated at construction (0 if unknown)
 };
 
 namespace detail {
@@ -129,8 +129,8 @@ class prefetch_state;
 template <class State>
 class basic_batch {
  public:
-  using stage_type = typename State::stage_type;       //!< the prefetcher's `Stage`
-  using event_type = typename stage_type::event_type;  //!< readiness of one device's data
+  using stage_type = typename State::stage_type;            //!< the prefetcher's `Stage`
+  using event_type = typename stage_type::event_type;       //!< readiness of one device's data
   static constexpr memory_space space = stage_type::space;  //!< memory space of `data(d)`
 
   //! The empty batch (false; owns no slot).

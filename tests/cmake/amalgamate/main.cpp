@@ -30,6 +30,7 @@ int main() {
   expect += 13;
   got += fixture::bridge_value();
 #endif
-  std::printf("amalgamate fixture: asio=%d ucx=%d got=%d expected=%d\n", EBBFLOW_HAS_ASIO, EBBFLOW_HAS_UCX, got, expect);
+  std::printf("amalgamate fixture: asio=%d ucx=%d got=%d expected=%d\n", EBBFLOW_HAS_ASIO, EBBFLOW_HAS_UCX, got,
+              expect);
   return got == expect ? 0 : 1;
 }

@@ -33,8 +33,8 @@ int main() {
   const std::string key = "Jefe", data = "what do ya want for nothing?";
   std::array<unsigned char, EVP_MAX_MD_SIZE> mac{};
   unsigned len = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac.data(), &len);
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(data.data()),
+       data.size(), mac.data(), &len);
   std::string hex;
   for (unsigned i = 0; i < len; ++i) {
     char b[3];
@@ -56,9 +56,11 @@ int main() {
   });
   client.async_connect(acceptor.local_endpoint(), [&](boost::system::error_code ec) {
     if (ec) return;
-    asio::async_write(client, asio::buffer(std::string_view("ebbflow")), [&](boost::system::error_code ec2, std::size_t) {
-      if (!ec2) asio::async_read(client, asio::buffer(cbuf), [](boost::system::error_code, std::size_t) {});
-    });
+    asio::async_write(client, asio::buffer(std::string_view("ebbflow")),
+                      [&](boost::system::error_code ec2, std::size_t) {
+                        if (!ec2)
+                          asio::async_read(client, asio::buffer(cbuf), [](boost::system::error_code, std::size_t) {});
+                      });
   });
   io.run_for(std::chrono::seconds(5));
   check(std::string(cbuf.data(), cbuf.size()) == "ebbflow", "echo over TCP loopback (Boost.Asio)");

@@ -52,8 +52,8 @@ int run_rank(int rank, const std::filesystem::path& dir) try {
   for (std::size_t i = 0; i < count; ++i)
     if (v[i] != static_cast<std::int64_t>(3 * (i + 1))) ++bad;
   if (bad) {
-    std::fprintf(stderr, "consumer_ucx: rank %d: allreduce: %d of %zu elements wrong (v[0] = %lld)\n", rank, bad,
-                 count, static_cast<long long>(v[0]));
+    std::fprintf(stderr, "consumer_ucx: rank %d: allreduce: %d of %zu elements wrong (v[0] = %lld)\n", rank, bad, count,
+                 static_cast<long long>(v[0]));
     return 1;
   }
 

@@ -63,8 +63,8 @@ class scratch_pool {
     try {
       if (free_.size() >= max_cached) {
         // Keep the largest buffers: they are the expensive ones to fault in.
-        auto smallest = std::min_element(free_.begin(), free_.end(),
-                                         [](const entry& x, const entry& y) { return x.cap < y.cap; });
+        auto smallest =
+            std::min_element(free_.begin(), free_.end(), [](const entry& x, const entry& y) { return x.cap < y.cap; });
         if (smallest->cap >= cap) return;
         free_.erase(smallest);
       }
@@ -197,7 +197,8 @@ task<T> ring_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* 
   for (std::size_t k = 0; k < items; ++k) {
     const auto s = static_cast<long long>(k / chunks);
     auto [b, e] = chunk(r - s - 1, k % chunks);
-    recvs.push_back(t.irecv(left, make_tag(seq, ag + static_cast<std::uint32_t>(s)), mbytes(work + b * es, (e - b) * es)));
+    recvs.push_back(
+        t.irecv(left, make_tag(seq, ag + static_cast<std::uint32_t>(s)), mbytes(work + b * es, (e - b) * es)));
   }
   for (std::size_t j = 0; j < chunks; ++j) {
     auto [b, e] = chunk(r, j);
@@ -208,7 +209,8 @@ task<T> ring_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* 
     const auto s = static_cast<long long>(k / chunks);
     if (s < n - 2) {
       auto [b, e] = chunk(r - s - 1, k % chunks);
-      sends.push_back(t.isend(right, make_tag(seq, ag + static_cast<std::uint32_t>(s + 1)), cbytes(work + b * es, (e - b) * es)));
+      sends.push_back(
+          t.isend(right, make_tag(seq, ag + static_cast<std::uint32_t>(s + 1)), cbytes(work + b * es, (e - b) * es)));
     }
   }
   for (auto& q : sends) co_await awaiting<T>{t, q, right};
@@ -340,7 +342,8 @@ task<T> allgather(T& t, std::uint64_t seq, const std::byte* in, std::byte* out, 
   sends.push_back(t.isend(right, make_tag(seq, 0), cbytes(block(r), bb)));
   for (int s = 0; s < n - 1; ++s) {
     co_await awaiting<T>{t, recvs[static_cast<std::size_t>(s)], left};
-    if (s < n - 2) sends.push_back(t.isend(right, make_tag(seq, static_cast<std::uint32_t>(s + 1)), cbytes(block(r - s - 1), bb)));
+    if (s < n - 2)
+      sends.push_back(t.isend(right, make_tag(seq, static_cast<std::uint32_t>(s + 1)), cbytes(block(r - s - 1), bb)));
   }
   for (auto& q : sends) co_await awaiting<T>{t, q, right};
 }
@@ -425,9 +428,11 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
     for (int i = 1; i < n; ++i) {
       const int q = (r + i) % n;
       peers.push_back(q);
-      auto rb = with_addrs ? std::as_writable_bytes(std::span(&theirs[static_cast<std::size_t>(q)], 1)) : std::span<std::byte>{};
+      auto rb = with_addrs ? std::as_writable_bytes(std::span(&theirs[static_cast<std::size_t>(q)], 1))
+                           : std::span<std::byte>{};
       recvs.push_back(t.irecv(q, make_tag(seq, step), rb));
-      sends.push_back(t.isend(q, make_tag(seq, step), with_addrs ? std::as_bytes(std::span(&mine, 1)) : std::span<const std::byte>{}));
+      sends.push_back(t.isend(q, make_tag(seq, step),
+                              with_addrs ? std::as_bytes(std::span(&mine, 1)) : std::span<const std::byte>{}));
     }
   };
   auto seg_begin = [&](int s) { return count * static_cast<std::size_t>(s) / nn; };
@@ -462,7 +467,8 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
       const std::byte* acc = in + off * es;
       for (int i = 1; i < n; ++i) {
         const int q = (r + i) % n;
-        if (int err = cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].in + off * es, lease.data(), len * es)) {
+        if (int err =
+                cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].in + off * es, lease.data(), len * es)) {
           failed = fail(err, q);
           failed_peer = q;
           break;
@@ -479,7 +485,8 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
     for (int i = 1; i < n && !failed; ++i) {
       const int q = (r + i) % n;
       const std::size_t b = seg_begin(q), e = seg_begin(q + 1);
-      if (int err = cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].out + b * es, out + b * es, (e - b) * es)) {
+      if (int err =
+              cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].out + b * es, out + b * es, (e - b) * es)) {
         failed = fail(err, q);
         failed_peer = q;
       }
@@ -519,8 +526,14 @@ namespace comm {
 // ------------------------------------------------------------------ request
 template <transport T>
 request<T>::request(T& t, detail::task<T> task, detail::op_context ctx, std::shared_ptr<detail::active_set<T>> active)
-    : t_(&t), h_(task.h), finished_(false), ctx_(std::move(ctx.ctx)), seq_(ctx.seq), bytes_(ctx.bytes),
-      describe_(ctx.describe), active_(std::move(active)) {
+    : t_(&t),
+      h_(task.h),
+      finished_(false),
+      ctx_(std::move(ctx.ctx)),
+      seq_(ctx.seq),
+      bytes_(ctx.bytes),
+      describe_(ctx.describe),
+      active_(std::move(active)) {
   try {
     active_->hs.push_back(h_);
   } catch (...) {
@@ -533,8 +546,15 @@ request<T>::request(T& t, detail::task<T> task, detail::op_context ctx, std::sha
 
 template <transport T>
 request<T>::request(request&& o) noexcept
-    : t_(o.t_), h_(std::exchange(o.h_, {})), ec_(o.ec_), finished_(std::exchange(o.finished_, true)), ctx_(std::move(o.ctx_)),
-      seq_(o.seq_), bytes_(o.bytes_), describe_(o.describe_), active_(std::move(o.active_)) {}
+    : t_(o.t_),
+      h_(std::exchange(o.h_, {})),
+      ec_(o.ec_),
+      finished_(std::exchange(o.finished_, true)),
+      ctx_(std::move(o.ctx_)),
+      seq_(o.seq_),
+      bytes_(o.bytes_),
+      describe_(o.describe_),
+      active_(std::move(o.active_)) {}
 
 template <transport T>
 request<T>& request<T>::operator=(request&& o) noexcept {
@@ -575,7 +595,9 @@ template <transport T>
 void request<T>::finish(std::error_code ec, int peer) {
   // A transport that knows which peer died (UCX: `lost_peer()`) names it,
   // whichever transfer happened to report the loss.
-  if constexpr (requires(const T& t) { { t.lost_peer() } -> std::convertible_to<int>; }) {
+  if constexpr (requires(const T& t) {
+                  { t.lost_peer() } -> std::convertible_to<int>;
+                }) {
     if (ec == errc::peer_lost && t_->lost_peer() >= 0) peer = t_->lost_peer();
   }
   finished_ = true;
@@ -619,9 +641,12 @@ void request<T>::progress() {
     if (active_->hs[i] != h_) detail::advance(*t_, active_->hs[i]);
   detail::advance(*t_, h_);
   auto& p = h_.promise();
-  if (p.exc) finish(make_error_code(error::invalid_state), -1);
-  else if (p.failed) finish(p.failed, p.failed_peer);
-  else if (h_.done()) finish({}, -1);
+  if (p.exc)
+    finish(make_error_code(error::invalid_state), -1);
+  else if (p.failed)
+    finish(p.failed, p.failed_peer);
+  else if (h_.done())
+    finish({}, -1);
 }
 
 template <transport T>
@@ -644,7 +669,9 @@ void request<T>::wait(deadline d, std::error_code& ec) {
     std::error_code e;
     t_->wait(*p.awaited, slice, e);
     if (e == errc::timeout) {
-      if constexpr (requires(const T& t) { { t.lost_peer() } -> std::convertible_to<int>; }) {
+      if constexpr (requires(const T& t) {
+                      { t.lost_peer() } -> std::convertible_to<int>;
+                    }) {
         // The deadline passed because the group broke: report the loss.
         if (t_->lost_peer() >= 0) {
           finish(make_error_code(error::peer_lost), t_->lost_peer());
@@ -678,9 +705,12 @@ const error_context& request<T>::context() const {
 // ------------------------------------------------------------- communicator
 template <transport T>
 basic_communicator<T>::basic_communicator(T& transport, collective_options opts)
-    : t_(&transport), opts_(opts), pool_(std::make_shared<detail::scratch_pool>()),
+    : t_(&transport),
+      opts_(opts),
+      pool_(std::make_shared<detail::scratch_pool>()),
       active_(std::make_shared<detail::active_set<T>>()) {
-  EBBFLOW_ENFORCE(opts_.chunk_bytes > 0 && opts_.window > 0, "collective_options: chunk_bytes and window must be positive");
+  EBBFLOW_ENFORCE(opts_.chunk_bytes > 0 && opts_.window > 0,
+                  "collective_options: chunk_bytes and window must be positive");
 }
 
 template <transport T>
@@ -717,31 +747,40 @@ request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, re
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   const std::size_t bytes = in.bytes();
-  if (size() == 1 || in.count == 0) return make_request(detail::copy_only<T>(src, dst, bytes), ctx("allreduce", seq, bytes));
+  if (size() == 1 || in.count == 0)
+    return make_request(detail::copy_only<T>(src, dst, bytes), ctx("allreduce", seq, bytes));
   bool ring = false, single_copy = false;
   switch (opts_.allreduce) {
     case allreduce_algorithm::automatic:
       ring = bytes > opts_.small_bytes && in.count >= static_cast<std::size_t>(size());
       single_copy = ring && all_peers_local();
       break;
-    case allreduce_algorithm::ring: ring = true; break;
-    case allreduce_algorithm::recursive_doubling: ring = false; break;
+    case allreduce_algorithm::ring:
+      ring = true;
+      break;
+    case allreduce_algorithm::recursive_doubling:
+      ring = false;
+      break;
     case allreduce_algorithm::single_copy:
-      EBBFLOW_ENFORCE(all_peers_local(), "allreduce: single_copy needs every peer on this host with process_vm_readv access");
+      EBBFLOW_ENFORCE(all_peers_local(),
+                      "allreduce: single_copy needs every peer on this host with process_vm_readv access");
       single_copy = true;
       break;
   }
   if constexpr (detail::single_copy_transport<T>) {
     if (single_copy)
-      return make_request(detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.copy_chunk_bytes, pool_),
-                        ctx("allreduce", seq, bytes));
+      return make_request(
+          detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.copy_chunk_bytes, pool_),
+          ctx("allreduce", seq, bytes));
   }
   if (ring)
-    return make_request(
-                      detail::ring_allreduce<T>(*t_, seq, src, dst, dst + in.count * static_cast<std::size_t>(rank()) / static_cast<std::size_t>(size()) * size_of(in.type),
-                                                in.count, in.type, op, opts_.chunk_bytes, opts_.window, true, pool_),
+    return make_request(detail::ring_allreduce<T>(*t_, seq, src, dst,
+                                                  dst + in.count * static_cast<std::size_t>(rank()) /
+                                                            static_cast<std::size_t>(size()) * size_of(in.type),
+                                                  in.count, in.type, op, opts_.chunk_bytes, opts_.window, true, pool_),
+                        ctx("allreduce", seq, bytes));
+  return make_request(detail::rd_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, pool_),
                       ctx("allreduce", seq, bytes));
-  return make_request(detail::rd_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, pool_), ctx("allreduce", seq, bytes));
 }
 
 template <transport T>
@@ -756,17 +795,17 @@ request<T> basic_communicator<T>::ireduce_scatter(buffer_view in, buffer_view ou
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   const std::size_t es = size_of(in.type);
-  if (n == 1 || out.count == 0) return make_request(detail::copy_only<T>(src, dst, out.bytes()), ctx("reduce_scatter", seq, in.bytes()));
+  if (n == 1 || out.count == 0)
+    return make_request(detail::copy_only<T>(src, dst, out.bytes()), ctx("reduce_scatter", seq, in.bytes()));
   // Partial sums of the segments this rank forwards live in a work buffer
   // owned by the coroutine; the final reduction of segment `rank()` goes
   // straight to `out`.
   auto work = detail::scratch_pool::take(pool_, in.bytes());
   std::byte* w = work.data();
   (void)es;
-  return make_request(
-                    detail::ring_allreduce<T>(*t_, seq, src, w, dst, in.count, in.type, op, opts_.chunk_bytes,
-                                              opts_.window, false, pool_, std::move(work)),
-                    ctx("reduce_scatter", seq, in.bytes()));
+  return make_request(detail::ring_allreduce<T>(*t_, seq, src, w, dst, in.count, in.type, op, opts_.chunk_bytes,
+                                                opts_.window, false, pool_, std::move(work)),
+                      ctx("reduce_scatter", seq, in.bytes()));
 }
 
 template <transport T>
@@ -775,10 +814,11 @@ request<T> basic_communicator<T>::ibroadcast(buffer_view buf, int root) {
   EBBFLOW_ENFORCE(root >= 0 && root < size(), "broadcast root " << root << " outside [0, " << size() << ")");
   const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* p = static_cast<std::byte*>(buf.data);
-  if (size() == 1 || buf.count == 0) return make_request(detail::copy_only<T>(p, p, 0), ctx("broadcast", seq, buf.bytes()));
+  if (size() == 1 || buf.count == 0)
+    return make_request(detail::copy_only<T>(p, p, 0), ctx("broadcast", seq, buf.bytes()));
   const bool chain = buf.bytes() > opts_.small_bytes;
   return make_request(detail::broadcast<T>(*t_, seq, p, buf.bytes(), root, chain, opts_.chunk_bytes),
-                    ctx("broadcast", seq, buf.bytes()));
+                      ctx("broadcast", seq, buf.bytes()));
 }
 
 template <transport T>
@@ -792,7 +832,8 @@ request<T> basic_communicator<T>::iallgather(buffer_view in, buffer_view out) {
   const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
-  if (n == 1 || in.count == 0) return make_request(detail::copy_only<T>(src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
+  if (n == 1 || in.count == 0)
+    return make_request(detail::copy_only<T>(src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
   return make_request(detail::allgather<T>(*t_, seq, src, dst, in.bytes()), ctx("allgather", seq, out.bytes()));
 }
 
@@ -805,22 +846,32 @@ request<T> basic_communicator<T>::ibarrier() {
 template <transport T>
 request<T> basic_communicator<T>::isend(buffer_view buf, int peer, std::uint32_t tag) {
   detail::check_buffer(buf, "send buffer");
-  EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(), "send: peer " << peer << " invalid for rank " << rank());
+  EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(),
+                  "send: peer " << peer << " invalid for rank " << rank());
   EBBFLOW_ENFORCE(tag < (1u << 24), "send: tag " << tag << " must be < 2^24");
   // Point-to-point tags live in the step value 0xffff, which collectives never use.
-  return make_request(detail::p2p<T>(*t_, true, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
-                    error_context{.rank = rank(), .generation = generation(), .peer = peer, .operation = "send",
-                     .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
+  return make_request(
+      detail::p2p<T>(*t_, true, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
+      error_context{.rank = rank(),
+                    .generation = generation(),
+                    .peer = peer,
+                    .operation = "send",
+                    .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
 }
 
 template <transport T>
 request<T> basic_communicator<T>::irecv(buffer_view buf, int peer, std::uint32_t tag) {
   detail::check_buffer(buf, "recv buffer");
-  EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(), "recv: peer " << peer << " invalid for rank " << rank());
+  EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(),
+                  "recv: peer " << peer << " invalid for rank " << rank());
   EBBFLOW_ENFORCE(tag < (1u << 24), "recv: tag " << tag << " must be < 2^24");
-  return make_request(detail::p2p<T>(*t_, false, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
-                    error_context{.rank = rank(), .generation = generation(), .peer = peer, .operation = "recv",
-                     .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
+  return make_request(
+      detail::p2p<T>(*t_, false, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
+      error_context{.rank = rank(),
+                    .generation = generation(),
+                    .peer = peer,
+                    .operation = "recv",
+                    .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
 }
 
 }  // namespace comm

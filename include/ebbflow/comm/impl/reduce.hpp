@@ -24,24 +24,52 @@ using v_u8 = std::uint8_t __attribute__((vector_size(16)));
 using v_u32 = std::uint32_t __attribute__((vector_size(16)));
 using v4_u16 = std::uint16_t __attribute__((vector_size(8)));
 
-template <class T> struct vec_of;
-template <> struct vec_of<float> { using type = v_f32; };
-template <> struct vec_of<double> { using type = v_f64; };
-template <> struct vec_of<std::int32_t> { using type = v_i32; };
-template <> struct vec_of<std::int64_t> { using type = v_i64; };
-template <> struct vec_of<std::uint8_t> { using type = v_u8; };
+template <class T>
+struct vec_of;
+template <>
+struct vec_of<float> {
+  using type = v_f32;
+};
+template <>
+struct vec_of<double> {
+  using type = v_f64;
+};
+template <>
+struct vec_of<std::int32_t> {
+  using type = v_i32;
+};
+template <>
+struct vec_of<std::int64_t> {
+  using type = v_i64;
+};
+template <>
+struct vec_of<std::uint8_t> {
+  using type = v_u8;
+};
 
 struct op_sum {
-  template <class V> static V apply(V a, V b) noexcept { return a + b; }
+  template <class V>
+  static V apply(V a, V b) noexcept {
+    return a + b;
+  }
 };
 struct op_prod {
-  template <class V> static V apply(V a, V b) noexcept { return a * b; }
+  template <class V>
+  static V apply(V a, V b) noexcept {
+    return a * b;
+  }
 };
 struct op_min {
-  template <class V> static V apply(V a, V b) noexcept { return b < a ? b : a; }
+  template <class V>
+  static V apply(V a, V b) noexcept {
+    return b < a ? b : a;
+  }
 };
 struct op_max {
-  template <class V> static V apply(V a, V b) noexcept { return a < b ? b : a; }
+  template <class V>
+  static V apply(V a, V b) noexcept {
+    return a < b ? b : a;
+  }
 };
 
 template <class V>
@@ -104,20 +132,33 @@ inline void reduce_bf16(std::uint16_t* dst, const std::uint16_t* a, const std::u
 template <class Op>
 inline void reduce_f16(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* __restrict b,
                        std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i)
-    dst[i] = half::from_float(Op::apply(half::to_float(a[i]), half::to_float(b[i])));
+  for (std::size_t i = 0; i < n; ++i) dst[i] = half::from_float(Op::apply(half::to_float(a[i]), half::to_float(b[i])));
 }
 
 template <class Op>
 inline void reduce_typed(dtype type, void* dst, const void* a, const void* b, std::size_t n) noexcept {
   switch (type) {
-    case dtype::f32: return reduce_native<float, Op>(static_cast<float*>(dst), static_cast<const float*>(a), static_cast<const float*>(b), n);
-    case dtype::f64: return reduce_native<double, Op>(static_cast<double*>(dst), static_cast<const double*>(a), static_cast<const double*>(b), n);
-    case dtype::i32: return reduce_native<std::int32_t, Op>(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(a), static_cast<const std::int32_t*>(b), n);
-    case dtype::i64: return reduce_native<std::int64_t, Op>(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(a), static_cast<const std::int64_t*>(b), n);
-    case dtype::u8: return reduce_native<std::uint8_t, Op>(static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(a), static_cast<const std::uint8_t*>(b), n);
-    case dtype::bf16: return reduce_bf16<Op>(static_cast<std::uint16_t*>(dst), static_cast<const std::uint16_t*>(a), static_cast<const std::uint16_t*>(b), n);
-    case dtype::f16: return reduce_f16<Op>(static_cast<std::uint16_t*>(dst), static_cast<const std::uint16_t*>(a), static_cast<const std::uint16_t*>(b), n);
+    case dtype::f32:
+      return reduce_native<float, Op>(static_cast<float*>(dst), static_cast<const float*>(a),
+                                      static_cast<const float*>(b), n);
+    case dtype::f64:
+      return reduce_native<double, Op>(static_cast<double*>(dst), static_cast<const double*>(a),
+                                       static_cast<const double*>(b), n);
+    case dtype::i32:
+      return reduce_native<std::int32_t, Op>(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(a),
+                                             static_cast<const std::int32_t*>(b), n);
+    case dtype::i64:
+      return reduce_native<std::int64_t, Op>(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(a),
+                                             static_cast<const std::int64_t*>(b), n);
+    case dtype::u8:
+      return reduce_native<std::uint8_t, Op>(static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(a),
+                                             static_cast<const std::uint8_t*>(b), n);
+    case dtype::bf16:
+      return reduce_bf16<Op>(static_cast<std::uint16_t*>(dst), static_cast<const std::uint16_t*>(a),
+                             static_cast<const std::uint16_t*>(b), n);
+    case dtype::f16:
+      return reduce_f16<Op>(static_cast<std::uint16_t*>(dst), static_cast<const std::uint16_t*>(a),
+                            static_cast<const std::uint16_t*>(b), n);
   }
 }
 
@@ -134,10 +175,14 @@ inline void reduce(dtype type, reduce_op op, void* dst, const void* a, const voi
   if (count == 0) return;
   switch (op) {
     case reduce_op::sum:
-    case reduce_op::avg: return detail::reduce_typed<detail::op_sum>(type, dst, a, b, count);
-    case reduce_op::prod: return detail::reduce_typed<detail::op_prod>(type, dst, a, b, count);
-    case reduce_op::min: return detail::reduce_typed<detail::op_min>(type, dst, a, b, count);
-    case reduce_op::max: return detail::reduce_typed<detail::op_max>(type, dst, a, b, count);
+    case reduce_op::avg:
+      return detail::reduce_typed<detail::op_sum>(type, dst, a, b, count);
+    case reduce_op::prod:
+      return detail::reduce_typed<detail::op_prod>(type, dst, a, b, count);
+    case reduce_op::min:
+      return detail::reduce_typed<detail::op_min>(type, dst, a, b, count);
+    case reduce_op::max:
+      return detail::reduce_typed<detail::op_max>(type, dst, a, b, count);
   }
 }
 
@@ -149,9 +194,12 @@ inline void finish_avg(dtype type, void* dst, std::size_t count, int divisor) no
       // keep the division so every algorithm gives the same result.
       return detail::divide_native(static_cast<float*>(dst), count, static_cast<float>(divisor));
     }
-    case dtype::f64: return detail::divide_native(static_cast<double*>(dst), count, static_cast<double>(divisor));
-    case dtype::i32: return detail::divide_native(static_cast<std::int32_t*>(dst), count, std::int32_t{divisor});
-    case dtype::i64: return detail::divide_native(static_cast<std::int64_t*>(dst), count, std::int64_t{divisor});
+    case dtype::f64:
+      return detail::divide_native(static_cast<double*>(dst), count, static_cast<double>(divisor));
+    case dtype::i32:
+      return detail::divide_native(static_cast<std::int32_t*>(dst), count, std::int32_t{divisor});
+    case dtype::i64:
+      return detail::divide_native(static_cast<std::int64_t*>(dst), count, std::int64_t{divisor});
     case dtype::u8: {
       auto* p = static_cast<std::uint8_t*>(dst);
       for (std::size_t i = 0; i < count; ++i) p[i] = static_cast<std::uint8_t>(p[i] / divisor);
@@ -159,7 +207,8 @@ inline void finish_avg(dtype type, void* dst, std::size_t count, int divisor) no
     }
     case dtype::f16: {
       auto* p = static_cast<std::uint16_t*>(dst);
-      for (std::size_t i = 0; i < count; ++i) p[i] = half::from_float(half::to_float(p[i]) / static_cast<float>(divisor));
+      for (std::size_t i = 0; i < count; ++i)
+        p[i] = half::from_float(half::to_float(p[i]) / static_cast<float>(divisor));
       return;
     }
     case dtype::bf16: {

@@ -60,24 +60,36 @@ inline unique_id_bytes make_unique_id() {
 //! NCCL's element type for an ebbflow dtype.
 constexpr ncclDataType_t to_nccl(dtype t) noexcept {
   switch (t) {
-    case dtype::f32: return ncclFloat32;
-    case dtype::f64: return ncclFloat64;
-    case dtype::f16: return ncclFloat16;
-    case dtype::bf16: return ncclBfloat16;
-    case dtype::i32: return ncclInt32;
-    case dtype::i64: return ncclInt64;
-    case dtype::u8: return ncclUint8;
+    case dtype::f32:
+      return ncclFloat32;
+    case dtype::f64:
+      return ncclFloat64;
+    case dtype::f16:
+      return ncclFloat16;
+    case dtype::bf16:
+      return ncclBfloat16;
+    case dtype::i32:
+      return ncclInt32;
+    case dtype::i64:
+      return ncclInt64;
+    case dtype::u8:
+      return ncclUint8;
   }
   return ncclFloat32;
 }
 //! NCCL's reduction for an ebbflow reduce_op.
 constexpr ncclRedOp_t to_nccl(reduce_op op) noexcept {
   switch (op) {
-    case reduce_op::sum: return ncclSum;
-    case reduce_op::avg: return ncclAvg;
-    case reduce_op::min: return ncclMin;
-    case reduce_op::max: return ncclMax;
-    case reduce_op::prod: return ncclProd;
+    case reduce_op::sum:
+      return ncclSum;
+    case reduce_op::avg:
+      return ncclAvg;
+    case reduce_op::min:
+      return ncclMin;
+    case reduce_op::max:
+      return ncclMax;
+    case reduce_op::prod:
+      return ncclProd;
   }
   return ncclSum;
 }
@@ -97,8 +109,7 @@ class communicator {
   //! Joins generation `generation` as `rank` of `size`, from the id that rank 0
   //! published. The current CUDA device must be set by the caller.
   //! @throws system_error (timeout, or the NCCL error) naming rank and generation.
-  static communicator init(int rank, int size, std::int64_t generation, const unique_id_bytes& id,
-                           options opts = {}) {
+  static communicator init(int rank, int size, std::int64_t generation, const unique_id_bytes& id, options opts = {}) {
     EBBFLOW_ENFORCE(size > 0 && rank >= 0 && rank < size,
                     "nccl::communicator::init: rank " << rank << " outside [0, " << size << ")");
     communicator c;
@@ -146,7 +157,8 @@ class communicator {
   //! until `d`. @throws system_error: peer_lost, timeout or the NCCL error.
   void allreduce(const void* d_send, void* d_recv, std::size_t count, dtype type, reduce_op op, cudaStream_t stream,
                  deadline d) {
-    run("allreduce", stream, d, [&] { return ncclAllReduce(d_send, d_recv, count, to_nccl(type), to_nccl(op), comm_, stream); });
+    run("allreduce", stream, d,
+        [&] { return ncclAllReduce(d_send, d_recv, count, to_nccl(type), to_nccl(op), comm_, stream); });
   }
   //! Broadcasts `count` elements from `root`'s `d_buf` to every rank's `d_buf`.
   void broadcast(void* d_buf, std::size_t count, dtype type, int root, cudaStream_t stream, deadline d) {
@@ -181,8 +193,8 @@ class communicator {
   //! @throws system_error on failure or timeout.
   communicator shrink(std::span<const int> exclude, std::int64_t next_generation) {
     for (int r : exclude)
-      EBBFLOW_ENFORCE(r >= 0 && r < size_ && r != rank_, "nccl shrink: cannot exclude rank " << r << " of " << size_
-                                                                                            << " from rank " << rank_);
+      EBBFLOW_ENFORCE(r >= 0 && r < size_ && r != rank_,
+                      "nccl shrink: cannot exclude rank " << r << " of " << size_ << " from rank " << rank_);
     communicator c;
     c.opts_ = opts_;
     c.generation_ = next_generation;

@@ -33,7 +33,8 @@ namespace comm::ucx {
 //! passed (then throws `system_error` with `errc::timeout` naming a missing
 //! rank).
 template <class X>
-concept address_exchange = requires(X& x, std::int64_t g, int rank, int size, std::span<const std::byte> mine, deadline d) {
+concept address_exchange = requires(X& x, std::int64_t g, int rank, int size, std::span<const std::byte> mine,
+                                    deadline d) {
   { x(g, rank, size, mine, d) } -> std::same_as<std::vector<std::vector<std::byte>>>;
 };
 
@@ -84,8 +85,11 @@ class file_address_exchange {
           break;
         }
         if (d.expired())
-          throw_if(make_error_code(error::timeout), {.rank = rank, .generation = generation, .peer = r,
-                                                     .operation = "address exchange", .detail = name(r).string()});
+          throw_if(make_error_code(error::timeout), {.rank = rank,
+                                                     .generation = generation,
+                                                     .peer = r,
+                                                     .operation = "address exchange",
+                                                     .detail = name(r).string()});
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     }

@@ -117,8 +117,8 @@ class transport {
   //! empty message with each, so every endpoint is wired up (and watched by
   //! keepalive) before the first collective. Blocks until done or `d`.
   //! @throws system_error (peer_lost / timeout naming the peer), std::invalid_argument.
-  transport(worker w, std::int64_t generation, int rank, int size,
-            const std::vector<std::vector<std::byte>>& addresses, deadline d);
+  transport(worker w, std::int64_t generation, int rank, int size, const std::vector<std::vector<std::byte>>& addresses,
+            deadline d);
   //! As above, on a worker shared with other (earlier or later) transports:
   //! the elastic layer keeps one worker, and so one address, for the whole
   //! job and builds each generation's endpoints on it. The generation bits of
@@ -149,7 +149,8 @@ class transport {
   //! with `process_vm_readv` (checked at connect time), else 0. Collectives
   //! use it for single-copy reads between processes of one host.
   [[nodiscard]] pid_t local_peer(int peer) const noexcept {
-    return peer >= 0 && static_cast<std::size_t>(peer) < st_->pids.size() ? st_->pids[static_cast<std::size_t>(peer)] : 0;
+    return peer >= 0 && static_cast<std::size_t>(peer) < st_->pids.size() ? st_->pids[static_cast<std::size_t>(peer)]
+                                                                          : 0;
   }
   //! Marks `peer` lost (e.g. a single-copy read found its process gone):
   //! from now on it behaves as if UCX had reported the failure.
@@ -190,11 +191,11 @@ class transport {
     bool abandoned_sends = false;
     std::vector<ucp_ep_h> eps;
     std::vector<std::uint8_t> dead;
-    std::vector<peer_slot> slots;                // stable: error-callback arguments
+    std::vector<peer_slot> slots;               // stable: error-callback arguments
     std::unordered_set<void*> pending_recvs;    // UCX receive requests in flight
-    std::vector<pid_t> pids;                     // local_peer()
-    bool oversubscribed = false;                 // more local ranks than usable cores
-    std::uint64_t probe = detail::probe_value;   // read by peers to test single-copy access
+    std::vector<pid_t> pids;                    // local_peer()
+    bool oversubscribed = false;                // more local ranks than usable cores
+    std::uint64_t probe = detail::probe_value;  // read by peers to test single-copy access
     explicit state(std::shared_ptr<worker> wk) : w(std::move(wk)) {}
   };
 
@@ -265,7 +266,8 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
     ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.field_mask =
+        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.address = reinterpret_cast<const ucp_address_t*>(addresses[static_cast<std::size_t>(p)].data());
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = &transport::on_error;
@@ -388,8 +390,7 @@ inline transport::request transport::irecv(int peer, tag_t tag, std::span<std::b
     return r;
   }
   ucp_request_param_t prm{};
-  ucs_status_ptr_t p = ucp_tag_recv_nbx(st_->w->get(), in.data(), in.size(), wire_tag(peer, tag),
-                                        ~ucp_tag_t{0}, &prm);
+  ucs_status_ptr_t p = ucp_tag_recv_nbx(st_->w->get(), in.data(), in.size(), wire_tag(peer, tag), ~ucp_tag_t{0}, &prm);
   if (UCS_PTR_IS_ERR(p)) {
     r.ec_ = make_error(UCS_PTR_STATUS(p));
   } else if (p != nullptr) {
@@ -470,8 +471,10 @@ inline void transport::wait(request& r, deadline d, std::error_code& ec) {
       ec = make_error_code(error::timeout);
       return;
     }
-    if (spin_until == steady_clock::time_point{}) spin_until = now + std::chrono::microseconds(50);
-    else if (now >= spin_until) sched_yield();
+    if (spin_until == steady_clock::time_point{})
+      spin_until = now + std::chrono::microseconds(50);
+    else if (now >= spin_until)
+      sched_yield();
   }
 }
 

@@ -38,19 +38,22 @@ struct cast_codec {
   //! Encodes n floats (+ residual) into `out`. Pointers in `Ex`'s space.
   template <class Ex>
   void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context = {}) const {
-    detail::bulk(ex, kernels::blocks_of(n), kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n});
+    detail::bulk(ex, kernels::blocks_of(n),
+                 kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n});
   }
   //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    detail::bulk(ex, kernels::blocks_of(n), kernels::cast_decode<F, false>{reinterpret_cast<const std::uint16_t*>(in), out, n});
+    detail::bulk(ex, kernels::blocks_of(n),
+                 kernels::cast_decode<F, false>{reinterpret_cast<const std::uint16_t*>(in), out, n});
   }
   //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    detail::bulk(ex, kernels::blocks_of(n), kernels::cast_decode<F, true>{reinterpret_cast<const std::uint16_t*>(in), out, n});
+    detail::bulk(ex, kernels::blocks_of(n),
+                 kernels::cast_decode<F, true>{reinterpret_cast<const std::uint16_t*>(in), out, n});
   }
 };
 

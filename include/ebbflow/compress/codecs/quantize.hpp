@@ -27,7 +27,7 @@ namespace compress {
 template <int Bits>
 struct quantize_codec {
   static_assert(Bits == 8 || Bits == 4);
-  static constexpr codec_kind kind = codec_kind::linear;         //!< unbiased: decoded, added and re-encoded per ring hop
+  static constexpr codec_kind kind = codec_kind::linear;  //!< unbiased: decoded, added and re-encoded per ring hop
   static constexpr std::int32_t levels = kernels::levels<Bits>;  //!< largest code magnitude: 127 (int8) or 7 (int4)
 
   //! "int8" or "int4".
@@ -36,8 +36,9 @@ struct quantize_codec {
   //! (1 or 1/2 byte each), rounded up to 8.
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept {
     const std::size_t nb = kernels::blocks_of(n);
-    return align8(4 * nb + (nb == 0 ? 0 : (nb - 1) * kernels::code_bytes<Bits>(kernels::block_size) +
-                                              kernels::code_bytes<Bits>(n - (nb - 1) * kernels::block_size)));
+    return align8(4 * nb + (nb == 0 ? 0
+                                    : (nb - 1) * kernels::code_bytes<Bits>(kernels::block_size) +
+                                          kernels::code_bytes<Bits>(n - (nb - 1) * kernels::block_size)));
   }
   //! No workspace needed: 0.
   [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
@@ -50,25 +51,31 @@ struct quantize_codec {
   template <class Ex>
   void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context ctx = {}) const {
     const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb, kernels::quantize_encode<Bits>{in, residual, reinterpret_cast<float*>(out),
-                                               reinterpret_cast<std::uint8_t*>(out) + 4 * nb, n,
-                                               {ctx.seed, ctx.stream}});
+    detail::bulk(ex, nb,
+                 kernels::quantize_encode<Bits>{in,
+                                                residual,
+                                                reinterpret_cast<float*>(out),
+                                                reinterpret_cast<std::uint8_t*>(out) + 4 * nb,
+                                                n,
+                                                {ctx.seed, ctx.stream}});
   }
   //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb, kernels::quantize_decode<Bits, false>{reinterpret_cast<const float*>(in),
-                                                      reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
+    detail::bulk(ex, nb,
+                 kernels::quantize_decode<Bits, false>{reinterpret_cast<const float*>(in),
+                                                       reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
   }
   //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb, kernels::quantize_decode<Bits, true>{reinterpret_cast<const float*>(in),
-                                                     reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
+    detail::bulk(ex, nb,
+                 kernels::quantize_decode<Bits, true>{reinterpret_cast<const float*>(in),
+                                                      reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
   }
 };
 

@@ -42,24 +42,27 @@ struct sign_codec {
   template <class Ex>
   void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context = {}) const {
     const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb, kernels::sign_encode{in, residual, reinterpret_cast<float*>(out),
-                                     reinterpret_cast<std::uint32_t*>(out + 4 * nb), n});
+    detail::bulk(ex, nb,
+                 kernels::sign_encode{in, residual, reinterpret_cast<float*>(out),
+                                      reinterpret_cast<std::uint32_t*>(out + 4 * nb), n});
   }
   //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb, kernels::sign_decode<false>{reinterpret_cast<const float*>(in),
-                                            reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
+    detail::bulk(ex, nb,
+                 kernels::sign_decode<false>{reinterpret_cast<const float*>(in),
+                                             reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
   }
   //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb, kernels::sign_decode<true>{reinterpret_cast<const float*>(in),
-                                           reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
+    detail::bulk(ex, nb,
+                 kernels::sign_decode<true>{reinterpret_cast<const float*>(in),
+                                            reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
   }
 };
 static_assert(codec<sign_codec>);

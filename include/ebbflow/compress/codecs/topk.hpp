@@ -67,15 +67,17 @@ struct topk_codec {
     auto* thr = reinterpret_cast<float*>(ctx.workspace + align8(4 * s) + align8(4 * nb));
     auto* header = reinterpret_cast<std::uint32_t*>(out);
     // Rank of the threshold in the sample: the same quantile as k in n.
-    const std::size_t m = std::clamp<std::size_t>(
-        static_cast<std::size_t>(std::llround(static_cast<double>(s) * static_cast<double>(k) / static_cast<double>(n))),
-        1, s);
+    const std::size_t m =
+        std::clamp<std::size_t>(static_cast<std::size_t>(std::llround(static_cast<double>(s) * static_cast<double>(k) /
+                                                                      static_cast<double>(n))),
+                                1, s);
     ex.bulk(s, kernels::topk_sample{in, residual, sample, n, {ctx.seed, ctx.stream}});
     ex.bulk(1, kernels::topk_threshold{sample, s, m, thr});
     detail::bulk(ex, nb, kernels::topk_count{in, residual, thr, counts, n});
     ex.bulk(1, kernels::topk_scan{counts, nb, header, k});
-    detail::bulk(ex, nb, kernels::topk_write{in, residual, thr, counts, header + 2,
-                                    reinterpret_cast<float*>(header + 2 + k), n, k});
+    detail::bulk(
+        ex, nb,
+        kernels::topk_write{in, residual, thr, counts, header + 2, reinterpret_cast<float*>(header + 2 + k), n, k});
   }
   //! Zeroes `out`, then scatters the sent values of `in` into it (both in
   //! `Ex`'s space; completes as `ex.bulk` does).

@@ -106,8 +106,8 @@ class request_set {
     // this rank would first wait for a receive that may never come.
     std::error_code ec;
     if (t_.test(sends_.back(), ec) && ec)
-      throw_if(ec, {.rank = t_.rank(), .generation = t_.generation(), .peer = peer, .operation = ctx_.op,
-                    .detail = "send"});
+      throw_if(
+          ec, {.rank = t_.rank(), .generation = t_.generation(), .peer = peer, .operation = ctx_.op, .detail = "send"});
   }
   //! Blocks until receive `i` completed. @throws system_error (timeout, peer_lost, ...).
   void wait_recv(std::size_t i) { wait(reqs_[i], peers_[i], "recv"); }
@@ -121,8 +121,8 @@ class request_set {
   void wait(typename T::request& r, int peer, const char* what) {
     std::error_code ec;
     t_.wait(r, ctx_.dl, ec);
-    throw_if(ec, {.rank = t_.rank(), .generation = t_.generation(), .peer = peer,
-                  .operation = ctx_.op, .detail = what});
+    throw_if(ec,
+             {.rank = t_.rank(), .generation = t_.generation(), .peer = peer, .operation = ctx_.op, .detail = what});
   }
   T& t_;
   coll_ctx& ctx_;
@@ -215,13 +215,16 @@ void sparse_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t
   const chunk& all = L[0];
   std::byte* g = arenas::get(ar.a, all.bytes * static_cast<std::size_t>(p));
   std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
-  const auto at = [&](int origin, const segment& sg) { return g + all.bytes * static_cast<std::size_t>(origin) + sg.off; };
+  const auto at = [&](int origin, const segment& sg) {
+    return g + all.bytes * static_cast<std::size_t>(origin) + sg.off;
+  };
   const int left = mod(r - 1, p), right = mod(r + 1, p);
   request_set<T> rq(t, ctx);
   std::vector<std::size_t> ids;
   for (int s = 0; s < p - 1; ++s)
     for (const auto& sg : all.segs)
-      ids.push_back(rq.recv(left, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s)), at(mod(r - s - 1, p), sg), sg.bytes));
+      ids.push_back(
+          rq.recv(left, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s)), at(mod(r - s - 1, p), sg), sg.bytes));
   float* no_res = nullptr;
   for (const auto& sg : all.segs) {
     codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, at(r, sg), sg.len, seg_ctx(ctx, 1, sg.begin, ws));
@@ -232,12 +235,15 @@ void sparse_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t
   for (int s = 0; s < p - 1; ++s)
     for (const auto& sg : all.segs) {
       rq.wait_recv(ids[k++]);
-      if (s < p - 2) rq.send(right, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s + 1)), at(mod(r - s - 1, p), sg), sg.bytes);
+      if (s < p - 2)
+        rq.send(right, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s + 1)), at(mod(r - s - 1, p), sg), sg.bytes);
     }
   for (int o = 0; o < p; ++o)
     for (const auto& sg : all.segs) {
-      if (o == 0) codec.decode(ex, at(o, sg), data + sg.begin, sg.len);
-      else codec.decode_add(ex, at(o, sg), data + sg.begin, sg.len);
+      if (o == 0)
+        codec.decode(ex, at(o, sg), data + sg.begin, sg.len);
+      else
+        codec.decode_add(ex, at(o, sg), data + sg.begin, sg.len);
     }
   ex.wait();
   rq.wait_sends();
@@ -288,10 +294,13 @@ void two_phase_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::siz
   for (std::size_t i = 0; i < mine.segs.size(); ++i) {
     const segment& sg = mine.segs[i];
     for (int o = 0; o < p; ++o) {
-      const std::byte* src = o == r ? out + mine.area_off + sg.off : in + mine.bytes * static_cast<std::size_t>(o) + sg.off;
+      const std::byte* src =
+          o == r ? out + mine.area_off + sg.off : in + mine.bytes * static_cast<std::size_t>(o) + sg.off;
       if (o != r) rq.wait_recv(a2a_ids[static_cast<std::size_t>(o) * mine.segs.size() + i]);
-      if (o == 0) codec.decode(ex, src, data + sg.begin, sg.len);
-      else codec.decode_add(ex, src, data + sg.begin, sg.len);
+      if (o == 0)
+        codec.decode(ex, src, data + sg.begin, sg.len);
+      else
+        codec.decode_add(ex, src, data + sg.begin, sg.len);
     }
     std::byte* e = ag + mine.area_off + sg.off;
     codec.encode(ex, data + sg.begin, res2 ? res2 + sg.begin : no_res, e, sg.len, seg_ctx(ctx, 3, sg.begin, ws));

@@ -10,7 +10,7 @@ namespace compress {
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
 compressed_allreduce<Codec, Transport, Executor>::compressed_allreduce(Transport& transport, Codec c, Executor ex,
-                                                                      allreduce_options opts)
+                                                                       allreduce_options opts)
     : transport_(&transport), codec_(std::move(c)), exec_(std::move(ex)), opts_(opts) {
   EBBFLOW_ENFORCE(opts_.tag_space + 1 < comm::tag_spaces,
                   "tag_space " << opts_.tag_space << " above " << comm::tag_spaces - 2
@@ -36,11 +36,10 @@ void compressed_allreduce<Codec, Transport, Executor>::run(std::span<float> grad
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
-void compressed_allreduce<Codec, Transport, Executor>::run(std::span<float> grad, std::size_t key,
-                                                           matrix_shape shape) {
-  EBBFLOW_ENFORCE(Codec::kind != codec_kind::low_rank || shape.size() == grad.size(),
-                  "matrix shape " << shape.rows << "x" << shape.cols << " does not cover " << grad.size()
-                                  << " elements");
+void compressed_allreduce<Codec, Transport, Executor>::run(std::span<float> grad, std::size_t key, matrix_shape shape) {
+  EBBFLOW_ENFORCE(
+      Codec::kind != codec_kind::low_rank || shape.size() == grad.size(),
+      "matrix shape " << shape.rows << "x" << shape.cols << " does not cover " << grad.size() << " elements");
   run_impl(grad, key, shape);
 }
 
@@ -158,9 +157,7 @@ std::size_t compressed_allreduce<Codec, Transport, Executor>::wire_bytes(std::si
   const auto p = static_cast<std::size_t>(transport_->size());
   if (p <= 1 || n == 0) return 0;
   const std::size_t seg = segment_elems(n);
-  const auto area = [&](const auto& c, int parts) {
-    return detail::area_bytes(detail::make_layout(c, n, parts, seg));
-  };
+  const auto area = [&](const auto& c, int parts) { return detail::area_bytes(detail::make_layout(c, n, parts, seg)); };
   if constexpr (Codec::kind == codec_kind::linear || Codec::kind == codec_kind::sign) {
     const auto l = detail::make_layout(codec_, n, static_cast<int>(p), seg);
     const std::size_t total = detail::area_bytes(l);

@@ -20,14 +20,18 @@ enum class cast_format { f16, bf16 };
 //! `v` rounded to nearest even in format `F`, as raw bits.
 template <cast_format F>
 EBBFLOW_HD inline std::uint16_t to_bits(float v) noexcept {
-  if constexpr (F == cast_format::f16) return detail::f32_to_f16(v);
-  else return detail::f32_to_bf16(v);
+  if constexpr (F == cast_format::f16)
+    return detail::f32_to_f16(v);
+  else
+    return detail::f32_to_bf16(v);
 }
 //! The float value of raw bits `b` of format `F` (exact).
 template <cast_format F>
 EBBFLOW_HD inline float from_bits(std::uint16_t b) noexcept {
-  if constexpr (F == cast_format::f16) return detail::f16_to_f32(b);
-  else return detail::bf16_to_f32(b);
+  if constexpr (F == cast_format::f16)
+    return detail::f16_to_f32(b);
+  else
+    return detail::bf16_to_f32(b);
 }
 
 //! out[i] = cast(in[i] + res[i]); res[i] = (in[i] + res[i]) - float(out[i]).
@@ -76,8 +80,10 @@ struct cast_decode {
     float* EBBFLOW_DETAIL_RESTRICT po = out + o;
     for_block(b, n, [&](auto cnt) {
       for (std::uint32_t j = 0; j < cnt; ++j) {
-        if constexpr (Add) po[j] = detail::fadd(po[j], from_bits<F>(pi[j]));
-        else po[j] = from_bits<F>(pi[j]);
+        if constexpr (Add)
+          po[j] = detail::fadd(po[j], from_bits<F>(pi[j]));
+        else
+          po[j] = from_bits<F>(pi[j]);
       }
     });
   }

@@ -35,17 +35,19 @@ EBBFLOW_HD constexpr std::size_t code_bytes(std::size_t len) noexcept {
 //! Encodes block b: scales[b] and its codes. `res` may be null.
 template <int Bits>
 struct quantize_encode {
-  const float* in;      //!< n input floats (executor's memory space)
-  float* res;           //!< n residual floats, or null
-  float* scales;        //!< one scale per block (output): max |v| / L
-  std::uint8_t* codes;  //!< byte offset b * code_bytes<Bits>(block_size) for block b
-  std::size_t n;        //!< element count
+  const float* in;            //!< n input floats (executor's memory space)
+  float* res;                 //!< n residual floats, or null
+  float* scales;              //!< one scale per block (output): max |v| / L
+  std::uint8_t* codes;        //!< byte offset b * code_bytes<Bits>(block_size) for block b
+  std::size_t n;              //!< element count
   detail::philox_stream rng;  //!< random bits for stochastic rounding
 
   //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
-    if (res == nullptr) run<false>(b);
-    else run<true>(b);
+    if (res == nullptr)
+      run<false>(b);
+    else
+      run<true>(b);
   }
 
  private:
@@ -125,11 +127,15 @@ struct quantize_decode {
     for_block(b, n, [&](auto cnt) {
       for (std::uint32_t j = 0; j < cnt; ++j) {
         std::int32_t k;
-        if constexpr (Bits == 8) k = static_cast<std::int8_t>(pc[j]);
-        else k = static_cast<std::int32_t>((pc[j / 2] >> ((j & 1u) * 4u)) & 0xFu) - 8;
+        if constexpr (Bits == 8)
+          k = static_cast<std::int8_t>(pc[j]);
+        else
+          k = static_cast<std::int32_t>((pc[j / 2] >> ((j & 1u) * 4u)) & 0xFu) - 8;
         const float d = detail::fmul(static_cast<float>(k), s);
-        if constexpr (Add) po[j] = detail::fadd(po[j], d);
-        else po[j] = d;
+        if constexpr (Add)
+          po[j] = detail::fadd(po[j], d);
+        else
+          po[j] = d;
       }
     });
   }

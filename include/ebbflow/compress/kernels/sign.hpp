@@ -24,8 +24,8 @@ inline constexpr std::size_t sign_words_per_block = block_size / 32;
 //! bit per element (set for v >= +0); with `res`, res = v - (+-scale).
 //! Pointers in the executor's space.
 struct sign_encode {
-  const float* in;  //!< n input floats
-  float* res;  //!< may be null (no error feedback; not recommended)
+  const float* in;       //!< n input floats
+  float* res;            //!< may be null (no error feedback; not recommended)
   float* scales;         //!< one scale per block (output)
   std::uint32_t* words;  //!< `sign_words_per_block` words per block (output)
   std::size_t n;         //!< element count
@@ -96,8 +96,10 @@ struct sign_decode {
       for (std::uint32_t j = 0; j < cnt; ++j) {
         const std::uint32_t neg = ((pw[j / 32] >> (j & 31u)) & 1u) ^ 1u;
         const float d = detail::as_f32(sb | (neg << 31));
-        if constexpr (Add) po[j] = detail::fadd(po[j], d);
-        else po[j] = d;
+        if constexpr (Add)
+          po[j] = detail::fadd(po[j], d);
+        else
+          po[j] = d;
       }
     });
   }

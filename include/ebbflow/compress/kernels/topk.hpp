@@ -47,7 +47,7 @@ struct topk_sample {
 struct topk_threshold {
   float* sample;     //!< s magnitudes; reordered in place
   std::size_t s;     //!< sample count (> 0)
-  std::size_t m;  //!< 1 <= m <= s
+  std::size_t m;     //!< 1 <= m <= s
   float* threshold;  //!< one float (output)
 
   //! Runs the selection (the index is ignored).
@@ -69,9 +69,12 @@ struct topk_threshold {
           --j;
         }
       }
-      if (want <= j) hi = j;
-      else if (want >= i) lo = i;
-      else break;
+      if (want <= j)
+        hi = j;
+      else if (want >= i)
+        lo = i;
+      else
+        break;
     }
     *threshold = sample[want];
   }
@@ -183,8 +186,10 @@ struct topk_scatter {
     if (i >= header[0]) return;
     const std::uint32_t idx = header[2 + i];
     const float v = detail::as_f32(header[2 + k + i]);
-    if constexpr (Add) out[idx] = detail::fadd(out[idx], v);
-    else out[idx] = v;
+    if constexpr (Add)
+      out[idx] = detail::fadd(out[idx], v);
+    else
+      out[idx] = v;
   }
 };
 

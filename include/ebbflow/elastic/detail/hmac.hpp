@@ -46,8 +46,7 @@ inline std::string random_hex(std::size_t n) {
 }
 
 //! HMAC-SHA256(key, label | a | b).
-inline std::string handshake_mac(std::string_view key, std::string_view label, std::string_view a,
-                                 std::string_view b) {
+inline std::string handshake_mac(std::string_view key, std::string_view label, std::string_view a, std::string_view b) {
   std::string msg;
   msg.reserve(label.size() + a.size() + b.size());
   msg.append(label).append(a).append(b);

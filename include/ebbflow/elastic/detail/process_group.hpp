@@ -43,9 +43,9 @@ namespace elastic::detail {
 
 //! What to start.
 struct child_spec {
-  int id = 0;                                              //!< caller's name for it (the rank)
-  std::vector<std::string> argv;                           //!< program (searched in PATH) and arguments
-  std::vector<std::pair<std::string, std::string>> env;    //!< set on top of this process's environment
+  int id = 0;                                            //!< caller's name for it (the rank)
+  std::vector<std::string> argv;                         //!< program (searched in PATH) and arguments
+  std::vector<std::pair<std::string, std::string>> env;  //!< set on top of this process's environment
   bool capture_output = true;  //!< deliver stdout/stderr lines to the handler; else inherit ours
 };
 
@@ -91,7 +91,8 @@ class process_group {
   //! children too); it is killed if this thread exits. Blocks until exec.
   //! @throws std::system_error when fork/pipe fails or the program cannot be executed.
   pid_t spawn(const child_spec& spec) {
-    if (spec.argv.empty()) throw std::system_error(std::make_error_code(std::errc::invalid_argument), "spawn: empty argv");
+    if (spec.argv.empty())
+      throw std::system_error(std::make_error_code(std::errc::invalid_argument), "spawn: empty argv");
     // Everything the child needs is prepared before fork: after fork only
     // async-signal-safe calls are allowed.
     std::vector<std::string> envs;
@@ -301,8 +302,10 @@ class process_group {
         child_exit e;
         e.id = c.id;
         e.pid = it->first;
-        if (WIFSIGNALED(st)) e.signal = WTERMSIG(st);
-        else e.code = WEXITSTATUS(st);
+        if (WIFSIGNALED(st))
+          e.signal = WTERMSIG(st);
+        else
+          e.code = WEXITSTATUS(st);
         exits.push_back(e);
         if (c.pidfd >= 0) {
           ::close(c.pidfd);

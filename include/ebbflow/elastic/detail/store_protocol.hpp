@@ -85,27 +85,48 @@ enum class op : std::uint8_t {
 
 inline constexpr const char* op_name(op o) noexcept {
   switch (o) {
-    case op::auth: return "auth";
-    case op::set: return "set";
-    case op::get: return "get";
-    case op::add: return "add";
-    case op::compare_set: return "compare_set";
-    case op::wait: return "wait";
-    case op::erase: return "erase";
-    case op::num_keys: return "num_keys";
-    case op::check: return "check";
-    case op::watch: return "watch";
-    case op::ping: return "ping";
-    case op::ok: return "ok";
-    case op::challenge: return "challenge";
-    case op::welcome: return "welcome";
-    case op::value: return "value";
-    case op::missing: return "missing";
-    case op::integer: return "integer";
-    case op::cas_result: return "cas_result";
-    case op::boolean: return "boolean";
-    case op::event: return "event";
-    case op::error: return "error";
+    case op::auth:
+      return "auth";
+    case op::set:
+      return "set";
+    case op::get:
+      return "get";
+    case op::add:
+      return "add";
+    case op::compare_set:
+      return "compare_set";
+    case op::wait:
+      return "wait";
+    case op::erase:
+      return "erase";
+    case op::num_keys:
+      return "num_keys";
+    case op::check:
+      return "check";
+    case op::watch:
+      return "watch";
+    case op::ping:
+      return "ping";
+    case op::ok:
+      return "ok";
+    case op::challenge:
+      return "challenge";
+    case op::welcome:
+      return "welcome";
+    case op::value:
+      return "value";
+    case op::missing:
+      return "missing";
+    case op::integer:
+      return "integer";
+    case op::cas_result:
+      return "cas_result";
+    case op::boolean:
+      return "boolean";
+    case op::event:
+      return "event";
+    case op::error:
+      return "error";
   }
   return "?";
 }
@@ -116,16 +137,16 @@ enum class event_kind : std::uint8_t { set = 1, erase = 2 };
 //! A decoded frame. Views point into the decoded buffer and live as long as it.
 struct message {
   op code{};
-  std::string_view key;       //!< set/get/add/compare_set/erase/event; watch: prefix
-  std::string_view value;     //!< set/value/event; compare_set: desired; cas_result: current; error: reason
-  std::string_view expected;  //!< compare_set
+  std::string_view key;                //!< set/get/add/compare_set/erase/event; watch: prefix
+  std::string_view value;              //!< set/value/event; compare_set: desired; cas_result: current; error: reason
+  std::string_view expected;           //!< compare_set
   std::vector<std::string_view> keys;  //!< wait/check
-  std::int64_t integer = 0;   //!< add: delta; integer reply
-  std::uint32_t timeout_ms = 0;  //!< get/wait
-  std::uint8_t flag = 0;      //!< get: wait; watch: include existing; cas_result: swapped; boolean;
-                              //!< event: kind; error: errc value; challenge/auth: version
-  std::string_view nonce;     //!< challenge/auth (nonce_bytes)
-  std::string_view mac;       //!< auth/welcome (mac_bytes)
+  std::int64_t integer = 0;            //!< add: delta; integer reply
+  std::uint32_t timeout_ms = 0;        //!< get/wait
+  std::uint8_t flag = 0;               //!< get: wait; watch: include existing; cas_result: swapped; boolean;
+                                       //!< event: kind; error: errc value; challenge/auth: version
+  std::string_view nonce;              //!< challenge/auth (nonce_bytes)
+  std::string_view mac;                //!< auth/welcome (mac_bytes)
 };
 
 //! Result of `decode`: a message, or `errc::bad_message` with a reason.
@@ -140,8 +161,7 @@ struct decode_result {
 inline std::string check_length(std::uint32_t length, std::size_t max_bytes) {
   if (length == 0) return "empty frame (length 0, no opcode)";
   if (length > max_bytes)
-    return "frame length " + std::to_string(length) + " exceeds the limit of " + std::to_string(max_bytes) +
-           " bytes";
+    return "frame length " + std::to_string(length) + " exceeds the limit of " + std::to_string(max_bytes) + " bytes";
   return {};
 }
 
@@ -203,8 +223,8 @@ class reader {
   bool need(std::size_t n, const char* field) {
     if (failed()) return false;
     if (left() < n) {
-      fail(std::string("truncated: ") + field + " needs " + std::to_string(n) + " bytes, " +
-           std::to_string(left()) + " left");
+      fail(std::string("truncated: ") + field + " needs " + std::to_string(n) + " bytes, " + std::to_string(left()) +
+           " left");
       return false;
     }
     return true;
@@ -270,12 +290,17 @@ inline decode_result decode_body(std::string_view body) {
       m.timeout_ms = r.u32("timeout");
       detail::read_keys(r, m.keys);
       break;
-    case op::erase: m.key = r.str("key"); break;
+    case op::erase:
+      m.key = r.str("key");
+      break;
     case op::num_keys:
     case op::ping:
     case op::ok:
-    case op::missing: break;
-    case op::check: detail::read_keys(r, m.keys); break;
+    case op::missing:
+      break;
+    case op::check:
+      detail::read_keys(r, m.keys);
+      break;
     case op::watch:
       m.key = r.str("prefix");
       m.flag = r.u8("include-existing flag");
@@ -284,14 +309,22 @@ inline decode_result decode_body(std::string_view body) {
       m.flag = r.u8("version");
       m.nonce = r.fixed(nonce_bytes, "server nonce");
       break;
-    case op::welcome: m.mac = r.fixed(mac_bytes, "mac"); break;
-    case op::value: m.value = r.str("value"); break;
-    case op::integer: m.integer = r.i64("integer"); break;
+    case op::welcome:
+      m.mac = r.fixed(mac_bytes, "mac");
+      break;
+    case op::value:
+      m.value = r.str("value");
+      break;
+    case op::integer:
+      m.integer = r.i64("integer");
+      break;
     case op::cas_result:
       m.flag = r.u8("swapped flag");
       m.value = r.str("current value");
       break;
-    case op::boolean: m.flag = r.u8("boolean"); break;
+    case op::boolean:
+      m.flag = r.u8("boolean");
+      break;
     case op::event:
       m.flag = r.u8("event kind");
       m.key = r.str("key");

@@ -22,8 +22,7 @@ namespace elastic::detail {
 class writer {
  public:
   template <class T>
-    requires std::is_trivially_copyable_v<T>
-  writer& put(const T& v) {
+  requires std::is_trivially_copyable_v<T> writer& put(const T& v) {
     const auto* p = reinterpret_cast<const std::byte*>(&v);
     out_.insert(out_.end(), p, p + sizeof v);
     return *this;
@@ -43,8 +42,7 @@ class reader {
  public:
   reader(std::span<const std::byte> in, const char* what) : in_(in), what_(what) {}
   template <class T>
-    requires std::is_trivially_copyable_v<T>
-  T get() {
+  requires std::is_trivially_copyable_v<T> T get() {
     need(sizeof(T));
     T v;
     std::memcpy(&v, in_.data() + pos_, sizeof v);
@@ -74,8 +72,9 @@ class reader {
     if (n > in_.size() - pos_) fail();
   }
   [[noreturn]] void fail() const {
-    throw system_error(make_error_code(error::bad_message),
-                       {.operation = "decode", .detail = std::string(what_) + " of " + std::to_string(in_.size()) + " bytes"});
+    throw system_error(
+        make_error_code(error::bad_message),
+        {.operation = "decode", .detail = std::string(what_) + " of " + std::to_string(in_.size()) + " bytes"});
   }
   std::span<const std::byte> in_;
   std::size_t pos_ = 0;

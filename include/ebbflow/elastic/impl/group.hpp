@@ -20,13 +20,17 @@ inline std::int64_t parse_i64(const std::string& v) {
   std::int64_t x = 0;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
   if (ec != std::errc{} || p != v.data() + v.size())
-    throw system_error(make_error_code(error::bad_message), {.operation = "elastic group", .detail = "store value '" + v.substr(0, 32) + "' is not an integer"});
+    throw system_error(
+        make_error_code(error::bad_message),
+        {.operation = "elastic group", .detail = "store value '" + v.substr(0, 32) + "' is not an integer"});
   return x;
 }
 
 template <class N>
 constexpr bool stable_address() {
-  if constexpr (requires { { N::stable_address() } -> std::convertible_to<bool>; })
+  if constexpr (requires {
+                  { N::stable_address() } -> std::convertible_to<bool>;
+                })
     return N::stable_address();
   else
     return false;
@@ -50,8 +54,9 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(!opts_.drop_last || opts_.global_batch <= opts_.dataset_size,
                   "elastic group: drop_last with global_batch " << opts_.global_batch << " > dataset_size "
                                                                 << opts_.dataset_size << " leaves no step");
-  EBBFLOW_ENFORCE(opts_.min_size >= 1 && opts_.max_size >= opts_.min_size,
-                  "elastic group: need 1 <= min_size (" << opts_.min_size << ") <= max_size (" << opts_.max_size << ")");
+  EBBFLOW_ENFORCE(opts_.min_size >= 1 && opts_.max_size >= opts_.min_size, "elastic group: need 1 <= min_size ("
+                                                                               << opts_.min_size << ") <= max_size ("
+                                                                               << opts_.max_size << ")");
   EBBFLOW_ENFORCE(policy_ != nullptr, "elastic group: null planning policy");
   EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
   store_ = connect_store_();
@@ -97,7 +102,8 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
   while (!st.stop_requested()) {
     try {
       if (!s) s = connect_store_();
-      s->add(key("hb/" + std::to_string(id_)), 1, deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
+      s->add(key("hb/" + std::to_string(id_)), 1,
+             deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
       const std::int64_t g = hb_generation_.load();
       if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
         std::lock_guard lk(hb_mutex_);
@@ -177,7 +183,8 @@ void group<Store, Net>::wait_admission() {
   for (;;) {
     if (auto v = store_->try_get(jkey, store_deadline())) {
       const auto g = detail::parse_i64(*v);
-      auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(key("gen/" + std::to_string(g)), store_deadline())));
+      auto rec = detail::generation_record::decode(
+          to_bytes(*store_->try_get(key("gen/" + std::to_string(g)), store_deadline())));
       try {
         adopt(std::move(rec), started);
       } catch (const system_error& e) {
@@ -186,8 +193,10 @@ void group<Store, Net>::wait_admission() {
       }
       return;
     }
-    if (store_->try_get(key("done"), store_deadline())) fail(error::invalid_state, "the job finished before this worker was admitted");
-    if (d.expired()) fail(error::timeout, "not admitted within EBBFLOW_JOIN_TIMEOUT_MS (group at max size, or no coordinator)");
+    if (store_->try_get(key("done"), store_deadline()))
+      fail(error::invalid_state, "the job finished before this worker was admitted");
+    if (d.expired())
+      fail(error::timeout, "not admitted within EBBFLOW_JOIN_TIMEOUT_MS (group at max size, or no coordinator)");
     // Wait on the server (no polling: waiting newcomers cost the running
     // members nothing), in slices so the job's end is noticed.
     try {
@@ -224,16 +233,23 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
         --missing;
       } else if (!fresh(m, hb)) {
         throw system_error(make_error_code(error::peer_lost),
-                           {.rank = rank_, .generation = rec.generation, .peer = static_cast<int>(j), .operation = "connect",
+                           {.rank = rank_,
+                            .generation = rec.generation,
+                            .peer = static_cast<int>(j),
+                            .operation = "connect",
                             .detail = "member " + std::to_string(m) + " stopped before publishing its address"});
       }
     }
     if (missing == 0) break;
     if (revoke_ && revoke_->revoked())
-      throw system_error(make_error_code(error::revoked), {.rank = rank_, .generation = rec.generation, .operation = "connect"});
+      throw system_error(make_error_code(error::revoked),
+                         {.rank = rank_, .generation = rec.generation, .operation = "connect"});
     if (d.expired())
-      throw system_error(make_error_code(error::timeout), {.rank = rank_, .generation = rec.generation, .operation = "connect",
-                                                           .detail = std::to_string(missing) + " members published no address"});
+      throw system_error(make_error_code(error::timeout),
+                         {.rank = rank_,
+                          .generation = rec.generation,
+                          .operation = "connect",
+                          .detail = std::to_string(missing) + " members published no address"});
     std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
   std::vector<bytes> out;
@@ -304,13 +320,15 @@ void group<Store, Net>::sync_state() {
       if (step_ > 0) fault_point("sync-send");
       for (std::size_t k = 0; k < state_.size(); ++k)
         c.send(raw(state_[k].data.data(), state_[k].data.size()), peer, tag_first + static_cast<std::uint32_t>(k), d);
-      EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << peer << ")");
+      EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << peer
+                                             << ")");
     }
   } else if (step_ < gen_.source_step) {
     const int src = gen_.rank_of(gen_.source);
     std::uint64_t header_size = 0;
     c.recv(raw(&header_size, sizeof header_size), src, tag_size, d);
-    if (header_size > (std::uint64_t{1} << 24)) fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");
+    if (header_size > (std::uint64_t{1} << 24))
+      fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");
     bytes header(header_size);
     c.recv(raw(header.data(), header.size()), src, tag_header, d);
     if (opts_.join) fault_point("sync-recv");
@@ -328,8 +346,8 @@ void group<Store, Net>::sync_state() {
       const std::string name(reinterpret_cast<const char*>(nm.data()), nm.size());
       if (name != state_[k].name || sz != state_[k].data.size()) {
         std::ostringstream os;
-        os << "state buffer " << k << " is '" << name << "' of " << sz << " bytes on member " << gen_.source
-           << " but '" << state_[k].name << "' of " << state_[k].data.size() << " bytes here";
+        os << "state buffer " << k << " is '" << name << "' of " << sz << " bytes on member " << gen_.source << " but '"
+           << state_[k].name << "' of " << state_[k].data.size() << " bytes here";
         fail(error::invalid_state, os.str());
       }
     }
@@ -347,8 +365,8 @@ void group<Store, Net>::notify(change_reason reason, int old_size, double stall)
   world_change wc{gen_.generation, reason, old_size, size(), rank_, step_, stall};
   history_.push_back(wc);
   EBBFLOW_LOG_INFO("generation " << wc.generation << " (" << name(reason) << "): " << old_size << " -> " << wc.new_size
-                                 << " members, rank " << rank_ << ", step " << step_ << ", ready after "
-                                 << stall * 1e3 << " ms");
+                                 << " members, rank " << rank_ << ", step " << step_ << ", ready after " << stall * 1e3
+                                 << " ms");
   for (auto& cb : callbacks_) cb(wc);
 }
 
@@ -407,11 +425,13 @@ bool group<Store, Net>::collective(F&& f) {
 
 template <kv_store Store, network Net>
 bool group<Store, Net>::allreduce(std::span<float> data) {
-  return collective([&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
+  return collective(
+      [&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
 }
 template <kv_store Store, network Net>
 bool group<Store, Net>::allreduce(std::span<double> data) {
-  return collective([&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
+  return collective(
+      [&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
 }
 
 template <kv_store Store, network Net>
@@ -574,7 +594,8 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
 }
 
 template <kv_store Store, network Net>
-bool group<Store, Net>::fresh(member_id m, std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>& seen) {
+bool group<Store, Net>::fresh(member_id m,
+                              std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>& seen) {
   const std::int64_t hb = store_->add(key("hb/" + std::to_string(m)), 0, store_deadline());
   const auto now = steady_clock::now();
   auto it = seen.find(m);
@@ -600,8 +621,8 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
     const std::string gs = std::to_string(g);
     store_->set(key("abort/" + gs), "1", store_deadline());
     if (lost_peer >= 0 && lost_peer < size() && gen_.generation == g)
-      store_->set(key("dead/" + gs + "/" + std::to_string(gen_.members[static_cast<std::size_t>(lost_peer)].id)),
-                  "1", store_deadline());
+      store_->set(key("dead/" + gs + "/" + std::to_string(gen_.members[static_cast<std::size_t>(lost_peer)].id)), "1",
+                  store_deadline());
     store_->set(key("recover/" + gs + "/" + std::to_string(id_)), std::to_string(step_), store_deadline());
     EBBFLOW_LOG_WARN("generation " << g << " failed at step " << step_ << ": re-forming the group");
 
@@ -634,7 +655,8 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
       }
       if (!undecided) {
         std::int64_t seen = gen_.joins_seen;
-        const std::size_t room = static_cast<std::size_t>(std::max<std::int64_t>(0, opts_.max_size - static_cast<int>(alive.size())));
+        const std::size_t room =
+            static_cast<std::size_t>(std::max<std::int64_t>(0, opts_.max_size - static_cast<int>(alive.size())));
         auto joiners = pending_joiners(seen, room, false);
         const int total = static_cast<int>(alive.size() + joiners.size());
         if (total < opts_.min_size) {
@@ -664,7 +686,8 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
           const std::string mine = to_value(rec.encode());
           const std::string cur = store_->compare_set(next_key, "", mine, store_deadline()).current;
           if (cur == mine)
-            for (auto j : joiners) store_->set(key("joined/" + std::to_string(j)), std::to_string(g + 1), store_deadline());
+            for (auto j : joiners)
+              store_->set(key("joined/" + std::to_string(j)), std::to_string(g + 1), store_deadline());
           next = detail::generation_record::decode(to_bytes(cur));
           break;
         }
@@ -695,7 +718,9 @@ int group<Store, Net>::lost_peer_of(const system_error& e) const noexcept {
   // names the neighbour whose transfer failed, which in a ring is often a
   // live member stuck behind the dead one. Reporting it dead would exclude it.
   if (e.code() != errc::peer_lost) return -1;
-  if constexpr (requires(const transport_type& t) { { t.lost_peer() } -> std::convertible_to<int>; }) {
+  if constexpr (requires(const transport_type& t) {
+                  { t.lost_peer() } -> std::convertible_to<int>;
+                }) {
     return transport_ ? transport_->lost_peer() : -1;
   } else {
     return e.peer();
@@ -706,8 +731,8 @@ template <kv_store Store, network Net>
 void group<Store, Net>::restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor) {
   if (started_) fail(error::invalid_state, "restore_position after the first begin_step");
   EBBFLOW_ENFORCE(step >= 0 && epoch >= 0 && cursor < opts_.dataset_size,
-                  "restore_position: step " << step << ", epoch " << epoch << ", cursor " << cursor
-                                            << " (dataset_size " << opts_.dataset_size << ")");
+                  "restore_position: step " << step << ", epoch " << epoch << ", cursor " << cursor << " (dataset_size "
+                                            << opts_.dataset_size << ")");
   if (gen_.source != id_) return;  // the source's position reaches everybody with the state
   step_ = step;
   epoch_ = epoch;

@@ -72,16 +72,14 @@ class client_connection {
                           for (const auto& x : r) eps.push_back(x.endpoint());
                         });
       if (!run_until(d, done, [&] { res.cancel(); })) return fail(ec, error::timeout, "resolving " + host_);
-      if (*done || eps.empty())
-        return fail(ec, error::peer_lost, "cannot resolve " + host_ + ": " + done->message());
+      if (*done || eps.empty()) return fail(ec, error::peer_lost, "cannot resolve " + host_ + ": " + done->message());
     }
     auto backoff = std::chrono::milliseconds(5);
     for (;;) {
       std::optional<boost::system::error_code> done;
       sock_ = tcp::socket(ioc_);
       asio::async_connect(sock_, eps, [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
-      if (!run_until(d, done, [&] { sock_.close(bec); }))
-        return fail(ec, error::timeout, "connecting to " + address());
+      if (!run_until(d, done, [&] { sock_.close(bec); })) return fail(ec, error::timeout, "connecting to " + address());
       if (!*done) break;
       const bool retry = *done == asio::error::connection_refused || *done == asio::error::timed_out ||
                          *done == asio::error::network_unreachable || *done == asio::error::host_unreachable;
@@ -114,7 +112,8 @@ class client_connection {
     if (ec) return;
     if (r.msg.code == proto::op::error) return server_error(ec, r.msg);
     if (r.msg.code != proto::op::welcome)
-      return fail(ec, error::bad_message, std::string("handshake: expected welcome, got ") + proto::op_name(r.msg.code));
+      return fail(ec, error::bad_message,
+                  std::string("handshake: expected welcome, got ") + proto::op_name(r.msg.code));
     if (!mac_equal(r.msg.mac, handshake_mac(token_, server_label, server_nonce, client_nonce)))
       return fail(ec, error::unauthorized, "the server at " + address() + " could not prove the job token");
   }
@@ -255,12 +254,13 @@ inline store_event store_watcher::next(deadline d, std::error_code& ec) noexcept
     return {};
   }
   if (r.msg.code != detail::proto::op::event) {
-    conn_->fail(ec, error::bad_message, std::string("watch: expected event, got ") + detail::proto::op_name(r.msg.code));
+    conn_->fail(ec, error::bad_message,
+                std::string("watch: expected event, got ") + detail::proto::op_name(r.msg.code));
     return {};
   }
   store_event e;
   e.type = r.msg.flag == static_cast<std::uint8_t>(detail::proto::event_kind::erase) ? store_event::kind::erase
-                                                                                      : store_event::kind::set;
+                                                                                     : store_event::kind::set;
   e.key = std::string(r.msg.key);
   e.value = std::string(r.msg.value);
   return e;
@@ -269,8 +269,7 @@ inline store_event store_watcher::next(deadline d, std::error_code& ec) noexcept
 inline store_event store_watcher::next(deadline d) {
   std::error_code ec;
   auto e = next(d, ec);
-  if (ec)
-    throw_if(ec, {-1, -1, -1, "store.watch", conn_ ? conn_->last_detail : std::string("moved-from watcher")});
+  if (ec) throw_if(ec, {-1, -1, -1, "store.watch", conn_ ? conn_->last_detail : std::string("moved-from watcher")});
   return e;
 }
 
@@ -285,8 +284,9 @@ inline store_client::store_client(std::string host, std::uint16_t port, std::str
 
 inline store_client store_client::from_environment() {
   const launch_info li = launch_info::from_environment();
-  EBBFLOW_ENFORCE(li.store_port != 0, "store_client::from_environment: EBBFLOW_STORE (HOST:PORT) or "
-                                      "MASTER_ADDR/MASTER_PORT is not set");
+  EBBFLOW_ENFORCE(li.store_port != 0,
+                  "store_client::from_environment: EBBFLOW_STORE (HOST:PORT) or "
+                  "MASTER_ADDR/MASTER_PORT is not set");
   return store_client(li.store_host, li.store_port, li.token, client_options::from_environment());
 }
 
@@ -314,9 +314,8 @@ inline detail::proto::decode_result store_client::call(std::string frame, deadli
   if (ec) return {};
   // A waiting request times out on the server, which names the missing keys;
   // allow its reply a little time to arrive before giving up locally.
-  const deadline local = waits && d.at() != steady_clock::time_point::max()
-                             ? deadline(d.at() + std::chrono::milliseconds(250))
-                             : d;
+  const deadline local =
+      waits && d.at() != steady_clock::time_point::max() ? deadline(d.at() + std::chrono::milliseconds(250)) : d;
   auto r = conn_->read_frame(local, ec, false);
   if (ec) return {};
   if (r.msg.code == detail::proto::op::error) {
@@ -359,8 +358,7 @@ inline void store_client::connect(deadline d) {
 
 namespace detail {
 //! Checks the reply opcode; a mismatch is a protocol error.
-inline bool expect_reply(const proto::decode_result& r, proto::op want, std::error_code& ec,
-                         client_connection& c) {
+inline bool expect_reply(const proto::decode_result& r, proto::op want, std::error_code& ec, client_connection& c) {
   if (ec) return false;
   if (r.msg.code == want) return true;
   c.fail(ec, error::bad_message,
@@ -371,11 +369,9 @@ inline bool expect_reply(const proto::decode_result& r, proto::op want, std::err
 
 // set
 inline void store_client::set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept {
-  auto r = call(detail::proto::frame_builder(detail::proto::op::set, key.size() + value.size() + 8)
-                    .str(key)
-                    .str(value)
-                    .finish(),
-                d, false, ec);
+  auto r = call(
+      detail::proto::frame_builder(detail::proto::op::set, key.size() + value.size() + 8).str(key).str(value).finish(),
+      d, false, ec);
   detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
 }
 inline void store_client::set(std::string_view key, std::string_view value, std::error_code& ec) noexcept {
@@ -413,8 +409,8 @@ inline std::string store_client::get(std::string_view key) { return get(key, def
 // try_get
 inline std::optional<std::string> store_client::try_get(std::string_view key, deadline d,
                                                         std::error_code& ec) noexcept {
-  auto r = call(detail::proto::frame_builder(detail::proto::op::get, key.size() + 16).str(key).u32(0).u8(0).finish(),
-                d, false, ec);
+  auto r = call(detail::proto::frame_builder(detail::proto::op::get, key.size() + 16).str(key).u32(0).u8(0).finish(), d,
+                false, ec);
   if (ec) return std::nullopt;
   if (r.msg.code == detail::proto::op::missing) return std::nullopt;
   if (!detail::expect_reply(r, detail::proto::op::value, ec, *conn_)) return std::nullopt;
@@ -456,31 +452,31 @@ inline std::int64_t store_client::add(std::string_view key, std::int64_t delta) 
 
 // compare_set
 inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
-                                                     std::string_view desired, deadline d,
-                                                     std::error_code& ec) noexcept {
-  auto r = call(detail::proto::frame_builder(detail::proto::op::compare_set,
-                                             key.size() + expected.size() + desired.size() + 16)
-                    .str(key)
-                    .str(expected)
-                    .str(desired)
-                    .finish(),
-                d, false, ec);
+                                                    std::string_view desired, deadline d,
+                                                    std::error_code& ec) noexcept {
+  auto r = call(
+      detail::proto::frame_builder(detail::proto::op::compare_set, key.size() + expected.size() + desired.size() + 16)
+          .str(key)
+          .str(expected)
+          .str(desired)
+          .finish(),
+      d, false, ec);
   if (!detail::expect_reply(r, detail::proto::op::cas_result, ec, *conn_)) return {};
   return {r.msg.flag != 0, std::string(r.msg.value)};
 }
 inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
-                                                     std::string_view desired, std::error_code& ec) noexcept {
+                                                    std::string_view desired, std::error_code& ec) noexcept {
   return compare_set(key, expected, desired, default_deadline(), ec);
 }
 inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
-                                                     std::string_view desired, deadline d) {
+                                                    std::string_view desired, deadline d) {
   std::error_code ec;
   auto v = compare_set(key, expected, desired, d, ec);
   if (ec) raise("store.compare_set", key, ec);
   return v;
 }
 inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
-                                                     std::string_view desired) {
+                                                    std::string_view desired) {
   return compare_set(key, expected, desired, default_deadline());
 }
 
@@ -560,8 +556,10 @@ inline store_watcher store_client::watch(std::string_view prefix, bool include_e
                    d, ec);
   if (!ec) {
     auto r = c->read_frame(d, ec, false);
-    if (!ec && r.msg.code == detail::proto::op::error) c->server_error(ec, r.msg);
-    else if (!ec) detail::expect_reply(r, detail::proto::op::ok, ec, *c);
+    if (!ec && r.msg.code == detail::proto::op::error)
+      c->server_error(ec, r.msg);
+    else if (!ec)
+      detail::expect_reply(r, detail::proto::op::ok, ec, *c);
   }
   if (ec) {
     std::lock_guard lk(conn_->mu);

@@ -206,8 +206,8 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
     timer_.async_wait([self = shared_from_this(), seq](const boost::system::error_code& ec) {
       if (ec || self->closed_ || self->draining_) return;
       if (!self->authed_) {
-        self->fail(errc::timeout, "no authentication within " + std::to_string(self->srv_->opts().auth_timeout.count()) +
-                                      " ms");
+        self->fail(errc::timeout,
+                   "no authentication within " + std::to_string(self->srv_->opts().auth_timeout.count()) + " ms");
       } else if (seq == self->frame_seq_ && !self->in_.empty()) {
         std::string why = "read deadline: frame incomplete after " +
                           std::to_string(self->srv_->opts().frame_timeout.count()) + " ms (" +
@@ -231,7 +231,7 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
       if (!in_.empty()) {
         std::string why = "truncated frame: connection closed after " + std::to_string(in_.size()) + " of ";
         why += in_.size() >= proto::header_bytes ? std::to_string(proto::load_u32(in_.data()) + proto::header_bytes)
-                                                  : std::string("4 header");
+                                                 : std::string("4 header");
         fail(errc::bad_message, why + " bytes");
       } else {
         EBBFLOW_LOG_DEBUG("store: " << peer_ << " disconnected (" << ec.message() << ")");
@@ -310,7 +310,8 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
     authed_ = true;
     timer_.cancel();
     timer_armed_ = false;
-    send(proto::frame_builder(proto::op::welcome).raw(handshake_mac(token, server_label, server_nonce_, r.msg.nonce))
+    send(proto::frame_builder(proto::op::welcome)
+             .raw(handshake_mac(token, server_label, server_nonce_, r.msg.nonce))
              .finish());
     EBBFLOW_LOG_DEBUG("store: " << peer_ << " authenticated");
   }
@@ -322,8 +323,8 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
       return;
     }
     if (watching_) {
-      fail(errc::bad_message, std::string("a watch connection takes no requests (got ") + proto::op_name(r.msg.code) +
-                                  ")");
+      fail(errc::bad_message,
+           std::string("a watch connection takes no requests (got ") + proto::op_name(r.msg.code) + ")");
       return;
     }
     if (static_cast<std::uint8_t>(r.msg.code) >= 0x80 || r.msg.code == proto::op::auth) {
@@ -403,15 +404,15 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
     drain();
   }
   void drain() {
-    sock_.async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](const boost::system::error_code& ec,
-                                                                           std::size_t) {
-      if (self->closed_) return;
-      if (ec) {
-        self->close();
-        return;
-      }
-      self->drain();
-    });
+    sock_.async_read_some(asio::buffer(rbuf_),
+                          [self = shared_from_this()](const boost::system::error_code& ec, std::size_t) {
+                            if (self->closed_) return;
+                            if (ec) {
+                              self->close();
+                              return;
+                            }
+                            self->drain();
+                          });
   }
 
   std::shared_ptr<server_impl> srv_;
@@ -640,7 +641,8 @@ inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn
       if (existed) notify(std::string(m.key), proto::event_kind::erase, {});
       return frame_builder(op::boolean).u8(existed ? 1 : 0).finish();
     }
-    case op::num_keys: return frame_builder(op::integer).i64(static_cast<std::int64_t>(data_.size())).finish();
+    case op::num_keys:
+      return frame_builder(op::integer).i64(static_cast<std::int64_t>(data_.size())).finish();
     case op::check: {
       bool all = true;
       for (auto k : m.keys) all = all && data_.contains(std::string(k));
@@ -661,7 +663,8 @@ inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn
                            .finish());
       return {};
     }
-    case op::ping: return frame_builder(op::ok).finish();
+    case op::ping:
+      return frame_builder(op::ok).finish();
     default:
       return proto::error_frame(errc::bad_message,
                                 std::string("unexpected opcode ") + proto::op_name(m.code) + " from a client");
@@ -678,8 +681,7 @@ inline server_options server_options::from_environment() {
   return o;
 }
 
-inline store_server::store_server(server_options opts)
-    : own_ioc_(std::make_unique<boost::asio::io_context>(1)) {
+inline store_server::store_server(server_options opts) : own_ioc_(std::make_unique<boost::asio::io_context>(1)) {
   impl_ = std::make_shared<detail::server_impl>(*own_ioc_, std::move(opts));
   host_ = impl_->opts().host;
   port_ = impl_->port();

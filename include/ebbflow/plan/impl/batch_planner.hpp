@@ -92,7 +92,10 @@ inline std::size_t level_count(const worker_spec& w, double inv_c, std::size_t l
   std::size_t lo_b = lo, hi_b = m;  // invariant: step_time(lo_b) <= s; answer in [lo_b, hi_b]
   while (lo_b < hi_b) {
     std::size_t mid = lo_b + (hi_b - lo_b + 1) / 2;
-    if (w.step_time(mid) <= s) lo_b = mid; else hi_b = mid - 1;
+    if (w.step_time(mid) <= s)
+      lo_b = mid;
+    else
+      hi_b = mid - 1;
   }
   return lo_b;
 }
@@ -114,10 +117,8 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
     sum_max = detail::saturating_add(sum_max, w.max_batch);
     sum_min = detail::saturating_add(sum_min, w.min_batch);
   }
-  EBBFLOW_PLAN_ENFORCE(sum_max >= B, plan_errc::infeasible,
-                       "sum of max_batch " << sum_max << " < global batch " << B);
-  EBBFLOW_PLAN_ENFORCE(sum_min <= B, plan_errc::infeasible,
-                       "sum of min_batch " << sum_min << " > global batch " << B);
+  EBBFLOW_PLAN_ENFORCE(sum_max >= B, plan_errc::infeasible, "sum of max_batch " << sum_max << " < global batch " << B);
+  EBBFLOW_PLAN_ENFORCE(sum_min <= B, plan_errc::infeasible, "sum of min_batch " << sum_min << " > global batch " << B);
 
   // Caps above B never bind; clamping keeps every count below B (no overflow).
   std::vector<std::size_t> hi(n);
@@ -167,7 +168,10 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
       for (int it = 0; it < 200; ++it) {
         f = relax(s, slope);
         if (std::abs(f) < 0.5) break;
-        if (f < 0) lo_s = s; else hi_s = s;
+        if (f < 0)
+          lo_s = s;
+        else
+          hi_s = s;
         double next = slope > 0 ? s - f / slope : std::numeric_limits<double>::quiet_NaN();
         if (!(next > lo_s && next < hi_s)) next = lo_s + 0.5 * (hi_s - lo_s);
         if (next == s || !(hi_s > lo_s)) break;
@@ -266,14 +270,14 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
 }
 
 inline double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers) {
-  EBBFLOW_PLAN_ENFORCE(plan.size() == workers.size(), plan_errc::membership_mismatch,
-                       "plan v" << plan.version << " has " << plan.size() << " workers, models have "
-                                << workers.size());
+  EBBFLOW_PLAN_ENFORCE(
+      plan.size() == workers.size(), plan_errc::membership_mismatch,
+      "plan v" << plan.version << " has " << plan.size() << " workers, models have " << workers.size());
   double t = -std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < workers.size(); ++i) {
-    EBBFLOW_PLAN_ENFORCE_W(plan.worker_ids[i] == workers[i].id, plan_errc::membership_mismatch, workers[i].id,
-                           "is at rank " << i << " but plan v" << plan.version << " has worker "
-                                         << plan.worker_ids[i] << " there");
+    EBBFLOW_PLAN_ENFORCE_W(
+        plan.worker_ids[i] == workers[i].id, plan_errc::membership_mismatch, workers[i].id,
+        "is at rank " << i << " but plan v" << plan.version << " has worker " << plan.worker_ids[i] << " there");
     t = std::max(t, workers[i].step_time(plan.batch[i]));
   }
   return t;
@@ -292,10 +296,9 @@ inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<cons
   p.offsets[0] = 0;
   double t = -std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < workers.size(); ++i) {
-    EBBFLOW_PLAN_ENFORCE_W(sizes[i] >= workers[i].min_batch && sizes[i] <= workers[i].max_batch,
-                           plan_errc::infeasible, workers[i].id,
-                           "batch " << sizes[i] << " outside [" << workers[i].min_batch << ", "
-                                    << workers[i].max_batch << "]");
+    EBBFLOW_PLAN_ENFORCE_W(
+        sizes[i] >= workers[i].min_batch && sizes[i] <= workers[i].max_batch, plan_errc::infeasible, workers[i].id,
+        "batch " << sizes[i] << " outside [" << workers[i].min_batch << ", " << workers[i].max_batch << "]");
     p.worker_ids[i] = workers[i].id;
     p.offsets[i + 1] = p.offsets[i] + sizes[i];
     t = std::max(t, workers[i].step_time(sizes[i]));

@@ -31,9 +31,9 @@ struct position {
 inline position step_position(const sampler_state& s, std::size_t batch) {
   const std::uint64_t left = s.dataset_size - s.cursor;
   if (s.policy == last_batch::short_batch) {
-    EBBFLOW_PLAN_ENFORCE(batch <= left, plan_errc::batch_exceeds_epoch,
-                         "a step of " << batch << " samples does not fit in the " << left
-                                      << " samples left of epoch " << s.epoch);
+    EBBFLOW_PLAN_ENFORCE(
+        batch <= left, plan_errc::batch_exceeds_epoch,
+        "a step of " << batch << " samples does not fit in the " << left << " samples left of epoch " << s.epoch);
     return {s.epoch, s.cursor};
   }
   EBBFLOW_PLAN_ENFORCE(batch <= s.dataset_size, plan_errc::batch_exceeds_epoch,

@@ -48,8 +48,10 @@ inline void* mlock_allocate(std::size_t bytes, bool& locked, std::string& status
     rlimit rl{};
     if (::getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
       os << " (RLIMIT_MEMLOCK soft limit ";
-      if (rl.rlim_cur == RLIM_INFINITY) os << "unlimited";
-      else os << rl.rlim_cur << " bytes";
+      if (rl.rlim_cur == RLIM_INFINITY)
+        os << "unlimited";
+      else
+        os << rl.rlim_cur << " bytes";
       os << "; raise it with `ulimit -l` or grant CAP_IPC_LOCK)";
     }
   }
@@ -123,18 +125,21 @@ inline std::optional<pinned_lease> pinned_pool::try_acquire_locked(std::size_t b
 }
 
 inline std::optional<pinned_lease> pinned_pool::try_acquire(std::size_t bytes) {
-  EBBFLOW_ENFORCE(bytes <= capacity_, "pinned_pool: request of " << bytes << " bytes exceeds the pool's fixed capacity of "
-                                                                  << capacity_ << " bytes");
+  EBBFLOW_ENFORCE(bytes <= capacity_, "pinned_pool: request of "
+                                          << bytes << " bytes exceeds the pool's fixed capacity of " << capacity_
+                                          << " bytes");
   std::lock_guard lk(m_);
   return try_acquire_locked(bytes);
 }
 
 inline pinned_lease pinned_pool::acquire(std::size_t bytes, deadline until) {
-  EBBFLOW_ENFORCE(bytes <= capacity_, "pinned_pool: request of " << bytes << " bytes exceeds the pool's fixed capacity of "
-                                                                  << capacity_ << " bytes");
+  EBBFLOW_ENFORCE(bytes <= capacity_, "pinned_pool: request of "
+                                          << bytes << " bytes exceeds the pool's fixed capacity of " << capacity_
+                                          << " bytes");
   std::unique_lock lk(m_);
   for (;;) {
-    if (cancelled_) EBBFLOW_THROW((system_error(make_error_code(error::cancelled), {.operation = "pinned_pool::acquire"})));
+    if (cancelled_)
+      EBBFLOW_THROW((system_error(make_error_code(error::cancelled), {.operation = "pinned_pool::acquire"})));
     if (auto l = try_acquire_locked(bytes)) return std::move(*l);
     if (cv_.wait_until(lk, until.at()) == std::cv_status::timeout && until.expired()) {
       if (auto l = try_acquire_locked(bytes)) return std::move(*l);
@@ -179,8 +184,14 @@ inline void pinned_pool::release(std::size_t offset, std::size_t bytes) noexcept
 
 inline pool_stats pinned_pool::stats() const {
   std::lock_guard lk(m_);
-  return {.capacity = capacity_, .in_use = in_use_, .peak = peak_, .leases = leases_, .allocations = 1,
-          .locked = locked_, .allocator = alloc_.name, .lock_status = lock_status_};
+  return {.capacity = capacity_,
+          .in_use = in_use_,
+          .peak = peak_,
+          .leases = leases_,
+          .allocations = 1,
+          .locked = locked_,
+          .allocator = alloc_.name,
+          .lock_status = lock_status_};
 }
 
 }  // namespace prefetch

@@ -44,16 +44,22 @@ namespace detail {
 enum class load_kind { none, sample, sample_stop, chunk };
 template <class Load>
 constexpr load_kind kind_of() {
-  if constexpr (std::invocable<Load&, std::size_t, std::span<std::byte>, std::stop_token>) return load_kind::sample_stop;
-  else if constexpr (std::invocable<Load&, std::size_t, std::span<std::byte>>) return load_kind::sample;
-  else if constexpr (std::invocable<Load&, std::span<const std::size_t>, std::span<std::byte>>) return load_kind::chunk;
-  else return load_kind::none;
+  if constexpr (std::invocable<Load&, std::size_t, std::span<std::byte>, std::stop_token>)
+    return load_kind::sample_stop;
+  else if constexpr (std::invocable<Load&, std::size_t, std::span<std::byte>>)
+    return load_kind::sample;
+  else if constexpr (std::invocable<Load&, std::span<const std::size_t>, std::span<std::byte>>)
+    return load_kind::chunk;
+  else
+    return load_kind::none;
 }
 
 template <class Stage>
 host_allocator preferred_allocator(const std::optional<host_allocator>& given) {
   if (given) return *given;
-  if constexpr (requires { { Stage::preferred_allocator() } -> std::convertible_to<host_allocator>; })
+  if constexpr (requires {
+                  { Stage::preferred_allocator() } -> std::convertible_to<host_allocator>;
+                })
     return Stage::preferred_allocator();
   else
     return mlock_allocator();
@@ -70,10 +76,14 @@ class prefetch_state : public std::enable_shared_from_this<prefetch_state<Source
                 "or load(std::span<const std::size_t>, std::span<std::byte>)");
 
   prefetch_state(Source source, Load load, Stage stage, prefetch_options opt)
-      : source_(std::move(source)), load_(std::move(load)), stage_(std::move(stage)), opt_(checked(opt)),
+      : source_(std::move(source)),
+        load_(std::move(load)),
+        stage_(std::move(stage)),
+        opt_(checked(opt)),
         devices_(stage_.devices()),
         pool_(opt_.pool_bytes, preferred_allocator<Stage>(opt_.allocator)),
-        slots_(opt_.depth), t0_(steady_clock::now()) {
+        slots_(opt_.depth),
+        t0_(steady_clock::now()) {
     stage_.prepare(opt_.depth, opt_.max_device_samples * opt_.sample_bytes);
     for (auto& s : slots_) {
       s.plan.indices.reserve(opt_.max_batch_samples);
@@ -107,7 +117,8 @@ class prefetch_state : public std::enable_shared_from_this<prefetch_state<Source
   batch next(deadline until) {
     std::unique_lock lk(m_);
     const auto t0 = steady_clock::now();
-    const bool ok = cv_ready_.wait_until(lk, until.at(), [&] { return stopped_ || at_end_locked() || head_ready_locked(); });
+    const bool ok =
+        cv_ready_.wait_until(lk, until.at(), [&] { return stopped_ || at_end_locked() || head_ready_locked(); });
     stall_ns_.fetch_add(static_cast<std::uint64_t>((steady_clock::now() - t0).count()), std::memory_order_relaxed);
     if (!ok)
       EBBFLOW_THROW((system_error(make_error_code(error::timeout),
@@ -190,7 +201,10 @@ class prefetch_state : public std::enable_shared_from_this<prefetch_state<Source
     r.loader_bytes_per_s = wall > 0 ? static_cast<double>(r.bytes_loaded) / wall : 0.0;
     r.load_errors = errors_.load(std::memory_order_relaxed);
     r.pool = pool_.stats();
-    if constexpr (requires(const Stage& s) { { s.bytes() } -> std::convertible_to<std::size_t>; }) r.stage_bytes = stage_.bytes();
+    if constexpr (requires(const Stage& s) {
+                    { s.bytes() } -> std::convertible_to<std::size_t>;
+                  })
+      r.stage_bytes = stage_.bytes();
     return r;
   }
 
@@ -226,11 +240,16 @@ class prefetch_state : public std::enable_shared_from_this<prefetch_state<Source
     EBBFLOW_ENFORCE(o.max_batch_samples > 0, "prefetcher: max_batch_samples must be positive");
     EBBFLOW_ENFORCE(o.depth >= 1, "prefetcher: depth must be at least 1");
     EBBFLOW_ENFORCE(o.loaders >= 1, "prefetcher: need at least one loader thread");
-    if (o.max_device_samples == 0 || o.max_device_samples > o.max_batch_samples) o.max_device_samples = o.max_batch_samples;
+    if (o.max_device_samples == 0 || o.max_device_samples > o.max_batch_samples)
+      o.max_device_samples = o.max_batch_samples;
     const std::size_t batch_bytes = o.max_batch_samples * o.sample_bytes;
-    if (o.pool_bytes == 0) o.pool_bytes = o.depth * ((batch_bytes + pinned_pool::alignment - 1) / pinned_pool::alignment * pinned_pool::alignment);
-    EBBFLOW_ENFORCE(o.pool_bytes >= batch_bytes, "prefetcher: pool_bytes " << o.pool_bytes
-                                                   << " cannot hold one batch of max_batch_samples * sample_bytes = " << batch_bytes);
+    if (o.pool_bytes == 0)
+      o.pool_bytes =
+          o.depth * ((batch_bytes + pinned_pool::alignment - 1) / pinned_pool::alignment * pinned_pool::alignment);
+    EBBFLOW_ENFORCE(o.pool_bytes >= batch_bytes,
+                    "prefetcher: pool_bytes "
+                        << o.pool_bytes
+                        << " cannot hold one batch of max_batch_samples * sample_bytes = " << batch_bytes);
     return o;
   }
 
@@ -326,8 +345,10 @@ class prefetch_state : public std::enable_shared_from_this<prefetch_state<Source
       const std::stop_token tok = stop_.get_token();
       for (std::size_t i = t.begin; i < t.end && !tok.stop_requested(); ++i) {
         try {
-          if constexpr (kind == load_kind::sample_stop) load_(ind[i], dst.subspan(i * sb, sb), tok);
-          else load_(ind[i], dst.subspan(i * sb, sb));
+          if constexpr (kind == load_kind::sample_stop)
+            load_(ind[i], dst.subspan(i * sb, sb), tok);
+          else
+            load_(ind[i], dst.subspan(i * sb, sb));
           ++ok;
         } catch (...) {
           err = std::current_exception();
@@ -402,12 +423,14 @@ class prefetch_state : public std::enable_shared_from_this<prefetch_state<Source
                     "prefetch: the plan splits over " << p.split.size() << " devices, the stage has " << devices_);
     std::size_t sum = 0;
     for (std::size_t d = 0; d < devices_; ++d) {
-      EBBFLOW_ENFORCE(p.split[d] <= opt_.max_device_samples,
-                      "prefetch: device " << d << " gets " << p.split[d] << " samples > max_device_samples " << opt_.max_device_samples);
+      EBBFLOW_ENFORCE(p.split[d] <= opt_.max_device_samples, "prefetch: device " << d << " gets " << p.split[d]
+                                                                                 << " samples > max_device_samples "
+                                                                                 << opt_.max_device_samples);
       sum += p.split[d];
     }
     EBBFLOW_ENFORCE(sum == n, "prefetch: split sums to " << sum << " but the batch has " << n << " samples");
-    EBBFLOW_ENFORCE(n <= opt_.max_batch_samples, "prefetch: batch of " << n << " samples > max_batch_samples " << opt_.max_batch_samples);
+    EBBFLOW_ENFORCE(n <= opt_.max_batch_samples,
+                    "prefetch: batch of " << n << " samples > max_batch_samples " << opt_.max_batch_samples);
   }
 
   // Leases staging bytes for the last planned step, when the pool has room.
