@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // A consumer program of the `asio` component: proves that ebbflow::asio brings
 // Boost.Asio and OpenSSL's libcrypto (which the rendezvous store's HMAC
-// handshake needs) to a consumer, by an echo over TCP loopback and an
-// RFC 4231 HMAC-SHA256 test vector. Bounded: the io_context runs for at most
-// five seconds.
+// handshake needs) to a consumer, by an echo over TCP loopback, an RFC 4231
+// HMAC-SHA256 test vector and a round trip through an embedded rendezvous
+// store. Bounded: the io_context runs for at most five seconds, every store
+// call has a 5 s deadline.
 #include <ebbflow/ebbflow.hpp>
 
 #include <boost/asio.hpp>
@@ -65,8 +66,22 @@ int main() {
   io.run_for(std::chrono::seconds(5));
   check(std::string(cbuf.data(), cbuf.size()) == "ebbflow", "echo over TCP loopback (Boost.Asio)");
 
-  // TODO(#9): once <ebbflow/elastic/store.hpp> lands, replace the echo by a
-  // rendezvous-store round trip (embedded server, client set/get with a token).
+  // A rendezvous-store round trip: the installed headers bring the store, and
+  // its HMAC handshake works with the consumer's libcrypto.
+  try {
+    namespace el = ebbflow::elastic;
+    el::server_options so;
+    so.token = "consumer-token";
+    el::store_server srv(so);
+    el::store_client cl("127.0.0.1", srv.port(), "consumer-token");
+    const auto d = ebbflow::deadline::after(std::chrono::seconds(5));
+    cl.set("consumer/key", "value", d);
+    check(cl.get("consumer/key", d) == "value", "store set/get round trip");
+    check(cl.add("consumer/counter", 2, d) == 2, "store add");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "consumer_asio: store: %s\n", e.what());
+    ++failures;
+  }
 
   if (failures) return EXIT_FAILURE;
   std::printf("consumer_asio OK\n");
