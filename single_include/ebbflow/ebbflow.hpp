@@ -3684,6 +3684,22 @@ class transport {
   //! the wire tag keep late messages of an older generation from matching.
   transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
             const std::vector<std::vector<std::byte>>& addresses, deadline d);
+  //! Starts connecting without blocking: creates the endpoints and posts the
+  //! wire-up handshake, which completes as the shared worker is progressed
+  //! (by this or any other transport on it, e.g. the generation still
+  //! training). Finish with `poll_connect` or `finish_connect` before any
+  //! other use. The elastic group connects to joiners this way while it
+  //! keeps training. @throws system_error, std::invalid_argument.
+  static transport start(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
+                         const std::vector<std::vector<std::byte>>& addresses);
+  //! Progresses a connect begun by `start` once; true when every peer
+  //! answered the handshake (always true for a transport built connected).
+  //! Never blocks. @throws system_error (peer_lost naming the peer) when the
+  //! handshake failed; the transport is then unusable.
+  bool poll_connect();
+  //! Blocks until a connect begun by `start` completed or `d` passed.
+  //! @throws system_error (peer_lost / timeout naming the peer).
+  void finish_connect(deadline d);
   //! Takes over the endpoints; the source must not be used afterwards.
   transport(transport&&) noexcept = default;
   //! Takes over the endpoints; the source must not be used afterwards.
@@ -3755,8 +3771,16 @@ class transport {
     std::vector<pid_t> pids;                    // local_peer()
     bool oversubscribed = false;                // more local ranks than usable cores
     std::uint64_t probe = detail::probe_value;  // read by peers to test single-copy access
+    struct handshake;                           // while connecting (see `start`)
+    std::unique_ptr<handshake> connecting;
     explicit state(std::shared_ptr<worker> wk) : w(std::move(wk)) {}
+    ~state();
   };
+  struct deferred_t {};
+  transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
+            const std::vector<std::vector<std::byte>>& addresses, deferred_t);
+  void fail_connect(std::error_code ec, int peer);
+  void finish_handshake() noexcept;
 
   static void on_error(void* arg, ucp_ep_h, ucs_status_t status) noexcept {
     auto* s = static_cast<peer_slot*>(arg);
@@ -3806,8 +3830,29 @@ inline transport::transport(worker w, std::int64_t generation, int rank, int siz
                             const std::vector<std::vector<std::byte>>& addresses, deadline d)
     : transport(std::make_shared<worker>(std::move(w)), generation, rank, size, addresses, d) {}
 
+//! The wire-up handshake of a connecting transport: heap-held, so the
+//! buffers the posted requests use stay put when the transport moves.
+struct transport::state::handshake {
+  detail::hello mine{};               //!< what this rank tells every peer
+  std::vector<detail::hello> theirs;  //!< what each peer told (by rank)
+  std::vector<request> reqs;          //!< the posted hello sends and receives
+  std::vector<int> peers;             //!< the peer of each request
+};
+inline transport::state::~state() = default;
+
 inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
                             const std::vector<std::vector<std::byte>>& addresses, deadline d)
+    : transport(std::move(w), generation, rank, size, addresses, deferred_t{}) {
+  finish_connect(d);
+}
+
+inline transport transport::start(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
+                                  const std::vector<std::vector<std::byte>>& addresses) {
+  return transport(std::move(w), generation, rank, size, addresses, deferred_t{});
+}
+
+inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
+                            const std::vector<std::vector<std::byte>>& addresses, deferred_t)
     : st_(std::make_unique<state>(std::move(w))) {
   EBBFLOW_ENFORCE(st_->w != nullptr, "ucx transport: null worker");
   EBBFLOW_ENFORCE(size >= 1 && size <= max_ranks && rank >= 0 && rank < size,
@@ -3820,6 +3865,7 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   const auto n = static_cast<std::size_t>(size);
   st_->eps.assign(n, nullptr);
   st_->dead.assign(n, 0);
+  st_->pids.assign(n, 0);
   st_->slots.reserve(n);
   for (int p = 0; p < size; ++p) st_->slots.push_back({st_.get(), p});
   for (int p = 0; p < size; ++p) {
@@ -3834,8 +3880,15 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
     ucp_ep_h h = nullptr;
     const ucs_status_t s = ucp_ep_create(st_->w->get(), &ep, &h);
     if (s != UCS_OK) {
+      // The address is the peer's own: when it cannot be reached (its shared
+      // memory is gone, its host refuses) the peer is as good as lost, and
+      // the elastic layer must fail over rather than give up.
       close_endpoints();
-      throw_if(make_error(s), {.rank = rank, .generation = generation, .peer = p, .operation = "ucp_ep_create"});
+      throw system_error(make_error_code(error::peer_lost), {.rank = rank,
+                                                             .generation = generation,
+                                                             .peer = p,
+                                                             .operation = "ucp_ep_create",
+                                                             .detail = ucs_status_string(s)});
     }
     st_->eps[static_cast<std::size_t>(p)] = h;
   }
@@ -3843,35 +3896,62 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   // rank also tells its pid, boot id and the address of a probe word, so
   // peers on the same host can use single-copy reads (see `local_peer`).
   const tag_t hello = make_tag(0xffffffffu, 0xfffe);
-  detail::hello mine{};
-  mine.pid = static_cast<std::uint64_t>(::getpid());
-  mine.probe = reinterpret_cast<std::uint64_t>(&st_->probe);
-  detail::read_boot_id(mine.boot_id);
-  std::vector<detail::hello> theirs(n);
-  std::vector<request> reqs;
-  std::vector<int> peers;
+  st_->connecting = std::make_unique<state::handshake>();
+  auto& hs = *st_->connecting;
+  hs.mine.pid = static_cast<std::uint64_t>(::getpid());
+  hs.mine.probe = reinterpret_cast<std::uint64_t>(&st_->probe);
+  detail::read_boot_id(hs.mine.boot_id);
+  hs.theirs.resize(n);
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
-    reqs.push_back(irecv(p, hello, std::as_writable_bytes(std::span(&theirs[static_cast<std::size_t>(p)], 1))));
-    peers.push_back(p);
-    reqs.push_back(isend(p, hello, std::as_bytes(std::span(&mine, 1))));
-    peers.push_back(p);
+    hs.reqs.push_back(irecv(p, hello, std::as_writable_bytes(std::span(&hs.theirs[static_cast<std::size_t>(p)], 1))));
+    hs.peers.push_back(p);
+    hs.reqs.push_back(isend(p, hello, std::as_bytes(std::span(&hs.mine, 1))));
+    hs.peers.push_back(p);
   }
-  for (std::size_t i = 0; i < reqs.size(); ++i) {
+}
+
+inline void transport::fail_connect(std::error_code ec, int peer) {
+  st_->connecting.reset();  // releases (cancels) the outstanding handshake requests
+  close_endpoints();
+  throw_if(ec, {.rank = st_->rank, .generation = st_->generation, .peer = peer, .operation = "ucx connect"});
+}
+
+inline bool transport::poll_connect() {
+  if (!st_->connecting) return true;
+  auto& hs = *st_->connecting;
+  bool all = true;
+  for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
     std::error_code ec;
-    wait(reqs[i], d, ec);
-    if (ec) {
-      reqs.clear();
-      close_endpoints();
-      throw_if(ec, {.rank = rank, .generation = generation, .peer = peers[i], .operation = "ucx connect"});
+    if (!test(hs.reqs[i], ec)) {
+      all = false;
+      continue;
     }
+    if (ec) fail_connect(ec, hs.peers[i]);
   }
-  st_->pids.assign(n, 0);
+  if (all) finish_handshake();
+  return all;
+}
+
+inline void transport::finish_connect(deadline d) {
+  if (!st_->connecting) return;
+  auto& hs = *st_->connecting;
+  for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
+    std::error_code ec;
+    wait(hs.reqs[i], d, ec);
+    if (ec) fail_connect(ec, hs.peers[i]);
+  }
+  finish_handshake();
+}
+
+inline void transport::finish_handshake() noexcept {
+  const auto hs = std::move(st_->connecting);
+  const int size = st_->size, rank = st_->rank;
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
-    const auto& h = theirs[static_cast<std::size_t>(p)];
+    const auto& h = hs->theirs[static_cast<std::size_t>(p)];
     // Same boot and the kernel lets us read the peer's memory: single-copy capable.
-    if (std::memcmp(h.boot_id, mine.boot_id, sizeof mine.boot_id) == 0 && mine.boot_id[0]) {
+    if (std::memcmp(h.boot_id, hs->mine.boot_id, sizeof hs->mine.boot_id) == 0 && hs->mine.boot_id[0]) {
       std::uint64_t v = 0;
       iovec l{&v, sizeof v}, r{reinterpret_cast<void*>(h.probe), sizeof v};
       if (::process_vm_readv(static_cast<pid_t>(h.pid), &l, 1, &r, 1, 0) == static_cast<ssize_t>(sizeof v) &&
@@ -3888,7 +3968,9 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
 }
 
 inline transport::~transport() {
-  if (st_) close_endpoints();
+  if (!st_) return;
+  st_->connecting.reset();
+  close_endpoints();
 }
 
 inline void transport::close_endpoints() noexcept {
@@ -7098,6 +7180,11 @@ namespace elastic {
 //! The UCX network (elastic/ucx_network.hpp) and the loopback network model this.
 //! A network whose `stable_address()` is true returns the same address for
 //! every generation; the group then publishes it once, at registration.
+//! A network may also offer `start_connect(g, rank, addresses)`, returning a
+//! transport whose wire-up completes in the background (finished by its
+//! `poll_connect()` / `finish_connect(d)`): the group then connects to
+//! joiners while it keeps training and switches only once every member is
+//! wired up (see docs/elastic.md, "Join without suspension").
 template <class N>
 concept network = requires(N& n, std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline d) {
   typename N::transport_type;
@@ -7127,6 +7214,11 @@ struct group_options {
   //! appeared for this long (at most 10× this after the oldest), so
   //! newcomers started together join in one switch.
   std::chrono::milliseconds admit_delay{50};
+  //! EBBFLOW_PRECONNECT (default on, where the network can): members connect
+  //! to admitted joiners in the background while training goes on, and the
+  //! group switches at the first step boundary at which every member is wired
+  //! up; off: every member stops at the admission step until connected.
+  bool preconnect = true;
 
   //! Reads the fields named above from the environment (launch rank and world
   //! come from `launch_info`). @throws std::invalid_argument naming the variable.
@@ -7143,6 +7235,7 @@ struct group_options {
     o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
     o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
+    o.preconnect = env::get_bool("EBBFLOW_PRECONNECT", o.preconnect);
     return o;
   }
 };
@@ -7363,6 +7456,11 @@ class group {
   void form_initial();
   void wait_admission();
   void adopt(detail::generation_record rec, steady_clock::time_point started);
+  void install(detail::generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
+               double prepared_seconds);
+  bool prepare_next(detail::generation_record& rec);
+  typename Net::transport_type connect_watched(const detail::generation_record& rec, const std::vector<bytes>& addrs);
+  int poll_next();
   void sync_state();
   void recover(std::int64_t failed_generation, int lost_peer);
   void change_membership(const std::vector<double>& ctl, int n);
@@ -7396,8 +7494,20 @@ class group {
     change_reason reason;
     int old_size;
     steady_clock::time_point started;
+    double prepared_seconds = 0;  // spent before the switch connecting in the background (counted as stall)
   };
   std::optional<pending_change> pending_;  // state transfer and notification still to do
+  // A join whose transport is wiring up while the current generation trains.
+  struct next_generation {
+    detail::generation_record rec;
+    std::optional<typename Net::transport_type> transport;
+    steady_clock::time_point since;  // connect started
+    double prepared_seconds = 0;     // this member's time spent starting it
+    std::size_t old_size = 0;
+    std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>> heartbeats{};  // joiners' leases
+    steady_clock::time_point next_lease_check{};
+  };
+  std::optional<next_generation> next_;
   std::optional<transport_type> transport_;
   std::optional<communicator_type> comm_;
   std::shared_ptr<comm::revoke_flag> revoke_;
@@ -7463,6 +7573,15 @@ constexpr bool stable_address() {
     return false;
 }
 
+// Networks that can wire up a generation's transport in the background.
+template <class N>
+constexpr bool can_preconnect() {
+  return requires(N & n, std::int64_t g, int rank, const std::vector<bytes>& addrs, typename N::transport_type& t) {
+    { n.start_connect(g, rank, addrs) } -> std::same_as<typename N::transport_type>;
+    { t.poll_connect() } -> std::convertible_to<bool>;
+  };
+}
+
 inline bool recoverable(const std::error_code& ec) noexcept {
   return ec == errc::peer_lost || ec == errc::timeout || ec == errc::revoked;
 }
@@ -7505,6 +7624,7 @@ template <kv_store Store, network Net>
 group<Store, Net>::~group() {
   heartbeat_.request_stop();
   if (heartbeat_.joinable()) heartbeat_.join();
+  next_.reset();
   comm_.reset();
   transport_.reset();
 }
@@ -7686,6 +7806,7 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
 
 template <kv_store Store, network Net>
 void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_point started) {
+  next_.reset();
   const int old_size = static_cast<int>(gen_.members.size());
   const int r = rec.rank_of(id_);
   EBBFLOW_EXPECTS(r >= 0);
@@ -7707,9 +7828,10 @@ void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_
                 store_deadline());
   }
   const auto t1 = steady_clock::now();
+  if (opts_.join && step_ < 0) fault_point("join-connect");
   auto addrs = gather_addresses(gen_);
   const auto t2 = steady_clock::now();
-  transport_.emplace(net_->connect(gen_.generation, rank_, addrs, deadline::after(opts_.op_timeout)), revoke_);
+  transport_.emplace(connect_watched(gen_, addrs), revoke_);
   comm_.emplace(*transport_, coll_opts_);
   const auto t3 = steady_clock::now();
   auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
@@ -7718,6 +7840,122 @@ void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_
   // The state moves at the next begin_step: a newcomer registers its buffers
   // after the constructor returned.
   if (!pending_) pending_ = pending_change{gen_.reason, old_size, started};
+  pending_->reason = gen_.reason;
+}
+
+template <kv_store Store, network Net>
+typename Net::transport_type group<Store, Net>::connect_watched(const detail::generation_record& rec,
+                                                                const std::vector<bytes>& addrs) {
+  const auto d = deadline::after(opts_.op_timeout);
+  if constexpr (detail::can_preconnect<Net>()) {
+    // Wire up while watching the members' leases: a member that died before
+    // it connected (UCX may only notice at its own timeout) is reported lost
+    // within about one lease, and the group fails over instead of waiting.
+    auto t = net_->start_connect(rec.generation, rank_, addrs);
+    std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>> hb;
+    auto next_check = steady_clock::now();
+    while (!t.poll_connect()) {
+      if (revoke_ && revoke_->revoked())
+        throw system_error(make_error_code(error::revoked),
+                           {.rank = rank_, .generation = rec.generation, .operation = "connect"});
+      if (d.expired())
+        throw system_error(make_error_code(error::timeout),
+                           {.rank = rank_, .generation = rec.generation, .operation = "connect"});
+      if (steady_clock::now() >= next_check) {
+        for (std::size_t j = 0; j < rec.members.size(); ++j)
+          if (rec.members[j].id != id_ && !fresh(rec.members[j].id, hb))
+            throw system_error(make_error_code(error::peer_lost),
+                               {.rank = rank_,
+                                .generation = rec.generation,
+                                .peer = static_cast<int>(j),
+                                .operation = "connect",
+                                .detail = "member " + std::to_string(rec.members[j].id) + " stopped heartbeating"});
+        next_check = steady_clock::now() + opts_.heartbeat;
+      }
+      std::this_thread::yield();
+    }
+    return t;
+  } else {
+    return net_->connect(rec.generation, rank_, addrs, d);
+  }
+}
+
+template <kv_store Store, network Net>
+bool group<Store, Net>::prepare_next(detail::generation_record& rec) {
+  // Join without suspension: every member of the current generation stays
+  // in the next one, so the members connect to the joiners in the
+  // background and keep training; end_step switches once all are wired up.
+  if constexpr (detail::can_preconnect<Net>()) {
+    if (!opts_.preconnect || rec.reason != change_reason::join) return false;
+    for (auto& m : gen_.members)
+      if (rec.rank_of(m.id) < 0) return false;
+    const auto t0 = steady_clock::now();
+    auto addrs = gather_addresses(rec);
+    const int r = rec.rank_of(id_);
+    next_generation nx;
+    nx.rec = rec;
+    nx.since = t0;
+    nx.old_size = gen_.members.size();
+    nx.transport.emplace(net_->start_connect(rec.generation, r, addrs));
+    next_ = std::move(nx);
+    const double took_ms = std::chrono::duration<double, std::milli>(steady_clock::now() - t0).count();
+    EBBFLOW_LOG_INFO("generation " << rec.generation << ": connecting to " << rec.members.size() - gen_.members.size()
+                                   << " joiners in the background (addresses and endpoints took " << took_ms << " ms)");
+    return true;
+  } else {
+    (void)rec;
+    return false;
+  }
+}
+
+template <kv_store Store, network Net>
+int group<Store, Net>::poll_next() {
+  // 1: wired up; 0: not yet; -1: failed or overdue (the group then switches
+  // the blocking way, which fails over to recovery).
+  if constexpr (detail::can_preconnect<Net>()) {
+    try {
+      if (next_->transport->poll_connect()) return 1;
+      // A joiner that died before it wired up: noticed through its lease.
+      const auto now = steady_clock::now();
+      if (now >= next_->next_lease_check) {
+        for (auto& m : next_->rec.members)
+          if (m.committed < 0 && !fresh(m.id, next_->heartbeats)) {
+            EBBFLOW_LOG_WARN("joiner " << m.id << " stopped heartbeating before it connected");
+            return -1;
+          }
+        next_->next_lease_check = now + opts_.heartbeat;
+      }
+    } catch (const system_error& e) {
+      if (!detail::recoverable(e.code())) throw;
+      EBBFLOW_LOG_WARN("background connect of generation " << next_->rec.generation << " failed: " << e.what());
+      return -1;
+    }
+    return steady_clock::now() - next_->since > opts_.op_timeout ? -1 : 0;
+  } else {
+    return -1;
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::install(detail::generation_record rec, typename Net::transport_type t,
+                                steady_clock::time_point started, double prepared_seconds) {
+  const int old_size = static_cast<int>(gen_.members.size());
+  const int r = rec.rank_of(id_);
+  EBBFLOW_EXPECTS(r >= 0);
+  gen_ = std::move(rec);
+  rank_ = r;
+  log::set_rank(rank_);
+  revoke_ = std::make_shared<comm::revoke_flag>();
+  {
+    std::lock_guard lk(hb_mutex_);
+    hb_revoke_ = revoke_;
+  }
+  hb_generation_.store(gen_.generation);
+  comm_.reset();
+  transport_.reset();
+  transport_.emplace(std::move(t), revoke_);
+  comm_.emplace(*transport_, coll_opts_);
+  if (!pending_) pending_ = pending_change{gen_.reason, old_size, started, prepared_seconds};
   pending_->reason = gen_.reason;
 }
 
@@ -7737,19 +7975,25 @@ void group<Store, Net>::sync_state() {
     }
     const bytes header = w.take();
     const std::uint64_t header_size = header.size();
+    // Post every send to every receiver first, then wait: the receivers
+    // are served in parallel, and a slow one does not hold up the others.
+    std::vector<comm::request<transport_type>> sends;
+    std::vector<std::size_t> to;
     for (std::size_t j = 0; j < gen_.members.size(); ++j) {
       if (gen_.members[j].committed >= gen_.source_step) continue;
       const int peer = static_cast<int>(j);
-      std::uint64_t hs = header_size;
-      bytes h = header;
-      c.send(raw(&hs, sizeof hs), peer, tag_size, d);
-      c.send(raw(h.data(), h.size()), peer, tag_header, d);
-      if (step_ > 0) fault_point("sync-send");
-      for (std::size_t k = 0; k < state_.size(); ++k)
-        c.send(raw(state_[k].data.data(), state_[k].data.size()), peer, tag_first + static_cast<std::uint32_t>(k), d);
-      EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << peer
-                                             << ")");
+      sends.push_back(c.isend(raw(const_cast<std::uint64_t*>(&header_size), sizeof header_size), peer, tag_size));
+      sends.push_back(c.isend(raw(const_cast<std::byte*>(header.data()), header.size()), peer, tag_header));
+      to.push_back(j);
     }
+    if (step_ > 0 && !to.empty()) fault_point("sync-send");
+    for (auto j : to)
+      for (std::size_t k = 0; k < state_.size(); ++k)
+        sends.push_back(c.isend(raw(state_[k].data.data(), state_[k].data.size()), static_cast<int>(j),
+                                tag_first + static_cast<std::uint32_t>(k)));
+    for (auto& r : sends) r.wait(d);
+    for (auto j : to)
+      EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << j << ")");
   } else if (step_ < gen_.source_step) {
     const int src = gen_.rank_of(gen_.source);
     std::uint64_t header_size = 0;
@@ -7807,7 +8051,8 @@ step_info group<Store, Net>::begin_step() {
       sync_state();
       const auto p = *pending_;
       pending_.reset();
-      notify(p.reason, p.old_size, std::chrono::duration<double>(steady_clock::now() - p.started).count());
+      notify(p.reason, p.old_size,
+             p.prepared_seconds + std::chrono::duration<double>(steady_clock::now() - p.started).count());
     } catch (const system_error& e) {
       if (!detail::recoverable(e.code())) throw;
       EBBFLOW_LOG_WARN("state transfer failed: " << e.what());
@@ -7920,7 +8165,14 @@ void group<Store, Net>::end_step(double compute_seconds) {
   for (auto& m : gen_.members) ids.push_back(m.id);
   admitting_.clear();
   std::int64_t seen = gen_.joins_seen;
-  if (rank_ == 0) {
+  // A join connecting in the background: every member says whether its
+  // side is wired up; nothing else changes the membership or the plan
+  // until the switch (plan versions stay unique).
+  if (next_) {
+    const int ready = poll_next();
+    v[2] = ready > 0 ? 1.0 : ready < 0 ? -1e6 : 0.0;
+  }
+  if (rank_ == 0 && !next_) {
     try {
       const std::size_t room = static_cast<std::size_t>(std::max(0, opts_.max_size - n));
       admitting_ = pending_joiners(seen, room, true);
@@ -7945,6 +8197,26 @@ void group<Store, Net>::end_step(double compute_seconds) {
   }
   for (std::size_t i = 0; i < un; ++i)
     if (v[3 + un + i] > 0) policy_->observe(ids[i], static_cast<std::size_t>(v[3 + un + i]), v[3 + i]);
+  if constexpr (detail::can_preconnect<Net>()) {
+    if (next_) {
+      if (v[2] >= static_cast<double>(n)) {  // everybody wired up: switch now, only the state moves
+        auto nx = std::move(*next_);
+        next_.reset();
+        install(std::move(nx.rec), std::move(*nx.transport), steady_clock::now(), nx.prepared_seconds);
+      } else if (v[2] < 0) {  // somebody's connect failed or is overdue: the blocking way (and recovery)
+        auto rec = std::move(next_->rec);
+        next_.reset();
+        const std::int64_t g1 = rec.generation;
+        try {
+          adopt(std::move(rec), steady_clock::now());
+        } catch (const system_error& e) {
+          if (!detail::recoverable(e.code())) throw;
+          recover(g1, lost_peer_of(e));
+        }
+      }
+      return;  // leave requests are taken at the first boundary after the switch
+    }
+  }
   if (v[1] > 0) {
     for (std::size_t i = 0; i < un; ++i) gen_.plan[i] = static_cast<std::uint64_t>(v[3 + 3 * un + i]);
     ++gen_.plan_version;
@@ -8013,6 +8285,16 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     return;
   }
   try {
+    if (prepare_next(rec)) {
+      next_->prepared_seconds = std::chrono::duration<double>(steady_clock::now() - started).count();
+      return;
+    }
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    EBBFLOW_LOG_WARN("could not start connecting generation " << g1 << ": " << e.what());
+    next_.reset();
+  }
+  try {
     adopt(std::move(rec), started);
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
@@ -8040,6 +8322,7 @@ bool group<Store, Net>::fresh(member_id m,
 template <kv_store Store, network Net>
 void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
   const auto started = steady_clock::now();
+  next_.reset();  // a join still connecting is redone by the recovery below
   auto overall = deadline::after(opts_.op_timeout + opts_.min_size_wait);
   for (;;) {
     // 1. Stop every collective of g and tell the others.
@@ -11696,6 +11979,12 @@ class ucx_network {
   //! @throws system_error (peer_lost / timeout naming the peer), std::invalid_argument.
   transport_type connect(std::int64_t g, int rank, const std::vector<bytes>& addresses, deadline d) {
     return transport_type(worker_, g, rank, static_cast<int>(addresses.size()), addresses, d);
+  }
+  //! As `connect`, without blocking: the endpoints wire up while the current
+  //! generation keeps training on the same worker (see
+  //! `comm::ucx::transport::start`); the group finishes it at the switch.
+  transport_type start_connect(std::int64_t g, int rank, const std::vector<bytes>& addresses) {
+    return transport_type::start(worker_, g, rank, static_cast<int>(addresses.size()), addresses);
   }
 
  private:

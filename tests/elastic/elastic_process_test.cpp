@@ -121,6 +121,21 @@ TEST_F(ElasticProcess, KillOfTheJoinerDuringStateTransfer) {
   EXPECT_NE(out.find("(failure)"), std::string::npos) << out;
 }
 
+TEST_F(ElasticProcess, JoinWithoutBackgroundConnect) {
+  // EBBFLOW_PRECONNECT=0: the members stop at the admission step until wired up.
+  const auto out = train("-n 2 --add 0.4 --add 0.9:2", "EBBFLOW_PRECONNECT=0");
+  EXPECT_GE(count(out, "world changed (join)"), 2) << out;
+  EXPECT_NE(out.find("-> 5 workers"), std::string::npos) << out;
+}
+
+TEST_F(ElasticProcess, KillOfAJoinerWhileTheMembersConnectInTheBackground) {
+  // The joiner dies after it was admitted, before it wired up: the members,
+  // still training on the old generation, must not wait for it forever.
+  const auto out = train("-n 2 --add 0.5:2", "EBBFLOW_FAULT=join-connect");
+  EXPECT_NE(out.find("EBBFLOW_FAULT=join-connect"), std::string::npos) << out;
+  EXPECT_NE(out.find("-> 3 workers"), std::string::npos) << out;
+}
+
 TEST_F(ElasticProcess, BelowMinSizeWaitsThenResumesWhenAWorkerArrives) {
   const auto out = train("-n 2 --min 2 --kill 0.4:1 --add 1.5");
   EXPECT_NE(out.find("below EBBFLOW_MIN_SIZE=2: waiting for workers"), std::string::npos) << out;

@@ -89,6 +89,11 @@ namespace elastic {
 //! The UCX network (elastic/ucx_network.hpp) and the loopback network model this.
 //! A network whose `stable_address()` is true returns the same address for
 //! every generation; the group then publishes it once, at registration.
+//! A network may also offer `start_connect(g, rank, addresses)`, returning a
+//! transport whose wire-up completes in the background (finished by its
+//! `poll_connect()` / `finish_connect(d)`): the group then connects to
+//! joiners while it keeps training and switches only once every member is
+//! wired up (see docs/elastic.md, "Join without suspension").
 template <class N>
 concept network = requires(N& n, std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline d) {
   typename N::transport_type;
@@ -118,6 +123,11 @@ struct group_options {
   //! appeared for this long (at most 10× this after the oldest), so
   //! newcomers started together join in one switch.
   std::chrono::milliseconds admit_delay{50};
+  //! EBBFLOW_PRECONNECT (default on, where the network can): members connect
+  //! to admitted joiners in the background while training goes on, and the
+  //! group switches at the first step boundary at which every member is wired
+  //! up; off: every member stops at the admission step until connected.
+  bool preconnect = true;
 
   //! Reads the fields named above from the environment (launch rank and world
   //! come from `launch_info`). @throws std::invalid_argument naming the variable.
@@ -134,6 +144,7 @@ struct group_options {
     o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
     o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
+    o.preconnect = env::get_bool("EBBFLOW_PRECONNECT", o.preconnect);
     return o;
   }
 };
@@ -354,6 +365,11 @@ class group {
   void form_initial();
   void wait_admission();
   void adopt(detail::generation_record rec, steady_clock::time_point started);
+  void install(detail::generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
+               double prepared_seconds);
+  bool prepare_next(detail::generation_record& rec);
+  typename Net::transport_type connect_watched(const detail::generation_record& rec, const std::vector<bytes>& addrs);
+  int poll_next();
   void sync_state();
   void recover(std::int64_t failed_generation, int lost_peer);
   void change_membership(const std::vector<double>& ctl, int n);
@@ -387,8 +403,20 @@ class group {
     change_reason reason;
     int old_size;
     steady_clock::time_point started;
+    double prepared_seconds = 0;  // spent before the switch connecting in the background (counted as stall)
   };
   std::optional<pending_change> pending_;  // state transfer and notification still to do
+  // A join whose transport is wiring up while the current generation trains.
+  struct next_generation {
+    detail::generation_record rec;
+    std::optional<typename Net::transport_type> transport;
+    steady_clock::time_point since;  // connect started
+    double prepared_seconds = 0;     // this member's time spent starting it
+    std::size_t old_size = 0;
+    std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>> heartbeats{};  // joiners' leases
+    steady_clock::time_point next_lease_check{};
+  };
+  std::optional<next_generation> next_;
   std::optional<transport_type> transport_;
   std::optional<communicator_type> comm_;
   std::shared_ptr<comm::revoke_flag> revoke_;

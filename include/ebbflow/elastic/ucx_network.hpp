@@ -49,6 +49,12 @@ class ucx_network {
   transport_type connect(std::int64_t g, int rank, const std::vector<bytes>& addresses, deadline d) {
     return transport_type(worker_, g, rank, static_cast<int>(addresses.size()), addresses, d);
   }
+  //! As `connect`, without blocking: the endpoints wire up while the current
+  //! generation keeps training on the same worker (see
+  //! `comm::ucx::transport::start`); the group finishes it at the switch.
+  transport_type start_connect(std::int64_t g, int rank, const std::vector<bytes>& addresses) {
+    return transport_type::start(worker_, g, rank, static_cast<int>(addresses.size()), addresses);
+  }
 
  private:
   std::shared_ptr<comm::ucx::worker> worker_;

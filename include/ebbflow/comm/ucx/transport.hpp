@@ -125,6 +125,22 @@ class transport {
   //! the wire tag keep late messages of an older generation from matching.
   transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
             const std::vector<std::vector<std::byte>>& addresses, deadline d);
+  //! Starts connecting without blocking: creates the endpoints and posts the
+  //! wire-up handshake, which completes as the shared worker is progressed
+  //! (by this or any other transport on it, e.g. the generation still
+  //! training). Finish with `poll_connect` or `finish_connect` before any
+  //! other use. The elastic group connects to joiners this way while it
+  //! keeps training. @throws system_error, std::invalid_argument.
+  static transport start(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
+                         const std::vector<std::vector<std::byte>>& addresses);
+  //! Progresses a connect begun by `start` once; true when every peer
+  //! answered the handshake (always true for a transport built connected).
+  //! Never blocks. @throws system_error (peer_lost naming the peer) when the
+  //! handshake failed; the transport is then unusable.
+  bool poll_connect();
+  //! Blocks until a connect begun by `start` completed or `d` passed.
+  //! @throws system_error (peer_lost / timeout naming the peer).
+  void finish_connect(deadline d);
   //! Takes over the endpoints; the source must not be used afterwards.
   transport(transport&&) noexcept = default;
   //! Takes over the endpoints; the source must not be used afterwards.
@@ -196,8 +212,16 @@ class transport {
     std::vector<pid_t> pids;                    // local_peer()
     bool oversubscribed = false;                // more local ranks than usable cores
     std::uint64_t probe = detail::probe_value;  // read by peers to test single-copy access
+    struct handshake;                           // while connecting (see `start`)
+    std::unique_ptr<handshake> connecting;
     explicit state(std::shared_ptr<worker> wk) : w(std::move(wk)) {}
+    ~state();
   };
+  struct deferred_t {};
+  transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
+            const std::vector<std::vector<std::byte>>& addresses, deferred_t);
+  void fail_connect(std::error_code ec, int peer);
+  void finish_handshake() noexcept;
 
   static void on_error(void* arg, ucp_ep_h, ucs_status_t status) noexcept {
     auto* s = static_cast<peer_slot*>(arg);
@@ -247,8 +271,29 @@ inline transport::transport(worker w, std::int64_t generation, int rank, int siz
                             const std::vector<std::vector<std::byte>>& addresses, deadline d)
     : transport(std::make_shared<worker>(std::move(w)), generation, rank, size, addresses, d) {}
 
+//! The wire-up handshake of a connecting transport: heap-held, so the
+//! buffers the posted requests use stay put when the transport moves.
+struct transport::state::handshake {
+  detail::hello mine{};               //!< what this rank tells every peer
+  std::vector<detail::hello> theirs;  //!< what each peer told (by rank)
+  std::vector<request> reqs;          //!< the posted hello sends and receives
+  std::vector<int> peers;             //!< the peer of each request
+};
+inline transport::state::~state() = default;
+
 inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
                             const std::vector<std::vector<std::byte>>& addresses, deadline d)
+    : transport(std::move(w), generation, rank, size, addresses, deferred_t{}) {
+  finish_connect(d);
+}
+
+inline transport transport::start(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
+                                  const std::vector<std::vector<std::byte>>& addresses) {
+  return transport(std::move(w), generation, rank, size, addresses, deferred_t{});
+}
+
+inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
+                            const std::vector<std::vector<std::byte>>& addresses, deferred_t)
     : st_(std::make_unique<state>(std::move(w))) {
   EBBFLOW_ENFORCE(st_->w != nullptr, "ucx transport: null worker");
   EBBFLOW_ENFORCE(size >= 1 && size <= max_ranks && rank >= 0 && rank < size,
@@ -261,6 +306,7 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   const auto n = static_cast<std::size_t>(size);
   st_->eps.assign(n, nullptr);
   st_->dead.assign(n, 0);
+  st_->pids.assign(n, 0);
   st_->slots.reserve(n);
   for (int p = 0; p < size; ++p) st_->slots.push_back({st_.get(), p});
   for (int p = 0; p < size; ++p) {
@@ -275,8 +321,15 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
     ucp_ep_h h = nullptr;
     const ucs_status_t s = ucp_ep_create(st_->w->get(), &ep, &h);
     if (s != UCS_OK) {
+      // The address is the peer's own: when it cannot be reached (its shared
+      // memory is gone, its host refuses) the peer is as good as lost, and
+      // the elastic layer must fail over rather than give up.
       close_endpoints();
-      throw_if(make_error(s), {.rank = rank, .generation = generation, .peer = p, .operation = "ucp_ep_create"});
+      throw system_error(make_error_code(error::peer_lost), {.rank = rank,
+                                                             .generation = generation,
+                                                             .peer = p,
+                                                             .operation = "ucp_ep_create",
+                                                             .detail = ucs_status_string(s)});
     }
     st_->eps[static_cast<std::size_t>(p)] = h;
   }
@@ -284,35 +337,62 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   // rank also tells its pid, boot id and the address of a probe word, so
   // peers on the same host can use single-copy reads (see `local_peer`).
   const tag_t hello = make_tag(0xffffffffu, 0xfffe);
-  detail::hello mine{};
-  mine.pid = static_cast<std::uint64_t>(::getpid());
-  mine.probe = reinterpret_cast<std::uint64_t>(&st_->probe);
-  detail::read_boot_id(mine.boot_id);
-  std::vector<detail::hello> theirs(n);
-  std::vector<request> reqs;
-  std::vector<int> peers;
+  st_->connecting = std::make_unique<state::handshake>();
+  auto& hs = *st_->connecting;
+  hs.mine.pid = static_cast<std::uint64_t>(::getpid());
+  hs.mine.probe = reinterpret_cast<std::uint64_t>(&st_->probe);
+  detail::read_boot_id(hs.mine.boot_id);
+  hs.theirs.resize(n);
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
-    reqs.push_back(irecv(p, hello, std::as_writable_bytes(std::span(&theirs[static_cast<std::size_t>(p)], 1))));
-    peers.push_back(p);
-    reqs.push_back(isend(p, hello, std::as_bytes(std::span(&mine, 1))));
-    peers.push_back(p);
+    hs.reqs.push_back(irecv(p, hello, std::as_writable_bytes(std::span(&hs.theirs[static_cast<std::size_t>(p)], 1))));
+    hs.peers.push_back(p);
+    hs.reqs.push_back(isend(p, hello, std::as_bytes(std::span(&hs.mine, 1))));
+    hs.peers.push_back(p);
   }
-  for (std::size_t i = 0; i < reqs.size(); ++i) {
+}
+
+inline void transport::fail_connect(std::error_code ec, int peer) {
+  st_->connecting.reset();  // releases (cancels) the outstanding handshake requests
+  close_endpoints();
+  throw_if(ec, {.rank = st_->rank, .generation = st_->generation, .peer = peer, .operation = "ucx connect"});
+}
+
+inline bool transport::poll_connect() {
+  if (!st_->connecting) return true;
+  auto& hs = *st_->connecting;
+  bool all = true;
+  for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
     std::error_code ec;
-    wait(reqs[i], d, ec);
-    if (ec) {
-      reqs.clear();
-      close_endpoints();
-      throw_if(ec, {.rank = rank, .generation = generation, .peer = peers[i], .operation = "ucx connect"});
+    if (!test(hs.reqs[i], ec)) {
+      all = false;
+      continue;
     }
+    if (ec) fail_connect(ec, hs.peers[i]);
   }
-  st_->pids.assign(n, 0);
+  if (all) finish_handshake();
+  return all;
+}
+
+inline void transport::finish_connect(deadline d) {
+  if (!st_->connecting) return;
+  auto& hs = *st_->connecting;
+  for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
+    std::error_code ec;
+    wait(hs.reqs[i], d, ec);
+    if (ec) fail_connect(ec, hs.peers[i]);
+  }
+  finish_handshake();
+}
+
+inline void transport::finish_handshake() noexcept {
+  const auto hs = std::move(st_->connecting);
+  const int size = st_->size, rank = st_->rank;
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
-    const auto& h = theirs[static_cast<std::size_t>(p)];
+    const auto& h = hs->theirs[static_cast<std::size_t>(p)];
     // Same boot and the kernel lets us read the peer's memory: single-copy capable.
-    if (std::memcmp(h.boot_id, mine.boot_id, sizeof mine.boot_id) == 0 && mine.boot_id[0]) {
+    if (std::memcmp(h.boot_id, hs->mine.boot_id, sizeof hs->mine.boot_id) == 0 && hs->mine.boot_id[0]) {
       std::uint64_t v = 0;
       iovec l{&v, sizeof v}, r{reinterpret_cast<void*>(h.probe), sizeof v};
       if (::process_vm_readv(static_cast<pid_t>(h.pid), &l, 1, &r, 1, 0) == static_cast<ssize_t>(sizeof v) &&
@@ -329,7 +409,9 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
 }
 
 inline transport::~transport() {
-  if (st_) close_endpoints();
+  if (!st_) return;
+  st_->connecting.reset();
+  close_endpoints();
 }
 
 inline void transport::close_endpoints() noexcept {

@@ -36,6 +36,15 @@ constexpr bool stable_address() {
     return false;
 }
 
+// Networks that can wire up a generation's transport in the background.
+template <class N>
+constexpr bool can_preconnect() {
+  return requires(N & n, std::int64_t g, int rank, const std::vector<bytes>& addrs, typename N::transport_type& t) {
+    { n.start_connect(g, rank, addrs) } -> std::same_as<typename N::transport_type>;
+    { t.poll_connect() } -> std::convertible_to<bool>;
+  };
+}
+
 inline bool recoverable(const std::error_code& ec) noexcept {
   return ec == errc::peer_lost || ec == errc::timeout || ec == errc::revoked;
 }
@@ -78,6 +87,7 @@ template <kv_store Store, network Net>
 group<Store, Net>::~group() {
   heartbeat_.request_stop();
   if (heartbeat_.joinable()) heartbeat_.join();
+  next_.reset();
   comm_.reset();
   transport_.reset();
 }
@@ -259,6 +269,7 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
 
 template <kv_store Store, network Net>
 void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_point started) {
+  next_.reset();
   const int old_size = static_cast<int>(gen_.members.size());
   const int r = rec.rank_of(id_);
   EBBFLOW_EXPECTS(r >= 0);
@@ -280,9 +291,10 @@ void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_
                 store_deadline());
   }
   const auto t1 = steady_clock::now();
+  if (opts_.join && step_ < 0) fault_point("join-connect");
   auto addrs = gather_addresses(gen_);
   const auto t2 = steady_clock::now();
-  transport_.emplace(net_->connect(gen_.generation, rank_, addrs, deadline::after(opts_.op_timeout)), revoke_);
+  transport_.emplace(connect_watched(gen_, addrs), revoke_);
   comm_.emplace(*transport_, coll_opts_);
   const auto t3 = steady_clock::now();
   auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
@@ -291,6 +303,122 @@ void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_
   // The state moves at the next begin_step: a newcomer registers its buffers
   // after the constructor returned.
   if (!pending_) pending_ = pending_change{gen_.reason, old_size, started};
+  pending_->reason = gen_.reason;
+}
+
+template <kv_store Store, network Net>
+typename Net::transport_type group<Store, Net>::connect_watched(const detail::generation_record& rec,
+                                                                const std::vector<bytes>& addrs) {
+  const auto d = deadline::after(opts_.op_timeout);
+  if constexpr (detail::can_preconnect<Net>()) {
+    // Wire up while watching the members' leases: a member that died before
+    // it connected (UCX may only notice at its own timeout) is reported lost
+    // within about one lease, and the group fails over instead of waiting.
+    auto t = net_->start_connect(rec.generation, rank_, addrs);
+    std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>> hb;
+    auto next_check = steady_clock::now();
+    while (!t.poll_connect()) {
+      if (revoke_ && revoke_->revoked())
+        throw system_error(make_error_code(error::revoked),
+                           {.rank = rank_, .generation = rec.generation, .operation = "connect"});
+      if (d.expired())
+        throw system_error(make_error_code(error::timeout),
+                           {.rank = rank_, .generation = rec.generation, .operation = "connect"});
+      if (steady_clock::now() >= next_check) {
+        for (std::size_t j = 0; j < rec.members.size(); ++j)
+          if (rec.members[j].id != id_ && !fresh(rec.members[j].id, hb))
+            throw system_error(make_error_code(error::peer_lost),
+                               {.rank = rank_,
+                                .generation = rec.generation,
+                                .peer = static_cast<int>(j),
+                                .operation = "connect",
+                                .detail = "member " + std::to_string(rec.members[j].id) + " stopped heartbeating"});
+        next_check = steady_clock::now() + opts_.heartbeat;
+      }
+      std::this_thread::yield();
+    }
+    return t;
+  } else {
+    return net_->connect(rec.generation, rank_, addrs, d);
+  }
+}
+
+template <kv_store Store, network Net>
+bool group<Store, Net>::prepare_next(detail::generation_record& rec) {
+  // Join without suspension: every member of the current generation stays
+  // in the next one, so the members connect to the joiners in the
+  // background and keep training; end_step switches once all are wired up.
+  if constexpr (detail::can_preconnect<Net>()) {
+    if (!opts_.preconnect || rec.reason != change_reason::join) return false;
+    for (auto& m : gen_.members)
+      if (rec.rank_of(m.id) < 0) return false;
+    const auto t0 = steady_clock::now();
+    auto addrs = gather_addresses(rec);
+    const int r = rec.rank_of(id_);
+    next_generation nx;
+    nx.rec = rec;
+    nx.since = t0;
+    nx.old_size = gen_.members.size();
+    nx.transport.emplace(net_->start_connect(rec.generation, r, addrs));
+    next_ = std::move(nx);
+    const double took_ms = std::chrono::duration<double, std::milli>(steady_clock::now() - t0).count();
+    EBBFLOW_LOG_INFO("generation " << rec.generation << ": connecting to " << rec.members.size() - gen_.members.size()
+                                   << " joiners in the background (addresses and endpoints took " << took_ms << " ms)");
+    return true;
+  } else {
+    (void)rec;
+    return false;
+  }
+}
+
+template <kv_store Store, network Net>
+int group<Store, Net>::poll_next() {
+  // 1: wired up; 0: not yet; -1: failed or overdue (the group then switches
+  // the blocking way, which fails over to recovery).
+  if constexpr (detail::can_preconnect<Net>()) {
+    try {
+      if (next_->transport->poll_connect()) return 1;
+      // A joiner that died before it wired up: noticed through its lease.
+      const auto now = steady_clock::now();
+      if (now >= next_->next_lease_check) {
+        for (auto& m : next_->rec.members)
+          if (m.committed < 0 && !fresh(m.id, next_->heartbeats)) {
+            EBBFLOW_LOG_WARN("joiner " << m.id << " stopped heartbeating before it connected");
+            return -1;
+          }
+        next_->next_lease_check = now + opts_.heartbeat;
+      }
+    } catch (const system_error& e) {
+      if (!detail::recoverable(e.code())) throw;
+      EBBFLOW_LOG_WARN("background connect of generation " << next_->rec.generation << " failed: " << e.what());
+      return -1;
+    }
+    return steady_clock::now() - next_->since > opts_.op_timeout ? -1 : 0;
+  } else {
+    return -1;
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::install(detail::generation_record rec, typename Net::transport_type t,
+                                steady_clock::time_point started, double prepared_seconds) {
+  const int old_size = static_cast<int>(gen_.members.size());
+  const int r = rec.rank_of(id_);
+  EBBFLOW_EXPECTS(r >= 0);
+  gen_ = std::move(rec);
+  rank_ = r;
+  log::set_rank(rank_);
+  revoke_ = std::make_shared<comm::revoke_flag>();
+  {
+    std::lock_guard lk(hb_mutex_);
+    hb_revoke_ = revoke_;
+  }
+  hb_generation_.store(gen_.generation);
+  comm_.reset();
+  transport_.reset();
+  transport_.emplace(std::move(t), revoke_);
+  comm_.emplace(*transport_, coll_opts_);
+  if (!pending_) pending_ = pending_change{gen_.reason, old_size, started, prepared_seconds};
   pending_->reason = gen_.reason;
 }
 
@@ -310,19 +438,25 @@ void group<Store, Net>::sync_state() {
     }
     const bytes header = w.take();
     const std::uint64_t header_size = header.size();
+    // Post every send to every receiver first, then wait: the receivers
+    // are served in parallel, and a slow one does not hold up the others.
+    std::vector<comm::request<transport_type>> sends;
+    std::vector<std::size_t> to;
     for (std::size_t j = 0; j < gen_.members.size(); ++j) {
       if (gen_.members[j].committed >= gen_.source_step) continue;
       const int peer = static_cast<int>(j);
-      std::uint64_t hs = header_size;
-      bytes h = header;
-      c.send(raw(&hs, sizeof hs), peer, tag_size, d);
-      c.send(raw(h.data(), h.size()), peer, tag_header, d);
-      if (step_ > 0) fault_point("sync-send");
-      for (std::size_t k = 0; k < state_.size(); ++k)
-        c.send(raw(state_[k].data.data(), state_[k].data.size()), peer, tag_first + static_cast<std::uint32_t>(k), d);
-      EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << peer
-                                             << ")");
+      sends.push_back(c.isend(raw(const_cast<std::uint64_t*>(&header_size), sizeof header_size), peer, tag_size));
+      sends.push_back(c.isend(raw(const_cast<std::byte*>(header.data()), header.size()), peer, tag_header));
+      to.push_back(j);
     }
+    if (step_ > 0 && !to.empty()) fault_point("sync-send");
+    for (auto j : to)
+      for (std::size_t k = 0; k < state_.size(); ++k)
+        sends.push_back(c.isend(raw(state_[k].data.data(), state_[k].data.size()), static_cast<int>(j),
+                                tag_first + static_cast<std::uint32_t>(k)));
+    for (auto& r : sends) r.wait(d);
+    for (auto j : to)
+      EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << j << ")");
   } else if (step_ < gen_.source_step) {
     const int src = gen_.rank_of(gen_.source);
     std::uint64_t header_size = 0;
@@ -380,7 +514,8 @@ step_info group<Store, Net>::begin_step() {
       sync_state();
       const auto p = *pending_;
       pending_.reset();
-      notify(p.reason, p.old_size, std::chrono::duration<double>(steady_clock::now() - p.started).count());
+      notify(p.reason, p.old_size,
+             p.prepared_seconds + std::chrono::duration<double>(steady_clock::now() - p.started).count());
     } catch (const system_error& e) {
       if (!detail::recoverable(e.code())) throw;
       EBBFLOW_LOG_WARN("state transfer failed: " << e.what());
@@ -493,7 +628,14 @@ void group<Store, Net>::end_step(double compute_seconds) {
   for (auto& m : gen_.members) ids.push_back(m.id);
   admitting_.clear();
   std::int64_t seen = gen_.joins_seen;
-  if (rank_ == 0) {
+  // A join connecting in the background: every member says whether its
+  // side is wired up; nothing else changes the membership or the plan
+  // until the switch (plan versions stay unique).
+  if (next_) {
+    const int ready = poll_next();
+    v[2] = ready > 0 ? 1.0 : ready < 0 ? -1e6 : 0.0;
+  }
+  if (rank_ == 0 && !next_) {
     try {
       const std::size_t room = static_cast<std::size_t>(std::max(0, opts_.max_size - n));
       admitting_ = pending_joiners(seen, room, true);
@@ -518,6 +660,26 @@ void group<Store, Net>::end_step(double compute_seconds) {
   }
   for (std::size_t i = 0; i < un; ++i)
     if (v[3 + un + i] > 0) policy_->observe(ids[i], static_cast<std::size_t>(v[3 + un + i]), v[3 + i]);
+  if constexpr (detail::can_preconnect<Net>()) {
+    if (next_) {
+      if (v[2] >= static_cast<double>(n)) {  // everybody wired up: switch now, only the state moves
+        auto nx = std::move(*next_);
+        next_.reset();
+        install(std::move(nx.rec), std::move(*nx.transport), steady_clock::now(), nx.prepared_seconds);
+      } else if (v[2] < 0) {  // somebody's connect failed or is overdue: the blocking way (and recovery)
+        auto rec = std::move(next_->rec);
+        next_.reset();
+        const std::int64_t g1 = rec.generation;
+        try {
+          adopt(std::move(rec), steady_clock::now());
+        } catch (const system_error& e) {
+          if (!detail::recoverable(e.code())) throw;
+          recover(g1, lost_peer_of(e));
+        }
+      }
+      return;  // leave requests are taken at the first boundary after the switch
+    }
+  }
   if (v[1] > 0) {
     for (std::size_t i = 0; i < un; ++i) gen_.plan[i] = static_cast<std::uint64_t>(v[3 + 3 * un + i]);
     ++gen_.plan_version;
@@ -586,6 +748,16 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     return;
   }
   try {
+    if (prepare_next(rec)) {
+      next_->prepared_seconds = std::chrono::duration<double>(steady_clock::now() - started).count();
+      return;
+    }
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    EBBFLOW_LOG_WARN("could not start connecting generation " << g1 << ": " << e.what());
+    next_.reset();
+  }
+  try {
     adopt(std::move(rec), started);
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
@@ -613,6 +785,7 @@ bool group<Store, Net>::fresh(member_id m,
 template <kv_store Store, network Net>
 void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
   const auto started = steady_clock::now();
+  next_.reset();  // a join still connecting is redone by the recovery below
   auto overall = deadline::after(opts_.op_timeout + opts_.min_size_wait);
   for (;;) {
     // 1. Stop every collective of g and tell the others.
