@@ -137,11 +137,13 @@ TEST(WorkStealing, ChunkPolicy) {
   EXPECT_EQ(pl::owner_request(o, 100, 98), 2u);  // min_chunk, but never beyond the slice
   EXPECT_EQ(pl::owner_request(o, 100, 100), 0u);
   EXPECT_EQ(pl::owner_request(o, 100, 0, 7), 7u);  // capped
+  EXPECT_EQ(pl::owner_request(o, 100, 0, 2), 4u);  // min_chunk wins over the cap
   EXPECT_EQ(pl::owner_request(o, 3, 0), 3u);
   EXPECT_EQ(pl::thief_request(o, 0), 0u);
   EXPECT_EQ(pl::thief_request(o, 9), 5u);
   EXPECT_EQ(pl::thief_request(o, 3), 3u);
   EXPECT_EQ(pl::thief_request(o, 100, 10), 10u);
+  EXPECT_EQ(pl::thief_request(o, 100, 1), 4u);
   // Claims per step without thieves stay logarithmic in the slice.
   for (std::uint64_t n : {1ul, 7ul, 256ul, 4096ul, 1ul << 20}) {
     std::uint64_t f = 0, claims = 0;
@@ -158,6 +160,11 @@ TEST(WorkStealing, ChunkPolicy) {
   EXPECT_EQ(pl::balanced_steal(100, 1.0, 3.0, 0.0), 25u);
   EXPECT_EQ(pl::balanced_steal(100, 1.0, 1.0, 99.0), 0u);
   EXPECT_EQ(pl::balanced_steal(0, 1.0, 1.0, 0.0), 0u);
+  // Fair share: 100 items, fleet 10 items/s -> horizon 10 s; a thief at 0.5 s/item takes <= 20, a slow one >= 1.
+  EXPECT_EQ(pl::fair_steal_cap(100, 10.0, 0.5), 20u);
+  EXPECT_EQ(pl::fair_steal_cap(100, 10.0, 100.0), 1u);
+  EXPECT_EQ(pl::fair_steal_cap(100, 10.0, 0.001), 100u);
+  EXPECT_EQ(pl::fair_steal_cap(0, 10.0, 0.5), 0u);
   EXPECT_LT(pl::thief_request_limit(pl::max_slice_items, 16) * 16 + pl::max_slice_items, std::uint64_t{1} << 32);
 }
 

@@ -146,15 +146,15 @@ struct steal_options {
 inline void validate(const steal_options& o);
 
 //! The owner's next request on a slice of `size` items of which it has
-//! requested `front` so far: the first chunk, then the guided size, at least
-//! min_chunk, at most `cap` and at most size − front. 0 when front >= size.
-//! Pure; `cap` >= 1.
+//! requested `front` so far: the first chunk, then the guided size, at most
+//! `cap` but at least min_chunk (min_chunk wins: it is the smallest chunk worth
+//! its overhead), and at most size − front. 0 when front >= size. Pure.
 [[nodiscard]] inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front,
                                                  std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
 
 //! A thief's request on a victim with `remaining` unclaimed items:
-//! ceil(remaining / thief_divisor), at least min_chunk, at most `cap` and at
-//! most `remaining`. 0 when remaining == 0. Pure; `cap` >= 1.
+//! ceil(remaining / thief_divisor), at most `cap` but at least min_chunk, and
+//! at most `remaining`. 0 when remaining == 0. Pure.
 [[nodiscard]] inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining,
                                                  std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
 
@@ -182,6 +182,16 @@ inline void validate(const steal_options& o);
 //! cost of one claim plus one extra chunk. Pure.
 [[nodiscard]] inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
                                                   double overhead_s) noexcept;
+
+//! The most a thief should take so that it does not become the new straggler
+//! when everyone helps: the items it can finish within the horizon
+//! total_remaining / fleet_items_per_s (the time the whole fleet needs for
+//! all unclaimed items), floor(horizon / thief_s), at least 1 when anything
+//! is left. `total_remaining`: unclaimed items over all slices it read;
+//! `fleet_items_per_s`: Σ_j 1 / (seconds per item of worker j); `thief_s`:
+//! its own seconds per item. Pure.
+[[nodiscard]] inline std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s,
+                                                  double thief_s) noexcept;
 
 //! One worker's claims in one step. Not thread-safe (one per worker per step);
 //! see the file comment for the protocol, errors and the weight contract.

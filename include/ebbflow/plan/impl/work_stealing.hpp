@@ -44,15 +44,14 @@ inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, s
   const std::uint64_t rest = size - front;
   std::uint64_t q = front == 0 ? static_cast<std::uint64_t>(std::ceil(o.first_fraction * static_cast<double>(size)))
                                : detail::ceil_div(rest, o.owner_divisor);
-  q = std::max(q, o.min_chunk);
-  q = std::min(q, std::max<std::uint64_t>(cap, 1));
+  // min_chunk wins over cap: it is the smallest chunk worth its overhead.
+  q = std::max(std::min(q, cap), o.min_chunk);
   return std::min(q, rest);
 }
 
 inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining, std::uint64_t cap) {
   if (remaining == 0) return 0;
-  std::uint64_t q = std::max(detail::ceil_div(remaining, o.thief_divisor), o.min_chunk);
-  q = std::min(q, std::max<std::uint64_t>(cap, 1));
+  const std::uint64_t q = std::max(std::min(detail::ceil_div(remaining, o.thief_divisor), cap), o.min_chunk);
   return std::min(q, remaining);
 }
 
@@ -70,6 +69,14 @@ inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, do
   const double g = (static_cast<double>(remaining) * victim_s - std::max(overhead_s, 0.0)) / (thief_s + victim_s);
   if (!(g >= 1)) return 0;
   return std::min(remaining, static_cast<std::uint64_t>(g));
+}
+
+inline std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s, double thief_s) noexcept {
+  if (total_remaining == 0) return 0;
+  if (!(fleet_items_per_s > 0) || !(thief_s > 0)) return total_remaining;
+  const double g = static_cast<double>(total_remaining) / fleet_items_per_s / thief_s;
+  if (!(g >= 1)) return 1;
+  return std::min(total_remaining, static_cast<std::uint64_t>(g));
 }
 
 template <counter_store Store>
