@@ -234,47 +234,44 @@ struct steal_outcome {
 // One synchronous step with work stealing, event-driven in simulated time.
 // Worker i: true fixed time a_i·jit_i once, then chunks of true per-item time
 // c_i·jit_i (a transient straggler is slower for the whole step), each chunk
-// after its first plus h·a_i·jit_i, each store call claim_s. Decisions use only
-// what a real worker knows: the plan and the estimated models (â, ĉ) every
-// rank holds, its own measured speed in this step, the clock, and the counters
-// it reads (progress). The step ends when the last worker stops.
+// after its first plus h·a_i·jit_i, each store call claim_s. The decisions are
+// the library's own (`plan::steal_policy`, as `run_stealing_step` makes them on
+// a real clock): they use only the plan, the estimated models every rank holds,
+// the worker's own measured speed in this step, the time since the step
+// started, and the counters it reads (progress). The step ends when the last
+// worker stops.
 steal_outcome steal_step(const steal_params& sp, const std::vector<pl::worker_spec>& truth,
                          const std::vector<double>& jit, const std::vector<pl::worker_spec>& est,
                          const pl::batch_plan& plan, std::uint64_t step) {
   const std::size_t n = truth.size();
   sim_store store;
   std::vector<pl::work_stealer<sim_store>> w;
+  std::vector<pl::steal_policy> pol;
   w.reserve(n);
+  pol.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     pl::steal_options o;
     o.first_fraction = sp.first_fraction;
     o.owner_divisor = sp.owner_divisor;
-    o.min_chunk = std::max<std::uint64_t>(
-        1, static_cast<std::uint64_t>(std::ceil(sp.chunk_overhead * est[i].a / (sp.chunk_share * est[i].c))));
+    o.min_chunk = pl::recommended_min_chunk(sp.chunk_overhead * est[i].a, est[i].c, sp.chunk_share);
     w.emplace_back(store, "sim", pl::step_id{0, step}, plan, i, o);
+    pol.emplace_back(est, plan, i, sp.claim_s, sp.chunk_overhead * est[i].a);
   }
   enum class phase { own, scan, claim, done };
   struct state {
     phase ph = phase::own;
-    double own_items = 0, own_compute = 0;  // measured in this step
     bool first_chunk = true;
-    std::size_t victim = 0;
-    std::uint64_t request = 0;
+    pl::steal_policy::choice pick;
     double end = 0;
   };
   std::vector<state> st(n);
+  std::vector<pl::slice_state> seen(n);
   steal_outcome out;
-  double fleet_rate = 0;  // Σ_j 1/ĉ_j: items per second of everyone together (planned)
-  for (std::size_t j = 0; j < n; ++j) fleet_rate += 1 / est[j].c;
   using ev = std::pair<double, std::size_t>;
   std::priority_queue<ev, std::vector<ev>, std::greater<>> q;
   for (std::size_t i = 0; i < n; ++i) q.push({truth[i].a * jit[i], i});  // fixed part first
-  auto speed = [&](std::size_t i) {                                      // seconds per item as worker i measures itself
-    return st[i].own_items > 0 ? st[i].own_compute / st[i].own_items : est[i].c;
-  };
-  auto chunk_cost = [&](std::size_t i, std::uint64_t items, bool own) {
+  auto chunk_cost = [&](std::size_t i, std::uint64_t items) {
     double t = static_cast<double>(items) * truth[i].c * jit[i];
-    if (own) st[i].own_items += static_cast<double>(items), st[i].own_compute += t;
     if (!st[i].first_chunk) t += sp.chunk_overhead * truth[i].a * jit[i];
     st[i].first_chunk = false;
     ++out.chunks;
@@ -285,55 +282,40 @@ steal_outcome steal_step(const steal_params& sp, const std::vector<pl::worker_sp
     q.pop();
     state& s = st[i];
     if (s.ph == phase::own) {
-      const pl::chunk c = w[i].claim_own(pl::paced_owner_cap(plan.step_time, t, speed(i)));
+      const pl::chunk c = w[i].claim_own(pol[i].own_cap(t));
       ++out.claims;
       if (!c.empty()) {
-        q.push({t + sp.claim_s + chunk_cost(i, c.size(), true), i});
+        const double busy = chunk_cost(i, c.size());
+        pol[i].observe_own(c.size(), busy);  // what its clock sees: compute plus the chunk's overhead
+        q.push({t + sp.claim_s + busy, i});
       } else {
         s.ph = phase::scan;
         q.push({t + sp.claim_s, i});
       }
     } else if (s.ph == phase::scan) {
-      // Peek every slice not yet seen exhausted; pick the victim that will
-      // take longest to finish by its progress: remaining × max(planned,
-      // observed) seconds per item, observed = (t − â_r) / items it claimed.
-      double worst = 0;
-      std::size_t victim = n, peeks = 0;
-      std::uint64_t rest = 0;
-      double victim_s = 0, all_rest = 0;
+      // Peek every other slice not yet seen exhausted (exhausted is final).
+      std::size_t peeks = 0;
       for (std::size_t r = 0; r < n; ++r) {
-        if (r == i || w[i].last_seen(r).exhausted()) continue;  // exhausted is final: never re-read
-        const pl::slice_state ss = w[i].peek(r);
-        ++peeks;
-        if (ss.exhausted()) continue;
-        all_rest += static_cast<double>(ss.remaining());
-        double v = est[r].c;
-        if (ss.front > 0 && t > est[r].a) v = std::max(v, (t - est[r].a) / static_cast<double>(ss.front));
-        const double left = static_cast<double>(ss.remaining()) * v;
-        if (left > worst) worst = left, victim = r, rest = ss.remaining(), victim_s = v;
+        if (r != i && !w[i].last_seen(r).exhausted()) (void)w[i].peek(r), ++peeks;
+        seen[r] = w[i].last_seen(r);
       }
       out.claims += static_cast<double>(peeks);
       const double t_scan = t + static_cast<double>(peeks) * sp.claim_s;
-      std::uint64_t g = 0;
-      if (victim < n)
-        g = std::min(pl::balanced_steal(rest, victim_s, speed(i), sp.claim_s + sp.chunk_overhead * est[i].a),
-                     pl::fair_steal_cap(static_cast<std::uint64_t>(all_rest), fleet_rate, speed(i)));
-      if (g == 0) {  // nothing worth taking: this worker is done with the step
+      s.pick = pol[i].choose(seen, t_scan);
+      if (s.pick.items == 0) {  // nothing worth taking: this worker is done with the step
         s.ph = phase::done;
         s.end = t_scan;
         continue;
       }
-      s.victim = victim;
-      s.request = g;
       s.ph = phase::claim;
       q.push({t_scan, i});  // the claim reaches the store after the peeks
     } else if (s.ph == phase::claim) {
-      const pl::chunk c = w[i].steal_from(s.victim, s.request);
+      const pl::chunk c = w[i].steal_from(s.pick.victim, s.pick.items);
       ++out.claims;
       s.ph = phase::scan;
       if (!c.empty()) {
         out.stolen += static_cast<double>(c.size());
-        q.push({t + sp.claim_s + chunk_cost(i, c.size(), false), i});
+        q.push({t + sp.claim_s + chunk_cost(i, c.size()), i});
       } else {
         q.push({t + sp.claim_s, i});
       }

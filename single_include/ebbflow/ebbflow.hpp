@@ -12338,7 +12338,8 @@ EBBFLOW_END_NAMESPACE
 //! claims a large first chunk (first_fraction·b_r), then guided chunks
 //! ceil(rest / owner_divisor), never below min_chunk, so a step costs about
 //! 1 + owner_divisor·ln(b_r / min_chunk) claims when no one steals. Callers
-//! may cap a claim, e.g. with `paced_owner_cap` so an owner that falls behind
+//! may cap a claim (`steal_policy` and `run_stealing_step` do all of this),
+//! e.g. with `paced_owner_cap` so an owner that falls behind
 //! its planned step time claims little and leaves its tail to thieves, and
 //! with `balanced_steal` so a thief takes no more than it can finish before
 //! the victim would.
@@ -12549,6 +12550,72 @@ class work_stealer {
   bool own_done_ = false;
   std::uint64_t processed_ = 0, stolen_ = 0, calls_ = 0;
 };
+
+//! The smallest chunk whose fixed overhead is at most `share` of its compute:
+//! ceil(overhead_s / (share · s_per_item)), at least 1. Use it as
+//! `steal_options::min_chunk`. Pure.
+[[nodiscard]] inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item,
+                                                         double share = 0.05) noexcept;
+
+//! The decisions of one worker in one step, free of clocks and stores so that
+//! a real worker (`run_stealing_step`) and a simulation make them alike. Knows
+//! only what a worker knows: the plan, every member's estimated model (the
+//! inputs of the plan), its own measured speed in this step, the time since
+//! the step started on its clock, and counters it read. Stragglers are seen
+//! only through progress. Times are seconds since the step started; members
+//! start a synchronous step together (after the previous allreduce), so one
+//! worker's clock approximates the others'. Value type; not thread-safe.
+class steal_policy {
+ public:
+  //! Worker `rank` of `plan`, made from `models` (rank order, the specs the
+  //! plan was solved from; only a, comm_s and c are used). `claim_s`: one
+  //! store round trip; `chunk_overhead_s`: this worker's cost of one extra chunk.
+  //! @throws plan_error(membership_mismatch | bad_rank | bad_cost).
+  steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank, double claim_s,
+               double chunk_overhead_s);
+
+  //! Records `items` of its own slice processed in `seconds` (the speed it measures).
+  void observe_own(std::uint64_t items, double seconds) noexcept;
+  //! Its seconds per item: measured in this step when it has processed any, else its model's c.
+  [[nodiscard]] double s_per_item() const noexcept;
+  //! The cap of its next own claim: `paced_owner_cap(planned step time, elapsed_s, s_per_item())`.
+  [[nodiscard]] std::uint64_t own_cap(double elapsed_s) const noexcept;
+
+  //! A steal decision: `items` == 0 means stop stealing in this step.
+  struct choice {
+    std::size_t victim = 0;   //!< rank of the slice to steal from
+    std::uint64_t items = 0;  //!< how many to request
+  };
+  //! Picks, among the slices in `seen` (index = rank; its own and exhausted ones
+  //! are skipped) the victim with the longest estimated time to finish:
+  //! remaining × max(planned c_r, (elapsed_s − a_r) / F_r), and requests
+  //! min(`balanced_steal`, `fair_steal_cap`) of it.
+  [[nodiscard]] choice choose(std::span<const slice_state> seen, double elapsed_s) const;
+
+ private:
+  std::vector<double> a_, c_;
+  double planned_s_, claim_s_, overhead_s_, fleet_rate_ = 0;
+  std::size_t rank_;
+  double own_items_ = 0, own_seconds_ = 0;
+};
+
+//! What `run_stealing_step` did.
+struct steal_report {
+  std::uint64_t processed = 0;    //!< items processed (own and stolen): the weight is processed / B
+  std::uint64_t stolen = 0;       //!< of which stolen from others
+  std::uint64_t chunks = 0;       //!< chunks processed
+  std::uint64_t store_calls = 0;  //!< store round trips
+  double seconds = 0;             //!< wall time of the step's claim-and-process loop
+};
+
+//! Runs one worker's step: claims its own slice paced by `policy`, calls
+//! `process(chunk)` for each (which trains on it and blocks until done), then
+//! steals as `policy` decides until it says stop. Every item of the own slice
+//! is processed here or by a thief. Blocking; uses the steady clock.
+//! @throws what `work_stealer` or `process` throw (a throwing `process` leaves
+//! claimed items unprocessed: abandon the step attempt).
+template <counter_store Store, class Process>
+steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& policy, Process&& process);
 
 //! The samples of chunk `c` of the step that `plan` makes from `state`: the
 //! positions [first, last) of rank c.rank's slice (`slice_of`).
@@ -12786,6 +12853,102 @@ void work_stealer<Store>::release() {
   if constexpr (requires(Store & s, const std::string& k) { s.erase(k); }) {
     if (size_[rank_] > 0) (void)store_->erase(key(rank_));
   }
+}
+
+inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item, double share) noexcept {
+  if (!(overhead_s > 0) || !(s_per_item > 0) || !(share > 0)) return 1;
+  const double k = std::ceil(overhead_s / (share * s_per_item));
+  if (!(k >= 1)) return 1;
+  return k >= 9e18 ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(k);
+}
+
+inline steal_policy::steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank,
+                                  double claim_s, double chunk_overhead_s)
+    : planned_s_(plan.step_time),
+      claim_s_(std::max(claim_s, 0.0)),
+      overhead_s_(std::max(chunk_overhead_s, 0.0)),
+      rank_(rank) {
+  EBBFLOW_PLAN_ENFORCE(models.size() == plan.size(), plan_errc::membership_mismatch,
+                       models.size() << " models for a plan of " << plan.size() << " workers");
+  EBBFLOW_PLAN_ENFORCE(rank < plan.size(), plan_errc::bad_rank,
+                       "rank " << rank << " outside plan v" << plan.version << " of " << plan.size() << " workers");
+  for (std::size_t r = 0; r < models.size(); ++r) {
+    const worker_spec& m = models[r];
+    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(m.c) && m.c > 0 && std::isfinite(m.a) && m.a >= 0, plan_errc::bad_cost, m.id,
+                           "a = " << m.a << ", c = " << m.c << " cannot pace work stealing");
+    a_.push_back(m.a + m.comm_s);
+    c_.push_back(m.c);
+    fleet_rate_ += 1 / m.c;
+  }
+}
+
+inline void steal_policy::observe_own(std::uint64_t items, double seconds) noexcept {
+  if (items == 0 || !(seconds >= 0)) return;
+  own_items_ += static_cast<double>(items);
+  own_seconds_ += seconds;
+}
+
+inline double steal_policy::s_per_item() const noexcept {
+  return own_items_ > 0 && own_seconds_ > 0 ? own_seconds_ / own_items_ : c_[rank_];
+}
+
+inline std::uint64_t steal_policy::own_cap(double elapsed_s) const noexcept {
+  return paced_owner_cap(planned_s_, elapsed_s, s_per_item());
+}
+
+inline steal_policy::choice steal_policy::choose(std::span<const slice_state> seen, double elapsed_s) const {
+  EBBFLOW_PLAN_ENFORCE(seen.size() == c_.size(), plan_errc::membership_mismatch,
+                       seen.size() << " slice states for " << c_.size() << " workers");
+  double worst = 0, victim_s = 0, all_rest = 0;
+  std::size_t victim = seen.size();
+  for (std::size_t r = 0; r < seen.size(); ++r) {
+    if (r == rank_ || seen[r].exhausted()) continue;
+    all_rest += static_cast<double>(seen[r].remaining());
+    // Progress: the owner requested F items in (elapsed − a_r) seconds; F
+    // includes the chunk in flight, so this errs towards the planned speed.
+    double v = c_[r];
+    if (seen[r].front > 0 && elapsed_s > a_[r])
+      v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(seen[r].front));
+    const double left = static_cast<double>(seen[r].remaining()) * v;
+    if (left > worst) worst = left, victim = r, victim_s = v;
+  }
+  if (victim == seen.size()) return {};
+  const std::uint64_t g =
+      std::min(balanced_steal(seen[victim].remaining(), victim_s, s_per_item(), claim_s_ + overhead_s_),
+               fair_steal_cap(static_cast<std::uint64_t>(all_rest), fleet_rate_, s_per_item()));
+  return {victim, g};
+}
+
+template <counter_store Store, class Process>
+steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& policy, Process&& process) {
+  using seconds = std::chrono::duration<double>;
+  const auto t0 = steady_clock::now();
+  const auto elapsed = [&] { return seconds(steady_clock::now() - t0).count(); };
+  steal_report rep;
+  for (;;) {
+    const chunk c = stealer.claim_own(policy.own_cap(elapsed()));
+    if (c.empty()) break;
+    const auto t = steady_clock::now();
+    process(c);
+    policy.observe_own(c.size(), seconds(steady_clock::now() - t).count());
+    ++rep.chunks;
+  }
+  std::vector<slice_state> seen(stealer.slices());
+  for (;;) {
+    for (std::size_t r = 0; r < stealer.slices(); ++r)
+      seen[r] = r == stealer.rank() || stealer.last_seen(r).exhausted() ? stealer.last_seen(r) : stealer.peek(r);
+    const steal_policy::choice ch = policy.choose(seen, elapsed());
+    if (ch.items == 0) break;
+    const chunk c = stealer.steal_from(ch.victim, ch.items);
+    if (c.empty()) continue;  // lost the race for that tail; look again
+    process(c);
+    ++rep.chunks;
+  }
+  rep.processed = stealer.processed();
+  rep.stolen = stealer.stolen();
+  rep.store_calls = stealer.store_calls();
+  rep.seconds = elapsed();
+  return rep;
 }
 
 inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c) {

@@ -240,6 +240,68 @@ TEST(WorkStealing, SamplerCoverageAcrossReplansAndRollbacks) {
   EXPECT_GT(rollbacks, 0);
 }
 
+// ------------------------------------------------------------ policy and driver
+TEST(WorkStealing, PolicyFindsTheStragglerByProgress) {
+  // Three equal workers, 100 items each, planned 1 s (c = 0.01 s/item, a = 0).
+  std::vector<pl::worker_spec> m = {{1, 0, 0.01, 1000, 0, 0}, {2, 0, 0.01, 1000, 0, 0}, {3, 0, 0.01, 1000, 0, 0}};
+  const std::vector<std::size_t> sizes = {100, 100, 100};
+  const pl::batch_plan plan = pl::make_plan(m, sizes, 1);
+  pl::steal_policy p(m, plan, 0, 1e-5, 1e-4);
+  EXPECT_EQ(p.own_cap(0.0), 100u);  // on plan: not limited
+  p.observe_own(25, 0.75);          // 3x slower than planned
+  EXPECT_DOUBLE_EQ(p.s_per_item(), 0.03);
+  EXPECT_EQ(p.own_cap(0.75), 8u);  // 0.25 s left at 0.03 s/item
+  EXPECT_EQ(p.own_cap(2.0), 1u);   // behind schedule: the smallest claim
+  // At t = 1 s: rank 1 requested 90 (on plan, 10 left), rank 2 requested 30 (slow: 70 left).
+  std::vector<pl::slice_state> seen = {{100, 100, 0}, {100, 90, 0}, {100, 30, 0}};
+  pl::steal_policy thief(m, plan, 0, 1e-5, 1e-4);
+  const auto ch = thief.choose(seen, 1.0);
+  EXPECT_EQ(ch.victim, 2u);
+  EXPECT_GT(ch.items, 0u);
+  EXPECT_LE(ch.items, 70u);
+  // Everything claimed: stop.
+  seen = {{100, 100, 0}, {100, 90, 10}, {100, 30, 70}};
+  EXPECT_EQ(thief.choose(seen, 1.0).items, 0u);
+}
+
+// Real threads on the real clock: one worker is 6x slower per item. The
+// driver must cover every item exactly once, and the others must take over
+// part of the straggler's slice, detected by progress alone.
+TEST(WorkStealing, DriverMovesAStragglersTailToOthers) {
+  el::memory_store store;
+  const std::size_t n = 4;
+  const std::vector<std::size_t> sizes(n, 60);
+  std::vector<pl::worker_spec> m;
+  for (std::size_t i = 0; i < n; ++i) m.push_back({i, 0.0, 200e-6, 1000, 0, 0});  // planned 200 us/item
+  const pl::batch_plan plan = pl::make_plan(m, sizes, 1);
+  std::vector<pl::chunk> all;
+  std::vector<pl::steal_report> rep(n);
+  std::mutex mu;
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      pl::steal_options o;
+      o.min_chunk = 2;
+      pl::work_stealer<el::memory_store> ws(store, "drv", {1, 1}, plan, r, o);
+      pl::steal_policy pol(m, plan, r, 5e-6, 20e-6);
+      const auto per_item = std::chrono::microseconds(r == 0 ? 1200 : 200);
+      rep[r] = pl::run_stealing_step(ws, pol, [&](const pl::chunk& c) {
+        std::this_thread::sleep_for(per_item * c.size());
+        std::lock_guard lk(mu);
+        all.push_back(c);
+      });
+    });
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(check_exactly_once(sizes, all), "");
+  std::uint64_t total = 0, stolen_from_0 = 0;
+  for (auto& r : rep) total += r.processed;
+  for (auto& c : all)
+    if (c.rank == 0 && c.stolen) stolen_from_0 += c.size();
+  EXPECT_EQ(total, 240u);
+  EXPECT_GT(stolen_from_0, 15u) << "the straggler kept " << rep[0].processed - rep[0].stolen << " of 60";
+  EXPECT_LT(rep[0].processed, 45u);
+}
+
 // ------------------------------------------------------------ bad input
 template <class F>
 void expect_plan_error(F f, pl::plan_errc code, const std::string& says) {
@@ -295,6 +357,15 @@ TEST(WorkStealing, BadInputHasNamedErrors) {
   ws w2(store, "b", {1, 2}, ok, 0);
   store.add(w2.key(0), std::int64_t{11} << 32, ef::deadline::never());
   expect_plan_error([&] { (void)w2.claim_own(); }, pl::plan_errc::bad_counter, "owner count");
+  // A policy for a plan of another size.
+  {
+    std::vector<pl::worker_spec> one = {{1, 0, 0.001, 100, 0, 0}};
+    const std::vector<std::size_t> ten = {10};
+    const pl::batch_plan p1 = pl::make_plan(one, ten, 1);
+    std::vector<pl::worker_spec> two = {{1, 0, 0.001, 100, 0, 0}, {2, 0, 0.001, 100, 0, 0}};
+    expect_plan_error([&] { pl::steal_policy(two, p1, 0, 0, 0); }, pl::plan_errc::membership_mismatch, "2 models");
+    expect_plan_error([&] { pl::steal_policy(one, p1, 1, 0, 0); }, pl::plan_errc::bad_rank, "rank 1");
+  }
   // A chunk that lies outside its slice.
   pl::epoch_sampler sampler(100, 1);
   std::vector<pl::worker_spec> spec = {{1, 0, 0.001, 100, 0, 0}, {2, 0, 0.001, 100, 0, 0}};

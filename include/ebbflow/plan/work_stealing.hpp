@@ -60,7 +60,8 @@
 //! claims a large first chunk (first_fraction·b_r), then guided chunks
 //! ceil(rest / owner_divisor), never below min_chunk, so a step costs about
 //! 1 + owner_divisor·ln(b_r / min_chunk) claims when no one steals. Callers
-//! may cap a claim, e.g. with `paced_owner_cap` so an owner that falls behind
+//! may cap a claim (`steal_policy` and `run_stealing_step` do all of this),
+//! e.g. with `paced_owner_cap` so an owner that falls behind
 //! its planned step time claims little and leaves its tail to thieves, and
 //! with `balanced_steal` so a thief takes no more than it can finish before
 //! the victim would.
@@ -271,6 +272,72 @@ class work_stealer {
   bool own_done_ = false;
   std::uint64_t processed_ = 0, stolen_ = 0, calls_ = 0;
 };
+
+//! The smallest chunk whose fixed overhead is at most `share` of its compute:
+//! ceil(overhead_s / (share · s_per_item)), at least 1. Use it as
+//! `steal_options::min_chunk`. Pure.
+[[nodiscard]] inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item,
+                                                         double share = 0.05) noexcept;
+
+//! The decisions of one worker in one step, free of clocks and stores so that
+//! a real worker (`run_stealing_step`) and a simulation make them alike. Knows
+//! only what a worker knows: the plan, every member's estimated model (the
+//! inputs of the plan), its own measured speed in this step, the time since
+//! the step started on its clock, and counters it read. Stragglers are seen
+//! only through progress. Times are seconds since the step started; members
+//! start a synchronous step together (after the previous allreduce), so one
+//! worker's clock approximates the others'. Value type; not thread-safe.
+class steal_policy {
+ public:
+  //! Worker `rank` of `plan`, made from `models` (rank order, the specs the
+  //! plan was solved from; only a, comm_s and c are used). `claim_s`: one
+  //! store round trip; `chunk_overhead_s`: this worker's cost of one extra chunk.
+  //! @throws plan_error(membership_mismatch | bad_rank | bad_cost).
+  steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank, double claim_s,
+               double chunk_overhead_s);
+
+  //! Records `items` of its own slice processed in `seconds` (the speed it measures).
+  void observe_own(std::uint64_t items, double seconds) noexcept;
+  //! Its seconds per item: measured in this step when it has processed any, else its model's c.
+  [[nodiscard]] double s_per_item() const noexcept;
+  //! The cap of its next own claim: `paced_owner_cap(planned step time, elapsed_s, s_per_item())`.
+  [[nodiscard]] std::uint64_t own_cap(double elapsed_s) const noexcept;
+
+  //! A steal decision: `items` == 0 means stop stealing in this step.
+  struct choice {
+    std::size_t victim = 0;   //!< rank of the slice to steal from
+    std::uint64_t items = 0;  //!< how many to request
+  };
+  //! Picks, among the slices in `seen` (index = rank; its own and exhausted ones
+  //! are skipped) the victim with the longest estimated time to finish:
+  //! remaining × max(planned c_r, (elapsed_s − a_r) / F_r), and requests
+  //! min(`balanced_steal`, `fair_steal_cap`) of it.
+  [[nodiscard]] choice choose(std::span<const slice_state> seen, double elapsed_s) const;
+
+ private:
+  std::vector<double> a_, c_;
+  double planned_s_, claim_s_, overhead_s_, fleet_rate_ = 0;
+  std::size_t rank_;
+  double own_items_ = 0, own_seconds_ = 0;
+};
+
+//! What `run_stealing_step` did.
+struct steal_report {
+  std::uint64_t processed = 0;    //!< items processed (own and stolen): the weight is processed / B
+  std::uint64_t stolen = 0;       //!< of which stolen from others
+  std::uint64_t chunks = 0;       //!< chunks processed
+  std::uint64_t store_calls = 0;  //!< store round trips
+  double seconds = 0;             //!< wall time of the step's claim-and-process loop
+};
+
+//! Runs one worker's step: claims its own slice paced by `policy`, calls
+//! `process(chunk)` for each (which trains on it and blocks until done), then
+//! steals as `policy` decides until it says stop. Every item of the own slice
+//! is processed here or by a thief. Blocking; uses the steady clock.
+//! @throws what `work_stealer` or `process` throw (a throwing `process` leaves
+//! claimed items unprocessed: abandon the step attempt).
+template <counter_store Store, class Process>
+steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& policy, Process&& process);
 
 //! The samples of chunk `c` of the step that `plan` makes from `state`: the
 //! positions [first, last) of rank c.rank's slice (`slice_of`).

@@ -226,6 +226,102 @@ void work_stealer<Store>::release() {
   }
 }
 
+inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item, double share) noexcept {
+  if (!(overhead_s > 0) || !(s_per_item > 0) || !(share > 0)) return 1;
+  const double k = std::ceil(overhead_s / (share * s_per_item));
+  if (!(k >= 1)) return 1;
+  return k >= 9e18 ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(k);
+}
+
+inline steal_policy::steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank,
+                                  double claim_s, double chunk_overhead_s)
+    : planned_s_(plan.step_time),
+      claim_s_(std::max(claim_s, 0.0)),
+      overhead_s_(std::max(chunk_overhead_s, 0.0)),
+      rank_(rank) {
+  EBBFLOW_PLAN_ENFORCE(models.size() == plan.size(), plan_errc::membership_mismatch,
+                       models.size() << " models for a plan of " << plan.size() << " workers");
+  EBBFLOW_PLAN_ENFORCE(rank < plan.size(), plan_errc::bad_rank,
+                       "rank " << rank << " outside plan v" << plan.version << " of " << plan.size() << " workers");
+  for (std::size_t r = 0; r < models.size(); ++r) {
+    const worker_spec& m = models[r];
+    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(m.c) && m.c > 0 && std::isfinite(m.a) && m.a >= 0, plan_errc::bad_cost, m.id,
+                           "a = " << m.a << ", c = " << m.c << " cannot pace work stealing");
+    a_.push_back(m.a + m.comm_s);
+    c_.push_back(m.c);
+    fleet_rate_ += 1 / m.c;
+  }
+}
+
+inline void steal_policy::observe_own(std::uint64_t items, double seconds) noexcept {
+  if (items == 0 || !(seconds >= 0)) return;
+  own_items_ += static_cast<double>(items);
+  own_seconds_ += seconds;
+}
+
+inline double steal_policy::s_per_item() const noexcept {
+  return own_items_ > 0 && own_seconds_ > 0 ? own_seconds_ / own_items_ : c_[rank_];
+}
+
+inline std::uint64_t steal_policy::own_cap(double elapsed_s) const noexcept {
+  return paced_owner_cap(planned_s_, elapsed_s, s_per_item());
+}
+
+inline steal_policy::choice steal_policy::choose(std::span<const slice_state> seen, double elapsed_s) const {
+  EBBFLOW_PLAN_ENFORCE(seen.size() == c_.size(), plan_errc::membership_mismatch,
+                       seen.size() << " slice states for " << c_.size() << " workers");
+  double worst = 0, victim_s = 0, all_rest = 0;
+  std::size_t victim = seen.size();
+  for (std::size_t r = 0; r < seen.size(); ++r) {
+    if (r == rank_ || seen[r].exhausted()) continue;
+    all_rest += static_cast<double>(seen[r].remaining());
+    // Progress: the owner requested F items in (elapsed − a_r) seconds; F
+    // includes the chunk in flight, so this errs towards the planned speed.
+    double v = c_[r];
+    if (seen[r].front > 0 && elapsed_s > a_[r])
+      v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(seen[r].front));
+    const double left = static_cast<double>(seen[r].remaining()) * v;
+    if (left > worst) worst = left, victim = r, victim_s = v;
+  }
+  if (victim == seen.size()) return {};
+  const std::uint64_t g =
+      std::min(balanced_steal(seen[victim].remaining(), victim_s, s_per_item(), claim_s_ + overhead_s_),
+               fair_steal_cap(static_cast<std::uint64_t>(all_rest), fleet_rate_, s_per_item()));
+  return {victim, g};
+}
+
+template <counter_store Store, class Process>
+steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& policy, Process&& process) {
+  using seconds = std::chrono::duration<double>;
+  const auto t0 = steady_clock::now();
+  const auto elapsed = [&] { return seconds(steady_clock::now() - t0).count(); };
+  steal_report rep;
+  for (;;) {
+    const chunk c = stealer.claim_own(policy.own_cap(elapsed()));
+    if (c.empty()) break;
+    const auto t = steady_clock::now();
+    process(c);
+    policy.observe_own(c.size(), seconds(steady_clock::now() - t).count());
+    ++rep.chunks;
+  }
+  std::vector<slice_state> seen(stealer.slices());
+  for (;;) {
+    for (std::size_t r = 0; r < stealer.slices(); ++r)
+      seen[r] = r == stealer.rank() || stealer.last_seen(r).exhausted() ? stealer.last_seen(r) : stealer.peek(r);
+    const steal_policy::choice ch = policy.choose(seen, elapsed());
+    if (ch.items == 0) break;
+    const chunk c = stealer.steal_from(ch.victim, ch.items);
+    if (c.empty()) continue;  // lost the race for that tail; look again
+    process(c);
+    ++rep.chunks;
+  }
+  rep.processed = stealer.processed();
+  rep.stolen = stealer.stolen();
+  rep.store_calls = stealer.store_calls();
+  rep.seconds = elapsed();
+  return rep;
+}
+
 inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c) {
   sample_range s = slice_of(state, plan, c.rank);
   EBBFLOW_PLAN_ENFORCE(
