@@ -1,12 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // bench/planner: (a) plan time from 8 to 100,000 workers; (b) a simulated
 // heterogeneous cluster run side by side under a uniform split, a split
-// proportional to measured speed (LB-BSP style), ebbflow's planner, and the
-// oracle (exact plan from the true, noise-free models). See
-// docs/benchmarks/planner.md for definitions and results.
+// proportional to measured speed (LB-BSP style), ebbflow's planner, ebbflow's
+// planner plus in-step work stealing (plan/work_stealing.hpp, the real protocol
+// code driven in simulated time), and the oracle (exact plan from the true,
+// noise-free models). See docs/benchmarks/planner.md for definitions and results.
 //
 // usage: planner_bench [--json FILE] [--steps N] [--workers N] [--max-n N] [--quick]
+//                      [--claim-us X] [--chunk-overhead H] [--first-fraction F] [--owner-divisor K]
+//                      [--chunk-share S]
 #include <ebbflow/plan.hpp>
+#ifdef EBBFLOW_BENCH_STORE
+#include <ebbflow/elastic/store.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -17,7 +23,9 @@
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <queue>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace pl = ebbflow::plan;
@@ -33,6 +41,12 @@ struct args {
   bool quick = false;
   double threshold = pl::replan_options{}.threshold;
   unsigned persist = pl::replan_options{}.persist;
+  double claim_us = -1;         // store round trip per claim; < 0: measure the real store on loopback
+  double chunk_overhead = 0.1;  // extra cost of each chunk after the first, as a share of a_i
+  bool claim_measured = false;
+  double first_fraction = 0.25;  // work stealing: the owner's first chunk
+  unsigned owner_divisor = 2;    // work stealing: later owner chunks ceil(rest / divisor)
+  double chunk_share = 0.05;     // work stealing: min chunk so that its overhead <= this share of its compute
 };
 
 std::ofstream json_out;
@@ -166,6 +180,160 @@ void plan_time(const args& a) {
   }
 }
 
+// ------------------------------------------------------------------ (c) stealing
+// One store round trip (an `add` on the real Boost.Asio store over loopback TCP):
+// what every claim and every peek of work stealing costs. Median of 2000.
+struct rtt_stats {
+  double median_us = 0, p99_us = 0;
+  bool measured = false;
+};
+rtt_stats measure_store_rtt() {
+  rtt_stats r;
+#ifdef EBBFLOW_BENCH_STORE
+  namespace el = ebbflow::elastic;
+  el::server_options o;
+  o.token = "planner-bench";
+  el::store_server srv(o);
+  el::store_client c("127.0.0.1", srv.port(), o.token);
+  std::vector<double> t;
+  for (int k = -200; k < 2000; ++k) {
+    const auto t0 = clk::now();
+    (void)c.add("bench/claim", k % 2 ? std::int64_t{1} << 32 : 1, ebbflow::deadline::after(std::chrono::seconds(10)));
+    const double us = std::chrono::duration<double, std::micro>(clk::now() - t0).count();
+    if (k >= 0) t.push_back(us);
+  }
+  const stats s = summarize(t);
+  r = {s.median, s.p99, true};
+#endif
+  return r;
+}
+
+// An in-process counter store for the simulator: the work_stealer's protocol
+// code runs unchanged; time is simulated (each store call costs claim_s).
+struct sim_store {
+  std::unordered_map<std::string, std::int64_t> kv;
+  std::int64_t add(const std::string& k, std::int64_t d, ebbflow::deadline) { return kv[k] += d; }
+};
+static_assert(pl::counter_store<sim_store>);
+
+struct steal_params {
+  double claim_s;             // seconds per store round trip (claim or peek), not overlapped with compute
+  double chunk_overhead;      // h: every chunk after a worker's first costs h·a_i (its own, true, slowed a_i)
+  double chunk_share = 0.05;  // min_chunk_i: smallest chunk whose overhead is <= 5 % of its compute (estimated)
+  double first_fraction = 0.25;
+  std::uint32_t owner_divisor = 2;
+};
+
+struct steal_outcome {
+  double step_time = 0;
+  double claims = 0;  // store calls (claims + peeks), all workers
+  double chunks = 0;  // non-empty chunks processed, all workers
+  double stolen = 0;  // items processed by a thief
+};
+
+// One synchronous step with work stealing, event-driven in simulated time.
+// Worker i: true fixed time a_i·jit_i once, then chunks of true per-item time
+// c_i·jit_i (a transient straggler is slower for the whole step), each chunk
+// after its first plus h·a_i·jit_i, each store call claim_s. The decisions are
+// the library's own (`plan::steal_policy`, as `run_stealing_step` makes them on
+// a real clock): they use only the plan, the estimated models every rank holds,
+// the worker's own measured speed in this step, the time since the step
+// started, and the counters it reads (progress). The step ends when the last
+// worker stops.
+steal_outcome steal_step(const steal_params& sp, const std::vector<pl::worker_spec>& truth,
+                         const std::vector<double>& jit, const std::vector<pl::worker_spec>& est,
+                         const pl::batch_plan& plan, std::uint64_t step) {
+  const std::size_t n = truth.size();
+  sim_store store;
+  std::vector<pl::work_stealer<sim_store>> w;
+  std::vector<pl::steal_policy> pol;
+  w.reserve(n);
+  pol.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    pl::steal_options o;
+    o.first_fraction = sp.first_fraction;
+    o.owner_divisor = sp.owner_divisor;
+    o.min_chunk = pl::recommended_min_chunk(sp.chunk_overhead * est[i].a, est[i].c, sp.chunk_share);
+    w.emplace_back(store, "sim", pl::step_id{0, step}, plan, i, o);
+    pol.emplace_back(est, plan, i, sp.claim_s, sp.chunk_overhead * est[i].a);
+  }
+  enum class phase { own, scan, claim, done };
+  struct state {
+    phase ph = phase::own;
+    bool first_chunk = true;
+    pl::steal_policy::choice pick;
+    double end = 0;
+  };
+  std::vector<state> st(n);
+  std::vector<pl::slice_state> seen(n);
+  steal_outcome out;
+  using ev = std::pair<double, std::size_t>;
+  std::priority_queue<ev, std::vector<ev>, std::greater<>> q;
+  for (std::size_t i = 0; i < n; ++i) q.push({truth[i].a * jit[i], i});  // fixed part first
+  auto chunk_cost = [&](std::size_t i, std::uint64_t items) {
+    double t = static_cast<double>(items) * truth[i].c * jit[i];
+    if (!st[i].first_chunk) t += sp.chunk_overhead * truth[i].a * jit[i];
+    st[i].first_chunk = false;
+    ++out.chunks;
+    return t;
+  };
+  while (!q.empty()) {
+    const auto [t, i] = q.top();
+    q.pop();
+    state& s = st[i];
+    if (s.ph == phase::own) {
+      const pl::chunk c = w[i].claim_own(pol[i].own_cap(t));
+      ++out.claims;
+      if (!c.empty()) {
+        const double busy = chunk_cost(i, c.size());
+        pol[i].observe_own(c.size(), busy);  // what its clock sees: compute plus the chunk's overhead
+        q.push({t + sp.claim_s + busy, i});
+      } else {
+        s.ph = phase::scan;
+        q.push({t + sp.claim_s, i});
+      }
+    } else if (s.ph == phase::scan) {
+      // Peek every other slice not yet seen exhausted (exhausted is final).
+      std::size_t peeks = 0;
+      for (std::size_t r = 0; r < n; ++r) {
+        if (r != i && !w[i].last_seen(r).exhausted()) (void)w[i].peek(r), ++peeks;
+        seen[r] = w[i].last_seen(r);
+      }
+      out.claims += static_cast<double>(peeks);
+      const double t_scan = t + static_cast<double>(peeks) * sp.claim_s;
+      s.pick = pol[i].choose(seen, t_scan);
+      if (s.pick.items == 0) {  // nothing worth taking: this worker is done with the step
+        s.ph = phase::done;
+        s.end = t_scan;
+        continue;
+      }
+      s.ph = phase::claim;
+      q.push({t_scan, i});  // the claim reaches the store after the peeks
+    } else if (s.ph == phase::claim) {
+      const pl::chunk c = w[i].steal_from(s.pick.victim, s.pick.items);
+      ++out.claims;
+      s.ph = phase::scan;
+      if (!c.empty()) {
+        out.stolen += static_cast<double>(c.size());
+        q.push({t + sp.claim_s + chunk_cost(i, c.size()), i});
+      } else {
+        q.push({t + sp.claim_s, i});
+      }
+    }
+  }
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    total += w[i].processed();
+    out.step_time = std::max(out.step_time, st[i].end);
+  }
+  if (total != plan.global_batch) {
+    std::fprintf(stderr, "work stealing lost or duplicated items: %llu of %zu\n",
+                 static_cast<unsigned long long>(total), plan.global_batch);
+    std::exit(1);
+  }
+  return out;
+}
+
 // ------------------------------------------------------------------ (b) simulator
 struct sim_config {
   const char* name;
@@ -227,6 +395,16 @@ void simulate(const args& a, const sim_config& cfg) {
   for (auto& g : members) thr.push_back(1.0 / (g.a / 128 + g.c) * (1 + cfg.meas_noise * z(rng)));
 
   contestant cs[4] = {{"uniform"}, {"proportional"}, {"ebbflow"}, {"oracle"}};
+  // ebbflow's plan plus in-step work stealing: the stated per-chunk overhead,
+  // and the pessimistic setting where every extra chunk pays the full a_i.
+  const steal_params sp[2] = {{a.claim_us * 1e-6, a.chunk_overhead, a.chunk_share, a.first_fraction, a.owner_divisor},
+                              {a.claim_us * 1e-6, 1.0, a.chunk_share, a.first_fraction, a.owner_divisor}};
+  contestant cst[2] = {{"ebb+steal"}, {"ebb+steal/h1"}};
+  // Fluid bound: perfect, free, instantaneous in-step balancing (every worker
+  // busy until the same instant, items divisible, no claim or chunk cost) on
+  // the true, slowed speeds of the step. No in-step scheme can beat it.
+  contestant fluid{"fluid-bound"};
+  steal_outcome sst[2];
   double best_sum = 0;  // Σ over steps of Σ_i own best samples/s
   std::vector<std::size_t> prev_prop;
   for (int s = 0; s < steps; ++s) {
@@ -281,6 +459,33 @@ void simulate(const args& a, const sim_config& cfg) {
       cs[k].batch_err += err / static_cast<double>(B);
       cs[k].step_excess += t_true / oracle.step_time - 1;
     }
+    {
+      auto done_by = [&](double T) {
+        double items = 0;
+        for (std::size_t i = 0; i < n; ++i) items += std::max(0.0, (T - truth[i].a * jit[i]) / (truth[i].c * jit[i]));
+        return items;
+      };
+      double lo = 0, hi = 1;
+      while (done_by(hi) < static_cast<double>(B)) hi *= 2;
+      for (int it = 0; it < 100; ++it) (done_by((lo + hi) / 2) < static_cast<double>(B) ? lo : hi) = (lo + hi) / 2;
+      fluid.time += hi;
+      fluid.samples += static_cast<double>(B);
+    }
+    for (int k = 0; k < 2; ++k) {
+      const steal_outcome o = steal_step(sp[k], truth, jit, est, ebb, static_cast<std::uint64_t>(s));
+      cst[k].time += o.step_time;
+      cst[k].samples += static_cast<double>(B);
+      double err = 0, t_true = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        err += std::abs(static_cast<double>(ebb.batch[i]) - static_cast<double>(oracle.batch[i]));
+        t_true = std::max(t_true, truth[i].step_time(ebb.batch[i]));
+      }
+      cst[k].batch_err += err / static_cast<double>(B);  // of the plan it starts from
+      cst[k].step_excess += t_true / oracle.step_time - 1;
+      sst[k].claims += o.claims / static_cast<double>(n);
+      sst[k].chunks += o.chunks / static_cast<double>(n);
+      sst[k].stolen += o.stolen / static_cast<double>(B);
+    }
     // Feedback: each worker's own compute time as measured.
     for (std::size_t i = 0; i < n; ++i) {
       const double seen = truth[i].step_time(ebb.batch[i]) * jit[i] * meas[i];
@@ -297,27 +502,52 @@ void simulate(const args& a, const sim_config& cfg) {
       "steps [%d,%d), leave at %d, join at %d\n",
       cfg.name, a.workers, B, steps, 1000 * cfg.fixed_s, 100 * cfg.jitter, 100 * cfg.meas_noise, 100 * cfg.straggle_p,
       slow_from, slow_to, leave_at, join_at);
-  std::printf("%-13s %11s %11s %14s %16s %8s\n", "contestant", "samples/s", "efficiency", "batch_err_%",
-              "step_excess_%", "replans");
-  double eff[4];
-  for (int k = 0; k < 4; ++k) {
-    const double sps = cs[k].samples / cs[k].time;
-    eff[k] = sps / best;
-    std::printf("%-13s %11.1f %10.2f%% %14.3f %16.3f %8zu\n", cs[k].name, sps, 100 * eff[k],
-                100 * cs[k].batch_err / steps, 100 * cs[k].step_excess / steps,
-                k == 0   ? std::size_t{0}
-                : k == 3 ? std::size_t(steps)
-                         : cs[k].replans);
-    char buf[512];
+  std::printf(
+      "#     stealing: store round trip %.1f us per claim/peek (%s), chunk overhead h = %.2f x a_i (ebb+steal) and "
+      "1.0 x a_i (ebb+steal/h1)\n",
+      a.claim_us, a.claim_measured ? "measured on loopback" : "given", a.chunk_overhead);
+  std::printf(
+      "#     stealing policy: first chunk %.2f of the slice, then ceil(rest/%u), paced against the planned step time; "
+      "min chunk: overhead <= %.0f %% of its compute\n",
+      a.first_fraction, a.owner_divisor, 100 * a.chunk_share);
+  std::printf("%-13s %11s %11s %14s %16s %8s %9s %9s %9s\n", "contestant", "samples/s", "efficiency", "batch_err_%",
+              "step_excess_%", "replans", "calls/w", "chunks/w", "stolen_%");
+  auto row = [&](const contestant& c, std::size_t replans, const steal_outcome* so) {
+    const double sps = c.samples / c.time;
+    const double e = sps / best;
+    if (so)
+      std::printf("%-13s %11.1f %10.2f%% %14.3f %16.3f %8zu %9.2f %9.2f %9.3f\n", c.name, sps, 100 * e,
+                  100 * c.batch_err / steps, 100 * c.step_excess / steps, replans, so->claims / steps,
+                  so->chunks / steps, 100 * so->stolen / steps);
+    else
+      std::printf("%-13s %11.1f %10.2f%% %14.3f %16.3f %8zu %9s %9s %9s\n", c.name, sps, 100 * e,
+                  100 * c.batch_err / steps, 100 * c.step_excess / steps, replans, "-", "-", "-");
+    char buf[640];
     std::snprintf(buf, sizeof buf,
                   R"({"bench":"simulator","config":"%s","contestant":"%s","samples_per_s":%.3f,"efficiency":%.5f,)"
-                  R"("batch_error":%.6f,"step_excess":%.6f,"steps":%d,"workers":%d})",
-                  cfg.name, cs[k].name, sps, eff[k], cs[k].batch_err / steps, cs[k].step_excess / steps, steps,
-                  a.workers);
+                  R"("batch_error":%.6f,"step_excess":%.6f,"steps":%d,"workers":%d,"store_calls_per_worker":%.3f,)"
+                  R"("chunks_per_worker":%.3f,"stolen_share":%.6f,"claim_us":%.3f,"chunk_overhead":%.3f})",
+                  cfg.name, c.name, sps, e, c.batch_err / steps, c.step_excess / steps, steps, a.workers,
+                  so ? so->claims / steps : 0.0, so ? so->chunks / steps : 0.0, so ? so->stolen / steps : 0.0,
+                  so ? a.claim_us : 0.0, so ? (so == &sst[0] ? a.chunk_overhead : 1.0) : 0.0);
     emit(buf);
-  }
+    return e;
+  };
+  const double e_uni = row(cs[0], 0, nullptr);
+  const double e_prop = row(cs[1], cs[1].replans, nullptr);
+  const double e_ebb = row(cs[2], cs[2].replans, nullptr);
+  const double e_st = row(cst[0], cs[2].replans, &sst[0]);
+  const double e_st1 = row(cst[1], cs[2].replans, &sst[1]);
+  const double e_or = row(cs[3], std::size_t(steps), nullptr);
+  (void)row(fluid, 0, nullptr);
   std::printf("ratios (samples/s): ebbflow/uniform %.3f  ebbflow/proportional %.3f  ebbflow/oracle %.4f\n",
-              eff[2] / eff[0], eff[2] / eff[1], eff[2] / eff[3]);
+              e_ebb / e_uni, e_ebb / e_prop, e_ebb / e_or);
+  std::printf(
+      "ratios (samples/s): ebb+steal/uniform %.3f  ebb+steal/proportional %.3f  ebb+steal/oracle %.4f  "
+      "(h1: %.3f %.3f %.4f)\n",
+      e_st / e_uni, e_st / e_prop, e_st / e_or, e_st1 / e_uni, e_st1 / e_prop, e_st1 / e_or);
+  std::printf("goal efficiency >= 97 %%: ebb+steal %s (%.2f %%), ebb+steal/h1 %s (%.2f %%)\n",
+              e_st >= 0.97 ? "MET" : "not met", 100 * e_st, e_st1 >= 0.97 ? "MET" : "not met", 100 * e_st1);
 }
 
 }  // namespace
@@ -342,13 +572,46 @@ int main(int argc, char** argv) {
       a.threshold = std::atof(next());
     else if (!std::strcmp(argv[i], "--persist"))
       a.persist = static_cast<unsigned>(std::atoi(next()));
+    else if (!std::strcmp(argv[i], "--claim-us"))
+      a.claim_us = std::atof(next());
+    else if (!std::strcmp(argv[i], "--chunk-overhead"))
+      a.chunk_overhead = std::atof(next());
+    else if (!std::strcmp(argv[i], "--first-fraction"))
+      a.first_fraction = std::atof(next());
+    else if (!std::strcmp(argv[i], "--owner-divisor"))
+      a.owner_divisor = static_cast<unsigned>(std::atoi(next()));
+    else if (!std::strcmp(argv[i], "--chunk-share"))
+      a.chunk_share = std::atof(next());
     else {
-      std::fprintf(stderr, "usage: %s [--json FILE] [--steps N] [--workers N] [--max-n N] [--quick]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--json FILE] [--steps N] [--workers N] [--max-n N] [--quick] [--claim-us X] "
+                   "[--chunk-overhead H] [--first-fraction F] [--owner-divisor K] [--chunk-share S]\n",
+                   argv[0]);
       return 2;
     }
   }
   if (!a.json.empty()) json_out.open(a.json);
   plan_time(a);
+  if (a.claim_us < 0) {
+    const rtt_stats r = measure_store_rtt();
+    if (!r.measured) {
+      // Built without the asio component: the median measured by this
+      // benchmark with the store on the reference machine (docs/benchmarks/planner.md).
+      a.claim_us = 15.0;
+      std::printf("\n# claim cost: no asio store in this build: claim round trip %.1f us (measured constant)\n",
+                  a.claim_us);
+    } else {
+      a.claim_us = r.median_us;
+      a.claim_measured = true;
+      std::printf(
+          "\n# claim cost: store add round trip on loopback TCP (Boost.Asio store, 2000 calls): median %.1f us, p99 "
+          "%.1f us\n",
+          r.median_us, r.p99_us);
+      char buf[200];
+      std::snprintf(buf, sizeof buf, R"({"bench":"store_rtt","median_us":%.3f,"p99_us":%.3f})", r.median_us, r.p99_us);
+      emit(buf);
+    }
+  }
   simulate(a, {"clean", 0.005, 0.02, 0.0});
   simulate(a, {"default", 0.005, 0.02, 0.002});
   simulate(a, {"noisy", 0.02, 0.05, 0.01});

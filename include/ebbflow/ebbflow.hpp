@@ -51,6 +51,7 @@
 #include <ebbflow/plan/replan_policy.hpp>
 #include <ebbflow/plan/sampler.hpp>
 #include <ebbflow/plan/shard_sampler.hpp>
+#include <ebbflow/plan/work_stealing.hpp>
 #include <ebbflow/prefetch/cuda_stage.hpp>
 #include <ebbflow/prefetch/device_stage.hpp>
 #include <ebbflow/prefetch/index_source.hpp>

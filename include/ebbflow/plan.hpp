@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file plan.hpp
 //! The heterogeneity-aware batch planner in one include: online cost models,
-//! the exact batch-size solver, the re-planning policy and the exactly-once
-//! samplers. Depends on core/ only; links nothing.
+//! the exact batch-size solver, the re-planning policy, the exactly-once
+//! samplers and in-step work stealing. Depends on core/ only; links nothing.
 #pragma once
 
 #include <ebbflow/plan/plan_error.hpp>
@@ -11,3 +11,4 @@
 #include <ebbflow/plan/replan_policy.hpp>
 #include <ebbflow/plan/sampler.hpp>
 #include <ebbflow/plan/shard_sampler.hpp>
+#include <ebbflow/plan/work_stealing.hpp>

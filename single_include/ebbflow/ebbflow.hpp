@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 75 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 77 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -8640,6 +8640,9 @@ enum class plan_errc {
   stale_plan,            //!< a plan older than one already committed
   bad_dataset,           //!< data-set size 0, or a shard of size 0
   bad_state,             //!< serialized sampler state is truncated, corrupt or of another version
+  slice_too_large,       //!< a work-stealing slice beyond 2^31 - 1 items (its claim counter would overflow)
+  bad_steal_request,     //!< a work-stealing claim of 0 items, bad steal_options, or stealing from oneself
+  bad_counter,           //!< a work-stealing counter in the store that no valid claim sequence can produce
 };
 
 //! Short stable name of a cause ("infeasible", "bad_cost", ...).
@@ -8671,6 +8674,12 @@ constexpr std::string_view to_string(plan_errc e) noexcept {
       return "bad_dataset";
     case plan_errc::bad_state:
       return "bad_state";
+    case plan_errc::slice_too_large:
+      return "slice_too_large";
+    case plan_errc::bad_steal_request:
+      return "bad_steal_request";
+    case plan_errc::bad_counter:
+      return "bad_counter";
   }
   return "unknown";
 }
@@ -12000,8 +12009,8 @@ EBBFLOW_END_NAMESPACE
 // SPDX-License-Identifier: Apache-2.0
 //! @file plan.hpp
 //! The heterogeneity-aware batch planner in one include: online cost models,
-//! the exact batch-size solver, the re-planning policy and the exactly-once
-//! samplers. Depends on core/ only; links nothing.
+//! the exact batch-size solver, the re-planning policy, the exactly-once
+//! samplers and in-step work stealing. Depends on core/ only; links nothing.
 
 
 // #include <ebbflow/plan/plan_error.hpp>  (inlined)
@@ -12554,6 +12563,697 @@ class shard_sampler {
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/plan/shard_sampler.hpp>
+// #include <ebbflow/plan/work_stealing.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/work_stealing.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file work_stealing.hpp
+//! In-step work stealing with exactly-once claims: a transient straggler's
+//! unfinished tail is taken over by workers that finished early.
+//!
+//! A plan splits a step's B samples into per-rank slices (rank r owns the
+//! b_r items [0, b_r) of its slice; `epoch_sampler::slice` maps them to data-set
+//! indices). With stealing, each slice is consumed from the FRONT by its owner
+//! and from the BACK by thieves, in chunks. Every claim on slice r is ONE
+//! atomic fetch-add on one 64-bit store counter, `key(r)`, which packs two
+//! counts: bits 32..62 hold F, the items the owner has requested so far, and
+//! bits 0..31 hold K, the items thieves have requested. A claim of q items
+//! adds q·2^32 (owner) or q (thief); `add` returns the value after the claim,
+//! so the claimant knows the exact state (F, K) just before it and is granted
+//! g = min(q, max(0, b_r − F − K)) items: the owner [F, F + g), a thief
+//! [b_r − K − g, b_r − K).
+//!
+//! Exactly once, never out of range: the store applies the adds of one key in
+//! a total order. While F + K <= b_r every claim so far was granted in full,
+//! so the owner holds [0, F) and the thieves hold [b_r − K, b_r), disjoint
+//! since F + K <= b_r. The claim that first makes F + K >= b_r is granted
+//! exactly the gap b_r − F − K, and every later claim 0. Hence every item of
+//! [0, b_r) is granted to exactly one claim. Every item is also processed:
+//! the owner keeps claiming until a claim comes back short (its slice is
+//! exhausted), so stealing is only an optimisation; a thief may stop whenever
+//! it likes. The fields cannot overflow: the owner is the only writer of F and
+//! never requests more than b_r − F (it knows F exactly), so F <= b_r < 2^31;
+//! a thief requests at most what it last saw remaining and at most
+//! `thief_request_limit(b_r, slices)`, and it makes at most one short claim
+//! per slice (after one it knows the slice is exhausted), so
+//! K <= b_r + slices·limit < 2^32 and never carries into F.
+//!
+//! Keys: `<prefix>/<generation>/<step>/<rank>`. The pair (generation, step)
+//! must be unique per step *attempt*: a rolled-back step that is redone must
+//! use a new generation (the elastic group's generation changes whenever a
+//! step is rolled back) or a new step number, so counters of an old attempt,
+//! and late claims of a zombie member, can never touch the new one. Cost:
+//! one small integer key per (attempt, slice). `release()` erases the own
+//! slice's key when the store supports `erase(key)` (the Boost.Asio store
+//! client does; memory_store does not): call it once no member can claim in
+//! this step any more, e.g. after the step's gradient allreduce. A late claim
+//! on an erased key recreates a junk key of a dead attempt that nobody reads.
+//!
+//! Gradient weights (the loss-scaling contract): with stealing, worker i
+//! trains on p_i = `processed()` samples (own and stolen) instead of b_i, and
+//! Σ_i p_i = B. Each worker must weight each of its samples by 1/B: compute
+//! the SUM of the per-sample losses over everything it processed in the step
+//! (accumulating gradients over its chunks) and divide by B, or equivalently
+//! scale its mean-loss gradient by w_i = p_i / B (`weight(B)`), not by the
+//! plan's b_i / B. The allreduced sum is then the mean-loss gradient of the
+//! step's B samples, exactly as without stealing. A worker that processed
+//! nothing contributes a zero gradient and still takes part in the allreduce.
+//!
+//! Samples and data: a thief reads the data-set indices of another rank's
+//! slice (`samples_of`), so stealing fits `epoch_sampler` over a data set
+//! every worker can read; it does not fit `shard_sampler`, where only a shard's
+//! owner reads it.
+//!
+//! Chunk sizes (`steal_options`, `owner_request`, `thief_request`): the owner
+//! claims a large first chunk (first_fraction·b_r), then guided chunks
+//! ceil(rest / owner_divisor), never below min_chunk, so a step costs about
+//! 1 + owner_divisor·ln(b_r / min_chunk) claims when no one steals. Callers
+//! may cap a claim (`steal_policy` and `run_stealing_step` do all of this),
+//! e.g. with `paced_owner_cap` so an owner that falls behind
+//! its planned step time claims little and leaves its tail to thieves, and
+//! with `balanced_steal` so a thief takes no more than it can finish before
+//! the victim would.
+//!
+//! Thread safety: a `work_stealer` is used by one thread (one per worker and
+//! step); any number of workers, threads or processes may claim concurrently
+//! through one store, which must make `add` atomic. Blocking: every claim and
+//! `peek` is one store round trip, bounded by `steal_options::timeout`.
+//! Errors: plan_error (empty_membership, slice_too_large, bad_rank,
+//! bad_steal_request, bad_counter); store errors propagate unchanged
+//! (e.g. `ebbflow::system_error` with errc::timeout or errc::peer_lost).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/plan/batch_planner.hpp>  (inlined)
+// #include <ebbflow/plan/plan_error.hpp>  (inlined)
+// #include <ebbflow/plan/sampler.hpp>  (inlined)
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+//! What work stealing needs from a store: an atomic 64-bit fetch-add with a
+//! deadline that returns the value after the add (an absent key counts as 0).
+//! `elastic::memory_store` and `elastic::store_client` model it (as does every
+//! `elastic::kv_store`); plan/ names no elastic/ type.
+template <class S>
+concept counter_store = requires(S& s, const std::string& key, std::int64_t delta, deadline d) {
+  { s.add(key, delta, d) } -> std::convertible_to<std::int64_t>;
+};
+
+//! The largest slice work stealing accepts: each count must fit in 31 bits.
+inline constexpr std::uint64_t max_slice_items = (std::uint64_t{1} << 31) - 1;
+
+//! Identifies one step attempt; see the file comment for why both parts.
+struct step_id {
+  std::uint64_t generation = 0;  //!< membership generation (changes on every rollback)
+  std::uint64_t step = 0;        //!< step number within the generation
+};
+
+//! The decoded counter of one slice at one moment. Value type.
+struct slice_state {
+  std::uint64_t size = 0;   //!< b_r, the slice's items
+  std::uint64_t front = 0;  //!< F: items the owner has requested (granted: min(F, size − back) once exhausted)
+  std::uint64_t back = 0;   //!< K: items thieves have requested
+  //! Items not yet claimed by anyone.
+  [[nodiscard]] std::uint64_t remaining() const noexcept { return front + back >= size ? 0 : size - front - back; }
+  //! True when every item has been claimed.
+  [[nodiscard]] bool exhausted() const noexcept { return remaining() == 0; }
+};
+
+//! Items [first, last) of rank `rank`'s slice, granted to one claim. Value type.
+struct chunk {
+  std::size_t rank = 0;     //!< owner rank of the slice the items belong to
+  std::uint64_t first = 0;  //!< first item (inclusive), an offset into the slice
+  std::uint64_t last = 0;   //!< last item (exclusive)
+  bool stolen = false;      //!< true when a thief claimed it from the back
+  //! Number of items.
+  [[nodiscard]] std::uint64_t size() const noexcept { return last - first; }
+  //! True when nothing was granted.
+  [[nodiscard]] bool empty() const noexcept { return first == last; }
+};
+
+//! Chunk-size policy. Value type.
+struct steal_options {
+  double first_fraction = 0.25;              //!< the owner's first claim: ceil(first_fraction · b_r); in (0, 1]
+  std::uint32_t owner_divisor = 4;           //!< later owner claims: ceil(unclaimed-by-owner / owner_divisor); >= 1
+  std::uint32_t thief_divisor = 2;           //!< a thief claims ceil(victim's remaining / thief_divisor); >= 1
+  std::uint64_t min_chunk = 1;               //!< no claim asks for fewer (unless fewer are left); >= 1
+  std::chrono::milliseconds timeout{30000};  //!< deadline of each store call
+};
+
+//! Checks `o`. @throws plan_error(bad_steal_request) naming the bad field.
+inline void validate(const steal_options& o);
+
+//! The owner's next request on a slice of `size` items of which it has
+//! requested `front` so far: the first chunk, then the guided size, at most
+//! `cap` but at least min_chunk (min_chunk wins: it is the smallest chunk worth
+//! its overhead), and at most size − front. 0 when front >= size. Pure.
+[[nodiscard]] inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front,
+                                                 std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
+
+//! A thief's request on a victim with `remaining` unclaimed items:
+//! ceil(remaining / thief_divisor), at most `cap` but at least min_chunk, and
+//! at most `remaining`. 0 when remaining == 0. Pure.
+[[nodiscard]] inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining,
+                                                 std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
+
+//! The most a thief may request in one claim on a slice of `size` items when
+//! `slices` workers share the store (keeps K < 2^32; see the file comment).
+[[nodiscard]] constexpr std::uint64_t thief_request_limit(std::uint64_t size, std::uint64_t slices) noexcept {
+  const std::uint64_t room = (std::uint64_t{1} << 32) - 1 - size;
+  return slices == 0 ? room : room / slices;
+}
+
+//! A cap for an owner's request that paces it against its planned step time:
+//! the items it can still finish by `planned_s` at its observed rate,
+//! floor((planned_s − elapsed_s) / s_per_item), at least 1. An owner that runs
+//! on plan is not limited; one that has fallen behind (a transient straggler,
+//! detected by its own progress) claims little, leaving its tail to thieves.
+//! `s_per_item` > 0: seconds per item measured in this step (or the model's
+//! estimate before the first chunk). Pure.
+[[nodiscard]] inline std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept;
+
+//! How many of a victim's `remaining` items a thief should take so that both
+//! finish together: the g with overhead_s + g·thief_s = (remaining − g)·victim_s,
+//! rounded down; 0 when stealing would not finish earlier than the victim.
+//! `victim_s`, `thief_s`: seconds per item (estimates; use the larger of the
+//! victim's planned and progress-observed time); `overhead_s`: the thief's
+//! cost of one claim plus one extra chunk. Pure.
+[[nodiscard]] inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
+                                                  double overhead_s) noexcept;
+
+//! The most a thief should take so that it does not become the new straggler
+//! when everyone helps: the items it can finish within the horizon
+//! total_remaining / fleet_items_per_s (the time the whole fleet needs for
+//! all unclaimed items), floor(horizon / thief_s), at least 1 when anything
+//! is left. `total_remaining`: unclaimed items over all slices it read;
+//! `fleet_items_per_s`: Σ_j 1 / (seconds per item of worker j); `thief_s`:
+//! its own seconds per item. Pure.
+[[nodiscard]] inline std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s,
+                                                  double thief_s) noexcept;
+
+//! One worker's claims in one step. Not thread-safe (one per worker per step);
+//! see the file comment for the protocol, errors and the weight contract.
+template <counter_store Store>
+class work_stealer {
+ public:
+  //! Worker `rank` of a step whose slices have `slice_sizes` items (rank
+  //! order, as `batch_plan::batch`). Does not touch the store. `store` must
+  //! outlive this object.
+  //! @throws plan_error: empty_membership (no slices), slice_too_large (a
+  //!         slice > max_slice_items), bad_rank (rank >= slices),
+  //!         bad_steal_request (bad options).
+  work_stealer(Store& store, std::string prefix, step_id id, std::span<const std::size_t> slice_sizes, std::size_t rank,
+               steal_options opts = {});
+  //! As above with the slices of `plan`.
+  work_stealer(Store& store, std::string prefix, step_id id, const batch_plan& plan, std::size_t rank,
+               steal_options opts = {})
+      : work_stealer(store, std::move(prefix), id, std::span<const std::size_t>(plan.batch), rank, opts) {}
+
+  //! Claims the next chunk of the own slice from the front (`owner_request`
+  //! items, at most `cap`). Empty once the own slice is exhausted (by the
+  //! owner or by thieves); after that it does not call the store.
+  //! @throws plan_error(bad_steal_request) when cap == 0; bad_counter; store errors.
+  [[nodiscard]] chunk claim_own(std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
+  //! True once the own slice is known to be exhausted.
+  [[nodiscard]] bool own_done() const noexcept { return own_done_; }
+
+  //! Reads slice `r`'s counter (an add of 0; one round trip).
+  //! @throws plan_error(bad_rank | bad_counter); store errors.
+  [[nodiscard]] slice_state peek(std::size_t r);
+  //! Claims up to `request` items from the back of slice `victim` (`victim`
+  //! != own rank), clamped to what was last seen remaining and to
+  //! `thief_request_limit`. Empty when the slice is (now) exhausted; a slice
+  //! seen exhausted is never claimed again.
+  //! @throws plan_error(bad_rank | bad_steal_request | bad_counter); store errors.
+  [[nodiscard]] chunk steal_from(std::size_t victim, std::uint64_t request);
+  //! Peeks every other slice not yet seen exhausted, picks the one with the
+  //! most remaining items (lowest rank on ties) and claims `thief_request`
+  //! items of it, at most `cap`. Empty when every other slice is exhausted.
+  //! Errors as for `steal_from`.
+  [[nodiscard]] chunk steal(std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
+  //! `claim_own` until the own slice is exhausted, then `steal`. Empty: this
+  //! worker is done with the step. Errors as above.
+  [[nodiscard]] chunk next(std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
+
+  //! The last state seen of slice `r` (from a peek or a claim; zeros before).
+  [[nodiscard]] const slice_state& last_seen(std::size_t r) const { return seen_.at(r); }
+  //! Items this worker has been granted in this step (own and stolen).
+  [[nodiscard]] std::uint64_t processed() const noexcept { return processed_; }
+  //! Items this worker has stolen from others.
+  [[nodiscard]] std::uint64_t stolen() const noexcept { return stolen_; }
+  //! Store round trips made so far (claims and peeks).
+  [[nodiscard]] std::uint64_t store_calls() const noexcept { return calls_; }
+  //! w = processed() / global_batch, the factor for this worker's mean-loss
+  //! gradient (see the file comment). @throws plan_error(zero_batch) when global_batch == 0.
+  [[nodiscard]] double weight(std::size_t global_batch) const;
+  //! The store key of slice `r`'s counter. @throws plan_error(bad_rank).
+  [[nodiscard]] std::string key(std::size_t r) const;
+  //! Number of slices.
+  [[nodiscard]] std::size_t slices() const noexcept { return size_.size(); }
+  //! This worker's rank.
+  [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
+  //! Erases the own slice's counter when `Store` has `erase(key)`; otherwise
+  //! does nothing. Call only when no member can claim in this step any more.
+  //! Store errors propagate.
+  void release();
+
+ private:
+  slice_state decode(std::size_t r, std::int64_t after, std::int64_t delta) const;
+  Store* store_;
+  std::string prefix_;
+  steal_options opts_;
+  std::size_t rank_;
+  std::vector<std::uint64_t> size_;
+  std::vector<slice_state> seen_;
+  std::vector<char> exhausted_;
+  bool own_done_ = false;
+  std::uint64_t processed_ = 0, stolen_ = 0, calls_ = 0;
+};
+
+//! The smallest chunk whose fixed overhead is at most `share` of its compute:
+//! ceil(overhead_s / (share · s_per_item)), at least 1. Use it as
+//! `steal_options::min_chunk`. Pure.
+[[nodiscard]] inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item,
+                                                         double share = 0.05) noexcept;
+
+//! The decisions of one worker in one step, free of clocks and stores so that
+//! a real worker (`run_stealing_step`) and a simulation make them alike. Knows
+//! only what a worker knows: the plan, every member's estimated model (the
+//! inputs of the plan), its own measured speed in this step, the time since
+//! the step started on its clock, and counters it read. Stragglers are seen
+//! only through progress. Times are seconds since the step started; members
+//! start a synchronous step together (after the previous allreduce), so one
+//! worker's clock approximates the others'. Value type; not thread-safe.
+class steal_policy {
+ public:
+  //! Worker `rank` of `plan`, made from `models` (rank order, the specs the
+  //! plan was solved from; only a, comm_s and c are used). `claim_s`: one
+  //! store round trip; `chunk_overhead_s`: this worker's cost of one extra chunk.
+  //! @throws plan_error(membership_mismatch | bad_rank | bad_cost).
+  steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank, double claim_s,
+               double chunk_overhead_s);
+
+  //! Records `items` of its own slice processed in `seconds` (the speed it measures).
+  void observe_own(std::uint64_t items, double seconds) noexcept;
+  //! Its seconds per item: measured in this step when it has processed any, else its model's c.
+  [[nodiscard]] double s_per_item() const noexcept;
+  //! The cap of its next own claim: `paced_owner_cap(planned step time, elapsed_s, s_per_item())`.
+  [[nodiscard]] std::uint64_t own_cap(double elapsed_s) const noexcept;
+
+  //! A steal decision: `items` == 0 means stop stealing in this step.
+  struct choice {
+    std::size_t victim = 0;   //!< rank of the slice to steal from
+    std::uint64_t items = 0;  //!< how many to request
+  };
+  //! Picks, among the slices in `seen` (index = rank; its own and exhausted ones
+  //! are skipped) the victim with the longest estimated time to finish:
+  //! remaining × max(planned c_r, (elapsed_s − a_r) / F_r), and requests
+  //! min(`balanced_steal`, `fair_steal_cap`) of it.
+  [[nodiscard]] choice choose(std::span<const slice_state> seen, double elapsed_s) const;
+
+ private:
+  std::vector<double> a_, c_;
+  double planned_s_, claim_s_, overhead_s_, fleet_rate_ = 0;
+  std::size_t rank_;
+  double own_items_ = 0, own_seconds_ = 0;
+};
+
+//! What `run_stealing_step` did.
+struct steal_report {
+  std::uint64_t processed = 0;    //!< items processed (own and stolen): the weight is processed / B
+  std::uint64_t stolen = 0;       //!< of which stolen from others
+  std::uint64_t chunks = 0;       //!< chunks processed
+  std::uint64_t store_calls = 0;  //!< store round trips
+  double seconds = 0;             //!< wall time of the step's claim-and-process loop
+};
+
+//! Runs one worker's step: claims its own slice paced by `policy`, calls
+//! `process(chunk)` for each (which trains on it and blocks until done), then
+//! steals as `policy` decides until it says stop. Every item of the own slice
+//! is processed here or by a thief. Blocking; uses the steady clock.
+//! @throws what `work_stealer` or `process` throw (a throwing `process` leaves
+//! claimed items unprocessed: abandon the step attempt).
+template <counter_store Store, class Process>
+steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& policy, Process&& process);
+
+//! The samples of chunk `c` of the step that `plan` makes from `state`: the
+//! positions [first, last) of rank c.rank's slice (`slice_of`).
+//! @throws plan_error as `slice_of`, and bad_rank when c lies beyond the slice.
+[[nodiscard]] inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c);
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/plan/impl/work_stealing.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/impl/work_stealing.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/work_stealing.hpp
+//! Definitions for plan/work_stealing.hpp.
+
+
+// #include <ebbflow/plan/work_stealing.hpp>  (inlined)
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+namespace detail {
+//! The owner count lives in bits 32..62 of the counter, the thief count in bits 0..31.
+inline constexpr std::int64_t owner_unit = std::int64_t{1} << 32;
+inline constexpr std::uint64_t thief_mask = (std::uint64_t{1} << 32) - 1;
+
+//! ceil(a / b) for b >= 1 without overflow.
+constexpr std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) noexcept { return a / b + (a % b != 0); }
+
+//! The items a claim of `request` is granted, given the state just before it:
+//! the owner [F, F + g), a thief [n − K − g, n − K), g = min(request, remaining).
+inline chunk grant(std::size_t rank, const slice_state& before, std::uint64_t request, bool from_back) noexcept {
+  const std::uint64_t g = std::min(request, before.remaining());
+  if (g == 0) return chunk{rank, 0, 0, from_back};
+  if (from_back) return chunk{rank, before.size - before.back - g, before.size - before.back, true};
+  return chunk{rank, before.front, before.front + g, false};
+}
+}  // namespace detail
+
+inline void validate(const steal_options& o) {
+  EBBFLOW_PLAN_ENFORCE(std::isfinite(o.first_fraction) && o.first_fraction > 0 && o.first_fraction <= 1,
+                       plan_errc::bad_steal_request, "first_fraction " << o.first_fraction << " outside (0, 1]");
+  EBBFLOW_PLAN_ENFORCE(o.owner_divisor >= 1, plan_errc::bad_steal_request, "owner_divisor 0");
+  EBBFLOW_PLAN_ENFORCE(o.thief_divisor >= 1, plan_errc::bad_steal_request, "thief_divisor 0");
+  EBBFLOW_PLAN_ENFORCE(o.min_chunk >= 1, plan_errc::bad_steal_request, "min_chunk 0");
+  EBBFLOW_PLAN_ENFORCE(o.timeout.count() > 0, plan_errc::bad_steal_request,
+                       "timeout " << o.timeout.count() << " ms is not positive");
+}
+
+inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front, std::uint64_t cap) {
+  if (front >= size) return 0;
+  const std::uint64_t rest = size - front;
+  std::uint64_t q = front == 0 ? static_cast<std::uint64_t>(std::ceil(o.first_fraction * static_cast<double>(size)))
+                               : detail::ceil_div(rest, o.owner_divisor);
+  // min_chunk wins over cap: it is the smallest chunk worth its overhead.
+  q = std::max(std::min(q, cap), o.min_chunk);
+  return std::min(q, rest);
+}
+
+inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining, std::uint64_t cap) {
+  if (remaining == 0) return 0;
+  const std::uint64_t q = std::max(std::min(detail::ceil_div(remaining, o.thief_divisor), cap), o.min_chunk);
+  return std::min(q, remaining);
+}
+
+inline std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept {
+  if (!(s_per_item > 0) || !std::isfinite(s_per_item)) return std::numeric_limits<std::uint64_t>::max();
+  const double left = (planned_s - elapsed_s) / s_per_item;
+  if (!(left >= 1)) return 1;
+  if (left >= 9e18) return std::numeric_limits<std::uint64_t>::max();
+  return static_cast<std::uint64_t>(left);
+}
+
+inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
+                                    double overhead_s) noexcept {
+  if (remaining == 0 || !(victim_s > 0) || !(thief_s > 0)) return 0;
+  const double g = (static_cast<double>(remaining) * victim_s - std::max(overhead_s, 0.0)) / (thief_s + victim_s);
+  if (!(g >= 1)) return 0;
+  return std::min(remaining, static_cast<std::uint64_t>(g));
+}
+
+inline std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s, double thief_s) noexcept {
+  if (total_remaining == 0) return 0;
+  if (!(fleet_items_per_s > 0) || !(thief_s > 0)) return total_remaining;
+  const double g = static_cast<double>(total_remaining) / fleet_items_per_s / thief_s;
+  if (!(g >= 1)) return 1;
+  return std::min(total_remaining, static_cast<std::uint64_t>(g));
+}
+
+template <counter_store Store>
+work_stealer<Store>::work_stealer(Store& store, std::string prefix, step_id id,
+                                  std::span<const std::size_t> slice_sizes, std::size_t rank, steal_options opts)
+    : store_(&store), opts_(opts), rank_(rank) {
+  validate(opts_);
+  EBBFLOW_PLAN_ENFORCE(!slice_sizes.empty(), plan_errc::empty_membership, "no slices to steal from");
+  EBBFLOW_PLAN_ENFORCE(rank < slice_sizes.size(), plan_errc::bad_rank,
+                       "rank " << rank << " outside a step of " << slice_sizes.size() << " slices");
+  size_.reserve(slice_sizes.size());
+  for (std::size_t r = 0; r < slice_sizes.size(); ++r) {
+    EBBFLOW_PLAN_ENFORCE_W(slice_sizes[r] <= max_slice_items, plan_errc::slice_too_large, r,
+                           "slice of " << slice_sizes[r] << " items exceeds " << max_slice_items
+                                       << " (2^31 - 1): its claim counter would overflow");
+    size_.push_back(slice_sizes[r]);
+  }
+  seen_.resize(size_.size());
+  exhausted_.assign(size_.size(), 0);
+  for (std::size_t r = 0; r < size_.size(); ++r) {
+    seen_[r].size = size_[r];
+    exhausted_[r] = size_[r] == 0;
+  }
+  own_done_ = exhausted_[rank_] != 0;
+  prefix_ = std::move(prefix) + "/" + std::to_string(id.generation) + "/" + std::to_string(id.step) + "/";
+}
+
+template <counter_store Store>
+std::string work_stealer<Store>::key(std::size_t r) const {
+  EBBFLOW_PLAN_ENFORCE(r < size_.size(), plan_errc::bad_rank, "rank " << r << " outside " << size_.size() << " slices");
+  return prefix_ + std::to_string(r);
+}
+
+template <counter_store Store>
+slice_state work_stealer<Store>::decode(std::size_t r, std::int64_t after, std::int64_t delta) const {
+  // `after - delta` is the exact value just before this add. Both fields are
+  // bounded (file comment), so any other value means the key was written by
+  // something that is not this protocol (a reused key, a corrupt store).
+  const std::int64_t before = after - delta;
+  EBBFLOW_PLAN_ENFORCE_W(before >= 0 && after >= 0, plan_errc::bad_counter, r,
+                         "counter '" << key(r) << "' reads " << after << " after adding " << delta << " (negative)");
+  const auto b = static_cast<std::uint64_t>(before);
+  slice_state s{size_[r], b >> 32, b & detail::thief_mask};
+  EBBFLOW_PLAN_ENFORCE_W(s.front <= s.size, plan_errc::bad_counter, r,
+                         "counter '" << key(r) << "' has owner count " << s.front << " > slice size " << s.size);
+  return s;
+}
+
+template <counter_store Store>
+chunk work_stealer<Store>::claim_own(std::uint64_t cap) {
+  EBBFLOW_PLAN_ENFORCE(cap >= 1, plan_errc::bad_steal_request, "claim_own with cap 0");
+  if (own_done_) return chunk{rank_, 0, 0, false};
+  // The owner is the only writer of F, so seen_.front is exact and the request
+  // never takes F beyond the slice.
+  const std::uint64_t q = owner_request(opts_, size_[rank_], seen_[rank_].front, cap);
+  const std::int64_t delta = static_cast<std::int64_t>(q) * detail::owner_unit;
+  const std::int64_t after = store_->add(key(rank_), delta, deadline::after(opts_.timeout));
+  ++calls_;
+  const slice_state before = decode(rank_, after, delta);
+  const chunk c = detail::grant(rank_, before, q, false);
+  seen_[rank_] = slice_state{size_[rank_], before.front + q, before.back};
+  if (c.size() < q || seen_[rank_].exhausted()) {
+    own_done_ = true;
+    exhausted_[rank_] = 1;
+  }
+  processed_ += c.size();
+  return c;
+}
+
+template <counter_store Store>
+slice_state work_stealer<Store>::peek(std::size_t r) {
+  EBBFLOW_PLAN_ENFORCE(r < size_.size(), plan_errc::bad_rank, "rank " << r << " outside " << size_.size() << " slices");
+  if (size_[r] == 0) return seen_[r];
+  const std::int64_t after = store_->add(key(r), 0, deadline::after(opts_.timeout));
+  ++calls_;
+  seen_[r] = decode(r, after, 0);
+  if (seen_[r].exhausted()) exhausted_[r] = 1;
+  if (r == rank_ && exhausted_[r]) own_done_ = true;
+  return seen_[r];
+}
+
+template <counter_store Store>
+chunk work_stealer<Store>::steal_from(std::size_t victim, std::uint64_t request) {
+  EBBFLOW_PLAN_ENFORCE(victim < size_.size(), plan_errc::bad_rank,
+                       "victim " << victim << " outside " << size_.size() << " slices");
+  EBBFLOW_PLAN_ENFORCE(victim != rank_, plan_errc::bad_steal_request,
+                       "rank " << rank_ << " cannot steal from its own slice (use claim_own)");
+  EBBFLOW_PLAN_ENFORCE(request >= 1, plan_errc::bad_steal_request, "steal of 0 items");
+  if (exhausted_[victim]) return chunk{victim, 0, 0, true};
+  // Clamp to what was last seen remaining (never more than the slice) and to
+  // the per-claim limit: this is what bounds K below 2^32.
+  const std::uint64_t q =
+      std::min({request, seen_[victim].remaining(), thief_request_limit(size_[victim], size_.size())});
+  if (q == 0) {
+    exhausted_[victim] = 1;
+    return chunk{victim, 0, 0, true};
+  }
+  const std::int64_t delta = static_cast<std::int64_t>(q);
+  const std::int64_t after = store_->add(key(victim), delta, deadline::after(opts_.timeout));
+  ++calls_;
+  const slice_state before = decode(victim, after, delta);
+  const chunk c = detail::grant(victim, before, q, true);
+  seen_[victim] = slice_state{size_[victim], before.front, before.back + q};
+  if (c.size() < q || seen_[victim].exhausted()) exhausted_[victim] = 1;
+  processed_ += c.size();
+  stolen_ += c.size();
+  return c;
+}
+
+template <counter_store Store>
+chunk work_stealer<Store>::steal(std::uint64_t cap) {
+  EBBFLOW_PLAN_ENFORCE(cap >= 1, plan_errc::bad_steal_request, "steal with cap 0");
+  for (;;) {
+    std::size_t best = size_.size();
+    std::uint64_t most = 0;
+    for (std::size_t r = 0; r < size_.size(); ++r) {
+      if (r == rank_ || exhausted_[r]) continue;
+      const std::uint64_t rest = peek(r).remaining();
+      if (rest > most) most = rest, best = r;
+    }
+    if (best == size_.size()) return chunk{rank_, 0, 0, true};
+    const chunk c = steal_from(best, thief_request(opts_, most, cap));
+    if (!c.empty()) return c;
+    // Lost the race for that tail; rescan (the slice is now marked exhausted).
+  }
+}
+
+template <counter_store Store>
+chunk work_stealer<Store>::next(std::uint64_t cap) {
+  if (!own_done_) {
+    const chunk c = claim_own(cap);
+    if (!c.empty()) return c;
+  }
+  return steal(cap);
+}
+
+template <counter_store Store>
+double work_stealer<Store>::weight(std::size_t global_batch) const {
+  EBBFLOW_PLAN_ENFORCE(global_batch > 0, plan_errc::zero_batch, "weight of a step with global batch 0");
+  return static_cast<double>(processed_) / static_cast<double>(global_batch);
+}
+
+template <counter_store Store>
+void work_stealer<Store>::release() {
+  if constexpr (requires(Store & s, const std::string& k) { s.erase(k); }) {
+    if (size_[rank_] > 0) (void)store_->erase(key(rank_));
+  }
+}
+
+inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item, double share) noexcept {
+  if (!(overhead_s > 0) || !(s_per_item > 0) || !(share > 0)) return 1;
+  const double k = std::ceil(overhead_s / (share * s_per_item));
+  if (!(k >= 1)) return 1;
+  return k >= 9e18 ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(k);
+}
+
+inline steal_policy::steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank,
+                                  double claim_s, double chunk_overhead_s)
+    : planned_s_(plan.step_time),
+      claim_s_(std::max(claim_s, 0.0)),
+      overhead_s_(std::max(chunk_overhead_s, 0.0)),
+      rank_(rank) {
+  EBBFLOW_PLAN_ENFORCE(models.size() == plan.size(), plan_errc::membership_mismatch,
+                       models.size() << " models for a plan of " << plan.size() << " workers");
+  EBBFLOW_PLAN_ENFORCE(rank < plan.size(), plan_errc::bad_rank,
+                       "rank " << rank << " outside plan v" << plan.version << " of " << plan.size() << " workers");
+  for (std::size_t r = 0; r < models.size(); ++r) {
+    const worker_spec& m = models[r];
+    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(m.c) && m.c > 0 && std::isfinite(m.a) && m.a >= 0, plan_errc::bad_cost, m.id,
+                           "a = " << m.a << ", c = " << m.c << " cannot pace work stealing");
+    a_.push_back(m.a + m.comm_s);
+    c_.push_back(m.c);
+    fleet_rate_ += 1 / m.c;
+  }
+}
+
+inline void steal_policy::observe_own(std::uint64_t items, double seconds) noexcept {
+  if (items == 0 || !(seconds >= 0)) return;
+  own_items_ += static_cast<double>(items);
+  own_seconds_ += seconds;
+}
+
+inline double steal_policy::s_per_item() const noexcept {
+  return own_items_ > 0 && own_seconds_ > 0 ? own_seconds_ / own_items_ : c_[rank_];
+}
+
+inline std::uint64_t steal_policy::own_cap(double elapsed_s) const noexcept {
+  return paced_owner_cap(planned_s_, elapsed_s, s_per_item());
+}
+
+inline steal_policy::choice steal_policy::choose(std::span<const slice_state> seen, double elapsed_s) const {
+  EBBFLOW_PLAN_ENFORCE(seen.size() == c_.size(), plan_errc::membership_mismatch,
+                       seen.size() << " slice states for " << c_.size() << " workers");
+  double worst = 0, victim_s = 0, all_rest = 0;
+  std::size_t victim = seen.size();
+  for (std::size_t r = 0; r < seen.size(); ++r) {
+    if (r == rank_ || seen[r].exhausted()) continue;
+    all_rest += static_cast<double>(seen[r].remaining());
+    // Progress: the owner requested F items in (elapsed − a_r) seconds; F
+    // includes the chunk in flight, so this errs towards the planned speed.
+    double v = c_[r];
+    if (seen[r].front > 0 && elapsed_s > a_[r])
+      v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(seen[r].front));
+    const double left = static_cast<double>(seen[r].remaining()) * v;
+    if (left > worst) worst = left, victim = r, victim_s = v;
+  }
+  if (victim == seen.size()) return {};
+  const std::uint64_t g =
+      std::min(balanced_steal(seen[victim].remaining(), victim_s, s_per_item(), claim_s_ + overhead_s_),
+               fair_steal_cap(static_cast<std::uint64_t>(all_rest), fleet_rate_, s_per_item()));
+  return {victim, g};
+}
+
+template <counter_store Store, class Process>
+steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& policy, Process&& process) {
+  using seconds = std::chrono::duration<double>;
+  const auto t0 = steady_clock::now();
+  const auto elapsed = [&] { return seconds(steady_clock::now() - t0).count(); };
+  steal_report rep;
+  for (;;) {
+    const chunk c = stealer.claim_own(policy.own_cap(elapsed()));
+    if (c.empty()) break;
+    const auto t = steady_clock::now();
+    process(c);
+    policy.observe_own(c.size(), seconds(steady_clock::now() - t).count());
+    ++rep.chunks;
+  }
+  std::vector<slice_state> seen(stealer.slices());
+  for (;;) {
+    for (std::size_t r = 0; r < stealer.slices(); ++r)
+      seen[r] = r == stealer.rank() || stealer.last_seen(r).exhausted() ? stealer.last_seen(r) : stealer.peek(r);
+    const steal_policy::choice ch = policy.choose(seen, elapsed());
+    if (ch.items == 0) break;
+    const chunk c = stealer.steal_from(ch.victim, ch.items);
+    if (c.empty()) continue;  // lost the race for that tail; look again
+    process(c);
+    ++rep.chunks;
+  }
+  rep.processed = stealer.processed();
+  rep.stolen = stealer.stolen();
+  rep.store_calls = stealer.store_calls();
+  rep.seconds = elapsed();
+  return rep;
+}
+
+inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c) {
+  sample_range s = slice_of(state, plan, c.rank);
+  EBBFLOW_PLAN_ENFORCE(
+      c.first <= c.last && c.last <= s.size(), plan_errc::bad_rank,
+      "chunk [" << c.first << ", " << c.last << ") outside rank " << c.rank << "'s slice of " << s.size() << " items");
+  s.last = s.first + c.last;
+  s.first = s.first + c.first;
+  return s;
+}
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/plan/impl/work_stealing.hpp>
+// ---- end <ebbflow/plan/work_stealing.hpp>
 // ==== end <ebbflow/plan.hpp>
 
 // ==== begin <ebbflow/prefetch/cuda_stage.hpp> =============================

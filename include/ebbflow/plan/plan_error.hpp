@@ -36,6 +36,9 @@ enum class plan_errc {
   stale_plan,            //!< a plan older than one already committed
   bad_dataset,           //!< data-set size 0, or a shard of size 0
   bad_state,             //!< serialized sampler state is truncated, corrupt or of another version
+  slice_too_large,       //!< a work-stealing slice beyond 2^31 - 1 items (its claim counter would overflow)
+  bad_steal_request,     //!< a work-stealing claim of 0 items, bad steal_options, or stealing from oneself
+  bad_counter,           //!< a work-stealing counter in the store that no valid claim sequence can produce
 };
 
 //! Short stable name of a cause ("infeasible", "bad_cost", ...).
@@ -67,6 +70,12 @@ constexpr std::string_view to_string(plan_errc e) noexcept {
       return "bad_dataset";
     case plan_errc::bad_state:
       return "bad_state";
+    case plan_errc::slice_too_large:
+      return "slice_too_large";
+    case plan_errc::bad_steal_request:
+      return "bad_steal_request";
+    case plan_errc::bad_counter:
+      return "bad_counter";
   }
   return "unknown";
 }
