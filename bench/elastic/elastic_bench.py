@@ -99,6 +99,9 @@ def main():
     ap.add_argument("--wrap", default="", help="command prefix for every worker (e.g. the netns wrapper)")
     ap.add_argument("--store", default="127.0.0.1:0", help="address the launcher's store binds")
     ap.add_argument("--json", help="write one JSON object per measured point")
+    ap.add_argument("--join-nice", type=int, default=0,
+                    help="start the newcomers this many nice levels lower (ebbflow-run --join-nice): on a shared "
+                         "host their start-up then leaves the CPU to the running workers, as on separate hosts")
     args = ap.parse_args()
     args.run = os.path.abspath(os.path.join(args.build, "tools/ebbflow-run/ebbflow-run"))
     args.train = os.path.abspath(os.path.join(args.build, "examples/elastic_train/elastic_train"))
@@ -112,7 +115,8 @@ def main():
         rows, _, _ = run_job(args, ["-n", str(n)], [], "steady")
         res["steady"].append(steady(args, rows))
         # scale-out N -> 2N
-        rows, out, _ = run_job(args, ["-n", str(n), "--add", f"{ev}:{n}"], [], "scaleout")
+        nice = ["--join-nice", str(args.join_nice)] if args.join_nice else []
+        rows, out, _ = run_job(args, ["-n", str(n), "--add", f"{ev}:{n}"] + nice, [], "scaleout")
         t_add = stamp(out, "started worker")
         switch = next(r for r in rows if r["world"] == 2 * n)
         before = [r for r in rows if r["t"] < t_add]
@@ -155,7 +159,8 @@ def main():
 
     med = {k: statistics.median(v) for k, v in res.items() if v}
     print(f"# elastic scale events: {n} -> {2 * n} workers, B={args.batch}, emulated device "
-          f"{args.step_us:.0f} us/step + {args.sample_us:.0f} us/sample, {args.rounds} round(s), medians")
+          f"{args.step_us:.0f} us/step + {args.sample_us:.0f} us/sample, {args.rounds} round(s), medians"
+          + (f", newcomers started at nice +{args.join_nice}" if args.join_nice else ""))
     print(f"{'metric':48s} {'value':>12s}")
     print(f"{'steady throughput, N workers (samples/s)':48s} {med['steady']:12.0f}")
     print(f"{'steady throughput, 2N workers (samples/s)':48s} {med['steady_2n']:12.0f}")

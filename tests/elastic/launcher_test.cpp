@@ -5,6 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
+#include <cerrno>
+
 #include <chrono>
 #include <string>
 #include <thread>
@@ -114,4 +118,22 @@ TEST(Launcher, AttachesToAStandaloneStore) {
   auto e = store.poll(ef::deadline::after(5s));
   ASSERT_EQ(e.size(), 1u);
   EXPECT_TRUE(e[0].ok()) << e[0].describe();
+}
+
+TEST(Launcher, JoinersStartAtTheLowerPriorityAskedFor) {
+  // `nice` prints the niceness: the initial worker keeps ours, the joiner
+  // starts 7 lower and is told so (EBBFLOW_JOIN_NICE) so the group can
+  // restore it once admitted.
+  errno = 0;
+  const int ours = ::getpriority(PRIO_PROCESS, 0);
+  ASSERT_EQ(errno, 0);
+  auto r = run({EBBFLOW_RUN, "-n", "1", "--elastic", "--join-nice", "7", "--add", "0.1", "--", "sh", "-c",
+                "echo nice=$(nice) join_nice=${EBBFLOW_JOIN_NICE:-none}; sleep 0.5"});
+  EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
+  EXPECT_NE(r.out.find("[rank 0] nice=" + std::to_string(ours) + " join_nice=none"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 1] nice=" + std::to_string(std::min(19, ours + 7)) + " join_nice=7"), std::string::npos)
+      << r.out;
+  auto bad = run({EBBFLOW_RUN, "-n", "1", "--join-nice", "25", "--", "true"});
+  EXPECT_EQ(bad.exit.code, 2);
+  EXPECT_NE(bad.err.find("--join-nice"), std::string::npos) << bad.err;
 }

@@ -46,6 +46,9 @@ constexpr const char* usage_text =
     "  --kill SEC:ID        after SEC seconds SIGKILL worker ID (fault injection)\n"
     "  --leave SEC:ID       after SEC seconds SIGTERM worker ID (graceful leave at the next step)\n"
     "  --restart K          restart a failed worker as a joiner, up to K times in all\n"
+    "  --join-nice N        start joiners N nice levels lower (1..19) so their start-up does not take\n"
+    "                       CPU from the running workers on a shared host; the group restores the\n"
+    "                       priority once the worker is admitted (needs CAP_SYS_NICE, else it warns)\n"
     "  --discovery CMD      poll CMD (every --discovery-interval SEC, default 2): it prints the wanted\n"
     "                       number of workers; more are started, or the newest asked to leave\n"
     "  SIGUSR1 / SIGUSR2    to ebbflow-run: add one worker / ask the newest to leave\n"
@@ -77,6 +80,7 @@ struct options {
   bool prefix = true;
   bool elastic = false;
   int min_size = 0, max_size = 0;
+  int join_nice = 0;
   struct event {
     double at;
     enum kind { add, kill, leave } what;
@@ -132,6 +136,8 @@ options parse(int argc, char** argv) {
       o.prefix = false;
     } else if (a == "--elastic") {
       o.elastic = true;
+    } else if (a == "--join-nice") {
+      o.join_nice = parse_int(a, value(a), 1, 19);
     } else if (a == "--min") {
       o.min_size = parse_int(a, value(a), 1, 1 << 20);
     } else if (a == "--max") {
@@ -257,6 +263,10 @@ int main(int argc, char** argv) {
     spec.argv = opt.argv;
     if (joiner) {
       spec.env = {{"EBBFLOW_JOIN", "1"}, {"EBBFLOW_WORKER_ID", std::to_string(spec.id)}};
+      if (opt.join_nice) {
+        spec.nice = opt.join_nice;
+        spec.env.push_back({"EBBFLOW_JOIN_NICE", std::to_string(opt.join_nice)});
+      }
     } else {
       spec.env = {{"EBBFLOW_RANK", std::to_string(spec.id)},
                   {"EBBFLOW_WORLD_SIZE", std::to_string(opt.n)},

@@ -19,6 +19,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -47,6 +48,7 @@ struct child_spec {
   std::vector<std::string> argv;                         //!< program (searched in PATH) and arguments
   std::vector<std::pair<std::string, std::string>> env;  //!< set on top of this process's environment
   bool capture_output = true;  //!< deliver stdout/stderr lines to the handler; else inherit ours
+  int nice = 0;                //!< niceness increment the child starts with (0: as ours)
 };
 
 //! How a child ended.
@@ -131,6 +133,11 @@ class process_group {
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
       for (int s : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) ::signal(s, SIG_DFL);
+      if (spec.nice != 0) {
+        errno = 0;
+        const int cur = ::getpriority(PRIO_PROCESS, 0);
+        if (errno == 0) ::setpriority(PRIO_PROCESS, 0, cur + spec.nice);
+      }
       if (spec.capture_output) {
         ::dup2(out[1], 1);
         ::dup2(err[1], 2);

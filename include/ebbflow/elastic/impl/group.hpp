@@ -5,7 +5,11 @@
 
 #include <ebbflow/elastic/group.hpp>
 
+#include <sys/resource.h>
+
+#include <cerrno>
 #include <charconv>
+#include <filesystem>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -45,6 +49,30 @@ constexpr bool can_preconnect() {
   };
 }
 
+// A joiner started with `ebbflow-run --join-nice N` runs N nice levels
+// lower until it is admitted, so its start-up does not slow the members on a
+// shared host; it gets its priority back here. Linux nice values are per
+// thread, so every thread of the process is raised again.
+inline void restore_join_priority() {
+  const auto n = env::get_int("EBBFLOW_JOIN_NICE", 0, 0, 19);
+  if (n == 0) return;
+  int failed = 0, err = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    const auto tid = static_cast<id_t>(std::strtol(e.path().filename().c_str(), nullptr, 10));
+    errno = 0;
+    const int cur = ::getpriority(PRIO_PROCESS, tid);
+    if (errno != 0) continue;
+    if (::setpriority(PRIO_PROCESS, tid, std::max(-20, cur - static_cast<int>(n))) != 0) {
+      ++failed;
+      err = errno;
+    }
+  }
+  if (failed)
+    EBBFLOW_LOG_WARN("admitted, but the CPU priority lowered by EBBFLOW_JOIN_NICE="
+                     << n << " could not be restored (" << std::strerror(err) << "; needs CAP_SYS_NICE)");
+}
+
 inline bool recoverable(const std::error_code& ec) noexcept {
   return ec == errc::peer_lost || ec == errc::timeout || ec == errc::revoked;
 }
@@ -79,8 +107,10 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   heartbeat_ = std::jthread([this](std::stop_token st) { heartbeat_loop(st); });
   if (!opts_.join && launch_.rank < launch_.world_size)
     form_initial();
-  else
+  else {
     wait_admission();
+    detail::restore_join_priority();
+  }
 }
 
 template <kv_store Store, network Net>
