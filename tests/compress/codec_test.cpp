@@ -300,6 +300,43 @@ TEST(TopK, KeepsTheKLargestWithinSamplingTolerance) {
   }
 }
 
+// The single-thread CPU executor encodes top-k in one fused in-order pass
+// (topk_select_inorder); a 2-thread executor takes the count / scan / write
+// path that the GPU uses. Both must give the same encoding and residual,
+// including when more than k elements pass the threshold (the cap), with
+// zeros in the input (never sent), and for short tail blocks.
+TEST(TopK, FusedInOrderPassMatchesCountScanWrite) {
+  const auto run = [](const cx::topk_codec& c, const std::vector<float>& v, std::vector<float>* res, unsigned threads) {
+    std::vector<std::byte> out(c.max_encoded_bytes(v.size()), std::byte{0x5a});
+    std::vector<std::byte> ws(c.workspace_bytes(v.size()) + 8);
+    ef::exec::cpu_executor ex(threads);
+    c.encode(ex, v.data(), res ? res->data() : nullptr, out.data(), v.size(), {3, 4, ws.data()});
+    return out;
+  };
+  std::size_t capped = 0;
+  for (std::size_t n : {1u, 7u, 255u, 256u, 257u, 1000u, 10007u, 100003u})
+    for (int kind = 0; kind < 3; ++kind)
+      for (double ratio : {0.01, 0.2})
+        for (bool ef : {false, true}) {
+          auto v = normal_vec(n, 41 + static_cast<unsigned>(n));
+          if (kind == 1)  // ties: every magnitude passes, the k cap decides
+            for (std::size_t i = 0; i < n; ++i) v[i] = i % 3 == 0 ? -1.5f : 1.5f;
+          if (kind == 2)  // mostly zeros
+            for (std::size_t i = 0; i < n; ++i)
+              if (i % 5 != 0) v[i] = 0.0f;
+          const cx::topk_codec c(ratio, 64);
+          std::vector<float> r1 = normal_vec(n, 43, 0.0f, 0.1f), r2 = r1;
+          const auto fused = run(c, v, ef ? &r1 : nullptr, 1);
+          const auto generic = run(c, v, ef ? &r2 : nullptr, 2);
+          ASSERT_EQ(fused, generic) << "n=" << n << " kind=" << kind << " ratio=" << ratio << " ef=" << ef;
+          if (ef) {
+            ASSERT_EQ(r1, r2) << "n=" << n << " kind=" << kind;
+          }
+          capped += reinterpret_cast<const std::uint32_t*>(fused.data())[0] == c.slots(n) && kind == 1;
+        }
+  EXPECT_GT(capped, 0u);  // the cap really was exercised
+}
+
 TEST(Sign, DecodeKeepsSignAndBlockL1Norm) {
   cx::sign_codec c;
   const std::size_t n = 1000;

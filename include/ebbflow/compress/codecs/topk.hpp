@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
@@ -71,13 +72,25 @@ struct topk_codec {
         std::clamp<std::size_t>(static_cast<std::size_t>(std::llround(static_cast<double>(s) * static_cast<double>(k) /
                                                                       static_cast<double>(n))),
                                 1, s);
-    ex.bulk(s, kernels::topk_sample{in, residual, sample, n, {ctx.seed, ctx.stream}});
+    detail::bulk(ex, (s + kernels::topk_sample_chunk - 1) / kernels::topk_sample_chunk,
+                 kernels::topk_sample{in, residual, sample, n, s, {ctx.seed, ctx.stream}});
     ex.bulk(1, kernels::topk_threshold{sample, s, m, thr});
+    auto* indices = header + 2;
+    auto* values = reinterpret_cast<float*>(header + 2 + k);
+    if constexpr (std::is_same_v<std::remove_cv_t<Ex>, exec::cpu_executor>) {
+      if (ex.threads() <= 1) {  // in order on this thread: count, scan and pack in one pass
+        std::size_t sent = 0;
+        detail::host_loop(nb, kernels::topk_select_inorder{in, residual, *thr, indices, values, n, k, &sent});
+        header[0] = static_cast<std::uint32_t>(sent);
+        header[1] = 0;
+        std::fill(indices + sent, indices + k, 0u);
+        std::fill(values + sent, values + k, 0.0f);
+        return;
+      }
+    }
     detail::bulk(ex, nb, kernels::topk_count{in, residual, thr, counts, n});
     ex.bulk(1, kernels::topk_scan{counts, nb, header, k});
-    detail::bulk(
-        ex, nb,
-        kernels::topk_write{in, residual, thr, counts, header + 2, reinterpret_cast<float*>(header + 2 + k), n, k});
+    detail::bulk(ex, nb, kernels::topk_write{in, residual, thr, counts, indices, values, n, k});
   }
   //! Zeroes `out`, then scatters the sent values of `in` into it (both in
   //! `Ex`'s space; completes as `ex.bulk` does).
