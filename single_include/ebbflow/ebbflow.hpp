@@ -6209,6 +6209,7 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/comm/transport.hpp>  (inlined)
 // #include <ebbflow/compress/codec.hpp>  (inlined)
 // #include <ebbflow/compress/detail/philox.hpp>  (inlined)
+// #include <ebbflow/compress/kernels/topk.hpp>  (inlined)  // fill_zero
 // #include <ebbflow/core/deadline.hpp>  (inlined)
 // #include <ebbflow/core/error.hpp>  (inlined)
 
@@ -6302,6 +6303,15 @@ class request_set {
   }
   //! Blocks until receive `i` completed. @throws system_error (timeout, peer_lost, ...).
   void wait_recv(std::size_t i) { wait(reqs_[i], peers_[i], "recv"); }
+  //! True when receive `i` completed; does not block. @throws system_error on a failed receive.
+  bool test_recv(std::size_t i) {
+    std::error_code ec;
+    const bool done = t_.test(reqs_[i], ec);
+    throw_if(
+        ec,
+        {.rank = t_.rank(), .generation = t_.generation(), .peer = peers_[i], .operation = ctx_.op, .detail = "recv"});
+    return done;
+  }
   void wait_sends() {
     for (std::size_t i = 0; i < sends_.size(); ++i) wait(sends_[i], send_peers_[i], "send");
     sends_.clear();
@@ -6395,8 +6405,17 @@ void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n
   rq.wait_sends();
 }
 
-//! Allgather of every rank's encoded tensor, then each rank decodes all p
-//! encodings in rank order (so every rank gets the same bits).
+//! Ring allgather of every rank's encoded tensor; every rank adds the p
+//! encodings into a zeroed tensor in rank order (so every rank gets the same
+//! bits).
+//!
+//! The CPU work is spread over the transfer instead of following it: after
+//! each own segment is encoded, receives that already completed are forwarded
+//! at once (the ring keeps moving while this rank encodes), that segment of
+//! `data` is zeroed (its input is no longer needed) and every encoding whose
+//! turn has come is added: segment i of origin o is applied as soon as it is
+//! here and origins 0 .. o-1 of segment i have been applied. Only what
+//! arrives last is decoded after the transfer.
 template <class Codec, class T, class Ex>
 void sparse_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n, float* res, coll_ctx& ctx,
                       arenas& ar) {
@@ -6404,6 +6423,7 @@ void sparse_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t
   if (p == 1 || n == 0) return;
   const auto L = make_layout(codec, n, 1, ctx.seg_elems);
   const chunk& all = L[0];
+  const std::size_t nseg = all.segs.size();
   std::byte* g = arenas::get(ar.a, all.bytes * static_cast<std::size_t>(p));
   std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
   const auto at = [&](int origin, const segment& sg) {
@@ -6416,26 +6436,45 @@ void sparse_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t
     for (const auto& sg : all.segs)
       ids.push_back(
           rq.recv(left, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s)), at(mod(r - s - 1, p), sg), sg.bytes));
+  // here[o * nseg + i]: segment i of origin o is in the arena; next[i]: the
+  // next origin to add into segment i (valid once segment i is zeroed).
+  std::vector<char> here(static_cast<std::size_t>(p) * nseg, 0);
+  std::vector<int> next(nseg, 0);
+  std::vector<char> zeroed(nseg, 0);
+  const auto apply = [&](std::size_t i) {
+    if (!zeroed[i]) return;
+    const segment& sg = all.segs[i];
+    while (next[i] < p && here[static_cast<std::size_t>(next[i]) * nseg + i]) {
+      codec.decode_add(ex, at(next[i], sg), data + sg.begin, sg.len);
+      ++next[i];
+    }
+  };
+  std::size_t k = 0;  // receives handled so far, in posting order
+  const auto arrived = [&](std::size_t id) {
+    const auto s = static_cast<int>(id / nseg);
+    const std::size_t i = id % nseg;
+    const segment& sg = all.segs[i];
+    const int origin = mod(r - s - 1, p);
+    if (s < p - 2) rq.send(right, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s + 1)), at(origin, sg), sg.bytes);
+    here[static_cast<std::size_t>(origin) * nseg + i] = 1;
+    apply(i);
+  };
   float* no_res = nullptr;
-  for (const auto& sg : all.segs) {
+  for (std::size_t i = 0; i < nseg; ++i) {
+    const segment& sg = all.segs[i];
     codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, at(r, sg), sg.len, seg_ctx(ctx, 1, sg.begin, ws));
     ex.wait();
     rq.send(right, comm::make_tag(ctx.seq, 0), at(r, sg), sg.bytes);
+    for (; k < ids.size() && rq.test_recv(ids[k]); ++k) arrived(k);
+    ex.bulk(sg.len, kernels::fill_zero{data + sg.begin});
+    zeroed[i] = 1;
+    here[static_cast<std::size_t>(r) * nseg + i] = 1;
+    apply(i);
   }
-  std::size_t k = 0;
-  for (int s = 0; s < p - 1; ++s)
-    for (const auto& sg : all.segs) {
-      rq.wait_recv(ids[k++]);
-      if (s < p - 2)
-        rq.send(right, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s + 1)), at(mod(r - s - 1, p), sg), sg.bytes);
-    }
-  for (int o = 0; o < p; ++o)
-    for (const auto& sg : all.segs) {
-      if (o == 0)
-        codec.decode(ex, at(o, sg), data + sg.begin, sg.len);
-      else
-        codec.decode_add(ex, at(o, sg), data + sg.begin, sg.len);
-    }
+  for (; k < ids.size(); ++k) {
+    rq.wait_recv(ids[k]);
+    arrived(k);
+  }
   ex.wait();
   rq.wait_sends();
 }
@@ -6609,8 +6648,9 @@ namespace compress {
 struct allreduce_options {
   //! Encoded (wire) bytes per pipelined segment, about: a segment holds as
   //! many elements as encode to this size (whole codec blocks, at most
-  //! `segment_bytes` elements), so strongly compressing codecs are not cut
-  //! into tiny messages yet still overlap encoding with the transfer.
+  //! `segment_bytes` elements, or 4 `segment_bytes` for sparse codes, whose
+  //! encode has a fixed cost per call), so strongly compressing codecs are
+  //! not cut into tiny messages yet still overlap encoding with the transfer.
   std::size_t segment_bytes = std::size_t{1} << 20;
   //! Tensors smaller than this are reduced dense (exact): compressing them
   //! costs more in latency than it saves in bytes.
@@ -6841,7 +6881,13 @@ std::size_t compressed_allreduce<Codec, Transport, Executor>::segment_elems(std:
     if (bytes_per_elem > 0) per = static_cast<std::size_t>(static_cast<double>(opts_.segment_bytes) / bytes_per_elem);
     // ... but at most 4x the raw-float segment, so that encoding still
     // overlaps the transfer for very sparse codes (top-k: ~0.08 B/element).
-    per = std::min(per, opts_.segment_bytes);
+    // Sparse codes get 16x: each top-k encode draws a fixed-size threshold
+    // sample (16384 random reads by default, ~0.3 ms from DRAM), which at 1 M
+    // elements per segment cost as much as the selection pass itself;
+    // measured on 4 ranks x 8 M elements at 1 Gbit/s, p50 of the top-k
+    // allreduce: 39 ms at 1 M elements per segment, 35 at 2 M, 22-24 at 4 M,
+    // 25 at 8 M (one segment: no encode/transfer overlap left).
+    per = std::min(per, Codec::kind == codec_kind::sparse ? 4 * opts_.segment_bytes : opts_.segment_bytes);
   }
   return std::max<std::size_t>(per, kernels::block_size);
 }
