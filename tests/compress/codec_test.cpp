@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -118,6 +119,88 @@ TYPED_TEST(QuantizeTest, SameSeedSameBitsOtherStreamOtherBits) {
   EXPECT_NE(encode(c, v, nullptr, {5, 9}), encode(c, v, nullptr, {5, 10}));
 }
 
+// The SIMD host path (SoA Philox lanes, target clones) must give the bits of
+// the plain scalar recipe: one Philox4x32-10 call per 8 elements, element j
+// of a block taking half j / 128 of word (j % 128) / 32 of group j % 32.
+// The reference is written from the spec in kernels/quantize.hpp, at the
+// baseline ISA; it also pins the bits the CUDA executor must reproduce.
+template <int Bits>
+std::vector<std::byte> reference_encode(const std::vector<float>& in, std::vector<float>* res,
+                                        cx::detail::philox_stream rng) {
+  constexpr int L = Bits == 8 ? 127 : 7;
+  const std::size_t n = in.size(), nb = (n + 255) / 256;
+  std::vector<std::byte> out(cx::quantize_codec<Bits>{}.max_encoded_bytes(n), std::byte{0});
+  auto* codes = reinterpret_cast<std::uint8_t*>(out.data()) + 4 * nb;
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::size_t o = 256 * b, cnt = std::min<std::size_t>(256, n - o);
+    std::vector<float> v(cnt);
+    float amax = 0.0f;
+    for (std::size_t j = 0; j < cnt; ++j) {
+      v[j] = res ? in[o + j] + (*res)[o + j] : in[o + j];
+      amax = std::max(amax, std::fabs(v[j]));
+    }
+    const float scale = amax / static_cast<float>(L), inv = amax > 0.0f ? static_cast<float>(L) / amax : 0.0f;
+    std::memcpy(out.data() + 4 * b, &scale, 4);
+    std::vector<int> q(256, 0);
+    for (std::size_t j = 0; j < cnt; ++j) {
+      const auto r = rng(o / 8 + j % 32);
+      const std::uint32_t words[4] = {r.x, r.y, r.z, r.w};
+      const std::uint32_t bits = (words[(j % 128) / 32] >> (16 * (j / 128))) & 0xFFFFu;
+      const float u = (static_cast<float>(bits) + 0.5f) * (1.0f / 65536.0f);
+      const float t = v[j] * inv;
+      q[j] = std::clamp(static_cast<int>(std::floor(t + u)), -L, L);
+      if (res) (*res)[o + j] = v[j] - static_cast<float>(q[j]) * scale;
+    }
+    std::uint8_t* pc = codes + b * (Bits == 8 ? 256 : 128);
+    if constexpr (Bits == 8)
+      for (std::size_t j = 0; j < cnt; ++j) pc[j] = static_cast<std::uint8_t>(q[j]);
+    else
+      for (std::size_t j = 0; j < (cnt + 1) / 2; ++j)
+        pc[j] = static_cast<std::uint8_t>((q[2 * j] + 8) | ((q[2 * j + 1] + 8) << 4));
+  }
+  return out;
+}
+
+TYPED_TEST(QuantizeTest, BitIdenticalToScalarReference) {
+  TypeParam c;
+  constexpr int bits = TypeParam::levels == 127 ? 8 : 4;
+  for (std::size_t n : {1u, 7u, 255u, 256u, 257u, 1000u, 10007u})
+    for (bool ef : {false, true}) {
+      const auto v = normal_vec(n, 31, 0.1f, 3.0f);
+      std::vector<float> res = normal_vec(n, 32, 0.0f, 0.05f), res_ref = res;
+      const cx::encode_context ctx{0x0123456789abcdefull, 0xfedcba9876543210ull + n};
+      const auto got = encode(c, v, ef ? res.data() : nullptr, ctx);
+      const auto want = reference_encode<bits>(v, ef ? &res_ref : nullptr, {ctx.seed, ctx.stream});
+      ASSERT_EQ(got, want) << "n=" << n << " ef=" << ef;
+      if (ef) {
+        ASSERT_EQ(res, res_ref) << "n=" << n;
+      }
+    }
+}
+
+TEST(Philox, LanesMatchScalarStream) {
+  const cx::detail::philox_stream s{0x9e3779b97f4a7c15ull, 0x5555aaaa0f0f1234ull};
+  // Groups straddling the 2^32 boundary exercise the counter's upper word.
+  for (std::uint64_t first : {std::uint64_t{0}, std::uint64_t{32} * 12345, (std::uint64_t{1} << 32) - 16}) {
+    std::uint32_t lanes[4 * 32];
+    cx::detail::philox_lanes<32>(s, first, lanes);
+    for (unsigned g = 0; g < 32; ++g) {
+      const auto r = s(first + g);
+      ASSERT_EQ(lanes[g], r.x) << first + g;
+      ASSERT_EQ(lanes[32 + g], r.y) << first + g;
+      ASSERT_EQ(lanes[64 + g], r.z) << first + g;
+      ASSERT_EQ(lanes[96 + g], r.w) << first + g;
+    }
+    std::uint32_t few[4 * 8], odd[4 * 3];  // 8: AVX2 path with 2 vectors per word; 3: portable loop
+    cx::detail::philox_lanes<8>(s, first, few);
+    cx::detail::philox_lanes<3>(s, first, odd);
+    for (unsigned w = 0; w < 4; ++w) {
+      for (unsigned g = 0; g < 8; ++g) ASSERT_EQ(few[8 * w + g], lanes[32 * w + g]);
+      for (unsigned g = 0; g < 3; ++g) ASSERT_EQ(odd[3 * w + g], lanes[32 * w + g]);
+    }
+  }
+}
+
 // Unbiasedness: over T independent streams, the mean decode of each element
 // has standard deviation <= step / (2 sqrt(T)) (a rounding is a Bernoulli
 // over one step). We require |mean - v| <= 5 sd for each of 512 elements: a
@@ -215,6 +298,70 @@ TEST(TopK, KeepsTheKLargestWithinSamplingTolerance) {
     // relative (23 % at 1 %): at least 80 % of the true top k must be sent.
     EXPECT_GE(hits, k * 80 / 100) << "ratio " << ratio << " count " << count;
   }
+}
+
+// The single-thread CPU executor encodes top-k in one fused in-order pass
+// (topk_select_inorder); a 2-thread executor takes the count / scan / write
+// path that the GPU uses. Both must give the same encoding and residual,
+// including when more than k elements pass the threshold (the cap), with
+// zeros in the input (never sent), and for short tail blocks.
+TEST(TopK, FusedInOrderPassMatchesCountScanWrite) {
+  const auto run = [](const cx::topk_codec& c, const std::vector<float>& v, std::vector<float>* res, unsigned threads) {
+    std::vector<std::byte> out(c.max_encoded_bytes(v.size()), std::byte{0x5a});
+    std::vector<std::byte> ws(c.workspace_bytes(v.size()) + 8);
+    ef::exec::cpu_executor ex(threads);
+    c.encode(ex, v.data(), res ? res->data() : nullptr, out.data(), v.size(), {3, 4, ws.data()});
+    return out;
+  };
+  std::size_t capped = 0;
+  for (std::size_t n : {1u, 7u, 255u, 256u, 257u, 1000u, 10007u, 100003u})
+    for (int kind = 0; kind < 3; ++kind)
+      for (double ratio : {0.01, 0.2})
+        for (bool ef : {false, true}) {
+          auto v = normal_vec(n, 41 + static_cast<unsigned>(n));
+          if (kind == 1)  // ties: every magnitude passes, the k cap decides
+            for (std::size_t i = 0; i < n; ++i) v[i] = i % 3 == 0 ? -1.5f : 1.5f;
+          if (kind == 2)  // mostly zeros
+            for (std::size_t i = 0; i < n; ++i)
+              if (i % 5 != 0) v[i] = 0.0f;
+          const cx::topk_codec c(ratio, 64);
+          std::vector<float> r1 = normal_vec(n, 43, 0.0f, 0.1f), r2 = r1;
+          const auto fused = run(c, v, ef ? &r1 : nullptr, 1);
+          const auto generic = run(c, v, ef ? &r2 : nullptr, 2);
+          ASSERT_EQ(fused, generic) << "n=" << n << " kind=" << kind << " ratio=" << ratio << " ef=" << ef;
+          if (ef) {
+            ASSERT_EQ(r1, r2) << "n=" << n << " kind=" << kind;
+          }
+          capped += reinterpret_cast<const std::uint32_t*>(fused.data())[0] == c.slots(n) && kind == 1;
+        }
+  EXPECT_GT(capped, 0u);  // the cap really was exercised
+}
+
+// decode_sum (tiled on the single-thread CPU executor) must give the bits of
+// decode(e0) + decode_add(e1) + ... in that order. The encodings overlap
+// heavily (ratio 0.3 of inputs with very different scales), so adding them
+// in another order would round differently.
+TEST(TopK, DecodeSumMatchesDecodeThenDecodeAddInOrder) {
+  const cx::topk_codec c(0.3, 256);
+  for (std::size_t n : {1u, 300u, 4095u, 4096u, 4097u, 10007u, 70001u})
+    for (std::size_t count : {1u, 2u, 5u}) {
+      std::vector<std::vector<std::byte>> enc;
+      std::vector<const std::byte*> ptrs;
+      for (std::size_t e = 0; e < count; ++e) {
+        const float scale = e % 2 == 0 ? 1.0f : 3.0e-4f;
+        enc.push_back(encode(c, normal_vec(n, 60 + static_cast<unsigned>(e), 0.0f, scale), nullptr,
+                             {7, static_cast<std::uint64_t>(e)}));
+      }
+      for (const auto& e : enc) ptrs.push_back(e.data());
+      ef::exec::cpu_executor one, two(2);
+      std::vector<float> want(n, 5.0f), tiled(n, 7.0f), generic(n, 9.0f);
+      c.decode(one, ptrs[0], want.data(), n);
+      for (std::size_t e = 1; e < count; ++e) c.decode_add(one, ptrs[e], want.data(), n);
+      c.decode_sum(one, ptrs.data(), count, tiled.data(), n);
+      c.decode_sum(two, ptrs.data(), count, generic.data(), n);
+      ASSERT_EQ(tiled, want) << "n=" << n << " count=" << count;
+      ASSERT_EQ(generic, want) << "n=" << n << " count=" << count;
+    }
 }
 
 TEST(Sign, DecodeKeepsSignAndBlockL1Norm) {

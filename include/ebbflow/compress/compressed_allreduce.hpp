@@ -51,8 +51,9 @@ namespace compress {
 struct allreduce_options {
   //! Encoded (wire) bytes per pipelined segment, about: a segment holds as
   //! many elements as encode to this size (whole codec blocks, at most
-  //! `segment_bytes` elements), so strongly compressing codecs are not cut
-  //! into tiny messages yet still overlap encoding with the transfer.
+  //! `segment_bytes` elements, or 4 `segment_bytes` for sparse codes, whose
+  //! encode has a fixed cost per call), so strongly compressing codecs are
+  //! not cut into tiny messages yet still overlap encoding with the transfer.
   std::size_t segment_bytes = std::size_t{1} << 20;
   //! Tensors smaller than this are reduced dense (exact): compressing them
   //! costs more in latency than it saves in bytes.

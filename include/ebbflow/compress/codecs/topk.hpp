@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
@@ -71,13 +72,25 @@ struct topk_codec {
         std::clamp<std::size_t>(static_cast<std::size_t>(std::llround(static_cast<double>(s) * static_cast<double>(k) /
                                                                       static_cast<double>(n))),
                                 1, s);
-    ex.bulk(s, kernels::topk_sample{in, residual, sample, n, {ctx.seed, ctx.stream}});
+    detail::bulk(ex, (s + kernels::topk_sample_chunk - 1) / kernels::topk_sample_chunk,
+                 kernels::topk_sample{in, residual, sample, n, s, {ctx.seed, ctx.stream}});
     ex.bulk(1, kernels::topk_threshold{sample, s, m, thr});
+    auto* indices = header + 2;
+    auto* values = reinterpret_cast<float*>(header + 2 + k);
+    if constexpr (std::is_same_v<std::remove_cv_t<Ex>, exec::cpu_executor>) {
+      if (ex.threads() <= 1) {  // in order on this thread: count, scan and pack in one pass
+        std::size_t sent = 0;
+        detail::host_loop(nb, kernels::topk_select_inorder{in, residual, *thr, indices, values, n, k, &sent});
+        header[0] = static_cast<std::uint32_t>(sent);
+        header[1] = 0;
+        std::fill(indices + sent, indices + k, 0u);
+        std::fill(values + sent, values + k, 0.0f);
+        return;
+      }
+    }
     detail::bulk(ex, nb, kernels::topk_count{in, residual, thr, counts, n});
     ex.bulk(1, kernels::topk_scan{counts, nb, header, k});
-    detail::bulk(
-        ex, nb,
-        kernels::topk_write{in, residual, thr, counts, header + 2, reinterpret_cast<float*>(header + 2 + k), n, k});
+    detail::bulk(ex, nb, kernels::topk_write{in, residual, thr, counts, indices, values, n, k});
   }
   //! Zeroes `out`, then scatters the sent values of `in` into it (both in
   //! `Ex`'s space; completes as `ex.bulk` does).
@@ -85,6 +98,41 @@ struct topk_codec {
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     ex.bulk(n, kernels::fill_zero{out});
     decode_add(ex, in, out, n);
+  }
+  //! Writes the sum of the `count` encodings `in[0 .. count)` (each of `n`
+  //! elements) to `out`, adding them in array order: the same bits as
+  //! `decode(in[0])` followed by `decode_add` of the others. The pointer
+  //! array is host memory; the encodings and `out` are in `Ex`'s space.
+  //! On the single-thread CPU executor it walks `out` in L1-sized tiles,
+  //! zeroing a tile and adding every encoding's entries that fall in it
+  //! (indices are sorted), so `out` goes through memory once instead of once
+  //! plus once per encoding's scattered read-modify-writes.
+  template <class Ex>
+  void decode_sum(Ex& ex, const std::byte* const* in, std::size_t count, float* out, std::size_t n) const {
+    if (count == 0 || n == 0) return;
+    if constexpr (std::is_same_v<std::remove_cv_t<Ex>, exec::cpu_executor>) {
+      if (ex.threads() <= 1 && count <= max_sum_inputs) {
+        constexpr std::size_t tile = 4096;  // 16 KiB of floats
+        const std::size_t k = slots(n);
+        std::size_t cur[max_sum_inputs] = {};
+        for (std::size_t t0 = 0; t0 < n; t0 += tile) {
+          const std::size_t t1 = std::min(n, t0 + tile);
+          std::fill(out + t0, out + t1, 0.0f);
+          for (std::size_t e = 0; e < count; ++e) {
+            const auto* h = reinterpret_cast<const std::uint32_t*>(in[e]);
+            const std::uint32_t* idx = h + 2;
+            const std::uint32_t* val = h + 2 + k;
+            std::size_t c = cur[e];
+            for (const std::size_t sent = h[0]; c < sent && idx[c] < t1; ++c)
+              out[idx[c]] = compress::detail::fadd(out[idx[c]], compress::detail::as_f32(val[c]));
+            cur[e] = c;
+          }
+        }
+        return;
+      }
+    }
+    decode(ex, in[0], out, n);
+    for (std::size_t e = 1; e < count; ++e) decode_add(ex, in[e], out, n);
   }
   //! Adds the sent values of `in` to their positions in `out` (both in
   //! `Ex`'s space; completes as `ex.bulk` does).
@@ -94,6 +142,7 @@ struct topk_codec {
   }
 
  private:
+  static constexpr std::size_t max_sum_inputs = 256;  // decode_sum's tiled path: encodings per call
   double ratio_;
   std::size_t sample_;
 };

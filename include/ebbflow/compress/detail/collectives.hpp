@@ -18,6 +18,7 @@
 #include <ebbflow/comm/transport.hpp>
 #include <ebbflow/compress/codec.hpp>
 #include <ebbflow/compress/detail/philox.hpp>
+#include <ebbflow/compress/kernels/topk.hpp>  // fill_zero
 #include <ebbflow/core/deadline.hpp>
 #include <ebbflow/core/error.hpp>
 
@@ -111,6 +112,15 @@ class request_set {
   }
   //! Blocks until receive `i` completed. @throws system_error (timeout, peer_lost, ...).
   void wait_recv(std::size_t i) { wait(reqs_[i], peers_[i], "recv"); }
+  //! True when receive `i` completed; does not block. @throws system_error on a failed receive.
+  bool test_recv(std::size_t i) {
+    std::error_code ec;
+    const bool done = t_.test(reqs_[i], ec);
+    throw_if(
+        ec,
+        {.rank = t_.rank(), .generation = t_.generation(), .peer = peers_[i], .operation = ctx_.op, .detail = "recv"});
+    return done;
+  }
   void wait_sends() {
     for (std::size_t i = 0; i < sends_.size(); ++i) wait(sends_[i], send_peers_[i], "send");
     sends_.clear();
@@ -204,8 +214,18 @@ void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n
   rq.wait_sends();
 }
 
-//! Allgather of every rank's encoded tensor, then each rank decodes all p
+//! Ring allgather of every rank's encoded tensor; every rank adds the p
 //! encodings in rank order (so every rank gets the same bits).
+//!
+//! The CPU work is spread over the transfer instead of following it: after
+//! each own segment is encoded, receives that already completed are forwarded
+//! at once, so the ring keeps moving while this rank encodes. A segment is
+//! decoded as soon as its turn has come: with `decode_sum` (top-k), in one
+//! tiled pass once all p encodings of it are here, which touches `data` once
+//! instead of zeroing it and then scattering p times into memory (measured:
+//! 18.5-20.6x -> 20.1-22.4x dense at 1 Gbit/s, 4 ranks on 2 cores, paired
+//! runs); otherwise the segment is zeroed after its encode (its input is no
+//! longer needed) and origin o is added once it is here and origins < o are.
 template <class Codec, class T, class Ex>
 void sparse_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n, float* res, coll_ctx& ctx,
                       arenas& ar) {
@@ -213,6 +233,7 @@ void sparse_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t
   if (p == 1 || n == 0) return;
   const auto L = make_layout(codec, n, 1, ctx.seg_elems);
   const chunk& all = L[0];
+  const std::size_t nseg = all.segs.size();
   std::byte* g = arenas::get(ar.a, all.bytes * static_cast<std::size_t>(p));
   std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
   const auto at = [&](int origin, const segment& sg) {
@@ -225,26 +246,55 @@ void sparse_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t
     for (const auto& sg : all.segs)
       ids.push_back(
           rq.recv(left, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s)), at(mod(r - s - 1, p), sg), sg.bytes));
+  // here[o * nseg + i]: segment i of origin o is in the arena; next[i]: the
+  // next origin to add into segment i (valid once segment i is zeroed).
+  std::vector<char> here(static_cast<std::size_t>(p) * nseg, 0);
+  std::vector<int> next(nseg, 0);
+  std::vector<char> zeroed(nseg, 0);
+  constexpr bool has_sum = requires(const std::byte* const* e) { codec.decode_sum(ex, e, std::size_t{}, data, n); };
+  std::vector<const std::byte*> parts(static_cast<std::size_t>(p));
+  const auto apply = [&](std::size_t i) {
+    if (!zeroed[i]) return;
+    const segment& sg = all.segs[i];
+    if constexpr (has_sum) {  // one pass over the segment once all p encodings are here
+      for (int o = 0; o < p; ++o)
+        if (!here[static_cast<std::size_t>(o) * nseg + i]) return;
+      for (int o = 0; o < p; ++o) parts[static_cast<std::size_t>(o)] = at(o, sg);
+      if (next[i] == 0) codec.decode_sum(ex, parts.data(), parts.size(), data + sg.begin, sg.len);
+      next[i] = p;
+    } else {
+      while (next[i] < p && here[static_cast<std::size_t>(next[i]) * nseg + i]) {
+        codec.decode_add(ex, at(next[i], sg), data + sg.begin, sg.len);
+        ++next[i];
+      }
+    }
+  };
+  std::size_t k = 0;  // receives handled so far, in posting order
+  const auto arrived = [&](std::size_t id) {
+    const auto s = static_cast<int>(id / nseg);
+    const std::size_t i = id % nseg;
+    const segment& sg = all.segs[i];
+    const int origin = mod(r - s - 1, p);
+    if (s < p - 2) rq.send(right, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s + 1)), at(origin, sg), sg.bytes);
+    here[static_cast<std::size_t>(origin) * nseg + i] = 1;
+    apply(i);
+  };
   float* no_res = nullptr;
-  for (const auto& sg : all.segs) {
+  for (std::size_t i = 0; i < nseg; ++i) {
+    const segment& sg = all.segs[i];
     codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, at(r, sg), sg.len, seg_ctx(ctx, 1, sg.begin, ws));
     ex.wait();
     rq.send(right, comm::make_tag(ctx.seq, 0), at(r, sg), sg.bytes);
+    for (; k < ids.size() && rq.test_recv(ids[k]); ++k) arrived(k);
+    if constexpr (!has_sum) ex.bulk(sg.len, kernels::fill_zero{data + sg.begin});  // decode_sum writes every element
+    zeroed[i] = 1;
+    here[static_cast<std::size_t>(r) * nseg + i] = 1;
+    apply(i);
   }
-  std::size_t k = 0;
-  for (int s = 0; s < p - 1; ++s)
-    for (const auto& sg : all.segs) {
-      rq.wait_recv(ids[k++]);
-      if (s < p - 2)
-        rq.send(right, comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s + 1)), at(mod(r - s - 1, p), sg), sg.bytes);
-    }
-  for (int o = 0; o < p; ++o)
-    for (const auto& sg : all.segs) {
-      if (o == 0)
-        codec.decode(ex, at(o, sg), data + sg.begin, sg.len);
-      else
-        codec.decode_add(ex, at(o, sg), data + sg.begin, sg.len);
-    }
+  for (; k < ids.size(); ++k) {
+    rq.wait_recv(ids[k]);
+    arrived(k);
+  }
   ex.wait();
   rq.wait_sends();
 }

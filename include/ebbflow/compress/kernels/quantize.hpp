@@ -75,15 +75,10 @@ struct quantize_encode {
       //    g lands at rw[32 w + g], so both loops below run over contiguous
       //    memory and vectorise; element j uses half (j >> 7) of rw[j & 127].
       std::uint32_t rw[128];
-      for (std::uint32_t g = 0; g < 32; ++g) {
-        const detail::philox_u4 r = rng(o / 8 + g);
-        rw[g] = r.x;
-        rw[32 + g] = r.y;
-        rw[64 + g] = r.z;
-        rw[96 + g] = r.w;
-      }
-      // 3. stochastic rounding, residual update.
-      std::int8_t q[block_size];
+      detail::philox_lanes<32>(rng, o / 8, rw);
+      // 3. stochastic rounding, residual update. int8 codes go straight to
+      //    the output; int4 codes are staged in q and packed in pairs after.
+      [[maybe_unused]] std::int8_t q[Bits == 4 ? block_size : 1];
       for (std::uint32_t h = 0; h < 2; ++h) {
         const std::uint32_t base = 128 * h;
         const std::uint32_t len = cnt > base ? (cnt - base < 128u ? cnt - base : 128u) : 0u;
@@ -95,13 +90,14 @@ struct quantize_encode {
           std::int32_t k = detail::floor_i32(detail::fadd(detail::fmul(v, inv), u));
           k = k > L ? L : k;
           k = k < -L ? -L : k;
-          q[j] = static_cast<std::int8_t>(k);
+          if constexpr (Bits == 8)
+            pc[j] = static_cast<std::uint8_t>(k);  // int8: straight to the output
+          else
+            q[j] = static_cast<std::int8_t>(k);
           if constexpr (EF) pr[j] = detail::fsub(v, detail::fmul(static_cast<float>(k), scale));
         }
       }
-      if constexpr (Bits == 8) {
-        for (std::uint32_t j = 0; j < cnt; ++j) pc[j] = static_cast<std::uint8_t>(q[j]);
-      } else {
+      if constexpr (Bits == 4) {
         if (cnt & 1u) q[cnt] = 0;  // cnt < block_size here
         for (std::uint32_t j = 0; j < (cnt + 1u) / 2u; ++j)
           pc[j] = static_cast<std::uint8_t>((q[2 * j] + 8) | ((q[2 * j + 1] + 8) << 4));

@@ -16,8 +16,10 @@
 #include <ebbflow/compress/detail/philox.hpp>
 #include <ebbflow/compress/kernels/block.hpp>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress::kernels {
@@ -25,20 +27,49 @@ namespace compress::kernels {
 //! |v| by clearing the sign bit.
 EBBFLOW_HD inline float abs_bits(float v) noexcept { return detail::as_f32(detail::as_u32(v) & 0x7FFFFFFFu); }
 
-//! sample[s] = |in[i] + res[i]| for a Philox-chosen i (with replacement).
+//! High 64 bits of the 128-bit product a * b: maps a uniform 64-bit word
+//! onto [0, b) without a division (Lemire), the same on host and device.
+EBBFLOW_HD inline std::uint64_t mulhi64(std::uint64_t a, std::uint64_t b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __umul64hi(a, b);
+#elif defined(__SIZEOF_INT128__)
+  __extension__ using u128 = unsigned __int128;
+  return static_cast<std::uint64_t>((static_cast<u128>(a) * b) >> 64);
+#else
+  const std::uint64_t m = 0xFFFFFFFFu, al = a & m, ah = a >> 32, bl = b & m, bh = b >> 32;
+  const std::uint64_t p0 = al * bl, p1 = al * bh, p2 = ah * bl;
+  const std::uint64_t mid = (p0 >> 32) + (p1 & m) + (p2 & m);
+  return ah * bh + (p1 >> 32) + (p2 >> 32) + (mid >> 32);
+#endif
+}
+
+//! Samples drawn per call of `topk_sample`: two per Philox block, 32 blocks.
+inline constexpr std::size_t topk_sample_chunk = 64;
+
+//! sample[j] = |in[i] + res[i]| for Philox-chosen i (with replacement),
+//! `topk_sample_chunk` samples per call. Sample 64 c + 2 g + h takes words
+//! (x, y) (h = 0) or (z, w) (h = 1) of Philox group 32 c + g as a 64-bit
+//! fraction of n: i = (x 2^32 + y) n / 2^64 (bias below n / 2^64).
 struct topk_sample {
   const float* in;            //!< n input floats (executor's memory space)
   const float* res;           //!< n residual floats, or null
-  float* sample;              //!< sampled magnitudes (output)
+  float* sample;              //!< s sampled magnitudes (output)
   std::size_t n;              //!< element count (> 0)
+  std::size_t s;              //!< sample count
   detail::philox_stream rng;  //!< chooses the sampled indices
 
-  //! Draws sample `s`.
-  EBBFLOW_HD void operator()(std::size_t s) const noexcept {
-    const detail::philox_u4 r = rng(s);
-    const std::uint64_t wide = (static_cast<std::uint64_t>(r.x) << 32) | r.y;
-    const std::size_t i = static_cast<std::size_t>(wide % n);
-    sample[s] = abs_bits(res ? detail::fadd(in[i], res[i]) : in[i]);
+  //! Draws samples [64 c, min(64 (c + 1), s)).
+  EBBFLOW_HD void operator()(std::size_t c) const noexcept {
+    std::uint32_t w[128];
+    detail::philox_lanes<32>(rng, 32 * c, w);
+    const std::size_t base = topk_sample_chunk * c;
+    const std::size_t cnt = s - base < topk_sample_chunk ? s - base : topk_sample_chunk;
+    for (std::size_t j = 0; j < cnt; ++j) {
+      const std::size_t g = j >> 1, h = j & 1u;
+      const std::uint64_t wide = (static_cast<std::uint64_t>(w[64 * h + g]) << 32) | w[64 * h + 32 + g];
+      const auto i = static_cast<std::size_t>(mulhi64(wide, n));
+      sample[base + j] = abs_bits(res ? detail::fadd(in[i], res[i]) : in[i]);
+    }
   }
 };
 
@@ -170,6 +201,80 @@ struct topk_write {
         if (pr) pr[j] = take ? 0.0f : v;
       }
     });
+  }
+};
+
+//! `topk_count`, `topk_scan` and `topk_write` in one pass, for executors
+//! that call the blocks in increasing order on one thread (the single-thread
+//! `exec::cpu_executor`): slots are handed out in index order as the pass
+//! meets the selected elements, which is the order the exclusive scan gives,
+//! so the encoding and the residual are the same bits. One read of the input
+//! and the residual and one write of the residual, instead of two reads; the
+//! caller writes the header and zeroes the unused slots afterwards. Host only.
+struct topk_select_inorder {
+  const float* in;         //!< n input floats (host memory)
+  float* res;              //!< n residual floats, or null
+  float threshold;         //!< from `topk_threshold`
+  std::uint32_t* indices;  //!< k slot indices (output)
+  float* values;           //!< k slot values (output)
+  std::size_t n, k;
+  std::size_t* slot;  //!< next free slot (in: 0 before block 0; out: the count sent)
+  //! @var n
+  //! Element count.
+  //! @var k
+  //! Slot count.
+
+  //! Processes block `b`; blocks must come in increasing order, one at a time.
+  void operator()(std::size_t b) const noexcept {
+    if (res == nullptr)
+      run<false>(b);
+    else
+      run<true>(b);
+  }
+
+ private:
+  template <bool EF>
+  void run(std::size_t b) const noexcept {
+    const std::size_t o = b * block_size;
+    const float t = threshold;
+    const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
+    float* EBBFLOW_DETAIL_RESTRICT pr = EF ? res + o : nullptr;
+    std::size_t sl = *slot;
+    // 32 elements at a time: a vectorised pass writes the new residual as if
+    // every selected element were sent (0, else v), keeps v in registers and
+    // builds a bit mask of the selected ones; the rare selected elements
+    // (~1 in 100) are then packed through the mask, and any that find no free
+    // slot get their v back.
+    const auto part = [&](std::uint32_t c0, auto len) {
+      float vb[32];
+      std::uint32_t mask = 0;
+      for (std::uint32_t j = 0; j < len; ++j) {
+        const float v = EF ? detail::fadd(pi[c0 + j], pr[c0 + j]) : pi[c0 + j];
+        const float a = abs_bits(v);
+        const bool sel = (a >= t) & (a > 0.0f);
+        vb[j] = v;
+        if constexpr (EF) pr[c0 + j] = sel ? 0.0f : v;
+        mask |= static_cast<std::uint32_t>(sel) << j;
+      }
+      for (; mask != 0; mask &= mask - 1) {
+        const auto j = static_cast<std::uint32_t>(std::countr_zero(mask));
+        if (sl < k) {
+          indices[sl] = static_cast<std::uint32_t>(o + c0 + j);
+          values[sl] = vb[j];
+          ++sl;
+        } else if constexpr (EF) {
+          pr[c0 + j] = vb[j];  // no slot left: stays in the residual
+        }
+      }
+    };
+    for_block(b, n, [&](auto cnt) {
+      if constexpr (std::is_same_v<decltype(cnt), std::uint32_t>) {  // short tail block
+        for (std::uint32_t c0 = 0; c0 < cnt; c0 += 32) part(c0, cnt - c0 < 32u ? cnt - c0 : 32u);
+      } else {
+        for (std::uint32_t c0 = 0; c0 < cnt; c0 += 32) part(c0, std::integral_constant<std::uint32_t, 32>{});
+      }
+    });
+    *slot = sl;
   }
 };
 
