@@ -7755,7 +7755,8 @@ class group {
   void adopt(detail::generation_record rec, steady_clock::time_point started);
   void install(detail::generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
                double prepared_seconds);
-  bool prepare_next(detail::generation_record& rec);
+  bool prepare_next(detail::generation_record& rec, const std::vector<member_id>& leavers);
+  void leave_now();
   typename Net::transport_type connect_watched(const detail::generation_record& rec, const std::vector<bytes>& addrs);
   int poll_next();
   void sync_state();
@@ -7801,6 +7802,7 @@ class group {
     steady_clock::time_point since;  // connect started
     double prepared_seconds = 0;     // this member's time spent starting it
     std::size_t old_size = 0;
+    bool leaving = false;  // this member leaves at the switch (no transport)
     std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>> heartbeats{};  // joiners' leases
     steady_clock::time_point next_lease_check{};
   };
@@ -8208,14 +8210,15 @@ typename Net::transport_type group<Store, Net>::connect_watched(const detail::ge
 }
 
 template <kv_store Store, network Net>
-bool group<Store, Net>::prepare_next(detail::generation_record& rec) {
-  // Join without suspension: every member of the current generation stays
-  // in the next one, so the members connect to the joiners in the
-  // background and keep training; end_step switches once all are wired up.
+bool group<Store, Net>::prepare_next(detail::generation_record& rec, const std::vector<member_id>& leavers) {
+  // Joins and leaves without suspension: the members of the next generation
+  // connect to each other in the background while the current generation
+  // (leavers included) keeps training; end_step switches once all are wired up.
   if constexpr (detail::can_preconnect<Net>()) {
-    if (!opts_.preconnect || rec.reason != change_reason::join) return false;
+    if (!opts_.preconnect || rec.members.empty()) return false;
     for (auto& m : gen_.members)
-      if (rec.rank_of(m.id) < 0) return false;
+      if (rec.rank_of(m.id) < 0 && std::find(leavers.begin(), leavers.end(), m.id) == leavers.end())
+        return false;  // excluded by a concurrent recovery: the blocking way sorts it out
     const auto t0 = steady_clock::now();
     auto addrs = gather_addresses(rec);
     const int r = rec.rank_of(id_);
@@ -8226,11 +8229,12 @@ bool group<Store, Net>::prepare_next(detail::generation_record& rec) {
     nx.transport.emplace(net_->start_connect(rec.generation, r, addrs));
     next_ = std::move(nx);
     const double took_ms = std::chrono::duration<double, std::milli>(steady_clock::now() - t0).count();
-    EBBFLOW_LOG_INFO("generation " << rec.generation << ": connecting to " << rec.members.size() - gen_.members.size()
-                                   << " joiners in the background (addresses and endpoints took " << took_ms << " ms)");
+    EBBFLOW_LOG_INFO("generation " << rec.generation << ": connecting " << rec.members.size()
+                                   << " members in the background (addresses and endpoints took " << took_ms << " ms)");
     return true;
   } else {
     (void)rec;
+    (void)leavers;
     return false;
   }
 }
@@ -8240,6 +8244,8 @@ int group<Store, Net>::poll_next() {
   // 1: wired up; 0: not yet; -1: failed or overdue (the group then switches
   // the blocking way, which fails over to recovery).
   if constexpr (detail::can_preconnect<Net>()) {
+    if (next_->leaving) return 1;  // nothing to connect: it leaves at the switch
+    fault_point("preconnect");
     try {
       if (next_->transport->poll_connect()) return 1;
       // A joiner that died before it wired up: noticed through its lease.
@@ -8529,7 +8535,12 @@ void group<Store, Net>::end_step(double compute_seconds) {
       if (v[2] >= static_cast<double>(n)) {  // everybody wired up: switch now, only the state moves
         auto nx = std::move(*next_);
         next_.reset();
-        install(std::move(nx.rec), std::move(*nx.transport), steady_clock::now(), nx.prepared_seconds);
+        if (nx.leaving)
+          leave_now();
+        else
+          install(std::move(nx.rec), std::move(*nx.transport), steady_clock::now(), nx.prepared_seconds);
+      } else if (v[2] < 0 && next_->leaving) {
+        leave_now();          // the others switch the blocking way
       } else if (v[2] < 0) {  // somebody's connect failed or is overdue: the blocking way (and recovery)
         auto rec = std::move(next_->rec);
         next_.reset();
@@ -8591,12 +8602,16 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     for (auto j : admitting_) store_->set(key("joined/" + std::to_string(j)), std::to_string(g1), store_deadline());
   }
   if (me_leaving) {
-    active_ = false;
-    EBBFLOW_LOG_INFO("member " << id_ << " left the group after step " << step_);
-    hb_generation_.store(-1);
-    comm_.reset();
-    transport_.reset();
-    heartbeat_.request_stop();
+    if (detail::can_preconnect<Net>() && opts_.preconnect) {
+      // The others connect among themselves in the background; this member
+      // keeps training with them until they switch, then leaves.
+      next_generation nx;
+      nx.leaving = true;
+      nx.since = steady_clock::now();
+      next_ = std::move(nx);
+      return;
+    }
+    leave_now();
     return;
   }
   try {
@@ -8611,8 +8626,11 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     wait_admission();
     return;
   }
+  std::vector<member_id> leavers;
+  for (std::size_t i = 0; i < un; ++i)
+    if (v[3 + 2 * un + i] > 0) leavers.push_back(gen_.members[i].id);
   try {
-    if (prepare_next(rec)) {
+    if (prepare_next(rec, leavers)) {
       next_->prepared_seconds = std::chrono::duration<double>(steady_clock::now() - started).count();
       return;
     }
@@ -8627,6 +8645,17 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     if (!detail::recoverable(e.code())) throw;
     recover(g1, lost_peer_of(e));
   }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::leave_now() {
+  active_ = false;
+  EBBFLOW_LOG_INFO("member " << id_ << " left the group after step " << step_);
+  hb_generation_.store(-1);
+  next_.reset();
+  comm_.reset();
+  transport_.reset();
+  heartbeat_.request_stop();
 }
 
 template <kv_store Store, network Net>
@@ -8732,6 +8761,10 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
       if (overall.expired())
         fail(error::timeout, "could not re-form the group after generation " + gs + " within the deadline");
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (next->rank_of(id_) < 0 && leave_requested_.load()) {
+      leave_now();  // it was leaving anyway
+      return;
     }
     if (next->rank_of(id_) < 0) {
       EBBFLOW_LOG_WARN("member " << id_ << " was left out of generation " << next->generation << ": rejoining");

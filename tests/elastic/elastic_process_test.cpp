@@ -121,11 +121,30 @@ TEST_F(ElasticProcess, KillOfTheJoinerDuringStateTransfer) {
   EXPECT_NE(out.find("(failure)"), std::string::npos) << out;
 }
 
-TEST_F(ElasticProcess, JoinWithoutBackgroundConnect) {
-  // EBBFLOW_PRECONNECT=0: the members stop at the admission step until wired up.
-  const auto out = train("-n 2 --add 0.4 --add 0.9:2", "EBBFLOW_PRECONNECT=0");
+TEST_F(ElasticProcess, JoinAndLeaveWithoutBackgroundConnect) {
+  // EBBFLOW_PRECONNECT=0: the members stop at the change until wired up.
+  const auto out = train("-n 2 --add 0.4 --add 0.9:2 --leave 1.4:1", "EBBFLOW_PRECONNECT=0");
   EXPECT_GE(count(out, "world changed (join)"), 2) << out;
   EXPECT_NE(out.find("-> 5 workers"), std::string::npos) << out;
+  EXPECT_NE(out.find("world changed (leave): 5 -> 4"), std::string::npos) << out;
+}
+
+TEST_F(ElasticProcess, KillWhileALeaveIsConnectingInTheBackground) {
+  // Worker 1 asks to leave; the others start connecting without it while it
+  // keeps training, and one of them dies then (EBBFLOW_FAULT=preconnect).
+  // The leaver must leave (not rejoin), the dead one is failed over.
+  const auto out = train("-n 4 --leave 0.5:1", "EBBFLOW_FAULT=preconnect");
+  EXPECT_NE(out.find("EBBFLOW_FAULT=preconnect"), std::string::npos) << out;
+  EXPECT_NE(out.find("(failure)"), std::string::npos) << out;
+  EXPECT_NE(out.find("-> 2 workers"), std::string::npos) << out;
+  EXPECT_EQ(out.find("rejoining"), std::string::npos) << out;
+}
+
+TEST_F(ElasticProcess, KillOfAMemberWhileConnectingToAJoiner) {
+  const auto out = train("-n 3 --add 0.5", "EBBFLOW_FAULT=preconnect");
+  EXPECT_NE(out.find("EBBFLOW_FAULT=preconnect"), std::string::npos) << out;
+  EXPECT_NE(out.find("(failure)"), std::string::npos) << out;
+  EXPECT_NE(out.find("-> 3 workers"), std::string::npos) << out;
 }
 
 TEST_F(ElasticProcess, KillOfAJoinerWhileTheMembersConnectInTheBackground) {

@@ -367,7 +367,8 @@ class group {
   void adopt(detail::generation_record rec, steady_clock::time_point started);
   void install(detail::generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
                double prepared_seconds);
-  bool prepare_next(detail::generation_record& rec);
+  bool prepare_next(detail::generation_record& rec, const std::vector<member_id>& leavers);
+  void leave_now();
   typename Net::transport_type connect_watched(const detail::generation_record& rec, const std::vector<bytes>& addrs);
   int poll_next();
   void sync_state();
@@ -413,6 +414,7 @@ class group {
     steady_clock::time_point since;  // connect started
     double prepared_seconds = 0;     // this member's time spent starting it
     std::size_t old_size = 0;
+    bool leaving = false;  // this member leaves at the switch (no transport)
     std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>> heartbeats{};  // joiners' leases
     steady_clock::time_point next_lease_check{};
   };
