@@ -365,6 +365,7 @@ class group {
   void form_initial();
   void wait_admission();
   void adopt(detail::generation_record rec, steady_clock::time_point started);
+  void enter(detail::generation_record rec);
   void install(detail::generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
                double prepared_seconds);
   bool prepare_next(detail::generation_record& rec, const std::vector<member_id>& leavers);

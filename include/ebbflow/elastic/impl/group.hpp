@@ -298,9 +298,9 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_point started) {
-  next_.reset();
-  const int old_size = static_cast<int>(gen_.members.size());
+void group<Store, Net>::enter(detail::generation_record rec) {
+  // Becomes a member of `rec`'s generation: rank, revocation flag watched by
+  // the heartbeat thread; the old transport is released.
   const int r = rec.rank_of(id_);
   EBBFLOW_EXPECTS(r >= 0);
   gen_ = std::move(rec);
@@ -314,6 +314,13 @@ void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_
   hb_generation_.store(gen_.generation);
   comm_.reset();
   transport_.reset();
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_point started) {
+  next_.reset();
+  const int old_size = static_cast<int>(gen_.members.size());
+  enter(std::move(rec));
   const auto t0 = steady_clock::now();
   if constexpr (!detail::stable_address<Net>()) {
     const bytes mine = net_->prepare(gen_.generation);
@@ -437,19 +444,7 @@ template <kv_store Store, network Net>
 void group<Store, Net>::install(detail::generation_record rec, typename Net::transport_type t,
                                 steady_clock::time_point started, double prepared_seconds) {
   const int old_size = static_cast<int>(gen_.members.size());
-  const int r = rec.rank_of(id_);
-  EBBFLOW_EXPECTS(r >= 0);
-  gen_ = std::move(rec);
-  rank_ = r;
-  log::set_rank(rank_);
-  revoke_ = std::make_shared<comm::revoke_flag>();
-  {
-    std::lock_guard lk(hb_mutex_);
-    hb_revoke_ = revoke_;
-  }
-  hb_generation_.store(gen_.generation);
-  comm_.reset();
-  transport_.reset();
+  enter(std::move(rec));
   transport_.emplace(std::move(t), revoke_);
   comm_.emplace(*transport_, coll_opts_);
   if (!pending_) pending_ = pending_change{gen_.reason, old_size, started, prepared_seconds};
