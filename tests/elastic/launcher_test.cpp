@@ -10,6 +10,7 @@
 #include <cerrno>
 
 #include <chrono>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -136,4 +137,39 @@ TEST(Launcher, JoinersStartAtTheLowerPriorityAskedFor) {
   auto bad = run({EBBFLOW_RUN, "-n", "1", "--join-nice", "25", "--", "true"});
   EXPECT_EQ(bad.exit.code, 2);
   EXPECT_NE(bad.err.find("--join-nice"), std::string::npos) << bad.err;
+}
+
+TEST(Launcher, WorkStealingAcrossProcessesCoversEveryItemOnce) {
+  // plan::run_stealing_step in four real processes over the launcher's store:
+  // every item of every slice of every step is processed exactly once, and on
+  // the steps where rank 1 is 6x slower the others take part of its slice.
+  constexpr int steps = 12, ranks = 4, items = 48;
+  auto r = run({EBBFLOW_RUN, "-n", std::to_string(ranks), "--", EBBFLOW_STORE_WORKER, "steal", std::to_string(steps)},
+               {}, 60s);
+  ASSERT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
+  std::vector<int> seen(steps * ranks * items, 0);
+  std::vector<int> stolen_from_1(steps, 0);
+  std::istringstream in(r.out);
+  std::string line;
+  int chunks = 0;
+  while (std::getline(in, line)) {
+    const auto at = line.find("chunk ");
+    if (at == std::string::npos) continue;
+    std::istringstream f(line.substr(at + 6));
+    int s = -1, rank = -1, first = -1, last = -1, stolen = 0;
+    f >> s >> rank >> first >> last >> stolen;
+    ASSERT_TRUE(s >= 0 && s < steps && rank >= 0 && rank < ranks && first >= 0 && first < last && last <= items)
+        << line;
+    for (int i = first; i < last; ++i) ++seen[(s * ranks + rank) * items + i];
+    if (rank == 1 && stolen) stolen_from_1[s] += last - first;
+    ++chunks;
+  }
+  EXPECT_GT(chunks, steps * ranks) << r.out;
+  for (std::size_t k = 0; k < seen.size(); ++k)
+    ASSERT_EQ(seen[k], 1) << "step " << k / (ranks * items) << ", slice " << k / items % ranks << ", item " << k % items
+                          << "\n"
+                          << r.out;
+  int slow_steps_helped = 0;
+  for (int s = 1; s < steps; s += 2) slow_steps_helped += stolen_from_1[s] > 0;
+  EXPECT_GE(slow_steps_helped, steps / 2 - 1) << r.out;
 }

@@ -5,11 +5,15 @@
 //                 the rank named by EBBFLOW_TEST_DIE_RANK SIGKILLs itself first
 //   wait-forever  print "ready", then wait 60 s for a key nobody sets
 //   half-frame    authenticate, send half a frame, print "ready", sleep 60 s
+//   steal S       S steps of plan::run_stealing_step over the store (4 slices of
+//                 48 items, 200 us per item; rank 1 is 6x slower on odd steps),
+//                 printing "chunk <step> <rank> <first> <last> <stolen>" per chunk
 // The store address and token come from the environment (EBBFLOW_STORE, EBBFLOW_TOKEN).
 #include "raw_client.hpp"
 
 #include <ebbflow/core/env.hpp>
 #include <ebbflow/elastic/store.hpp>
+#include <ebbflow/plan/work_stealing.hpp>
 
 #include <signal.h>
 
@@ -50,6 +54,35 @@ int main(int argc, char** argv) {
         }
       }
       std::cout << "done" << std::endl;
+      return 0;
+    }
+    if (mode == "steal") {
+      namespace pl = ebbflow::plan;
+      const int steps = std::stoi(argv[2]);
+      const auto n = static_cast<std::size_t>(li.world_size);
+      const std::vector<std::size_t> sizes(n, 48);
+      std::vector<pl::worker_spec> m;
+      for (std::size_t i = 0; i < n; ++i) m.push_back({i, 0.0, 200e-6, 1000, 0, 0});
+      const pl::batch_plan plan = pl::make_plan(m, sizes, 1);
+      const auto me = static_cast<std::size_t>(li.rank);
+      for (int s = 0; s < steps; ++s) {
+        // The steps of a real loop start together after the allreduce: a store barrier here.
+        const std::string bar = "barrier/" + std::to_string(s);
+        store.add(bar, 1);
+        while (store.add(bar, 0) < static_cast<std::int64_t>(n)) std::this_thread::sleep_for(100us);
+        pl::steal_options o;
+        o.min_chunk = 2;
+        pl::work_stealer<ef::elastic::store_client> ws(store, "steal", {0, static_cast<std::uint64_t>(s)}, plan, me, o);
+        pl::steal_policy pol(m, plan, me, 50e-6, 20e-6);
+        const auto per_item = std::chrono::microseconds(me == 1 && s % 2 == 1 ? 1200 : 200);
+        std::string lines;
+        const auto rep = pl::run_stealing_step(ws, pol, [&](const pl::chunk& c) {
+          std::this_thread::sleep_for(per_item * c.size());
+          lines += "chunk " + std::to_string(s) + " " + std::to_string(c.rank) + " " + std::to_string(c.first) + " " +
+                   std::to_string(c.last) + " " + (c.stolen ? "1" : "0") + "\n";
+        });
+        std::cout << lines << "processed " << s << " " << rep.processed << std::endl;
+      }
       return 0;
     }
     if (mode == "meet") {
