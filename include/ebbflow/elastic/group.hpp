@@ -368,7 +368,7 @@ class group {
   void enter(detail::generation_record rec);
   void install(detail::generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
                double prepared_seconds);
-  bool prepare_next(detail::generation_record& rec, const std::vector<member_id>& leavers);
+  bool prepare_next(const detail::generation_record& rec, const std::vector<member_id>& leavers);
   void leave_now();
   typename Net::transport_type connect_watched(const detail::generation_record& rec, const std::vector<bytes>& addrs);
   int poll_next();
@@ -377,7 +377,15 @@ class group {
   void change_membership(const std::vector<double>& ctl, int n);
   std::vector<bytes> gather_addresses(const detail::generation_record& rec);
   std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room, bool settle);
-  bool fresh(member_id m, std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>& seen);
+  // Each member's heartbeat counter as last read, and when it last changed.
+  using lease_seen = std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>;
+  // Lease checks of a connect in progress: at most one round per heartbeat.
+  struct lease_watch {
+    lease_seen seen;
+    steady_clock::time_point next_check{};
+  };
+  bool fresh(member_id m, lease_seen& seen);
+  int stale_member(const detail::generation_record& rec, lease_watch& w, bool joiners_only);
   void control_allreduce(std::span<double> v);
   void notify(change_reason reason, int old_size, double stall);
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
@@ -414,10 +422,8 @@ class group {
     std::optional<typename Net::transport_type> transport;
     steady_clock::time_point since;  // connect started
     double prepared_seconds = 0;     // this member's time spent starting it
-    std::size_t old_size = 0;
-    bool leaving = false;  // this member leaves at the switch (no transport)
-    std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>> heartbeats{};  // joiners' leases
-    steady_clock::time_point next_lease_check{};
+    bool leaving = false;            // this member leaves at the switch (no transport)
+    lease_watch joiners;             // joiners' leases
   };
   std::optional<next_generation> next_;
   std::optional<transport_type> transport_;

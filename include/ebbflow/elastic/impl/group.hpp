@@ -260,7 +260,7 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
       if (auto it = address_cache_.find(rec.members[j].id); it != address_cache_.end()) found[j] = it->second;
   std::size_t cached = 0;
   for (auto& f : found) cached += f.has_value();
-  std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>> hb;
+  lease_seen hb;
   const auto d = deadline::after(opts_.op_timeout);
   for (std::size_t missing = found.size() - cached;;) {
     for (std::size_t j = 0; j < found.size(); ++j) {
@@ -352,8 +352,7 @@ typename Net::transport_type group<Store, Net>::connect_watched(const detail::ge
     // it connected (UCX may only notice at its own timeout) is reported lost
     // within about one lease, and the group fails over instead of waiting.
     auto t = net_->start_connect(rec.generation, rank_, addrs);
-    std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>> hb;
-    auto next_check = steady_clock::now();
+    lease_watch leases;
     while (!t.poll_connect()) {
       if (revoke_ && revoke_->revoked())
         throw system_error(make_error_code(error::revoked),
@@ -361,17 +360,14 @@ typename Net::transport_type group<Store, Net>::connect_watched(const detail::ge
       if (d.expired())
         throw system_error(make_error_code(error::timeout),
                            {.rank = rank_, .generation = rec.generation, .operation = "connect"});
-      if (steady_clock::now() >= next_check) {
-        for (std::size_t j = 0; j < rec.members.size(); ++j)
-          if (rec.members[j].id != id_ && !fresh(rec.members[j].id, hb))
-            throw system_error(make_error_code(error::peer_lost),
-                               {.rank = rank_,
-                                .generation = rec.generation,
-                                .peer = static_cast<int>(j),
-                                .operation = "connect",
-                                .detail = "member " + std::to_string(rec.members[j].id) + " stopped heartbeating"});
-        next_check = steady_clock::now() + opts_.heartbeat;
-      }
+      if (const int j = stale_member(rec, leases, false); j >= 0)
+        throw system_error(make_error_code(error::peer_lost),
+                           {.rank = rank_,
+                            .generation = rec.generation,
+                            .peer = j,
+                            .operation = "connect",
+                            .detail = "member " + std::to_string(rec.members[static_cast<std::size_t>(j)].id) +
+                                      " stopped heartbeating"});
       std::this_thread::yield();
     }
     return t;
@@ -381,7 +377,7 @@ typename Net::transport_type group<Store, Net>::connect_watched(const detail::ge
 }
 
 template <kv_store Store, network Net>
-bool group<Store, Net>::prepare_next(detail::generation_record& rec, const std::vector<member_id>& leavers) {
+bool group<Store, Net>::prepare_next(const detail::generation_record& rec, const std::vector<member_id>& leavers) {
   // Joins and leaves without suspension: the members of the next generation
   // connect to each other in the background while the current generation
   // (leavers included) keeps training; end_step switches once all are wired up.
@@ -396,7 +392,6 @@ bool group<Store, Net>::prepare_next(detail::generation_record& rec, const std::
     next_generation nx;
     nx.rec = rec;
     nx.since = t0;
-    nx.old_size = gen_.members.size();
     nx.transport.emplace(net_->start_connect(rec.generation, r, addrs));
     next_ = std::move(nx);
     const double took_ms = std::chrono::duration<double, std::milli>(steady_clock::now() - t0).count();
@@ -420,14 +415,10 @@ int group<Store, Net>::poll_next() {
     try {
       if (next_->transport->poll_connect()) return 1;
       // A joiner that died before it wired up: noticed through its lease.
-      const auto now = steady_clock::now();
-      if (now >= next_->next_lease_check) {
-        for (auto& m : next_->rec.members)
-          if (m.committed < 0 && !fresh(m.id, next_->heartbeats)) {
-            EBBFLOW_LOG_WARN("joiner " << m.id << " stopped heartbeating before it connected");
-            return -1;
-          }
-        next_->next_lease_check = now + opts_.heartbeat;
+      if (const int j = stale_member(next_->rec, next_->joiners, true); j >= 0) {
+        EBBFLOW_LOG_WARN("joiner " << next_->rec.members[static_cast<std::size_t>(j)].id
+                                   << " stopped heartbeating before it connected");
+        return -1;
       }
     } catch (const system_error& e) {
       if (!detail::recoverable(e.code())) throw;
@@ -465,8 +456,8 @@ void group<Store, Net>::sync_state() {
       w.put_bytes(elastic::to_bytes(s.name));
       w.put<std::uint64_t>(s.data.size());
     }
-    const bytes header = w.take();
-    const std::uint64_t header_size = header.size();
+    bytes header = w.take();
+    std::uint64_t header_size = header.size();
     // Post every send to every receiver first, then wait: the receivers
     // are served in parallel, and a slow one does not hold up the others.
     std::vector<comm::request<transport_type>> sends;
@@ -474,8 +465,8 @@ void group<Store, Net>::sync_state() {
     for (std::size_t j = 0; j < gen_.members.size(); ++j) {
       if (gen_.members[j].committed >= gen_.source_step) continue;
       const int peer = static_cast<int>(j);
-      sends.push_back(c.isend(raw(const_cast<std::uint64_t*>(&header_size), sizeof header_size), peer, tag_size));
-      sends.push_back(c.isend(raw(const_cast<std::byte*>(header.data()), header.size()), peer, tag_header));
+      sends.push_back(c.isend(raw(&header_size, sizeof header_size), peer, tag_size));
+      sends.push_back(c.isend(raw(header.data(), header.size()), peer, tag_header));
       to.push_back(j);
     }
     if (step_ > 0 && !to.empty()) fault_point("sync-send");
@@ -818,8 +809,23 @@ void group<Store, Net>::leave_now() {
 }
 
 template <kv_store Store, network Net>
-bool group<Store, Net>::fresh(member_id m,
-                              std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>& seen) {
+int group<Store, Net>::stale_member(const detail::generation_record& rec, lease_watch& w, bool joiners_only) {
+  // The rank in `rec` of a member (other than this one; with `joiners_only`,
+  // a joiner) whose lease expired, else -1. Reads the store at most once per
+  // heartbeat period.
+  const auto now = steady_clock::now();
+  if (now < w.next_check) return -1;
+  w.next_check = now + opts_.heartbeat;
+  for (std::size_t j = 0; j < rec.members.size(); ++j) {
+    const auto& m = rec.members[j];
+    if (m.id == id_ || (joiners_only && m.committed >= 0)) continue;
+    if (!fresh(m.id, w.seen)) return static_cast<int>(j);
+  }
+  return -1;
+}
+
+template <kv_store Store, network Net>
+bool group<Store, Net>::fresh(member_id m, lease_seen& seen) {
   const std::int64_t hb = store_->add(key("hb/" + std::to_string(m)), 0, store_deadline());
   const auto now = steady_clock::now();
   auto it = seen.find(m);
@@ -852,7 +858,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
     EBBFLOW_LOG_WARN("generation " << g << " failed at step " << step_ << ": re-forming the group");
 
     const std::string next_key = key("gen/" + std::to_string(g + 1));
-    std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>> hb_seen;
+    lease_seen hb_seen;
     const auto unresolved_deadline = deadline::after(opts_.op_timeout);
     bool waiting_logged = false;
     std::optional<detail::generation_record> next;
