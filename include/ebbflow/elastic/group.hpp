@@ -423,6 +423,7 @@ class group {
     steady_clock::time_point since;  // connect started
     double prepared_seconds = 0;     // this member's time spent starting it
     bool leaving = false;            // this member leaves at the switch (no transport)
+    bool failed = false;             // starting the connect failed here: fall back at the next exchange
     lease_watch joiners;             // joiners' leases
   };
   std::optional<next_generation> next_;

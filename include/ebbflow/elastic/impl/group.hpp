@@ -411,6 +411,7 @@ int group<Store, Net>::poll_next() {
   // the blocking way, which fails over to recovery).
   if constexpr (detail::can_preconnect<Net>()) {
     if (next_->leaving) return 1;  // nothing to connect: it leaves at the switch
+    if (next_->failed) return -1;
     fault_point("preconnect");
     try {
       if (next_->transport->poll_connect()) return 1;
@@ -786,8 +787,16 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     }
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
+    // The others may have started theirs: this member must not go its own
+    // way. It keeps training on the current generation and reports the
+    // failure in the next control exchange, where all fall back together.
     EBBFLOW_LOG_WARN("could not start connecting generation " << g1 << ": " << e.what());
-    next_.reset();
+    next_generation nx;
+    nx.rec = rec;
+    nx.since = started;
+    nx.failed = true;
+    next_ = std::move(nx);
+    return;
   }
   try {
     adopt(std::move(rec), started);
