@@ -8,7 +8,7 @@
 //
 // usage: planner_bench [--json FILE] [--steps N] [--workers N] [--max-n N] [--quick]
 //                      [--claim-us X] [--chunk-overhead H] [--first-fraction F] [--owner-divisor K]
-//                      [--chunk-share S]
+//                      [--chunk-share S] [--tail-reserve R] [--seed N]
 #include <ebbflow/plan.hpp>
 #ifdef EBBFLOW_BENCH_STORE
 #include <ebbflow/elastic/store.hpp>
@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <span>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -44,9 +45,12 @@ struct args {
   double claim_us = -1;         // store round trip per claim; < 0: measure the real store on loopback
   double chunk_overhead = 0.1;  // extra cost of each chunk after the first, as a share of a_i
   bool claim_measured = false;
+  double batch_key_us = -1;      // extra cost per key of a batched read (add_many) beyond one round trip
   double first_fraction = 0.25;  // work stealing: the owner's first chunk
   unsigned owner_divisor = 2;    // work stealing: later owner chunks ceil(rest / divisor)
-  double chunk_share = 0.05;     // work stealing: min chunk so that its overhead <= this share of its compute
+  double chunk_share = 0.25;     // work stealing: min chunk so that its overhead <= this share of its compute
+  std::uint64_t seed = 2024;     // simulator: the noise realisation (every contestant sees the same one)
+  double tail_reserve = 0.03;    // work stealing: share of the slice the owner leaves for small chunks at the end
 };
 
 std::ofstream json_out;
@@ -185,6 +189,7 @@ void plan_time(const args& a) {
 // what every claim and every peek of work stealing costs. Median of 2000.
 struct rtt_stats {
   double median_us = 0, p99_us = 0;
+  double batch15_us = 0;  // median of add_many over 15 keys (what a thief of 16 workers reads at once)
   bool measured = false;
 };
 rtt_stats measure_store_rtt() {
@@ -203,7 +208,17 @@ rtt_stats measure_store_rtt() {
     if (k >= 0) t.push_back(us);
   }
   const stats s = summarize(t);
-  r = {s.median, s.p99, true};
+  std::vector<std::string> keys;
+  for (int k = 0; k < 15; ++k) keys.push_back("bench/slice/" + std::to_string(k));
+  const std::vector<std::int64_t> zeros(keys.size(), 0);
+  std::vector<double> tb;
+  for (int k = -50; k < 1000; ++k) {
+    const auto t0 = clk::now();
+    (void)c.add_many(keys, zeros, ebbflow::deadline::after(std::chrono::seconds(10)));
+    const double us = std::chrono::duration<double, std::micro>(clk::now() - t0).count();
+    if (k >= 0) tb.push_back(us);
+  }
+  r = {s.median, s.p99, summarize(tb).median, true};
 #endif
   return r;
 }
@@ -213,15 +228,23 @@ rtt_stats measure_store_rtt() {
 struct sim_store {
   std::unordered_map<std::string, std::int64_t> kv;
   std::int64_t add(const std::string& k, std::int64_t d, ebbflow::deadline) { return kv[k] += d; }
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     ebbflow::deadline) {
+    std::vector<std::int64_t> out;
+    for (std::size_t i = 0; i < keys.size(); ++i) out.push_back(kv[keys[i]] += deltas[i]);
+    return out;
+  }
 };
-static_assert(pl::counter_store<sim_store>);
+static_assert(pl::batch_counter_store<sim_store>);
 
 struct steal_params {
   double claim_s;             // seconds per store round trip (claim or peek), not overlapped with compute
+  double batch_key_s;         // a batched read of k slices costs claim_s + (k - 1) * batch_key_s
   double chunk_overhead;      // h: every chunk after a worker's first costs h·a_i (its own, true, slowed a_i)
-  double chunk_share = 0.05;  // min_chunk_i: smallest chunk whose overhead is <= 5 % of its compute (estimated)
+  double chunk_share = 0.25;  // min_chunk_i: smallest chunk whose overhead is <= 25 % of its compute (estimated)
   double first_fraction = 0.25;
   std::uint32_t owner_divisor = 2;
+  double tail_reserve = 0.03;
 };
 
 struct steal_outcome {
@@ -253,6 +276,7 @@ steal_outcome steal_step(const steal_params& sp, const std::vector<pl::worker_sp
     pl::steal_options o;
     o.first_fraction = sp.first_fraction;
     o.owner_divisor = sp.owner_divisor;
+    o.tail_reserve = sp.tail_reserve;
     o.min_chunk = pl::recommended_min_chunk(sp.chunk_overhead * est[i].a, est[i].c, sp.chunk_share);
     w.emplace_back(store, "sim", pl::step_id{0, step}, plan, i, o);
     pol.emplace_back(est, plan, i, sp.claim_s, sp.chunk_overhead * est[i].a);
@@ -265,7 +289,6 @@ steal_outcome steal_step(const steal_params& sp, const std::vector<pl::worker_sp
     double end = 0;
   };
   std::vector<state> st(n);
-  std::vector<pl::slice_state> seen(n);
   steal_outcome out;
   using ev = std::pair<double, std::size_t>;
   std::priority_queue<ev, std::vector<ev>, std::greater<>> q;
@@ -293,15 +316,14 @@ steal_outcome steal_step(const steal_params& sp, const std::vector<pl::worker_sp
         q.push({t + sp.claim_s, i});
       }
     } else if (s.ph == phase::scan) {
-      // Peek every other slice not yet seen exhausted (exhausted is final).
-      std::size_t peeks = 0;
-      for (std::size_t r = 0; r < n; ++r) {
-        if (r != i && !w[i].last_seen(r).exhausted()) (void)w[i].peek(r), ++peeks;
-        seen[r] = w[i].last_seen(r);
-      }
-      out.claims += static_cast<double>(peeks);
-      const double t_scan = t + static_cast<double>(peeks) * sp.claim_s;
-      s.pick = pol[i].choose(seen, t_scan);
+      // Read the other slices not yet seen exhausted in one batch (`steal_policy::scan`).
+      std::size_t keys = 0;
+      for (std::size_t r = 0; r < n; ++r) keys += r != i && !w[i].last_seen(r).exhausted();
+      const std::uint64_t calls0 = w[i].store_calls();
+      s.pick = pol[i].scan(w[i], t);
+      const auto trips = static_cast<double>(w[i].store_calls() - calls0);
+      out.claims += trips;
+      const double t_scan = t + trips * sp.claim_s + (keys > 0 ? static_cast<double>(keys - 1) : 0.0) * sp.batch_key_s;
       if (s.pick.items == 0) {  // nothing worth taking: this worker is done with the step
         s.ph = phase::done;
         s.end = t_scan;
@@ -360,7 +382,7 @@ struct contestant {
 };
 
 void simulate(const args& a, const sim_config& cfg) {
-  std::mt19937_64 rng(2024);
+  std::mt19937_64 rng(a.seed);
   std::uniform_real_distribution<double> u(0, 1);
   std::normal_distribution<double> z(0, 1);
   const double speed[] = {1.0, 2.2, 4.0};  // V100 : A100 : H100
@@ -397,8 +419,10 @@ void simulate(const args& a, const sim_config& cfg) {
   contestant cs[4] = {{"uniform"}, {"proportional"}, {"ebbflow"}, {"oracle"}};
   // ebbflow's plan plus in-step work stealing: the stated per-chunk overhead,
   // and the pessimistic setting where every extra chunk pays the full a_i.
-  const steal_params sp[2] = {{a.claim_us * 1e-6, a.chunk_overhead, a.chunk_share, a.first_fraction, a.owner_divisor},
-                              {a.claim_us * 1e-6, 1.0, a.chunk_share, a.first_fraction, a.owner_divisor}};
+  const steal_params sp[2] = {{a.claim_us * 1e-6, a.batch_key_us * 1e-6, a.chunk_overhead, a.chunk_share,
+                               a.first_fraction, a.owner_divisor, a.tail_reserve},
+                              {a.claim_us * 1e-6, a.batch_key_us * 1e-6, 1.0, a.chunk_share, a.first_fraction,
+                               a.owner_divisor, a.tail_reserve}};
   contestant cst[2] = {{"ebb+steal"}, {"ebb+steal/h1"}};
   // Fluid bound: perfect, free, instantaneous in-step balancing (every worker
   // busy until the same instant, items divisible, no claim or chunk cost) on
@@ -407,6 +431,8 @@ void simulate(const args& a, const sim_config& cfg) {
   steal_outcome sst[2];
   double best_sum = 0;  // Σ over steps of Σ_i own best samples/s
   std::vector<std::size_t> prev_prop;
+  // Where ebb+steal loses against the fluid bound: steps with a transient straggler or without.
+  double gap[2] = {0, 0}, gap_steps[2] = {0, 0}, gap_fluid[2] = {0, 0};
   for (int s = 0; s < steps; ++s) {
     if (s == leave_at) {  // graceful leave of worker 0 (a V100)
       members.erase(members.begin());
@@ -434,6 +460,7 @@ void simulate(const args& a, const sim_config& cfg) {
       meas[i] = 1 + cfg.meas_noise * z(rng);
     }
     const pl::batch_plan oracle = pl::solve(truth, B);
+    double fluid_s = 0;
     std::vector<pl::worker_spec> est(n);
     for (std::size_t i = 0; i < n; ++i) est[i] = models[i].spec(members[i].id, members[i].cap);
     const std::uint64_t v_before = ebb_rp.current().version;
@@ -470,10 +497,17 @@ void simulate(const args& a, const sim_config& cfg) {
       for (int it = 0; it < 100; ++it) (done_by((lo + hi) / 2) < static_cast<double>(B) ? lo : hi) = (lo + hi) / 2;
       fluid.time += hi;
       fluid.samples += static_cast<double>(B);
+      fluid_s = hi;
     }
     for (int k = 0; k < 2; ++k) {
       const steal_outcome o = steal_step(sp[k], truth, jit, est, ebb, static_cast<std::uint64_t>(s));
       cst[k].time += o.step_time;
+      if (k == 0) {
+        const int cls = *std::max_element(jit.begin(), jit.end()) > 1.5 ? 1 : 0;  // stragglers are 2-4x
+        gap[cls] += o.step_time - fluid_s;
+        gap_steps[cls] += 1;
+        gap_fluid[cls] += fluid_s;
+      }
       cst[k].samples += static_cast<double>(B);
       double err = 0, t_true = 0;
       for (std::size_t i = 0; i < n; ++i) {
@@ -503,15 +537,20 @@ void simulate(const args& a, const sim_config& cfg) {
       cfg.name, a.workers, B, steps, 1000 * cfg.fixed_s, 100 * cfg.jitter, 100 * cfg.meas_noise, 100 * cfg.straggle_p,
       slow_from, slow_to, leave_at, join_at);
   std::printf(
-      "#     stealing: store round trip %.1f us per claim/peek (%s), chunk overhead h = %.2f x a_i (ebb+steal) and "
-      "1.0 x a_i (ebb+steal/h1)\n",
-      a.claim_us, a.claim_measured ? "measured on loopback" : "given", a.chunk_overhead);
+      "#     stealing: store round trip %.1f us per claim or batched read, +%.2f us per extra key in a batch (%s), "
+      "chunk overhead h = %.2f x a_i (ebb+steal) and 1.0 x a_i (ebb+steal/h1)\n",
+      a.claim_us, a.batch_key_us, a.claim_measured ? "measured on loopback" : "given", a.chunk_overhead);
   std::printf(
-      "#     stealing policy: first chunk %.2f of the slice, then ceil(rest/%u), paced against the planned step time; "
-      "min chunk: overhead <= %.0f %% of its compute\n",
-      a.first_fraction, a.owner_divisor, 100 * a.chunk_share);
+      "#     stealing policy: first chunk %.2f of the slice, then all but a %.0f %% tail reserve, then ceil(rest/%u), "
+      "paced against the planned step time; min chunk: overhead <= %.0f %% of its compute; seed %llu\n",
+      a.first_fraction, 100 * a.tail_reserve, a.owner_divisor, 100 * a.chunk_share,
+      static_cast<unsigned long long>(a.seed));
   std::printf("%-13s %11s %11s %14s %16s %8s %9s %9s %9s\n", "contestant", "samples/s", "efficiency", "batch_err_%",
               "step_excess_%", "replans", "calls/w", "chunks/w", "stolen_%");
+  for (int k = 0; k < 2; ++k)
+    if (gap_steps[k] > 0)
+      std::printf("#     ebb+steal vs fluid bound, steps %s a straggler (%.0f): %.3f ms longer on average (%.2f %%)\n",
+                  k ? "with" : "without", gap_steps[k], 1e3 * gap[k] / gap_steps[k], 100 * gap[k] / gap_fluid[k]);
   auto row = [&](const contestant& c, std::size_t replans, const steal_outcome* so) {
     const double sps = c.samples / c.time;
     const double e = sps / best;
@@ -582,33 +621,45 @@ int main(int argc, char** argv) {
       a.owner_divisor = static_cast<unsigned>(std::atoi(next()));
     else if (!std::strcmp(argv[i], "--chunk-share"))
       a.chunk_share = std::atof(next());
+    else if (!std::strcmp(argv[i], "--batch-key-us"))
+      a.batch_key_us = std::atof(next());
+    else if (!std::strcmp(argv[i], "--seed"))
+      a.seed = std::strtoull(next(), nullptr, 10);
+    else if (!std::strcmp(argv[i], "--tail-reserve"))
+      a.tail_reserve = std::atof(next());
     else {
       std::fprintf(stderr,
                    "usage: %s [--json FILE] [--steps N] [--workers N] [--max-n N] [--quick] [--claim-us X] "
-                   "[--chunk-overhead H] [--first-fraction F] [--owner-divisor K] [--chunk-share S]\n",
+                   "[--chunk-overhead H] [--first-fraction F] [--owner-divisor K] [--chunk-share S] [--tail-reserve R] "
+                   "[--seed N]\n",
                    argv[0]);
       return 2;
     }
   }
   if (!a.json.empty()) json_out.open(a.json);
   plan_time(a);
-  if (a.claim_us < 0) {
+  if (a.claim_us < 0 || a.batch_key_us < 0) {
     const rtt_stats r = measure_store_rtt();
+    const double per_key = r.measured ? std::max(0.0, (r.batch15_us - r.median_us) / 14) : 0;
     if (!r.measured) {
-      // Built without the asio component: the median measured by this
+      // Built without the asio component: the medians measured by this
       // benchmark with the store on the reference machine (docs/benchmarks/planner.md).
-      a.claim_us = 15.0;
-      std::printf("\n# claim cost: no asio store in this build: claim round trip %.1f us (measured constant)\n",
-                  a.claim_us);
+      if (a.claim_us < 0) a.claim_us = 55.0;
+      if (a.batch_key_us < 0) a.batch_key_us = 5.0;
+      std::printf(
+          "\n# claim cost: no asio store in this build: round trip %.1f us, +%.1f us per extra key in a batch "
+          "(measured constants)\n",
+          a.claim_us, a.batch_key_us);
     } else {
-      a.claim_us = r.median_us;
-      a.claim_measured = true;
+      if (a.claim_us < 0) a.claim_us = r.median_us, a.claim_measured = true;
+      if (a.batch_key_us < 0) a.batch_key_us = per_key;
       std::printf(
           "\n# claim cost: store add round trip on loopback TCP (Boost.Asio store, 2000 calls): median %.1f us, p99 "
-          "%.1f us\n",
-          r.median_us, r.p99_us);
-      char buf[200];
-      std::snprintf(buf, sizeof buf, R"({"bench":"store_rtt","median_us":%.3f,"p99_us":%.3f})", r.median_us, r.p99_us);
+          "%.1f us; add_many of 15 keys (1000 calls): median %.1f us = round trip + 14 x %.2f us\n",
+          r.median_us, r.p99_us, r.batch15_us, per_key);
+      char buf[240];
+      std::snprintf(buf, sizeof buf, R"({"bench":"store_rtt","median_us":%.3f,"p99_us":%.3f,"add_many15_us":%.3f})",
+                    r.median_us, r.p99_us, r.batch15_us);
       emit(buf);
     }
   }

@@ -7237,6 +7237,7 @@ EBBFLOW_END_NAMESPACE
 #include <mutex>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -7305,6 +7306,26 @@ class memory_store {
     v = std::to_string(x);
     cv_.notify_all();
     return x;
+  }
+  //! `add(keys[i], deltas[i])` for every i, under one lock. Errors as `add`;
+  //! std::invalid_argument when the spans differ in length.
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     deadline d) {
+    if (keys.size() != deltas.size())
+      throw std::invalid_argument("store.add_many: " + std::to_string(keys.size()) + " keys but " +
+                                  std::to_string(deltas.size()) + " deltas");
+    std::vector<std::int64_t> out;
+    out.reserve(keys.size());
+    std::lock_guard lk(m_);
+    check(d, "store.add_many");
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      auto& v = kv_[keys[i]];
+      const std::int64_t x = (v.empty() ? 0 : std::stoll(v)) + deltas[i];
+      v = std::to_string(x);
+      out.push_back(x);
+    }
+    cv_.notify_all();
+    return out;
   }
   //! Stores `desired` when the value under `k` equals `expected` (an empty
   //! `expected` matches an absent key). Errors as for `set`.
@@ -10579,6 +10600,7 @@ EBBFLOW_END_NAMESPACE
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -10777,6 +10799,19 @@ class store_client {
   std::int64_t add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept;
   //! As above, by deadline `d`; on error sets `ec` and returns 0.
   std::int64_t add(std::string_view key, std::int64_t delta, deadline d, std::error_code& ec) noexcept;
+
+  //! `add(keys[i], deltas[i])` for every i, pipelined: all requests leave in
+  //! one write and the replies come back in order, so a batch costs about one
+  //! round trip. Each add is atomic; the batch as a whole is not (other
+  //! clients' calls may interleave). Returns the values after each add.
+  //! @throws std::invalid_argument when the spans differ in length; a
+  //! system_error as `add` (naming the first key that failed).
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     deadline d);
+  //! As above; on error sets `ec` and returns the values of the adds that
+  //! completed before it (the rest may or may not have been applied).
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     deadline d, std::error_code& ec);
 
   //! Atomically stores `desired` if the value is `expected` (a missing key
   //! matches an empty `expected`), and returns what is stored now.
@@ -12114,6 +12149,65 @@ inline std::int64_t store_client::add(std::string_view key, std::int64_t delta) 
   return add(key, delta, default_deadline());
 }
 
+// add_many: pipelined adds (the server answers the frames of one connection in order)
+inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
+                                                        std::span<const std::int64_t> deltas, deadline d,
+                                                        std::error_code& ec) {
+  if (keys.size() != deltas.size())
+    throw std::invalid_argument("store.add_many: " + std::to_string(keys.size()) + " keys but " +
+                                std::to_string(deltas.size()) + " deltas");
+  ec.clear();
+  std::vector<std::int64_t> out;
+  out.reserve(keys.size());
+  // Batches small enough for the server's output budget and the socket buffers.
+  constexpr std::size_t batch = 64;
+  std::lock_guard lk(conn_->mu);
+  conn_->last_detail.clear();
+  for (std::size_t first = 0; first < keys.size(); first += batch) {
+    const std::size_t last = std::min(keys.size(), first + batch);
+    std::string frames;
+    for (std::size_t i = first; i < last; ++i) {
+      std::string f = detail::proto::frame_builder(detail::proto::op::add, keys[i].size() + 16)
+                          .str(keys[i])
+                          .i64(deltas[i])
+                          .finish();
+      if (f.size() - detail::proto::header_bytes > opts_.max_message_bytes) {
+        ec = make_error_code(error::bad_message);
+        conn_->last_detail = "add_many: request for key " + detail::quote_key(keys[i]) + " exceeds max_message_bytes";
+        return out;
+      }
+      frames += f;
+    }
+    if (!conn_->connected()) {
+      conn_->connect(d, ec);
+      if (ec) return out;
+    }
+    conn_->write_frame(frames, d, ec);
+    if (ec) return out;
+    for (std::size_t i = first; i < last; ++i) {
+      auto r = conn_->read_frame(d, ec, false);
+      if (!ec && r.msg.code == detail::proto::op::error) conn_->server_error(ec, r.msg);
+      if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) {
+        conn_->last_detail = "add_many: reply " + std::to_string(i + 1) + " of " + std::to_string(keys.size()) +
+                             " (key " + detail::quote_key(keys[i]) + "): " + conn_->last_detail;
+        // Replies to the rest of this batch may still be in flight: the
+        // connection cannot be reused in step with its requests.
+        conn_->close();
+        return out;
+      }
+      out.push_back(r.msg.integer);
+    }
+  }
+  return out;
+}
+inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
+                                                        std::span<const std::int64_t> deltas, deadline d) {
+  std::error_code ec;
+  auto v = add_many(keys, deltas, d, ec);
+  if (ec) raise("store.add_many", {}, ec);
+  return v;
+}
+
 // compare_set
 inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
                                                     std::string_view desired, deadline d,
@@ -13002,14 +13096,19 @@ EBBFLOW_END_NAMESPACE
 //! owner reads it.
 //!
 //! Chunk sizes (`steal_options`, `owner_request`, `thief_request`): the owner
-//! claims a large first chunk (first_fraction·b_r), then guided chunks
-//! ceil(rest / owner_divisor), never below min_chunk, so a step costs about
-//! 1 + owner_divisor·ln(b_r / min_chunk) claims when no one steals. Callers
-//! may cap a claim (`steal_policy` and `run_stealing_step` do all of this),
-//! e.g. with `paced_owner_cap` so an owner that falls behind
-//! its planned step time claims little and leaves its tail to thieves, and
-//! with `balanced_steal` so a thief takes no more than it can finish before
-//! the victim would.
+//! claims a first chunk (first_fraction·b_r, small enough that an owner up to
+//! 1/first_fraction times slower than planned still finishes it in the planned
+//! step time, and that measures its speed in this step), then everything but a
+//! tail reserve (tail_reserve·b_r) at once, then guided chunks
+//! ceil(rest / owner_divisor) of the reserve, never below min_chunk and never
+//! leaving less than min_chunk behind. A step on plan thus costs about
+//! 2 + log_{owner_divisor}(tail_reserve·b_r / min_chunk) claims; the reserve
+//! is what thieves can take from an owner that is a little slow (noise),
+//! while pacing leaves a straggler's whole rest to them. Callers may cap a
+//! claim (`steal_policy` and `run_stealing_step` do all of this), e.g. with
+//! `paced_owner_cap` so an owner that falls behind its planned step time
+//! claims little and leaves its tail to thieves, and with `balanced_steal` so
+//! a thief takes no more than it can finish before the victim would.
 //!
 //! Thread safety: a `work_stealer` is used by one thread (one per worker and
 //! step); any number of workers, threads or processes may claim concurrently
@@ -13047,6 +13146,16 @@ concept counter_store = requires(S& s, const std::string& key, std::int64_t delt
   { s.add(key, delta, d) } -> std::convertible_to<std::int64_t>;
 };
 
+//! A `counter_store` that can also apply many adds in about one round trip
+//! (`add_many(keys, deltas, d)` returns the values after each add, in
+//! order); `elastic::store_client` pipelines them, `elastic::memory_store`
+//! takes one lock. Thieves then read every slice at once.
+template <class S>
+concept batch_counter_store = counter_store<S> &&
+    requires(S& s, std::span<const std::string> keys, std::span<const std::int64_t> deltas, deadline d) {
+  { s.add_many(keys, deltas, d) } -> std::convertible_to<std::vector<std::int64_t>>;
+};
+
 //! The largest slice work stealing accepts: each count must fit in 31 bits.
 inline constexpr std::uint64_t max_slice_items = (std::uint64_t{1} << 31) - 1;
 
@@ -13081,10 +13190,12 @@ struct chunk {
 
 //! Chunk-size policy. Value type.
 struct steal_options {
-  double first_fraction = 0.25;              //!< the owner's first claim: ceil(first_fraction · b_r); in (0, 1]
-  std::uint32_t owner_divisor = 4;           //!< later owner claims: ceil(unclaimed-by-owner / owner_divisor); >= 1
-  std::uint32_t thief_divisor = 2;           //!< a thief claims ceil(victim's remaining / thief_divisor); >= 1
-  std::uint64_t min_chunk = 1;               //!< no claim asks for fewer (unless fewer are left); >= 1
+  double first_fraction = 0.25;     //!< the owner's first claim: ceil(first_fraction · b_r); in (0, 1]
+  std::uint32_t owner_divisor = 2;  //!< guided owner claims: ceil(unclaimed-by-owner / owner_divisor); >= 1
+  std::uint32_t thief_divisor = 2;  //!< a thief claims ceil(victim's remaining / thief_divisor); >= 1
+  std::uint64_t min_chunk = 1;      //!< no claim asks for fewer (unless fewer are left); >= 1
+  double tail_reserve = 0.03;  //!< then the owner claims all but max(ceil(tail_reserve · b_r), min_chunk) at once (0:
+                               //!< guided chunks only); in [0, 1)
   std::chrono::milliseconds timeout{30000};  //!< deadline of each store call
 };
 
@@ -13092,9 +13203,10 @@ struct steal_options {
 inline void validate(const steal_options& o);
 
 //! The owner's next request on a slice of `size` items of which it has
-//! requested `front` so far: the first chunk, then the guided size, at most
-//! `cap` but at least min_chunk (min_chunk wins: it is the smallest chunk worth
-//! its overhead), and at most size − front. 0 when front >= size. Pure.
+//! requested `front` so far: the first chunk, then all but the tail reserve,
+//! then the guided size; at most `cap` but at least min_chunk (min_chunk wins:
+//! it is the smallest chunk worth its overhead); the whole rest when less than
+//! min_chunk would be left behind. 0 when front >= size. Pure.
 [[nodiscard]] inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front,
                                                  std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
 
@@ -13168,6 +13280,11 @@ class work_stealer {
   //! Reads slice `r`'s counter (an add of 0; one round trip).
   //! @throws plan_error(bad_rank | bad_counter); store errors.
   [[nodiscard]] slice_state peek(std::size_t r);
+  //! Reads every other slice not yet seen exhausted: one batched round trip
+  //! when `Store` is a `batch_counter_store`, else one `peek` each. The states
+  //! are then in `last_seen`. Returns the number of slices read.
+  //! @throws plan_error(bad_counter); store errors.
+  std::size_t peek_others();
   //! Claims up to `request` items from the back of slice `victim` (`victim`
   //! != own rank), clamped to what was last seen remaining and to
   //! `thief_request_limit`. Empty when the slice is (now) exhausted; a slice
@@ -13189,7 +13306,7 @@ class work_stealer {
   [[nodiscard]] std::uint64_t processed() const noexcept { return processed_; }
   //! Items this worker has stolen from others.
   [[nodiscard]] std::uint64_t stolen() const noexcept { return stolen_; }
-  //! Store round trips made so far (claims and peeks).
+  //! Store round trips made so far (claims and peeks; a batched read counts once).
   [[nodiscard]] std::uint64_t store_calls() const noexcept { return calls_; }
   //! w = processed() / global_batch, the factor for this worker's mean-loss
   //! gradient (see the file comment). @throws plan_error(zero_batch) when global_batch == 0.
@@ -13220,9 +13337,13 @@ class work_stealer {
 
 //! The smallest chunk whose fixed overhead is at most `share` of its compute:
 //! ceil(overhead_s / (share · s_per_item)), at least 1. Use it as
-//! `steal_options::min_chunk`. Pure.
+//! `steal_options::min_chunk`. The default share 0.25 balances the two costs
+//! of the chunk size at the end of a step: the last chunks leave workers
+//! finishing apart by about half a chunk, and halving the smallest chunk adds
+//! one more chunk's overhead, so the expected loss is least when a smallest
+//! chunk computes for about 4× its overhead. Pure.
 [[nodiscard]] inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item,
-                                                         double share = 0.05) noexcept;
+                                                         double share = 0.25) noexcept;
 
 //! The decisions of one worker in one step, free of clocks and stores so that
 //! a real worker (`run_stealing_step`) and a simulation make them alike. Knows
@@ -13258,6 +13379,24 @@ class steal_policy {
   //! remaining × max(planned c_r, (elapsed_s − a_r) / F_r), and requests
   //! min(`balanced_steal`, `fair_steal_cap`) of it.
   [[nodiscard]] choice choose(std::span<const slice_state> seen, double elapsed_s) const;
+  //! Slice `r`'s estimated time to finish as `choose` rates it, from state `s`:
+  //! remaining × max(c_r, (elapsed_s − a_r) / F_r) (planned c_r while F_r = 0).
+  [[nodiscard]] double time_left(std::size_t r, const slice_state& s, double elapsed_s) const noexcept;
+  //! An upper bound of `time_left` now for a slice last seen in state `stale`
+  //! (its remaining only shrinks and its F only grows): the same formula, with
+  //! F_r >= 1 assumed when `stale` shows F_r = 0.
+  [[nodiscard]] double time_left_bound(std::size_t r, const slice_state& stale, double elapsed_s) const noexcept;
+  //! The steal decision with as few store round trips as possible. With a
+  //! `batch_counter_store` it reads every other slice not yet seen exhausted
+  //! in one batch (`peek_others`). Otherwise it peeks them one by one in
+  //! decreasing order of `time_left_bound` from their last-seen states and
+  //! stops once no unread slice can beat the best one read. Then it
+  //! `choose`s at `elapsed_s` (unread slices count with their last-seen
+  //! states, which can only overstate the work left), so the victim is the
+  //! one `choose` would pick after peeking every slice, except on exact ties.
+  //! Errors as `work_stealer::peek`.
+  template <counter_store Store>
+  [[nodiscard]] choice scan(work_stealer<Store>& stealer, double elapsed_s) const;
 
  private:
   std::vector<double> a_, c_;
@@ -13329,6 +13468,8 @@ inline void validate(const steal_options& o) {
   EBBFLOW_PLAN_ENFORCE(std::isfinite(o.first_fraction) && o.first_fraction > 0 && o.first_fraction <= 1,
                        plan_errc::bad_steal_request, "first_fraction " << o.first_fraction << " outside (0, 1]");
   EBBFLOW_PLAN_ENFORCE(o.owner_divisor >= 1, plan_errc::bad_steal_request, "owner_divisor 0");
+  EBBFLOW_PLAN_ENFORCE(std::isfinite(o.tail_reserve) && o.tail_reserve >= 0 && o.tail_reserve < 1,
+                       plan_errc::bad_steal_request, "tail_reserve " << o.tail_reserve << " outside [0, 1)");
   EBBFLOW_PLAN_ENFORCE(o.thief_divisor >= 1, plan_errc::bad_steal_request, "thief_divisor 0");
   EBBFLOW_PLAN_ENFORCE(o.min_chunk >= 1, plan_errc::bad_steal_request, "min_chunk 0");
   EBBFLOW_PLAN_ENFORCE(o.timeout.count() > 0, plan_errc::bad_steal_request,
@@ -13338,11 +13479,20 @@ inline void validate(const steal_options& o) {
 inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front, std::uint64_t cap) {
   if (front >= size) return 0;
   const std::uint64_t rest = size - front;
+  // The tail reserve is at least one smallest chunk (a smaller one could not be split).
+  const std::uint64_t reserve =
+      o.tail_reserve > 0
+          ? std::max(static_cast<std::uint64_t>(std::ceil(o.tail_reserve * static_cast<double>(size))), o.min_chunk)
+          : 0;
   std::uint64_t q = front == 0 ? static_cast<std::uint64_t>(std::ceil(o.first_fraction * static_cast<double>(size)))
-                               : detail::ceil_div(rest, o.owner_divisor);
+                    : reserve > 0 && rest > reserve ? rest - reserve
+                                                    : detail::ceil_div(rest, o.owner_divisor);
   // min_chunk wins over cap: it is the smallest chunk worth its overhead.
   q = std::max(std::min(q, cap), o.min_chunk);
-  return std::min(q, rest);
+  // Never leave a remainder smaller than min_chunk: it would cost a whole
+  // chunk's overhead for less than a chunk's worth of work.
+  if (q >= rest || rest - q < o.min_chunk) return rest;
+  return q;
 }
 
 inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining, std::uint64_t cap) {
@@ -13455,6 +13605,33 @@ slice_state work_stealer<Store>::peek(std::size_t r) {
 }
 
 template <counter_store Store>
+std::size_t work_stealer<Store>::peek_others() {
+  std::vector<std::size_t> which;
+  for (std::size_t r = 0; r < size_.size(); ++r)
+    if (r != rank_ && !exhausted_[r]) which.push_back(r);
+  if (which.empty()) return 0;
+  if constexpr (batch_counter_store<Store>) {
+    std::vector<std::string> keys;
+    keys.reserve(which.size());
+    for (std::size_t r : which) keys.push_back(key(r));
+    const std::vector<std::int64_t> zeros(which.size(), 0);
+    const std::vector<std::int64_t> after = store_->add_many(
+        std::span<const std::string>(keys), std::span<const std::int64_t>(zeros), deadline::after(opts_.timeout));
+    ++calls_;
+    EBBFLOW_PLAN_ENFORCE(after.size() == which.size(), plan_errc::bad_counter,
+                         "store answered " << after.size() << " of " << which.size() << " batched reads");
+    for (std::size_t k = 0; k < which.size(); ++k) {
+      const std::size_t r = which[k];
+      seen_[r] = decode(r, after[k], 0);
+      if (seen_[r].exhausted()) exhausted_[r] = 1;
+    }
+  } else {
+    for (std::size_t r : which) (void)peek(r);
+  }
+  return which.size();
+}
+
+template <counter_store Store>
 chunk work_stealer<Store>::steal_from(std::size_t victim, std::uint64_t request) {
   EBBFLOW_PLAN_ENFORCE(victim < size_.size(), plan_errc::bad_rank,
                        "victim " << victim << " outside " << size_.size() << " slices");
@@ -13486,11 +13663,12 @@ template <counter_store Store>
 chunk work_stealer<Store>::steal(std::uint64_t cap) {
   EBBFLOW_PLAN_ENFORCE(cap >= 1, plan_errc::bad_steal_request, "steal with cap 0");
   for (;;) {
+    (void)peek_others();
     std::size_t best = size_.size();
     std::uint64_t most = 0;
     for (std::size_t r = 0; r < size_.size(); ++r) {
       if (r == rank_ || exhausted_[r]) continue;
-      const std::uint64_t rest = peek(r).remaining();
+      const std::uint64_t rest = seen_[r].remaining();
       if (rest > most) most = rest, best = r;
     }
     if (best == size_.size()) return chunk{rank_, 0, 0, true};
@@ -13573,17 +13751,51 @@ inline steal_policy::choice steal_policy::choose(std::span<const slice_state> se
     all_rest += static_cast<double>(seen[r].remaining());
     // Progress: the owner requested F items in (elapsed − a_r) seconds; F
     // includes the chunk in flight, so this errs towards the planned speed.
-    double v = c_[r];
-    if (seen[r].front > 0 && elapsed_s > a_[r])
-      v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(seen[r].front));
-    const double left = static_cast<double>(seen[r].remaining()) * v;
-    if (left > worst) worst = left, victim = r, victim_s = v;
+    const double left = time_left(r, seen[r], elapsed_s);
+    if (left > worst) worst = left, victim = r, victim_s = left / static_cast<double>(seen[r].remaining());
   }
   if (victim == seen.size()) return {};
   const std::uint64_t g =
       std::min(balanced_steal(seen[victim].remaining(), victim_s, s_per_item(), claim_s_ + overhead_s_),
                fair_steal_cap(static_cast<std::uint64_t>(all_rest), fleet_rate_, s_per_item()));
   return {victim, g};
+}
+
+inline double steal_policy::time_left(std::size_t r, const slice_state& s, double elapsed_s) const noexcept {
+  double v = c_[r];
+  if (s.front > 0 && elapsed_s > a_[r]) v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(s.front));
+  return static_cast<double>(s.remaining()) * v;
+}
+
+inline double steal_policy::time_left_bound(std::size_t r, const slice_state& stale, double elapsed_s) const noexcept {
+  double v = c_[r];
+  if (elapsed_s > a_[r])
+    v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(std::max<std::uint64_t>(stale.front, 1)));
+  return static_cast<double>(stale.remaining()) * v;
+}
+
+template <counter_store Store>
+steal_policy::choice steal_policy::scan(work_stealer<Store>& stealer, double elapsed_s) const {
+  const std::size_t n = stealer.slices();
+  EBBFLOW_PLAN_ENFORCE(n == c_.size(), plan_errc::membership_mismatch,
+                       "a stealer of " << n << " slices for a policy of " << c_.size() << " workers");
+  if constexpr (batch_counter_store<Store>) {
+    (void)stealer.peek_others();  // one round trip for all
+  } else {
+    std::vector<std::pair<double, std::size_t>> order;  // (bound, rank), largest bound first
+    for (std::size_t r = 0; r < n; ++r)
+      if (r != rank_ && !stealer.last_seen(r).exhausted())
+        order.emplace_back(time_left_bound(r, stealer.last_seen(r), elapsed_s), r);
+    std::sort(order.begin(), order.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    double best = 0;
+    for (const auto& [bound, r] : order) {
+      if (bound <= best) break;  // neither this slice nor any later one can beat the best read
+      best = std::max(best, time_left(r, stealer.peek(r), elapsed_s));
+    }
+  }
+  std::vector<slice_state> seen(n);
+  for (std::size_t r = 0; r < n; ++r) seen[r] = stealer.last_seen(r);
+  return choose(seen, elapsed_s);
 }
 
 template <counter_store Store, class Process>
@@ -13600,11 +13812,8 @@ steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& polic
     policy.observe_own(c.size(), seconds(steady_clock::now() - t).count());
     ++rep.chunks;
   }
-  std::vector<slice_state> seen(stealer.slices());
   for (;;) {
-    for (std::size_t r = 0; r < stealer.slices(); ++r)
-      seen[r] = r == stealer.rank() || stealer.last_seen(r).exhausted() ? stealer.last_seen(r) : stealer.peek(r);
-    const steal_policy::choice ch = policy.choose(seen, elapsed());
+    const steal_policy::choice ch = policy.scan(stealer, elapsed());
     if (ch.items == 0) break;
     const chunk c = stealer.steal_from(ch.victim, ch.items);
     if (c.empty()) continue;  // lost the race for that tail; look again

@@ -74,6 +74,8 @@ TEST(WorkStealing, OwnerFrontThiefBackExactState) {
   el::memory_store store;
   const std::vector<std::size_t> sizes = {100, 0};
   pl::steal_options o;  // first 25, then ceil(rest/4)
+  o.tail_reserve = 0;
+  o.owner_divisor = 4;
   pl::work_stealer<el::memory_store> owner(store, "t", {7, 3}, sizes, 0, o);
   pl::work_stealer<el::memory_store> thief(store, "t", {7, 3}, sizes, 1, o);
   EXPECT_EQ(owner.key(0), "t/7/3/0");
@@ -132,13 +134,22 @@ TEST(WorkStealing, KeysOfDifferentAttemptsNeverCollide) {
 TEST(WorkStealing, ChunkPolicy) {
   pl::steal_options o;
   o.min_chunk = 4;
-  EXPECT_EQ(pl::owner_request(o, 100, 0), 25u);
-  EXPECT_EQ(pl::owner_request(o, 100, 25), 19u);
-  EXPECT_EQ(pl::owner_request(o, 100, 98), 2u);  // min_chunk, but never beyond the slice
+  EXPECT_EQ(pl::owner_request(o, 100, 0), 25u);   // first_fraction 0.25
+  EXPECT_EQ(pl::owner_request(o, 100, 25), 71u);  // all but the tail reserve max(ceil(0.03 * 100), min_chunk) = 4
+  EXPECT_EQ(pl::owner_request(o, 100, 97), 3u);   // min_chunk 4 > rest: the whole rest
+  EXPECT_EQ(pl::owner_request(o, 100, 94), 6u);   // guided 3 would leave 3 < min_chunk behind: all 6
+  EXPECT_EQ(pl::owner_request(o, 100, 98), 2u);   // min_chunk, but never beyond the slice
   EXPECT_EQ(pl::owner_request(o, 100, 100), 0u);
   EXPECT_EQ(pl::owner_request(o, 100, 0, 7), 7u);  // capped
   EXPECT_EQ(pl::owner_request(o, 100, 0, 2), 4u);  // min_chunk wins over the cap
   EXPECT_EQ(pl::owner_request(o, 3, 0), 3u);
+  EXPECT_EQ(pl::owner_request(o, 1000, 250), 720u);  // reserve 30 of 750
+  EXPECT_EQ(pl::owner_request(o, 1000, 970), 15u);   // then guided: ceil(30 / 2)
+  EXPECT_EQ(pl::owner_request(o, 1000, 993), 7u);    // 4 would leave 3 < min_chunk behind: all 7
+  pl::steal_options guided = o;
+  guided.tail_reserve = 0;  // guided chunks from the start
+  EXPECT_EQ(pl::owner_request(guided, 100, 25), 38u);
+  EXPECT_EQ(pl::owner_request(guided, 100, 90), 5u);
   EXPECT_EQ(pl::thief_request(o, 0), 0u);
   EXPECT_EQ(pl::thief_request(o, 9), 5u);
   EXPECT_EQ(pl::thief_request(o, 3), 3u);
@@ -263,6 +274,89 @@ TEST(WorkStealing, PolicyFindsTheStragglerByProgress) {
   seen = {{100, 100, 0}, {100, 90, 10}, {100, 30, 70}};
   EXPECT_EQ(thief.choose(seen, 1.0).items, 0u);
 }
+
+// `scan` peeks only the slices that can still be the victim and picks the
+// victim a full peek would pick: random progress, stale views, many trials.
+namespace {
+// memory_store without add_many: `scan` then peeks slice by slice.
+struct single_add_store {
+  el::memory_store* inner;
+  std::int64_t add(const std::string& k, std::int64_t d, ef::deadline dl) { return inner->add(k, d, dl); }
+};
+static_assert(pl::counter_store<single_add_store> && !pl::batch_counter_store<single_add_store>);
+static_assert(pl::batch_counter_store<el::memory_store>);
+
+template <bool Batched>
+void scan_matches_full_peek(std::uint64_t seed);
+}  // namespace
+
+TEST(WorkStealing, ScanPicksTheFullPeekVictimWithFewerReads) {
+  scan_matches_full_peek<false>(77);  // bound-pruned peeks, one by one
+  scan_matches_full_peek<true>(78);   // one batched read
+}
+
+namespace {
+template <bool Batched>
+void scan_matches_full_peek(std::uint64_t seed) {
+  using Store = std::conditional_t<Batched, el::memory_store, single_add_store>;
+  std::mt19937_64 rng(seed);
+  std::uint64_t scan_reads = 0, full_reads = 0;
+  for (int t = 0; t < 300; ++t) {
+    el::memory_store mem;
+    single_add_store full_view{&mem};
+    auto& store = mem;
+    Store& thief_store = [&]() -> Store& {
+      if constexpr (Batched)
+        return mem;
+      else
+        return full_view;
+    }();
+    const std::size_t n = 2 + rng() % 14;
+    std::vector<pl::worker_spec> m;
+    std::vector<std::size_t> sizes;
+    for (std::size_t i = 0; i < n; ++i) {
+      m.push_back({i, 1e-3 * static_cast<double>(rng() % 4), 1e-3 * static_cast<double>(1 + rng() % 8), 1000, 0, 0});
+      sizes.push_back(i > 0 && rng() % 5 == 0 ? 0 : 20 + rng() % 200);
+    }
+    const pl::batch_plan plan = pl::make_plan(m, sizes, 1);
+    const std::uint64_t step = static_cast<std::uint64_t>(t);
+    std::vector<std::uint64_t> front(n, 0);
+    const auto d = ebbflow::deadline::after(std::chrono::seconds(5));
+    auto progress = [&] {  // owners and other thieves move on: F grows (never past the slice), K grows
+      for (std::size_t r = 1; r < n; ++r) {
+        if (sizes[r] == 0) continue;
+        const std::string key = "scan/0/" + std::to_string(step) + "/" + std::to_string(r);
+        const std::uint64_t f = std::min<std::uint64_t>(rng() % 2 ? rng() % 60 : 0, sizes[r] - front[r]);
+        front[r] += f;
+        (void)store.add(key, static_cast<std::int64_t>(f) << 32, d);
+        if (rng() % 3 == 0) (void)store.add(key, static_cast<std::int64_t>(rng() % 30), d);
+      }
+    };
+    pl::work_stealer<Store> thief(thief_store, "scan", {0, step}, plan, 0);
+    pl::work_stealer<single_add_store> fresh(full_view, "scan", {0, step}, plan, 0);
+    const pl::steal_policy pol(m, plan, 0, 1e-5, 1e-4);
+    progress();
+    (void)pol.scan(thief, 0.05);  // an earlier scan: the thief's views go stale from here on
+    progress();
+    const double now = 0.05 + 0.001 * static_cast<double>(rng() % 200);
+    const std::uint64_t before = thief.store_calls();
+    const auto got = pol.scan(thief, now);
+    const std::uint64_t reads = thief.store_calls() - before;
+    scan_reads += reads;
+    std::vector<pl::slice_state> all(n);
+    for (std::size_t r = 0; r < n; ++r) all[r] = r == 0 ? fresh.last_seen(0) : fresh.peek(r);
+    full_reads += fresh.store_calls();
+    EXPECT_LE(reads, fresh.store_calls()) << "trial " << t;
+    const auto want = pol.choose(all, now);
+    ASSERT_EQ(got.items == 0, want.items == 0) << "trial " << t;
+    if (want.items == 0) continue;
+    // The same victim, or one whose estimated time left ties with it.
+    EXPECT_DOUBLE_EQ(pol.time_left(got.victim, all[got.victim], now), pol.time_left(want.victim, all[want.victim], now))
+        << "trial " << t << ": scan picked " << got.victim << ", a full peek " << want.victim;
+  }
+  EXPECT_LT(scan_reads, full_reads * 3 / 4) << scan_reads << " round trips by scan, " << full_reads << " by full peeks";
+}
+}  // namespace
 
 // Real threads on the real clock: one worker is 6x slower per item. The
 // driver must cover every item exactly once, and the others must take over

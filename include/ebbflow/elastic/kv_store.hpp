@@ -29,6 +29,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -97,6 +98,26 @@ class memory_store {
     v = std::to_string(x);
     cv_.notify_all();
     return x;
+  }
+  //! `add(keys[i], deltas[i])` for every i, under one lock. Errors as `add`;
+  //! std::invalid_argument when the spans differ in length.
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     deadline d) {
+    if (keys.size() != deltas.size())
+      throw std::invalid_argument("store.add_many: " + std::to_string(keys.size()) + " keys but " +
+                                  std::to_string(deltas.size()) + " deltas");
+    std::vector<std::int64_t> out;
+    out.reserve(keys.size());
+    std::lock_guard lk(m_);
+    check(d, "store.add_many");
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      auto& v = kv_[keys[i]];
+      const std::int64_t x = (v.empty() ? 0 : std::stoll(v)) + deltas[i];
+      v = std::to_string(x);
+      out.push_back(x);
+    }
+    cv_.notify_all();
+    return out;
   }
   //! Stores `desired` when the value under `k` equals `expected` (an empty
   //! `expected` matches an absent key). Errors as for `set`.

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -231,6 +232,19 @@ class store_client {
   std::int64_t add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept;
   //! As above, by deadline `d`; on error sets `ec` and returns 0.
   std::int64_t add(std::string_view key, std::int64_t delta, deadline d, std::error_code& ec) noexcept;
+
+  //! `add(keys[i], deltas[i])` for every i, pipelined: all requests leave in
+  //! one write and the replies come back in order, so a batch costs about one
+  //! round trip. Each add is atomic; the batch as a whole is not (other
+  //! clients' calls may interleave). Returns the values after each add.
+  //! @throws std::invalid_argument when the spans differ in length; a
+  //! system_error as `add` (naming the first key that failed).
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     deadline d);
+  //! As above; on error sets `ec` and returns the values of the adds that
+  //! completed before it (the rest may or may not have been applied).
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     deadline d, std::error_code& ec);
 
   //! Atomically stores `desired` if the value is `expected` (a missing key
   //! matches an empty `expected`), and returns what is stored now.

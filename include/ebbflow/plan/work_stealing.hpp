@@ -57,14 +57,19 @@
 //! owner reads it.
 //!
 //! Chunk sizes (`steal_options`, `owner_request`, `thief_request`): the owner
-//! claims a large first chunk (first_fraction·b_r), then guided chunks
-//! ceil(rest / owner_divisor), never below min_chunk, so a step costs about
-//! 1 + owner_divisor·ln(b_r / min_chunk) claims when no one steals. Callers
-//! may cap a claim (`steal_policy` and `run_stealing_step` do all of this),
-//! e.g. with `paced_owner_cap` so an owner that falls behind
-//! its planned step time claims little and leaves its tail to thieves, and
-//! with `balanced_steal` so a thief takes no more than it can finish before
-//! the victim would.
+//! claims a first chunk (first_fraction·b_r, small enough that an owner up to
+//! 1/first_fraction times slower than planned still finishes it in the planned
+//! step time, and that measures its speed in this step), then everything but a
+//! tail reserve (tail_reserve·b_r) at once, then guided chunks
+//! ceil(rest / owner_divisor) of the reserve, never below min_chunk and never
+//! leaving less than min_chunk behind. A step on plan thus costs about
+//! 2 + log_{owner_divisor}(tail_reserve·b_r / min_chunk) claims; the reserve
+//! is what thieves can take from an owner that is a little slow (noise),
+//! while pacing leaves a straggler's whole rest to them. Callers may cap a
+//! claim (`steal_policy` and `run_stealing_step` do all of this), e.g. with
+//! `paced_owner_cap` so an owner that falls behind its planned step time
+//! claims little and leaves its tail to thieves, and with `balanced_steal` so
+//! a thief takes no more than it can finish before the victim would.
 //!
 //! Thread safety: a `work_stealer` is used by one thread (one per worker and
 //! step); any number of workers, threads or processes may claim concurrently
@@ -102,6 +107,16 @@ concept counter_store = requires(S& s, const std::string& key, std::int64_t delt
   { s.add(key, delta, d) } -> std::convertible_to<std::int64_t>;
 };
 
+//! A `counter_store` that can also apply many adds in about one round trip
+//! (`add_many(keys, deltas, d)` returns the values after each add, in
+//! order); `elastic::store_client` pipelines them, `elastic::memory_store`
+//! takes one lock. Thieves then read every slice at once.
+template <class S>
+concept batch_counter_store = counter_store<S> &&
+    requires(S& s, std::span<const std::string> keys, std::span<const std::int64_t> deltas, deadline d) {
+  { s.add_many(keys, deltas, d) } -> std::convertible_to<std::vector<std::int64_t>>;
+};
+
 //! The largest slice work stealing accepts: each count must fit in 31 bits.
 inline constexpr std::uint64_t max_slice_items = (std::uint64_t{1} << 31) - 1;
 
@@ -136,10 +151,12 @@ struct chunk {
 
 //! Chunk-size policy. Value type.
 struct steal_options {
-  double first_fraction = 0.25;              //!< the owner's first claim: ceil(first_fraction · b_r); in (0, 1]
-  std::uint32_t owner_divisor = 4;           //!< later owner claims: ceil(unclaimed-by-owner / owner_divisor); >= 1
-  std::uint32_t thief_divisor = 2;           //!< a thief claims ceil(victim's remaining / thief_divisor); >= 1
-  std::uint64_t min_chunk = 1;               //!< no claim asks for fewer (unless fewer are left); >= 1
+  double first_fraction = 0.25;     //!< the owner's first claim: ceil(first_fraction · b_r); in (0, 1]
+  std::uint32_t owner_divisor = 2;  //!< guided owner claims: ceil(unclaimed-by-owner / owner_divisor); >= 1
+  std::uint32_t thief_divisor = 2;  //!< a thief claims ceil(victim's remaining / thief_divisor); >= 1
+  std::uint64_t min_chunk = 1;      //!< no claim asks for fewer (unless fewer are left); >= 1
+  double tail_reserve = 0.03;  //!< then the owner claims all but max(ceil(tail_reserve · b_r), min_chunk) at once (0:
+                               //!< guided chunks only); in [0, 1)
   std::chrono::milliseconds timeout{30000};  //!< deadline of each store call
 };
 
@@ -147,9 +164,10 @@ struct steal_options {
 inline void validate(const steal_options& o);
 
 //! The owner's next request on a slice of `size` items of which it has
-//! requested `front` so far: the first chunk, then the guided size, at most
-//! `cap` but at least min_chunk (min_chunk wins: it is the smallest chunk worth
-//! its overhead), and at most size − front. 0 when front >= size. Pure.
+//! requested `front` so far: the first chunk, then all but the tail reserve,
+//! then the guided size; at most `cap` but at least min_chunk (min_chunk wins:
+//! it is the smallest chunk worth its overhead); the whole rest when less than
+//! min_chunk would be left behind. 0 when front >= size. Pure.
 [[nodiscard]] inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front,
                                                  std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
 
@@ -223,6 +241,11 @@ class work_stealer {
   //! Reads slice `r`'s counter (an add of 0; one round trip).
   //! @throws plan_error(bad_rank | bad_counter); store errors.
   [[nodiscard]] slice_state peek(std::size_t r);
+  //! Reads every other slice not yet seen exhausted: one batched round trip
+  //! when `Store` is a `batch_counter_store`, else one `peek` each. The states
+  //! are then in `last_seen`. Returns the number of slices read.
+  //! @throws plan_error(bad_counter); store errors.
+  std::size_t peek_others();
   //! Claims up to `request` items from the back of slice `victim` (`victim`
   //! != own rank), clamped to what was last seen remaining and to
   //! `thief_request_limit`. Empty when the slice is (now) exhausted; a slice
@@ -244,7 +267,7 @@ class work_stealer {
   [[nodiscard]] std::uint64_t processed() const noexcept { return processed_; }
   //! Items this worker has stolen from others.
   [[nodiscard]] std::uint64_t stolen() const noexcept { return stolen_; }
-  //! Store round trips made so far (claims and peeks).
+  //! Store round trips made so far (claims and peeks; a batched read counts once).
   [[nodiscard]] std::uint64_t store_calls() const noexcept { return calls_; }
   //! w = processed() / global_batch, the factor for this worker's mean-loss
   //! gradient (see the file comment). @throws plan_error(zero_batch) when global_batch == 0.
@@ -275,9 +298,13 @@ class work_stealer {
 
 //! The smallest chunk whose fixed overhead is at most `share` of its compute:
 //! ceil(overhead_s / (share · s_per_item)), at least 1. Use it as
-//! `steal_options::min_chunk`. Pure.
+//! `steal_options::min_chunk`. The default share 0.25 balances the two costs
+//! of the chunk size at the end of a step: the last chunks leave workers
+//! finishing apart by about half a chunk, and halving the smallest chunk adds
+//! one more chunk's overhead, so the expected loss is least when a smallest
+//! chunk computes for about 4× its overhead. Pure.
 [[nodiscard]] inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item,
-                                                         double share = 0.05) noexcept;
+                                                         double share = 0.25) noexcept;
 
 //! The decisions of one worker in one step, free of clocks and stores so that
 //! a real worker (`run_stealing_step`) and a simulation make them alike. Knows
@@ -313,6 +340,24 @@ class steal_policy {
   //! remaining × max(planned c_r, (elapsed_s − a_r) / F_r), and requests
   //! min(`balanced_steal`, `fair_steal_cap`) of it.
   [[nodiscard]] choice choose(std::span<const slice_state> seen, double elapsed_s) const;
+  //! Slice `r`'s estimated time to finish as `choose` rates it, from state `s`:
+  //! remaining × max(c_r, (elapsed_s − a_r) / F_r) (planned c_r while F_r = 0).
+  [[nodiscard]] double time_left(std::size_t r, const slice_state& s, double elapsed_s) const noexcept;
+  //! An upper bound of `time_left` now for a slice last seen in state `stale`
+  //! (its remaining only shrinks and its F only grows): the same formula, with
+  //! F_r >= 1 assumed when `stale` shows F_r = 0.
+  [[nodiscard]] double time_left_bound(std::size_t r, const slice_state& stale, double elapsed_s) const noexcept;
+  //! The steal decision with as few store round trips as possible. With a
+  //! `batch_counter_store` it reads every other slice not yet seen exhausted
+  //! in one batch (`peek_others`). Otherwise it peeks them one by one in
+  //! decreasing order of `time_left_bound` from their last-seen states and
+  //! stops once no unread slice can beat the best one read. Then it
+  //! `choose`s at `elapsed_s` (unread slices count with their last-seen
+  //! states, which can only overstate the work left), so the victim is the
+  //! one `choose` would pick after peeking every slice, except on exact ties.
+  //! Errors as `work_stealer::peek`.
+  template <counter_store Store>
+  [[nodiscard]] choice scan(work_stealer<Store>& stealer, double elapsed_s) const;
 
  private:
   std::vector<double> a_, c_;

@@ -450,6 +450,65 @@ inline std::int64_t store_client::add(std::string_view key, std::int64_t delta) 
   return add(key, delta, default_deadline());
 }
 
+// add_many: pipelined adds (the server answers the frames of one connection in order)
+inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
+                                                        std::span<const std::int64_t> deltas, deadline d,
+                                                        std::error_code& ec) {
+  if (keys.size() != deltas.size())
+    throw std::invalid_argument("store.add_many: " + std::to_string(keys.size()) + " keys but " +
+                                std::to_string(deltas.size()) + " deltas");
+  ec.clear();
+  std::vector<std::int64_t> out;
+  out.reserve(keys.size());
+  // Batches small enough for the server's output budget and the socket buffers.
+  constexpr std::size_t batch = 64;
+  std::lock_guard lk(conn_->mu);
+  conn_->last_detail.clear();
+  for (std::size_t first = 0; first < keys.size(); first += batch) {
+    const std::size_t last = std::min(keys.size(), first + batch);
+    std::string frames;
+    for (std::size_t i = first; i < last; ++i) {
+      std::string f = detail::proto::frame_builder(detail::proto::op::add, keys[i].size() + 16)
+                          .str(keys[i])
+                          .i64(deltas[i])
+                          .finish();
+      if (f.size() - detail::proto::header_bytes > opts_.max_message_bytes) {
+        ec = make_error_code(error::bad_message);
+        conn_->last_detail = "add_many: request for key " + detail::quote_key(keys[i]) + " exceeds max_message_bytes";
+        return out;
+      }
+      frames += f;
+    }
+    if (!conn_->connected()) {
+      conn_->connect(d, ec);
+      if (ec) return out;
+    }
+    conn_->write_frame(frames, d, ec);
+    if (ec) return out;
+    for (std::size_t i = first; i < last; ++i) {
+      auto r = conn_->read_frame(d, ec, false);
+      if (!ec && r.msg.code == detail::proto::op::error) conn_->server_error(ec, r.msg);
+      if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) {
+        conn_->last_detail = "add_many: reply " + std::to_string(i + 1) + " of " + std::to_string(keys.size()) +
+                             " (key " + detail::quote_key(keys[i]) + "): " + conn_->last_detail;
+        // Replies to the rest of this batch may still be in flight: the
+        // connection cannot be reused in step with its requests.
+        conn_->close();
+        return out;
+      }
+      out.push_back(r.msg.integer);
+    }
+  }
+  return out;
+}
+inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
+                                                        std::span<const std::int64_t> deltas, deadline d) {
+  std::error_code ec;
+  auto v = add_many(keys, deltas, d, ec);
+  if (ec) raise("store.add_many", {}, ec);
+  return v;
+}
+
 // compare_set
 inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
                                                     std::string_view desired, deadline d,

@@ -33,6 +33,8 @@ inline void validate(const steal_options& o) {
   EBBFLOW_PLAN_ENFORCE(std::isfinite(o.first_fraction) && o.first_fraction > 0 && o.first_fraction <= 1,
                        plan_errc::bad_steal_request, "first_fraction " << o.first_fraction << " outside (0, 1]");
   EBBFLOW_PLAN_ENFORCE(o.owner_divisor >= 1, plan_errc::bad_steal_request, "owner_divisor 0");
+  EBBFLOW_PLAN_ENFORCE(std::isfinite(o.tail_reserve) && o.tail_reserve >= 0 && o.tail_reserve < 1,
+                       plan_errc::bad_steal_request, "tail_reserve " << o.tail_reserve << " outside [0, 1)");
   EBBFLOW_PLAN_ENFORCE(o.thief_divisor >= 1, plan_errc::bad_steal_request, "thief_divisor 0");
   EBBFLOW_PLAN_ENFORCE(o.min_chunk >= 1, plan_errc::bad_steal_request, "min_chunk 0");
   EBBFLOW_PLAN_ENFORCE(o.timeout.count() > 0, plan_errc::bad_steal_request,
@@ -42,11 +44,20 @@ inline void validate(const steal_options& o) {
 inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front, std::uint64_t cap) {
   if (front >= size) return 0;
   const std::uint64_t rest = size - front;
+  // The tail reserve is at least one smallest chunk (a smaller one could not be split).
+  const std::uint64_t reserve =
+      o.tail_reserve > 0
+          ? std::max(static_cast<std::uint64_t>(std::ceil(o.tail_reserve * static_cast<double>(size))), o.min_chunk)
+          : 0;
   std::uint64_t q = front == 0 ? static_cast<std::uint64_t>(std::ceil(o.first_fraction * static_cast<double>(size)))
-                               : detail::ceil_div(rest, o.owner_divisor);
+                    : reserve > 0 && rest > reserve ? rest - reserve
+                                                    : detail::ceil_div(rest, o.owner_divisor);
   // min_chunk wins over cap: it is the smallest chunk worth its overhead.
   q = std::max(std::min(q, cap), o.min_chunk);
-  return std::min(q, rest);
+  // Never leave a remainder smaller than min_chunk: it would cost a whole
+  // chunk's overhead for less than a chunk's worth of work.
+  if (q >= rest || rest - q < o.min_chunk) return rest;
+  return q;
 }
 
 inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining, std::uint64_t cap) {
@@ -159,6 +170,33 @@ slice_state work_stealer<Store>::peek(std::size_t r) {
 }
 
 template <counter_store Store>
+std::size_t work_stealer<Store>::peek_others() {
+  std::vector<std::size_t> which;
+  for (std::size_t r = 0; r < size_.size(); ++r)
+    if (r != rank_ && !exhausted_[r]) which.push_back(r);
+  if (which.empty()) return 0;
+  if constexpr (batch_counter_store<Store>) {
+    std::vector<std::string> keys;
+    keys.reserve(which.size());
+    for (std::size_t r : which) keys.push_back(key(r));
+    const std::vector<std::int64_t> zeros(which.size(), 0);
+    const std::vector<std::int64_t> after = store_->add_many(
+        std::span<const std::string>(keys), std::span<const std::int64_t>(zeros), deadline::after(opts_.timeout));
+    ++calls_;
+    EBBFLOW_PLAN_ENFORCE(after.size() == which.size(), plan_errc::bad_counter,
+                         "store answered " << after.size() << " of " << which.size() << " batched reads");
+    for (std::size_t k = 0; k < which.size(); ++k) {
+      const std::size_t r = which[k];
+      seen_[r] = decode(r, after[k], 0);
+      if (seen_[r].exhausted()) exhausted_[r] = 1;
+    }
+  } else {
+    for (std::size_t r : which) (void)peek(r);
+  }
+  return which.size();
+}
+
+template <counter_store Store>
 chunk work_stealer<Store>::steal_from(std::size_t victim, std::uint64_t request) {
   EBBFLOW_PLAN_ENFORCE(victim < size_.size(), plan_errc::bad_rank,
                        "victim " << victim << " outside " << size_.size() << " slices");
@@ -190,11 +228,12 @@ template <counter_store Store>
 chunk work_stealer<Store>::steal(std::uint64_t cap) {
   EBBFLOW_PLAN_ENFORCE(cap >= 1, plan_errc::bad_steal_request, "steal with cap 0");
   for (;;) {
+    (void)peek_others();
     std::size_t best = size_.size();
     std::uint64_t most = 0;
     for (std::size_t r = 0; r < size_.size(); ++r) {
       if (r == rank_ || exhausted_[r]) continue;
-      const std::uint64_t rest = peek(r).remaining();
+      const std::uint64_t rest = seen_[r].remaining();
       if (rest > most) most = rest, best = r;
     }
     if (best == size_.size()) return chunk{rank_, 0, 0, true};
@@ -277,17 +316,51 @@ inline steal_policy::choice steal_policy::choose(std::span<const slice_state> se
     all_rest += static_cast<double>(seen[r].remaining());
     // Progress: the owner requested F items in (elapsed − a_r) seconds; F
     // includes the chunk in flight, so this errs towards the planned speed.
-    double v = c_[r];
-    if (seen[r].front > 0 && elapsed_s > a_[r])
-      v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(seen[r].front));
-    const double left = static_cast<double>(seen[r].remaining()) * v;
-    if (left > worst) worst = left, victim = r, victim_s = v;
+    const double left = time_left(r, seen[r], elapsed_s);
+    if (left > worst) worst = left, victim = r, victim_s = left / static_cast<double>(seen[r].remaining());
   }
   if (victim == seen.size()) return {};
   const std::uint64_t g =
       std::min(balanced_steal(seen[victim].remaining(), victim_s, s_per_item(), claim_s_ + overhead_s_),
                fair_steal_cap(static_cast<std::uint64_t>(all_rest), fleet_rate_, s_per_item()));
   return {victim, g};
+}
+
+inline double steal_policy::time_left(std::size_t r, const slice_state& s, double elapsed_s) const noexcept {
+  double v = c_[r];
+  if (s.front > 0 && elapsed_s > a_[r]) v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(s.front));
+  return static_cast<double>(s.remaining()) * v;
+}
+
+inline double steal_policy::time_left_bound(std::size_t r, const slice_state& stale, double elapsed_s) const noexcept {
+  double v = c_[r];
+  if (elapsed_s > a_[r])
+    v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(std::max<std::uint64_t>(stale.front, 1)));
+  return static_cast<double>(stale.remaining()) * v;
+}
+
+template <counter_store Store>
+steal_policy::choice steal_policy::scan(work_stealer<Store>& stealer, double elapsed_s) const {
+  const std::size_t n = stealer.slices();
+  EBBFLOW_PLAN_ENFORCE(n == c_.size(), plan_errc::membership_mismatch,
+                       "a stealer of " << n << " slices for a policy of " << c_.size() << " workers");
+  if constexpr (batch_counter_store<Store>) {
+    (void)stealer.peek_others();  // one round trip for all
+  } else {
+    std::vector<std::pair<double, std::size_t>> order;  // (bound, rank), largest bound first
+    for (std::size_t r = 0; r < n; ++r)
+      if (r != rank_ && !stealer.last_seen(r).exhausted())
+        order.emplace_back(time_left_bound(r, stealer.last_seen(r), elapsed_s), r);
+    std::sort(order.begin(), order.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    double best = 0;
+    for (const auto& [bound, r] : order) {
+      if (bound <= best) break;  // neither this slice nor any later one can beat the best read
+      best = std::max(best, time_left(r, stealer.peek(r), elapsed_s));
+    }
+  }
+  std::vector<slice_state> seen(n);
+  for (std::size_t r = 0; r < n; ++r) seen[r] = stealer.last_seen(r);
+  return choose(seen, elapsed_s);
 }
 
 template <counter_store Store, class Process>
@@ -304,11 +377,8 @@ steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& polic
     policy.observe_own(c.size(), seconds(steady_clock::now() - t).count());
     ++rep.chunks;
   }
-  std::vector<slice_state> seen(stealer.slices());
   for (;;) {
-    for (std::size_t r = 0; r < stealer.slices(); ++r)
-      seen[r] = r == stealer.rank() || stealer.last_seen(r).exhausted() ? stealer.last_seen(r) : stealer.peek(r);
-    const steal_policy::choice ch = policy.choose(seen, elapsed());
+    const steal_policy::choice ch = policy.scan(stealer, elapsed());
     if (ch.items == 0) break;
     const chunk c = stealer.steal_from(ch.victim, ch.items);
     if (c.empty()) continue;  // lost the race for that tail; look again
