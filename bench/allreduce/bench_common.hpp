@@ -52,28 +52,31 @@ struct contestant {
   std::function<void(float*, std::size_t)> allreduce;
   std::function<void()> barrier;
   std::function<long(long)> bcast_long;
+  //! Optional: memory for the buffer (e.g. registered shared memory); default a std::vector.
+  std::function<float*(std::size_t)> alloc = {};
 };
 
 inline void run(const contestant& c, const options& o) {
   using clock = std::chrono::steady_clock;
   std::size_t max_bytes = *std::max_element(o.sizes.begin(), o.sizes.end());
-  std::vector<float> buf(max_bytes / 4);
+  std::vector<float> vec;
+  float* const buf = c.alloc ? c.alloc(max_bytes / 4) : (vec.resize(max_bytes / 4), vec.data());
   for (std::size_t bytes : o.sizes) {
     const std::size_t count = bytes / 4;
     // Check first: small integers, exact in any summation order.
     for (std::size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((i % 7) + static_cast<std::size_t>(c.rank));
-    c.allreduce(buf.data(), count);
+    c.allreduce(buf, count);
     long wrong = 0;
     for (std::size_t i = 0; i < count; ++i) {
       const double want = static_cast<double>(i % 7) * c.size + c.size * (c.size - 1) / 2.0;
       wrong += buf[i] != static_cast<float>(want);
     }
     // Time on zeros (sums stay finite); same memory traffic.
-    std::fill(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(count), 0.0f);
+    std::fill(buf, buf + count, 0.0f);
     c.barrier();
     auto t0 = clock::now();
-    c.allreduce(buf.data(), count);  // warm-up and estimate
-    c.allreduce(buf.data(), count);
+    c.allreduce(buf, count);  // warm-up and estimate
+    c.allreduce(buf, count);
     const double est = std::chrono::duration<double>(clock::now() - t0).count() / 2;
     long k = std::max(1L, std::min(1000L, static_cast<long>(o.sample_seconds / std::max(est, 1e-7))));
     k = c.bcast_long(k);
@@ -81,7 +84,7 @@ inline void run(const contestant& c, const options& o) {
     for (int s = 0; s < o.samples; ++s) {
       c.barrier();
       auto a = clock::now();
-      for (long i = 0; i < k; ++i) c.allreduce(buf.data(), count);
+      for (long i = 0; i < k; ++i) c.allreduce(buf, count);
       us.push_back(std::chrono::duration<double, std::micro>(clock::now() - a).count() / static_cast<double>(k));
     }
     if (c.rank == 0) {

@@ -13,6 +13,7 @@
 #include <ebbflow/comm/loopback_transport.hpp>
 #include <ebbflow/comm/reduce.hpp>
 #include <ebbflow/comm/revocable.hpp>
+#include <ebbflow/comm/shared_memory.hpp>
 #include <ebbflow/comm/transport.hpp>
 #include <ebbflow/compress.hpp>
 #include <ebbflow/compress/bucket.hpp>

@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 77 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 79 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -1729,6 +1729,338 @@ EBBFLOW_END_NAMESPACE
 
 
 // #include <ebbflow/comm/communicator.hpp>  (inlined)
+// #include <ebbflow/comm/shared_memory.hpp>  (inlined here)
+// ---- begin <ebbflow/comm/shared_memory.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file shared_memory.hpp
+//! Host buffers that processes on the same host can map: allocate the
+//! buffers you pass to collectives here and an intra-host allreduce reads
+//! and writes peers' memory directly, with no copy through the kernel.
+//!
+//! Why: without it, ranks on one host read each other's buffers with Linux
+//! CMA (`process_vm_readv`), as Open MPI's vader does. CMA copies through
+//! the kernel and pins pages on every call, so the allreduce of a buffer
+//! costs one extra pass over memory and the pinning. A `shared_buffer` is a
+//! `memfd` mapped `MAP_SHARED`; a peer maps it once (through
+//! `/proc/<pid>/fd/<fd>`, the same permission check as CMA) and then reduces
+//! straight out of it. This is the host-memory counterpart of NCCL's user
+//! buffer registration (`ncclMemAlloc` + `ncclCommRegister`) and of
+//! `MPI_Win_allocate_shared`.
+//!
+//! Use:
+//! @code
+//! auto grads = ebbflow::comm::shared_buffer::allocate(n * sizeof(float));
+//! std::span<float> g = grads.as<float>();  // fill it, then
+//! comm.allreduce(ebbflow::buffer_view{g.data(), g.size(), ebbflow::dtype::f32}, ebbflow::reduce_op::sum);
+//! @endcode
+//!
+//! Collectives find out by themselves: every `shared_buffer` is entered in a
+//! process-wide registry, and the single-copy allreduce looks its input and
+//! output up there (any sub-range of a buffer counts). Peers whose buffers
+//! are registered and mappable are read directly; any other peer, as before,
+//! through CMA. Nothing else changes: the same phases, deadlines and
+//! peer-failure detection, and the same bitwise result. A peer that dies
+//! cannot fault a reader: the reader's mapping keeps the memory alive.
+//!
+//! Cost: mapping a peer's buffer is a syscall pair on its first use; mappings
+//! are cached per (peer process, buffer) and released when the cache holds
+//! more than `peer_mapping_cache` of them (least recently used first) or the
+//! process exits. Keep gradient buffers for the whole run, as with NCCL.
+//!
+//! Thread safety: allocation, destruction and lookups may run on any thread.
+//! Errors: `allocate` throws `ebbflow::system_error` with the errno of the
+//! failing call (memfd_create, ftruncate or mmap) and the size.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm {
+
+//! How many peer mappings a process keeps before unmapping the least
+//! recently used one.
+inline constexpr std::size_t peer_mapping_cache = 64;
+
+//! Page-aligned host memory in a `memfd`, mappable by peers on this host.
+//! Move-only RAII: the destructor unregisters and unmaps it. Zero-filled.
+class shared_buffer {
+ public:
+  //! An empty buffer (no memory).
+  shared_buffer() noexcept = default;
+  //! Allocates `bytes` (rounded up to whole pages; 0 gives an empty buffer).
+  //! @throws ebbflow::system_error (errno of memfd_create/ftruncate/mmap, naming the size).
+  [[nodiscard]] static shared_buffer allocate(std::size_t bytes);
+  //! Takes over the source, which becomes empty.
+  shared_buffer(shared_buffer&& o) noexcept;
+  //! Releases this buffer's memory and takes over the source's.
+  shared_buffer& operator=(shared_buffer&& o) noexcept;
+  shared_buffer(const shared_buffer&) = delete;
+  shared_buffer& operator=(const shared_buffer&) = delete;
+  ~shared_buffer();
+
+  //! Start of the memory (null when empty).
+  [[nodiscard]] void* data() const noexcept { return data_; }
+  //! Bytes usable (as requested).
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  //! The memory as `size() / sizeof(T)` elements of T.
+  template <class T>
+  [[nodiscard]] std::span<T> as() const noexcept {
+    return {static_cast<T*>(data_), size_ / sizeof(T)};
+  }
+  //! True when the buffer holds memory.
+  explicit operator bool() const noexcept { return data_ != nullptr; }
+
+ private:
+  void reset() noexcept;
+  void* data_ = nullptr;
+  std::size_t size_ = 0, mapped_ = 0;
+  int fd_ = -1;
+};
+
+namespace detail {
+//! Where a registered range lives, as a peer needs it to map it.
+struct shared_ref {
+  std::int32_t fd = -1;      //!< the owner's memfd (-1: not registered)
+  std::uint64_t id = 0;      //!< unique per buffer and process (fd numbers are reused)
+  std::uint64_t offset = 0;  //!< of the range within the buffer
+  std::uint64_t size = 0;    //!< of the whole buffer (mapped length)
+};
+//! The registration of [p, p + bytes), if one `shared_buffer` holds all of it.
+[[nodiscard]] inline shared_ref find_shared(const void* p, std::size_t bytes) noexcept;
+//! One peer buffer mapped into this process (defined in impl/).
+struct peer_mapping;
+//! A read-write pointer to `bytes` at `ref.offset` in process `pid`'s buffer
+//! `ref`, mapped on first use and cached; null when it cannot be mapped (no
+//! permission, the buffer is gone, a size mismatch). The mapping stays valid
+//! while the returned handle lives.
+class peer_view {
+ public:
+  peer_view() = default;
+  //! The mapped range (null when not mapped).
+  [[nodiscard]] std::byte* data() const noexcept { return data_; }
+  //! True when mapped.
+  explicit operator bool() const noexcept { return data_ != nullptr; }
+
+ private:
+  friend peer_view map_peer(long pid, const shared_ref& ref, std::size_t bytes) noexcept;
+  std::shared_ptr<peer_mapping> keep_;
+  std::byte* data_ = nullptr;
+};
+[[nodiscard]] inline peer_view map_peer(long pid, const shared_ref& ref, std::size_t bytes) noexcept;
+}  // namespace detail
+
+}  // namespace comm
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/comm/impl/shared_memory.hpp>  (inlined here)
+// ---- begin <ebbflow/comm/impl/shared_memory.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/shared_memory.hpp
+//! Definitions for comm/shared_memory.hpp: the memfd allocation, the
+//! process-wide registry of shared buffers and the cache of peers' mappings.
+
+
+// #include <ebbflow/comm/shared_memory.hpp>  (inlined)
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <list>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm {
+namespace detail {
+
+//! Registered buffers of this process, by start address.
+class shared_registry {
+ public:
+  static shared_registry& instance() {
+    static shared_registry r;
+    return r;
+  }
+  void add(const void* p, std::size_t bytes, std::size_t mapped, int fd, std::uint64_t id) {
+    std::lock_guard lk(mu_);
+    by_addr_[reinterpret_cast<std::uintptr_t>(p)] = entry{bytes, mapped, fd, id};
+  }
+  void remove(const void* p) noexcept {
+    std::lock_guard lk(mu_);
+    by_addr_.erase(reinterpret_cast<std::uintptr_t>(p));
+  }
+  shared_ref find(const void* p, std::size_t bytes) const noexcept {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    std::lock_guard lk(mu_);
+    auto it = by_addr_.upper_bound(a);
+    if (it == by_addr_.begin()) return {};
+    --it;
+    const std::uintptr_t off = a - it->first;
+    if (off > it->second.bytes || bytes > it->second.bytes - off) return {};
+    return shared_ref{it->second.fd, it->second.id, off, it->second.mapped};
+  }
+  //! A process-unique, never reused buffer id (random start: ids of two
+  //! processes never need to differ, but a restarted process's should).
+  std::uint64_t next_id() noexcept { return base_ + counter_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  shared_registry() : base_(std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32)) {}
+  struct entry {
+    std::size_t bytes, mapped;
+    int fd;
+    std::uint64_t id;
+  };
+  mutable std::mutex mu_;
+  std::map<std::uintptr_t, entry> by_addr_;
+  std::uint64_t base_;
+  std::atomic<std::uint64_t> counter_{1};
+};
+
+inline shared_ref find_shared(const void* p, std::size_t bytes) noexcept {
+  if (p == nullptr) return {};
+  return shared_registry::instance().find(p, bytes);
+}
+
+//! One peer buffer mapped here; unmapped when the last holder lets go.
+struct peer_mapping {
+  void* base = MAP_FAILED;
+  std::size_t len = 0;
+  ~peer_mapping() {
+    if (base != MAP_FAILED) ::munmap(base, len);
+  }
+};
+
+//! Peers' mappings by (pid, buffer id), least recently used last.
+class peer_mappings {
+ public:
+  static peer_mappings& instance() {
+    static peer_mappings m;
+    return m;
+  }
+  std::shared_ptr<peer_mapping> get(long pid, const shared_ref& ref) noexcept {
+    const key k{pid, ref.id};
+    std::lock_guard lk(mu_);
+    if (auto it = index_.find(k); it != index_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      return it->second->second;
+    }
+    auto m = open(pid, ref);
+    if (!m) return nullptr;
+    lru_.emplace_front(k, m);
+    index_[k] = lru_.begin();
+    while (lru_.size() > peer_mapping_cache) {  // holders keep evicted mappings alive
+      index_.erase(lru_.back().first);
+      lru_.pop_back();
+    }
+    return m;
+  }
+
+ private:
+  using key = std::pair<long, std::uint64_t>;
+  static std::shared_ptr<peer_mapping> open(long pid, const shared_ref& ref) noexcept {
+    const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(ref.fd);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return nullptr;
+    struct stat st {};
+    // The fd number may have been reused for another file since the peer
+    // sent it: insist on a memfd-sized regular file of the advertised size.
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_size) != ref.size) {
+      ::close(fd);
+      return nullptr;
+    }
+    auto m = std::make_shared<peer_mapping>();
+    m->len = static_cast<std::size_t>(ref.size);
+    m->base = ::mmap(nullptr, m->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (m->base == MAP_FAILED) return nullptr;
+    return m;
+  }
+  std::mutex mu_;
+  std::list<std::pair<key, std::shared_ptr<peer_mapping>>> lru_;
+  std::map<key, decltype(lru_)::iterator> index_;
+};
+
+inline peer_view map_peer(long pid, const shared_ref& ref, std::size_t bytes) noexcept {
+  peer_view v;
+  if (ref.fd < 0 || ref.offset > ref.size || bytes > ref.size - ref.offset) return v;
+  auto m = peer_mappings::instance().get(pid, ref);
+  if (!m) return v;
+  v.data_ = static_cast<std::byte*>(m->base) + ref.offset;
+  v.keep_ = std::move(m);
+  return v;
+}
+}  // namespace detail
+
+inline shared_buffer shared_buffer::allocate(std::size_t bytes) {
+  shared_buffer b;
+  if (bytes == 0) return b;
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t mapped = (bytes + page - 1) / page * page;
+  auto fail = [&](const char* call) {
+    const int err = errno;
+    b.reset();
+    EBBFLOW_THROW((system_error(std::error_code(err, std::system_category()),
+                                {-1, -1, -1, "shared_buffer::allocate",
+                                 std::string(call) + " failed for " + std::to_string(bytes) + " bytes"})));
+  };
+  b.fd_ = ::memfd_create("ebbflow-shared", MFD_CLOEXEC);
+  if (b.fd_ < 0) fail("memfd_create");
+  if (::ftruncate(b.fd_, static_cast<off_t>(mapped)) != 0) fail("ftruncate");
+  void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, b.fd_, 0);
+  if (p == MAP_FAILED) fail("mmap");
+  b.data_ = p;
+  b.size_ = bytes;
+  b.mapped_ = mapped;
+  detail::shared_registry::instance().add(p, bytes, mapped, b.fd_, detail::shared_registry::instance().next_id());
+  return b;
+}
+
+inline shared_buffer::shared_buffer(shared_buffer&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)),
+      size_(std::exchange(o.size_, 0)),
+      mapped_(std::exchange(o.mapped_, 0)),
+      fd_(std::exchange(o.fd_, -1)) {}
+
+inline shared_buffer& shared_buffer::operator=(shared_buffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    mapped_ = std::exchange(o.mapped_, 0);
+    fd_ = std::exchange(o.fd_, -1);
+  }
+  return *this;
+}
+
+inline shared_buffer::~shared_buffer() { reset(); }
+
+inline void shared_buffer::reset() noexcept {
+  if (data_) {
+    detail::shared_registry::instance().remove(data_);
+    ::munmap(data_, mapped_);
+  }
+  if (fd_ >= 0) ::close(fd_);
+  data_ = nullptr;
+  size_ = mapped_ = 0;
+  fd_ = -1;
+}
+
+}  // namespace comm
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/comm/impl/shared_memory.hpp>
+// ---- end <ebbflow/comm/shared_memory.hpp>
 
 #include <sys/uio.h>
 
@@ -2137,9 +2469,12 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
   const std::size_t es = size_of(ty), nn = static_cast<std::size_t>(n);
   struct addrs {
     std::uint64_t in, out, bytes;
+    shared_ref in_shm, out_shm;  // registered `shared_buffer` ranges: peers map them instead of CMA
   };
-  const addrs mine{reinterpret_cast<std::uint64_t>(in), reinterpret_cast<std::uint64_t>(out), count * es};
+  const addrs mine{reinterpret_cast<std::uint64_t>(in), reinterpret_cast<std::uint64_t>(out), count * es,
+                   find_shared(in, count * es), find_shared(out, count * es)};
   std::vector<addrs> theirs(nn);
+  std::vector<peer_view> peer_in(nn), peer_out(nn);  // direct views of peers' registered buffers
   std::vector<req_t> sends, recvs;
   std::vector<int> peers;
   auto all_to_all = [&](std::uint32_t step, bool with_addrs) {
@@ -2179,22 +2514,35 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
     }
   }
 
+  if (!failed) {
+    // Peers whose buffers are registered are read in place; the others through CMA.
+    for (int q : peers) {
+      const auto u = static_cast<std::size_t>(q);
+      peer_in[u] = map_peer(t.local_peer(q), theirs[u].in_shm, mine.bytes);
+      peer_out[u] = map_peer(t.local_peer(q), theirs[u].out_shm, mine.bytes);
+    }
+  }
   if (!failed) {  // reduce my segment
     const std::size_t b = seg_begin(r), e = seg_begin(r + 1);
     const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes / es);
-    auto lease = scratch_pool::take(pool, std::min(chunk, std::max<std::size_t>(e - b, 1)) * es);
+    bool any_cma = false;
+    for (int q : peers) any_cma |= !peer_in[static_cast<std::size_t>(q)];
+    auto lease = scratch_pool::take(pool, any_cma ? std::min(chunk, std::max<std::size_t>(e - b, 1)) * es : 0);
     for (std::size_t off = b; off < e && !failed; off += chunk) {
       const std::size_t len = std::min(chunk, e - off);
       const std::byte* acc = in + off * es;
       for (int i = 1; i < n; ++i) {
         const int q = (r + i) % n;
-        if (int err =
-                cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].in + off * es, lease.data(), len * es)) {
-          failed = fail(err, q);
-          failed_peer = q;
-          break;
+        const auto u = static_cast<std::size_t>(q);
+        const std::byte* theirs_now = peer_in[u] ? peer_in[u].data() + off * es : lease.data();
+        if (!peer_in[u]) {
+          if (int err = cma_read(t.local_peer(q), theirs[u].in + off * es, lease.data(), len * es)) {
+            failed = fail(err, q);
+            failed_peer = q;
+            break;
+          }
         }
-        reduce(ty, op, out + off * es, acc, lease.data(), len);
+        reduce(ty, op, out + off * es, acc, theirs_now, len);
         acc = out + off * es;
       }
       if (!failed && op == reduce_op::avg) finish_avg(ty, out + off * es, len, n);
@@ -2205,9 +2553,11 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
     for (std::size_t i = 0; i < recvs.size(); ++i) co_await awaiting<T>{t, recvs[i], peers[i]};
     for (int i = 1; i < n && !failed; ++i) {
       const int q = (r + i) % n;
+      const auto u = static_cast<std::size_t>(q);
       const std::size_t b = seg_begin(q), e = seg_begin(q + 1);
-      if (int err =
-              cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].out + b * es, out + b * es, (e - b) * es)) {
+      if (peer_out[u]) {
+        if (e > b) std::memcpy(out + b * es, peer_out[u].data() + b * es, (e - b) * es);
+      } else if (int err = cma_read(t.local_peer(q), theirs[u].out + b * es, out + b * es, (e - b) * es)) {
         failed = fail(err, q);
         failed_peer = q;
       }

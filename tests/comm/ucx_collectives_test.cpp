@@ -13,6 +13,7 @@
 // above 16 KiB on one host, so ring and recursive doubling are also forced
 // for f32 sum/avg at {1, 7, 4099, 1 MiB + 3 (ring) / 256 Ki + 3 (rd)}.
 #include <ebbflow/comm/communicator.hpp>
+#include <ebbflow/comm/shared_memory.hpp>
 #include <ebbflow/comm/ucx/address_exchange.hpp>
 #include <ebbflow/comm/ucx/transport.hpp>
 #include <ebbflow/core/env.hpp>
@@ -33,6 +34,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -210,6 +212,84 @@ int run_generation() {
   return 0;
 }
 
+// Allreduce on registered `shared_buffer`s (peers map them: no CMA), every
+// dtype x op, in place and out of place, at an odd offset inside a larger
+// buffer; with `mixed`, even ranks use plain vectors (those peers are read
+// through CMA, the others mapped). Many buffers are created and dropped so
+// peers' mapping caches evict and re-map. Results are checked every time.
+int run_shared(bool mixed) {
+  worker_env w;
+  auto t = w.connect();
+  ef::comm::collective_options o;
+  o.allreduce = ef::comm::allreduce_algorithm::single_copy;
+  o.copy_chunk_bytes = 100000;  // odd chunk boundaries
+  comm_t c(t, o);
+  const int n = t.size(), r = t.rank();
+  const bool plain = mixed && r % 2 == 0;
+  const auto d = [] { return ef::deadline::after(60s); };
+  int bad = 0;
+  std::size_t cases = 0;
+  auto area = [&](std::size_t bytes) {
+    struct area_t {
+      ef::comm::shared_buffer shm;
+      std::vector<std::byte> vec;
+      std::byte* p;
+    } a;
+    if (plain) {
+      a.vec.resize(bytes + 64);
+      a.p = a.vec.data() + 8;
+    } else {
+      a.shm = ef::comm::shared_buffer::allocate(bytes + 64);
+      a.p = static_cast<std::byte*>(a.shm.data()) + 8;  // a sub-range, not the buffer's start
+    }
+    return a;
+  };
+  for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{4099}, (std::size_t{1} << 20) + 3})
+    for (ef::dtype ty : ef::all_dtypes)
+      for (ef::reduce_op op : ef::all_reduce_ops) {
+        const bool in_place = (count + static_cast<std::size_t>(op) + static_cast<std::size_t>(ty)) % 2 == 0;
+        const std::size_t bytes = count * ef::size_of(ty);
+        auto in = area(bytes), out = area(bytes);
+        et::fill(ty, op, r, in.p, count);
+        if (in_place)
+          c.allreduce({in.p, count, ty}, op, d());
+        else
+          c.allreduce({in.p, count, ty}, {out.p, count, ty}, op, d());
+        const std::byte* res = in_place ? in.p : out.p;
+        ++cases;
+        if (auto k = et::wrong_reduced(ty, op, n, res, count))
+          bad += fail("shared allreduce " + std::string(ef::name(ty)) + " " + std::string(ef::name(op)) + " count " +
+                      std::to_string(count) + (in_place ? " in place" : "") + ": " + std::to_string(k) + " wrong");
+      }
+  // One long-lived buffer reused many times (the common case), 16 Mi f32.
+  const std::size_t big = std::size_t{16} << 20;
+  auto g = area(big * 4);
+  for (int rep = 0; rep < 3; ++rep) {
+    et::fill(ef::dtype::f32, ef::reduce_op::sum, r, g.p, big);
+    c.allreduce({g.p, big, ef::dtype::f32}, ef::reduce_op::sum, d());
+    ++cases;
+    if (auto k = et::wrong_reduced(ef::dtype::f32, ef::reduce_op::sum, n, g.p, big))
+      bad += fail("shared allreduce 16 Mi f32 repeat " + std::to_string(rep) + ": " + std::to_string(k) + " wrong");
+  }
+  // Proof that peers' buffers were mapped rather than read through CMA: this
+  // process's address space holds more ebbflow memfds than it owns (one: g).
+  std::size_t mapped = 0;
+  {
+    std::ifstream maps("/proc/self/maps");
+    for (std::string line; std::getline(maps, line);) mapped += line.find("memfd:ebbflow-shared") != std::string::npos;
+  }
+  bool shared_peer = false;
+  for (int q = 0; q < n; ++q) shared_peer |= q != r && !(mixed && q % 2 == 0);
+  const std::size_t own = plain ? 0 : 1;
+  if (shared_peer && mapped <= own)
+    bad += fail("no peer buffer mapped (" + std::to_string(mapped) + " memfd mappings, " + std::to_string(own) +
+                " own): the allreduce fell back to CMA");
+  c.barrier(d());
+  std::cerr << "[worker " << r << "] " << cases << " shared-buffer allreduces checked, " << mapped - own
+            << " peer mappings live (" << (plain ? "plain vectors" : "shared buffers") << ")" << std::endl;
+  return bad ? 1 : 0;
+}
+
 int run_mismatch() {
   // Rank 1 passes one element more: every rank must get bad_message (or
   // peer_lost when the other side already gave up), never a wrong result.
@@ -238,6 +318,8 @@ int worker_main(char** argv) {
     if (scenario == "rd")
       return run_matrix({1, 7, 4099, (std::size_t{1} << 18) + 3}, false,
                         ef::comm::allreduce_algorithm::recursive_doubling);
+    if (scenario == "shared") return run_shared(false);
+    if (scenario == "shared-mixed") return run_shared(true);
     if (scenario == "kill") return run_kill(std::chrono::milliseconds(std::stoi(argv[3])));
     if (scenario == "generation") return run_generation();
     if (scenario == "mismatch") return run_mismatch();
@@ -313,6 +395,18 @@ TEST_P(UcxMatrix, EveryCollectiveDtypeOpSizeMatchesReference) {
   for (int r = 0; r < n; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, UcxMatrix, ::testing::Values(2, 3, 4, 5));
+
+class UcxShared : public ::testing::TestWithParam<int> {};
+TEST_P(UcxShared, RegisteredBuffersAreReadInPlaceAndMatchReference) {
+  const int n = GetParam();
+  for (const char* scenario : {"shared", "shared-mixed"}) {
+    auto res = launch(n, {scenario}, 150s);
+    ASSERT_FALSE(res.timed_out) << scenario;
+    for (int r = 0; r < n; ++r)
+      EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << scenario << " rank " << r;
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, UcxShared, ::testing::Values(2, 3));
 
 class UcxLarge : public ::testing::TestWithParam<int> {};
 TEST_P(UcxLarge, SixtyFourMiBAllreduceAndBroadcast) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <ebbflow/comm/communicator.hpp>
+#include <ebbflow/comm/shared_memory.hpp>
 
 #include <sys/uio.h>
 
@@ -416,9 +417,12 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
   const std::size_t es = size_of(ty), nn = static_cast<std::size_t>(n);
   struct addrs {
     std::uint64_t in, out, bytes;
+    shared_ref in_shm, out_shm;  // registered `shared_buffer` ranges: peers map them instead of CMA
   };
-  const addrs mine{reinterpret_cast<std::uint64_t>(in), reinterpret_cast<std::uint64_t>(out), count * es};
+  const addrs mine{reinterpret_cast<std::uint64_t>(in), reinterpret_cast<std::uint64_t>(out), count * es,
+                   find_shared(in, count * es), find_shared(out, count * es)};
   std::vector<addrs> theirs(nn);
+  std::vector<peer_view> peer_in(nn), peer_out(nn);  // direct views of peers' registered buffers
   std::vector<req_t> sends, recvs;
   std::vector<int> peers;
   auto all_to_all = [&](std::uint32_t step, bool with_addrs) {
@@ -458,22 +462,35 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
     }
   }
 
+  if (!failed) {
+    // Peers whose buffers are registered are read in place; the others through CMA.
+    for (int q : peers) {
+      const auto u = static_cast<std::size_t>(q);
+      peer_in[u] = map_peer(t.local_peer(q), theirs[u].in_shm, mine.bytes);
+      peer_out[u] = map_peer(t.local_peer(q), theirs[u].out_shm, mine.bytes);
+    }
+  }
   if (!failed) {  // reduce my segment
     const std::size_t b = seg_begin(r), e = seg_begin(r + 1);
     const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes / es);
-    auto lease = scratch_pool::take(pool, std::min(chunk, std::max<std::size_t>(e - b, 1)) * es);
+    bool any_cma = false;
+    for (int q : peers) any_cma |= !peer_in[static_cast<std::size_t>(q)];
+    auto lease = scratch_pool::take(pool, any_cma ? std::min(chunk, std::max<std::size_t>(e - b, 1)) * es : 0);
     for (std::size_t off = b; off < e && !failed; off += chunk) {
       const std::size_t len = std::min(chunk, e - off);
       const std::byte* acc = in + off * es;
       for (int i = 1; i < n; ++i) {
         const int q = (r + i) % n;
-        if (int err =
-                cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].in + off * es, lease.data(), len * es)) {
-          failed = fail(err, q);
-          failed_peer = q;
-          break;
+        const auto u = static_cast<std::size_t>(q);
+        const std::byte* theirs_now = peer_in[u] ? peer_in[u].data() + off * es : lease.data();
+        if (!peer_in[u]) {
+          if (int err = cma_read(t.local_peer(q), theirs[u].in + off * es, lease.data(), len * es)) {
+            failed = fail(err, q);
+            failed_peer = q;
+            break;
+          }
         }
-        reduce(ty, op, out + off * es, acc, lease.data(), len);
+        reduce(ty, op, out + off * es, acc, theirs_now, len);
         acc = out + off * es;
       }
       if (!failed && op == reduce_op::avg) finish_avg(ty, out + off * es, len, n);
@@ -484,9 +501,11 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
     for (std::size_t i = 0; i < recvs.size(); ++i) co_await awaiting<T>{t, recvs[i], peers[i]};
     for (int i = 1; i < n && !failed; ++i) {
       const int q = (r + i) % n;
+      const auto u = static_cast<std::size_t>(q);
       const std::size_t b = seg_begin(q), e = seg_begin(q + 1);
-      if (int err =
-              cma_read(t.local_peer(q), theirs[static_cast<std::size_t>(q)].out + b * es, out + b * es, (e - b) * es)) {
+      if (peer_out[u]) {
+        if (e > b) std::memcpy(out + b * es, peer_out[u].data() + b * es, (e - b) * es);
+      } else if (int err = cma_read(t.local_peer(q), theirs[u].out + b * es, out + b * es, (e - b) * es)) {
         failed = fail(err, q);
         failed_peer = q;
       }
