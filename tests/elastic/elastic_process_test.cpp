@@ -7,6 +7,8 @@
 // world-size history the workers reported.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -86,6 +88,16 @@ class ElasticProcess : public ::testing::Test {
 };
 
 }  // namespace
+
+// A newcomer started lower (--join-nice) waits for the switch at that
+// priority and is raised back when the state moves (the only place that
+// logs this line); the parameters still equal the reference.
+TEST_F(ElasticProcess, JoinNiceNewcomerGetsItsPriorityBackAtTheSwitch) {
+  const int ours = ::getpriority(PRIO_PROCESS, 0);
+  const auto out = train("-n 2 --join-nice 5 --add 0.4", "EBBFLOW_LOG=info");
+  EXPECT_GE(count(out, "world changed (join)"), 1) << out;
+  EXPECT_EQ(count(out, "raised back by EBBFLOW_JOIN_NICE=5 (nice now " + std::to_string(ours) + ")"), 1) << out;
+}
 
 TEST_F(ElasticProcess, JoinOfOneAndOfSeveralAtOnce) {
   const auto out = train("-n 2 --add 0.4 --add 0.9:2");

@@ -405,8 +405,9 @@ class group {
   detail::generation_record gen_;
   int rank_ = -1;
   bool active_ = true;
-  bool started_ = false;    // begin_step was called
-  std::int64_t step_ = -1;  // committed steps; -1 until state arrives
+  bool priority_restored_ = false;  // a newcomer started with --join-nice got its priority back
+  bool started_ = false;            // begin_step was called
+  std::int64_t step_ = -1;          // committed steps; -1 until state arrives
   std::int64_t epoch_ = 0;
   std::size_t cursor_ = 0;
   struct pending_change {

@@ -50,8 +50,9 @@ constexpr bool can_preconnect() {
 }
 
 // A joiner started with `ebbflow-run --join-nice N` runs N nice levels
-// lower until it is admitted, so its start-up does not slow the members on a
-// shared host; it gets its priority back here. Linux nice values are per
+// lower until the members switch to the generation that includes it (its
+// start-up, connect and wait then do not slow the members on a shared host);
+// it gets its priority back here, when the state starts to move. Linux nice values are per
 // thread, so every thread of the process is raised again.
 inline void restore_join_priority() {
   const auto n = env::get_int("EBBFLOW_JOIN_NICE", 0, 0, 19);
@@ -71,6 +72,9 @@ inline void restore_join_priority() {
   if (failed)
     EBBFLOW_LOG_WARN("admitted, but the CPU priority lowered by EBBFLOW_JOIN_NICE="
                      << n << " could not be restored (" << std::strerror(err) << "; needs CAP_SYS_NICE)");
+  else
+    EBBFLOW_LOG_INFO("the members switched: CPU priority raised back by EBBFLOW_JOIN_NICE="
+                     << n << " (nice now " << ::getpriority(PRIO_PROCESS, 0) << ")");
 }
 
 inline bool recoverable(const std::error_code& ec) noexcept {
@@ -108,8 +112,7 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   if (!opts_.join && launch_.rank < launch_.world_size)
     form_initial();
   else {
-    wait_admission();
-    detail::restore_join_priority();
+    wait_admission();  // a newcomer keeps a lowered priority (--join-nice) until the state moves (sync_state)
   }
 }
 
@@ -368,7 +371,12 @@ typename Net::transport_type group<Store, Net>::connect_watched(const detail::ge
                             .operation = "connect",
                             .detail = "member " + std::to_string(rec.members[static_cast<std::size_t>(j)].id) +
                                       " stopped heartbeating"});
-      std::this_thread::yield();
+      // A newcomer connects while the members train: poll gently so its
+      // wait costs them no CPU (on a shared host it would take their cores).
+      if (opts_.join && step_ < 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      else
+        std::this_thread::yield();
     }
     return t;
   } else {
@@ -388,15 +396,18 @@ bool group<Store, Net>::prepare_next(const detail::generation_record& rec, const
         return false;  // excluded by a concurrent recovery: the blocking way sorts it out
     const auto t0 = steady_clock::now();
     auto addrs = gather_addresses(rec);
+    const auto t1 = steady_clock::now();
     const int r = rec.rank_of(id_);
     next_generation nx;
     nx.rec = rec;
     nx.since = t0;
     nx.transport.emplace(net_->start_connect(rec.generation, r, addrs));
     next_ = std::move(nx);
-    const double took_ms = std::chrono::duration<double, std::milli>(steady_clock::now() - t0).count();
+    auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    const double addr_ms = ms(t0, t1), ep_ms = ms(t1, steady_clock::now());
     EBBFLOW_LOG_INFO("generation " << rec.generation << ": connecting " << rec.members.size()
-                                   << " members in the background (addresses and endpoints took " << took_ms << " ms)");
+                                   << " members in the background (addresses " << addr_ms << " ms, endpoints " << ep_ms
+                                   << " ms)");
     return true;
   } else {
     (void)rec;
@@ -481,7 +492,19 @@ void group<Store, Net>::sync_state() {
   } else if (step_ < gen_.source_step) {
     const int src = gen_.rank_of(gen_.source);
     std::uint64_t header_size = 0;
-    c.recv(raw(&header_size, sizeof header_size), src, tag_size, d);
+    {
+      // A newcomer waits here until the members switch, which may be many
+      // steps away: poll gently (the members' CPU is not ours to spin on),
+      // then take the state at full speed.
+      auto first = c.irecv(raw(&header_size, sizeof header_size), src, tag_size);
+      std::error_code ec;
+      while (!first.test(ec) && !d.expired()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      first.wait(d);  // returns at once when done; throws naming the peer on an error or the deadline
+    }
+    if (opts_.join && !priority_restored_) {  // the members switched: from here on this newcomer is one of them
+      detail::restore_join_priority();
+      priority_restored_ = true;
+    }
     if (header_size > (std::uint64_t{1} << 24))
       fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");
     bytes header(header_size);
