@@ -4054,8 +4054,17 @@ class transport {
   transport(transport&&) noexcept = default;
   //! Takes over the endpoints; the source must not be used afterwards.
   transport& operator=(transport&&) noexcept = default;
-  //! Flushes and closes the endpoints (bounded: 1 s, then forced).
+  //! Flushes and closes the endpoints (bounded: 1 s, then forced); waits
+  //! for what a `start_close` left.
   ~transport();
+  //! Starts flushing and closing the endpoints without waiting (a replaced
+  //! generation: the members go on with the next one on the same worker,
+  //! whose progress also completes these closes). Cancels posted receives.
+  //! Use nothing of this transport afterwards except `poll_close`.
+  void start_close() noexcept;
+  //! Progresses a close begun by `start_close`; true once all endpoints are
+  //! closed (or the 1 s bound passed: the rest is cancelled).
+  bool poll_close() noexcept;
 
   //! This rank (0-based).
   [[nodiscard]] int rank() const noexcept { return st_->rank; }
@@ -4116,8 +4125,11 @@ class transport {
     bool abandoned_sends = false;
     std::vector<ucp_ep_h> eps;
     std::vector<std::uint8_t> dead;
-    std::vector<peer_slot> slots;               // stable: error-callback arguments
-    std::unordered_set<void*> pending_recvs;    // UCX receive requests in flight
+    std::vector<peer_slot> slots;             // stable: error-callback arguments
+    std::unordered_set<void*> pending_recvs;  // UCX receive requests in flight
+    std::vector<void*> closing;               // endpoint closes in flight (start_close)
+    bool close_started = false;
+    steady_clock::time_point close_until{};
     std::vector<pid_t> pids;                    // local_peer()
     bool oversubscribed = false;                // more local ranks than usable cores
     std::uint64_t probe = detail::probe_value;  // read by peers to test single-copy access
@@ -4323,7 +4335,48 @@ inline transport::~transport() {
   close_endpoints();
 }
 
+inline void transport::start_close() noexcept {
+  if (!st_ || st_->close_started) return;
+  st_->connecting.reset();
+  st_->close_started = true;
+  st_->close_until = steady_clock::now() + std::chrono::seconds(1);
+  if (st_->pending_recvs.size()) cancel_all_receives();
+  for (std::size_t p = 0; p < st_->eps.size(); ++p) {
+    ucp_ep_h ep = std::exchange(st_->eps[p], nullptr);
+    if (!ep) continue;
+    ucp_request_param_t prm{};
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = (st_->lost >= 0 || st_->abandoned_sends) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
+    if (UCS_PTR_IS_PTR(r)) st_->closing.push_back(r);
+  }
+}
+
+inline bool transport::poll_close() noexcept {
+  if (!st_) return true;
+  if (!st_->close_started) start_close();
+  ucp_worker_progress(st_->w->get());
+  const bool late = steady_clock::now() >= st_->close_until;
+  auto& c = st_->closing;
+  for (std::size_t i = 0; i < c.size();) {
+    if (ucp_request_check_status(c[i]) == UCS_INPROGRESS && !late) {
+      ++i;
+      continue;
+    }
+    if (ucp_request_check_status(c[i]) == UCS_INPROGRESS) ucp_request_cancel(st_->w->get(), c[i]);
+    ucp_request_free(c[i]);
+    c[i] = c.back();
+    c.pop_back();
+  }
+  return c.empty();
+}
+
 inline void transport::close_endpoints() noexcept {
+  if (st_->close_started) {  // finish a start_close (bounded by its own deadline)
+    while (!poll_close()) {
+    }
+    return;
+  }
   if (st_->pending_recvs.size()) cancel_all_receives();
   std::vector<void*> closing;
   for (std::size_t p = 0; p < st_->eps.size(); ++p) {
@@ -8188,6 +8241,7 @@ class group {
   };
   std::optional<next_generation> next_;
   std::optional<transport_type> transport_;
+  std::optional<typename Net::transport_type> retiring_;  // the replaced generation's, closing in the background
   std::optional<communicator_type> comm_;
   std::shared_ptr<comm::revoke_flag> revoke_;
   std::atomic<std::int64_t> hb_generation_{-1};
@@ -8336,6 +8390,7 @@ template <kv_store Store, network Net>
 group<Store, Net>::~group() {
   heartbeat_.request_stop();
   if (heartbeat_.joinable()) heartbeat_.join();
+  retiring_.reset();
   next_.reset();
   comm_.reset();
   transport_.reset();
@@ -8663,6 +8718,20 @@ template <kv_store Store, network Net>
 void group<Store, Net>::install(detail::generation_record rec, typename Net::transport_type t,
                                 steady_clock::time_point started, double prepared_seconds) {
   const int old_size = static_cast<int>(gen_.members.size());
+  comm_.reset();
+  if constexpr (requires(typename Net::transport_type & x) {
+                  x.start_close();
+                  { x.poll_close() } -> std::convertible_to<bool>;
+                }) {
+    // Close the replaced generation's endpoints in the background: over tcp
+    // their flush takes round trips that would otherwise stall the switch.
+    if (transport_) {
+      retiring_.reset();  // an older one still closing: finish it (bounded)
+      retiring_.emplace(std::move(transport_->inner()));
+      transport_.reset();
+      retiring_->start_close();
+    }
+  }
   enter(std::move(rec));
   transport_.emplace(std::move(t), revoke_);
   comm_.emplace(*transport_, coll_opts_);
@@ -8774,8 +8843,11 @@ step_info group<Store, Net>::begin_step() {
       sync_state();
       const auto p = *pending_;
       pending_.reset();
-      notify(p.reason, p.old_size,
-             p.prepared_seconds + std::chrono::duration<double>(steady_clock::now() - p.started).count());
+      const double at_switch = std::chrono::duration<double>(steady_clock::now() - p.started).count();
+      if (p.prepared_seconds > 0)
+        EBBFLOW_LOG_INFO("stall: " << p.prepared_seconds * 1e3 << " ms starting the connect at admission, "
+                                   << at_switch * 1e3 << " ms at the switch");
+      notify(p.reason, p.old_size, p.prepared_seconds + at_switch);
     } catch (const system_error& e) {
       if (!detail::recoverable(e.code())) throw;
       EBBFLOW_LOG_WARN("state transfer failed: " << e.what());
@@ -8867,6 +8939,9 @@ template <kv_store Store, network Net>
 void group<Store, Net>::end_step(double compute_seconds) {
   if (!active_) fail(error::invalid_state, "end_step after this member left the group");
   if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
+  if constexpr (requires(typename Net::transport_type & x) { x.poll_close(); }) {
+    if (retiring_ && retiring_->poll_close()) retiring_.reset();
+  }
   // Commit: the gradient collectives completed and the optimizer stepped.
   const auto info = current_slice();
   ++step_;

@@ -429,6 +429,7 @@ class group {
   };
   std::optional<next_generation> next_;
   std::optional<transport_type> transport_;
+  std::optional<typename Net::transport_type> retiring_;  // the replaced generation's, closing in the background
   std::optional<communicator_type> comm_;
   std::shared_ptr<comm::revoke_flag> revoke_;
   std::atomic<std::int64_t> hb_generation_{-1};

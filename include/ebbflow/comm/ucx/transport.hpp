@@ -145,8 +145,17 @@ class transport {
   transport(transport&&) noexcept = default;
   //! Takes over the endpoints; the source must not be used afterwards.
   transport& operator=(transport&&) noexcept = default;
-  //! Flushes and closes the endpoints (bounded: 1 s, then forced).
+  //! Flushes and closes the endpoints (bounded: 1 s, then forced); waits
+  //! for what a `start_close` left.
   ~transport();
+  //! Starts flushing and closing the endpoints without waiting (a replaced
+  //! generation: the members go on with the next one on the same worker,
+  //! whose progress also completes these closes). Cancels posted receives.
+  //! Use nothing of this transport afterwards except `poll_close`.
+  void start_close() noexcept;
+  //! Progresses a close begun by `start_close`; true once all endpoints are
+  //! closed (or the 1 s bound passed: the rest is cancelled).
+  bool poll_close() noexcept;
 
   //! This rank (0-based).
   [[nodiscard]] int rank() const noexcept { return st_->rank; }
@@ -207,8 +216,11 @@ class transport {
     bool abandoned_sends = false;
     std::vector<ucp_ep_h> eps;
     std::vector<std::uint8_t> dead;
-    std::vector<peer_slot> slots;               // stable: error-callback arguments
-    std::unordered_set<void*> pending_recvs;    // UCX receive requests in flight
+    std::vector<peer_slot> slots;             // stable: error-callback arguments
+    std::unordered_set<void*> pending_recvs;  // UCX receive requests in flight
+    std::vector<void*> closing;               // endpoint closes in flight (start_close)
+    bool close_started = false;
+    steady_clock::time_point close_until{};
     std::vector<pid_t> pids;                    // local_peer()
     bool oversubscribed = false;                // more local ranks than usable cores
     std::uint64_t probe = detail::probe_value;  // read by peers to test single-copy access
@@ -414,7 +426,48 @@ inline transport::~transport() {
   close_endpoints();
 }
 
+inline void transport::start_close() noexcept {
+  if (!st_ || st_->close_started) return;
+  st_->connecting.reset();
+  st_->close_started = true;
+  st_->close_until = steady_clock::now() + std::chrono::seconds(1);
+  if (st_->pending_recvs.size()) cancel_all_receives();
+  for (std::size_t p = 0; p < st_->eps.size(); ++p) {
+    ucp_ep_h ep = std::exchange(st_->eps[p], nullptr);
+    if (!ep) continue;
+    ucp_request_param_t prm{};
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = (st_->lost >= 0 || st_->abandoned_sends) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
+    if (UCS_PTR_IS_PTR(r)) st_->closing.push_back(r);
+  }
+}
+
+inline bool transport::poll_close() noexcept {
+  if (!st_) return true;
+  if (!st_->close_started) start_close();
+  ucp_worker_progress(st_->w->get());
+  const bool late = steady_clock::now() >= st_->close_until;
+  auto& c = st_->closing;
+  for (std::size_t i = 0; i < c.size();) {
+    if (ucp_request_check_status(c[i]) == UCS_INPROGRESS && !late) {
+      ++i;
+      continue;
+    }
+    if (ucp_request_check_status(c[i]) == UCS_INPROGRESS) ucp_request_cancel(st_->w->get(), c[i]);
+    ucp_request_free(c[i]);
+    c[i] = c.back();
+    c.pop_back();
+  }
+  return c.empty();
+}
+
 inline void transport::close_endpoints() noexcept {
+  if (st_->close_started) {  // finish a start_close (bounded by its own deadline)
+    while (!poll_close()) {
+    }
+    return;
+  }
   if (st_->pending_recvs.size()) cancel_all_receives();
   std::vector<void*> closing;
   for (std::size_t p = 0; p < st_->eps.size(); ++p) {

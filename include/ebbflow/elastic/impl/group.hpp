@@ -120,6 +120,7 @@ template <kv_store Store, network Net>
 group<Store, Net>::~group() {
   heartbeat_.request_stop();
   if (heartbeat_.joinable()) heartbeat_.join();
+  retiring_.reset();
   next_.reset();
   comm_.reset();
   transport_.reset();
@@ -447,6 +448,20 @@ template <kv_store Store, network Net>
 void group<Store, Net>::install(detail::generation_record rec, typename Net::transport_type t,
                                 steady_clock::time_point started, double prepared_seconds) {
   const int old_size = static_cast<int>(gen_.members.size());
+  comm_.reset();
+  if constexpr (requires(typename Net::transport_type & x) {
+                  x.start_close();
+                  { x.poll_close() } -> std::convertible_to<bool>;
+                }) {
+    // Close the replaced generation's endpoints in the background: over tcp
+    // their flush takes round trips that would otherwise stall the switch.
+    if (transport_) {
+      retiring_.reset();  // an older one still closing: finish it (bounded)
+      retiring_.emplace(std::move(transport_->inner()));
+      transport_.reset();
+      retiring_->start_close();
+    }
+  }
   enter(std::move(rec));
   transport_.emplace(std::move(t), revoke_);
   comm_.emplace(*transport_, coll_opts_);
@@ -558,8 +573,11 @@ step_info group<Store, Net>::begin_step() {
       sync_state();
       const auto p = *pending_;
       pending_.reset();
-      notify(p.reason, p.old_size,
-             p.prepared_seconds + std::chrono::duration<double>(steady_clock::now() - p.started).count());
+      const double at_switch = std::chrono::duration<double>(steady_clock::now() - p.started).count();
+      if (p.prepared_seconds > 0)
+        EBBFLOW_LOG_INFO("stall: " << p.prepared_seconds * 1e3 << " ms starting the connect at admission, "
+                                   << at_switch * 1e3 << " ms at the switch");
+      notify(p.reason, p.old_size, p.prepared_seconds + at_switch);
     } catch (const system_error& e) {
       if (!detail::recoverable(e.code())) throw;
       EBBFLOW_LOG_WARN("state transfer failed: " << e.what());
@@ -651,6 +669,9 @@ template <kv_store Store, network Net>
 void group<Store, Net>::end_step(double compute_seconds) {
   if (!active_) fail(error::invalid_state, "end_step after this member left the group");
   if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
+  if constexpr (requires(typename Net::transport_type & x) { x.poll_close(); }) {
+    if (retiring_ && retiring_->poll_close()) retiring_.reset();
+  }
   // Commit: the gradient collectives completed and the optimizer stepped.
   const auto info = current_slice();
   ++step_;
