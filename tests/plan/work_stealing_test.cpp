@@ -143,9 +143,10 @@ TEST(WorkStealing, ChunkPolicy) {
   EXPECT_EQ(pl::owner_request(o, 100, 0, 7), 7u);  // capped
   EXPECT_EQ(pl::owner_request(o, 100, 0, 2), 4u);  // min_chunk wins over the cap
   EXPECT_EQ(pl::owner_request(o, 3, 0), 3u);
-  EXPECT_EQ(pl::owner_request(o, 1000, 250), 720u);  // reserve 30 of 750
-  EXPECT_EQ(pl::owner_request(o, 1000, 970), 15u);   // then guided: ceil(30 / 2)
-  EXPECT_EQ(pl::owner_request(o, 1000, 993), 7u);    // 4 would leave 3 < min_chunk behind: all 7
+  EXPECT_EQ(pl::owner_request(o, 1000, 250), 720u);   // reserve 30 of 750
+  EXPECT_EQ(pl::owner_request(o, 1000, 970), 15u);    // then guided: ceil(30 / 2)
+  EXPECT_EQ(pl::owner_request(o, 1000, 993), 7u);     // 4 would leave 3 < min_chunk behind: all 7
+  EXPECT_EQ(pl::owner_request(o, 1000, 993, 1), 4u);  // unless paced: min_chunk, the tail stays for thieves
   pl::steal_options guided = o;
   guided.tail_reserve = 0;  // guided chunks from the start
   EXPECT_EQ(pl::owner_request(guided, 100, 25), 38u);

@@ -167,7 +167,8 @@ inline void validate(const steal_options& o);
 //! requested `front` so far: the first chunk, then all but the tail reserve,
 //! then the guided size; at most `cap` but at least min_chunk (min_chunk wins:
 //! it is the smallest chunk worth its overhead); the whole rest when less than
-//! min_chunk would be left behind. 0 when front >= size. Pure.
+//! min_chunk would be left behind and `cap` is short of the rest by less
+//! than min_chunk. 0 when front >= size. Pure.
 [[nodiscard]] inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front,
                                                  std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
 

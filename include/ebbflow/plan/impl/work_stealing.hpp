@@ -55,8 +55,10 @@ inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, s
   // min_chunk wins over cap: it is the smallest chunk worth its overhead.
   q = std::max(std::min(q, cap), o.min_chunk);
   // Never leave a remainder smaller than min_chunk: it would cost a whole
-  // chunk's overhead for less than a chunk's worth of work.
-  if (q >= rest || rest - q < o.min_chunk) return rest;
+  // chunk's overhead for less than a chunk's worth of work. Unless the cap
+  // is short of the rest by more than that (a paced straggler leaves its
+  // tail to thieves; an owner on plan is only a little short).
+  if (q >= rest || (rest - q < o.min_chunk && (cap >= rest || rest - cap < o.min_chunk))) return rest;
   return q;
 }
 
