@@ -4346,6 +4346,10 @@ inline void transport::start_close() noexcept {
     if (!ep) continue;
     ucp_request_param_t prm{};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    // A healthy group flushes what is queued. A broken one (a peer lost, or
+    // sends abandoned by a failed collective, whose rendezvous the peer will
+    // never answer) is closed by force, which fails everything outstanding;
+    // UCX asserts when a worker dies with requests still on an endpoint.
     prm.flags = (st_->lost >= 0 || st_->abandoned_sends) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
     if (UCS_PTR_IS_PTR(r)) st_->closing.push_back(r);
@@ -4372,31 +4376,8 @@ inline bool transport::poll_close() noexcept {
 }
 
 inline void transport::close_endpoints() noexcept {
-  if (st_->close_started) {  // finish a start_close (bounded by its own deadline)
-    while (!poll_close()) {
-    }
-    return;
-  }
-  if (st_->pending_recvs.size()) cancel_all_receives();
-  std::vector<void*> closing;
-  for (std::size_t p = 0; p < st_->eps.size(); ++p) {
-    ucp_ep_h ep = std::exchange(st_->eps[p], nullptr);
-    if (!ep) continue;
-    ucp_request_param_t prm{};
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    // A healthy group flushes what is queued. A broken one (a peer lost, or
-    // sends abandoned by a failed collective, whose rendezvous the peer will
-    // never answer) is closed by force, which fails everything outstanding;
-    // UCX asserts when a worker dies with requests still on an endpoint.
-    prm.flags = (st_->lost >= 0 || st_->abandoned_sends) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
-    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
-  }
-  const auto until = deadline::after(std::chrono::seconds(1));
-  for (void* r : closing) {
-    while (ucp_request_check_status(r) == UCS_INPROGRESS && !until.expired()) ucp_worker_progress(st_->w->get());
-    if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(st_->w->get(), r);
-    ucp_request_free(r);
+  start_close();  // no-op when already started
+  while (!poll_close()) {
   }
 }
 

@@ -7,9 +7,10 @@
 // test's deadline, so nothing can hang.
 //
 // Sizes are element counts. The full matrix (every collective x dtype x op)
-// runs at {0, 1, 7, 4099} and 1 MiB + 3 elements for 2, 3, 4 and 5 ranks;
-// 64 MiB (16 Mi f32) runs for allreduce sum/avg and broadcast only, to keep
-// CI within seconds. Automatic selection picks single_copy for allreduces
+// runs at {0, 1, 7, 4099} and 1 MiB + 3 elements for 2, 3, 4 and 5 ranks, and
+// with 64 MiB buffers (64 MiB / element size elements) for 2, 3, 4 and 5 ranks
+// (UcxLargeAll; 2 ranks only under the sanitizers); UcxLarge repeats 16 Mi
+// f32 allreduce sum/avg and broadcast. Automatic selection picks single_copy for allreduces
 // above 16 KiB on one host, so ring and recursive doubling are also forced
 // for f32 sum/avg at {1, 7, 4099, 1 MiB + 3 (ring) / 256 Ki + 3 (rd)}.
 #include <ebbflow/comm/communicator.hpp>
@@ -74,8 +75,10 @@ int fail(const std::string& what) {
   return 1;
 }
 
+// `sizes` are element counts, or with `in_bytes` byte sizes (each dtype gets
+// size / size_of(dtype) elements, so every buffer is that many bytes).
 int run_matrix(const std::vector<std::size_t>& sizes, bool all_ops,
-               ef::comm::allreduce_algorithm algo = ef::comm::allreduce_algorithm::automatic) {
+               ef::comm::allreduce_algorithm algo = ef::comm::allreduce_algorithm::automatic, bool in_bytes = false) {
   worker_env w;
   auto t = w.connect();
   ef::comm::collective_options o;
@@ -85,9 +88,10 @@ int run_matrix(const std::vector<std::size_t>& sizes, bool all_ops,
   const int n = t.size(), r = t.rank();
   const auto d = [] { return ef::deadline::after(60s); };
   int bad = 0;
-  for (std::size_t count : sizes)
+  for (std::size_t size : sizes)
     for (ef::dtype ty : ef::all_dtypes) {
       if (!all_ops && ty != ef::dtype::f32) continue;
+      const std::size_t count = in_bytes ? size / ef::size_of(ty) : size;
       for (ef::reduce_op op : ef::all_reduce_ops) {
         if (!all_ops && op != ef::reduce_op::sum && op != ef::reduce_op::avg) continue;
         const bool in_place = (count + static_cast<std::size_t>(op)) % 2 == 0;
@@ -312,6 +316,9 @@ int worker_main(char** argv) {
   try {
     if (scenario == "matrix") return run_matrix({0, 1, 7, 4099, (std::size_t{1} << 20) + 3}, true);
     if (scenario == "large") return run_matrix({std::size_t{16} << 20}, false);
+    // 64 MiB buffers: every collective x dtype x op.
+    if (scenario == "large-all")
+      return run_matrix({std::size_t{64} << 20}, true, ef::comm::allreduce_algorithm::automatic, true);
     // The other allreduce algorithms (automatic picks single_copy above 16 KiB on one host).
     if (scenario == "ring")
       return run_matrix({1, 7, 4099, (std::size_t{1} << 20) + 3}, false, ef::comm::allreduce_algorithm::ring);
@@ -416,6 +423,21 @@ TEST_P(UcxLarge, SixtyFourMiBAllreduceAndBroadcast) {
   for (int r = 0; r < n; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, UcxLarge, ::testing::Values(2, 3));
+
+// 64 MiB buffers, every collective x dtype x op (about 100 s for 2-5 ranks
+// in a release build). Under the sanitizers only 2 ranks run (about 1 min);
+// the release run covers the rest.
+class UcxLargeAll : public ::testing::TestWithParam<int> {};
+TEST_P(UcxLargeAll, SixtyFourMiBEveryCollectiveDtypeOp) {
+  const int n = GetParam();
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  if (n > 2) GTEST_SKIP() << "sanitizer build: 2 ranks only (the release build runs 2-5)";
+#endif
+  auto res = launch(n, {"large-all"}, 300s);
+  ASSERT_FALSE(res.timed_out);
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, UcxLargeAll, ::testing::Values(2, 3, 4, 5));
 
 class UcxAlgorithms : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
 TEST_P(UcxAlgorithms, RingAndRecursiveDoublingMatchReference) {
