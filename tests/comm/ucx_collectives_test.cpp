@@ -430,14 +430,16 @@ INSTANTIATE_TEST_SUITE_P(Ranks, UcxLarge, ::testing::Values(2, 3));
 class UcxLargeAll : public ::testing::TestWithParam<int> {};
 TEST_P(UcxLargeAll, SixtyFourMiBEveryCollectiveDtypeOp) {
   const int n = GetParam();
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  if (n > 2) GTEST_SKIP() << "sanitizer build: 2 ranks only (the release build runs 2-5)";
-#endif
   auto res = launch(n, {"large-all"}, 300s);
   ASSERT_FALSE(res.timed_out);
   for (int r = 0; r < n; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
 }
+// Not GTEST_SKIP: ctest would then report the whole binary as skipped.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+INSTANTIATE_TEST_SUITE_P(Ranks, UcxLargeAll, ::testing::Values(2));
+#else
 INSTANTIATE_TEST_SUITE_P(Ranks, UcxLargeAll, ::testing::Values(2, 3, 4, 5));
+#endif
 
 class UcxAlgorithms : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
 TEST_P(UcxAlgorithms, RingAndRecursiveDoublingMatchReference) {
