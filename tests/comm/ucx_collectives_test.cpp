@@ -394,33 +394,32 @@ group_result launch(int n, const std::vector<std::string>& args, std::chrono::se
 
 bool exited_ok(int st) { return WIFEXITED(st) && WEXITSTATUS(st) == 0; }
 
+// Launches `n` workers of `scenario` and expects every one to exit 0 in time.
+void expect_group_ok(int n, const std::vector<std::string>& args, std::chrono::seconds limit) {
+  auto res = launch(n, args, limit);
+  ASSERT_FALSE(res.timed_out) << args.front();
+  for (int r = 0; r < n; ++r)
+    EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << args.front() << " rank " << r;
+}
+
 class UcxMatrix : public ::testing::TestWithParam<int> {};
 TEST_P(UcxMatrix, EveryCollectiveDtypeOpSizeMatchesReference) {
   const int n = GetParam();
-  auto res = launch(n, {"matrix"}, 150s);
-  ASSERT_FALSE(res.timed_out);
-  for (int r = 0; r < n; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+  expect_group_ok(n, {"matrix"}, 150s);
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, UcxMatrix, ::testing::Values(2, 3, 4, 5));
 
 class UcxShared : public ::testing::TestWithParam<int> {};
 TEST_P(UcxShared, RegisteredBuffersAreReadInPlaceAndMatchReference) {
   const int n = GetParam();
-  for (const char* scenario : {"shared", "shared-mixed"}) {
-    auto res = launch(n, {scenario}, 150s);
-    ASSERT_FALSE(res.timed_out) << scenario;
-    for (int r = 0; r < n; ++r)
-      EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << scenario << " rank " << r;
-  }
+  for (const char* scenario : {"shared", "shared-mixed"}) expect_group_ok(n, {scenario}, 150s);
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, UcxShared, ::testing::Values(2, 3));
 
 class UcxLarge : public ::testing::TestWithParam<int> {};
 TEST_P(UcxLarge, SixtyFourMiBAllreduceAndBroadcast) {
   const int n = GetParam();
-  auto res = launch(n, {"large"}, 150s);
-  ASSERT_FALSE(res.timed_out);
-  for (int r = 0; r < n; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+  expect_group_ok(n, {"large"}, 150s);
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, UcxLarge, ::testing::Values(2, 3));
 
@@ -430,9 +429,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, UcxLarge, ::testing::Values(2, 3));
 class UcxLargeAll : public ::testing::TestWithParam<int> {};
 TEST_P(UcxLargeAll, SixtyFourMiBEveryCollectiveDtypeOp) {
   const int n = GetParam();
-  auto res = launch(n, {"large-all"}, 300s);
-  ASSERT_FALSE(res.timed_out);
-  for (int r = 0; r < n; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+  expect_group_ok(n, {"large-all"}, 300s);
 }
 // Not GTEST_SKIP: ctest would then report the whole binary as skipped.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)

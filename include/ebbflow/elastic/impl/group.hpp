@@ -448,7 +448,7 @@ template <kv_store Store, network Net>
 void group<Store, Net>::install(detail::generation_record rec, typename Net::transport_type t,
                                 steady_clock::time_point started, double prepared_seconds) {
   const int old_size = static_cast<int>(gen_.members.size());
-  comm_.reset();
+  comm_.reset();  // before its transport moves away (enter() resets the rest)
   if constexpr (requires(typename Net::transport_type & x) {
                   x.start_close();
                   { x.poll_close() } -> std::convertible_to<bool>;
