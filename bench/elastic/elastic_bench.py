@@ -36,7 +36,7 @@ def run_job(args, launcher_flags, extra, tag, env_extra=None, metrics=None):
     metrics = metrics or os.path.join(args.tmp, f"{tag}.csv")
     if os.path.exists(metrics) and "--resume" not in extra:
         os.remove(metrics)
-    cmd = [args.run, "--store", args.store] + launcher_flags + ["--"] + args.wrap + [args.train, "--steps", str(args.steps),
+    cmd = [args.run, "--store", args.store] + args.launcher_extra + launcher_flags + ["--"] + args.wrap + [args.train, "--steps", str(args.steps),
            "--batch", str(args.batch), "--step-us", str(args.step_us), "--sample-us", str(args.sample_us),
            "--metrics", metrics] + extra
     env = dict(os.environ, EBBFLOW_LOG="warn")
@@ -50,7 +50,7 @@ def run_job(args, launcher_flags, extra, tag, env_extra=None, metrics=None):
     with open(metrics) as f:
         for r in csv.DictReader(f):
             rows.append({"step": int(r["step"]), "t": float(r["time_s"]), "gen": int(r["generation"]),
-                         "world": int(r["world_size"])})
+                         "world": int(r["world_size"]), "samples": int(r.get("samples") or args.batch)})
     rows.sort(key=lambda r: (r["step"], r["t"]))
     return rows, p.stdout + p.stderr, time.time() - t0
 
@@ -60,11 +60,16 @@ def stamp(out, pattern):
     return float(m.group(1)) if m else None
 
 
-def throughput(rows, t_from, t_to, batch):
+def throughput(rows, t_from, t_to):
+    """Samples per second of the steps that ended in (first, last] of those in [t_from, t_to].
+
+    Counts each step's own global batch: the last step of an epoch is
+    shorter, and a window that happens to hold one (or none) must not look
+    faster (or slower) than it is."""
     sel = [r for r in rows if t_from <= r["t"] <= t_to]
     if len(sel) < 2:
         return float("nan")
-    return (len(sel) - 1) * batch / (sel[-1]["t"] - sel[0]["t"])
+    return sum(r["samples"] for r in sel[1:]) / (sel[-1]["t"] - sel[0]["t"])
 
 
 def stalls(out, reason):
@@ -73,17 +78,35 @@ def stalls(out, reason):
     return [float(ms) for old, ms in found if int(old) > 0]
 
 
-def interval_share(rows, t_from, t_to, steady_interval):
-    """Steady step interval / mean interval of the steps that ended in (t_from, t_to]."""
-    ts = [r["t"] for r in rows]
-    iv = [b - a for a, b in zip(ts, ts[1:]) if t_from < b <= t_to]
-    return steady_interval / statistics.mean(iv) if iv else float("nan")
+def step_times(rows, t_from, t_to):
+    """Mean interval of the steps that ended in (t_from, t_to], by global batch size.
+
+    The last step of an epoch is shorter than the others; comparing a window
+    step by step with steady steps of the same size keeps a window that holds
+    one (or none) from looking faster (or slower) than it is."""
+    by = {}
+    for a, b in zip(rows, rows[1:]):
+        if t_from < b["t"] <= t_to:
+            by.setdefault(b["samples"], []).append(b["t"] - a["t"])
+    return {k: statistics.mean(v) for k, v in by.items()}
+
+
+def window_share(rows, t_from, t_to, steady_times, steady_rate):
+    """Time the steps that ended in (t_from, t_to] take in steady state, over the time they took.
+
+    A step size not seen in steady state is priced at the steady rate."""
+    exp = act = 0.0
+    for a, b in zip(rows, rows[1:]):
+        if t_from < b["t"] <= t_to:
+            exp += steady_times.get(b["samples"], b["samples"] / steady_rate)
+            act += b["t"] - a["t"]
+    return exp / act if act > 0 else float("nan")
 
 
 def steady(args, rows):
     n = len(rows)
     a, b = rows[n // 5]["t"], rows[n - 1 - n // 10]["t"]
-    return throughput(rows, a, b, args.batch)
+    return throughput(rows, a, b)
 
 
 def main():
@@ -102,7 +125,11 @@ def main():
     ap.add_argument("--join-nice", type=int, default=0,
                     help="start the newcomers this many nice levels lower (ebbflow-run --join-nice): on a shared "
                          "host their start-up then leaves the CPU to the running workers, as on separate hosts")
+    ap.add_argument("--cpu-bind", default="",
+                    help="ebbflow-run --cpu-bind for every scenario (e.g. core:4: the first 4 workers on one core, "
+                         "the newcomers on the next), as when newcomers start on hosts of their own")
     args = ap.parse_args()
+    args.launcher_extra = ["--cpu-bind", args.cpu_bind] if args.cpu_bind else []
     args.run = os.path.abspath(os.path.join(args.build, "tools/ebbflow-run/ebbflow-run"))
     args.train = os.path.abspath(os.path.join(args.build, "examples/elastic_train/elastic_train"))
     args.wrap = args.wrap.split() if args.wrap else []
@@ -121,18 +148,19 @@ def main():
         switch = next(r for r in rows if r["world"] == 2 * n)
         before = [r for r in rows if r["t"] < t_add]
         last_small = max(r["t"] for r in rows if r["world"] == n)
-        base = throughput(rows, before[len(before) // 5]["t"], t_add, args.batch)
-        res["scale_share"].append(interval_share(rows, t_add, last_small, args.batch / base))
+        base = throughput(rows, before[len(before) // 5]["t"], t_add)
+        ref = step_times(rows, before[len(before) // 5]["t"], t_add)
+        res["scale_share"].append(window_share(rows, t_add, last_small, ref, base))
         # Time the survivors lost, from the newcomers' start to the first step
         # with 2N workers: every step interval beyond the steady one counts.
-        ts = [r["t"] for r in rows]
-        lost = sum(max(0.0, (b - a) - args.batch / base) for a, b in zip(ts, ts[1:]) if t_add < b <= switch["t"])
+        lost = sum(max(0.0, (b["t"] - a["t"]) - ref.get(b["samples"], b["samples"] / base))
+                   for a, b in zip(rows, rows[1:]) if t_add < b["t"] <= switch["t"])
         res["scale_lost_ms"].append(lost * 1e3)
         st = stalls(out, "join")
         res["scale_stall_max"].append(max(st) if st else float("nan"))
         res["scale_done"].append(switch["t"] - t_add)
         after = [r for r in rows if r["world"] == 2 * n]
-        res["steady_2n"].append(throughput(rows, after[len(after) // 5]["t"], after[-1]["t"], args.batch))
+        res["steady_2n"].append(throughput(rows, after[len(after) // 5]["t"], after[-1]["t"]))
         # graceful leave
         rows, out, _ = run_job(args, ["-n", str(n), "--leave", f"{ev}:{n - 1}"], [], "leave")
         st = stalls(out, "leave")
@@ -151,8 +179,9 @@ def main():
                               "restart", metrics=mpath)
         t_stop = max(r["t"] for r in rows1)
         rows2, _, _ = run_job(args, ["-n", str(2 * n)], ["--checkpoint", ck, "--resume"], "restart", metrics=mpath)
-        first2 = min(r["t"] for r in rows2 if r["t"] > t_stop)
-        step_time = 1 / res["steady"][-1] * args.batch
+        first2_row = min((r for r in rows2 if r["t"] > t_stop), key=lambda r: r["t"])
+        first2 = first2_row["t"]
+        step_time = first2_row["samples"] / res["steady"][-1]
         res["restart_down"].append(first2 - t_stop - step_time)
         res["restart_done"].append(first2 - t_stop)
         print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
@@ -160,7 +189,8 @@ def main():
     med = {k: statistics.median(v) for k, v in res.items() if v}
     print(f"# elastic scale events: {n} -> {2 * n} workers, B={args.batch}, emulated device "
           f"{args.step_us:.0f} us/step + {args.sample_us:.0f} us/sample, {args.rounds} round(s), medians"
-          + (f", newcomers started at nice +{args.join_nice}" if args.join_nice else ""))
+          + (f", newcomers started at nice +{args.join_nice}" if args.join_nice else "")
+          + (f", --cpu-bind {args.cpu_bind}" if args.cpu_bind else ""))
     print(f"{'metric':48s} {'value':>12s}")
     print(f"{'steady throughput, N workers (samples/s)':48s} {med['steady']:12.0f}")
     print(f"{'steady throughput, 2N workers (samples/s)':48s} {med['steady_2n']:12.0f}")

@@ -207,7 +207,7 @@ int main(int argc, char** argv) try {
       // Appended to: after a failure another member may become rank 0 and go on writing.
       metrics = std::fopen(a.metrics.c_str(), "a");
       if (metrics && std::ftell(metrics) == 0)
-        std::fprintf(metrics, "step,time_s,generation,world_size,loss,test_acc,samples_per_s,plan\n");
+        std::fprintf(metrics, "step,time_s,generation,world_size,loss,test_acc,samples_per_s,plan,samples\n");
     }
     const auto c0 = clk::now();
     const ef::plan::epoch_permutation order(train.size(), a.seed, static_cast<std::uint64_t>(s.epoch));
@@ -238,11 +238,11 @@ int main(int argc, char** argv) try {
       const bool eval = s.step % 10 == 0 || group.step() == a.steps;
       std::string plan;
       for (auto b : group.plan()) plan += (plan.empty() ? "" : ";") + std::to_string(b);
-      std::fprintf(metrics, "%lld,%.3f,%lld,%d,%.6f,%s,%.1f,%s\n", static_cast<long long>(s.step),
+      std::fprintf(metrics, "%lld,%.6f,%lld,%d,%.6f,%s,%.1f,%s,%zu\n", static_cast<long long>(s.step),
                    std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(),
                    static_cast<long long>(s.generation), s.world_size, grad.back(),
                    eval ? std::to_string(mlp::accuracy(sh, params, test.x, test.y)).c_str() : "",
-                   dt > 0 ? static_cast<double>(s.global_batch) / dt : 0.0, plan.c_str());
+                   dt > 0 ? static_cast<double>(s.global_batch) / dt : 0.0, plan.c_str(), s.global_batch);
       std::fflush(metrics);
     }
     if (stop_for_checkpoint) break;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <sched.h>
 #include <sys/resource.h>
 
 #include <cerrno>
@@ -137,6 +138,49 @@ TEST(Launcher, JoinersStartAtTheLowerPriorityAskedFor) {
   auto bad = run({EBBFLOW_RUN, "-n", "1", "--join-nice", "25", "--", "true"});
   EXPECT_EQ(bad.exit.code, 2);
   EXPECT_NE(bad.err.find("--join-nice"), std::string::npos) << bad.err;
+}
+
+TEST(Launcher, CpuBindGivesEachWorkerItsCpuBeforeExec) {
+  // Worker ID runs on our (ID / K)-th CPU, wrapping around; the binding is
+  // in place when the program starts (the shell reads its own status), for
+  // initial workers and joiners alike.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof set, &set), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  auto r = run({EBBFLOW_RUN, "-n", "3", "--elastic", "--cpu-bind", "core:2", "--add", "0.1", "--", "sh", "-c",
+                "echo cpus=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status); sleep 0.3"});
+  EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
+  for (int id = 0; id < 4; ++id) {
+    const int cpu = cpus[static_cast<std::size_t>(id / 2) % cpus.size()];
+    EXPECT_NE(r.out.find("[rank " + std::to_string(id) + "] cpus=" + std::to_string(cpu) + "\n"), std::string::npos)
+        << "worker " << id << " should run on CPU " << cpu << ":\n"
+        << r.out;
+  }
+  for (const char* bad_value : {"socket", "core:0", "core:x", ""}) {
+    auto bad = run({EBBFLOW_RUN, "-n", "1", "--cpu-bind", bad_value, "--", "true"});
+    EXPECT_EQ(bad.exit.code, 2) << bad_value;
+    EXPECT_NE(bad.err.find("--cpu-bind"), std::string::npos) << bad.err;
+  }
+}
+
+TEST(Launcher, SpawnNamesACpuItCannotBindTo) {
+  el::detail::process_group g;
+  el::detail::child_spec s;
+  s.argv = {"true"};
+  s.cpus = {CPU_SETSIZE - 1};  // valid index, but no such CPU here
+  try {
+    g.spawn(s);
+    FAIL() << "spawn bound a child to a CPU that does not exist";
+  } catch (const std::system_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot bind 'true' to CPUs " + std::to_string(CPU_SETSIZE - 1)),
+              std::string::npos)
+        << e.what();
+  }
+  s.cpus = {-1};
+  EXPECT_THROW(g.spawn(s), std::system_error);
 }
 
 TEST(Launcher, WorkStealingAcrossProcessesCoversEveryItemOnce) {

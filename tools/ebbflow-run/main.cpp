@@ -7,6 +7,7 @@
 #include <ebbflow/elastic/detail/process_group.hpp>
 #include <ebbflow/elastic/store.hpp>
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
@@ -49,6 +50,10 @@ constexpr const char* usage_text =
     "  --join-nice N        start joiners N nice levels lower (1..19) so their start-up does not take\n"
     "                       CPU from the running workers on a shared host; the group restores the\n"
     "                       priority once the worker is admitted (needs CAP_SYS_NICE, else it warns)\n"
+    "  --cpu-bind core[:K]  bind worker ID (initial or joiner) to one CPU of ours: CPU number ID/K\n"
+    "                       (default K=1) of the CPUs this launcher may use, wrapping around; on a\n"
+    "                       shared host it keeps the start-up of joiners off the running workers' cores;\n"
+    "                       the launcher and its store run on worker 0's CPU\n"
     "  --discovery CMD      poll CMD (every --discovery-interval SEC, default 2): it prints the wanted\n"
     "                       number of workers; more are started, or the newest asked to leave\n"
     "  SIGUSR1 / SIGUSR2    to ebbflow-run: add one worker / ask the newest to leave\n"
@@ -81,6 +86,7 @@ struct options {
   bool elastic = false;
   int min_size = 0, max_size = 0;
   int join_nice = 0;
+  int cpu_bind = 0;  // workers per CPU; 0: no binding
   struct event {
     double at;
     enum kind { add, kill, leave } what;
@@ -138,6 +144,16 @@ options parse(int argc, char** argv) {
       o.elastic = true;
     } else if (a == "--join-nice") {
       o.join_nice = parse_int(a, value(a), 1, 19);
+    } else if (a == "--cpu-bind") {
+      const std::string v = value(a);
+      if (v == "none")
+        o.cpu_bind = 0;
+      else if (v == "core")
+        o.cpu_bind = 1;
+      else if (v.rfind("core:", 0) == 0)
+        o.cpu_bind = parse_int(a, v.substr(5), 1, 4096);
+      else
+        usage_error(a + " '" + v + "': expected none, core or core:K");
     } else if (a == "--min") {
       o.min_size = parse_int(a, value(a), 1, 1 << 20);
     } else if (a == "--max") {
@@ -214,6 +230,24 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  // --cpu-bind: the CPUs this launcher may use, in order. The launcher and
+  // its store (started below: its thread inherits this) run on worker 0's.
+  std::vector<int> cpus;
+  if (opt.cpu_bind) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof set, &set) != 0) {
+      say(std::string("--cpu-bind: sched_getaffinity: ") + std::strerror(errno));
+      return 1;
+    }
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    CPU_ZERO(&set);
+    CPU_SET(cpus.front(), &set);
+    if (::sched_setaffinity(0, sizeof set, &set) != 0)
+      say(std::string("--cpu-bind: cannot bind the launcher: ") + std::strerror(errno));
+  }
+
   std::string token;
   if (opt.token)
     token = *opt.token;
@@ -272,6 +306,8 @@ int main(int argc, char** argv) {
                   {"EBBFLOW_WORLD_SIZE", std::to_string(opt.n)},
                   {"EBBFLOW_WORKER_ID", std::to_string(spec.id)}};
     }
+    if (!cpus.empty())
+      spec.cpus = {cpus[static_cast<std::size_t>(spec.id / opt.cpu_bind) % cpus.size()]};
     spec.env.push_back({"EBBFLOW_LOCAL_RANK", std::to_string(spec.id)});
     spec.env.push_back({"EBBFLOW_STORE", store_addr});
     spec.env.push_back({"EBBFLOW_TOKEN", token});

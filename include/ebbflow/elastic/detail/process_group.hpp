@@ -17,6 +17,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -49,6 +50,7 @@ struct child_spec {
   std::vector<std::pair<std::string, std::string>> env;  //!< set on top of this process's environment
   bool capture_output = true;  //!< deliver stdout/stderr lines to the handler; else inherit ours
   int nice = 0;                //!< niceness increment the child starts with (0: as ours)
+  std::vector<int> cpus;       //!< CPUs the child may run on (empty: as ours)
 };
 
 //! How a child ended.
@@ -122,6 +124,14 @@ class process_group {
     };
     if (spec.capture_output && (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)) fail("spawn: pipe");
     if (::pipe2(ex, O_CLOEXEC) != 0) fail("spawn: pipe");
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    for (int c : spec.cpus) {
+      if (c < 0 || c >= CPU_SETSIZE)
+        throw std::system_error(std::make_error_code(std::errc::invalid_argument),
+                                "spawn: CPU " + std::to_string(c) + " out of range");
+      CPU_SET(c, &cpus);
+    }
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) fail("spawn: fork");
@@ -137,6 +147,12 @@ class process_group {
         errno = 0;
         const int cur = ::getpriority(PRIO_PROCESS, 0);
         if (errno == 0) ::setpriority(PRIO_PROCESS, 0, cur + spec.nice);
+      }
+      // Bound before exec, so not even the program's start-up runs elsewhere.
+      if (!spec.cpus.empty() && ::sched_setaffinity(0, sizeof cpus, &cpus) != 0) {
+        const int e = -errno;  // negative: the binding failed, not the exec
+        [[maybe_unused]] auto n = ::write(ex[1], &e, sizeof e);
+        ::_exit(127);
       }
       if (spec.capture_output) {
         ::dup2(out[1], 1);
@@ -164,6 +180,12 @@ class process_group {
       if (spec.capture_output) {
         ::close(out[0]);
         ::close(err[0]);
+      }
+      if (exec_errno < 0) {
+        std::string list;
+        for (int c : spec.cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
+        throw std::system_error(-exec_errno, std::generic_category(),
+                                "cannot bind '" + spec.argv[0] + "' to CPUs " + list);
       }
       throw std::system_error(exec_errno, std::generic_category(), "cannot execute '" + spec.argv[0] + "'");
     }
