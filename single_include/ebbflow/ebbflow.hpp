@@ -3823,12 +3823,18 @@ inline std::error_code make_error(ucs_status_t s) noexcept { return {static_cast
 //!   the peer process still exists (pid + start time), so a slow or
 //!   descheduled peer is never declared dead: no false positives from load.
 //!   Over tcp a failure is a broken connection, also not a timing guess.
+//! * `UCX_USE_MT_MUTEX=y`: a multi-threaded worker (the elastic group's,
+//!   where a low-priority helper thread creates endpoints while the training
+//!   thread progresses) locks with a mutex, not a spinlock, so a training
+//!   thread never spins on a lock held by a preempted helper on its core.
+//!   Single-threaded workers take no lock either way.
 //! Not thread-safe (setenv).
 inline void set_environment_defaults() noexcept {
   ::setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
   ::setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
   ::setenv("UCX_CMA_MEMORY_INVALIDATE", "y", 0);
   ::setenv("UCX_KEEPALIVE_INTERVAL", "100ms", 0);
+  ::setenv("UCX_USE_MT_MUTEX", "y", 0);
 }
 
 namespace detail {
@@ -3872,18 +3878,23 @@ class context {
   unique_handle<detail::context_traits> h_;
 };
 
-//! An owned `ucp_worker` (single-threaded) and its address. Move-only. Keeps
-//! its context alive.
+//! An owned `ucp_worker` and its address. Move-only. Keeps its context alive.
 class worker {
  public:
-  //! @throws system_error.
-  explicit worker(std::shared_ptr<context> ctx) : ctx_(std::move(ctx)) {
+  //! A single-threaded worker, or with `UCS_THREAD_MODE_MULTI` one that
+  //! several threads may call at once (UCX then locks every call; whether the
+  //! library granted it is `multi_threaded()`). @throws system_error.
+  explicit worker(std::shared_ptr<context> ctx, ucs_thread_mode_t mode = UCS_THREAD_MODE_SINGLE)
+      : ctx_(std::move(ctx)) {
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    wp.thread_mode = mode;
     ucp_worker_h w = nullptr;
     throw_if(make_error(ucp_worker_create(ctx_->get(), &wp, &w)), {.operation = "ucp_worker_create"});
     h_.reset(w);
+    ucp_worker_attr_t attr{};
+    attr.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
+    multi_ = ucp_worker_query(w, &attr) == UCS_OK && attr.thread_mode == UCS_THREAD_MODE_MULTI;
     ucp_address_t* a = nullptr;
     std::size_t len = 0;
     throw_if(make_error(ucp_worker_get_address(w, &a, &len)), {.operation = "ucp_worker_get_address"});
@@ -3895,11 +3906,14 @@ class worker {
   [[nodiscard]] ucp_worker_h get() const noexcept { return h_.get(); }
   //! This worker's address: the bytes peers need to connect (opaque).
   [[nodiscard]] std::span<const std::byte> address() const noexcept { return address_; }
+  //! Whether several threads may call into this worker at once.
+  [[nodiscard]] bool multi_threaded() const noexcept { return multi_; }
 
  private:
   std::shared_ptr<context> ctx_;  // declared first: destroyed after the worker
   unique_handle<detail::worker_traits> h_;
   std::vector<std::byte> address_;
+  bool multi_ = false;
 };
 
 }  // namespace comm::ucx
@@ -3943,6 +3957,7 @@ EBBFLOW_END_NAMESPACE
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -4039,7 +4054,11 @@ class transport {
   //! (by this or any other transport on it, e.g. the generation still
   //! training). Finish with `poll_connect` or `finish_connect` before any
   //! other use. The elastic group connects to joiners this way while it
-  //! keeps training. @throws system_error, std::invalid_argument.
+  //! keeps training. On a multi-threaded worker (`worker::multi_threaded`)
+  //! it may run on another thread than the one progressing the worker; the
+  //! transport then belongs to the caller of `poll_connect`, which must see
+  //! it through a synchronising hand-over (a future, a joined thread).
+  //! @throws system_error, std::invalid_argument.
   static transport start(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
                          const std::vector<std::vector<std::byte>>& addresses);
   //! Progresses a connect begun by `start` once; true when every peer
@@ -4120,11 +4139,14 @@ class transport {
     std::shared_ptr<worker> w;  // shared: a worker may serve several generations in turn
     int rank = 0, size = 1;
     std::int64_t generation = 0;
-    int lost = -1;
-    bool cancel_pending = false;
+    // Set by the error callback, which runs in whichever thread progresses
+    // the worker: with a multi-threaded worker a transport may be started on
+    // one thread while another progresses (see `start`).
+    std::atomic<int> lost{-1};
+    std::atomic<bool> cancel_pending{false};
     bool abandoned_sends = false;
     std::vector<ucp_ep_h> eps;
-    std::vector<std::uint8_t> dead;
+    std::vector<std::atomic<std::uint8_t>> dead;
     std::vector<peer_slot> slots;             // stable: error-callback arguments
     std::unordered_set<void*> pending_recvs;  // UCX receive requests in flight
     std::vector<void*> closing;               // endpoint closes in flight (start_close)
@@ -4147,9 +4169,9 @@ class transport {
   static void on_error(void* arg, ucp_ep_h, ucs_status_t status) noexcept {
     auto* s = static_cast<peer_slot*>(arg);
     state* st = s->st;
-    if (!st->dead[static_cast<std::size_t>(s->peer)]) {
-      st->dead[static_cast<std::size_t>(s->peer)] = 1;
-      if (st->lost < 0) st->lost = s->peer;
+    if (!st->dead[static_cast<std::size_t>(s->peer)].exchange(1)) {
+      int none = -1;
+      st->lost.compare_exchange_strong(none, s->peer);
       // Cancelling from inside progress is avoided: done on the next test/wait.
       st->cancel_pending = true;
       EBBFLOW_LOG_WARN("ucx: peer " << s->peer << " lost (" << ucs_status_string(status) << ") [rank " << st->rank
@@ -4226,7 +4248,7 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   st_->generation = generation;
   const auto n = static_cast<std::size_t>(size);
   st_->eps.assign(n, nullptr);
-  st_->dead.assign(n, 0);
+  st_->dead = std::vector<std::atomic<std::uint8_t>>(n);
   st_->pids.assign(n, 0);
   st_->slots.reserve(n);
   for (int p = 0; p < size; ++p) st_->slots.push_back({st_.get(), p});
@@ -7859,6 +7881,7 @@ EBBFLOW_END_NAMESPACE
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <csignal>
 #include <cstddef>
 #include <cstdint>
@@ -7886,7 +7909,10 @@ namespace elastic {
 //! transport whose wire-up completes in the background (finished by its
 //! `poll_connect()` / `finish_connect(d)`): the group then connects to
 //! joiners while it keeps training and switches only once every member is
-//! wired up (see docs/elastic.md, "Join without suspension").
+//! wired up (see docs/elastic.md, "Join without suspension"). When it also
+//! offers `concurrent_connect()` returning true, `start_connect` is called
+//! from the group's admission helper thread while the training thread goes
+//! on using the current generation's transport on the same network.
 template <class N>
 concept network = requires(N& n, std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline d) {
   typename N::transport_type;
@@ -7919,7 +7945,11 @@ struct group_options {
   //! EBBFLOW_PRECONNECT (default on, where the network can): members connect
   //! to admitted joiners in the background while training goes on, and the
   //! group switches at the first step boundary at which every member is wired
-  //! up; off: every member stops at the admission step until connected.
+  //! up; off: every member stops at the admission step until connected. On,
+  //! the store work of a change (the next generation's record, the joiners'
+  //! addresses) and, where the network allows, the endpoints are done by a
+  //! helper thread at the lowest CPU priority, on a store connection of its
+  //! own, so the training thread spends microseconds on a join or a leave.
   bool preconnect = true;
 
   //! Reads the fields named above from the environment (launch rank and world
@@ -8161,7 +8191,11 @@ class group {
   void enter(detail::generation_record rec);
   void install(detail::generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
                double prepared_seconds);
-  bool prepare_next(const detail::generation_record& rec, const std::vector<member_id>& leavers);
+  void write_record(Store& st, const std::string& gkey, const std::string& rec, const std::vector<member_id>& joiners,
+                    std::int64_t g1) const;
+  void start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
+                       std::vector<member_id> leavers, steady_clock::time_point started);
+  void take_admission();
   void leave_now();
   typename Net::transport_type connect_watched(const detail::generation_record& rec, const std::vector<bytes>& addrs);
   int poll_next();
@@ -8169,6 +8203,10 @@ class group {
   void recover(std::int64_t failed_generation, int lost_peer);
   void change_membership(const std::vector<double>& ctl, int n);
   std::vector<bytes> gather_addresses(const detail::generation_record& rec);
+  // As above, on `st` with `cache`: callable from the admission helper.
+  std::vector<bytes> gather_addresses(const detail::generation_record& rec, Store& st,
+                                      std::map<member_id, bytes>& cache, int rank,
+                                      const std::shared_ptr<comm::revoke_flag>& revoke, std::stop_token stop);
   std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room, bool settle);
   // Each member's heartbeat counter as last read, and when it last changed.
   using lease_seen = std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>;
@@ -8177,7 +8215,7 @@ class group {
     lease_seen seen;
     steady_clock::time_point next_check{};
   };
-  bool fresh(member_id m, lease_seen& seen);
+  bool fresh(Store& st, member_id m, lease_seen& seen) const;
   int stale_member(const detail::generation_record& rec, lease_watch& w, bool joiners_only);
   void control_allreduce(std::span<double> v);
   void notify(change_reason reason, int old_size, double stall);
@@ -8210,16 +8248,35 @@ class group {
     double prepared_seconds = 0;  // spent before the switch connecting in the background (counted as stall)
   };
   std::optional<pending_change> pending_;  // state transfer and notification still to do
+  // What the admission helper thread hands back: the store work of a
+  // membership change (the coordinator's record, the next generation's
+  // record and addresses) and, where the network allows it from another
+  // thread, the endpoints, done while this member's training thread goes on.
+  struct admission_result {
+    std::atomic<bool> done{false};  // release: everything below is written
+    std::exception_ptr error;
+    std::optional<detail::generation_record> rec;
+    std::vector<bytes> addrs;
+    std::optional<typename Net::transport_type> transport;
+    std::map<member_id, bytes> cache;  // the address cache, updated, handed back
+    bool excluded = false;             // rec leaves this member out (a concurrent recovery): rejoin
+    bool blocking = false;             // rec leaves a current member out: the blocking way sorts it out
+  };
   // A join whose transport is wiring up while the current generation trains.
   struct next_generation {
     detail::generation_record rec;
+    bool has_rec = false;  // rec was read (the helper may still be at it, or have failed before)
     std::optional<typename Net::transport_type> transport;
-    steady_clock::time_point since;  // connect started
-    double prepared_seconds = 0;     // this member's time spent starting it
-    bool leaving = false;            // this member leaves at the switch (no transport)
-    bool failed = false;             // starting the connect failed here: fall back at the next exchange
-    lease_watch joiners;             // joiners' leases
+    steady_clock::time_point since;               // connect started
+    double prepared_seconds = 0;                  // this member's training-thread time spent starting it
+    bool leaving = false;                         // this member leaves at the switch (no transport)
+    bool failed = false;                          // starting the connect failed here: fall back at the next exchange
+    bool excluded = false;                        // the next generation leaves this member out: it rejoins
+    lease_watch joiners;                          // joiners' leases
+    std::shared_ptr<admission_result> admission;  // the helper's result while it runs
+    std::jthread helper;                          // declared last: joined first
   };
+  std::unique_ptr<Store> aux_store_;  // the admission helper's own connection (store clients are not thread-safe)
   std::optional<next_generation> next_;
   std::optional<transport_type> transport_;
   std::optional<typename Net::transport_type> retiring_;  // the replaced generation's, closing in the background
@@ -8300,6 +8357,18 @@ constexpr bool can_preconnect() {
   };
 }
 
+// Networks whose start_connect may run on a helper thread while the current
+// generation trains on the same network (ucx_network on a UCX with threads).
+template <class N>
+bool concurrent_connect(const N& n) {
+  if constexpr (requires {
+                  { n.concurrent_connect() } -> std::convertible_to<bool>;
+                })
+    return n.concurrent_connect();
+  else
+    return false;
+}
+
 // A joiner started with `ebbflow-run --join-nice N` runs N nice levels
 // lower until the members switch to the generation that includes it (its
 // start-up, connect and wait then do not slow the members on a shared host);
@@ -8352,6 +8421,9 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(policy_ != nullptr, "elastic group: null planning policy");
   EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
   store_ = connect_store_();
+  // The admission helper's own connection, made now rather than in the
+  // middle of a membership change.
+  if (detail::can_preconnect<Net>() && opts_.preconnect) aux_store_ = connect_store_();
   coll_opts_ = comm::collective_options::from_environment();
   coll_opts_.timeout = opts_.op_timeout;
   id_ = store_->add(key("next_id"), 1, store_deadline());
@@ -8504,6 +8576,14 @@ void group<Store, Net>::wait_admission() {
 
 template <kv_store Store, network Net>
 std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_record& rec) {
+  return gather_addresses(rec, *store_, address_cache_, rank_, revoke_, {});
+}
+
+template <kv_store Store, network Net>
+std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_record& rec, Store& st,
+                                                       std::map<member_id, bytes>& cache, int rank,
+                                                       const std::shared_ptr<comm::revoke_flag>& revoke,
+                                                       std::stop_token stop) {
   // Every member publishes the address of its endpoint for this generation;
   // a member that stops heartbeating before it published is reported lost,
   // so the others fail over instead of waiting for the full deadline.
@@ -8512,7 +8592,7 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
   std::vector<std::optional<bytes>> found(rec.members.size());
   if constexpr (stable)
     for (std::size_t j = 0; j < found.size(); ++j)
-      if (auto it = address_cache_.find(rec.members[j].id); it != address_cache_.end()) found[j] = it->second;
+      if (auto it = cache.find(rec.members[j].id); it != cache.end()) found[j] = it->second;
   std::size_t cached = 0;
   for (auto& f : found) cached += f.has_value();
   lease_seen hb;
@@ -8522,13 +8602,13 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
       if (found[j]) continue;
       const member_id m = rec.members[j].id;
       const std::string akey = stable ? key("addr/" + std::to_string(m)) : key("addr/" + gs + "/" + std::to_string(m));
-      if (auto v = store_->try_get(akey, store_deadline())) {
+      if (auto v = st.try_get(akey, store_deadline())) {
         found[j] = to_bytes(*v);
-        if constexpr (stable) address_cache_[m] = *found[j];
+        if constexpr (stable) cache[m] = *found[j];
         --missing;
-      } else if (!fresh(m, hb)) {
+      } else if (!fresh(st, m, hb)) {
         throw system_error(make_error_code(error::peer_lost),
-                           {.rank = rank_,
+                           {.rank = rank,
                             .generation = rec.generation,
                             .peer = static_cast<int>(j),
                             .operation = "connect",
@@ -8536,12 +8616,12 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
       }
     }
     if (missing == 0) break;
-    if (revoke_ && revoke_->revoked())
+    if ((revoke && revoke->revoked()) || stop.stop_requested())
       throw system_error(make_error_code(error::revoked),
-                         {.rank = rank_, .generation = rec.generation, .operation = "connect"});
+                         {.rank = rank, .generation = rec.generation, .operation = "connect"});
     if (d.expired())
       throw system_error(make_error_code(error::timeout),
-                         {.rank = rank_,
+                         {.rank = rank,
                           .generation = rec.generation,
                           .operation = "connect",
                           .detail = std::to_string(missing) + " members published no address"});
@@ -8637,38 +8717,6 @@ typename Net::transport_type group<Store, Net>::connect_watched(const detail::ge
 }
 
 template <kv_store Store, network Net>
-bool group<Store, Net>::prepare_next(const detail::generation_record& rec, const std::vector<member_id>& leavers) {
-  // Joins and leaves without suspension: the members of the next generation
-  // connect to each other in the background while the current generation
-  // (leavers included) keeps training; end_step switches once all are wired up.
-  if constexpr (detail::can_preconnect<Net>()) {
-    if (!opts_.preconnect || rec.members.empty()) return false;
-    for (auto& m : gen_.members)
-      if (rec.rank_of(m.id) < 0 && std::find(leavers.begin(), leavers.end(), m.id) == leavers.end())
-        return false;  // excluded by a concurrent recovery: the blocking way sorts it out
-    const auto t0 = steady_clock::now();
-    auto addrs = gather_addresses(rec);
-    const auto t1 = steady_clock::now();
-    const int r = rec.rank_of(id_);
-    next_generation nx;
-    nx.rec = rec;
-    nx.since = t0;
-    nx.transport.emplace(net_->start_connect(rec.generation, r, addrs));
-    next_ = std::move(nx);
-    auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
-    const double addr_ms = ms(t0, t1), ep_ms = ms(t1, steady_clock::now());
-    EBBFLOW_LOG_INFO("generation " << rec.generation << ": connecting " << rec.members.size()
-                                   << " members in the background (addresses " << addr_ms << " ms, endpoints " << ep_ms
-                                   << " ms)");
-    return true;
-  } else {
-    (void)rec;
-    (void)leavers;
-    return false;
-  }
-}
-
-template <kv_store Store, network Net>
 int group<Store, Net>::poll_next() {
   // 1: wired up; 0: not yet; -1: failed or overdue (the group then switches
   // the blocking way, which fails over to recovery).
@@ -8677,6 +8725,12 @@ int group<Store, Net>::poll_next() {
     if (next_->failed) return -1;
     fault_point("preconnect");
     try {
+      if (next_->admission) {
+        if (!next_->admission->done.load(std::memory_order_acquire))
+          return steady_clock::now() - next_->since > opts_.op_timeout ? -1 : 0;
+        take_admission();
+        if (next_->failed) return -1;
+      }
       if (next_->transport->poll_connect()) return 1;
       // A joiner that died before it wired up: noticed through its lease.
       if (const int j = stale_member(next_->rec, next_->joiners, true); j >= 0) {
@@ -8988,8 +9042,22 @@ void group<Store, Net>::end_step(double compute_seconds) {
       } else if (v[2] < 0 && next_->leaving) {
         leave_now();          // the others switch the blocking way
       } else if (v[2] < 0) {  // somebody's connect failed or is overdue: the blocking way (and recovery)
-        auto rec = std::move(next_->rec);
+        auto nx = std::move(*next_);
         next_.reset();
+        if (nx.helper.joinable()) {  // overdue: stop it before going on without it
+          nx.helper.request_stop();
+          nx.helper.join();
+        }
+        nx.admission.reset();
+        if (nx.excluded) {  // a concurrent recovery excluded this member: rejoin
+          wait_admission();
+          return;
+        }
+        if (!nx.has_rec) {  // the next generation was never read here
+          recover(gen_.generation, -1);
+          return;
+        }
+        auto rec = std::move(nx.rec);
         const std::int64_t g1 = rec.generation;
         try {
           adopt(std::move(rec), steady_clock::now());
@@ -9014,12 +9082,27 @@ void group<Store, Net>::end_step(double compute_seconds) {
 }
 
 template <kv_store Store, network Net>
+void group<Store, Net>::write_record(Store& st, const std::string& gkey, const std::string& rec,
+                                     const std::vector<member_id>& joiners, std::int64_t g1) const {
+  // The record must be written before the joiners are told, and before the
+  // coordinator itself leaves. A concurrent recovery may have written
+  // another one first: then the joiners are not told (that record does not
+  // have them; they stay in the queue).
+  if (st.compare_set(gkey, "", rec, store_deadline()).current == rec)
+    for (auto j : joiners) st.set(key("joined/" + std::to_string(j)), std::to_string(g1), store_deadline());
+}
+
+template <kv_store Store, network Net>
 void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
   const auto started = steady_clock::now();
   const std::size_t un = static_cast<std::size_t>(n);
   const std::int64_t g1 = gen_.generation + 1;
   const std::string gkey = key("gen/" + std::to_string(g1));
   const bool me_leaving = v[3 + 2 * un + static_cast<std::size_t>(rank_)] > 0;
+  // With a network that connects in the background, the rest of the change
+  // is done by a helper thread while this member keeps training.
+  const bool background = detail::can_preconnect<Net>() && opts_.preconnect && !me_leaving;
+  std::optional<std::string> record;  // the coordinator's, to write
   if (rank_ == 0) {
     detail::generation_record rec;
     rec.generation = g1;
@@ -9042,10 +9125,8 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     }
     rec.plan_version = gen_.plan_version + 1;
     rec.joins_seen = gen_.joins_seen;
-    // The record must be written before the joiners are told, and before the
-    // coordinator itself leaves.
-    store_->compare_set(gkey, "", to_value(rec.encode()), store_deadline());
-    for (auto j : admitting_) store_->set(key("joined/" + std::to_string(j)), std::to_string(g1), store_deadline());
+    record = to_value(rec.encode());
+    if (!background) write_record(*store_, gkey, *record, admitting_, g1);
   }
   if (me_leaving) {
     if (detail::can_preconnect<Net>() && opts_.preconnect) {
@@ -9060,6 +9141,13 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     leave_now();
     return;
   }
+  std::vector<member_id> leavers;
+  for (std::size_t i = 0; i < un; ++i)
+    if (v[3 + 2 * un + i] > 0) leavers.push_back(gen_.members[i].id);
+  if (background) {
+    start_admission(std::move(record), gkey, g1, std::move(leavers), started);
+    return;
+  }
   try {
     store_->wait({gkey}, deadline::after(opts_.op_timeout));
   } catch (const system_error& e) {
@@ -9072,33 +9160,122 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     wait_admission();
     return;
   }
-  std::vector<member_id> leavers;
-  for (std::size_t i = 0; i < un; ++i)
-    if (v[3 + 2 * un + i] > 0) leavers.push_back(gen_.members[i].id);
-  try {
-    if (prepare_next(rec, leavers)) {
-      next_->prepared_seconds = std::chrono::duration<double>(steady_clock::now() - started).count();
-      return;
-    }
-  } catch (const system_error& e) {
-    if (!detail::recoverable(e.code())) throw;
-    // The others may have started theirs: this member must not go its own
-    // way. It keeps training on the current generation and reports the
-    // failure in the next control exchange, where all fall back together.
-    EBBFLOW_LOG_WARN("could not start connecting generation " << g1 << ": " << e.what());
-    next_generation nx;
-    nx.rec = rec;
-    nx.since = started;
-    nx.failed = true;
-    next_ = std::move(nx);
-    return;
-  }
   try {
     adopt(std::move(rec), started);
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
     recover(g1, lost_peer_of(e));
   }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
+                                        std::vector<member_id> leavers, steady_clock::time_point started) {
+  // Joins and leaves without suspension: a helper thread writes the
+  // coordinator's record, reads the next generation's record and addresses
+  // and (where the network allows it) creates its endpoints, on a store
+  // connection of its own, while this member's training thread goes on; the
+  // members then connect to each other in the background, and end_step
+  // switches once all are wired up (poll_next).
+  if constexpr (detail::can_preconnect<Net>()) {
+    next_generation nx;
+    nx.since = started;
+    auto res = std::make_shared<admission_result>();
+    nx.admission = res;
+    std::vector<member_id> current;
+    for (auto& m : gen_.members) current.push_back(m.id);
+    nx.helper = std::jthread([this, res, record = std::move(record), joiners = admitting_, gkey = std::move(gkey), g1,
+                              leavers = std::move(leavers), current = std::move(current), rank = rank_,
+                              revoke = revoke_, cache = address_cache_,
+                              concurrent = detail::concurrent_connect(*net_)](std::stop_token stop) mutable {
+      // The lowest CPU priority: on a host whose cores the workers share,
+      // this work fills their idle time (their device time) and never delays
+      // a training thread that is ready to run.
+      errno = 0;
+      if (const int cur = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid())); errno == 0)
+        ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), std::max(cur, 19));
+      try {
+        if (!aux_store_) aux_store_ = connect_store_();
+        Store& st = *aux_store_;
+        if (record) write_record(st, gkey, *record, joiners, g1);
+        const auto d = deadline::after(opts_.op_timeout);
+        for (;;) {  // in slices, so that a stop request is noticed
+          if (stop.stop_requested())
+            throw system_error(make_error_code(error::revoked),
+                               {.rank = rank, .generation = g1, .operation = "admission"});
+          try {
+            st.wait({gkey}, min(d, deadline::after(std::chrono::milliseconds(50))));
+            break;
+          } catch (const system_error& e) {
+            if (e.code() != errc::timeout || d.expired()) throw;
+          }
+        }
+        auto rec = detail::generation_record::decode(to_bytes(*st.try_get(gkey, store_deadline())));
+        const int r = rec.rank_of(id_);
+        if (r < 0) {
+          res->excluded = true;  // a concurrent recovery excluded this member
+        } else {
+          for (auto m : current)
+            if (rec.rank_of(m) < 0 && std::find(leavers.begin(), leavers.end(), m) == leavers.end())
+              res->blocking = true;  // excluded by a concurrent recovery: the blocking way sorts it out
+          if (!res->blocking) {
+            res->addrs = gather_addresses(rec, st, cache, rank, revoke, stop);
+            if (concurrent) {
+              res->transport.emplace(net_->start_connect(rec.generation, r, res->addrs));
+              // Drive the wire-up from here too, so that the peers' connect
+              // messages are mostly handled in this thread's time, not in
+              // the training thread's collectives. Bounded: a joiner that
+              // died is noticed through its lease once handed back.
+              const auto until = steady_clock::now() + 4 * opts_.heartbeat;
+              while (!stop.stop_requested() && steady_clock::now() < until && !res->transport->poll_connect())
+                std::this_thread::sleep_for(std::chrono::microseconds(100));
+            }
+          }
+        }
+        res->cache = std::move(cache);
+        res->rec = std::move(rec);
+      } catch (...) {
+        res->error = std::current_exception();
+      }
+      res->done.store(true, std::memory_order_release);
+    });
+    nx.prepared_seconds = std::chrono::duration<double>(steady_clock::now() - started).count();
+    next_ = std::move(nx);
+  } else {
+    (void)record, (void)gkey, (void)g1, (void)leavers, (void)started;
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::take_admission() {
+  // The helper is done: its result becomes this member's next generation.
+  auto res = std::move(next_->admission);
+  next_->helper.join();
+  if (res->rec) {
+    next_->rec = std::move(*res->rec);
+    next_->has_rec = true;
+  }
+  if (res->error) {
+    next_->failed = true;
+    std::rethrow_exception(res->error);
+  }
+  address_cache_ = std::move(res->cache);
+  if (res->excluded || res->blocking) {
+    next_->excluded = res->excluded;
+    next_->failed = true;
+    return;
+  }
+  if (res->transport) {
+    next_->transport = std::move(res->transport);
+  } else {  // the network cannot connect from another thread: here, then
+    const auto t0 = steady_clock::now();
+    next_->transport.emplace(net_->start_connect(next_->rec.generation, next_->rec.rank_of(id_), res->addrs));
+    next_->prepared_seconds += std::chrono::duration<double>(steady_clock::now() - t0).count();
+  }
+  const double after_ms = std::chrono::duration<double>(steady_clock::now() - next_->since).count() * 1e3;
+  EBBFLOW_LOG_INFO("generation " << next_->rec.generation << ": connecting " << next_->rec.members.size()
+                                 << " members in the background (" << after_ms << " ms after the decision; "
+                                 << next_->prepared_seconds * 1e3 << " ms of it on the training thread)");
 }
 
 template <kv_store Store, network Net>
@@ -9123,14 +9300,14 @@ int group<Store, Net>::stale_member(const detail::generation_record& rec, lease_
   for (std::size_t j = 0; j < rec.members.size(); ++j) {
     const auto& m = rec.members[j];
     if (m.id == id_ || (joiners_only && m.committed >= 0)) continue;
-    if (!fresh(m.id, w.seen)) return static_cast<int>(j);
+    if (!fresh(*store_, m.id, w.seen)) return static_cast<int>(j);
   }
   return -1;
 }
 
 template <kv_store Store, network Net>
-bool group<Store, Net>::fresh(member_id m, lease_seen& seen) {
-  const std::int64_t hb = store_->add(key("hb/" + std::to_string(m)), 0, store_deadline());
+bool group<Store, Net>::fresh(Store& st, member_id m, lease_seen& seen) const {
+  const std::int64_t hb = st.add(key("hb/" + std::to_string(m)), 0, store_deadline());
   const auto now = steady_clock::now();
   auto it = seen.find(m);
   if (it == seen.end()) {
@@ -9184,7 +9361,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
           alive.push_back({m.id, detail::parse_i64(*c)});
         } else if (store_->try_get(key("dead/" + gs + "/" + ms), store_deadline())) {
           // reported lost by a peer's transport
-        } else if (fresh(m.id, hb_seen) && !unresolved_deadline.expired()) {
+        } else if (fresh(*store_, m.id, hb_seen) && !unresolved_deadline.expired()) {
           undecided = true;
         }
       }
@@ -12863,7 +13040,9 @@ EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 
 //! The elastic group's `network` over UCX: one context and one worker for
-//! the whole job, a `comm::ucx::transport` per generation. Not thread-safe.
+//! the whole job, a `comm::ucx::transport` per generation. `start_connect`
+//! may be called from a helper thread when `concurrent_connect()`; nothing
+//! else is thread-safe.
 class ucx_network {
  public:
   using transport_type = comm::ucx::transport;  //!< what `connect` builds per generation
@@ -12875,8 +13054,14 @@ class ucx_network {
   //! Shares an existing context.
   explicit ucx_network(std::shared_ptr<comm::ucx::context> ctx) {
     EBBFLOW_ENFORCE(ctx != nullptr, "ucx_network: null UCX context");
-    worker_ = std::make_shared<comm::ucx::worker>(std::move(ctx));
+    // Multi-threaded, so the group can build the next generation's
+    // endpoints on a helper thread while training progresses the worker.
+    worker_ = std::make_shared<comm::ucx::worker>(std::move(ctx), UCS_THREAD_MODE_MULTI);
   }
+
+  //! Whether `start_connect` may run on another thread while the current
+  //! generation trains on the same worker (UCX built with thread support).
+  [[nodiscard]] bool concurrent_connect() const noexcept { return worker_->multi_threaded(); }
 
   //! One worker serves every generation, so its address never changes: the
   //! group publishes it once, and a membership change only builds endpoints.
@@ -16028,6 +16213,7 @@ EBBFLOW_END_NAMESPACE
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -16060,6 +16246,7 @@ struct child_spec {
   std::vector<std::pair<std::string, std::string>> env;  //!< set on top of this process's environment
   bool capture_output = true;  //!< deliver stdout/stderr lines to the handler; else inherit ours
   int nice = 0;                //!< niceness increment the child starts with (0: as ours)
+  std::vector<int> cpus;       //!< CPUs the child may run on (empty: as ours)
 };
 
 //! How a child ended.
@@ -16133,6 +16320,14 @@ class process_group {
     };
     if (spec.capture_output && (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)) fail("spawn: pipe");
     if (::pipe2(ex, O_CLOEXEC) != 0) fail("spawn: pipe");
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    for (int c : spec.cpus) {
+      if (c < 0 || c >= CPU_SETSIZE)
+        throw std::system_error(std::make_error_code(std::errc::invalid_argument),
+                                "spawn: CPU " + std::to_string(c) + " out of range");
+      CPU_SET(c, &cpus);
+    }
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) fail("spawn: fork");
@@ -16148,6 +16343,12 @@ class process_group {
         errno = 0;
         const int cur = ::getpriority(PRIO_PROCESS, 0);
         if (errno == 0) ::setpriority(PRIO_PROCESS, 0, cur + spec.nice);
+      }
+      // Bound before exec, so not even the program's start-up runs elsewhere.
+      if (!spec.cpus.empty() && ::sched_setaffinity(0, sizeof cpus, &cpus) != 0) {
+        const int e = -errno;  // negative: the binding failed, not the exec
+        [[maybe_unused]] auto n = ::write(ex[1], &e, sizeof e);
+        ::_exit(127);
       }
       if (spec.capture_output) {
         ::dup2(out[1], 1);
@@ -16175,6 +16376,12 @@ class process_group {
       if (spec.capture_output) {
         ::close(out[0]);
         ::close(err[0]);
+      }
+      if (exec_errno < 0) {
+        std::string list;
+        for (int c : spec.cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
+        throw std::system_error(-exec_errno, std::generic_category(),
+                                "cannot bind '" + spec.argv[0] + "' to CPUs " + list);
       }
       throw std::system_error(exec_errno, std::generic_category(), "cannot execute '" + spec.argv[0] + "'");
     }

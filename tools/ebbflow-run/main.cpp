@@ -306,8 +306,7 @@ int main(int argc, char** argv) {
                   {"EBBFLOW_WORLD_SIZE", std::to_string(opt.n)},
                   {"EBBFLOW_WORKER_ID", std::to_string(spec.id)}};
     }
-    if (!cpus.empty())
-      spec.cpus = {cpus[static_cast<std::size_t>(spec.id / opt.cpu_bind) % cpus.size()]};
+    if (!cpus.empty()) spec.cpus = {cpus[static_cast<std::size_t>(spec.id / opt.cpu_bind) % cpus.size()]};
     spec.env.push_back({"EBBFLOW_LOCAL_RANK", std::to_string(spec.id)});
     spec.env.push_back({"EBBFLOW_STORE", store_addr});
     spec.env.push_back({"EBBFLOW_TOKEN", token});

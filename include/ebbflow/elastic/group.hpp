@@ -66,6 +66,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <csignal>
 #include <cstddef>
 #include <cstdint>
@@ -93,7 +94,10 @@ namespace elastic {
 //! transport whose wire-up completes in the background (finished by its
 //! `poll_connect()` / `finish_connect(d)`): the group then connects to
 //! joiners while it keeps training and switches only once every member is
-//! wired up (see docs/elastic.md, "Join without suspension").
+//! wired up (see docs/elastic.md, "Join without suspension"). When it also
+//! offers `concurrent_connect()` returning true, `start_connect` is called
+//! from the group's admission helper thread while the training thread goes
+//! on using the current generation's transport on the same network.
 template <class N>
 concept network = requires(N& n, std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline d) {
   typename N::transport_type;
@@ -126,7 +130,11 @@ struct group_options {
   //! EBBFLOW_PRECONNECT (default on, where the network can): members connect
   //! to admitted joiners in the background while training goes on, and the
   //! group switches at the first step boundary at which every member is wired
-  //! up; off: every member stops at the admission step until connected.
+  //! up; off: every member stops at the admission step until connected. On,
+  //! the store work of a change (the next generation's record, the joiners'
+  //! addresses) and, where the network allows, the endpoints are done by a
+  //! helper thread at the lowest CPU priority, on a store connection of its
+  //! own, so the training thread spends microseconds on a join or a leave.
   bool preconnect = true;
 
   //! Reads the fields named above from the environment (launch rank and world
@@ -368,7 +376,11 @@ class group {
   void enter(detail::generation_record rec);
   void install(detail::generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
                double prepared_seconds);
-  bool prepare_next(const detail::generation_record& rec, const std::vector<member_id>& leavers);
+  void write_record(Store& st, const std::string& gkey, const std::string& rec, const std::vector<member_id>& joiners,
+                    std::int64_t g1) const;
+  void start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
+                       std::vector<member_id> leavers, steady_clock::time_point started);
+  void take_admission();
   void leave_now();
   typename Net::transport_type connect_watched(const detail::generation_record& rec, const std::vector<bytes>& addrs);
   int poll_next();
@@ -376,6 +388,10 @@ class group {
   void recover(std::int64_t failed_generation, int lost_peer);
   void change_membership(const std::vector<double>& ctl, int n);
   std::vector<bytes> gather_addresses(const detail::generation_record& rec);
+  // As above, on `st` with `cache`: callable from the admission helper.
+  std::vector<bytes> gather_addresses(const detail::generation_record& rec, Store& st,
+                                      std::map<member_id, bytes>& cache, int rank,
+                                      const std::shared_ptr<comm::revoke_flag>& revoke, std::stop_token stop);
   std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room, bool settle);
   // Each member's heartbeat counter as last read, and when it last changed.
   using lease_seen = std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>;
@@ -384,7 +400,7 @@ class group {
     lease_seen seen;
     steady_clock::time_point next_check{};
   };
-  bool fresh(member_id m, lease_seen& seen);
+  bool fresh(Store& st, member_id m, lease_seen& seen) const;
   int stale_member(const detail::generation_record& rec, lease_watch& w, bool joiners_only);
   void control_allreduce(std::span<double> v);
   void notify(change_reason reason, int old_size, double stall);
@@ -417,16 +433,35 @@ class group {
     double prepared_seconds = 0;  // spent before the switch connecting in the background (counted as stall)
   };
   std::optional<pending_change> pending_;  // state transfer and notification still to do
+  // What the admission helper thread hands back: the store work of a
+  // membership change (the coordinator's record, the next generation's
+  // record and addresses) and, where the network allows it from another
+  // thread, the endpoints, done while this member's training thread goes on.
+  struct admission_result {
+    std::atomic<bool> done{false};  // release: everything below is written
+    std::exception_ptr error;
+    std::optional<detail::generation_record> rec;
+    std::vector<bytes> addrs;
+    std::optional<typename Net::transport_type> transport;
+    std::map<member_id, bytes> cache;  // the address cache, updated, handed back
+    bool excluded = false;             // rec leaves this member out (a concurrent recovery): rejoin
+    bool blocking = false;             // rec leaves a current member out: the blocking way sorts it out
+  };
   // A join whose transport is wiring up while the current generation trains.
   struct next_generation {
     detail::generation_record rec;
+    bool has_rec = false;  // rec was read (the helper may still be at it, or have failed before)
     std::optional<typename Net::transport_type> transport;
-    steady_clock::time_point since;  // connect started
-    double prepared_seconds = 0;     // this member's time spent starting it
-    bool leaving = false;            // this member leaves at the switch (no transport)
-    bool failed = false;             // starting the connect failed here: fall back at the next exchange
-    lease_watch joiners;             // joiners' leases
+    steady_clock::time_point since;               // connect started
+    double prepared_seconds = 0;                  // this member's training-thread time spent starting it
+    bool leaving = false;                         // this member leaves at the switch (no transport)
+    bool failed = false;                          // starting the connect failed here: fall back at the next exchange
+    bool excluded = false;                        // the next generation leaves this member out: it rejoins
+    lease_watch joiners;                          // joiners' leases
+    std::shared_ptr<admission_result> admission;  // the helper's result while it runs
+    std::jthread helper;                          // declared last: joined first
   };
+  std::unique_ptr<Store> aux_store_;  // the admission helper's own connection (store clients are not thread-safe)
   std::optional<next_generation> next_;
   std::optional<transport_type> transport_;
   std::optional<typename Net::transport_type> retiring_;  // the replaced generation's, closing in the background

@@ -21,7 +21,9 @@ EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 
 //! The elastic group's `network` over UCX: one context and one worker for
-//! the whole job, a `comm::ucx::transport` per generation. Not thread-safe.
+//! the whole job, a `comm::ucx::transport` per generation. `start_connect`
+//! may be called from a helper thread when `concurrent_connect()`; nothing
+//! else is thread-safe.
 class ucx_network {
  public:
   using transport_type = comm::ucx::transport;  //!< what `connect` builds per generation
@@ -33,8 +35,14 @@ class ucx_network {
   //! Shares an existing context.
   explicit ucx_network(std::shared_ptr<comm::ucx::context> ctx) {
     EBBFLOW_ENFORCE(ctx != nullptr, "ucx_network: null UCX context");
-    worker_ = std::make_shared<comm::ucx::worker>(std::move(ctx));
+    // Multi-threaded, so the group can build the next generation's
+    // endpoints on a helper thread while training progresses the worker.
+    worker_ = std::make_shared<comm::ucx::worker>(std::move(ctx), UCS_THREAD_MODE_MULTI);
   }
+
+  //! Whether `start_connect` may run on another thread while the current
+  //! generation trains on the same worker (UCX built with thread support).
+  [[nodiscard]] bool concurrent_connect() const noexcept { return worker_->multi_threaded(); }
 
   //! One worker serves every generation, so its address never changes: the
   //! group publishes it once, and a membership change only builds endpoints.

@@ -39,12 +39,18 @@ inline std::error_code make_error(ucs_status_t s) noexcept { return {static_cast
 //!   the peer process still exists (pid + start time), so a slow or
 //!   descheduled peer is never declared dead: no false positives from load.
 //!   Over tcp a failure is a broken connection, also not a timing guess.
+//! * `UCX_USE_MT_MUTEX=y`: a multi-threaded worker (the elastic group's,
+//!   where a low-priority helper thread creates endpoints while the training
+//!   thread progresses) locks with a mutex, not a spinlock, so a training
+//!   thread never spins on a lock held by a preempted helper on its core.
+//!   Single-threaded workers take no lock either way.
 //! Not thread-safe (setenv).
 inline void set_environment_defaults() noexcept {
   ::setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
   ::setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
   ::setenv("UCX_CMA_MEMORY_INVALIDATE", "y", 0);
   ::setenv("UCX_KEEPALIVE_INTERVAL", "100ms", 0);
+  ::setenv("UCX_USE_MT_MUTEX", "y", 0);
 }
 
 namespace detail {
@@ -88,18 +94,23 @@ class context {
   unique_handle<detail::context_traits> h_;
 };
 
-//! An owned `ucp_worker` (single-threaded) and its address. Move-only. Keeps
-//! its context alive.
+//! An owned `ucp_worker` and its address. Move-only. Keeps its context alive.
 class worker {
  public:
-  //! @throws system_error.
-  explicit worker(std::shared_ptr<context> ctx) : ctx_(std::move(ctx)) {
+  //! A single-threaded worker, or with `UCS_THREAD_MODE_MULTI` one that
+  //! several threads may call at once (UCX then locks every call; whether the
+  //! library granted it is `multi_threaded()`). @throws system_error.
+  explicit worker(std::shared_ptr<context> ctx, ucs_thread_mode_t mode = UCS_THREAD_MODE_SINGLE)
+      : ctx_(std::move(ctx)) {
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    wp.thread_mode = mode;
     ucp_worker_h w = nullptr;
     throw_if(make_error(ucp_worker_create(ctx_->get(), &wp, &w)), {.operation = "ucp_worker_create"});
     h_.reset(w);
+    ucp_worker_attr_t attr{};
+    attr.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
+    multi_ = ucp_worker_query(w, &attr) == UCS_OK && attr.thread_mode == UCS_THREAD_MODE_MULTI;
     ucp_address_t* a = nullptr;
     std::size_t len = 0;
     throw_if(make_error(ucp_worker_get_address(w, &a, &len)), {.operation = "ucp_worker_get_address"});
@@ -111,11 +122,14 @@ class worker {
   [[nodiscard]] ucp_worker_h get() const noexcept { return h_.get(); }
   //! This worker's address: the bytes peers need to connect (opaque).
   [[nodiscard]] std::span<const std::byte> address() const noexcept { return address_; }
+  //! Whether several threads may call into this worker at once.
+  [[nodiscard]] bool multi_threaded() const noexcept { return multi_; }
 
  private:
   std::shared_ptr<context> ctx_;  // declared first: destroyed after the worker
   unique_handle<detail::worker_traits> h_;
   std::vector<std::byte> address_;
+  bool multi_ = false;
 };
 
 }  // namespace comm::ucx

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -130,7 +131,11 @@ class transport {
   //! (by this or any other transport on it, e.g. the generation still
   //! training). Finish with `poll_connect` or `finish_connect` before any
   //! other use. The elastic group connects to joiners this way while it
-  //! keeps training. @throws system_error, std::invalid_argument.
+  //! keeps training. On a multi-threaded worker (`worker::multi_threaded`)
+  //! it may run on another thread than the one progressing the worker; the
+  //! transport then belongs to the caller of `poll_connect`, which must see
+  //! it through a synchronising hand-over (a future, a joined thread).
+  //! @throws system_error, std::invalid_argument.
   static transport start(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
                          const std::vector<std::vector<std::byte>>& addresses);
   //! Progresses a connect begun by `start` once; true when every peer
@@ -211,11 +216,14 @@ class transport {
     std::shared_ptr<worker> w;  // shared: a worker may serve several generations in turn
     int rank = 0, size = 1;
     std::int64_t generation = 0;
-    int lost = -1;
-    bool cancel_pending = false;
+    // Set by the error callback, which runs in whichever thread progresses
+    // the worker: with a multi-threaded worker a transport may be started on
+    // one thread while another progresses (see `start`).
+    std::atomic<int> lost{-1};
+    std::atomic<bool> cancel_pending{false};
     bool abandoned_sends = false;
     std::vector<ucp_ep_h> eps;
-    std::vector<std::uint8_t> dead;
+    std::vector<std::atomic<std::uint8_t>> dead;
     std::vector<peer_slot> slots;             // stable: error-callback arguments
     std::unordered_set<void*> pending_recvs;  // UCX receive requests in flight
     std::vector<void*> closing;               // endpoint closes in flight (start_close)
@@ -238,9 +246,9 @@ class transport {
   static void on_error(void* arg, ucp_ep_h, ucs_status_t status) noexcept {
     auto* s = static_cast<peer_slot*>(arg);
     state* st = s->st;
-    if (!st->dead[static_cast<std::size_t>(s->peer)]) {
-      st->dead[static_cast<std::size_t>(s->peer)] = 1;
-      if (st->lost < 0) st->lost = s->peer;
+    if (!st->dead[static_cast<std::size_t>(s->peer)].exchange(1)) {
+      int none = -1;
+      st->lost.compare_exchange_strong(none, s->peer);
       // Cancelling from inside progress is avoided: done on the next test/wait.
       st->cancel_pending = true;
       EBBFLOW_LOG_WARN("ucx: peer " << s->peer << " lost (" << ucs_status_string(status) << ") [rank " << st->rank
@@ -317,7 +325,7 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   st_->generation = generation;
   const auto n = static_cast<std::size_t>(size);
   st_->eps.assign(n, nullptr);
-  st_->dead.assign(n, 0);
+  st_->dead = std::vector<std::atomic<std::uint8_t>>(n);
   st_->pids.assign(n, 0);
   st_->slots.reserve(n);
   for (int p = 0; p < size; ++p) st_->slots.push_back({st_.get(), p});

@@ -49,6 +49,18 @@ constexpr bool can_preconnect() {
   };
 }
 
+// Networks whose start_connect may run on a helper thread while the current
+// generation trains on the same network (ucx_network on a UCX with threads).
+template <class N>
+bool concurrent_connect(const N& n) {
+  if constexpr (requires {
+                  { n.concurrent_connect() } -> std::convertible_to<bool>;
+                })
+    return n.concurrent_connect();
+  else
+    return false;
+}
+
 // A joiner started with `ebbflow-run --join-nice N` runs N nice levels
 // lower until the members switch to the generation that includes it (its
 // start-up, connect and wait then do not slow the members on a shared host);
@@ -101,6 +113,9 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(policy_ != nullptr, "elastic group: null planning policy");
   EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
   store_ = connect_store_();
+  // The admission helper's own connection, made now rather than in the
+  // middle of a membership change.
+  if (detail::can_preconnect<Net>() && opts_.preconnect) aux_store_ = connect_store_();
   coll_opts_ = comm::collective_options::from_environment();
   coll_opts_.timeout = opts_.op_timeout;
   id_ = store_->add(key("next_id"), 1, store_deadline());
@@ -253,6 +268,14 @@ void group<Store, Net>::wait_admission() {
 
 template <kv_store Store, network Net>
 std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_record& rec) {
+  return gather_addresses(rec, *store_, address_cache_, rank_, revoke_, {});
+}
+
+template <kv_store Store, network Net>
+std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_record& rec, Store& st,
+                                                       std::map<member_id, bytes>& cache, int rank,
+                                                       const std::shared_ptr<comm::revoke_flag>& revoke,
+                                                       std::stop_token stop) {
   // Every member publishes the address of its endpoint for this generation;
   // a member that stops heartbeating before it published is reported lost,
   // so the others fail over instead of waiting for the full deadline.
@@ -261,7 +284,7 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
   std::vector<std::optional<bytes>> found(rec.members.size());
   if constexpr (stable)
     for (std::size_t j = 0; j < found.size(); ++j)
-      if (auto it = address_cache_.find(rec.members[j].id); it != address_cache_.end()) found[j] = it->second;
+      if (auto it = cache.find(rec.members[j].id); it != cache.end()) found[j] = it->second;
   std::size_t cached = 0;
   for (auto& f : found) cached += f.has_value();
   lease_seen hb;
@@ -271,13 +294,13 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
       if (found[j]) continue;
       const member_id m = rec.members[j].id;
       const std::string akey = stable ? key("addr/" + std::to_string(m)) : key("addr/" + gs + "/" + std::to_string(m));
-      if (auto v = store_->try_get(akey, store_deadline())) {
+      if (auto v = st.try_get(akey, store_deadline())) {
         found[j] = to_bytes(*v);
-        if constexpr (stable) address_cache_[m] = *found[j];
+        if constexpr (stable) cache[m] = *found[j];
         --missing;
-      } else if (!fresh(m, hb)) {
+      } else if (!fresh(st, m, hb)) {
         throw system_error(make_error_code(error::peer_lost),
-                           {.rank = rank_,
+                           {.rank = rank,
                             .generation = rec.generation,
                             .peer = static_cast<int>(j),
                             .operation = "connect",
@@ -285,12 +308,12 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
       }
     }
     if (missing == 0) break;
-    if (revoke_ && revoke_->revoked())
+    if ((revoke && revoke->revoked()) || stop.stop_requested())
       throw system_error(make_error_code(error::revoked),
-                         {.rank = rank_, .generation = rec.generation, .operation = "connect"});
+                         {.rank = rank, .generation = rec.generation, .operation = "connect"});
     if (d.expired())
       throw system_error(make_error_code(error::timeout),
-                         {.rank = rank_,
+                         {.rank = rank,
                           .generation = rec.generation,
                           .operation = "connect",
                           .detail = std::to_string(missing) + " members published no address"});
@@ -386,38 +409,6 @@ typename Net::transport_type group<Store, Net>::connect_watched(const detail::ge
 }
 
 template <kv_store Store, network Net>
-bool group<Store, Net>::prepare_next(const detail::generation_record& rec, const std::vector<member_id>& leavers) {
-  // Joins and leaves without suspension: the members of the next generation
-  // connect to each other in the background while the current generation
-  // (leavers included) keeps training; end_step switches once all are wired up.
-  if constexpr (detail::can_preconnect<Net>()) {
-    if (!opts_.preconnect || rec.members.empty()) return false;
-    for (auto& m : gen_.members)
-      if (rec.rank_of(m.id) < 0 && std::find(leavers.begin(), leavers.end(), m.id) == leavers.end())
-        return false;  // excluded by a concurrent recovery: the blocking way sorts it out
-    const auto t0 = steady_clock::now();
-    auto addrs = gather_addresses(rec);
-    const auto t1 = steady_clock::now();
-    const int r = rec.rank_of(id_);
-    next_generation nx;
-    nx.rec = rec;
-    nx.since = t0;
-    nx.transport.emplace(net_->start_connect(rec.generation, r, addrs));
-    next_ = std::move(nx);
-    auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
-    const double addr_ms = ms(t0, t1), ep_ms = ms(t1, steady_clock::now());
-    EBBFLOW_LOG_INFO("generation " << rec.generation << ": connecting " << rec.members.size()
-                                   << " members in the background (addresses " << addr_ms << " ms, endpoints " << ep_ms
-                                   << " ms)");
-    return true;
-  } else {
-    (void)rec;
-    (void)leavers;
-    return false;
-  }
-}
-
-template <kv_store Store, network Net>
 int group<Store, Net>::poll_next() {
   // 1: wired up; 0: not yet; -1: failed or overdue (the group then switches
   // the blocking way, which fails over to recovery).
@@ -426,6 +417,12 @@ int group<Store, Net>::poll_next() {
     if (next_->failed) return -1;
     fault_point("preconnect");
     try {
+      if (next_->admission) {
+        if (!next_->admission->done.load(std::memory_order_acquire))
+          return steady_clock::now() - next_->since > opts_.op_timeout ? -1 : 0;
+        take_admission();
+        if (next_->failed) return -1;
+      }
       if (next_->transport->poll_connect()) return 1;
       // A joiner that died before it wired up: noticed through its lease.
       if (const int j = stale_member(next_->rec, next_->joiners, true); j >= 0) {
@@ -737,8 +734,22 @@ void group<Store, Net>::end_step(double compute_seconds) {
       } else if (v[2] < 0 && next_->leaving) {
         leave_now();          // the others switch the blocking way
       } else if (v[2] < 0) {  // somebody's connect failed or is overdue: the blocking way (and recovery)
-        auto rec = std::move(next_->rec);
+        auto nx = std::move(*next_);
         next_.reset();
+        if (nx.helper.joinable()) {  // overdue: stop it before going on without it
+          nx.helper.request_stop();
+          nx.helper.join();
+        }
+        nx.admission.reset();
+        if (nx.excluded) {  // a concurrent recovery excluded this member: rejoin
+          wait_admission();
+          return;
+        }
+        if (!nx.has_rec) {  // the next generation was never read here
+          recover(gen_.generation, -1);
+          return;
+        }
+        auto rec = std::move(nx.rec);
         const std::int64_t g1 = rec.generation;
         try {
           adopt(std::move(rec), steady_clock::now());
@@ -763,12 +774,27 @@ void group<Store, Net>::end_step(double compute_seconds) {
 }
 
 template <kv_store Store, network Net>
+void group<Store, Net>::write_record(Store& st, const std::string& gkey, const std::string& rec,
+                                     const std::vector<member_id>& joiners, std::int64_t g1) const {
+  // The record must be written before the joiners are told, and before the
+  // coordinator itself leaves. A concurrent recovery may have written
+  // another one first: then the joiners are not told (that record does not
+  // have them; they stay in the queue).
+  if (st.compare_set(gkey, "", rec, store_deadline()).current == rec)
+    for (auto j : joiners) st.set(key("joined/" + std::to_string(j)), std::to_string(g1), store_deadline());
+}
+
+template <kv_store Store, network Net>
 void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
   const auto started = steady_clock::now();
   const std::size_t un = static_cast<std::size_t>(n);
   const std::int64_t g1 = gen_.generation + 1;
   const std::string gkey = key("gen/" + std::to_string(g1));
   const bool me_leaving = v[3 + 2 * un + static_cast<std::size_t>(rank_)] > 0;
+  // With a network that connects in the background, the rest of the change
+  // is done by a helper thread while this member keeps training.
+  const bool background = detail::can_preconnect<Net>() && opts_.preconnect && !me_leaving;
+  std::optional<std::string> record;  // the coordinator's, to write
   if (rank_ == 0) {
     detail::generation_record rec;
     rec.generation = g1;
@@ -791,10 +817,8 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     }
     rec.plan_version = gen_.plan_version + 1;
     rec.joins_seen = gen_.joins_seen;
-    // The record must be written before the joiners are told, and before the
-    // coordinator itself leaves.
-    store_->compare_set(gkey, "", to_value(rec.encode()), store_deadline());
-    for (auto j : admitting_) store_->set(key("joined/" + std::to_string(j)), std::to_string(g1), store_deadline());
+    record = to_value(rec.encode());
+    if (!background) write_record(*store_, gkey, *record, admitting_, g1);
   }
   if (me_leaving) {
     if (detail::can_preconnect<Net>() && opts_.preconnect) {
@@ -809,6 +833,13 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     leave_now();
     return;
   }
+  std::vector<member_id> leavers;
+  for (std::size_t i = 0; i < un; ++i)
+    if (v[3 + 2 * un + i] > 0) leavers.push_back(gen_.members[i].id);
+  if (background) {
+    start_admission(std::move(record), gkey, g1, std::move(leavers), started);
+    return;
+  }
   try {
     store_->wait({gkey}, deadline::after(opts_.op_timeout));
   } catch (const system_error& e) {
@@ -821,33 +852,122 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     wait_admission();
     return;
   }
-  std::vector<member_id> leavers;
-  for (std::size_t i = 0; i < un; ++i)
-    if (v[3 + 2 * un + i] > 0) leavers.push_back(gen_.members[i].id);
-  try {
-    if (prepare_next(rec, leavers)) {
-      next_->prepared_seconds = std::chrono::duration<double>(steady_clock::now() - started).count();
-      return;
-    }
-  } catch (const system_error& e) {
-    if (!detail::recoverable(e.code())) throw;
-    // The others may have started theirs: this member must not go its own
-    // way. It keeps training on the current generation and reports the
-    // failure in the next control exchange, where all fall back together.
-    EBBFLOW_LOG_WARN("could not start connecting generation " << g1 << ": " << e.what());
-    next_generation nx;
-    nx.rec = rec;
-    nx.since = started;
-    nx.failed = true;
-    next_ = std::move(nx);
-    return;
-  }
   try {
     adopt(std::move(rec), started);
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
     recover(g1, lost_peer_of(e));
   }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
+                                        std::vector<member_id> leavers, steady_clock::time_point started) {
+  // Joins and leaves without suspension: a helper thread writes the
+  // coordinator's record, reads the next generation's record and addresses
+  // and (where the network allows it) creates its endpoints, on a store
+  // connection of its own, while this member's training thread goes on; the
+  // members then connect to each other in the background, and end_step
+  // switches once all are wired up (poll_next).
+  if constexpr (detail::can_preconnect<Net>()) {
+    next_generation nx;
+    nx.since = started;
+    auto res = std::make_shared<admission_result>();
+    nx.admission = res;
+    std::vector<member_id> current;
+    for (auto& m : gen_.members) current.push_back(m.id);
+    nx.helper = std::jthread([this, res, record = std::move(record), joiners = admitting_, gkey = std::move(gkey), g1,
+                              leavers = std::move(leavers), current = std::move(current), rank = rank_,
+                              revoke = revoke_, cache = address_cache_,
+                              concurrent = detail::concurrent_connect(*net_)](std::stop_token stop) mutable {
+      // The lowest CPU priority: on a host whose cores the workers share,
+      // this work fills their idle time (their device time) and never delays
+      // a training thread that is ready to run.
+      errno = 0;
+      if (const int cur = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid())); errno == 0)
+        ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), std::max(cur, 19));
+      try {
+        if (!aux_store_) aux_store_ = connect_store_();
+        Store& st = *aux_store_;
+        if (record) write_record(st, gkey, *record, joiners, g1);
+        const auto d = deadline::after(opts_.op_timeout);
+        for (;;) {  // in slices, so that a stop request is noticed
+          if (stop.stop_requested())
+            throw system_error(make_error_code(error::revoked),
+                               {.rank = rank, .generation = g1, .operation = "admission"});
+          try {
+            st.wait({gkey}, min(d, deadline::after(std::chrono::milliseconds(50))));
+            break;
+          } catch (const system_error& e) {
+            if (e.code() != errc::timeout || d.expired()) throw;
+          }
+        }
+        auto rec = detail::generation_record::decode(to_bytes(*st.try_get(gkey, store_deadline())));
+        const int r = rec.rank_of(id_);
+        if (r < 0) {
+          res->excluded = true;  // a concurrent recovery excluded this member
+        } else {
+          for (auto m : current)
+            if (rec.rank_of(m) < 0 && std::find(leavers.begin(), leavers.end(), m) == leavers.end())
+              res->blocking = true;  // excluded by a concurrent recovery: the blocking way sorts it out
+          if (!res->blocking) {
+            res->addrs = gather_addresses(rec, st, cache, rank, revoke, stop);
+            if (concurrent) {
+              res->transport.emplace(net_->start_connect(rec.generation, r, res->addrs));
+              // Drive the wire-up from here too, so that the peers' connect
+              // messages are mostly handled in this thread's time, not in
+              // the training thread's collectives. Bounded: a joiner that
+              // died is noticed through its lease once handed back.
+              const auto until = steady_clock::now() + 4 * opts_.heartbeat;
+              while (!stop.stop_requested() && steady_clock::now() < until && !res->transport->poll_connect())
+                std::this_thread::sleep_for(std::chrono::microseconds(100));
+            }
+          }
+        }
+        res->cache = std::move(cache);
+        res->rec = std::move(rec);
+      } catch (...) {
+        res->error = std::current_exception();
+      }
+      res->done.store(true, std::memory_order_release);
+    });
+    nx.prepared_seconds = std::chrono::duration<double>(steady_clock::now() - started).count();
+    next_ = std::move(nx);
+  } else {
+    (void)record, (void)gkey, (void)g1, (void)leavers, (void)started;
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::take_admission() {
+  // The helper is done: its result becomes this member's next generation.
+  auto res = std::move(next_->admission);
+  next_->helper.join();
+  if (res->rec) {
+    next_->rec = std::move(*res->rec);
+    next_->has_rec = true;
+  }
+  if (res->error) {
+    next_->failed = true;
+    std::rethrow_exception(res->error);
+  }
+  address_cache_ = std::move(res->cache);
+  if (res->excluded || res->blocking) {
+    next_->excluded = res->excluded;
+    next_->failed = true;
+    return;
+  }
+  if (res->transport) {
+    next_->transport = std::move(res->transport);
+  } else {  // the network cannot connect from another thread: here, then
+    const auto t0 = steady_clock::now();
+    next_->transport.emplace(net_->start_connect(next_->rec.generation, next_->rec.rank_of(id_), res->addrs));
+    next_->prepared_seconds += std::chrono::duration<double>(steady_clock::now() - t0).count();
+  }
+  const double after_ms = std::chrono::duration<double>(steady_clock::now() - next_->since).count() * 1e3;
+  EBBFLOW_LOG_INFO("generation " << next_->rec.generation << ": connecting " << next_->rec.members.size()
+                                 << " members in the background (" << after_ms << " ms after the decision; "
+                                 << next_->prepared_seconds * 1e3 << " ms of it on the training thread)");
 }
 
 template <kv_store Store, network Net>
@@ -872,14 +992,14 @@ int group<Store, Net>::stale_member(const detail::generation_record& rec, lease_
   for (std::size_t j = 0; j < rec.members.size(); ++j) {
     const auto& m = rec.members[j];
     if (m.id == id_ || (joiners_only && m.committed >= 0)) continue;
-    if (!fresh(m.id, w.seen)) return static_cast<int>(j);
+    if (!fresh(*store_, m.id, w.seen)) return static_cast<int>(j);
   }
   return -1;
 }
 
 template <kv_store Store, network Net>
-bool group<Store, Net>::fresh(member_id m, lease_seen& seen) {
-  const std::int64_t hb = store_->add(key("hb/" + std::to_string(m)), 0, store_deadline());
+bool group<Store, Net>::fresh(Store& st, member_id m, lease_seen& seen) const {
+  const std::int64_t hb = st.add(key("hb/" + std::to_string(m)), 0, store_deadline());
   const auto now = steady_clock::now();
   auto it = seen.find(m);
   if (it == seen.end()) {
@@ -933,7 +1053,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
           alive.push_back({m.id, detail::parse_i64(*c)});
         } else if (store_->try_get(key("dead/" + gs + "/" + ms), store_deadline())) {
           // reported lost by a peer's transport
-        } else if (fresh(m.id, hb_seen) && !unresolved_deadline.expired()) {
+        } else if (fresh(*store_, m.id, hb_seen) && !unresolved_deadline.expired()) {
           undecided = true;
         }
       }
