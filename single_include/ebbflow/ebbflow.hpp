@@ -7627,6 +7627,10 @@ EBBFLOW_END_NAMESPACE
 //!   equals expected (an empty expected matches an absent key); the result's `swapped` tells whether it did,
 //!   `current` is the value now stored.
 //! * `wait(keys, d)` blocks until every key exists, or throws `errc::timeout`.
+//! Optional, used when present: `add_many(keys, deltas, d)` and
+//! `try_get_many(keys, d)`, the same operations for several keys in about one
+//! round trip (the group batches its reads of join tickets and addresses, and
+//! its heartbeat with the ticket count).
 //! The Boost.Asio store client (elastic/store.hpp) models this concept.
 
 
@@ -7700,6 +7704,18 @@ class memory_store {
     auto it = kv_.find(k);
     if (it == kv_.end()) return std::nullopt;
     return it->second;
+  }
+  //! `try_get(keys[i])` for every i, under one lock. Errors as `try_get`.
+  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d) {
+    std::vector<std::optional<std::string>> out;
+    out.reserve(keys.size());
+    std::lock_guard lk(m_);
+    check(d, "store.try_get_many");
+    for (const auto& k : keys) {
+      auto it = kv_.find(k);
+      out.push_back(it == kv_.end() ? std::nullopt : std::optional<std::string>(it->second));
+    }
+    return out;
   }
   //! Adds `delta` to the decimal integer under `k` (absent = 0) and returns
   //! the new value. Errors as for `set`; std::invalid_argument /
@@ -8283,6 +8299,10 @@ class group {
   std::optional<communicator_type> comm_;
   std::shared_ptr<comm::revoke_flag> revoke_;
   std::atomic<std::int64_t> hb_generation_{-1};
+  // The coordinator's heartbeat thread also reads the join ticket count, so
+  // its training thread learns of joiners without a store round trip per step.
+  std::atomic<bool> hb_watch_tickets_{false};
+  std::atomic<std::int64_t> hb_tickets_{-1};  // -1: not read yet
   std::mutex hb_mutex_;
   std::shared_ptr<comm::revoke_flag> hb_revoke_;
   std::atomic<bool> leave_requested_{false};
@@ -8357,6 +8377,19 @@ constexpr bool can_preconnect() {
   };
 }
 
+// The values of `keys`: in one pipelined batch where the store offers
+// try_get_many, else one by one.
+template <class S>
+std::vector<std::optional<std::string>> try_get_all(S& st, const std::vector<std::string>& keys, deadline d) {
+  if constexpr (requires { st.try_get_many(std::span<const std::string>(keys), d); }) {
+    return st.try_get_many(std::span<const std::string>(keys), d);
+  } else {
+    std::vector<std::optional<std::string>> out;
+    for (const auto& k : keys) out.push_back(st.try_get(k, d));
+    return out;
+  }
+}
+
 // Networks whose start_connect may run on a helper thread while the current
 // generation trains on the same network (ucx_network on a UCX with threads).
 template <class N>
@@ -8422,8 +8455,9 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
   store_ = connect_store_();
   // The admission helper's own connection, made now rather than in the
-  // middle of a membership change.
-  if (detail::can_preconnect<Net>() && opts_.preconnect) aux_store_ = connect_store_();
+  // middle of a membership change (a joiner makes it later, when needed:
+  // its start-up is already part of one).
+  if (detail::can_preconnect<Net>() && opts_.preconnect && !opts_.join) aux_store_ = connect_store_();
   coll_opts_ = comm::collective_options::from_environment();
   coll_opts_.timeout = opts_.op_timeout;
   id_ = store_->add(key("next_id"), 1, store_deadline());
@@ -8469,8 +8503,23 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
   while (!st.stop_requested()) {
     try {
       if (!s) s = connect_store_();
-      s->add(key("hb/" + std::to_string(id_)), 1,
-             deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
+      const auto hd = deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100));
+      if (hb_watch_tickets_.load()) {
+        const std::vector<std::string> keys = {key("hb/" + std::to_string(id_)), key("join_seq")};
+        const std::vector<std::int64_t> deltas = {1, 0};
+        std::int64_t tickets = 0;
+        if constexpr (requires {
+                        s->add_many(std::span<const std::string>(keys), std::span<const std::int64_t>(deltas), hd);
+                      }) {
+          tickets = s->add_many(std::span<const std::string>(keys), std::span<const std::int64_t>(deltas), hd)[1];
+        } else {
+          s->add(keys[0], 1, hd);
+          tickets = s->add(keys[1], 0, hd);
+        }
+        if (hb_watch_tickets_.load()) hb_tickets_.store(tickets);
+      } else {
+        s->add(key("hb/" + std::to_string(id_)), 1, hd);
+      }
       const std::int64_t g = hb_generation_.load();
       if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
         std::lock_guard lk(hb_mutex_);
@@ -8598,11 +8647,19 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
   lease_seen hb;
   const auto d = deadline::after(opts_.op_timeout);
   for (std::size_t missing = found.size() - cached;;) {
+    std::vector<std::size_t> which;
+    std::vector<std::string> keys;
     for (std::size_t j = 0; j < found.size(); ++j) {
       if (found[j]) continue;
       const member_id m = rec.members[j].id;
-      const std::string akey = stable ? key("addr/" + std::to_string(m)) : key("addr/" + gs + "/" + std::to_string(m));
-      if (auto v = st.try_get(akey, store_deadline())) {
+      which.push_back(j);
+      keys.push_back(stable ? key("addr/" + std::to_string(m)) : key("addr/" + gs + "/" + std::to_string(m)));
+    }
+    auto values = detail::try_get_all(st, keys, store_deadline());
+    for (std::size_t i = 0; i < which.size(); ++i) {
+      const std::size_t j = which[i];
+      const member_id m = rec.members[j].id;
+      if (auto& v = values[i]) {
         found[j] = to_bytes(*v);
         if constexpr (stable) cache[m] = *found[j];
         --missing;
@@ -8647,6 +8704,7 @@ void group<Store, Net>::enter(detail::generation_record rec) {
     hb_revoke_ = revoke_;
   }
   hb_generation_.store(gen_.generation);
+  if (!hb_watch_tickets_.exchange(rank_ == 0)) hb_tickets_.store(-1);
   comm_.reset();
   transport_.reset();
 }
@@ -8946,7 +9004,10 @@ void group<Store, Net>::control_allreduce(std::span<double> v) {
 template <kv_store Store, network Net>
 std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room, bool settle) {
   std::vector<member_id> out;
-  auto total = store_->add(key("join_seq"), 0, store_deadline());
+  // Between steps the coordinator's heartbeat thread has the ticket count
+  // (at most one heartbeat old); otherwise it is read here.
+  const std::int64_t watched = settle ? hb_tickets_.load() : -1;
+  auto total = watched >= 0 ? watched : store_->add(key("join_seq"), 0, store_deadline());
   if (settle) {
     // Admit once no new ticket appeared for admit_delay (bounded by 10×):
     // workers started together register a few ms apart, and admitting them
@@ -8961,8 +9022,10 @@ std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, st
     const bool overdue = now - ticket_first_seen_ >= 10 * opts_.admit_delay;
     if (!quiet && !overdue) total = seen;
   }
-  while (seen < total && out.size() < room) {
-    auto v = store_->try_get(key("join/" + std::to_string(seen + 1)), store_deadline());
+  std::vector<std::string> keys;
+  for (std::int64_t t = seen + 1; t <= total && keys.size() < room; ++t)
+    keys.push_back(key("join/" + std::to_string(t)));
+  for (auto& v : detail::try_get_all(*store_, keys, store_deadline())) {
     if (!v) break;  // ticket taken but not yet written: pick it up next time
     out.push_back(detail::parse_i64(*v));
     ++seen;
@@ -11420,6 +11483,14 @@ class store_client {
   std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
                                      deadline d, std::error_code& ec);
 
+  //! `try_get(keys[i])` for every i, pipelined as `add_many`: about one
+  //! round trip for the batch. @throws system_error as `try_get` (naming the
+  //! first key that failed).
+  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d);
+  //! As above; on error sets `ec` and returns the values read before it.
+  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d,
+                                                       std::error_code& ec);
+
   //! Atomically stores `desired` if the value is `expected` (a missing key
   //! matches an empty `expected`), and returns what is stored now.
   compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired);
@@ -11481,6 +11552,9 @@ class store_client {
   [[nodiscard]] deadline default_deadline() const noexcept { return deadline::after(opts_.timeout); }
   //! One request/reply exchange; `waits`: the server may hold the reply until `d`.
   detail::proto::decode_result call(std::string frame, deadline d, bool waits, std::error_code& ec) noexcept;
+  template <class Frame, class Reply>
+  void pipelined(const char* what, std::span<const std::string> keys, Frame&& frame, Reply&& reply, deadline d,
+                 std::error_code& ec);
   [[noreturn]] void raise(const char* operation, std::string_view key, std::error_code ec) const;
   std::string host_;
   std::uint16_t port_ = 0;
@@ -12756,16 +12830,14 @@ inline std::int64_t store_client::add(std::string_view key, std::int64_t delta) 
   return add(key, delta, default_deadline());
 }
 
-// add_many: pipelined adds (the server answers the frames of one connection in order)
-inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
-                                                        std::span<const std::int64_t> deltas, deadline d,
-                                                        std::error_code& ec) {
-  if (keys.size() != deltas.size())
-    throw std::invalid_argument("store.add_many: " + std::to_string(keys.size()) + " keys but " +
-                                std::to_string(deltas.size()) + " deltas");
+// pipelined: requests for `keys` leave in batches and the replies come back
+// in order (the server answers the frames of one connection in turn).
+// `frame(i)` builds request i; `reply(i, r)` takes its reply and returns
+// false (with `ec` set) when it is not what was asked for.
+template <class Frame, class Reply>
+void store_client::pipelined(const char* what, std::span<const std::string> keys, Frame&& frame, Reply&& reply,
+                             deadline d, std::error_code& ec) {
   ec.clear();
-  std::vector<std::int64_t> out;
-  out.reserve(keys.size());
   // Batches small enough for the server's output budget and the socket buffers.
   constexpr std::size_t batch = 64;
   std::lock_guard lk(conn_->mu);
@@ -12774,37 +12846,60 @@ inline std::vector<std::int64_t> store_client::add_many(std::span<const std::str
     const std::size_t last = std::min(keys.size(), first + batch);
     std::string frames;
     for (std::size_t i = first; i < last; ++i) {
-      std::string f = detail::proto::frame_builder(detail::proto::op::add, keys[i].size() + 16)
-                          .str(keys[i])
-                          .i64(deltas[i])
-                          .finish();
+      std::string f = frame(i);
       if (f.size() - detail::proto::header_bytes > opts_.max_message_bytes) {
         ec = make_error_code(error::bad_message);
-        conn_->last_detail = "add_many: request for key " + detail::quote_key(keys[i]) + " exceeds max_message_bytes";
-        return out;
+        conn_->last_detail =
+            std::string(what) + ": request for key " + detail::quote_key(keys[i]) + " exceeds max_message_bytes";
+        return;
       }
       frames += f;
     }
     if (!conn_->connected()) {
       conn_->connect(d, ec);
-      if (ec) return out;
+      if (ec) return;
     }
     conn_->write_frame(frames, d, ec);
-    if (ec) return out;
+    if (ec) return;
     for (std::size_t i = first; i < last; ++i) {
       auto r = conn_->read_frame(d, ec, false);
       if (!ec && r.msg.code == detail::proto::op::error) conn_->server_error(ec, r.msg);
-      if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) {
-        conn_->last_detail = "add_many: reply " + std::to_string(i + 1) + " of " + std::to_string(keys.size()) +
-                             " (key " + detail::quote_key(keys[i]) + "): " + conn_->last_detail;
+      if (ec || !reply(i, r)) {
+        conn_->last_detail = std::string(what) + ": reply " + std::to_string(i + 1) + " of " +
+                             std::to_string(keys.size()) + " (key " + detail::quote_key(keys[i]) +
+                             "): " + conn_->last_detail;
         // Replies to the rest of this batch may still be in flight: the
         // connection cannot be reused in step with its requests.
         conn_->close();
-        return out;
+        return;
       }
-      out.push_back(r.msg.integer);
     }
   }
+}
+
+// add_many: pipelined adds
+inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
+                                                        std::span<const std::int64_t> deltas, deadline d,
+                                                        std::error_code& ec) {
+  if (keys.size() != deltas.size())
+    throw std::invalid_argument("store.add_many: " + std::to_string(keys.size()) + " keys but " +
+                                std::to_string(deltas.size()) + " deltas");
+  std::vector<std::int64_t> out;
+  out.reserve(keys.size());
+  pipelined(
+      "add_many", keys,
+      [&](std::size_t i) {
+        return detail::proto::frame_builder(detail::proto::op::add, keys[i].size() + 16)
+            .str(keys[i])
+            .i64(deltas[i])
+            .finish();
+      },
+      [&](std::size_t, const detail::proto::decode_result& r) {
+        if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return false;
+        out.push_back(r.msg.integer);
+        return true;
+      },
+      d, ec);
   return out;
 }
 inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
@@ -12812,6 +12907,40 @@ inline std::vector<std::int64_t> store_client::add_many(std::span<const std::str
   std::error_code ec;
   auto v = add_many(keys, deltas, d, ec);
   if (ec) raise("store.add_many", {}, ec);
+  return v;
+}
+
+// try_get_many: pipelined try_get
+inline std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys, deadline d,
+                                                                          std::error_code& ec) {
+  std::vector<std::optional<std::string>> out;
+  out.reserve(keys.size());
+  pipelined(
+      "try_get_many", keys,
+      [&](std::size_t i) {
+        return detail::proto::frame_builder(detail::proto::op::get, keys[i].size() + 16)
+            .str(keys[i])
+            .u32(0)
+            .u8(0)
+            .finish();
+      },
+      [&](std::size_t, const detail::proto::decode_result& r) {
+        if (r.msg.code == detail::proto::op::missing) {
+          out.emplace_back();
+          return true;
+        }
+        if (!detail::expect_reply(r, detail::proto::op::value, ec, *conn_)) return false;
+        out.emplace_back(std::string(r.msg.value));
+        return true;
+      },
+      d, ec);
+  return out;
+}
+inline std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys,
+                                                                          deadline d) {
+  std::error_code ec;
+  auto v = try_get_many(keys, d, ec);
+  if (ec) raise("store.try_get_many", {}, ec);
   return v;
 }
 
@@ -16328,8 +16457,15 @@ class process_group {
                                 "spawn: CPU " + std::to_string(c) + " out of range");
       CPU_SET(c, &cpus);
     }
+    // Fork from the child's CPUs: the parent's half of fork (copying the page
+    // tables) then runs there as well, not on a CPU it may share with
+    // running workers.
+    cpu_set_t ours;
+    const bool rebound = !spec.cpus.empty() && ::sched_getaffinity(0, sizeof ours, &ours) == 0 &&
+                         ::sched_setaffinity(0, sizeof cpus, &cpus) == 0;
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
+    if (rebound && pid != 0) ::sched_setaffinity(0, sizeof ours, &ours);
     if (pid < 0) fail("spawn: fork");
     if (pid == 0) {
       ::setpgid(0, 0);

@@ -3,6 +3,7 @@
 #include "raw_client.hpp"
 
 #include <ebbflow/elastic/detail/process_group.hpp>
+#include <ebbflow/elastic/kv_store.hpp>
 #include <ebbflow/elastic/store.hpp>
 
 #include <gtest/gtest.h>
@@ -171,6 +172,46 @@ TEST(Store, AddManyIsPipelinedAndInOrder) {
   std::sort(single.begin(), single.end());
   std::sort(batch.begin(), batch.end());
   std::printf("16 adds: one by one %.1f us, add_many %.1f us (medians)\n", 1000 * single[100], 1000 * batch[100]);
+}
+
+TEST(Store, TryGetManyIsPipelinedAndInOrder) {
+  el::store_server srv(test_options());
+  el::store_client c("127.0.0.1", srv.port(), token);
+  // 150 keys cross the 64-request batches; every third is missing.
+  std::vector<std::string> keys;
+  for (int i = 0; i < 150; ++i) {
+    keys.push_back("g/" + std::to_string(i));
+    if (i % 3) c.set(keys.back(), "v" + std::to_string(i));
+  }
+  const auto d = ef::deadline::after(5s);
+  const auto got = c.try_get_many(keys, d);
+  ASSERT_EQ(got.size(), keys.size());
+  for (int i = 0; i < 150; ++i) {
+    if (i % 3)
+      EXPECT_EQ(got[static_cast<std::size_t>(i)], "v" + std::to_string(i)) << "reply " << i;
+    else
+      EXPECT_FALSE(got[static_cast<std::size_t>(i)].has_value()) << "reply " << i;
+  }
+  EXPECT_TRUE(c.try_get_many({}, d).empty());
+  // The same through the in-process store.
+  el::memory_store m;
+  m.set("a", "1", d);
+  const std::vector<std::string> ab = {"a", "b"};
+  const auto mg = m.try_get_many(ab, d);
+  ASSERT_EQ(mg.size(), 2u);
+  EXPECT_EQ(mg[0], "1");
+  EXPECT_FALSE(mg[1].has_value());
+  // A key over the message limit fails before anything is sent, naming it.
+  el::client_options small;
+  small.max_message_bytes = 256;
+  el::store_client s2("127.0.0.1", srv.port(), token, small);
+  const std::vector<std::string> big = {"g/1", std::string(300, 'k')};
+  std::error_code ec;
+  const auto part = s2.try_get_many(big, d, ec);
+  EXPECT_EQ(ec, ef::errc::bad_message);
+  EXPECT_TRUE(part.empty());
+  EXPECT_NE(s2.last_error_detail().find("try_get_many: request for key"), std::string::npos) << s2.last_error_detail();
+  EXPECT_EQ(s2.try_get_many(std::span(big).first(1), d)[0], "v1");  // usable again
 }
 
 TEST(Store, RoundTripIsSubMillisecond) {

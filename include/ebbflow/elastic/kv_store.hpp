@@ -13,6 +13,10 @@
 //!   equals expected (an empty expected matches an absent key); the result's `swapped` tells whether it did,
 //!   `current` is the value now stored.
 //! * `wait(keys, d)` blocks until every key exists, or throws `errc::timeout`.
+//! Optional, used when present: `add_many(keys, deltas, d)` and
+//! `try_get_many(keys, d)`, the same operations for several keys in about one
+//! round trip (the group batches its reads of join tickets and addresses, and
+//! its heartbeat with the ticket count).
 //! The Boost.Asio store client (elastic/store.hpp) models this concept.
 #pragma once
 
@@ -86,6 +90,18 @@ class memory_store {
     auto it = kv_.find(k);
     if (it == kv_.end()) return std::nullopt;
     return it->second;
+  }
+  //! `try_get(keys[i])` for every i, under one lock. Errors as `try_get`.
+  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d) {
+    std::vector<std::optional<std::string>> out;
+    out.reserve(keys.size());
+    std::lock_guard lk(m_);
+    check(d, "store.try_get_many");
+    for (const auto& k : keys) {
+      auto it = kv_.find(k);
+      out.push_back(it == kv_.end() ? std::nullopt : std::optional<std::string>(it->second));
+    }
+    return out;
   }
   //! Adds `delta` to the decimal integer under `k` (absent = 0) and returns
   //! the new value. Errors as for `set`; std::invalid_argument /

@@ -246,6 +246,14 @@ class store_client {
   std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
                                      deadline d, std::error_code& ec);
 
+  //! `try_get(keys[i])` for every i, pipelined as `add_many`: about one
+  //! round trip for the batch. @throws system_error as `try_get` (naming the
+  //! first key that failed).
+  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d);
+  //! As above; on error sets `ec` and returns the values read before it.
+  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d,
+                                                       std::error_code& ec);
+
   //! Atomically stores `desired` if the value is `expected` (a missing key
   //! matches an empty `expected`), and returns what is stored now.
   compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired);
@@ -307,6 +315,9 @@ class store_client {
   [[nodiscard]] deadline default_deadline() const noexcept { return deadline::after(opts_.timeout); }
   //! One request/reply exchange; `waits`: the server may hold the reply until `d`.
   detail::proto::decode_result call(std::string frame, deadline d, bool waits, std::error_code& ec) noexcept;
+  template <class Frame, class Reply>
+  void pipelined(const char* what, std::span<const std::string> keys, Frame&& frame, Reply&& reply, deadline d,
+                 std::error_code& ec);
   [[noreturn]] void raise(const char* operation, std::string_view key, std::error_code ec) const;
   std::string host_;
   std::uint16_t port_ = 0;

@@ -132,8 +132,15 @@ class process_group {
                                 "spawn: CPU " + std::to_string(c) + " out of range");
       CPU_SET(c, &cpus);
     }
+    // Fork from the child's CPUs: the parent's half of fork (copying the page
+    // tables) then runs there as well, not on a CPU it may share with
+    // running workers.
+    cpu_set_t ours;
+    const bool rebound = !spec.cpus.empty() && ::sched_getaffinity(0, sizeof ours, &ours) == 0 &&
+                         ::sched_setaffinity(0, sizeof cpus, &cpus) == 0;
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
+    if (rebound && pid != 0) ::sched_setaffinity(0, sizeof ours, &ours);
     if (pid < 0) fail("spawn: fork");
     if (pid == 0) {
       ::setpgid(0, 0);

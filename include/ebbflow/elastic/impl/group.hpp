@@ -49,6 +49,19 @@ constexpr bool can_preconnect() {
   };
 }
 
+// The values of `keys`: in one pipelined batch where the store offers
+// try_get_many, else one by one.
+template <class S>
+std::vector<std::optional<std::string>> try_get_all(S& st, const std::vector<std::string>& keys, deadline d) {
+  if constexpr (requires { st.try_get_many(std::span<const std::string>(keys), d); }) {
+    return st.try_get_many(std::span<const std::string>(keys), d);
+  } else {
+    std::vector<std::optional<std::string>> out;
+    for (const auto& k : keys) out.push_back(st.try_get(k, d));
+    return out;
+  }
+}
+
 // Networks whose start_connect may run on a helper thread while the current
 // generation trains on the same network (ucx_network on a UCX with threads).
 template <class N>
@@ -114,8 +127,9 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
   store_ = connect_store_();
   // The admission helper's own connection, made now rather than in the
-  // middle of a membership change.
-  if (detail::can_preconnect<Net>() && opts_.preconnect) aux_store_ = connect_store_();
+  // middle of a membership change (a joiner makes it later, when needed:
+  // its start-up is already part of one).
+  if (detail::can_preconnect<Net>() && opts_.preconnect && !opts_.join) aux_store_ = connect_store_();
   coll_opts_ = comm::collective_options::from_environment();
   coll_opts_.timeout = opts_.op_timeout;
   id_ = store_->add(key("next_id"), 1, store_deadline());
@@ -161,8 +175,23 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
   while (!st.stop_requested()) {
     try {
       if (!s) s = connect_store_();
-      s->add(key("hb/" + std::to_string(id_)), 1,
-             deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
+      const auto hd = deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100));
+      if (hb_watch_tickets_.load()) {
+        const std::vector<std::string> keys = {key("hb/" + std::to_string(id_)), key("join_seq")};
+        const std::vector<std::int64_t> deltas = {1, 0};
+        std::int64_t tickets = 0;
+        if constexpr (requires {
+                        s->add_many(std::span<const std::string>(keys), std::span<const std::int64_t>(deltas), hd);
+                      }) {
+          tickets = s->add_many(std::span<const std::string>(keys), std::span<const std::int64_t>(deltas), hd)[1];
+        } else {
+          s->add(keys[0], 1, hd);
+          tickets = s->add(keys[1], 0, hd);
+        }
+        if (hb_watch_tickets_.load()) hb_tickets_.store(tickets);
+      } else {
+        s->add(key("hb/" + std::to_string(id_)), 1, hd);
+      }
       const std::int64_t g = hb_generation_.load();
       if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
         std::lock_guard lk(hb_mutex_);
@@ -290,11 +319,19 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
   lease_seen hb;
   const auto d = deadline::after(opts_.op_timeout);
   for (std::size_t missing = found.size() - cached;;) {
+    std::vector<std::size_t> which;
+    std::vector<std::string> keys;
     for (std::size_t j = 0; j < found.size(); ++j) {
       if (found[j]) continue;
       const member_id m = rec.members[j].id;
-      const std::string akey = stable ? key("addr/" + std::to_string(m)) : key("addr/" + gs + "/" + std::to_string(m));
-      if (auto v = st.try_get(akey, store_deadline())) {
+      which.push_back(j);
+      keys.push_back(stable ? key("addr/" + std::to_string(m)) : key("addr/" + gs + "/" + std::to_string(m)));
+    }
+    auto values = detail::try_get_all(st, keys, store_deadline());
+    for (std::size_t i = 0; i < which.size(); ++i) {
+      const std::size_t j = which[i];
+      const member_id m = rec.members[j].id;
+      if (auto& v = values[i]) {
         found[j] = to_bytes(*v);
         if constexpr (stable) cache[m] = *found[j];
         --missing;
@@ -339,6 +376,7 @@ void group<Store, Net>::enter(detail::generation_record rec) {
     hb_revoke_ = revoke_;
   }
   hb_generation_.store(gen_.generation);
+  if (!hb_watch_tickets_.exchange(rank_ == 0)) hb_tickets_.store(-1);
   comm_.reset();
   transport_.reset();
 }
@@ -638,7 +676,10 @@ void group<Store, Net>::control_allreduce(std::span<double> v) {
 template <kv_store Store, network Net>
 std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room, bool settle) {
   std::vector<member_id> out;
-  auto total = store_->add(key("join_seq"), 0, store_deadline());
+  // Between steps the coordinator's heartbeat thread has the ticket count
+  // (at most one heartbeat old); otherwise it is read here.
+  const std::int64_t watched = settle ? hb_tickets_.load() : -1;
+  auto total = watched >= 0 ? watched : store_->add(key("join_seq"), 0, store_deadline());
   if (settle) {
     // Admit once no new ticket appeared for admit_delay (bounded by 10×):
     // workers started together register a few ms apart, and admitting them
@@ -653,8 +694,10 @@ std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, st
     const bool overdue = now - ticket_first_seen_ >= 10 * opts_.admit_delay;
     if (!quiet && !overdue) total = seen;
   }
-  while (seen < total && out.size() < room) {
-    auto v = store_->try_get(key("join/" + std::to_string(seen + 1)), store_deadline());
+  std::vector<std::string> keys;
+  for (std::int64_t t = seen + 1; t <= total && keys.size() < room; ++t)
+    keys.push_back(key("join/" + std::to_string(t)));
+  for (auto& v : detail::try_get_all(*store_, keys, store_deadline())) {
     if (!v) break;  // ticket taken but not yet written: pick it up next time
     out.push_back(detail::parse_i64(*v));
     ++seen;

@@ -450,16 +450,14 @@ inline std::int64_t store_client::add(std::string_view key, std::int64_t delta) 
   return add(key, delta, default_deadline());
 }
 
-// add_many: pipelined adds (the server answers the frames of one connection in order)
-inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
-                                                        std::span<const std::int64_t> deltas, deadline d,
-                                                        std::error_code& ec) {
-  if (keys.size() != deltas.size())
-    throw std::invalid_argument("store.add_many: " + std::to_string(keys.size()) + " keys but " +
-                                std::to_string(deltas.size()) + " deltas");
+// pipelined: requests for `keys` leave in batches and the replies come back
+// in order (the server answers the frames of one connection in turn).
+// `frame(i)` builds request i; `reply(i, r)` takes its reply and returns
+// false (with `ec` set) when it is not what was asked for.
+template <class Frame, class Reply>
+void store_client::pipelined(const char* what, std::span<const std::string> keys, Frame&& frame, Reply&& reply,
+                             deadline d, std::error_code& ec) {
   ec.clear();
-  std::vector<std::int64_t> out;
-  out.reserve(keys.size());
   // Batches small enough for the server's output budget and the socket buffers.
   constexpr std::size_t batch = 64;
   std::lock_guard lk(conn_->mu);
@@ -468,37 +466,60 @@ inline std::vector<std::int64_t> store_client::add_many(std::span<const std::str
     const std::size_t last = std::min(keys.size(), first + batch);
     std::string frames;
     for (std::size_t i = first; i < last; ++i) {
-      std::string f = detail::proto::frame_builder(detail::proto::op::add, keys[i].size() + 16)
-                          .str(keys[i])
-                          .i64(deltas[i])
-                          .finish();
+      std::string f = frame(i);
       if (f.size() - detail::proto::header_bytes > opts_.max_message_bytes) {
         ec = make_error_code(error::bad_message);
-        conn_->last_detail = "add_many: request for key " + detail::quote_key(keys[i]) + " exceeds max_message_bytes";
-        return out;
+        conn_->last_detail =
+            std::string(what) + ": request for key " + detail::quote_key(keys[i]) + " exceeds max_message_bytes";
+        return;
       }
       frames += f;
     }
     if (!conn_->connected()) {
       conn_->connect(d, ec);
-      if (ec) return out;
+      if (ec) return;
     }
     conn_->write_frame(frames, d, ec);
-    if (ec) return out;
+    if (ec) return;
     for (std::size_t i = first; i < last; ++i) {
       auto r = conn_->read_frame(d, ec, false);
       if (!ec && r.msg.code == detail::proto::op::error) conn_->server_error(ec, r.msg);
-      if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) {
-        conn_->last_detail = "add_many: reply " + std::to_string(i + 1) + " of " + std::to_string(keys.size()) +
-                             " (key " + detail::quote_key(keys[i]) + "): " + conn_->last_detail;
+      if (ec || !reply(i, r)) {
+        conn_->last_detail = std::string(what) + ": reply " + std::to_string(i + 1) + " of " +
+                             std::to_string(keys.size()) + " (key " + detail::quote_key(keys[i]) +
+                             "): " + conn_->last_detail;
         // Replies to the rest of this batch may still be in flight: the
         // connection cannot be reused in step with its requests.
         conn_->close();
-        return out;
+        return;
       }
-      out.push_back(r.msg.integer);
     }
   }
+}
+
+// add_many: pipelined adds
+inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
+                                                        std::span<const std::int64_t> deltas, deadline d,
+                                                        std::error_code& ec) {
+  if (keys.size() != deltas.size())
+    throw std::invalid_argument("store.add_many: " + std::to_string(keys.size()) + " keys but " +
+                                std::to_string(deltas.size()) + " deltas");
+  std::vector<std::int64_t> out;
+  out.reserve(keys.size());
+  pipelined(
+      "add_many", keys,
+      [&](std::size_t i) {
+        return detail::proto::frame_builder(detail::proto::op::add, keys[i].size() + 16)
+            .str(keys[i])
+            .i64(deltas[i])
+            .finish();
+      },
+      [&](std::size_t, const detail::proto::decode_result& r) {
+        if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return false;
+        out.push_back(r.msg.integer);
+        return true;
+      },
+      d, ec);
   return out;
 }
 inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
@@ -506,6 +527,40 @@ inline std::vector<std::int64_t> store_client::add_many(std::span<const std::str
   std::error_code ec;
   auto v = add_many(keys, deltas, d, ec);
   if (ec) raise("store.add_many", {}, ec);
+  return v;
+}
+
+// try_get_many: pipelined try_get
+inline std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys, deadline d,
+                                                                          std::error_code& ec) {
+  std::vector<std::optional<std::string>> out;
+  out.reserve(keys.size());
+  pipelined(
+      "try_get_many", keys,
+      [&](std::size_t i) {
+        return detail::proto::frame_builder(detail::proto::op::get, keys[i].size() + 16)
+            .str(keys[i])
+            .u32(0)
+            .u8(0)
+            .finish();
+      },
+      [&](std::size_t, const detail::proto::decode_result& r) {
+        if (r.msg.code == detail::proto::op::missing) {
+          out.emplace_back();
+          return true;
+        }
+        if (!detail::expect_reply(r, detail::proto::op::value, ec, *conn_)) return false;
+        out.emplace_back(std::string(r.msg.value));
+        return true;
+      },
+      d, ec);
+  return out;
+}
+inline std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys,
+                                                                          deadline d) {
+  std::error_code ec;
+  auto v = try_get_many(keys, d, ec);
+  if (ec) raise("store.try_get_many", {}, ec);
   return v;
 }
 
