@@ -468,10 +468,6 @@ class group {
   std::optional<communicator_type> comm_;
   std::shared_ptr<comm::revoke_flag> revoke_;
   std::atomic<std::int64_t> hb_generation_{-1};
-  // The coordinator's heartbeat thread also reads the join ticket count, so
-  // its training thread learns of joiners without a store round trip per step.
-  std::atomic<bool> hb_watch_tickets_{false};
-  std::atomic<std::int64_t> hb_tickets_{-1};  // -1: not read yet
   std::mutex hb_mutex_;
   std::shared_ptr<comm::revoke_flag> hb_revoke_;
   std::atomic<bool> leave_requested_{false};

@@ -15,8 +15,7 @@
 //! * `wait(keys, d)` blocks until every key exists, or throws `errc::timeout`.
 //! Optional, used when present: `add_many(keys, deltas, d)` and
 //! `try_get_many(keys, d)`, the same operations for several keys in about one
-//! round trip (the group batches its reads of join tickets and addresses, and
-//! its heartbeat with the ticket count).
+//! round trip (the group batches its reads of join tickets and addresses).
 //! The Boost.Asio store client (elastic/store.hpp) models this concept.
 #pragma once
 

@@ -175,23 +175,8 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
   while (!st.stop_requested()) {
     try {
       if (!s) s = connect_store_();
-      const auto hd = deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100));
-      if (hb_watch_tickets_.load()) {
-        const std::vector<std::string> keys = {key("hb/" + std::to_string(id_)), key("join_seq")};
-        const std::vector<std::int64_t> deltas = {1, 0};
-        std::int64_t tickets = 0;
-        if constexpr (requires {
-                        s->add_many(std::span<const std::string>(keys), std::span<const std::int64_t>(deltas), hd);
-                      }) {
-          tickets = s->add_many(std::span<const std::string>(keys), std::span<const std::int64_t>(deltas), hd)[1];
-        } else {
-          s->add(keys[0], 1, hd);
-          tickets = s->add(keys[1], 0, hd);
-        }
-        if (hb_watch_tickets_.load()) hb_tickets_.store(tickets);
-      } else {
-        s->add(key("hb/" + std::to_string(id_)), 1, hd);
-      }
+      s->add(key("hb/" + std::to_string(id_)), 1,
+             deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
       const std::int64_t g = hb_generation_.load();
       if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
         std::lock_guard lk(hb_mutex_);
@@ -376,7 +361,6 @@ void group<Store, Net>::enter(detail::generation_record rec) {
     hb_revoke_ = revoke_;
   }
   hb_generation_.store(gen_.generation);
-  if (!hb_watch_tickets_.exchange(rank_ == 0)) hb_tickets_.store(-1);
   comm_.reset();
   transport_.reset();
 }
@@ -676,10 +660,7 @@ void group<Store, Net>::control_allreduce(std::span<double> v) {
 template <kv_store Store, network Net>
 std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room, bool settle) {
   std::vector<member_id> out;
-  // Between steps the coordinator's heartbeat thread has the ticket count
-  // (at most one heartbeat old); otherwise it is read here.
-  const std::int64_t watched = settle ? hb_tickets_.load() : -1;
-  auto total = watched >= 0 ? watched : store_->add(key("join_seq"), 0, store_deadline());
+  auto total = store_->add(key("join_seq"), 0, store_deadline());
   if (settle) {
     // Admit once no new ticket appeared for admit_delay (bounded by 10×):
     // workers started together register a few ms apart, and admitting them
