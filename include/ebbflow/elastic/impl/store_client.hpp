@@ -365,6 +365,23 @@ inline bool expect_reply(const proto::decode_result& r, proto::op want, std::err
          std::string("expected reply ") + proto::op_name(want) + ", got " + proto::op_name(r.msg.code));
   return false;
 }
+//! The request frames of a non-waiting get and of an add, alone or pipelined.
+inline std::string try_get_frame(std::string_view key) {
+  return proto::frame_builder(proto::op::get, key.size() + 16).str(key).u32(0).u8(0).finish();
+}
+inline std::string add_frame(std::string_view key, std::int64_t delta) {
+  return proto::frame_builder(proto::op::add, key.size() + 16).str(key).i64(delta).finish();
+}
+//! A get's reply into `out`: the value, or nullopt when the key is missing;
+//! false (with `ec` set) on an error or any other reply.
+inline bool take_value(const proto::decode_result& r, std::optional<std::string>& out, std::error_code& ec,
+                       client_connection& c) {
+  out.reset();
+  if (!ec && r.msg.code == proto::op::missing) return true;
+  if (!expect_reply(r, proto::op::value, ec, c)) return false;
+  out.emplace(r.msg.value);
+  return true;
+}
 }  // namespace detail
 
 // set
@@ -409,12 +426,10 @@ inline std::string store_client::get(std::string_view key) { return get(key, def
 // try_get
 inline std::optional<std::string> store_client::try_get(std::string_view key, deadline d,
                                                         std::error_code& ec) noexcept {
-  auto r = call(detail::proto::frame_builder(detail::proto::op::get, key.size() + 16).str(key).u32(0).u8(0).finish(), d,
-                false, ec);
-  if (ec) return std::nullopt;
-  if (r.msg.code == detail::proto::op::missing) return std::nullopt;
-  if (!detail::expect_reply(r, detail::proto::op::value, ec, *conn_)) return std::nullopt;
-  return std::string(r.msg.value);
+  auto r = call(detail::try_get_frame(key), d, false, ec);
+  std::optional<std::string> v;
+  detail::take_value(r, v, ec, *conn_);
+  return v;
 }
 inline std::optional<std::string> store_client::try_get(std::string_view key, std::error_code& ec) noexcept {
   return try_get(key, default_deadline(), ec);
@@ -432,8 +447,7 @@ inline std::optional<std::string> store_client::try_get(std::string_view key) {
 // add
 inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d,
                                       std::error_code& ec) noexcept {
-  auto r = call(detail::proto::frame_builder(detail::proto::op::add, key.size() + 16).str(key).i64(delta).finish(), d,
-                false, ec);
+  auto r = call(detail::add_frame(key, delta), d, false, ec);
   if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
   return r.msg.integer;
 }
@@ -507,13 +521,7 @@ inline std::vector<std::int64_t> store_client::add_many(std::span<const std::str
   std::vector<std::int64_t> out;
   out.reserve(keys.size());
   pipelined(
-      "add_many", keys,
-      [&](std::size_t i) {
-        return detail::proto::frame_builder(detail::proto::op::add, keys[i].size() + 16)
-            .str(keys[i])
-            .i64(deltas[i])
-            .finish();
-      },
+      "add_many", keys, [&](std::size_t i) { return detail::add_frame(keys[i], deltas[i]); },
       [&](std::size_t, const detail::proto::decode_result& r) {
         if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return false;
         out.push_back(r.msg.integer);
@@ -536,21 +544,11 @@ inline std::vector<std::optional<std::string>> store_client::try_get_many(std::s
   std::vector<std::optional<std::string>> out;
   out.reserve(keys.size());
   pipelined(
-      "try_get_many", keys,
-      [&](std::size_t i) {
-        return detail::proto::frame_builder(detail::proto::op::get, keys[i].size() + 16)
-            .str(keys[i])
-            .u32(0)
-            .u8(0)
-            .finish();
-      },
+      "try_get_many", keys, [&](std::size_t i) { return detail::try_get_frame(keys[i]); },
       [&](std::size_t, const detail::proto::decode_result& r) {
-        if (r.msg.code == detail::proto::op::missing) {
-          out.emplace_back();
-          return true;
-        }
-        if (!detail::expect_reply(r, detail::proto::op::value, ec, *conn_)) return false;
-        out.emplace_back(std::string(r.msg.value));
+        std::optional<std::string> v;
+        if (!detail::take_value(r, v, ec, *conn_)) return false;
+        out.push_back(std::move(v));
         return true;
       },
       d, ec);
