@@ -3050,6 +3050,8 @@ class basic_loopback_transport {
   [[nodiscard]] std::int64_t generation() const noexcept { return generation_; }
   //! Moves to generation `g`; messages of other generations are not matched.
   void set_generation(std::int64_t g) noexcept { generation_ = g; }
+  //! Always connected (no wire-up): for callers that start a connect and poll it.
+  [[nodiscard]] bool poll_connect() noexcept { return true; }
 
   //! Sends `out` (host memory, copied before returning) to `peer`.
   request isend(int peer, tag_t tag, std::span<const std::byte> out) {
@@ -8166,8 +8168,17 @@ class group {
 
   //! Asks to leave at the next step boundary (thread-safe).
   void request_leave() noexcept { leave_requested_.store(true); }
-  //! Marks the job finished: workers still waiting to join stop waiting.
+  //! Marks the job finished: workers still waiting to join stop waiting, and
+  //! joiners admitted to a change still in flight (see `changing`) stop
+  //! waiting for the state with a clear error.
   void finish();
+  //! True while a membership change is unfinished: decided at an earlier
+  //! step boundary and still being prepared in the background (joiners
+  //! connecting, a leave pending), or switched to with the state still to
+  //! move at the next `begin_step`. Every member sees the same value after
+  //! `end_step` returns, so a loop that must not end with a joiner stranded
+  //! can run on while it is true.
+  [[nodiscard]] bool changing() const noexcept { return next_.has_value() || pending_.has_value(); }
 
   //! False once this member left the group (after `request_leave` took effect).
   [[nodiscard]] bool active() const noexcept { return active_; }
@@ -8211,6 +8222,7 @@ class group {
   void start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
                        std::vector<member_id> leavers, steady_clock::time_point started);
   void take_admission();
+  void adopt_announced(const std::string& gkey, std::int64_t g1, steady_clock::time_point started);
   void leave_now();
   typename Net::transport_type connect_watched(const detail::generation_record& rec, const std::vector<bytes>& addrs);
   int poll_next();
@@ -8280,7 +8292,10 @@ class group {
   // A join whose transport is wiring up while the current generation trains.
   struct next_generation {
     detail::generation_record rec;
-    bool has_rec = false;  // rec was read (the helper may still be at it, or have failed before)
+    std::int64_t g1 = -1;               // the generation being prepared
+    std::string gkey;                   // its record's key
+    std::optional<std::string> record;  // the coordinator's record (the helper writes it)
+    std::vector<member_id> admitted;    // the joiners that record admits
     std::optional<typename Net::transport_type> transport;
     steady_clock::time_point since;               // connect started
     double prepared_seconds = 0;                  // this member's training-thread time spent starting it
@@ -8763,8 +8778,16 @@ int group<Store, Net>::poll_next() {
     fault_point("preconnect");
     try {
       if (next_->admission) {
-        if (!next_->admission->done.load(std::memory_order_acquire))
-          return steady_clock::now() - next_->since > opts_.op_timeout ? -1 : 0;
+        // The helper runs at the lowest CPU priority: on a host whose cores
+        // are all busy it may get no time at all. It has one lease; past
+        // that, the members finish the change on their training threads.
+        if (!next_->admission->done.load(std::memory_order_acquire)) {
+          if (steady_clock::now() - next_->since <= opts_.lease) return 0;
+          EBBFLOW_LOG_WARN("admission helper of generation "
+                           << next_->g1 << " not done after EBBFLOW_LEASE_MS=" << opts_.lease.count()
+                           << ": finishing the change on the training thread");
+          return -1;
+        }
         take_admission();
         if (next_->failed) return -1;
       }
@@ -8853,9 +8876,19 @@ void group<Store, Net>::sync_state() {
       // A newcomer waits here until the members switch, which may be many
       // steps away: poll gently (the members' CPU is not ours to spin on),
       // then take the state at full speed.
+      // If the job ends first (the members finished before they switched),
+      // the store's `done` key says so: a clear error, not a timeout.
       auto first = c.irecv(raw(&header_size, sizeof header_size), src, tag_size);
       std::error_code ec;
-      while (!first.test(ec) && !d.expired()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      auto next_check = steady_clock::now() + opts_.heartbeat;
+      while (!first.test(ec) && !d.expired()) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        if (steady_clock::now() < next_check) continue;
+        next_check = steady_clock::now() + opts_.heartbeat;
+        if (store_->try_get(key("done"), store_deadline()))
+          fail(error::invalid_state, "the job finished before the members switched to generation " +
+                                         std::to_string(gen_.generation) + ": this worker never received the state");
+      }
       first.wait(d);  // returns at once when done; throws naming the peer on an error or the deadline
     }
     if (opts_.join && !priority_restored_) {  // the members switched: from here on this newcomer is one of them
@@ -9092,18 +9125,10 @@ void group<Store, Net>::end_step(double compute_seconds) {
           wait_admission();
           return;
         }
-        if (!nx.has_rec) {  // the next generation was never read here
-          recover(gen_.generation, -1);
-          return;
-        }
-        auto rec = std::move(nx.rec);
-        const std::int64_t g1 = rec.generation;
-        try {
-          adopt(std::move(rec), steady_clock::now());
-        } catch (const system_error& e) {
-          if (!detail::recoverable(e.code())) throw;
-          recover(g1, lost_peer_of(e));
-        }
+        // The helper may have stopped anywhere: redo what it may not have
+        // done (writing the record twice is harmless), then the blocking way.
+        if (nx.record) write_record(*store_, nx.gkey, *nx.record, nx.admitted, nx.g1);
+        adopt_announced(nx.gkey, nx.g1, steady_clock::now());
       }
       return;  // leave requests are taken at the first boundary after the switch
     }
@@ -9187,6 +9212,13 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     start_admission(std::move(record), gkey, g1, std::move(leavers), started);
     return;
   }
+  adopt_announced(gkey, g1, started);
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::adopt_announced(const std::string& gkey, std::int64_t g1, steady_clock::time_point started) {
+  // The blocking way: wait for generation g1's record (the coordinator wrote
+  // it, or a concurrent recovery did) and connect to it.
   try {
     store_->wait({gkey}, deadline::after(opts_.op_timeout));
   } catch (const system_error& e) {
@@ -9219,6 +9251,10 @@ void group<Store, Net>::start_admission(std::optional<std::string> record, std::
   if constexpr (detail::can_preconnect<Net>()) {
     next_generation nx;
     nx.since = started;
+    nx.g1 = g1;
+    nx.gkey = gkey;
+    nx.record = record;
+    nx.admitted = admitting_;
     auto res = std::make_shared<admission_result>();
     nx.admission = res;
     std::vector<member_id> current;
@@ -9290,10 +9326,7 @@ void group<Store, Net>::take_admission() {
   // The helper is done: its result becomes this member's next generation.
   auto res = std::move(next_->admission);
   next_->helper.join();
-  if (res->rec) {
-    next_->rec = std::move(*res->rec);
-    next_->has_rec = true;
-  }
+  if (res->rec) next_->rec = std::move(*res->rec);
   if (res->error) {
     next_->failed = true;
     std::rethrow_exception(res->error);
@@ -9430,6 +9463,12 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
               rec.source_step = m.committed;
               rec.source = m.id;
             }
+          if (rec.source_step < 0) {  // only joiners that never got the state are left
+            if (store_->try_get(key("done"), store_deadline()))
+              fail(error::invalid_state, "the job finished before this worker received the training state");
+            fail(error::invalid_state, "no member holding the training state is left after generation " + gs +
+                                           " failed: the state is lost (restart from a checkpoint)");
+          }
           auto p = policy_->plan(ids, opts_.global_batch);
           rec.plan.assign(p.begin(), p.end());
           rec.plan_version = gen_.plan_version + 1;
@@ -9589,6 +9628,14 @@ class loopback_network {
   transport_type connect(std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline) {
     return transport_type(fabric_->hub(g, static_cast<int>(addrs.size()), addr_, rank), rank, g);
   }
+  //! As `connect` (loopback peers need no wire-up: `poll_connect` is true at
+  //! once). The group calls it from its admission helper thread, which the
+  //! fabric (locked) allows: `concurrent_connect()`.
+  transport_type start_connect(std::int64_t g, int rank, const std::vector<bytes>& addrs) {
+    return connect(g, rank, addrs, deadline::never());
+  }
+  //! `start_connect` may run on another thread than the training one.
+  [[nodiscard]] static constexpr bool concurrent_connect() noexcept { return true; }
   //! Crashes this worker as seen by its peers.
   void kill() { fabric_->kill(addr_); }
 

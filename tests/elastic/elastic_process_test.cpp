@@ -127,6 +127,21 @@ TEST_F(ElasticProcess, KillOfTheSenderDuringStateTransfer) {
   EXPECT_NE(out.find("(failure)"), std::string::npos) << out;
 }
 
+TEST_F(ElasticProcess, LosingEveryHolderOfTheStateIsAClearError) {
+  // The only member dies while it sends the state to a joiner: nobody holds
+  // the training state any more. The joiner must say so and exit, never
+  // re-form a group of its own and train on from zeroed parameters.
+  auto job = sh("cd " + dir_.string() +
+                " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=sync-send " EBBFLOW_RUN
+                " -n 1 --add 0.5 -- " ELASTIC_TRAIN
+                " --steps 300 --sample-us 150 --step-us 1500"
+                " --params-out elastic.bin");
+  EXPECT_NE(job.status, 0) << job.output;
+  EXPECT_NE(job.output.find("EBBFLOW_FAULT=sync-send"), std::string::npos) << job.output;
+  EXPECT_NE(job.output.find("no member holding the training state is left"), std::string::npos) << job.output;
+  EXPECT_FALSE(fs::exists(dir_ / "elastic.bin")) << job.output;
+}
+
 TEST_F(ElasticProcess, KillOfTheJoinerDuringStateTransfer) {
   const auto out = train("-n 2 --add 0.5", "EBBFLOW_FAULT=sync-recv");
   EXPECT_NE(out.find("EBBFLOW_FAULT=sync-recv"), std::string::npos) << out;

@@ -123,6 +123,7 @@ struct scenario {
   std::vector<std::pair<int, std::int64_t>> leaves;  // (launch rank, step at which it asks to leave)
   std::vector<std::int64_t> joins;                   // steps (seen by rank 0) at which a newcomer starts
   int min_size = 1;
+  bool run_on_while_changing = true;  // the loop also runs while g.changing()
   bool adaptive = false;  // planner_policy with emulated speeds (seconds per sample = 1 ms × (launch rank + 1))
 };
 
@@ -133,6 +134,7 @@ struct outcome {
   std::vector<el::world_change> history0;
   std::vector<std::string> errors;
   std::vector<std::uint64_t> last_plan;
+  std::set<std::int64_t> final_steps;  // the step every survivor ended at (one value)
 };
 
 void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::shared_ptr<el::loopback_fabric> fabric,
@@ -163,7 +165,9 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
     std::vector<float> w(features * classes, 0.f);
     g.register_state("w", std::as_writable_bytes(std::span(w)));
     std::set<std::int64_t> join_started;
-    while (g.active() && g.step() < sc.steps) {
+    // Runs on past sc.steps while a join or leave is still being prepared
+    // (it may take many of these microsecond steps): nobody is stranded.
+    while (g.active() && (g.step() < sc.steps || (sc.run_on_while_changing && g.changing()))) {
       const auto s = g.begin_step();
       if (!join && launch_rank == 0)
         for (auto js : sc.joins)
@@ -196,6 +200,7 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
     if (g.active()) {
       std::lock_guard lk(out.m);
       out.finals.push_back(w);
+      out.final_steps.insert(g.step());
       out.last_plan.assign(g.plan().begin(), g.plan().end());
       if (g.rank() == 0) {
         out.history0 = g.history();
@@ -234,7 +239,9 @@ std::unique_ptr<outcome> run(const scenario& sc) {
 void expect_equal_to_reference(const scenario& sc, outcome& out, std::size_t survivors) {
   ASSERT_TRUE(out.errors.empty()) << out.errors.front();
   ASSERT_EQ(out.finals.size(), survivors);
-  const auto ref = reference(sc.steps);
+  ASSERT_EQ(out.final_steps.size(), 1u) << "the survivors ended at different steps";
+  ASSERT_GE(*out.final_steps.begin(), sc.steps);
+  const auto ref = reference(*out.final_steps.begin());
   for (auto& w : out.finals)
     for (std::size_t k = 0; k < w.size(); ++k) ASSERT_NEAR(w[k], ref[k], 2e-5f * (1 + std::abs(ref[k]))) << k;
 }
@@ -300,6 +307,26 @@ TEST(ElasticGroup, TwoFailuresAtOnceThenJoinAndLeave) {
   auto out_p = run(sc);
   auto& out = *out_p;
   expect_equal_to_reference(sc, out, 3);  // 5 - 2 killed - 1 left + 1 joined
+}
+
+TEST(ElasticGroup, JobEndingBeforeTheSwitchTellsTheJoinerClearly) {
+  // A newcomer asks to join at the last step, and the loop ends at sc.steps
+  // whatever is in flight: the members never switch to it. It must fail at
+  // once with a clear error (not wait out its deadline, not train alone).
+  scenario sc;
+  sc.steps = 10;
+  sc.joins = {9};
+  sc.run_on_while_changing = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);  // join_timeout and op_timeout are 20 s and 5 s
+  ASSERT_EQ(out.errors.size(), 1u);
+  EXPECT_NE(out.errors[0].find("the job finished before"), std::string::npos) << out.errors[0];
+  ASSERT_EQ(out.finals.size(), 3u);
+  const auto ref = reference(sc.steps);
+  for (auto& w : out.finals)
+    for (std::size_t k = 0; k < w.size(); ++k) ASSERT_NEAR(w[k], ref[k], 2e-5f * (1 + std::abs(ref[k]))) << k;
 }
 
 TEST(ElasticGroup, BelowMinSizeWaitsForAJoiner) {

@@ -97,6 +97,8 @@ class basic_loopback_transport {
   [[nodiscard]] std::int64_t generation() const noexcept { return generation_; }
   //! Moves to generation `g`; messages of other generations are not matched.
   void set_generation(std::int64_t g) noexcept { generation_ = g; }
+  //! Always connected (no wire-up): for callers that start a connect and poll it.
+  [[nodiscard]] bool poll_connect() noexcept { return true; }
 
   //! Sends `out` (host memory, copied before returning) to `peer`.
   request isend(int peer, tag_t tag, std::span<const std::byte> out) {

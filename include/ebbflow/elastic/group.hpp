@@ -336,8 +336,17 @@ class group {
 
   //! Asks to leave at the next step boundary (thread-safe).
   void request_leave() noexcept { leave_requested_.store(true); }
-  //! Marks the job finished: workers still waiting to join stop waiting.
+  //! Marks the job finished: workers still waiting to join stop waiting, and
+  //! joiners admitted to a change still in flight (see `changing`) stop
+  //! waiting for the state with a clear error.
   void finish();
+  //! True while a membership change is unfinished: decided at an earlier
+  //! step boundary and still being prepared in the background (joiners
+  //! connecting, a leave pending), or switched to with the state still to
+  //! move at the next `begin_step`. Every member sees the same value after
+  //! `end_step` returns, so a loop that must not end with a joiner stranded
+  //! can run on while it is true.
+  [[nodiscard]] bool changing() const noexcept { return next_.has_value() || pending_.has_value(); }
 
   //! False once this member left the group (after `request_leave` took effect).
   [[nodiscard]] bool active() const noexcept { return active_; }
@@ -381,6 +390,7 @@ class group {
   void start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
                        std::vector<member_id> leavers, steady_clock::time_point started);
   void take_admission();
+  void adopt_announced(const std::string& gkey, std::int64_t g1, steady_clock::time_point started);
   void leave_now();
   typename Net::transport_type connect_watched(const detail::generation_record& rec, const std::vector<bytes>& addrs);
   int poll_next();
@@ -450,7 +460,10 @@ class group {
   // A join whose transport is wiring up while the current generation trains.
   struct next_generation {
     detail::generation_record rec;
-    bool has_rec = false;  // rec was read (the helper may still be at it, or have failed before)
+    std::int64_t g1 = -1;               // the generation being prepared
+    std::string gkey;                   // its record's key
+    std::optional<std::string> record;  // the coordinator's record (the helper writes it)
+    std::vector<member_id> admitted;    // the joiners that record admits
     std::optional<typename Net::transport_type> transport;
     steady_clock::time_point since;               // connect started
     double prepared_seconds = 0;                  // this member's training-thread time spent starting it

@@ -70,6 +70,14 @@ class loopback_network {
   transport_type connect(std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline) {
     return transport_type(fabric_->hub(g, static_cast<int>(addrs.size()), addr_, rank), rank, g);
   }
+  //! As `connect` (loopback peers need no wire-up: `poll_connect` is true at
+  //! once). The group calls it from its admission helper thread, which the
+  //! fabric (locked) allows: `concurrent_connect()`.
+  transport_type start_connect(std::int64_t g, int rank, const std::vector<bytes>& addrs) {
+    return connect(g, rank, addrs, deadline::never());
+  }
+  //! `start_connect` may run on another thread than the training one.
+  [[nodiscard]] static constexpr bool concurrent_connect() noexcept { return true; }
   //! Crashes this worker as seen by its peers.
   void kill() { fabric_->kill(addr_); }
 
