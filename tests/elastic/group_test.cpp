@@ -309,6 +309,24 @@ TEST(ElasticGroup, TwoFailuresAtOnceThenJoinAndLeave) {
   expect_equal_to_reference(sc, out, 3);  // 5 - 2 killed - 1 left + 1 joined
 }
 
+TEST(ElasticGroup, KillOfALeaverWhileTheOthersConnectIsAFailureNotALeave) {
+  // Member 2 asks to leave at step 20 (the others start connecting without
+  // it) and dies at step 21, before the switch. The leave's record has the
+  // steps of its decision, not the ones the survivors hold after the
+  // failure: the recovery must fail it over to a record of its own.
+  scenario sc;
+  sc.initial = 4;
+  sc.leaves = {{2, 20}};
+  sc.kills = {{2, 21}};
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 3);
+  ASSERT_GE(out.history0.size(), 2u);
+  EXPECT_EQ(out.history0.back().reason, el::change_reason::failure);
+  EXPECT_EQ(out.history0.back().generation, 2);  // generation 1, the leave's, was failed over
+  EXPECT_EQ(out.history0.back().new_size, 3);
+}
+
 TEST(ElasticGroup, JobEndingBeforeTheSwitchTellsTheJoinerClearly) {
   // A newcomer asks to join at the last step, and the loop ends at sc.steps
   // whatever is in flight: the members never switch to it. It must fail at

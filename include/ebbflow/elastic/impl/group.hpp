@@ -1157,6 +1157,20 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
       wait_admission();
       return;
     }
+    if (next->reason != change_reason::failure) {
+      // A join or leave decided before the failure, whose members were
+      // connecting in the background. Its committed steps date from that
+      // decision, and the survivors may now be a step apart (a failure can
+      // hit after some of them committed a step): adopting it could pair
+      // different steps' gradients. Never adopted by a recovery: every member
+      // fails it over in turn, so the next record holds the real steps.
+      EBBFLOW_LOG_WARN("generation " << next->generation << " (" << name(next->reason)
+                                     << ") was decided before generation " << gs << " failed: failing it over too");
+      enter(std::move(*next));
+      g = gen_.generation;
+      lost_peer = -1;
+      continue;
+    }
     try {
       adopt(std::move(*next), started);
       return;
