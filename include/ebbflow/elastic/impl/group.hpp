@@ -957,16 +957,12 @@ void group<Store, Net>::start_admission(std::optional<std::string> record, std::
               res->blocking = true;  // excluded by a concurrent recovery: the blocking way sorts it out
           if (!res->blocking) {
             res->addrs = gather_addresses(rec, st, cache, rank, revoke, stop);
-            if (concurrent) {
-              res->transport.emplace(net_->start_connect(rec.generation, r, res->addrs));
-              // Drive the wire-up from here too, so that the peers' connect
-              // messages are mostly handled in this thread's time, not in
-              // the training thread's collectives. Bounded: a joiner that
-              // died is noticed through its lease once handed back.
-              const auto until = steady_clock::now() + 4 * opts_.heartbeat;
-              while (!stop.stop_requested() && steady_clock::now() < until && !res->transport->poll_connect())
-                std::this_thread::sleep_for(std::chrono::microseconds(100));
-            }
+            // Only the endpoints are made here; their wire-up completes as
+            // the training thread progresses the worker. Driving it from this
+            // thread too would hold the worker's lock at the lowest priority:
+            // a training thread waiting on that lock waits until this thread
+            // is scheduled again (up to milliseconds on a busy core).
+            if (concurrent) res->transport.emplace(net_->start_connect(rec.generation, r, res->addrs));
           }
         }
         res->cache = std::move(cache);
