@@ -119,6 +119,8 @@ def main():
     ap.add_argument("--sample-us", type=float, default=400, help="emulated device time per sample")
     ap.add_argument("--event-at", type=float, default=1.5, help="seconds into the job when the event happens")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--scenarios", default="scaleout,leave,kill,restart",
+                    help="which events to measure besides steady (comma list; A/B runs of one event are faster)")
     ap.add_argument("--wrap", default="", help="command prefix for every worker (e.g. the netns wrapper)")
     ap.add_argument("--store", default="127.0.0.1:0", help="address the launcher's store binds")
     ap.add_argument("--json", help="write one JSON object per measured point")
@@ -137,6 +139,10 @@ def main():
     n, ev = args.n, args.event_at
     res = {k: [] for k in ["steady", "scale_share", "scale_lost_ms", "scale_stall_max", "scale_done", "leave_stall_max",
                            "kill_to_step", "restart_down", "restart_done", "steady_2n"]}
+    scen = set(args.scenarios.split(","))
+    unknown = scen - {"scaleout", "leave", "kill", "restart"}
+    if unknown or "scaleout" not in scen:
+        raise SystemExit(f"--scenarios: scaleout is always measured; unknown: {', '.join(sorted(unknown)) or '-'}")
     for rnd in range(args.rounds):
         # steady
         rows, _, _ = run_job(args, ["-n", str(n)], [], "steady")
@@ -161,15 +167,18 @@ def main():
         res["scale_done"].append(switch["t"] - t_add)
         after = [r for r in rows if r["world"] == 2 * n]
         res["steady_2n"].append(throughput(rows, after[len(after) // 5]["t"], after[-1]["t"]))
-        # graceful leave
-        rows, out, _ = run_job(args, ["-n", str(n), "--leave", f"{ev}:{n - 1}"], [], "leave")
-        st = stalls(out, "leave")
-        res["leave_stall_max"].append(max(st) if st else float("nan"))
-        # SIGKILL
-        rows, out, _ = run_job(args, ["-n", str(n), "--kill", f"{ev}:{n - 1}"], [], "kill")
-        t_kill = stamp(out, "killing worker")
-        first = next(r for r in rows if r["t"] > t_kill and r["world"] == n - 1)
-        res["kill_to_step"].append(first["t"] - t_kill)
+        if "leave" in scen:  # graceful leave
+            rows, out, _ = run_job(args, ["-n", str(n), "--leave", f"{ev}:{n - 1}"], [], "leave")
+            st = stalls(out, "leave")
+            res["leave_stall_max"].append(max(st) if st else float("nan"))
+        if "kill" in scen:  # SIGKILL
+            rows, out, _ = run_job(args, ["-n", str(n), "--kill", f"{ev}:{n - 1}"], [], "kill")
+            t_kill = stamp(out, "killing worker")
+            first = next(r for r in rows if r["t"] > t_kill and r["world"] == n - 1)
+            res["kill_to_step"].append(first["t"] - t_kill)
+        if "restart" not in scen:
+            print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
+            continue
         # checkpoint-restart baseline: stop N at the step the scale-out switched at, restart 2N
         ck = os.path.join(args.tmp, "ckpt.bin")
         mpath = os.path.join(args.tmp, "restart.csv")
@@ -198,10 +207,14 @@ def main():
     print(f"{'survivors time lost, start -> 2N step (ms)':48s} {med['scale_lost_ms']:12.1f}")
     print(f"{'scale-out stall, worst survivor (ms)':48s} {med['scale_stall_max']:12.1f}")
     print(f"{'scale-out: newcomer start -> 2N step (s)':48s} {med['scale_done']:12.2f}")
-    print(f"{'graceful leave stall, worst member (ms)':48s} {med['leave_stall_max']:12.1f}")
-    print(f"{'SIGKILL -> first completed step (s)':48s} {med['kill_to_step']:12.3f}")
-    print(f"{'checkpoint-restart downtime (s)':48s} {med['restart_down']:12.2f}")
-    print(f"{'ratio restart downtime / ebbflow scale-out stall':48s} {med['restart_down'] / (med['scale_stall_max'] / 1e3):11.1f}x")
+    print(f"{'survivors during scale-out, per round':48s} {' '.join(f'{x * 100:.2f}%' for x in res['scale_share'])}")
+    if "leave" in scen:
+        print(f"{'graceful leave stall, worst member (ms)':48s} {med['leave_stall_max']:12.1f}")
+    if "kill" in scen:
+        print(f"{'SIGKILL -> first completed step (s)':48s} {med['kill_to_step']:12.3f}")
+    if "restart" in scen:
+        print(f"{'checkpoint-restart downtime (s)':48s} {med['restart_down']:12.2f}")
+        print(f"{'ratio restart downtime / ebbflow scale-out stall':48s} {med['restart_down'] / (med['scale_stall_max'] / 1e3):11.1f}x")
     if args.json:
         with open(args.json, "w") as f:
             for k, v in res.items():
