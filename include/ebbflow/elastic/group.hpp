@@ -376,6 +376,10 @@ class group {
 
  private:
   std::string key(const std::string& k) const { return opts_.prefix + "/" + k; }
+  // The store key of generation g's record.
+  std::string gen_key(std::int64_t g) const { return key("gen/" + std::to_string(g)); }
+  // Whether the job was marked finished (`finish`).
+  bool job_done() { return store_->try_get(key("done"), store_deadline()).has_value(); }
   deadline store_deadline() const { return deadline::after(opts_.store_timeout); }
   void heartbeat_loop(std::stop_token st);
   step_info current_slice() const;
@@ -390,7 +394,7 @@ class group {
   void start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
                        std::vector<member_id> leavers, steady_clock::time_point started);
   void take_admission();
-  void adopt_announced(const std::string& gkey, std::int64_t g1, steady_clock::time_point started);
+  void adopt_announced(std::int64_t g1, steady_clock::time_point started);
   void leave_now();
   typename Net::transport_type connect_watched(const detail::generation_record& rec, const std::vector<bytes>& addrs);
   int poll_next();
@@ -461,7 +465,6 @@ class group {
   struct next_generation {
     detail::generation_record rec;
     std::int64_t g1 = -1;               // the generation being prepared
-    std::string gkey;                   // its record's key
     std::optional<std::string> record;  // the coordinator's record (the helper writes it)
     std::vector<member_id> admitted;    // the joiners that record admits
     std::optional<typename Net::transport_type> transport;

@@ -200,7 +200,7 @@ template <kv_store Store, network Net>
 void group<Store, Net>::form_initial() {
   const auto started = steady_clock::now();
   store_->set(key("init/" + std::to_string(launch_.rank)), std::to_string(id_), store_deadline());
-  const std::string gkey = key("gen/0");
+  const std::string gkey = gen_key(0);
   if (launch_.rank == 0) {
     std::vector<std::string> keys;
     for (int r = 0; r < launch_.world_size; ++r) keys.push_back(key("init/" + std::to_string(r)));
@@ -256,8 +256,7 @@ void group<Store, Net>::wait_admission() {
   for (;;) {
     if (auto v = store_->try_get(jkey, store_deadline())) {
       const auto g = detail::parse_i64(*v);
-      auto rec = detail::generation_record::decode(
-          to_bytes(*store_->try_get(key("gen/" + std::to_string(g)), store_deadline())));
+      auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gen_key(g), store_deadline())));
       try {
         adopt(std::move(rec), started);
       } catch (const system_error& e) {
@@ -266,8 +265,7 @@ void group<Store, Net>::wait_admission() {
       }
       return;
     }
-    if (store_->try_get(key("done"), store_deadline()))
-      fail(error::invalid_state, "the job finished before this worker was admitted");
+    if (job_done()) fail(error::invalid_state, "the job finished before this worker was admitted");
     if (d.expired())
       fail(error::timeout, "not admitted within EBBFLOW_JOIN_TIMEOUT_MS (group at max size, or no coordinator)");
     // Wait on the server (no polling: waiting newcomers cost the running
@@ -537,9 +535,9 @@ void group<Store, Net>::sync_state() {
     {
       // A newcomer waits here until the members switch, which may be many
       // steps away: poll gently (the members' CPU is not ours to spin on),
-      // then take the state at full speed.
-      // If the job ends first (the members finished before they switched),
-      // the store's `done` key says so: a clear error, not a timeout.
+      // then take the state at full speed. If the job ends first (the
+      // members finished before they switched), `finish` said so: a clear
+      // error, not a timeout.
       auto first = c.irecv(raw(&header_size, sizeof header_size), src, tag_size);
       std::error_code ec;
       auto next_check = steady_clock::now() + opts_.heartbeat;
@@ -547,7 +545,7 @@ void group<Store, Net>::sync_state() {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
         if (steady_clock::now() < next_check) continue;
         next_check = steady_clock::now() + opts_.heartbeat;
-        if (store_->try_get(key("done"), store_deadline()))
+        if (job_done())
           fail(error::invalid_state, "the job finished before the members switched to generation " +
                                          std::to_string(gen_.generation) + ": this worker never received the state");
       }
@@ -789,8 +787,8 @@ void group<Store, Net>::end_step(double compute_seconds) {
         }
         // The helper may have stopped anywhere: redo what it may not have
         // done (writing the record twice is harmless), then the blocking way.
-        if (nx.record) write_record(*store_, nx.gkey, *nx.record, nx.admitted, nx.g1);
-        adopt_announced(nx.gkey, nx.g1, steady_clock::now());
+        if (nx.record) write_record(*store_, gen_key(nx.g1), *nx.record, nx.admitted, nx.g1);
+        adopt_announced(nx.g1, steady_clock::now());
       }
       return;  // leave requests are taken at the first boundary after the switch
     }
@@ -823,7 +821,7 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
   const auto started = steady_clock::now();
   const std::size_t un = static_cast<std::size_t>(n);
   const std::int64_t g1 = gen_.generation + 1;
-  const std::string gkey = key("gen/" + std::to_string(g1));
+  const std::string gkey = gen_key(g1);
   const bool me_leaving = v[3 + 2 * un + static_cast<std::size_t>(rank_)] > 0;
   // With a network that connects in the background, the rest of the change
   // is done by a helper thread while this member keeps training.
@@ -874,13 +872,14 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     start_admission(std::move(record), gkey, g1, std::move(leavers), started);
     return;
   }
-  adopt_announced(gkey, g1, started);
+  adopt_announced(g1, started);
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::adopt_announced(const std::string& gkey, std::int64_t g1, steady_clock::time_point started) {
+void group<Store, Net>::adopt_announced(std::int64_t g1, steady_clock::time_point started) {
   // The blocking way: wait for generation g1's record (the coordinator wrote
   // it, or a concurrent recovery did) and connect to it.
+  const std::string gkey = gen_key(g1);
   try {
     store_->wait({gkey}, deadline::after(opts_.op_timeout));
   } catch (const system_error& e) {
@@ -914,7 +913,6 @@ void group<Store, Net>::start_admission(std::optional<std::string> record, std::
     next_generation nx;
     nx.since = started;
     nx.g1 = g1;
-    nx.gkey = gkey;
     nx.record = record;
     nx.admitted = admitting_;
     auto res = std::make_shared<admission_result>();
@@ -1068,7 +1066,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
     store_->set(key("recover/" + gs + "/" + std::to_string(id_)), std::to_string(step_), store_deadline());
     EBBFLOW_LOG_WARN("generation " << g << " failed at step " << step_ << ": re-forming the group");
 
-    const std::string next_key = key("gen/" + std::to_string(g + 1));
+    const std::string next_key = gen_key(g + 1);
     lease_seen hb_seen;
     const auto unresolved_deadline = deadline::after(opts_.op_timeout);
     bool waiting_logged = false;
@@ -1122,7 +1120,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
               rec.source = m.id;
             }
           if (rec.source_step < 0) {  // only joiners that never got the state are left
-            if (store_->try_get(key("done"), store_deadline()))
+            if (job_done())
               fail(error::invalid_state, "the job finished before this worker received the training state");
             fail(error::invalid_state, "no member holding the training state is left after generation " + gs +
                                            " failed: the state is lost (restart from a checkpoint)");
