@@ -70,6 +70,7 @@
 
 #if EBBFLOW_HAS_UCX
 #include <ebbflow/comm/ucx/address_exchange.hpp>
+#include <ebbflow/comm/ucx/endpoint_pool.hpp>
 #include <ebbflow/comm/ucx/handles.hpp>
 #include <ebbflow/comm/ucx/transport.hpp>
 #include <ebbflow/elastic/ucx_network.hpp>

@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 79 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 80 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -3797,6 +3797,188 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/core/error.hpp>  (inlined)
 // #include <ebbflow/core/handle.hpp>  (inlined)
 // #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/comm/ucx/endpoint_pool.hpp>  (inlined here)
+// ---- begin <ebbflow/comm/ucx/endpoint_pool.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file ucx/endpoint_pool.hpp
+//! `comm::ucx::endpoint_pool`: the endpoints of one UCX worker, shared by
+//! every transport built on it. The elastic group keeps one worker for the
+//! whole job and builds a transport per generation; a member that stays from
+//! one generation to the next reuses its endpoints to the other members that
+//! stay, so a join wires up only the newcomers (UCX's wire-up of an endpoint
+//! is the costly part of a membership change: over tcp it takes round trips
+//! and runs on whichever thread progresses the worker, i.e. training).
+//!
+//! An endpoint is handed out again only while it is healthy: not failed, and
+//! not retired by `retire` (after a failure, the next generation must not
+//! inherit the failed one's abandoned traffic). The last user closes it.
+//! Failure callbacks reach every transport that uses the endpoint.
+//!
+//! Thread safety: every member function may be called from any thread. The
+//! pool never calls UCX while it holds its lock; UCX calls the error callback
+//! with the worker's lock held, and the callback takes the pool's lock, so a
+//! user must not call the pool from inside an error callback.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <ucp/api/ucp.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <list>
+#include <mutex>
+#include <span>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm::ucx {
+
+//! Endpoints of one worker, keyed by the remote worker's address and shared
+//! by the transports on that worker (see the file comment). Owned by
+//! `worker`; entries live as long as the pool, so UCX's callback argument
+//! stays valid for any late callback.
+class endpoint_pool {
+  struct entry;
+
+ public:
+  //! Called (with the pool's lock held, from whichever thread progresses the
+  //! worker) when an endpoint fails: `ctx` and `peer` are what the user gave
+  //! `acquire`. Must not call UCX or the pool.
+  using error_fn = void (*)(void* ctx, int peer, ucs_status_t status) noexcept;
+
+  //! One user's hold on an endpoint (from `acquire`, given back to `release`).
+  struct ref {
+    entry* e = nullptr;     //!< the pool's record (opaque)
+    ucp_ep_h ep = nullptr;  //!< the endpoint
+    bool reused = false;    //!< whether an earlier user opened it
+  };
+  //! What `release` leaves to the caller: an endpoint to close, or none.
+  struct to_close {
+    ucp_ep_h ep = nullptr;  //!< null: others still use it
+    bool force = false;     //!< close with UCP_EP_CLOSE_FLAG_FORCE
+  };
+
+  endpoint_pool() = default;
+  endpoint_pool(const endpoint_pool&) = delete;
+  endpoint_pool& operator=(const endpoint_pool&) = delete;
+
+  //! An endpoint on `w` to the worker at `address`, error handling
+  //! `UCP_ERR_HANDLING_MODE_PEER`: a healthy shared one when the pool has it,
+  //! else a new one (then shared with later users). `on_error(ctx, peer, s)`
+  //! reports its failure until `release(r, ctx, ...)`. Returns UCX's status
+  //! of `ucp_ep_create` (`r` is then empty).
+  ucs_status_t acquire(ucp_worker_h w, std::span<const std::byte> address, error_fn on_error, void* ctx, int peer,
+                       ref& r) {
+    r = {};
+    entry* e = nullptr;
+    {
+      std::lock_guard lk(mu_);
+      for (entry& x : entries_) {
+        if (!x.shareable || !std::ranges::equal(x.address, address)) continue;
+        x.users.push_back({on_error, ctx, peer});
+        r = {&x, x.ep, true};
+        return UCS_OK;
+      }
+      e = &entries_.emplace_back();
+      e->pool = this;
+      e->users.push_back({on_error, ctx, peer});
+    }
+    ucp_ep_params_t p{};
+    p.field_mask =
+        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = &endpoint_pool::on_ep_error;
+    p.err_handler.arg = e;
+    ucp_ep_h h = nullptr;
+    const ucs_status_t s = ucp_ep_create(w, &p, &h);
+    std::lock_guard lk(mu_);
+    if (s != UCS_OK) {
+      e->users.clear();
+      e->dead = true;
+      return s;
+    }
+    e->ep = h;
+    // Shared from now on, unless it failed already or a concurrent user
+    // opened one to the same worker first (then this one stays private).
+    e->shareable = !e->dead && std::ranges::none_of(entries_, [&](const entry& x) {
+      return x.shareable && std::ranges::equal(x.address, address);
+    });
+    if (e->shareable) e->address.assign(address.begin(), address.end());
+    r = {e, h, false};
+    return UCS_OK;
+  }
+
+  //! Gives back `ctx`'s hold on `r`. `broken_peer`: this user left traffic
+  //! on the endpoint that the peer will never answer (abandoned sends), or
+  //! saw it fail; then no later user gets it, and its last user closes it
+  //! by force. `broken_user`: this user's whole group broke (a peer lost),
+  //! which forces the close only when this user is the last. Returns the
+  //! endpoint when the caller must close it.
+  to_close release(ref& r, void* ctx, bool broken_peer, bool broken_user) noexcept {
+    if (!r.e) return {};
+    entry* e = std::exchange(r.e, nullptr);
+    r.ep = nullptr;
+    std::lock_guard lk(mu_);
+    std::erase_if(e->users, [&](const user& u) { return u.ctx == ctx; });
+    if (broken_peer) {
+      e->force = true;
+      e->shareable = false;
+    }
+    if (!e->users.empty() || !e->ep) return {};
+    e->shareable = false;
+    e->address.clear();
+    e->address.shrink_to_fit();
+    return {std::exchange(e->ep, nullptr), e->force || e->dead || broken_user};
+  }
+
+  //! From now on, no endpoint open now is handed out again: the next
+  //! `acquire` of each address opens a new one. The elastic group calls it
+  //! when a generation failed; current users keep theirs until they release.
+  void retire() noexcept {
+    std::lock_guard lk(mu_);
+    for (entry& x : entries_) x.shareable = false;
+  }
+
+  //! How many endpoints a new user could share now (for tests and logs).
+  [[nodiscard]] std::size_t shareable() const {
+    std::lock_guard lk(mu_);
+    return static_cast<std::size_t>(std::ranges::count_if(entries_, [](const entry& x) { return x.shareable; }));
+  }
+
+ private:
+  struct user {
+    error_fn on_error;
+    void* ctx;
+    int peer;
+  };
+  struct entry {
+    endpoint_pool* pool = nullptr;
+    std::vector<std::byte> address;  // kept while shareable
+    ucp_ep_h ep = nullptr;           // null once closed
+    std::vector<user> users;
+    bool shareable = false;
+    bool dead = false;   // UCX reported it failed
+    bool force = false;  // close it by force
+  };
+
+  static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) noexcept {
+    auto* e = static_cast<entry*>(arg);
+    std::lock_guard lk(e->pool->mu_);
+    e->dead = true;
+    e->shareable = false;
+    for (const user& u : e->users) u.on_error(u.ctx, u.peer, status);
+  }
+
+  mutable std::mutex mu_;
+  std::list<entry> entries_;  // stable addresses: UCX holds them as callback arguments
+};
+
+}  // namespace comm::ucx
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/comm/ucx/endpoint_pool.hpp>
 
 #include <ucp/api/ucp.h>
 
@@ -3880,7 +4062,8 @@ class context {
   unique_handle<detail::context_traits> h_;
 };
 
-//! An owned `ucp_worker` and its address. Move-only. Keeps its context alive.
+//! An owned `ucp_worker`, its address, and the `endpoint_pool` of the
+//! transports built on it. Move-only. Keeps its context alive.
 class worker {
  public:
   //! A single-threaded worker, or with `UCS_THREAD_MODE_MULTI` one that
@@ -3910,9 +4093,13 @@ class worker {
   [[nodiscard]] std::span<const std::byte> address() const noexcept { return address_; }
   //! Whether several threads may call into this worker at once.
   [[nodiscard]] bool multi_threaded() const noexcept { return multi_; }
+  //! The endpoints of the transports on this worker, shared between them.
+  [[nodiscard]] endpoint_pool& endpoints() const noexcept { return *pool_; }
 
  private:
   std::shared_ptr<context> ctx_;  // declared first: destroyed after the worker
+  // Destroyed after the worker, so no UCX callback outlives its argument.
+  std::unique_ptr<endpoint_pool> pool_ = std::make_unique<endpoint_pool>();
   unique_handle<detail::worker_traits> h_;
   std::vector<std::byte> address_;
   bool multi_ = false;
@@ -3932,10 +4119,15 @@ EBBFLOW_END_NAMESPACE
 //! Wire tag (64 bits): [generation mod 2^8 | source rank (16 bits) | low 40
 //! bits of the collective tag]. UCX tag matching has no source filter, so the
 //! source rank is part of the tag. Collective sequence numbers therefore wrap
-//! at 2^24 on the wire (only operations in flight must differ). Each
-//! generation normally gets a fresh worker (a new address), so traffic of an
-//! old generation cannot even reach it; the generation bits additionally keep
-//! a reused worker (`set_generation`) from matching late messages.
+//! at 2^24 on the wire (only operations in flight must differ). The elastic
+//! group keeps one worker for the whole job and builds a transport per
+//! generation on it: the generation bits keep late messages of an older
+//! generation from matching (as after `set_generation`).
+//!
+//! Endpoints: transports on one worker share them through the worker's
+//! `endpoint_pool`. A transport of generation g+1 that connects to a peer
+//! the transport of generation g already reaches reuses that endpoint (no
+//! wire-up); the last user closes it.
 //!
 //! Failure: every endpoint uses `UCP_ERR_HANDLING_MODE_PEER`. When UCX
 //! reports a peer's endpoint failed, the peer is marked lost, sends to it
@@ -4100,6 +4292,9 @@ class transport {
   void set_generation(std::int64_t g) noexcept { st_->generation = g; }
   //! The first peer reported lost, or -1.
   [[nodiscard]] int lost_peer() const noexcept { return st_->lost; }
+  //! How many of this transport's endpoints it took over from earlier
+  //! transports on the same worker rather than opened (see `endpoint_pool`).
+  [[nodiscard]] int reused_endpoints() const noexcept { return st_->reused; }
   //! The pid of `peer` when it runs on this host and its memory can be read
   //! with `process_vm_readv` (checked at connect time), else 0. Collectives
   //! use it for single-copy reads between processes of one host.
@@ -4109,10 +4304,7 @@ class transport {
   }
   //! Marks `peer` lost (e.g. a single-copy read found its process gone):
   //! from now on it behaves as if UCX had reported the failure.
-  void mark_lost(int peer) noexcept {
-    peer_slot s{st_.get(), peer};
-    on_error(&s, nullptr, UCS_ERR_CONNECTION_RESET);
-  }
+  void mark_lost(int peer) noexcept { on_peer_error(st_.get(), peer, UCS_ERR_CONNECTION_RESET); }
 
   //! Posts a send of `out` (host memory, valid until the request completed)
   //! to `peer`; never blocks. A send to a lost peer completes at once with
@@ -4133,10 +4325,6 @@ class transport {
   bool progress();
 
  private:
-  struct peer_slot {
-    state* st;
-    int peer;
-  };
   struct state {
     std::shared_ptr<worker> w;  // shared: a worker may serve several generations in turn
     int rank = 0, size = 1;
@@ -4147,9 +4335,11 @@ class transport {
     std::atomic<int> lost{-1};
     std::atomic<bool> cancel_pending{false};
     bool abandoned_sends = false;
+    std::vector<std::uint8_t> abandoned;  // by peer: sends it will never answer
     std::vector<ucp_ep_h> eps;
+    std::vector<endpoint_pool::ref> refs;  // this transport's holds on the worker's endpoints
+    int reused = 0;                        // endpoints taken over from earlier transports
     std::vector<std::atomic<std::uint8_t>> dead;
-    std::vector<peer_slot> slots;             // stable: error-callback arguments
     std::unordered_set<void*> pending_recvs;  // UCX receive requests in flight
     std::vector<void*> closing;               // endpoint closes in flight (start_close)
     bool close_started = false;
@@ -4168,15 +4358,15 @@ class transport {
   void fail_connect(std::error_code ec, int peer);
   void finish_handshake() noexcept;
 
-  static void on_error(void* arg, ucp_ep_h, ucs_status_t status) noexcept {
-    auto* s = static_cast<peer_slot*>(arg);
-    state* st = s->st;
-    if (!st->dead[static_cast<std::size_t>(s->peer)].exchange(1)) {
+  // The endpoint pool's error callback (ctx: this transport's state).
+  static void on_peer_error(void* ctx, int peer, ucs_status_t status) noexcept {
+    auto* st = static_cast<state*>(ctx);
+    if (!st->dead[static_cast<std::size_t>(peer)].exchange(1)) {
       int none = -1;
-      st->lost.compare_exchange_strong(none, s->peer);
+      st->lost.compare_exchange_strong(none, peer);
       // Cancelling from inside progress is avoided: done on the next test/wait.
       st->cancel_pending = true;
-      EBBFLOW_LOG_WARN("ucx: peer " << s->peer << " lost (" << ucs_status_string(status) << ") [rank " << st->rank
+      EBBFLOW_LOG_WARN("ucx: peer " << peer << " lost (" << ucs_status_string(status) << ") [rank " << st->rank
                                     << ", generation " << st->generation << "]");
     }
   }
@@ -4207,6 +4397,7 @@ inline void transport::request::release() noexcept {
     if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) ucp_request_cancel(st_->w->get(), ucx_);
   } else if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) {
     st_->abandoned_sends = true;  // only a forced close can retire it now
+    st_->abandoned[static_cast<std::size_t>(peer_)] = 1;
   }
   ucp_request_free(ucx_);
   ucx_ = nullptr;
@@ -4250,21 +4441,15 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   st_->generation = generation;
   const auto n = static_cast<std::size_t>(size);
   st_->eps.assign(n, nullptr);
+  st_->refs.assign(n, {});
+  st_->abandoned.assign(n, 0);
   st_->dead = std::vector<std::atomic<std::uint8_t>>(n);
   st_->pids.assign(n, 0);
-  st_->slots.reserve(n);
-  for (int p = 0; p < size; ++p) st_->slots.push_back({st_.get(), p});
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
-    ucp_ep_params_t ep{};
-    ep.field_mask =
-        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.address = reinterpret_cast<const ucp_address_t*>(addresses[static_cast<std::size_t>(p)].data());
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = &transport::on_error;
-    ep.err_handler.arg = &st_->slots[static_cast<std::size_t>(p)];
-    ucp_ep_h h = nullptr;
-    const ucs_status_t s = ucp_ep_create(st_->w->get(), &ep, &h);
+    auto& ref = st_->refs[static_cast<std::size_t>(p)];
+    const ucs_status_t s = st_->w->endpoints().acquire(st_->w->get(), addresses[static_cast<std::size_t>(p)],
+                                                       &transport::on_peer_error, st_.get(), p, ref);
     if (s != UCS_OK) {
       // The address is the peer's own: when it cannot be reached (its shared
       // memory is gone, its host refuses) the peer is as good as lost, and
@@ -4276,7 +4461,8 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
                                                              .operation = "ucp_ep_create",
                                                              .detail = ucs_status_string(s)});
     }
-    st_->eps[static_cast<std::size_t>(p)] = h;
+    st_->eps[static_cast<std::size_t>(p)] = ref.ep;
+    st_->reused += ref.reused;
   }
   // Wire-up handshake on a tag collectives never use (step 0xfffe). Each
   // rank also tells its pid, boot id and the address of a probe word, so
@@ -4365,17 +4551,21 @@ inline void transport::start_close() noexcept {
   st_->close_started = true;
   st_->close_until = steady_clock::now() + std::chrono::seconds(1);
   if (st_->pending_recvs.size()) cancel_all_receives();
+  const bool broken = st_->lost >= 0 || st_->abandoned_sends;
   for (std::size_t p = 0; p < st_->eps.size(); ++p) {
-    ucp_ep_h ep = std::exchange(st_->eps[p], nullptr);
-    if (!ep) continue;
+    st_->eps[p] = nullptr;
+    // An endpoint a later transport also uses stays open for it. The last
+    // user closes it: a healthy group flushes what is queued; a broken one
+    // (a peer lost, or sends abandoned by a failed collective, whose
+    // rendezvous the peer will never answer) closes by force, which fails
+    // everything outstanding (UCX asserts when a worker dies with requests
+    // still on an endpoint).
+    const auto c = st_->w->endpoints().release(st_->refs[p], st_.get(), st_->dead[p] || st_->abandoned[p], broken);
+    if (!c.ep) continue;
     ucp_request_param_t prm{};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    // A healthy group flushes what is queued. A broken one (a peer lost, or
-    // sends abandoned by a failed collective, whose rendezvous the peer will
-    // never answer) is closed by force, which fails everything outstanding;
-    // UCX asserts when a worker dies with requests still on an endpoint.
-    prm.flags = (st_->lost >= 0 || st_->abandoned_sends) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
+    prm.flags = c.force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(c.ep, &prm);
     if (UCS_PTR_IS_PTR(r)) st_->closing.push_back(r);
   }
 }
@@ -7930,6 +8120,9 @@ namespace elastic {
 //! offers `concurrent_connect()` returning true, `start_connect` is called
 //! from the group's admission helper thread while the training thread goes
 //! on using the current generation's transport on the same network.
+//! A network that lets consecutive generations share connections (the UCX
+//! network shares endpoints) offers `discard_endpoints()`: the group calls it
+//! when a generation failed, so the recovered one opens its own.
 template <class N>
 concept network = requires(N& n, std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline d) {
   typename N::transport_type;
@@ -8828,6 +9021,9 @@ void group<Store, Net>::install(detail::generation_record rec, typename Net::tra
       retiring_->start_close();
     }
   }
+  if constexpr (requires { t.reused_endpoints(); })
+    EBBFLOW_LOG_INFO("generation " << rec.generation << ": " << t.reused_endpoints() << " of " << rec.members.size() - 1
+                                   << " endpoints kept from generation " << gen_.generation);
   enter(std::move(rec));
   transport_.emplace(std::move(t), revoke_);
   comm_.emplace(*transport_, coll_opts_);
@@ -9396,8 +9592,10 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
   next_.reset();  // a join still connecting is redone by the recovery below
   auto overall = deadline::after(opts_.op_timeout + opts_.min_size_wait);
   for (;;) {
-    // 1. Stop every collective of g and tell the others.
+    // 1. Stop every collective of g and tell the others. Its endpoints may
+    // hold traffic its peers will never answer: the next opens its own.
     if (revoke_) revoke_->revoke();
+    if constexpr (requires { net_->discard_endpoints(); }) net_->discard_endpoints();
     hb_generation_.store(-1);
     const std::string gs = std::to_string(g);
     store_->set(key("abort/" + gs), "1", store_deadline());
@@ -13181,9 +13379,10 @@ EBBFLOW_END_NAMESPACE
 // SPDX-License-Identifier: Apache-2.0
 //! @file ucx_network.hpp
 //! `ucx_network`: the elastic group's `network` over UCX. One UCX worker
-//! (one address) serves the whole job; each generation builds its endpoints
-//! on it, and the generation bits of every wire tag keep late messages of an
-//! older generation from matching. Requires the `ebbflow::ucx` component.
+//! (one address) serves the whole job; each generation builds its transport
+//! on it, reusing the endpoints between members that stay, and the
+//! generation bits of every wire tag keep late messages of an older
+//! generation from matching. Requires the `ebbflow::ucx` component.
 //!
 //! Thread safety: used by the group's training thread only.
 
@@ -13243,6 +13442,13 @@ class ucx_network {
   transport_type start_connect(std::int64_t g, int rank, const std::vector<bytes>& addresses) {
     return transport_type::start(worker_, g, rank, static_cast<int>(addresses.size()), addresses);
   }
+  //! After a failure: the next generation opens new endpoints rather than
+  //! reuse those of the failed one, which may carry its abandoned traffic
+  //! (a membership change without failure reuses the endpoints between the
+  //! members that stay; see `comm::ucx::endpoint_pool`).
+  void discard_endpoints() noexcept { worker_->endpoints().retire(); }
+  //! The UCX worker every generation's transport runs on.
+  [[nodiscard]] const comm::ucx::worker& worker() const noexcept { return *worker_; }
 
  private:
   std::shared_ptr<comm::ucx::worker> worker_;

@@ -216,6 +216,81 @@ int run_generation() {
   return 0;
 }
 
+// Transports of consecutive generations on one worker, as the elastic group
+// builds them: the second reuses the first's endpoints (no wire-up) and keeps
+// them when the first closes; a shrunk one reuses those to the peers left;
+// after `retire` (a failure) a new one opens its own; and a peer's death
+// reaches every transport that shares its endpoint. Three ranks; rank 2
+// leaves after generation 1, rank 1 kills itself at the end.
+int run_reuse() {
+  const auto li = ef::launch_info::from_environment();
+  auto w = std::make_shared<ucx::worker>(ucx::context::create(), UCS_THREAD_MODE_MULTI);
+  ucx::file_address_exchange ex{std::filesystem::path(ef::env::get("EBBFLOW_TEST_DIR").value())};
+  const int r = li.rank;
+  const auto all = ex(0, r, 3, w->address(), ef::deadline::after(20s));
+  const auto d = [] { return ef::deadline::after(10s); };
+  auto make = [&](std::int64_t g, int n) {
+    std::vector<std::vector<std::byte>> a(all.begin(), all.begin() + n);
+    auto t = ucx::transport::start(w, g, r, n, a);
+    t.finish_connect(d());
+    return t;
+  };
+  auto check_sum = [&](ucx::transport& t, const char* what) {
+    comm_t c(t);
+    std::vector<std::int64_t> v{r + 1};
+    c.allreduce(ef::view(std::span(v)), ef::reduce_op::sum, d());
+    const std::int64_t want = t.size() * (t.size() + 1) / 2;
+    return v[0] == want ? 0 : fail(std::string(what) + ": sum " + std::to_string(v[0]));
+  };
+  auto close = [](ucx::transport& t) {
+    t.start_close();
+    while (!t.poll_close()) {
+    }
+  };
+  int bad = 0;
+  auto t0 = make(0, 3);
+  if (t0.reused_endpoints() != 0) bad += fail("generation 0 reused " + std::to_string(t0.reused_endpoints()));
+  bad += check_sum(t0, "generation 0");
+  auto t1 = make(1, 3);  // while generation 0 is open
+  if (t1.reused_endpoints() != 2) bad += fail("generation 1 reused " + std::to_string(t1.reused_endpoints()));
+  bad += check_sum(t1, "generation 1");
+  close(t0);
+  bad += check_sum(t1, "generation 1 after generation 0 closed");
+  if (r == 2) {
+    close(t1);
+    std::this_thread::sleep_for(300ms);
+    return bad;
+  }
+  auto t2 = make(2, 2);  // rank 2 left: the endpoint to it is not reused
+  if (t2.reused_endpoints() != 1) bad += fail("generation 2 reused " + std::to_string(t2.reused_endpoints()));
+  close(t1);
+  bad += check_sum(t2, "generation 2");
+  w->endpoints().retire();  // as after a failure
+  if (w->endpoints().shareable() != 0) bad += fail("retire left shareable endpoints");
+  auto t3 = make(3, 2);
+  if (t3.reused_endpoints() != 0) bad += fail("generation 3 reused " + std::to_string(t3.reused_endpoints()));
+  close(t2);
+  bad += check_sum(t3, "generation 3");
+  auto t4 = make(4, 2);
+  if (t4.reused_endpoints() != 1) bad += fail("generation 4 reused " + std::to_string(t4.reused_endpoints()));
+  bad += check_sum(t4, "generation 4");
+  if (r == 1) {
+    if (bad) return bad;
+    std::cerr << "[worker 1] killing itself" << std::endl;
+    ::raise(SIGKILL);
+  }
+  // Rank 1's death reaches both transports on the shared endpoint.
+  const auto until = ef::deadline::after(5s);
+  while ((t3.lost_peer() != 1 || t4.lost_peer() != 1) && !until.expired()) {
+    t4.progress();
+    std::this_thread::sleep_for(1ms);
+  }
+  if (t3.lost_peer() != 1 || t4.lost_peer() != 1)
+    bad += fail("lost peer: generation 3 " + std::to_string(t3.lost_peer()) + ", generation 4 " +
+                std::to_string(t4.lost_peer()));
+  return bad;
+}
+
 // Allreduce on registered `shared_buffer`s (peers map them: no CMA), every
 // dtype x op, in place and out of place, at an odd offset inside a larger
 // buffer; with `mixed`, even ranks use plain vectors (those peers are read
@@ -329,6 +404,7 @@ int worker_main(char** argv) {
     if (scenario == "shared-mixed") return run_shared(true);
     if (scenario == "kill") return run_kill(std::chrono::milliseconds(std::stoi(argv[3])));
     if (scenario == "generation") return run_generation();
+    if (scenario == "reuse") return run_reuse();
     if (scenario == "mismatch") return run_mismatch();
   } catch (const std::exception& e) {
     return fail(std::string("exception: ") + e.what());
@@ -488,6 +564,14 @@ TEST(UcxGeneration, LateMessagesOfAnOlderGenerationAreNeverConsumed) {
   auto res = launch(2, {"generation"}, 60s);
   ASSERT_FALSE(res.timed_out);
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+}
+
+TEST(UcxGeneration, ConsecutiveTransportsOnOneWorkerShareEndpoints) {
+  auto res = launch(3, {"reuse"}, 60s);
+  ASSERT_FALSE(res.timed_out);
+  for (int r : {0, 2}) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+  const int st1 = res.status[1];
+  EXPECT_TRUE(WIFSIGNALED(st1) && WTERMSIG(st1) == SIGKILL) << "rank 1 should have killed itself, status " << st1;
 }
 
 }  // namespace

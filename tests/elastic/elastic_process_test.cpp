@@ -99,10 +99,17 @@ TEST_F(ElasticProcess, JoinNiceNewcomerGetsItsPriorityBackAtTheSwitch) {
   EXPECT_EQ(count(out, "raised back by EBBFLOW_JOIN_NICE=5 (nice now " + std::to_string(ours) + ")"), 1) << out;
 }
 
+// The members that stay keep their endpoints to each other (install logs
+// how many; a member that had to fall back to the blocking switch logs none).
 TEST_F(ElasticProcess, JoinOfOneAndOfSeveralAtOnce) {
-  const auto out = train("-n 2 --add 0.4 --add 0.9:2");
+  const auto out = train("-n 2 --add 0.4 --add 0.9:2", "EBBFLOW_LOG=info");
   EXPECT_GE(count(out, "world changed (join)"), 2) << out;
   EXPECT_NE(out.find("-> 5 workers"), std::string::npos) << out;
+  EXPECT_GE(count(out, " endpoints kept from generation"), 1) << out;
+  EXPECT_EQ(count(out, ": 0 of 2 endpoints kept") + count(out, ": 0 of 4 endpoints kept") +
+                count(out, ": 1 of 4 endpoints kept"),
+            0)
+      << out;
 }
 
 TEST_F(ElasticProcess, GracefulLeave) {

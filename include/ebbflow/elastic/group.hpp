@@ -98,6 +98,9 @@ namespace elastic {
 //! offers `concurrent_connect()` returning true, `start_connect` is called
 //! from the group's admission helper thread while the training thread goes
 //! on using the current generation's transport on the same network.
+//! A network that lets consecutive generations share connections (the UCX
+//! network shares endpoints) offers `discard_endpoints()`: the group calls it
+//! when a generation failed, so the recovered one opens its own.
 template <class N>
 concept network = requires(N& n, std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline d) {
   typename N::transport_type;

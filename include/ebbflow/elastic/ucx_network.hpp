@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file ucx_network.hpp
 //! `ucx_network`: the elastic group's `network` over UCX. One UCX worker
-//! (one address) serves the whole job; each generation builds its endpoints
-//! on it, and the generation bits of every wire tag keep late messages of an
-//! older generation from matching. Requires the `ebbflow::ucx` component.
+//! (one address) serves the whole job; each generation builds its transport
+//! on it, reusing the endpoints between members that stay, and the
+//! generation bits of every wire tag keep late messages of an older
+//! generation from matching. Requires the `ebbflow::ucx` component.
 //!
 //! Thread safety: used by the group's training thread only.
 #pragma once
@@ -63,6 +64,13 @@ class ucx_network {
   transport_type start_connect(std::int64_t g, int rank, const std::vector<bytes>& addresses) {
     return transport_type::start(worker_, g, rank, static_cast<int>(addresses.size()), addresses);
   }
+  //! After a failure: the next generation opens new endpoints rather than
+  //! reuse those of the failed one, which may carry its abandoned traffic
+  //! (a membership change without failure reuses the endpoints between the
+  //! members that stay; see `comm::ucx::endpoint_pool`).
+  void discard_endpoints() noexcept { worker_->endpoints().retire(); }
+  //! The UCX worker every generation's transport runs on.
+  [[nodiscard]] const comm::ucx::worker& worker() const noexcept { return *worker_; }
 
  private:
   std::shared_ptr<comm::ucx::worker> worker_;

@@ -11,6 +11,7 @@
 #include <ebbflow/core/error.hpp>
 #include <ebbflow/core/handle.hpp>
 #include <ebbflow/core/log.hpp>
+#include <ebbflow/comm/ucx/endpoint_pool.hpp>
 
 #include <ucp/api/ucp.h>
 
@@ -94,7 +95,8 @@ class context {
   unique_handle<detail::context_traits> h_;
 };
 
-//! An owned `ucp_worker` and its address. Move-only. Keeps its context alive.
+//! An owned `ucp_worker`, its address, and the `endpoint_pool` of the
+//! transports built on it. Move-only. Keeps its context alive.
 class worker {
  public:
   //! A single-threaded worker, or with `UCS_THREAD_MODE_MULTI` one that
@@ -124,9 +126,13 @@ class worker {
   [[nodiscard]] std::span<const std::byte> address() const noexcept { return address_; }
   //! Whether several threads may call into this worker at once.
   [[nodiscard]] bool multi_threaded() const noexcept { return multi_; }
+  //! The endpoints of the transports on this worker, shared between them.
+  [[nodiscard]] endpoint_pool& endpoints() const noexcept { return *pool_; }
 
  private:
   std::shared_ptr<context> ctx_;  // declared first: destroyed after the worker
+  // Destroyed after the worker, so no UCX callback outlives its argument.
+  std::unique_ptr<endpoint_pool> pool_ = std::make_unique<endpoint_pool>();
   unique_handle<detail::worker_traits> h_;
   std::vector<std::byte> address_;
   bool multi_ = false;

@@ -7,10 +7,15 @@
 //! Wire tag (64 bits): [generation mod 2^8 | source rank (16 bits) | low 40
 //! bits of the collective tag]. UCX tag matching has no source filter, so the
 //! source rank is part of the tag. Collective sequence numbers therefore wrap
-//! at 2^24 on the wire (only operations in flight must differ). Each
-//! generation normally gets a fresh worker (a new address), so traffic of an
-//! old generation cannot even reach it; the generation bits additionally keep
-//! a reused worker (`set_generation`) from matching late messages.
+//! at 2^24 on the wire (only operations in flight must differ). The elastic
+//! group keeps one worker for the whole job and builds a transport per
+//! generation on it: the generation bits keep late messages of an older
+//! generation from matching (as after `set_generation`).
+//!
+//! Endpoints: transports on one worker share them through the worker's
+//! `endpoint_pool`. A transport of generation g+1 that connects to a peer
+//! the transport of generation g already reaches reuses that endpoint (no
+//! wire-up); the last user closes it.
 //!
 //! Failure: every endpoint uses `UCP_ERR_HANDLING_MODE_PEER`. When UCX
 //! reports a peer's endpoint failed, the peer is marked lost, sends to it
@@ -175,6 +180,9 @@ class transport {
   void set_generation(std::int64_t g) noexcept { st_->generation = g; }
   //! The first peer reported lost, or -1.
   [[nodiscard]] int lost_peer() const noexcept { return st_->lost; }
+  //! How many of this transport's endpoints it took over from earlier
+  //! transports on the same worker rather than opened (see `endpoint_pool`).
+  [[nodiscard]] int reused_endpoints() const noexcept { return st_->reused; }
   //! The pid of `peer` when it runs on this host and its memory can be read
   //! with `process_vm_readv` (checked at connect time), else 0. Collectives
   //! use it for single-copy reads between processes of one host.
@@ -184,10 +192,7 @@ class transport {
   }
   //! Marks `peer` lost (e.g. a single-copy read found its process gone):
   //! from now on it behaves as if UCX had reported the failure.
-  void mark_lost(int peer) noexcept {
-    peer_slot s{st_.get(), peer};
-    on_error(&s, nullptr, UCS_ERR_CONNECTION_RESET);
-  }
+  void mark_lost(int peer) noexcept { on_peer_error(st_.get(), peer, UCS_ERR_CONNECTION_RESET); }
 
   //! Posts a send of `out` (host memory, valid until the request completed)
   //! to `peer`; never blocks. A send to a lost peer completes at once with
@@ -208,10 +213,6 @@ class transport {
   bool progress();
 
  private:
-  struct peer_slot {
-    state* st;
-    int peer;
-  };
   struct state {
     std::shared_ptr<worker> w;  // shared: a worker may serve several generations in turn
     int rank = 0, size = 1;
@@ -222,9 +223,11 @@ class transport {
     std::atomic<int> lost{-1};
     std::atomic<bool> cancel_pending{false};
     bool abandoned_sends = false;
+    std::vector<std::uint8_t> abandoned;  // by peer: sends it will never answer
     std::vector<ucp_ep_h> eps;
+    std::vector<endpoint_pool::ref> refs;  // this transport's holds on the worker's endpoints
+    int reused = 0;                        // endpoints taken over from earlier transports
     std::vector<std::atomic<std::uint8_t>> dead;
-    std::vector<peer_slot> slots;             // stable: error-callback arguments
     std::unordered_set<void*> pending_recvs;  // UCX receive requests in flight
     std::vector<void*> closing;               // endpoint closes in flight (start_close)
     bool close_started = false;
@@ -243,15 +246,15 @@ class transport {
   void fail_connect(std::error_code ec, int peer);
   void finish_handshake() noexcept;
 
-  static void on_error(void* arg, ucp_ep_h, ucs_status_t status) noexcept {
-    auto* s = static_cast<peer_slot*>(arg);
-    state* st = s->st;
-    if (!st->dead[static_cast<std::size_t>(s->peer)].exchange(1)) {
+  // The endpoint pool's error callback (ctx: this transport's state).
+  static void on_peer_error(void* ctx, int peer, ucs_status_t status) noexcept {
+    auto* st = static_cast<state*>(ctx);
+    if (!st->dead[static_cast<std::size_t>(peer)].exchange(1)) {
       int none = -1;
-      st->lost.compare_exchange_strong(none, s->peer);
+      st->lost.compare_exchange_strong(none, peer);
       // Cancelling from inside progress is avoided: done on the next test/wait.
       st->cancel_pending = true;
-      EBBFLOW_LOG_WARN("ucx: peer " << s->peer << " lost (" << ucs_status_string(status) << ") [rank " << st->rank
+      EBBFLOW_LOG_WARN("ucx: peer " << peer << " lost (" << ucs_status_string(status) << ") [rank " << st->rank
                                     << ", generation " << st->generation << "]");
     }
   }
@@ -282,6 +285,7 @@ inline void transport::request::release() noexcept {
     if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) ucp_request_cancel(st_->w->get(), ucx_);
   } else if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) {
     st_->abandoned_sends = true;  // only a forced close can retire it now
+    st_->abandoned[static_cast<std::size_t>(peer_)] = 1;
   }
   ucp_request_free(ucx_);
   ucx_ = nullptr;
@@ -325,21 +329,15 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   st_->generation = generation;
   const auto n = static_cast<std::size_t>(size);
   st_->eps.assign(n, nullptr);
+  st_->refs.assign(n, {});
+  st_->abandoned.assign(n, 0);
   st_->dead = std::vector<std::atomic<std::uint8_t>>(n);
   st_->pids.assign(n, 0);
-  st_->slots.reserve(n);
-  for (int p = 0; p < size; ++p) st_->slots.push_back({st_.get(), p});
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
-    ucp_ep_params_t ep{};
-    ep.field_mask =
-        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.address = reinterpret_cast<const ucp_address_t*>(addresses[static_cast<std::size_t>(p)].data());
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = &transport::on_error;
-    ep.err_handler.arg = &st_->slots[static_cast<std::size_t>(p)];
-    ucp_ep_h h = nullptr;
-    const ucs_status_t s = ucp_ep_create(st_->w->get(), &ep, &h);
+    auto& ref = st_->refs[static_cast<std::size_t>(p)];
+    const ucs_status_t s = st_->w->endpoints().acquire(st_->w->get(), addresses[static_cast<std::size_t>(p)],
+                                                       &transport::on_peer_error, st_.get(), p, ref);
     if (s != UCS_OK) {
       // The address is the peer's own: when it cannot be reached (its shared
       // memory is gone, its host refuses) the peer is as good as lost, and
@@ -351,7 +349,8 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
                                                              .operation = "ucp_ep_create",
                                                              .detail = ucs_status_string(s)});
     }
-    st_->eps[static_cast<std::size_t>(p)] = h;
+    st_->eps[static_cast<std::size_t>(p)] = ref.ep;
+    st_->reused += ref.reused;
   }
   // Wire-up handshake on a tag collectives never use (step 0xfffe). Each
   // rank also tells its pid, boot id and the address of a probe word, so
@@ -440,17 +439,21 @@ inline void transport::start_close() noexcept {
   st_->close_started = true;
   st_->close_until = steady_clock::now() + std::chrono::seconds(1);
   if (st_->pending_recvs.size()) cancel_all_receives();
+  const bool broken = st_->lost >= 0 || st_->abandoned_sends;
   for (std::size_t p = 0; p < st_->eps.size(); ++p) {
-    ucp_ep_h ep = std::exchange(st_->eps[p], nullptr);
-    if (!ep) continue;
+    st_->eps[p] = nullptr;
+    // An endpoint a later transport also uses stays open for it. The last
+    // user closes it: a healthy group flushes what is queued; a broken one
+    // (a peer lost, or sends abandoned by a failed collective, whose
+    // rendezvous the peer will never answer) closes by force, which fails
+    // everything outstanding (UCX asserts when a worker dies with requests
+    // still on an endpoint).
+    const auto c = st_->w->endpoints().release(st_->refs[p], st_.get(), st_->dead[p] || st_->abandoned[p], broken);
+    if (!c.ep) continue;
     ucp_request_param_t prm{};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    // A healthy group flushes what is queued. A broken one (a peer lost, or
-    // sends abandoned by a failed collective, whose rendezvous the peer will
-    // never answer) is closed by force, which fails everything outstanding;
-    // UCX asserts when a worker dies with requests still on an endpoint.
-    prm.flags = (st_->lost >= 0 || st_->abandoned_sends) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
+    prm.flags = c.force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(c.ep, &prm);
     if (UCS_PTR_IS_PTR(r)) st_->closing.push_back(r);
   }
 }

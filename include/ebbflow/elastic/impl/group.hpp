@@ -487,6 +487,9 @@ void group<Store, Net>::install(detail::generation_record rec, typename Net::tra
       retiring_->start_close();
     }
   }
+  if constexpr (requires { t.reused_endpoints(); })
+    EBBFLOW_LOG_INFO("generation " << rec.generation << ": " << t.reused_endpoints() << " of " << rec.members.size() - 1
+                                   << " endpoints kept from generation " << gen_.generation);
   enter(std::move(rec));
   transport_.emplace(std::move(t), revoke_);
   comm_.emplace(*transport_, coll_opts_);
@@ -1055,8 +1058,10 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
   next_.reset();  // a join still connecting is redone by the recovery below
   auto overall = deadline::after(opts_.op_timeout + opts_.min_size_wait);
   for (;;) {
-    // 1. Stop every collective of g and tell the others.
+    // 1. Stop every collective of g and tell the others. Its endpoints may
+    // hold traffic its peers will never answer: the next opens its own.
     if (revoke_) revoke_->revoke();
+    if constexpr (requires { net_->discard_endpoints(); }) net_->discard_endpoints();
     hb_generation_.store(-1);
     const std::string gs = std::to_string(g);
     store_->set(key("abort/" + gs), "1", store_deadline());
