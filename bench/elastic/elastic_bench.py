@@ -130,6 +130,8 @@ def main():
     ap.add_argument("--cpu-bind", default="",
                     help="ebbflow-run --cpu-bind for every scenario (e.g. core:4: the first 4 workers on one core, "
                          "the newcomers on the next), as when newcomers start on hosts of their own")
+    ap.add_argument("--detail", action="store_true",
+                    help="print each scale-out window step by step: its interval over the steady one (ms)")
     args = ap.parse_args()
     args.launcher_extra = ["--cpu-bind", args.cpu_bind] if args.cpu_bind else []
     args.run = os.path.abspath(os.path.join(args.build, "tools/ebbflow-run/ebbflow-run"))
@@ -162,6 +164,11 @@ def main():
         lost = sum(max(0.0, (b["t"] - a["t"]) - ref.get(b["samples"], b["samples"] / base))
                    for a, b in zip(rows, rows[1:]) if t_add < b["t"] <= switch["t"])
         res["scale_lost_ms"].append(lost * 1e3)
+        if args.detail:
+            print(f"round {rnd + 1} scale-out window (step: ms over steady; | = switch):", " ".join(
+                f"{'|' if b['world'] == 2 * n and a['world'] == n else ''}{b['step']}:"
+                f"{((b['t'] - a['t']) - ref.get(b['samples'], b['samples'] / base)) * 1e3:+.2f}"
+                for a, b in zip(rows, rows[1:]) if t_add < b["t"] <= switch["t"]), flush=True)
         st = stalls(out, "join")
         res["scale_stall_max"].append(max(st) if st else float("nan"))
         res["scale_done"].append(switch["t"] - t_add)

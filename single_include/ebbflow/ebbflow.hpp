@@ -8512,6 +8512,17 @@ class group {
   std::mutex hb_mutex_;
   std::shared_ptr<comm::revoke_flag> hb_revoke_;
   std::atomic<bool> leave_requested_{false};
+  // Nonzero while the training thread is inside begin_step, allreduce or
+  // end_step (where it progresses the network itself): the admission helper
+  // drives a background wire-up only while it is zero.
+  std::atomic<int> in_group_{0};
+  struct inside {
+    std::atomic<int>& n;
+    explicit inside(std::atomic<int>& c) noexcept : n(c) { n.fetch_add(1, std::memory_order_relaxed); }
+    ~inside() { n.fetch_sub(1, std::memory_order_relaxed); }
+    inside(const inside&) = delete;
+    inside& operator=(const inside&) = delete;
+  };
   std::vector<member_id> admitting_;             // joiners the coordinator flagged in this step's control exchange
   std::int64_t ticket_seen_until_ = 0;           // coordinator: newest join ticket seen
   steady_clock::time_point ticket_first_seen_;   // when the oldest waiting ticket was seen
@@ -8683,8 +8694,8 @@ template <kv_store Store, network Net>
 group<Store, Net>::~group() {
   heartbeat_.request_stop();
   if (heartbeat_.joinable()) heartbeat_.join();
+  next_.reset();  // stops and joins an admission helper first
   retiring_.reset();
-  next_.reset();
   comm_.reset();
   transport_.reset();
 }
@@ -9137,6 +9148,7 @@ void group<Store, Net>::notify(change_reason reason, int old_size, double stall)
 
 template <kv_store Store, network Net>
 step_info group<Store, Net>::begin_step() {
+  const inside busy(in_group_);
   if (!active_) fail(error::invalid_state, "begin_step after this member left the group");
   if (detail::signal_leave_flag().load()) leave_requested_.store(true);
   started_ = true;
@@ -9181,6 +9193,7 @@ step_info group<Store, Net>::current_slice() const {
 template <kv_store Store, network Net>
 template <class F>
 bool group<Store, Net>::collective(F&& f) {
+  const inside busy(in_group_);
   try {
     f(*comm_);
     return true;
@@ -9241,6 +9254,7 @@ std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, st
 
 template <kv_store Store, network Net>
 void group<Store, Net>::end_step(double compute_seconds) {
+  const inside busy(in_group_);
   if (!active_) fail(error::invalid_state, "end_step after this member left the group");
   if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
   if constexpr (requires(typename Net::transport_type & x) { x.poll_close(); }) {
@@ -9492,12 +9506,24 @@ void group<Store, Net>::start_admission(std::optional<std::string> record, std::
               res->blocking = true;  // excluded by a concurrent recovery: the blocking way sorts it out
           if (!res->blocking) {
             res->addrs = gather_addresses(rec, st, cache, rank, revoke, stop);
-            // Only the endpoints are made here; their wire-up completes as
-            // the training thread progresses the worker. Driving it from this
-            // thread too would hold the worker's lock at the lowest priority:
-            // a training thread waiting on that lock waits until this thread
-            // is scheduled again (up to milliseconds on a busy core).
-            if (concurrent) res->transport.emplace(net_->start_connect(rec.generation, r, res->addrs));
+            // The endpoints are made here, and their wire-up is driven from
+            // here while the training thread computes: the peers' connect
+            // messages are then handled in its compute (device) time rather
+            // than inside its collectives. Never while it is inside the group
+            // (in_group_), where it progresses the worker itself: this thread
+            // would hold the worker's lock at the lowest priority, and the
+            // training thread would wait for it. Bounded well below the lease
+            // (past which the members finish the change themselves); what
+            // is left completes as the training thread progresses the worker.
+            if (concurrent) {
+              res->transport.emplace(net_->start_connect(rec.generation, r, res->addrs));
+              const auto until =
+                  steady_clock::now() + std::min<steady_clock::duration>(4 * opts_.heartbeat, opts_.lease / 2);
+              while (!stop.stop_requested() && steady_clock::now() < until) {
+                if (in_group_.load(std::memory_order_relaxed) == 0 && res->transport->poll_connect()) break;
+                std::this_thread::sleep_for(std::chrono::microseconds(100));
+              }
+            }
           }
         }
         res->cache = std::move(cache);

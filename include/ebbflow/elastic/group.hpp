@@ -490,6 +490,17 @@ class group {
   std::mutex hb_mutex_;
   std::shared_ptr<comm::revoke_flag> hb_revoke_;
   std::atomic<bool> leave_requested_{false};
+  // Nonzero while the training thread is inside begin_step, allreduce or
+  // end_step (where it progresses the network itself): the admission helper
+  // drives a background wire-up only while it is zero.
+  std::atomic<int> in_group_{0};
+  struct inside {
+    std::atomic<int>& n;
+    explicit inside(std::atomic<int>& c) noexcept : n(c) { n.fetch_add(1, std::memory_order_relaxed); }
+    ~inside() { n.fetch_sub(1, std::memory_order_relaxed); }
+    inside(const inside&) = delete;
+    inside& operator=(const inside&) = delete;
+  };
   std::vector<member_id> admitting_;             // joiners the coordinator flagged in this step's control exchange
   std::int64_t ticket_seen_until_ = 0;           // coordinator: newest join ticket seen
   steady_clock::time_point ticket_first_seen_;   // when the oldest waiting ticket was seen

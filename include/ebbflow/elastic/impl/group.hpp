@@ -149,8 +149,8 @@ template <kv_store Store, network Net>
 group<Store, Net>::~group() {
   heartbeat_.request_stop();
   if (heartbeat_.joinable()) heartbeat_.join();
+  next_.reset();  // stops and joins an admission helper first
   retiring_.reset();
-  next_.reset();
   comm_.reset();
   transport_.reset();
 }
@@ -603,6 +603,7 @@ void group<Store, Net>::notify(change_reason reason, int old_size, double stall)
 
 template <kv_store Store, network Net>
 step_info group<Store, Net>::begin_step() {
+  const inside busy(in_group_);
   if (!active_) fail(error::invalid_state, "begin_step after this member left the group");
   if (detail::signal_leave_flag().load()) leave_requested_.store(true);
   started_ = true;
@@ -647,6 +648,7 @@ step_info group<Store, Net>::current_slice() const {
 template <kv_store Store, network Net>
 template <class F>
 bool group<Store, Net>::collective(F&& f) {
+  const inside busy(in_group_);
   try {
     f(*comm_);
     return true;
@@ -707,6 +709,7 @@ std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, st
 
 template <kv_store Store, network Net>
 void group<Store, Net>::end_step(double compute_seconds) {
+  const inside busy(in_group_);
   if (!active_) fail(error::invalid_state, "end_step after this member left the group");
   if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
   if constexpr (requires(typename Net::transport_type & x) { x.poll_close(); }) {
@@ -958,12 +961,24 @@ void group<Store, Net>::start_admission(std::optional<std::string> record, std::
               res->blocking = true;  // excluded by a concurrent recovery: the blocking way sorts it out
           if (!res->blocking) {
             res->addrs = gather_addresses(rec, st, cache, rank, revoke, stop);
-            // Only the endpoints are made here; their wire-up completes as
-            // the training thread progresses the worker. Driving it from this
-            // thread too would hold the worker's lock at the lowest priority:
-            // a training thread waiting on that lock waits until this thread
-            // is scheduled again (up to milliseconds on a busy core).
-            if (concurrent) res->transport.emplace(net_->start_connect(rec.generation, r, res->addrs));
+            // The endpoints are made here, and their wire-up is driven from
+            // here while the training thread computes: the peers' connect
+            // messages are then handled in its compute (device) time rather
+            // than inside its collectives. Never while it is inside the group
+            // (in_group_), where it progresses the worker itself: this thread
+            // would hold the worker's lock at the lowest priority, and the
+            // training thread would wait for it. Bounded well below the lease
+            // (past which the members finish the change themselves); what
+            // is left completes as the training thread progresses the worker.
+            if (concurrent) {
+              res->transport.emplace(net_->start_connect(rec.generation, r, res->addrs));
+              const auto until =
+                  steady_clock::now() + std::min<steady_clock::duration>(4 * opts_.heartbeat, opts_.lease / 2);
+              while (!stop.stop_requested() && steady_clock::now() < until) {
+                if (in_group_.load(std::memory_order_relaxed) == 0 && res->transport->poll_connect()) break;
+                std::this_thread::sleep_for(std::chrono::microseconds(100));
+              }
+            }
           }
         }
         res->cache = std::move(cache);
