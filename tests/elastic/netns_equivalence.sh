@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The equivalence property across two "hosts": workers in two network
+# namespaces joined by a veth pair (UCX over tcp only, no shared memory
+# between them), two joins, a graceful leave and a SIGKILL while training;
+# the parameters must equal a single-process run over the same global
+# batches. Needs root and `ip netns`; exits 77 (skipped) without them.
+# Usage: netns_equivalence.sh EBBFLOW_RUN ELASTIC_TRAIN
+set -euo pipefail
+run=$(realpath "$1") train=$(realpath "$2")
+if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
+  echo "skipped: needs root and iproute2"
+  exit 77
+fi
+id=$$
+a=ebbflow-eq$id-a b=ebbflow-eq$id-b va=efq${id}a vb=efq${id}b
+net=10.234.$((id % 250)).
+work=$(mktemp -d /tmp/ebbflow-netns-eq.XXXXXX)
+cleanup() {
+  ip netns del "$a" 2>/dev/null || true
+  ip netns del "$b" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+if ! ip netns add "$a" 2>/dev/null; then
+  echo "skipped: cannot create network namespaces here"
+  exit 77
+fi
+ip netns add "$b"
+ip link add "$va" type veth peer name "$vb"
+ip link set "$va" netns "$a"
+ip link set "$vb" netns "$b"
+ip -n "$a" addr add "${net}1/24" dev "$va"
+ip -n "$b" addr add "${net}2/24" dev "$vb"
+for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
+ip -n "$a" link set "$va" up
+ip -n "$b" link set "$vb" up
+# Even worker ids in one namespace, odd in the other.
+cat >"$work/wrap" <<WRAP
+#!/usr/bin/env bash
+if (( \${EBBFLOW_WORKER_ID:-0} % 2 )); then ns=$b; else ns=$a; fi
+exec ip netns exec "\$ns" env UCX_TLS=tcp,self UCX_NET_DEVICES=all "\$@"
+WRAP
+chmod +x "$work/wrap"
+cd "$work"
+common=(--steps 600 --sample-us 150 --step-us 1500)
+# The launcher and its store live in the first namespace.
+if ! ip netns exec "$a" timeout 240 env EBBFLOW_LEASE_MS=500 "$run" --store "${net}1:0" -n 3 \
+  --add 0.5:2 --leave 1.0:1 --kill 1.5:2 --add 2.0 -- \
+  "$work/wrap" "$train" "${common[@]}" --params-out elastic.bin >job.log 2>&1; then
+  echo "FAIL: the elastic job failed"
+  tail -40 job.log
+  exit 1
+fi
+"$train" "${common[@]}" --reference --params-out ref.bin >ref.log 2>&1
+# Every event took place (a test whose events missed the job proves nothing).
+for what in "(join): 3 -> 5" "(leave): 5 -> 4" "(failure): 4 -> 3" "(join): 3 -> 4"; do
+  if ! grep -qF "world changed $what" job.log; then
+    echo "FAIL: no 'world changed $what' in the job's output"
+    grep -F "world changed" job.log | head -20
+    exit 1
+  fi
+done
+python3 - <<'PY'
+import struct, sys
+a = open("elastic.bin", "rb").read()
+b = open("ref.bin", "rb").read()
+if len(a) != len(b) or not a:
+    sys.exit(f"FAIL: {len(a)} bytes of parameters against {len(b)} in the reference")
+x = struct.unpack(f"{len(a) // 4}f", a)
+y = struct.unpack(f"{len(b) // 4}f", b)
+worst = max(abs(p - q) / (1e-3 + abs(q)) for p, q in zip(x, y))
+# Sums in a different order only: float rounding, a few ulps per step.
+print(f"{len(x)} parameters, worst relative difference {worst:.3g} (limit 1e-3)")
+sys.exit(0 if worst < 1e-3 else 1)
+PY
