@@ -3875,10 +3875,9 @@ class endpoint_pool {
     entry* e = nullptr;
     {
       std::lock_guard lk(mu_);
-      for (entry& x : entries_) {
-        if (!x.shareable || !std::ranges::equal(x.address, address)) continue;
-        x.users.push_back({on_error, ctx, peer});
-        r = {&x, x.ep, true};
+      if (entry* x = shared_to(address)) {
+        x->users.push_back({on_error, ctx, peer});
+        r = {x, x->ep, true};
         return UCS_OK;
       }
       e = &entries_.emplace_back();
@@ -3903,9 +3902,7 @@ class endpoint_pool {
     e->ep = h;
     // Shared from now on, unless it failed already or a concurrent user
     // opened one to the same worker first (then this one stays private).
-    e->shareable = !e->dead && std::ranges::none_of(entries_, [&](const entry& x) {
-      return x.shareable && std::ranges::equal(x.address, address);
-    });
+    e->shareable = !e->dead && shared_to(address) == nullptr;
     if (e->shareable) e->address.assign(address.begin(), address.end());
     r = {e, h, false};
     return UCS_OK;
@@ -3963,6 +3960,13 @@ class endpoint_pool {
     bool dead = false;   // UCX reported it failed
     bool force = false;  // close it by force
   };
+
+  // The shareable endpoint to `address`, or null (lock held).
+  entry* shared_to(std::span<const std::byte> address) noexcept {
+    for (entry& x : entries_)
+      if (x.shareable && std::ranges::equal(x.address, address)) return &x;
+    return nullptr;
+  }
 
   static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) noexcept {
     auto* e = static_cast<entry*>(arg);
@@ -4334,7 +4338,6 @@ class transport {
     // one thread while another progresses (see `start`).
     std::atomic<int> lost{-1};
     std::atomic<bool> cancel_pending{false};
-    bool abandoned_sends = false;
     std::vector<std::uint8_t> abandoned;  // by peer: sends it will never answer
     std::vector<ucp_ep_h> eps;
     std::vector<endpoint_pool::ref> refs;  // this transport's holds on the worker's endpoints
@@ -4396,8 +4399,7 @@ inline void transport::request::release() noexcept {
     st_->pending_recvs.erase(ucx_);
     if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) ucp_request_cancel(st_->w->get(), ucx_);
   } else if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) {
-    st_->abandoned_sends = true;  // only a forced close can retire it now
-    st_->abandoned[static_cast<std::size_t>(peer_)] = 1;
+    st_->abandoned[static_cast<std::size_t>(peer_)] = 1;  // only a forced close can retire it now
   }
   ucp_request_free(ucx_);
   ucx_ = nullptr;
@@ -4551,7 +4553,7 @@ inline void transport::start_close() noexcept {
   st_->close_started = true;
   st_->close_until = steady_clock::now() + std::chrono::seconds(1);
   if (st_->pending_recvs.size()) cancel_all_receives();
-  const bool broken = st_->lost >= 0 || st_->abandoned_sends;
+  const bool broken = st_->lost >= 0 || std::ranges::any_of(st_->abandoned, [](std::uint8_t a) { return a != 0; });
   for (std::size_t p = 0; p < st_->eps.size(); ++p) {
     st_->eps[p] = nullptr;
     // An endpoint a later transport also uses stays open for it. The last
@@ -13473,8 +13475,6 @@ class ucx_network {
   //! (a membership change without failure reuses the endpoints between the
   //! members that stay; see `comm::ucx::endpoint_pool`).
   void discard_endpoints() noexcept { worker_->endpoints().retire(); }
-  //! The UCX worker every generation's transport runs on.
-  [[nodiscard]] const comm::ucx::worker& worker() const noexcept { return *worker_; }
 
  private:
   std::shared_ptr<comm::ucx::worker> worker_;

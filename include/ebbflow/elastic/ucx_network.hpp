@@ -69,8 +69,6 @@ class ucx_network {
   //! (a membership change without failure reuses the endpoints between the
   //! members that stay; see `comm::ucx::endpoint_pool`).
   void discard_endpoints() noexcept { worker_->endpoints().retire(); }
-  //! The UCX worker every generation's transport runs on.
-  [[nodiscard]] const comm::ucx::worker& worker() const noexcept { return *worker_; }
 
  private:
   std::shared_ptr<comm::ucx::worker> worker_;

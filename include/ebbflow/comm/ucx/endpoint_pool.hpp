@@ -74,10 +74,9 @@ class endpoint_pool {
     entry* e = nullptr;
     {
       std::lock_guard lk(mu_);
-      for (entry& x : entries_) {
-        if (!x.shareable || !std::ranges::equal(x.address, address)) continue;
-        x.users.push_back({on_error, ctx, peer});
-        r = {&x, x.ep, true};
+      if (entry* x = shared_to(address)) {
+        x->users.push_back({on_error, ctx, peer});
+        r = {x, x->ep, true};
         return UCS_OK;
       }
       e = &entries_.emplace_back();
@@ -102,9 +101,7 @@ class endpoint_pool {
     e->ep = h;
     // Shared from now on, unless it failed already or a concurrent user
     // opened one to the same worker first (then this one stays private).
-    e->shareable = !e->dead && std::ranges::none_of(entries_, [&](const entry& x) {
-      return x.shareable && std::ranges::equal(x.address, address);
-    });
+    e->shareable = !e->dead && shared_to(address) == nullptr;
     if (e->shareable) e->address.assign(address.begin(), address.end());
     r = {e, h, false};
     return UCS_OK;
@@ -162,6 +159,13 @@ class endpoint_pool {
     bool dead = false;   // UCX reported it failed
     bool force = false;  // close it by force
   };
+
+  // The shareable endpoint to `address`, or null (lock held).
+  entry* shared_to(std::span<const std::byte> address) noexcept {
+    for (entry& x : entries_)
+      if (x.shareable && std::ranges::equal(x.address, address)) return &x;
+    return nullptr;
+  }
 
   static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) noexcept {
     auto* e = static_cast<entry*>(arg);

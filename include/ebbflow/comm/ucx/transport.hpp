@@ -222,7 +222,6 @@ class transport {
     // one thread while another progresses (see `start`).
     std::atomic<int> lost{-1};
     std::atomic<bool> cancel_pending{false};
-    bool abandoned_sends = false;
     std::vector<std::uint8_t> abandoned;  // by peer: sends it will never answer
     std::vector<ucp_ep_h> eps;
     std::vector<endpoint_pool::ref> refs;  // this transport's holds on the worker's endpoints
@@ -284,8 +283,7 @@ inline void transport::request::release() noexcept {
     st_->pending_recvs.erase(ucx_);
     if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) ucp_request_cancel(st_->w->get(), ucx_);
   } else if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) {
-    st_->abandoned_sends = true;  // only a forced close can retire it now
-    st_->abandoned[static_cast<std::size_t>(peer_)] = 1;
+    st_->abandoned[static_cast<std::size_t>(peer_)] = 1;  // only a forced close can retire it now
   }
   ucp_request_free(ucx_);
   ucx_ = nullptr;
@@ -439,7 +437,7 @@ inline void transport::start_close() noexcept {
   st_->close_started = true;
   st_->close_until = steady_clock::now() + std::chrono::seconds(1);
   if (st_->pending_recvs.size()) cancel_all_receives();
-  const bool broken = st_->lost >= 0 || st_->abandoned_sends;
+  const bool broken = st_->lost >= 0 || std::ranges::any_of(st_->abandoned, [](std::uint8_t a) { return a != 0; });
   for (std::size_t p = 0; p < st_->eps.size(); ++p) {
     st_->eps[p] = nullptr;
     // An endpoint a later transport also uses stays open for it. The last
