@@ -3794,6 +3794,7 @@ EBBFLOW_END_NAMESPACE
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
 // #include <ebbflow/core/error.hpp>  (inlined)
 // #include <ebbflow/core/handle.hpp>  (inlined)
 // #include <ebbflow/core/log.hpp>  (inlined)
@@ -3988,7 +3989,9 @@ EBBFLOW_END_NAMESPACE
 
 #include <cstddef>
 #include <cstdlib>
+#include <chrono>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -4100,10 +4103,56 @@ class worker {
   //! The endpoints of the transports on this worker, shared between them.
   [[nodiscard]] endpoint_pool& endpoints() const noexcept { return *pool_; }
 
+  //! Receives and drops every message waiting unmatched on this worker
+  //! whose wire tag matches `tag` under `mask` (a message nobody will ever
+  //! receive: one of a generation that is over). Waits for each until `d`
+  //! (a large one comes by rendezvous from its sender); one not complete by
+  //! then is cancelled, its buffer kept until the worker is destroyed.
+  //! Returns how many were dropped. Callable from any thread on a
+  //! multi-threaded worker.
+  std::size_t discard_unexpected(ucp_tag_t tag, ucp_tag_t mask, deadline d) noexcept {
+    std::size_t n = 0;
+    for (;;) {
+      ucp_tag_recv_info_t info{};
+      ucp_tag_message_h m = ucp_tag_probe_nb(get(), tag, mask, 1, &info);
+      if (m == nullptr) return n;
+      ++n;
+      auto buf = std::make_unique<std::byte[]>(info.length > 0 ? info.length : 1);
+      ucp_request_param_t prm{};
+      prm.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+      prm.datatype = ucp_dt_make_contig(1);
+      ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(get(), buf.get(), info.length, m, &prm);
+      if (!UCS_PTR_IS_PTR(r)) continue;  // complete (or failed) at once
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && !d.expired()) ucp_worker_progress(get());
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) {
+        ucp_request_cancel(get(), r);
+        const std::lock_guard lock(kept_->mutex);
+        kept_->buffers.push_back(std::move(buf));  // UCX may still write into it
+      }
+      ucp_request_free(r);
+    }
+  }
+
+  //! Drops what is left unmatched (see `discard_unexpected`, 100 ms at
+  //! most), so UCX has nothing to complain about, and destroys the worker.
+  ~worker() {
+    if (h_.get() != nullptr) discard_unexpected(0, 0, deadline::after(std::chrono::milliseconds(100)));
+  }
+  //! Takes over the worker; the source must not be used afterwards.
+  worker(worker&&) noexcept = default;
+  worker& operator=(worker&&) = delete;
+
  private:
   std::shared_ptr<context> ctx_;  // declared first: destroyed after the worker
   // Destroyed after the worker, so no UCX callback outlives its argument.
   std::unique_ptr<endpoint_pool> pool_ = std::make_unique<endpoint_pool>();
+  // Buffers of discarded messages whose receive did not complete in time:
+  // destroyed after the worker, which may still write into them.
+  struct kept {
+    std::mutex mutex;
+    std::vector<std::unique_ptr<std::byte[]>> buffers;
+  };
+  std::unique_ptr<kept> kept_ = std::make_unique<kept>();
   unique_handle<detail::worker_traits> h_;
   std::vector<std::byte> address_;
   bool multi_ = false;
@@ -4126,7 +4175,10 @@ EBBFLOW_END_NAMESPACE
 //! at 2^24 on the wire (only operations in flight must differ). The elastic
 //! group keeps one worker for the whole job and builds a transport per
 //! generation on it: the generation bits keep late messages of an older
-//! generation from matching (as after `set_generation`).
+//! generation from matching (as after `set_generation`). The wire keeps 8
+//! bits of the generation: a message of generation g that nobody received is
+//! dropped when the worker moves to generation g+128, long before g+256 uses
+//! the same bits; the worker drops whatever is left when it is destroyed.
 //!
 //! Endpoints: transports on one worker share them through the worker's
 //! `endpoint_pool`. A transport of generation g+1 that connects to a peer
@@ -4293,7 +4345,10 @@ class transport {
   //! of the old generation must have completed; late messages of the old
   //! generation will never match. For tests and for keeping a worker across
   //! generations.
-  void set_generation(std::int64_t g) noexcept { st_->generation = g; }
+  void set_generation(std::int64_t g) noexcept {
+    st_->generation = g;
+    discard_stale();
+  }
   //! The first peer reported lost, or -1.
   [[nodiscard]] int lost_peer() const noexcept { return st_->lost; }
   //! How many of this transport's endpoints it took over from earlier
@@ -4373,6 +4428,18 @@ class transport {
                                     << ", generation " << st->generation << "]");
     }
   }
+  // Generation g+256 has the wire tag bits of g. A message of g that nobody
+  // received (a failed step's, in flight when its generation ended) would
+  // match there, so it is dropped earlier: when this worker moves to g+128.
+  // No peer is 128 generations ahead, so none of g+128's own messages (its
+  // peers' hellos may come before this transport exists) can be dropped.
+  void discard_stale() noexcept {
+    const auto bits = static_cast<ucp_tag_t>(st_->generation + 128) & 0xff;
+    if (const auto n = st_->w->discard_unexpected(bits << 56, ucp_tag_t{0xff} << 56,
+                                                  deadline::after(std::chrono::milliseconds(10))))
+      EBBFLOW_LOG_DEBUG("ucx: dropped " << n << " unreceived message(s) of generation " << st_->generation - 128
+                                        << " [rank " << st_->rank << "]");
+  }
   ucp_tag_t wire_tag(int src, tag_t tag) const noexcept {
     return (static_cast<ucp_tag_t>(st_->generation) & 0xff) << 56 | (static_cast<ucp_tag_t>(src) & 0xffff) << 40 |
            (tag & ((ucp_tag_t{1} << 40) - 1));
@@ -4441,6 +4508,7 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   st_->rank = rank;
   st_->size = size;
   st_->generation = generation;
+  discard_stale();
   const auto n = static_cast<std::size_t>(size);
   st_->eps.assign(n, nullptr);
   st_->refs.assign(n, {});

@@ -216,6 +216,42 @@ int run_generation() {
   return 0;
 }
 
+// The wire tag keeps 8 bits of the generation, so generation g+256 uses the
+// tag bits of g. A message of generation g that nobody received (a failed
+// step's) must not be consumed there: the worker discards it when it moves
+// to generation g+128. And no unmatched message is left for UCX to complain
+// about when the worker is destroyed (the test checks rank 1's stderr).
+int run_wrap() {
+  worker_env w;
+  auto t = w.connect();
+  const int r = t.rank();
+  const ef::comm::tag_t tag = ef::comm::make_tag(9, 3), ack = ef::comm::make_tag(9, 4);
+  auto d = [] { return ef::deadline::after(10s); };
+  std::int32_t v = 0;
+  auto bytes = std::as_writable_bytes(std::span(&v, 1));
+  std::vector<std::byte> big(std::size_t{1} << 20);  // rendezvous-sized, also never received
+  if (r == 0) {
+    v = 1000;  // stale: generation 0, never received
+    ef::comm::send(t, 1, tag, bytes, d());
+    auto rq = t.isend(1, ef::comm::make_tag(9, 5), big);
+    ef::comm::send(t, 1, ack, bytes, d());  // after the stale ones on the same endpoint
+    ef::comm::recv(t, 1, ack, bytes, d());  // rank 1 reached generation 256
+    t.set_generation(256);
+    v = 2000;  // current
+    ef::comm::send(t, 1, tag, bytes, d());
+    ef::comm::recv(t, 1, ack, bytes, d());
+    return 0;  // `rq` is released (abandoned if rank 1 never took it)
+  }
+  ef::comm::recv(t, 0, ack, bytes, d());  // the stale messages are queued now
+  for (std::int64_t g = 1; g <= 256; ++g) t.set_generation(g);
+  ef::comm::send(t, 0, ack, bytes, d());
+  v = -1;
+  ef::comm::recv(t, 0, tag, bytes, d());
+  if (v != 2000) return fail("generation 256 consumed " + std::to_string(v) + " (a message of generation 0)");
+  ef::comm::send(t, 0, ack, bytes, d());
+  return 0;
+}
+
 // Transports of consecutive generations on one worker, as the elastic group
 // builds them: the second reuses the first's endpoints (no wire-up) and keeps
 // them when the first closes; a shrunk one reuses those to the peers left;
@@ -405,6 +441,7 @@ int worker_main(char** argv) {
     if (scenario == "kill") return run_kill(std::chrono::milliseconds(std::stoi(argv[3])));
     if (scenario == "generation") return run_generation();
     if (scenario == "reuse") return run_reuse();
+    if (scenario == "wrap") return run_wrap();
     if (scenario == "mismatch") return run_mismatch();
   } catch (const std::exception& e) {
     return fail(std::string("exception: ") + e.what());
@@ -418,7 +455,9 @@ struct group_result {
   bool timed_out = false;
 };
 
-group_result launch(int n, const std::vector<std::string>& args, std::chrono::seconds limit) {
+// With `err_prefix`, rank r's stderr goes to the file err_prefix + r.
+group_result launch(int n, const std::vector<std::string>& args, std::chrono::seconds limit,
+                    const std::string& err_prefix = {}) {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("ebbflow-ucx-test-" + std::to_string(::getpid()) + "-" + std::to_string(std::rand()));
   std::filesystem::create_directories(dir);
@@ -430,6 +469,7 @@ group_result launch(int n, const std::vector<std::string>& args, std::chrono::se
       ::setenv("EBBFLOW_WORLD_SIZE", std::to_string(n).c_str(), 1);
       ::setenv("EBBFLOW_LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("EBBFLOW_TEST_DIR", dir.c_str(), 1);
+      if (!err_prefix.empty()) (void)std::freopen((err_prefix + std::to_string(r)).c_str(), "w", stderr);
       std::vector<std::string> a{"ucx_collectives_test", "--worker"};
       a.insert(a.end(), args.begin(), args.end());
       std::vector<char*> argv;
@@ -564,6 +604,22 @@ TEST(UcxGeneration, LateMessagesOfAnOlderGenerationAreNeverConsumed) {
   auto res = launch(2, {"generation"}, 60s);
   ASSERT_FALSE(res.timed_out);
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+}
+
+TEST(UcxGeneration, AnUnreceivedMessageIsDiscardedBeforeItsTagBitsComeBack) {
+  const auto err = std::filesystem::temp_directory_path() / ("ebbflow-ucx-wrap-" + std::to_string(::getpid()) + "-");
+  auto res = launch(2, {"wrap"}, 60s, err.string());
+  ASSERT_FALSE(res.timed_out);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+    std::ifstream f(err.string() + std::to_string(r));
+    const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    EXPECT_EQ(text.find("not matched"), std::string::npos) << "rank " << r << " stderr:\n" << text;
+    if (r == 1) {
+      EXPECT_EQ(text.find("consumed"), std::string::npos) << text;
+    }
+    std::filesystem::remove(err.string() + std::to_string(r));
+  }
 }
 
 TEST(UcxGeneration, ConsecutiveTransportsOnOneWorkerShareEndpoints) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <ebbflow/config.hpp>
+#include <ebbflow/core/deadline.hpp>
 #include <ebbflow/core/error.hpp>
 #include <ebbflow/core/handle.hpp>
 #include <ebbflow/core/log.hpp>
@@ -17,7 +18,9 @@
 
 #include <cstddef>
 #include <cstdlib>
+#include <chrono>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -129,10 +132,56 @@ class worker {
   //! The endpoints of the transports on this worker, shared between them.
   [[nodiscard]] endpoint_pool& endpoints() const noexcept { return *pool_; }
 
+  //! Receives and drops every message waiting unmatched on this worker
+  //! whose wire tag matches `tag` under `mask` (a message nobody will ever
+  //! receive: one of a generation that is over). Waits for each until `d`
+  //! (a large one comes by rendezvous from its sender); one not complete by
+  //! then is cancelled, its buffer kept until the worker is destroyed.
+  //! Returns how many were dropped. Callable from any thread on a
+  //! multi-threaded worker.
+  std::size_t discard_unexpected(ucp_tag_t tag, ucp_tag_t mask, deadline d) noexcept {
+    std::size_t n = 0;
+    for (;;) {
+      ucp_tag_recv_info_t info{};
+      ucp_tag_message_h m = ucp_tag_probe_nb(get(), tag, mask, 1, &info);
+      if (m == nullptr) return n;
+      ++n;
+      auto buf = std::make_unique<std::byte[]>(info.length > 0 ? info.length : 1);
+      ucp_request_param_t prm{};
+      prm.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+      prm.datatype = ucp_dt_make_contig(1);
+      ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(get(), buf.get(), info.length, m, &prm);
+      if (!UCS_PTR_IS_PTR(r)) continue;  // complete (or failed) at once
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && !d.expired()) ucp_worker_progress(get());
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) {
+        ucp_request_cancel(get(), r);
+        const std::lock_guard lock(kept_->mutex);
+        kept_->buffers.push_back(std::move(buf));  // UCX may still write into it
+      }
+      ucp_request_free(r);
+    }
+  }
+
+  //! Drops what is left unmatched (see `discard_unexpected`, 100 ms at
+  //! most), so UCX has nothing to complain about, and destroys the worker.
+  ~worker() {
+    if (h_.get() != nullptr) discard_unexpected(0, 0, deadline::after(std::chrono::milliseconds(100)));
+  }
+  //! Takes over the worker; the source must not be used afterwards.
+  worker(worker&&) noexcept = default;
+  worker& operator=(worker&&) = delete;
+
  private:
   std::shared_ptr<context> ctx_;  // declared first: destroyed after the worker
   // Destroyed after the worker, so no UCX callback outlives its argument.
   std::unique_ptr<endpoint_pool> pool_ = std::make_unique<endpoint_pool>();
+  // Buffers of discarded messages whose receive did not complete in time:
+  // destroyed after the worker, which may still write into them.
+  struct kept {
+    std::mutex mutex;
+    std::vector<std::unique_ptr<std::byte[]>> buffers;
+  };
+  std::unique_ptr<kept> kept_ = std::make_unique<kept>();
   unique_handle<detail::worker_traits> h_;
   std::vector<std::byte> address_;
   bool multi_ = false;

@@ -10,7 +10,10 @@
 //! at 2^24 on the wire (only operations in flight must differ). The elastic
 //! group keeps one worker for the whole job and builds a transport per
 //! generation on it: the generation bits keep late messages of an older
-//! generation from matching (as after `set_generation`).
+//! generation from matching (as after `set_generation`). The wire keeps 8
+//! bits of the generation: a message of generation g that nobody received is
+//! dropped when the worker moves to generation g+128, long before g+256 uses
+//! the same bits; the worker drops whatever is left when it is destroyed.
 //!
 //! Endpoints: transports on one worker share them through the worker's
 //! `endpoint_pool`. A transport of generation g+1 that connects to a peer
@@ -177,7 +180,10 @@ class transport {
   //! of the old generation must have completed; late messages of the old
   //! generation will never match. For tests and for keeping a worker across
   //! generations.
-  void set_generation(std::int64_t g) noexcept { st_->generation = g; }
+  void set_generation(std::int64_t g) noexcept {
+    st_->generation = g;
+    discard_stale();
+  }
   //! The first peer reported lost, or -1.
   [[nodiscard]] int lost_peer() const noexcept { return st_->lost; }
   //! How many of this transport's endpoints it took over from earlier
@@ -257,6 +263,18 @@ class transport {
                                     << ", generation " << st->generation << "]");
     }
   }
+  // Generation g+256 has the wire tag bits of g. A message of g that nobody
+  // received (a failed step's, in flight when its generation ended) would
+  // match there, so it is dropped earlier: when this worker moves to g+128.
+  // No peer is 128 generations ahead, so none of g+128's own messages (its
+  // peers' hellos may come before this transport exists) can be dropped.
+  void discard_stale() noexcept {
+    const auto bits = static_cast<ucp_tag_t>(st_->generation + 128) & 0xff;
+    if (const auto n = st_->w->discard_unexpected(bits << 56, ucp_tag_t{0xff} << 56,
+                                                  deadline::after(std::chrono::milliseconds(10))))
+      EBBFLOW_LOG_DEBUG("ucx: dropped " << n << " unreceived message(s) of generation " << st_->generation - 128
+                                        << " [rank " << st_->rank << "]");
+  }
   ucp_tag_t wire_tag(int src, tag_t tag) const noexcept {
     return (static_cast<ucp_tag_t>(st_->generation) & 0xff) << 56 | (static_cast<ucp_tag_t>(src) & 0xffff) << 40 |
            (tag & ((ucp_tag_t{1} << 40) - 1));
@@ -325,6 +343,7 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   st_->rank = rank;
   st_->size = size;
   st_->generation = generation;
+  discard_stale();
   const auto n = static_cast<std::size_t>(size);
   st_->eps.assign(n, nullptr);
   st_->refs.assign(n, {});
