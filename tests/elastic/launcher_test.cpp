@@ -132,8 +132,8 @@ TEST(Launcher, JoinersStartAtTheLowerPriorityAskedFor) {
   auto r = run({EBBFLOW_RUN, "-n", "1", "--elastic", "--join-nice", "7", "--add", "0.1", "--", "sh", "-c",
                 "echo nice=$(nice) join_nice=${EBBFLOW_JOIN_NICE:-none}; sleep 0.5"});
   EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
-  EXPECT_NE(r.out.find("[rank 0] nice=" + std::to_string(ours) + " join_nice=none"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("[rank 1] nice=" + std::to_string(std::min(19, ours + 7)) + " join_nice=7"), std::string::npos)
+  EXPECT_NE(r.out.find("[worker 0] nice=" + std::to_string(ours) + " join_nice=none"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[worker 1] nice=" + std::to_string(std::min(19, ours + 7)) + " join_nice=7"), std::string::npos)
       << r.out;
   auto bad = run({EBBFLOW_RUN, "-n", "1", "--join-nice", "25", "--", "true"});
   EXPECT_EQ(bad.exit.code, 2);
@@ -155,7 +155,7 @@ TEST(Launcher, CpuBindGivesEachWorkerItsCpuBeforeExec) {
   EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
   for (int id = 0; id < 4; ++id) {
     const int cpu = cpus[static_cast<std::size_t>(id / 2) % cpus.size()];
-    EXPECT_NE(r.out.find("[rank " + std::to_string(id) + "] cpus=" + std::to_string(cpu) + "\n"), std::string::npos)
+    EXPECT_NE(r.out.find("[worker " + std::to_string(id) + "] cpus=" + std::to_string(cpu) + "\n"), std::string::npos)
         << "worker " << id << " should run on CPU " << cpu << ":\n"
         << r.out;
   }

@@ -39,7 +39,7 @@ constexpr const char* usage_text =
     "  --token T            job token (default: EBBFLOW_TOKEN, else a random one)\n"
     "  --timeout SEC        stop the job after SEC seconds (exit status 124)\n"
     "  --kill-after SEC     after stopping ranks with SIGTERM, SIGKILL them after SEC s (default 5)\n"
-    "  --no-prefix          do not prefix output lines with \"[rank R] \"\n"
+    "  --no-prefix          do not prefix output lines with \"[rank R] \" (\"[worker ID] \" with --elastic)\n"
     "elastic controls (workers use <ebbflow/elastic/group.hpp>):\n"
     "  --elastic            a failed worker does not stop the job; exit 0 when a worker finished with 0\n"
     "  --min N / --max N    membership bounds passed to workers (EBBFLOW_MIN_SIZE / EBBFLOW_MAX_SIZE)\n"
@@ -281,7 +281,8 @@ int main(int argc, char** argv) {
 
   el::detail::process_group group([&](int id, int stream, std::string_view line) {
     std::string out;
-    if (opt.prefix) out = "[rank " + std::to_string(id) + "] ";
+    // Elastic jobs renumber ranks as workers come and go: name the worker.
+    if (opt.prefix) out = (opt.elastic ? "[worker " : "[rank ") + std::to_string(id) + "] ";
     out.append(line);
     out.push_back('\n');
     write_all(stream == 1 ? 1 : 2, out);
