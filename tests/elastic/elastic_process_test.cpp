@@ -189,6 +189,21 @@ TEST_F(ElasticProcess, KillOfAJoinerWhileTheMembersConnectInTheBackground) {
   EXPECT_NE(out.find("-> 3 workers"), std::string::npos) << out;
 }
 
+// A joiner that dies during the state transfer (EBBFLOW_FAULT=sync-recv*3:
+// the first three to get there), restarted by the launcher each time: from
+// its slot's second failure in a row on, the launcher waits a cool-down
+// (--restart-cooldown, doubling) before it restarts it, so the members fail
+// over less often; the fourth incarnation joins, and nothing is lost.
+TEST_F(ElasticProcess, AJoinerThatKeepsFailingIsRestartedAfterACoolDown) {
+  const auto out = train("-n 2 --add 0.3 --restart 3 --restart-cooldown 0.3", "EBBFLOW_FAULT='sync-recv*3'", 1500);
+  EXPECT_EQ(count(out, "EBBFLOW_FAULT=sync-recv"), 3) << out;
+  EXPECT_GE(count(out, "world changed (failure)"), 3) << out;
+  EXPECT_EQ(count(out, "restarting it as a joiner ("), 1) << out;  // the first failure: at once
+  EXPECT_NE(out.find("failed 2 times in a row: restarting it as a joiner in 0.3 s"), std::string::npos) << out;
+  EXPECT_NE(out.find("failed 3 times in a row: restarting it as a joiner in 0.6 s"), std::string::npos) << out;
+  EXPECT_NE(out.find("-> 3 workers"), std::string::npos) << out;
+}
+
 TEST_F(ElasticProcess, BelowMinSizeWaitsThenResumesWhenAWorkerArrives) {
   const auto out = train("-n 2 --min 2 --kill 0.4:1 --add 1.5");
   EXPECT_NE(out.find("below EBBFLOW_MIN_SIZE=2: waiting for workers"), std::string::npos) << out;

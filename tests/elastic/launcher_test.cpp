@@ -140,6 +140,30 @@ TEST(Launcher, JoinersStartAtTheLowerPriorityAskedFor) {
   EXPECT_NE(bad.err.find("--join-nice"), std::string::npos) << bad.err;
 }
 
+TEST(Launcher, AWorkerThatKeepsFailingIsRestartedAfterACoolDown) {
+  // Every joiner fails at once. The first failure of a slot restarts it at
+  // once; the second and later wait 0.2 s, 0.4 s, ... (--restart-cooldown),
+  // stamped on the launcher's lines.
+  auto r = run({EBBFLOW_RUN, "-n", "1", "--add", "0.1", "--restart", "3", "--restart-cooldown", "0.2", "--", "sh", "-c",
+                "if [ -n \"$EBBFLOW_JOIN\" ]; then exit 3; fi; sleep 2"});
+  EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
+  std::vector<double> starts;  // the joiners' start stamps
+  for (std::size_t p = r.err.find("(joins the running job) [t="); p != std::string::npos;
+       p = r.err.find("(joins the running job) [t=", p + 1))
+    starts.push_back(std::stod(r.err.substr(p + 27)));
+  ASSERT_EQ(starts.size(), 4u) << r.err;
+  EXPECT_LT(starts[1] - starts[0], 0.15) << r.err;  // first failure: at once
+  EXPECT_GE(starts[2] - starts[1], 0.2) << r.err;
+  EXPECT_GE(starts[3] - starts[2], 0.4) << r.err;
+  EXPECT_NE(r.err.find("worker slot 1 failed 3 times in a row: restarting it as a joiner in 0.4 s"), std::string::npos)
+      << r.err;
+  for (const char* bad_value : {"x", "1:0.5", "-1"}) {
+    auto bad = run({EBBFLOW_RUN, "-n", "1", "--restart-cooldown", bad_value, "--", "true"});
+    EXPECT_EQ(bad.exit.code, 2) << bad_value;
+    EXPECT_NE(bad.err.find("--restart-cooldown"), std::string::npos) << bad.err;
+  }
+}
+
 TEST(Launcher, CpuBindGivesEachWorkerItsCpuBeforeExec) {
   // Worker ID runs on our (ID / K)-th CPU, wrapping around; the binding is
   // in place when the program starts (the shell reads its own status), for

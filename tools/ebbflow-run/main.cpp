@@ -12,11 +12,14 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +50,9 @@ constexpr const char* usage_text =
     "  --kill SEC:ID        after SEC seconds SIGKILL worker ID (fault injection)\n"
     "  --leave SEC:ID       after SEC seconds SIGTERM worker ID (graceful leave at the next step)\n"
     "  --restart K          restart a failed worker as a joiner, up to K times in all\n"
+    "  --restart-cooldown SEC[:MAX]  a worker that keeps failing (each incarnation within MAX s of\n"
+    "                       its start, default 60) is restarted after a cool-down: none after its\n"
+    "                       first failure, then SEC (default 1), doubling per failure, at most MAX\n"
     "  --join-nice N        start joiners N nice levels lower (1..19) so their start-up does not take\n"
     "                       CPU from the running workers on a shared host; the group restores the\n"
     "                       priority once the worker is admitted (needs CAP_SYS_NICE, else it warns)\n"
@@ -94,6 +100,7 @@ struct options {
   };
   std::vector<event> events;
   int restarts = 0;
+  double restart_cooldown_s = 1, restart_cooldown_max_s = 60;
   std::string discovery;
   double discovery_interval = 2;
   std::vector<std::string> argv;
@@ -160,6 +167,12 @@ options parse(int argc, char** argv) {
       o.max_size = parse_int(a, value(a), 1, 1 << 20);
     } else if (a == "--restart") {
       o.restarts = parse_int(a, value(a), 0, 1 << 20);
+    } else if (a == "--restart-cooldown") {
+      const std::string v = value(a);
+      const auto colon = v.find(':');
+      o.restart_cooldown_s = v.substr(0, colon) == "0" ? 0 : parse_seconds(a, v.substr(0, colon));
+      if (colon != std::string::npos) o.restart_cooldown_max_s = parse_seconds(a, v.substr(colon + 1));
+      if (o.restart_cooldown_max_s < o.restart_cooldown_s) usage_error(a + " '" + v + "': MAX is below SEC");
     } else if (a == "--discovery") {
       o.discovery = value(a);
     } else if (a == "--discovery-interval") {
@@ -292,9 +305,16 @@ int main(int argc, char** argv) {
   // job (EBBFLOW_JOIN=1) and are named by the next free id.
   int next_id = 0;
   std::vector<int> alive;  // ids of running workers, oldest first
-  auto spawn = [&](bool joiner) {
+  // A restarted worker stands in for the one that failed: its slot (the
+  // first worker's id) carries the count of failures in a row.
+  std::map<int, int> slot_of;                              // by worker id
+  std::map<int, ef::steady_clock::time_point> started_at;  // by worker id
+  std::map<int, int> failures_in_a_row;                    // by slot
+  auto spawn = [&](bool joiner, int slot) {
     el::detail::child_spec spec;
     spec.id = next_id++;
+    slot_of[spec.id] = slot >= 0 ? slot : spec.id;
+    started_at[spec.id] = ef::steady_clock::now();
     spec.argv = opt.argv;
     if (joiner) {
       spec.env = {{"EBBFLOW_JOIN", "1"}, {"EBBFLOW_WORKER_ID", std::to_string(spec.id)}};
@@ -319,7 +339,7 @@ int main(int argc, char** argv) {
   };
   for (int r = 0; r < opt.n; ++r) {
     try {
-      spawn(false);
+      spawn(false, -1);
     } catch (const std::exception& e) {
       say("rank " + std::to_string(r) + ": " + e.what());
       group.signal_all(SIGKILL);
@@ -330,12 +350,17 @@ int main(int argc, char** argv) {
   auto since_start = [&] { return std::chrono::duration<double>(ef::steady_clock::now() - started).count(); };
   std::vector<bool> event_done(opt.events.size(), false);
   int restarts_left = opt.restarts;
+  struct pending_restart {
+    double at;  // since_start()
+    int slot;
+  };
+  std::vector<pending_restart> pending_restarts;
   int finished_ok = 0;
   double next_discovery = opt.discovery.empty() ? 1e300 : 0;
-  auto add_workers = [&](int k) {
+  auto add_workers = [&](int k, int slot = -1) {
     for (int i = 0; i < k; ++i) {
       try {
-        spawn(true);
+        spawn(true, slot);
       } catch (const std::exception& e) {
         say(std::string("cannot start a worker: ") + e.what());
       }
@@ -379,8 +404,27 @@ int main(int argc, char** argv) {
         if (!first_failure) first_failure = e;
         if (restarts_left > 0 && !kill_deadline) {
           --restarts_left;
-          say("restarting it as a joiner (" + std::to_string(restarts_left) + " restarts left)");
-          add_workers(1);
+          // A worker that keeps failing soon after its start is held back,
+          // so it does not make the others fail over again and again.
+          const int slot = slot_of[e.id];
+          const double lived = std::chrono::duration<double>(ef::steady_clock::now() - started_at[e.id]).count();
+          int& n = failures_in_a_row[slot];
+          n = lived < opt.restart_cooldown_max_s ? n + 1 : 1;
+          const double wait =
+              n < 2 || opt.restart_cooldown_s == 0
+                  ? 0
+                  : std::min(opt.restart_cooldown_max_s, opt.restart_cooldown_s * std::ldexp(1.0, std::min(n - 2, 30)));
+          if (wait > 0) {
+            char w[32];
+            std::snprintf(w, sizeof w, "%.3g", wait);
+            say("worker slot " + std::to_string(slot) + " failed " + std::to_string(n) +
+                " times in a row: restarting it as a joiner in " + w + " s (--restart-cooldown; " +
+                std::to_string(restarts_left) + " restarts left)");
+            pending_restarts.push_back(pending_restart{since_start() + wait, slot});
+          } else {
+            say("restarting it as a joiner (" + std::to_string(restarts_left) + " restarts left)");
+            add_workers(1, slot);
+          }
         }
         continue;
       }
@@ -412,6 +456,15 @@ int main(int argc, char** argv) {
     }
     if (opt.elastic && !kill_deadline) {
       const double now = since_start();
+      for (std::size_t k = 0; k < pending_restarts.size();) {
+        if (now < pending_restarts[k].at) {
+          ++k;
+          continue;
+        }
+        say("cool-down over: restarting slot " + std::to_string(pending_restarts[k].slot) + " as a joiner" + stamp());
+        add_workers(1, pending_restarts[k].slot);
+        pending_restarts.erase(pending_restarts.begin() + static_cast<std::ptrdiff_t>(k));
+      }
       for (std::size_t k = 0; k < opt.events.size(); ++k) {
         if (event_done[k] || now < opt.events[k].at) continue;
         event_done[k] = true;
@@ -456,6 +509,8 @@ int main(int argc, char** argv) {
       kill_deadline = ef::deadline::after(1h);  // SIGKILL cannot be ignored: poll() reaps them
     }
   }
+  if (!pending_restarts.empty())
+    say(std::to_string(pending_restarts.size()) + " restart(s) in cool-down not done: no worker left to join");
   server.reset();
 
   if (opt.elastic && !timed_out && !interrupted_by) {

@@ -1226,10 +1226,15 @@ void group<Store, Net>::restore_position(std::int64_t step, std::int64_t epoch, 
 template <kv_store Store, network Net>
 void group<Store, Net>::fault_point(const char* point) {
   // Fault injection for tests (EBBFLOW_FAULT=<point>): the first member of the
-  // job to reach the point dies there, as a crashed process would.
+  // job to reach the point dies there, as a crashed process would;
+  // with <point>*N, each of the first N to reach it.
   static const std::optional<std::string> fault = env::get("EBBFLOW_FAULT");
-  if (!fault || *fault != point) return;
-  if (store_->compare_set(key(std::string("fault/") + point), "", "fired", store_deadline()).swapped) {
+  if (!fault) return;
+  const std::string_view f = *fault;
+  const auto star = f.find('*');
+  if (f.substr(0, star) != point) return;
+  const std::int64_t times = star == std::string_view::npos ? 1 : detail::parse_i64(std::string(f.substr(star + 1)));
+  if (store_->add(key(std::string("fault/") + point), 1, store_deadline()) <= times) {
     EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << " dies here");
     std::raise(SIGKILL);
   }
