@@ -38,7 +38,7 @@ def run_job(args, launcher_flags, extra, tag, env_extra=None, metrics=None):
         os.remove(metrics)
     cmd = [args.run, "--store", args.store] + args.launcher_extra + launcher_flags + ["--"] + args.wrap + [args.train, "--steps", str(args.steps),
            "--batch", str(args.batch), "--step-us", str(args.step_us), "--sample-us", str(args.sample_us),
-           "--metrics", metrics] + extra
+           "--metrics", metrics] + (["--hidden", str(args.hidden)] if args.hidden else []) + extra
     env = dict(os.environ, EBBFLOW_LOG="warn")
     env.update(env_extra or {})
     t0 = time.time()
@@ -117,6 +117,9 @@ def main():
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--step-us", type=float, default=4000, help="emulated fixed device time per step")
     ap.add_argument("--sample-us", type=float, default=400, help="emulated device time per sample")
+    ap.add_argument("--hidden", type=int, default=0,
+                    help="hidden units of the example's MLP (default: its own, 64); the training state "
+                         "(parameters and momentum) is 2 x 4 x (75 x hidden + 10) bytes")
     ap.add_argument("--event-at", type=float, default=1.5, help="seconds into the job when the event happens")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--scenarios", default="scaleout,leave,kill,restart",
@@ -205,6 +208,7 @@ def main():
     med = {k: statistics.median(v) for k, v in res.items() if v}
     print(f"# elastic scale events: {n} -> {2 * n} workers, B={args.batch}, emulated device "
           f"{args.step_us:.0f} us/step + {args.sample_us:.0f} us/sample, {args.rounds} round(s), medians"
+          + (f", hidden {args.hidden}" if args.hidden else "")
           + (f", newcomers started at nice +{args.join_nice}" if args.join_nice else "")
           + (f", --cpu-bind {args.cpu_bind}" if args.cpu_bind else ""))
     print(f"{'metric':48s} {'value':>12s}")

@@ -504,7 +504,21 @@ void group<Store, Net>::sync_state() {
   auto raw = [](void* p, std::size_t n) { return buffer_view{p, n, dtype::u8, memory_space::host}; };
   // Point-to-point tags of the state transfer (collectives never use p2p tags).
   constexpr std::uint32_t tag_size = 1, tag_header = 2, tag_first = 3;
-  if (gen_.source == id_) {
+  // Every member holding the newest state (they committed the same steps,
+  // so they hold the same bits) serves a share of those that lack it:
+  // receiver i (in rank order) gets it from holder i mod S, so k newcomers
+  // cost the members about k/S transfers' time, not k.
+  std::vector<std::size_t> holders, receivers;
+  for (std::size_t j = 0; j < gen_.members.size(); ++j)
+    (gen_.members[j].committed >= gen_.source_step ? holders : receivers).push_back(j);
+  if (holders.empty() && !receivers.empty())
+    fail(error::invalid_state, "no member of generation " + std::to_string(gen_.generation) + " holds the state");
+  auto sender_of = [&](std::size_t i) { return holders[i % holders.size()]; };
+  const auto me = static_cast<std::size_t>(rank_);
+  std::vector<std::size_t> to;  // the receivers this member serves
+  for (std::size_t i = 0; i < receivers.size(); ++i)
+    if (sender_of(i) == me) to.push_back(receivers[i]);
+  if (!to.empty()) {
     detail::writer w;
     w.put(step_).put(epoch_).put<std::uint64_t>(cursor_).put<std::uint64_t>(state_.size());
     for (auto& s : state_) {
@@ -516,15 +530,12 @@ void group<Store, Net>::sync_state() {
     // Post every send to every receiver first, then wait: the receivers
     // are served in parallel, and a slow one does not hold up the others.
     std::vector<comm::request<transport_type>> sends;
-    std::vector<std::size_t> to;
-    for (std::size_t j = 0; j < gen_.members.size(); ++j) {
-      if (gen_.members[j].committed >= gen_.source_step) continue;
+    for (auto j : to) {
       const int peer = static_cast<int>(j);
       sends.push_back(c.isend(raw(&header_size, sizeof header_size), peer, tag_size));
       sends.push_back(c.isend(raw(header.data(), header.size()), peer, tag_header));
-      to.push_back(j);
     }
-    if (step_ > 0 && !to.empty()) fault_point("sync-send");
+    if (step_ > 0) fault_point("sync-send");
     for (auto j : to)
       for (std::size_t k = 0; k < state_.size(); ++k)
         sends.push_back(c.isend(raw(state_[k].data.data(), state_[k].data.size()), static_cast<int>(j),
@@ -532,8 +543,10 @@ void group<Store, Net>::sync_state() {
     for (auto& r : sends) r.wait(d);
     for (auto j : to)
       EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << j << ")");
-  } else if (step_ < gen_.source_step) {
-    const int src = gen_.rank_of(gen_.source);
+  } else if (const auto it = std::ranges::find(receivers, me); it != receivers.end()) {
+    const auto from = sender_of(static_cast<std::size_t>(it - receivers.begin()));
+    const int src = static_cast<int>(from);
+    const member_id source = gen_.members[from].id;
     std::uint64_t header_size = 0;
     {
       // A newcomer waits here until the members switch, which may be many
@@ -569,7 +582,7 @@ void group<Store, Net>::sync_state() {
     const auto cursor = rd.get<std::uint64_t>();
     const auto n = rd.get<std::uint64_t>();
     if (n != state_.size())
-      fail(error::invalid_state, "member " + std::to_string(gen_.source) + " has " + std::to_string(n) +
+      fail(error::invalid_state, "member " + std::to_string(source) + " has " + std::to_string(n) +
                                      " registered state buffers, this member " + std::to_string(state_.size()));
     for (std::size_t k = 0; k < state_.size(); ++k) {
       auto nm = rd.get_bytes();
@@ -577,7 +590,7 @@ void group<Store, Net>::sync_state() {
       const std::string name(reinterpret_cast<const char*>(nm.data()), nm.size());
       if (name != state_[k].name || sz != state_[k].data.size()) {
         std::ostringstream os;
-        os << "state buffer " << k << " is '" << name << "' of " << sz << " bytes on member " << gen_.source << " but '"
+        os << "state buffer " << k << " is '" << name << "' of " << sz << " bytes on member " << source << " but '"
            << state_[k].name << "' of " << state_[k].data.size() << " bytes here";
         fail(error::invalid_state, os.str());
       }
@@ -587,7 +600,7 @@ void group<Store, Net>::sync_state() {
     step_ = step;
     epoch_ = epoch;
     cursor_ = cursor;
-    EBBFLOW_LOG_INFO("received state of step " << step_ << " from member " << gen_.source);
+    EBBFLOW_LOG_INFO("received state of step " << step_ << " from member " << source);
   }
 }
 
