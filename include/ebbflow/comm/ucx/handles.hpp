@@ -16,11 +16,11 @@
 
 #include <ucp/api/ucp.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdlib>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <vector>
 
@@ -134,11 +134,11 @@ class worker {
 
   //! Receives and drops every message waiting unmatched on this worker
   //! whose wire tag matches `tag` under `mask` (a message nobody will ever
-  //! receive: one of a generation that is over). Waits for each until `d`
-  //! (a large one comes by rendezvous from its sender); one not complete by
-  //! then is cancelled, its buffer kept until the worker is destroyed.
-  //! Returns how many were dropped. Callable from any thread on a
-  //! multi-threaded worker.
+  //! receive: one of a generation that is over). Each is received into a
+  //! small scratch buffer: UCX truncates a larger one (and still answers its
+  //! sender's rendezvous), so nothing is allocated. Waits for each until `d`,
+  //! then cancels it. Returns how many were dropped. Callable from any
+  //! thread on a multi-threaded worker.
   std::size_t discard_unexpected(ucp_tag_t tag, ucp_tag_t mask, deadline d) noexcept {
     std::size_t n = 0;
     for (;;) {
@@ -146,18 +146,13 @@ class worker {
       ucp_tag_message_h m = ucp_tag_probe_nb(get(), tag, mask, 1, &info);
       if (m == nullptr) return n;
       ++n;
-      auto buf = std::make_unique<std::byte[]>(info.length > 0 ? info.length : 1);
       ucp_request_param_t prm{};
       prm.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
       prm.datatype = ucp_dt_make_contig(1);
-      ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(get(), buf.get(), info.length, m, &prm);
-      if (!UCS_PTR_IS_PTR(r)) continue;  // complete (or failed) at once
+      ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(get(), scratch_->data(), scratch_->size(), m, &prm);
+      if (!UCS_PTR_IS_PTR(r)) continue;  // complete (or truncated) at once
       while (ucp_request_check_status(r) == UCS_INPROGRESS && !d.expired()) ucp_worker_progress(get());
-      if (ucp_request_check_status(r) == UCS_INPROGRESS) {
-        ucp_request_cancel(get(), r);
-        const std::lock_guard lock(kept_->mutex);
-        kept_->buffers.push_back(std::move(buf));  // UCX may still write into it
-      }
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(get(), r);
       ucp_request_free(r);
     }
   }
@@ -175,13 +170,10 @@ class worker {
   std::shared_ptr<context> ctx_;  // declared first: destroyed after the worker
   // Destroyed after the worker, so no UCX callback outlives its argument.
   std::unique_ptr<endpoint_pool> pool_ = std::make_unique<endpoint_pool>();
-  // Buffers of discarded messages whose receive did not complete in time:
-  // destroyed after the worker, which may still write into them.
-  struct kept {
-    std::mutex mutex;
-    std::vector<std::unique_ptr<std::byte[]>> buffers;
-  };
-  std::unique_ptr<kept> kept_ = std::make_unique<kept>();
+  // Where discarded messages land (see `discard_unexpected`); destroyed
+  // after the worker, which may still write into it. Concurrent discards
+  // may share it: its contents are never read.
+  std::unique_ptr<std::array<std::byte, 256>> scratch_ = std::make_unique<std::array<std::byte, 256>>();
   unique_handle<detail::worker_traits> h_;
   std::vector<std::byte> address_;
   bool multi_ = false;
