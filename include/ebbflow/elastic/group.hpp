@@ -307,7 +307,10 @@ class group {
 
   //! Registers a buffer that is part of the training state (parameters,
   //! optimizer state, ...): streamed to joiners and to members behind after a
-  //! failure. Host memory; same name and size on every member.
+  //! failure, each from one of the members holding the newest committed
+  //! step. Host memory; same name and size on every member; replicated
+  //! state (the same bits on members that committed the same steps), as
+  //! data-parallel parameters and optimizer state are.
   void register_state(std::string name, std::span<std::byte> host_bytes);
   //! Called after every membership change (e.g. to rescale the learning rate).
   void on_world_changed(std::function<void(const world_change&)> cb) { callbacks_.push_back(std::move(cb)); }
