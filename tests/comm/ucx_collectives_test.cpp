@@ -600,6 +600,18 @@ TEST(UcxErrors, AddressExchangeTimesOutNamingTheMissingRank) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(UcxEnvironment, SharedMemoryDefaultsOnlyForTransportsUcxTlsMaySelect) {
+  using ucx::detail::tls_may_select;
+  for (const char* tls : {static_cast<const char*>(nullptr), "", "all", "^tcp", "sm,self", "shm", "posix,tcp"})
+    EXPECT_TRUE(tls_may_select(tls, "posix")) << (tls ? tls : "(unset)");
+  EXPECT_TRUE(tls_may_select("mm,self", "sysv"));
+  EXPECT_TRUE(tls_may_select("tcp,cma", "cma"));
+  for (const char* tls : {"tcp,self", "tcp", "rc,ud", "sysv", "cma,tcp"})
+    EXPECT_FALSE(tls_may_select(tls, "posix")) << tls;
+  EXPECT_FALSE(tls_may_select("mm,self", "cma"));
+  EXPECT_FALSE(tls_may_select("posixx", "posix"));
+}
+
 TEST(UcxGeneration, LateMessagesOfAnOlderGenerationAreNeverConsumed) {
   auto res = launch(2, {"generation"}, 60s);
   ASSERT_FALSE(res.timed_out);

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -30,6 +31,25 @@ namespace comm::ucx {
 //! `std::error_code` of a UCX status (category `ucs_category()`; peer
 //! failures compare equal to `errc::peer_lost`).
 inline std::error_code make_error(ucs_status_t s) noexcept { return {static_cast<int>(s), ucs_category()}; }
+
+namespace detail {
+//! Whether `UCX_TLS` = `tls` (null or empty: unset) may select transport
+//! `name`: unset, `all`, an exclusion list (`^...`), the name itself, or an
+//! alias that covers it (`sm`/`shm` for every shared-memory transport, `mm`
+//! for posix and sysv).
+inline bool tls_may_select(const char* tls, std::string_view name) noexcept {
+  if (tls == nullptr || *tls == 0 || *tls == '^') return true;
+  const bool mm = name == "posix" || name == "sysv";
+  std::string_view rest = tls;
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const auto t = rest.substr(0, comma);
+    if (t == name || t == "all" || t == "sm" || t == "shm" || (mm && t == "mm")) return true;
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+  }
+  return false;
+}
+}  // namespace detail
 
 //! Sets UCX variables that ebbflow relies on, each only when the user has not
 //! set it (so an explicit `UCX_...` always wins). Idempotent; call before the
@@ -48,11 +68,16 @@ inline std::error_code make_error(ucs_status_t s) noexcept { return {static_cast
 //!   thread progresses) locks with a mutex, not a spinlock, so a training
 //!   thread never spins on a lock held by a preempted helper on its core.
 //!   Single-threaded workers take no lock either way.
+//! The shared-memory variables are set only when `UCX_TLS` (if set) may
+//! select that transport: UCX warns about variables of transports it does
+//! not load ("unused env variables"), which a user who chose
+//! `UCX_TLS=tcp,self` should not see for variables they never set.
 //! Not thread-safe (setenv).
 inline void set_environment_defaults() noexcept {
-  ::setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
-  ::setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
-  ::setenv("UCX_CMA_MEMORY_INVALIDATE", "y", 0);
+  const char* tls = std::getenv("UCX_TLS");
+  if (detail::tls_may_select(tls, "posix")) ::setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+  if (detail::tls_may_select(tls, "sysv")) ::setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
+  if (detail::tls_may_select(tls, "cma")) ::setenv("UCX_CMA_MEMORY_INVALIDATE", "y", 0);
   ::setenv("UCX_KEEPALIVE_INTERVAL", "100ms", 0);
   ::setenv("UCX_USE_MT_MUTEX", "y", 0);
 }
