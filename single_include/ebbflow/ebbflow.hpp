@@ -13518,7 +13518,9 @@ EBBFLOW_END_NAMESPACE
 //! generation bits of every wire tag keep late messages of an older
 //! generation from matching. Requires the `ebbflow::ucx` component.
 //!
-//! Thread safety: used by the group's training thread only.
+//! Thread safety: used by the group's training thread, except
+//! `start_connect`, which the group's admission helper may call while the
+//! training thread uses the current generation (`concurrent_connect()`).
 
 
 // #include <ebbflow/config.hpp>  (inlined)
