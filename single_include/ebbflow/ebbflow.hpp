@@ -1240,6 +1240,8 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/config.hpp>  (inlined)
 // #include <ebbflow/core/error.hpp>  (inlined)
 
+#include <unistd.h>
+
 #include <charconv>
 #include <chrono>
 #include <cstdint>
@@ -1300,6 +1302,13 @@ inline bool get_bool(const char* name, bool fallback) {
 inline std::chrono::milliseconds get_ms(const char* name, std::chrono::milliseconds fallback, std::int64_t lo_ms = 0,
                                         std::int64_t hi_ms = 24LL * 3600 * 1000) {
   return std::chrono::milliseconds(get_int(name, fallback.count(), lo_ms, hi_ms));
+}
+
+//! This host's name (gethostname), or "localhost" when it has none.
+inline std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return "localhost";
+  return buf;
 }
 
 //! "host:port" split in two; port in [0, 65535].
@@ -8179,6 +8188,7 @@ EBBFLOW_END_NAMESPACE
 #include <csignal>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -8248,6 +8258,17 @@ struct group_options {
   //! helper thread at the lowest CPU priority, on a store connection of its
   //! own, so the training thread spends microseconds on a join or a leave.
   bool preconnect = true;
+  //! EBBFLOW_JOIN_COOLDOWN=SEC[:MAX] (default 1:60; 0 turns it off). A
+  //! worker whose newcomers failed n >= 2 times in a row while joining (from
+  //! the join ticket until MAX s after admission) is held back SEC * 2^(n-2)
+  //! s, at most MAX, before its next ticket is admitted. A newcomer that
+  //! stays MAX s clears the count. Failures count per `worker_key`.
+  std::chrono::milliseconds join_cooldown{1'000};
+  std::chrono::milliseconds join_cooldown_max{60'000};  //!< MAX of EBBFLOW_JOIN_COOLDOWN
+  //! EBBFLOW_WORKER_KEY: whose join failures count together (default: this
+  //! host's name, so a flaky host is held back; ebbflow-run sets host/slot,
+  //! so a restarted worker keeps the key of the one it replaces).
+  std::string worker_key;
 
   //! Reads the fields named above from the environment (launch rank and world
   //! come from `launch_info`). @throws std::invalid_argument naming the variable.
@@ -8265,6 +8286,20 @@ struct group_options {
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
     o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
     o.preconnect = env::get_bool("EBBFLOW_PRECONNECT", o.preconnect);
+    if (auto c = env::get("EBBFLOW_JOIN_COOLDOWN")) {
+      const auto seconds = [&](const std::string& t) {
+        char* end = nullptr;
+        const double x = std::strtod(t.c_str(), &end);
+        EBBFLOW_ENFORCE(!t.empty() && end == t.c_str() + t.size() && x >= 0 && x <= 86'400,
+                        "EBBFLOW_JOIN_COOLDOWN='" << *c << "': expected SEC[:MAX], seconds in [0, 86400]");
+        return std::chrono::milliseconds(static_cast<std::int64_t>(x * 1000 + 0.5));
+      };
+      const auto colon = c->find(':');
+      o.join_cooldown = seconds(c->substr(0, colon));
+      if (colon != std::string::npos) o.join_cooldown_max = seconds(c->substr(colon + 1));
+      EBBFLOW_ENFORCE(o.join_cooldown_max >= o.join_cooldown, "EBBFLOW_JOIN_COOLDOWN='" << *c << "': MAX is below SEC");
+    }
+    if (auto k = env::get("EBBFLOW_WORKER_KEY")) o.worker_key = *k;
     return o;
   }
 };
@@ -8521,7 +8556,21 @@ class group {
   std::vector<bytes> gather_addresses(const detail::generation_record& rec, Store& st,
                                       std::map<member_id, bytes>& cache, int rank,
                                       const std::shared_ptr<comm::revoke_flag>& revoke, std::stop_token stop);
-  std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room, bool settle);
+  // A join ticket answered with a cool-down instead of an admission.
+  struct join_hold {
+    std::int64_t ticket = 0;
+    std::int64_t ms = 0;        // how long the joiner waits before it files a new ticket
+    std::int64_t failures = 0;  // its worker's join failures in a row
+    std::string worker;         // its worker key
+  };
+  // The join tickets after `seen` (advanced past those handled), at most
+  // `room` of them admitted; tickets of workers in a cool-down go to `holds`.
+  std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room, bool settle,
+                                         std::vector<join_hold>& holds);
+  void answer_holds(Store& st, const std::vector<join_hold>& holds) const;
+  // The recovery's winner: the members lost from gen_ that were still in their
+  // probation as newcomers count one join failure for their worker key.
+  void count_join_failures(const std::vector<detail::member_entry>& alive);
   // Each member's heartbeat counter as last read, and when it last changed.
   using lease_seen = std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>;
   // Lease checks of a connect in progress: at most one round per heartbeat.
@@ -8613,6 +8662,9 @@ class group {
     inside(const inside&) = delete;
     inside& operator=(const inside&) = delete;
   };
+  // A newcomer until its probation ends (steady_clock ticks; 0: not one):
+  // then the heartbeat thread clears its join-failure marks.
+  std::atomic<steady_clock::rep> probation_end_{0};
   std::vector<member_id> admitting_;             // joiners the coordinator flagged in this step's control exchange
   std::int64_t ticket_seen_until_ = 0;           // coordinator: newest join ticket seen
   steady_clock::time_point ticket_first_seen_;   // when the oldest waiting ticket was seen
@@ -8737,6 +8789,42 @@ inline void restore_join_priority() {
                      << n << " (nice now " << ::getpriority(PRIO_PROCESS, 0) << ")");
 }
 
+// A worker's join failures in a row, as stored: "<count>" (after a reset),
+// or "<count> <generation> <member>,<member>,..." naming the members of the
+// failed generation already counted, so every recovering member can apply
+// the same failure and only the first one counts it.
+struct join_failures {
+  std::int64_t count = 0;
+  std::int64_t generation = -1;
+  std::vector<member_id> members;
+
+  static join_failures parse(const std::optional<std::string>& v) {
+    join_failures f;
+    if (!v || v->empty()) return f;
+    std::istringstream in(*v);
+    in >> f.count;
+    if (in >> f.generation) {
+      std::string ids;
+      in >> ids;
+      for (std::size_t at = 0; at < ids.size();) {
+        const auto comma = std::min(ids.find(',', at), ids.size());
+        f.members.push_back(parse_i64(ids.substr(at, comma - at)));
+        at = comma + 1;
+      }
+    }
+    if (in.fail() && !in.eof()) f = {};
+    return f;
+  }
+  std::string str() const {
+    std::string s = std::to_string(count) + " " + std::to_string(generation) + " ";
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      if (i) s += ',';
+      s += std::to_string(members[i]);
+    }
+    return s;
+  }
+};
+
 inline bool recoverable(const std::error_code& ec) noexcept {
   return ec == errc::peer_lost || ec == errc::timeout || ec == errc::revoked;
 }
@@ -8758,8 +8846,13 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(opts_.min_size >= 1 && opts_.max_size >= opts_.min_size, "elastic group: need 1 <= min_size ("
                                                                                << opts_.min_size << ") <= max_size ("
                                                                                << opts_.max_size << ")");
+  EBBFLOW_ENFORCE(opts_.join_cooldown.count() >= 0 && opts_.join_cooldown_max >= opts_.join_cooldown,
+                  "elastic group: need 0 <= join_cooldown ("
+                      << opts_.join_cooldown.count() << " ms) <= join_cooldown_max (" << opts_.join_cooldown_max.count()
+                      << " ms)");
   EBBFLOW_ENFORCE(policy_ != nullptr, "elastic group: null planning policy");
   EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
+  if (opts_.worker_key.empty()) opts_.worker_key = env::host_name();
   store_ = connect_store_();
   // The admission helper's own connection, made now rather than in the
   // middle of a membership change (a joiner makes it later, when needed:
@@ -8812,6 +8905,13 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
       if (!s) s = connect_store_();
       s->add(key("hb/" + std::to_string(id_)), 1,
              deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
+      if (const auto end = probation_end_.load(std::memory_order_relaxed);
+          end != 0 && steady_clock::now().time_since_epoch().count() >= end) {
+        // A newcomer that stayed: its worker's join failures no longer run in a row.
+        s->set(key("wkey/" + std::to_string(id_)), "", store_deadline());
+        s->set(key("joinfail/" + opts_.worker_key), "0", store_deadline());
+        probation_end_.store(0, std::memory_order_relaxed);
+      }
       const std::int64_t g = hb_generation_.load();
       if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
         std::lock_guard lk(hb_mutex_);
@@ -8883,32 +8983,64 @@ template <kv_store Store, network Net>
 void group<Store, Net>::wait_admission() {
   const auto started = steady_clock::now();
   step_ = -1;
-  const auto seq = store_->add(key("join_seq"), 1, store_deadline());
-  store_->set(key("join/" + std::to_string(seq)), std::to_string(id_), store_deadline());
-  EBBFLOW_LOG_INFO("member " << id_ << " waiting to be admitted (join ticket " << seq << ")");
-  const auto d = deadline::after(opts_.join_timeout);
+  const bool cooldown = opts_.join_cooldown.count() > 0;
+  // Until its probation ends, a newcomer that dies counts as a join failure
+  // of its worker (count_join_failures).
+  if (cooldown) store_->set(key("wkey/" + std::to_string(id_)), opts_.worker_key, store_deadline());
   const std::string jkey = key("joined/" + std::to_string(id_));
-  for (;;) {
-    if (auto v = store_->try_get(jkey, store_deadline())) {
-      const auto g = detail::parse_i64(*v);
-      auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gen_key(g), store_deadline())));
-      try {
-        adopt(std::move(rec), started);
-      } catch (const system_error& e) {
-        if (!detail::recoverable(e.code())) throw;
-        recover(g, e.peer());
-      }
-      return;
+  const auto admitted = [&]() -> bool {
+    auto v = store_->try_get(jkey, store_deadline());
+    if (!v) return false;
+    if (cooldown)
+      probation_end_.store((steady_clock::now() + opts_.join_cooldown_max).time_since_epoch().count(),
+                           std::memory_order_relaxed);
+    const auto g = detail::parse_i64(*v);
+    auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gen_key(g), store_deadline())));
+    try {
+      adopt(std::move(rec), started);
+    } catch (const system_error& e) {
+      if (!detail::recoverable(e.code())) throw;
+      recover(g, e.peer());
     }
+    return true;
+  };
+  // Waits on the server (no polling: waiting newcomers cost the running
+  // members nothing), in slices so the job's end is noticed.
+  const auto wait_slice = [&](const deadline& d) {
     if (job_done()) fail(error::invalid_state, "the job finished before this worker was admitted");
-    if (d.expired())
-      fail(error::timeout, "not admitted within EBBFLOW_JOIN_TIMEOUT_MS (group at max size, or no coordinator)");
-    // Wait on the server (no polling: waiting newcomers cost the running
-    // members nothing), in slices so the job's end is noticed.
     try {
       store_->wait({jkey}, min(d, deadline::after(std::chrono::milliseconds(200))));
     } catch (const system_error& e) {
       if (e.code() != errc::timeout) throw;
+    }
+  };
+  std::int64_t held_for = 0;  // join failures in a row whose cool-down this worker waited out
+  for (;;) {                  // one ticket per pass; a cool-down answer starts the next
+    const auto seq = store_->add(key("join_seq"), 1, store_deadline());
+    store_->set(key("join/" + std::to_string(seq)),
+                std::to_string(id_) + " " + std::to_string(held_for) + " " + opts_.worker_key, store_deadline());
+    EBBFLOW_LOG_INFO("member " << id_ << " waiting to be admitted (join ticket " << seq << ")");
+    const auto d = deadline::after(opts_.join_timeout);
+    const std::string hkey = key("held/" + std::to_string(seq));
+    std::optional<std::string> hold;
+    while (!hold) {
+      if (admitted()) return;
+      if (cooldown) hold = store_->try_get(hkey, store_deadline());
+      if (hold) break;
+      if (d.expired())
+        fail(error::timeout, "not admitted within EBBFLOW_JOIN_TIMEOUT_MS (group at max size, or no coordinator)");
+      wait_slice(d);
+    }
+    std::istringstream in(*hold);
+    std::int64_t ms = 0;
+    in >> ms >> held_for;
+    EBBFLOW_LOG_WARN("worker '" << opts_.worker_key << "' failed " << held_for
+                                << " times in a row while joining: held back " << static_cast<double>(ms) / 1000
+                                << " s (EBBFLOW_JOIN_COOLDOWN)");
+    const auto until = deadline::after(std::chrono::milliseconds(ms));
+    while (!until.expired()) {
+      if (admitted()) return;  // an older ticket of this member was admitted after all
+      wait_slice(until);
     }
   }
 }
@@ -9327,7 +9459,8 @@ void group<Store, Net>::control_allreduce(std::span<double> v) {
 }
 
 template <kv_store Store, network Net>
-std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room, bool settle) {
+std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room, bool settle,
+                                                          std::vector<join_hold>& holds) {
   std::vector<member_id> out;
   auto total = store_->add(key("join_seq"), 0, store_deadline());
   if (settle) {
@@ -9347,12 +9480,94 @@ std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, st
   std::vector<std::string> keys;
   for (std::int64_t t = seen + 1; t <= total && keys.size() < room; ++t)
     keys.push_back(key("join/" + std::to_string(t)));
+  // A ticket reads "<member> <failures whose cool-down it waited out> <worker key>".
+  struct ticket {
+    std::int64_t seq;
+    member_id id;
+    std::int64_t held_for = 0;
+    std::string worker;
+  };
+  std::vector<ticket> tickets;
   for (auto& v : detail::try_get_all(*store_, keys, store_deadline())) {
     if (!v) break;  // ticket taken but not yet written: pick it up next time
-    out.push_back(detail::parse_i64(*v));
     ++seen;
+    ticket t{seen, -1, 0, {}};
+    std::istringstream in(*v);
+    std::string id;
+    in >> id >> t.held_for >> std::ws;
+    std::getline(in, t.worker);
+    t.id = detail::parse_i64(id);
+    tickets.push_back(std::move(t));
+  }
+  // The failure counts of the tickets' workers, in one batch (only when a
+  // ticket arrived: this runs on the coordinator's training thread).
+  std::vector<std::optional<std::string>> counts(tickets.size());
+  if (opts_.join_cooldown.count() > 0 && !tickets.empty()) {
+    std::vector<std::string> ckeys;
+    for (auto& t : tickets) ckeys.push_back(key("joinfail/" + t.worker));
+    counts = detail::try_get_all(*store_, ckeys, store_deadline());
+  }
+  for (std::size_t i = 0; i < tickets.size(); ++i) {
+    const auto& t = tickets[i];
+    // A member that filed a second ticket (after a cool-down) is admitted once.
+    if (gen_.rank_of(t.id) >= 0 || std::find(out.begin(), out.end(), t.id) != out.end()) continue;
+    const auto failures = detail::join_failures::parse(counts[i]).count;
+    if (!t.worker.empty() && failures >= 2 && t.held_for < failures) {
+      const auto ms = std::min<std::int64_t>(opts_.join_cooldown_max.count(),
+                                             opts_.join_cooldown.count() << std::min<std::int64_t>(failures - 2, 20));
+      holds.push_back({t.seq, ms, failures, t.worker});
+      continue;
+    }
+    out.push_back(t.id);
   }
   return out;
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::answer_holds(Store& st, const std::vector<join_hold>& holds) const {
+  for (auto& h : holds) {
+    EBBFLOW_LOG_WARN("holding back worker '" << h.worker << "' (join ticket " << h.ticket << ") for "
+                                             << static_cast<double>(h.ms) / 1000 << " s: it failed " << h.failures
+                                             << " times in a row while joining");
+    st.set(key("held/" + std::to_string(h.ticket)), std::to_string(h.ms) + " " + std::to_string(h.failures),
+           store_deadline());
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::count_join_failures(const std::vector<detail::member_entry>& alive) {
+  if (opts_.join_cooldown.count() <= 0) return;
+  std::vector<member_id> lost;
+  for (auto& m : gen_.members)
+    if (std::none_of(alive.begin(), alive.end(), [&](const auto& a) { return a.id == m.id; })) lost.push_back(m.id);
+  if (lost.empty()) return;
+  std::vector<std::string> keys;
+  for (auto m : lost) keys.push_back(key("wkey/" + std::to_string(m)));
+  const auto workers = detail::try_get_all(*store_, keys, store_deadline());
+  for (std::size_t i = 0; i < lost.size(); ++i) {
+    if (!workers[i] || workers[i]->empty()) continue;  // an initial member, or a newcomer past its probation
+    // Every recovering member applies the failure before it reads join
+    // tickets; the record of who was counted makes it count once.
+    const std::string fkey = key("joinfail/" + *workers[i]);
+    auto cur = store_->try_get(fkey, store_deadline()).value_or("");
+    for (;;) {
+      auto f = detail::join_failures::parse(cur);
+      if (f.generation == gen_.generation && std::find(f.members.begin(), f.members.end(), lost[i]) != f.members.end())
+        break;
+      if (f.generation != gen_.generation) f.members.clear();
+      ++f.count;
+      f.generation = gen_.generation;
+      f.members.push_back(lost[i]);
+      const auto next = f.str();
+      const auto r = store_->compare_set(fkey, cur, next, store_deadline());
+      if (r.swapped) {
+        EBBFLOW_LOG_WARN("member " << lost[i] << " of worker '" << *workers[i]
+                                   << "' died while joining: its join failures in a row: " << f.count);
+        break;
+      }
+      cur = r.current;
+    }
+  }
 }
 
 template <kv_store Store, network Net>
@@ -9394,7 +9609,13 @@ void group<Store, Net>::end_step(double compute_seconds) {
   if (rank_ == 0 && !next_) {
     try {
       const std::size_t room = static_cast<std::size_t>(std::max(0, opts_.max_size - n));
-      admitting_ = pending_joiners(seen, room, true);
+      std::vector<join_hold> holds;
+      admitting_ = pending_joiners(seen, room, true, holds);
+      if (!holds.empty()) {
+        answer_holds(*store_, holds);
+        // Held tickets are handled: not read again (the next record carries it).
+        if (admitting_.empty()) gen_.joins_seen = seen;
+      }
     } catch (const system_error& e) {
       EBBFLOW_LOG_WARN("coordinator could not read join tickets: " << e.what());
     }
@@ -9762,10 +9983,12 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
         }
       }
       if (!undecided) {
+        count_join_failures(alive);  // before the tickets are read: a restarted newcomer's ticket sees it
         std::int64_t seen = gen_.joins_seen;
         const std::size_t room =
             static_cast<std::size_t>(std::max<std::int64_t>(0, opts_.max_size - static_cast<int>(alive.size())));
-        auto joiners = pending_joiners(seen, room, false);
+        std::vector<join_hold> holds;
+        auto joiners = pending_joiners(seen, room, false, holds);
         const int total = static_cast<int>(alive.size() + joiners.size());
         if (total < opts_.min_size) {
           if (!waiting_logged)
@@ -9799,9 +10022,11 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
           rec.joins_seen = seen;
           const std::string mine = to_value(rec.encode());
           const std::string cur = store_->compare_set(next_key, "", mine, store_deadline()).current;
-          if (cur == mine)
+          if (cur == mine) {
             for (auto j : joiners)
               store_->set(key("joined/" + std::to_string(j)), std::to_string(g + 1), store_deadline());
+            answer_holds(*store_, holds);
+          }
           next = detail::generation_record::decode(to_bytes(cur));
           break;
         }

@@ -195,12 +195,30 @@ TEST_F(ElasticProcess, KillOfAJoinerWhileTheMembersConnectInTheBackground) {
 // (--restart-cooldown, doubling) before it restarts it, so the members fail
 // over less often; the fourth incarnation joins, and nothing is lost.
 TEST_F(ElasticProcess, AJoinerThatKeepsFailingIsRestartedAfterACoolDown) {
-  const auto out = train("-n 2 --add 0.3 --restart 3 --restart-cooldown 0.3", "EBBFLOW_FAULT='sync-recv*3'", 1500);
+  const auto out = train("-n 2 --add 0.3 --restart 3 --restart-cooldown 0.3",
+                         "EBBFLOW_FAULT='sync-recv*3' EBBFLOW_JOIN_COOLDOWN=0", 1500);
+  EXPECT_EQ(count(out, "held back"), 0) << out;  // the group's own cool-down is off here
   EXPECT_EQ(count(out, "EBBFLOW_FAULT=sync-recv"), 3) << out;
   EXPECT_GE(count(out, "world changed (failure)"), 3) << out;
   EXPECT_EQ(count(out, "restarting it as a joiner ("), 1) << out;  // the first failure: at once
   EXPECT_NE(out.find("failed 2 times in a row: restarting it as a joiner in 0.3 s"), std::string::npos) << out;
   EXPECT_NE(out.find("failed 3 times in a row: restarting it as a joiner in 0.6 s"), std::string::npos) << out;
+  EXPECT_NE(out.find("-> 3 workers"), std::string::npos) << out;
+}
+
+// The same without the launcher's cool-down: the group holds the worker's
+// next tickets back (EBBFLOW_JOIN_COOLDOWN), whoever restarts it. Its join
+// failures count per worker key (ebbflow-run: host/slot): none after the
+// first, then SEC, doubling.
+TEST_F(ElasticProcess, AJoinerThatKeepsFailingIsHeldBackByTheGroup) {
+  const auto out = train("-n 2 --add 0.3 --restart 3 --restart-cooldown 0",
+                         "EBBFLOW_FAULT='sync-recv*3' EBBFLOW_JOIN_COOLDOWN=0.3:5", 1500);
+  EXPECT_EQ(count(out, "EBBFLOW_FAULT=sync-recv"), 3) << out;
+  EXPECT_EQ(count(out, "died while joining: its join failures in a row: "), 3) << out;
+  EXPECT_EQ(count(out, "held back"), 2) << out;
+  EXPECT_NE(out.find("failed 2 times in a row while joining: held back 0.3 s"), std::string::npos) << out;
+  EXPECT_NE(out.find("failed 3 times in a row while joining: held back 0.6 s"), std::string::npos) << out;
+  EXPECT_EQ(count(out, "cool-down over"), 0) << out;  // the launcher restarted at once every time
   EXPECT_NE(out.find("-> 3 workers"), std::string::npos) << out;
 }
 

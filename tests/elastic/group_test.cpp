@@ -125,6 +125,9 @@ struct scenario {
   int min_size = 1;
   bool run_on_while_changing = true;  // the loop also runs while g.changing()
   bool adaptive = false;  // planner_policy with emulated speeds (seconds per sample = 1 ms × (launch rank + 1))
+  std::chrono::microseconds step_time{0};  // slept per step (time-based behaviour)
+  std::chrono::milliseconds join_cooldown{1000}, join_cooldown_max{60'000};
+  std::vector<std::pair<std::string, std::string>> store_init;  // keys set before the workers start
 };
 
 struct outcome {
@@ -134,7 +137,8 @@ struct outcome {
   std::vector<el::world_change> history0;
   std::vector<std::string> errors;
   std::vector<std::uint64_t> last_plan;
-  std::set<std::int64_t> final_steps;  // the step every survivor ended at (one value)
+  std::set<std::int64_t> final_steps;       // the step every survivor ended at (one value)
+  std::shared_ptr<el::memory_store> store;  // as the job left it
 };
 
 void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::shared_ptr<el::loopback_fabric> fabric,
@@ -152,6 +156,9 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
     o.join_timeout = 20s;
     o.min_size_wait = 20s;
     o.admit_delay = 0ms;  // steps take microseconds here
+    o.join_cooldown = sc.join_cooldown;
+    o.join_cooldown_max = sc.join_cooldown_max;
+    o.worker_key = join ? "joiner" : "initial-" + std::to_string(launch_rank);
     ef::launch_info li;
     li.rank = join ? sc.initial : launch_rank;
     li.world_size = sc.initial;
@@ -193,6 +200,7 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
           net.kill();  // crash mid-step: peers are inside the allreduce
           return;
         }
+      if (sc.step_time.count()) std::this_thread::sleep_for(sc.step_time);
       if (!g.allreduce(grad)) continue;
       for (std::size_t k = 0; k < w.size(); ++k) w[k] -= lr * grad[k];
       g.end_step(2e-3 + per_sample * static_cast<double>(s.batch));
@@ -215,8 +223,10 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
 
 std::unique_ptr<outcome> run(const scenario& sc) {
   auto store = std::make_shared<el::memory_store>();
+  for (auto& [k, v] : sc.store_init) store->set(k, v, ef::deadline::after(1s));
   auto fabric = std::make_shared<el::loopback_fabric>();
   auto result = std::make_unique<outcome>();
+  result->store = store;
   outcome& out = *result;
   std::vector<std::jthread> joiners;
   std::mutex joiners_m;
@@ -358,6 +368,29 @@ TEST(ElasticGroup, BelowMinSizeWaitsForAJoiner) {
   expect_equal_to_reference(sc, out, 2);
 }
 
+// A newcomer whose worker failed twice in a row while joining is held back
+// (EBBFLOW_JOIN_COOLDOWN: SEC after the second failure), then admitted; once
+// it stayed MAX s, its worker's count is cleared.
+TEST(ElasticGroup, JoinerOfAWorkerThatKeptFailingIsHeldBackThenAdmitted) {
+  scenario sc;
+  sc.steps = 500;
+  sc.step_time = 1ms;
+  sc.joins = {5};
+  sc.join_cooldown = 100ms;
+  sc.join_cooldown_max = 200ms;
+  sc.store_init = {{"ebbflow/joinfail/joiner", "2 7 12"}};  // generation 7 lost member 12 of worker "joiner"
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 4);
+  auto store_value = [&](const std::string& k) { return out.store->try_get(k, ef::deadline::after(1s)); };
+  EXPECT_EQ(store_value("ebbflow/held/1"), std::optional<std::string>("100 2"));       // its first ticket: held 0.1 s
+  EXPECT_FALSE(store_value("ebbflow/held/2").has_value());                             // its second: admitted
+  EXPECT_EQ(store_value("ebbflow/joinfail/joiner"), std::optional<std::string>("0"));  // it stayed 0.2 s
+  int joins = 0;
+  for (auto& h : out.history0) joins += h.reason == el::change_reason::join;
+  EXPECT_EQ(joins, 1);
+}
+
 TEST(ElasticGroup, BadOptionsAreNamed) {
   auto store = std::make_shared<el::memory_store>();
   auto fabric = std::make_shared<el::loopback_fabric>();
@@ -369,6 +402,32 @@ TEST(ElasticGroup, BadOptionsAreNamed) {
     FAIL();
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("global_batch must be > 0"), std::string::npos);
+  }
+}
+
+TEST(ElasticGroup, JoinCooldownFromTheEnvironment) {
+  const auto with = [](const char* v) {
+    ::setenv("EBBFLOW_JOIN_COOLDOWN", v, 1);
+    struct unset {
+      ~unset() { ::unsetenv("EBBFLOW_JOIN_COOLDOWN"); }
+    } guard;
+    return el::group_options::from_environment();
+  };
+  auto o = with("0.25:8");
+  EXPECT_EQ(o.join_cooldown, 250ms);
+  EXPECT_EQ(o.join_cooldown_max, 8000ms);
+  o = with("2");
+  EXPECT_EQ(o.join_cooldown, 2000ms);
+  EXPECT_EQ(o.join_cooldown_max, 60'000ms);
+  EXPECT_EQ(with("0").join_cooldown, 0ms);
+  for (const char* bad : {"x", "1:", "-1", "5:2", "1:2:3"}) {
+    try {
+      with(bad);
+      ADD_FAILURE() << bad;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("EBBFLOW_JOIN_COOLDOWN='" + std::string(bad) + "'"), std::string::npos)
+          << e.what();
+    }
   }
 }
 

@@ -304,6 +304,7 @@ int main(int argc, char** argv) {
   // Initial workers get ranks 0..n-1; workers started later join the running
   // job (EBBFLOW_JOIN=1) and are named by the next free id.
   int next_id = 0;
+  const std::string host = ef::env::host_name();
   std::vector<int> alive;  // ids of running workers, oldest first
   // A restarted worker stands in for the one that failed: its slot (the
   // first worker's id) carries the count of failures in a row.
@@ -329,6 +330,9 @@ int main(int argc, char** argv) {
     }
     if (!cpus.empty()) spec.cpus = {cpus[static_cast<std::size_t>(spec.id / opt.cpu_bind) % cpus.size()]};
     spec.env.push_back({"EBBFLOW_LOCAL_RANK", std::to_string(spec.id)});
+    // The group's join cool-down counts failures per worker key: a restarted
+    // worker keeps the key of the slot it stands in for.
+    spec.env.push_back({"EBBFLOW_WORKER_KEY", host + "/" + std::to_string(slot_of[spec.id])});
     spec.env.push_back({"EBBFLOW_STORE", store_addr});
     spec.env.push_back({"EBBFLOW_TOKEN", token});
     if (opt.min_size) spec.env.push_back({"EBBFLOW_MIN_SIZE", std::to_string(opt.min_size)});

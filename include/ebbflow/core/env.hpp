@@ -12,6 +12,8 @@
 #include <ebbflow/config.hpp>
 #include <ebbflow/core/error.hpp>
 
+#include <unistd.h>
+
 #include <charconv>
 #include <chrono>
 #include <cstdint>
@@ -72,6 +74,13 @@ inline bool get_bool(const char* name, bool fallback) {
 inline std::chrono::milliseconds get_ms(const char* name, std::chrono::milliseconds fallback, std::int64_t lo_ms = 0,
                                         std::int64_t hi_ms = 24LL * 3600 * 1000) {
   return std::chrono::milliseconds(get_int(name, fallback.count(), lo_ms, hi_ms));
+}
+
+//! This host's name (gethostname), or "localhost" when it has none.
+inline std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return "localhost";
+  return buf;
 }
 
 //! "host:port" split in two; port in [0, 65535].

@@ -70,6 +70,7 @@
 #include <csignal>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -139,6 +140,17 @@ struct group_options {
   //! helper thread at the lowest CPU priority, on a store connection of its
   //! own, so the training thread spends microseconds on a join or a leave.
   bool preconnect = true;
+  //! EBBFLOW_JOIN_COOLDOWN=SEC[:MAX] (default 1:60; 0 turns it off). A
+  //! worker whose newcomers failed n >= 2 times in a row while joining (from
+  //! the join ticket until MAX s after admission) is held back SEC * 2^(n-2)
+  //! s, at most MAX, before its next ticket is admitted. A newcomer that
+  //! stays MAX s clears the count. Failures count per `worker_key`.
+  std::chrono::milliseconds join_cooldown{1'000};
+  std::chrono::milliseconds join_cooldown_max{60'000};  //!< MAX of EBBFLOW_JOIN_COOLDOWN
+  //! EBBFLOW_WORKER_KEY: whose join failures count together (default: this
+  //! host's name, so a flaky host is held back; ebbflow-run sets host/slot,
+  //! so a restarted worker keeps the key of the one it replaces).
+  std::string worker_key;
 
   //! Reads the fields named above from the environment (launch rank and world
   //! come from `launch_info`). @throws std::invalid_argument naming the variable.
@@ -156,6 +168,20 @@ struct group_options {
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
     o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
     o.preconnect = env::get_bool("EBBFLOW_PRECONNECT", o.preconnect);
+    if (auto c = env::get("EBBFLOW_JOIN_COOLDOWN")) {
+      const auto seconds = [&](const std::string& t) {
+        char* end = nullptr;
+        const double x = std::strtod(t.c_str(), &end);
+        EBBFLOW_ENFORCE(!t.empty() && end == t.c_str() + t.size() && x >= 0 && x <= 86'400,
+                        "EBBFLOW_JOIN_COOLDOWN='" << *c << "': expected SEC[:MAX], seconds in [0, 86400]");
+        return std::chrono::milliseconds(static_cast<std::int64_t>(x * 1000 + 0.5));
+      };
+      const auto colon = c->find(':');
+      o.join_cooldown = seconds(c->substr(0, colon));
+      if (colon != std::string::npos) o.join_cooldown_max = seconds(c->substr(colon + 1));
+      EBBFLOW_ENFORCE(o.join_cooldown_max >= o.join_cooldown, "EBBFLOW_JOIN_COOLDOWN='" << *c << "': MAX is below SEC");
+    }
+    if (auto k = env::get("EBBFLOW_WORKER_KEY")) o.worker_key = *k;
     return o;
   }
 };
@@ -412,7 +438,21 @@ class group {
   std::vector<bytes> gather_addresses(const detail::generation_record& rec, Store& st,
                                       std::map<member_id, bytes>& cache, int rank,
                                       const std::shared_ptr<comm::revoke_flag>& revoke, std::stop_token stop);
-  std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room, bool settle);
+  // A join ticket answered with a cool-down instead of an admission.
+  struct join_hold {
+    std::int64_t ticket = 0;
+    std::int64_t ms = 0;        // how long the joiner waits before it files a new ticket
+    std::int64_t failures = 0;  // its worker's join failures in a row
+    std::string worker;         // its worker key
+  };
+  // The join tickets after `seen` (advanced past those handled), at most
+  // `room` of them admitted; tickets of workers in a cool-down go to `holds`.
+  std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room, bool settle,
+                                         std::vector<join_hold>& holds);
+  void answer_holds(Store& st, const std::vector<join_hold>& holds) const;
+  // The recovery's winner: the members lost from gen_ that were still in their
+  // probation as newcomers count one join failure for their worker key.
+  void count_join_failures(const std::vector<detail::member_entry>& alive);
   // Each member's heartbeat counter as last read, and when it last changed.
   using lease_seen = std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>;
   // Lease checks of a connect in progress: at most one round per heartbeat.
@@ -504,6 +544,9 @@ class group {
     inside(const inside&) = delete;
     inside& operator=(const inside&) = delete;
   };
+  // A newcomer until its probation ends (steady_clock ticks; 0: not one):
+  // then the heartbeat thread clears its join-failure marks.
+  std::atomic<steady_clock::rep> probation_end_{0};
   std::vector<member_id> admitting_;             // joiners the coordinator flagged in this step's control exchange
   std::int64_t ticket_seen_until_ = 0;           // coordinator: newest join ticket seen
   steady_clock::time_point ticket_first_seen_;   // when the oldest waiting ticket was seen
