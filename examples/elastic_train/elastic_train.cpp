@@ -7,6 +7,11 @@
 // Each worker can be made slower (an emulated slower GPU) with
 // EBBFLOW_SLOWDOWN=<factor>; with --sample-us U every sample costs U µs of
 // emulated device time (× the slowdown), so speeds differ in a known way.
+// --straggle ID:FROM:TO:FACTOR makes worker ID (EBBFLOW_WORKER_ID) FACTOR
+// times slower still during steps [FROM, TO) (a transient straggler: thermal
+// throttling, a noisy neighbour). With --steal the workers process their slices in chunks and
+// take over the tails of slices whose owners fall behind (in-step work
+// stealing through the job's store).
 // --reference runs the same global batches in one process (for checks).
 #include <ebbflow/elastic/group.hpp>
 #include <ebbflow/elastic/planner_policy.hpp>
@@ -33,6 +38,18 @@ using clk = std::chrono::steady_clock;
 
 namespace {
 
+// --straggle ID:FROM:TO:FACTOR[:PERIOD]: worker ID runs steps [FROM, TO)
+// FACTOR times slower (and again every PERIOD steps).
+struct straggle {
+  long long id = -1, from = 0, to = 0, period = 0;
+  double factor = 1;
+  double at(long long worker, std::int64_t step) const {
+    if (worker != id || step < from) return 1.0;
+    const long long s = period > 0 ? from + (step - from) % period : step;
+    return s < to ? factor : 1.0;
+  }
+};
+
 struct args {
   std::int64_t steps = 200;
   std::size_t batch = 64;
@@ -45,6 +62,8 @@ struct args {
   std::int64_t checkpoint_at = -1;
   bool resume = false;
   bool reference = false;
+  bool steal = false;
+  straggle straggler;
   std::int64_t die_at = -1;  // this worker SIGKILLs itself in the middle of that step (tests)
 };
 
@@ -83,7 +102,21 @@ args parse(int argc, char** argv) {
       a.die_at = std::stoll(v());
     else if (k == "--reference")
       a.reference = true;
-    else if (k == "--checkpoint")
+    else if (k == "--steal")
+      a.steal = true;
+    else if (k == "--straggle") {
+      const std::string t = v();
+      straggle& g = a.straggler;
+      char tail = 0;
+      const int n =
+          std::sscanf(t.c_str(), "%lld:%lld:%lld:%lf:%lld%c", &g.id, &g.from, &g.to, &g.factor, &g.period, &tail);
+      if ((n != 4 && n != 5) || g.id < 0 || g.from < 0 || g.to < g.from || !(g.factor >= 1 && g.factor <= 1000) ||
+          g.period < 0 || (g.period > 0 && g.period < g.to - g.from)) {
+        std::cerr << "elastic_train: --straggle '" << t
+                  << "': expected ID:FROM:TO:FACTOR[:PERIOD] (FACTOR in [1, 1000], PERIOD >= TO - FROM)\n";
+        std::exit(2);
+      }
+    } else if (k == "--checkpoint")
       a.checkpoint = v();
     else if (k == "--checkpoint-at")
       a.checkpoint_at = std::stoll(v());
@@ -131,9 +164,10 @@ checkpoint_header load_checkpoint(const std::string& path, std::vector<float>& p
   return h;
 }
 
-// Emulated device time of one step on `b` samples (a slower GPU takes longer).
-void emulate_device(const args& a, std::size_t b, double slowdown) {
-  const double us = slowdown * (a.step_us + a.sample_us * static_cast<double>(b));
+// Emulated device time of one step's fixed part (with `fixed`) and of `b`
+// samples (a slower GPU takes longer).
+void emulate_device(const args& a, std::size_t b, double slowdown, bool fixed = true) {
+  const double us = slowdown * ((fixed ? a.step_us : 0) + a.sample_us * static_cast<double>(b));
   if (us > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(us));
 }
 
@@ -170,6 +204,8 @@ int main(int argc, char** argv) try {
   if (a.reference) return reference(a, train, test);
 
   const double slowdown = ef::env::get_double("EBBFLOW_SLOWDOWN", 1.0, 1.0, 1000.0);
+  const long long worker_id = ef::env::get_int("EBBFLOW_WORKER_ID", -1);
+  std::uint64_t stolen = 0, chunks = 0, steal_steps = 0;
   const mlp::shape sh{64, a.hidden, 10};
   auto params = mlp::init(sh, a.seed);
   std::vector<float> velocity(params.size(), 0.f);
@@ -213,20 +249,38 @@ int main(int argc, char** argv) try {
     const ef::plan::epoch_permutation order(train.size(), a.seed, static_cast<std::uint64_t>(s.epoch));
     std::fill(grad.begin(), grad.end(), 0.f);
     float loss = 0;
-    for (std::size_t j = 0; j < s.batch; ++j) {
-      const auto i = order(s.cursor + s.offset + j);
-      // Gradient of the global mean loss: my samples weigh 1 / B_t each (= w_i × my mean).
-      loss += mlp::accumulate(sh, params, &train.x[i * 64], train.y[i], 1.f / static_cast<float>(s.global_batch),
-                              std::span(grad).first(params.size()));
+    // Gradient of the global mean loss: every sample weighs 1 / B_t (= w_i × my mean).
+    const auto train_on = [&](std::size_t first, std::size_t last) {  // positions in the global batch
+      for (std::size_t p = first; p < last; ++p) {
+        const auto i = order(s.cursor + p);
+        loss += mlp::accumulate(sh, params, &train.x[i * 64], train.y[i], 1.f / static_cast<float>(s.global_batch),
+                                std::span(grad).first(params.size()));
+      }
+    };
+    const double slow = slowdown * a.straggler.at(worker_id, s.step);
+    std::size_t processed = s.batch;
+    if (a.steal) {
+      emulate_device(a, 0, slow);  // the step's fixed part
+      // ebbflow: my slice in chunks, then the tails of members that fall behind.
+      const auto rep = group.steal_step([&](std::size_t first, std::size_t last) {
+        train_on(first, last);
+        emulate_device(a, last - first, slow, false);
+      });
+      processed = rep.processed;
+      stolen += rep.stolen;
+      chunks += rep.chunks;
+      ++steal_steps;
+    } else {
+      train_on(s.offset, s.offset + s.batch);
+      emulate_device(a, s.batch, slow);
     }
     grad.back() = loss / static_cast<float>(s.global_batch);
-    emulate_device(a, s.batch, slowdown);
     const double compute_s = std::chrono::duration<double>(clk::now() - c0).count();
     if (s.step == a.die_at) std::raise(SIGKILL);  // fault injection for tests
 
     if (!group.allreduce(grad)) continue;  // ebbflow: a member failed; the step is redone
     mlp::sgd_step(params, velocity, std::span(grad).first(params.size()), a.lr, a.momentum);
-    group.end_step(compute_s);  // ebbflow: commit; joins, leaves and re-plans happen here
+    group.end_step(compute_s, processed);  // ebbflow: commit; joins, leaves and re-plans happen here
     const bool stop_for_checkpoint = a.checkpoint_at >= 0 && group.step() == a.checkpoint_at;
     if (stop_for_checkpoint && group.rank() == 0)
       save_checkpoint(a.checkpoint, {group.step(), group.epoch(), group.cursor(), params.size()}, params, velocity);
@@ -255,6 +309,10 @@ int main(int argc, char** argv) try {
     group.finish();
   }
   if (metrics) std::fclose(metrics);
+  if (a.steal)
+    std::fprintf(stderr, "work stealing: stole %llu samples in %llu steps (%llu chunks)\n",
+                 static_cast<unsigned long long>(stolen), static_cast<unsigned long long>(steal_steps),
+                 static_cast<unsigned long long>(chunks));
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "elastic_train: %s\n", e.what());

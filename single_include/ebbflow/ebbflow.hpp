@@ -8126,6 +8126,18 @@ class planning_policy {
   virtual void observe(member_id member, std::size_t batch, double seconds) = 0;
   //! Batch sizes (rank order of `members`) that sum to `global_batch`.
   virtual std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) = 0;
+  //! What the policy knows of a member's speed: seconds per step and per
+  //! sample (the inputs of its plan). Paces in-step work stealing.
+  struct member_model {
+    double fixed_seconds = 0;       //!< a_i
+    double seconds_per_sample = 0;  //!< c_i (> 0 when known)
+  };
+  //! The models of `members` (rank order), or empty when the policy has
+  //! none for them yet (then `group::steal_step` steals unpaced).
+  [[nodiscard]] virtual std::vector<member_model> models(std::span<const member_id> members) const {
+    (void)members;
+    return {};
+  }
   //! Whether `current` should be replaced (checked by the coordinator each step).
   virtual bool should_replan(std::span<const member_id> members, std::span<const std::size_t> current,
                              std::size_t global_batch) {
@@ -8179,6 +8191,1726 @@ inline std::vector<std::size_t> scale_plan(std::span<const std::size_t> plan, st
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/elastic/policy.hpp>
+// #include <ebbflow/plan/work_stealing.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/work_stealing.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file work_stealing.hpp
+//! In-step work stealing with exactly-once claims: a transient straggler's
+//! unfinished tail is taken over by workers that finished early.
+//!
+//! A plan splits a step's B samples into per-rank slices (rank r owns the
+//! b_r items [0, b_r) of its slice; `epoch_sampler::slice` maps them to data-set
+//! indices). With stealing, each slice is consumed from the FRONT by its owner
+//! and from the BACK by thieves, in chunks. Every claim on slice r is ONE
+//! atomic fetch-add on one 64-bit store counter, `key(r)`, which packs two
+//! counts: bits 32..62 hold F, the items the owner has requested so far, and
+//! bits 0..31 hold K, the items thieves have requested. A claim of q items
+//! adds q·2^32 (owner) or q (thief); `add` returns the value after the claim,
+//! so the claimant knows the exact state (F, K) just before it and is granted
+//! g = min(q, max(0, b_r − F − K)) items: the owner [F, F + g), a thief
+//! [b_r − K − g, b_r − K).
+//!
+//! Exactly once, never out of range: the store applies the adds of one key in
+//! a total order. While F + K <= b_r every claim so far was granted in full,
+//! so the owner holds [0, F) and the thieves hold [b_r − K, b_r), disjoint
+//! since F + K <= b_r. The claim that first makes F + K >= b_r is granted
+//! exactly the gap b_r − F − K, and every later claim 0. Hence every item of
+//! [0, b_r) is granted to exactly one claim. Every item is also processed:
+//! the owner keeps claiming until a claim comes back short (its slice is
+//! exhausted), so stealing is only an optimisation; a thief may stop whenever
+//! it likes. The fields cannot overflow: the owner is the only writer of F and
+//! never requests more than b_r − F (it knows F exactly), so F <= b_r < 2^31;
+//! a thief requests at most what it last saw remaining and at most
+//! `thief_request_limit(b_r, slices)`, and it makes at most one short claim
+//! per slice (after one it knows the slice is exhausted), so
+//! K <= b_r + slices·limit < 2^32 and never carries into F.
+//!
+//! Keys: `<prefix>/<generation>/<step>/<rank>`. The pair (generation, step)
+//! must be unique per step *attempt*: a rolled-back step that is redone must
+//! use a new generation (the elastic group's generation changes whenever a
+//! step is rolled back) or a new step number, so counters of an old attempt,
+//! and late claims of a zombie member, can never touch the new one. Cost:
+//! one small integer key per (attempt, slice). `release()` erases the own
+//! slice's key when the store supports `erase(key)` (the Boost.Asio store
+//! client does; memory_store does not): call it once no member can claim in
+//! this step any more, e.g. after the step's gradient allreduce. A late claim
+//! on an erased key recreates a junk key of a dead attempt that nobody reads.
+//!
+//! Gradient weights (the loss-scaling contract): with stealing, worker i
+//! trains on p_i = `processed()` samples (own and stolen) instead of b_i, and
+//! Σ_i p_i = B. Each worker must weight each of its samples by 1/B: compute
+//! the SUM of the per-sample losses over everything it processed in the step
+//! (accumulating gradients over its chunks) and divide by B, or equivalently
+//! scale its mean-loss gradient by w_i = p_i / B (`weight(B)`), not by the
+//! plan's b_i / B. The allreduced sum is then the mean-loss gradient of the
+//! step's B samples, exactly as without stealing. A worker that processed
+//! nothing contributes a zero gradient and still takes part in the allreduce.
+//!
+//! Samples and data: a thief reads the data-set indices of another rank's
+//! slice (`samples_of`), so stealing fits `epoch_sampler` over a data set
+//! every worker can read; it does not fit `shard_sampler`, where only a shard's
+//! owner reads it.
+//!
+//! Chunk sizes (`steal_options`, `owner_request`, `thief_request`): the owner
+//! claims a first chunk (first_fraction·b_r, small enough that an owner up to
+//! 1/first_fraction times slower than planned still finishes it in the planned
+//! step time, and that measures its speed in this step), then everything but a
+//! tail reserve (tail_reserve·b_r) at once, then guided chunks
+//! ceil(rest / owner_divisor) of the reserve, never below min_chunk and never
+//! leaving less than min_chunk behind. A step on plan thus costs about
+//! 2 + log_{owner_divisor}(tail_reserve·b_r / min_chunk) claims; the reserve
+//! is what thieves can take from an owner that is a little slow (noise),
+//! while pacing leaves a straggler's whole rest to them. Callers may cap a
+//! claim (`steal_policy` and `run_stealing_step` do all of this), e.g. with
+//! `paced_owner_cap` so an owner that falls behind its planned step time
+//! claims little and leaves its tail to thieves, and with `balanced_steal` so
+//! a thief takes no more than it can finish before the victim would.
+//!
+//! Thread safety: a `work_stealer` is used by one thread (one per worker and
+//! step); any number of workers, threads or processes may claim concurrently
+//! through one store, which must make `add` atomic. Blocking: every claim and
+//! `peek` is one store round trip, bounded by `steal_options::timeout`.
+//! Errors: plan_error (empty_membership, slice_too_large, bad_rank,
+//! bad_steal_request, bad_counter); store errors propagate unchanged
+//! (e.g. `ebbflow::system_error` with errc::timeout or errc::peer_lost).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/plan/batch_planner.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/batch_planner.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file batch_planner.hpp
+//! The exact heterogeneity-aware batch planner.
+//!
+//! Given per-worker step-time models t_i(b) = a_i + comm_i + c_i·b, memory
+//! caps m_i, optional minimums lo_i and a global batch B, `solve` returns the
+//! integer split b_i that minimises the step time max_i t_i(b_i) subject to
+//! Σ b_i = B and lo_i <= b_i <= m_i. The optimum is exact (no heuristic
+//! rounding), and the split is *canonical*: among all optimal splits it
+//! returns the one that takes, above the minimums, the B − Σ lo_i smallest
+//! "increments" t_i(lo_i+1), t_i(lo_i+2), ... in (value, rank) order. The
+//! canonical split depends only on the inputs and on the IEEE results of
+//! `worker_spec::step_time`, never on the solver's search path, so every rank
+//! that runs the same build on the same inputs computes bit-identical plans.
+//!
+//! Gradient weights and the loss-scaling contract: a worker that trains on
+//! b_i samples computes the *mean* loss over its local batch, back-propagates,
+//! and multiplies its gradients by w_i = b_i / B (`batch_plan::weight`). The
+//! allreduced SUM over all workers is then Σ_i (b_i/B)·mean_i = the mean-loss
+//! gradient of the single global batch of B samples, exactly the update of
+//! large-batch SGD. A worker with b_i = 0 contributes a zero gradient (it must
+//! still take part in the allreduce).
+//!
+//! Errors: every call raises `plan::plan_error` (a `std::invalid_argument`)
+//! naming the cause and worker; see plan_error.hpp. Thread safety: all
+//! functions are pure; distinct calls may run concurrently.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/plan/plan_error.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/plan_error.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file plan_error.hpp
+//! The one error type of the planner component. Every infeasible or malformed
+//! input to the cost model, the batch planner, the re-planner and the samplers
+//! raises `plan::plan_error`, which *is a* `std::invalid_argument` (the
+//! project-wide convention for bad user input, STYLE.md §4) and additionally
+//! names the cause (`plan::plan_errc`) and, where one is involved, the worker
+//! id. `what()` reads e.g.
+//! `"infeasible: sum of max_batch 96 < global batch 100 (plan/impl/batch_planner.hpp:57)"`.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+//! Why a planner-component call rejected its input.
+enum class plan_errc {
+  empty_membership = 1,  //!< no workers were given
+  zero_batch,            //!< global batch 0 (policy: a step always has at least one sample)
+  bad_cost,              //!< a worker's a, c or comm term is NaN, infinite, negative, or c <= 0
+  bad_bounds,            //!< a worker's min_batch exceeds its max_batch
+  infeasible,            //!< sum of max_batch < global batch, or sum of min_batch > global batch
+  duplicate_worker,      //!< the same worker id appears twice in one membership
+  bad_observation,       //!< a cost-model observation with NaN, infinite or non-positive seconds
+  bad_rank,              //!< a rank outside the plan
+  membership_mismatch,   //!< a plan used with a membership it was not made for
+  batch_exceeds_epoch,   //!< a plan's global batch is larger than what is left of the epoch
+  stale_plan,            //!< a plan older than one already committed
+  bad_dataset,           //!< data-set size 0, or a shard of size 0
+  bad_state,             //!< serialized sampler state is truncated, corrupt or of another version
+  slice_too_large,       //!< a work-stealing slice beyond 2^31 - 1 items (its claim counter would overflow)
+  bad_steal_request,     //!< a work-stealing claim of 0 items, bad steal_options, or stealing from oneself
+  bad_counter,           //!< a work-stealing counter in the store that no valid claim sequence can produce
+};
+
+//! Short stable name of a cause ("infeasible", "bad_cost", ...).
+constexpr std::string_view to_string(plan_errc e) noexcept {
+  switch (e) {
+    case plan_errc::empty_membership:
+      return "empty_membership";
+    case plan_errc::zero_batch:
+      return "zero_batch";
+    case plan_errc::bad_cost:
+      return "bad_cost";
+    case plan_errc::bad_bounds:
+      return "bad_bounds";
+    case plan_errc::infeasible:
+      return "infeasible";
+    case plan_errc::duplicate_worker:
+      return "duplicate_worker";
+    case plan_errc::bad_observation:
+      return "bad_observation";
+    case plan_errc::bad_rank:
+      return "bad_rank";
+    case plan_errc::membership_mismatch:
+      return "membership_mismatch";
+    case plan_errc::batch_exceeds_epoch:
+      return "batch_exceeds_epoch";
+    case plan_errc::stale_plan:
+      return "stale_plan";
+    case plan_errc::bad_dataset:
+      return "bad_dataset";
+    case plan_errc::bad_state:
+      return "bad_state";
+    case plan_errc::slice_too_large:
+      return "slice_too_large";
+    case plan_errc::bad_steal_request:
+      return "bad_steal_request";
+    case plan_errc::bad_counter:
+      return "bad_counter";
+  }
+  return "unknown";
+}
+
+//! Bad input to the planner component. Thread safety: an ordinary exception
+//! value. `code()` says why, `worker()` names the offending worker id when one
+//! is involved.
+class plan_error : public std::invalid_argument {
+ public:
+  //! `what()` becomes "<to_string(code)>: <message>".
+  plan_error(plan_errc code, std::string message, std::optional<std::uint64_t> worker = std::nullopt)
+      : std::invalid_argument(std::string(to_string(code)) + ": " + message), code_(code), worker_(worker) {}
+
+  [[nodiscard]] plan_errc code() const noexcept { return code_; }  //!< the cause
+  //! The offending worker's id, or nullopt when no single worker is to blame.
+  [[nodiscard]] std::optional<std::uint64_t> worker() const noexcept { return worker_; }
+
+ private:
+  plan_errc code_;
+  std::optional<std::uint64_t> worker_;
+};
+
+namespace detail {
+[[noreturn]] inline void throw_plan_error(plan_errc code, const char* file, int line, const std::string& msg,
+                                          std::optional<std::uint64_t> worker = std::nullopt) {
+  std::ostringstream os;
+  os << msg << " (" << file << ":" << line << ")";
+  EBBFLOW_THROW((plan_error(code, os.str(), worker)));
+}
+}  // namespace detail
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+
+//! Throws `plan::plan_error(code, msg + file:line)` when `cond` is false.
+//! `msg` is an ostream expression.
+#define EBBFLOW_PLAN_ENFORCE(cond, code, msg)                                                      \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      std::ostringstream ebbflow_plan_os_;                                                         \
+      ebbflow_plan_os_ << msg;                                                                     \
+      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str()); \
+    }                                                                                              \
+  } while (0)
+
+//! Same, naming the offending worker id.
+#define EBBFLOW_PLAN_ENFORCE_W(cond, code, worker_id, msg)                                        \
+  do {                                                                                            \
+    if (!(cond)) {                                                                                \
+      std::ostringstream ebbflow_plan_os_;                                                        \
+      ebbflow_plan_os_ << "worker " << (worker_id) << ": " << msg;                                \
+      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str(), \
+                                                std::uint64_t(worker_id));                        \
+    }                                                                                             \
+  } while (0)
+// ---- end <ebbflow/plan/plan_error.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+//! One worker as the planner sees it, in rank order. Value type.
+struct worker_spec {
+  std::uint64_t id = 0;       //!< stable worker id (unique within one membership)
+  double a = 0;               //!< fixed seconds per step (>= 0, finite)
+  double c = 0;               //!< seconds per sample (> 0, finite)
+  std::size_t max_batch = 0;  //!< m_i: largest batch that fits in memory
+  std::size_t min_batch = 0;  //!< lo_i: smallest batch this worker must take
+  double comm_s = 0;          //!< hook: per-worker communication seconds added to every step (>= 0)
+
+  //! Predicted seconds of one step on `b` samples: (a + comm_s) + c·b,
+  //! evaluated with one fused multiply-add so every call site and every rank
+  //! rounds identically. Every comparison inside the planner uses this.
+  [[nodiscard]] double step_time(std::size_t b) const noexcept {
+    return std::fma(c, static_cast<double>(b), a + comm_s);
+  }
+};
+
+//! A split of one global batch over the members, in rank order. Value type.
+struct batch_plan {
+  std::uint64_t version = 0;              //!< plans of one job are numbered 1, 2, ... (0: none)
+  std::size_t global_batch = 0;           //!< B = Σ batch
+  std::vector<std::uint64_t> worker_ids;  //!< members in rank order
+  std::vector<std::size_t> batch;         //!< b_i per rank
+  std::vector<std::size_t> offsets;       //!< prefix sums: offsets[r] = Σ_{j<r} b_j, offsets[n] = B
+  double step_time = 0;                   //!< predicted max_i t_i(b_i) under the models it was made from
+
+  //! Number of members.
+  [[nodiscard]] std::size_t size() const noexcept { return batch.size(); }
+  //! w_r = b_r / B, the factor rank r applies to its mean-loss gradients.
+  //! @throws plan_error(bad_rank) when r >= size().
+  [[nodiscard]] double weight(std::size_t rank) const;
+  //! All weights in rank order (they sum to 1 up to rounding).
+  [[nodiscard]] std::vector<double> weights() const;
+  //! Rank of worker `id`, or size() when it is not a member.
+  [[nodiscard]] std::size_t rank_of(std::uint64_t id) const noexcept;
+};
+
+//! Checks a membership: non-empty, unique ids, finite non-negative a and
+//! comm_s, finite positive c, min_batch <= max_batch. Does not look at B.
+//! @throws plan_error(empty_membership | duplicate_worker | bad_cost | bad_bounds)
+inline void validate(std::span<const worker_spec> workers);
+
+//! The exact optimal canonical split of `global_batch` (see the file comment).
+//! O(n log n) worst case, O(n) typical; no allocation beyond the result and
+//! O(n) scratch. `version` is stored in the result.
+//! @throws plan_error: validate()'s causes, zero_batch when global_batch == 0,
+//!         infeasible when Σ max_batch < B or Σ min_batch > B.
+[[nodiscard]] inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch,
+                                      std::uint64_t version = 1);
+
+//! Predicted step time of an existing `plan` under (possibly newer) models:
+//! max_r workers[r].step_time(plan.batch[r]).
+//! @throws plan_error(membership_mismatch) when the ids differ in value or order.
+[[nodiscard]] inline double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers);
+
+//! Builds a plan from explicit per-rank sizes (for baselines, tests, or a plan
+//! received from another rank). step_time is computed from `workers`.
+//! @throws plan_error: validate()'s causes; zero_batch when the sizes sum to 0;
+//!         infeasible when a size is outside [min_batch, max_batch].
+[[nodiscard]] inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
+                                          std::uint64_t version);
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/plan/impl/batch_planner.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/impl/batch_planner.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/batch_planner.hpp
+//! Definitions for plan/batch_planner.hpp.
+//!
+//! How `solve` is exact. Write K = B − Σ lo_i and call the values
+//! t_i(lo_i+1), ..., t_i(m_i) worker i's increments; they are non-decreasing
+//! in b. Any split takes a prefix of each worker's increments, K in total, and
+//! its step time is max(T_lo, largest increment taken) with T_lo = max_i
+//! t_i(lo_i). Taking the K smallest increments therefore minimises the step
+//! time, and taking them in (value, rank) order makes the choice unique.
+//!
+//! Finding them fast: a safeguarded Newton iteration solves the continuous
+//! relaxation Σ clamp((S − a_i)/c_i, lo_i, m_i) = B for a level S (a few
+//! O(n) passes; the function is monotone and piecewise linear). The level set
+//! {increments <= S} is a downward-closed prefix of the (value, rank) order
+//! whose size is within about n of K. A heap then adds the next-smallest
+//! increments (or removes the largest ones) one at a time until exactly K are
+//! taken: the result is the K-prefix of the order whatever S was, so rounding
+//! in the Newton step never changes the plan, only the amount of heap work.
+
+
+// #include <ebbflow/core/error.hpp>  (inlined)  // EBBFLOW_EXPECTS
+// #include <ebbflow/plan/batch_planner.hpp>  (inlined)
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+inline double batch_plan::weight(std::size_t rank) const {
+  EBBFLOW_PLAN_ENFORCE(rank < batch.size(), plan_errc::bad_rank,
+                       "rank " << rank << " outside a plan of " << batch.size() << " workers");
+  return static_cast<double>(batch[rank]) / static_cast<double>(global_batch);
+}
+
+inline std::vector<double> batch_plan::weights() const {
+  std::vector<double> w(batch.size());
+  for (std::size_t r = 0; r < batch.size(); ++r)
+    w[r] = static_cast<double>(batch[r]) / static_cast<double>(global_batch);
+  return w;
+}
+
+inline std::size_t batch_plan::rank_of(std::uint64_t id) const noexcept {
+  auto it = std::find(worker_ids.begin(), worker_ids.end(), id);
+  return static_cast<std::size_t>(it - worker_ids.begin());
+}
+
+inline void validate(std::span<const worker_spec> workers) {
+  EBBFLOW_PLAN_ENFORCE(!workers.empty(), plan_errc::empty_membership, "the membership has no workers");
+  for (const worker_spec& w : workers) {
+    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.c) && w.c > 0, plan_errc::bad_cost, w.id,
+                           "seconds per sample c = " << w.c << " must be finite and > 0");
+    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.a) && w.a >= 0, plan_errc::bad_cost, w.id,
+                           "fixed seconds a = " << w.a << " must be finite and >= 0");
+    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.comm_s) && w.comm_s >= 0, plan_errc::bad_cost, w.id,
+                           "communication seconds comm_s = " << w.comm_s << " must be finite and >= 0");
+    EBBFLOW_PLAN_ENFORCE_W(w.min_batch <= w.max_batch, plan_errc::bad_bounds, w.id,
+                           "min_batch " << w.min_batch << " > max_batch " << w.max_batch);
+  }
+  bool increasing = true;  // the common case needs no sort
+  for (std::size_t i = 1; i < workers.size() && increasing; ++i) increasing = workers[i - 1].id < workers[i].id;
+  if (!increasing) {
+    std::vector<std::uint64_t> ids(workers.size());
+    for (std::size_t i = 0; i < workers.size(); ++i) ids[i] = workers[i].id;
+    std::sort(ids.begin(), ids.end());
+    auto dup = std::adjacent_find(ids.begin(), ids.end());
+    EBBFLOW_PLAN_ENFORCE_W(dup == ids.end(), plan_errc::duplicate_worker, (dup == ids.end() ? 0 : *dup),
+                           "appears more than once in the membership");
+  }
+}
+
+namespace detail {
+inline std::size_t saturating_add(std::size_t x, std::size_t y) noexcept {
+  return x > std::numeric_limits<std::size_t>::max() - y ? std::numeric_limits<std::size_t>::max() : x + y;
+}
+
+//! Largest b in [lo, m] with w.step_time(b) <= s; requires w.step_time(lo) <= s.
+inline std::size_t level_count(const worker_spec& w, double inv_c, std::size_t lo, std::size_t m, double s) noexcept {
+  double x = (s - (w.a + w.comm_s)) * inv_c;
+  std::size_t g = !(x > static_cast<double>(lo)) ? lo : x >= static_cast<double>(m) ? m : static_cast<std::size_t>(x);
+  // The division above is within an ulp or two of the truth; step towards
+  // the exact answer, which is defined by step_time alone.
+  for (int k = 0; k < 4 && g < m && w.step_time(g + 1) <= s; ++k) ++g;
+  for (int k = 0; k < 4 && g > lo && w.step_time(g) > s; ++k) --g;
+  if (w.step_time(g) <= s && (g == m || w.step_time(g + 1) > s)) return g;
+  std::size_t lo_b = lo, hi_b = m;  // invariant: step_time(lo_b) <= s; answer in [lo_b, hi_b]
+  while (lo_b < hi_b) {
+    std::size_t mid = lo_b + (hi_b - lo_b + 1) / 2;
+    if (w.step_time(mid) <= s)
+      lo_b = mid;
+    else
+      hi_b = mid - 1;
+  }
+  return lo_b;
+}
+
+struct increment {
+  double value;
+  std::size_t rank;
+};
+}  // namespace detail
+
+inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch, std::uint64_t version) {
+  validate(workers);
+  EBBFLOW_PLAN_ENFORCE(global_batch > 0, plan_errc::zero_batch, "global batch must be at least 1");
+  const std::size_t n = workers.size();
+  const std::size_t B = global_batch;
+
+  std::size_t sum_max = 0, sum_min = 0;
+  for (const worker_spec& w : workers) {
+    sum_max = detail::saturating_add(sum_max, w.max_batch);
+    sum_min = detail::saturating_add(sum_min, w.min_batch);
+  }
+  EBBFLOW_PLAN_ENFORCE(sum_max >= B, plan_errc::infeasible, "sum of max_batch " << sum_max << " < global batch " << B);
+  EBBFLOW_PLAN_ENFORCE(sum_min <= B, plan_errc::infeasible, "sum of min_batch " << sum_min << " > global batch " << B);
+
+  // Caps above B never bind; clamping keeps every count below B (no overflow).
+  std::vector<std::size_t> hi(n);
+  std::vector<double> inv_c(n), base(n), lo_d(n), hi_d(n);
+  double t_lo = -std::numeric_limits<double>::infinity();
+  double t_hi = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < n; ++i) {
+    hi[i] = std::min(workers[i].max_batch, B);
+    inv_c[i] = 1.0 / workers[i].c;
+    base[i] = workers[i].a + workers[i].comm_s;
+    lo_d[i] = static_cast<double>(workers[i].min_batch);
+    hi_d[i] = static_cast<double>(hi[i]);
+    t_lo = std::max(t_lo, workers[i].step_time(workers[i].min_batch));
+    t_hi = std::max(t_hi, workers[i].step_time(hi[i]));
+  }
+
+  // Continuous relaxation g(s) = Σ clamp((s − base_i)/c_i, lo_i, hi_i) − B.
+  auto relax = [&](double s, double& slope) {
+    double sum = 0;
+    slope = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double x = (s - base[i]) * inv_c[i];
+      const double lo = lo_d[i], m = hi_d[i];
+      if (x <= lo) {
+        sum += lo;
+      } else if (x >= m) {
+        sum += m;
+      } else {
+        sum += x;
+        slope += inv_c[i];
+      }
+    }
+    return sum - static_cast<double>(B);
+  };
+  double level = t_lo;
+  {
+    double slope = 0;
+    double f = relax(t_lo, slope);
+    if (f < 0) {
+      double lo_s = t_lo, hi_s = t_hi;
+      double num = static_cast<double>(B), den = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        num += base[i] * inv_c[i];
+        den += inv_c[i];
+      }
+      double s = std::clamp(num / den, lo_s, hi_s);
+      for (int it = 0; it < 200; ++it) {
+        f = relax(s, slope);
+        if (std::abs(f) < 0.5) break;
+        if (f < 0)
+          lo_s = s;
+        else
+          hi_s = s;
+        double next = slope > 0 ? s - f / slope : std::numeric_limits<double>::quiet_NaN();
+        if (!(next > lo_s && next < hi_s)) next = lo_s + 0.5 * (hi_s - lo_s);
+        if (next == s || !(hi_s > lo_s)) break;
+        s = next;
+      }
+      level = s;
+      // Whole samples under the level fall short of the continuous sum by the
+      // fractional parts (about n/2 in total). A few secant steps on the
+      // integer count shrink that gap to a handful, so the heap repair below
+      // does O(few log n) work instead of O(n log n).
+      for (int it = 0; it < 6; ++it) {
+        double count = 0, slope_i = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          const double x = (level - base[i]) * inv_c[i];
+          const double lo = lo_d[i], m = hi_d[i];
+          if (x <= lo) {
+            count += lo;
+          } else if (x >= m) {
+            count += m;
+          } else {
+            count += std::floor(x);
+            slope_i += inv_c[i];
+          }
+        }
+        const double gap = static_cast<double>(B) - count;
+        if (std::abs(gap) <= 8 || slope_i <= 0) break;
+        level = std::clamp(level + gap / slope_i, t_lo, t_hi);
+      }
+    }
+  }
+
+  batch_plan p;
+  p.version = version;
+  p.global_batch = B;
+  p.batch.resize(n);
+  std::size_t taken = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    p.batch[i] = detail::level_count(workers[i], inv_c[i], workers[i].min_batch, hi[i], level);
+    taken += p.batch[i];
+  }
+
+  // Integer repair: reach exactly B along the (value, rank) order.
+  std::vector<detail::increment> heap;
+  heap.reserve(n);
+  if (taken < B) {
+    auto after = [](const detail::increment& x, const detail::increment& y) {
+      return x.value > y.value || (x.value == y.value && x.rank > y.rank);
+    };
+    for (std::size_t i = 0; i < n; ++i)
+      if (p.batch[i] < hi[i]) heap.push_back({workers[i].step_time(p.batch[i] + 1), i});
+    std::make_heap(heap.begin(), heap.end(), after);
+    while (taken < B) {
+      EBBFLOW_EXPECTS(!heap.empty());
+      std::pop_heap(heap.begin(), heap.end(), after);
+      const std::size_t i = heap.back().rank;
+      heap.pop_back();
+      ++p.batch[i];
+      ++taken;
+      if (p.batch[i] < hi[i]) {
+        heap.push_back({workers[i].step_time(p.batch[i] + 1), i});
+        std::push_heap(heap.begin(), heap.end(), after);
+      }
+    }
+  } else if (taken > B) {
+    auto before = [](const detail::increment& x, const detail::increment& y) {
+      return x.value < y.value || (x.value == y.value && x.rank < y.rank);
+    };
+    for (std::size_t i = 0; i < n; ++i)
+      if (p.batch[i] > workers[i].min_batch) heap.push_back({workers[i].step_time(p.batch[i]), i});
+    std::make_heap(heap.begin(), heap.end(), before);
+    while (taken > B) {
+      EBBFLOW_EXPECTS(!heap.empty());
+      std::pop_heap(heap.begin(), heap.end(), before);
+      const std::size_t i = heap.back().rank;
+      heap.pop_back();
+      --p.batch[i];
+      --taken;
+      if (p.batch[i] > workers[i].min_batch) {
+        heap.push_back({workers[i].step_time(p.batch[i]), i});
+        std::push_heap(heap.begin(), heap.end(), before);
+      }
+    }
+  }
+
+  p.worker_ids.resize(n);
+  p.offsets.resize(n + 1);
+  p.offsets[0] = 0;
+  double t = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < n; ++i) {
+    p.worker_ids[i] = workers[i].id;
+    p.offsets[i + 1] = p.offsets[i] + p.batch[i];
+    t = std::max(t, workers[i].step_time(p.batch[i]));
+  }
+  p.step_time = t;
+  return p;
+}
+
+inline double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers) {
+  EBBFLOW_PLAN_ENFORCE(
+      plan.size() == workers.size(), plan_errc::membership_mismatch,
+      "plan v" << plan.version << " has " << plan.size() << " workers, models have " << workers.size());
+  double t = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    EBBFLOW_PLAN_ENFORCE_W(
+        plan.worker_ids[i] == workers[i].id, plan_errc::membership_mismatch, workers[i].id,
+        "is at rank " << i << " but plan v" << plan.version << " has worker " << plan.worker_ids[i] << " there");
+    t = std::max(t, workers[i].step_time(plan.batch[i]));
+  }
+  return t;
+}
+
+inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
+                            std::uint64_t version) {
+  validate(workers);
+  EBBFLOW_PLAN_ENFORCE(sizes.size() == workers.size(), plan_errc::membership_mismatch,
+                       sizes.size() << " sizes for " << workers.size() << " workers");
+  batch_plan p;
+  p.version = version;
+  p.batch.assign(sizes.begin(), sizes.end());
+  p.worker_ids.resize(workers.size());
+  p.offsets.resize(workers.size() + 1);
+  p.offsets[0] = 0;
+  double t = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    EBBFLOW_PLAN_ENFORCE_W(
+        sizes[i] >= workers[i].min_batch && sizes[i] <= workers[i].max_batch, plan_errc::infeasible, workers[i].id,
+        "batch " << sizes[i] << " outside [" << workers[i].min_batch << ", " << workers[i].max_batch << "]");
+    p.worker_ids[i] = workers[i].id;
+    p.offsets[i + 1] = p.offsets[i] + sizes[i];
+    t = std::max(t, workers[i].step_time(sizes[i]));
+  }
+  p.global_batch = p.offsets.back();
+  EBBFLOW_PLAN_ENFORCE(p.global_batch > 0, plan_errc::zero_batch, "the sizes sum to 0");
+  p.step_time = t;
+  return p;
+}
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/plan/impl/batch_planner.hpp>
+// ---- end <ebbflow/plan/batch_planner.hpp>
+// #include <ebbflow/plan/plan_error.hpp>  (inlined)
+// #include <ebbflow/plan/sampler.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/sampler.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file sampler.hpp
+//! Exactly-once epoch sampler.
+//!
+//! Epoch e visits the data set [0, N) in the order pos -> order(pos), where
+//! `order` is a keyed pseudo-random bijection of [0, N) derived from (seed, e)
+//! (a 6-round Feistel network on the smallest even-bit power of two >= N,
+//! cycle-walked into [0, N)); nothing of size N is ever materialised.
+//!
+//! A cursor counts the positions of the current epoch already consumed by
+//! *committed* steps. A step under plan p takes the B = p.global_batch
+//! positions [cursor, cursor + B); rank r gets the contiguous part
+//! [cursor + p.offsets[r], cursor + p.offsets[r+1]) of it (prefix sums of
+//! b_i in rank order). Every worker's indices are therefore a pure function
+//! of (N, seed, epoch, cursor, policy) and the plan (`slice_of`): no worker
+//! communicates to learn its indices. `commit(p)` advances the cursor by B; a
+//! step that is rolled back simply is not committed, and its samples are
+//! served again to whichever plan the redone step uses. Because each committed
+//! step consumes the next B positions whatever the plan, the number of workers
+//! or their split, every sample is consumed exactly once per epoch across
+//! re-plans, joins, leaves, failures and changes of B.
+//!
+//! End of an epoch (`last_batch`):
+//! * `short_batch`: the final step of an epoch may be shorter than the nominal
+//!   batch. `step_size(B)` says how large it may be; pass a plan for that size
+//!   (e.g. `plan::solve(models, sampler.step_size(B))`). Every sample is seen
+//!   exactly once per epoch.
+//! * `drop`: a step whose plan does not fit in what is left of the epoch
+//!   starts the next epoch instead; the unvisited tail (< B samples, a
+//!   different random subset every epoch) is skipped. Every sample is seen at
+//!   most once per epoch, and all but the tail exactly once.
+//!
+//! Asynchronous extensions (out of scope here): the state already separates
+//! what is committed (epoch, cursor) from who takes which part (the plan), so
+//! an asynchronous mode can hand out position ranges per worker from the same
+//! permutation.
+//!
+//! Thread safety: `epoch_sampler` is a value type with no internal
+//! synchronisation; const members may be called concurrently.
+//! Errors: plan_error (bad_dataset, bad_rank, batch_exceeds_epoch,
+//! stale_plan, bad_state).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/plan/batch_planner.hpp>  (inlined)
+// #include <ebbflow/plan/plan_error.hpp>  (inlined)
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <ranges>
+#include <span>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+//! A keyed pseudo-random bijection of [0, n): the visiting order of one epoch.
+//! Value type; O(1) memory; each call costs a few hash rounds (expected < 4
+//! Feistel evaluations from cycle walking).
+class epoch_permutation {
+ public:
+  static constexpr int rounds = 6;  //!< Feistel rounds per evaluation
+
+  //! @throws plan_error(bad_dataset) when n == 0.
+  epoch_permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch);
+
+  //! Number of elements n.
+  [[nodiscard]] std::uint64_t size() const noexcept { return n_; }
+  //! The data-set index visited at position `pos` (< size()).
+  [[nodiscard]] std::uint64_t operator()(std::uint64_t pos) const noexcept;
+
+ private:
+  [[nodiscard]] std::uint64_t encrypt(std::uint64_t x) const noexcept;
+  std::uint64_t n_;
+  unsigned half_bits_;
+  std::uint64_t mask_;
+  std::array<std::uint64_t, rounds> keys_;
+};
+
+//! The samples of one worker in one step: positions [first, last) of the
+//! epoch order. `indices()` is a view of the data-set indices.
+struct sample_range {
+  epoch_permutation order;  //!< the epoch's visiting order
+  std::uint64_t epoch = 0;  //!< epoch these positions belong to
+  std::uint64_t first = 0;  //!< first position (inclusive)
+  std::uint64_t last = 0;   //!< last position (exclusive)
+
+  [[nodiscard]] std::uint64_t size() const noexcept { return last - first; }  //!< number of samples
+  [[nodiscard]] bool empty() const noexcept { return first == last; }         //!< true when size() == 0
+  //! The i-th data-set index of this range (i < size()).
+  [[nodiscard]] std::uint64_t operator[](std::uint64_t i) const noexcept { return order(first + i); }
+  //! A view over the data-set indices, in order.
+  [[nodiscard]] auto indices() const { return std::views::iota(first, last) | std::views::transform(order); }
+};
+
+//! What happens at the end of an epoch; see the file comment.
+enum class last_batch : std::uint32_t { short_batch = 0, drop = 1 };
+
+//! Everything a joiner needs to continue the sampling: a small POD.
+struct sampler_state {
+  std::uint64_t dataset_size = 0;               //!< N
+  std::uint64_t seed = 0;                       //!< key of every epoch's permutation
+  std::uint64_t epoch = 0;                      //!< current epoch
+  std::uint64_t cursor = 0;                     //!< positions of `epoch` consumed by committed steps
+  std::uint64_t plan_version = 0;               //!< version of the plan of the last committed step
+  last_batch policy = last_batch::short_batch;  //!< end-of-epoch behaviour
+
+  //! Bytes of `encode()`: magic, format version, five u64, policy; little endian.
+  static constexpr std::size_t encoded_size = 4 + 4 + 5 * 8 + 4;
+  //! The state as `encoded_size` bytes, for `decode` on another worker.
+  [[nodiscard]] std::array<std::byte, encoded_size> encode() const noexcept;
+  //! @throws plan_error(bad_state) for a wrong size, magic, format version or
+  //!         policy, N == 0, or cursor > N.
+  [[nodiscard]] static sampler_state decode(std::span<const std::byte> bytes);
+
+  //! Member-wise equality.
+  friend bool operator==(const sampler_state&, const sampler_state&) = default;
+};
+
+//! The samples of `rank` in the next step under `plan`, computed from the
+//! state alone (what every worker does; `epoch_sampler::slice` calls this).
+//! @throws plan_error(bad_rank | batch_exceeds_epoch | stale_plan)
+[[nodiscard]] inline sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank);
+
+//! Exactly-once sampler over one data set. Value type.
+class epoch_sampler {
+ public:
+  //! @throws plan_error(bad_dataset) when dataset_size == 0.
+  epoch_sampler(std::uint64_t dataset_size, std::uint64_t seed, last_batch policy = last_batch::short_batch);
+  //! Resumes from a state (e.g. received by a joiner). @throws plan_error(bad_state).
+  explicit epoch_sampler(const sampler_state& state);
+
+  //! The committed state (what a joiner needs; see `sampler_state::encode`).
+  [[nodiscard]] const sampler_state& state() const noexcept { return s_; }
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return s_.epoch; }  //!< current epoch
+  //! Positions of the current epoch consumed by committed steps.
+  [[nodiscard]] std::uint64_t cursor() const noexcept { return s_.cursor; }
+  [[nodiscard]] std::uint64_t dataset_size() const noexcept { return s_.dataset_size; }  //!< N
+  //! Positions of the current epoch not yet consumed.
+  [[nodiscard]] std::uint64_t remaining() const noexcept { return s_.dataset_size - s_.cursor; }
+
+  //! The global batch the next step will have when the nominal batch is B:
+  //! min(B, remaining()) under short_batch, min(B, N) under drop.
+  [[nodiscard]] std::size_t step_size(std::size_t nominal_batch) const noexcept;
+
+  //! Rank `rank`'s samples of the next step under `plan`. Pure (does not advance).
+  [[nodiscard]] sample_range slice(const batch_plan& plan, std::size_t rank) const { return slice_of(s_, plan, rank); }
+  //! All samples of the next step under `plan` (every rank's slice, in rank order).
+  [[nodiscard]] sample_range step(const batch_plan& plan) const;
+
+  //! Commits the step made under `plan`: the cursor advances by its global
+  //! batch, and the epoch ends when it is used up (see last_batch).
+  //! @throws plan_error(batch_exceeds_epoch | stale_plan); the state is unchanged then.
+  void commit(const batch_plan& plan);
+
+ private:
+  sampler_state s_;
+};
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/plan/impl/sampler.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/impl/sampler.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/sampler.hpp
+//! Definitions for plan/sampler.hpp.
+
+
+// #include <ebbflow/plan/sampler.hpp>  (inlined)
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+namespace detail {
+//! splitmix64's finaliser: a bijective 64-bit mixer with full avalanche.
+constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+struct position {
+  std::uint64_t epoch;
+  std::uint64_t cursor;
+};
+
+//! Where a step of `batch` samples starts, under the state's policy.
+inline position step_position(const sampler_state& s, std::size_t batch) {
+  const std::uint64_t left = s.dataset_size - s.cursor;
+  if (s.policy == last_batch::short_batch) {
+    EBBFLOW_PLAN_ENFORCE(
+        batch <= left, plan_errc::batch_exceeds_epoch,
+        "a step of " << batch << " samples does not fit in the " << left << " samples left of epoch " << s.epoch);
+    return {s.epoch, s.cursor};
+  }
+  EBBFLOW_PLAN_ENFORCE(batch <= s.dataset_size, plan_errc::batch_exceeds_epoch,
+                       "a step of " << batch << " samples is larger than the data set (" << s.dataset_size << ")");
+  if (batch > left) return {s.epoch + 1, 0};  // drop the tail
+  return {s.epoch, s.cursor};
+}
+
+inline void check_plan(const sampler_state& s, const batch_plan& plan) {
+  EBBFLOW_PLAN_ENFORCE(plan.version >= s.plan_version, plan_errc::stale_plan,
+                       "plan v" << plan.version << " is older than the committed plan v" << s.plan_version);
+  EBBFLOW_PLAN_ENFORCE(plan.offsets.size() == plan.batch.size() + 1 && plan.offsets.back() == plan.global_batch,
+                       plan_errc::membership_mismatch,
+                       "plan v" << plan.version << " has inconsistent offsets (build plans with solve or make_plan)");
+}
+
+inline void put_u64(std::byte* p, std::uint64_t v) noexcept {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+}
+inline void put_u32(std::byte* p, std::uint32_t v) noexcept {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+}
+inline std::uint64_t get_u64(const std::byte* p) noexcept {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= std::uint64_t(std::to_integer<std::uint8_t>(p[i])) << (8 * i);
+  return v;
+}
+inline std::uint32_t get_u32(const std::byte* p) noexcept {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= std::uint32_t(std::to_integer<std::uint8_t>(p[i])) << (8 * i);
+  return v;
+}
+inline constexpr std::uint32_t sampler_magic = 0x53464245;  // "EBFS" little endian
+inline constexpr std::uint32_t sampler_format = 1;
+}  // namespace detail
+
+inline epoch_permutation::epoch_permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch) : n_(n) {
+  EBBFLOW_PLAN_ENFORCE(n > 0, plan_errc::bad_dataset, "the data set is empty");
+  // Smallest h >= 1 with 2^(2h) >= n: the Feistel domain is < 4n, so cycle
+  // walking needs fewer than 4 encryptions on average.
+  const unsigned bits = n <= 1 ? 1u : static_cast<unsigned>(std::bit_width(n - 1));
+  half_bits_ = std::max(1u, (bits + 1) / 2);
+  mask_ = half_bits_ >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << half_bits_) - 1;
+  const std::uint64_t base = detail::mix64(seed ^ detail::mix64(epoch ^ 0x9e3779b97f4a7c15ULL));
+  for (int r = 0; r < rounds; ++r) keys_[r] = detail::mix64(base + 0x9e3779b97f4a7c15ULL * std::uint64_t(r + 1));
+}
+
+inline std::uint64_t epoch_permutation::encrypt(std::uint64_t x) const noexcept {
+  std::uint64_t left = x >> half_bits_, right = x & mask_;
+  for (int r = 0; r < rounds; ++r) {
+    const std::uint64_t f = detail::mix64(right ^ keys_[r]) & mask_;
+    const std::uint64_t next = left ^ f;
+    left = right;
+    right = next;
+  }
+  return (left << half_bits_) | right;
+}
+
+inline std::uint64_t epoch_permutation::operator()(std::uint64_t pos) const noexcept {
+  std::uint64_t y = encrypt(pos);
+  while (y >= n_) y = encrypt(y);  // cycle walking: stays a bijection of [0, n)
+  return y;
+}
+
+inline std::array<std::byte, sampler_state::encoded_size> sampler_state::encode() const noexcept {
+  std::array<std::byte, encoded_size> out{};
+  std::byte* p = out.data();
+  detail::put_u32(p, detail::sampler_magic);
+  detail::put_u32(p + 4, detail::sampler_format);
+  detail::put_u64(p + 8, dataset_size);
+  detail::put_u64(p + 16, seed);
+  detail::put_u64(p + 24, epoch);
+  detail::put_u64(p + 32, cursor);
+  detail::put_u64(p + 40, plan_version);
+  detail::put_u32(p + 48, static_cast<std::uint32_t>(policy));
+  return out;
+}
+
+inline sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
+  EBBFLOW_PLAN_ENFORCE(bytes.size() == encoded_size, plan_errc::bad_state,
+                       "sampler state of " << bytes.size() << " bytes, expected " << encoded_size);
+  const std::byte* p = bytes.data();
+  EBBFLOW_PLAN_ENFORCE(detail::get_u32(p) == detail::sampler_magic, plan_errc::bad_state, "bad magic");
+  EBBFLOW_PLAN_ENFORCE(detail::get_u32(p + 4) == detail::sampler_format, plan_errc::bad_state,
+                       "format version " << detail::get_u32(p + 4) << ", expected " << detail::sampler_format);
+  sampler_state s;
+  s.dataset_size = detail::get_u64(p + 8);
+  s.seed = detail::get_u64(p + 16);
+  s.epoch = detail::get_u64(p + 24);
+  s.cursor = detail::get_u64(p + 32);
+  s.plan_version = detail::get_u64(p + 40);
+  const std::uint32_t pol = detail::get_u32(p + 48);
+  EBBFLOW_PLAN_ENFORCE(pol <= 1, plan_errc::bad_state, "unknown last_batch policy " << pol);
+  s.policy = static_cast<last_batch>(pol);
+  EBBFLOW_PLAN_ENFORCE(s.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
+  EBBFLOW_PLAN_ENFORCE(s.cursor < s.dataset_size, plan_errc::bad_state,
+                       "cursor " << s.cursor << " not below the data-set size " << s.dataset_size);
+  return s;
+}
+
+inline sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank) {
+  detail::check_plan(state, plan);
+  EBBFLOW_PLAN_ENFORCE(rank < plan.size(), plan_errc::bad_rank,
+                       "rank " << rank << " outside plan v" << plan.version << " of " << plan.size() << " workers");
+  const detail::position at = detail::step_position(state, plan.global_batch);
+  return sample_range{epoch_permutation(state.dataset_size, state.seed, at.epoch), at.epoch,
+                      at.cursor + plan.offsets[rank], at.cursor + plan.offsets[rank + 1]};
+}
+
+inline epoch_sampler::epoch_sampler(std::uint64_t dataset_size, std::uint64_t seed, last_batch policy) {
+  EBBFLOW_PLAN_ENFORCE(dataset_size > 0, plan_errc::bad_dataset, "the data set is empty");
+  s_.dataset_size = dataset_size;
+  s_.seed = seed;
+  s_.policy = policy;
+}
+
+inline epoch_sampler::epoch_sampler(const sampler_state& state) : s_(state) {
+  EBBFLOW_PLAN_ENFORCE(s_.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
+  EBBFLOW_PLAN_ENFORCE(s_.cursor < s_.dataset_size, plan_errc::bad_state,
+                       "cursor " << s_.cursor << " not below the data-set size " << s_.dataset_size);
+  EBBFLOW_PLAN_ENFORCE(s_.policy == last_batch::short_batch || s_.policy == last_batch::drop, plan_errc::bad_state,
+                       "unknown last_batch policy");
+}
+
+inline std::size_t epoch_sampler::step_size(std::size_t nominal_batch) const noexcept {
+  const std::uint64_t cap = s_.policy == last_batch::short_batch ? remaining() : s_.dataset_size;
+  return static_cast<std::size_t>(std::min<std::uint64_t>(nominal_batch, cap));
+}
+
+inline sample_range epoch_sampler::step(const batch_plan& plan) const {
+  detail::check_plan(s_, plan);
+  const detail::position at = detail::step_position(s_, plan.global_batch);
+  return sample_range{epoch_permutation(s_.dataset_size, s_.seed, at.epoch), at.epoch, at.cursor,
+                      at.cursor + plan.global_batch};
+}
+
+inline void epoch_sampler::commit(const batch_plan& plan) {
+  detail::check_plan(s_, plan);
+  const detail::position at = detail::step_position(s_, plan.global_batch);
+  s_.epoch = at.epoch;
+  s_.cursor = at.cursor + plan.global_batch;
+  s_.plan_version = plan.version;
+  if (s_.cursor == s_.dataset_size) {
+    ++s_.epoch;
+    s_.cursor = 0;
+  }
+}
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/plan/impl/sampler.hpp>
+// ---- end <ebbflow/plan/sampler.hpp>
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+//! What work stealing needs from a store: an atomic 64-bit fetch-add with a
+//! deadline that returns the value after the add (an absent key counts as 0).
+//! `elastic::memory_store` and `elastic::store_client` model it (as does every
+//! `elastic::kv_store`); plan/ names no elastic/ type.
+template <class S>
+concept counter_store = requires(S& s, const std::string& key, std::int64_t delta, deadline d) {
+  { s.add(key, delta, d) } -> std::convertible_to<std::int64_t>;
+};
+
+//! A `counter_store` that can also apply many adds in about one round trip
+//! (`add_many(keys, deltas, d)` returns the values after each add, in
+//! order); `elastic::store_client` pipelines them, `elastic::memory_store`
+//! takes one lock. Thieves then read every slice at once.
+template <class S>
+concept batch_counter_store = counter_store<S> &&
+    requires(S& s, std::span<const std::string> keys, std::span<const std::int64_t> deltas, deadline d) {
+  { s.add_many(keys, deltas, d) } -> std::convertible_to<std::vector<std::int64_t>>;
+};
+
+//! The largest slice work stealing accepts: each count must fit in 31 bits.
+inline constexpr std::uint64_t max_slice_items = (std::uint64_t{1} << 31) - 1;
+
+//! Identifies one step attempt; see the file comment for why both parts.
+struct step_id {
+  std::uint64_t generation = 0;  //!< membership generation (changes on every rollback)
+  std::uint64_t step = 0;        //!< step number within the generation
+};
+
+//! The decoded counter of one slice at one moment. Value type.
+struct slice_state {
+  std::uint64_t size = 0;   //!< b_r, the slice's items
+  std::uint64_t front = 0;  //!< F: items the owner has requested (granted: min(F, size − back) once exhausted)
+  std::uint64_t back = 0;   //!< K: items thieves have requested
+  //! Items not yet claimed by anyone.
+  [[nodiscard]] std::uint64_t remaining() const noexcept { return front + back >= size ? 0 : size - front - back; }
+  //! True when every item has been claimed.
+  [[nodiscard]] bool exhausted() const noexcept { return remaining() == 0; }
+};
+
+//! Items [first, last) of rank `rank`'s slice, granted to one claim. Value type.
+struct chunk {
+  std::size_t rank = 0;     //!< owner rank of the slice the items belong to
+  std::uint64_t first = 0;  //!< first item (inclusive), an offset into the slice
+  std::uint64_t last = 0;   //!< last item (exclusive)
+  bool stolen = false;      //!< true when a thief claimed it from the back
+  //! Number of items.
+  [[nodiscard]] std::uint64_t size() const noexcept { return last - first; }
+  //! True when nothing was granted.
+  [[nodiscard]] bool empty() const noexcept { return first == last; }
+};
+
+//! Chunk-size policy. Value type.
+struct steal_options {
+  double first_fraction = 0.25;     //!< the owner's first claim: ceil(first_fraction · b_r); in (0, 1]
+  std::uint32_t owner_divisor = 2;  //!< guided owner claims: ceil(unclaimed-by-owner / owner_divisor); >= 1
+  std::uint32_t thief_divisor = 2;  //!< a thief claims ceil(victim's remaining / thief_divisor); >= 1
+  std::uint64_t min_chunk = 1;      //!< no claim asks for fewer (unless fewer are left); >= 1
+  double tail_reserve = 0.03;  //!< then the owner claims all but max(ceil(tail_reserve · b_r), min_chunk) at once (0:
+                               //!< guided chunks only); in [0, 1)
+  std::chrono::milliseconds timeout{30000};  //!< deadline of each store call
+};
+
+//! Checks `o`. @throws plan_error(bad_steal_request) naming the bad field.
+inline void validate(const steal_options& o);
+
+//! The owner's next request on a slice of `size` items of which it has
+//! requested `front` so far: the first chunk, then all but the tail reserve,
+//! then the guided size; at most `cap` but at least min_chunk (min_chunk wins:
+//! it is the smallest chunk worth its overhead); the whole rest when less than
+//! min_chunk would be left behind and `cap` is short of the rest by less
+//! than min_chunk. 0 when front >= size. Pure.
+[[nodiscard]] inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front,
+                                                 std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
+
+//! A thief's request on a victim with `remaining` unclaimed items:
+//! ceil(remaining / thief_divisor), at most `cap` but at least min_chunk, and
+//! at most `remaining`. 0 when remaining == 0. Pure.
+[[nodiscard]] inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining,
+                                                 std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
+
+//! The most a thief may request in one claim on a slice of `size` items when
+//! `slices` workers share the store (keeps K < 2^32; see the file comment).
+[[nodiscard]] constexpr std::uint64_t thief_request_limit(std::uint64_t size, std::uint64_t slices) noexcept {
+  const std::uint64_t room = (std::uint64_t{1} << 32) - 1 - size;
+  return slices == 0 ? room : room / slices;
+}
+
+//! A cap for an owner's request that paces it against its planned step time:
+//! the items it can still finish by `planned_s` at its observed rate,
+//! floor((planned_s − elapsed_s) / s_per_item), at least 1. An owner that runs
+//! on plan is not limited; one that has fallen behind (a transient straggler,
+//! detected by its own progress) claims little, leaving its tail to thieves.
+//! `s_per_item` > 0: seconds per item measured in this step (or the model's
+//! estimate before the first chunk). Pure.
+[[nodiscard]] inline std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept;
+
+//! How many of a victim's `remaining` items a thief should take so that both
+//! finish together: the g with overhead_s + g·thief_s = (remaining − g)·victim_s,
+//! rounded down; 0 when stealing would not finish earlier than the victim.
+//! `victim_s`, `thief_s`: seconds per item (estimates; use the larger of the
+//! victim's planned and progress-observed time); `overhead_s`: the thief's
+//! cost of one claim plus one extra chunk. Pure.
+[[nodiscard]] inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
+                                                  double overhead_s) noexcept;
+
+//! The most a thief should take so that it does not become the new straggler
+//! when everyone helps: the items it can finish within the horizon
+//! total_remaining / fleet_items_per_s (the time the whole fleet needs for
+//! all unclaimed items), floor(horizon / thief_s), at least 1 when anything
+//! is left. `total_remaining`: unclaimed items over all slices it read;
+//! `fleet_items_per_s`: Σ_j 1 / (seconds per item of worker j); `thief_s`:
+//! its own seconds per item. Pure.
+[[nodiscard]] inline std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s,
+                                                  double thief_s) noexcept;
+
+//! One worker's claims in one step. Not thread-safe (one per worker per step);
+//! see the file comment for the protocol, errors and the weight contract.
+template <counter_store Store>
+class work_stealer {
+ public:
+  //! Worker `rank` of a step whose slices have `slice_sizes` items (rank
+  //! order, as `batch_plan::batch`). Does not touch the store. `store` must
+  //! outlive this object.
+  //! @throws plan_error: empty_membership (no slices), slice_too_large (a
+  //!         slice > max_slice_items), bad_rank (rank >= slices),
+  //!         bad_steal_request (bad options).
+  work_stealer(Store& store, std::string prefix, step_id id, std::span<const std::size_t> slice_sizes, std::size_t rank,
+               steal_options opts = {});
+  //! As above with the slices of `plan`.
+  work_stealer(Store& store, std::string prefix, step_id id, const batch_plan& plan, std::size_t rank,
+               steal_options opts = {})
+      : work_stealer(store, std::move(prefix), id, std::span<const std::size_t>(plan.batch), rank, opts) {}
+
+  //! Claims the next chunk of the own slice from the front (`owner_request`
+  //! items, at most `cap`). Empty once the own slice is exhausted (by the
+  //! owner or by thieves); after that it does not call the store.
+  //! @throws plan_error(bad_steal_request) when cap == 0; bad_counter; store errors.
+  [[nodiscard]] chunk claim_own(std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
+  //! True once the own slice is known to be exhausted.
+  [[nodiscard]] bool own_done() const noexcept { return own_done_; }
+
+  //! Reads slice `r`'s counter (an add of 0; one round trip).
+  //! @throws plan_error(bad_rank | bad_counter); store errors.
+  [[nodiscard]] slice_state peek(std::size_t r);
+  //! Reads every other slice not yet seen exhausted: one batched round trip
+  //! when `Store` is a `batch_counter_store`, else one `peek` each. The states
+  //! are then in `last_seen`. Returns the number of slices read.
+  //! @throws plan_error(bad_counter); store errors.
+  std::size_t peek_others();
+  //! Claims up to `request` items from the back of slice `victim` (`victim`
+  //! != own rank), clamped to what was last seen remaining and to
+  //! `thief_request_limit`. Empty when the slice is (now) exhausted; a slice
+  //! seen exhausted is never claimed again.
+  //! @throws plan_error(bad_rank | bad_steal_request | bad_counter); store errors.
+  [[nodiscard]] chunk steal_from(std::size_t victim, std::uint64_t request);
+  //! Peeks every other slice not yet seen exhausted, picks the one with the
+  //! most remaining items (lowest rank on ties) and claims `thief_request`
+  //! items of it, at most `cap`. Empty when every other slice is exhausted.
+  //! Errors as for `steal_from`.
+  [[nodiscard]] chunk steal(std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
+  //! `claim_own` until the own slice is exhausted, then `steal`. Empty: this
+  //! worker is done with the step. Errors as above.
+  [[nodiscard]] chunk next(std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
+
+  //! The last state seen of slice `r` (from a peek or a claim; zeros before).
+  [[nodiscard]] const slice_state& last_seen(std::size_t r) const { return seen_.at(r); }
+  //! Items this worker has been granted in this step (own and stolen).
+  [[nodiscard]] std::uint64_t processed() const noexcept { return processed_; }
+  //! Items this worker has stolen from others.
+  [[nodiscard]] std::uint64_t stolen() const noexcept { return stolen_; }
+  //! Store round trips made so far (claims and peeks; a batched read counts once).
+  [[nodiscard]] std::uint64_t store_calls() const noexcept { return calls_; }
+  //! w = processed() / global_batch, the factor for this worker's mean-loss
+  //! gradient (see the file comment). @throws plan_error(zero_batch) when global_batch == 0.
+  [[nodiscard]] double weight(std::size_t global_batch) const;
+  //! The store key of slice `r`'s counter. @throws plan_error(bad_rank).
+  [[nodiscard]] std::string key(std::size_t r) const;
+  //! Number of slices.
+  [[nodiscard]] std::size_t slices() const noexcept { return size_.size(); }
+  //! This worker's rank.
+  [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
+  //! Erases the own slice's counter when `Store` has `erase(key)`; otherwise
+  //! does nothing. Call only when no member can claim in this step any more.
+  //! Store errors propagate.
+  void release();
+
+ private:
+  slice_state decode(std::size_t r, std::int64_t after, std::int64_t delta) const;
+  Store* store_;
+  std::string prefix_;
+  steal_options opts_;
+  std::size_t rank_;
+  std::vector<std::uint64_t> size_;
+  std::vector<slice_state> seen_;
+  std::vector<char> exhausted_;
+  bool own_done_ = false;
+  std::uint64_t processed_ = 0, stolen_ = 0, calls_ = 0;
+};
+
+//! The smallest chunk whose fixed overhead is at most `share` of its compute:
+//! ceil(overhead_s / (share · s_per_item)), at least 1. Use it as
+//! `steal_options::min_chunk`. The default share 0.25 balances the two costs
+//! of the chunk size at the end of a step: the last chunks leave workers
+//! finishing apart by about half a chunk, and halving the smallest chunk adds
+//! one more chunk's overhead, so the expected loss is least when a smallest
+//! chunk computes for about 4× its overhead. Pure.
+[[nodiscard]] inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item,
+                                                         double share = 0.25) noexcept;
+
+//! The decisions of one worker in one step, free of clocks and stores so that
+//! a real worker (`run_stealing_step`) and a simulation make them alike. Knows
+//! only what a worker knows: the plan, every member's estimated model (the
+//! inputs of the plan), its own measured speed in this step, the time since
+//! the step started on its clock, and counters it read. Stragglers are seen
+//! only through progress. Times are seconds since the step started; members
+//! start a synchronous step together (after the previous allreduce), so one
+//! worker's clock approximates the others'. Value type; not thread-safe.
+class steal_policy {
+ public:
+  //! Worker `rank` of `plan`, made from `models` (rank order, the specs the
+  //! plan was solved from; only a, comm_s and c are used). `claim_s`: one
+  //! store round trip; `chunk_overhead_s`: this worker's cost of one extra chunk.
+  //! @throws plan_error(membership_mismatch | bad_rank | bad_cost).
+  steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank, double claim_s,
+               double chunk_overhead_s);
+
+  //! Records `items` of its own slice processed in `seconds` (the speed it measures).
+  void observe_own(std::uint64_t items, double seconds) noexcept;
+  //! Its seconds per item: measured in this step when it has processed any, else its model's c.
+  [[nodiscard]] double s_per_item() const noexcept;
+  //! The cap of its next own claim: `paced_owner_cap(planned step time, elapsed_s, s_per_item())`.
+  [[nodiscard]] std::uint64_t own_cap(double elapsed_s) const noexcept;
+
+  //! A steal decision: `items` == 0 means stop stealing in this step.
+  struct choice {
+    std::size_t victim = 0;   //!< rank of the slice to steal from
+    std::uint64_t items = 0;  //!< how many to request
+  };
+  //! Picks, among the slices in `seen` (index = rank; its own and exhausted ones
+  //! are skipped) the victim with the longest estimated time to finish:
+  //! remaining × max(planned c_r, (elapsed_s − a_r) / F_r), and requests
+  //! min(`balanced_steal`, `fair_steal_cap`) of it.
+  [[nodiscard]] choice choose(std::span<const slice_state> seen, double elapsed_s) const;
+  //! Slice `r`'s estimated time to finish as `choose` rates it, from state `s`:
+  //! remaining × max(c_r, (elapsed_s − a_r) / F_r) (planned c_r while F_r = 0).
+  [[nodiscard]] double time_left(std::size_t r, const slice_state& s, double elapsed_s) const noexcept;
+  //! An upper bound of `time_left` now for a slice last seen in state `stale`
+  //! (its remaining only shrinks and its F only grows): the same formula, with
+  //! F_r >= 1 assumed when `stale` shows F_r = 0.
+  [[nodiscard]] double time_left_bound(std::size_t r, const slice_state& stale, double elapsed_s) const noexcept;
+  //! The steal decision with as few store round trips as possible. With a
+  //! `batch_counter_store` it reads every other slice not yet seen exhausted
+  //! in one batch (`peek_others`). Otherwise it peeks them one by one in
+  //! decreasing order of `time_left_bound` from their last-seen states and
+  //! stops once no unread slice can beat the best one read. Then it
+  //! `choose`s at `elapsed_s` (unread slices count with their last-seen
+  //! states, which can only overstate the work left), so the victim is the
+  //! one `choose` would pick after peeking every slice, except on exact ties.
+  //! Errors as `work_stealer::peek`.
+  template <counter_store Store>
+  [[nodiscard]] choice scan(work_stealer<Store>& stealer, double elapsed_s) const;
+
+ private:
+  std::vector<double> a_, c_;
+  double planned_s_, claim_s_, overhead_s_, fleet_rate_ = 0;
+  std::size_t rank_;
+  double own_items_ = 0, own_seconds_ = 0;
+};
+
+//! What `run_stealing_step` did.
+struct steal_report {
+  std::uint64_t processed = 0;    //!< items processed (own and stolen): the weight is processed / B
+  std::uint64_t stolen = 0;       //!< of which stolen from others
+  std::uint64_t chunks = 0;       //!< chunks processed
+  std::uint64_t store_calls = 0;  //!< store round trips
+  double seconds = 0;             //!< wall time of the step's claim-and-process loop
+};
+
+//! Runs one worker's step: claims its own slice paced by `policy`, calls
+//! `process(chunk)` for each (which trains on it and blocks until done), then
+//! steals as `policy` decides until it says stop. Every item of the own slice
+//! is processed here or by a thief. Blocking; uses the steady clock.
+//! @throws what `work_stealer` or `process` throw (a throwing `process` leaves
+//! claimed items unprocessed: abandon the step attempt).
+template <counter_store Store, class Process>
+steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& policy, Process&& process);
+
+//! The samples of chunk `c` of the step that `plan` makes from `state`: the
+//! positions [first, last) of rank c.rank's slice (`slice_of`).
+//! @throws plan_error as `slice_of`, and bad_rank when c lies beyond the slice.
+[[nodiscard]] inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c);
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/plan/impl/work_stealing.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/impl/work_stealing.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/work_stealing.hpp
+//! Definitions for plan/work_stealing.hpp.
+
+
+// #include <ebbflow/plan/work_stealing.hpp>  (inlined)
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+namespace detail {
+//! The owner count lives in bits 32..62 of the counter, the thief count in bits 0..31.
+inline constexpr std::int64_t owner_unit = std::int64_t{1} << 32;
+inline constexpr std::uint64_t thief_mask = (std::uint64_t{1} << 32) - 1;
+
+//! ceil(a / b) for b >= 1 without overflow.
+constexpr std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) noexcept { return a / b + (a % b != 0); }
+
+//! The items a claim of `request` is granted, given the state just before it:
+//! the owner [F, F + g), a thief [n − K − g, n − K), g = min(request, remaining).
+inline chunk grant(std::size_t rank, const slice_state& before, std::uint64_t request, bool from_back) noexcept {
+  const std::uint64_t g = std::min(request, before.remaining());
+  if (g == 0) return chunk{rank, 0, 0, from_back};
+  if (from_back) return chunk{rank, before.size - before.back - g, before.size - before.back, true};
+  return chunk{rank, before.front, before.front + g, false};
+}
+}  // namespace detail
+
+inline void validate(const steal_options& o) {
+  EBBFLOW_PLAN_ENFORCE(std::isfinite(o.first_fraction) && o.first_fraction > 0 && o.first_fraction <= 1,
+                       plan_errc::bad_steal_request, "first_fraction " << o.first_fraction << " outside (0, 1]");
+  EBBFLOW_PLAN_ENFORCE(o.owner_divisor >= 1, plan_errc::bad_steal_request, "owner_divisor 0");
+  EBBFLOW_PLAN_ENFORCE(std::isfinite(o.tail_reserve) && o.tail_reserve >= 0 && o.tail_reserve < 1,
+                       plan_errc::bad_steal_request, "tail_reserve " << o.tail_reserve << " outside [0, 1)");
+  EBBFLOW_PLAN_ENFORCE(o.thief_divisor >= 1, plan_errc::bad_steal_request, "thief_divisor 0");
+  EBBFLOW_PLAN_ENFORCE(o.min_chunk >= 1, plan_errc::bad_steal_request, "min_chunk 0");
+  EBBFLOW_PLAN_ENFORCE(o.timeout.count() > 0, plan_errc::bad_steal_request,
+                       "timeout " << o.timeout.count() << " ms is not positive");
+}
+
+inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front, std::uint64_t cap) {
+  if (front >= size) return 0;
+  const std::uint64_t rest = size - front;
+  // The tail reserve is at least one smallest chunk (a smaller one could not be split).
+  const std::uint64_t reserve =
+      o.tail_reserve > 0
+          ? std::max(static_cast<std::uint64_t>(std::ceil(o.tail_reserve * static_cast<double>(size))), o.min_chunk)
+          : 0;
+  std::uint64_t q = front == 0 ? static_cast<std::uint64_t>(std::ceil(o.first_fraction * static_cast<double>(size)))
+                    : reserve > 0 && rest > reserve ? rest - reserve
+                                                    : detail::ceil_div(rest, o.owner_divisor);
+  // min_chunk wins over cap: it is the smallest chunk worth its overhead.
+  q = std::max(std::min(q, cap), o.min_chunk);
+  // Never leave a remainder smaller than min_chunk: it would cost a whole
+  // chunk's overhead for less than a chunk's worth of work. Unless the cap
+  // is short of the rest by more than that (a paced straggler leaves its
+  // tail to thieves; an owner on plan is only a little short).
+  if (q >= rest || (rest - q < o.min_chunk && (cap >= rest || rest - cap < o.min_chunk))) return rest;
+  return q;
+}
+
+inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining, std::uint64_t cap) {
+  if (remaining == 0) return 0;
+  const std::uint64_t q = std::max(std::min(detail::ceil_div(remaining, o.thief_divisor), cap), o.min_chunk);
+  return std::min(q, remaining);
+}
+
+inline std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept {
+  if (!(s_per_item > 0) || !std::isfinite(s_per_item)) return std::numeric_limits<std::uint64_t>::max();
+  const double left = (planned_s - elapsed_s) / s_per_item;
+  if (!(left >= 1)) return 1;
+  if (left >= 9e18) return std::numeric_limits<std::uint64_t>::max();
+  return static_cast<std::uint64_t>(left);
+}
+
+inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
+                                    double overhead_s) noexcept {
+  if (remaining == 0 || !(victim_s > 0) || !(thief_s > 0)) return 0;
+  const double g = (static_cast<double>(remaining) * victim_s - std::max(overhead_s, 0.0)) / (thief_s + victim_s);
+  if (!(g >= 1)) return 0;
+  return std::min(remaining, static_cast<std::uint64_t>(g));
+}
+
+inline std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s, double thief_s) noexcept {
+  if (total_remaining == 0) return 0;
+  if (!(fleet_items_per_s > 0) || !(thief_s > 0)) return total_remaining;
+  const double g = static_cast<double>(total_remaining) / fleet_items_per_s / thief_s;
+  if (!(g >= 1)) return 1;
+  return std::min(total_remaining, static_cast<std::uint64_t>(g));
+}
+
+template <counter_store Store>
+work_stealer<Store>::work_stealer(Store& store, std::string prefix, step_id id,
+                                  std::span<const std::size_t> slice_sizes, std::size_t rank, steal_options opts)
+    : store_(&store), opts_(opts), rank_(rank) {
+  validate(opts_);
+  EBBFLOW_PLAN_ENFORCE(!slice_sizes.empty(), plan_errc::empty_membership, "no slices to steal from");
+  EBBFLOW_PLAN_ENFORCE(rank < slice_sizes.size(), plan_errc::bad_rank,
+                       "rank " << rank << " outside a step of " << slice_sizes.size() << " slices");
+  size_.reserve(slice_sizes.size());
+  for (std::size_t r = 0; r < slice_sizes.size(); ++r) {
+    EBBFLOW_PLAN_ENFORCE_W(slice_sizes[r] <= max_slice_items, plan_errc::slice_too_large, r,
+                           "slice of " << slice_sizes[r] << " items exceeds " << max_slice_items
+                                       << " (2^31 - 1): its claim counter would overflow");
+    size_.push_back(slice_sizes[r]);
+  }
+  seen_.resize(size_.size());
+  exhausted_.assign(size_.size(), 0);
+  for (std::size_t r = 0; r < size_.size(); ++r) {
+    seen_[r].size = size_[r];
+    exhausted_[r] = size_[r] == 0;
+  }
+  own_done_ = exhausted_[rank_] != 0;
+  prefix_ = std::move(prefix) + "/" + std::to_string(id.generation) + "/" + std::to_string(id.step) + "/";
+}
+
+template <counter_store Store>
+std::string work_stealer<Store>::key(std::size_t r) const {
+  EBBFLOW_PLAN_ENFORCE(r < size_.size(), plan_errc::bad_rank, "rank " << r << " outside " << size_.size() << " slices");
+  return prefix_ + std::to_string(r);
+}
+
+template <counter_store Store>
+slice_state work_stealer<Store>::decode(std::size_t r, std::int64_t after, std::int64_t delta) const {
+  // `after - delta` is the exact value just before this add. Both fields are
+  // bounded (file comment), so any other value means the key was written by
+  // something that is not this protocol (a reused key, a corrupt store).
+  const std::int64_t before = after - delta;
+  EBBFLOW_PLAN_ENFORCE_W(before >= 0 && after >= 0, plan_errc::bad_counter, r,
+                         "counter '" << key(r) << "' reads " << after << " after adding " << delta << " (negative)");
+  const auto b = static_cast<std::uint64_t>(before);
+  slice_state s{size_[r], b >> 32, b & detail::thief_mask};
+  EBBFLOW_PLAN_ENFORCE_W(s.front <= s.size, plan_errc::bad_counter, r,
+                         "counter '" << key(r) << "' has owner count " << s.front << " > slice size " << s.size);
+  return s;
+}
+
+template <counter_store Store>
+chunk work_stealer<Store>::claim_own(std::uint64_t cap) {
+  EBBFLOW_PLAN_ENFORCE(cap >= 1, plan_errc::bad_steal_request, "claim_own with cap 0");
+  if (own_done_) return chunk{rank_, 0, 0, false};
+  // The owner is the only writer of F, so seen_.front is exact and the request
+  // never takes F beyond the slice.
+  const std::uint64_t q = owner_request(opts_, size_[rank_], seen_[rank_].front, cap);
+  const std::int64_t delta = static_cast<std::int64_t>(q) * detail::owner_unit;
+  const std::int64_t after = store_->add(key(rank_), delta, deadline::after(opts_.timeout));
+  ++calls_;
+  const slice_state before = decode(rank_, after, delta);
+  const chunk c = detail::grant(rank_, before, q, false);
+  seen_[rank_] = slice_state{size_[rank_], before.front + q, before.back};
+  if (c.size() < q || seen_[rank_].exhausted()) {
+    own_done_ = true;
+    exhausted_[rank_] = 1;
+  }
+  processed_ += c.size();
+  return c;
+}
+
+template <counter_store Store>
+slice_state work_stealer<Store>::peek(std::size_t r) {
+  EBBFLOW_PLAN_ENFORCE(r < size_.size(), plan_errc::bad_rank, "rank " << r << " outside " << size_.size() << " slices");
+  if (size_[r] == 0) return seen_[r];
+  const std::int64_t after = store_->add(key(r), 0, deadline::after(opts_.timeout));
+  ++calls_;
+  seen_[r] = decode(r, after, 0);
+  if (seen_[r].exhausted()) exhausted_[r] = 1;
+  if (r == rank_ && exhausted_[r]) own_done_ = true;
+  return seen_[r];
+}
+
+template <counter_store Store>
+std::size_t work_stealer<Store>::peek_others() {
+  std::vector<std::size_t> which;
+  for (std::size_t r = 0; r < size_.size(); ++r)
+    if (r != rank_ && !exhausted_[r]) which.push_back(r);
+  if (which.empty()) return 0;
+  if constexpr (batch_counter_store<Store>) {
+    std::vector<std::string> keys;
+    keys.reserve(which.size());
+    for (std::size_t r : which) keys.push_back(key(r));
+    const std::vector<std::int64_t> zeros(which.size(), 0);
+    const std::vector<std::int64_t> after = store_->add_many(
+        std::span<const std::string>(keys), std::span<const std::int64_t>(zeros), deadline::after(opts_.timeout));
+    ++calls_;
+    EBBFLOW_PLAN_ENFORCE(after.size() == which.size(), plan_errc::bad_counter,
+                         "store answered " << after.size() << " of " << which.size() << " batched reads");
+    for (std::size_t k = 0; k < which.size(); ++k) {
+      const std::size_t r = which[k];
+      seen_[r] = decode(r, after[k], 0);
+      if (seen_[r].exhausted()) exhausted_[r] = 1;
+    }
+  } else {
+    for (std::size_t r : which) (void)peek(r);
+  }
+  return which.size();
+}
+
+template <counter_store Store>
+chunk work_stealer<Store>::steal_from(std::size_t victim, std::uint64_t request) {
+  EBBFLOW_PLAN_ENFORCE(victim < size_.size(), plan_errc::bad_rank,
+                       "victim " << victim << " outside " << size_.size() << " slices");
+  EBBFLOW_PLAN_ENFORCE(victim != rank_, plan_errc::bad_steal_request,
+                       "rank " << rank_ << " cannot steal from its own slice (use claim_own)");
+  EBBFLOW_PLAN_ENFORCE(request >= 1, plan_errc::bad_steal_request, "steal of 0 items");
+  if (exhausted_[victim]) return chunk{victim, 0, 0, true};
+  // Clamp to what was last seen remaining (never more than the slice) and to
+  // the per-claim limit: this is what bounds K below 2^32.
+  const std::uint64_t q =
+      std::min({request, seen_[victim].remaining(), thief_request_limit(size_[victim], size_.size())});
+  if (q == 0) {
+    exhausted_[victim] = 1;
+    return chunk{victim, 0, 0, true};
+  }
+  const std::int64_t delta = static_cast<std::int64_t>(q);
+  const std::int64_t after = store_->add(key(victim), delta, deadline::after(opts_.timeout));
+  ++calls_;
+  const slice_state before = decode(victim, after, delta);
+  const chunk c = detail::grant(victim, before, q, true);
+  seen_[victim] = slice_state{size_[victim], before.front, before.back + q};
+  if (c.size() < q || seen_[victim].exhausted()) exhausted_[victim] = 1;
+  processed_ += c.size();
+  stolen_ += c.size();
+  return c;
+}
+
+template <counter_store Store>
+chunk work_stealer<Store>::steal(std::uint64_t cap) {
+  EBBFLOW_PLAN_ENFORCE(cap >= 1, plan_errc::bad_steal_request, "steal with cap 0");
+  for (;;) {
+    (void)peek_others();
+    std::size_t best = size_.size();
+    std::uint64_t most = 0;
+    for (std::size_t r = 0; r < size_.size(); ++r) {
+      if (r == rank_ || exhausted_[r]) continue;
+      const std::uint64_t rest = seen_[r].remaining();
+      if (rest > most) most = rest, best = r;
+    }
+    if (best == size_.size()) return chunk{rank_, 0, 0, true};
+    const chunk c = steal_from(best, thief_request(opts_, most, cap));
+    if (!c.empty()) return c;
+    // Lost the race for that tail; rescan (the slice is now marked exhausted).
+  }
+}
+
+template <counter_store Store>
+chunk work_stealer<Store>::next(std::uint64_t cap) {
+  if (!own_done_) {
+    const chunk c = claim_own(cap);
+    if (!c.empty()) return c;
+  }
+  return steal(cap);
+}
+
+template <counter_store Store>
+double work_stealer<Store>::weight(std::size_t global_batch) const {
+  EBBFLOW_PLAN_ENFORCE(global_batch > 0, plan_errc::zero_batch, "weight of a step with global batch 0");
+  return static_cast<double>(processed_) / static_cast<double>(global_batch);
+}
+
+template <counter_store Store>
+void work_stealer<Store>::release() {
+  if constexpr (requires(Store & s, const std::string& k) { s.erase(k); }) {
+    if (size_[rank_] > 0) (void)store_->erase(key(rank_));
+  }
+}
+
+inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item, double share) noexcept {
+  if (!(overhead_s > 0) || !(s_per_item > 0) || !(share > 0)) return 1;
+  const double k = std::ceil(overhead_s / (share * s_per_item));
+  if (!(k >= 1)) return 1;
+  return k >= 9e18 ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(k);
+}
+
+inline steal_policy::steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank,
+                                  double claim_s, double chunk_overhead_s)
+    : planned_s_(plan.step_time),
+      claim_s_(std::max(claim_s, 0.0)),
+      overhead_s_(std::max(chunk_overhead_s, 0.0)),
+      rank_(rank) {
+  EBBFLOW_PLAN_ENFORCE(models.size() == plan.size(), plan_errc::membership_mismatch,
+                       models.size() << " models for a plan of " << plan.size() << " workers");
+  EBBFLOW_PLAN_ENFORCE(rank < plan.size(), plan_errc::bad_rank,
+                       "rank " << rank << " outside plan v" << plan.version << " of " << plan.size() << " workers");
+  for (std::size_t r = 0; r < models.size(); ++r) {
+    const worker_spec& m = models[r];
+    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(m.c) && m.c > 0 && std::isfinite(m.a) && m.a >= 0, plan_errc::bad_cost, m.id,
+                           "a = " << m.a << ", c = " << m.c << " cannot pace work stealing");
+    a_.push_back(m.a + m.comm_s);
+    c_.push_back(m.c);
+    fleet_rate_ += 1 / m.c;
+  }
+}
+
+inline void steal_policy::observe_own(std::uint64_t items, double seconds) noexcept {
+  if (items == 0 || !(seconds >= 0)) return;
+  own_items_ += static_cast<double>(items);
+  own_seconds_ += seconds;
+}
+
+inline double steal_policy::s_per_item() const noexcept {
+  return own_items_ > 0 && own_seconds_ > 0 ? own_seconds_ / own_items_ : c_[rank_];
+}
+
+inline std::uint64_t steal_policy::own_cap(double elapsed_s) const noexcept {
+  return paced_owner_cap(planned_s_, elapsed_s, s_per_item());
+}
+
+inline steal_policy::choice steal_policy::choose(std::span<const slice_state> seen, double elapsed_s) const {
+  EBBFLOW_PLAN_ENFORCE(seen.size() == c_.size(), plan_errc::membership_mismatch,
+                       seen.size() << " slice states for " << c_.size() << " workers");
+  double worst = 0, victim_s = 0, all_rest = 0;
+  std::size_t victim = seen.size();
+  for (std::size_t r = 0; r < seen.size(); ++r) {
+    if (r == rank_ || seen[r].exhausted()) continue;
+    all_rest += static_cast<double>(seen[r].remaining());
+    // Progress: the owner requested F items in (elapsed − a_r) seconds; F
+    // includes the chunk in flight, so this errs towards the planned speed.
+    const double left = time_left(r, seen[r], elapsed_s);
+    if (left > worst) worst = left, victim = r, victim_s = left / static_cast<double>(seen[r].remaining());
+  }
+  if (victim == seen.size()) return {};
+  const std::uint64_t g =
+      std::min(balanced_steal(seen[victim].remaining(), victim_s, s_per_item(), claim_s_ + overhead_s_),
+               fair_steal_cap(static_cast<std::uint64_t>(all_rest), fleet_rate_, s_per_item()));
+  return {victim, g};
+}
+
+inline double steal_policy::time_left(std::size_t r, const slice_state& s, double elapsed_s) const noexcept {
+  double v = c_[r];
+  if (s.front > 0 && elapsed_s > a_[r]) v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(s.front));
+  return static_cast<double>(s.remaining()) * v;
+}
+
+inline double steal_policy::time_left_bound(std::size_t r, const slice_state& stale, double elapsed_s) const noexcept {
+  double v = c_[r];
+  if (elapsed_s > a_[r])
+    v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(std::max<std::uint64_t>(stale.front, 1)));
+  return static_cast<double>(stale.remaining()) * v;
+}
+
+template <counter_store Store>
+steal_policy::choice steal_policy::scan(work_stealer<Store>& stealer, double elapsed_s) const {
+  const std::size_t n = stealer.slices();
+  EBBFLOW_PLAN_ENFORCE(n == c_.size(), plan_errc::membership_mismatch,
+                       "a stealer of " << n << " slices for a policy of " << c_.size() << " workers");
+  if constexpr (batch_counter_store<Store>) {
+    (void)stealer.peek_others();  // one round trip for all
+  } else {
+    std::vector<std::pair<double, std::size_t>> order;  // (bound, rank), largest bound first
+    for (std::size_t r = 0; r < n; ++r)
+      if (r != rank_ && !stealer.last_seen(r).exhausted())
+        order.emplace_back(time_left_bound(r, stealer.last_seen(r), elapsed_s), r);
+    std::sort(order.begin(), order.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    double best = 0;
+    for (const auto& [bound, r] : order) {
+      if (bound <= best) break;  // neither this slice nor any later one can beat the best read
+      best = std::max(best, time_left(r, stealer.peek(r), elapsed_s));
+    }
+  }
+  std::vector<slice_state> seen(n);
+  for (std::size_t r = 0; r < n; ++r) seen[r] = stealer.last_seen(r);
+  return choose(seen, elapsed_s);
+}
+
+template <counter_store Store, class Process>
+steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& policy, Process&& process) {
+  using seconds = std::chrono::duration<double>;
+  const auto t0 = steady_clock::now();
+  const auto elapsed = [&] { return seconds(steady_clock::now() - t0).count(); };
+  steal_report rep;
+  for (;;) {
+    const chunk c = stealer.claim_own(policy.own_cap(elapsed()));
+    if (c.empty()) break;
+    const auto t = steady_clock::now();
+    process(c);
+    policy.observe_own(c.size(), seconds(steady_clock::now() - t).count());
+    ++rep.chunks;
+  }
+  for (;;) {
+    const steal_policy::choice ch = policy.scan(stealer, elapsed());
+    if (ch.items == 0) break;
+    const chunk c = stealer.steal_from(ch.victim, ch.items);
+    if (c.empty()) continue;  // lost the race for that tail; look again
+    process(c);
+    ++rep.chunks;
+  }
+  rep.processed = stealer.processed();
+  rep.stolen = stealer.stolen();
+  rep.store_calls = stealer.store_calls();
+  rep.seconds = elapsed();
+  return rep;
+}
+
+inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c) {
+  sample_range s = slice_of(state, plan, c.rank);
+  EBBFLOW_PLAN_ENFORCE(
+      c.first <= c.last && c.last <= s.size(), plan_errc::bad_rank,
+      "chunk [" << c.first << ", " << c.last << ") outside rank " << c.rank << "'s slice of " << s.size() << " items");
+  s.last = s.first + c.last;
+  s.first = s.first + c.first;
+  return s;
+}
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/plan/impl/work_stealing.hpp>
+// ---- end <ebbflow/plan/work_stealing.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -8317,6 +10049,13 @@ struct step_info {
   int world_size = 1;              //!< members in the current generation
   std::int64_t generation = 0;     //!< current generation
   std::uint64_t plan_version = 0;  //!< identifies the plan (same on every member)
+};
+
+//! Settings of `group::steal_step`.
+struct steal_settings {
+  plan::steal_options chunks{};       //!< chunk sizes (and the deadline of each claim)
+  double claim_seconds = 60e-6;       //!< one store round trip (what a claim costs a thief)
+  double chunk_overhead_seconds = 0;  //!< this member's cost of processing one more chunk
 };
 
 //! Why the membership changed (passed to world-changed callbacks).
@@ -8473,10 +10212,30 @@ class group {
   //! As above, for doubles.
   bool allreduce(std::span<double> data);
 
+  //! In-step work stealing (plan/work_stealing.hpp) instead of processing
+  //! the own slice whole: calls `process(first, last)` for positions
+  //! [first, last) of this step's global batch (the sample at position p is
+  //! the one at `cursor + p` of the epoch's order), first for chunks of its
+  //! own slice, paced against its planned step time when the policy has
+  //! models (`planning_policy::models`), then for chunks taken from the ends
+  //! of slices whose owners fall behind. Each position is processed by exactly
+  //! one member (claims are atomic adds on the job's store, keyed by
+  //! generation and step, so a redone step never meets an aborted attempt's
+  //! claims). Call between `begin_step` and the gradient allreduce on every
+  //! member; weigh each sample by 1 / global_batch, as without stealing (a
+  //! member that processed nothing still allreduces its zeros), and pass
+  //! `processed` to `end_step`. `process` must not call the group.
+  //! @throws plan::plan_error, the store's errors, and what `process` throws.
+  template <class Process>
+  plan::steal_report steal_step(Process&& process, const steal_settings& settings = {});
+
   //! Commits the step (call after the optimizer step) and runs the control
   //! exchange: feeds every member's timing to the policy, applies new plans,
   //! leaves and joins. `compute_seconds`: this member's compute time of the step.
   void end_step(double compute_seconds);
+  //! As above, after `steal_step`: `processed` samples (its report) took
+  //! `compute_seconds`, which is what the policy learns from.
+  void end_step(double compute_seconds, std::size_t processed);
 
   //! Resumes from a checkpoint: the step, epoch and cursor the job had
   //! reached. Call before the first `begin_step` on every member (the
@@ -8584,6 +10343,7 @@ class group {
   void notify(change_reason reason, int old_size, double stall);
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
   void fault_point(const char* point);
+  void release_steal_counter();
   int lost_peer_of(const system_error& e) const noexcept;
 
   group_options opts_;
@@ -8665,7 +10425,8 @@ class group {
   // A newcomer until its probation ends (steady_clock ticks; 0: not one):
   // then the heartbeat thread clears its join-failure marks.
   std::atomic<steady_clock::rep> probation_end_{0};
-  std::vector<member_id> admitting_;             // joiners the coordinator flagged in this step's control exchange
+  std::string steal_key_;             // this step's work-stealing counter of the own slice (erased when the step ends)
+  std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
   std::int64_t ticket_seen_until_ = 0;           // coordinator: newest join ticket seen
   steady_clock::time_point ticket_first_seen_;   // when the oldest waiting ticket was seen
   steady_clock::time_point ticket_last_change_;  // when the newest ticket was seen
@@ -8699,6 +10460,7 @@ EBBFLOW_END_NAMESPACE
 #include <filesystem>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <sstream>
 
@@ -9571,7 +11333,67 @@ void group<Store, Net>::count_join_failures(const std::vector<detail::member_ent
 }
 
 template <kv_store Store, network Net>
+template <class Process>
+plan::steal_report group<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
+  if (!active_) fail(error::invalid_state, "steal_step after this member left the group");
+  if (!started_ || step_ < 0) fail(error::invalid_state, "steal_step before begin_step");
+  release_steal_counter();  // an aborted attempt's
+  const auto info = current_slice();
+  const std::vector<std::size_t> full(gen_.plan.begin(), gen_.plan.end());
+  const auto slices = scale_plan(full, info.global_batch);
+  std::vector<std::size_t> offset(slices.size(), 0);
+  for (std::size_t r = 1; r < slices.size(); ++r) offset[r] = offset[r - 1] + slices[r - 1];
+  plan::work_stealer<Store> stealer(
+      *store_, key("steal"), {static_cast<std::uint64_t>(gen_.generation), static_cast<std::uint64_t>(step_)},
+      std::span<const std::size_t>(slices), static_cast<std::size_t>(rank_), settings.chunks);
+  steal_key_ = stealer.key(static_cast<std::size_t>(rank_));
+  const auto run = [&](const plan::chunk& c) { process(offset[c.rank] + c.first, offset[c.rank] + c.last); };
+
+  std::vector<member_id> ids;
+  for (auto& m : gen_.members) ids.push_back(m.id);
+  const auto models = policy_->models(ids);
+  const bool paced = models.size() == ids.size() && std::all_of(models.begin(), models.end(), [](const auto& m) {
+                       return std::isfinite(m.fixed_seconds) && m.fixed_seconds >= 0 &&
+                              std::isfinite(m.seconds_per_sample) && m.seconds_per_sample > 0;
+                     });
+  if (paced && info.global_batch > 0) {
+    std::vector<plan::worker_spec> specs;
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      specs.push_back({static_cast<std::uint64_t>(ids[i]), models[i].fixed_seconds, models[i].seconds_per_sample,
+                       std::numeric_limits<std::size_t>::max(), 0, 0});
+    const auto bp = plan::make_plan(specs, slices, gen_.plan_version);
+    plan::steal_policy pacing(specs, bp, static_cast<std::size_t>(rank_), settings.claim_seconds,
+                              settings.chunk_overhead_seconds);
+    return plan::run_stealing_step(stealer, pacing, run);
+  }
+  // No models yet: the own slice, then the largest tails of the others.
+  const auto t0 = steady_clock::now();
+  plan::steal_report rep;
+  for (auto c = stealer.next(); !c.empty(); c = stealer.next()) {
+    run(c);
+    ++rep.chunks;
+  }
+  rep.processed = stealer.processed();
+  rep.stolen = stealer.stolen();
+  rep.store_calls = stealer.store_calls();
+  rep.seconds = std::chrono::duration<double>(steady_clock::now() - t0).count();
+  return rep;
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::release_steal_counter() {
+  if (steal_key_.empty()) return;
+  if constexpr (requires(Store & s) { s.erase(steal_key_); }) store_->erase(steal_key_);
+  steal_key_.clear();
+}
+
+template <kv_store Store, network Net>
 void group<Store, Net>::end_step(double compute_seconds) {
+  end_step(compute_seconds, active_ && rank_ >= 0 ? current_slice().batch : 0);
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::end_step(double compute_seconds, std::size_t processed) {
   const inside busy(in_group_);
   if (!active_) fail(error::invalid_state, "end_step after this member left the group");
   if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
@@ -9593,7 +11415,9 @@ void group<Store, Net>::end_step(double compute_seconds) {
   std::vector<double> v(4 + 4 * un, 0.0);
   const std::size_t r = static_cast<std::size_t>(rank_);
   v[3 + r] = compute_seconds;
-  v[3 + un + r] = static_cast<double>(info.batch);
+  v[3 + un + r] = static_cast<double>(processed);
+  // Every member's claims ended before the gradient allreduce completed.
+  release_steal_counter();
   v[3 + 2 * un + r] = leave_requested_.load() ? 1.0 : 0.0;
   std::vector<member_id> ids;
   for (auto& m : gen_.members) ids.push_back(m.id);
@@ -10229,565 +12053,7 @@ EBBFLOW_END_NAMESPACE
 
 // #include <ebbflow/config.hpp>  (inlined)
 // #include <ebbflow/elastic/policy.hpp>  (inlined)
-// #include <ebbflow/plan/batch_planner.hpp>  (inlined here)
-// ---- begin <ebbflow/plan/batch_planner.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file batch_planner.hpp
-//! The exact heterogeneity-aware batch planner.
-//!
-//! Given per-worker step-time models t_i(b) = a_i + comm_i + c_i·b, memory
-//! caps m_i, optional minimums lo_i and a global batch B, `solve` returns the
-//! integer split b_i that minimises the step time max_i t_i(b_i) subject to
-//! Σ b_i = B and lo_i <= b_i <= m_i. The optimum is exact (no heuristic
-//! rounding), and the split is *canonical*: among all optimal splits it
-//! returns the one that takes, above the minimums, the B − Σ lo_i smallest
-//! "increments" t_i(lo_i+1), t_i(lo_i+2), ... in (value, rank) order. The
-//! canonical split depends only on the inputs and on the IEEE results of
-//! `worker_spec::step_time`, never on the solver's search path, so every rank
-//! that runs the same build on the same inputs computes bit-identical plans.
-//!
-//! Gradient weights and the loss-scaling contract: a worker that trains on
-//! b_i samples computes the *mean* loss over its local batch, back-propagates,
-//! and multiplies its gradients by w_i = b_i / B (`batch_plan::weight`). The
-//! allreduced SUM over all workers is then Σ_i (b_i/B)·mean_i = the mean-loss
-//! gradient of the single global batch of B samples, exactly the update of
-//! large-batch SGD. A worker with b_i = 0 contributes a zero gradient (it must
-//! still take part in the allreduce).
-//!
-//! Errors: every call raises `plan::plan_error` (a `std::invalid_argument`)
-//! naming the cause and worker; see plan_error.hpp. Thread safety: all
-//! functions are pure; distinct calls may run concurrently.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/plan/plan_error.hpp>  (inlined here)
-// ---- begin <ebbflow/plan/plan_error.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file plan_error.hpp
-//! The one error type of the planner component. Every infeasible or malformed
-//! input to the cost model, the batch planner, the re-planner and the samplers
-//! raises `plan::plan_error`, which *is a* `std::invalid_argument` (the
-//! project-wide convention for bad user input, STYLE.md §4) and additionally
-//! names the cause (`plan::plan_errc`) and, where one is involved, the worker
-//! id. `what()` reads e.g.
-//! `"infeasible: sum of max_batch 96 < global batch 100 (plan/impl/batch_planner.hpp:57)"`.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-
-#include <cstdint>
-#include <optional>
-#include <sstream>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace plan {
-
-//! Why a planner-component call rejected its input.
-enum class plan_errc {
-  empty_membership = 1,  //!< no workers were given
-  zero_batch,            //!< global batch 0 (policy: a step always has at least one sample)
-  bad_cost,              //!< a worker's a, c or comm term is NaN, infinite, negative, or c <= 0
-  bad_bounds,            //!< a worker's min_batch exceeds its max_batch
-  infeasible,            //!< sum of max_batch < global batch, or sum of min_batch > global batch
-  duplicate_worker,      //!< the same worker id appears twice in one membership
-  bad_observation,       //!< a cost-model observation with NaN, infinite or non-positive seconds
-  bad_rank,              //!< a rank outside the plan
-  membership_mismatch,   //!< a plan used with a membership it was not made for
-  batch_exceeds_epoch,   //!< a plan's global batch is larger than what is left of the epoch
-  stale_plan,            //!< a plan older than one already committed
-  bad_dataset,           //!< data-set size 0, or a shard of size 0
-  bad_state,             //!< serialized sampler state is truncated, corrupt or of another version
-  slice_too_large,       //!< a work-stealing slice beyond 2^31 - 1 items (its claim counter would overflow)
-  bad_steal_request,     //!< a work-stealing claim of 0 items, bad steal_options, or stealing from oneself
-  bad_counter,           //!< a work-stealing counter in the store that no valid claim sequence can produce
-};
-
-//! Short stable name of a cause ("infeasible", "bad_cost", ...).
-constexpr std::string_view to_string(plan_errc e) noexcept {
-  switch (e) {
-    case plan_errc::empty_membership:
-      return "empty_membership";
-    case plan_errc::zero_batch:
-      return "zero_batch";
-    case plan_errc::bad_cost:
-      return "bad_cost";
-    case plan_errc::bad_bounds:
-      return "bad_bounds";
-    case plan_errc::infeasible:
-      return "infeasible";
-    case plan_errc::duplicate_worker:
-      return "duplicate_worker";
-    case plan_errc::bad_observation:
-      return "bad_observation";
-    case plan_errc::bad_rank:
-      return "bad_rank";
-    case plan_errc::membership_mismatch:
-      return "membership_mismatch";
-    case plan_errc::batch_exceeds_epoch:
-      return "batch_exceeds_epoch";
-    case plan_errc::stale_plan:
-      return "stale_plan";
-    case plan_errc::bad_dataset:
-      return "bad_dataset";
-    case plan_errc::bad_state:
-      return "bad_state";
-    case plan_errc::slice_too_large:
-      return "slice_too_large";
-    case plan_errc::bad_steal_request:
-      return "bad_steal_request";
-    case plan_errc::bad_counter:
-      return "bad_counter";
-  }
-  return "unknown";
-}
-
-//! Bad input to the planner component. Thread safety: an ordinary exception
-//! value. `code()` says why, `worker()` names the offending worker id when one
-//! is involved.
-class plan_error : public std::invalid_argument {
- public:
-  //! `what()` becomes "<to_string(code)>: <message>".
-  plan_error(plan_errc code, std::string message, std::optional<std::uint64_t> worker = std::nullopt)
-      : std::invalid_argument(std::string(to_string(code)) + ": " + message), code_(code), worker_(worker) {}
-
-  [[nodiscard]] plan_errc code() const noexcept { return code_; }  //!< the cause
-  //! The offending worker's id, or nullopt when no single worker is to blame.
-  [[nodiscard]] std::optional<std::uint64_t> worker() const noexcept { return worker_; }
-
- private:
-  plan_errc code_;
-  std::optional<std::uint64_t> worker_;
-};
-
-namespace detail {
-[[noreturn]] inline void throw_plan_error(plan_errc code, const char* file, int line, const std::string& msg,
-                                          std::optional<std::uint64_t> worker = std::nullopt) {
-  std::ostringstream os;
-  os << msg << " (" << file << ":" << line << ")";
-  EBBFLOW_THROW((plan_error(code, os.str(), worker)));
-}
-}  // namespace detail
-
-}  // namespace plan
-EBBFLOW_END_NAMESPACE
-
-//! Throws `plan::plan_error(code, msg + file:line)` when `cond` is false.
-//! `msg` is an ostream expression.
-#define EBBFLOW_PLAN_ENFORCE(cond, code, msg)                                                      \
-  do {                                                                                             \
-    if (!(cond)) {                                                                                 \
-      std::ostringstream ebbflow_plan_os_;                                                         \
-      ebbflow_plan_os_ << msg;                                                                     \
-      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str()); \
-    }                                                                                              \
-  } while (0)
-
-//! Same, naming the offending worker id.
-#define EBBFLOW_PLAN_ENFORCE_W(cond, code, worker_id, msg)                                        \
-  do {                                                                                            \
-    if (!(cond)) {                                                                                \
-      std::ostringstream ebbflow_plan_os_;                                                        \
-      ebbflow_plan_os_ << "worker " << (worker_id) << ": " << msg;                                \
-      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str(), \
-                                                std::uint64_t(worker_id));                        \
-    }                                                                                             \
-  } while (0)
-// ---- end <ebbflow/plan/plan_error.hpp>
-
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace plan {
-
-//! One worker as the planner sees it, in rank order. Value type.
-struct worker_spec {
-  std::uint64_t id = 0;       //!< stable worker id (unique within one membership)
-  double a = 0;               //!< fixed seconds per step (>= 0, finite)
-  double c = 0;               //!< seconds per sample (> 0, finite)
-  std::size_t max_batch = 0;  //!< m_i: largest batch that fits in memory
-  std::size_t min_batch = 0;  //!< lo_i: smallest batch this worker must take
-  double comm_s = 0;          //!< hook: per-worker communication seconds added to every step (>= 0)
-
-  //! Predicted seconds of one step on `b` samples: (a + comm_s) + c·b,
-  //! evaluated with one fused multiply-add so every call site and every rank
-  //! rounds identically. Every comparison inside the planner uses this.
-  [[nodiscard]] double step_time(std::size_t b) const noexcept {
-    return std::fma(c, static_cast<double>(b), a + comm_s);
-  }
-};
-
-//! A split of one global batch over the members, in rank order. Value type.
-struct batch_plan {
-  std::uint64_t version = 0;              //!< plans of one job are numbered 1, 2, ... (0: none)
-  std::size_t global_batch = 0;           //!< B = Σ batch
-  std::vector<std::uint64_t> worker_ids;  //!< members in rank order
-  std::vector<std::size_t> batch;         //!< b_i per rank
-  std::vector<std::size_t> offsets;       //!< prefix sums: offsets[r] = Σ_{j<r} b_j, offsets[n] = B
-  double step_time = 0;                   //!< predicted max_i t_i(b_i) under the models it was made from
-
-  //! Number of members.
-  [[nodiscard]] std::size_t size() const noexcept { return batch.size(); }
-  //! w_r = b_r / B, the factor rank r applies to its mean-loss gradients.
-  //! @throws plan_error(bad_rank) when r >= size().
-  [[nodiscard]] double weight(std::size_t rank) const;
-  //! All weights in rank order (they sum to 1 up to rounding).
-  [[nodiscard]] std::vector<double> weights() const;
-  //! Rank of worker `id`, or size() when it is not a member.
-  [[nodiscard]] std::size_t rank_of(std::uint64_t id) const noexcept;
-};
-
-//! Checks a membership: non-empty, unique ids, finite non-negative a and
-//! comm_s, finite positive c, min_batch <= max_batch. Does not look at B.
-//! @throws plan_error(empty_membership | duplicate_worker | bad_cost | bad_bounds)
-inline void validate(std::span<const worker_spec> workers);
-
-//! The exact optimal canonical split of `global_batch` (see the file comment).
-//! O(n log n) worst case, O(n) typical; no allocation beyond the result and
-//! O(n) scratch. `version` is stored in the result.
-//! @throws plan_error: validate()'s causes, zero_batch when global_batch == 0,
-//!         infeasible when Σ max_batch < B or Σ min_batch > B.
-[[nodiscard]] inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch,
-                                      std::uint64_t version = 1);
-
-//! Predicted step time of an existing `plan` under (possibly newer) models:
-//! max_r workers[r].step_time(plan.batch[r]).
-//! @throws plan_error(membership_mismatch) when the ids differ in value or order.
-[[nodiscard]] inline double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers);
-
-//! Builds a plan from explicit per-rank sizes (for baselines, tests, or a plan
-//! received from another rank). step_time is computed from `workers`.
-//! @throws plan_error: validate()'s causes; zero_batch when the sizes sum to 0;
-//!         infeasible when a size is outside [min_batch, max_batch].
-[[nodiscard]] inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
-                                          std::uint64_t version);
-
-}  // namespace plan
-EBBFLOW_END_NAMESPACE
-
-// #include <ebbflow/plan/impl/batch_planner.hpp>  (inlined here)
-// ---- begin <ebbflow/plan/impl/batch_planner.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/batch_planner.hpp
-//! Definitions for plan/batch_planner.hpp.
-//!
-//! How `solve` is exact. Write K = B − Σ lo_i and call the values
-//! t_i(lo_i+1), ..., t_i(m_i) worker i's increments; they are non-decreasing
-//! in b. Any split takes a prefix of each worker's increments, K in total, and
-//! its step time is max(T_lo, largest increment taken) with T_lo = max_i
-//! t_i(lo_i). Taking the K smallest increments therefore minimises the step
-//! time, and taking them in (value, rank) order makes the choice unique.
-//!
-//! Finding them fast: a safeguarded Newton iteration solves the continuous
-//! relaxation Σ clamp((S − a_i)/c_i, lo_i, m_i) = B for a level S (a few
-//! O(n) passes; the function is monotone and piecewise linear). The level set
-//! {increments <= S} is a downward-closed prefix of the (value, rank) order
-//! whose size is within about n of K. A heap then adds the next-smallest
-//! increments (or removes the largest ones) one at a time until exactly K are
-//! taken: the result is the K-prefix of the order whatever S was, so rounding
-//! in the Newton step never changes the plan, only the amount of heap work.
-
-
-// #include <ebbflow/core/error.hpp>  (inlined)  // EBBFLOW_EXPECTS
 // #include <ebbflow/plan/batch_planner.hpp>  (inlined)
-
-#include <algorithm>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <limits>
-#include <span>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace plan {
-
-inline double batch_plan::weight(std::size_t rank) const {
-  EBBFLOW_PLAN_ENFORCE(rank < batch.size(), plan_errc::bad_rank,
-                       "rank " << rank << " outside a plan of " << batch.size() << " workers");
-  return static_cast<double>(batch[rank]) / static_cast<double>(global_batch);
-}
-
-inline std::vector<double> batch_plan::weights() const {
-  std::vector<double> w(batch.size());
-  for (std::size_t r = 0; r < batch.size(); ++r)
-    w[r] = static_cast<double>(batch[r]) / static_cast<double>(global_batch);
-  return w;
-}
-
-inline std::size_t batch_plan::rank_of(std::uint64_t id) const noexcept {
-  auto it = std::find(worker_ids.begin(), worker_ids.end(), id);
-  return static_cast<std::size_t>(it - worker_ids.begin());
-}
-
-inline void validate(std::span<const worker_spec> workers) {
-  EBBFLOW_PLAN_ENFORCE(!workers.empty(), plan_errc::empty_membership, "the membership has no workers");
-  for (const worker_spec& w : workers) {
-    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.c) && w.c > 0, plan_errc::bad_cost, w.id,
-                           "seconds per sample c = " << w.c << " must be finite and > 0");
-    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.a) && w.a >= 0, plan_errc::bad_cost, w.id,
-                           "fixed seconds a = " << w.a << " must be finite and >= 0");
-    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.comm_s) && w.comm_s >= 0, plan_errc::bad_cost, w.id,
-                           "communication seconds comm_s = " << w.comm_s << " must be finite and >= 0");
-    EBBFLOW_PLAN_ENFORCE_W(w.min_batch <= w.max_batch, plan_errc::bad_bounds, w.id,
-                           "min_batch " << w.min_batch << " > max_batch " << w.max_batch);
-  }
-  bool increasing = true;  // the common case needs no sort
-  for (std::size_t i = 1; i < workers.size() && increasing; ++i) increasing = workers[i - 1].id < workers[i].id;
-  if (!increasing) {
-    std::vector<std::uint64_t> ids(workers.size());
-    for (std::size_t i = 0; i < workers.size(); ++i) ids[i] = workers[i].id;
-    std::sort(ids.begin(), ids.end());
-    auto dup = std::adjacent_find(ids.begin(), ids.end());
-    EBBFLOW_PLAN_ENFORCE_W(dup == ids.end(), plan_errc::duplicate_worker, (dup == ids.end() ? 0 : *dup),
-                           "appears more than once in the membership");
-  }
-}
-
-namespace detail {
-inline std::size_t saturating_add(std::size_t x, std::size_t y) noexcept {
-  return x > std::numeric_limits<std::size_t>::max() - y ? std::numeric_limits<std::size_t>::max() : x + y;
-}
-
-//! Largest b in [lo, m] with w.step_time(b) <= s; requires w.step_time(lo) <= s.
-inline std::size_t level_count(const worker_spec& w, double inv_c, std::size_t lo, std::size_t m, double s) noexcept {
-  double x = (s - (w.a + w.comm_s)) * inv_c;
-  std::size_t g = !(x > static_cast<double>(lo)) ? lo : x >= static_cast<double>(m) ? m : static_cast<std::size_t>(x);
-  // The division above is within an ulp or two of the truth; step towards
-  // the exact answer, which is defined by step_time alone.
-  for (int k = 0; k < 4 && g < m && w.step_time(g + 1) <= s; ++k) ++g;
-  for (int k = 0; k < 4 && g > lo && w.step_time(g) > s; ++k) --g;
-  if (w.step_time(g) <= s && (g == m || w.step_time(g + 1) > s)) return g;
-  std::size_t lo_b = lo, hi_b = m;  // invariant: step_time(lo_b) <= s; answer in [lo_b, hi_b]
-  while (lo_b < hi_b) {
-    std::size_t mid = lo_b + (hi_b - lo_b + 1) / 2;
-    if (w.step_time(mid) <= s)
-      lo_b = mid;
-    else
-      hi_b = mid - 1;
-  }
-  return lo_b;
-}
-
-struct increment {
-  double value;
-  std::size_t rank;
-};
-}  // namespace detail
-
-inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch, std::uint64_t version) {
-  validate(workers);
-  EBBFLOW_PLAN_ENFORCE(global_batch > 0, plan_errc::zero_batch, "global batch must be at least 1");
-  const std::size_t n = workers.size();
-  const std::size_t B = global_batch;
-
-  std::size_t sum_max = 0, sum_min = 0;
-  for (const worker_spec& w : workers) {
-    sum_max = detail::saturating_add(sum_max, w.max_batch);
-    sum_min = detail::saturating_add(sum_min, w.min_batch);
-  }
-  EBBFLOW_PLAN_ENFORCE(sum_max >= B, plan_errc::infeasible, "sum of max_batch " << sum_max << " < global batch " << B);
-  EBBFLOW_PLAN_ENFORCE(sum_min <= B, plan_errc::infeasible, "sum of min_batch " << sum_min << " > global batch " << B);
-
-  // Caps above B never bind; clamping keeps every count below B (no overflow).
-  std::vector<std::size_t> hi(n);
-  std::vector<double> inv_c(n), base(n), lo_d(n), hi_d(n);
-  double t_lo = -std::numeric_limits<double>::infinity();
-  double t_hi = -std::numeric_limits<double>::infinity();
-  for (std::size_t i = 0; i < n; ++i) {
-    hi[i] = std::min(workers[i].max_batch, B);
-    inv_c[i] = 1.0 / workers[i].c;
-    base[i] = workers[i].a + workers[i].comm_s;
-    lo_d[i] = static_cast<double>(workers[i].min_batch);
-    hi_d[i] = static_cast<double>(hi[i]);
-    t_lo = std::max(t_lo, workers[i].step_time(workers[i].min_batch));
-    t_hi = std::max(t_hi, workers[i].step_time(hi[i]));
-  }
-
-  // Continuous relaxation g(s) = Σ clamp((s − base_i)/c_i, lo_i, hi_i) − B.
-  auto relax = [&](double s, double& slope) {
-    double sum = 0;
-    slope = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      const double x = (s - base[i]) * inv_c[i];
-      const double lo = lo_d[i], m = hi_d[i];
-      if (x <= lo) {
-        sum += lo;
-      } else if (x >= m) {
-        sum += m;
-      } else {
-        sum += x;
-        slope += inv_c[i];
-      }
-    }
-    return sum - static_cast<double>(B);
-  };
-  double level = t_lo;
-  {
-    double slope = 0;
-    double f = relax(t_lo, slope);
-    if (f < 0) {
-      double lo_s = t_lo, hi_s = t_hi;
-      double num = static_cast<double>(B), den = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        num += base[i] * inv_c[i];
-        den += inv_c[i];
-      }
-      double s = std::clamp(num / den, lo_s, hi_s);
-      for (int it = 0; it < 200; ++it) {
-        f = relax(s, slope);
-        if (std::abs(f) < 0.5) break;
-        if (f < 0)
-          lo_s = s;
-        else
-          hi_s = s;
-        double next = slope > 0 ? s - f / slope : std::numeric_limits<double>::quiet_NaN();
-        if (!(next > lo_s && next < hi_s)) next = lo_s + 0.5 * (hi_s - lo_s);
-        if (next == s || !(hi_s > lo_s)) break;
-        s = next;
-      }
-      level = s;
-      // Whole samples under the level fall short of the continuous sum by the
-      // fractional parts (about n/2 in total). A few secant steps on the
-      // integer count shrink that gap to a handful, so the heap repair below
-      // does O(few log n) work instead of O(n log n).
-      for (int it = 0; it < 6; ++it) {
-        double count = 0, slope_i = 0;
-        for (std::size_t i = 0; i < n; ++i) {
-          const double x = (level - base[i]) * inv_c[i];
-          const double lo = lo_d[i], m = hi_d[i];
-          if (x <= lo) {
-            count += lo;
-          } else if (x >= m) {
-            count += m;
-          } else {
-            count += std::floor(x);
-            slope_i += inv_c[i];
-          }
-        }
-        const double gap = static_cast<double>(B) - count;
-        if (std::abs(gap) <= 8 || slope_i <= 0) break;
-        level = std::clamp(level + gap / slope_i, t_lo, t_hi);
-      }
-    }
-  }
-
-  batch_plan p;
-  p.version = version;
-  p.global_batch = B;
-  p.batch.resize(n);
-  std::size_t taken = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    p.batch[i] = detail::level_count(workers[i], inv_c[i], workers[i].min_batch, hi[i], level);
-    taken += p.batch[i];
-  }
-
-  // Integer repair: reach exactly B along the (value, rank) order.
-  std::vector<detail::increment> heap;
-  heap.reserve(n);
-  if (taken < B) {
-    auto after = [](const detail::increment& x, const detail::increment& y) {
-      return x.value > y.value || (x.value == y.value && x.rank > y.rank);
-    };
-    for (std::size_t i = 0; i < n; ++i)
-      if (p.batch[i] < hi[i]) heap.push_back({workers[i].step_time(p.batch[i] + 1), i});
-    std::make_heap(heap.begin(), heap.end(), after);
-    while (taken < B) {
-      EBBFLOW_EXPECTS(!heap.empty());
-      std::pop_heap(heap.begin(), heap.end(), after);
-      const std::size_t i = heap.back().rank;
-      heap.pop_back();
-      ++p.batch[i];
-      ++taken;
-      if (p.batch[i] < hi[i]) {
-        heap.push_back({workers[i].step_time(p.batch[i] + 1), i});
-        std::push_heap(heap.begin(), heap.end(), after);
-      }
-    }
-  } else if (taken > B) {
-    auto before = [](const detail::increment& x, const detail::increment& y) {
-      return x.value < y.value || (x.value == y.value && x.rank < y.rank);
-    };
-    for (std::size_t i = 0; i < n; ++i)
-      if (p.batch[i] > workers[i].min_batch) heap.push_back({workers[i].step_time(p.batch[i]), i});
-    std::make_heap(heap.begin(), heap.end(), before);
-    while (taken > B) {
-      EBBFLOW_EXPECTS(!heap.empty());
-      std::pop_heap(heap.begin(), heap.end(), before);
-      const std::size_t i = heap.back().rank;
-      heap.pop_back();
-      --p.batch[i];
-      --taken;
-      if (p.batch[i] > workers[i].min_batch) {
-        heap.push_back({workers[i].step_time(p.batch[i]), i});
-        std::push_heap(heap.begin(), heap.end(), before);
-      }
-    }
-  }
-
-  p.worker_ids.resize(n);
-  p.offsets.resize(n + 1);
-  p.offsets[0] = 0;
-  double t = -std::numeric_limits<double>::infinity();
-  for (std::size_t i = 0; i < n; ++i) {
-    p.worker_ids[i] = workers[i].id;
-    p.offsets[i + 1] = p.offsets[i] + p.batch[i];
-    t = std::max(t, workers[i].step_time(p.batch[i]));
-  }
-  p.step_time = t;
-  return p;
-}
-
-inline double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers) {
-  EBBFLOW_PLAN_ENFORCE(
-      plan.size() == workers.size(), plan_errc::membership_mismatch,
-      "plan v" << plan.version << " has " << plan.size() << " workers, models have " << workers.size());
-  double t = -std::numeric_limits<double>::infinity();
-  for (std::size_t i = 0; i < workers.size(); ++i) {
-    EBBFLOW_PLAN_ENFORCE_W(
-        plan.worker_ids[i] == workers[i].id, plan_errc::membership_mismatch, workers[i].id,
-        "is at rank " << i << " but plan v" << plan.version << " has worker " << plan.worker_ids[i] << " there");
-    t = std::max(t, workers[i].step_time(plan.batch[i]));
-  }
-  return t;
-}
-
-inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
-                            std::uint64_t version) {
-  validate(workers);
-  EBBFLOW_PLAN_ENFORCE(sizes.size() == workers.size(), plan_errc::membership_mismatch,
-                       sizes.size() << " sizes for " << workers.size() << " workers");
-  batch_plan p;
-  p.version = version;
-  p.batch.assign(sizes.begin(), sizes.end());
-  p.worker_ids.resize(workers.size());
-  p.offsets.resize(workers.size() + 1);
-  p.offsets[0] = 0;
-  double t = -std::numeric_limits<double>::infinity();
-  for (std::size_t i = 0; i < workers.size(); ++i) {
-    EBBFLOW_PLAN_ENFORCE_W(
-        sizes[i] >= workers[i].min_batch && sizes[i] <= workers[i].max_batch, plan_errc::infeasible, workers[i].id,
-        "batch " << sizes[i] << " outside [" << workers[i].min_batch << ", " << workers[i].max_batch << "]");
-    p.worker_ids[i] = workers[i].id;
-    p.offsets[i + 1] = p.offsets[i] + sizes[i];
-    t = std::max(t, workers[i].step_time(sizes[i]));
-  }
-  p.global_batch = p.offsets.back();
-  EBBFLOW_PLAN_ENFORCE(p.global_batch > 0, plan_errc::zero_batch, "the sizes sum to 0");
-  p.step_time = t;
-  return p;
-}
-
-}  // namespace plan
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/plan/impl/batch_planner.hpp>
-// ---- end <ebbflow/plan/batch_planner.hpp>
 // #include <ebbflow/plan/cost_model.hpp>  (inlined here)
 // ---- begin <ebbflow/plan/cost_model.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -11335,6 +12601,12 @@ class planner_policy final : public planning_policy {
       streak_ = 0;
     }
     return false;
+  }
+
+  std::vector<member_model> models(std::span<const member_id> members) const override {
+    std::vector<member_model> out;
+    for (auto& s : specs_of(members)) out.push_back({s.a, s.c});
+    return out;
   }
 
   //! The model of member `m`, or nullptr when it has none yet.
@@ -13830,360 +15102,7 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/plan/batch_planner.hpp>  (inlined)
 // #include <ebbflow/plan/cost_model.hpp>  (inlined)
 // #include <ebbflow/plan/replan_policy.hpp>  (inlined)
-// #include <ebbflow/plan/sampler.hpp>  (inlined here)
-// ---- begin <ebbflow/plan/sampler.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file sampler.hpp
-//! Exactly-once epoch sampler.
-//!
-//! Epoch e visits the data set [0, N) in the order pos -> order(pos), where
-//! `order` is a keyed pseudo-random bijection of [0, N) derived from (seed, e)
-//! (a 6-round Feistel network on the smallest even-bit power of two >= N,
-//! cycle-walked into [0, N)); nothing of size N is ever materialised.
-//!
-//! A cursor counts the positions of the current epoch already consumed by
-//! *committed* steps. A step under plan p takes the B = p.global_batch
-//! positions [cursor, cursor + B); rank r gets the contiguous part
-//! [cursor + p.offsets[r], cursor + p.offsets[r+1]) of it (prefix sums of
-//! b_i in rank order). Every worker's indices are therefore a pure function
-//! of (N, seed, epoch, cursor, policy) and the plan (`slice_of`): no worker
-//! communicates to learn its indices. `commit(p)` advances the cursor by B; a
-//! step that is rolled back simply is not committed, and its samples are
-//! served again to whichever plan the redone step uses. Because each committed
-//! step consumes the next B positions whatever the plan, the number of workers
-//! or their split, every sample is consumed exactly once per epoch across
-//! re-plans, joins, leaves, failures and changes of B.
-//!
-//! End of an epoch (`last_batch`):
-//! * `short_batch`: the final step of an epoch may be shorter than the nominal
-//!   batch. `step_size(B)` says how large it may be; pass a plan for that size
-//!   (e.g. `plan::solve(models, sampler.step_size(B))`). Every sample is seen
-//!   exactly once per epoch.
-//! * `drop`: a step whose plan does not fit in what is left of the epoch
-//!   starts the next epoch instead; the unvisited tail (< B samples, a
-//!   different random subset every epoch) is skipped. Every sample is seen at
-//!   most once per epoch, and all but the tail exactly once.
-//!
-//! Asynchronous extensions (out of scope here): the state already separates
-//! what is committed (epoch, cursor) from who takes which part (the plan), so
-//! an asynchronous mode can hand out position ranges per worker from the same
-//! permutation.
-//!
-//! Thread safety: `epoch_sampler` is a value type with no internal
-//! synchronisation; const members may be called concurrently.
-//! Errors: plan_error (bad_dataset, bad_rank, batch_exceeds_epoch,
-//! stale_plan, bad_state).
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/plan/batch_planner.hpp>  (inlined)
-// #include <ebbflow/plan/plan_error.hpp>  (inlined)
-
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <ranges>
-#include <span>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace plan {
-
-//! A keyed pseudo-random bijection of [0, n): the visiting order of one epoch.
-//! Value type; O(1) memory; each call costs a few hash rounds (expected < 4
-//! Feistel evaluations from cycle walking).
-class epoch_permutation {
- public:
-  static constexpr int rounds = 6;  //!< Feistel rounds per evaluation
-
-  //! @throws plan_error(bad_dataset) when n == 0.
-  epoch_permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch);
-
-  //! Number of elements n.
-  [[nodiscard]] std::uint64_t size() const noexcept { return n_; }
-  //! The data-set index visited at position `pos` (< size()).
-  [[nodiscard]] std::uint64_t operator()(std::uint64_t pos) const noexcept;
-
- private:
-  [[nodiscard]] std::uint64_t encrypt(std::uint64_t x) const noexcept;
-  std::uint64_t n_;
-  unsigned half_bits_;
-  std::uint64_t mask_;
-  std::array<std::uint64_t, rounds> keys_;
-};
-
-//! The samples of one worker in one step: positions [first, last) of the
-//! epoch order. `indices()` is a view of the data-set indices.
-struct sample_range {
-  epoch_permutation order;  //!< the epoch's visiting order
-  std::uint64_t epoch = 0;  //!< epoch these positions belong to
-  std::uint64_t first = 0;  //!< first position (inclusive)
-  std::uint64_t last = 0;   //!< last position (exclusive)
-
-  [[nodiscard]] std::uint64_t size() const noexcept { return last - first; }  //!< number of samples
-  [[nodiscard]] bool empty() const noexcept { return first == last; }         //!< true when size() == 0
-  //! The i-th data-set index of this range (i < size()).
-  [[nodiscard]] std::uint64_t operator[](std::uint64_t i) const noexcept { return order(first + i); }
-  //! A view over the data-set indices, in order.
-  [[nodiscard]] auto indices() const { return std::views::iota(first, last) | std::views::transform(order); }
-};
-
-//! What happens at the end of an epoch; see the file comment.
-enum class last_batch : std::uint32_t { short_batch = 0, drop = 1 };
-
-//! Everything a joiner needs to continue the sampling: a small POD.
-struct sampler_state {
-  std::uint64_t dataset_size = 0;               //!< N
-  std::uint64_t seed = 0;                       //!< key of every epoch's permutation
-  std::uint64_t epoch = 0;                      //!< current epoch
-  std::uint64_t cursor = 0;                     //!< positions of `epoch` consumed by committed steps
-  std::uint64_t plan_version = 0;               //!< version of the plan of the last committed step
-  last_batch policy = last_batch::short_batch;  //!< end-of-epoch behaviour
-
-  //! Bytes of `encode()`: magic, format version, five u64, policy; little endian.
-  static constexpr std::size_t encoded_size = 4 + 4 + 5 * 8 + 4;
-  //! The state as `encoded_size` bytes, for `decode` on another worker.
-  [[nodiscard]] std::array<std::byte, encoded_size> encode() const noexcept;
-  //! @throws plan_error(bad_state) for a wrong size, magic, format version or
-  //!         policy, N == 0, or cursor > N.
-  [[nodiscard]] static sampler_state decode(std::span<const std::byte> bytes);
-
-  //! Member-wise equality.
-  friend bool operator==(const sampler_state&, const sampler_state&) = default;
-};
-
-//! The samples of `rank` in the next step under `plan`, computed from the
-//! state alone (what every worker does; `epoch_sampler::slice` calls this).
-//! @throws plan_error(bad_rank | batch_exceeds_epoch | stale_plan)
-[[nodiscard]] inline sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank);
-
-//! Exactly-once sampler over one data set. Value type.
-class epoch_sampler {
- public:
-  //! @throws plan_error(bad_dataset) when dataset_size == 0.
-  epoch_sampler(std::uint64_t dataset_size, std::uint64_t seed, last_batch policy = last_batch::short_batch);
-  //! Resumes from a state (e.g. received by a joiner). @throws plan_error(bad_state).
-  explicit epoch_sampler(const sampler_state& state);
-
-  //! The committed state (what a joiner needs; see `sampler_state::encode`).
-  [[nodiscard]] const sampler_state& state() const noexcept { return s_; }
-  [[nodiscard]] std::uint64_t epoch() const noexcept { return s_.epoch; }  //!< current epoch
-  //! Positions of the current epoch consumed by committed steps.
-  [[nodiscard]] std::uint64_t cursor() const noexcept { return s_.cursor; }
-  [[nodiscard]] std::uint64_t dataset_size() const noexcept { return s_.dataset_size; }  //!< N
-  //! Positions of the current epoch not yet consumed.
-  [[nodiscard]] std::uint64_t remaining() const noexcept { return s_.dataset_size - s_.cursor; }
-
-  //! The global batch the next step will have when the nominal batch is B:
-  //! min(B, remaining()) under short_batch, min(B, N) under drop.
-  [[nodiscard]] std::size_t step_size(std::size_t nominal_batch) const noexcept;
-
-  //! Rank `rank`'s samples of the next step under `plan`. Pure (does not advance).
-  [[nodiscard]] sample_range slice(const batch_plan& plan, std::size_t rank) const { return slice_of(s_, plan, rank); }
-  //! All samples of the next step under `plan` (every rank's slice, in rank order).
-  [[nodiscard]] sample_range step(const batch_plan& plan) const;
-
-  //! Commits the step made under `plan`: the cursor advances by its global
-  //! batch, and the epoch ends when it is used up (see last_batch).
-  //! @throws plan_error(batch_exceeds_epoch | stale_plan); the state is unchanged then.
-  void commit(const batch_plan& plan);
-
- private:
-  sampler_state s_;
-};
-
-}  // namespace plan
-EBBFLOW_END_NAMESPACE
-
-// #include <ebbflow/plan/impl/sampler.hpp>  (inlined here)
-// ---- begin <ebbflow/plan/impl/sampler.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/sampler.hpp
-//! Definitions for plan/sampler.hpp.
-
-
 // #include <ebbflow/plan/sampler.hpp>  (inlined)
-
-#include <algorithm>
-#include <bit>
-#include <cstring>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace plan {
-namespace detail {
-//! splitmix64's finaliser: a bijective 64-bit mixer with full avalanche.
-constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
-struct position {
-  std::uint64_t epoch;
-  std::uint64_t cursor;
-};
-
-//! Where a step of `batch` samples starts, under the state's policy.
-inline position step_position(const sampler_state& s, std::size_t batch) {
-  const std::uint64_t left = s.dataset_size - s.cursor;
-  if (s.policy == last_batch::short_batch) {
-    EBBFLOW_PLAN_ENFORCE(
-        batch <= left, plan_errc::batch_exceeds_epoch,
-        "a step of " << batch << " samples does not fit in the " << left << " samples left of epoch " << s.epoch);
-    return {s.epoch, s.cursor};
-  }
-  EBBFLOW_PLAN_ENFORCE(batch <= s.dataset_size, plan_errc::batch_exceeds_epoch,
-                       "a step of " << batch << " samples is larger than the data set (" << s.dataset_size << ")");
-  if (batch > left) return {s.epoch + 1, 0};  // drop the tail
-  return {s.epoch, s.cursor};
-}
-
-inline void check_plan(const sampler_state& s, const batch_plan& plan) {
-  EBBFLOW_PLAN_ENFORCE(plan.version >= s.plan_version, plan_errc::stale_plan,
-                       "plan v" << plan.version << " is older than the committed plan v" << s.plan_version);
-  EBBFLOW_PLAN_ENFORCE(plan.offsets.size() == plan.batch.size() + 1 && plan.offsets.back() == plan.global_batch,
-                       plan_errc::membership_mismatch,
-                       "plan v" << plan.version << " has inconsistent offsets (build plans with solve or make_plan)");
-}
-
-inline void put_u64(std::byte* p, std::uint64_t v) noexcept {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-}
-inline void put_u32(std::byte* p, std::uint32_t v) noexcept {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-}
-inline std::uint64_t get_u64(const std::byte* p) noexcept {
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= std::uint64_t(std::to_integer<std::uint8_t>(p[i])) << (8 * i);
-  return v;
-}
-inline std::uint32_t get_u32(const std::byte* p) noexcept {
-  std::uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= std::uint32_t(std::to_integer<std::uint8_t>(p[i])) << (8 * i);
-  return v;
-}
-inline constexpr std::uint32_t sampler_magic = 0x53464245;  // "EBFS" little endian
-inline constexpr std::uint32_t sampler_format = 1;
-}  // namespace detail
-
-inline epoch_permutation::epoch_permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch) : n_(n) {
-  EBBFLOW_PLAN_ENFORCE(n > 0, plan_errc::bad_dataset, "the data set is empty");
-  // Smallest h >= 1 with 2^(2h) >= n: the Feistel domain is < 4n, so cycle
-  // walking needs fewer than 4 encryptions on average.
-  const unsigned bits = n <= 1 ? 1u : static_cast<unsigned>(std::bit_width(n - 1));
-  half_bits_ = std::max(1u, (bits + 1) / 2);
-  mask_ = half_bits_ >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << half_bits_) - 1;
-  const std::uint64_t base = detail::mix64(seed ^ detail::mix64(epoch ^ 0x9e3779b97f4a7c15ULL));
-  for (int r = 0; r < rounds; ++r) keys_[r] = detail::mix64(base + 0x9e3779b97f4a7c15ULL * std::uint64_t(r + 1));
-}
-
-inline std::uint64_t epoch_permutation::encrypt(std::uint64_t x) const noexcept {
-  std::uint64_t left = x >> half_bits_, right = x & mask_;
-  for (int r = 0; r < rounds; ++r) {
-    const std::uint64_t f = detail::mix64(right ^ keys_[r]) & mask_;
-    const std::uint64_t next = left ^ f;
-    left = right;
-    right = next;
-  }
-  return (left << half_bits_) | right;
-}
-
-inline std::uint64_t epoch_permutation::operator()(std::uint64_t pos) const noexcept {
-  std::uint64_t y = encrypt(pos);
-  while (y >= n_) y = encrypt(y);  // cycle walking: stays a bijection of [0, n)
-  return y;
-}
-
-inline std::array<std::byte, sampler_state::encoded_size> sampler_state::encode() const noexcept {
-  std::array<std::byte, encoded_size> out{};
-  std::byte* p = out.data();
-  detail::put_u32(p, detail::sampler_magic);
-  detail::put_u32(p + 4, detail::sampler_format);
-  detail::put_u64(p + 8, dataset_size);
-  detail::put_u64(p + 16, seed);
-  detail::put_u64(p + 24, epoch);
-  detail::put_u64(p + 32, cursor);
-  detail::put_u64(p + 40, plan_version);
-  detail::put_u32(p + 48, static_cast<std::uint32_t>(policy));
-  return out;
-}
-
-inline sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
-  EBBFLOW_PLAN_ENFORCE(bytes.size() == encoded_size, plan_errc::bad_state,
-                       "sampler state of " << bytes.size() << " bytes, expected " << encoded_size);
-  const std::byte* p = bytes.data();
-  EBBFLOW_PLAN_ENFORCE(detail::get_u32(p) == detail::sampler_magic, plan_errc::bad_state, "bad magic");
-  EBBFLOW_PLAN_ENFORCE(detail::get_u32(p + 4) == detail::sampler_format, plan_errc::bad_state,
-                       "format version " << detail::get_u32(p + 4) << ", expected " << detail::sampler_format);
-  sampler_state s;
-  s.dataset_size = detail::get_u64(p + 8);
-  s.seed = detail::get_u64(p + 16);
-  s.epoch = detail::get_u64(p + 24);
-  s.cursor = detail::get_u64(p + 32);
-  s.plan_version = detail::get_u64(p + 40);
-  const std::uint32_t pol = detail::get_u32(p + 48);
-  EBBFLOW_PLAN_ENFORCE(pol <= 1, plan_errc::bad_state, "unknown last_batch policy " << pol);
-  s.policy = static_cast<last_batch>(pol);
-  EBBFLOW_PLAN_ENFORCE(s.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
-  EBBFLOW_PLAN_ENFORCE(s.cursor < s.dataset_size, plan_errc::bad_state,
-                       "cursor " << s.cursor << " not below the data-set size " << s.dataset_size);
-  return s;
-}
-
-inline sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank) {
-  detail::check_plan(state, plan);
-  EBBFLOW_PLAN_ENFORCE(rank < plan.size(), plan_errc::bad_rank,
-                       "rank " << rank << " outside plan v" << plan.version << " of " << plan.size() << " workers");
-  const detail::position at = detail::step_position(state, plan.global_batch);
-  return sample_range{epoch_permutation(state.dataset_size, state.seed, at.epoch), at.epoch,
-                      at.cursor + plan.offsets[rank], at.cursor + plan.offsets[rank + 1]};
-}
-
-inline epoch_sampler::epoch_sampler(std::uint64_t dataset_size, std::uint64_t seed, last_batch policy) {
-  EBBFLOW_PLAN_ENFORCE(dataset_size > 0, plan_errc::bad_dataset, "the data set is empty");
-  s_.dataset_size = dataset_size;
-  s_.seed = seed;
-  s_.policy = policy;
-}
-
-inline epoch_sampler::epoch_sampler(const sampler_state& state) : s_(state) {
-  EBBFLOW_PLAN_ENFORCE(s_.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
-  EBBFLOW_PLAN_ENFORCE(s_.cursor < s_.dataset_size, plan_errc::bad_state,
-                       "cursor " << s_.cursor << " not below the data-set size " << s_.dataset_size);
-  EBBFLOW_PLAN_ENFORCE(s_.policy == last_batch::short_batch || s_.policy == last_batch::drop, plan_errc::bad_state,
-                       "unknown last_batch policy");
-}
-
-inline std::size_t epoch_sampler::step_size(std::size_t nominal_batch) const noexcept {
-  const std::uint64_t cap = s_.policy == last_batch::short_batch ? remaining() : s_.dataset_size;
-  return static_cast<std::size_t>(std::min<std::uint64_t>(nominal_batch, cap));
-}
-
-inline sample_range epoch_sampler::step(const batch_plan& plan) const {
-  detail::check_plan(s_, plan);
-  const detail::position at = detail::step_position(s_, plan.global_batch);
-  return sample_range{epoch_permutation(s_.dataset_size, s_.seed, at.epoch), at.epoch, at.cursor,
-                      at.cursor + plan.global_batch};
-}
-
-inline void epoch_sampler::commit(const batch_plan& plan) {
-  detail::check_plan(s_, plan);
-  const detail::position at = detail::step_position(s_, plan.global_batch);
-  s_.epoch = at.epoch;
-  s_.cursor = at.cursor + plan.global_batch;
-  s_.plan_version = plan.version;
-  if (s_.cursor == s_.dataset_size) {
-    ++s_.epoch;
-    s_.cursor = 0;
-  }
-}
-
-}  // namespace plan
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/plan/impl/sampler.hpp>
-// ---- end <ebbflow/plan/sampler.hpp>
 // #include <ebbflow/plan/shard_sampler.hpp>  (inlined here)
 // ---- begin <ebbflow/plan/shard_sampler.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -14376,815 +15295,7 @@ class shard_sampler {
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/plan/shard_sampler.hpp>
-// #include <ebbflow/plan/work_stealing.hpp>  (inlined here)
-// ---- begin <ebbflow/plan/work_stealing.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file work_stealing.hpp
-//! In-step work stealing with exactly-once claims: a transient straggler's
-//! unfinished tail is taken over by workers that finished early.
-//!
-//! A plan splits a step's B samples into per-rank slices (rank r owns the
-//! b_r items [0, b_r) of its slice; `epoch_sampler::slice` maps them to data-set
-//! indices). With stealing, each slice is consumed from the FRONT by its owner
-//! and from the BACK by thieves, in chunks. Every claim on slice r is ONE
-//! atomic fetch-add on one 64-bit store counter, `key(r)`, which packs two
-//! counts: bits 32..62 hold F, the items the owner has requested so far, and
-//! bits 0..31 hold K, the items thieves have requested. A claim of q items
-//! adds q·2^32 (owner) or q (thief); `add` returns the value after the claim,
-//! so the claimant knows the exact state (F, K) just before it and is granted
-//! g = min(q, max(0, b_r − F − K)) items: the owner [F, F + g), a thief
-//! [b_r − K − g, b_r − K).
-//!
-//! Exactly once, never out of range: the store applies the adds of one key in
-//! a total order. While F + K <= b_r every claim so far was granted in full,
-//! so the owner holds [0, F) and the thieves hold [b_r − K, b_r), disjoint
-//! since F + K <= b_r. The claim that first makes F + K >= b_r is granted
-//! exactly the gap b_r − F − K, and every later claim 0. Hence every item of
-//! [0, b_r) is granted to exactly one claim. Every item is also processed:
-//! the owner keeps claiming until a claim comes back short (its slice is
-//! exhausted), so stealing is only an optimisation; a thief may stop whenever
-//! it likes. The fields cannot overflow: the owner is the only writer of F and
-//! never requests more than b_r − F (it knows F exactly), so F <= b_r < 2^31;
-//! a thief requests at most what it last saw remaining and at most
-//! `thief_request_limit(b_r, slices)`, and it makes at most one short claim
-//! per slice (after one it knows the slice is exhausted), so
-//! K <= b_r + slices·limit < 2^32 and never carries into F.
-//!
-//! Keys: `<prefix>/<generation>/<step>/<rank>`. The pair (generation, step)
-//! must be unique per step *attempt*: a rolled-back step that is redone must
-//! use a new generation (the elastic group's generation changes whenever a
-//! step is rolled back) or a new step number, so counters of an old attempt,
-//! and late claims of a zombie member, can never touch the new one. Cost:
-//! one small integer key per (attempt, slice). `release()` erases the own
-//! slice's key when the store supports `erase(key)` (the Boost.Asio store
-//! client does; memory_store does not): call it once no member can claim in
-//! this step any more, e.g. after the step's gradient allreduce. A late claim
-//! on an erased key recreates a junk key of a dead attempt that nobody reads.
-//!
-//! Gradient weights (the loss-scaling contract): with stealing, worker i
-//! trains on p_i = `processed()` samples (own and stolen) instead of b_i, and
-//! Σ_i p_i = B. Each worker must weight each of its samples by 1/B: compute
-//! the SUM of the per-sample losses over everything it processed in the step
-//! (accumulating gradients over its chunks) and divide by B, or equivalently
-//! scale its mean-loss gradient by w_i = p_i / B (`weight(B)`), not by the
-//! plan's b_i / B. The allreduced sum is then the mean-loss gradient of the
-//! step's B samples, exactly as without stealing. A worker that processed
-//! nothing contributes a zero gradient and still takes part in the allreduce.
-//!
-//! Samples and data: a thief reads the data-set indices of another rank's
-//! slice (`samples_of`), so stealing fits `epoch_sampler` over a data set
-//! every worker can read; it does not fit `shard_sampler`, where only a shard's
-//! owner reads it.
-//!
-//! Chunk sizes (`steal_options`, `owner_request`, `thief_request`): the owner
-//! claims a first chunk (first_fraction·b_r, small enough that an owner up to
-//! 1/first_fraction times slower than planned still finishes it in the planned
-//! step time, and that measures its speed in this step), then everything but a
-//! tail reserve (tail_reserve·b_r) at once, then guided chunks
-//! ceil(rest / owner_divisor) of the reserve, never below min_chunk and never
-//! leaving less than min_chunk behind. A step on plan thus costs about
-//! 2 + log_{owner_divisor}(tail_reserve·b_r / min_chunk) claims; the reserve
-//! is what thieves can take from an owner that is a little slow (noise),
-//! while pacing leaves a straggler's whole rest to them. Callers may cap a
-//! claim (`steal_policy` and `run_stealing_step` do all of this), e.g. with
-//! `paced_owner_cap` so an owner that falls behind its planned step time
-//! claims little and leaves its tail to thieves, and with `balanced_steal` so
-//! a thief takes no more than it can finish before the victim would.
-//!
-//! Thread safety: a `work_stealer` is used by one thread (one per worker and
-//! step); any number of workers, threads or processes may claim concurrently
-//! through one store, which must make `add` atomic. Blocking: every claim and
-//! `peek` is one store round trip, bounded by `steal_options::timeout`.
-//! Errors: plan_error (empty_membership, slice_too_large, bad_rank,
-//! bad_steal_request, bad_counter); store errors propagate unchanged
-//! (e.g. `ebbflow::system_error` with errc::timeout or errc::peer_lost).
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/deadline.hpp>  (inlined)
-// #include <ebbflow/plan/batch_planner.hpp>  (inlined)
-// #include <ebbflow/plan/plan_error.hpp>  (inlined)
-// #include <ebbflow/plan/sampler.hpp>  (inlined)
-
-#include <chrono>
-#include <concepts>
-#include <cstddef>
-#include <cstdint>
-#include <limits>
-#include <span>
-#include <string>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace plan {
-
-//! What work stealing needs from a store: an atomic 64-bit fetch-add with a
-//! deadline that returns the value after the add (an absent key counts as 0).
-//! `elastic::memory_store` and `elastic::store_client` model it (as does every
-//! `elastic::kv_store`); plan/ names no elastic/ type.
-template <class S>
-concept counter_store = requires(S& s, const std::string& key, std::int64_t delta, deadline d) {
-  { s.add(key, delta, d) } -> std::convertible_to<std::int64_t>;
-};
-
-//! A `counter_store` that can also apply many adds in about one round trip
-//! (`add_many(keys, deltas, d)` returns the values after each add, in
-//! order); `elastic::store_client` pipelines them, `elastic::memory_store`
-//! takes one lock. Thieves then read every slice at once.
-template <class S>
-concept batch_counter_store = counter_store<S> &&
-    requires(S& s, std::span<const std::string> keys, std::span<const std::int64_t> deltas, deadline d) {
-  { s.add_many(keys, deltas, d) } -> std::convertible_to<std::vector<std::int64_t>>;
-};
-
-//! The largest slice work stealing accepts: each count must fit in 31 bits.
-inline constexpr std::uint64_t max_slice_items = (std::uint64_t{1} << 31) - 1;
-
-//! Identifies one step attempt; see the file comment for why both parts.
-struct step_id {
-  std::uint64_t generation = 0;  //!< membership generation (changes on every rollback)
-  std::uint64_t step = 0;        //!< step number within the generation
-};
-
-//! The decoded counter of one slice at one moment. Value type.
-struct slice_state {
-  std::uint64_t size = 0;   //!< b_r, the slice's items
-  std::uint64_t front = 0;  //!< F: items the owner has requested (granted: min(F, size − back) once exhausted)
-  std::uint64_t back = 0;   //!< K: items thieves have requested
-  //! Items not yet claimed by anyone.
-  [[nodiscard]] std::uint64_t remaining() const noexcept { return front + back >= size ? 0 : size - front - back; }
-  //! True when every item has been claimed.
-  [[nodiscard]] bool exhausted() const noexcept { return remaining() == 0; }
-};
-
-//! Items [first, last) of rank `rank`'s slice, granted to one claim. Value type.
-struct chunk {
-  std::size_t rank = 0;     //!< owner rank of the slice the items belong to
-  std::uint64_t first = 0;  //!< first item (inclusive), an offset into the slice
-  std::uint64_t last = 0;   //!< last item (exclusive)
-  bool stolen = false;      //!< true when a thief claimed it from the back
-  //! Number of items.
-  [[nodiscard]] std::uint64_t size() const noexcept { return last - first; }
-  //! True when nothing was granted.
-  [[nodiscard]] bool empty() const noexcept { return first == last; }
-};
-
-//! Chunk-size policy. Value type.
-struct steal_options {
-  double first_fraction = 0.25;     //!< the owner's first claim: ceil(first_fraction · b_r); in (0, 1]
-  std::uint32_t owner_divisor = 2;  //!< guided owner claims: ceil(unclaimed-by-owner / owner_divisor); >= 1
-  std::uint32_t thief_divisor = 2;  //!< a thief claims ceil(victim's remaining / thief_divisor); >= 1
-  std::uint64_t min_chunk = 1;      //!< no claim asks for fewer (unless fewer are left); >= 1
-  double tail_reserve = 0.03;  //!< then the owner claims all but max(ceil(tail_reserve · b_r), min_chunk) at once (0:
-                               //!< guided chunks only); in [0, 1)
-  std::chrono::milliseconds timeout{30000};  //!< deadline of each store call
-};
-
-//! Checks `o`. @throws plan_error(bad_steal_request) naming the bad field.
-inline void validate(const steal_options& o);
-
-//! The owner's next request on a slice of `size` items of which it has
-//! requested `front` so far: the first chunk, then all but the tail reserve,
-//! then the guided size; at most `cap` but at least min_chunk (min_chunk wins:
-//! it is the smallest chunk worth its overhead); the whole rest when less than
-//! min_chunk would be left behind and `cap` is short of the rest by less
-//! than min_chunk. 0 when front >= size. Pure.
-[[nodiscard]] inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front,
-                                                 std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
-
-//! A thief's request on a victim with `remaining` unclaimed items:
-//! ceil(remaining / thief_divisor), at most `cap` but at least min_chunk, and
-//! at most `remaining`. 0 when remaining == 0. Pure.
-[[nodiscard]] inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining,
-                                                 std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
-
-//! The most a thief may request in one claim on a slice of `size` items when
-//! `slices` workers share the store (keeps K < 2^32; see the file comment).
-[[nodiscard]] constexpr std::uint64_t thief_request_limit(std::uint64_t size, std::uint64_t slices) noexcept {
-  const std::uint64_t room = (std::uint64_t{1} << 32) - 1 - size;
-  return slices == 0 ? room : room / slices;
-}
-
-//! A cap for an owner's request that paces it against its planned step time:
-//! the items it can still finish by `planned_s` at its observed rate,
-//! floor((planned_s − elapsed_s) / s_per_item), at least 1. An owner that runs
-//! on plan is not limited; one that has fallen behind (a transient straggler,
-//! detected by its own progress) claims little, leaving its tail to thieves.
-//! `s_per_item` > 0: seconds per item measured in this step (or the model's
-//! estimate before the first chunk). Pure.
-[[nodiscard]] inline std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept;
-
-//! How many of a victim's `remaining` items a thief should take so that both
-//! finish together: the g with overhead_s + g·thief_s = (remaining − g)·victim_s,
-//! rounded down; 0 when stealing would not finish earlier than the victim.
-//! `victim_s`, `thief_s`: seconds per item (estimates; use the larger of the
-//! victim's planned and progress-observed time); `overhead_s`: the thief's
-//! cost of one claim plus one extra chunk. Pure.
-[[nodiscard]] inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
-                                                  double overhead_s) noexcept;
-
-//! The most a thief should take so that it does not become the new straggler
-//! when everyone helps: the items it can finish within the horizon
-//! total_remaining / fleet_items_per_s (the time the whole fleet needs for
-//! all unclaimed items), floor(horizon / thief_s), at least 1 when anything
-//! is left. `total_remaining`: unclaimed items over all slices it read;
-//! `fleet_items_per_s`: Σ_j 1 / (seconds per item of worker j); `thief_s`:
-//! its own seconds per item. Pure.
-[[nodiscard]] inline std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s,
-                                                  double thief_s) noexcept;
-
-//! One worker's claims in one step. Not thread-safe (one per worker per step);
-//! see the file comment for the protocol, errors and the weight contract.
-template <counter_store Store>
-class work_stealer {
- public:
-  //! Worker `rank` of a step whose slices have `slice_sizes` items (rank
-  //! order, as `batch_plan::batch`). Does not touch the store. `store` must
-  //! outlive this object.
-  //! @throws plan_error: empty_membership (no slices), slice_too_large (a
-  //!         slice > max_slice_items), bad_rank (rank >= slices),
-  //!         bad_steal_request (bad options).
-  work_stealer(Store& store, std::string prefix, step_id id, std::span<const std::size_t> slice_sizes, std::size_t rank,
-               steal_options opts = {});
-  //! As above with the slices of `plan`.
-  work_stealer(Store& store, std::string prefix, step_id id, const batch_plan& plan, std::size_t rank,
-               steal_options opts = {})
-      : work_stealer(store, std::move(prefix), id, std::span<const std::size_t>(plan.batch), rank, opts) {}
-
-  //! Claims the next chunk of the own slice from the front (`owner_request`
-  //! items, at most `cap`). Empty once the own slice is exhausted (by the
-  //! owner or by thieves); after that it does not call the store.
-  //! @throws plan_error(bad_steal_request) when cap == 0; bad_counter; store errors.
-  [[nodiscard]] chunk claim_own(std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
-  //! True once the own slice is known to be exhausted.
-  [[nodiscard]] bool own_done() const noexcept { return own_done_; }
-
-  //! Reads slice `r`'s counter (an add of 0; one round trip).
-  //! @throws plan_error(bad_rank | bad_counter); store errors.
-  [[nodiscard]] slice_state peek(std::size_t r);
-  //! Reads every other slice not yet seen exhausted: one batched round trip
-  //! when `Store` is a `batch_counter_store`, else one `peek` each. The states
-  //! are then in `last_seen`. Returns the number of slices read.
-  //! @throws plan_error(bad_counter); store errors.
-  std::size_t peek_others();
-  //! Claims up to `request` items from the back of slice `victim` (`victim`
-  //! != own rank), clamped to what was last seen remaining and to
-  //! `thief_request_limit`. Empty when the slice is (now) exhausted; a slice
-  //! seen exhausted is never claimed again.
-  //! @throws plan_error(bad_rank | bad_steal_request | bad_counter); store errors.
-  [[nodiscard]] chunk steal_from(std::size_t victim, std::uint64_t request);
-  //! Peeks every other slice not yet seen exhausted, picks the one with the
-  //! most remaining items (lowest rank on ties) and claims `thief_request`
-  //! items of it, at most `cap`. Empty when every other slice is exhausted.
-  //! Errors as for `steal_from`.
-  [[nodiscard]] chunk steal(std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
-  //! `claim_own` until the own slice is exhausted, then `steal`. Empty: this
-  //! worker is done with the step. Errors as above.
-  [[nodiscard]] chunk next(std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
-
-  //! The last state seen of slice `r` (from a peek or a claim; zeros before).
-  [[nodiscard]] const slice_state& last_seen(std::size_t r) const { return seen_.at(r); }
-  //! Items this worker has been granted in this step (own and stolen).
-  [[nodiscard]] std::uint64_t processed() const noexcept { return processed_; }
-  //! Items this worker has stolen from others.
-  [[nodiscard]] std::uint64_t stolen() const noexcept { return stolen_; }
-  //! Store round trips made so far (claims and peeks; a batched read counts once).
-  [[nodiscard]] std::uint64_t store_calls() const noexcept { return calls_; }
-  //! w = processed() / global_batch, the factor for this worker's mean-loss
-  //! gradient (see the file comment). @throws plan_error(zero_batch) when global_batch == 0.
-  [[nodiscard]] double weight(std::size_t global_batch) const;
-  //! The store key of slice `r`'s counter. @throws plan_error(bad_rank).
-  [[nodiscard]] std::string key(std::size_t r) const;
-  //! Number of slices.
-  [[nodiscard]] std::size_t slices() const noexcept { return size_.size(); }
-  //! This worker's rank.
-  [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
-  //! Erases the own slice's counter when `Store` has `erase(key)`; otherwise
-  //! does nothing. Call only when no member can claim in this step any more.
-  //! Store errors propagate.
-  void release();
-
- private:
-  slice_state decode(std::size_t r, std::int64_t after, std::int64_t delta) const;
-  Store* store_;
-  std::string prefix_;
-  steal_options opts_;
-  std::size_t rank_;
-  std::vector<std::uint64_t> size_;
-  std::vector<slice_state> seen_;
-  std::vector<char> exhausted_;
-  bool own_done_ = false;
-  std::uint64_t processed_ = 0, stolen_ = 0, calls_ = 0;
-};
-
-//! The smallest chunk whose fixed overhead is at most `share` of its compute:
-//! ceil(overhead_s / (share · s_per_item)), at least 1. Use it as
-//! `steal_options::min_chunk`. The default share 0.25 balances the two costs
-//! of the chunk size at the end of a step: the last chunks leave workers
-//! finishing apart by about half a chunk, and halving the smallest chunk adds
-//! one more chunk's overhead, so the expected loss is least when a smallest
-//! chunk computes for about 4× its overhead. Pure.
-[[nodiscard]] inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item,
-                                                         double share = 0.25) noexcept;
-
-//! The decisions of one worker in one step, free of clocks and stores so that
-//! a real worker (`run_stealing_step`) and a simulation make them alike. Knows
-//! only what a worker knows: the plan, every member's estimated model (the
-//! inputs of the plan), its own measured speed in this step, the time since
-//! the step started on its clock, and counters it read. Stragglers are seen
-//! only through progress. Times are seconds since the step started; members
-//! start a synchronous step together (after the previous allreduce), so one
-//! worker's clock approximates the others'. Value type; not thread-safe.
-class steal_policy {
- public:
-  //! Worker `rank` of `plan`, made from `models` (rank order, the specs the
-  //! plan was solved from; only a, comm_s and c are used). `claim_s`: one
-  //! store round trip; `chunk_overhead_s`: this worker's cost of one extra chunk.
-  //! @throws plan_error(membership_mismatch | bad_rank | bad_cost).
-  steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank, double claim_s,
-               double chunk_overhead_s);
-
-  //! Records `items` of its own slice processed in `seconds` (the speed it measures).
-  void observe_own(std::uint64_t items, double seconds) noexcept;
-  //! Its seconds per item: measured in this step when it has processed any, else its model's c.
-  [[nodiscard]] double s_per_item() const noexcept;
-  //! The cap of its next own claim: `paced_owner_cap(planned step time, elapsed_s, s_per_item())`.
-  [[nodiscard]] std::uint64_t own_cap(double elapsed_s) const noexcept;
-
-  //! A steal decision: `items` == 0 means stop stealing in this step.
-  struct choice {
-    std::size_t victim = 0;   //!< rank of the slice to steal from
-    std::uint64_t items = 0;  //!< how many to request
-  };
-  //! Picks, among the slices in `seen` (index = rank; its own and exhausted ones
-  //! are skipped) the victim with the longest estimated time to finish:
-  //! remaining × max(planned c_r, (elapsed_s − a_r) / F_r), and requests
-  //! min(`balanced_steal`, `fair_steal_cap`) of it.
-  [[nodiscard]] choice choose(std::span<const slice_state> seen, double elapsed_s) const;
-  //! Slice `r`'s estimated time to finish as `choose` rates it, from state `s`:
-  //! remaining × max(c_r, (elapsed_s − a_r) / F_r) (planned c_r while F_r = 0).
-  [[nodiscard]] double time_left(std::size_t r, const slice_state& s, double elapsed_s) const noexcept;
-  //! An upper bound of `time_left` now for a slice last seen in state `stale`
-  //! (its remaining only shrinks and its F only grows): the same formula, with
-  //! F_r >= 1 assumed when `stale` shows F_r = 0.
-  [[nodiscard]] double time_left_bound(std::size_t r, const slice_state& stale, double elapsed_s) const noexcept;
-  //! The steal decision with as few store round trips as possible. With a
-  //! `batch_counter_store` it reads every other slice not yet seen exhausted
-  //! in one batch (`peek_others`). Otherwise it peeks them one by one in
-  //! decreasing order of `time_left_bound` from their last-seen states and
-  //! stops once no unread slice can beat the best one read. Then it
-  //! `choose`s at `elapsed_s` (unread slices count with their last-seen
-  //! states, which can only overstate the work left), so the victim is the
-  //! one `choose` would pick after peeking every slice, except on exact ties.
-  //! Errors as `work_stealer::peek`.
-  template <counter_store Store>
-  [[nodiscard]] choice scan(work_stealer<Store>& stealer, double elapsed_s) const;
-
- private:
-  std::vector<double> a_, c_;
-  double planned_s_, claim_s_, overhead_s_, fleet_rate_ = 0;
-  std::size_t rank_;
-  double own_items_ = 0, own_seconds_ = 0;
-};
-
-//! What `run_stealing_step` did.
-struct steal_report {
-  std::uint64_t processed = 0;    //!< items processed (own and stolen): the weight is processed / B
-  std::uint64_t stolen = 0;       //!< of which stolen from others
-  std::uint64_t chunks = 0;       //!< chunks processed
-  std::uint64_t store_calls = 0;  //!< store round trips
-  double seconds = 0;             //!< wall time of the step's claim-and-process loop
-};
-
-//! Runs one worker's step: claims its own slice paced by `policy`, calls
-//! `process(chunk)` for each (which trains on it and blocks until done), then
-//! steals as `policy` decides until it says stop. Every item of the own slice
-//! is processed here or by a thief. Blocking; uses the steady clock.
-//! @throws what `work_stealer` or `process` throw (a throwing `process` leaves
-//! claimed items unprocessed: abandon the step attempt).
-template <counter_store Store, class Process>
-steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& policy, Process&& process);
-
-//! The samples of chunk `c` of the step that `plan` makes from `state`: the
-//! positions [first, last) of rank c.rank's slice (`slice_of`).
-//! @throws plan_error as `slice_of`, and bad_rank when c lies beyond the slice.
-[[nodiscard]] inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c);
-
-}  // namespace plan
-EBBFLOW_END_NAMESPACE
-
-// #include <ebbflow/plan/impl/work_stealing.hpp>  (inlined here)
-// ---- begin <ebbflow/plan/impl/work_stealing.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/work_stealing.hpp
-//! Definitions for plan/work_stealing.hpp.
-
-
 // #include <ebbflow/plan/work_stealing.hpp>  (inlined)
-
-#include <algorithm>
-#include <cmath>
-#include <utility>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace plan {
-namespace detail {
-//! The owner count lives in bits 32..62 of the counter, the thief count in bits 0..31.
-inline constexpr std::int64_t owner_unit = std::int64_t{1} << 32;
-inline constexpr std::uint64_t thief_mask = (std::uint64_t{1} << 32) - 1;
-
-//! ceil(a / b) for b >= 1 without overflow.
-constexpr std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) noexcept { return a / b + (a % b != 0); }
-
-//! The items a claim of `request` is granted, given the state just before it:
-//! the owner [F, F + g), a thief [n − K − g, n − K), g = min(request, remaining).
-inline chunk grant(std::size_t rank, const slice_state& before, std::uint64_t request, bool from_back) noexcept {
-  const std::uint64_t g = std::min(request, before.remaining());
-  if (g == 0) return chunk{rank, 0, 0, from_back};
-  if (from_back) return chunk{rank, before.size - before.back - g, before.size - before.back, true};
-  return chunk{rank, before.front, before.front + g, false};
-}
-}  // namespace detail
-
-inline void validate(const steal_options& o) {
-  EBBFLOW_PLAN_ENFORCE(std::isfinite(o.first_fraction) && o.first_fraction > 0 && o.first_fraction <= 1,
-                       plan_errc::bad_steal_request, "first_fraction " << o.first_fraction << " outside (0, 1]");
-  EBBFLOW_PLAN_ENFORCE(o.owner_divisor >= 1, plan_errc::bad_steal_request, "owner_divisor 0");
-  EBBFLOW_PLAN_ENFORCE(std::isfinite(o.tail_reserve) && o.tail_reserve >= 0 && o.tail_reserve < 1,
-                       plan_errc::bad_steal_request, "tail_reserve " << o.tail_reserve << " outside [0, 1)");
-  EBBFLOW_PLAN_ENFORCE(o.thief_divisor >= 1, plan_errc::bad_steal_request, "thief_divisor 0");
-  EBBFLOW_PLAN_ENFORCE(o.min_chunk >= 1, plan_errc::bad_steal_request, "min_chunk 0");
-  EBBFLOW_PLAN_ENFORCE(o.timeout.count() > 0, plan_errc::bad_steal_request,
-                       "timeout " << o.timeout.count() << " ms is not positive");
-}
-
-inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front, std::uint64_t cap) {
-  if (front >= size) return 0;
-  const std::uint64_t rest = size - front;
-  // The tail reserve is at least one smallest chunk (a smaller one could not be split).
-  const std::uint64_t reserve =
-      o.tail_reserve > 0
-          ? std::max(static_cast<std::uint64_t>(std::ceil(o.tail_reserve * static_cast<double>(size))), o.min_chunk)
-          : 0;
-  std::uint64_t q = front == 0 ? static_cast<std::uint64_t>(std::ceil(o.first_fraction * static_cast<double>(size)))
-                    : reserve > 0 && rest > reserve ? rest - reserve
-                                                    : detail::ceil_div(rest, o.owner_divisor);
-  // min_chunk wins over cap: it is the smallest chunk worth its overhead.
-  q = std::max(std::min(q, cap), o.min_chunk);
-  // Never leave a remainder smaller than min_chunk: it would cost a whole
-  // chunk's overhead for less than a chunk's worth of work. Unless the cap
-  // is short of the rest by more than that (a paced straggler leaves its
-  // tail to thieves; an owner on plan is only a little short).
-  if (q >= rest || (rest - q < o.min_chunk && (cap >= rest || rest - cap < o.min_chunk))) return rest;
-  return q;
-}
-
-inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining, std::uint64_t cap) {
-  if (remaining == 0) return 0;
-  const std::uint64_t q = std::max(std::min(detail::ceil_div(remaining, o.thief_divisor), cap), o.min_chunk);
-  return std::min(q, remaining);
-}
-
-inline std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept {
-  if (!(s_per_item > 0) || !std::isfinite(s_per_item)) return std::numeric_limits<std::uint64_t>::max();
-  const double left = (planned_s - elapsed_s) / s_per_item;
-  if (!(left >= 1)) return 1;
-  if (left >= 9e18) return std::numeric_limits<std::uint64_t>::max();
-  return static_cast<std::uint64_t>(left);
-}
-
-inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
-                                    double overhead_s) noexcept {
-  if (remaining == 0 || !(victim_s > 0) || !(thief_s > 0)) return 0;
-  const double g = (static_cast<double>(remaining) * victim_s - std::max(overhead_s, 0.0)) / (thief_s + victim_s);
-  if (!(g >= 1)) return 0;
-  return std::min(remaining, static_cast<std::uint64_t>(g));
-}
-
-inline std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s, double thief_s) noexcept {
-  if (total_remaining == 0) return 0;
-  if (!(fleet_items_per_s > 0) || !(thief_s > 0)) return total_remaining;
-  const double g = static_cast<double>(total_remaining) / fleet_items_per_s / thief_s;
-  if (!(g >= 1)) return 1;
-  return std::min(total_remaining, static_cast<std::uint64_t>(g));
-}
-
-template <counter_store Store>
-work_stealer<Store>::work_stealer(Store& store, std::string prefix, step_id id,
-                                  std::span<const std::size_t> slice_sizes, std::size_t rank, steal_options opts)
-    : store_(&store), opts_(opts), rank_(rank) {
-  validate(opts_);
-  EBBFLOW_PLAN_ENFORCE(!slice_sizes.empty(), plan_errc::empty_membership, "no slices to steal from");
-  EBBFLOW_PLAN_ENFORCE(rank < slice_sizes.size(), plan_errc::bad_rank,
-                       "rank " << rank << " outside a step of " << slice_sizes.size() << " slices");
-  size_.reserve(slice_sizes.size());
-  for (std::size_t r = 0; r < slice_sizes.size(); ++r) {
-    EBBFLOW_PLAN_ENFORCE_W(slice_sizes[r] <= max_slice_items, plan_errc::slice_too_large, r,
-                           "slice of " << slice_sizes[r] << " items exceeds " << max_slice_items
-                                       << " (2^31 - 1): its claim counter would overflow");
-    size_.push_back(slice_sizes[r]);
-  }
-  seen_.resize(size_.size());
-  exhausted_.assign(size_.size(), 0);
-  for (std::size_t r = 0; r < size_.size(); ++r) {
-    seen_[r].size = size_[r];
-    exhausted_[r] = size_[r] == 0;
-  }
-  own_done_ = exhausted_[rank_] != 0;
-  prefix_ = std::move(prefix) + "/" + std::to_string(id.generation) + "/" + std::to_string(id.step) + "/";
-}
-
-template <counter_store Store>
-std::string work_stealer<Store>::key(std::size_t r) const {
-  EBBFLOW_PLAN_ENFORCE(r < size_.size(), plan_errc::bad_rank, "rank " << r << " outside " << size_.size() << " slices");
-  return prefix_ + std::to_string(r);
-}
-
-template <counter_store Store>
-slice_state work_stealer<Store>::decode(std::size_t r, std::int64_t after, std::int64_t delta) const {
-  // `after - delta` is the exact value just before this add. Both fields are
-  // bounded (file comment), so any other value means the key was written by
-  // something that is not this protocol (a reused key, a corrupt store).
-  const std::int64_t before = after - delta;
-  EBBFLOW_PLAN_ENFORCE_W(before >= 0 && after >= 0, plan_errc::bad_counter, r,
-                         "counter '" << key(r) << "' reads " << after << " after adding " << delta << " (negative)");
-  const auto b = static_cast<std::uint64_t>(before);
-  slice_state s{size_[r], b >> 32, b & detail::thief_mask};
-  EBBFLOW_PLAN_ENFORCE_W(s.front <= s.size, plan_errc::bad_counter, r,
-                         "counter '" << key(r) << "' has owner count " << s.front << " > slice size " << s.size);
-  return s;
-}
-
-template <counter_store Store>
-chunk work_stealer<Store>::claim_own(std::uint64_t cap) {
-  EBBFLOW_PLAN_ENFORCE(cap >= 1, plan_errc::bad_steal_request, "claim_own with cap 0");
-  if (own_done_) return chunk{rank_, 0, 0, false};
-  // The owner is the only writer of F, so seen_.front is exact and the request
-  // never takes F beyond the slice.
-  const std::uint64_t q = owner_request(opts_, size_[rank_], seen_[rank_].front, cap);
-  const std::int64_t delta = static_cast<std::int64_t>(q) * detail::owner_unit;
-  const std::int64_t after = store_->add(key(rank_), delta, deadline::after(opts_.timeout));
-  ++calls_;
-  const slice_state before = decode(rank_, after, delta);
-  const chunk c = detail::grant(rank_, before, q, false);
-  seen_[rank_] = slice_state{size_[rank_], before.front + q, before.back};
-  if (c.size() < q || seen_[rank_].exhausted()) {
-    own_done_ = true;
-    exhausted_[rank_] = 1;
-  }
-  processed_ += c.size();
-  return c;
-}
-
-template <counter_store Store>
-slice_state work_stealer<Store>::peek(std::size_t r) {
-  EBBFLOW_PLAN_ENFORCE(r < size_.size(), plan_errc::bad_rank, "rank " << r << " outside " << size_.size() << " slices");
-  if (size_[r] == 0) return seen_[r];
-  const std::int64_t after = store_->add(key(r), 0, deadline::after(opts_.timeout));
-  ++calls_;
-  seen_[r] = decode(r, after, 0);
-  if (seen_[r].exhausted()) exhausted_[r] = 1;
-  if (r == rank_ && exhausted_[r]) own_done_ = true;
-  return seen_[r];
-}
-
-template <counter_store Store>
-std::size_t work_stealer<Store>::peek_others() {
-  std::vector<std::size_t> which;
-  for (std::size_t r = 0; r < size_.size(); ++r)
-    if (r != rank_ && !exhausted_[r]) which.push_back(r);
-  if (which.empty()) return 0;
-  if constexpr (batch_counter_store<Store>) {
-    std::vector<std::string> keys;
-    keys.reserve(which.size());
-    for (std::size_t r : which) keys.push_back(key(r));
-    const std::vector<std::int64_t> zeros(which.size(), 0);
-    const std::vector<std::int64_t> after = store_->add_many(
-        std::span<const std::string>(keys), std::span<const std::int64_t>(zeros), deadline::after(opts_.timeout));
-    ++calls_;
-    EBBFLOW_PLAN_ENFORCE(after.size() == which.size(), plan_errc::bad_counter,
-                         "store answered " << after.size() << " of " << which.size() << " batched reads");
-    for (std::size_t k = 0; k < which.size(); ++k) {
-      const std::size_t r = which[k];
-      seen_[r] = decode(r, after[k], 0);
-      if (seen_[r].exhausted()) exhausted_[r] = 1;
-    }
-  } else {
-    for (std::size_t r : which) (void)peek(r);
-  }
-  return which.size();
-}
-
-template <counter_store Store>
-chunk work_stealer<Store>::steal_from(std::size_t victim, std::uint64_t request) {
-  EBBFLOW_PLAN_ENFORCE(victim < size_.size(), plan_errc::bad_rank,
-                       "victim " << victim << " outside " << size_.size() << " slices");
-  EBBFLOW_PLAN_ENFORCE(victim != rank_, plan_errc::bad_steal_request,
-                       "rank " << rank_ << " cannot steal from its own slice (use claim_own)");
-  EBBFLOW_PLAN_ENFORCE(request >= 1, plan_errc::bad_steal_request, "steal of 0 items");
-  if (exhausted_[victim]) return chunk{victim, 0, 0, true};
-  // Clamp to what was last seen remaining (never more than the slice) and to
-  // the per-claim limit: this is what bounds K below 2^32.
-  const std::uint64_t q =
-      std::min({request, seen_[victim].remaining(), thief_request_limit(size_[victim], size_.size())});
-  if (q == 0) {
-    exhausted_[victim] = 1;
-    return chunk{victim, 0, 0, true};
-  }
-  const std::int64_t delta = static_cast<std::int64_t>(q);
-  const std::int64_t after = store_->add(key(victim), delta, deadline::after(opts_.timeout));
-  ++calls_;
-  const slice_state before = decode(victim, after, delta);
-  const chunk c = detail::grant(victim, before, q, true);
-  seen_[victim] = slice_state{size_[victim], before.front, before.back + q};
-  if (c.size() < q || seen_[victim].exhausted()) exhausted_[victim] = 1;
-  processed_ += c.size();
-  stolen_ += c.size();
-  return c;
-}
-
-template <counter_store Store>
-chunk work_stealer<Store>::steal(std::uint64_t cap) {
-  EBBFLOW_PLAN_ENFORCE(cap >= 1, plan_errc::bad_steal_request, "steal with cap 0");
-  for (;;) {
-    (void)peek_others();
-    std::size_t best = size_.size();
-    std::uint64_t most = 0;
-    for (std::size_t r = 0; r < size_.size(); ++r) {
-      if (r == rank_ || exhausted_[r]) continue;
-      const std::uint64_t rest = seen_[r].remaining();
-      if (rest > most) most = rest, best = r;
-    }
-    if (best == size_.size()) return chunk{rank_, 0, 0, true};
-    const chunk c = steal_from(best, thief_request(opts_, most, cap));
-    if (!c.empty()) return c;
-    // Lost the race for that tail; rescan (the slice is now marked exhausted).
-  }
-}
-
-template <counter_store Store>
-chunk work_stealer<Store>::next(std::uint64_t cap) {
-  if (!own_done_) {
-    const chunk c = claim_own(cap);
-    if (!c.empty()) return c;
-  }
-  return steal(cap);
-}
-
-template <counter_store Store>
-double work_stealer<Store>::weight(std::size_t global_batch) const {
-  EBBFLOW_PLAN_ENFORCE(global_batch > 0, plan_errc::zero_batch, "weight of a step with global batch 0");
-  return static_cast<double>(processed_) / static_cast<double>(global_batch);
-}
-
-template <counter_store Store>
-void work_stealer<Store>::release() {
-  if constexpr (requires(Store & s, const std::string& k) { s.erase(k); }) {
-    if (size_[rank_] > 0) (void)store_->erase(key(rank_));
-  }
-}
-
-inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item, double share) noexcept {
-  if (!(overhead_s > 0) || !(s_per_item > 0) || !(share > 0)) return 1;
-  const double k = std::ceil(overhead_s / (share * s_per_item));
-  if (!(k >= 1)) return 1;
-  return k >= 9e18 ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(k);
-}
-
-inline steal_policy::steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank,
-                                  double claim_s, double chunk_overhead_s)
-    : planned_s_(plan.step_time),
-      claim_s_(std::max(claim_s, 0.0)),
-      overhead_s_(std::max(chunk_overhead_s, 0.0)),
-      rank_(rank) {
-  EBBFLOW_PLAN_ENFORCE(models.size() == plan.size(), plan_errc::membership_mismatch,
-                       models.size() << " models for a plan of " << plan.size() << " workers");
-  EBBFLOW_PLAN_ENFORCE(rank < plan.size(), plan_errc::bad_rank,
-                       "rank " << rank << " outside plan v" << plan.version << " of " << plan.size() << " workers");
-  for (std::size_t r = 0; r < models.size(); ++r) {
-    const worker_spec& m = models[r];
-    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(m.c) && m.c > 0 && std::isfinite(m.a) && m.a >= 0, plan_errc::bad_cost, m.id,
-                           "a = " << m.a << ", c = " << m.c << " cannot pace work stealing");
-    a_.push_back(m.a + m.comm_s);
-    c_.push_back(m.c);
-    fleet_rate_ += 1 / m.c;
-  }
-}
-
-inline void steal_policy::observe_own(std::uint64_t items, double seconds) noexcept {
-  if (items == 0 || !(seconds >= 0)) return;
-  own_items_ += static_cast<double>(items);
-  own_seconds_ += seconds;
-}
-
-inline double steal_policy::s_per_item() const noexcept {
-  return own_items_ > 0 && own_seconds_ > 0 ? own_seconds_ / own_items_ : c_[rank_];
-}
-
-inline std::uint64_t steal_policy::own_cap(double elapsed_s) const noexcept {
-  return paced_owner_cap(planned_s_, elapsed_s, s_per_item());
-}
-
-inline steal_policy::choice steal_policy::choose(std::span<const slice_state> seen, double elapsed_s) const {
-  EBBFLOW_PLAN_ENFORCE(seen.size() == c_.size(), plan_errc::membership_mismatch,
-                       seen.size() << " slice states for " << c_.size() << " workers");
-  double worst = 0, victim_s = 0, all_rest = 0;
-  std::size_t victim = seen.size();
-  for (std::size_t r = 0; r < seen.size(); ++r) {
-    if (r == rank_ || seen[r].exhausted()) continue;
-    all_rest += static_cast<double>(seen[r].remaining());
-    // Progress: the owner requested F items in (elapsed − a_r) seconds; F
-    // includes the chunk in flight, so this errs towards the planned speed.
-    const double left = time_left(r, seen[r], elapsed_s);
-    if (left > worst) worst = left, victim = r, victim_s = left / static_cast<double>(seen[r].remaining());
-  }
-  if (victim == seen.size()) return {};
-  const std::uint64_t g =
-      std::min(balanced_steal(seen[victim].remaining(), victim_s, s_per_item(), claim_s_ + overhead_s_),
-               fair_steal_cap(static_cast<std::uint64_t>(all_rest), fleet_rate_, s_per_item()));
-  return {victim, g};
-}
-
-inline double steal_policy::time_left(std::size_t r, const slice_state& s, double elapsed_s) const noexcept {
-  double v = c_[r];
-  if (s.front > 0 && elapsed_s > a_[r]) v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(s.front));
-  return static_cast<double>(s.remaining()) * v;
-}
-
-inline double steal_policy::time_left_bound(std::size_t r, const slice_state& stale, double elapsed_s) const noexcept {
-  double v = c_[r];
-  if (elapsed_s > a_[r])
-    v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(std::max<std::uint64_t>(stale.front, 1)));
-  return static_cast<double>(stale.remaining()) * v;
-}
-
-template <counter_store Store>
-steal_policy::choice steal_policy::scan(work_stealer<Store>& stealer, double elapsed_s) const {
-  const std::size_t n = stealer.slices();
-  EBBFLOW_PLAN_ENFORCE(n == c_.size(), plan_errc::membership_mismatch,
-                       "a stealer of " << n << " slices for a policy of " << c_.size() << " workers");
-  if constexpr (batch_counter_store<Store>) {
-    (void)stealer.peek_others();  // one round trip for all
-  } else {
-    std::vector<std::pair<double, std::size_t>> order;  // (bound, rank), largest bound first
-    for (std::size_t r = 0; r < n; ++r)
-      if (r != rank_ && !stealer.last_seen(r).exhausted())
-        order.emplace_back(time_left_bound(r, stealer.last_seen(r), elapsed_s), r);
-    std::sort(order.begin(), order.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
-    double best = 0;
-    for (const auto& [bound, r] : order) {
-      if (bound <= best) break;  // neither this slice nor any later one can beat the best read
-      best = std::max(best, time_left(r, stealer.peek(r), elapsed_s));
-    }
-  }
-  std::vector<slice_state> seen(n);
-  for (std::size_t r = 0; r < n; ++r) seen[r] = stealer.last_seen(r);
-  return choose(seen, elapsed_s);
-}
-
-template <counter_store Store, class Process>
-steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& policy, Process&& process) {
-  using seconds = std::chrono::duration<double>;
-  const auto t0 = steady_clock::now();
-  const auto elapsed = [&] { return seconds(steady_clock::now() - t0).count(); };
-  steal_report rep;
-  for (;;) {
-    const chunk c = stealer.claim_own(policy.own_cap(elapsed()));
-    if (c.empty()) break;
-    const auto t = steady_clock::now();
-    process(c);
-    policy.observe_own(c.size(), seconds(steady_clock::now() - t).count());
-    ++rep.chunks;
-  }
-  for (;;) {
-    const steal_policy::choice ch = policy.scan(stealer, elapsed());
-    if (ch.items == 0) break;
-    const chunk c = stealer.steal_from(ch.victim, ch.items);
-    if (c.empty()) continue;  // lost the race for that tail; look again
-    process(c);
-    ++rep.chunks;
-  }
-  rep.processed = stealer.processed();
-  rep.stolen = stealer.stolen();
-  rep.store_calls = stealer.store_calls();
-  rep.seconds = elapsed();
-  return rep;
-}
-
-inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c) {
-  sample_range s = slice_of(state, plan, c.rank);
-  EBBFLOW_PLAN_ENFORCE(
-      c.first <= c.last && c.last <= s.size(), plan_errc::bad_rank,
-      "chunk [" << c.first << ", " << c.last << ") outside rank " << c.rank << "'s slice of " << s.size() << " items");
-  s.last = s.first + c.last;
-  s.first = s.first + c.first;
-  return s;
-}
-
-}  // namespace plan
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/plan/impl/work_stealing.hpp>
-// ---- end <ebbflow/plan/work_stealing.hpp>
 // ==== end <ebbflow/plan.hpp>
 
 // ==== begin <ebbflow/prefetch/cuda_stage.hpp> =============================

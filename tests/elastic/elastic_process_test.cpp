@@ -222,6 +222,23 @@ TEST_F(ElasticProcess, AJoinerThatKeepsFailingIsHeldBackByTheGroup) {
   EXPECT_NE(out.find("-> 3 workers"), std::string::npos) << out;
 }
 
+// In-step work stealing with real processes (claims on the Asio store):
+// worker 0 is 4 times slower in 3 steps of every 10, the others take over
+// its tails, and a join, a SIGKILL and a leave happen meanwhile; every
+// sample is still processed exactly once (the parameters equal the
+// reference).
+TEST_F(ElasticProcess, WorkStealingAcrossAJoinAKillAndALeave) {
+  const auto out = train("-n 3 --add 0.3 --kill 0.6:1 --leave 0.9:2", "", 400, "--steal --straggle 0:0:3:4:10");
+  EXPECT_GE(count(out, "world changed (join)"), 1) << out;
+  EXPECT_GE(count(out, "world changed (failure)"), 1) << out;
+  EXPECT_GE(count(out, "world changed (leave)"), 1) << out;
+  long long stolen = 0;
+  for (auto pos = out.find("work stealing: stole "); pos != std::string::npos;
+       pos = out.find("work stealing: stole ", pos + 1))
+    stolen += std::stoll(out.substr(pos + 21));
+  EXPECT_GT(stolen, 0) << out;
+}
+
 TEST_F(ElasticProcess, BelowMinSizeWaitsThenResumesWhenAWorkerArrives) {
   const auto out = train("-n 2 --min 2 --kill 0.4:1 --add 1.5");
   EXPECT_NE(out.find("below EBBFLOW_MIN_SIZE=2: waiting for workers"), std::string::npos) << out;

@@ -128,6 +128,9 @@ struct scenario {
   std::chrono::microseconds step_time{0};  // slept per step (time-based behaviour)
   std::chrono::milliseconds join_cooldown{1000}, join_cooldown_max{60'000};
   std::vector<std::pair<std::string, std::string>> store_init;  // keys set before the workers start
+  bool steal = false;                                           // steal_step instead of the own slice
+  int straggler = -1;                                           // this launch rank sleeps per sample
+  std::chrono::microseconds straggle{0};
 };
 
 struct outcome {
@@ -139,6 +142,7 @@ struct outcome {
   std::vector<std::uint64_t> last_plan;
   std::set<std::int64_t> final_steps;       // the step every survivor ended at (one value)
   std::shared_ptr<el::memory_store> store;  // as the job left it
+  std::uint64_t stolen = 0;                 // samples stolen over all members and steps
 };
 
 void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::shared_ptr<el::loopback_fabric> fabric,
@@ -193,8 +197,20 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
         if (!join && r == launch_rank && s.step == ls) g.request_leave();
       const auto o2 = order(s.epoch);
       std::vector<float> grad(w.size(), 0.f);
-      for (std::size_t j = 0; j < s.batch; ++j)
-        add_grad(w, o2[s.cursor + s.offset + j], 1.f / static_cast<float>(s.global_batch), grad);
+      std::size_t processed = s.batch;
+      if (sc.steal) {
+        const auto rep = g.steal_step([&](std::size_t first, std::size_t last) {
+          for (auto p = first; p < last; ++p)
+            add_grad(w, o2[s.cursor + p], 1.f / static_cast<float>(s.global_batch), grad);
+          if (!join && launch_rank == sc.straggler) std::this_thread::sleep_for(sc.straggle * (last - first));
+        });
+        processed = rep.processed;
+        std::lock_guard lk(out.m);
+        out.stolen += rep.stolen;
+      } else {
+        for (std::size_t j = 0; j < s.batch; ++j)
+          add_grad(w, o2[s.cursor + s.offset + j], 1.f / static_cast<float>(s.global_batch), grad);
+      }
       for (auto [r, ks] : sc.kills)
         if (!join && r == launch_rank && s.step == ks) {
           net.kill();  // crash mid-step: peers are inside the allreduce
@@ -203,7 +219,7 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
       if (sc.step_time.count()) std::this_thread::sleep_for(sc.step_time);
       if (!g.allreduce(grad)) continue;
       for (std::size_t k = 0; k < w.size(); ++k) w[k] -= lr * grad[k];
-      g.end_step(2e-3 + per_sample * static_cast<double>(s.batch));
+      g.end_step(2e-3 + per_sample * static_cast<double>(processed), processed);
     }
     if (g.active()) {
       std::lock_guard lk(out.m);
@@ -403,6 +419,27 @@ TEST(ElasticGroup, BadOptionsAreNamed) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("global_batch must be > 0"), std::string::npos);
   }
+}
+
+// In-step work stealing through the group: a straggler's tail is taken by
+// the others, every sample of every step is processed exactly once (the
+// parameters equal the single-process run), also across a join, a failure
+// and a leave (claims are keyed by generation and step).
+TEST(ElasticGroup, WorkStealingProcessesEverySampleOnceAcrossChanges) {
+  scenario sc;
+  sc.initial = 4;
+  sc.steps = 40;
+  sc.steal = true;
+  sc.straggler = 2;
+  sc.straggle = 100us;
+  sc.joins = {6};
+  sc.kills = {{1, 15}};
+  sc.leaves = {{3, 25}};
+  sc.adaptive = true;  // models after a few steps: paced stealing from then on
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 3);  // 4 + 1 joined - 1 killed - 1 left
+  EXPECT_GT(out.stolen, 0u);
 }
 
 TEST(ElasticGroup, JoinCooldownFromTheEnvironment) {

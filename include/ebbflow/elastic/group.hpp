@@ -61,6 +61,7 @@
 #include <ebbflow/elastic/detail/wire.hpp>
 #include <ebbflow/elastic/kv_store.hpp>
 #include <ebbflow/elastic/policy.hpp>
+#include <ebbflow/plan/work_stealing.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -199,6 +200,13 @@ struct step_info {
   int world_size = 1;              //!< members in the current generation
   std::int64_t generation = 0;     //!< current generation
   std::uint64_t plan_version = 0;  //!< identifies the plan (same on every member)
+};
+
+//! Settings of `group::steal_step`.
+struct steal_settings {
+  plan::steal_options chunks{};       //!< chunk sizes (and the deadline of each claim)
+  double claim_seconds = 60e-6;       //!< one store round trip (what a claim costs a thief)
+  double chunk_overhead_seconds = 0;  //!< this member's cost of processing one more chunk
 };
 
 //! Why the membership changed (passed to world-changed callbacks).
@@ -355,10 +363,30 @@ class group {
   //! As above, for doubles.
   bool allreduce(std::span<double> data);
 
+  //! In-step work stealing (plan/work_stealing.hpp) instead of processing
+  //! the own slice whole: calls `process(first, last)` for positions
+  //! [first, last) of this step's global batch (the sample at position p is
+  //! the one at `cursor + p` of the epoch's order), first for chunks of its
+  //! own slice, paced against its planned step time when the policy has
+  //! models (`planning_policy::models`), then for chunks taken from the ends
+  //! of slices whose owners fall behind. Each position is processed by exactly
+  //! one member (claims are atomic adds on the job's store, keyed by
+  //! generation and step, so a redone step never meets an aborted attempt's
+  //! claims). Call between `begin_step` and the gradient allreduce on every
+  //! member; weigh each sample by 1 / global_batch, as without stealing (a
+  //! member that processed nothing still allreduces its zeros), and pass
+  //! `processed` to `end_step`. `process` must not call the group.
+  //! @throws plan::plan_error, the store's errors, and what `process` throws.
+  template <class Process>
+  plan::steal_report steal_step(Process&& process, const steal_settings& settings = {});
+
   //! Commits the step (call after the optimizer step) and runs the control
   //! exchange: feeds every member's timing to the policy, applies new plans,
   //! leaves and joins. `compute_seconds`: this member's compute time of the step.
   void end_step(double compute_seconds);
+  //! As above, after `steal_step`: `processed` samples (its report) took
+  //! `compute_seconds`, which is what the policy learns from.
+  void end_step(double compute_seconds, std::size_t processed);
 
   //! Resumes from a checkpoint: the step, epoch and cursor the job had
   //! reached. Call before the first `begin_step` on every member (the
@@ -466,6 +494,7 @@ class group {
   void notify(change_reason reason, int old_size, double stall);
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
   void fault_point(const char* point);
+  void release_steal_counter();
   int lost_peer_of(const system_error& e) const noexcept;
 
   group_options opts_;
@@ -547,7 +576,8 @@ class group {
   // A newcomer until its probation ends (steady_clock ticks; 0: not one):
   // then the heartbeat thread clears its join-failure marks.
   std::atomic<steady_clock::rep> probation_end_{0};
-  std::vector<member_id> admitting_;             // joiners the coordinator flagged in this step's control exchange
+  std::string steal_key_;             // this step's work-stealing counter of the own slice (erased when the step ends)
+  std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
   std::int64_t ticket_seen_until_ = 0;           // coordinator: newest join ticket seen
   steady_clock::time_point ticket_first_seen_;   // when the oldest waiting ticket was seen
   steady_clock::time_point ticket_last_change_;  // when the newest ticket was seen

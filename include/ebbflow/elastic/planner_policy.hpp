@@ -68,6 +68,12 @@ class planner_policy final : public planning_policy {
     return false;
   }
 
+  std::vector<member_model> models(std::span<const member_id> members) const override {
+    std::vector<member_model> out;
+    for (auto& s : specs_of(members)) out.push_back({s.a, s.c});
+    return out;
+  }
+
   //! The model of member `m`, or nullptr when it has none yet.
   [[nodiscard]] const plan::cost_model* model(member_id m) const {
     auto it = models_.find(m);

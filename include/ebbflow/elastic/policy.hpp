@@ -34,6 +34,18 @@ class planning_policy {
   virtual void observe(member_id member, std::size_t batch, double seconds) = 0;
   //! Batch sizes (rank order of `members`) that sum to `global_batch`.
   virtual std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) = 0;
+  //! What the policy knows of a member's speed: seconds per step and per
+  //! sample (the inputs of its plan). Paces in-step work stealing.
+  struct member_model {
+    double fixed_seconds = 0;       //!< a_i
+    double seconds_per_sample = 0;  //!< c_i (> 0 when known)
+  };
+  //! The models of `members` (rank order), or empty when the policy has
+  //! none for them yet (then `group::steal_step` steals unpaced).
+  [[nodiscard]] virtual std::vector<member_model> models(std::span<const member_id> members) const {
+    (void)members;
+    return {};
+  }
   //! Whether `current` should be replaced (checked by the coordinator each step).
   virtual bool should_replan(std::span<const member_id> members, std::span<const std::size_t> current,
                              std::size_t global_batch) {

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <sstream>
 
@@ -884,7 +885,67 @@ void group<Store, Net>::count_join_failures(const std::vector<detail::member_ent
 }
 
 template <kv_store Store, network Net>
+template <class Process>
+plan::steal_report group<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
+  if (!active_) fail(error::invalid_state, "steal_step after this member left the group");
+  if (!started_ || step_ < 0) fail(error::invalid_state, "steal_step before begin_step");
+  release_steal_counter();  // an aborted attempt's
+  const auto info = current_slice();
+  const std::vector<std::size_t> full(gen_.plan.begin(), gen_.plan.end());
+  const auto slices = scale_plan(full, info.global_batch);
+  std::vector<std::size_t> offset(slices.size(), 0);
+  for (std::size_t r = 1; r < slices.size(); ++r) offset[r] = offset[r - 1] + slices[r - 1];
+  plan::work_stealer<Store> stealer(
+      *store_, key("steal"), {static_cast<std::uint64_t>(gen_.generation), static_cast<std::uint64_t>(step_)},
+      std::span<const std::size_t>(slices), static_cast<std::size_t>(rank_), settings.chunks);
+  steal_key_ = stealer.key(static_cast<std::size_t>(rank_));
+  const auto run = [&](const plan::chunk& c) { process(offset[c.rank] + c.first, offset[c.rank] + c.last); };
+
+  std::vector<member_id> ids;
+  for (auto& m : gen_.members) ids.push_back(m.id);
+  const auto models = policy_->models(ids);
+  const bool paced = models.size() == ids.size() && std::all_of(models.begin(), models.end(), [](const auto& m) {
+                       return std::isfinite(m.fixed_seconds) && m.fixed_seconds >= 0 &&
+                              std::isfinite(m.seconds_per_sample) && m.seconds_per_sample > 0;
+                     });
+  if (paced && info.global_batch > 0) {
+    std::vector<plan::worker_spec> specs;
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      specs.push_back({static_cast<std::uint64_t>(ids[i]), models[i].fixed_seconds, models[i].seconds_per_sample,
+                       std::numeric_limits<std::size_t>::max(), 0, 0});
+    const auto bp = plan::make_plan(specs, slices, gen_.plan_version);
+    plan::steal_policy pacing(specs, bp, static_cast<std::size_t>(rank_), settings.claim_seconds,
+                              settings.chunk_overhead_seconds);
+    return plan::run_stealing_step(stealer, pacing, run);
+  }
+  // No models yet: the own slice, then the largest tails of the others.
+  const auto t0 = steady_clock::now();
+  plan::steal_report rep;
+  for (auto c = stealer.next(); !c.empty(); c = stealer.next()) {
+    run(c);
+    ++rep.chunks;
+  }
+  rep.processed = stealer.processed();
+  rep.stolen = stealer.stolen();
+  rep.store_calls = stealer.store_calls();
+  rep.seconds = std::chrono::duration<double>(steady_clock::now() - t0).count();
+  return rep;
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::release_steal_counter() {
+  if (steal_key_.empty()) return;
+  if constexpr (requires(Store & s) { s.erase(steal_key_); }) store_->erase(steal_key_);
+  steal_key_.clear();
+}
+
+template <kv_store Store, network Net>
 void group<Store, Net>::end_step(double compute_seconds) {
+  end_step(compute_seconds, active_ && rank_ >= 0 ? current_slice().batch : 0);
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::end_step(double compute_seconds, std::size_t processed) {
   const inside busy(in_group_);
   if (!active_) fail(error::invalid_state, "end_step after this member left the group");
   if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
@@ -906,7 +967,9 @@ void group<Store, Net>::end_step(double compute_seconds) {
   std::vector<double> v(4 + 4 * un, 0.0);
   const std::size_t r = static_cast<std::size_t>(rank_);
   v[3 + r] = compute_seconds;
-  v[3 + un + r] = static_cast<double>(info.batch);
+  v[3 + un + r] = static_cast<double>(processed);
+  // Every member's claims ended before the gradient allreduce completed.
+  release_steal_counter();
   v[3 + 2 * un + r] = leave_requested_.load() ? 1.0 : 0.0;
   std::vector<member_id> ids;
   for (auto& m : gen_.members) ids.push_back(m.id);
