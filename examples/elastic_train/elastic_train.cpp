@@ -205,7 +205,7 @@ int main(int argc, char** argv) try {
 
   const double slowdown = ef::env::get_double("EBBFLOW_SLOWDOWN", 1.0, 1.0, 1000.0);
   const long long worker_id = ef::env::get_int("EBBFLOW_WORKER_ID", -1);
-  std::uint64_t stolen = 0, chunks = 0, steal_steps = 0;
+  std::uint64_t stolen = 0, chunks = 0, claims = 0, steal_steps = 0;
   const mlp::shape sh{64, a.hidden, 10};
   auto params = mlp::init(sh, a.seed);
   std::vector<float> velocity(params.size(), 0.f);
@@ -269,6 +269,7 @@ int main(int argc, char** argv) try {
       processed = rep.processed;
       stolen += rep.stolen;
       chunks += rep.chunks;
+      claims += rep.store_calls;
       ++steal_steps;
     } else {
       train_on(s.offset, s.offset + s.batch);
@@ -310,9 +311,9 @@ int main(int argc, char** argv) try {
   }
   if (metrics) std::fclose(metrics);
   if (a.steal)
-    std::fprintf(stderr, "work stealing: stole %llu samples in %llu steps (%llu chunks)\n",
+    std::fprintf(stderr, "work stealing: stole %llu samples in %llu steps (%llu chunks, %llu store round trips)\n",
                  static_cast<unsigned long long>(stolen), static_cast<unsigned long long>(steal_steps),
-                 static_cast<unsigned long long>(chunks));
+                 static_cast<unsigned long long>(chunks), static_cast<unsigned long long>(claims));
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "elastic_train: %s\n", e.what());

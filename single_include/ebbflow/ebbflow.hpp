@@ -7992,6 +7992,23 @@ class memory_store {
     if (it == kv_.end()) return std::nullopt;
     return it->second;
   }
+  //! Removes `k`; returns whether it existed. @throws system_error: peer_lost after `fail()`.
+  bool erase(std::string_view k) {
+    std::lock_guard lk(m_);
+    check(deadline::never(), "store.erase");
+    auto it = kv_.find(std::string(k));
+    if (it == kv_.end()) return false;
+    kv_.erase(it);
+    return true;
+  }
+  //! The keys that start with `prefix`, in order (for tests and diagnostics).
+  std::vector<std::string> keys(std::string_view prefix = {}) const {
+    std::lock_guard lk(m_);
+    std::vector<std::string> out;
+    for (auto it = kv_.lower_bound(std::string(prefix)); it != kv_.end() && it->first.starts_with(prefix); ++it)
+      out.push_back(it->first);
+    return out;
+  }
   //! `try_get(keys[i])` for every i, under one lock. Errors as `try_get`.
   std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d) {
     std::vector<std::optional<std::string>> out;
@@ -8078,7 +8095,7 @@ class memory_store {
     if (failed_) throw_if(make_error_code(error::peer_lost), {.operation = op});
     if (d.expired()) throw_if(make_error_code(error::timeout), {.operation = op});
   }
-  std::mutex m_;
+  mutable std::mutex m_;
   std::condition_variable cv_;
   std::map<std::string, std::string> kv_;
   bool failed_ = false;
@@ -8232,7 +8249,7 @@ EBBFLOW_END_NAMESPACE
 //! and late claims of a zombie member, can never touch the new one. Cost:
 //! one small integer key per (attempt, slice). `release()` erases the own
 //! slice's key when the store supports `erase(key)` (the Boost.Asio store
-//! client does; memory_store does not): call it once no member can claim in
+//! client and memory_store do): call it once no member can claim in
 //! this step any more, e.g. after the step's gradient allreduce. A late claim
 //! on an erased key recreates a junk key of a dead attempt that nobody reads.
 //!
@@ -10410,6 +10427,7 @@ class group {
   std::atomic<std::int64_t> hb_generation_{-1};
   std::mutex hb_mutex_;
   std::shared_ptr<comm::revoke_flag> hb_revoke_;
+  std::vector<std::string> hb_erase_;  // store keys the heartbeat thread erases (under hb_mutex_)
   std::atomic<bool> leave_requested_{false};
   // Nonzero while the training thread is inside begin_step, allreduce or
   // end_step (where it progresses the network itself): the admission helper
@@ -10673,6 +10691,14 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
         s->set(key("wkey/" + std::to_string(id_)), "", store_deadline());
         s->set(key("joinfail/" + opts_.worker_key), "0", store_deadline());
         probation_end_.store(0, std::memory_order_relaxed);
+      }
+      if constexpr (requires { s->erase(std::string()); }) {
+        std::vector<std::string> erase;
+        {
+          std::lock_guard lk(hb_mutex_);
+          erase.swap(hb_erase_);
+        }
+        for (auto& k : erase) s->erase(k);
       }
       const std::int64_t g = hb_generation_.load();
       if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
@@ -11383,7 +11409,11 @@ plan::steal_report group<Store, Net>::steal_step(Process&& process, const steal_
 template <kv_store Store, network Net>
 void group<Store, Net>::release_steal_counter() {
   if (steal_key_.empty()) return;
-  if constexpr (requires(Store & s) { s.erase(steal_key_); }) store_->erase(steal_key_);
+  // Erased by the heartbeat thread, on its own connection: no round trip here.
+  if constexpr (requires(Store & s) { s.erase(steal_key_); }) {
+    std::lock_guard lk(hb_mutex_);
+    hb_erase_.push_back(std::move(steal_key_));
+  }
   steal_key_.clear();
 }
 

@@ -33,6 +33,7 @@ struct store_ref {
     return s->compare_set(k, e, v, d);
   }
   void wait(const std::vector<std::string>& k, ef::deadline d) { s->wait(k, d); }
+  bool erase(std::string_view k) { return s->erase(k); }
 };
 using test_group = el::group<store_ref, el::loopback_network>;
 
@@ -432,6 +433,7 @@ TEST(ElasticGroup, WorkStealingProcessesEverySampleOnceAcrossChanges) {
   sc.steal = true;
   sc.straggler = 2;
   sc.straggle = 100us;
+  sc.step_time = 1ms;
   sc.joins = {6};
   sc.kills = {{1, 15}};
   sc.leaves = {{3, 25}};
@@ -440,6 +442,11 @@ TEST(ElasticGroup, WorkStealingProcessesEverySampleOnceAcrossChanges) {
   auto& out = *out_p;
   expect_equal_to_reference(sc, out, 3);  // 4 + 1 joined - 1 killed - 1 left
   EXPECT_GT(out.stolen, 0u);
+  // Each step's counters are erased once it ends, by the heartbeat threads
+  // (every 10 ms here, steps take over 1 ms): of the 160-odd made (one per
+  // slice and step), only those of about the last heartbeat period's steps
+  // are left, and those of a killed member's last period.
+  EXPECT_LT(out.store->keys("ebbflow/steal/").size(), 80u);
 }
 
 TEST(ElasticGroup, JoinCooldownFromTheEnvironment) {

@@ -561,6 +561,7 @@ class group {
   std::atomic<std::int64_t> hb_generation_{-1};
   std::mutex hb_mutex_;
   std::shared_ptr<comm::revoke_flag> hb_revoke_;
+  std::vector<std::string> hb_erase_;  // store keys the heartbeat thread erases (under hb_mutex_)
   std::atomic<bool> leave_requested_{false};
   // Nonzero while the training thread is inside begin_step, allreduce or
   // end_step (where it progresses the network itself): the admission helper

@@ -90,6 +90,23 @@ class memory_store {
     if (it == kv_.end()) return std::nullopt;
     return it->second;
   }
+  //! Removes `k`; returns whether it existed. @throws system_error: peer_lost after `fail()`.
+  bool erase(std::string_view k) {
+    std::lock_guard lk(m_);
+    check(deadline::never(), "store.erase");
+    auto it = kv_.find(std::string(k));
+    if (it == kv_.end()) return false;
+    kv_.erase(it);
+    return true;
+  }
+  //! The keys that start with `prefix`, in order (for tests and diagnostics).
+  std::vector<std::string> keys(std::string_view prefix = {}) const {
+    std::lock_guard lk(m_);
+    std::vector<std::string> out;
+    for (auto it = kv_.lower_bound(std::string(prefix)); it != kv_.end() && it->first.starts_with(prefix); ++it)
+      out.push_back(it->first);
+    return out;
+  }
   //! `try_get(keys[i])` for every i, under one lock. Errors as `try_get`.
   std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d) {
     std::vector<std::optional<std::string>> out;
@@ -176,7 +193,7 @@ class memory_store {
     if (failed_) throw_if(make_error_code(error::peer_lost), {.operation = op});
     if (d.expired()) throw_if(make_error_code(error::timeout), {.operation = op});
   }
-  std::mutex m_;
+  mutable std::mutex m_;
   std::condition_variable cv_;
   std::map<std::string, std::string> kv_;
   bool failed_ = false;

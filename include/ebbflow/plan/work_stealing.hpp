@@ -37,7 +37,7 @@
 //! and late claims of a zombie member, can never touch the new one. Cost:
 //! one small integer key per (attempt, slice). `release()` erases the own
 //! slice's key when the store supports `erase(key)` (the Boost.Asio store
-//! client does; memory_store does not): call it once no member can claim in
+//! client and memory_store do): call it once no member can claim in
 //! this step any more, e.g. after the step's gradient allreduce. A late claim
 //! on an erased key recreates a junk key of a dead attempt that nobody reads.
 //!

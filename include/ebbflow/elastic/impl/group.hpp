@@ -226,6 +226,14 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
         s->set(key("joinfail/" + opts_.worker_key), "0", store_deadline());
         probation_end_.store(0, std::memory_order_relaxed);
       }
+      if constexpr (requires { s->erase(std::string()); }) {
+        std::vector<std::string> erase;
+        {
+          std::lock_guard lk(hb_mutex_);
+          erase.swap(hb_erase_);
+        }
+        for (auto& k : erase) s->erase(k);
+      }
       const std::int64_t g = hb_generation_.load();
       if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
         std::lock_guard lk(hb_mutex_);
@@ -935,7 +943,11 @@ plan::steal_report group<Store, Net>::steal_step(Process&& process, const steal_
 template <kv_store Store, network Net>
 void group<Store, Net>::release_steal_counter() {
   if (steal_key_.empty()) return;
-  if constexpr (requires(Store & s) { s.erase(steal_key_); }) store_->erase(steal_key_);
+  // Erased by the heartbeat thread, on its own connection: no round trip here.
+  if constexpr (requires(Store & s) { s.erase(steal_key_); }) {
+    std::lock_guard lk(hb_mutex_);
+    hb_erase_.push_back(std::move(steal_key_));
+  }
   steal_key_.clear();
 }
 
