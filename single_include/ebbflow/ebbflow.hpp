@@ -10241,7 +10241,8 @@ class group {
   //! claims). Call between `begin_step` and the gradient allreduce on every
   //! member; weigh each sample by 1 / global_batch, as without stealing (a
   //! member that processed nothing still allreduces its zeros), and pass
-  //! `processed` to `end_step`. `process` must not call the group.
+  //! `processed` to `end_step`. `process` must not call the group. Once per
+  //! step attempt (a second call throws group_error, invalid_state).
   //! @throws plan::plan_error, the store's errors, and what `process` throws.
   template <class Process>
   plan::steal_report steal_step(Process&& process, const steal_settings& settings = {});
@@ -10443,6 +10444,7 @@ class group {
   // A newcomer until its probation ends (steady_clock ticks; 0: not one):
   // then the heartbeat thread clears its join-failure marks.
   std::atomic<steady_clock::rep> probation_end_{0};
+  std::pair<std::int64_t, std::int64_t> steal_attempt_{-1, -1};  // (generation, step) of the last steal_step
   std::string steal_key_;             // this step's work-stealing counter of the own slice (erased when the step ends)
   std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
   std::int64_t ticket_seen_until_ = 0;           // coordinator: newest join ticket seen
@@ -11363,7 +11365,10 @@ template <class Process>
 plan::steal_report group<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
   if (!active_) fail(error::invalid_state, "steal_step after this member left the group");
   if (!started_ || step_ < 0) fail(error::invalid_state, "steal_step before begin_step");
+  if (!steal_key_.empty() && steal_attempt_ == std::pair{gen_.generation, step_})
+    fail(error::invalid_state, "steal_step called twice in step " + std::to_string(step_));
   release_steal_counter();  // an aborted attempt's
+  steal_attempt_ = {gen_.generation, step_};
   const auto info = current_slice();
   const std::vector<std::size_t> full(gen_.plan.begin(), gen_.plan.end());
   const auto slices = scale_plan(full, info.global_batch);

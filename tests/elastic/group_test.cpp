@@ -144,6 +144,7 @@ struct outcome {
   std::set<std::int64_t> final_steps;       // the step every survivor ended at (one value)
   std::shared_ptr<el::memory_store> store;  // as the job left it
   std::uint64_t stolen = 0;                 // samples stolen over all members and steps
+  std::string steal_twice_error;            // what a second steal_step in one step said
 };
 
 void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::shared_ptr<el::loopback_fabric> fabric,
@@ -206,6 +207,14 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
           if (!join && launch_rank == sc.straggler) std::this_thread::sleep_for(sc.straggle * (last - first));
         });
         processed = rep.processed;
+        if (!join && launch_rank == 0 && s.step == 3) {
+          try {
+            (void)g.steal_step([](std::size_t, std::size_t) {});
+          } catch (const ef::system_error& e) {
+            std::lock_guard lk(out.m);
+            out.steal_twice_error = e.what();
+          }
+        }
         std::lock_guard lk(out.m);
         out.stolen += rep.stolen;
       } else {
@@ -442,6 +451,8 @@ TEST(ElasticGroup, WorkStealingProcessesEverySampleOnceAcrossChanges) {
   auto& out = *out_p;
   expect_equal_to_reference(sc, out, 3);  // 4 + 1 joined - 1 killed - 1 left
   EXPECT_GT(out.stolen, 0u);
+  EXPECT_NE(out.steal_twice_error.find("steal_step called twice in step 3"), std::string::npos)
+      << out.steal_twice_error;
   // Each step's counters are erased once it ends, by the heartbeat threads
   // (every 10 ms here, steps take over 1 ms): of the 160-odd made (one per
   // slice and step), only those of about the last heartbeat period's steps

@@ -375,7 +375,8 @@ class group {
   //! claims). Call between `begin_step` and the gradient allreduce on every
   //! member; weigh each sample by 1 / global_batch, as without stealing (a
   //! member that processed nothing still allreduces its zeros), and pass
-  //! `processed` to `end_step`. `process` must not call the group.
+  //! `processed` to `end_step`. `process` must not call the group. Once per
+  //! step attempt (a second call throws group_error, invalid_state).
   //! @throws plan::plan_error, the store's errors, and what `process` throws.
   template <class Process>
   plan::steal_report steal_step(Process&& process, const steal_settings& settings = {});
@@ -577,6 +578,7 @@ class group {
   // A newcomer until its probation ends (steady_clock ticks; 0: not one):
   // then the heartbeat thread clears its join-failure marks.
   std::atomic<steady_clock::rep> probation_end_{0};
+  std::pair<std::int64_t, std::int64_t> steal_attempt_{-1, -1};  // (generation, step) of the last steal_step
   std::string steal_key_;             // this step's work-stealing counter of the own slice (erased when the step ends)
   std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
   std::int64_t ticket_seen_until_ = 0;           // coordinator: newest join ticket seen

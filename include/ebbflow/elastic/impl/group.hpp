@@ -897,7 +897,10 @@ template <class Process>
 plan::steal_report group<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
   if (!active_) fail(error::invalid_state, "steal_step after this member left the group");
   if (!started_ || step_ < 0) fail(error::invalid_state, "steal_step before begin_step");
+  if (!steal_key_.empty() && steal_attempt_ == std::pair{gen_.generation, step_})
+    fail(error::invalid_state, "steal_step called twice in step " + std::to_string(step_));
   release_steal_counter();  // an aborted attempt's
+  steal_attempt_ = {gen_.generation, step_};
   const auto info = current_slice();
   const std::vector<std::size_t> full(gen_.plan.begin(), gen_.plan.end());
   const auto slices = scale_plan(full, info.global_batch);
