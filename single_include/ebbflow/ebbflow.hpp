@@ -9943,6 +9943,7 @@ EBBFLOW_END_NAMESPACE
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -10347,7 +10348,7 @@ class group {
   void answer_holds(Store& st, const std::vector<join_hold>& holds) const;
   // The recovery's winner: the members lost from gen_ that were still in their
   // probation as newcomers count one join failure for their worker key.
-  void count_join_failures(const std::vector<detail::member_entry>& alive);
+  void count_join_failures(const std::vector<detail::member_entry>& alive, std::set<member_id>& counted);
   // Each member's heartbeat counter as last read, and when it last changed.
   using lease_seen = std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>;
   // Lease checks of a connect in progress: at most one round per heartbeat.
@@ -10482,6 +10483,7 @@ EBBFLOW_END_NAMESPACE
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <set>
 #include <sstream>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -11325,12 +11327,16 @@ void group<Store, Net>::answer_holds(Store& st, const std::vector<join_hold>& ho
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::count_join_failures(const std::vector<detail::member_entry>& alive) {
+void group<Store, Net>::count_join_failures(const std::vector<detail::member_entry>& alive,
+                                            std::set<member_id>& counted) {
   if (opts_.join_cooldown.count() <= 0) return;
   std::vector<member_id> lost;
   for (auto& m : gen_.members)
-    if (std::none_of(alive.begin(), alive.end(), [&](const auto& a) { return a.id == m.id; })) lost.push_back(m.id);
+    if (!counted.contains(m.id) &&
+        std::none_of(alive.begin(), alive.end(), [&](const auto& a) { return a.id == m.id; }))
+      lost.push_back(m.id);
   if (lost.empty()) return;
+  counted.insert(lost.begin(), lost.end());  // a recovery waiting below min_size asks again every few ms
   std::vector<std::string> keys;
   for (auto m : lost) keys.push_back(key("wkey/" + std::to_string(m)));
   const auto workers = detail::try_get_all(*store_, keys, store_deadline());
@@ -11815,6 +11821,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
     EBBFLOW_LOG_WARN("generation " << g << " failed at step " << step_ << ": re-forming the group");
 
     const std::string next_key = gen_key(g + 1);
+    std::set<member_id> failures_counted;  // lost members of g whose join failure this member applied
     lease_seen hb_seen;
     const auto unresolved_deadline = deadline::after(opts_.op_timeout);
     bool waiting_logged = false;
@@ -11842,7 +11849,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
         }
       }
       if (!undecided) {
-        count_join_failures(alive);  // before the tickets are read: a restarted newcomer's ticket sees it
+        count_join_failures(alive, failures_counted);  // before the tickets are read: a restarted newcomer's sees it
         std::int64_t seen = gen_.joins_seen;
         const std::size_t room =
             static_cast<std::size_t>(std::max<std::int64_t>(0, opts_.max_size - static_cast<int>(alive.size())));

@@ -77,6 +77,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -481,7 +482,7 @@ class group {
   void answer_holds(Store& st, const std::vector<join_hold>& holds) const;
   // The recovery's winner: the members lost from gen_ that were still in their
   // probation as newcomers count one join failure for their worker key.
-  void count_join_failures(const std::vector<detail::member_entry>& alive);
+  void count_join_failures(const std::vector<detail::member_entry>& alive, std::set<member_id>& counted);
   // Each member's heartbeat counter as last read, and when it last changed.
   using lease_seen = std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>;
   // Lease checks of a connect in progress: at most one round per heartbeat.

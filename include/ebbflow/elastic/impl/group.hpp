@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <set>
 #include <sstream>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -857,12 +858,16 @@ void group<Store, Net>::answer_holds(Store& st, const std::vector<join_hold>& ho
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::count_join_failures(const std::vector<detail::member_entry>& alive) {
+void group<Store, Net>::count_join_failures(const std::vector<detail::member_entry>& alive,
+                                            std::set<member_id>& counted) {
   if (opts_.join_cooldown.count() <= 0) return;
   std::vector<member_id> lost;
   for (auto& m : gen_.members)
-    if (std::none_of(alive.begin(), alive.end(), [&](const auto& a) { return a.id == m.id; })) lost.push_back(m.id);
+    if (!counted.contains(m.id) &&
+        std::none_of(alive.begin(), alive.end(), [&](const auto& a) { return a.id == m.id; }))
+      lost.push_back(m.id);
   if (lost.empty()) return;
+  counted.insert(lost.begin(), lost.end());  // a recovery waiting below min_size asks again every few ms
   std::vector<std::string> keys;
   for (auto m : lost) keys.push_back(key("wkey/" + std::to_string(m)));
   const auto workers = detail::try_get_all(*store_, keys, store_deadline());
@@ -1347,6 +1352,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
     EBBFLOW_LOG_WARN("generation " << g << " failed at step " << step_ << ": re-forming the group");
 
     const std::string next_key = gen_key(g + 1);
+    std::set<member_id> failures_counted;  // lost members of g whose join failure this member applied
     lease_seen hb_seen;
     const auto unresolved_deadline = deadline::after(opts_.op_timeout);
     bool waiting_logged = false;
@@ -1374,7 +1380,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
         }
       }
       if (!undecided) {
-        count_join_failures(alive);  // before the tickets are read: a restarted newcomer's ticket sees it
+        count_join_failures(alive, failures_counted);  // before the tickets are read: a restarted newcomer's sees it
         std::int64_t seen = gen_.joins_seen;
         const std::size_t room =
             static_cast<std::size_t>(std::max<std::int64_t>(0, opts_.max_size - static_cast<int>(alive.size())));
