@@ -109,14 +109,19 @@ def steady(args, rows):
     return throughput(rows, a, b)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_job_args(ap, steps, n_help):
+    """The options of the example's job every elastic bench shares."""
     ap.add_argument("--build", default="build/release")
-    ap.add_argument("-n", type=int, default=4, help="workers before scale-out (default 4 -> 8)")
-    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("-n", type=int, default=4, help=n_help)
+    ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--step-us", type=float, default=4000, help="emulated fixed device time per step")
     ap.add_argument("--sample-us", type=float, default=400, help="emulated device time per sample")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_job_args(ap, 500, "workers before scale-out (default 4 -> 8)")
     ap.add_argument("--hidden", type=int, default=0,
                     help="hidden units of the example's MLP (default: its own, 64); the training state "
                          "(parameters and momentum) is 2 x 4 x (75 x hidden + 10) bytes")

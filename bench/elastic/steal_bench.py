@@ -29,12 +29,7 @@ import elastic_bench as eb  # noqa: E402  (run_job, steady)
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", default="build/release")
-    ap.add_argument("-n", type=int, default=4, help="workers (default 4)")
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--step-us", type=float, default=4000, help="emulated fixed device time per step")
-    ap.add_argument("--sample-us", type=float, default=400, help="emulated device time per sample")
+    eb.add_job_args(ap, 400, "workers (default 4)")
     ap.add_argument("--straggle", default="1:0:3:3:20",
                     help="elastic_train --straggle ID:FROM:TO:FACTOR[:PERIOD] (default: worker 1, 3x slower in "
                          "3 of every 20 steps)")
