@@ -38,6 +38,7 @@
 #include <ebbflow/core/handle.hpp>
 #include <ebbflow/core/log.hpp>
 #include <ebbflow/core/memory.hpp>
+#include <ebbflow/elastic/cooldown.hpp>
 #include <ebbflow/elastic/group.hpp>
 #include <ebbflow/elastic/kv_store.hpp>
 #include <ebbflow/elastic/loopback_network.hpp>

@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 80 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 81 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -7749,6 +7749,68 @@ EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/compress/compressed_allreduce.hpp>
 // ==== end <ebbflow/compress.hpp>
 
+// ==== begin <ebbflow/elastic/cooldown.hpp> ================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file cooldown.hpp
+//! The back-off shared by the elastic group's join cool-down
+//! (`EBBFLOW_JOIN_COOLDOWN`) and `ebbflow-run --restart-cooldown`: nothing
+//! after a first failure, then SEC, doubling with every further failure in
+//! a row, at most MAX. Written "SEC[:MAX]" in seconds; SEC 0 turns it off.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! SEC and MAX of a cool-down. Value type.
+struct cooldown {
+  std::chrono::milliseconds sec{1'000};   //!< the wait after the second failure in a row (0: never wait)
+  std::chrono::milliseconds max{60'000};  //!< the longest wait
+
+  //! The wait after `failures` failures in a row: 0 for fewer than 2 (or
+  //! when SEC is 0), else SEC·2^(failures−2), at most MAX.
+  [[nodiscard]] std::chrono::milliseconds after(std::int64_t failures) const noexcept {
+    if (failures < 2 || sec.count() <= 0) return std::chrono::milliseconds(0);
+    return std::min(max, sec * (std::int64_t{1} << std::min<std::int64_t>(failures - 2, 20)));
+  }
+
+  //! Parses "SEC[:MAX]" (seconds in [0, 86400]; MAX defaults to `defaults.max`).
+  //! @throws std::invalid_argument "<what>='<text>': ..." on a malformed value.
+  static cooldown parse(std::string_view text, std::string_view what, cooldown defaults) {
+    const std::string t(text);
+    // No source location in the message: a command line shows it to its user.
+    const auto bad = [&](const char* why) { throw std::invalid_argument(std::string(what) + "='" + t + "': " + why); };
+    const auto seconds = [&](const std::string& s) {
+      char* end = nullptr;
+      const double x = std::strtod(s.c_str(), &end);
+      if (s.empty() || end != s.c_str() + s.size() || !(x >= 0 && x <= 86'400))
+        bad("expected SEC[:MAX], seconds in [0, 86400]");
+      return std::chrono::milliseconds(static_cast<std::int64_t>(x * 1000 + 0.5));
+    };
+    cooldown c = defaults;
+    const auto colon = t.find(':');
+    c.sec = seconds(t.substr(0, colon));
+    if (colon != std::string::npos) c.max = seconds(t.substr(colon + 1));
+    if (c.max < c.sec) bad("MAX is below SEC");
+    return c;
+  }
+  //! As above, MAX defaulting to 60 s.
+  static cooldown parse(std::string_view text, std::string_view what) { return parse(text, what, cooldown{}); }
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ==== end <ebbflow/elastic/cooldown.hpp>
+
 // ==== begin <ebbflow/elastic/group.hpp> ===================================
 // SPDX-License-Identifier: Apache-2.0
 //! @file group.hpp
@@ -7810,6 +7872,7 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/core/env.hpp>  (inlined)
 // #include <ebbflow/core/error.hpp>  (inlined)
 // #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/elastic/cooldown.hpp>  (inlined)
 // #include <ebbflow/elastic/detail/wire.hpp>  (inlined here)
 // ---- begin <ebbflow/elastic/detail/wire.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -9507,6 +9570,10 @@ struct steal_report {
 //! claimed items unprocessed: abandon the step attempt).
 template <counter_store Store, class Process>
 steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& policy, Process&& process);
+//! As above without a policy (no models to pace with): the own slice in
+//! `next()`'s chunks, then the largest tails of the others, unpaced.
+template <counter_store Store, class Process>
+steal_report run_stealing_step(work_stealer<Store>& stealer, Process&& process);
 
 //! The samples of chunk `c` of the step that `plan` makes from `state`: the
 //! positions [first, last) of rank c.rank's slice (`slice_of`).
@@ -9914,6 +9981,21 @@ steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& polic
   return rep;
 }
 
+template <counter_store Store, class Process>
+steal_report run_stealing_step(work_stealer<Store>& stealer, Process&& process) {
+  const auto t0 = steady_clock::now();
+  steal_report rep;
+  for (chunk c = stealer.next(); !c.empty(); c = stealer.next()) {
+    process(c);
+    ++rep.chunks;
+  }
+  rep.processed = stealer.processed();
+  rep.stolen = stealer.stolen();
+  rep.store_calls = stealer.store_calls();
+  rep.seconds = std::chrono::duration<double>(steady_clock::now() - t0).count();
+  return rep;
+}
+
 inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c) {
   sample_range s = slice_of(state, plan, c.rank);
   EBBFLOW_PLAN_ENFORCE(
@@ -10037,17 +10119,9 @@ struct group_options {
     o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
     o.preconnect = env::get_bool("EBBFLOW_PRECONNECT", o.preconnect);
     if (auto c = env::get("EBBFLOW_JOIN_COOLDOWN")) {
-      const auto seconds = [&](const std::string& t) {
-        char* end = nullptr;
-        const double x = std::strtod(t.c_str(), &end);
-        EBBFLOW_ENFORCE(!t.empty() && end == t.c_str() + t.size() && x >= 0 && x <= 86'400,
-                        "EBBFLOW_JOIN_COOLDOWN='" << *c << "': expected SEC[:MAX], seconds in [0, 86400]");
-        return std::chrono::milliseconds(static_cast<std::int64_t>(x * 1000 + 0.5));
-      };
-      const auto colon = c->find(':');
-      o.join_cooldown = seconds(c->substr(0, colon));
-      if (colon != std::string::npos) o.join_cooldown_max = seconds(c->substr(colon + 1));
-      EBBFLOW_ENFORCE(o.join_cooldown_max >= o.join_cooldown, "EBBFLOW_JOIN_COOLDOWN='" << *c << "': MAX is below SEC");
+      const auto cd = cooldown::parse(*c, "EBBFLOW_JOIN_COOLDOWN", {o.join_cooldown, o.join_cooldown_max});
+      o.join_cooldown = cd.sec;
+      o.join_cooldown_max = cd.max;
     }
     if (auto k = env::get("EBBFLOW_WORKER_KEY")) o.worker_key = *k;
     return o;
@@ -10363,6 +10437,8 @@ class group {
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
   void fault_point(const char* point);
   void release_steal_counter();
+  // end_step: `processed` samples (the own slice when nullopt).
+  void commit(double compute_seconds, std::optional<std::size_t> processed);
   int lost_peer_of(const system_error& e) const noexcept;
 
   group_options opts_;
@@ -11305,9 +11381,8 @@ std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, st
     if (gen_.rank_of(t.id) >= 0 || std::find(out.begin(), out.end(), t.id) != out.end()) continue;
     const auto failures = detail::join_failures::parse(counts[i]).count;
     if (!t.worker.empty() && failures >= 2 && t.held_for < failures) {
-      const auto ms = std::min<std::int64_t>(opts_.join_cooldown_max.count(),
-                                             opts_.join_cooldown.count() << std::min<std::int64_t>(failures - 2, 20));
-      holds.push_back({t.seq, ms, failures, t.worker});
+      const auto wait = cooldown{opts_.join_cooldown, opts_.join_cooldown_max}.after(failures);
+      holds.push_back({t.seq, wait.count(), failures, t.worker});
       continue;
     }
     out.push_back(t.id);
@@ -11403,18 +11478,7 @@ plan::steal_report group<Store, Net>::steal_step(Process&& process, const steal_
                               settings.chunk_overhead_seconds);
     return plan::run_stealing_step(stealer, pacing, run);
   }
-  // No models yet: the own slice, then the largest tails of the others.
-  const auto t0 = steady_clock::now();
-  plan::steal_report rep;
-  for (auto c = stealer.next(); !c.empty(); c = stealer.next()) {
-    run(c);
-    ++rep.chunks;
-  }
-  rep.processed = stealer.processed();
-  rep.stolen = stealer.stolen();
-  rep.store_calls = stealer.store_calls();
-  rep.seconds = std::chrono::duration<double>(steady_clock::now() - t0).count();
-  return rep;
+  return plan::run_stealing_step(stealer, run);  // no models yet: unpaced
 }
 
 template <kv_store Store, network Net>
@@ -11430,11 +11494,16 @@ void group<Store, Net>::release_steal_counter() {
 
 template <kv_store Store, network Net>
 void group<Store, Net>::end_step(double compute_seconds) {
-  end_step(compute_seconds, active_ && rank_ >= 0 ? current_slice().batch : 0);
+  commit(compute_seconds, std::nullopt);
 }
 
 template <kv_store Store, network Net>
 void group<Store, Net>::end_step(double compute_seconds, std::size_t processed) {
+  commit(compute_seconds, processed);
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t> processed) {
   const inside busy(in_group_);
   if (!active_) fail(error::invalid_state, "end_step after this member left the group");
   if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
@@ -11456,7 +11525,7 @@ void group<Store, Net>::end_step(double compute_seconds, std::size_t processed) 
   std::vector<double> v(4 + 4 * un, 0.0);
   const std::size_t r = static_cast<std::size_t>(rank_);
   v[3 + r] = compute_seconds;
-  v[3 + un + r] = static_cast<double>(processed);
+  v[3 + un + r] = static_cast<double>(processed.value_or(info.batch));
   // Every member's claims ended before the gradient allreduce completed.
   release_steal_counter();
   v[3 + 2 * un + r] = leave_requested_.load() ? 1.0 : 0.0;

@@ -3,6 +3,7 @@
 // rendezvous store (like torchrun / mpirun for one host). See docs/launcher.md.
 #include <ebbflow/core/env.hpp>
 #include <ebbflow/core/log.hpp>
+#include <ebbflow/elastic/cooldown.hpp>
 #include <ebbflow/elastic/detail/hmac.hpp>
 #include <ebbflow/elastic/detail/process_group.hpp>
 #include <ebbflow/elastic/store.hpp>
@@ -14,7 +15,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -100,7 +100,7 @@ struct options {
   };
   std::vector<event> events;
   int restarts = 0;
-  double restart_cooldown_s = 1, restart_cooldown_max_s = 60;
+  el::cooldown restart_cooldown;  // --restart-cooldown (default 1:60)
   std::string discovery;
   double discovery_interval = 2;
   std::vector<std::string> argv;
@@ -168,11 +168,11 @@ options parse(int argc, char** argv) {
     } else if (a == "--restart") {
       o.restarts = parse_int(a, value(a), 0, 1 << 20);
     } else if (a == "--restart-cooldown") {
-      const std::string v = value(a);
-      const auto colon = v.find(':');
-      o.restart_cooldown_s = v.substr(0, colon) == "0" ? 0 : parse_seconds(a, v.substr(0, colon));
-      if (colon != std::string::npos) o.restart_cooldown_max_s = parse_seconds(a, v.substr(colon + 1));
-      if (o.restart_cooldown_max_s < o.restart_cooldown_s) usage_error(a + " '" + v + "': MAX is below SEC");
+      try {
+        o.restart_cooldown = el::cooldown::parse(value(a), a);
+      } catch (const std::invalid_argument& e) {
+        usage_error(e.what());
+      }
     } else if (a == "--discovery") {
       o.discovery = value(a);
     } else if (a == "--discovery-interval") {
@@ -413,11 +413,8 @@ int main(int argc, char** argv) {
           const int slot = slot_of[e.id];
           const double lived = std::chrono::duration<double>(ef::steady_clock::now() - started_at[e.id]).count();
           int& n = failures_in_a_row[slot];
-          n = lived < opt.restart_cooldown_max_s ? n + 1 : 1;
-          const double wait =
-              n < 2 || opt.restart_cooldown_s == 0
-                  ? 0
-                  : std::min(opt.restart_cooldown_max_s, opt.restart_cooldown_s * std::ldexp(1.0, std::min(n - 2, 30)));
+          n = lived < std::chrono::duration<double>(opt.restart_cooldown.max).count() ? n + 1 : 1;
+          const double wait = std::chrono::duration<double>(opt.restart_cooldown.after(n)).count();
           if (wait > 0) {
             char w[32];
             std::snprintf(w, sizeof w, "%.3g", wait);

@@ -58,6 +58,7 @@
 #include <ebbflow/core/env.hpp>
 #include <ebbflow/core/error.hpp>
 #include <ebbflow/core/log.hpp>
+#include <ebbflow/elastic/cooldown.hpp>
 #include <ebbflow/elastic/detail/wire.hpp>
 #include <ebbflow/elastic/kv_store.hpp>
 #include <ebbflow/elastic/policy.hpp>
@@ -171,17 +172,9 @@ struct group_options {
     o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
     o.preconnect = env::get_bool("EBBFLOW_PRECONNECT", o.preconnect);
     if (auto c = env::get("EBBFLOW_JOIN_COOLDOWN")) {
-      const auto seconds = [&](const std::string& t) {
-        char* end = nullptr;
-        const double x = std::strtod(t.c_str(), &end);
-        EBBFLOW_ENFORCE(!t.empty() && end == t.c_str() + t.size() && x >= 0 && x <= 86'400,
-                        "EBBFLOW_JOIN_COOLDOWN='" << *c << "': expected SEC[:MAX], seconds in [0, 86400]");
-        return std::chrono::milliseconds(static_cast<std::int64_t>(x * 1000 + 0.5));
-      };
-      const auto colon = c->find(':');
-      o.join_cooldown = seconds(c->substr(0, colon));
-      if (colon != std::string::npos) o.join_cooldown_max = seconds(c->substr(colon + 1));
-      EBBFLOW_ENFORCE(o.join_cooldown_max >= o.join_cooldown, "EBBFLOW_JOIN_COOLDOWN='" << *c << "': MAX is below SEC");
+      const auto cd = cooldown::parse(*c, "EBBFLOW_JOIN_COOLDOWN", {o.join_cooldown, o.join_cooldown_max});
+      o.join_cooldown = cd.sec;
+      o.join_cooldown_max = cd.max;
     }
     if (auto k = env::get("EBBFLOW_WORKER_KEY")) o.worker_key = *k;
     return o;
@@ -497,6 +490,8 @@ class group {
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
   void fault_point(const char* point);
   void release_steal_counter();
+  // end_step: `processed` samples (the own slice when nullopt).
+  void commit(double compute_seconds, std::optional<std::size_t> processed);
   int lost_peer_of(const system_error& e) const noexcept;
 
   group_options opts_;

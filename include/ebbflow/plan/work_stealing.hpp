@@ -384,6 +384,10 @@ struct steal_report {
 //! claimed items unprocessed: abandon the step attempt).
 template <counter_store Store, class Process>
 steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& policy, Process&& process);
+//! As above without a policy (no models to pace with): the own slice in
+//! `next()`'s chunks, then the largest tails of the others, unpaced.
+template <counter_store Store, class Process>
+steal_report run_stealing_step(work_stealer<Store>& stealer, Process&& process);
 
 //! The samples of chunk `c` of the step that `plan` makes from `state`: the
 //! positions [first, last) of rank c.rank's slice (`slice_of`).

@@ -836,9 +836,8 @@ std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, st
     if (gen_.rank_of(t.id) >= 0 || std::find(out.begin(), out.end(), t.id) != out.end()) continue;
     const auto failures = detail::join_failures::parse(counts[i]).count;
     if (!t.worker.empty() && failures >= 2 && t.held_for < failures) {
-      const auto ms = std::min<std::int64_t>(opts_.join_cooldown_max.count(),
-                                             opts_.join_cooldown.count() << std::min<std::int64_t>(failures - 2, 20));
-      holds.push_back({t.seq, ms, failures, t.worker});
+      const auto wait = cooldown{opts_.join_cooldown, opts_.join_cooldown_max}.after(failures);
+      holds.push_back({t.seq, wait.count(), failures, t.worker});
       continue;
     }
     out.push_back(t.id);
@@ -934,18 +933,7 @@ plan::steal_report group<Store, Net>::steal_step(Process&& process, const steal_
                               settings.chunk_overhead_seconds);
     return plan::run_stealing_step(stealer, pacing, run);
   }
-  // No models yet: the own slice, then the largest tails of the others.
-  const auto t0 = steady_clock::now();
-  plan::steal_report rep;
-  for (auto c = stealer.next(); !c.empty(); c = stealer.next()) {
-    run(c);
-    ++rep.chunks;
-  }
-  rep.processed = stealer.processed();
-  rep.stolen = stealer.stolen();
-  rep.store_calls = stealer.store_calls();
-  rep.seconds = std::chrono::duration<double>(steady_clock::now() - t0).count();
-  return rep;
+  return plan::run_stealing_step(stealer, run);  // no models yet: unpaced
 }
 
 template <kv_store Store, network Net>
@@ -961,11 +949,16 @@ void group<Store, Net>::release_steal_counter() {
 
 template <kv_store Store, network Net>
 void group<Store, Net>::end_step(double compute_seconds) {
-  end_step(compute_seconds, active_ && rank_ >= 0 ? current_slice().batch : 0);
+  commit(compute_seconds, std::nullopt);
 }
 
 template <kv_store Store, network Net>
 void group<Store, Net>::end_step(double compute_seconds, std::size_t processed) {
+  commit(compute_seconds, processed);
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t> processed) {
   const inside busy(in_group_);
   if (!active_) fail(error::invalid_state, "end_step after this member left the group");
   if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
@@ -987,7 +980,7 @@ void group<Store, Net>::end_step(double compute_seconds, std::size_t processed) 
   std::vector<double> v(4 + 4 * un, 0.0);
   const std::size_t r = static_cast<std::size_t>(rank_);
   v[3 + r] = compute_seconds;
-  v[3 + un + r] = static_cast<double>(processed);
+  v[3 + un + r] = static_cast<double>(processed.value_or(info.batch));
   // Every member's claims ended before the gradient allreduce completed.
   release_steal_counter();
   v[3 + 2 * un + r] = leave_requested_.load() ? 1.0 : 0.0;

@@ -394,6 +394,21 @@ steal_report run_stealing_step(work_stealer<Store>& stealer, steal_policy& polic
   return rep;
 }
 
+template <counter_store Store, class Process>
+steal_report run_stealing_step(work_stealer<Store>& stealer, Process&& process) {
+  const auto t0 = steady_clock::now();
+  steal_report rep;
+  for (chunk c = stealer.next(); !c.empty(); c = stealer.next()) {
+    process(c);
+    ++rep.chunks;
+  }
+  rep.processed = stealer.processed();
+  rep.stolen = stealer.stolen();
+  rep.store_calls = stealer.store_calls();
+  rep.seconds = std::chrono::duration<double>(steady_clock::now() - t0).count();
+  return rep;
+}
+
 inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c) {
   sample_range s = slice_of(state, plan, c.rank);
   EBBFLOW_PLAN_ENFORCE(
