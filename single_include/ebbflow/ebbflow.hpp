@@ -10524,6 +10524,11 @@ class group {
   std::pair<std::int64_t, std::int64_t> steal_attempt_{-1, -1};  // (generation, step) of the last steal_step
   std::string steal_key_;             // this step's work-stealing counter of the own slice (erased when the step ends)
   std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
+  // The coordinator's heartbeat thread reads the join-ticket counter into
+  // join_seq_hint_, so that a coordinator's step reads the store only
+  // while join tickets wait: a steady step makes no store call.
+  std::atomic<bool> hb_watch_joins_{false};
+  std::atomic<std::int64_t> join_seq_hint_{0};
   std::int64_t ticket_seen_until_ = 0;           // coordinator: newest join ticket seen
   steady_clock::time_point ticket_first_seen_;   // when the oldest waiting ticket was seen
   steady_clock::time_point ticket_last_change_;  // when the newest ticket was seen
@@ -10765,6 +10770,8 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
       if (!s) s = connect_store_();
       s->add(key("hb/" + std::to_string(id_)), 1,
              deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
+      const bool watch = hb_watch_joins_.load(std::memory_order_relaxed);
+      if (watch) join_seq_hint_.store(s->add(key("join_seq"), 0, store_deadline()), std::memory_order_relaxed);
       if (const auto end = probation_end_.load(std::memory_order_relaxed);
           end != 0 && steady_clock::now().time_since_epoch().count() >= end) {
         // A newcomer that stayed: its worker's join failures no longer run in a row.
@@ -10789,6 +10796,21 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
         }
       }
       warned = false;
+      if (watch) {
+        // The coordinator waits for the next join ticket on the server
+        // instead of sleeping: a ticket reaches the hint at once.
+        const auto beat = deadline::after(opts_.heartbeat);
+        const std::string next = key("join/" + std::to_string(join_seq_hint_.load(std::memory_order_relaxed) + 1));
+        while (!st.stop_requested() && !beat.expired()) {
+          try {
+            s->wait({next}, min(beat, deadline::after(std::chrono::milliseconds(50))));
+            break;
+          } catch (const system_error& e) {
+            if (e.code() != errc::timeout) throw;
+          }
+        }
+        continue;
+      }
     } catch (const std::exception& e) {
       if (!warned) EBBFLOW_LOG_WARN("heartbeat of member " << id_ << " failed: " << e.what());
       warned = true;
@@ -10994,6 +11016,7 @@ void group<Store, Net>::enter(detail::generation_record rec) {
     hb_revoke_ = revoke_;
   }
   hb_generation_.store(gen_.generation);
+  hb_watch_joins_.store(rank_ == 0, std::memory_order_relaxed);
   comm_.reset();
   transport_.reset();
 }
@@ -11540,18 +11563,23 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
     const int ready = poll_next();
     v[2] = ready > 0 ? 1.0 : ready < 0 ? -1e6 : 0.0;
   }
+  // The coordinator reads the join tickets only once its heartbeat thread
+  // saw a new one (or some still wait): a steady step waits on no store.
+  const bool tickets = join_seq_hint_.load(std::memory_order_relaxed) > seen || ticket_seen_until_ > seen;
   if (rank_ == 0 && !next_) {
-    try {
-      const std::size_t room = static_cast<std::size_t>(std::max(0, opts_.max_size - n));
-      std::vector<join_hold> holds;
-      admitting_ = pending_joiners(seen, room, true, holds);
-      if (!holds.empty()) {
-        answer_holds(*store_, holds);
-        // Held tickets are handled: not read again (the next record carries it).
-        if (admitting_.empty()) gen_.joins_seen = seen;
+    if (tickets) {
+      try {
+        const std::size_t room = static_cast<std::size_t>(std::max(0, opts_.max_size - n));
+        std::vector<join_hold> holds;
+        admitting_ = pending_joiners(seen, room, true, holds);
+        if (!holds.empty()) {
+          answer_holds(*store_, holds);
+          // Held tickets are handled: not read again (the next record carries it).
+          if (admitting_.empty()) gen_.joins_seen = seen;
+        }
+      } catch (const system_error& e) {
+        EBBFLOW_LOG_WARN("coordinator could not read join tickets: " << e.what());
       }
-    } catch (const system_error& e) {
-      EBBFLOW_LOG_WARN("coordinator could not read join tickets: " << e.what());
     }
     if (!admitting_.empty()) v[0] = 1;
     std::vector<std::size_t> cur(gen_.plan.begin(), gen_.plan.end());

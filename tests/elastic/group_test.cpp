@@ -23,17 +23,30 @@ using namespace std::chrono_literals;
 namespace {
 
 // Forwards to one shared memory_store (each worker gets its own "client").
+// One member's connection to the job's store. It counts, where asked, the
+// calls made on it (`calls`) and the reads of the join-ticket counter
+// (`join_seq_reads`, all connections of a run).
 struct store_ref {
   std::shared_ptr<el::memory_store> s;
-  void set(const std::string& k, std::string_view v, ef::deadline d) { s->set(k, v, d); }
-  std::optional<std::string> try_get(const std::string& k, ef::deadline d) { return s->try_get(k, d); }
-  std::int64_t add(const std::string& k, std::int64_t x, ef::deadline d) { return s->add(k, x, d); }
+  std::atomic<long>* calls = nullptr;
+  std::atomic<long>* join_seq_reads = nullptr;
+  void count() {
+    if (calls) calls->fetch_add(1);
+  }
+  void set(const std::string& k, std::string_view v, ef::deadline d) { count(), s->set(k, v, d); }
+  std::optional<std::string> try_get(const std::string& k, ef::deadline d) { return count(), s->try_get(k, d); }
+  std::int64_t add(const std::string& k, std::int64_t x, ef::deadline d) {
+    count();
+    const auto r = s->add(k, x, d);
+    if (join_seq_reads && x == 0 && k.ends_with("/join_seq")) join_seq_reads->fetch_add(1);
+    return r;
+  }
   el::memory_store::cas_result compare_set(const std::string& k, std::string_view e, std::string_view v,
                                            ef::deadline d) {
-    return s->compare_set(k, e, v, d);
+    return count(), s->compare_set(k, e, v, d);
   }
-  void wait(const std::vector<std::string>& k, ef::deadline d) { s->wait(k, d); }
-  bool erase(std::string_view k) { return s->erase(k); }
+  void wait(const std::vector<std::string>& k, ef::deadline d) { count(), s->wait(k, d); }
+  bool erase(std::string_view k) { return count(), s->erase(k); }
 };
 using test_group = el::group<store_ref, el::loopback_network>;
 
@@ -145,6 +158,9 @@ struct outcome {
   std::shared_ptr<el::memory_store> store;  // as the job left it
   std::uint64_t stolen = 0;                 // samples stolen over all members and steps
   std::string steal_twice_error;            // what a second steal_step in one step said
+  std::atomic<long> join_seq_reads{0};      // reads of the join-ticket counter, all members
+  std::atomic<long> rank0_calls{0};         // store calls of launch rank 0's training thread
+  std::vector<long> rank0_calls_at_step;    // rank0_calls at each of its begin_steps (index: step)
 };
 
 void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::shared_ptr<el::loopback_fabric> fabric,
@@ -173,7 +189,17 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
       policy = std::make_unique<el::planner_policy>();
     else
       policy = std::make_unique<skewed_policy>();
-    test_group g([store] { return std::make_unique<store_ref>(store_ref{store}); }, net, o, li, std::move(policy));
+    // The connection made on this thread is the training thread's (the
+    // heartbeat and admission threads make their own).
+    const auto training_thread = std::this_thread::get_id();
+    const bool count_calls = !join && launch_rank == 0;
+    test_group g(
+        [store, &out, training_thread, count_calls] {
+          store_ref r{store, nullptr, &out.join_seq_reads};
+          if (count_calls && std::this_thread::get_id() == training_thread) r.calls = &out.rank0_calls;
+          return std::make_unique<store_ref>(r);
+        },
+        net, o, li, std::move(policy));
     const double per_sample = 1e-3 * (join ? 2 : launch_rank + 1);
     std::vector<float> w(features * classes, 0.f);
     g.register_state("w", std::as_writable_bytes(std::span(w)));
@@ -182,6 +208,11 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
     // (it may take many of these microsecond steps): nobody is stranded.
     while (g.active() && (g.step() < sc.steps || (sc.run_on_while_changing && g.changing()))) {
       const auto s = g.begin_step();
+      if (count_calls && s.step >= 0) {
+        std::lock_guard lk(out.m);
+        out.rank0_calls_at_step.resize(static_cast<std::size_t>(s.step) + 1, -1);
+        out.rank0_calls_at_step[static_cast<std::size_t>(s.step)] = out.rank0_calls.load();
+      }
       if (!join && launch_rank == 0)
         for (auto js : sc.joins)
           if (s.step == js && join_started.insert(js).second) {
@@ -189,11 +220,16 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
             joiners.emplace_back([&sc, store, fabric, &out, &joiners, &joiners_m] {
               worker(sc, store, fabric, -1, true, out, joiners, joiners_m);
             });
-            // Steps take microseconds here: wait until the newcomer holds its
-            // join ticket, so it is admitted at this boundary, not after the end.
+            // Steps take microseconds here: wait until the newcomer wrote its
+            // join ticket and this coordinator's heartbeat thread read the
+            // ticket counter after that (twice: the first read may have
+            // begun before), so it is admitted now, not after the end.
             const auto want = static_cast<std::int64_t>(join_started.size());
-            while (store->add("ebbflow/join_seq", 0, ef::deadline::after(1s)) < want)
+            const auto d = ef::deadline::after(10s);
+            while (!store->try_get("ebbflow/join/" + std::to_string(want), d) && !d.expired())
               std::this_thread::sleep_for(100us);
+            const long reads = out.join_seq_reads.load();
+            while (out.join_seq_reads.load() < reads + 2 && !d.expired()) std::this_thread::sleep_for(100us);
           }
       for (auto [r, ls] : sc.leaves)
         if (!join && r == launch_rank && s.step == ls) g.request_leave();
@@ -291,6 +327,21 @@ TEST(ElasticGroup, StaticGroupEqualsSingleProcess) {
   expect_equal_to_reference(sc, out, 3);
   ASSERT_EQ(out.history0.size(), 1u);
   EXPECT_EQ(out.history0[0].reason, el::change_reason::initial);
+}
+
+// The coordinator learns of join tickets from its heartbeat thread: a steady
+// step, on any member, waits on no store call (the store may be busy, or far).
+TEST(ElasticGroup, ASteadyStepMakesNoStoreCall) {
+  scenario sc;
+  sc.steps = 40;
+  sc.step_time = 200us;  // several heartbeats (10 ms) pass during the job
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 3);
+  const auto& at = out.rank0_calls_at_step;
+  ASSERT_GE(at.size(), 36u);
+  EXPECT_EQ(at[35] - at[5], 0) << "store calls of the coordinator's training thread in steps 5 to 35";
+  EXPECT_GT(out.join_seq_reads.load(), 0) << "the heartbeat thread watches the join tickets";
 }
 
 TEST(ElasticGroup, JoinMidTrainingGetsStateAndEqualsSingleProcess) {

@@ -577,6 +577,11 @@ class group {
   std::pair<std::int64_t, std::int64_t> steal_attempt_{-1, -1};  // (generation, step) of the last steal_step
   std::string steal_key_;             // this step's work-stealing counter of the own slice (erased when the step ends)
   std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
+  // The coordinator's heartbeat thread reads the join-ticket counter into
+  // join_seq_hint_, so that a coordinator's step reads the store only
+  // while join tickets wait: a steady step makes no store call.
+  std::atomic<bool> hb_watch_joins_{false};
+  std::atomic<std::int64_t> join_seq_hint_{0};
   std::int64_t ticket_seen_until_ = 0;           // coordinator: newest join ticket seen
   steady_clock::time_point ticket_first_seen_;   // when the oldest waiting ticket was seen
   steady_clock::time_point ticket_last_change_;  // when the newest ticket was seen
