@@ -10388,6 +10388,8 @@ class group {
   void form_initial();
   void wait_admission();
   void adopt(detail::generation_record rec, steady_clock::time_point started);
+  // adopt(), and on a recoverable error the recovery of rec's generation.
+  void adopt_or_recover(detail::generation_record rec, steady_clock::time_point started);
   void enter(detail::generation_record rec);
   void install(detail::generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
                double prepared_seconds);
@@ -10440,6 +10442,7 @@ class group {
   // end_step: `processed` samples (the own slice when nullopt).
   void commit(double compute_seconds, std::optional<std::size_t> processed);
   int lost_peer_of(const system_error& e) const noexcept;
+  static int lost_in_adopt(const system_error& e) noexcept;
 
   group_options opts_;
   launch_info launch_;
@@ -10860,13 +10863,7 @@ void group<Store, Net>::form_initial() {
       fail(e.code(), "the initial generation was not formed within EBBFLOW_JOIN_TIMEOUT_MS (is rank 0 running?)");
     }
   }
-  auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline())));
-  try {
-    adopt(std::move(rec), started);
-  } catch (const system_error& e) {
-    if (!detail::recoverable(e.code())) throw;
-    recover(0, e.peer());
-  }
+  adopt_or_recover(detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline()))), started);
 }
 
 template <kv_store Store, network Net>
@@ -10885,13 +10882,8 @@ void group<Store, Net>::wait_admission() {
       probation_end_.store((steady_clock::now() + opts_.join_cooldown_max).time_since_epoch().count(),
                            std::memory_order_relaxed);
     const auto g = detail::parse_i64(*v);
-    auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gen_key(g), store_deadline())));
-    try {
-      adopt(std::move(rec), started);
-    } catch (const system_error& e) {
-      if (!detail::recoverable(e.code())) throw;
-      recover(g, e.peer());
-    }
+    adopt_or_recover(detail::generation_record::decode(to_bytes(*store_->try_get(gen_key(g), store_deadline()))),
+                     started);
     return true;
   };
   // Waits on the server (no polling: waiting newcomers cost the running
@@ -11046,6 +11038,26 @@ void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_
   // after the constructor returned.
   if (!pending_) pending_ = pending_change{gen_.reason, old_size, started};
   pending_->reason = gen_.reason;
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::adopt_or_recover(detail::generation_record rec, steady_clock::time_point started) {
+  const std::int64_t g = rec.generation;
+  try {
+    adopt(std::move(rec), started);
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    recover(g, lost_in_adopt(e));
+  }
+}
+
+template <kv_store Store, network Net>
+int group<Store, Net>::lost_in_adopt(const system_error& e) noexcept {
+  // adopt() runs no collective: a member its error names stopped heartbeating
+  // or never published its address, or its endpoint could not be made; it
+  // is not a live neighbour stuck behind a dead one (lost_peer_of). Nor can
+  // lost_peer_of ask the transport: the new one is not made yet.
+  return e.code() == errc::peer_lost ? e.peer() : -1;
 }
 
 template <kv_store Store, network Net>
@@ -11729,12 +11741,7 @@ void group<Store, Net>::adopt_announced(std::int64_t g1, steady_clock::time_poin
     wait_admission();
     return;
   }
-  try {
-    adopt(std::move(rec), started);
-  } catch (const system_error& e) {
-    if (!detail::recoverable(e.code())) throw;
-    recover(g1, lost_peer_of(e));
-  }
+  adopt_or_recover(std::move(rec), started);
 }
 
 template <kv_store Store, network Net>
@@ -12027,7 +12034,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
     } catch (const system_error& e) {
       if (!detail::recoverable(e.code())) throw;
       g = gen_.generation;
-      lost_peer = lost_peer_of(e);
+      lost_peer = lost_in_adopt(e);
     }
   }
 }

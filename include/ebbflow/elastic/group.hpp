@@ -441,6 +441,8 @@ class group {
   void form_initial();
   void wait_admission();
   void adopt(detail::generation_record rec, steady_clock::time_point started);
+  // adopt(), and on a recoverable error the recovery of rec's generation.
+  void adopt_or_recover(detail::generation_record rec, steady_clock::time_point started);
   void enter(detail::generation_record rec);
   void install(detail::generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
                double prepared_seconds);
@@ -493,6 +495,7 @@ class group {
   // end_step: `processed` samples (the own slice when nullopt).
   void commit(double compute_seconds, std::optional<std::size_t> processed);
   int lost_peer_of(const system_error& e) const noexcept;
+  static int lost_in_adopt(const system_error& e) noexcept;
 
   group_options opts_;
   launch_info launch_;
