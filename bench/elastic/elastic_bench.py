@@ -138,10 +138,15 @@ def main():
     ap.add_argument("--cpu-bind", default="",
                     help="ebbflow-run --cpu-bind for every scenario (e.g. core:4: the first 4 workers on one core, "
                          "the newcomers on the next), as when newcomers start on hosts of their own")
+    ap.add_argument("--store-cpu", default="",
+                    help="ebbflow-run --store-cpu with --cpu-bind: the launcher and its store on this CPU (default: "
+                         "worker 0's, with the running workers)")
     ap.add_argument("--detail", action="store_true",
                     help="print each scale-out window step by step: its interval over the steady one (ms)")
     args = ap.parse_args()
     args.launcher_extra = ["--cpu-bind", args.cpu_bind] if args.cpu_bind else []
+    if args.store_cpu:
+        args.launcher_extra += ["--store-cpu", args.store_cpu]
     args.run = os.path.abspath(os.path.join(args.build, "tools/ebbflow-run/ebbflow-run"))
     args.train = os.path.abspath(os.path.join(args.build, "examples/elastic_train/elastic_train"))
     args.wrap = args.wrap.split() if args.wrap else []
@@ -215,7 +220,8 @@ def main():
           f"{args.step_us:.0f} us/step + {args.sample_us:.0f} us/sample, {args.rounds} round(s), medians"
           + (f", hidden {args.hidden}" if args.hidden else "")
           + (f", newcomers started at nice +{args.join_nice}" if args.join_nice else "")
-          + (f", --cpu-bind {args.cpu_bind}" if args.cpu_bind else ""))
+          + (f", --cpu-bind {args.cpu_bind}" if args.cpu_bind else "")
+          + (f", --store-cpu {args.store_cpu}" if args.store_cpu else ""))
     print(f"{'metric':48s} {'value':>12s}")
     print(f"{'steady throughput, N workers (samples/s)':48s} {med['steady']:12.0f}")
     print(f"{'steady throughput, 2N workers (samples/s)':48s} {med['steady_2n']:12.0f}")

@@ -188,6 +188,22 @@ TEST(Launcher, CpuBindGivesEachWorkerItsCpuBeforeExec) {
     EXPECT_EQ(bad.exit.code, 2) << bad_value;
     EXPECT_NE(bad.err.find("--cpu-bind"), std::string::npos) << bad.err;
   }
+  // --store-cpu moves the launcher (and its store) only: the workers keep their CPUs.
+  const int last = cpus.back();
+  auto moved = run({EBBFLOW_RUN, "-n", "2", "--cpu-bind", "core", "--store-cpu", std::to_string(last), "--", "sh", "-c",
+                    "echo cpus=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status) "
+                    "launcher=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/$PPID/status)"});
+  EXPECT_TRUE(moved.exit.ok()) << moved.exit.describe() << "\n" << moved.err;
+  EXPECT_NE(moved.out.find("[rank 0] cpus=" + std::to_string(cpus[0]) + " launcher=" + std::to_string(last) + "\n"),
+            std::string::npos)
+      << moved.out;
+  auto not_ours = run({EBBFLOW_RUN, "-n", "1", "--cpu-bind", "core", "--store-cpu", "1023", "--", "true"});
+  EXPECT_EQ(not_ours.exit.code, 2);
+  EXPECT_NE(not_ours.err.find("--store-cpu 1023: not one of the CPUs this launcher may use"), std::string::npos)
+      << not_ours.err;
+  auto alone = run({EBBFLOW_RUN, "-n", "1", "--store-cpu", std::to_string(last), "--", "true"});
+  EXPECT_EQ(alone.exit.code, 2);
+  EXPECT_NE(alone.err.find("--store-cpu needs --cpu-bind"), std::string::npos) << alone.err;
 }
 
 TEST(Launcher, SpawnNamesACpuItCannotBindTo) {

@@ -60,6 +60,8 @@ constexpr const char* usage_text =
     "                       (default K=1) of the CPUs this launcher may use, wrapping around; on a\n"
     "                       shared host it keeps the start-up of joiners off the running workers' cores;\n"
     "                       the launcher and its store run on worker 0's CPU\n"
+    "  --store-cpu N        with --cpu-bind: run the launcher and its store on CPU N instead (one of\n"
+    "                       the CPUs this launcher may use), e.g. off the running workers' CPU\n"
     "  --discovery CMD      poll CMD (every --discovery-interval SEC, default 2): it prints the wanted\n"
     "                       number of workers; more are started, or the newest asked to leave\n"
     "  SIGUSR1 / SIGUSR2    to ebbflow-run: add one worker / ask the newest to leave\n"
@@ -92,7 +94,8 @@ struct options {
   bool elastic = false;
   int min_size = 0, max_size = 0;
   int join_nice = 0;
-  int cpu_bind = 0;  // workers per CPU; 0: no binding
+  int cpu_bind = 0;    // workers per CPU; 0: no binding
+  int store_cpu = -1;  // --store-cpu: the launcher's (and store's) CPU; -1: worker 0's
   struct event {
     double at;
     enum kind { add, kill, leave } what;
@@ -161,6 +164,8 @@ options parse(int argc, char** argv) {
         o.cpu_bind = parse_int(a, v.substr(5), 1, 4096);
       else
         usage_error(a + " '" + v + "': expected none, core or core:K");
+    } else if (a == "--store-cpu") {
+      o.store_cpu = parse_int(a, value(a), 0, CPU_SETSIZE - 1);
     } else if (a == "--min") {
       o.min_size = parse_int(a, value(a), 1, 1 << 20);
     } else if (a == "--max") {
@@ -202,6 +207,7 @@ options parse(int argc, char** argv) {
   if (o.argv.empty()) usage_error("no program given");
   if (!o.discovery.empty() || o.restarts > 0) o.elastic = true;
   if (o.min_size && o.max_size && o.min_size > o.max_size) usage_error("--min is larger than --max");
+  if (o.store_cpu >= 0 && !o.cpu_bind) usage_error("--store-cpu needs --cpu-bind (else the workers would inherit it)");
   return o;
 }
 
@@ -255,8 +261,14 @@ int main(int argc, char** argv) {
     }
     for (int c = 0; c < CPU_SETSIZE; ++c)
       if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    if (opt.store_cpu >= 0 && std::find(cpus.begin(), cpus.end(), opt.store_cpu) == cpus.end()) {
+      std::string allowed;
+      for (int c : cpus) allowed += (allowed.empty() ? "" : ",") + std::to_string(c);
+      usage_error("--store-cpu " + std::to_string(opt.store_cpu) + ": not one of the CPUs this launcher may use (" +
+                  allowed + ")");
+    }
     CPU_ZERO(&set);
-    CPU_SET(cpus.front(), &set);
+    CPU_SET(opt.store_cpu >= 0 ? opt.store_cpu : cpus.front(), &set);
     if (::sched_setaffinity(0, sizeof set, &set) != 0)
       say(std::string("--cpu-bind: cannot bind the launcher: ") + std::strerror(errno));
   }
