@@ -10608,6 +10608,7 @@ constexpr bool can_preconnect() {
 // try_get_many, else one by one.
 template <class S>
 std::vector<std::optional<std::string>> try_get_all(S& st, const std::vector<std::string>& keys, deadline d) {
+  if (keys.empty()) return {};  // no round trip for nothing
   if constexpr (requires { st.try_get_many(std::span<const std::string>(keys), d); }) {
     return st.try_get_many(std::span<const std::string>(keys), d);
   } else {
@@ -11365,7 +11366,11 @@ template <kv_store Store, network Net>
 std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room, bool settle,
                                                           std::vector<join_hold>& holds) {
   std::vector<member_id> out;
-  auto total = store_->add(key("join_seq"), 0, store_deadline());
+  // At a step boundary the heartbeat thread's hint (fresh within a few store
+  // round trips of a ticket) stands in for the counter: while tickets keep
+  // arriving, the coordinator's steps then make no store call at all.
+  auto total =
+      settle ? join_seq_hint_.load(std::memory_order_relaxed) : store_->add(key("join_seq"), 0, store_deadline());
   if (settle) {
     // Admit once no new ticket appeared for admit_delay (bounded by 10×):
     // workers started together register a few ms apart, and admitting them
