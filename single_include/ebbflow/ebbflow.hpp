@@ -10527,6 +10527,8 @@ class group {
   std::pair<std::int64_t, std::int64_t> steal_attempt_{-1, -1};  // (generation, step) of the last steal_step
   std::string steal_key_;             // this step's work-stealing counter of the own slice (erased when the step ends)
   std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
+  steady_clock::time_point last_commit_{};  // the previous end_step
+  steady_clock::duration step_interval_{};  // from the previous end_step to this one
   // The coordinator's heartbeat thread reads the join-ticket counter into
   // join_seq_hint_, so that a coordinator's step reads the store only
   // while join tickets wait: a steady step makes no store call.
@@ -11547,6 +11549,12 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
   const inside busy(in_group_);
   if (!active_) fail(error::invalid_state, "end_step after this member left the group");
   if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
+  if (const auto now = steady_clock::now(); last_commit_ != steady_clock::time_point{}) {
+    step_interval_ = now - last_commit_;
+    last_commit_ = now;
+  } else {
+    last_commit_ = now;
+  }
   if constexpr (requires(typename Net::transport_type & x) { x.poll_close(); }) {
     if (retiring_ && retiring_->poll_close()) retiring_.reset();
   }
@@ -11768,9 +11776,15 @@ void group<Store, Net>::start_admission(std::optional<std::string> record, std::
     nx.admission = res;
     std::vector<member_id> current;
     for (auto& m : gen_.members) current.push_back(m.id);
-    nx.helper = std::jthread([this, res, record = std::move(record), joiners = admitting_, gkey = std::move(gkey), g1,
-                              leavers = std::move(leavers), current = std::move(current), rank = rank_,
-                              revoke = revoke_, cache = address_cache_,
+    // The helper starts a fifth of a step after the boundary (at most a
+    // quarter lease): right after a boundary every member needs its CPU (the
+    // control exchange completing, the next step's launches), and on a
+    // kernel without preemption even a lowest-priority thread's system calls
+    // (store requests, thread start-up) hold a shared core until they return.
+    const auto delay = std::min<steady_clock::duration>(step_interval_ / 5, opts_.lease / 4);
+    nx.helper = std::jthread([this, delay, res, record = std::move(record), joiners = admitting_,
+                              gkey = std::move(gkey), g1, leavers = std::move(leavers), current = std::move(current),
+                              rank = rank_, revoke = revoke_, cache = address_cache_,
                               concurrent = detail::concurrent_connect(*net_)](std::stop_token stop) mutable {
       // The lowest CPU priority: on a host whose cores the workers share,
       // this work fills their idle time (their device time) and never delays
@@ -11778,6 +11792,9 @@ void group<Store, Net>::start_admission(std::optional<std::string> record, std::
       errno = 0;
       if (const int cur = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid())); errno == 0)
         ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), std::max(cur, 19));
+      for (const auto start = steady_clock::now() + delay; !stop.stop_requested() && steady_clock::now() < start;)
+        std::this_thread::sleep_for(
+            std::min<steady_clock::duration>(start - steady_clock::now(), std::chrono::milliseconds(10)));
       try {
         if (!aux_store_) aux_store_ = connect_store_();
         Store& st = *aux_store_;

@@ -580,6 +580,8 @@ class group {
   std::pair<std::int64_t, std::int64_t> steal_attempt_{-1, -1};  // (generation, step) of the last steal_step
   std::string steal_key_;             // this step's work-stealing counter of the own slice (erased when the step ends)
   std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
+  steady_clock::time_point last_commit_{};  // the previous end_step
+  steady_clock::duration step_interval_{};  // from the previous end_step to this one
   // The coordinator's heartbeat thread reads the join-ticket counter into
   // join_seq_hint_, so that a coordinator's step reads the store only
   // while join tickets wait: a steady step makes no store call.
