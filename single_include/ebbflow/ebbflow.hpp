@@ -11549,12 +11549,9 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
   const inside busy(in_group_);
   if (!active_) fail(error::invalid_state, "end_step after this member left the group");
   if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
-  if (const auto now = steady_clock::now(); last_commit_ != steady_clock::time_point{}) {
-    step_interval_ = now - last_commit_;
-    last_commit_ = now;
-  } else {
-    last_commit_ = now;
-  }
+  const auto now = steady_clock::now();
+  if (last_commit_ != steady_clock::time_point{}) step_interval_ = now - last_commit_;
+  last_commit_ = now;
   if constexpr (requires(typename Net::transport_type & x) { x.poll_close(); }) {
     if (retiring_ && retiring_->poll_close()) retiring_.reset();
   }

@@ -145,6 +145,8 @@ struct scenario {
   bool steal = false;                                           // steal_step instead of the own slice
   int straggler = -1;                                           // this launch rank sleeps per sample
   std::chrono::microseconds straggle{0};
+  std::size_t joiner_extra_state = 0;  // a newcomer registers this many floats (0: as the members)
+  std::chrono::milliseconds op_timeout{5000};
 };
 
 struct outcome {
@@ -174,7 +176,7 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
     o.min_size = sc.min_size;
     o.heartbeat = 10ms;
     o.lease = 300ms;
-    o.op_timeout = 5s;
+    o.op_timeout = sc.op_timeout;
     o.join_timeout = 20s;
     o.min_size_wait = 20s;
     o.admit_delay = 0ms;  // steps take microseconds here
@@ -202,7 +204,8 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
         net, o, li, std::move(policy));
     const double per_sample = 1e-3 * (join ? 2 : launch_rank + 1);
     std::vector<float> w(features * classes, 0.f);
-    g.register_state("w", std::as_writable_bytes(std::span(w)));
+    std::vector<float> w_registered(join ? sc.joiner_extra_state : 0, 0.f);
+    g.register_state("w", std::as_writable_bytes(std::span(w_registered.empty() ? w : w_registered)));
     std::set<std::int64_t> join_started;
     // Runs on past sc.steps while a join or leave is still being prepared
     // (it may take many of these microsecond steps): nobody is stranded.
@@ -432,6 +435,34 @@ TEST(ElasticGroup, JobEndingBeforeTheSwitchTellsTheJoinerClearly) {
   const auto ref = reference(sc.steps);
   for (auto& w : out.finals)
     for (std::size_t k = 0; k < w.size(); ++k) ASSERT_NEAR(w[k], ref[k], 2e-5f * (1 + std::abs(ref[k]))) << k;
+}
+
+// A newcomer whose registered state differs from the members' (smaller or
+// larger) fails with a message that names the buffer, both sizes and the
+// sender; the members go on.
+TEST(ElasticGroup, NewcomerWithOtherStateFailsClearlyAndTheMembersGoOn) {
+  for (const std::size_t floats : {std::size_t{5}, std::size_t{4096}}) {  // smaller, larger than the members'
+    scenario sc;
+    sc.steps = 20;
+    sc.joins = {4};
+    sc.joiner_extra_state = floats;
+    // The failed newcomer's thread ends without its endpoint failing (no
+    // process dies here): the members' next collective waits out its deadline.
+    sc.op_timeout = 1s;
+    auto out_p = run(sc);
+    auto& out = *out_p;
+    ASSERT_EQ(out.errors.size(), 1u) << floats;
+    const std::string want =
+        "state buffer 0 is 'w' of " + std::to_string(features * classes * sizeof(float)) + " bytes on member ";
+    EXPECT_NE(out.errors[0].find(want), std::string::npos) << out.errors[0];
+    EXPECT_NE(out.errors[0].find("of " + std::to_string(floats * sizeof(float)) + " bytes here"), std::string::npos)
+        << out.errors[0];
+    ASSERT_EQ(out.finals.size(), 3u);
+    ASSERT_EQ(out.final_steps.size(), 1u);
+    const auto ref = reference(*out.final_steps.begin());
+    for (auto& w : out.finals)
+      for (std::size_t k = 0; k < w.size(); ++k) ASSERT_NEAR(w[k], ref[k], 2e-5f * (1 + std::abs(ref[k]))) << k;
+  }
 }
 
 TEST(ElasticGroup, BelowMinSizeWaitsForAJoiner) {
