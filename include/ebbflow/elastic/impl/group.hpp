@@ -65,6 +65,21 @@ std::vector<std::optional<std::string>> try_get_all(S& st, const std::vector<std
   }
 }
 
+// Waits on the server until `k` exists, in 50 ms slices so that a stop
+// request is noticed: true once it exists, false when stopped or past `d`.
+template <class S>
+bool wait_key(S& st, const std::string& k, deadline d, const std::stop_token& stop) {
+  while (!stop.stop_requested() && !d.expired()) {
+    try {
+      st.wait({k}, min(d, deadline::after(std::chrono::milliseconds(50))));
+      return true;
+    } catch (const system_error& e) {
+      if (e.code() != errc::timeout) throw;
+    }
+  }
+  return false;
+}
+
 // Networks whose start_connect may run on a helper thread while the current
 // generation trains on the same network (ucx_network on a UCX with threads).
 template <class N>
@@ -250,16 +265,8 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
       if (watch) {
         // The coordinator waits for the next join ticket on the server
         // instead of sleeping: a ticket reaches the hint at once.
-        const auto beat = deadline::after(opts_.heartbeat);
         const std::string next = key("join/" + std::to_string(join_seq_hint_.load(std::memory_order_relaxed) + 1));
-        while (!st.stop_requested() && !beat.expired()) {
-          try {
-            s->wait({next}, min(beat, deadline::after(std::chrono::milliseconds(50))));
-            break;
-          } catch (const system_error& e) {
-            if (e.code() != errc::timeout) throw;
-          }
-        }
+        detail::wait_key(*s, next, deadline::after(opts_.heartbeat), st);
         continue;
       }
     } catch (const std::exception& e) {
@@ -1030,11 +1037,10 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
     const int ready = poll_next();
     v[2] = ready > 0 ? 1.0 : ready < 0 ? -1e6 : 0.0;
   }
-  // The coordinator reads the join tickets only once its heartbeat thread
-  // saw a new one (or some still wait): a steady step waits on no store.
-  const bool tickets = join_seq_hint_.load(std::memory_order_relaxed) > seen || ticket_seen_until_ > seen;
   if (rank_ == 0 && !next_) {
-    if (tickets) {
+    // The join tickets are read only once the heartbeat thread saw a new
+    // one (or some still wait): a steady step waits on no store.
+    if (join_seq_hint_.load(std::memory_order_relaxed) > seen || ticket_seen_until_ > seen) {
       try {
         const std::size_t room = static_cast<std::size_t>(std::max(0, opts_.max_size - n));
         std::vector<join_hold> holds;
@@ -1242,17 +1248,12 @@ void group<Store, Net>::start_admission(std::optional<std::string> record, std::
         Store& st = *aux_store_;
         if (record) write_record(st, gkey, *record, joiners, g1);
         const auto d = deadline::after(opts_.op_timeout);
-        for (;;) {  // in slices, so that a stop request is noticed
-          if (stop.stop_requested())
-            throw system_error(make_error_code(error::revoked),
-                               {.rank = rank, .generation = g1, .operation = "admission"});
-          try {
-            st.wait({gkey}, min(d, deadline::after(std::chrono::milliseconds(50))));
-            break;
-          } catch (const system_error& e) {
-            if (e.code() != errc::timeout || d.expired()) throw;
-          }
-        }
+        if (!detail::wait_key(st, gkey, d, stop))
+          throw system_error(make_error_code(stop.stop_requested() ? error::revoked : error::timeout),
+                             {.rank = rank,
+                              .generation = g1,
+                              .operation = "admission",
+                              .detail = "waiting for the record of generation " + std::to_string(g1)});
         auto rec = detail::generation_record::decode(to_bytes(*st.try_get(gkey, store_deadline())));
         const int r = rec.rank_of(id_);
         if (r < 0) {
