@@ -7853,6 +7853,10 @@ EBBFLOW_END_NAMESPACE
 //!   heartbeat threads revoke their transports. Survivors report their last
 //!   committed step under `recover/<g>/<id>`; a member is judged dead when
 //!   reported lost by a peer's transport or when its heartbeat lease expires.
+//!   Leases are watched during training too (the coordinator's heartbeat
+//!   thread watches every member's, the others the coordinator's): a member
+//!   that hangs in a step is marked dead and `abort/<g>` posted once it has
+//!   been silent for a lease, not only at the operation deadline.
 //!   One survivor proposes g+1 by compare-and-set (the first proposal wins);
 //!   the member with the newest committed step streams its state to any member
 //!   behind it. A step is committed by `end_step`, after the gradient
@@ -10433,6 +10437,20 @@ class group {
     steady_clock::time_point next_check{};
   };
   bool fresh(Store& st, member_id m, lease_seen& seen) const;
+  // Whether member m, whose heartbeat counter reads `hb` at `now`, counted on
+  // within the lease (its first reading counts as fresh).
+  bool fresh(member_id m, std::int64_t hb, steady_clock::time_point now, lease_seen& seen) const;
+  // The heartbeat thread's watch of the current generation's leases.
+  struct peer_watch {
+    std::int64_t generation = -1;
+    lease_seen seen;
+    steady_clock::time_point last_round{};
+    std::int64_t aborted = -1;  // the generation this thread aborted
+  };
+  // After a heartbeat round that read `ids`' counters `hb` for generation g:
+  // a member silent for a lease is marked dead in g and g is aborted.
+  void check_leases(Store& st, std::int64_t g, const std::vector<member_id>& ids, std::span<const std::int64_t> hb,
+                    peer_watch& w);
   int stale_member(const detail::generation_record& rec, lease_watch& w, bool joiners_only);
   void control_allreduce(std::span<double> v);
   void notify(change_reason reason, int old_size, double stall);
@@ -10509,6 +10527,11 @@ class group {
   std::mutex hb_mutex_;
   std::shared_ptr<comm::revoke_flag> hb_revoke_;
   std::vector<std::string> hb_erase_;  // store keys the heartbeat thread erases (under hb_mutex_)
+  // The members of generation hb_watched_gen_ whose leases the heartbeat
+  // thread watches (under hb_mutex_): the coordinator watches every other
+  // member, the others the coordinator.
+  std::int64_t hb_watched_gen_ = -1;
+  std::vector<member_id> hb_watched_;
   std::atomic<bool> leave_requested_{false};
   // Nonzero while the training thread is inside begin_step, allreduce or
   // end_step (where it progresses the network itself): the admission helper
@@ -10616,6 +10639,22 @@ std::vector<std::optional<std::string>> try_get_all(S& st, const std::vector<std
   } else {
     std::vector<std::optional<std::string>> out;
     for (const auto& k : keys) out.push_back(st.try_get(k, d));
+    return out;
+  }
+}
+
+// `add(keys[i], deltas[i])` for every i: in one pipelined batch where the
+// store offers add_many, else one by one.
+template <class S>
+std::vector<std::int64_t> add_all(S& st, const std::vector<std::string>& keys, const std::vector<std::int64_t>& deltas,
+                                  deadline d) {
+  if constexpr (requires {
+                  st.add_many(std::span<const std::string>(keys), std::span<const std::int64_t>(deltas), d);
+                }) {
+    return st.add_many(std::span<const std::string>(keys), std::span<const std::int64_t>(deltas), d);
+  } else {
+    std::vector<std::int64_t> out;
+    for (std::size_t i = 0; i < keys.size(); ++i) out.push_back(st.add(keys[i], deltas[i], d));
     return out;
   }
 }
@@ -10786,13 +10825,31 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
   bool warned = false;
   std::mutex m;
   std::condition_variable_any cv;
+  peer_watch peers;
+  std::vector<std::string> keys;
+  std::vector<std::int64_t> deltas;
+  std::vector<member_id> watched;
   while (!st.stop_requested()) {
     try {
       if (!s) s = connect_store_();
-      s->add(key("hb/" + std::to_string(id_)), 1,
-             deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
+      const std::int64_t g = hb_generation_.load();
       const bool watch = hb_watch_joins_.load(std::memory_order_relaxed);
-      if (watch) join_seq_hint_.store(s->add(key("join_seq"), 0, store_deadline()), std::memory_order_relaxed);
+      {
+        std::lock_guard lk(hb_mutex_);
+        if (g >= 0 && hb_watched_gen_ == g)
+          watched = hb_watched_;
+        else
+          watched.clear();
+      }
+      // One round trip: this member's heartbeat, the counters of the members
+      // whose leases it watches and (coordinator) the join-ticket counter.
+      keys.assign({key("hb/" + std::to_string(id_))});
+      deltas.assign({1});
+      for (auto w : watched) keys.push_back(key("hb/" + std::to_string(w))), deltas.push_back(0);
+      if (watch) keys.push_back(key("join_seq")), deltas.push_back(0);
+      const auto counters =
+          detail::add_all(*s, keys, deltas, deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
+      if (watch) join_seq_hint_.store(counters.back(), std::memory_order_relaxed);
       if (const auto end = probation_end_.load(std::memory_order_relaxed);
           end != 0 && steady_clock::now().time_since_epoch().count() >= end) {
         // A newcomer that stayed: its worker's join failures no longer run in a row.
@@ -10808,13 +10865,14 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
         }
         for (auto& k : erase) s->erase(k);
       }
-      const std::int64_t g = hb_generation_.load();
       if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
         std::lock_guard lk(hb_mutex_);
         if (hb_revoke_ && !hb_revoke_->revoked()) {
           EBBFLOW_LOG_DEBUG("generation " << g << " aborted by a peer: revoking the transport");
           hb_revoke_->revoke();
         }
+      } else if (!watched.empty()) {
+        check_leases(*s, g, watched, std::span(counters).subspan(1, watched.size()), peers);
       }
       warned = false;
       if (watch) {
@@ -10831,6 +10889,39 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
     }
     std::unique_lock lk(m);
     cv.wait_for(lk, st, opts_.heartbeat, [] { return false; });
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::check_leases(Store& st, std::int64_t g, const std::vector<member_id>& ids,
+                                     std::span<const std::int64_t> hb, peer_watch& w) {
+  // A member that hangs inside a collective (a stopped process, a livelock)
+  // fails no transport operation: without this, its peers would wait for the
+  // collective's deadline (op_timeout). Its silent lease aborts the step.
+  const auto now = steady_clock::now();
+  if (w.generation != g || now - w.last_round > opts_.lease / 2) {
+    // A new generation, or a gap in this thread's own rounds (it was
+    // descheduled, the machine paused): that says nothing of the others, so
+    // their leases are timed afresh.
+    w.seen.clear();
+    w.generation = g;
+  }
+  w.last_round = now;
+  if (w.aborted == g) return;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (fresh(ids[i], hb[i], now, w.seen)) continue;
+    if (st.try_get(key("done"), store_deadline())) return;  // the job finished: members stop heartbeating
+    if (hb_generation_.load() != g) return;                 // the generation changed meanwhile
+    const std::string gs = std::to_string(g);
+    EBBFLOW_LOG_WARN("member " << ids[i] << " sent no heartbeat for EBBFLOW_LEASE_MS="
+                               << std::chrono::duration_cast<std::chrono::milliseconds>(opts_.lease).count()
+                               << " ms: aborting generation " << g << " without it");
+    st.set(key("dead/" + gs + "/" + std::to_string(ids[i])), "1", store_deadline());
+    st.set(key("abort/" + gs), "1", store_deadline());
+    w.aborted = g;
+    std::lock_guard lk(hb_mutex_);
+    if (hb_revoke_ && !hb_revoke_->revoked()) hb_revoke_->revoke();
+    return;
   }
 }
 
@@ -11016,6 +11107,10 @@ void group<Store, Net>::enter(detail::generation_record rec) {
   {
     std::lock_guard lk(hb_mutex_);
     hb_revoke_ = revoke_;
+    hb_watched_gen_ = gen_.generation;
+    hb_watched_.clear();
+    for (std::size_t j = 0; j < gen_.members.size(); ++j)
+      if (gen_.members[j].id != id_ && (rank_ == 0 || j == 0)) hb_watched_.push_back(gen_.members[j].id);
   }
   hb_generation_.store(gen_.generation);
   hb_watch_joins_.store(rank_ == 0, std::memory_order_relaxed);
@@ -11912,7 +12007,11 @@ int group<Store, Net>::stale_member(const detail::generation_record& rec, lease_
 template <kv_store Store, network Net>
 bool group<Store, Net>::fresh(Store& st, member_id m, lease_seen& seen) const {
   const std::int64_t hb = st.add(key("hb/" + std::to_string(m)), 0, store_deadline());
-  const auto now = steady_clock::now();
+  return fresh(m, hb, steady_clock::now(), seen);
+}
+
+template <kv_store Store, network Net>
+bool group<Store, Net>::fresh(member_id m, std::int64_t hb, steady_clock::time_point now, lease_seen& seen) const {
   auto it = seen.find(m);
   if (it == seen.end()) {
     seen.emplace(m, std::make_pair(hb, now));

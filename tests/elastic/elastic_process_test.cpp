@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -126,6 +127,20 @@ TEST_F(ElasticProcess, KillDuringStep) {
 TEST_F(ElasticProcess, KillOfTheCoordinator) {
   const auto out = train("-n 3 --kill 0.5:0");
   EXPECT_NE(out.find("world changed (failure): 3 -> 2"), std::string::npos) << out;
+}
+
+// A stopped worker (SIGSTOP: a hung process) fails no transport operation:
+// only its silent lease (500 ms here) tells the others. They drop it and
+// train on; continued 1.5 s later, it finds itself left out and rejoins. The
+// operation deadline is 60 s, so only the lease can have ended the wait.
+TEST_F(ElasticProcess, AStoppedWorkerIsDroppedWhenItsLeaseExpiresAndRejoins) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto out = train("-n 3 --stop 0.5:1:1.5", "EBBFLOW_OP_TIMEOUT_MS=60000", 800);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30)) << out;
+  EXPECT_NE(out.find("sent no heartbeat for EBBFLOW_LEASE_MS=500 ms"), std::string::npos) << out;
+  EXPECT_NE(out.find("world changed (failure): 3 -> 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("left out of generation"), std::string::npos) << out;
+  EXPECT_NE(out.find("world changed (join): 2 -> 3"), std::string::npos) << out;
 }
 
 TEST_F(ElasticProcess, KillOfTheSenderDuringStateTransfer) {

@@ -15,6 +15,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <tuple>
 
 namespace ef = ebbflow;
 namespace el = ef::elastic;
@@ -30,7 +31,11 @@ struct store_ref {
   std::shared_ptr<el::memory_store> s;
   std::atomic<long>* calls = nullptr;
   std::atomic<long>* join_seq_reads = nullptr;
+  // While set, every call on this member's connections blocks, as in a
+  // stopped process: its heartbeat thread stays silent.
+  std::shared_ptr<std::atomic<bool>> frozen{};
   void count() {
+    while (frozen && frozen->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     if (calls) calls->fetch_add(1);
   }
   void set(const std::string& k, std::string_view v, ef::deadline d) { count(), s->set(k, v, d); }
@@ -135,7 +140,10 @@ struct scenario {
   std::int64_t steps = 30;
   std::vector<std::pair<int, std::int64_t>> kills;   // (initial launch rank, step at which it dies mid-step)
   std::vector<std::pair<int, std::int64_t>> leaves;  // (launch rank, step at which it asks to leave)
-  std::vector<std::int64_t> joins;                   // steps (seen by rank 0) at which a newcomer starts
+  // (launch rank, step, how long): the member hangs before that step's
+  // allreduce, its heartbeat silent too (a stopped process), then goes on.
+  std::vector<std::tuple<int, std::int64_t, std::chrono::milliseconds>> hangs;
+  std::vector<std::int64_t> joins;  // steps (seen by rank 0) at which a newcomer starts
   int min_size = 1;
   bool run_on_while_changing = true;  // the loop also runs while g.changing()
   bool adaptive = false;  // planner_policy with emulated speeds (seconds per sample = 1 ms × (launch rank + 1))
@@ -195,9 +203,10 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
     // heartbeat and admission threads make their own).
     const auto training_thread = std::this_thread::get_id();
     const bool count_calls = !join && launch_rank == 0;
+    auto frozen = std::make_shared<std::atomic<bool>>(false);
     test_group g(
-        [store, &out, training_thread, count_calls] {
-          store_ref r{store, nullptr, &out.join_seq_reads};
+        [store, &out, training_thread, count_calls, frozen] {
+          store_ref r{store, nullptr, &out.join_seq_reads, frozen};
           if (count_calls && std::this_thread::get_id() == training_thread) r.calls = &out.rank0_calls;
           return std::make_unique<store_ref>(r);
         },
@@ -207,6 +216,7 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
     std::vector<float> w_registered(join ? sc.joiner_extra_state : 0, 0.f);
     g.register_state("w", std::as_writable_bytes(std::span(w_registered.empty() ? w : w_registered)));
     std::set<std::int64_t> join_started;
+    std::set<std::int64_t> hung;  // steps at which this member hung (once each)
     // Runs on past sc.steps while a join or leave is still being prepared
     // (it may take many of these microsecond steps): nobody is stranded.
     while (g.active() && (g.step() < sc.steps || (sc.run_on_while_changing && g.changing()))) {
@@ -264,6 +274,12 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
         if (!join && r == launch_rank && s.step == ks) {
           net.kill();  // crash mid-step: peers are inside the allreduce
           return;
+        }
+      for (auto [r, hs, how_long] : sc.hangs)
+        if (!join && r == launch_rank && s.step == hs && hung.insert(hs).second) {
+          frozen->store(true);
+          std::this_thread::sleep_for(how_long);
+          frozen->store(false);
         }
       if (sc.step_time.count()) std::this_thread::sleep_for(sc.step_time);
       if (!g.allreduce(grad)) continue;
@@ -387,6 +403,33 @@ TEST(ElasticGroup, KillOfCoordinator) {
   expect_equal_to_reference(sc, out, 3);
 }
 
+// A member that hangs inside a step (a stopped process, a livelock, a store
+// partition) fails no transport operation: its peers would wait in the
+// allreduce until op_timeout, or until it wakes. Its lease runs out instead
+// (300 ms here): the others abort the step, go on without it and admit it
+// again when it wakes. Both a member (watched by the coordinator) and the
+// coordinator (watched by every member) hang.
+TEST(ElasticGroup, AHungMemberIsDroppedWhenItsLeaseExpiresAndRejoins) {
+  for (const int hung : {1, 0}) {
+    scenario sc;
+    sc.steps = 60;
+    sc.step_time = 20ms;
+    sc.hangs = {{hung, 6, 900ms}};
+    sc.op_timeout = 20s;
+    auto out_p = run(sc);
+    auto& out = *out_p;
+    expect_equal_to_reference(sc, out, 3);
+    std::vector<std::tuple<el::change_reason, int, int>> changes;
+    for (auto& c : out.history0) changes.emplace_back(c.reason, c.old_size, c.new_size);
+    ASSERT_GE(changes.size(), 3u) << "hung member " << hung;
+    EXPECT_EQ(changes[1], std::make_tuple(el::change_reason::failure, 3, 2)) << "hung member " << hung;
+    EXPECT_EQ(changes[2], std::make_tuple(el::change_reason::join, 2, 3)) << "hung member " << hung;
+    // The survivors did not wait for the hung member: they trained on while
+    // it slept (its 900 ms are 45 of their 20 ms steps).
+    EXPECT_GE(out.history0[2].step, out.history0[1].step + 10) << "hung member " << hung;
+  }
+}
+
 TEST(ElasticGroup, TwoFailuresAtOnceThenJoinAndLeave) {
   scenario sc;
   sc.initial = 5;
@@ -447,7 +490,8 @@ TEST(ElasticGroup, NewcomerWithOtherStateFailsClearlyAndTheMembersGoOn) {
     sc.joins = {4};
     sc.joiner_extra_state = floats;
     // The failed newcomer's thread ends without its endpoint failing (no
-    // process dies here): the members' next collective waits out its deadline.
+    // process dies here): its silent lease (300 ms) or the deadline of the
+    // members' next collective ends their wait.
     sc.op_timeout = 1s;
     auto out_p = run(sc);
     auto& out = *out_p;
@@ -506,7 +550,7 @@ TEST(ElasticGroup, BadOptionsAreNamed) {
   el::group_options o;
   o.dataset_size = 10;
   try {
-    test_group g([store] { return std::make_unique<store_ref>(store_ref{store}); }, net, o, ef::launch_info{});
+    test_group g([store] { return std::make_unique<store_ref>(store_ref{.s = store}); }, net, o, ef::launch_info{});
     FAIL();
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("global_batch must be > 0"), std::string::npos);

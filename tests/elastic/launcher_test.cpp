@@ -10,7 +10,10 @@
 
 #include <cerrno>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -221,6 +224,37 @@ TEST(Launcher, SpawnNamesACpuItCannotBindTo) {
   }
   s.cpus = {-1};
   EXPECT_THROW(g.spawn(s), std::system_error);
+}
+
+// --stop SEC:ID:FOR stops a worker (a hung process) and continues it FOR
+// seconds later: its clock readings, taken every 20 ms, show one gap of
+// about that length, the other worker's none.
+TEST(Launcher, StopHangsAWorkerForTheTimeAskedFor) {
+  auto r = run({EBBFLOW_RUN, "-n", "2", "--stop", "0.3:0:0.6", "--", "sh", "-c",
+                "i=0; while [ $i -lt 60 ]; do cut -d' ' -f1 /proc/uptime; sleep 0.02; i=$((i+1)); done"});
+  EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
+  EXPECT_NE(r.err.find("stopping worker 0 (SIGSTOP) for 0.6 s"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("continuing worker 0 (SIGCONT)"), std::string::npos) << r.err;
+  std::map<int, std::vector<double>> t;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) {
+    int w = -1;
+    double x = 0;
+    if (std::sscanf(line.c_str(), "[worker %d] %lf", &w, &x) == 2) t[w].push_back(x);
+  }
+  ASSERT_EQ(t[0].size(), 60u) << r.out;
+  ASSERT_EQ(t[1].size(), 60u) << r.out;
+  const auto widest = [](const std::vector<double>& v) {
+    double g = 0;
+    for (std::size_t k = 1; k < v.size(); ++k) g = std::max(g, v[k] - v[k - 1]);
+    return g;
+  };
+  EXPECT_GE(widest(t[0]), 0.5) << r.out;
+  EXPECT_LT(widest(t[1]), 0.4) << r.out;
+
+  auto bad = run({EBBFLOW_RUN, "-n", "1", "--stop", "1:0", "--", "true"});
+  EXPECT_EQ(bad.exit.code, 2);
+  EXPECT_NE(bad.err.find("--stop '1:0': expected SEC:ID:FOR"), std::string::npos) << bad.err;
 }
 
 TEST(Launcher, WorkStealingAcrossProcessesCoversEveryItemOnce) {

@@ -49,6 +49,8 @@ constexpr const char* usage_text =
     "  --add SEC[:K]        after SEC seconds start K (default 1) more workers that join the running job\n"
     "  --kill SEC:ID        after SEC seconds SIGKILL worker ID (fault injection)\n"
     "  --leave SEC:ID       after SEC seconds SIGTERM worker ID (graceful leave at the next step)\n"
+    "  --stop SEC:ID:FOR    after SEC seconds SIGSTOP worker ID, and SIGCONT it FOR seconds later\n"
+    "                       (fault injection: a hung worker, dropped when its lease expires)\n"
     "  --restart K          restart a failed worker as a joiner, up to K times in all\n"
     "  --restart-cooldown SEC[:MAX]  a worker that keeps failing (each incarnation within MAX s of\n"
     "                       its start, default 60) is restarted after a cool-down: none after its\n"
@@ -98,8 +100,9 @@ struct options {
   int store_cpu = -1;  // --store-cpu: the launcher's (and store's) CPU; -1: worker 0's
   struct event {
     double at;
-    enum kind { add, kill, leave } what;
+    enum kind { add, kill, leave, stop } what;
     int arg;
+    double for_s = 0;  // stop: how long
   };
   std::vector<event> events;
   int restarts = 0;
@@ -182,6 +185,17 @@ options parse(int argc, char** argv) {
       o.discovery = value(a);
     } else if (a == "--discovery-interval") {
       o.discovery_interval = parse_seconds(a, value(a));
+    } else if (a == "--stop") {
+      const std::string v = value(a);
+      const auto c1 = v.find(':'), c2 = c1 == std::string::npos ? c1 : v.find(':', c1 + 1);
+      if (c2 == std::string::npos) usage_error("--stop '" + v + "': expected SEC:ID:FOR");
+      options::event ev{};
+      ev.what = options::event::stop;
+      ev.at = parse_seconds(a, v.substr(0, c1));
+      ev.arg = parse_int(a, v.substr(c1 + 1, c2 - c1 - 1), 0, 1 << 20);
+      ev.for_s = parse_seconds(a, v.substr(c2 + 1));
+      o.events.push_back(ev);
+      o.elastic = true;
     } else if (a == "--add" || a == "--kill" || a == "--leave") {
       const std::string v = value(a);
       const auto colon = v.find(':');
@@ -365,6 +379,7 @@ int main(int argc, char** argv) {
   const auto started = ef::steady_clock::now();
   auto since_start = [&] { return std::chrono::duration<double>(ef::steady_clock::now() - started).count(); };
   std::vector<bool> event_done(opt.events.size(), false);
+  std::vector<std::pair<double, int>> stopped;  // (since_start() to SIGCONT at, worker) of --stop
   int restarts_left = opt.restarts;
   struct pending_restart {
     double at;  // since_start()
@@ -399,6 +414,8 @@ int main(int argc, char** argv) {
   bool timed_out = false;
   auto stop_all = [&](int sig) {
     group.signal_all(sig);
+    for (auto& [at, id] : stopped) group.signal(id, SIGCONT);  // a stopped worker cannot act on sig
+    stopped.clear();
     if (!kill_deadline) kill_deadline = ef::deadline::after(std::chrono::duration<double>(opt.kill_after_s));
   };
 
@@ -478,12 +495,29 @@ int main(int argc, char** argv) {
         add_workers(1, pending_restarts[k].slot);
         pending_restarts.erase(pending_restarts.begin() + static_cast<std::ptrdiff_t>(k));
       }
+      for (std::size_t k = 0; k < stopped.size();) {
+        if (now < stopped[k].first) {
+          ++k;
+          continue;
+        }
+        say("continuing worker " + std::to_string(stopped[k].second) + " (SIGCONT)" + stamp());
+        group.signal(stopped[k].second, SIGCONT);
+        stopped.erase(stopped.begin() + static_cast<std::ptrdiff_t>(k));
+      }
       for (std::size_t k = 0; k < opt.events.size(); ++k) {
         if (event_done[k] || now < opt.events[k].at) continue;
         event_done[k] = true;
         const auto& ev = opt.events[k];
         if (ev.what == options::event::add) {
           add_workers(ev.arg);
+        } else if (ev.what == options::event::stop) {
+          char f[32];
+          std::snprintf(f, sizeof f, "%.3g", ev.for_s);
+          say("stopping worker " + std::to_string(ev.arg) + " (SIGSTOP) for " + f + " s" + stamp());
+          if (group.signal(ev.arg, SIGSTOP))
+            stopped.emplace_back(now + ev.for_s, ev.arg);
+          else
+            say("worker " + std::to_string(ev.arg) + " is not running");
         } else if (ev.what == options::event::kill) {
           say("killing worker " + std::to_string(ev.arg) + " (SIGKILL)" + stamp());
           if (!group.signal(ev.arg, SIGKILL)) say("worker " + std::to_string(ev.arg) + " is not running");

@@ -39,6 +39,10 @@
 //!   heartbeat threads revoke their transports. Survivors report their last
 //!   committed step under `recover/<g>/<id>`; a member is judged dead when
 //!   reported lost by a peer's transport or when its heartbeat lease expires.
+//!   Leases are watched during training too (the coordinator's heartbeat
+//!   thread watches every member's, the others the coordinator's): a member
+//!   that hangs in a step is marked dead and `abort/<g>` posted once it has
+//!   been silent for a lease, not only at the operation deadline.
 //!   One survivor proposes g+1 by compare-and-set (the first proposal wins);
 //!   the member with the newest committed step streams its state to any member
 //!   behind it. A step is committed by `end_step`, after the gradient
@@ -486,6 +490,20 @@ class group {
     steady_clock::time_point next_check{};
   };
   bool fresh(Store& st, member_id m, lease_seen& seen) const;
+  // Whether member m, whose heartbeat counter reads `hb` at `now`, counted on
+  // within the lease (its first reading counts as fresh).
+  bool fresh(member_id m, std::int64_t hb, steady_clock::time_point now, lease_seen& seen) const;
+  // The heartbeat thread's watch of the current generation's leases.
+  struct peer_watch {
+    std::int64_t generation = -1;
+    lease_seen seen;
+    steady_clock::time_point last_round{};
+    std::int64_t aborted = -1;  // the generation this thread aborted
+  };
+  // After a heartbeat round that read `ids`' counters `hb` for generation g:
+  // a member silent for a lease is marked dead in g and g is aborted.
+  void check_leases(Store& st, std::int64_t g, const std::vector<member_id>& ids, std::span<const std::int64_t> hb,
+                    peer_watch& w);
   int stale_member(const detail::generation_record& rec, lease_watch& w, bool joiners_only);
   void control_allreduce(std::span<double> v);
   void notify(change_reason reason, int old_size, double stall);
@@ -562,6 +580,11 @@ class group {
   std::mutex hb_mutex_;
   std::shared_ptr<comm::revoke_flag> hb_revoke_;
   std::vector<std::string> hb_erase_;  // store keys the heartbeat thread erases (under hb_mutex_)
+  // The members of generation hb_watched_gen_ whose leases the heartbeat
+  // thread watches (under hb_mutex_): the coordinator watches every other
+  // member, the others the coordinator.
+  std::int64_t hb_watched_gen_ = -1;
+  std::vector<member_id> hb_watched_;
   std::atomic<bool> leave_requested_{false};
   // Nonzero while the training thread is inside begin_step, allreduce or
   // end_step (where it progresses the network itself): the admission helper
