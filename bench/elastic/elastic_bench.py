@@ -12,6 +12,9 @@ that N workers behave like N GPUs on this 2-core machine) under ebbflow-run:
   leave      one worker leaves gracefully: stall per worker
   kill       one worker is SIGKILLed: time from the kill to the survivors'
              first completed step
+  hang       (not by default) one worker is SIGSTOPped for --hang-for s: time
+             from the stop to the survivors' first completed step without it
+             (its lease, EBBFLOW_LEASE_MS, must run out first)
   restart    the usual way: stop all N workers at a step, checkpoint to disk,
              start 2N workers that reload it: time from the last step before
              the stop to the first step after the restart
@@ -129,6 +132,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--scenarios", default="scaleout,leave,kill,restart",
                     help="which events to measure besides steady (comma list; A/B runs of one event are faster)")
+    ap.add_argument("--hang-for", type=float, default=3.0, help="hang: how long the worker stays stopped (s)")
     ap.add_argument("--wrap", default="", help="command prefix for every worker (e.g. the netns wrapper)")
     ap.add_argument("--store", default="127.0.0.1:0", help="address the launcher's store binds")
     ap.add_argument("--json", help="write one JSON object per measured point")
@@ -153,9 +157,9 @@ def main():
     args.tmp = tempfile.mkdtemp(prefix="ebbflow-elastic-bench-")
     n, ev = args.n, args.event_at
     res = {k: [] for k in ["steady", "scale_share", "scale_lost_ms", "scale_stall_max", "scale_done", "leave_stall_max",
-                           "kill_to_step", "restart_down", "restart_done", "steady_2n"]}
+                           "kill_to_step", "hang_to_step", "restart_down", "restart_done", "steady_2n"]}
     scen = set(args.scenarios.split(","))
-    unknown = scen - {"scaleout", "leave", "kill", "restart"}
+    unknown = scen - {"scaleout", "leave", "kill", "hang", "restart"}
     if unknown or "scaleout" not in scen:
         raise SystemExit(f"--scenarios: scaleout is always measured; unknown: {', '.join(sorted(unknown)) or '-'}")
     for rnd in range(args.rounds):
@@ -196,6 +200,11 @@ def main():
             t_kill = stamp(out, "killing worker")
             first = next(r for r in rows if r["t"] > t_kill and r["world"] == n - 1)
             res["kill_to_step"].append(first["t"] - t_kill)
+        if "hang" in scen:  # SIGSTOP: a hung worker, noticed by its lease alone
+            rows, out, _ = run_job(args, ["-n", str(n), "--stop", f"{ev}:{n - 1}:{args.hang_for}"], [], "hang")
+            t_stop = stamp(out, "stopping worker")
+            first = next(r for r in rows if r["t"] > t_stop and r["world"] == n - 1)
+            res["hang_to_step"].append(first["t"] - t_stop)
         if "restart" not in scen:
             print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
             continue
@@ -234,6 +243,8 @@ def main():
         print(f"{'graceful leave stall, worst member (ms)':48s} {med['leave_stall_max']:12.1f}")
     if "kill" in scen:
         print(f"{'SIGKILL -> first completed step (s)':48s} {med['kill_to_step']:12.3f}")
+    if "hang" in scen:
+        print(f"{'SIGSTOP -> first completed step (s)':48s} {med['hang_to_step']:12.3f}")
     if "restart" in scen:
         print(f"{'checkpoint-restart downtime (s)':48s} {med['restart_down']:12.2f}")
         print(f"{'ratio restart downtime / ebbflow scale-out stall':48s} {med['restart_down'] / (med['scale_stall_max'] / 1e3):11.1f}x")
