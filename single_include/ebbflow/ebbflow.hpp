@@ -3944,9 +3944,15 @@ class endpoint_pool {
   //! From now on, no endpoint open now is handed out again: the next
   //! `acquire` of each address opens a new one. The elastic group calls it
   //! when a generation failed; current users keep theirs until they release.
+  //! Their last user closes them by force, as a broken group's: what is
+  //! queued on them belongs to the aborted step, and a peer that hangs
+  //! (stopped, not dead) would never answer a flushing close.
   void retire() noexcept {
     std::lock_guard lk(mu_);
-    for (entry& x : entries_) x.shareable = false;
+    for (entry& x : entries_) {
+      x.shareable = false;
+      x.force = true;
+    }
   }
 
   //! How many endpoints a new user could share now (for tests and logs).
@@ -4672,6 +4678,10 @@ inline bool transport::poll_close() noexcept {
   ucp_worker_progress(st_->w->get());
   const bool late = steady_clock::now() >= st_->close_until;
   auto& c = st_->closing;
+  if (late && !c.empty())
+    EBBFLOW_LOG_WARN("ucx: " << c.size() << " endpoint close(s) of generation " << st_->generation
+                             << " not done after 1 s: cancelled (a peer that does not answer) [rank " << st_->rank
+                             << "]");
   for (std::size_t i = 0; i < c.size();) {
     if (ucp_request_check_status(c[i]) == UCS_INPROGRESS && !late) {
       ++i;

@@ -2,9 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # The equivalence property across two "hosts": workers in two network
 # namespaces joined by a veth pair (UCX over tcp only, no shared memory
-# between them), two joins, a graceful leave and a SIGKILL while training;
-# the parameters must equal a single-process run over the same global
-# batches. Needs root and `ip netns`; exits 77 (skipped) without them.
+# between them), two joins, a graceful leave, a SIGKILL and a hung
+# coordinator (SIGSTOP, then SIGCONT: it rejoins) while training; the
+# parameters must equal a single-process run over the same global batches. Needs root and `ip netns`; exits 77 (skipped) without them.
 # Usage: netns_equivalence.sh EBBFLOW_RUN ELASTIC_TRAIN
 set -euo pipefail
 run=$(realpath "$1") train=$(realpath "$2")
@@ -43,10 +43,10 @@ exec ip netns exec "\$ns" env UCX_TLS=tcp,self UCX_NET_DEVICES=all "\$@"
 WRAP
 chmod +x "$work/wrap"
 cd "$work"
-common=(--steps 600 --sample-us 150 --step-us 1500)
+common=(--steps 1000 --sample-us 150 --step-us 1500)
 # The launcher and its store live in the first namespace.
 if ! ip netns exec "$a" timeout 240 env EBBFLOW_LEASE_MS=500 "$run" --store "${net}1:0" -n 3 \
-  --add 0.5:2 --leave 1.0:1 --kill 1.5:2 --add 2.0 -- \
+  --add 0.5:2 --leave 1.0:1 --kill 1.5:2 --add 2.0 --stop 2.5:0:1.5 -- \
   "$work/wrap" "$train" "${common[@]}" --params-out elastic.bin >job.log 2>&1; then
   echo "FAIL: the elastic job failed"
   tail -40 job.log
@@ -54,13 +54,19 @@ if ! ip netns exec "$a" timeout 240 env EBBFLOW_LEASE_MS=500 "$run" --store "${n
 fi
 "$train" "${common[@]}" --reference --params-out ref.bin >ref.log 2>&1
 # Every event took place (a test whose events missed the job proves nothing).
-for what in "(join): 3 -> 5" "(leave): 5 -> 4" "(failure): 4 -> 3" "(join): 3 -> 4"; do
-  if ! grep -qF "world changed $what" job.log; then
-    echo "FAIL: no 'world changed $what' in the job's output"
+for what in "world changed (join): 3 -> 5" "world changed (leave): 5 -> 4" "world changed (failure): 4 -> 3" \
+  "world changed (join): 3 -> 4" "sent no heartbeat for EBBFLOW_LEASE_MS=500 ms" "left out of generation"; do
+  if ! grep -qF "$what" job.log; then
+    echo "FAIL: no '$what' in the job's output"
     grep -F "world changed" job.log | head -20
     exit 1
   fi
 done
+# Endpoints to the hung worker close by force: no close waits for it.
+if grep -F "endpoint close(s)" job.log; then
+  echo "FAIL: an endpoint close waited for a peer that does not answer"
+  exit 1
+fi
 python3 - <<'PY'
 import struct, sys
 a = open("elastic.bin", "rb").read()

@@ -133,9 +133,15 @@ class endpoint_pool {
   //! From now on, no endpoint open now is handed out again: the next
   //! `acquire` of each address opens a new one. The elastic group calls it
   //! when a generation failed; current users keep theirs until they release.
+  //! Their last user closes them by force, as a broken group's: what is
+  //! queued on them belongs to the aborted step, and a peer that hangs
+  //! (stopped, not dead) would never answer a flushing close.
   void retire() noexcept {
     std::lock_guard lk(mu_);
-    for (entry& x : entries_) x.shareable = false;
+    for (entry& x : entries_) {
+      x.shareable = false;
+      x.force = true;
+    }
   }
 
   //! How many endpoints a new user could share now (for tests and logs).

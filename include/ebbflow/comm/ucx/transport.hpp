@@ -481,6 +481,10 @@ inline bool transport::poll_close() noexcept {
   ucp_worker_progress(st_->w->get());
   const bool late = steady_clock::now() >= st_->close_until;
   auto& c = st_->closing;
+  if (late && !c.empty())
+    EBBFLOW_LOG_WARN("ucx: " << c.size() << " endpoint close(s) of generation " << st_->generation
+                             << " not done after 1 s: cancelled (a peer that does not answer) [rank " << st_->rank
+                             << "]");
   for (std::size_t i = 0; i < c.size();) {
     if (ucp_request_check_status(c[i]) == UCS_INPROGRESS && !late) {
       ++i;
