@@ -9,6 +9,8 @@
 #   bench/elastic/hosts_join.sh [build dir] [N] [RATE] [H] [train binary]
 #   e.g. bench/elastic/hosts_join.sh build/release 4 400mbit 20000
 set -euo pipefail
+# shellcheck source=scripts/netns.sh
+source "$(dirname "$0")/../../scripts/netns.sh"
 build=${1:-build/release}
 n=${2:-4}
 rate=${3:-400mbit}
@@ -28,23 +30,15 @@ ip link add "$br" type bridge
 ip addr add 10.233.0.254/24 dev "$br"
 ip link set "$br" up
 for ((i = 0; i < hosts; i++)); do
-  ns=ebbflow-h$i
-  ip netns add "$ns"
-  ip link add "ebbflow-hv$i" type veth peer name "ebbflow-hp$i"
-  ip link set "ebbflow-hv$i" netns "$ns"
+  netns_host "ebbflow-h$i" "ebbflow-hv$i" "ebbflow-hp$i" "10.233.0.$((i + 1))/24"
   ip link set "ebbflow-hp$i" master "$br" up
-  ip -n "$ns" addr add "10.233.0.$((i + 1))/24" dev "ebbflow-hv$i"
-  ip -n "$ns" link set lo up
-  ip -n "$ns" link set "ebbflow-hv$i" up
   # The host's link: RATE out (its veth) and RATE in (its bridge port).
-  ip netns exec "$ns" tc qdisc add dev "ebbflow-hv$i" root tbf rate "$rate" burst 256kb latency 50ms
+  ip netns exec "ebbflow-h$i" tc qdisc add dev "ebbflow-hv$i" root tbf rate "$rate" burst 256kb latency 50ms
   tc qdisc add dev "ebbflow-hp$i" root tbf rate "$rate" burst 256kb latency 50ms
 done
-cat >"$work/wrap" <<'WRAP'
-#!/usr/bin/env bash
-exec ip netns exec "ebbflow-h${EBBFLOW_WORKER_ID:-0}" env UCX_TLS=tcp,self UCX_NET_DEVICES=all "$@"
-WRAP
-chmod +x "$work/wrap"
+ns=()
+for ((i = 0; i < hosts; i++)); do ns+=("ebbflow-h$i"); done
+netns_wrapper "$work/wrap" "${ns[@]}"  # worker ID on host ID
 cd "$work"
 # The launcher and its store stay in this namespace, on the bridge.
 EBBFLOW_LOG=info timeout 600 "$OLDPWD/$run" --store 10.233.0.254:0 -n "$n" --elastic --add "3:$n" -- \

@@ -22,26 +22,15 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT INT TERM
+# shellcheck source=scripts/netns.sh
+source "$(dirname "$0")/../../scripts/netns.sh"
 if ! ip netns add "$a" 2>/dev/null; then
   echo "skipped: cannot create network namespaces here"
   exit 77
 fi
-ip netns add "$b"
-ip link add "$va" type veth peer name "$vb"
-ip link set "$va" netns "$a"
-ip link set "$vb" netns "$b"
-ip -n "$a" addr add "${net}1/24" dev "$va"
-ip -n "$b" addr add "${net}2/24" dev "$vb"
-for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
-ip -n "$a" link set "$va" up
-ip -n "$b" link set "$vb" up
-# Even worker ids in one namespace, odd in the other.
-cat >"$work/wrap" <<WRAP
-#!/usr/bin/env bash
-if (( \${EBBFLOW_WORKER_ID:-0} % 2 )); then ns=$b; else ns=$a; fi
-exec ip netns exec "\$ns" env UCX_TLS=tcp,self UCX_NET_DEVICES=all "\$@"
-WRAP
-chmod +x "$work/wrap"
+ip netns del "$a"
+netns_pair "$a" "$b" "$va" "$vb" "$net"
+netns_wrapper "$work/wrap" "$a" "$b"  # even worker ids in a, odd in b
 cd "$work"
 common=(--steps 1000 --sample-us 150 --step-us 1500)
 # The launcher and its store live in the first namespace.
