@@ -10594,6 +10594,11 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/elastic/group.hpp>  (inlined)
 
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <ctime>
 
 #include <cerrno>
 #include <charconv>
@@ -12197,18 +12202,42 @@ void group<Store, Net>::restore_position(std::int64_t step, std::int64_t epoch, 
 
 template <kv_store Store, network Net>
 void group<Store, Net>::fault_point(const char* point) {
-  // Fault injection for tests (EBBFLOW_FAULT=<point>): the first member of the
-  // job to reach the point dies there, as a crashed process would;
-  // with <point>*N, each of the first N to reach it.
+  // Fault injection for tests (EBBFLOW_FAULT=<point>[*N][:hang=MS]): the
+  // first member of the job to reach the point dies there, as a crashed
+  // process would; with *N, each of the first N to reach it; with :hang=MS,
+  // it hangs there instead (the whole process stopped for MS ms, as a
+  // SIGSTOPped one).
   static const std::optional<std::string> fault = env::get("EBBFLOW_FAULT");
   if (!fault) return;
-  const std::string_view f = *fault;
+  std::string_view f = *fault;
+  std::int64_t hang_ms = -1;
+  if (const auto colon = f.find(':'); colon != std::string_view::npos) {
+    const std::string_view mode = f.substr(colon + 1);
+    if (!mode.starts_with("hang="))
+      throw std::invalid_argument("EBBFLOW_FAULT='" + *fault + "': expected <point>[*N][:hang=MS]");
+    hang_ms = detail::parse_i64(std::string(mode.substr(5)));
+    f = f.substr(0, colon);
+  }
   const auto star = f.find('*');
   if (f.substr(0, star) != point) return;
   const std::int64_t times = star == std::string_view::npos ? 1 : detail::parse_i64(std::string(f.substr(star + 1)));
-  if (store_->add(key(std::string("fault/") + point), 1, store_deadline()) <= times) {
+  if (store_->add(key(std::string("fault/") + point), 1, store_deadline()) > times) return;
+  if (hang_ms < 0) {
     EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << " dies here");
     std::raise(SIGKILL);
+  }
+  EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << " hangs here for " << hang_ms << " ms");
+  // A child continues this process: fork() leaves it one thread, which
+  // calls only async-signal-safe functions.
+  const pid_t self = ::getpid();
+  if (const pid_t waker = ::fork(); waker == 0) {
+    const timespec t{static_cast<time_t>(hang_ms / 1000), static_cast<long>(hang_ms % 1000) * 1'000'000};
+    ::nanosleep(&t, nullptr);
+    ::kill(self, SIGCONT);
+    ::_exit(0);
+  } else if (waker > 0) {
+    ::kill(self, SIGSTOP);
+    ::waitpid(waker, nullptr, 0);
   }
 }
 

@@ -143,6 +143,31 @@ TEST_F(ElasticProcess, AStoppedWorkerIsDroppedWhenItsLeaseExpiresAndRejoins) {
   EXPECT_NE(out.find("world changed (join): 2 -> 3"), std::string::npos) << out;
 }
 
+// Hangs during the state transfer (Elastic Horovod's "hang during the state
+// broadcast"): the sender (the coordinator, which serves the first newcomer)
+// or the newcomer stops for 2.5 s in the middle of it. The others drop it
+// when its lease runs out, the state comes from another holder, and the hung
+// worker rejoins when it wakes. The operation deadline is 60 s.
+TEST_F(ElasticProcess, HangOfTheSenderDuringStateTransfer) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto out = train("-n 3 --add 0.5", "EBBFLOW_OP_TIMEOUT_MS=60000 EBBFLOW_FAULT=sync-send:hang=2500", 1000);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30)) << out;
+  EXPECT_NE(out.find("hangs here for 2500 ms"), std::string::npos) << out;
+  EXPECT_NE(out.find("sent no heartbeat for EBBFLOW_LEASE_MS=500 ms"), std::string::npos) << out;
+  EXPECT_NE(out.find("(failure)"), std::string::npos) << out;
+  EXPECT_NE(out.find("left out of generation"), std::string::npos) << out;
+}
+
+TEST_F(ElasticProcess, HangOfTheJoinerDuringStateTransfer) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto out = train("-n 3 --add 0.5", "EBBFLOW_OP_TIMEOUT_MS=60000 EBBFLOW_FAULT=sync-recv:hang=2500", 1000);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30)) << out;
+  EXPECT_NE(out.find("hangs here for 2500 ms"), std::string::npos) << out;
+  EXPECT_NE(out.find("sent no heartbeat for EBBFLOW_LEASE_MS=500 ms"), std::string::npos) << out;
+  EXPECT_NE(out.find("(failure)"), std::string::npos) << out;
+  EXPECT_NE(out.find("left out of generation"), std::string::npos) << out;
+}
+
 TEST_F(ElasticProcess, KillOfTheSenderDuringStateTransfer) {
   const auto out = train("-n 3 --add 0.5", "EBBFLOW_FAULT=sync-send");
   EXPECT_NE(out.find("EBBFLOW_FAULT=sync-send"), std::string::npos) << out;
