@@ -10394,6 +10394,10 @@ class group {
   std::string key(const std::string& k) const { return opts_.prefix + "/" + k; }
   // The store key of generation g's record.
   std::string gen_key(std::int64_t g) const { return key("gen/" + std::to_string(g)); }
+  // The store key that marks member m dead in generation g (a recovery leaves it out).
+  std::string dead_key(std::int64_t g, member_id m) const {
+    return key("dead/" + std::to_string(g) + "/" + std::to_string(m));
+  }
   // Whether the job was marked finished (`finish`).
   bool job_done() { return store_->try_get(key("done"), store_deadline()).has_value(); }
   deadline store_deadline() const { return deadline::after(opts_.store_timeout); }
@@ -10931,7 +10935,7 @@ void group<Store, Net>::check_leases(Store& st, std::int64_t g, const std::vecto
     EBBFLOW_LOG_WARN("member " << ids[i] << " sent no heartbeat for EBBFLOW_LEASE_MS="
                                << std::chrono::duration_cast<std::chrono::milliseconds>(opts_.lease).count()
                                << " ms: aborting generation " << g << " without it");
-    st.set(key("dead/" + gs + "/" + std::to_string(ids[i])), "1", store_deadline());
+    st.set(dead_key(g, ids[i]), "1", store_deadline());
     st.set(key("abort/" + gs), "1", store_deadline());
     w.aborted = g;
     std::lock_guard lk(hb_mutex_);
@@ -12053,8 +12057,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
     const std::string gs = std::to_string(g);
     store_->set(key("abort/" + gs), "1", store_deadline());
     if (lost_peer >= 0 && lost_peer < size() && gen_.generation == g)
-      store_->set(key("dead/" + gs + "/" + std::to_string(gen_.members[static_cast<std::size_t>(lost_peer)].id)), "1",
-                  store_deadline());
+      store_->set(dead_key(g, gen_.members[static_cast<std::size_t>(lost_peer)].id), "1", store_deadline());
     store_->set(key("recover/" + gs + "/" + std::to_string(id_)), std::to_string(step_), store_deadline());
     EBBFLOW_LOG_WARN("generation " << g << " failed at step " << step_ << ": re-forming the group");
 
@@ -12080,7 +12083,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
         }
         if (auto c = store_->try_get(key("recover/" + gs + "/" + ms), store_deadline())) {
           alive.push_back({m.id, detail::parse_i64(*c)});
-        } else if (store_->try_get(key("dead/" + gs + "/" + ms), store_deadline())) {
+        } else if (store_->try_get(dead_key(g, m.id), store_deadline())) {
           // reported lost by a peer's transport
         } else if (fresh(*store_, m.id, hb_seen) && !unresolved_deadline.expired()) {
           undecided = true;

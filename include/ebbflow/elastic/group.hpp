@@ -437,6 +437,10 @@ class group {
   std::string key(const std::string& k) const { return opts_.prefix + "/" + k; }
   // The store key of generation g's record.
   std::string gen_key(std::int64_t g) const { return key("gen/" + std::to_string(g)); }
+  // The store key that marks member m dead in generation g (a recovery leaves it out).
+  std::string dead_key(std::int64_t g, member_id m) const {
+    return key("dead/" + std::to_string(g) + "/" + std::to_string(m));
+  }
   // Whether the job was marked finished (`finish`).
   bool job_done() { return store_->try_get(key("done"), store_deadline()).has_value(); }
   deadline store_deadline() const { return deadline::after(opts_.store_timeout); }
