@@ -73,7 +73,9 @@ if(EBBFLOW_ENABLE_CUDA AND CUDAToolkit_FOUND)
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
-    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND EBBFLOW_MASTER_PROJECT)
+    # 80 and 90 unless chosen (-DCMAKE_CUDA_ARCHITECTURES, or CMake's CUDAARCHS
+    # environment variable, which enable_language reads).
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS} AND EBBFLOW_MASTER_PROJECT)
       set(CMAKE_CUDA_ARCHITECTURES 80 90)
     endif()
     enable_language(CUDA)

@@ -4,7 +4,8 @@
 # the committed generated headers are fresh, and `conan create` with its
 # test_package passes, with Conan from PyPI in a venv (kept in build/ and
 # reused) and a throw-away CONAN_HOME with a detected profile. No ConanCenter:
-# the recipe uses the system's libraries, so --no-remote.
+# the recipe uses the system's libraries, so --no-remote. build_type=Debug: the
+# test_package programs compile unoptimised (they prove the packaging, not speed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 start=$(date +%s)
@@ -26,6 +27,6 @@ trap 'rm -rf "$CONAN_HOME"' EXIT
 for opts in "" "-o &:ucx=True -o &:asio=False"; do
   echo "== conan create . ${opts:-(default options)}"
   # shellcheck disable=SC2086
-  timeout 600 "$conan" create . --build=missing --no-remote -s compiler.cppstd=20 $opts
+  timeout 600 "$conan" create . --build=missing --no-remote -s compiler.cppstd=20 -s build_type=Debug $opts
 done
 echo "== packaging step took $(( $(date +%s) - start )) s"
