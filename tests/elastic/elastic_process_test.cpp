@@ -264,10 +264,13 @@ TEST_F(ElasticProcess, AJoinerThatKeepsFailingIsHeldBackByTheGroup) {
 // worker 0 is 4 times slower in 3 steps of every 10, the others take over
 // its tails, and a join, a SIGKILL and a leave happen meanwhile; every
 // sample is still processed exactly once (the parameters equal the
-// reference).
+// reference). A newcomer still starting when the kill lands is admitted by
+// the recovery instead ("generation 1 (join) was decided before generation 0
+// failed"; seen under ASan): either way worker 3 must take part.
 TEST_F(ElasticProcess, WorkStealingAcrossAJoinAKillAndALeave) {
-  const auto out = train("-n 3 --add 0.3 --kill 0.6:1 --leave 0.9:2", "", 400, "--steal --straggle 0:0:3:4:10");
-  EXPECT_GE(count(out, "world changed (join)"), 1) << out;
+  const auto out = train("-n 3 --add 0.3 --kill 1.0:1 --leave 1.4:2", "", 400, "--steal --straggle 0:0:3:4:10");
+  EXPECT_GE(count(out, "[worker 3] world changed (join)") + count(out, "[worker 3] world changed (failure)"), 1)
+      << out;
   EXPECT_GE(count(out, "world changed (failure)"), 1) << out;
   EXPECT_GE(count(out, "world changed (leave)"), 1) << out;
   long long stolen = 0;
