@@ -544,11 +544,6 @@ INSTANTIATE_TEST_SUITE_P(Ranks, UcxLarge, ::testing::Values(2, 3));
 // under the sanitizers 2-5 ranks, about 14 min) is the separate ctest entry
 // ucx_collectives_slow, labelled `slow` (ctest --preset slow; not in CI).
 // The 1 MiB + 3 matrix above already runs every collective on 2-5 ranks.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define EBBFLOW_UCX_TEST_SANITIZED 1
-#else
-#define EBBFLOW_UCX_TEST_SANITIZED 0
-#endif
 class UcxLargeAll : public ::testing::TestWithParam<int> {};
 TEST_P(UcxLargeAll, SixtyFourMiBEveryCollectiveDtypeOp) {
   const int n = GetParam();
@@ -559,7 +554,7 @@ TEST_P(UcxLargeAllSlow, SixtyFourMiBEveryCollectiveDtypeOp) {
   const int n = GetParam();
   expect_group_ok(n, {"large-all"}, 600s);
 }
-#if EBBFLOW_UCX_TEST_SANITIZED
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(UcxLargeAll);
 INSTANTIATE_TEST_SUITE_P(Ranks, UcxLargeAllSlow, ::testing::Values(2, 3, 4, 5));
 #else

@@ -269,8 +269,7 @@ TEST_F(ElasticProcess, AJoinerThatKeepsFailingIsHeldBackByTheGroup) {
 // failed"; seen under ASan): either way worker 3 must take part.
 TEST_F(ElasticProcess, WorkStealingAcrossAJoinAKillAndALeave) {
   const auto out = train("-n 3 --add 0.3 --kill 1.0:1 --leave 1.4:2", "", 400, "--steal --straggle 0:0:3:4:10");
-  EXPECT_GE(count(out, "[worker 3] world changed (join)") + count(out, "[worker 3] world changed (failure)"), 1)
-      << out;
+  EXPECT_GE(count(out, "[worker 3] world changed (join)") + count(out, "[worker 3] world changed (failure)"), 1) << out;
   EXPECT_GE(count(out, "world changed (failure)"), 1) << out;
   EXPECT_GE(count(out, "world changed (leave)"), 1) << out;
   long long stolen = 0;
