@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ef = ebbflow;
@@ -30,6 +31,25 @@ namespace el = ebbflow::elastic;
 using namespace std::chrono_literals;
 
 namespace {
+
+// Actions due at a time (seconds since the job started): SIGCONT for a
+// worker stopped by --stop, a restart after its cool-down.
+template <class T>
+struct due_list {
+  std::vector<std::pair<double, T>> items;
+  void add(double at, T v) { items.emplace_back(at, std::move(v)); }
+  // Calls f(v) for each item due by now, in the order added, and drops it.
+  template <class F>
+  void take_due(double now, F&& f) {
+    std::vector<T> due;
+    std::erase_if(items, [&](auto& it) {
+      if (now < it.first) return false;
+      due.push_back(std::move(it.second));
+      return true;
+    });
+    for (auto& v : due) f(v);
+  }
+};
 
 constexpr const char* usage_text =
     "usage: ebbflow-run -n N [options] -- program [args...]\n"
@@ -379,13 +399,9 @@ int main(int argc, char** argv) {
   const auto started = ef::steady_clock::now();
   auto since_start = [&] { return std::chrono::duration<double>(ef::steady_clock::now() - started).count(); };
   std::vector<bool> event_done(opt.events.size(), false);
-  std::vector<std::pair<double, int>> stopped;  // (since_start() to SIGCONT at, worker) of --stop
+  due_list<int> stopped;           // workers stopped by --stop, by when to SIGCONT them
+  due_list<int> pending_restarts;  // worker slots to restart after their cool-down
   int restarts_left = opt.restarts;
-  struct pending_restart {
-    double at;  // since_start()
-    int slot;
-  };
-  std::vector<pending_restart> pending_restarts;
   int finished_ok = 0;
   double next_discovery = opt.discovery.empty() ? 1e300 : 0;
   auto add_workers = [&](int k, int slot = -1) {
@@ -414,8 +430,8 @@ int main(int argc, char** argv) {
   bool timed_out = false;
   auto stop_all = [&](int sig) {
     group.signal_all(sig);
-    for (auto& [at, id] : stopped) group.signal(id, SIGCONT);  // a stopped worker cannot act on sig
-    stopped.clear();
+    for (auto& [at, id] : stopped.items) group.signal(id, SIGCONT);  // a stopped worker cannot act on sig
+    stopped.items.clear();
     if (!kill_deadline) kill_deadline = ef::deadline::after(std::chrono::duration<double>(opt.kill_after_s));
   };
 
@@ -450,7 +466,7 @@ int main(int argc, char** argv) {
             say("worker slot " + std::to_string(slot) + " failed " + std::to_string(n) +
                 " times in a row: restarting it as a joiner in " + w + " s (--restart-cooldown; " +
                 std::to_string(restarts_left) + " restarts left)");
-            pending_restarts.push_back(pending_restart{since_start() + wait, slot});
+            pending_restarts.add(since_start() + wait, slot);
           } else {
             say("restarting it as a joiner (" + std::to_string(restarts_left) + " restarts left)");
             add_workers(1, slot);
@@ -486,24 +502,14 @@ int main(int argc, char** argv) {
     }
     if (opt.elastic && !kill_deadline) {
       const double now = since_start();
-      for (std::size_t k = 0; k < pending_restarts.size();) {
-        if (now < pending_restarts[k].at) {
-          ++k;
-          continue;
-        }
-        say("cool-down over: restarting slot " + std::to_string(pending_restarts[k].slot) + " as a joiner" + stamp());
-        add_workers(1, pending_restarts[k].slot);
-        pending_restarts.erase(pending_restarts.begin() + static_cast<std::ptrdiff_t>(k));
-      }
-      for (std::size_t k = 0; k < stopped.size();) {
-        if (now < stopped[k].first) {
-          ++k;
-          continue;
-        }
-        say("continuing worker " + std::to_string(stopped[k].second) + " (SIGCONT)" + stamp());
-        group.signal(stopped[k].second, SIGCONT);
-        stopped.erase(stopped.begin() + static_cast<std::ptrdiff_t>(k));
-      }
+      pending_restarts.take_due(now, [&](int slot) {
+        say("cool-down over: restarting slot " + std::to_string(slot) + " as a joiner" + stamp());
+        add_workers(1, slot);
+      });
+      stopped.take_due(now, [&](int id) {
+        say("continuing worker " + std::to_string(id) + " (SIGCONT)" + stamp());
+        group.signal(id, SIGCONT);
+      });
       for (std::size_t k = 0; k < opt.events.size(); ++k) {
         if (event_done[k] || now < opt.events[k].at) continue;
         event_done[k] = true;
@@ -515,7 +521,7 @@ int main(int argc, char** argv) {
           std::snprintf(f, sizeof f, "%.3g", ev.for_s);
           say("stopping worker " + std::to_string(ev.arg) + " (SIGSTOP) for " + f + " s" + stamp());
           if (group.signal(ev.arg, SIGSTOP))
-            stopped.emplace_back(now + ev.for_s, ev.arg);
+            stopped.add(now + ev.for_s, ev.arg);
           else
             say("worker " + std::to_string(ev.arg) + " is not running");
         } else if (ev.what == options::event::kill) {
@@ -556,8 +562,8 @@ int main(int argc, char** argv) {
       kill_deadline = ef::deadline::after(1h);  // SIGKILL cannot be ignored: poll() reaps them
     }
   }
-  if (!pending_restarts.empty())
-    say(std::to_string(pending_restarts.size()) + " restart(s) in cool-down not done: no worker left to join");
+  if (!pending_restarts.items.empty())
+    say(std::to_string(pending_restarts.items.size()) + " restart(s) in cool-down not done: no worker left to join");
   server.reset();
 
   if (opt.elastic && !timed_out && !interrupted_by) {
