@@ -71,12 +71,19 @@ struct Shape {
   std::size_t n;
 };
 class AllreduceTest : public ::testing::TestWithParam<Shape> {};
-INSTANTIATE_TEST_SUITE_P(RanksAndSizes, AllreduceTest,
-                         ::testing::Values(Shape{2, 1}, Shape{2, 300}, Shape{3, 10007}, Shape{4, 257}, Shape{4, 65537},
-                                           Shape{5, 4099}, Shape{5, 3}),
-                         [](const auto& i) {
-                           return "p" + std::to_string(i.param.ranks) + "_n" + std::to_string(i.param.n);
-                         });
+// Under ThreadSanitizer the 65,537-element shape (three quarters of the
+// test's time there) adds arithmetic, not interleavings: every other shape
+// still runs on 2-5 ranks, and the release and ASan builds run it too.
+static std::vector<Shape> shapes() {
+  std::vector<Shape> s{{2, 1}, {2, 300}, {3, 10007}, {4, 257}, {5, 4099}, {5, 3}};
+#if !defined(__SANITIZE_THREAD__)
+  s.push_back({4, 65537});
+#endif
+  return s;
+}
+INSTANTIATE_TEST_SUITE_P(RanksAndSizes, AllreduceTest, ::testing::ValuesIn(shapes()), [](const auto& i) {
+  return "p" + std::to_string(i.param.ranks) + "_n" + std::to_string(i.param.n);
+});
 
 template <class Codec>
 void check_cast(int p, std::size_t n) {
