@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Bounded libFuzzer run of the store's wire decoder (clang 14 + libclang-rt-14-dev,
-# installed by scripts/deps.sh test). EBBFLOW_FUZZ_SECONDS overrides the 30 s budget,
-# spent by one fuzzing process per core (-fork): on two cores that runs about
-# as many inputs as one process did in 60 s (measured: forked, 680 k inputs in
-# 14 s, as fork mode finishes its last jobs; one process, 252 k in 10 s). New interesting inputs go to build/fuzz/work;
-# the committed seeds stay read-only.
+# installed by scripts/deps.sh test). EBBFLOW_FUZZ_SECONDS overrides the 30 s
+# budget, spent by one fuzzing process per core (-fork): on two cores that runs
+# about as many inputs as one process did in 60 s (measured: forked, 680 k
+# inputs in 14 s, as fork mode finishes its last jobs; one process, 252 k in
+# 10 s). New interesting inputs go to build/fuzz/work; the committed seeds stay
+# read-only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs=${EBBFLOW_FUZZ_SECONDS:-30}

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -430,8 +431,8 @@ int main(int argc, char** argv) {
   bool timed_out = false;
   auto stop_all = [&](int sig) {
     group.signal_all(sig);
-    for (auto& [at, id] : stopped.items) group.signal(id, SIGCONT);  // a stopped worker cannot act on sig
-    stopped.items.clear();
+    // A stopped worker cannot act on sig: continue every one now.
+    stopped.take_due(std::numeric_limits<double>::infinity(), [&](int id) { group.signal(id, SIGCONT); });
     if (!kill_deadline) kill_deadline = ef::deadline::after(std::chrono::duration<double>(opt.kill_after_s));
   };
 
