@@ -18,9 +18,15 @@
 namespace ebbflow_test {
 namespace ef = ebbflow;
 
+//! Every input repeats with this period in the element index (11 for the
+//! sums, 6 for the products), so the checks below compute one period of the
+//! reference and walk it: 64 MiB buffers are checked at memory speed.
+inline constexpr std::size_t period = 66;
+
 //! Input element i of rank r for reduce op `op` (sum data also serves
 //! allgather/broadcast). Values keep every reduction exact in every dtype.
 inline double input_value(ef::reduce_op op, ef::dtype t, int r, std::size_t i) {
+  i %= period;  // the same values as without it: 66 is a multiple of 11, 3 and 2
   const bool unsigned_type = t == ef::dtype::u8;
   if (op == ef::reduce_op::prod) {
     if ((i + static_cast<std::size_t>(r)) % 3 == 0) return 2;
@@ -74,12 +80,32 @@ T expected(ef::reduce_op op, int n, std::size_t i) {
     return to_elem<T>(static_cast<float>(acc) / static_cast<float>(n));
 }
 
+namespace detail {
+//! Calls f(q[i], pattern[(first_index + i) % period]) for i in [0, count),
+//! where pattern[j] = make(j); returns how many calls returned true.
+template <class T, class Ptr, class Make, class F>
+std::size_t walk_periodic(Ptr* q, std::size_t count, std::size_t first_index, Make make, F f) {
+  T pattern[period];
+  for (std::size_t j = 0; j < period; ++j) pattern[j] = make(j);
+  std::size_t hits = 0, j = first_index % period;
+  for (std::size_t i = 0; i < count; ++i) {
+    hits += f(q[i], pattern[j]);
+    if (++j == period) j = 0;
+  }
+  return hits;
+}
+}  // namespace detail
+
 //! Fills `count` elements of type `t` at `p` with rank r's input.
 inline void fill(ef::dtype t, ef::reduce_op op, int r, void* p, std::size_t count, std::size_t first_index = 0) {
   ef::visit_dtype(t, [&](auto z) {
     using T = decltype(z);
-    auto* q = static_cast<T*>(p);
-    for (std::size_t i = 0; i < count; ++i) q[i] = to_elem<T>(input_value(op, t, r, first_index + i));
+    detail::walk_periodic<T>(
+        static_cast<T*>(p), count, first_index, [&](std::size_t j) { return to_elem<T>(input_value(op, t, r, j)); },
+        [](T& dst, T v) {
+          dst = v;
+          return false;
+        });
   });
 }
 
@@ -90,8 +116,9 @@ inline std::size_t wrong_reduced(ef::dtype t, ef::reduce_op op, int n, const voi
   std::size_t wrong = 0;
   ef::visit_dtype(t, [&](auto z) {
     using T = decltype(z);
-    auto* q = static_cast<const T*>(p);
-    for (std::size_t i = 0; i < count; ++i) wrong += !same_bits(q[i], expected<T>(op, n, first_index + i));
+    wrong = detail::walk_periodic<T>(
+        static_cast<const T*>(p), count, first_index, [&](std::size_t j) { return expected<T>(op, n, j); },
+        [](T got, T want) { return !same_bits(got, want); });
   });
   return wrong;
 }
@@ -102,9 +129,10 @@ inline std::size_t wrong_input(ef::dtype t, ef::reduce_op op, int r, const void*
   std::size_t wrong = 0;
   ef::visit_dtype(t, [&](auto z) {
     using T = decltype(z);
-    auto* q = static_cast<const T*>(p);
-    for (std::size_t i = 0; i < count; ++i)
-      wrong += !same_bits(q[i], to_elem<T>(input_value(op, t, r, first_index + i)));
+    wrong = detail::walk_periodic<T>(
+        static_cast<const T*>(p), count, first_index,
+        [&](std::size_t j) { return to_elem<T>(input_value(op, t, r, j)); },
+        [](T got, T want) { return !same_bits(got, want); });
   });
   return wrong;
 }
