@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # ebbflow_add_test(<name> SOURCES ... [LIBS ...] [LABELS ...] [TIMEOUT s] [ARGS ...]
-#                  [NO_GTEST] [RUN_SERIAL])
+#                  [NO_GTEST] [RUN_SERIAL] [SHARDS n])
 # Builds a test executable and registers it with CTest. Every test gets a
-# timeout (default 120 s) so that no test can hang CI.
+# timeout (default 120 s) so that no test can hang CI. SHARDS n (n > 1) runs
+# the GoogleTest cases as n shards at once (tests/run_shards.sh), for cases
+# that mostly wait on other processes; one CTest test still covers them all.
 function(ebbflow_add_test name)
-  cmake_parse_arguments(T "NO_GTEST;RUN_SERIAL" "TIMEOUT" "SOURCES;LIBS;LABELS;ARGS" ${ARGN})
+  cmake_parse_arguments(T "NO_GTEST;RUN_SERIAL" "TIMEOUT;SHARDS" "SOURCES;LIBS;LABELS;ARGS" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
   endif()
@@ -14,7 +16,12 @@ function(ebbflow_add_test name)
     target_link_libraries(${name} PRIVATE GTest::gtest GTest::gtest_main)
   endif()
   target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic>)
-  add_test(NAME ${name} COMMAND ${name} ${T_ARGS})
+  if(T_SHARDS AND T_SHARDS GREATER 1)
+    add_test(NAME ${name} COMMAND bash ${PROJECT_SOURCE_DIR}/tests/run_shards.sh ${T_SHARDS} $<TARGET_FILE:${name}>
+                                  ${T_ARGS})
+  else()
+    add_test(NAME ${name} COMMAND ${name} ${T_ARGS})
+  endif()
   set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
   # Only GPU tests report "skipped" (no device here). Elsewhere a skip regex
   # would mark the whole binary skipped, hiding failures of its other cases.
