@@ -35,7 +35,7 @@ class EbbflowTestPackage(ConanFile):
             return
         programs = load(self, os.path.join(self.build_folder, "consumer-programs.txt")).split()
         names = {os.path.basename(p) for p in programs}
-        want = {"consumer_core", "consumer_plan"}
+        want = {"consumer_core"}
         dep = self.dependencies["ebbflow"]
         if dep.options.asio:
             want.add("consumer_asio")

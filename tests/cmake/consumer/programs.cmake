@@ -3,8 +3,8 @@
 # listed in <build>/consumer-programs.txt and expects exit code 0.
 #   ebbflow_consumer_programs(CORE <libs> [ASIO <libs>] [UCX <libs>] [DEFINES <defs>] [SET_STANDARD])
 # CORE: what a program using only the core links (ebbflow::ebbflow, or nothing
-# but the single header); consumer_core and consumer_plan (the batch planner,
-# no optional dependency) link it. ASIO / UCX: what a program using the asio /
+# but the single header); consumer_core (the core and the batch planner, which
+# needs no optional dependency) links it. ASIO / UCX: what a program using the asio /
 # ucx component links (consumer_asio; consumer_ucx, a two-process allreduce
 # over UCX); each is built only when given.
 function(ebbflow_consumer_programs)
@@ -12,9 +12,7 @@ function(ebbflow_consumer_programs)
   set(dir ${CMAKE_CURRENT_FUNCTION_LIST_DIR})
   add_executable(consumer_core ${dir}/core_main.cpp)
   target_link_libraries(consumer_core PRIVATE ${C_CORE})
-  add_executable(consumer_plan ${dir}/plan_main.cpp)
-  target_link_libraries(consumer_plan PRIVATE ${C_CORE})
-  set(programs consumer_core consumer_plan)
+  set(programs consumer_core)
   if(C_ASIO)  # only the Conan test_package built without its asio option omits it
     add_executable(consumer_asio ${dir}/asio_main.cpp)
     target_link_libraries(consumer_asio PRIVATE ${C_ASIO})
