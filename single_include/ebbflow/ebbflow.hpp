@@ -12065,7 +12065,8 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
     std::set<member_id> failures_counted;  // lost members of g whose join failure this member applied
     lease_seen hb_seen;
     const auto unresolved_deadline = deadline::after(opts_.op_timeout);
-    bool waiting_logged = false;
+    const auto recovery_started = steady_clock::now();
+    bool waiting_logged = false, stuck_logged = false;
     std::optional<detail::generation_record> next;
     while (!next) {
       if (auto cur = store_->try_get(next_key, store_deadline())) {
@@ -12074,6 +12075,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
       }
       // Who of g is alive (reported), dead (reported lost or lease expired), or undecided?
       std::vector<detail::member_entry> alive;
+      std::string undecided_ids;  // alive by their heartbeat, not yet in the recovery
       bool undecided = false;
       for (auto& m : gen_.members) {
         const std::string ms = std::to_string(m.id);
@@ -12087,7 +12089,20 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
           // reported lost by a peer's transport
         } else if (fresh(*store_, m.id, hb_seen) && !unresolved_deadline.expired()) {
           undecided = true;
+          undecided_ids += (undecided_ids.empty() ? "" : ", ") + ms;
         }
+      }
+      // A member whose heartbeat goes on but whose training thread does not
+      // come (stuck outside ebbflow: a data loader, a lock) is waited for
+      // until the operation deadline, then left out; say so once.
+      if (undecided && !stuck_logged && steady_clock::now() - recovery_started > opts_.lease) {
+        EBBFLOW_LOG_WARN(
+            "generation " << g << " failed; member(s) " << undecided_ids
+                          << " still send heartbeats but have not reached the recovery (a training "
+                             "thread stuck outside ebbflow?): waiting for them at most EBBFLOW_OP_TIMEOUT_MS="
+                          << std::chrono::duration_cast<std::chrono::milliseconds>(opts_.op_timeout).count()
+                          << " ms, then going on without them");
+        stuck_logged = true;
       }
       if (!undecided) {
         count_join_failures(alive, failures_counted);  // before the tickets are read: a restarted newcomer's sees it

@@ -143,6 +143,9 @@ struct scenario {
   // (launch rank, step, how long): the member hangs before that step's
   // allreduce, its heartbeat silent too (a stopped process), then goes on.
   std::vector<std::tuple<int, std::int64_t, std::chrono::milliseconds>> hangs;
+  // (launch rank, step, how long): the training thread stops before that
+  // step's allreduce while the heartbeat goes on (a stuck data loader).
+  std::vector<std::tuple<int, std::int64_t, std::chrono::milliseconds>> stalls;
   std::vector<std::int64_t> joins;  // steps (seen by rank 0) at which a newcomer starts
   int min_size = 1;
   bool run_on_while_changing = true;  // the loop also runs while g.changing()
@@ -281,6 +284,9 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
           std::this_thread::sleep_for(how_long);
           frozen->store(false);
         }
+      for (auto [r, ss, how_long] : sc.stalls)
+        if (!join && r == launch_rank && s.step == ss && hung.insert(-ss - 1).second)
+          std::this_thread::sleep_for(how_long);
       if (sc.step_time.count()) std::this_thread::sleep_for(sc.step_time);
       if (!g.allreduce(grad)) continue;
       for (std::size_t k = 0; k < w.size(); ++k) w[k] -= lr * grad[k];
@@ -428,6 +434,36 @@ TEST(ElasticGroup, AHungMemberIsDroppedWhenItsLeaseExpiresAndRejoins) {
     // it slept (its 900 ms are 45 of their 20 ms steps).
     EXPECT_GE(out.history0[2].step, out.history0[1].step + 10) << "hung member " << hung;
   }
+}
+
+// A member whose training thread is stuck outside ebbflow (a deadlocked data
+// loader) while its heartbeat thread goes on: no lease expires, so the others
+// wait for it until the operation deadline, once in the allreduce and once in
+// the recovery, then go on without it; it rejoins when it gets unstuck.
+// Nothing hangs, and the result equals the single-process run.
+TEST(ElasticGroup, AMemberWithAStuckTrainingThreadIsDroppedAtTheOperationDeadline) {
+  scenario sc;
+  sc.steps = 150;
+  sc.step_time = 20ms;
+  sc.stalls = {{1, 6, 1500ms}};
+  sc.op_timeout = 500ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  ::testing::internal::CaptureStderr();
+  auto out_p = run(sc);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  auto& out = *out_p;
+  // The others say whom they wait for and why.
+  EXPECT_NE(log.find("still send heartbeats but have not reached the recovery"), std::string::npos) << log;
+  expect_equal_to_reference(sc, out, 3);
+  std::vector<std::tuple<el::change_reason, int, int>> changes;
+  for (auto& c : out.history0) changes.emplace_back(c.reason, c.old_size, c.new_size);
+  ASSERT_GE(changes.size(), 3u);
+  EXPECT_EQ(changes[1], std::make_tuple(el::change_reason::failure, 3, 2));
+  EXPECT_EQ(changes[2], std::make_tuple(el::change_reason::join, 2, 3));
+  // The others went on before the stuck member woke: it was dropped about
+  // 1 s (two deadlines) into its 1.5 s, and the rest are 25 steps of 20 ms.
+  EXPECT_GE(out.history0[2].step, out.history0[1].step + 10);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
 }
 
 TEST(ElasticGroup, TwoFailuresAtOnceThenJoinAndLeave) {
