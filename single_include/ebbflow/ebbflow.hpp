@@ -7851,6 +7851,9 @@ EBBFLOW_END_NAMESPACE
 //!   doubles per member): each member's batch and compute time (so every
 //!   member's planning policy sees the same history), leave requests, and the
 //!   coordinator's (rank 0's) decisions: a new plan, or admitted joiners.
+//! * Start: launch rank 0 writes generation 0 once every launched worker
+//!   registered, or after `initial_wait` with those registered if at least
+//!   `min_size`; a launched worker that comes later joins as a newcomer.
 //! * Join: a newcomer registers its transport address and a join ticket and
 //!   waits, while the others keep training. The coordinator admits it at a step
 //!   boundary by writing generation g+1; everyone switches there and the
@@ -10090,6 +10093,7 @@ struct group_options {
   std::chrono::milliseconds join_timeout{
       120'000};  //!< EBBFLOW_JOIN_TIMEOUT_MS: waiting to be admitted / initial formation
   std::chrono::milliseconds min_size_wait{600'000};  //!< EBBFLOW_MIN_WAIT_MS: waiting below min_size before giving up
+  std::chrono::milliseconds initial_wait{30000};     //!< EBBFLOW_INITIAL_WAIT_MS: waiting for all launched workers
   std::chrono::milliseconds store_timeout{10'000};   //!< deadline of each store call
   //! EBBFLOW_ADMIT_DELAY_MS: join tickets are admitted once no new one
   //! appeared for this long (at most 10× this after the oldest), so
@@ -10130,6 +10134,7 @@ struct group_options {
     o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
     o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
+    o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, 24LL * 3'600'000);
     o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
     o.preconnect = env::get_bool("EBBFLOW_PRECONNECT", o.preconnect);
     if (auto c = env::get("EBBFLOW_JOIN_COOLDOWN")) {
@@ -10952,22 +10957,46 @@ void group<Store, Net>::form_initial() {
   if (launch_.rank == 0) {
     std::vector<std::string> keys;
     for (int r = 0; r < launch_.world_size; ++r) keys.push_back(key("init/" + std::to_string(r)));
-    try {
-      store_->wait(keys, deadline::after(opts_.join_timeout));
-    } catch (const system_error& e) {
-      fail(e.code(), "only some of the " + std::to_string(launch_.world_size) +
-                         " initial workers registered within EBBFLOW_JOIN_TIMEOUT_MS");
+    // Every launched worker, for up to initial_wait; then those registered,
+    // if at least min_size (a worker that died while starting must not stop
+    // the job), waiting on for min_size of them until join_timeout.
+    const auto overall = deadline::after(opts_.join_timeout);
+    const auto all_by = std::min(deadline::after(opts_.initial_wait).at(), overall.at());
+    std::vector<std::optional<std::string>> got;
+    for (bool first = true;; first = false) {
+      try {
+        store_->wait(keys, first ? deadline(all_by) : deadline::after(std::chrono::milliseconds(100)));
+      } catch (const system_error& e) {
+        if (e.code() != errc::timeout) throw;
+      }
+      got = detail::try_get_all(*store_, keys, store_deadline());
+      const auto present = std::count_if(got.begin(), got.end(), [](auto& v) { return v.has_value(); });
+      if (present == launch_.world_size || present >= opts_.min_size) break;
+      if (overall.expired())
+        fail(error::timeout, "only " + std::to_string(present) + " of the " + std::to_string(launch_.world_size) +
+                                 " initial workers registered within EBBFLOW_JOIN_TIMEOUT_MS, fewer than "
+                                 "EBBFLOW_MIN_SIZE=" +
+                                 std::to_string(opts_.min_size));
     }
     detail::generation_record rec;
     rec.generation = 0;
     rec.reason = change_reason::initial;
     std::vector<member_id> ids;
+    std::string missing;
     for (int r = 0; r < launch_.world_size; ++r) {
-      auto v = store_->try_get(keys[static_cast<std::size_t>(r)], store_deadline());
+      const auto& v = got[static_cast<std::size_t>(r)];
+      if (!v) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        continue;
+      }
       const member_id m = detail::parse_i64(*v);
       rec.members.push_back({m, r == 0 ? 0 : -1});
       ids.push_back(m);
     }
+    if (!missing.empty())
+      EBBFLOW_LOG_WARN("initial worker(s) " << missing << " did not register within EBBFLOW_INITIAL_WAIT_MS="
+                                            << opts_.initial_wait.count() << " ms: starting with " << ids.size()
+                                            << " of " << launch_.world_size << "; a late one joins as a newcomer");
     rec.source = id_;
     rec.source_step = 0;
     auto p = policy_->plan(ids, opts_.global_batch);
@@ -10983,7 +11012,14 @@ void group<Store, Net>::form_initial() {
       fail(e.code(), "the initial generation was not formed within EBBFLOW_JOIN_TIMEOUT_MS (is rank 0 running?)");
     }
   }
-  adopt_or_recover(detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline()))), started);
+  auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline())));
+  if (rec.rank_of(id_) < 0) {  // registered after the initial generation was formed without it
+    EBBFLOW_LOG_WARN("the initial generation was formed without launch rank " << launch_.rank
+                                                                              << ": joining as a newcomer");
+    wait_admission();
+    return;
+  }
+  adopt_or_recover(std::move(rec), started);
 }
 
 template <kv_store Store, network Net>

@@ -128,6 +128,16 @@ TEST_F(ElasticProcess, KillDuringStep) {
   EXPECT_NE(out.find("world changed (failure): 3 -> 2"), std::string::npos) << out;
 }
 
+// A launched worker killed while it starts: the others start without it
+// after EBBFLOW_INITIAL_WAIT_MS (or, if it registered first, fail it over).
+// Either way the job ends and equals the single-process run.
+TEST_F(ElasticProcess, KillOfAWorkerWhileItStarts) {
+  const auto out = train("-n 3 --kill 0.005:1", "EBBFLOW_INITIAL_WAIT_MS=1000");
+  EXPECT_TRUE(out.find("initial worker(s) 1 did not register") != std::string::npos ||
+              out.find("world changed (failure): 3 -> 2") != std::string::npos)
+      << out;
+}
+
 TEST_F(ElasticProcess, KillOfTheCoordinator) {
   const auto out = train("-n 3 --kill 0.5:0");
   EXPECT_NE(out.find("world changed (failure): 3 -> 2"), std::string::npos) << out;
@@ -139,7 +149,7 @@ TEST_F(ElasticProcess, KillOfTheCoordinator) {
 // operation deadline is 60 s, so only the lease can have ended the wait.
 TEST_F(ElasticProcess, AStoppedWorkerIsDroppedWhenItsLeaseExpiresAndRejoins) {
   const auto t0 = std::chrono::steady_clock::now();
-  const auto out = train("-n 3 --stop 0.5:1:1.5", "EBBFLOW_OP_TIMEOUT_MS=60000", 800);
+  const auto out = train("-n 3 --stop 1.0:1:1.5", "EBBFLOW_OP_TIMEOUT_MS=60000", 800);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30)) << out;
   EXPECT_NE(out.find("sent no heartbeat for EBBFLOW_LEASE_MS=500 ms"), std::string::npos) << out;
   EXPECT_NE(out.find("world changed (failure): 3 -> 2"), std::string::npos) << out;

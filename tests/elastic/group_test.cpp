@@ -158,6 +158,11 @@ struct scenario {
   std::chrono::microseconds straggle{0};
   std::size_t joiner_extra_state = 0;  // a newcomer registers this many floats (0: as the members)
   std::chrono::milliseconds op_timeout{5000};
+  // Initial workers that start late (launch rank, delay) or never (a worker
+  // that died while starting), and how long the first generation waits.
+  std::vector<std::pair<int, std::chrono::milliseconds>> late_starts;
+  std::vector<int> never_start;
+  std::chrono::milliseconds initial_wait{30'000};
 };
 
 struct outcome {
@@ -178,6 +183,9 @@ struct outcome {
 
 void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::shared_ptr<el::loopback_fabric> fabric,
             int launch_rank, bool join, outcome& out, std::vector<std::jthread>& joiners, std::mutex& joiners_m) {
+  if (!join && std::ranges::count(sc.never_start, launch_rank)) return;
+  for (auto [r, delay] : sc.late_starts)
+    if (!join && r == launch_rank) std::this_thread::sleep_for(delay);
   try {
     el::loopback_network net(fabric);
     el::group_options o;
@@ -190,6 +198,7 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
     o.op_timeout = sc.op_timeout;
     o.join_timeout = 20s;
     o.min_size_wait = 20s;
+    o.initial_wait = sc.initial_wait;
     o.admit_delay = 0ms;  // steps take microseconds here
     o.join_cooldown = sc.join_cooldown;
     o.join_cooldown_max = sc.join_cooldown_max;
@@ -464,6 +473,54 @@ TEST(ElasticGroup, AMemberWithAStuckTrainingThreadIsDroppedAtTheOperationDeadlin
   // 1 s (two deadlines) into its 1.5 s, and the rest are 25 steps of 20 ms.
   EXPECT_GE(out.history0[2].step, out.history0[1].step + 10);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+}
+
+// A launched worker that dies while starting (or never starts) must not stop
+// the job: after EBBFLOW_INITIAL_WAIT_MS the first generation starts with the
+// workers registered, if at least min_size; a late one joins as a newcomer.
+TEST(ElasticGroup, AnInitialWorkerThatNeverStartsIsLeftOutAfterTheInitialWait) {
+  scenario sc;
+  sc.never_start = {2};
+  sc.initial_wait = 200ms;
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 2);
+  ASSERT_FALSE(out.history0.empty());
+  EXPECT_EQ(out.history0[0].reason, el::change_reason::initial);
+  EXPECT_EQ(out.history0[0].new_size, 2);
+}
+
+TEST(ElasticGroup, ALateInitialWorkerJoinsAsANewcomer) {
+  scenario sc;
+  sc.steps = 100;
+  sc.step_time = 20ms;
+  sc.late_starts = {{2, 600ms}};
+  sc.initial_wait = 200ms;
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 3);
+  std::vector<std::tuple<el::change_reason, int, int>> changes;
+  for (auto& c : out.history0) changes.emplace_back(c.reason, c.old_size, c.new_size);
+  ASSERT_GE(changes.size(), 2u);
+  EXPECT_EQ(changes[0], std::make_tuple(el::change_reason::initial, 0, 2));
+  EXPECT_EQ(changes[1], std::make_tuple(el::change_reason::join, 2, 3));
+}
+
+// Below min_size after the initial wait, the first generation waits for
+// min_size workers (here the late one), not for all of them.
+TEST(ElasticGroup, TheInitialGenerationWaitsForMinSizeNotForEveryWorker) {
+  scenario sc;
+  sc.min_size = 2;
+  sc.never_start = {1};
+  sc.late_starts = {{2, 500ms}};
+  sc.initial_wait = 100ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 2);
+  ASSERT_FALSE(out.history0.empty());
+  EXPECT_EQ(out.history0[0].new_size, 2);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 500ms);
 }
 
 TEST(ElasticGroup, TwoFailuresAtOnceThenJoinAndLeave) {

@@ -27,6 +27,9 @@
 //!   doubles per member): each member's batch and compute time (so every
 //!   member's planning policy sees the same history), leave requests, and the
 //!   coordinator's (rank 0's) decisions: a new plan, or admitted joiners.
+//! * Start: launch rank 0 writes generation 0 once every launched worker
+//!   registered, or after `initial_wait` with those registered if at least
+//!   `min_size`; a launched worker that comes later joins as a newcomer.
 //! * Join: a newcomer registers its transport address and a join ticket and
 //!   waits, while the others keep training. The coordinator admits it at a step
 //!   boundary by writing generation g+1; everyone switches there and the
@@ -133,6 +136,7 @@ struct group_options {
   std::chrono::milliseconds join_timeout{
       120'000};  //!< EBBFLOW_JOIN_TIMEOUT_MS: waiting to be admitted / initial formation
   std::chrono::milliseconds min_size_wait{600'000};  //!< EBBFLOW_MIN_WAIT_MS: waiting below min_size before giving up
+  std::chrono::milliseconds initial_wait{30000};     //!< EBBFLOW_INITIAL_WAIT_MS: waiting for all launched workers
   std::chrono::milliseconds store_timeout{10'000};   //!< deadline of each store call
   //! EBBFLOW_ADMIT_DELAY_MS: join tickets are admitted once no new one
   //! appeared for this long (at most 10× this after the oldest), so
@@ -173,6 +177,7 @@ struct group_options {
     o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
     o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
+    o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, 24LL * 3'600'000);
     o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
     o.preconnect = env::get_bool("EBBFLOW_PRECONNECT", o.preconnect);
     if (auto c = env::get("EBBFLOW_JOIN_COOLDOWN")) {

@@ -360,22 +360,46 @@ void group<Store, Net>::form_initial() {
   if (launch_.rank == 0) {
     std::vector<std::string> keys;
     for (int r = 0; r < launch_.world_size; ++r) keys.push_back(key("init/" + std::to_string(r)));
-    try {
-      store_->wait(keys, deadline::after(opts_.join_timeout));
-    } catch (const system_error& e) {
-      fail(e.code(), "only some of the " + std::to_string(launch_.world_size) +
-                         " initial workers registered within EBBFLOW_JOIN_TIMEOUT_MS");
+    // Every launched worker, for up to initial_wait; then those registered,
+    // if at least min_size (a worker that died while starting must not stop
+    // the job), waiting on for min_size of them until join_timeout.
+    const auto overall = deadline::after(opts_.join_timeout);
+    const auto all_by = std::min(deadline::after(opts_.initial_wait).at(), overall.at());
+    std::vector<std::optional<std::string>> got;
+    for (bool first = true;; first = false) {
+      try {
+        store_->wait(keys, first ? deadline(all_by) : deadline::after(std::chrono::milliseconds(100)));
+      } catch (const system_error& e) {
+        if (e.code() != errc::timeout) throw;
+      }
+      got = detail::try_get_all(*store_, keys, store_deadline());
+      const auto present = std::count_if(got.begin(), got.end(), [](auto& v) { return v.has_value(); });
+      if (present == launch_.world_size || present >= opts_.min_size) break;
+      if (overall.expired())
+        fail(error::timeout, "only " + std::to_string(present) + " of the " + std::to_string(launch_.world_size) +
+                                 " initial workers registered within EBBFLOW_JOIN_TIMEOUT_MS, fewer than "
+                                 "EBBFLOW_MIN_SIZE=" +
+                                 std::to_string(opts_.min_size));
     }
     detail::generation_record rec;
     rec.generation = 0;
     rec.reason = change_reason::initial;
     std::vector<member_id> ids;
+    std::string missing;
     for (int r = 0; r < launch_.world_size; ++r) {
-      auto v = store_->try_get(keys[static_cast<std::size_t>(r)], store_deadline());
+      const auto& v = got[static_cast<std::size_t>(r)];
+      if (!v) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        continue;
+      }
       const member_id m = detail::parse_i64(*v);
       rec.members.push_back({m, r == 0 ? 0 : -1});
       ids.push_back(m);
     }
+    if (!missing.empty())
+      EBBFLOW_LOG_WARN("initial worker(s) " << missing << " did not register within EBBFLOW_INITIAL_WAIT_MS="
+                                            << opts_.initial_wait.count() << " ms: starting with " << ids.size()
+                                            << " of " << launch_.world_size << "; a late one joins as a newcomer");
     rec.source = id_;
     rec.source_step = 0;
     auto p = policy_->plan(ids, opts_.global_batch);
@@ -391,7 +415,14 @@ void group<Store, Net>::form_initial() {
       fail(e.code(), "the initial generation was not formed within EBBFLOW_JOIN_TIMEOUT_MS (is rank 0 running?)");
     }
   }
-  adopt_or_recover(detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline()))), started);
+  auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline())));
+  if (rec.rank_of(id_) < 0) {  // registered after the initial generation was formed without it
+    EBBFLOW_LOG_WARN("the initial generation was formed without launch rank " << launch_.rank
+                                                                              << ": joining as a newcomer");
+    wait_admission();
+    return;
+  }
+  adopt_or_recover(std::move(rec), started);
 }
 
 template <kv_store Store, network Net>
