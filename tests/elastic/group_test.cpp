@@ -342,6 +342,13 @@ std::unique_ptr<outcome> run(const scenario& sc) {
   return result;
 }
 
+// (reason, old size, new size) of each world change, for comparisons.
+std::vector<std::tuple<el::change_reason, int, int>> changes_of(const std::vector<el::world_change>& history) {
+  std::vector<std::tuple<el::change_reason, int, int>> out;
+  for (auto& c : history) out.emplace_back(c.reason, c.old_size, c.new_size);
+  return out;
+}
+
 void expect_equal_to_reference(const scenario& sc, outcome& out, std::size_t survivors) {
   ASSERT_TRUE(out.errors.empty()) << out.errors.front();
   ASSERT_EQ(out.finals.size(), survivors);
@@ -434,8 +441,7 @@ TEST(ElasticGroup, AHungMemberIsDroppedWhenItsLeaseExpiresAndRejoins) {
     auto out_p = run(sc);
     auto& out = *out_p;
     expect_equal_to_reference(sc, out, 3);
-    std::vector<std::tuple<el::change_reason, int, int>> changes;
-    for (auto& c : out.history0) changes.emplace_back(c.reason, c.old_size, c.new_size);
+    const auto changes = changes_of(out.history0);
     ASSERT_GE(changes.size(), 3u) << "hung member " << hung;
     EXPECT_EQ(changes[1], std::make_tuple(el::change_reason::failure, 3, 2)) << "hung member " << hung;
     EXPECT_EQ(changes[2], std::make_tuple(el::change_reason::join, 2, 3)) << "hung member " << hung;
@@ -464,8 +470,7 @@ TEST(ElasticGroup, AMemberWithAStuckTrainingThreadIsDroppedAtTheOperationDeadlin
   // The others say whom they wait for and why.
   EXPECT_NE(log.find("still send heartbeats but have not reached the recovery"), std::string::npos) << log;
   expect_equal_to_reference(sc, out, 3);
-  std::vector<std::tuple<el::change_reason, int, int>> changes;
-  for (auto& c : out.history0) changes.emplace_back(c.reason, c.old_size, c.new_size);
+  const auto changes = changes_of(out.history0);
   ASSERT_GE(changes.size(), 3u);
   EXPECT_EQ(changes[1], std::make_tuple(el::change_reason::failure, 3, 2));
   EXPECT_EQ(changes[2], std::make_tuple(el::change_reason::join, 2, 3));
@@ -499,8 +504,7 @@ TEST(ElasticGroup, ALateInitialWorkerJoinsAsANewcomer) {
   auto out_p = run(sc);
   auto& out = *out_p;
   expect_equal_to_reference(sc, out, 3);
-  std::vector<std::tuple<el::change_reason, int, int>> changes;
-  for (auto& c : out.history0) changes.emplace_back(c.reason, c.old_size, c.new_size);
+  const auto changes = changes_of(out.history0);
   ASSERT_GE(changes.size(), 2u);
   EXPECT_EQ(changes[0], std::make_tuple(el::change_reason::initial, 0, 2));
   EXPECT_EQ(changes[1], std::make_tuple(el::change_reason::join, 2, 3));
