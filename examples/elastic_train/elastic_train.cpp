@@ -13,6 +13,9 @@
 // take over the tails of slices whose owners fall behind (in-step work
 // stealing through the job's store).
 // --reference runs the same global batches in one process (for checks).
+// --trace DIR writes, per process, the positions of each step's global batch it
+// trained on and the steps it committed (tests/elastic/check_trace.py checks
+// that every committed step saw each sample exactly once).
 #include <ebbflow/elastic/group.hpp>
 #include <ebbflow/elastic/planner_policy.hpp>
 #include <ebbflow/elastic/store.hpp>
@@ -21,6 +24,8 @@
 
 #include "../common/digits.hpp"
 #include "../common/mlp.hpp"
+
+#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
@@ -65,6 +70,7 @@ struct args {
   bool steal = false;
   straggle straggler;
   std::int64_t die_at = -1;  // this worker SIGKILLs itself in the middle of that step (tests)
+  std::string trace;         // directory: one file per process of attempted and committed samples (tests)
 };
 
 args parse(int argc, char** argv) {
@@ -104,6 +110,8 @@ args parse(int argc, char** argv) {
       a.reference = true;
     else if (k == "--steal")
       a.steal = true;
+    else if (k == "--trace")
+      a.trace = v();
     else if (k == "--straggle") {
       const std::string t = v();
       straggle& g = a.straggler;
@@ -235,6 +243,20 @@ int main(int argc, char** argv) try {
   }
 
   std::FILE* metrics = nullptr;
+  // --trace: per attempt "A generation step epoch cursor global_batch first-last ..." (positions in
+  // the global batch this process trained on, written before the allreduce, so a killed process
+  // leaves its last attempt), and "C generation step" once the allreduce succeeded. Checked by
+  // tests/elastic/check_trace.py: every committed step's samples exactly once.
+  std::FILE* trace = nullptr;
+  if (!a.trace.empty()) {
+    const std::string path = a.trace + "/trace." + std::to_string(::getpid()) + ".txt";
+    trace = std::fopen(path.c_str(), "w");
+    if (!trace) {
+      std::cerr << "elastic_train: cannot write " << path << "\n";
+      return 2;
+    }
+  }
+  std::string ranges;
   const auto t0 = clk::now();
   auto last = t0;
   while (group.active() && group.step() < a.steps) {
@@ -246,11 +268,13 @@ int main(int argc, char** argv) try {
         std::fprintf(metrics, "step,time_s,generation,world_size,loss,test_acc,samples_per_s,plan,samples\n");
     }
     const auto c0 = clk::now();
+    ranges.clear();
     const ef::plan::epoch_permutation order(train.size(), a.seed, static_cast<std::uint64_t>(s.epoch));
     std::fill(grad.begin(), grad.end(), 0.f);
     float loss = 0;
     // Gradient of the global mean loss: every sample weighs 1 / B_t (= w_i × my mean).
     const auto train_on = [&](std::size_t first, std::size_t last) {  // positions in the global batch
+      if (trace) ranges += " " + std::to_string(first) + "-" + std::to_string(last);
       for (std::size_t p = first; p < last; ++p) {
         const auto i = order(s.cursor + p);
         loss += mlp::accumulate(sh, params, &train.x[i * 64], train.y[i], 1.f / static_cast<float>(s.global_batch),
@@ -279,7 +303,17 @@ int main(int argc, char** argv) try {
     const double compute_s = std::chrono::duration<double>(clk::now() - c0).count();
     if (s.step == a.die_at) std::raise(SIGKILL);  // fault injection for tests
 
+    if (trace) {
+      std::fprintf(trace, "A %lld %lld %lld %zu %zu%s\n", static_cast<long long>(s.generation),
+                   static_cast<long long>(s.step), static_cast<long long>(s.epoch), s.cursor, s.global_batch,
+                   ranges.c_str());
+      std::fflush(trace);
+    }
     if (!group.allreduce(grad)) continue;  // ebbflow: a member failed; the step is redone
+    if (trace) {
+      std::fprintf(trace, "C %lld %lld\n", static_cast<long long>(s.generation), static_cast<long long>(s.step));
+      std::fflush(trace);
+    }
     mlp::sgd_step(params, velocity, std::span(grad).first(params.size()), a.lr, a.momentum);
     group.end_step(compute_s, processed);  // ebbflow: commit; joins, leaves and re-plans happen here
     const bool stop_for_checkpoint = a.checkpoint_at >= 0 && group.step() == a.checkpoint_at;
@@ -310,6 +344,7 @@ int main(int argc, char** argv) try {
     group.finish();
   }
   if (metrics) std::fclose(metrics);
+  if (trace) std::fclose(trace);
   if (a.steal)
     std::fprintf(stderr, "work stealing: stole %llu samples in %llu steps (%llu chunks, %llu store round trips)\n",
                  static_cast<unsigned long long>(stolen), static_cast<unsigned long long>(steal_steps),

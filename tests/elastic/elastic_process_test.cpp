@@ -70,8 +70,12 @@ class ElasticProcess : public ::testing::Test {
                     const std::string& extra = "") {
     const std::string common = " --steps " + std::to_string(steps) + " --sample-us 150 --step-us 1500 " + extra;
     auto job = sh("cd " + dir_.string() + " && timeout 120 env EBBFLOW_LEASE_MS=500 " + env + " " EBBFLOW_RUN " " +
-                  launcher_flags + " -- " ELASTIC_TRAIN + common + " --params-out elastic.bin");
+                  launcher_flags + " -- " ELASTIC_TRAIN + common + " --params-out elastic.bin --trace .");
     EXPECT_EQ(job.status, 0) << job.output;
+    // Sample by sample: every committed step trained on each sample of its
+    // global batch exactly once, across all processes and attempts.
+    const auto traced = sh("python3 " CHECK_TRACE " " + dir_.string() + " --steps " + std::to_string(steps));
+    EXPECT_EQ(traced.status, 0) << traced.output << job.output;
     auto ref = sh(std::string(ELASTIC_TRAIN) + common + " --reference --params-out " + (dir_ / "ref.bin").string());
     EXPECT_EQ(ref.status, 0) << ref.output;
     const auto a = read_params(dir_ / "elastic.bin"), b = read_params(dir_ / "ref.bin");

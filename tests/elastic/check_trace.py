@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Checks the sample traces of an elastic job (examples/elastic_train --trace DIR).
+
+Every process writes trace.<pid>.txt: per attempt of a step
+"A generation step epoch cursor global_batch first-last ...", the positions of
+the global batch it trained on, written before the gradient allreduce; and
+"C generation step" when that allreduce succeeded. A step attempt that any
+process committed summed the gradients of every member of its generation, so
+the ranges of all processes' "A" lines of that (generation, step) must cover
+[0, global_batch) exactly once, with one epoch, cursor and global batch, and
+with --steps every step below it must be committed. (A step may show commits
+in two generations: a member judged dead that finished the allreduce anyway
+commits it alone, and its state is replaced when it rejoins.)
+
+    check_trace.py DIR [--steps N]     exit 0: consistent; 1: the first problems, named
+"""
+import argparse
+import collections
+import glob
+import os
+import sys
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dir")
+    ap.add_argument("--steps", type=int, help="the job's step count: every step below it must be committed")
+    a = ap.parse_args()
+    attempts = collections.defaultdict(list)  # (g, s) -> [(pid, epoch, cursor, B, ranges)]
+    commits = collections.defaultdict(set)  # s -> {g}
+    files = sorted(glob.glob(os.path.join(a.dir, "trace.*.txt")))
+    if not files:
+        print(f"check_trace: no trace.*.txt in {a.dir}")
+        return 1
+    for f in files:
+        pid = os.path.basename(f).split(".")[1]
+        with open(f) as fh:
+            for line in fh:
+                p = line.split()
+                if not p:
+                    continue
+                if p[0] == "A" and len(p) >= 6:
+                    g, s, e, c, b = map(int, p[1:6])
+                    ranges = [tuple(map(int, r.split("-"))) for r in p[6:]]
+                    attempts[(g, s)].append((pid, e, c, b, ranges))
+                elif p[0] == "C" and len(p) == 3:
+                    commits[int(p[2])].add(int(p[1]))
+    problems = []
+    for s in sorted(commits):
+        for g in sorted(commits[s]):
+            att = attempts.get((g, s), [])
+            heads = {(e, c, b) for _, e, c, b, _ in att}
+            if len(heads) != 1:
+                problems.append(f"step {s} generation {g}: processes disagree on (epoch, cursor, B): {sorted(heads)}")
+                continue
+            (_, _, b), = heads
+            seen = collections.Counter()
+            for pid, _, _, _, ranges in att:
+                for lo, hi in ranges:
+                    for x in range(lo, hi):
+                        seen[x] += 1
+            missing = [x for x in range(b) if seen[x] == 0]
+            twice = sorted(x for x, n in seen.items() if n > 1)
+            outside = sorted(x for x in seen if x >= b)
+            if missing or twice or outside:
+                who = ", ".join(f"{pid}:{' '.join(f'{lo}-{hi}' for lo, hi in r)}" for pid, _, _, _, r in att)
+                problems.append(f"step {s} generation {g} (B={b}): missing {missing[:10]}, repeated {twice[:10]}, "
+                                f"outside {outside[:10]}; processes {who}")
+    if a.steps is not None:
+        absent = [s for s in range(a.steps) if s not in commits]
+        if absent:
+            problems.append(f"steps never committed: {absent[:20]}")
+    for p in problems[:20]:
+        print("check_trace:", p)
+    if not problems:
+        print(f"check_trace: {len(commits)} committed steps, every sample of each exactly once "
+              f"({len(files)} processes, {len(attempts)} step attempts)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
