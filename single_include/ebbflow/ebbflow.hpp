@@ -7853,7 +7853,9 @@ EBBFLOW_END_NAMESPACE
 //!   coordinator's (rank 0's) decisions: a new plan, or admitted joiners.
 //! * Start: launch rank 0 writes generation 0 once every launched worker
 //!   registered, or after `initial_wait` with those registered if at least
-//!   `min_size`; a launched worker that comes later joins as a newcomer.
+//!   `min_size`; a launched worker that comes later joins as a newcomer. If
+//!   rank 0 never registered or stopped heartbeating, the others propose
+//!   generation 0 without it after `initial_wait` and a lease.
 //! * Join: a newcomer registers its transport address and a join ticket and
 //!   waits, while the others keep training. The coordinator admits it at a step
 //!   boundary by writing generation g+1; everyone switches there and the
@@ -10409,6 +10411,8 @@ class group {
   void heartbeat_loop(std::stop_token st);
   step_info current_slice() const;
   void form_initial();
+  // Writes generation 0 of the registered workers (compare-and-set: the first proposal wins).
+  void propose_initial(const std::vector<std::optional<std::string>>& registered, bool takeover);
   void wait_admission();
   void adopt(detail::generation_record rec, steady_clock::time_point started);
   // adopt(), and on a recoverable error the recovery of rec's generation.
@@ -10950,66 +10954,100 @@ void group<Store, Net>::check_leases(Store& st, std::int64_t g, const std::vecto
 }
 
 template <kv_store Store, network Net>
+void group<Store, Net>::propose_initial(const std::vector<std::optional<std::string>>& registered, bool takeover) {
+  detail::generation_record rec;
+  rec.generation = 0;
+  rec.reason = change_reason::initial;
+  std::vector<member_id> ids;
+  std::string missing;
+  for (std::size_t r = 0; r < registered.size(); ++r) {
+    if (!registered[r]) {
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      continue;
+    }
+    const member_id m = detail::parse_i64(*registered[r]);
+    rec.members.push_back({m, m == id_ ? 0 : -1});  // the proposer holds the initial state
+    ids.push_back(m);
+  }
+  if (!missing.empty() && !takeover)
+    EBBFLOW_LOG_WARN("initial worker(s) " << missing << " did not register within EBBFLOW_INITIAL_WAIT_MS="
+                                          << opts_.initial_wait.count() << " ms: starting with " << ids.size() << " of "
+                                          << registered.size() << "; a late one joins as a newcomer");
+  rec.source = id_;
+  rec.source_step = 0;
+  auto p = policy_->plan(ids, opts_.global_batch);
+  rec.plan.assign(p.begin(), p.end());
+  rec.plan_version = 1;
+  rec.joins_seen = 0;
+  const std::string mine = to_value(rec.encode());
+  if (store_->compare_set(gen_key(0), "", mine, store_deadline()).current == mine) step_ = 0;
+}
+
+template <kv_store Store, network Net>
 void group<Store, Net>::form_initial() {
   const auto started = steady_clock::now();
   store_->set(key("init/" + std::to_string(launch_.rank)), std::to_string(id_), store_deadline());
   const std::string gkey = gen_key(0);
+  std::vector<std::string> keys;
+  for (int r = 0; r < launch_.world_size; ++r) keys.push_back(key("init/" + std::to_string(r)));
+  const auto overall = deadline::after(opts_.join_timeout);
+  const auto registered = [&] {
+    auto got = detail::try_get_all(*store_, keys, store_deadline());
+    return std::pair{got,
+                     static_cast<int>(std::count_if(got.begin(), got.end(), [](auto& v) { return v.has_value(); }))};
+  };
   if (launch_.rank == 0) {
-    std::vector<std::string> keys;
-    for (int r = 0; r < launch_.world_size; ++r) keys.push_back(key("init/" + std::to_string(r)));
     // Every launched worker, for up to initial_wait; then those registered,
     // if at least min_size (a worker that died while starting must not stop
     // the job), waiting on for min_size of them until join_timeout.
-    const auto overall = deadline::after(opts_.join_timeout);
     const auto all_by = std::min(deadline::after(opts_.initial_wait).at(), overall.at());
-    std::vector<std::optional<std::string>> got;
     for (bool first = true;; first = false) {
       try {
         store_->wait(keys, first ? deadline(all_by) : deadline::after(std::chrono::milliseconds(100)));
       } catch (const system_error& e) {
         if (e.code() != errc::timeout) throw;
       }
-      got = detail::try_get_all(*store_, keys, store_deadline());
-      const auto present = std::count_if(got.begin(), got.end(), [](auto& v) { return v.has_value(); });
-      if (present == launch_.world_size || present >= opts_.min_size) break;
+      auto [got, present] = registered();
+      if (present == launch_.world_size || present >= opts_.min_size) {
+        propose_initial(got, false);
+        break;
+      }
       if (overall.expired())
         fail(error::timeout, "only " + std::to_string(present) + " of the " + std::to_string(launch_.world_size) +
                                  " initial workers registered within EBBFLOW_JOIN_TIMEOUT_MS, fewer than "
                                  "EBBFLOW_MIN_SIZE=" +
                                  std::to_string(opts_.min_size));
     }
-    detail::generation_record rec;
-    rec.generation = 0;
-    rec.reason = change_reason::initial;
-    std::vector<member_id> ids;
-    std::string missing;
-    for (int r = 0; r < launch_.world_size; ++r) {
-      const auto& v = got[static_cast<std::size_t>(r)];
-      if (!v) {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-        continue;
-      }
-      const member_id m = detail::parse_i64(*v);
-      rec.members.push_back({m, r == 0 ? 0 : -1});
-      ids.push_back(m);
-    }
-    if (!missing.empty())
-      EBBFLOW_LOG_WARN("initial worker(s) " << missing << " did not register within EBBFLOW_INITIAL_WAIT_MS="
-                                            << opts_.initial_wait.count() << " ms: starting with " << ids.size()
-                                            << " of " << launch_.world_size << "; a late one joins as a newcomer");
-    rec.source = id_;
-    rec.source_step = 0;
-    auto p = policy_->plan(ids, opts_.global_batch);
-    rec.plan.assign(p.begin(), p.end());
-    rec.plan_version = 1;
-    rec.joins_seen = 0;
-    store_->compare_set(gkey, "", to_value(rec.encode()), store_deadline());
-    step_ = 0;
   } else {
-    try {
-      store_->wait({gkey}, deadline::after(opts_.join_timeout));
-    } catch (const system_error& e) {
-      fail(e.code(), "the initial generation was not formed within EBBFLOW_JOIN_TIMEOUT_MS (is rank 0 running?)");
+    // Launch rank 0 writes generation 0 within initial_wait. If it has not
+    // by then (plus a lease) and it never registered or its heartbeat has
+    // stopped, the registered workers propose generation 0 without it: the
+    // first compare-and-set wins.
+    const auto takeover_at = deadline::after(opts_.initial_wait + opts_.lease);
+    lease_seen seen;
+    for (;;) {
+      try {
+        const bool early = !takeover_at.expired();
+        store_->wait({gkey}, early ? deadline(std::min(takeover_at.at(), overall.at()))
+                                   : deadline::after(std::chrono::milliseconds(100)));
+        break;
+      } catch (const system_error& e) {
+        if (e.code() != errc::timeout) throw;
+      }
+      if (overall.expired())
+        fail(error::timeout, "the initial generation was not formed within EBBFLOW_JOIN_TIMEOUT_MS");
+      if (!takeover_at.expired()) continue;
+      auto [got, present] = registered();
+      if (got[0] && fresh(*store_, detail::parse_i64(*got[0]), seen)) continue;  // rank 0 lives: it decides
+      if (got[0]) got[0].reset(), --present;
+      if (present >= opts_.min_size) {
+        EBBFLOW_LOG_WARN("launch rank 0 did not form the initial generation within EBBFLOW_INITIAL_WAIT_MS="
+                         << opts_.initial_wait.count() << " ms ("
+                         << (seen.empty() ? "it never registered" : "its heartbeat stopped") << "): launch rank "
+                         << launch_.rank << " proposes it without rank 0");
+        propose_initial(got, true);
+        break;
+      }
     }
   }
   auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline())));

@@ -142,6 +142,15 @@ TEST_F(ElasticProcess, KillOfAWorkerWhileItStarts) {
       << out;
 }
 
+// The same for launch rank 0, which writes the first generation: after the
+// initial wait (and a lease) the others propose it without rank 0.
+TEST_F(ElasticProcess, KillOfLaunchRankZeroWhileItStarts) {
+  const auto out = train("-n 3 --kill 0.005:0", "EBBFLOW_INITIAL_WAIT_MS=1000");
+  EXPECT_TRUE(out.find("proposes it without rank 0") != std::string::npos ||
+              out.find("world changed (failure): 3 -> 2") != std::string::npos)
+      << out;
+}
+
 TEST_F(ElasticProcess, KillOfTheCoordinator) {
   const auto out = train("-n 3 --kill 0.5:0");
   EXPECT_NE(out.find("world changed (failure): 3 -> 2"), std::string::npos) << out;

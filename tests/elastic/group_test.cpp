@@ -510,6 +510,20 @@ TEST(ElasticGroup, ALateInitialWorkerJoinsAsANewcomer) {
   EXPECT_EQ(changes[1], std::make_tuple(el::change_reason::join, 2, 3));
 }
 
+// Launch rank 0 writes generation 0. If it never comes (or stops
+// heartbeating before it does), the registered workers propose generation 0
+// without it after the initial wait and a lease.
+TEST(ElasticGroup, WithoutLaunchRankZeroTheOthersProposeTheInitialGeneration) {
+  scenario sc;
+  sc.never_start = {0};
+  sc.initial_wait = 200ms;
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 2);
+  ASSERT_FALSE(out.history0.empty());
+  EXPECT_EQ(changes_of(out.history0)[0], std::make_tuple(el::change_reason::initial, 0, 2));
+}
+
 // Below min_size after the initial wait, the first generation waits for
 // min_size workers (here the late one), not for all of them.
 TEST(ElasticGroup, TheInitialGenerationWaitsForMinSizeNotForEveryWorker) {

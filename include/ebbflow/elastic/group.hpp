@@ -29,7 +29,9 @@
 //!   coordinator's (rank 0's) decisions: a new plan, or admitted joiners.
 //! * Start: launch rank 0 writes generation 0 once every launched worker
 //!   registered, or after `initial_wait` with those registered if at least
-//!   `min_size`; a launched worker that comes later joins as a newcomer.
+//!   `min_size`; a launched worker that comes later joins as a newcomer. If
+//!   rank 0 never registered or stopped heartbeating, the others propose
+//!   generation 0 without it after `initial_wait` and a lease.
 //! * Join: a newcomer registers its transport address and a join ticket and
 //!   waits, while the others keep training. The coordinator admits it at a step
 //!   boundary by writing generation g+1; everyone switches there and the
@@ -452,6 +454,8 @@ class group {
   void heartbeat_loop(std::stop_token st);
   step_info current_slice() const;
   void form_initial();
+  // Writes generation 0 of the registered workers (compare-and-set: the first proposal wins).
+  void propose_initial(const std::vector<std::optional<std::string>>& registered, bool takeover);
   void wait_admission();
   void adopt(detail::generation_record rec, steady_clock::time_point started);
   // adopt(), and on a recoverable error the recovery of rec's generation.
