@@ -455,7 +455,7 @@ class group {
   step_info current_slice() const;
   void form_initial();
   // Writes generation 0 of the registered workers (compare-and-set: the first proposal wins).
-  void propose_initial(const std::vector<std::optional<std::string>>& registered, bool takeover);
+  void propose_initial(const std::vector<std::optional<std::string>>& registered);
   void wait_admission();
   void adopt(detail::generation_record rec, steady_clock::time_point started);
   // adopt(), and on a recoverable error the recovery of rec's generation.

@@ -37,6 +37,12 @@ inline std::int64_t parse_i64(const std::string& v) {
   return x;
 }
 
+// Appends `item` to a list for a message: "1", then "1, 4".
+inline void append_listed(std::string& list, const std::string& item) {
+  if (!list.empty()) list += ", ";
+  list += item;
+}
+
 template <class N>
 constexpr bool stable_address() {
   if constexpr (requires {
@@ -353,7 +359,7 @@ void group<Store, Net>::check_leases(Store& st, std::int64_t g, const std::vecto
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::propose_initial(const std::vector<std::optional<std::string>>& registered, bool takeover) {
+void group<Store, Net>::propose_initial(const std::vector<std::optional<std::string>>& registered) {
   detail::generation_record rec;
   rec.generation = 0;
   rec.reason = change_reason::initial;
@@ -361,14 +367,16 @@ void group<Store, Net>::propose_initial(const std::vector<std::optional<std::str
   std::string missing;
   for (std::size_t r = 0; r < registered.size(); ++r) {
     if (!registered[r]) {
-      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      detail::append_listed(missing, std::to_string(r));
       continue;
     }
     const member_id m = detail::parse_i64(*registered[r]);
     rec.members.push_back({m, m == id_ ? 0 : -1});  // the proposer holds the initial state
     ids.push_back(m);
   }
-  if (!missing.empty() && !takeover)
+  // Launch rank 0 names the workers it starts without; another launch rank
+  // proposes only when rank 0 is gone, and has said so (form_initial).
+  if (!missing.empty() && launch_.rank == 0)
     EBBFLOW_LOG_WARN("initial worker(s) " << missing << " did not register within EBBFLOW_INITIAL_WAIT_MS="
                                           << opts_.initial_wait.count() << " ms: starting with " << ids.size() << " of "
                                           << registered.size() << "; a late one joins as a newcomer");
@@ -408,7 +416,7 @@ void group<Store, Net>::form_initial() {
       }
       auto [got, present] = registered();
       if (present == launch_.world_size || present >= opts_.min_size) {
-        propose_initial(got, false);
+        propose_initial(got);
         break;
       }
       if (overall.expired())
@@ -444,7 +452,7 @@ void group<Store, Net>::form_initial() {
                          << opts_.initial_wait.count() << " ms ("
                          << (seen.empty() ? "it never registered" : "its heartbeat stopped") << "): launch rank "
                          << launch_.rank << " proposes it without rank 0");
-        propose_initial(got, true);
+        propose_initial(got);
         break;
       }
     }
@@ -1562,7 +1570,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
           // reported lost by a peer's transport
         } else if (fresh(*store_, m.id, hb_seen) && !unresolved_deadline.expired()) {
           undecided = true;
-          undecided_ids += (undecided_ids.empty() ? "" : ", ") + ms;
+          detail::append_listed(undecided_ids, ms);
         }
       }
       // A member whose heartbeat goes on but whose training thread does not
