@@ -257,6 +257,44 @@ TEST(Launcher, StopHangsAWorkerForTheTimeAskedFor) {
   EXPECT_NE(bad.err.find("--stop '1:0': expected SEC:ID:FOR"), std::string::npos) << bad.err;
 }
 
+// Wall-clock stamp ("[t=...]") of the first stderr line holding `what`; -1 if none.
+double stamp_of(const std::string& err, const std::string& what) {
+  const auto at = err.find(what);
+  if (at == std::string::npos) return -1;
+  const auto t = err.find("[t=", at);
+  return t == std::string::npos ? -1 : std::stod(err.substr(t + 3));
+}
+
+// --event-clock training: the timed events count from the first generation
+// (the store's ebbflow/gen/0), not from the launch. Here rank 0 writes that
+// key 0.6 s after its start, so a kill 0.2 s "in" lands about 0.8 s after
+// the launch; with the launch clock it lands 0.2 s after it.
+TEST(Launcher, EventClockTrainingCountsFromTheFirstGeneration) {
+  const auto wall = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  };
+  for (const std::string clock : {"training", "launch"}) {
+    const double t0 = wall();
+    auto r = run({EBBFLOW_RUN, "-n", "2", "--event-clock", clock, "--kill", "0.2:1", "--", EBBFLOW_STORE_WORKER,
+                  "set-after", "600", "ebbflow/gen/0", "1500"});
+    EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
+    const double formed = stamp_of(r.err, "the first generation formed"), killed = stamp_of(r.err, "killing worker 1");
+    ASSERT_GT(killed, 0) << r.err;
+    if (clock == "training") {
+      ASSERT_GT(formed, 0) << r.err;
+      EXPECT_GE(formed - t0, 0.6) << r.err;
+      EXPECT_GE(killed - formed, 0.2) << r.err;
+      EXPECT_LT(killed - formed, 0.6) << r.err;
+    } else {
+      EXPECT_LT(formed, 0) << r.err;  // no probe of the store
+      EXPECT_LT(killed - t0, 0.6) << r.err;
+    }
+  }
+  auto bad = run({EBBFLOW_RUN, "-n", "1", "--event-clock", "soon", "--", "true"});
+  EXPECT_EQ(bad.exit.code, 2);
+  EXPECT_NE(bad.err.find("--event-clock 'soon': expected launch or training"), std::string::npos) << bad.err;
+}
+
 TEST(Launcher, WorkStealingAcrossProcessesCoversEveryItemOnce) {
   // plan::run_stealing_step in four real processes over the launcher's store:
   // every item of every slice of every step is processed exactly once, and on

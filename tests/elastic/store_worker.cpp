@@ -4,6 +4,7 @@
 //   meet          set rank/<r>, wait for every rank's key, check every value;
 //                 the rank named by EBBFLOW_TEST_DIE_RANK SIGKILLs itself first
 //   wait-forever  print "ready", then wait 60 s for a key nobody sets
+//   set-after MS KEY LIVE  rank 0 sets KEY after MS ms; every rank exits LIVE ms after its start
 //   half-frame    authenticate, send half a frame, print "ready", sleep 60 s
 //   steal S       S steps of plan::run_stealing_step over the store (4 slices of
 //                 48 items, 200 us per item; rank 1 is 6x slower on odd steps),
@@ -101,6 +102,15 @@ int main(int argc, char** argv) {
         }
       store.add("met", 1);
       std::cout << "rank " << li.rank << " of " << li.world_size << " met everyone" << std::endl;
+      return 0;
+    }
+    if (mode == "set-after" && argc == 5) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (li.rank == 0) {
+        std::this_thread::sleep_until(t0 + std::chrono::milliseconds(std::stoi(argv[2])));
+        store.set(argv[3], "1");
+      }
+      std::this_thread::sleep_until(t0 + std::chrono::milliseconds(std::stoi(argv[4])));
       return 0;
     }
     if (mode == "wait-forever") {

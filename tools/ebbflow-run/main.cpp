@@ -72,6 +72,10 @@ constexpr const char* usage_text =
     "  --leave SEC:ID       after SEC seconds SIGTERM worker ID (graceful leave at the next step)\n"
     "  --stop SEC:ID:FOR    after SEC seconds SIGSTOP worker ID, and SIGCONT it FOR seconds later\n"
     "                       (fault injection: a hung worker, dropped when its lease expires)\n"
+    "  --event-clock C      what the SEC of --add/--kill/--leave/--stop count from: launch (default),\n"
+    "                       or training: the job's first generation, so that on a loaded host no\n"
+    "                       event lands while the workers still start (read from the store's\n"
+    "                       <EBBFLOW_JOB>/gen/0)\n"
     "  --restart K          restart a failed worker as a joiner, up to K times in all\n"
     "  --restart-cooldown SEC[:MAX]  a worker that keeps failing (each incarnation within MAX s of\n"
     "                       its start, default 60) is restarted after a cool-down: none after its\n"
@@ -126,6 +130,7 @@ struct options {
     double for_s = 0;  // stop: how long
   };
   std::vector<event> events;
+  bool events_from_training = false;  // --event-clock training
   int restarts = 0;
   el::cooldown restart_cooldown;  // --restart-cooldown (default 1:60)
   std::string discovery;
@@ -206,6 +211,10 @@ options parse(int argc, char** argv) {
       o.discovery = value(a);
     } else if (a == "--discovery-interval") {
       o.discovery_interval = parse_seconds(a, value(a));
+    } else if (a == "--event-clock") {
+      const std::string v = value(a);
+      if (v != "launch" && v != "training") usage_error(a + " '" + v + "': expected launch or training");
+      o.events_from_training = v == "training";
     } else if (a == "--stop") {
       const std::string v = value(a);
       const auto c1 = v.find(':'), c2 = c1 == std::string::npos ? c1 : v.find(':', c1 + 1);
@@ -400,6 +409,18 @@ int main(int argc, char** argv) {
   const auto started = ef::steady_clock::now();
   auto since_start = [&] { return std::chrono::duration<double>(ef::steady_clock::now() - started).count(); };
   std::vector<bool> event_done(opt.events.size(), false);
+  // The clock of the timed events: the launch, or (--event-clock training)
+  // the first generation, which the workers record in the store; until it
+  // forms, no event is due.
+  std::optional<ef::steady_clock::time_point> events_zero;
+  std::unique_ptr<el::store_client> gen0_probe;
+  const std::string gen0_key = ef::env::get("EBBFLOW_JOB").value_or("ebbflow") + "/gen/0";
+  if (!opt.events_from_training) {
+    events_zero = started;
+  } else if (!opt.events.empty()) {
+    auto hp = ef::env::parse_host_port(store_addr, "store");
+    gen0_probe = std::make_unique<el::store_client>(hp.host, hp.port, token);
+  }
   due_list<int> stopped;           // workers stopped by --stop, by when to SIGCONT them
   due_list<int> pending_restarts;  // worker slots to restart after their cool-down
   int restarts_left = opt.restarts;
@@ -511,8 +532,17 @@ int main(int argc, char** argv) {
         say("continuing worker " + std::to_string(id) + " (SIGCONT)" + stamp());
         group.signal(id, SIGCONT);
       });
+      if (!events_zero && gen0_probe) {
+        std::error_code ec;  // a store not reachable yet is asked again on the next round
+        if (gen0_probe->try_get(gen0_key, ef::deadline::after(20ms), ec)) {
+          events_zero = ef::steady_clock::now();
+          say("the first generation formed: event times count from here" + stamp());
+        }
+      }
+      const double events_now =
+          events_zero ? std::chrono::duration<double>(ef::steady_clock::now() - *events_zero).count() : -1;
       for (std::size_t k = 0; k < opt.events.size(); ++k) {
-        if (event_done[k] || now < opt.events[k].at) continue;
+        if (event_done[k] || events_now < opt.events[k].at) continue;
         event_done[k] = true;
         const auto& ev = opt.events[k];
         if (ev.what == options::event::add) {
