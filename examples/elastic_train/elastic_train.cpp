@@ -29,10 +29,12 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -179,6 +181,12 @@ void emulate_device(const args& a, std::size_t b, double slowdown, bool fixed = 
   if (us > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(us));
 }
 
+// FNV-1a 64 of the bytes of `v`, continuing from `x` (default: the offset basis). For --trace.
+std::uint64_t fnv1a(std::span<const float> v, std::uint64_t x = 0xcbf29ce484222325ull) {
+  for (const std::byte b : std::as_bytes(v)) x = (x ^ static_cast<std::uint64_t>(b)) * 0x100000001b3ull;
+  return x;
+}
+
 int reference(const args& a, const digits::data_set& train, const digits::data_set& test) {
   const mlp::shape sh{64, a.hidden, 10};
   auto p = mlp::init(sh, a.seed);
@@ -245,8 +253,10 @@ int main(int argc, char** argv) try {
   std::FILE* metrics = nullptr;
   // --trace: per attempt "A generation step epoch cursor global_batch first-last ..." (positions in
   // the global batch this process trained on, written before the allreduce, so a killed process
-  // leaves its last attempt), and "C generation step" once the allreduce succeeded. Checked by
-  // tests/elastic/check_trace.py: every committed step's samples exactly once.
+  // leaves its last attempt), and "C generation step H(gradient) H(parameters, velocity)" once the
+  // allreduce succeeded and the update was applied (H: FNV-1a 64 of the bytes). Checked by
+  // tests/elastic/check_trace.py: every committed step's samples exactly once, and every member
+  // that committed a (generation, step) holds the same sums and the same state after it.
   std::FILE* trace = nullptr;
   if (!a.trace.empty()) {
     const std::string path = a.trace + "/trace." + std::to_string(::getpid()) + ".txt";
@@ -310,11 +320,13 @@ int main(int argc, char** argv) try {
       std::fflush(trace);
     }
     if (!group.allreduce(grad)) continue;  // ebbflow: a member failed; the step is redone
+    mlp::sgd_step(params, velocity, std::span(grad).first(params.size()), a.lr, a.momentum);
     if (trace) {
-      std::fprintf(trace, "C %lld %lld\n", static_cast<long long>(s.generation), static_cast<long long>(s.step));
+      std::fprintf(trace, "C %lld %lld %016llx %016llx\n", static_cast<long long>(s.generation),
+                   static_cast<long long>(s.step), static_cast<unsigned long long>(fnv1a(grad)),
+                   static_cast<unsigned long long>(fnv1a(velocity, fnv1a(params))));
       std::fflush(trace);
     }
-    mlp::sgd_step(params, velocity, std::span(grad).first(params.size()), a.lr, a.momentum);
     group.end_step(compute_s, processed);  // ebbflow: commit; joins, leaves and re-plans happen here
     const bool stop_for_checkpoint = a.checkpoint_at >= 0 && group.step() == a.checkpoint_at;
     if (stop_for_checkpoint && group.rank() == 0)

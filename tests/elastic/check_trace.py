@@ -5,13 +5,19 @@
 Every process writes trace.<pid>.txt: per attempt of a step
 "A generation step epoch cursor global_batch first-last ...", the positions of
 the global batch it trained on, written before the gradient allreduce; and
-"C generation step" when that allreduce succeeded. A step attempt that any
+"C generation step [H(sums) H(state)]" when that allreduce succeeded and the
+update was applied (hashes of the reduced gradient and of the parameters and
+optimizer state after the update). A step attempt that any
 process committed summed the gradients of every member of its generation, so
 the ranges of all processes' "A" lines of that (generation, step) must cover
 [0, global_batch) exactly once, with one epoch, cursor and global batch, and
 with --steps every step below it must be committed. (A step may show commits
 in two generations: a member judged dead that finished the allreduce anyway
-commits it alone, and its state is replaced when it rejoins.)
+commits it alone, and its state is replaced when it rejoins.) Every process
+that committed a (generation, step) must report the same two hashes: the
+allreduce gives every member the same bits, and members of one generation hold
+the same state, so a difference names a corrupted sum or a wrong state
+transfer, and the step where it first showed.
 
     check_trace.py DIR [--steps N]     exit 0: consistent; 1: the first problems, named
 """
@@ -29,6 +35,7 @@ def main():
     a = ap.parse_args()
     attempts = collections.defaultdict(list)  # (g, s) -> [(pid, epoch, cursor, B, ranges)]
     commits = collections.defaultdict(set)  # s -> {g}
+    hashes = collections.defaultdict(dict)  # (g, s) -> {pid: (H(sums), H(state))}
     files = sorted(glob.glob(os.path.join(a.dir, "trace.*.txt")))
     if not files:
         print(f"check_trace: no trace.*.txt in {a.dir}")
@@ -44,8 +51,10 @@ def main():
                     g, s, e, c, b = map(int, p[1:6])
                     ranges = [tuple(map(int, r.split("-"))) for r in p[6:]]
                     attempts[(g, s)].append((pid, e, c, b, ranges))
-                elif p[0] == "C" and len(p) == 3:
+                elif p[0] == "C" and len(p) in (3, 5):
                     commits[int(p[2])].add(int(p[1]))
+                    if len(p) == 5:
+                        hashes[(int(p[1]), int(p[2]))][pid] = (p[3], p[4])
     problems = []
     for s in sorted(commits):
         for g in sorted(commits[s]):
@@ -67,6 +76,12 @@ def main():
                 who = ", ".join(f"{pid}:{' '.join(f'{lo}-{hi}' for lo, hi in r)}" for pid, _, _, _, r in att)
                 problems.append(f"step {s} generation {g} (B={b}): missing {missing[:10]}, repeated {twice[:10]}, "
                                 f"outside {outside[:10]}; processes {who}")
+    for (g, s), by_pid in sorted(hashes.items()):
+        for i, what in ((0, "reduced gradients"), (1, "parameters after the update")):
+            if len({h[i] for h in by_pid.values()}) > 1:
+                who = ", ".join(f"{pid}:{h[i]}" for pid, h in sorted(by_pid.items()))
+                problems.append(f"step {s} generation {g}: the processes that committed it hold different "
+                                f"{what}: {who}")
     if a.steps is not None:
         absent = [s for s in range(a.steps) if s not in commits]
         if absent:
