@@ -13830,6 +13830,18 @@ class store_client {
   std::unique_ptr<detail::client_connection> conn_;
 };
 
+//! A process's open-file limits (RLIMIT_NOFILE).
+struct open_file_limit {
+  std::uint64_t soft = 0;  //!< the limit in force
+  std::uint64_t hard = 0;  //!< how far an unprivileged process may raise it
+};
+//! Raises this process's soft open-file limit to its hard limit and returns
+//! the limits from before (zeros if they cannot be read). A store
+//! serving N workers holds about 3 N sockets, and the usual soft limit (1024)
+//! stops it near 340 workers. `ebbflow-run` and `ebbflow-store` call it at
+//! start; `ebbflow-run` starts its workers with the old soft limit.
+open_file_limit raise_open_file_limit() noexcept;
+
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
 
@@ -13932,6 +13944,8 @@ EBBFLOW_END_NAMESPACE
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <array>
@@ -14038,6 +14052,7 @@ class server_impl : public std::enable_shared_from_this<server_impl> {
   server_options opts_;
   std::uint16_t port_ = 0;
   bool stopped_ = false;
+  bool accept_failing_ = false;  // an accept error was logged; cleared by the next accepted connection
   std::uint64_t next_id_ = 0;
   std::unordered_map<std::string, std::string> data_;
   std::unordered_multimap<std::string, std::shared_ptr<store_waiter>> waiters_;
@@ -14351,8 +14366,19 @@ inline void server_impl::accept() {
   acceptor_.async_accept(*sock, [self = shared_from_this(), sock](const boost::system::error_code& ec) {
     if (self->stopped_) return;
     if (ec) {
-      // EMFILE and friends: log and retry shortly rather than spin.
-      EBBFLOW_LOG_WARN("store: accept failed: " << ec.message() << "; retrying in 50 ms");
+      // EMFILE and friends: log once and retry shortly rather than spin.
+      if (!self->accept_failing_) {
+        std::string hint;
+        if (ec == boost::system::errc::too_many_files_open) {
+          rlimit l{};
+          ::getrlimit(RLIMIT_NOFILE, &l);
+          hint = " (open-file limit " + std::to_string(l.rlim_cur) + ", " + std::to_string(self->conns_.size()) +
+                 " connections open; every worker holds 3: raise `ulimit -n`, or call "
+                 "elastic::raise_open_file_limit() in the process that serves the store)";
+        }
+        EBBFLOW_LOG_WARN("store: accept failed: " << ec.message() << hint << "; retrying every 50 ms");
+        self->accept_failing_ = true;
+      }
       self->retry_.expires_after(std::chrono::milliseconds(50));
       self->retry_.async_wait([self](const boost::system::error_code& e) {
         if (!e) self->accept();
@@ -14360,6 +14386,7 @@ inline void server_impl::accept() {
       return;
     }
     self->accepted_.fetch_add(1, std::memory_order_relaxed);
+    self->accept_failing_ = false;
     const std::uint64_t id = self->next_id_++;
     auto conn = std::make_shared<server_conn>(self, std::move(*sock), id);
     self->conns_.emplace(id, conn);
@@ -14638,6 +14665,17 @@ inline server_stats store_server::stats() const noexcept { return impl_->stats()
 
 inline void store_server::stop() noexcept {
   if (impl_) impl_->stop();
+}
+
+inline open_file_limit raise_open_file_limit() noexcept {
+  rlimit l{};
+  if (::getrlimit(RLIMIT_NOFILE, &l) != 0) return {};
+  const open_file_limit before{static_cast<std::uint64_t>(l.rlim_cur), static_cast<std::uint64_t>(l.rlim_max)};
+  if (l.rlim_cur < l.rlim_max) {  // never infinite for open files (fs.nr_open bounds both)
+    l.rlim_cur = l.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &l);
+  }
+  return before;
 }
 
 }  // namespace elastic
@@ -17485,9 +17523,10 @@ struct child_spec {
   int id = 0;                                            //!< caller's name for it (the rank)
   std::vector<std::string> argv;                         //!< program (searched in PATH) and arguments
   std::vector<std::pair<std::string, std::string>> env;  //!< set on top of this process's environment
-  bool capture_output = true;  //!< deliver stdout/stderr lines to the handler; else inherit ours
-  int nice = 0;                //!< niceness increment the child starts with (0: as ours)
-  std::vector<int> cpus;       //!< CPUs the child may run on (empty: as ours)
+  bool capture_output = true;     //!< deliver stdout/stderr lines to the handler; else inherit ours
+  int nice = 0;                   //!< niceness increment the child starts with (0: as ours)
+  std::vector<int> cpus;          //!< CPUs the child may run on (empty: as ours)
+  std::uint64_t nofile_soft = 0;  //!< soft open-file limit the child starts with (0: as ours)
 };
 
 //! How a child ended.
@@ -17575,6 +17614,9 @@ class process_group {
     cpu_set_t ours;
     const bool rebound = !spec.cpus.empty() && ::sched_getaffinity(0, sizeof ours, &ours) == 0 &&
                          ::sched_setaffinity(0, sizeof cpus, &cpus) == 0;
+    rlimit nofile{};
+    const bool set_nofile = spec.nofile_soft != 0 && ::getrlimit(RLIMIT_NOFILE, &nofile) == 0;
+    if (set_nofile) nofile.rlim_cur = std::min<rlim_t>(spec.nofile_soft, nofile.rlim_max);
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (rebound && pid != 0) ::sched_setaffinity(0, sizeof ours, &ours);
@@ -17592,6 +17634,7 @@ class process_group {
         const int cur = ::getpriority(PRIO_PROCESS, 0);
         if (errno == 0) ::setpriority(PRIO_PROCESS, 0, cur + spec.nice);
       }
+      if (set_nofile) ::setrlimit(RLIMIT_NOFILE, &nofile);
       // Bound before exec, so not even the program's start-up runs elsewhere.
       if (!spec.cpus.empty() && ::sched_setaffinity(0, sizeof cpus, &cpus) != 0) {
         const int e = -errno;  // negative: the binding failed, not the exec

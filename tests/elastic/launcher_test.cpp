@@ -257,6 +257,59 @@ TEST(Launcher, StopHangsAWorkerForTheTimeAskedFor) {
   EXPECT_NE(bad.err.find("--stop '1:0': expected SEC:ID:FOR"), std::string::npos) << bad.err;
 }
 
+// The embedded store holds three connections per worker, so the launcher
+// lifts its soft open-file limit to the hard one; its workers start with the
+// limit it was given (here 256).
+TEST(Launcher, LiftsItsOpenFileLimitForTheStoreButNotForTheWorkers) {
+  rlimit l{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &l), 0);
+  if (l.rlim_max <= 256) GTEST_SKIP() << "hard open-file limit " << l.rlim_max << " leaves nothing to lift";
+  auto r = run({"sh", "-c",
+                std::string("ulimit -Sn 256 && exec ") + EBBFLOW_RUN +
+                    " -n 1 -- sh -c 'ulimit -Sn; grep \"Max open files\" /proc/$PPID/limits'"});
+  EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
+  EXPECT_NE(r.out.find("[rank 0] 256\n"), std::string::npos) << r.out;
+  unsigned long long soft = 0, hard = 0;
+  const auto at = r.out.find("Max open files");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at, "Max open files %llu %llu", &soft, &hard), 2) << r.out;
+  EXPECT_EQ(soft, hard) << r.out;
+  EXPECT_EQ(hard, static_cast<unsigned long long>(l.rlim_max)) << r.out;
+}
+
+// A standalone store started with a soft open-file limit of 64 serves 150
+// clients (a job of 50 workers): it lifts the limit to the hard one.
+TEST(Launcher, AStandaloneStoreServesMoreClientsThanItsSoftFileLimit) {
+  rlimit l{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &l), 0);
+  if (l.rlim_max <= 256) GTEST_SKIP() << "hard open-file limit " << l.rlim_max << " leaves nothing to lift";
+  std::string out;
+  el::detail::process_group store([&](int, int stream, std::string_view line) {
+    if (stream == 1) out.append(line).push_back('\n');
+  });
+  el::detail::child_spec s;
+  s.argv = {"sh", "-c", std::string("ulimit -Sn 64 && exec ") + EBBFLOW_STORE_TOOL + " --port 0 --token t"};
+  store.spawn(s);
+  const std::string banner = "listening on 127.0.0.1:";
+  const auto d = ef::deadline::after(10s);
+  while (out.find('\n') == std::string::npos && !d.expired()) store.poll(ef::deadline::after(20ms));
+  const auto at = out.find(banner);
+  ASSERT_NE(at, std::string::npos) << out;
+  const auto port = static_cast<std::uint16_t>(std::stoi(out.substr(at + banner.size())));
+  std::vector<el::store_client> clients;
+  for (int i = 0; i < 150; ++i) clients.emplace_back("127.0.0.1", port, "t");
+  int served = 0;
+  for (auto& c : clients) {
+    std::error_code ec;
+    c.add("clients", 1, ef::deadline::after(2s), ec);
+    if (ec) break;
+    ++served;
+  }
+  EXPECT_EQ(served, 150);
+  store.signal_all(SIGTERM);
+  store.poll(ef::deadline::after(5s));
+}
+
 // Wall-clock stamp ("[t=...]") of the first stderr line holding `what`; -1 if none.
 double stamp_of(const std::string& err, const std::string& what) {
   const auto at = err.find(what);

@@ -325,6 +325,10 @@ int main(int argc, char** argv) {
   else
     token = el::detail::random_hex(16);
 
+  // The embedded store holds three connections per worker: lift this
+  // process's open-file limit; the workers start with the limit we had.
+  const el::open_file_limit nofile = opt.attach ? el::open_file_limit{} : el::raise_open_file_limit();
+
   std::unique_ptr<el::store_server> server;
   std::string store_addr;
   try {
@@ -373,6 +377,7 @@ int main(int argc, char** argv) {
     slot_of[spec.id] = slot >= 0 ? slot : spec.id;
     started_at[spec.id] = ef::steady_clock::now();
     spec.argv = opt.argv;
+    spec.nofile_soft = nofile.soft;
     if (joiner) {
       spec.env = {{"EBBFLOW_JOIN", "1"}, {"EBBFLOW_WORKER_ID", std::to_string(spec.id)}};
       if (opt.join_nice) {

@@ -59,6 +59,8 @@ int main(int argc, char** argv) {
       usage_error("unknown argument " + a);
     }
   }
+  // Three connections per worker: lift the open-file limit (usually 1024 soft).
+  el::raise_open_file_limit();
   try {
     boost::asio::io_context ioc(1);
     el::store_server server(ioc, o);

@@ -326,6 +326,18 @@ class store_client {
   std::unique_ptr<detail::client_connection> conn_;
 };
 
+//! A process's open-file limits (RLIMIT_NOFILE).
+struct open_file_limit {
+  std::uint64_t soft = 0;  //!< the limit in force
+  std::uint64_t hard = 0;  //!< how far an unprivileged process may raise it
+};
+//! Raises this process's soft open-file limit to its hard limit and returns
+//! the limits from before (zeros if they cannot be read). A store
+//! serving N workers holds about 3 N sockets, and the usual soft limit (1024)
+//! stops it near 340 workers. `ebbflow-run` and `ebbflow-store` call it at
+//! start; `ebbflow-run` starts its workers with the old soft limit.
+open_file_limit raise_open_file_limit() noexcept;
+
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
 

@@ -48,9 +48,10 @@ struct child_spec {
   int id = 0;                                            //!< caller's name for it (the rank)
   std::vector<std::string> argv;                         //!< program (searched in PATH) and arguments
   std::vector<std::pair<std::string, std::string>> env;  //!< set on top of this process's environment
-  bool capture_output = true;  //!< deliver stdout/stderr lines to the handler; else inherit ours
-  int nice = 0;                //!< niceness increment the child starts with (0: as ours)
-  std::vector<int> cpus;       //!< CPUs the child may run on (empty: as ours)
+  bool capture_output = true;     //!< deliver stdout/stderr lines to the handler; else inherit ours
+  int nice = 0;                   //!< niceness increment the child starts with (0: as ours)
+  std::vector<int> cpus;          //!< CPUs the child may run on (empty: as ours)
+  std::uint64_t nofile_soft = 0;  //!< soft open-file limit the child starts with (0: as ours)
 };
 
 //! How a child ended.
@@ -138,6 +139,9 @@ class process_group {
     cpu_set_t ours;
     const bool rebound = !spec.cpus.empty() && ::sched_getaffinity(0, sizeof ours, &ours) == 0 &&
                          ::sched_setaffinity(0, sizeof cpus, &cpus) == 0;
+    rlimit nofile{};
+    const bool set_nofile = spec.nofile_soft != 0 && ::getrlimit(RLIMIT_NOFILE, &nofile) == 0;
+    if (set_nofile) nofile.rlim_cur = std::min<rlim_t>(spec.nofile_soft, nofile.rlim_max);
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (rebound && pid != 0) ::sched_setaffinity(0, sizeof ours, &ours);
@@ -155,6 +159,7 @@ class process_group {
         const int cur = ::getpriority(PRIO_PROCESS, 0);
         if (errno == 0) ::setpriority(PRIO_PROCESS, 0, cur + spec.nice);
       }
+      if (set_nofile) ::setrlimit(RLIMIT_NOFILE, &nofile);
       // Bound before exec, so not even the program's start-up runs elsewhere.
       if (!spec.cpus.empty() && ::sched_setaffinity(0, sizeof cpus, &cpus) != 0) {
         const int e = -errno;  // negative: the binding failed, not the exec

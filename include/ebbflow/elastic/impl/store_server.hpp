@@ -20,6 +20,8 @@
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -125,6 +127,7 @@ class server_impl : public std::enable_shared_from_this<server_impl> {
   server_options opts_;
   std::uint16_t port_ = 0;
   bool stopped_ = false;
+  bool accept_failing_ = false;  // an accept error was logged; cleared by the next accepted connection
   std::uint64_t next_id_ = 0;
   std::unordered_map<std::string, std::string> data_;
   std::unordered_multimap<std::string, std::shared_ptr<store_waiter>> waiters_;
@@ -438,8 +441,19 @@ inline void server_impl::accept() {
   acceptor_.async_accept(*sock, [self = shared_from_this(), sock](const boost::system::error_code& ec) {
     if (self->stopped_) return;
     if (ec) {
-      // EMFILE and friends: log and retry shortly rather than spin.
-      EBBFLOW_LOG_WARN("store: accept failed: " << ec.message() << "; retrying in 50 ms");
+      // EMFILE and friends: log once and retry shortly rather than spin.
+      if (!self->accept_failing_) {
+        std::string hint;
+        if (ec == boost::system::errc::too_many_files_open) {
+          rlimit l{};
+          ::getrlimit(RLIMIT_NOFILE, &l);
+          hint = " (open-file limit " + std::to_string(l.rlim_cur) + ", " + std::to_string(self->conns_.size()) +
+                 " connections open; every worker holds 3: raise `ulimit -n`, or call "
+                 "elastic::raise_open_file_limit() in the process that serves the store)";
+        }
+        EBBFLOW_LOG_WARN("store: accept failed: " << ec.message() << hint << "; retrying every 50 ms");
+        self->accept_failing_ = true;
+      }
       self->retry_.expires_after(std::chrono::milliseconds(50));
       self->retry_.async_wait([self](const boost::system::error_code& e) {
         if (!e) self->accept();
@@ -447,6 +461,7 @@ inline void server_impl::accept() {
       return;
     }
     self->accepted_.fetch_add(1, std::memory_order_relaxed);
+    self->accept_failing_ = false;
     const std::uint64_t id = self->next_id_++;
     auto conn = std::make_shared<server_conn>(self, std::move(*sock), id);
     self->conns_.emplace(id, conn);
@@ -725,6 +740,17 @@ inline server_stats store_server::stats() const noexcept { return impl_->stats()
 
 inline void store_server::stop() noexcept {
   if (impl_) impl_->stop();
+}
+
+inline open_file_limit raise_open_file_limit() noexcept {
+  rlimit l{};
+  if (::getrlimit(RLIMIT_NOFILE, &l) != 0) return {};
+  const open_file_limit before{static_cast<std::uint64_t>(l.rlim_cur), static_cast<std::uint64_t>(l.rlim_max)};
+  if (l.rlim_cur < l.rlim_max) {  // never infinite for open files (fs.nr_open bounds both)
+    l.rlim_cur = l.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &l);
+  }
+  return before;
 }
 
 }  // namespace elastic
