@@ -67,6 +67,8 @@ TEST(BFloat16, RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(ef::bfloat16::to_float(ef::bfloat16::from_float(NAN))));
   for (std::uint32_t b = 0; b < 0x10000u; ++b) {
     const float f = ef::bfloat16::to_float(static_cast<std::uint16_t>(b));
-    if (!std::isnan(f)) ASSERT_EQ(ef::bfloat16::from_float(f), b);
+    if (!std::isnan(f)) {
+      ASSERT_EQ(ef::bfloat16::from_float(f), b);
+    }
   }
 }
