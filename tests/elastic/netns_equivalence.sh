@@ -4,10 +4,13 @@
 # namespaces joined by a veth pair (UCX over tcp only, no shared memory
 # between them), two joins, a graceful leave, a SIGKILL and a hung
 # coordinator (SIGSTOP, then SIGCONT: it rejoins) while training; the
-# parameters must equal a single-process run over the same global batches. Needs root and `ip netns`; exits 77 (skipped) without them.
+# parameters must equal a single-process run over the same global batches,
+# and the per-process traces must show every sample of every committed step
+# trained exactly once, with the same sums and state on every member
+# (check_trace.py). Needs root and `ip netns`; exits 77 (skipped) without them.
 # Usage: netns_equivalence.sh EBBFLOW_RUN ELASTIC_TRAIN
 set -euo pipefail
-run=$(realpath "$1") train=$(realpath "$2")
+run=$(realpath "$1") train=$(realpath "$2") here=$(cd "$(dirname "$0")" && pwd)
 if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
   echo "skipped: needs root and iproute2"
   exit 77
@@ -35,8 +38,8 @@ cd "$work"
 common=(--steps 1000 --sample-us 150 --step-us 1500)
 # The launcher and its store live in the first namespace.
 if ! ip netns exec "$a" timeout 240 env EBBFLOW_LEASE_MS=500 "$run" --store "${net}1:0" -n 3 \
-  --add 0.5:2 --leave 1.0:1 --kill 1.5:2 --add 2.0 --stop 2.5:0:1.5 -- \
-  "$work/wrap" "$train" "${common[@]}" --params-out elastic.bin >job.log 2>&1; then
+  --event-clock training --add 0.5:2 --leave 1.0:1 --kill 1.5:2 --add 2.0 --stop 2.5:0:1.5 -- \
+  "$work/wrap" "$train" "${common[@]}" --params-out elastic.bin --trace . >job.log 2>&1; then
   echo "FAIL: the elastic job failed"
   tail -40 job.log
   exit 1
@@ -51,6 +54,10 @@ for what in "world changed (join): 3 -> 5" "world changed (leave): 5 -> 4" "worl
     exit 1
   fi
 done
+if ! python3 "$here/check_trace.py" . --steps 1000; then
+  echo "FAIL: the sample trace is not exactly-once"
+  exit 1
+fi
 # Endpoints to the hung worker close by force: no close waits for it.
 if grep -F "endpoint close(s)" job.log; then
   echo "FAIL: an endpoint close waited for a peer that does not answer"
