@@ -187,12 +187,21 @@ std::uint64_t fnv1a(std::span<const float> v, std::uint64_t x = 0xcbf29ce4842223
   return x;
 }
 
+// Σ p (in double): compared step by step with the reference's, within rounding. For --trace.
+double sum_of(std::span<const float> p) {
+  double x = 0;
+  for (float v : p) x += v;
+  return x;
+}
+
 int reference(const args& a, const digits::data_set& train, const digits::data_set& test) {
   const mlp::shape sh{64, a.hidden, 10};
   auto p = mlp::init(sh, a.seed);
   std::vector<float> v(p.size(), 0.f), g(p.size());
   std::size_t cursor = 0;
   std::int64_t epoch = 0;
+  // --trace: "R step Σparams" after each step, for a step-by-step comparison with an elastic run's C lines.
+  std::FILE* trace = a.trace.empty() ? nullptr : std::fopen((a.trace + "/reference.txt").c_str(), "w");
   for (std::int64_t t = 0; t < a.steps; ++t) {
     const ef::plan::epoch_permutation order(train.size(), a.seed, static_cast<std::uint64_t>(epoch));
     const std::size_t B = std::min(a.batch, train.size() - cursor);
@@ -202,12 +211,14 @@ int reference(const args& a, const digits::data_set& train, const digits::data_s
       mlp::accumulate(sh, p, &train.x[i * 64], train.y[i], 1.f / static_cast<float>(B), g);
     }
     mlp::sgd_step(p, v, g, a.lr, a.momentum);
+    if (trace) std::fprintf(trace, "R %lld %.9e\n", static_cast<long long>(t), sum_of(p));
     cursor += B;
     if (cursor >= train.size()) cursor = 0, ++epoch;
   }
   std::printf("reference: %lld steps, test accuracy %.4f\n", static_cast<long long>(a.steps),
               mlp::accuracy(sh, p, test.x, test.y));
   write_params(a.params_out, p);
+  if (trace) std::fclose(trace);
   return 0;
 }
 
@@ -253,10 +264,11 @@ int main(int argc, char** argv) try {
   std::FILE* metrics = nullptr;
   // --trace: per attempt "A generation step epoch cursor global_batch first-last ..." (positions in
   // the global batch this process trained on, written before the allreduce, so a killed process
-  // leaves its last attempt), and "C generation step H(gradient) H(parameters, velocity)" once the
-  // allreduce succeeded and the update was applied (H: FNV-1a 64 of the bytes). Checked by
-  // tests/elastic/check_trace.py: every committed step's samples exactly once, and every member
-  // that committed a (generation, step) holds the same sums and the same state after it.
+  // leaves its last attempt), and "C generation step H(gradient) H(parameters, velocity) Σparameters"
+  // once the allreduce succeeded and the update was applied (H: FNV-1a 64 of the bytes). Checked by
+  // tests/elastic/check_trace.py: every committed step's samples exactly once, every member that
+  // committed a (generation, step) holds the same sums and the same state after it, and (with
+  // --reference --trace DIR beside it) where the parameters first drift from the reference.
   std::FILE* trace = nullptr;
   if (!a.trace.empty()) {
     const std::string path = a.trace + "/trace." + std::to_string(::getpid()) + ".txt";
@@ -322,9 +334,9 @@ int main(int argc, char** argv) try {
     if (!group.allreduce(grad)) continue;  // ebbflow: a member failed; the step is redone
     mlp::sgd_step(params, velocity, std::span(grad).first(params.size()), a.lr, a.momentum);
     if (trace) {
-      std::fprintf(trace, "C %lld %lld %016llx %016llx\n", static_cast<long long>(s.generation),
+      std::fprintf(trace, "C %lld %lld %016llx %016llx %.9e\n", static_cast<long long>(s.generation),
                    static_cast<long long>(s.step), static_cast<unsigned long long>(fnv1a(grad)),
-                   static_cast<unsigned long long>(fnv1a(velocity, fnv1a(params))));
+                   static_cast<unsigned long long>(fnv1a(velocity, fnv1a(params))), sum_of(params));
       std::fflush(trace);
     }
     group.end_step(compute_s, processed);  // ebbflow: commit; joins, leaves and re-plans happen here

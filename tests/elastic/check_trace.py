@@ -36,6 +36,7 @@ def main():
     attempts = collections.defaultdict(list)  # (g, s) -> [(pid, epoch, cursor, B, ranges)]
     commits = collections.defaultdict(set)  # s -> {g}
     hashes = collections.defaultdict(dict)  # (g, s) -> {pid: (H(sums), H(state))}
+    sums = collections.defaultdict(list)  # s -> [(Σ parameters, pid, g)]
     files = sorted(glob.glob(os.path.join(a.dir, "trace.*.txt")))
     if not files:
         print(f"check_trace: no trace.*.txt in {a.dir}")
@@ -51,9 +52,11 @@ def main():
                     g, s, e, c, b = map(int, p[1:6])
                     ranges = [tuple(map(int, r.split("-"))) for r in p[6:]]
                     attempts[(g, s)].append((pid, e, c, b, ranges))
-                elif p[0] == "C" and len(p) in (3, 5):
+                elif p[0] == "C" and len(p) in (3, 5, 6):
                     commits[int(p[2])].add(int(p[1]))
-                    if len(p) == 5:
+                    if len(p) == 6:
+                        sums[int(p[2])].append((float(p[5]), pid, int(p[1])))
+                    if len(p) >= 5:
                         hashes[(int(p[1]), int(p[2]))][pid] = (p[3], p[4])
     problems = []
     for s in sorted(commits):
@@ -86,6 +89,27 @@ def main():
         absent = [s for s in range(a.steps) if s not in commits]
         if absent:
             problems.append(f"steps never committed: {absent[:20]}")
+    # With the single-process run's trace (elastic_train --reference --trace DIR:
+    # "R step Σparameters"), the first step whose parameters drift from it.
+    ref_path = os.path.join(a.dir, "reference.txt")
+    if os.path.exists(ref_path):
+        ref = {}
+        with open(ref_path) as fh:
+            for line in fh:
+                p = line.split()
+                if len(p) == 3 and p[0] == "R":
+                    ref[int(p[1])] = float(p[2])
+        for s in sorted(sums):
+            if s not in ref:
+                continue
+            off = [(abs(x - ref[s]), x, pid, g) for x, pid, g in sums[s]]
+            worst = max(off)
+            # Sums in another order: rounding grows slowly; a lost or repeated contribution jumps.
+            if worst[0] > 1e-3 * (1 + abs(ref[s])):
+                problems.append(f"step {s}: the parameters drift from the single-process run's: sum {worst[1]:.9e} "
+                                f"(process {worst[2]}, generation {worst[3]}) against {ref[s]:.9e}; every process "
+                                f"at that step: " + ", ".join(f"{pid}/g{g}:{x:.9e}" for x, pid, g in sums[s]))
+                break
     for p in problems[:20]:
         print("check_trace:", p)
     if not problems:

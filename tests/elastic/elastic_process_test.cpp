@@ -76,12 +76,15 @@ class ElasticProcess : public ::testing::Test {
                   " " EBBFLOW_RUN " --event-clock training " + launcher_flags + " -- " ELASTIC_TRAIN + common +
                   " --params-out elastic.bin --trace .");
     EXPECT_EQ(job.status, 0) << job.output;
+    auto ref = sh(std::string(ELASTIC_TRAIN) + common + " --reference --params-out " + (dir_ / "ref.bin").string() +
+                  " --trace " + dir_.string());
+    EXPECT_EQ(ref.status, 0) << ref.output;
     // Sample by sample: every committed step trained on each sample of its
-    // global batch exactly once, across all processes and attempts.
+    // global batch exactly once, across all processes and attempts, with the
+    // same sums and state on every member; and the first step, if any, whose
+    // parameters drift from the single-process run's.
     const auto traced = sh("python3 " CHECK_TRACE " " + dir_.string() + " --steps " + std::to_string(steps));
     EXPECT_EQ(traced.status, 0) << traced.output << job.output;
-    auto ref = sh(std::string(ELASTIC_TRAIN) + common + " --reference --params-out " + (dir_ / "ref.bin").string());
-    EXPECT_EQ(ref.status, 0) << ref.output;
     const auto a = read_params(dir_ / "elastic.bin"), b = read_params(dir_ / "ref.bin");
     EXPECT_EQ(a.size(), b.size()) << job.output;
     EXPECT_FALSE(a.empty());

@@ -419,6 +419,7 @@ int main(int argc, char** argv) {
   // forms, no event is due.
   std::optional<ef::steady_clock::time_point> events_zero;
   std::unique_ptr<el::store_client> gen0_probe;
+  // The key group_options' prefix (EBBFLOW_JOB, default "ebbflow") gives generation 0.
   const std::string gen0_key = ef::env::get("EBBFLOW_JOB").value_or("ebbflow") + "/gen/0";
   if (!opt.events_from_training) {
     events_zero = started;
