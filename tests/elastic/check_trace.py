@@ -37,6 +37,7 @@ def main():
     commits = collections.defaultdict(set)  # s -> {g}
     hashes = collections.defaultdict(dict)  # (g, s) -> {pid: (H(sums), H(state))}
     sums = collections.defaultdict(list)  # s -> [(Σ parameters, pid, g)]
+    committed_heads = collections.defaultdict(set)  # s -> {(epoch, cursor, B)} of its commits
     files = sorted(glob.glob(os.path.join(a.dir, "trace.*.txt")))
     if not files:
         print(f"check_trace: no trace.*.txt in {a.dir}")
@@ -67,6 +68,7 @@ def main():
                 problems.append(f"step {s} generation {g}: processes disagree on (epoch, cursor, B): {sorted(heads)}")
                 continue
             (_, _, b), = heads
+            committed_heads[s].add(next(iter(heads)))
             seen = collections.Counter()
             for pid, _, _, _, ranges in att:
                 for lo, hi in ranges:
@@ -85,6 +87,20 @@ def main():
                 who = ", ".join(f"{pid}:{h[i]}" for pid, h in sorted(by_pid.items()))
                 problems.append(f"step {s} generation {g}: the processes that committed it hold different "
                                 f"{what}: {who}")
+    # Each step starts where the one before ended: cursor + B, or the next
+    # epoch at 0 (a state transfer or a recovery that lost or repeated a
+    # step's position would show here, whatever the samples within a step).
+    for s in sorted(committed_heads):
+        if s == 0:
+            if committed_heads[0] != {(0, 0, next(iter(committed_heads[0]))[2])}:
+                problems.append(f"step 0 does not start at epoch 0, cursor 0: {sorted(committed_heads[0])}")
+            continue
+        if s - 1 not in committed_heads:
+            continue
+        for e, c, _ in committed_heads[s]:
+            if not any((e == e0 and c == c0 + b0) or (e == e0 + 1 and c == 0) for e0, c0, b0 in committed_heads[s - 1]):
+                problems.append(f"step {s} starts at epoch {e}, cursor {c}: not where step {s - 1} ended "
+                                f"({sorted(committed_heads[s - 1])})")
     if a.steps is not None:
         absent = [s for s in range(a.steps) if s not in commits]
         if absent:
