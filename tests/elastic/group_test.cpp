@@ -553,6 +553,20 @@ TEST(ElasticGroup, TwoFailuresAtOnceThenJoinAndLeave) {
   expect_equal_to_reference(sc, out, 3);  // 5 - 2 killed - 1 left + 1 joined
 }
 
+// Sixteen members (on however few cores): three die at once, two join, one
+// leaves; the result still equals the single-process run.
+TEST(ElasticGroup, SixteenMembersThreeFailAtOnceTwoJoinOneLeaves) {
+  scenario sc;
+  sc.initial = 16;
+  sc.steps = 40;
+  sc.kills = {{3, 8}, {7, 8}, {11, 8}};
+  sc.joins = {14, 15};
+  sc.leaves = {{5, 24}};
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 14);  // 16 - 3 killed + 2 joined - 1 left
+}
+
 TEST(ElasticGroup, KillOfALeaverWhileTheOthersConnectIsAFailureNotALeave) {
   // Member 2 asks to leave at step 20 (the others start connecting without
   // it) and dies at step 21, before the switch. The leave's record has the

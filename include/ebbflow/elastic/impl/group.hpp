@@ -1549,28 +1549,54 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
     const auto recovery_started = steady_clock::now();
     bool waiting_logged = false, stuck_logged = false;
     std::optional<detail::generation_record> next;
+    // Each round asks the store in at most three pipelined batches, however
+    // large the group: the next record and who reported; of the others, who
+    // was reported lost; of the rest, their heartbeats.
+    std::vector<std::string> reported_keys{next_key};
+    for (auto& m : gen_.members)
+      if (m.id != id_) reported_keys.push_back(key("recover/" + gs + "/" + std::to_string(m.id)));
     while (!next) {
-      if (auto cur = store_->try_get(next_key, store_deadline())) {
+      const auto reported = detail::try_get_all(*store_, reported_keys, store_deadline());
+      if (const auto& cur = reported[0]) {
         next = detail::generation_record::decode(to_bytes(*cur));
         break;
       }
       // Who of g is alive (reported), dead (reported lost or lease expired), or undecided?
+      std::vector<std::string> lost_keys, hb_keys;
+      std::vector<std::size_t> unreported, maybe_alive;  // indices into gen_.members
+      for (std::size_t i = 0, k = 1; i < gen_.members.size(); ++i) {
+        if (gen_.members[i].id == id_) continue;
+        if (!reported[k++]) {
+          unreported.push_back(i);
+          lost_keys.push_back(dead_key(g, gen_.members[i].id));
+        }
+      }
+      const auto lost = detail::try_get_all(*store_, lost_keys, store_deadline());
+      for (std::size_t j = 0; j < unreported.size(); ++j) {
+        if (lost[j] || unresolved_deadline.expired()) continue;  // reported lost by a peer's transport, or too late
+        maybe_alive.push_back(unreported[j]);
+        hb_keys.push_back(key("hb/" + std::to_string(gen_.members[unreported[j]].id)));
+      }
+      std::vector<std::uint8_t> heartbeating(gen_.members.size(), 0);  // unreported, lease fresh
+      if (!hb_keys.empty()) {
+        const auto hbs =
+            detail::add_all(*store_, hb_keys, std::vector<std::int64_t>(hb_keys.size(), 0), store_deadline());
+        const auto now = steady_clock::now();
+        for (std::size_t j = 0; j < maybe_alive.size(); ++j)
+          heartbeating[maybe_alive[j]] = fresh(gen_.members[maybe_alive[j]].id, hbs[j], now, hb_seen);
+      }
       std::vector<detail::member_entry> alive;
       std::string undecided_ids;  // alive by their heartbeat, not yet in the recovery
       bool undecided = false;
-      for (auto& m : gen_.members) {
-        const std::string ms = std::to_string(m.id);
-        if (m.id == id_) {
+      for (std::size_t i = 0, k = 1; i < gen_.members.size(); ++i) {
+        const member_id m = gen_.members[i].id;
+        if (m == id_) {
           alive.push_back({id_, step_});
-          continue;
-        }
-        if (auto c = store_->try_get(key("recover/" + gs + "/" + ms), store_deadline())) {
-          alive.push_back({m.id, detail::parse_i64(*c)});
-        } else if (store_->try_get(dead_key(g, m.id), store_deadline())) {
-          // reported lost by a peer's transport
-        } else if (fresh(*store_, m.id, hb_seen) && !unresolved_deadline.expired()) {
+        } else if (const auto& r = reported[k++]) {
+          alive.push_back({m, detail::parse_i64(*r)});
+        } else if (heartbeating[i]) {
           undecided = true;
-          detail::append_listed(undecided_ids, ms);
+          detail::append_listed(undecided_ids, std::to_string(m));
         }
       }
       // A member whose heartbeat goes on but whose training thread does not
