@@ -34,6 +34,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <random>
 #include <span>
 #include <string>
 #include <thread>
@@ -271,7 +272,10 @@ int main(int argc, char** argv) try {
   // --reference --trace DIR beside it) where the parameters first drift from the reference.
   std::FILE* trace = nullptr;
   if (!a.trace.empty()) {
-    const std::string path = a.trace + "/trace." + std::to_string(::getpid()) + ".txt";
+    // The pid, and a random part: in pid namespaces (containers) several workers may be pid 1.
+    char id[32];
+    std::snprintf(id, sizeof id, "%d-%08x", static_cast<int>(::getpid()), std::random_device{}());
+    const std::string path = a.trace + "/trace." + id + ".txt";
     trace = std::fopen(path.c_str(), "w");
     if (!trace) {
       std::cerr << "elastic_train: cannot write " << path << "\n";

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Checks the sample traces of an elastic job (examples/elastic_train --trace DIR).
 
-Every process writes trace.<pid>.txt: per attempt of a step
+Every process writes trace.<pid>-<random>.txt: per attempt of a step
 "A generation step epoch cursor global_batch first-last ...", the positions of
 the global batch it trained on, written before the gradient allreduce; and
 "C generation step [H(sums) H(state)]" when that allreduce succeeded and the

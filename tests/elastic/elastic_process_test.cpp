@@ -69,12 +69,13 @@ class ElasticProcess : public ::testing::Test {
   // launcher's timed events count from the first generation, so on a loaded
   // machine none lands while the workers still start (unless a test asks
   // for --event-clock launch: the last flag wins).
+  // `wrapper`: a command prefix for every worker (e.g. into a namespace).
   std::string train(const std::string& launcher_flags, const std::string& env = "", int steps = 300,
-                    const std::string& extra = "") {
+                    const std::string& extra = "", const std::string& wrapper = "") {
     const std::string common = " --steps " + std::to_string(steps) + " --sample-us 150 --step-us 1500 " + extra;
     auto job = sh("cd " + dir_.string() + " && timeout 120 env EBBFLOW_LEASE_MS=500 " + env +
-                  " " EBBFLOW_RUN " --event-clock training " + launcher_flags + " -- " ELASTIC_TRAIN + common +
-                  " --params-out elastic.bin --trace .");
+                  " " EBBFLOW_RUN " --event-clock training " + launcher_flags + " -- " + wrapper + " " ELASTIC_TRAIN +
+                  common + " --params-out elastic.bin --trace .");
     EXPECT_EQ(job.status, 0) << job.output;
     auto ref = sh(std::string(ELASTIC_TRAIN) + common + " --reference --params-out " + (dir_ / "ref.bin").string() +
                   " --trace " + dir_.string());
@@ -313,6 +314,22 @@ TEST_F(ElasticProcess, BelowMinSizeWaitsThenResumesWhenAWorkerArrives) {
   const auto out = train("-n 2 --min 2 --kill 0.4:1 --add 1.5");
   EXPECT_NE(out.find("below EBBFLOW_MIN_SIZE=2: waiting for workers"), std::string::npos) << out;
   EXPECT_NE(out.find("-> 2 workers"), std::string::npos) << out;
+}
+
+// Workers in containers of one host share the boot id, but a pid means
+// another process in each pid namespace, and with address randomisation off
+// two workers there can even have their probe word at the same address:
+// here each worker runs as pid 1 of its own pid namespace with the same
+// layout. Before the per-transport nonce and the pid-namespace check, ranks
+// 1 and 2 took each other for local peers (a single-copy read of pid 1 read
+// the reader itself). No peer may be local; the job equals the reference.
+TEST_F(ElasticProcess, WorkersInOtherPidNamespacesAreNeverSingleCopyPeers) {
+  if (sh("unshare --pid --fork --kill-child setarch $(uname -m) -R true").status != 0)
+    GTEST_SKIP() << "cannot make pid namespaces here (not root, or a container without CAP_SYS_ADMIN)";
+  const auto out =
+      train("-n 3", "EBBFLOW_LOG=debug", 100, "", "unshare --pid --fork --kill-child setarch $(uname -m) -R");
+  EXPECT_EQ(count(out, "peers on this host (single-copy reads)"), 3) << out;
+  EXPECT_EQ(count(out, ": 0 of 2 peers on this host"), 3) << out;
 }
 
 TEST_F(ElasticProcess, WorkerWithoutTheJobTokenIsRefused) {

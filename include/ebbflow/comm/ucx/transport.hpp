@@ -37,12 +37,15 @@
 #include <ebbflow/core/log.hpp>
 
 #include <sched.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -60,12 +63,30 @@ namespace comm::ucx {
 inline constexpr int max_ranks = 1 << 16;
 
 namespace detail {
-inline constexpr std::uint64_t probe_value = 0xebbf10'57a6e5ull;
+// What a rank tells its peers at wire-up so that those on the same host can
+// read its memory directly (single copy). A pid names a process only within
+// one pid namespace: two containers on one host (one boot id) may each run
+// a worker as pid 1, and with the same memory layout the probe address too.
+// So a peer is local only with the same boot id and pid namespace, and when
+// the word at `probe` in process `pid` holds this transport's random nonce.
 struct hello {
   std::uint64_t pid;
-  std::uint64_t probe;
+  std::uint64_t probe;   // address of the probe word, which holds `nonce`
+  std::uint64_t nonce;   // random per transport
+  std::uint64_t pid_ns;  // inode of /proc/self/ns/pid (0: unknown)
   char boot_id[40];
 };
+inline std::uint64_t pid_namespace() noexcept {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
+}
+inline std::uint64_t random_nonce() noexcept {
+  std::uint64_t x = 0;
+  if (::getrandom(&x, sizeof x, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof x) || x == 0)
+    x = (static_cast<std::uint64_t>(::getpid()) << 32) ^
+        static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^ 0xebbf1057a6e5ull;
+  return x;
+}
 inline void read_boot_id(char (&out)[40]) noexcept {
   std::memset(out, 0, sizeof out);
   if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
@@ -237,10 +258,10 @@ class transport {
     std::vector<void*> closing;               // endpoint closes in flight (start_close)
     bool close_started = false;
     steady_clock::time_point close_until{};
-    std::vector<pid_t> pids;                    // local_peer()
-    bool oversubscribed = false;                // more local ranks than usable cores
-    std::uint64_t probe = detail::probe_value;  // read by peers to test single-copy access
-    struct handshake;                           // while connecting (see `start`)
+    std::vector<pid_t> pids;                       // local_peer()
+    bool oversubscribed = false;                   // more local ranks than usable cores
+    std::uint64_t probe = detail::random_nonce();  // read by peers to test single-copy access
+    struct handshake;                              // while connecting (see `start`)
     std::unique_ptr<handshake> connecting;
     explicit state(std::shared_ptr<worker> wk) : w(std::move(wk)) {}
     ~state();
@@ -377,6 +398,8 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   auto& hs = *st_->connecting;
   hs.mine.pid = static_cast<std::uint64_t>(::getpid());
   hs.mine.probe = reinterpret_cast<std::uint64_t>(&st_->probe);
+  hs.mine.nonce = st_->probe;
+  hs.mine.pid_ns = detail::pid_namespace();
   detail::read_boot_id(hs.mine.boot_id);
   hs.theirs.resize(n);
   for (int p = 0; p < size; ++p) {
@@ -427,12 +450,14 @@ inline void transport::finish_handshake() noexcept {
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
     const auto& h = hs->theirs[static_cast<std::size_t>(p)];
-    // Same boot and the kernel lets us read the peer's memory: single-copy capable.
-    if (std::memcmp(h.boot_id, hs->mine.boot_id, sizeof hs->mine.boot_id) == 0 && hs->mine.boot_id[0]) {
+    // Same boot, same pid namespace, and the kernel lets us read the peer's
+    // nonce where it said: single-copy capable (see detail::hello).
+    if (std::memcmp(h.boot_id, hs->mine.boot_id, sizeof hs->mine.boot_id) == 0 && hs->mine.boot_id[0] &&
+        h.pid_ns == hs->mine.pid_ns) {
       std::uint64_t v = 0;
       iovec l{&v, sizeof v}, r{reinterpret_cast<void*>(h.probe), sizeof v};
       if (::process_vm_readv(static_cast<pid_t>(h.pid), &l, 1, &r, 1, 0) == static_cast<ssize_t>(sizeof v) &&
-          v == detail::probe_value)
+          v == h.nonce)
         st_->pids[static_cast<std::size_t>(p)] = static_cast<pid_t>(h.pid);
     }
   }
@@ -442,6 +467,8 @@ inline void transport::finish_handshake() noexcept {
   CPU_ZERO(&cpus);
   const int cores = ::sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   st_->oversubscribed = local > cores;
+  EBBFLOW_LOG_DEBUG("ucx: generation " << st_->generation << ": " << local - 1 << " of " << size - 1
+                                       << " peers on this host (single-copy reads) [rank " << rank << "]");
 }
 
 inline transport::~transport() {
