@@ -118,7 +118,12 @@ def main():
         for s in sorted(sums):
             if s not in ref:
                 continue
-            off = [(abs(x - ref[s]), x, pid, g) for x, pid, g in sums[s]]
+            # A member judged dead that finished a step's allreduce anyway
+            # commits it alone in its old generation, from peers' buffers
+            # already reused; its state is replaced when it rejoins. The
+            # step's last generation is the one the job went on from.
+            last = max(g for _, _, g in sums[s])
+            off = [(abs(x - ref[s]), x, pid, g) for x, pid, g in sums[s] if g == last]
             worst = max(off)
             # Sums in another order: rounding grows slowly; a lost or repeated contribution jumps.
             if worst[0] > 1e-3 * (1 + abs(ref[s])):

@@ -457,9 +457,13 @@ class group {
   // Writes generation 0 of the registered workers (compare-and-set: the first proposal wins).
   void propose_initial(const std::vector<std::optional<std::string>>& registered);
   void wait_admission();
-  void adopt(detail::generation_record rec, steady_clock::time_point started);
+  // `begun`: a transport this member already started for rec (the
+  // background connect of a join that now goes the blocking way).
+  void adopt(detail::generation_record rec, steady_clock::time_point started,
+             std::optional<typename Net::transport_type> begun = {});
   // adopt(), and on a recoverable error the recovery of rec's generation.
-  void adopt_or_recover(detail::generation_record rec, steady_clock::time_point started);
+  void adopt_or_recover(detail::generation_record rec, steady_clock::time_point started,
+                        std::optional<typename Net::transport_type> begun = {});
   void enter(detail::generation_record rec);
   void install(detail::generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
                double prepared_seconds);
@@ -468,9 +472,11 @@ class group {
   void start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
                        std::vector<member_id> leavers, steady_clock::time_point started);
   void take_admission();
-  void adopt_announced(std::int64_t g1, steady_clock::time_point started);
+  void adopt_announced(std::int64_t g1, steady_clock::time_point started,
+                       std::optional<typename Net::transport_type> begun = {});
   void leave_now();
-  typename Net::transport_type connect_watched(const detail::generation_record& rec, const std::vector<bytes>& addrs);
+  typename Net::transport_type connect_watched(const detail::generation_record& rec, const std::vector<bytes>& addrs,
+                                               std::optional<typename Net::transport_type> begun = {});
   int poll_next();
   void sync_state();
   void recover(std::int64_t failed_generation, int lost_peer);

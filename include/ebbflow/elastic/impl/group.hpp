@@ -619,21 +619,24 @@ void group<Store, Net>::enter(detail::generation_record rec) {
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_point started) {
+void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_point started,
+                              std::optional<typename Net::transport_type> begun) {
   next_.reset();
   const int old_size = static_cast<int>(gen_.members.size());
   enter(std::move(rec));
   const auto t0 = steady_clock::now();
   if constexpr (!detail::stable_address<Net>()) {
-    const bytes mine = net_->prepare(gen_.generation);
-    store_->set(key("addr/" + std::to_string(gen_.generation) + "/" + std::to_string(id_)), to_value(mine),
-                store_deadline());
+    if (!begun) {
+      const bytes mine = net_->prepare(gen_.generation);
+      store_->set(key("addr/" + std::to_string(gen_.generation) + "/" + std::to_string(id_)), to_value(mine),
+                  store_deadline());
+    }
   }
   const auto t1 = steady_clock::now();
   if (opts_.join && step_ < 0) fault_point("join-connect");
-  auto addrs = gather_addresses(gen_);
+  auto addrs = begun ? std::vector<bytes>{} : gather_addresses(gen_);
   const auto t2 = steady_clock::now();
-  transport_.emplace(connect_watched(gen_, addrs), revoke_);
+  transport_.emplace(connect_watched(gen_, addrs, std::move(begun)), revoke_);
   comm_.emplace(*transport_, coll_opts_);
   const auto t3 = steady_clock::now();
   auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
@@ -646,10 +649,11 @@ void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::adopt_or_recover(detail::generation_record rec, steady_clock::time_point started) {
+void group<Store, Net>::adopt_or_recover(detail::generation_record rec, steady_clock::time_point started,
+                                         std::optional<typename Net::transport_type> begun) {
   const std::int64_t g = rec.generation;
   try {
-    adopt(std::move(rec), started);
+    adopt(std::move(rec), started, std::move(begun));
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
     recover(g, lost_in_adopt(e));
@@ -667,13 +671,16 @@ int group<Store, Net>::lost_in_adopt(const system_error& e) noexcept {
 
 template <kv_store Store, network Net>
 typename Net::transport_type group<Store, Net>::connect_watched(const detail::generation_record& rec,
-                                                                const std::vector<bytes>& addrs) {
+                                                                const std::vector<bytes>& addrs,
+                                                                std::optional<typename Net::transport_type> begun) {
   const auto d = deadline::after(opts_.op_timeout);
   if constexpr (detail::can_preconnect<Net>()) {
     // Wire up while watching the members' leases: a member that died before
     // it connected (UCX may only notice at its own timeout) is reported lost
     // within about one lease, and the group fails over instead of waiting.
-    auto t = net_->start_connect(rec.generation, rank_, addrs);
+    // A transport already started for this generation has taken its peers'
+    // wire-up messages: it must be the one that finishes (they come once).
+    auto t = begun ? std::move(*begun) : net_->start_connect(rec.generation, rank_, addrs);
     lease_watch leases;
     while (!t.poll_connect()) {
       if (revoke_ && revoke_->revoked())
@@ -699,6 +706,7 @@ typename Net::transport_type group<Store, Net>::connect_watched(const detail::ge
     }
     return t;
   } else {
+    (void)begun;
     return net_->connect(rec.generation, rank_, addrs, d);
   }
 }
@@ -1240,6 +1248,12 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
           nx.helper.request_stop();
           nx.helper.join();
         }
+        // A transport this member already started for g1 (here or by the
+        // helper) has taken wire-up messages its peers send only once: the
+        // blocking way finishes that one. A second transport for g1 would
+        // wait for them until the operation deadline (so would its peers).
+        std::optional<typename Net::transport_type> begun = std::move(nx.transport);
+        if (!begun && nx.admission && nx.admission->transport) begun = std::move(nx.admission->transport);
         nx.admission.reset();
         if (nx.excluded) {  // a concurrent recovery excluded this member: rejoin
           wait_admission();
@@ -1248,7 +1262,7 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
         // The helper may have stopped anywhere: redo what it may not have
         // done (writing the record twice is harmless), then the blocking way.
         if (nx.record) write_record(*store_, gen_key(nx.g1), *nx.record, nx.admitted, nx.g1);
-        adopt_announced(nx.g1, steady_clock::now());
+        adopt_announced(nx.g1, steady_clock::now(), std::move(begun));
       }
       return;  // leave requests are taken at the first boundary after the switch
     }
@@ -1336,7 +1350,8 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::adopt_announced(std::int64_t g1, steady_clock::time_point started) {
+void group<Store, Net>::adopt_announced(std::int64_t g1, steady_clock::time_point started,
+                                        std::optional<typename Net::transport_type> begun) {
   // The blocking way: wait for generation g1's record (the coordinator wrote
   // it, or a concurrent recovery did) and connect to it.
   const std::string gkey = gen_key(g1);
@@ -1352,7 +1367,7 @@ void group<Store, Net>::adopt_announced(std::int64_t g1, steady_clock::time_poin
     wait_admission();
     return;
   }
-  adopt_or_recover(std::move(rec), started);
+  adopt_or_recover(std::move(rec), started, std::move(begun));
 }
 
 template <kv_store Store, network Net>
@@ -1396,6 +1411,18 @@ void group<Store, Net>::start_admission(std::optional<std::string> record, std::
       try {
         if (!aux_store_) aux_store_ = connect_store_();
         Store& st = *aux_store_;
+        // Tests (EBBFLOW_FAULT=admission-late): the helper of the first
+        // member other than the coordinator (which writes the record the
+        // others wait for) gets no CPU for two leases, while the others'
+        // start their transports; the group then goes the blocking way.
+        if (rank != 0 && env::get("EBBFLOW_FAULT") == std::optional<std::string>("admission-late") &&
+            st.add(key("fault/admission-late"), 1, store_deadline()) == 1) {
+          EBBFLOW_LOG_WARN("EBBFLOW_FAULT=admission-late: member " << id_ << "'s admission helper sleeps "
+                                                                   << 2 * opts_.lease.count() << " ms");
+          for (const auto until = steady_clock::now() + 2 * opts_.lease;
+               !stop.stop_requested() && steady_clock::now() < until;)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
         if (record) write_record(st, gkey, *record, joiners, g1);
         const auto d = deadline::after(opts_.op_timeout);
         if (!detail::wait_key(st, gkey, d, stop))
