@@ -99,28 +99,37 @@ TEST(Launcher, ForwardsSigterm) {
   EXPECT_LT(r.seconds, 5.0);
 }
 
-TEST(Launcher, AttachesToAStandaloneStore) {
+//! A standalone store (`argv` runs ebbflow-store on a free port): the
+//! process and the port from its "listening on" line (0 if none came).
+struct standalone_store {
   std::string out;
-  el::detail::process_group store([&](int, int stream, std::string_view line) {
+  el::detail::process_group group{[this](int, int stream, std::string_view line) {
     if (stream == 1) out.append(line).push_back('\n');
-  });
-  el::detail::child_spec s;
-  s.argv = {EBBFLOW_STORE_TOOL, "--port", "0", "--token", "standalone-token"};
-  store.spawn(s);
-  const std::string banner = "listening on 127.0.0.1:";
-  const auto d = ef::deadline::after(10s);
-  while (out.find('\n') == std::string::npos && !d.expired()) store.poll(ef::deadline::after(20ms));
-  const auto at = out.find(banner);
-  ASSERT_NE(at, std::string::npos) << out;
-  const std::string port = out.substr(at + banner.size(), out.find('\n', at) - at - banner.size());
-  const std::string addr = "127.0.0.1:" + port;
+  }};
+  std::uint16_t port = 0;
+  explicit standalone_store(std::vector<std::string> argv) {
+    el::detail::child_spec s;
+    s.argv = std::move(argv);
+    group.spawn(s);
+    const auto d = ef::deadline::after(10s);
+    while (out.find('\n') == std::string::npos && !d.expired()) group.poll(ef::deadline::after(20ms));
+    const std::string banner = "listening on 127.0.0.1:";
+    if (const auto at = out.find(banner); at != std::string::npos)
+      port = static_cast<std::uint16_t>(std::stoi(out.substr(at + banner.size())));
+  }
+};
+
+TEST(Launcher, AttachesToAStandaloneStore) {
+  standalone_store store({EBBFLOW_STORE_TOOL, "--port", "0", "--token", "standalone-token"});
+  ASSERT_NE(store.port, 0) << store.out;
+  const std::string addr = "127.0.0.1:" + std::to_string(store.port);
   auto r = run({EBBFLOW_RUN, "-n", "3", "--attach", "--store", addr, "--token", "standalone-token", "--",
                 EBBFLOW_STORE_WORKER, "meet"});
   EXPECT_TRUE(r.exit.ok()) << r.err;
-  el::store_client c("127.0.0.1", static_cast<std::uint16_t>(std::stoi(port)), "standalone-token");
+  el::store_client c("127.0.0.1", store.port, "standalone-token");
   EXPECT_EQ(c.get("met", ef::deadline::after(2s)), "3");
-  store.signal_all(SIGTERM);
-  auto e = store.poll(ef::deadline::after(5s));
+  store.group.signal_all(SIGTERM);
+  auto e = store.group.poll(ef::deadline::after(5s));
   ASSERT_EQ(e.size(), 1u);
   EXPECT_TRUE(e[0].ok()) << e[0].describe();
 }
@@ -283,21 +292,11 @@ TEST(Launcher, AStandaloneStoreServesMoreClientsThanItsSoftFileLimit) {
   rlimit l{};
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &l), 0);
   if (l.rlim_max <= 256) GTEST_SKIP() << "hard open-file limit " << l.rlim_max << " leaves nothing to lift";
-  std::string out;
-  el::detail::process_group store([&](int, int stream, std::string_view line) {
-    if (stream == 1) out.append(line).push_back('\n');
-  });
-  el::detail::child_spec s;
-  s.argv = {"sh", "-c", std::string("ulimit -Sn 64 && exec ") + EBBFLOW_STORE_TOOL + " --port 0 --token t"};
-  store.spawn(s);
-  const std::string banner = "listening on 127.0.0.1:";
-  const auto d = ef::deadline::after(10s);
-  while (out.find('\n') == std::string::npos && !d.expired()) store.poll(ef::deadline::after(20ms));
-  const auto at = out.find(banner);
-  ASSERT_NE(at, std::string::npos) << out;
-  const auto port = static_cast<std::uint16_t>(std::stoi(out.substr(at + banner.size())));
+  standalone_store store(
+      {"sh", "-c", std::string("ulimit -Sn 64 && exec ") + EBBFLOW_STORE_TOOL + " --port 0 --token t"});
+  ASSERT_NE(store.port, 0) << store.out;
   std::vector<el::store_client> clients;
-  for (int i = 0; i < 150; ++i) clients.emplace_back("127.0.0.1", port, "t");
+  for (int i = 0; i < 150; ++i) clients.emplace_back("127.0.0.1", store.port, "t");
   int served = 0;
   for (auto& c : clients) {
     std::error_code ec;
@@ -306,8 +305,8 @@ TEST(Launcher, AStandaloneStoreServesMoreClientsThanItsSoftFileLimit) {
     ++served;
   }
   EXPECT_EQ(served, 150);
-  store.signal_all(SIGTERM);
-  store.poll(ef::deadline::after(5s));
+  store.group.signal_all(SIGTERM);
+  store.group.poll(ef::deadline::after(5s));
 }
 
 // Wall-clock stamp ("[t=...]") of the first stderr line holding `what`; -1 if none.
