@@ -4264,18 +4264,21 @@ namespace detail {
 // read its memory directly (single copy). A pid names a process only within
 // one pid namespace: two containers on one host (one boot id) may each run
 // a worker as pid 1, and with the same memory layout the probe address too.
-// So a peer is local only with the same boot id and pid namespace, and when
-// the word at `probe` in process `pid` holds this transport's random nonce.
+// So a peer is local only with the same boot id, pid namespace and network
+// namespace (a host as the job sees it: processes in two network namespaces
+// talk over the network, as on two hosts), and when the word at `probe` in
+// process `pid` holds this transport's random nonce.
 struct hello {
   std::uint64_t pid;
   std::uint64_t probe;   // address of the probe word, which holds `nonce`
   std::uint64_t nonce;   // random per transport
   std::uint64_t pid_ns;  // inode of /proc/self/ns/pid (0: unknown)
+  std::uint64_t net_ns;  // inode of /proc/self/ns/net (0: unknown)
   char boot_id[40];
 };
-inline std::uint64_t pid_namespace() noexcept {
+inline std::uint64_t namespace_inode(const char* path) noexcept {
   struct stat st {};
-  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
+  return ::stat(path, &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
 }
 inline std::uint64_t random_nonce() noexcept {
   std::uint64_t x = 0;
@@ -4596,7 +4599,8 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   hs.mine.pid = static_cast<std::uint64_t>(::getpid());
   hs.mine.probe = reinterpret_cast<std::uint64_t>(&st_->probe);
   hs.mine.nonce = st_->probe;
-  hs.mine.pid_ns = detail::pid_namespace();
+  hs.mine.pid_ns = detail::namespace_inode("/proc/self/ns/pid");
+  hs.mine.net_ns = detail::namespace_inode("/proc/self/ns/net");
   detail::read_boot_id(hs.mine.boot_id);
   hs.theirs.resize(n);
   for (int p = 0; p < size; ++p) {
@@ -4647,10 +4651,10 @@ inline void transport::finish_handshake() noexcept {
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
     const auto& h = hs->theirs[static_cast<std::size_t>(p)];
-    // Same boot, same pid namespace, and the kernel lets us read the peer's
-    // nonce where it said: single-copy capable (see detail::hello).
+    // Same boot, pid and network namespaces, and the kernel lets us read the
+    // peer's nonce where it said: single-copy capable (see detail::hello).
     if (std::memcmp(h.boot_id, hs->mine.boot_id, sizeof hs->mine.boot_id) == 0 && hs->mine.boot_id[0] &&
-        h.pid_ns == hs->mine.pid_ns) {
+        h.pid_ns == hs->mine.pid_ns && h.net_ns == hs->mine.net_ns) {
       std::uint64_t v = 0;
       iovec l{&v, sizeof v}, r{reinterpret_cast<void*>(h.probe), sizeof v};
       if (::process_vm_readv(static_cast<pid_t>(h.pid), &l, 1, &r, 1, 0) == static_cast<ssize_t>(sizeof v) &&
