@@ -335,12 +335,33 @@ int main(int argc, char** argv) try {
                    ranges.c_str());
       std::fflush(trace);
     }
+    // Per allreduce segment (the single-copy allreduce's: rank k reduces [count k / n, count (k+1) / n)):
+    // this member's part before the allreduce, the reduced sums after ("P" and "S" lines): a wrong
+    // segment reduction shows as a segment whose members' parts do not add up to the sum.
+    const auto segment_sums = [&] {
+      std::string out;
+      const std::size_t n = static_cast<std::size_t>(s.world_size);
+      for (std::size_t k = 0; k < n; ++k) {
+        const std::span<const float> part(grad.data() + grad.size() * k / n,
+                                          grad.size() * (k + 1) / n - grad.size() * k / n);
+        char b[32];
+        std::snprintf(b, sizeof b, " %.9e", sum_of(part));
+        out += b;
+      }
+      return out;
+    };
+    if (trace)
+      std::fprintf(trace, "P %lld %lld%s\n", static_cast<long long>(s.generation), static_cast<long long>(s.step),
+                   segment_sums().c_str());
     if (!group.allreduce(grad)) continue;  // ebbflow: a member failed; the step is redone
     mlp::sgd_step(params, velocity, std::span(grad).first(params.size()), a.lr, a.momentum);
     if (trace) {
-      std::fprintf(trace, "C %lld %lld %016llx %016llx %.9e\n", static_cast<long long>(s.generation),
+      std::fprintf(trace, "S %lld %lld%s\n", static_cast<long long>(s.generation), static_cast<long long>(s.step),
+                   segment_sums().c_str());
+      std::fprintf(trace, "C %lld %lld %016llx %016llx %.9e %.6f\n", static_cast<long long>(s.generation),
                    static_cast<long long>(s.step), static_cast<unsigned long long>(fnv1a(grad)),
-                   static_cast<unsigned long long>(fnv1a(velocity, fnv1a(params))), sum_of(params));
+                   static_cast<unsigned long long>(fnv1a(velocity, fnv1a(params))), sum_of(params),
+                   std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
       std::fflush(trace);
     }
     group.end_step(compute_s, processed);  // ebbflow: commit; joins, leaves and re-plans happen here

@@ -10653,6 +10653,7 @@ EBBFLOW_END_NAMESPACE
 #include <cerrno>
 #include <charconv>
 #include <filesystem>
+#include <iomanip>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -12428,6 +12429,11 @@ void group<Store, Net>::fault_point(const char* point) {
   } else if (waker > 0) {
     ::kill(self, SIGSTOP);
     ::waitpid(waker, nullptr, 0);
+    EBBFLOW_LOG_WARN(
+        "EBBFLOW_FAULT=" << point << ": member " << id_ << " goes on after its hang [t=" << std::fixed
+                         << std::setprecision(3)
+                         << std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()
+                         << "]");
   }
 }
 

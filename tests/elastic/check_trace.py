@@ -38,6 +38,7 @@ def main():
     hashes = collections.defaultdict(dict)  # (g, s) -> {pid: (H(sums), H(state))}
     sums = collections.defaultdict(list)  # s -> [(Σ parameters, pid, g)]
     committed_heads = collections.defaultdict(set)  # s -> {(epoch, cursor, B)} of its commits
+    parts = collections.defaultdict(dict)  # ("P" before / "S" after the allreduce, g, s) -> {pid: [segment sums]}
     files = sorted(glob.glob(os.path.join(a.dir, "trace.*.txt")))
     if not files:
         print(f"check_trace: no trace.*.txt in {a.dir}")
@@ -53,9 +54,11 @@ def main():
                     g, s, e, c, b = map(int, p[1:6])
                     ranges = [tuple(map(int, r.split("-"))) for r in p[6:]]
                     attempts[(g, s)].append((pid, e, c, b, ranges))
-                elif p[0] == "C" and len(p) in (3, 5, 6):
+                elif p[0] in ("P", "S") and len(p) >= 4:
+                    parts[(p[0], int(p[1]), int(p[2]))][pid] = [float(x) for x in p[3:]]
+                elif p[0] == "C" and len(p) in (3, 5, 6, 7):
                     commits[int(p[2])].add(int(p[1]))
-                    if len(p) == 6:
+                    if len(p) >= 6:
                         sums[int(p[2])].append((float(p[5]), pid, int(p[1])))
                     if len(p) >= 5:
                         hashes[(int(p[1]), int(p[2]))][pid] = (p[3], p[4])
@@ -87,6 +90,23 @@ def main():
                 who = ", ".join(f"{pid}:{h[i]}" for pid, h in sorted(by_pid.items()))
                 problems.append(f"step {s} generation {g}: the processes that committed it hold different "
                                 f"{what}: {who}")
+    # Per allreduce segment, the members' parts (P, before) add up to the
+    # reduced sum (S, after): a segment whose reduction went wrong is named,
+    # with the rank that reduced it.
+    for (kind, g, s), after in sorted(parts.items()):
+        if kind != "S" or s not in commits or g != max(commits[s]):
+            continue
+        before = parts.get(("P", g, s), {})
+        red = next(iter(after.values()))
+        if len(before) != len(red):
+            continue  # not every member's part is in the trace (a killed process)
+        for k, r in enumerate(red):
+            total = sum(v[k] for v in before.values())
+            scale = sum(abs(v[k]) for v in before.values()) + abs(r) + 1e-6
+            if abs(total - r) > 1e-4 * scale:
+                problems.append(f"step {s} generation {g}: segment {k} (reduced by rank {k}) sums to {r:.9e}, "
+                                f"but the members' parts add up to {total:.9e}: "
+                                + ", ".join(f"{pid}:{v[k]:.6e}" for pid, v in sorted(before.items())))
     # Each step starts where the one before ended: cursor + B, or the next
     # epoch at 0 (a state transfer or a recovery that lost or repeated a
     # step's position would show here, whatever the samples within a step).
