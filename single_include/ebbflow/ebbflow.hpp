@@ -11115,13 +11115,17 @@ void group<Store, Net>::wait_admission() {
   // of its worker (count_join_failures).
   if (cooldown) store_->set(key("wkey/" + std::to_string(id_)), opts_.worker_key, store_deadline());
   const std::string jkey = key("joined/" + std::to_string(id_));
+  // A member left out of its generation rejoins here; its key still names
+  // the generation it was admitted to before, which it must not adopt again.
+  const std::int64_t left = gen_.generation;
   const auto admitted = [&]() -> bool {
     auto v = store_->try_get(jkey, store_deadline());
     if (!v) return false;
+    const auto g = detail::parse_i64(*v);
+    if (g <= left) return false;
     if (cooldown)
       probation_end_.store((steady_clock::now() + opts_.join_cooldown_max).time_since_epoch().count(),
                            std::memory_order_relaxed);
-    const auto g = detail::parse_i64(*v);
     adopt_or_recover(detail::generation_record::decode(to_bytes(*store_->try_get(gen_key(g), store_deadline()))),
                      started);
     return true;

@@ -190,7 +190,10 @@ void ElasticProcess::expect_hang_survived(const std::string& fault) {
   EXPECT_NE(out.find("hangs here for 2500 ms"), std::string::npos) << out;
   EXPECT_NE(out.find("sent no heartbeat for EBBFLOW_LEASE_MS=500 ms"), std::string::npos) << out;
   EXPECT_NE(out.find("(failure)"), std::string::npos) << out;
-  EXPECT_NE(out.find("left out of generation"), std::string::npos) << out;
+  // Once: a member left out rejoins as a newcomer and never adopts the
+  // generation it was admitted to before (it did, over and over, until its
+  // new admission: thirteen times in one run).
+  EXPECT_EQ(count(out, "left out of generation"), 1) << out;
 }
 
 TEST_F(ElasticProcess, HangOfTheSenderDuringStateTransfer) { expect_hang_survived("sync-send"); }
