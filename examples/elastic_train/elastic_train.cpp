@@ -335,18 +335,17 @@ int main(int argc, char** argv) try {
                    ranges.c_str());
       std::fflush(trace);
     }
-    // Per allreduce segment (the single-copy allreduce's: rank k reduces [count k / n, count (k+1) / n)):
-    // this member's part before the allreduce, the reduced sums after ("P" and "S" lines): a wrong
-    // segment reduction shows as a segment whose members' parts do not add up to the sum.
+    // Per allreduce segment (the elements rank k reduces): this member's part before the
+    // allreduce, the reduced sums after ("P" and "S" lines): a wrong segment reduction
+    // shows as a segment whose members' parts do not add up to the sum.
     const auto segment_sums = [&] {
       std::string out;
-      const std::size_t n = static_cast<std::size_t>(s.world_size);
-      for (std::size_t k = 0; k < n; ++k) {
-        const std::span<const float> part(grad.data() + grad.size() * k / n,
-                                          grad.size() * (k + 1) / n - grad.size() * k / n);
-        char b[32];
-        std::snprintf(b, sizeof b, " %.9e", sum_of(part));
-        out += b;
+      for (int k = 0; k < s.world_size; ++k) {
+        const auto [b, e] = ef::comm::allreduce_segment(grad.size(), s.world_size, k);
+        const std::span<const float> part(grad.data() + b, e - b);
+        char txt[32];
+        std::snprintf(txt, sizeof txt, " %.9e", sum_of(part));
+        out += txt;
       }
       return out;
     };

@@ -119,6 +119,23 @@ TEST_P(Others, BroadcastAllgatherReduceScatterBarrier) {
 }
 INSTANTIATE_TEST_SUITE_P(Loopback, Others, ::testing::Values(1, 2, 3, 4, 5));
 
+// The segments the ring and single-copy allreduce give the ranks tile the
+// buffer in rank order, each within one element of count / n.
+TEST(Communicator, AllreduceSegmentsTileTheBuffer) {
+  for (std::size_t count : {0UL, 1UL, 7UL, 64UL, 1000003UL})
+    for (int n : {1, 2, 3, 5, 8, 16}) {
+      std::size_t next = 0;
+      for (int r = 0; r < n; ++r) {
+        const auto [b, e] = ef::comm::allreduce_segment(count, n, r);
+        EXPECT_EQ(b, next) << "count " << count << ", n " << n << ", rank " << r;
+        EXPECT_LE(e - b, count / static_cast<std::size_t>(n) + 1);
+        EXPECT_GE(e - b, count / static_cast<std::size_t>(n));
+        next = e;
+      }
+      EXPECT_EQ(next, count) << "count " << count << ", n " << n;
+    }
+}
+
 TEST(Communicator, RandomFloatsWithinTolerance) {
   // Non-integer data: summation order differs from the reference, so compare
   // with |err| <= n * eps * sum|x| (eps of the element type; f32 here).

@@ -200,7 +200,7 @@ TEST_F(ElasticProcess, HangOfTheSenderDuringStateTransfer) { expect_hang_survive
 
 TEST_F(ElasticProcess, HangOfTheJoinerDuringStateTransfer) { expect_hang_survived("sync-recv"); }
 
-// One member's admission helper is overdue (EBBFLOW_FAULT=admission-late:
+// One member's admission helper is overdue (EBBFLOW_FAULT=admission-helper:
 // it sleeps two leases), so every member finishes the join the blocking way
 // while the others' helpers have already started their transports, which
 // took the peers' one-time wire-up messages. Finishing those transports
@@ -208,9 +208,11 @@ TEST_F(ElasticProcess, HangOfTheJoinerDuringStateTransfer) { expect_hang_survive
 // operation deadline) keeps the join quick; the job equals the reference.
 TEST_F(ElasticProcess, AnOverdueAdmissionHelperFinishesTheJoinTheBlockingWayWithoutAStall) {
   const auto t0 = std::chrono::steady_clock::now();
-  const auto out = train("-n 3 --add 0.5", "EBBFLOW_OP_TIMEOUT_MS=60000 EBBFLOW_FAULT=admission-late", 600);
+  const auto out =
+      train("-n 3 --add 0.5", "EBBFLOW_OP_TIMEOUT_MS=60000 EBBFLOW_FAULT=admission-helper:sleep=1000", 600);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30)) << out;
-  EXPECT_NE(out.find("admission helper sleeps"), std::string::npos) << out;
+  EXPECT_EQ(count(out, "EBBFLOW_FAULT=admission-helper: member "), 1) << out;
+  EXPECT_NE(out.find("'s thread sleeps here for 1000 ms"), std::string::npos) << out;
   EXPECT_NE(out.find("world changed (join): 3 -> 4"), std::string::npos) << out;
 }
 

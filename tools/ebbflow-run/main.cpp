@@ -6,6 +6,7 @@
 #include <ebbflow/elastic/cooldown.hpp>
 #include <ebbflow/elastic/detail/hmac.hpp>
 #include <ebbflow/elastic/detail/process_group.hpp>
+#include <ebbflow/elastic/group.hpp>
 #include <ebbflow/elastic/store.hpp>
 
 #include <sched.h>
@@ -419,11 +420,17 @@ int main(int argc, char** argv) {
   // forms, no event is due.
   std::optional<ef::steady_clock::time_point> events_zero;
   std::unique_ptr<el::store_client> gen0_probe;
-  // The key group_options' prefix (EBBFLOW_JOB, default "ebbflow") gives generation 0.
-  const std::string gen0_key = ef::env::get("EBBFLOW_JOB").value_or("ebbflow") + "/gen/0";
+  std::string gen0_key;
   if (!opt.events_from_training) {
     events_zero = started;
   } else if (!opt.events.empty()) {
+    try {  // the workers' settings (EBBFLOW_JOB) name the key
+      gen0_key = el::group_options::from_environment().generation_key(0);
+    } catch (const std::exception& e) {
+      say(e.what());
+      group.signal_all(SIGKILL);
+      return 2;
+    }
     auto hp = ef::env::parse_host_port(store_addr, "store");
     gen0_probe = std::make_unique<el::store_client>(hp.host, hp.port, token);
   }

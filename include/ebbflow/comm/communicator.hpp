@@ -55,10 +55,22 @@
 #include <memory>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace comm {
+
+//! The elements [first, second) of a `count`-element buffer that rank `r` of
+//! `n` reduces in the ring and single_copy allreduce (and holds after the
+//! ring's reduce-scatter phase): count·r/n up to count·(r+1)/n. E.g. to shard
+//! an optimizer update the way the reduction is sharded, or to check each
+//! rank's partial sums.
+[[nodiscard]] constexpr std::pair<std::size_t, std::size_t> allreduce_segment(std::size_t count, int n,
+                                                                              int r) noexcept {
+  const auto un = static_cast<std::size_t>(n), ur = static_cast<std::size_t>(r);
+  return {count * ur / un, count * (ur + 1) / un};
+}
 
 //! Allreduce algorithm selection.
 enum class allreduce_algorithm : std::uint8_t {

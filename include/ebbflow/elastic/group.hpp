@@ -165,6 +165,10 @@ struct group_options {
   //! so a restarted worker keeps the key of the one it replaces).
   std::string worker_key;
 
+  //! The store key of generation `g`'s record, which the members write when
+  //! it forms (e.g. a launcher waits for generation 0 to know training began).
+  std::string generation_key(std::int64_t g) const { return prefix + "/gen/" + std::to_string(g); }
+
   //! Reads the fields named above from the environment (launch rank and world
   //! come from `launch_info`). @throws std::invalid_argument naming the variable.
   static group_options from_environment() { return from_environment(group_options{}); }
@@ -443,7 +447,7 @@ class group {
  private:
   std::string key(const std::string& k) const { return opts_.prefix + "/" + k; }
   // The store key of generation g's record.
-  std::string gen_key(std::int64_t g) const { return key("gen/" + std::to_string(g)); }
+  std::string gen_key(std::int64_t g) const { return opts_.generation_key(g); }
   // The store key that marks member m dead in generation g (a recovery leaves it out).
   std::string dead_key(std::int64_t g, member_id m) const {
     return key("dead/" + std::to_string(g) + "/" + std::to_string(m));
@@ -528,6 +532,7 @@ class group {
   void notify(change_reason reason, int old_size, double stall);
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
   void fault_point(const char* point);
+  void fault_point(const char* point, Store& st, std::stop_token stop);
   void release_steal_counter();
   // end_step: `processed` samples (the own slice when nullopt).
   void commit(double compute_seconds, std::optional<std::size_t> processed);

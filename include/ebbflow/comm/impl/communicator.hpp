@@ -148,7 +148,7 @@ task<T> ring_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* 
   const std::size_t slot_bytes = std::max<std::size_t>(1, (maxseg + chunks - 1) / chunks) * es;
   const std::size_t items = (nn - 1) * chunks;
   const std::size_t w = std::min<std::size_t>(static_cast<std::size_t>(std::max(window, 1)), items);
-  auto seg_begin = [&](int s) { return count * static_cast<std::size_t>(s) / nn; };
+  auto seg_begin = [&](int s) { return allreduce_segment(count, n, s).first; };
   auto chunk = [&](long long s_raw, std::size_t j) {
     const int s = mod(s_raw, n);
     const std::size_t b = seg_begin(s), len = seg_begin(s + 1) - b;
@@ -439,7 +439,7 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
                               with_addrs ? std::as_bytes(std::span(&mine, 1)) : std::span<const std::byte>{}));
     }
   };
-  auto seg_begin = [&](int s) { return count * static_cast<std::size_t>(s) / nn; };
+  auto seg_begin = [&](int s) { return allreduce_segment(count, n, s).first; };
   auto fail = [&](int err, int q) -> std::error_code {
     if constexpr (requires { t.mark_lost(q); }) {
       if (err == ESRCH) t.mark_lost(q);

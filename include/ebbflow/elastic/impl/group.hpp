@@ -1416,19 +1416,13 @@ void group<Store, Net>::start_admission(std::optional<std::string> record, std::
       try {
         if (!aux_store_) aux_store_ = connect_store_();
         Store& st = *aux_store_;
-        // Tests (EBBFLOW_FAULT=admission-late): the helper of the first
-        // member other than the coordinator (which writes the record the
-        // others wait for) gets no CPU for two leases, while the others'
-        // start their transports; the group then goes the blocking way.
-        if (rank != 0 && env::get("EBBFLOW_FAULT") == std::optional<std::string>("admission-late") &&
-            st.add(key("fault/admission-late"), 1, store_deadline()) == 1) {
-          EBBFLOW_LOG_WARN("EBBFLOW_FAULT=admission-late: member " << id_ << "'s admission helper sleeps "
-                                                                   << 2 * opts_.lease.count() << " ms");
-          for (const auto until = steady_clock::now() + 2 * opts_.lease;
-               !stop.stop_requested() && steady_clock::now() < until;)
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        }
-        if (record) write_record(st, gkey, *record, joiners, g1);
+        // The coordinator writes the record the others wait for. Tests make
+        // another member's helper late here (EBBFLOW_FAULT=admission-helper:
+        // sleep=MS) while the others' helpers start their transports.
+        if (record)
+          write_record(st, gkey, *record, joiners, g1);
+        else
+          fault_point("admission-helper", st, stop);
         const auto d = deadline::after(opts_.op_timeout);
         if (!detail::wait_key(st, gkey, d, stop))
           throw system_error(make_error_code(stop.stop_requested() ? error::revoked : error::timeout),
@@ -1759,36 +1753,57 @@ void group<Store, Net>::restore_position(std::int64_t step, std::int64_t epoch, 
 
 template <kv_store Store, network Net>
 void group<Store, Net>::fault_point(const char* point) {
-  // Fault injection for tests (EBBFLOW_FAULT=<point>[*N][:hang=MS]): the
-  // first member of the job to reach the point dies there, as a crashed
+  fault_point(point, *store_, {});
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::fault_point(const char* point, Store& st, std::stop_token stop) {
+  // Fault injection for tests (EBBFLOW_FAULT=<point>[*N][:hang=MS|:sleep=MS]):
+  // the first member of the job to reach the point dies there, as a crashed
   // process would; with *N, each of the first N to reach it; with :hang=MS,
   // it hangs there instead (the whole process stopped for MS ms, as a
-  // SIGSTOPped one).
+  // SIGSTOPped one); with :sleep=MS, only the calling thread waits MS ms
+  // (or until `stop`), as a thread that gets no CPU.
   static const std::optional<std::string> fault = env::get("EBBFLOW_FAULT");
   if (!fault) return;
   std::string_view f = *fault;
-  std::int64_t hang_ms = -1;
+  enum class mode { die, hang, sleep } how = mode::die;
+  std::int64_t ms = 0;
   if (const auto colon = f.find(':'); colon != std::string_view::npos) {
-    const std::string_view mode = f.substr(colon + 1);
-    if (!mode.starts_with("hang="))
-      throw std::invalid_argument("EBBFLOW_FAULT='" + *fault + "': expected <point>[*N][:hang=MS]");
-    hang_ms = detail::parse_i64(std::string(mode.substr(5)));
+    const std::string_view m = f.substr(colon + 1);
+    if (m.starts_with("hang="))
+      how = mode::hang;
+    else if (m.starts_with("sleep="))
+      how = mode::sleep;
+    else
+      throw std::invalid_argument("EBBFLOW_FAULT='" + *fault + "': expected <point>[*N][:hang=MS|:sleep=MS]");
+    ms = detail::parse_i64(std::string(m.substr(m.find('=') + 1)));
     f = f.substr(0, colon);
   }
   const auto star = f.find('*');
   if (f.substr(0, star) != point) return;
   const std::int64_t times = star == std::string_view::npos ? 1 : detail::parse_i64(std::string(f.substr(star + 1)));
-  if (store_->add(key(std::string("fault/") + point), 1, store_deadline()) > times) return;
-  if (hang_ms < 0) {
-    EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << " dies here");
-    std::raise(SIGKILL);
+  if (st.add(key(std::string("fault/") + point), 1, store_deadline()) > times) return;
+  switch (how) {
+    case mode::die:
+      EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << " dies here");
+      std::raise(SIGKILL);
+      return;
+    case mode::sleep:
+      EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << "'s thread sleeps here for " << ms << " ms");
+      for (const auto until = steady_clock::now() + std::chrono::milliseconds(ms);
+           !stop.stop_requested() && steady_clock::now() < until;)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    case mode::hang:
+      break;
   }
-  EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << " hangs here for " << hang_ms << " ms");
+  EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << " hangs here for " << ms << " ms");
   // A child continues this process: fork() leaves it one thread, which
   // calls only async-signal-safe functions.
   const pid_t self = ::getpid();
   if (const pid_t waker = ::fork(); waker == 0) {
-    const timespec t{static_cast<time_t>(hang_ms / 1000), static_cast<long>(hang_ms % 1000) * 1'000'000};
+    const timespec t{static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1'000'000};
     ::nanosleep(&t, nullptr);
     ::kill(self, SIGCONT);
     ::_exit(0);
