@@ -48,9 +48,13 @@ if ! ip netns exec "$a" timeout 240 env EBBFLOW_LEASE_MS=500 "$run" --store "${n
 fi
 "$train" "${common[@]}" --reference --params-out ref.bin --trace . >ref.log 2>&1
 # Every event took place (a test whose events missed the job proves nothing).
-for what in "world changed (join): 3 -> 5" "world changed (leave): 5 -> 4" "world changed (failure): 4 -> 3" \
+# On a loaded host the leave may still be under way when the kill lands: the
+# recovery then drops the leaver and the dead worker at once (5 -> 3).
+for what in "world changed (join): 3 -> 5" "world changed (leave): 5 -> 4|world changed (failure): 5 -> 3" \
+  "world changed (failure): 4 -> 3|world changed (failure): 5 -> 3" \
   "world changed (join): 3 -> 4" "sent no heartbeat for EBBFLOW_LEASE_MS=500 ms" "left out of generation"; do
-  if ! grep -qF "$what" job.log; then
+  IFS='|' read -ra alternatives <<<"$what"
+  if ! grep -qF "${alternatives[@]/#/-e}" job.log; then
     echo "FAIL: no '$what' in the job's output"
     grep -F "world changed" job.log | head -20
     exit 1
