@@ -4,9 +4,11 @@
 //
 //   ebbflow-run -n 4 --add 3 --kill 6:2 -- elastic_train --steps 300 --metrics run.csv
 //
-// Each worker can be made slower (an emulated slower GPU) with
-// EBBFLOW_SLOWDOWN=<factor>; with --sample-us U every sample costs U µs of
-// emulated device time (× the slowdown), so speeds differ in a known way.
+// Each worker can be made slower (an emulated slower GPU): --slowdowns
+// F0,F1,... makes worker k (EBBFLOW_WORKER_ID) F[k mod count] times slower,
+// and EBBFLOW_SLOWDOWN=<factor> sets one worker's factor; with --sample-us U
+// every sample costs U µs of emulated device time (× the slowdown), so speeds
+// differ in a known way and the planner gives the faster workers more.
 // --straggle ID:FROM:TO:FACTOR makes worker ID (EBBFLOW_WORKER_ID) FACTOR
 // times slower still during steps [FROM, TO) (a transient straggler: thermal
 // throttling, a noisy neighbour). With --steal the workers process their slices in chunks and
@@ -27,6 +29,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -72,8 +75,9 @@ struct args {
   bool reference = false;
   bool steal = false;
   straggle straggler;
-  std::int64_t die_at = -1;  // this worker SIGKILLs itself in the middle of that step (tests)
-  std::string trace;         // directory: one file per process of attempted and committed samples (tests)
+  std::vector<double> slowdowns;  // worker k is slowdowns[k % size] times slower
+  std::int64_t die_at = -1;       // this worker SIGKILLs itself in the middle of that step (tests)
+  std::string trace;              // directory: one file per process of attempted and committed samples (tests)
 };
 
 args parse(int argc, char** argv) {
@@ -115,7 +119,21 @@ args parse(int argc, char** argv) {
       a.steal = true;
     else if (k == "--trace")
       a.trace = v();
-    else if (k == "--straggle") {
+    else if (k == "--slowdowns") {
+      const std::string t = v();
+      for (std::size_t p = 0; p <= t.size();) {
+        const auto q = std::min(t.find(',', p), t.size());
+        char* end = nullptr;
+        const std::string f = t.substr(p, q - p);
+        const double x = std::strtod(f.c_str(), &end);
+        if (f.empty() || *end != 0 || !(x >= 1 && x <= 1000)) {
+          std::cerr << "elastic_train: --slowdowns '" << t << "': expected factors in [1, 1000], comma-separated\n";
+          std::exit(2);
+        }
+        a.slowdowns.push_back(x);
+        p = q + 1;
+      }
+    } else if (k == "--straggle") {
       const std::string t = v();
       straggle& g = a.straggler;
       char tail = 0;
@@ -231,8 +249,11 @@ int main(int argc, char** argv) try {
   digits::split(all, train, test);
   if (a.reference) return reference(a, train, test);
 
-  const double slowdown = ef::env::get_double("EBBFLOW_SLOWDOWN", 1.0, 1.0, 1000.0);
   const long long worker_id = ef::env::get_int("EBBFLOW_WORKER_ID", -1);
+  const double slowdown = ef::env::get_double(
+      "EBBFLOW_SLOWDOWN",
+      a.slowdowns.empty() ? 1.0 : a.slowdowns[static_cast<std::size_t>(std::max(worker_id, 0LL)) % a.slowdowns.size()],
+      1.0, 1000.0);
   std::uint64_t stolen = 0, chunks = 0, claims = 0, steal_steps = 0;
   const mlp::shape sh{64, a.hidden, 10};
   auto params = mlp::init(sh, a.seed);

@@ -19,7 +19,13 @@ allreduce gives every member the same bits, and members of one generation hold
 the same state, so a difference names a corrupted sum or a wrong state
 transfer, and the step where it first showed.
 
-    check_trace.py DIR [--steps N]     exit 0: consistent; 1: the first problems, named
+With --min-spread R, heterogeneous workers must have been given unequal
+slices: in some committed step the largest process's share of the global
+batch must be at least R times the smallest's (else the run did not test the
+gradient weighting of unequal slices).
+
+    check_trace.py DIR [--steps N] [--min-spread R]
+        exit 0: consistent; 1: the first problems, named
 """
 import argparse
 import collections
@@ -32,6 +38,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir")
     ap.add_argument("--steps", type=int, help="the job's step count: every step below it must be committed")
+    ap.add_argument("--min-spread", type=float, help="some committed step's largest slice / smallest slice >= this")
     a = ap.parse_args()
     attempts = collections.defaultdict(list)  # (g, s) -> [(pid, epoch, cursor, B, ranges)]
     commits = collections.defaultdict(set)  # s -> {g}
@@ -63,9 +70,13 @@ def main():
                     if len(p) >= 5:
                         hashes[(int(p[1]), int(p[2]))][pid] = (p[3], p[4])
     problems = []
+    spread = (0.0, None, None)  # (largest / smallest slice, step, sizes) over committed steps
     for s in sorted(commits):
         for g in sorted(commits[s]):
             att = attempts.get((g, s), [])
+            sizes = [sum(hi - lo for lo, hi in r) for _, _, _, _, r in att]
+            if len(sizes) > 1 and min(sizes) > 0 and max(sizes) / min(sizes) > spread[0]:
+                spread = (max(sizes) / min(sizes), s, sorted(sizes))
             heads = {(e, c, b) for _, e, c, b, _ in att}
             if len(heads) != 1:
                 problems.append(f"step {s} generation {g}: processes disagree on (epoch, cursor, B): {sorted(heads)}")
@@ -156,11 +167,15 @@ def main():
                                 + ", ".join(pid for _, pid, _ in now) + ")")
                 break
             before = (s, d)
+    if a.min_spread is not None and spread[0] < a.min_spread:
+        problems.append(f"no committed step gave its processes slices {a.min_spread} times apart: the most uneven "
+                        f"was {spread[0]:.2f} (step {spread[1]}, sizes {spread[2]})")
     for p in problems[:20]:
         print("check_trace:", p)
     if not problems:
         print(f"check_trace: {len(commits)} committed steps, every sample of each exactly once "
-              f"({len(files)} processes, {len(attempts)} step attempts)")
+              f"({len(files)} processes, {len(attempts)} step attempts; the most uneven slices "
+              f"{spread[2]} at step {spread[1]})")
     return 1 if problems else 0
 
 
