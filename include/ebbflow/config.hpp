@@ -57,6 +57,27 @@
 #define EBBFLOW_HAS_NCCL 0
 #endif
 
+// Clang's __has_feature, or 0 where the compiler has none (GCC 12).
+#if defined(__has_feature)
+#define EBBFLOW_DETAIL_HAS_FEATURE(x) __has_feature(x)
+#else
+#define EBBFLOW_DETAIL_HAS_FEATURE(x) 0
+#endif
+#if defined(__SANITIZE_ADDRESS__) || EBBFLOW_DETAIL_HAS_FEATURE(address_sanitizer)
+//! 1 when compiled with AddressSanitizer (GCC or Clang), else 0.
+#define EBBFLOW_SANITIZE_ADDRESS 1
+#else
+//! 1 when compiled with AddressSanitizer (GCC or Clang), else 0.
+#define EBBFLOW_SANITIZE_ADDRESS 0
+#endif
+#if defined(__SANITIZE_THREAD__) || EBBFLOW_DETAIL_HAS_FEATURE(thread_sanitizer)
+//! 1 when compiled with ThreadSanitizer (GCC or Clang), else 0.
+#define EBBFLOW_SANITIZE_THREAD 1
+#else
+//! 1 when compiled with ThreadSanitizer (GCC or Clang), else 0.
+#define EBBFLOW_SANITIZE_THREAD 0
+#endif
+
 //! 1 when exceptions are enabled; EBBFLOW_THROW aborts otherwise.
 #if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
 #define EBBFLOW_EXCEPTIONS 1

@@ -3,6 +3,7 @@
 // 2-5 ranks, odd sizes, several segments; every codec within its stated
 // error of the exact sum, every rank with the same bits.
 #include <ebbflow/comm/loopback_transport.hpp>
+#include <ebbflow/config.hpp>
 #include <ebbflow/compress.hpp>
 
 #include <gtest/gtest.h>
@@ -76,7 +77,7 @@ class AllreduceTest : public ::testing::TestWithParam<Shape> {};
 // still runs on 2-5 ranks, and the release and ASan builds run it too.
 static std::vector<Shape> shapes() {
   std::vector<Shape> s{{2, 1}, {2, 300}, {3, 10007}, {4, 257}, {5, 4099}, {5, 3}};
-#if !defined(__SANITIZE_THREAD__)
+#if !EBBFLOW_SANITIZE_THREAD
   s.push_back({4, 65537});
 #endif
   return s;

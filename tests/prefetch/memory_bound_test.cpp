@@ -3,6 +3,7 @@
 // whose batch sizes change every step: measured through the pool's own
 // accounting (bytes leased, peak, number of regions allocated) and through the
 // process's resident set size after warm-up.
+#include <ebbflow/config.hpp>
 #include <ebbflow/prefetch/prefetcher.hpp>
 
 #include <gtest/gtest.h>
@@ -24,17 +25,8 @@ std::size_t rss_bytes() {
   f >> pages >> resident;
   return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
 }
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool sanitized = true;  // quarantines and shadow memory make RSS meaningless
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool sanitized = true;
-#else
-constexpr bool sanitized = false;
-#endif
-#else
-constexpr bool sanitized = false;
-#endif
+// Quarantines and shadow memory make RSS meaningless under a sanitizer.
+constexpr bool sanitized = EBBFLOW_SANITIZE_ADDRESS || EBBFLOW_SANITIZE_THREAD;
 }  // namespace
 
 TEST(PrefetchMemory, StaysWithinTheBoundOver10000StepsOfChangingBatchSizes) {

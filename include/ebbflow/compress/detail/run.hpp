@@ -20,7 +20,7 @@
 // Not under TSan/ASan: an ifunc resolver runs before the sanitizer runtime is
 // initialised and crashes in instrumented code.
 #if !defined(__CUDACC__) && defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    !defined(EBBFLOW_NO_TARGET_CLONES) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+    !defined(EBBFLOW_NO_TARGET_CLONES) && !EBBFLOW_SANITIZE_THREAD && !EBBFLOW_SANITIZE_ADDRESS
 #define EBBFLOW_DETAIL_CLONES __attribute__((target_clones("avx2", "default"), flatten))
 #else
 #define EBBFLOW_DETAIL_CLONES
