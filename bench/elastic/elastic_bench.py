@@ -24,10 +24,12 @@ the scenarios (A B C D E A B C D E ...). Wrap the workers in network
 namespaces with --wrap (see netns_elastic.sh).
 """
 import argparse
+import atexit
 import csv
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -155,6 +157,7 @@ def main():
     args.train = os.path.abspath(os.path.join(args.build, "examples/elastic_train/elastic_train"))
     args.wrap = args.wrap.split() if args.wrap else []
     args.tmp = tempfile.mkdtemp(prefix="ebbflow-elastic-bench-")
+    atexit.register(shutil.rmtree, args.tmp, ignore_errors=True)  # the jobs' metrics and checkpoint
     n, ev = args.n, args.event_at
     res = {k: [] for k in ["steady", "scale_share", "scale_lost_ms", "scale_stall_max", "scale_done", "leave_stall_max",
                            "kill_to_step", "hang_to_step", "restart_down", "restart_done", "steady_2n"]}

@@ -18,7 +18,9 @@ and the ratios steal / plan: the gain with the straggler and the cost of
 the claims without one.
 """
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -43,6 +45,7 @@ def main():
     args.store = "127.0.0.1:0"
     args.hidden = 0
     args.tmp = tempfile.mkdtemp(prefix="ebbflow-steal-bench-")
+    atexit.register(shutil.rmtree, args.tmp, ignore_errors=True)  # the jobs' metrics and checkpoint
     configs = [("plan", []), ("plan+steal", ["--steal"]),
                ("plan, straggler", ["--straggle", args.straggle]),
                ("plan+steal, straggler", ["--steal", "--straggle", args.straggle])]
