@@ -10703,6 +10703,14 @@ EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 namespace detail {
 
+// Sleeps until `until` or until `stop` is requested, whichever comes first
+// (in slices of at most 10 ms, so a stop is seen soon).
+inline void sleep_until(steady_clock::time_point until, const std::stop_token& stop) {
+  while (!stop.stop_requested() && steady_clock::now() < until)
+    std::this_thread::sleep_for(
+        std::min<steady_clock::duration>(until - steady_clock::now(), std::chrono::milliseconds(10)));
+}
+
 // Integers the group stores as decimal text; anything else is a corrupt store.
 inline std::int64_t parse_i64(const std::string& v) {
   std::int64_t x = 0;
@@ -12086,9 +12094,7 @@ void group<Store, Net>::start_admission(std::optional<std::string> record, std::
       errno = 0;
       if (const int cur = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid())); errno == 0)
         ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), std::max(cur, 19));
-      for (const auto start = steady_clock::now() + delay; !stop.stop_requested() && steady_clock::now() < start;)
-        std::this_thread::sleep_for(
-            std::min<steady_clock::duration>(start - steady_clock::now(), std::chrono::milliseconds(10)));
+      detail::sleep_until(steady_clock::now() + delay, stop);
       try {
         if (!aux_store_) aux_store_ = connect_store_();
         Store& st = *aux_store_;
@@ -12467,9 +12473,7 @@ void group<Store, Net>::fault_point(const char* point, Store& st, std::stop_toke
       return;
     case mode::sleep:
       EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << "'s thread sleeps here for " << ms << " ms");
-      for (const auto until = steady_clock::now() + std::chrono::milliseconds(ms);
-           !stop.stop_requested() && steady_clock::now() < until;)
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      detail::sleep_until(steady_clock::now() + std::chrono::milliseconds(ms), stop);
       return;
     case mode::hang:
       break;
