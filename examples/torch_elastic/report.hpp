@@ -5,7 +5,8 @@
 // library.
 #pragma once
 
-#include <chrono>
+#include <ebbflow/core/deadline.hpp>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -19,9 +20,7 @@ namespace demo {
 
 //! Seconds since the Unix epoch (the same clock in every process, so rows
 //! written by successive coordinators line up).
-inline double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+inline double unix_now() { return ebbflow::wall_seconds(); }
 
 //! One committed step as the coordinator saw it.
 struct step_record {

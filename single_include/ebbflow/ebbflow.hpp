@@ -734,7 +734,7 @@ EBBFLOW_END_NAMESPACE
 // ---- begin <ebbflow/core/deadline.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file deadline.hpp
-//! Deadlines for blocking calls. Every blocking call in ebbflow takes one
+//! Clocks, and deadlines for blocking calls. Every blocking call in ebbflow takes one
 //! (or a timeout that is turned into one) and reports `errc::timeout` when it
 //! passes.
 
@@ -747,6 +747,13 @@ EBBFLOW_BEGIN_NAMESPACE
 
 //! The clock of every deadline and timeout in ebbflow.
 using steady_clock = std::chrono::steady_clock;
+
+//! Seconds since the Unix epoch on the system clock: the stamp of event and
+//! log lines, comparable across processes and hosts (never used for
+//! deadlines, which take the steady clock).
+[[nodiscard]] inline double wall_seconds() noexcept {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 //! A point in time on the steady clock after which a blocking call gives up.
 class deadline {
@@ -12490,11 +12497,8 @@ void group<Store, Net>::fault_point(const char* point, Store& st, std::stop_toke
   } else if (waker > 0) {
     ::kill(self, SIGSTOP);
     ::waitpid(waker, nullptr, 0);
-    EBBFLOW_LOG_WARN(
-        "EBBFLOW_FAULT=" << point << ": member " << id_ << " goes on after its hang [t=" << std::fixed
-                         << std::setprecision(3)
-                         << std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()
-                         << "]");
+    EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << " goes on after its hang [t=" << std::fixed
+                                      << std::setprecision(3) << wall_seconds() << "]");
   }
 }
 

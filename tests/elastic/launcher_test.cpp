@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // ebbflow-run and ebbflow-store as real processes.
+#include <ebbflow/core/deadline.hpp>
 #include <ebbflow/elastic/detail/process_group.hpp>
 #include <ebbflow/elastic/store.hpp>
 
@@ -322,11 +323,8 @@ double stamp_of(const std::string& err, const std::string& what) {
 // key 0.6 s after its start, so a kill 0.2 s "in" lands about 0.8 s after
 // the launch; with the launch clock it lands 0.2 s after it.
 TEST(Launcher, EventClockTrainingCountsFromTheFirstGeneration) {
-  const auto wall = [] {
-    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  };
   for (const std::string clock : {"training", "launch"}) {
-    const double t0 = wall();
+    const double t0 = ebbflow::wall_seconds();
     auto r = run({EBBFLOW_RUN, "-n", "2", "--event-clock", clock, "--kill", "0.2:1", "--", EBBFLOW_STORE_WORKER,
                   "set-after", "600", "ebbflow/gen/0", "1500"});
     EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;

@@ -271,8 +271,7 @@ void say(const std::string& msg) { write_all(2, "ebbflow-run: " + msg + "\n"); }
 // Wall-clock stamp for event lines, so reports can align them with metrics.
 std::string stamp() {
   char b[48];
-  std::snprintf(b, sizeof b, " [t=%.3f]",
-                std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  std::snprintf(b, sizeof b, " [t=%.3f]", ebbflow::wall_seconds());
   return b;
 }
 

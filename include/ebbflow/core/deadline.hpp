@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file deadline.hpp
-//! Deadlines for blocking calls. Every blocking call in ebbflow takes one
+//! Clocks, and deadlines for blocking calls. Every blocking call in ebbflow takes one
 //! (or a timeout that is turned into one) and reports `errc::timeout` when it
 //! passes.
 #pragma once
@@ -13,6 +13,13 @@ EBBFLOW_BEGIN_NAMESPACE
 
 //! The clock of every deadline and timeout in ebbflow.
 using steady_clock = std::chrono::steady_clock;
+
+//! Seconds since the Unix epoch on the system clock: the stamp of event and
+//! log lines, comparable across processes and hosts (never used for
+//! deadlines, which take the steady clock).
+[[nodiscard]] inline double wall_seconds() noexcept {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 //! A point in time on the steady clock after which a blocking call gives up.
 class deadline {

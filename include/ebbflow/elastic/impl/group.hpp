@@ -1814,11 +1814,8 @@ void group<Store, Net>::fault_point(const char* point, Store& st, std::stop_toke
   } else if (waker > 0) {
     ::kill(self, SIGSTOP);
     ::waitpid(waker, nullptr, 0);
-    EBBFLOW_LOG_WARN(
-        "EBBFLOW_FAULT=" << point << ": member " << id_ << " goes on after its hang [t=" << std::fixed
-                         << std::setprecision(3)
-                         << std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()
-                         << "]");
+    EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << " goes on after its hang [t=" << std::fixed
+                                      << std::setprecision(3) << wall_seconds() << "]");
   }
 }
 
