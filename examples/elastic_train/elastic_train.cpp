@@ -25,6 +25,7 @@
 #include <ebbflow/plan/sampler.hpp>
 
 #include "../common/digits.hpp"
+#include "../common/factors.hpp"
 #include "../common/mlp.hpp"
 
 #include <unistd.h>
@@ -121,18 +122,12 @@ args parse(int argc, char** argv) {
       a.trace = v();
     else if (k == "--slowdowns") {
       const std::string t = v();
-      for (std::size_t p = 0; p <= t.size();) {
-        const auto q = std::min(t.find(',', p), t.size());
-        char* end = nullptr;
-        const std::string f = t.substr(p, q - p);
-        const double x = std::strtod(f.c_str(), &end);
-        if (f.empty() || *end != 0 || !(x >= 1 && x <= 1000)) {
-          std::cerr << "elastic_train: --slowdowns '" << t << "': expected factors in [1, 1000], comma-separated\n";
-          std::exit(2);
-        }
-        a.slowdowns.push_back(x);
-        p = q + 1;
+      auto f = factors::parse(t, 1, 1000);
+      if (!f) {
+        std::cerr << "elastic_train: --slowdowns '" << t << "': expected factors in [1, 1000], comma-separated\n";
+        std::exit(2);
       }
+      a.slowdowns = std::move(*f);
     } else if (k == "--straggle") {
       const std::string t = v();
       straggle& g = a.straggler;
@@ -250,10 +245,7 @@ int main(int argc, char** argv) try {
   if (a.reference) return reference(a, train, test);
 
   const long long worker_id = ef::env::get_int("EBBFLOW_WORKER_ID", -1);
-  const double slowdown = ef::env::get_double(
-      "EBBFLOW_SLOWDOWN",
-      a.slowdowns.empty() ? 1.0 : a.slowdowns[static_cast<std::size_t>(std::max(worker_id, 0LL)) % a.slowdowns.size()],
-      1.0, 1000.0);
+  const double slowdown = ef::env::get_double("EBBFLOW_SLOWDOWN", factors::of(a.slowdowns, worker_id), 1.0, 1000.0);
   std::uint64_t stolen = 0, chunks = 0, claims = 0, steal_steps = 0;
   const mlp::shape sh{64, a.hidden, 10};
   auto params = mlp::init(sh, a.seed);
@@ -381,7 +373,7 @@ int main(int argc, char** argv) try {
       std::fprintf(trace, "C %lld %lld %016llx %016llx %.9e %.6f\n", static_cast<long long>(s.generation),
                    static_cast<long long>(s.step), static_cast<unsigned long long>(fnv1a(grad)),
                    static_cast<unsigned long long>(fnv1a(velocity, fnv1a(params))), sum_of(params),
-                   std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+                   ebbflow::wall_seconds());
       std::fflush(trace);
     }
     group.end_step(compute_s, processed);  // ebbflow: commit; joins, leaves and re-plans happen here
@@ -397,8 +389,7 @@ int main(int argc, char** argv) try {
       std::string plan;
       for (auto b : group.plan()) plan += (plan.empty() ? "" : ";") + std::to_string(b);
       std::fprintf(metrics, "%lld,%.6f,%lld,%d,%.6f,%s,%.1f,%s,%zu\n", static_cast<long long>(s.step),
-                   std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(),
-                   static_cast<long long>(s.generation), s.world_size, grad.back(),
+                   ebbflow::wall_seconds(), static_cast<long long>(s.generation), s.world_size, grad.back(),
                    eval ? std::to_string(mlp::accuracy(sh, params, test.x, test.y)).c_str() : "",
                    dt > 0 ? static_cast<double>(s.global_batch) / dt : 0.0, plan.c_str(), s.global_batch);
       std::fflush(metrics);

@@ -28,6 +28,7 @@
 #endif
 
 #include "../common/digits.hpp"
+#include "../common/factors.hpp"
 #include "report.hpp"
 
 #include <algorithm>
@@ -120,13 +121,9 @@ args parse(int argc, char** argv) {
         a.die_worker = std::stoll(d.substr(0, d.find(':')));
         a.die_step = std::stoll(d.substr(d.find(':') + 1));
       } else if (k == "--slowdowns") {
-        a.slowdowns.clear();
-        std::string s = v();
-        for (std::size_t p = 0; p <= s.size();) {
-          const auto q = std::min(s.find(',', p), s.size());
-          a.slowdowns.push_back(std::stod(s.substr(p, q - p)));
-          p = q + 1;
-        }
+        auto f = factors::parse(v(), 1, 1000);
+        if (!f) usage("--slowdowns: expected factors in [1, 1000], comma-separated");
+        a.slowdowns = std::move(*f);
       } else
         usage("unknown argument " + k);
     } catch (const std::logic_error&) {
@@ -135,8 +132,6 @@ args parse(int argc, char** argv) {
   }
   if (a.steps < 1 || a.batch < 1 || a.hidden < 1 || a.eval_every < 1)
     usage("--steps, --batch, --hidden, --eval-every must be >= 1");
-  for (double s : a.slowdowns)
-    if (!(s >= 1.0)) usage("--slowdowns: every factor must be >= 1");
   if (a.codec != "dense" && a.codec != "fp16" && a.codec != "int8" && a.codec != "topk") usage("--codec " + a.codec);
   return a;
 }
@@ -368,8 +363,7 @@ int main(int argc, char** argv) try {
   if (a.reference) return reference(a, train, test_x, test_y);
 
   const long long worker = ef::env::get_int("EBBFLOW_WORKER_ID", 0, 0, 1 << 20);
-  const double slowdown = ef::env::get_double(
-      "EBBFLOW_SLOWDOWN", a.slowdowns[static_cast<std::size_t>(worker) % a.slowdowns.size()], 1.0, 1000.0);
+  const double slowdown = ef::env::get_double("EBBFLOW_SLOWDOWN", factors::of(a.slowdowns, worker), 1.0, 1000.0);
   std::fprintf(stderr, "worker %lld: emulated device %.1fx slower than the fastest\n", worker, slowdown);
 
   // The usual LibTorch setup: same seed everywhere, so every worker starts equal.
