@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # The equivalence property across two "hosts": heterogeneous workers (1, 2
 # and 3 times slower) in two network namespaces joined by a veth pair (UCX
-# over tcp only, no shared memory between them), two joins, a graceful leave, a SIGKILL and a hung
-# coordinator (SIGSTOP, then SIGCONT: it rejoins) while training; the
+# over tcp only, no shared memory between them), two joins, a graceful
+# leave, a SIGKILL and a hung coordinator (SIGSTOP, then SIGCONT: it
+# rejoins) while training; the
 # parameters must equal a single-process run over the same global batches,
 # and the per-process traces must show every sample of every committed step
 # trained exactly once, with the same sums and state on every member
