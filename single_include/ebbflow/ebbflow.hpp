@@ -10172,6 +10172,11 @@ struct group_options {
   //! appeared for this long (at most 10× this after the oldest), so
   //! newcomers started together join in one switch.
   std::chrono::milliseconds admit_delay{50};
+  //! EBBFLOW_STALL_WARN_MS (0: off): a member that has waited this long in
+  //! one collective says which members have not reached it while their
+  //! heartbeats go on (a training thread stuck outside ebbflow). The
+  //! coordinator names any member; the others name the coordinator.
+  std::chrono::milliseconds stall_warning{10000};
   //! EBBFLOW_PRECONNECT (default on, where the network can): members connect
   //! to admitted joiners in the background while training goes on, and the
   //! group switches at the first step boundary at which every member is wired
@@ -10209,6 +10214,7 @@ struct group_options {
     o.heartbeat = env::get_ms("EBBFLOW_HEARTBEAT_MS", o.heartbeat, 1, 60'000);
     o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
     o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
+    o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, 24LL * 3'600'000);
     o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
     o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, 24LL * 3'600'000);
@@ -10642,6 +10648,28 @@ class group {
   // end_step (where it progresses the network itself): the admission helper
   // drives a background wire-up only while it is zero.
   std::atomic<int> in_group_{0};
+  // Where the training thread is, published with its heartbeat for the
+  // stall warning: step * 2^24 + generation (at most 2^16 - 1) * 2^8 + the
+  // collectives entered in that step and generation (at most 255), so that
+  // a member behind another reads lower; and since when the training thread
+  // waits inside a collective (steady_clock ticks; 0: it does not).
+  std::atomic<std::int64_t> progress_{0};
+  std::atomic<steady_clock::rep> waiting_since_{0};
+  std::pair<std::int64_t, std::int64_t> progress_at_{-1, -1};  // (generation, step) progress_k_ counts in
+  int progress_k_ = 0;
+  struct waiting {
+    std::atomic<steady_clock::rep>& since;
+    explicit waiting(std::atomic<steady_clock::rep>& s) noexcept : since(s) {}
+    ~waiting() { since.store(0, std::memory_order_relaxed); }
+    waiting(const waiting&) = delete;
+    waiting& operator=(const waiting&) = delete;
+  };
+  // The training thread enters a collective: counts it and marks the wait.
+  [[nodiscard]] waiting enter_collective(bool control = false) noexcept;
+  // After a heartbeat round that found this member waiting for
+  // stall_warning: names the watched members whose progress is behind.
+  void report_stall(std::int64_t mine, steady_clock::duration waited, const std::vector<member_id>& ids,
+                    std::span<const std::int64_t> progress, bool coordinator) const;
   struct inside {
     std::atomic<int>& n;
     explicit inside(std::atomic<int>& c) noexcept : n(c) { n.fetch_add(1, std::memory_order_relaxed); }
@@ -10954,6 +10982,8 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
   std::vector<std::string> keys;
   std::vector<std::int64_t> deltas;
   std::vector<member_id> watched;
+  std::int64_t published = 0;          // this member's progress counter in the store, as last read
+  steady_clock::rep stall_warned = 0;  // the wait (its start) last reported
   while (!st.stop_requested()) {
     try {
       if (!s) s = connect_store_();
@@ -10966,15 +10996,31 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
         else
           watched.clear();
       }
-      // One round trip: this member's heartbeat, the counters of the members
-      // whose leases it watches and (coordinator) the join-ticket counter.
+      // A wait in one collective longer than stall_warning: this round also
+      // reads the watched members' progress, to say who is behind.
+      const std::int64_t progress = progress_.load(std::memory_order_relaxed);
+      const auto since = waiting_since_.load(std::memory_order_relaxed);
+      const auto waited = steady_clock::now() - steady_clock::time_point(steady_clock::duration(since));
+      const bool stalled = opts_.stall_warning.count() > 0 && since != 0 && since != stall_warned &&
+                           waited >= opts_.stall_warning && !watched.empty();
+      // One round trip: this member's heartbeat and progress, the counters of
+      // the members whose leases it watches, (coordinator) the join-ticket
+      // counter and (stalled) the watched members' progress.
       keys.assign({key("hb/" + std::to_string(id_))});
       deltas.assign({1});
+      const bool publish = progress != published;
+      if (publish) keys.push_back(key("progress/" + std::to_string(id_))), deltas.push_back(progress - published);
+      const std::size_t hb_at = keys.size();
       for (auto w : watched) keys.push_back(key("hb/" + std::to_string(w))), deltas.push_back(0);
+      const std::size_t join_at = keys.size();
       if (watch) keys.push_back(key("join_seq")), deltas.push_back(0);
+      const std::size_t progress_at = keys.size();
+      if (stalled)
+        for (auto w : watched) keys.push_back(key("progress/" + std::to_string(w))), deltas.push_back(0);
       const auto counters =
           detail::add_all(*s, keys, deltas, deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
-      if (watch) join_seq_hint_.store(counters.back(), std::memory_order_relaxed);
+      if (publish) published = counters[1];
+      if (watch) join_seq_hint_.store(counters[join_at], std::memory_order_relaxed);
       if (const auto end = probation_end_.load(std::memory_order_relaxed);
           end != 0 && steady_clock::now().time_since_epoch().count() >= end) {
         // A newcomer that stayed: its worker's join failures no longer run in a row.
@@ -10997,7 +11043,11 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
           hb_revoke_->revoke();
         }
       } else if (!watched.empty()) {
-        check_leases(*s, g, watched, std::span(counters).subspan(1, watched.size()), peers);
+        check_leases(*s, g, watched, std::span(counters).subspan(hb_at, watched.size()), peers);
+        if (stalled && (progress >> 8 & 0xffff) == std::clamp<std::int64_t>(g, 0, 0xffff)) {
+          stall_warned = since;
+          report_stall(progress, waited, watched, std::span(counters).subspan(progress_at, watched.size()), watch);
+        }
       }
       warned = false;
       if (watch) {
@@ -11642,7 +11692,10 @@ template <class F>
 bool group<Store, Net>::collective(F&& f) {
   const inside busy(in_group_);
   try {
-    f(*comm_);
+    {
+      const auto w = enter_collective();
+      f(*comm_);
+    }
     return true;
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
@@ -11667,7 +11720,49 @@ template <kv_store Store, network Net>
 void group<Store, Net>::control_allreduce(std::span<double> v) {
   // The communicator's allreduce gives bitwise-identical results on every
   // rank, so every member's policy observes exactly the same numbers.
+  const auto w = enter_collective(true);
   comm_->allreduce(view(v), reduce_op::sum, deadline::after(opts_.op_timeout));
+}
+
+template <kv_store Store, network Net>
+typename group<Store, Net>::waiting group<Store, Net>::enter_collective(bool control) noexcept {
+  // The control exchange runs after the commit (step_ already advanced):
+  // it counts as collective 0 of the next step.
+  const std::pair<std::int64_t, std::int64_t> at{gen_.generation, step_};
+  if (at != progress_at_) progress_at_ = at, progress_k_ = 0;
+  if (!control) progress_k_ = std::min(progress_k_ + 1, 255);
+  const std::int64_t g = std::clamp<std::int64_t>(gen_.generation, 0, 0xffff);
+  progress_.store((std::max<std::int64_t>(step_, 0) << 24) + (g << 8) + progress_k_, std::memory_order_relaxed);
+  waiting_since_.store(steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  return waiting{waiting_since_};
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::report_stall(std::int64_t mine, steady_clock::duration waited,
+                                     const std::vector<member_id>& ids, std::span<const std::int64_t> progress,
+                                     bool coordinator) const {
+  std::string behind;
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (progress[i] < mine) behind += (behind.empty() ? "" : ", ") + std::to_string(ids[i]);
+  const auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+  std::ostringstream where;
+  const std::int64_t step = mine >> 24, k = mine & 0xff;
+  where << "generation " << ((mine >> 8) & 0xffff) << ": member " << id_ << " has waited " << ms(waited) << " ms in ";
+  if (k == 0)
+    where << "the control exchange after step " << step - 1;
+  else
+    where << "collective " << k << " of step " << step;
+  if (behind.empty()) {
+    // A member this one does not watch is behind: the coordinator names it.
+    EBBFLOW_LOG_DEBUG(where.str() << "; the members it watches have reached it");
+    return;
+  }
+  EBBFLOW_LOG_WARN(where.str() << "; member(s) " << behind << (coordinator ? "" : " (the coordinator)")
+                               << " have not reached it while their heartbeats go on (a training thread stuck "
+                                  "outside ebbflow, e.g. in a data loader or a lock, or a collective skipped); "
+                                  "EBBFLOW_OP_TIMEOUT_MS="
+                               << ms(opts_.op_timeout) << " ms after it began, the step aborts and the group "
+                               << "goes on without them");
 }
 
 template <kv_store Store, network Net>

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <regex>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -158,6 +159,7 @@ struct scenario {
   std::chrono::microseconds straggle{0};
   std::size_t joiner_extra_state = 0;  // a newcomer registers this many floats (0: as the members)
   std::chrono::milliseconds op_timeout{5000};
+  std::chrono::milliseconds stall_warning{10'000};
   // Initial workers that start late (launch rank, delay) or never (a worker
   // that died while starting), and how long the first generation waits.
   std::vector<std::pair<int, std::chrono::milliseconds>> late_starts;
@@ -196,6 +198,7 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
     o.heartbeat = 10ms;
     o.lease = 300ms;
     o.op_timeout = sc.op_timeout;
+    o.stall_warning = sc.stall_warning;
     o.join_timeout = 20s;
     o.min_size_wait = 20s;
     o.initial_wait = sc.initial_wait;
@@ -462,13 +465,24 @@ TEST(ElasticGroup, AMemberWithAStuckTrainingThreadIsDroppedAtTheOperationDeadlin
   sc.step_time = 20ms;
   sc.stalls = {{1, 6, 1500ms}};
   sc.op_timeout = 500ms;
+  sc.stall_warning = 200ms;
   const auto t0 = std::chrono::steady_clock::now();
   ::testing::internal::CaptureStderr();
   auto out_p = run(sc);
   const std::string log = ::testing::internal::GetCapturedStderr();
   auto& out = *out_p;
-  // The others say whom they wait for and why.
-  EXPECT_NE(log.find("still send heartbeats but have not reached the recovery"), std::string::npos) << log;
+  // The others say whom they wait for and why: the coordinator while it
+  // waits in the collective (the stall warning), then in the recovery.
+  std::smatch recovery, stall;
+  ASSERT_TRUE(std::regex_search(
+      log, recovery, std::regex(R"(member\(s\) (\d+) still send heartbeats but have not reached the recovery)")))
+      << log;
+  ASSERT_TRUE(std::regex_search(
+      log, stall,
+      std::regex(
+          R"(generation \d+: member \d+ has waited \d+ ms in collective 1 of step 6; member\(s\) (\d+) have not reached it while their heartbeats go on)")))
+      << log;
+  EXPECT_EQ(stall[1], recovery[1]) << log;
   expect_equal_to_reference(sc, out, 3);
   const auto changes = changes_of(out.history0);
   ASSERT_GE(changes.size(), 3u);
@@ -478,6 +492,25 @@ TEST(ElasticGroup, AMemberWithAStuckTrainingThreadIsDroppedAtTheOperationDeadlin
   // 1 s (two deadlines) into its 1.5 s, and the rest are 25 steps of 20 ms.
   EXPECT_GE(out.history0[2].step, out.history0[1].step + 10);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+}
+
+// A stuck coordinator: the others, which watch only its lease, name it.
+TEST(ElasticGroup, TheStallWarningNamesAStuckCoordinator) {
+  scenario sc;
+  sc.steps = 60;
+  sc.step_time = 20ms;
+  sc.stalls = {{0, 6, 1200ms}};
+  sc.op_timeout = 800ms;
+  sc.stall_warning = 200ms;
+  ::testing::internal::CaptureStderr();
+  auto out_p = run(sc);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(std::regex_search(
+      log,
+      std::regex(
+          R"(generation 0: member \d+ has waited \d+ ms in collective 1 of step 6; member\(s\) \d+ \(the coordinator\) have not reached it)")))
+      << log;
+  expect_equal_to_reference(sc, *out_p, 3);
 }
 
 // A launched worker that dies while starting (or never starts) must not stop

@@ -144,6 +144,11 @@ struct group_options {
   //! appeared for this long (at most 10× this after the oldest), so
   //! newcomers started together join in one switch.
   std::chrono::milliseconds admit_delay{50};
+  //! EBBFLOW_STALL_WARN_MS (0: off): a member that has waited this long in
+  //! one collective says which members have not reached it while their
+  //! heartbeats go on (a training thread stuck outside ebbflow). The
+  //! coordinator names any member; the others name the coordinator.
+  std::chrono::milliseconds stall_warning{10000};
   //! EBBFLOW_PRECONNECT (default on, where the network can): members connect
   //! to admitted joiners in the background while training goes on, and the
   //! group switches at the first step boundary at which every member is wired
@@ -181,6 +186,7 @@ struct group_options {
     o.heartbeat = env::get_ms("EBBFLOW_HEARTBEAT_MS", o.heartbeat, 1, 60'000);
     o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
     o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
+    o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, 24LL * 3'600'000);
     o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
     o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, 24LL * 3'600'000);
@@ -614,6 +620,28 @@ class group {
   // end_step (where it progresses the network itself): the admission helper
   // drives a background wire-up only while it is zero.
   std::atomic<int> in_group_{0};
+  // Where the training thread is, published with its heartbeat for the
+  // stall warning: step * 2^24 + generation (at most 2^16 - 1) * 2^8 + the
+  // collectives entered in that step and generation (at most 255), so that
+  // a member behind another reads lower; and since when the training thread
+  // waits inside a collective (steady_clock ticks; 0: it does not).
+  std::atomic<std::int64_t> progress_{0};
+  std::atomic<steady_clock::rep> waiting_since_{0};
+  std::pair<std::int64_t, std::int64_t> progress_at_{-1, -1};  // (generation, step) progress_k_ counts in
+  int progress_k_ = 0;
+  struct waiting {
+    std::atomic<steady_clock::rep>& since;
+    explicit waiting(std::atomic<steady_clock::rep>& s) noexcept : since(s) {}
+    ~waiting() { since.store(0, std::memory_order_relaxed); }
+    waiting(const waiting&) = delete;
+    waiting& operator=(const waiting&) = delete;
+  };
+  // The training thread enters a collective: counts it and marks the wait.
+  [[nodiscard]] waiting enter_collective(bool control = false) noexcept;
+  // After a heartbeat round that found this member waiting for
+  // stall_warning: names the watched members whose progress is behind.
+  void report_stall(std::int64_t mine, steady_clock::duration waited, const std::vector<member_id>& ids,
+                    std::span<const std::int64_t> progress, bool coordinator) const;
   struct inside {
     std::atomic<int>& n;
     explicit inside(std::atomic<int>& c) noexcept : n(c) { n.fetch_add(1, std::memory_order_relaxed); }

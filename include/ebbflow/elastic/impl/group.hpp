@@ -271,6 +271,8 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
   std::vector<std::string> keys;
   std::vector<std::int64_t> deltas;
   std::vector<member_id> watched;
+  std::int64_t published = 0;          // this member's progress counter in the store, as last read
+  steady_clock::rep stall_warned = 0;  // the wait (its start) last reported
   while (!st.stop_requested()) {
     try {
       if (!s) s = connect_store_();
@@ -283,15 +285,31 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
         else
           watched.clear();
       }
-      // One round trip: this member's heartbeat, the counters of the members
-      // whose leases it watches and (coordinator) the join-ticket counter.
+      // A wait in one collective longer than stall_warning: this round also
+      // reads the watched members' progress, to say who is behind.
+      const std::int64_t progress = progress_.load(std::memory_order_relaxed);
+      const auto since = waiting_since_.load(std::memory_order_relaxed);
+      const auto waited = steady_clock::now() - steady_clock::time_point(steady_clock::duration(since));
+      const bool stalled = opts_.stall_warning.count() > 0 && since != 0 && since != stall_warned &&
+                           waited >= opts_.stall_warning && !watched.empty();
+      // One round trip: this member's heartbeat and progress, the counters of
+      // the members whose leases it watches, (coordinator) the join-ticket
+      // counter and (stalled) the watched members' progress.
       keys.assign({key("hb/" + std::to_string(id_))});
       deltas.assign({1});
+      const bool publish = progress != published;
+      if (publish) keys.push_back(key("progress/" + std::to_string(id_))), deltas.push_back(progress - published);
+      const std::size_t hb_at = keys.size();
       for (auto w : watched) keys.push_back(key("hb/" + std::to_string(w))), deltas.push_back(0);
+      const std::size_t join_at = keys.size();
       if (watch) keys.push_back(key("join_seq")), deltas.push_back(0);
+      const std::size_t progress_at = keys.size();
+      if (stalled)
+        for (auto w : watched) keys.push_back(key("progress/" + std::to_string(w))), deltas.push_back(0);
       const auto counters =
           detail::add_all(*s, keys, deltas, deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
-      if (watch) join_seq_hint_.store(counters.back(), std::memory_order_relaxed);
+      if (publish) published = counters[1];
+      if (watch) join_seq_hint_.store(counters[join_at], std::memory_order_relaxed);
       if (const auto end = probation_end_.load(std::memory_order_relaxed);
           end != 0 && steady_clock::now().time_since_epoch().count() >= end) {
         // A newcomer that stayed: its worker's join failures no longer run in a row.
@@ -314,7 +332,11 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
           hb_revoke_->revoke();
         }
       } else if (!watched.empty()) {
-        check_leases(*s, g, watched, std::span(counters).subspan(1, watched.size()), peers);
+        check_leases(*s, g, watched, std::span(counters).subspan(hb_at, watched.size()), peers);
+        if (stalled && (progress >> 8 & 0xffff) == std::clamp<std::int64_t>(g, 0, 0xffff)) {
+          stall_warned = since;
+          report_stall(progress, waited, watched, std::span(counters).subspan(progress_at, watched.size()), watch);
+        }
       }
       warned = false;
       if (watch) {
@@ -959,7 +981,10 @@ template <class F>
 bool group<Store, Net>::collective(F&& f) {
   const inside busy(in_group_);
   try {
-    f(*comm_);
+    {
+      const auto w = enter_collective();
+      f(*comm_);
+    }
     return true;
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
@@ -984,7 +1009,49 @@ template <kv_store Store, network Net>
 void group<Store, Net>::control_allreduce(std::span<double> v) {
   // The communicator's allreduce gives bitwise-identical results on every
   // rank, so every member's policy observes exactly the same numbers.
+  const auto w = enter_collective(true);
   comm_->allreduce(view(v), reduce_op::sum, deadline::after(opts_.op_timeout));
+}
+
+template <kv_store Store, network Net>
+typename group<Store, Net>::waiting group<Store, Net>::enter_collective(bool control) noexcept {
+  // The control exchange runs after the commit (step_ already advanced):
+  // it counts as collective 0 of the next step.
+  const std::pair<std::int64_t, std::int64_t> at{gen_.generation, step_};
+  if (at != progress_at_) progress_at_ = at, progress_k_ = 0;
+  if (!control) progress_k_ = std::min(progress_k_ + 1, 255);
+  const std::int64_t g = std::clamp<std::int64_t>(gen_.generation, 0, 0xffff);
+  progress_.store((std::max<std::int64_t>(step_, 0) << 24) + (g << 8) + progress_k_, std::memory_order_relaxed);
+  waiting_since_.store(steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  return waiting{waiting_since_};
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::report_stall(std::int64_t mine, steady_clock::duration waited,
+                                     const std::vector<member_id>& ids, std::span<const std::int64_t> progress,
+                                     bool coordinator) const {
+  std::string behind;
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (progress[i] < mine) behind += (behind.empty() ? "" : ", ") + std::to_string(ids[i]);
+  const auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+  std::ostringstream where;
+  const std::int64_t step = mine >> 24, k = mine & 0xff;
+  where << "generation " << ((mine >> 8) & 0xffff) << ": member " << id_ << " has waited " << ms(waited) << " ms in ";
+  if (k == 0)
+    where << "the control exchange after step " << step - 1;
+  else
+    where << "collective " << k << " of step " << step;
+  if (behind.empty()) {
+    // A member this one does not watch is behind: the coordinator names it.
+    EBBFLOW_LOG_DEBUG(where.str() << "; the members it watches have reached it");
+    return;
+  }
+  EBBFLOW_LOG_WARN(where.str() << "; member(s) " << behind << (coordinator ? "" : " (the coordinator)")
+                               << " have not reached it while their heartbeats go on (a training thread stuck "
+                                  "outside ebbflow, e.g. in a data loader or a lock, or a collective skipped); "
+                                  "EBBFLOW_OP_TIMEOUT_MS="
+                               << ms(opts_.op_timeout) << " ms after it began, the step aborts and the group "
+                               << "goes on without them");
 }
 
 template <kv_store Store, network Net>
