@@ -10643,6 +10643,7 @@ class group {
   // member, the others the coordinator.
   std::int64_t hb_watched_gen_ = -1;
   std::vector<member_id> hb_watched_;
+  std::vector<int> hb_watched_ranks_;  // their ranks in that generation
   std::atomic<bool> leave_requested_{false};
   // Nonzero while the training thread is inside begin_step, allreduce or
   // end_step (where it progresses the network itself): the admission helper
@@ -10669,7 +10670,7 @@ class group {
   // After a heartbeat round that found this member waiting for
   // stall_warning: names the watched members whose progress is behind.
   void report_stall(std::int64_t mine, steady_clock::duration waited, const std::vector<member_id>& ids,
-                    std::span<const std::int64_t> progress, bool coordinator) const;
+                    const std::vector<int>& ranks, std::span<const std::int64_t> progress, bool coordinator) const;
   struct inside {
     std::atomic<int>& n;
     explicit inside(std::atomic<int>& c) noexcept : n(c) { n.fetch_add(1, std::memory_order_relaxed); }
@@ -10982,6 +10983,7 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
   std::vector<std::string> keys;
   std::vector<std::int64_t> deltas;
   std::vector<member_id> watched;
+  std::vector<int> watched_ranks;
   std::int64_t published = 0;          // this member's progress counter in the store, as last read
   steady_clock::rep stall_warned = 0;  // the wait (its start) last reported
   while (!st.stop_requested()) {
@@ -10992,9 +10994,9 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
       {
         std::lock_guard lk(hb_mutex_);
         if (g >= 0 && hb_watched_gen_ == g)
-          watched = hb_watched_;
+          watched = hb_watched_, watched_ranks = hb_watched_ranks_;
         else
-          watched.clear();
+          watched.clear(), watched_ranks.clear();
       }
       // A wait in one collective longer than stall_warning: this round also
       // reads the watched members' progress, to say who is behind.
@@ -11046,7 +11048,8 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
         check_leases(*s, g, watched, std::span(counters).subspan(hb_at, watched.size()), peers);
         if (stalled && (progress >> 8 & 0xffff) == std::clamp<std::int64_t>(g, 0, 0xffff)) {
           stall_warned = since;
-          report_stall(progress, waited, watched, std::span(counters).subspan(progress_at, watched.size()), watch);
+          report_stall(progress, waited, watched, watched_ranks,
+                       std::span(counters).subspan(progress_at, watched.size()), watch);
         }
       }
       warned = false;
@@ -11355,8 +11358,12 @@ void group<Store, Net>::enter(detail::generation_record rec) {
     hb_revoke_ = revoke_;
     hb_watched_gen_ = gen_.generation;
     hb_watched_.clear();
+    hb_watched_ranks_.clear();
     for (std::size_t j = 0; j < gen_.members.size(); ++j)
-      if (gen_.members[j].id != id_ && (rank_ == 0 || j == 0)) hb_watched_.push_back(gen_.members[j].id);
+      if (gen_.members[j].id != id_ && (rank_ == 0 || j == 0)) {
+        hb_watched_.push_back(gen_.members[j].id);
+        hb_watched_ranks_.push_back(static_cast<int>(j));
+      }
   }
   hb_generation_.store(gen_.generation);
   hb_watch_joins_.store(rank_ == 0, std::memory_order_relaxed);
@@ -11739,11 +11746,13 @@ typename group<Store, Net>::waiting group<Store, Net>::enter_collective(bool con
 
 template <kv_store Store, network Net>
 void group<Store, Net>::report_stall(std::int64_t mine, steady_clock::duration waited,
-                                     const std::vector<member_id>& ids, std::span<const std::int64_t> progress,
-                                     bool coordinator) const {
+                                     const std::vector<member_id>& ids, const std::vector<int>& ranks,
+                                     std::span<const std::int64_t> progress, bool coordinator) const {
   std::string behind;
   for (std::size_t i = 0; i < ids.size(); ++i)
-    if (progress[i] < mine) behind += (behind.empty() ? "" : ", ") + std::to_string(ids[i]);
+    if (progress[i] < mine)
+      behind += (behind.empty() ? "" : ", ") + std::to_string(ids[i]) + " (rank " + std::to_string(ranks[i]) +
+                (coordinator ? ")" : ", the coordinator)");
   const auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
   std::ostringstream where;
   const std::int64_t step = mine >> 24, k = mine & 0xff;
@@ -11757,7 +11766,7 @@ void group<Store, Net>::report_stall(std::int64_t mine, steady_clock::duration w
     EBBFLOW_LOG_DEBUG(where.str() << "; the members it watches have reached it");
     return;
   }
-  EBBFLOW_LOG_WARN(where.str() << "; member(s) " << behind << (coordinator ? "" : " (the coordinator)")
+  EBBFLOW_LOG_WARN(where.str() << "; member(s) " << behind
                                << " have not reached it while their heartbeats go on (a training thread stuck "
                                   "outside ebbflow, e.g. in a data loader or a lock, or a collective skipped); "
                                   "EBBFLOW_OP_TIMEOUT_MS="

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -357,6 +358,19 @@ TEST_F(ElasticProcess, WorkStealingAcrossAJoinAKillAndALeave) {
        pos = out.find("work stealing: stole ", pos + 1))
     stolen += std::stoll(out.substr(pos + 21));
   EXPECT_GT(stolen, 0) << out;
+}
+
+// A training thread stuck for 1.5 s outside ebbflow (its heartbeat goes on,
+// so its lease stays fresh): the coordinator, waiting in the step's
+// allreduce, names it after EBBFLOW_STALL_WARN_MS; nobody is dropped
+// (the operation deadline is 30 s) and the job equals the reference.
+TEST_F(ElasticProcess, TheStallWarningNamesAWorkerStuckOutsideEbbflow) {
+  const auto out = train("-n 3", "EBBFLOW_STALL_WARN_MS=500", 60, "--straggle 1:30:31:1000");
+  const std::regex warning(
+      R"(\[rank 0\] .*member \d+ has waited \d+ ms in collective 1 of step 30; member\(s\) \d+ \(rank 1\) )"
+      R"(have not reached it while their heartbeats go on)");
+  EXPECT_TRUE(std::regex_search(out, warning)) << out;
+  EXPECT_EQ(count(out, "world changed (failure)"), 0) << out;
 }
 
 TEST_F(ElasticProcess, BelowMinSizeWaitsThenResumesWhenAWorkerArrives) {

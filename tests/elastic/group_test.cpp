@@ -480,7 +480,7 @@ TEST(ElasticGroup, AMemberWithAStuckTrainingThreadIsDroppedAtTheOperationDeadlin
   ASSERT_TRUE(std::regex_search(
       log, stall,
       std::regex(
-          R"(generation \d+: member \d+ has waited \d+ ms in collective 1 of step 6; member\(s\) (\d+) have not reached it while their heartbeats go on)")))
+          R"(generation \d+: member \d+ has waited \d+ ms in collective 1 of step 6; member\(s\) (\d+) \(rank 1\) have not reached it while their heartbeats go on)")))
       << log;
   EXPECT_EQ(stall[1], recovery[1]) << log;
   expect_equal_to_reference(sc, out, 3);
@@ -508,7 +508,7 @@ TEST(ElasticGroup, TheStallWarningNamesAStuckCoordinator) {
   EXPECT_TRUE(std::regex_search(
       log,
       std::regex(
-          R"(generation 0: member \d+ has waited \d+ ms in collective 1 of step 6; member\(s\) \d+ \(the coordinator\) have not reached it)")))
+          R"(generation 0: member \d+ has waited \d+ ms in collective 1 of step 6; member\(s\) \d+ \(rank 0, the coordinator\) have not reached it)")))
       << log;
   expect_equal_to_reference(sc, *out_p, 3);
 }

@@ -615,6 +615,7 @@ class group {
   // member, the others the coordinator.
   std::int64_t hb_watched_gen_ = -1;
   std::vector<member_id> hb_watched_;
+  std::vector<int> hb_watched_ranks_;  // their ranks in that generation
   std::atomic<bool> leave_requested_{false};
   // Nonzero while the training thread is inside begin_step, allreduce or
   // end_step (where it progresses the network itself): the admission helper
@@ -641,7 +642,7 @@ class group {
   // After a heartbeat round that found this member waiting for
   // stall_warning: names the watched members whose progress is behind.
   void report_stall(std::int64_t mine, steady_clock::duration waited, const std::vector<member_id>& ids,
-                    std::span<const std::int64_t> progress, bool coordinator) const;
+                    const std::vector<int>& ranks, std::span<const std::int64_t> progress, bool coordinator) const;
   struct inside {
     std::atomic<int>& n;
     explicit inside(std::atomic<int>& c) noexcept : n(c) { n.fetch_add(1, std::memory_order_relaxed); }
