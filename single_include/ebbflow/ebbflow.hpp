@@ -6094,6 +6094,24 @@ struct uniform_fill {
     q[i] = compress::detail::fsub(compress::detail::fmul(static_cast<float>(r.x >> 8), 1.0f / 8388608.0f), 1.0f);
   }
 };
+
+//! Column j of q (cols x rank, row-major) refilled as `uniform_fill` would
+//! when it is all zero: orthogonalisation drops the columns of P that a
+//! lower-rank gradient leaves empty, and a zero column of the warm-start Q
+//! would keep them empty in every later step.
+struct reseed_zero_columns {
+  float* q;                             //!< cols x rank (executor's memory space)
+  std::size_t cols;                     //!< rows of q
+  std::size_t rank;                     //!< columns of q
+  compress::detail::philox_stream rng;  //!< as init_q's
+  //! Checks, and refills, column `j`.
+  EBBFLOW_HD void operator()(std::size_t j) const noexcept {
+    for (std::size_t k = 0; k < cols; ++k)
+      if (q[k * rank + j] != 0.0f) return;
+    const uniform_fill fill{q, rng};
+    for (std::size_t k = 0; k < cols; ++k) fill(k * rank + j);
+  }
+};
 }  // namespace kernels
 
 //! Value type; thread-safe.
@@ -6125,6 +6143,13 @@ struct powersgd_codec {
   template <class Ex>
   void init_q(Ex& ex, float* q, matrix_shape s, std::uint64_t seed) const {
     ex.bulk(s.cols * rank_for(s), kernels::uniform_fill{q, {seed, 0x9051D}});
+  }
+  //! Refills the all-zero columns of the warm-start q as init_q would, so
+  //! that the rank lost in one step (a gradient of lower rank, or zero)
+  //! comes back in the next. The same on every rank (q is summed).
+  template <class Ex>
+  void refresh_q(Ex& ex, float* q, matrix_shape s, std::uint64_t seed) const {
+    ex.bulk(rank_for(s), kernels::reseed_zero_columns{q, s.cols, rank_for(s), {seed, 0x9051D}});
   }
   //! p (rows x r) = m q, with m (rows x cols) and q (cols x r) row-major.
   //! Pointers in `Ex`'s space; completes as `ex.bulk` does.
@@ -7614,9 +7639,10 @@ class compressed_allreduce {
   struct tensor_state {
     std::size_t n = 0;
     int ranks = 0;
+    matrix_shape shape{};  // PowerSGD: Q is cols x r of this shape
     std::vector<float> res, res2, q, p, q_local;
   };
-  tensor_state& state_for(std::size_t key, std::size_t n);
+  tensor_state& state_for(std::size_t key, std::size_t n, matrix_shape shape);
   [[nodiscard]] std::size_t segment_elems(std::size_t n) const noexcept;
   void run_impl(std::span<float> grad, std::size_t key, matrix_shape shape);
   void run_low_rank(std::span<float> grad, tensor_state& st, matrix_shape shape, detail::coll_ctx& ctx);
@@ -7658,12 +7684,16 @@ compressed_allreduce<Codec, Transport, Executor>::compressed_allreduce(Transport
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
-auto compressed_allreduce<Codec, Transport, Executor>::state_for(std::size_t key, std::size_t n) -> tensor_state& {
+auto compressed_allreduce<Codec, Transport, Executor>::state_for(std::size_t key, std::size_t n, matrix_shape shape)
+    -> tensor_state& {
   auto& st = state_[key];
-  if (st.n != n || st.ranks != transport_->size()) {  // new tensor, or the group changed: start afresh
+  // A new tensor, another matrix shape of it (PowerSGD's Q would not fit),
+  // or the group changed: start afresh.
+  if (st.n != n || st.ranks != transport_->size() || st.shape.rows != shape.rows || st.shape.cols != shape.cols) {
     st = tensor_state{};
     st.n = n;
     st.ranks = transport_->size();
+    st.shape = shape;
   }
   return st;
 }
@@ -7718,7 +7748,7 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
     stats_.wire_bytes_sent += ctx.wire_sent;
     return;
   }
-  tensor_state& st = state_for(key, n);
+  tensor_state& st = state_for(key, n, shape);
   float* res = nullptr;
   if (opts_.error_feedback || Codec::kind == codec_kind::sign) {  // sign codes are useless without it
     if (st.res.empty()) st.res.assign(n, 0.0f);
@@ -7764,6 +7794,7 @@ void compressed_allreduce<Codec, Transport, Executor>::run_low_rank(std::span<fl
       ctx.seq += 1;
       detail::ring_allreduce(t, detail::f32_codec{}, exec_, st.q.data(), st.q.size(), nullptr, ctx, arenas_);
       codec_.reconstruct(exec_, st.p.data(), st.q.data(), m, shape);  // warm start: keep the summed Q
+      codec_.refresh_q(exec_, st.q.data(), shape, opts_.seed);        // ... with its dropped columns refilled
       exec_.wait();
     }
     if (main < grad.size()) {

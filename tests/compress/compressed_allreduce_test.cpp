@@ -206,6 +206,68 @@ TEST_P(AllreduceTest, PowerSgdDefaultShapeTracksTheSum) {
   check_tracking(GetParam().ranks, GetParam().n, cx::powersgd_codec(2), 0.5);
 }
 
+// One key, one size, another matrix shape: the warm-start Q of the first
+// shape (cols x r) must not be read as the second's (out of bounds before).
+TEST(Allreduce, PowerSgdStartsAfreshWhenTheMatrixShapeChanges) {
+  cx::allreduce_options o = small_opts();
+  o.dense_threshold_bytes = 0;
+  const std::size_t n = 4096;
+  auto rank1 = [](cx::matrix_shape s, float scale) {  // u v^T: exact at any rank >= 1
+    std::vector<float> m(s.size());
+    for (std::size_t i = 0; i < s.rows; ++i)
+      for (std::size_t j = 0; j < s.cols; ++j)
+        m[i * s.cols + j] =
+            scale * (1.0f + 0.01f * static_cast<float>(i % 7)) * (1.0f - 0.02f * static_cast<float>(j % 5));
+    return m;
+  };
+  std::vector<std::vector<float>> out(2);
+  ef::comm::spawn_loopback(2, [&](ef::comm::loopback_transport& t) {
+    cx::compressed_allreduce<cx::powersgd_codec, ef::comm::loopback_transport> ar(t, cx::powersgd_codec(4), {}, o);
+    auto g = rank1({1024, 4}, 1.0f);
+    ar.run(g, 0, cx::matrix_shape{1024, 4});
+    auto h = rank1({4, 1024}, 1.0f);
+    ar.run(h, 0, cx::matrix_shape{4, 1024});
+    out[static_cast<std::size_t>(t.rank())] = h;
+  });
+  const auto ex = rank1({4, 1024}, 2.0f);
+  ASSERT_EQ(out[0], out[1]);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_NEAR(out[0][i], ex[i], 1e-4 * (1 + std::fabs(ex[i]))) << i;
+}
+
+// A step whose gradient has lower rank than r (or is zero) empties columns
+// of P; the warm-start Q must not keep them empty: a later rank-2 sum is
+// reproduced exactly again from the step after (it stayed at rank 0 or 1).
+TEST(Allreduce, PowerSgdRecoversTheRankAfterALowerRankStep) {
+  const cx::matrix_shape s{64, 64};
+  auto v = normal_vec(s.cols * 2, 5);
+  auto low = [&](int r, std::size_t rank) {  // rank-`rank` matrix, shared V
+    auto u = normal_vec(s.rows * 2, 600 + static_cast<unsigned>(r));
+    std::vector<float> m(s.size(), 0.0f);
+    for (std::size_t i = 0; i < s.rows; ++i)
+      for (std::size_t j = 0; j < s.cols; ++j)
+        for (std::size_t c = 0; c < rank; ++c) m[i * s.cols + j] += u[i * 2 + c] * v[j * 2 + c];
+    return m;
+  };
+  for (const std::size_t first : {0u, 1u}) {
+    for (const bool ef_on : {false, true}) {
+      cx::allreduce_options o = small_opts();
+      o.dense_threshold_bytes = 0;
+      o.error_feedback = ef_on;
+      auto make = [&](int r, std::size_t k) { return low(r, k == 0 ? first : 2); };
+      auto out = run_group(2, cx::powersgd_codec(4), 4, make, o, s);
+      expect_same_on_all_ranks(out);
+      for (std::size_t k = 2; k < 4; ++k) {
+        auto ex = exact_sum(2, s.size(), k, make);
+        double e = 0, d = 0;
+        for (std::size_t i = 0; i < s.size(); ++i)
+          e += (out[0][k][i] - ex[i]) * (out[0][k][i] - ex[i]), d += ex[i] * ex[i];
+        EXPECT_LT(std::sqrt(e / d), 1e-3)
+            << "first step of rank " << first << ", error feedback " << ef_on << ", step " << k;
+      }
+    }
+  }
+}
+
 TEST(Allreduce, DenseBelowThresholdIsExactAndCounted) {
   const std::size_t n = 100;
   auto make = [](int r, std::size_t) { return normal_vec(100, static_cast<unsigned>(r)); };

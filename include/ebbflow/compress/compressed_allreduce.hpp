@@ -113,9 +113,10 @@ class compressed_allreduce {
   struct tensor_state {
     std::size_t n = 0;
     int ranks = 0;
+    matrix_shape shape{};  // PowerSGD: Q is cols x r of this shape
     std::vector<float> res, res2, q, p, q_local;
   };
-  tensor_state& state_for(std::size_t key, std::size_t n);
+  tensor_state& state_for(std::size_t key, std::size_t n, matrix_shape shape);
   [[nodiscard]] std::size_t segment_elems(std::size_t n) const noexcept;
   void run_impl(std::span<float> grad, std::size_t key, matrix_shape shape);
   void run_low_rank(std::span<float> grad, tensor_state& st, matrix_shape shape, detail::coll_ctx& ctx);

@@ -51,6 +51,24 @@ struct uniform_fill {
     q[i] = compress::detail::fsub(compress::detail::fmul(static_cast<float>(r.x >> 8), 1.0f / 8388608.0f), 1.0f);
   }
 };
+
+//! Column j of q (cols x rank, row-major) refilled as `uniform_fill` would
+//! when it is all zero: orthogonalisation drops the columns of P that a
+//! lower-rank gradient leaves empty, and a zero column of the warm-start Q
+//! would keep them empty in every later step.
+struct reseed_zero_columns {
+  float* q;                             //!< cols x rank (executor's memory space)
+  std::size_t cols;                     //!< rows of q
+  std::size_t rank;                     //!< columns of q
+  compress::detail::philox_stream rng;  //!< as init_q's
+  //! Checks, and refills, column `j`.
+  EBBFLOW_HD void operator()(std::size_t j) const noexcept {
+    for (std::size_t k = 0; k < cols; ++k)
+      if (q[k * rank + j] != 0.0f) return;
+    const uniform_fill fill{q, rng};
+    for (std::size_t k = 0; k < cols; ++k) fill(k * rank + j);
+  }
+};
 }  // namespace kernels
 
 //! Value type; thread-safe.
@@ -82,6 +100,13 @@ struct powersgd_codec {
   template <class Ex>
   void init_q(Ex& ex, float* q, matrix_shape s, std::uint64_t seed) const {
     ex.bulk(s.cols * rank_for(s), kernels::uniform_fill{q, {seed, 0x9051D}});
+  }
+  //! Refills the all-zero columns of the warm-start q as init_q would, so
+  //! that the rank lost in one step (a gradient of lower rank, or zero)
+  //! comes back in the next. The same on every rank (q is summed).
+  template <class Ex>
+  void refresh_q(Ex& ex, float* q, matrix_shape s, std::uint64_t seed) const {
+    ex.bulk(rank_for(s), kernels::reseed_zero_columns{q, s.cols, rank_for(s), {seed, 0x9051D}});
   }
   //! p (rows x r) = m q, with m (rows x cols) and q (cols x r) row-major.
   //! Pointers in `Ex`'s space; completes as `ex.bulk` does.

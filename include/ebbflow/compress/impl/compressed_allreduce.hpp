@@ -20,12 +20,16 @@ compressed_allreduce<Codec, Transport, Executor>::compressed_allreduce(Transport
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
-auto compressed_allreduce<Codec, Transport, Executor>::state_for(std::size_t key, std::size_t n) -> tensor_state& {
+auto compressed_allreduce<Codec, Transport, Executor>::state_for(std::size_t key, std::size_t n, matrix_shape shape)
+    -> tensor_state& {
   auto& st = state_[key];
-  if (st.n != n || st.ranks != transport_->size()) {  // new tensor, or the group changed: start afresh
+  // A new tensor, another matrix shape of it (PowerSGD's Q would not fit),
+  // or the group changed: start afresh.
+  if (st.n != n || st.ranks != transport_->size() || st.shape.rows != shape.rows || st.shape.cols != shape.cols) {
     st = tensor_state{};
     st.n = n;
     st.ranks = transport_->size();
+    st.shape = shape;
   }
   return st;
 }
@@ -80,7 +84,7 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
     stats_.wire_bytes_sent += ctx.wire_sent;
     return;
   }
-  tensor_state& st = state_for(key, n);
+  tensor_state& st = state_for(key, n, shape);
   float* res = nullptr;
   if (opts_.error_feedback || Codec::kind == codec_kind::sign) {  // sign codes are useless without it
     if (st.res.empty()) st.res.assign(n, 0.0f);
@@ -126,6 +130,7 @@ void compressed_allreduce<Codec, Transport, Executor>::run_low_rank(std::span<fl
       ctx.seq += 1;
       detail::ring_allreduce(t, detail::f32_codec{}, exec_, st.q.data(), st.q.size(), nullptr, ctx, arenas_);
       codec_.reconstruct(exec_, st.p.data(), st.q.data(), m, shape);  // warm start: keep the summed Q
+      codec_.refresh_q(exec_, st.q.data(), shape, opts_.seed);        // ... with its dropped columns refilled
       exec_.wait();
     }
     if (main < grad.size()) {
