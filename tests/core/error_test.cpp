@@ -83,6 +83,23 @@ TEST(Deadline, ExpiresAndReportsRemaining) {
   EXPECT_EQ(min(d, ef::deadline::never()).at(), d.at());
 }
 
+// Timeouts beyond the clock's range saturate instead of overflowing (a
+// wrapped sum passed at once: `next(seconds::max())` timed out at once).
+TEST(Deadline, HugeTimeoutsSaturate) {
+  for (const auto d : {ef::deadline::after(std::chrono::seconds::max()), ef::deadline::after(std::chrono::hours::max()),
+                       ef::deadline::after(std::chrono::duration<double>(1e300)),
+                       ef::deadline::after(std::chrono::nanoseconds::max())}) {
+    EXPECT_FALSE(d.expired());
+    EXPECT_EQ(d.at(), ef::deadline::never().at());
+  }
+  for (const auto d : {ef::deadline::after(std::chrono::seconds::min()), ef::deadline::after(std::chrono::hours::min()),
+                       ef::deadline::after(std::chrono::nanoseconds::min())})
+    EXPECT_TRUE(d.expired());
+  const auto year = ef::deadline::after(std::chrono::hours(24 * 365));
+  EXPECT_FALSE(year.expired());
+  EXPECT_GT(year.remaining(), std::chrono::hours(24 * 364));
+}
+
 TEST(Log, LevelsParseAndFilter) {
   EXPECT_EQ(ef::log::parse_level("debug"), ef::log::level::debug);
   EXPECT_FALSE(ef::log::parse_level("loud"));

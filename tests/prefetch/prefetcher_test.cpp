@@ -218,6 +218,26 @@ TEST(Prefetcher, RejectsBadOptions) {
   EXPECT_THROW(make({.sample_bytes = 8, .max_batch_samples = 0}), std::invalid_argument);
   EXPECT_THROW(make({.sample_bytes = 8, .max_batch_samples = 4, .depth = 0}), std::invalid_argument);
   EXPECT_THROW(make({.sample_bytes = 8, .max_batch_samples = 4, .pool_bytes = 16}), std::invalid_argument);
+  const auto four = [](std::uint64_t) -> std::size_t { return 4; };
+  // Per-device weights must be finite and >= 0 (a negative one wrapped to a
+  // split of 2^64 - 4 samples).
+  EXPECT_THROW(pf::sequence_source(100, four, 2, std::vector<double>{-1.0, 2.0}), std::invalid_argument);
+  EXPECT_THROW(pf::sequence_source(100, four, 2, std::vector<double>{std::nan(""), 1.0}), std::invalid_argument);
+  EXPECT_THROW(pf::sequence_source(100, four, 2, std::vector<double>{1.0, HUGE_VAL}), std::invalid_argument);
+  EXPECT_NO_THROW(pf::sequence_source(100, four, 2, std::vector<double>{0.0, 1.0}));
+}
+
+// A timeout beyond the clock's range waits (it timed out at once when the
+// deadline's sum overflowed).
+TEST(Prefetcher, NextWithAnUnboundedTimeoutWaits) {
+  pf::prefetch_options o{.sample_bytes = sample_bytes, .max_batch_samples = 4, .loaders = 1};
+  auto slow = [](std::size_t i, std::span<std::byte> d) {
+    std::this_thread::sleep_for(20ms);
+    fill(i, d);
+  };
+  pf::prefetcher p(pf::sequence_source(8, [](auto) { return 4; }), slow, pf::cpu_stage(1), o);
+  auto b = p.next(std::chrono::seconds::max());
+  ASSERT_TRUE(b);
 }
 
 // ---------------------------------------------------------------- timeouts, shutdown

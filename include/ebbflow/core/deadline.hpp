@@ -24,10 +24,16 @@ using steady_clock = std::chrono::steady_clock;
 //! A point in time on the steady clock after which a blocking call gives up.
 class deadline {
  public:
-  //! A deadline `timeout` from now.
+  //! A deadline `timeout` from now; saturates (a timeout beyond the clock's
+  //! range, e.g. `seconds::max()`, never passes).
   template <class Rep, class Period>
   static deadline after(std::chrono::duration<Rep, Period> timeout) noexcept {
-    return deadline(steady_clock::now() + std::chrono::duration_cast<steady_clock::duration>(timeout));
+    using seconds = std::chrono::duration<double>;
+    const auto now = steady_clock::now();
+    const double at = seconds(now.time_since_epoch()).count() + seconds(timeout).count();
+    if (at >= seconds(steady_clock::duration::max()).count() - 1) return never();  // 1 s: double rounding
+    if (at <= seconds(steady_clock::duration::min()).count() + 1) return deadline(steady_clock::time_point::min());
+    return deadline(now + std::chrono::duration_cast<steady_clock::duration>(timeout));
   }
   //! A deadline that never passes (use sparingly: prefer a bound).
   static deadline never() noexcept { return deadline(steady_clock::time_point::max()); }

@@ -11,6 +11,7 @@
 #include <ebbflow/core/error.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -62,6 +63,10 @@ class sequence_source {
         steps_(steps) {
     EBBFLOW_ENFORCE(devices_ > 0, "sequence_source: need at least one device");
     EBBFLOW_ENFORCE(weights_.empty() || weights_.size() == devices_, "sequence_source: one weight per device");
+    for (std::size_t d = 0; d < weights_.size(); ++d)
+      EBBFLOW_ENFORCE(std::isfinite(weights_[d]) && weights_[d] >= 0, "sequence_source: weight of device "
+                                                                          << d << " is " << weights_[d]
+                                                                          << " (expected finite and >= 0)");
     EBBFLOW_ENFORCE(static_cast<bool>(batch_size_), "sequence_source: batch_size function is empty");
   }
 
