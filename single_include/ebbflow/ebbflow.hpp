@@ -5454,6 +5454,10 @@ EBBFLOW_HD inline float fsub(float a, float b) noexcept {
 // Bit casts shared with core/half.hpp (one implementation, host and device).
 EBBFLOW_HD inline std::uint32_t as_u32(float f) noexcept { return ::ebbflow::detail::float_bits(f); }
 EBBFLOW_HD inline float as_f32(std::uint32_t u) noexcept { return ::ebbflow::detail::bits_float(u); }
+//! `x`, or 0 when it is inf or NaN: an error-feedback residual that is not
+//! finite is dropped (a step that overflowed must not poison every later
+//! one, e.g. under loss scaling, which skips such steps).
+EBBFLOW_HD inline float finite_or_zero(float x) noexcept { return (as_u32(x) & 0x7F800000u) == 0x7F800000u ? 0.0f : x; }
 //! Round toward minus infinity, as an int (|x| < 2^31).
 EBBFLOW_HD inline std::int32_t floor_i32(float x) noexcept {
   const auto t = static_cast<std::int32_t>(x);  // truncates toward zero
@@ -5605,7 +5609,7 @@ struct cast_encode {
           const float v = detail::fadd(pi[j], pr[j]);
           const std::uint16_t q = to_bits<F>(v);
           po[j] = q;
-          pr[j] = detail::fsub(v, from_bits<F>(q));
+          pr[j] = detail::finite_or_zero(detail::fsub(v, from_bits<F>(q)));
         }
       });
     }
@@ -5995,7 +5999,7 @@ struct lowrank_residual {
     for (std::size_t c = 0; c < cols; ++c) {
       float acc = 0.0f;
       for (std::size_t j = 0; j < rank; ++j) acc = detail::fadd(acc, detail::fmul(p[i * rank + j], q[c * rank + j]));
-      res[i * cols + c] = detail::fsub(m[i * cols + c], acc);
+      res[i * cols + c] = detail::finite_or_zero(detail::fsub(m[i * cols + c], acc));
     }
   }
 };
@@ -6102,9 +6106,10 @@ struct uniform_fill {
 };
 
 //! Column j of q (cols x rank, row-major) refilled as `uniform_fill` would
-//! when it is all zero: orthogonalisation drops the columns of P that a
-//! lower-rank gradient leaves empty, and a zero column of the warm-start Q
-//! would keep them empty in every later step.
+//! when it is all zero or holds a non-finite value: orthogonalisation drops
+//! the columns of P that a lower-rank gradient leaves empty, and a zero (or
+//! NaN, after a non-finite gradient) column of the warm-start Q would stay
+//! so in every later step.
 struct reseed_zero_columns {
   float* q;                             //!< cols x rank (executor's memory space)
   std::size_t cols;                     //!< rows of q
@@ -6112,8 +6117,13 @@ struct reseed_zero_columns {
   compress::detail::philox_stream rng;  //!< as init_q's
   //! Checks, and refills, column `j`.
   EBBFLOW_HD void operator()(std::size_t j) const noexcept {
-    for (std::size_t k = 0; k < cols; ++k)
-      if (q[k * rank + j] != 0.0f) return;
+    bool zero = true, finite = true;
+    for (std::size_t k = 0; k < cols; ++k) {
+      const float x = q[k * rank + j];
+      zero = zero && x == 0.0f;
+      finite = finite && compress::detail::finite_or_zero(x) == x;
+    }
+    if (!zero && finite) return;
     const uniform_fill fill{q, rng};
     for (std::size_t k = 0; k < cols; ++k) fill(k * rank + j);
   }
@@ -6150,9 +6160,10 @@ struct powersgd_codec {
   void init_q(Ex& ex, float* q, matrix_shape s, std::uint64_t seed) const {
     ex.bulk(s.cols * rank_for(s), kernels::uniform_fill{q, {seed, 0x9051D}});
   }
-  //! Refills the all-zero columns of the warm-start q as init_q would, so
-  //! that the rank lost in one step (a gradient of lower rank, or zero)
-  //! comes back in the next. The same on every rank (q is summed).
+  //! Refills the all-zero (or non-finite) columns of the warm-start q as
+  //! init_q would, so that the rank lost in one step (a gradient of lower
+  //! rank, zero, or not finite) comes back in the next. The same on every
+  //! rank (q is summed).
   template <class Ex>
   void refresh_q(Ex& ex, float* q, matrix_shape s, std::uint64_t seed) const {
     ex.bulk(rank_for(s), kernels::reseed_zero_columns{q, s.cols, rank_for(s), {seed, 0x9051D}});
@@ -6232,6 +6243,7 @@ EBBFLOW_END_NAMESPACE
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress::kernels {
@@ -6283,7 +6295,15 @@ struct quantize_encode {
       }
       const float amax = detail::as_f32(static_cast<std::uint32_t>(amax_bits));
       const float scale = amax / static_cast<float>(L);
-      const float inv = amax > 0.0f ? static_cast<float>(L) / amax : 0.0f;
+      // A block below 2^-100 (L / amax would overflow to inf) or with an inf
+      // or NaN takes a slower loop (below): scaled up first, clamped before
+      // the conversion, infinities with their sign, no non-finite residual.
+      // Every other block takes the plain one, which vectorises.
+      const bool rare = amax_bits >= 0x7F800000 || amax < 0x1p-100f;
+      const float pre = amax < 0x1p-100f ? 0x1p64f : 1.0f;
+      const float inv = amax_bits >= 0x7F800000 ? 1.0f
+                        : amax > 0.0f           ? static_cast<float>(L) / (rare ? amax * pre : amax)
+                                                : 0.0f;
       scales[b] = scale;
       // 2. 16 random bits per element from 32 Philox blocks. Word w of block
       //    g lands at rw[32 w + g], so both loops below run over contiguous
@@ -6293,24 +6313,42 @@ struct quantize_encode {
       // 3. stochastic rounding, residual update. int8 codes go straight to
       //    the output; int4 codes are staged in q and packed in pairs after.
       [[maybe_unused]] std::int8_t q[Bits == 4 ? block_size : 1];
-      for (std::uint32_t h = 0; h < 2; ++h) {
-        const std::uint32_t base = 128 * h;
-        const std::uint32_t len = cnt > base ? (cnt - base < 128u ? cnt - base : 128u) : 0u;
-        const std::uint32_t shift = 16 * h;
-        for (std::uint32_t j2 = 0; j2 < len; ++j2) {
-          const std::uint32_t j = base + j2;
-          const float v = EF ? detail::fadd(pi[j], pr[j]) : pi[j];
-          const float u = detail::fmul(static_cast<float>((rw[j2] >> shift) & 0xFFFFu) + 0.5f, 1.0f / 65536.0f);
-          std::int32_t k = detail::floor_i32(detail::fadd(detail::fmul(v, inv), u));
-          k = k > L ? L : k;
-          k = k < -L ? -L : k;
-          if constexpr (Bits == 8)
-            pc[j] = static_cast<std::uint8_t>(k);  // int8: straight to the output
-          else
-            q[j] = static_cast<std::int8_t>(k);
-          if constexpr (EF) pr[j] = detail::fsub(v, detail::fmul(static_cast<float>(k), scale));
+      const auto round = [&](auto rare_tag) {
+        constexpr bool Rare = decltype(rare_tag)::value;
+        for (std::uint32_t h = 0; h < 2; ++h) {
+          const std::uint32_t base = 128 * h;
+          const std::uint32_t len = cnt > base ? (cnt - base < 128u ? cnt - base : 128u) : 0u;
+          const std::uint32_t shift = 16 * h;
+          for (std::uint32_t j2 = 0; j2 < len; ++j2) {
+            const std::uint32_t j = base + j2;
+            const float v = EF ? detail::fadd(pi[j], pr[j]) : pi[j];
+            const float u = detail::fmul(static_cast<float>((rw[j2] >> shift) & 0xFFFFu) + 0.5f, 1.0f / 65536.0f);
+            std::int32_t k;
+            if constexpr (Rare) {
+              float x = detail::fadd(detail::fmul(detail::fmul(v, pre), inv), u);
+              x = x < static_cast<float>(L + 1) ? x : static_cast<float>(L + 1);  // also inf; then NaN:
+              x = x > static_cast<float>(-L - 1) ? x : static_cast<float>(-L - 1);
+              k = detail::floor_i32(x);  // in range: no undefined conversion
+            } else {
+              k = detail::floor_i32(detail::fadd(detail::fmul(v, inv), u));
+            }
+            k = k > L ? L : k;
+            k = k < -L ? -L : k;
+            if constexpr (Bits == 8)
+              pc[j] = static_cast<std::uint8_t>(k);  // int8: straight to the output
+            else
+              q[j] = static_cast<std::int8_t>(k);
+            if constexpr (EF) {
+              const float r = detail::fsub(v, detail::fmul(static_cast<float>(k), scale));
+              pr[j] = Rare ? detail::finite_or_zero(r) : r;
+            }
+          }
         }
-      }
+      };
+      if (rare)
+        round(std::true_type{});
+      else
+        round(std::false_type{});
       if constexpr (Bits == 4) {
         if (cnt & 1u) q[cnt] = 0;  // cnt < block_size here
         for (std::uint32_t j = 0; j < (cnt + 1u) / 2u; ++j)
@@ -6515,7 +6553,8 @@ struct sign_encode {
         // decoded value = +-scale with v's sign bit
         for (std::uint32_t jj = 0; jj < cnt; ++jj) {
           const float v = detail::fadd(pi[jj], pr[jj]);
-          pr[jj] = detail::fsub(v, detail::as_f32(scale_bits | (detail::as_u32(v) & 0x80000000u)));
+          pr[jj] =
+              detail::finite_or_zero(detail::fsub(v, detail::as_f32(scale_bits | (detail::as_u32(v) & 0x80000000u))));
         }
       }
     });
@@ -6660,6 +6699,11 @@ namespace compress::kernels {
 
 //! |v| by clearing the sign bit.
 EBBFLOW_HD inline float abs_bits(float v) noexcept { return detail::as_f32(detail::as_u32(v) & 0x7FFFFFFFu); }
+//! Whether an element of magnitude `a` is sent at threshold `t`: at or above
+//! it and not zero, or NaN (a non-finite input gives a non-finite output,
+//! never a silent 0). Branch-free, so the selecting loops vectorise; the
+//! counting and the packing passes use this one test.
+EBBFLOW_HD inline bool selected(float a, float t) noexcept { return ((a >= t) & (a > 0.0f)) | (a != a); }
 
 //! High 64 bits of the 128-bit product a * b: maps a uniform 64-bit word
 //! onto [0, b) without a division (Lemire), the same on host and device.
@@ -6702,7 +6746,8 @@ struct topk_sample {
       const std::size_t g = j >> 1, h = j & 1u;
       const std::uint64_t wide = (static_cast<std::uint64_t>(w[64 * h + g]) << 32) | w[64 * h + 32 + g];
       const auto i = static_cast<std::size_t>(mulhi64(wide, n));
-      sample[base + j] = abs_bits(res ? detail::fadd(in[i], res[i]) : in[i]);
+      const float a = abs_bits(res ? detail::fadd(in[i], res[i]) : in[i]);
+      sample[base + j] = a != a ? 0.0f : a;  // NaNs are always sent: they must not set the threshold
     }
   }
 };
@@ -6764,12 +6809,12 @@ struct topk_count {
       if (pr) {
         for (std::uint32_t j = 0; j < cnt; ++j) {
           const float a = abs_bits(detail::fadd(pi[j], pr[j]));
-          c += a >= t && a > 0.0f ? 1u : 0u;  // zeros carry nothing: never sent
+          c += selected(a, t) ? 1u : 0u;  // zeros carry nothing: never sent
         }
       } else {
         for (std::uint32_t j = 0; j < cnt; ++j) {
           const float a = abs_bits(pi[j]);
-          c += a >= t && a > 0.0f ? 1u : 0u;
+          c += selected(a, t) ? 1u : 0u;
         }
       }
     });
@@ -6826,13 +6871,13 @@ struct topk_write {
       for (std::uint32_t j = 0; j < cnt; ++j) {
         const float v = pr ? detail::fadd(pi[j], pr[j]) : pi[j];
         const float a = abs_bits(v);
-        const bool take = a >= t && a > 0.0f && slot < k;
+        const bool take = selected(a, t) && slot < k;
         if (take) {
           indices[slot] = static_cast<std::uint32_t>(o + j);
           values[slot] = v;
           ++slot;
         }
-        if (pr) pr[j] = take ? 0.0f : v;
+        if (pr) pr[j] = take ? 0.0f : detail::finite_or_zero(v);
       }
     });
   }
@@ -6885,7 +6930,7 @@ struct topk_select_inorder {
       for (std::uint32_t j = 0; j < len; ++j) {
         const float v = EF ? detail::fadd(pi[c0 + j], pr[c0 + j]) : pi[c0 + j];
         const float a = abs_bits(v);
-        const bool sel = (a >= t) & (a > 0.0f);
+        const bool sel = selected(a, t);
         vb[j] = v;
         if constexpr (EF) pr[c0 + j] = sel ? 0.0f : v;
         mask |= static_cast<std::uint32_t>(sel) << j;
@@ -6897,7 +6942,7 @@ struct topk_select_inorder {
           values[sl] = vb[j];
           ++sl;
         } else if constexpr (EF) {
-          pr[c0 + j] = vb[j];  // no slot left: stays in the residual
+          pr[c0 + j] = detail::finite_or_zero(vb[j]);  // no slot left: stays in the residual
         }
       }
     };

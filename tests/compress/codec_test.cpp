@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -109,6 +110,44 @@ TYPED_TEST(QuantizeTest, ErrorBelowOneStepPerBlock) {
       for (std::size_t i = b * 256; i < std::min(n, b * 256 + 256); ++i)
         ASSERT_LT(std::fabs(d[i] - v[i]), step * 1.0001f) << "n=" << n << " i=" << i;
     }
+  }
+}
+
+// A block whose max |v| is so small that L / max overflows (below about
+// 4e-37 for int8): still within one step with the sign kept (every element
+// decoded as -max before, through an undefined float-to-int conversion).
+TYPED_TEST(QuantizeTest, TinyBlocksKeepTheirSignsAndTheErrorBound) {
+  TypeParam c;
+  for (const float amax : {1e-37f, 1e-38f, 2e-39f, 1e-30f}) {
+    const std::vector<float> v{amax, 0.0f, -0.5f * amax, -amax, 0.25f * amax};
+    const auto d = decode(c, encode(c, v, nullptr, {1, 2}), v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      ASSERT_LE(std::fabs(d[i] - v[i]), amax / TypeParam::levels * 1.0001f + 4e-45f) << amax << " i=" << i;
+      if (v[i] != 0) {
+        ASSERT_EQ(v[i] > 0, d[i] > 0) << amax << " i=" << i;
+      }
+    }
+  }
+}
+
+// Non-finite inputs give non-finite outputs, infinities with their sign; a
+// residual never becomes non-finite, so the next finite step is exact again.
+TYPED_TEST(QuantizeTest, NonFiniteBlocksDecodeNonFiniteAndLeaveAFiniteResidual) {
+  TypeParam c;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const std::vector<float>& v : {std::vector<float>{1.0f, inf, -inf}, std::vector<float>{1.0f, std::nanf("")}}) {
+    std::vector<float> res(v.size(), 0.0f);
+    const auto d = decode(c, encode(c, v, res.data(), {1, 2}), v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      ASSERT_FALSE(std::isfinite(d[i])) << i;
+      if (std::isinf(v[i])) {
+        ASSERT_EQ(d[i], v[i]) << i;
+      }
+      ASSERT_TRUE(std::isfinite(res[i])) << i;
+    }
+    const std::vector<float> w(v.size(), 0.5f);
+    const auto e = decode(c, encode(c, w, res.data(), {1, 3}), v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) ASSERT_TRUE(std::isfinite(e[i])) << i;
   }
 }
 
@@ -362,6 +401,31 @@ TEST(TopK, DecodeSumMatchesDecodeThenDecodeAddInOrder) {
       ASSERT_EQ(tiled, want) << "n=" << n << " count=" << count;
       ASSERT_EQ(generic, want) << "n=" << n << " count=" << count;
     }
+}
+
+// A finite value beyond fp16's range encodes as inf; the residual (v - inf)
+// must not carry -inf into the next step (it decoded -inf, then NaN for good).
+TEST(Cast, AnOverflowDoesNotPoisonTheResidual) {
+  cx::fp16_codec c;
+  std::vector<float> res(1, 0.0f);
+  const auto d0 = decode(c, encode(c, {70000.0f}, res.data()), 1);
+  EXPECT_TRUE(std::isinf(d0[0]));
+  EXPECT_EQ(res[0], 0.0f);
+  for (int k = 0; k < 3; ++k) {
+    const auto d = decode(c, encode(c, {1.0f}, res.data()), 1);
+    ASSERT_EQ(d[0], 1.0f) << k;
+  }
+}
+
+// NaN is sent (it decoded as 0 and stayed in the residual before).
+TEST(TopK, NaNIsSentNotZeroed) {
+  const cx::topk_codec c(0.5);
+  const std::vector<float> v{std::nanf(""), 1.0f, 2.0f, 3.0f};
+  std::vector<float> res(v.size(), 0.0f);
+  const auto d = decode(c, encode(c, v, res.data()), v.size());
+  EXPECT_TRUE(std::isnan(d[0]));
+  EXPECT_EQ(res[0], 0.0f);
+  for (std::size_t i = 1; i < v.size(); ++i) EXPECT_EQ(d[i] + res[i], v[i]) << i;  // sent or kept, never lost
 }
 
 TEST(Sign, DecodeKeepsSignAndBlockL1Norm) {

@@ -53,9 +53,10 @@ struct uniform_fill {
 };
 
 //! Column j of q (cols x rank, row-major) refilled as `uniform_fill` would
-//! when it is all zero: orthogonalisation drops the columns of P that a
-//! lower-rank gradient leaves empty, and a zero column of the warm-start Q
-//! would keep them empty in every later step.
+//! when it is all zero or holds a non-finite value: orthogonalisation drops
+//! the columns of P that a lower-rank gradient leaves empty, and a zero (or
+//! NaN, after a non-finite gradient) column of the warm-start Q would stay
+//! so in every later step.
 struct reseed_zero_columns {
   float* q;                             //!< cols x rank (executor's memory space)
   std::size_t cols;                     //!< rows of q
@@ -63,8 +64,13 @@ struct reseed_zero_columns {
   compress::detail::philox_stream rng;  //!< as init_q's
   //! Checks, and refills, column `j`.
   EBBFLOW_HD void operator()(std::size_t j) const noexcept {
-    for (std::size_t k = 0; k < cols; ++k)
-      if (q[k * rank + j] != 0.0f) return;
+    bool zero = true, finite = true;
+    for (std::size_t k = 0; k < cols; ++k) {
+      const float x = q[k * rank + j];
+      zero = zero && x == 0.0f;
+      finite = finite && compress::detail::finite_or_zero(x) == x;
+    }
+    if (!zero && finite) return;
     const uniform_fill fill{q, rng};
     for (std::size_t k = 0; k < cols; ++k) fill(k * rank + j);
   }
@@ -101,9 +107,10 @@ struct powersgd_codec {
   void init_q(Ex& ex, float* q, matrix_shape s, std::uint64_t seed) const {
     ex.bulk(s.cols * rank_for(s), kernels::uniform_fill{q, {seed, 0x9051D}});
   }
-  //! Refills the all-zero columns of the warm-start q as init_q would, so
-  //! that the rank lost in one step (a gradient of lower rank, or zero)
-  //! comes back in the next. The same on every rank (q is summed).
+  //! Refills the all-zero (or non-finite) columns of the warm-start q as
+  //! init_q would, so that the rank lost in one step (a gradient of lower
+  //! rank, zero, or not finite) comes back in the next. The same on every
+  //! rank (q is summed).
   template <class Ex>
   void refresh_q(Ex& ex, float* q, matrix_shape s, std::uint64_t seed) const {
     ex.bulk(rank_for(s), kernels::reseed_zero_columns{q, s.cols, rank_for(s), {seed, 0x9051D}});

@@ -59,7 +59,7 @@ struct cast_encode {
           const float v = detail::fadd(pi[j], pr[j]);
           const std::uint16_t q = to_bits<F>(v);
           po[j] = q;
-          pr[j] = detail::fsub(v, from_bits<F>(q));
+          pr[j] = detail::finite_or_zero(detail::fsub(v, from_bits<F>(q)));
         }
       });
     }

@@ -123,7 +123,7 @@ struct lowrank_residual {
     for (std::size_t c = 0; c < cols; ++c) {
       float acc = 0.0f;
       for (std::size_t j = 0; j < rank; ++j) acc = detail::fadd(acc, detail::fmul(p[i * rank + j], q[c * rank + j]));
-      res[i * cols + c] = detail::fsub(m[i * cols + c], acc);
+      res[i * cols + c] = detail::finite_or_zero(detail::fsub(m[i * cols + c], acc));
     }
   }
 };

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress::kernels {
@@ -69,7 +70,15 @@ struct quantize_encode {
       }
       const float amax = detail::as_f32(static_cast<std::uint32_t>(amax_bits));
       const float scale = amax / static_cast<float>(L);
-      const float inv = amax > 0.0f ? static_cast<float>(L) / amax : 0.0f;
+      // A block below 2^-100 (L / amax would overflow to inf) or with an inf
+      // or NaN takes a slower loop (below): scaled up first, clamped before
+      // the conversion, infinities with their sign, no non-finite residual.
+      // Every other block takes the plain one, which vectorises.
+      const bool rare = amax_bits >= 0x7F800000 || amax < 0x1p-100f;
+      const float pre = amax < 0x1p-100f ? 0x1p64f : 1.0f;
+      const float inv = amax_bits >= 0x7F800000 ? 1.0f
+                        : amax > 0.0f           ? static_cast<float>(L) / (rare ? amax * pre : amax)
+                                                : 0.0f;
       scales[b] = scale;
       // 2. 16 random bits per element from 32 Philox blocks. Word w of block
       //    g lands at rw[32 w + g], so both loops below run over contiguous
@@ -79,24 +88,42 @@ struct quantize_encode {
       // 3. stochastic rounding, residual update. int8 codes go straight to
       //    the output; int4 codes are staged in q and packed in pairs after.
       [[maybe_unused]] std::int8_t q[Bits == 4 ? block_size : 1];
-      for (std::uint32_t h = 0; h < 2; ++h) {
-        const std::uint32_t base = 128 * h;
-        const std::uint32_t len = cnt > base ? (cnt - base < 128u ? cnt - base : 128u) : 0u;
-        const std::uint32_t shift = 16 * h;
-        for (std::uint32_t j2 = 0; j2 < len; ++j2) {
-          const std::uint32_t j = base + j2;
-          const float v = EF ? detail::fadd(pi[j], pr[j]) : pi[j];
-          const float u = detail::fmul(static_cast<float>((rw[j2] >> shift) & 0xFFFFu) + 0.5f, 1.0f / 65536.0f);
-          std::int32_t k = detail::floor_i32(detail::fadd(detail::fmul(v, inv), u));
-          k = k > L ? L : k;
-          k = k < -L ? -L : k;
-          if constexpr (Bits == 8)
-            pc[j] = static_cast<std::uint8_t>(k);  // int8: straight to the output
-          else
-            q[j] = static_cast<std::int8_t>(k);
-          if constexpr (EF) pr[j] = detail::fsub(v, detail::fmul(static_cast<float>(k), scale));
+      const auto round = [&](auto rare_tag) {
+        constexpr bool Rare = decltype(rare_tag)::value;
+        for (std::uint32_t h = 0; h < 2; ++h) {
+          const std::uint32_t base = 128 * h;
+          const std::uint32_t len = cnt > base ? (cnt - base < 128u ? cnt - base : 128u) : 0u;
+          const std::uint32_t shift = 16 * h;
+          for (std::uint32_t j2 = 0; j2 < len; ++j2) {
+            const std::uint32_t j = base + j2;
+            const float v = EF ? detail::fadd(pi[j], pr[j]) : pi[j];
+            const float u = detail::fmul(static_cast<float>((rw[j2] >> shift) & 0xFFFFu) + 0.5f, 1.0f / 65536.0f);
+            std::int32_t k;
+            if constexpr (Rare) {
+              float x = detail::fadd(detail::fmul(detail::fmul(v, pre), inv), u);
+              x = x < static_cast<float>(L + 1) ? x : static_cast<float>(L + 1);  // also inf; then NaN:
+              x = x > static_cast<float>(-L - 1) ? x : static_cast<float>(-L - 1);
+              k = detail::floor_i32(x);  // in range: no undefined conversion
+            } else {
+              k = detail::floor_i32(detail::fadd(detail::fmul(v, inv), u));
+            }
+            k = k > L ? L : k;
+            k = k < -L ? -L : k;
+            if constexpr (Bits == 8)
+              pc[j] = static_cast<std::uint8_t>(k);  // int8: straight to the output
+            else
+              q[j] = static_cast<std::int8_t>(k);
+            if constexpr (EF) {
+              const float r = detail::fsub(v, detail::fmul(static_cast<float>(k), scale));
+              pr[j] = Rare ? detail::finite_or_zero(r) : r;
+            }
+          }
         }
-      }
+      };
+      if (rare)
+        round(std::true_type{});
+      else
+        round(std::false_type{});
       if constexpr (Bits == 4) {
         if (cnt & 1u) q[cnt] = 0;  // cnt < block_size here
         for (std::uint32_t j = 0; j < (cnt + 1u) / 2u; ++j)

@@ -69,7 +69,8 @@ struct sign_encode {
         // decoded value = +-scale with v's sign bit
         for (std::uint32_t jj = 0; jj < cnt; ++jj) {
           const float v = detail::fadd(pi[jj], pr[jj]);
-          pr[jj] = detail::fsub(v, detail::as_f32(scale_bits | (detail::as_u32(v) & 0x80000000u)));
+          pr[jj] =
+              detail::finite_or_zero(detail::fsub(v, detail::as_f32(scale_bits | (detail::as_u32(v) & 0x80000000u))));
         }
       }
     });

@@ -26,6 +26,11 @@ namespace compress::kernels {
 
 //! |v| by clearing the sign bit.
 EBBFLOW_HD inline float abs_bits(float v) noexcept { return detail::as_f32(detail::as_u32(v) & 0x7FFFFFFFu); }
+//! Whether an element of magnitude `a` is sent at threshold `t`: at or above
+//! it and not zero, or NaN (a non-finite input gives a non-finite output,
+//! never a silent 0). Branch-free, so the selecting loops vectorise; the
+//! counting and the packing passes use this one test.
+EBBFLOW_HD inline bool selected(float a, float t) noexcept { return ((a >= t) & (a > 0.0f)) | (a != a); }
 
 //! High 64 bits of the 128-bit product a * b: maps a uniform 64-bit word
 //! onto [0, b) without a division (Lemire), the same on host and device.
@@ -68,7 +73,8 @@ struct topk_sample {
       const std::size_t g = j >> 1, h = j & 1u;
       const std::uint64_t wide = (static_cast<std::uint64_t>(w[64 * h + g]) << 32) | w[64 * h + 32 + g];
       const auto i = static_cast<std::size_t>(mulhi64(wide, n));
-      sample[base + j] = abs_bits(res ? detail::fadd(in[i], res[i]) : in[i]);
+      const float a = abs_bits(res ? detail::fadd(in[i], res[i]) : in[i]);
+      sample[base + j] = a != a ? 0.0f : a;  // NaNs are always sent: they must not set the threshold
     }
   }
 };
@@ -130,12 +136,12 @@ struct topk_count {
       if (pr) {
         for (std::uint32_t j = 0; j < cnt; ++j) {
           const float a = abs_bits(detail::fadd(pi[j], pr[j]));
-          c += a >= t && a > 0.0f ? 1u : 0u;  // zeros carry nothing: never sent
+          c += selected(a, t) ? 1u : 0u;  // zeros carry nothing: never sent
         }
       } else {
         for (std::uint32_t j = 0; j < cnt; ++j) {
           const float a = abs_bits(pi[j]);
-          c += a >= t && a > 0.0f ? 1u : 0u;
+          c += selected(a, t) ? 1u : 0u;
         }
       }
     });
@@ -192,13 +198,13 @@ struct topk_write {
       for (std::uint32_t j = 0; j < cnt; ++j) {
         const float v = pr ? detail::fadd(pi[j], pr[j]) : pi[j];
         const float a = abs_bits(v);
-        const bool take = a >= t && a > 0.0f && slot < k;
+        const bool take = selected(a, t) && slot < k;
         if (take) {
           indices[slot] = static_cast<std::uint32_t>(o + j);
           values[slot] = v;
           ++slot;
         }
-        if (pr) pr[j] = take ? 0.0f : v;
+        if (pr) pr[j] = take ? 0.0f : detail::finite_or_zero(v);
       }
     });
   }
@@ -251,7 +257,7 @@ struct topk_select_inorder {
       for (std::uint32_t j = 0; j < len; ++j) {
         const float v = EF ? detail::fadd(pi[c0 + j], pr[c0 + j]) : pi[c0 + j];
         const float a = abs_bits(v);
-        const bool sel = (a >= t) & (a > 0.0f);
+        const bool sel = selected(a, t);
         vb[j] = v;
         if constexpr (EF) pr[c0 + j] = sel ? 0.0f : v;
         mask |= static_cast<std::uint32_t>(sel) << j;
@@ -263,7 +269,7 @@ struct topk_select_inorder {
           values[sl] = vb[j];
           ++sl;
         } else if constexpr (EF) {
-          pr[c0 + j] = vb[j];  // no slot left: stays in the residual
+          pr[c0 + j] = detail::finite_or_zero(vb[j]);  // no slot left: stays in the residual
         }
       }
     };
