@@ -8829,8 +8829,10 @@ inline std::size_t batch_plan::rank_of(std::uint64_t id) const noexcept {
 inline void validate(std::span<const worker_spec> workers) {
   EBBFLOW_PLAN_ENFORCE(!workers.empty(), plan_errc::empty_membership, "the membership has no workers");
   for (const worker_spec& w : workers) {
-    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.c) && w.c > 0, plan_errc::bad_cost, w.id,
-                           "seconds per sample c = " << w.c << " must be finite and > 0");
+    // 1 / c must be finite too: the solver divides by c (a subnormal c gave a
+    // NaN level and a search one sample at a time).
+    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.c) && w.c > 0 && std::isfinite(1.0 / w.c), plan_errc::bad_cost, w.id,
+                           "seconds per sample c = " << w.c << " must be finite and > 0 (and 1 / c finite)");
     EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.a) && w.a >= 0, plan_errc::bad_cost, w.id,
                            "fixed seconds a = " << w.a << " must be finite and >= 0");
     EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.comm_s) && w.comm_s >= 0, plan_errc::bad_cost, w.id,
@@ -9260,6 +9262,7 @@ EBBFLOW_END_NAMESPACE
 //! Definitions for plan/sampler.hpp.
 
 
+// #include <ebbflow/core/error.hpp>  (inlined)  // EBBFLOW_EXPECTS
 // #include <ebbflow/plan/sampler.hpp>  (inlined)
 
 #include <algorithm>
@@ -9350,6 +9353,9 @@ inline std::uint64_t epoch_permutation::encrypt(std::uint64_t x) const noexcept 
 }
 
 inline std::uint64_t epoch_permutation::operator()(std::uint64_t pos) const noexcept {
+  // Beyond [0, n) the walk below may never come back (it would spin): a
+  // precondition violation ends the program with a message instead.
+  EBBFLOW_EXPECTS(pos < n_);
   std::uint64_t y = encrypt(pos);
   while (y >= n_) y = encrypt(y);  // cycle walking: stays a bijection of [0, n)
   return y;
@@ -13217,9 +13223,10 @@ enum class replan_reason {
   membership,  //!< members or their order changed
   batch,       //!< the global batch changed
   drift,       //!< the models drifted past the threshold for `persist` checks
+  bounds,      //!< the plan in force breaks a worker's current min_batch or max_batch
 };
 
-//! Short stable name of `r` ("kept", "initial", "membership", "batch", "drift").
+//! Short stable name of `r` ("kept", "initial", "membership", "batch", "drift", "bounds").
 constexpr std::string_view to_string(replan_reason r) noexcept {
   switch (r) {
     case replan_reason::kept:
@@ -13232,6 +13239,8 @@ constexpr std::string_view to_string(replan_reason r) noexcept {
       return "batch";
     case replan_reason::drift:
       return "drift";
+    case replan_reason::bounds:
+      return "bounds";
   }
   return "?";
 }
@@ -13269,10 +13278,17 @@ inline const batch_plan& replanner::update(std::span<const worker_spec> workers,
   const std::uint64_t next = plan_.version + 1;
   bool same_members = plan_.version != 0 && plan_.size() == workers.size();
   for (std::size_t i = 0; same_members && i < workers.size(); ++i) same_members = plan_.worker_ids[i] == workers[i].id;
-  if (plan_.version == 0 || !same_members || plan_.global_batch != global_batch) {
-    reason_ = plan_.version == 0 ? replan_reason::initial
-              : !same_members    ? replan_reason::membership
-                                 : replan_reason::batch;
+  // A plan that breaks a worker's bounds as they are now (max_batch
+  // lowered after an out-of-memory error, say) is replaced at once: its
+  // predicted time says nothing (it can look faster than any feasible plan).
+  bool in_bounds = same_members;
+  for (std::size_t i = 0; in_bounds && i < workers.size(); ++i)
+    in_bounds = plan_.batch[i] >= workers[i].min_batch && plan_.batch[i] <= workers[i].max_batch;
+  if (plan_.version == 0 || !same_members || plan_.global_batch != global_batch || !in_bounds) {
+    reason_ = plan_.version == 0                   ? replan_reason::initial
+              : !same_members                      ? replan_reason::membership
+              : plan_.global_batch != global_batch ? replan_reason::batch
+                                                   : replan_reason::bounds;
     plan_ = solve(workers, global_batch, next);
     streak_ = 0;
     gap_ = 0;
@@ -15909,9 +15925,10 @@ EBBFLOW_END_NAMESPACE
 //! so far is furthest below its plan weight b_r / B, so that fast workers get
 //! more data and pools run dry at about the same time. On a membership change
 //! mid-epoch, survivors keep their shards (locality) and only shards whose
-//! owner left, with their cursors, go to survivors the same way. A joiner gets
-//! shards from the next epoch on (it trains on b_r = 0 samples until then, or
-//! re-plan it with min/max 0).
+//! owner left, or whose owner's plan gives it b_r = 0, go with their cursors
+//! to members with b_r > 0 the same way. A joiner gets shards from the next
+//! epoch on (it trains on b_r = 0 samples until then, or re-plan it with
+//! min/max 0).
 //!
 //! A step: rank r takes up to b_r samples from its own unfinished shards in
 //! shard order. Near the end of an epoch a pool can hold fewer than b_r, so the
@@ -15932,6 +15949,7 @@ EBBFLOW_END_NAMESPACE
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -15982,8 +16000,10 @@ class shard_sampler {
     std::vector<std::size_t> orphan;
     for (std::size_t j = 0; j < sizes_.size(); ++j) {
       if (cursor_[j] == sizes_[j]) continue;
+      // A shard whose owner left, or takes no samples in this plan (b_r = 0,
+      // its pool would never be read and the epoch never end), is an orphan.
       const std::size_t r = owner_[j] == unowned ? n : plan.rank_of(owner_[j]);
-      if (r < n)
+      if (r < n && plan.batch[r] > 0)
         held[r] += static_cast<double>(sizes_[j] - cursor_[j]);
       else
         orphan.push_back(j);
@@ -15997,6 +16017,7 @@ class shard_sampler {
       std::size_t best = 0;
       double best_gap = -std::numeric_limits<double>::infinity();
       for (std::size_t r = 0; r < n; ++r) {
+        if (plan.batch[r] == 0) continue;  // global_batch > 0: some member takes samples
         const double gap = plan.weight(r) * total - held[r];
         if (gap > best_gap) {
           best_gap = gap;
@@ -16019,7 +16040,13 @@ class shard_sampler {
   }
 
   //! The data-set index at position `pos` of shard `shard` in this epoch.
+  //! @throws plan_error(bad_rank) when `shard` or `pos` is out of range.
   [[nodiscard]] std::uint64_t index(std::uint64_t shard, std::uint64_t pos) const {
+    EBBFLOW_PLAN_ENFORCE(
+        shard < sizes_.size() && pos < sizes_[shard], plan_errc::bad_rank,
+        "position " << pos << " of shard " << shard << " outside the data set (" << sizes_.size() << " shards"
+                    << (shard < sizes_.size() ? ", this one of " + std::to_string(sizes_[shard]) : std::string())
+                    << ")");
     return starts_[shard] + epoch_permutation(sizes_[shard], seed_ ^ (shard * 0x9e3779b97f4a7c15ULL), epoch_)(pos);
   }
 
@@ -16057,11 +16084,14 @@ class shard_sampler {
   void prepare(const batch_plan& plan) {
     EBBFLOW_PLAN_ENFORCE(plan.version >= plan_version_, plan_errc::stale_plan,
                          "plan v" << plan.version << " is older than the committed plan v" << plan_version_);
-    for (std::size_t j = 0; j < sizes_.size(); ++j)
-      if (cursor_[j] < sizes_[j] && (owner_[j] == unowned || plan.rank_of(owner_[j]) == plan.size())) {
+    for (std::size_t j = 0; j < sizes_.size(); ++j) {
+      if (cursor_[j] == sizes_[j]) continue;
+      const std::size_t r = owner_[j] == unowned ? plan.size() : plan.rank_of(owner_[j]);
+      if (r == plan.size() || plan.batch[r] == 0) {  // no live owner, or one that takes nothing
         rebalance(plan);
         return;
       }
+    }
   }
 
   std::vector<shard_range> take(std::uint64_t id, std::size_t want) const {

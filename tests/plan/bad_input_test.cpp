@@ -60,6 +60,10 @@ std::vector<bad_case> cases() {
        "c = inf"},
       {"zero_speed", [] { (void)pl::solve(with([](workers& w) { w[0].c = 0; }), 10); }, pl::plan_errc::bad_cost, 10,
        "c = 0"},
+      // 1 / c overflows: the solver's level would be NaN (and it then took
+      // one sample at a time).
+      {"subnormal_speed", [] { (void)pl::solve(with([](workers& w) { w[1].c = 1e-310; }), 10); },
+       pl::plan_errc::bad_cost, 11, "1 / c finite"},
       {"negative_speed", [] { (void)pl::solve(with([](workers& w) { w[0].c = -1e-3; }), 10); }, pl::plan_errc::bad_cost,
        10, "c = -0.001"},
       {"negative_fixed", [] { (void)pl::solve(with([](workers& w) { w[2].a = -1; }), 10); }, pl::plan_errc::bad_cost,

@@ -268,6 +268,25 @@ TEST(Replanner, MembershipChangeReplansAtOnceWithNewVersion) {
   EXPECT_EQ(rp.last_reason(), pl::replan_reason::membership);
 }
 
+// Bounds that change under the plan in force (max_batch lowered after an
+// out-of-memory error): re-plan at once, not after drift (it was kept for
+// good, looking faster than any feasible plan).
+TEST(Replanner, APlanOutsideTheWorkersBoundsIsReplacedAtOnce) {
+  pl::replanner rp;
+  std::vector<pl::worker_spec> w = {{1, 0, 1e-3, 100}, {2, 0, 1e-3, 100}};
+  EXPECT_EQ(rp.update(w, 100).batch, (std::vector<std::size_t>{50, 50}));
+  w[0].max_batch = 30;
+  EXPECT_EQ(rp.update(w, 100).batch, (std::vector<std::size_t>{30, 70}));
+  EXPECT_EQ(rp.last_reason(), pl::replan_reason::bounds);
+  EXPECT_EQ(pl::to_string(rp.last_reason()), "bounds");
+  w[0].max_batch = 100;
+  w[1].min_batch = 80;
+  EXPECT_EQ(rp.update(w, 100).batch, (std::vector<std::size_t>{20, 80}));
+  EXPECT_EQ(rp.last_reason(), pl::replan_reason::bounds);
+  EXPECT_EQ(rp.update(w, 100).version, 3u);
+  EXPECT_EQ(rp.last_reason(), pl::replan_reason::kept);
+}
+
 TEST(Replanner, HysteresisIgnoresNoiseAndFollowsPersistentDrift) {
   pl::replanner rp({.threshold = 0.02, .persist = 3});
   std::vector<pl::worker_spec> w = {{1, 0.01, 0.001, 4000}, {2, 0.01, 0.002, 4000}, {3, 0.01, 0.004, 4000}};

@@ -90,4 +90,45 @@ TEST(ShardSampler, FastWorkersOwnMoreData) {
   EXPECT_EQ(owned[1], 32u);
 }
 
+// A re-plan that gives an owner b_r = 0 mid-epoch (a slow worker, same
+// members): its unread shards go to the members that take samples, so the
+// epoch still ends with every sample read once (it stalled for good, and
+// actual() gave a global batch of 0, before).
+TEST(ShardSampler, ShardsOfAnOwnerReplannedToZeroMoveOn) {
+  pl::shard_sampler s({10, 10}, 42);
+  std::vector<pl::worker_spec> w = {{1, 0.0, 1e-3, 100}, {2, 0.0, 1e-3, 100}};
+  const auto p1 = pl::solve(w, 10, 1);
+  ASSERT_EQ(p1.batch, (std::vector<std::size_t>{5, 5}));
+  std::map<std::uint64_t, int> seen;
+  const auto step = [&](const pl::batch_plan& p) {
+    const auto act = s.actual(p);
+    ASSERT_GT(act.global_batch, 0u);
+    for (std::size_t r = 0; r < p.size(); ++r)
+      for (const auto& x : s.slice(p, r))
+        for (auto k = x.first; k < x.last; ++k) ++seen[s.index(x.shard, k)];
+    s.commit(p);
+  };
+  step(p1);
+  w[1].a = 1.0;  // worker 2 became far slower: it gets nothing
+  const auto p2 = pl::solve(w, 10, 2);
+  ASSERT_EQ(p2.batch, (std::vector<std::size_t>{10, 0}));
+  for (int k = 0; k < 4 && s.epoch() == 0; ++k) step(p2);
+  EXPECT_EQ(s.epoch(), 1u);
+  ASSERT_EQ(seen.size(), 20u);
+  for (auto [i, n] : seen) EXPECT_EQ(n, 1) << "sample " << i;
+}
+
+TEST(ShardSampler, IndexOutsideTheDataSetIsAPlanError) {
+  const pl::shard_sampler s({10, 10}, 1);
+  EXPECT_GE(s.index(1, 9), 10u);  // shard 1 holds indices [10, 20)
+  for (auto [shard, pos] : {std::pair<std::uint64_t, std::uint64_t>{5, 0}, {0, 10}, {1, 50}}) {
+    try {
+      (void)s.index(shard, pos);
+      ADD_FAILURE() << shard << ":" << pos;
+    } catch (const pl::plan_error& e) {
+      EXPECT_EQ(e.code(), pl::plan_errc::bad_rank);
+    }
+  }
+}
+
 }  // namespace

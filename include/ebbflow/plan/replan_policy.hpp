@@ -44,9 +44,10 @@ enum class replan_reason {
   membership,  //!< members or their order changed
   batch,       //!< the global batch changed
   drift,       //!< the models drifted past the threshold for `persist` checks
+  bounds,      //!< the plan in force breaks a worker's current min_batch or max_batch
 };
 
-//! Short stable name of `r` ("kept", "initial", "membership", "batch", "drift").
+//! Short stable name of `r` ("kept", "initial", "membership", "batch", "drift", "bounds").
 constexpr std::string_view to_string(replan_reason r) noexcept {
   switch (r) {
     case replan_reason::kept:
@@ -59,6 +60,8 @@ constexpr std::string_view to_string(replan_reason r) noexcept {
       return "batch";
     case replan_reason::drift:
       return "drift";
+    case replan_reason::bounds:
+      return "bounds";
   }
   return "?";
 }
@@ -96,10 +99,17 @@ inline const batch_plan& replanner::update(std::span<const worker_spec> workers,
   const std::uint64_t next = plan_.version + 1;
   bool same_members = plan_.version != 0 && plan_.size() == workers.size();
   for (std::size_t i = 0; same_members && i < workers.size(); ++i) same_members = plan_.worker_ids[i] == workers[i].id;
-  if (plan_.version == 0 || !same_members || plan_.global_batch != global_batch) {
-    reason_ = plan_.version == 0 ? replan_reason::initial
-              : !same_members    ? replan_reason::membership
-                                 : replan_reason::batch;
+  // A plan that breaks a worker's bounds as they are now (max_batch
+  // lowered after an out-of-memory error, say) is replaced at once: its
+  // predicted time says nothing (it can look faster than any feasible plan).
+  bool in_bounds = same_members;
+  for (std::size_t i = 0; in_bounds && i < workers.size(); ++i)
+    in_bounds = plan_.batch[i] >= workers[i].min_batch && plan_.batch[i] <= workers[i].max_batch;
+  if (plan_.version == 0 || !same_members || plan_.global_batch != global_batch || !in_bounds) {
+    reason_ = plan_.version == 0                   ? replan_reason::initial
+              : !same_members                      ? replan_reason::membership
+              : plan_.global_batch != global_batch ? replan_reason::batch
+                                                   : replan_reason::bounds;
     plan_ = solve(workers, global_batch, next);
     streak_ = 0;
     gap_ = 0;

@@ -13,9 +13,10 @@
 //! so far is furthest below its plan weight b_r / B, so that fast workers get
 //! more data and pools run dry at about the same time. On a membership change
 //! mid-epoch, survivors keep their shards (locality) and only shards whose
-//! owner left, with their cursors, go to survivors the same way. A joiner gets
-//! shards from the next epoch on (it trains on b_r = 0 samples until then, or
-//! re-plan it with min/max 0).
+//! owner left, or whose owner's plan gives it b_r = 0, go with their cursors
+//! to members with b_r > 0 the same way. A joiner gets shards from the next
+//! epoch on (it trains on b_r = 0 samples until then, or re-plan it with
+//! min/max 0).
 //!
 //! A step: rank r takes up to b_r samples from its own unfinished shards in
 //! shard order. Near the end of an epoch a pool can hold fewer than b_r, so the
@@ -36,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -86,8 +88,10 @@ class shard_sampler {
     std::vector<std::size_t> orphan;
     for (std::size_t j = 0; j < sizes_.size(); ++j) {
       if (cursor_[j] == sizes_[j]) continue;
+      // A shard whose owner left, or takes no samples in this plan (b_r = 0,
+      // its pool would never be read and the epoch never end), is an orphan.
       const std::size_t r = owner_[j] == unowned ? n : plan.rank_of(owner_[j]);
-      if (r < n)
+      if (r < n && plan.batch[r] > 0)
         held[r] += static_cast<double>(sizes_[j] - cursor_[j]);
       else
         orphan.push_back(j);
@@ -101,6 +105,7 @@ class shard_sampler {
       std::size_t best = 0;
       double best_gap = -std::numeric_limits<double>::infinity();
       for (std::size_t r = 0; r < n; ++r) {
+        if (plan.batch[r] == 0) continue;  // global_batch > 0: some member takes samples
         const double gap = plan.weight(r) * total - held[r];
         if (gap > best_gap) {
           best_gap = gap;
@@ -123,7 +128,13 @@ class shard_sampler {
   }
 
   //! The data-set index at position `pos` of shard `shard` in this epoch.
+  //! @throws plan_error(bad_rank) when `shard` or `pos` is out of range.
   [[nodiscard]] std::uint64_t index(std::uint64_t shard, std::uint64_t pos) const {
+    EBBFLOW_PLAN_ENFORCE(
+        shard < sizes_.size() && pos < sizes_[shard], plan_errc::bad_rank,
+        "position " << pos << " of shard " << shard << " outside the data set (" << sizes_.size() << " shards"
+                    << (shard < sizes_.size() ? ", this one of " + std::to_string(sizes_[shard]) : std::string())
+                    << ")");
     return starts_[shard] + epoch_permutation(sizes_[shard], seed_ ^ (shard * 0x9e3779b97f4a7c15ULL), epoch_)(pos);
   }
 
@@ -161,11 +172,14 @@ class shard_sampler {
   void prepare(const batch_plan& plan) {
     EBBFLOW_PLAN_ENFORCE(plan.version >= plan_version_, plan_errc::stale_plan,
                          "plan v" << plan.version << " is older than the committed plan v" << plan_version_);
-    for (std::size_t j = 0; j < sizes_.size(); ++j)
-      if (cursor_[j] < sizes_[j] && (owner_[j] == unowned || plan.rank_of(owner_[j]) == plan.size())) {
+    for (std::size_t j = 0; j < sizes_.size(); ++j) {
+      if (cursor_[j] == sizes_[j]) continue;
+      const std::size_t r = owner_[j] == unowned ? plan.size() : plan.rank_of(owner_[j]);
+      if (r == plan.size() || plan.batch[r] == 0) {  // no live owner, or one that takes nothing
         rebalance(plan);
         return;
       }
+    }
   }
 
   std::vector<shard_range> take(std::uint64_t id, std::size_t want) const {

@@ -54,8 +54,10 @@ inline std::size_t batch_plan::rank_of(std::uint64_t id) const noexcept {
 inline void validate(std::span<const worker_spec> workers) {
   EBBFLOW_PLAN_ENFORCE(!workers.empty(), plan_errc::empty_membership, "the membership has no workers");
   for (const worker_spec& w : workers) {
-    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.c) && w.c > 0, plan_errc::bad_cost, w.id,
-                           "seconds per sample c = " << w.c << " must be finite and > 0");
+    // 1 / c must be finite too: the solver divides by c (a subnormal c gave a
+    // NaN level and a search one sample at a time).
+    EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.c) && w.c > 0 && std::isfinite(1.0 / w.c), plan_errc::bad_cost, w.id,
+                           "seconds per sample c = " << w.c << " must be finite and > 0 (and 1 / c finite)");
     EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.a) && w.a >= 0, plan_errc::bad_cost, w.id,
                            "fixed seconds a = " << w.a << " must be finite and >= 0");
     EBBFLOW_PLAN_ENFORCE_W(std::isfinite(w.comm_s) && w.comm_s >= 0, plan_errc::bad_cost, w.id,

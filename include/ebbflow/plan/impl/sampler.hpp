@@ -3,6 +3,7 @@
 //! Definitions for plan/sampler.hpp.
 #pragma once
 
+#include <ebbflow/core/error.hpp>  // EBBFLOW_EXPECTS
 #include <ebbflow/plan/sampler.hpp>
 
 #include <algorithm>
@@ -93,6 +94,9 @@ inline std::uint64_t epoch_permutation::encrypt(std::uint64_t x) const noexcept 
 }
 
 inline std::uint64_t epoch_permutation::operator()(std::uint64_t pos) const noexcept {
+  // Beyond [0, n) the walk below may never come back (it would spin): a
+  // precondition violation ends the program with a message instead.
+  EBBFLOW_EXPECTS(pos < n_);
   std::uint64_t y = encrypt(pos);
   while (y >= n_) y = encrypt(y);  // cycle walking: stays a bijection of [0, n)
   return y;
