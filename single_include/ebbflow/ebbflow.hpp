@@ -8591,7 +8591,7 @@ enum class plan_errc {
   zero_batch,            //!< global batch 0 (policy: a step always has at least one sample)
   bad_cost,              //!< a worker's a, c or comm term is NaN, infinite, negative, or c <= 0
   bad_bounds,            //!< a worker's min_batch exceeds its max_batch
-  infeasible,            //!< sum of max_batch < global batch, or sum of min_batch > global batch
+  infeasible,            //!< sum of max_batch < global batch, sum of min_batch > global batch, or B > 2^53
   duplicate_worker,      //!< the same worker id appears twice in one membership
   bad_observation,       //!< a cost-model observation with NaN, infinite or non-positive seconds
   bad_rank,              //!< a rank outside the plan
@@ -8886,6 +8886,10 @@ struct increment {
 inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch, std::uint64_t version) {
   validate(workers);
   EBBFLOW_PLAN_ENFORCE(global_batch > 0, plan_errc::zero_batch, "global batch must be at least 1");
+  // Counts and levels go through doubles: beyond 2^53 samples they are no
+  // longer exact (and n counts near B could overflow their sum).
+  EBBFLOW_PLAN_ENFORCE(global_batch <= (std::size_t{1} << 53), plan_errc::infeasible,
+                       "global batch " << global_batch << " above 2^53 samples");
   const std::size_t n = workers.size();
   const std::size_t B = global_batch;
 
@@ -8902,6 +8906,7 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
   std::vector<double> inv_c(n), base(n), lo_d(n), hi_d(n);
   double t_lo = -std::numeric_limits<double>::infinity();
   double t_hi = -std::numeric_limits<double>::infinity();
+  double t_min = std::numeric_limits<double>::infinity();  // the fastest minimum step
   for (std::size_t i = 0; i < n; ++i) {
     hi[i] = std::min(workers[i].max_batch, B);
     inv_c[i] = 1.0 / workers[i].c;
@@ -8909,6 +8914,7 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
     lo_d[i] = static_cast<double>(workers[i].min_batch);
     hi_d[i] = static_cast<double>(hi[i]);
     t_lo = std::max(t_lo, workers[i].step_time(workers[i].min_batch));
+    t_min = std::min(t_min, workers[i].step_time(workers[i].min_batch));
     t_hi = std::max(t_hi, workers[i].step_time(hi[i]));
   }
 
@@ -8934,8 +8940,13 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
   {
     double slope = 0;
     double f = relax(t_lo, slope);
-    if (f < 0) {
-      double lo_s = t_lo, hi_s = t_hi;
+    // The level is in [t_lo, t_hi] when the slowest minimum step leaves
+    // room (f < 0); else in [t_min, t_lo]: a worker with a large fixed cost
+    // sets t_lo, and the others' counts at t_lo may sum far past B, which
+    // the repair below would take back one sample at a time (O(B)).
+    const double bracket_lo = f < 0 ? t_lo : t_min, bracket_hi = f < 0 ? t_hi : t_lo;
+    if (f != 0) {
+      double lo_s = bracket_lo, hi_s = bracket_hi;
       double num = static_cast<double>(B), den = 0;
       for (std::size_t i = 0; i < n; ++i) {
         num += base[i] * inv_c[i];
@@ -8975,7 +8986,7 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
         }
         const double gap = static_cast<double>(B) - count;
         if (std::abs(gap) <= 8 || slope_i <= 0) break;
-        level = std::clamp(level + gap / slope_i, t_lo, t_hi);
+        level = std::clamp(level + gap / slope_i, bracket_lo, bracket_hi);
       }
     }
   }
@@ -8987,7 +8998,7 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
   std::size_t taken = 0;
   for (std::size_t i = 0; i < n; ++i) {
     p.batch[i] = detail::level_count(workers[i], inv_c[i], workers[i].min_batch, hi[i], level);
-    taken += p.batch[i];
+    taken = detail::saturating_add(taken, p.batch[i]);
   }
 
   // Integer repair: reach exactly B along the (value, rank) order.

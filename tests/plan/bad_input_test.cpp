@@ -62,6 +62,15 @@ std::vector<bad_case> cases() {
        "c = 0"},
       // 1 / c overflows: the solver's level would be NaN (and it then took
       // one sample at a time).
+      {"batch_beyond_2_53",
+       [] {
+         workers w = good();
+         for (auto& x : w) x.max_batch = std::numeric_limits<std::size_t>::max();
+         (void)pl::solve(w, (std::size_t{1} << 53) + 1);
+       },
+       pl::plan_errc::infeasible,
+       {},
+       "above 2^53"},
       {"subnormal_speed", [] { (void)pl::solve(with([](workers& w) { w[1].c = 1e-310; }), 10); },
        pl::plan_errc::bad_cost, 11, "1 / c finite"},
       {"negative_speed", [] { (void)pl::solve(with([](workers& w) { w[0].c = -1e-3; }), 10); }, pl::plan_errc::bad_cost,

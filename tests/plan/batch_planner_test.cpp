@@ -251,6 +251,26 @@ TEST(BatchPlanner, WeightedMeansSumToTheGlobalMean) {
   EXPECT_EQ(p.weights().size(), 4u);
 }
 
+// One worker with a large fixed cost sets the slowest minimum step; the
+// others' counts at it sum far past B. The level is searched below it: the
+// plan equals the closed form, for a B that one-sample-at-a-time repair
+// would never finish (before: seconds at B = 1e8; here B = 1e13).
+TEST(Solve, ALargeFixedCostDoesNotMakeTheRepairLinearInB) {
+  const std::size_t B = 10'000'000'000'000;
+  std::vector<pl::worker_spec> w;
+  w.push_back({0, 0.5, 1e-15, B, 0, 0});
+  for (std::uint64_t i = 1; i < 8; ++i) w.push_back({i, 0.01, 1e-15, B, 0, 0});
+  const auto p = pl::solve(w, B);
+  EXPECT_EQ(p.offsets.back(), B);
+  std::size_t sum = 0;
+  for (auto b : p.batch) sum += b;
+  EXPECT_EQ(sum, B);
+  // Workers 1-7 are equal: their sizes differ by at most one.
+  const auto [mn, mx] = std::minmax_element(p.batch.begin() + 1, p.batch.end());
+  EXPECT_LE(*mx - *mn, 1u);
+  EXPECT_EQ(p.batch[0], 0u);  // its first sample would end after 0.5 s, the others' last long before
+}
+
 TEST(Replanner, MembershipChangeReplansAtOnceWithNewVersion) {
   pl::replanner rp;
   std::vector<pl::worker_spec> w = {{1, 0, 0.001, 1000}, {2, 0, 0.002, 1000}};

@@ -27,7 +27,7 @@ enum class plan_errc {
   zero_batch,            //!< global batch 0 (policy: a step always has at least one sample)
   bad_cost,              //!< a worker's a, c or comm term is NaN, infinite, negative, or c <= 0
   bad_bounds,            //!< a worker's min_batch exceeds its max_batch
-  infeasible,            //!< sum of max_batch < global batch, or sum of min_batch > global batch
+  infeasible,            //!< sum of max_batch < global batch, sum of min_batch > global batch, or B > 2^53
   duplicate_worker,      //!< the same worker id appears twice in one membership
   bad_observation,       //!< a cost-model observation with NaN, infinite or non-positive seconds
   bad_rank,              //!< a rank outside the plan

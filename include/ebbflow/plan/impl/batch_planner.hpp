@@ -111,6 +111,10 @@ struct increment {
 inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch, std::uint64_t version) {
   validate(workers);
   EBBFLOW_PLAN_ENFORCE(global_batch > 0, plan_errc::zero_batch, "global batch must be at least 1");
+  // Counts and levels go through doubles: beyond 2^53 samples they are no
+  // longer exact (and n counts near B could overflow their sum).
+  EBBFLOW_PLAN_ENFORCE(global_batch <= (std::size_t{1} << 53), plan_errc::infeasible,
+                       "global batch " << global_batch << " above 2^53 samples");
   const std::size_t n = workers.size();
   const std::size_t B = global_batch;
 
@@ -127,6 +131,7 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
   std::vector<double> inv_c(n), base(n), lo_d(n), hi_d(n);
   double t_lo = -std::numeric_limits<double>::infinity();
   double t_hi = -std::numeric_limits<double>::infinity();
+  double t_min = std::numeric_limits<double>::infinity();  // the fastest minimum step
   for (std::size_t i = 0; i < n; ++i) {
     hi[i] = std::min(workers[i].max_batch, B);
     inv_c[i] = 1.0 / workers[i].c;
@@ -134,6 +139,7 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
     lo_d[i] = static_cast<double>(workers[i].min_batch);
     hi_d[i] = static_cast<double>(hi[i]);
     t_lo = std::max(t_lo, workers[i].step_time(workers[i].min_batch));
+    t_min = std::min(t_min, workers[i].step_time(workers[i].min_batch));
     t_hi = std::max(t_hi, workers[i].step_time(hi[i]));
   }
 
@@ -159,8 +165,13 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
   {
     double slope = 0;
     double f = relax(t_lo, slope);
-    if (f < 0) {
-      double lo_s = t_lo, hi_s = t_hi;
+    // The level is in [t_lo, t_hi] when the slowest minimum step leaves
+    // room (f < 0); else in [t_min, t_lo]: a worker with a large fixed cost
+    // sets t_lo, and the others' counts at t_lo may sum far past B, which
+    // the repair below would take back one sample at a time (O(B)).
+    const double bracket_lo = f < 0 ? t_lo : t_min, bracket_hi = f < 0 ? t_hi : t_lo;
+    if (f != 0) {
+      double lo_s = bracket_lo, hi_s = bracket_hi;
       double num = static_cast<double>(B), den = 0;
       for (std::size_t i = 0; i < n; ++i) {
         num += base[i] * inv_c[i];
@@ -200,7 +211,7 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
         }
         const double gap = static_cast<double>(B) - count;
         if (std::abs(gap) <= 8 || slope_i <= 0) break;
-        level = std::clamp(level + gap / slope_i, t_lo, t_hi);
+        level = std::clamp(level + gap / slope_i, bracket_lo, bracket_hi);
       }
     }
   }
@@ -212,7 +223,7 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
   std::size_t taken = 0;
   for (std::size_t i = 0; i < n; ++i) {
     p.batch[i] = detail::level_count(workers[i], inv_c[i], workers[i].min_batch, hi[i], level);
-    taken += p.batch[i];
+    taken = detail::saturating_add(taken, p.batch[i]);
   }
 
   // Integer repair: reach exactly B along the (value, rank) order.
