@@ -6536,7 +6536,18 @@ struct sign_encode {
       }
       const float sum = detail::fadd(detail::fadd(detail::fadd(part[0], part[1]), detail::fadd(part[2], part[3])),
                                      detail::fadd(detail::fadd(part[4], part[5]), detail::fadd(part[6], part[7])));
-      const float scale = sum / static_cast<float>(static_cast<std::uint32_t>(cnt));
+      float scale = sum / static_cast<float>(static_cast<std::uint32_t>(cnt));
+      if (!(sum <= 3.4028234663852886e38f)) {
+        // The l1 sum overflowed (or an input is not finite): sum |v| / 256
+        // instead (at most 256 elements of at most FLT_MAX each), then scale
+        // the mean back. Finite inputs keep a finite mean; others stay non-finite.
+        float s2 = 0.0f;
+        for (std::uint32_t k = 0; k < cnt; ++k) {
+          const float v = pr ? detail::fadd(pi[k], pr[k]) : pi[k];
+          s2 = detail::fadd(s2, detail::fmul(detail::as_f32(detail::as_u32(v) & 0x7FFFFFFFu), 1.0f / 256.0f));
+        }
+        scale = detail::fmul(s2 / static_cast<float>(static_cast<std::uint32_t>(cnt)), 256.0f);
+      }
       scales[b] = scale;
       const std::uint32_t scale_bits = detail::as_u32(scale);
       // Bit j of word j/32 set for v >= +0 (sign bit clear).

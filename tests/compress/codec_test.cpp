@@ -428,6 +428,21 @@ TEST(TopK, NaNIsSentNotZeroed) {
   for (std::size_t i = 1; i < v.size(); ++i) EXPECT_EQ(d[i] + res[i], v[i]) << i;  // sent or kept, never lost
 }
 
+// Finite inputs whose l1 sum overflows float keep a finite mean (they
+// decoded as +-inf before, with an infinite residual).
+TEST(Sign, AnOverflowingL1SumKeepsAFiniteScale) {
+  cx::sign_codec c;
+  const std::vector<float> v{3e38f, 3e38f, -1.0f};
+  std::vector<float> res(v.size(), 0.0f);
+  const auto d = decode(c, encode(c, v, res.data()), v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(d[i])) << i;
+    ASSERT_EQ(d[i] > 0, v[i] > 0) << i;
+    ASSERT_TRUE(std::isfinite(res[i])) << i;
+  }
+  EXPECT_NEAR(d[0], 2e38f, 1e33f);
+}
+
 TEST(Sign, DecodeKeepsSignAndBlockL1Norm) {
   cx::sign_codec c;
   const std::size_t n = 1000;
