@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <random>
 #include <vector>
@@ -116,6 +117,24 @@ TEST(ShardSampler, ShardsOfAnOwnerReplannedToZeroMoveOn) {
   EXPECT_EQ(s.epoch(), 1u);
   ASSERT_EQ(seen.size(), 20u);
   for (auto [i, n] : seen) EXPECT_EQ(n, 1) << "sample " << i;
+}
+
+TEST(ShardSampler, ReservedIdsAndOverflowingSizesAreNamed) {
+  const auto max = std::numeric_limits<std::uint64_t>::max();
+  try {
+    pl::shard_sampler s({max, 2}, 1);
+    ADD_FAILURE();
+  } catch (const pl::plan_error& e) {
+    EXPECT_EQ(e.code(), pl::plan_errc::bad_dataset);
+  }
+  pl::shard_sampler s({10, 10}, 1);
+  std::vector<pl::worker_spec> w = {{1, 0.0, 1e-3, 100}, {pl::shard_sampler::unowned, 0.0, 1e-3, 100}};
+  try {
+    s.rebalance(pl::solve(w, 10));
+    ADD_FAILURE();
+  } catch (const pl::plan_error& e) {
+    EXPECT_EQ(e.code(), pl::plan_errc::membership_mismatch);
+  }
 }
 
 TEST(ShardSampler, IndexOutsideTheDataSetIsAPlanError) {

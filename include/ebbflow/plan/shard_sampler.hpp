@@ -61,6 +61,8 @@ class shard_sampler {
     std::uint64_t at = 0;
     for (std::size_t j = 0; j < sizes_.size(); ++j) {
       EBBFLOW_PLAN_ENFORCE(sizes_[j] > 0, plan_errc::bad_dataset, "shard " << j << " is empty");
+      EBBFLOW_PLAN_ENFORCE(sizes_[j] <= std::numeric_limits<std::uint64_t>::max() - at, plan_errc::bad_dataset,
+                           "shard sizes sum past 2^64 at shard " << j);
       starts_[j] = at;
       at += sizes_[j];
     }
@@ -68,7 +70,8 @@ class shard_sampler {
     owner_.assign(sizes_.size(), unowned);
   }
 
-  //! Owner id of a shard that no member owns yet.
+  //! Owner id of a shard that no member owns yet (so not a valid worker id:
+  //! a plan that uses it is a plan_error(membership_mismatch)).
   static constexpr std::uint64_t unowned = std::numeric_limits<std::uint64_t>::max();
 
   //! The current epoch (starts at 0).
@@ -84,6 +87,9 @@ class shard_sampler {
   void rebalance(const batch_plan& plan) {
     EBBFLOW_PLAN_ENFORCE(plan.size() > 0 && plan.global_batch > 0, plan_errc::empty_membership, "empty plan");
     const std::size_t n = plan.size();
+    for (std::uint64_t id : plan.worker_ids)  // the id that marks a shard without an owner
+      EBBFLOW_PLAN_ENFORCE(id != unowned, plan_errc::membership_mismatch,
+                           "worker id " << id << " is reserved (shard_sampler::unowned)");
     std::vector<double> held(n, 0);  // samples left in shards each member keeps
     std::vector<std::size_t> orphan;
     for (std::size_t j = 0; j < sizes_.size(); ++j) {

@@ -72,7 +72,9 @@ class load_error : public std::runtime_error {
   load_error(std::uint64_t step, std::size_t sample, std::exception_ptr cause)
       : std::runtime_error(format(step, sample, cause)), step_(step), sample_(sample), cause_(std::move(cause)) {}
   [[nodiscard]] std::uint64_t step() const noexcept { return step_; }  //!< the failed step
-  //! The global sample index whose load failed, or `no_sample`.
+  //! The global sample index whose load failed, or `no_sample`. With a
+  //! chunk-level `load` (one call for several samples) the prefetcher cannot
+  //! tell which one failed: the chunk's first sample.
   [[nodiscard]] std::size_t sample() const noexcept { return sample_; }
   //! The original exception.
   [[nodiscard]] std::exception_ptr cause() const noexcept { return cause_; }
