@@ -5454,10 +5454,13 @@ EBBFLOW_HD inline float fsub(float a, float b) noexcept {
 // Bit casts shared with core/half.hpp (one implementation, host and device).
 EBBFLOW_HD inline std::uint32_t as_u32(float f) noexcept { return ::ebbflow::detail::float_bits(f); }
 EBBFLOW_HD inline float as_f32(std::uint32_t u) noexcept { return ::ebbflow::detail::bits_float(u); }
+//! Whether `x` is neither inf nor NaN (from its exponent bits, the same on
+//! host and device and under fast-math).
+EBBFLOW_HD inline bool is_finite(float x) noexcept { return (as_u32(x) & 0x7F800000u) != 0x7F800000u; }
 //! `x`, or 0 when it is inf or NaN: an error-feedback residual that is not
 //! finite is dropped (a step that overflowed must not poison every later
 //! one, e.g. under loss scaling, which skips such steps).
-EBBFLOW_HD inline float finite_or_zero(float x) noexcept { return (as_u32(x) & 0x7F800000u) == 0x7F800000u ? 0.0f : x; }
+EBBFLOW_HD inline float finite_or_zero(float x) noexcept { return is_finite(x) ? x : 0.0f; }
 //! Round toward minus infinity, as an int (|x| < 2^31).
 EBBFLOW_HD inline std::int32_t floor_i32(float x) noexcept {
   const auto t = static_cast<std::int32_t>(x);  // truncates toward zero
@@ -6121,7 +6124,7 @@ struct reseed_zero_columns {
     for (std::size_t k = 0; k < cols; ++k) {
       const float x = q[k * rank + j];
       zero = zero && x == 0.0f;
-      finite = finite && compress::detail::finite_or_zero(x) == x;
+      finite = finite && compress::detail::is_finite(x);
     }
     if (!zero && finite) return;
     const uniform_fill fill{q, rng};
@@ -6299,11 +6302,10 @@ struct quantize_encode {
       // or NaN takes a slower loop (below): scaled up first, clamped before
       // the conversion, infinities with their sign, no non-finite residual.
       // Every other block takes the plain one, which vectorises.
-      const bool rare = amax_bits >= 0x7F800000 || amax < 0x1p-100f;
+      const bool finite = amax_bits < 0x7F800000;
+      const bool rare = !finite || amax < 0x1p-100f;
       const float pre = amax < 0x1p-100f ? 0x1p64f : 1.0f;
-      const float inv = amax_bits >= 0x7F800000 ? 1.0f
-                        : amax > 0.0f           ? static_cast<float>(L) / (rare ? amax * pre : amax)
-                                                : 0.0f;
+      const float inv = !finite ? 1.0f : amax > 0.0f ? static_cast<float>(L) / (rare ? amax * pre : amax) : 0.0f;
       scales[b] = scale;
       // 2. 16 random bits per element from 32 Philox blocks. Word w of block
       //    g lands at rw[32 w + g], so both loops below run over contiguous
@@ -6537,7 +6539,7 @@ struct sign_encode {
       const float sum = detail::fadd(detail::fadd(detail::fadd(part[0], part[1]), detail::fadd(part[2], part[3])),
                                      detail::fadd(detail::fadd(part[4], part[5]), detail::fadd(part[6], part[7])));
       float scale = sum / static_cast<float>(static_cast<std::uint32_t>(cnt));
-      if (!(sum <= 3.4028234663852886e38f)) {
+      if (!detail::is_finite(sum)) {
         // The l1 sum overflowed (or an input is not finite): sum |v| / 256
         // instead (at most 256 elements of at most FLT_MAX each), then scale
         // the mean back. Finite inputs keep a finite mean; others stay non-finite.
@@ -16028,10 +16030,8 @@ class shard_sampler {
     std::vector<std::size_t> orphan;
     for (std::size_t j = 0; j < sizes_.size(); ++j) {
       if (cursor_[j] == sizes_[j]) continue;
-      // A shard whose owner left, or takes no samples in this plan (b_r = 0,
-      // its pool would never be read and the epoch never end), is an orphan.
-      const std::size_t r = owner_[j] == unowned ? n : plan.rank_of(owner_[j]);
-      if (r < n && plan.batch[r] > 0)
+      const std::size_t r = keeper(plan, j);
+      if (r < n)
         held[r] += static_cast<double>(sizes_[j] - cursor_[j]);
       else
         orphan.push_back(j);
@@ -16109,13 +16109,20 @@ class shard_sampler {
   }
 
  private:
+  // The rank under `plan` that keeps shard j, or plan.size() when the shard
+  // is an orphan: its owner left, or takes no samples in this plan (b_r = 0:
+  // its pool would never be read and the epoch never end).
+  std::size_t keeper(const batch_plan& plan, std::size_t j) const {
+    const std::size_t r = owner_[j] == unowned ? plan.size() : plan.rank_of(owner_[j]);
+    return r < plan.size() && plan.batch[r] > 0 ? r : plan.size();
+  }
+
   void prepare(const batch_plan& plan) {
     EBBFLOW_PLAN_ENFORCE(plan.version >= plan_version_, plan_errc::stale_plan,
                          "plan v" << plan.version << " is older than the committed plan v" << plan_version_);
     for (std::size_t j = 0; j < sizes_.size(); ++j) {
       if (cursor_[j] == sizes_[j]) continue;
-      const std::size_t r = owner_[j] == unowned ? plan.size() : plan.rank_of(owner_[j]);
-      if (r == plan.size() || plan.batch[r] == 0) {  // no live owner, or one that takes nothing
+      if (keeper(plan, j) == plan.size()) {
         rebalance(plan);
         return;
       }

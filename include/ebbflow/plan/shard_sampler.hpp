@@ -94,10 +94,8 @@ class shard_sampler {
     std::vector<std::size_t> orphan;
     for (std::size_t j = 0; j < sizes_.size(); ++j) {
       if (cursor_[j] == sizes_[j]) continue;
-      // A shard whose owner left, or takes no samples in this plan (b_r = 0,
-      // its pool would never be read and the epoch never end), is an orphan.
-      const std::size_t r = owner_[j] == unowned ? n : plan.rank_of(owner_[j]);
-      if (r < n && plan.batch[r] > 0)
+      const std::size_t r = keeper(plan, j);
+      if (r < n)
         held[r] += static_cast<double>(sizes_[j] - cursor_[j]);
       else
         orphan.push_back(j);
@@ -175,13 +173,20 @@ class shard_sampler {
   }
 
  private:
+  // The rank under `plan` that keeps shard j, or plan.size() when the shard
+  // is an orphan: its owner left, or takes no samples in this plan (b_r = 0:
+  // its pool would never be read and the epoch never end).
+  std::size_t keeper(const batch_plan& plan, std::size_t j) const {
+    const std::size_t r = owner_[j] == unowned ? plan.size() : plan.rank_of(owner_[j]);
+    return r < plan.size() && plan.batch[r] > 0 ? r : plan.size();
+  }
+
   void prepare(const batch_plan& plan) {
     EBBFLOW_PLAN_ENFORCE(plan.version >= plan_version_, plan_errc::stale_plan,
                          "plan v" << plan.version << " is older than the committed plan v" << plan_version_);
     for (std::size_t j = 0; j < sizes_.size(); ++j) {
       if (cursor_[j] == sizes_[j]) continue;
-      const std::size_t r = owner_[j] == unowned ? plan.size() : plan.rank_of(owner_[j]);
-      if (r == plan.size() || plan.batch[r] == 0) {  // no live owner, or one that takes nothing
+      if (keeper(plan, j) == plan.size()) {
         rebalance(plan);
         return;
       }

@@ -68,7 +68,7 @@ struct reseed_zero_columns {
     for (std::size_t k = 0; k < cols; ++k) {
       const float x = q[k * rank + j];
       zero = zero && x == 0.0f;
-      finite = finite && compress::detail::finite_or_zero(x) == x;
+      finite = finite && compress::detail::is_finite(x);
     }
     if (!zero && finite) return;
     const uniform_fill fill{q, rng};

@@ -40,10 +40,13 @@ EBBFLOW_HD inline float fsub(float a, float b) noexcept {
 // Bit casts shared with core/half.hpp (one implementation, host and device).
 EBBFLOW_HD inline std::uint32_t as_u32(float f) noexcept { return ::ebbflow::detail::float_bits(f); }
 EBBFLOW_HD inline float as_f32(std::uint32_t u) noexcept { return ::ebbflow::detail::bits_float(u); }
+//! Whether `x` is neither inf nor NaN (from its exponent bits, the same on
+//! host and device and under fast-math).
+EBBFLOW_HD inline bool is_finite(float x) noexcept { return (as_u32(x) & 0x7F800000u) != 0x7F800000u; }
 //! `x`, or 0 when it is inf or NaN: an error-feedback residual that is not
 //! finite is dropped (a step that overflowed must not poison every later
 //! one, e.g. under loss scaling, which skips such steps).
-EBBFLOW_HD inline float finite_or_zero(float x) noexcept { return (as_u32(x) & 0x7F800000u) == 0x7F800000u ? 0.0f : x; }
+EBBFLOW_HD inline float finite_or_zero(float x) noexcept { return is_finite(x) ? x : 0.0f; }
 //! Round toward minus infinity, as an int (|x| < 2^31).
 EBBFLOW_HD inline std::int32_t floor_i32(float x) noexcept {
   const auto t = static_cast<std::int32_t>(x);  // truncates toward zero

@@ -74,11 +74,10 @@ struct quantize_encode {
       // or NaN takes a slower loop (below): scaled up first, clamped before
       // the conversion, infinities with their sign, no non-finite residual.
       // Every other block takes the plain one, which vectorises.
-      const bool rare = amax_bits >= 0x7F800000 || amax < 0x1p-100f;
+      const bool finite = amax_bits < 0x7F800000;
+      const bool rare = !finite || amax < 0x1p-100f;
       const float pre = amax < 0x1p-100f ? 0x1p64f : 1.0f;
-      const float inv = amax_bits >= 0x7F800000 ? 1.0f
-                        : amax > 0.0f           ? static_cast<float>(L) / (rare ? amax * pre : amax)
-                                                : 0.0f;
+      const float inv = !finite ? 1.0f : amax > 0.0f ? static_cast<float>(L) / (rare ? amax * pre : amax) : 0.0f;
       scales[b] = scale;
       // 2. 16 random bits per element from 32 Philox blocks. Word w of block
       //    g lands at rw[32 w + g], so both loops below run over contiguous

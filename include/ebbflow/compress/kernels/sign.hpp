@@ -53,7 +53,7 @@ struct sign_encode {
       const float sum = detail::fadd(detail::fadd(detail::fadd(part[0], part[1]), detail::fadd(part[2], part[3])),
                                      detail::fadd(detail::fadd(part[4], part[5]), detail::fadd(part[6], part[7])));
       float scale = sum / static_cast<float>(static_cast<std::uint32_t>(cnt));
-      if (!(sum <= 3.4028234663852886e38f)) {
+      if (!detail::is_finite(sum)) {
         // The l1 sum overflowed (or an input is not finite): sum |v| / 256
         // instead (at most 256 elements of at most FLT_MAX each), then scale
         // the mean back. Finite inputs keep a finite mean; others stay non-finite.
