@@ -364,6 +364,26 @@ void expect_equal_to_reference(const scenario& sc, outcome& out, std::size_t sur
 
 }  // namespace
 
+// The stall warning compares packed progress counters: a member behind
+// another must read lower, whatever the fields' sizes.
+TEST(ElasticProgress, APackedCounterOrdersAsStepGenerationCollective) {
+  using el::detail::progress;
+  const progress p{123456789, 42, 7};
+  const auto q = progress::decode(p.encode());
+  EXPECT_EQ(q.step, p.step);
+  EXPECT_EQ(q.generation, p.generation);
+  EXPECT_EQ(q.collective, p.collective);
+  EXPECT_LT((progress{5, 9, 255}.encode()), (progress{6, 0, 0}.encode()));
+  EXPECT_LT((progress{5, 8, 255}.encode()), (progress{5, 9, 0}.encode()));
+  EXPECT_LT((progress{5, 9, 3}.encode()), (progress{5, 9, 4}.encode()));
+  // Saturation keeps the fields apart instead of carrying into the next one.
+  const auto big = progress::decode(progress{7, 1 << 20, 1000}.encode());
+  EXPECT_EQ(big.step, 7);
+  EXPECT_EQ(big.generation, progress::max_generation);
+  EXPECT_EQ(big.collective, progress::max_collective);
+  EXPECT_EQ(progress::decode(progress{-3, -1, -1}.encode()).step, 0);
+}
+
 TEST(ElasticGroup, StaticGroupEqualsSingleProcess) {
   scenario sc;
   auto out_p = run(sc);

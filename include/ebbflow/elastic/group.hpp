@@ -68,6 +68,7 @@
 #include <ebbflow/core/error.hpp>
 #include <ebbflow/core/log.hpp>
 #include <ebbflow/elastic/cooldown.hpp>
+#include <ebbflow/elastic/detail/progress.hpp>
 #include <ebbflow/elastic/detail/wire.hpp>
 #include <ebbflow/elastic/kv_store.hpp>
 #include <ebbflow/elastic/policy.hpp>
@@ -622,10 +623,9 @@ class group {
   // drives a background wire-up only while it is zero.
   std::atomic<int> in_group_{0};
   // Where the training thread is, published with its heartbeat for the
-  // stall warning: step * 2^24 + generation (at most 2^16 - 1) * 2^8 + the
-  // collectives entered in that step and generation (at most 255), so that
-  // a member behind another reads lower; and since when the training thread
-  // waits inside a collective (steady_clock ticks; 0: it does not).
+  // stall warning (an encoded detail::progress: a member behind another
+  // reads lower); and since when the training thread waits inside a
+  // collective (steady_clock ticks; 0: it does not).
   std::atomic<std::int64_t> progress_{0};
   std::atomic<steady_clock::rep> waiting_since_{0};
   std::pair<std::int64_t, std::int64_t> progress_at_{-1, -1};  // (generation, step) progress_k_ counts in

@@ -334,7 +334,7 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
         }
       } else if (!watched.empty()) {
         check_leases(*s, g, watched, std::span(counters).subspan(hb_at, watched.size()), peers);
-        if (stalled && (progress >> 8 & 0xffff) == std::clamp<std::int64_t>(g, 0, 0xffff)) {
+        if (stalled && detail::progress::decode(progress).generation == detail::progress::stored_generation(g)) {
           stall_warned = since;
           report_stall(progress, waited, watched, watched_ranks,
                        std::span(counters).subspan(progress_at, watched.size()), watch);
@@ -1025,9 +1025,8 @@ typename group<Store, Net>::waiting group<Store, Net>::enter_collective(bool con
   // it counts as collective 0 of the next step.
   const std::pair<std::int64_t, std::int64_t> at{gen_.generation, step_};
   if (at != progress_at_) progress_at_ = at, progress_k_ = 0;
-  if (!control) progress_k_ = std::min(progress_k_ + 1, 255);
-  const std::int64_t g = std::clamp<std::int64_t>(gen_.generation, 0, 0xffff);
-  progress_.store((std::max<std::int64_t>(step_, 0) << 24) + (g << 8) + progress_k_, std::memory_order_relaxed);
+  if (!control) progress_k_ = std::min(progress_k_ + 1, detail::progress::max_collective);
+  progress_.store(detail::progress{step_, gen_.generation, progress_k_}.encode(), std::memory_order_relaxed);
   waiting_since_.store(steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   return waiting{waiting_since_};
 }
@@ -1043,12 +1042,12 @@ void group<Store, Net>::report_stall(std::int64_t mine, steady_clock::duration w
                 (coordinator ? ")" : ", the coordinator)");
   const auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
   std::ostringstream where;
-  const std::int64_t step = mine >> 24, k = mine & 0xff;
-  where << "generation " << ((mine >> 8) & 0xffff) << ": member " << id_ << " has waited " << ms(waited) << " ms in ";
-  if (k == 0)
-    where << "the control exchange after step " << step - 1;
+  const auto at = detail::progress::decode(mine);
+  where << "generation " << at.generation << ": member " << id_ << " has waited " << ms(waited) << " ms in ";
+  if (at.collective == 0)
+    where << "the control exchange after step " << at.step - 1;
   else
-    where << "collective " << k << " of step " << step;
+    where << "collective " << at.collective << " of step " << at.step;
   if (behind.empty()) {
     // A member this one does not watch is behind: the coordinator names it.
     EBBFLOW_LOG_DEBUG(where.str() << "; the members it watches have reached it");
