@@ -106,6 +106,90 @@ struct increment {
   double value;
   std::size_t rank;
 };
+
+//! The relaxed counts at a level s: Σ clamp((s − base_i)/c_i, lo_i, hi_i),
+//! each term whole (floored) or not, and the sum's slope in s.
+struct level_sums {
+  std::span<const double> base, inv_c, lo, hi;
+
+  double operator()(double s, bool whole, double& slope) const noexcept {
+    double sum = 0;
+    slope = 0;
+    for (std::size_t i = 0; i < base.size(); ++i) {
+      const double x = (s - base[i]) * inv_c[i];
+      if (x <= lo[i]) {
+        sum += lo[i];
+      } else if (x >= hi[i]) {
+        sum += hi[i];
+      } else {
+        sum += whole ? std::floor(x) : x;
+        slope += inv_c[i];
+      }
+    }
+    return sum;
+  }
+};
+
+//! A level in [lo_s, hi_s] whose whole counts sum to within a handful of B.
+//! A safeguarded Newton iteration solves the continuous relaxation (its
+//! sum is monotone and piecewise linear in the level); whole samples under
+//! that level fall short of it by the fractional parts (about n/2 in
+//! total), and a few secant steps on the whole counts shrink that gap, so
+//! the repair after it does O(few log n) work instead of O(n log n).
+inline double search_level(const level_sums& sums, double B, double lo_s, double hi_s, double start) noexcept {
+  const double bracket_lo = lo_s, bracket_hi = hi_s;
+  double s = std::clamp(start, lo_s, hi_s), slope = 0;
+  for (int it = 0; it < 200; ++it) {
+    const double f = sums(s, false, slope) - B;
+    if (std::abs(f) < 0.5) break;
+    if (f < 0)
+      lo_s = s;
+    else
+      hi_s = s;
+    double next = slope > 0 ? s - f / slope : std::numeric_limits<double>::quiet_NaN();
+    if (!(next > lo_s && next < hi_s)) next = lo_s + 0.5 * (hi_s - lo_s);
+    if (next == s || !(hi_s > lo_s)) break;
+    s = next;
+  }
+  for (int it = 0; it < 6; ++it) {
+    const double gap = B - sums(s, true, slope);
+    if (std::abs(gap) <= 8 || slope <= 0) break;
+    s = std::clamp(s + gap / slope, bracket_lo, bracket_hi);
+  }
+  return s;
+}
+
+//! Moves the counts to exactly B samples in all along the (value, rank)
+//! order of increments: adds the smallest next increments while short
+//! (Add), takes back the largest taken ones while over (!Add).
+template <bool Add>
+void take_exactly(std::span<const worker_spec> workers, std::span<const std::size_t> hi,
+                  std::vector<std::size_t>& batch, std::size_t taken, std::size_t B) {
+  auto less = [](const increment& x, const increment& y) {
+    return x.value < y.value || (x.value == y.value && x.rank < y.rank);
+  };
+  // std::pop_heap yields the greatest under `later`: the smallest increment
+  // when adding, the largest when taking back.
+  auto later = [&](const increment& x, const increment& y) { return Add ? less(y, x) : less(x, y); };
+  auto movable = [&](std::size_t i) { return Add ? batch[i] < hi[i] : batch[i] > workers[i].min_batch; };
+  auto next = [&](std::size_t i) { return increment{workers[i].step_time(Add ? batch[i] + 1 : batch[i]), i}; };
+  std::vector<increment> heap;
+  heap.reserve(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i)
+    if (movable(i)) heap.push_back(next(i));
+  std::make_heap(heap.begin(), heap.end(), later);
+  for (; taken != B; Add ? ++taken : --taken) {
+    EBBFLOW_EXPECTS(!heap.empty());
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const std::size_t i = heap.back().rank;
+    heap.pop_back();
+    Add ? ++batch[i] : --batch[i];
+    if (movable(i)) {
+      heap.push_back(next(i));
+      std::push_heap(heap.begin(), heap.end(), later);
+    }
+  }
+}
 }  // namespace detail
 
 inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch, std::uint64_t version) {
@@ -132,6 +216,7 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
   double t_lo = -std::numeric_limits<double>::infinity();
   double t_hi = -std::numeric_limits<double>::infinity();
   double t_min = std::numeric_limits<double>::infinity();  // the fastest minimum step
+  double num = static_cast<double>(B), den = 0;            // the level where no bound binds
   for (std::size_t i = 0; i < n; ++i) {
     hi[i] = std::min(workers[i].max_batch, B);
     inv_c[i] = 1.0 / workers[i].c;
@@ -141,80 +226,20 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
     t_lo = std::max(t_lo, workers[i].step_time(workers[i].min_batch));
     t_min = std::min(t_min, workers[i].step_time(workers[i].min_batch));
     t_hi = std::max(t_hi, workers[i].step_time(hi[i]));
+    num += base[i] * inv_c[i];
+    den += inv_c[i];
   }
 
-  // Continuous relaxation g(s) = Σ clamp((s − base_i)/c_i, lo_i, hi_i) − B.
-  auto relax = [&](double s, double& slope) {
-    double sum = 0;
-    slope = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      const double x = (s - base[i]) * inv_c[i];
-      const double lo = lo_d[i], m = hi_d[i];
-      if (x <= lo) {
-        sum += lo;
-      } else if (x >= m) {
-        sum += m;
-      } else {
-        sum += x;
-        slope += inv_c[i];
-      }
-    }
-    return sum - static_cast<double>(B);
-  };
-  double level = t_lo;
-  {
-    double slope = 0;
-    double f = relax(t_lo, slope);
-    // The level is in [t_lo, t_hi] when the slowest minimum step leaves
-    // room (f < 0); else in [t_min, t_lo]: a worker with a large fixed cost
-    // sets t_lo, and the others' counts at t_lo may sum far past B, which
-    // the repair below would take back one sample at a time (O(B)).
-    const double bracket_lo = f < 0 ? t_lo : t_min, bracket_hi = f < 0 ? t_hi : t_lo;
-    if (f != 0) {
-      double lo_s = bracket_lo, hi_s = bracket_hi;
-      double num = static_cast<double>(B), den = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        num += base[i] * inv_c[i];
-        den += inv_c[i];
-      }
-      double s = std::clamp(num / den, lo_s, hi_s);
-      for (int it = 0; it < 200; ++it) {
-        f = relax(s, slope);
-        if (std::abs(f) < 0.5) break;
-        if (f < 0)
-          lo_s = s;
-        else
-          hi_s = s;
-        double next = slope > 0 ? s - f / slope : std::numeric_limits<double>::quiet_NaN();
-        if (!(next > lo_s && next < hi_s)) next = lo_s + 0.5 * (hi_s - lo_s);
-        if (next == s || !(hi_s > lo_s)) break;
-        s = next;
-      }
-      level = s;
-      // Whole samples under the level fall short of the continuous sum by the
-      // fractional parts (about n/2 in total). A few secant steps on the
-      // integer count shrink that gap to a handful, so the heap repair below
-      // does O(few log n) work instead of O(n log n).
-      for (int it = 0; it < 6; ++it) {
-        double count = 0, slope_i = 0;
-        for (std::size_t i = 0; i < n; ++i) {
-          const double x = (level - base[i]) * inv_c[i];
-          const double lo = lo_d[i], m = hi_d[i];
-          if (x <= lo) {
-            count += lo;
-          } else if (x >= m) {
-            count += m;
-          } else {
-            count += std::floor(x);
-            slope_i += inv_c[i];
-          }
-        }
-        const double gap = static_cast<double>(B) - count;
-        if (std::abs(gap) <= 8 || slope_i <= 0) break;
-        level = std::clamp(level + gap / slope_i, bracket_lo, bracket_hi);
-      }
-    }
-  }
+  const detail::level_sums sums{base, inv_c, lo_d, hi_d};
+  double slope = 0;
+  const double f = sums(t_lo, false, slope) - static_cast<double>(B);
+  // The level is in [t_lo, t_hi] when the slowest minimum step leaves room
+  // (f < 0); else in [t_min, t_lo]: a worker with a large fixed cost sets
+  // t_lo, and the others' counts at t_lo may sum far past B, which the
+  // repair would take back one sample at a time (O(B)).
+  const double level = f == 0  ? t_lo
+                       : f < 0 ? detail::search_level(sums, static_cast<double>(B), t_lo, t_hi, num / den)
+                               : detail::search_level(sums, static_cast<double>(B), t_min, t_lo, num / den);
 
   batch_plan p;
   p.version = version;
@@ -225,49 +250,11 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
     p.batch[i] = detail::level_count(workers[i], inv_c[i], workers[i].min_batch, hi[i], level);
     taken = detail::saturating_add(taken, p.batch[i]);
   }
-
   // Integer repair: reach exactly B along the (value, rank) order.
-  std::vector<detail::increment> heap;
-  heap.reserve(n);
-  if (taken < B) {
-    auto after = [](const detail::increment& x, const detail::increment& y) {
-      return x.value > y.value || (x.value == y.value && x.rank > y.rank);
-    };
-    for (std::size_t i = 0; i < n; ++i)
-      if (p.batch[i] < hi[i]) heap.push_back({workers[i].step_time(p.batch[i] + 1), i});
-    std::make_heap(heap.begin(), heap.end(), after);
-    while (taken < B) {
-      EBBFLOW_EXPECTS(!heap.empty());
-      std::pop_heap(heap.begin(), heap.end(), after);
-      const std::size_t i = heap.back().rank;
-      heap.pop_back();
-      ++p.batch[i];
-      ++taken;
-      if (p.batch[i] < hi[i]) {
-        heap.push_back({workers[i].step_time(p.batch[i] + 1), i});
-        std::push_heap(heap.begin(), heap.end(), after);
-      }
-    }
-  } else if (taken > B) {
-    auto before = [](const detail::increment& x, const detail::increment& y) {
-      return x.value < y.value || (x.value == y.value && x.rank < y.rank);
-    };
-    for (std::size_t i = 0; i < n; ++i)
-      if (p.batch[i] > workers[i].min_batch) heap.push_back({workers[i].step_time(p.batch[i]), i});
-    std::make_heap(heap.begin(), heap.end(), before);
-    while (taken > B) {
-      EBBFLOW_EXPECTS(!heap.empty());
-      std::pop_heap(heap.begin(), heap.end(), before);
-      const std::size_t i = heap.back().rank;
-      heap.pop_back();
-      --p.batch[i];
-      --taken;
-      if (p.batch[i] > workers[i].min_batch) {
-        heap.push_back({workers[i].step_time(p.batch[i]), i});
-        std::push_heap(heap.begin(), heap.end(), before);
-      }
-    }
-  }
+  if (taken < B)
+    detail::take_exactly<true>(workers, hi, p.batch, taken, B);
+  else if (taken > B)
+    detail::take_exactly<false>(workers, hi, p.batch, taken, B);
 
   p.worker_ids.resize(n);
   p.offsets.resize(n + 1);
