@@ -353,7 +353,9 @@ TEST(TopK, FusedInOrderPassMatchesCountScanWrite) {
     return out;
   };
   std::size_t capped = 0;
-  for (std::size_t n : {1u, 7u, 255u, 256u, 257u, 1000u, 10007u, 100003u})
+  // 65536 elements make one scan group of 256 blocks: 300007 spans five
+  // groups, the last one partial.
+  for (std::size_t n : {1u, 7u, 255u, 256u, 257u, 1000u, 10007u, 65536u, 65537u, 100003u, 300007u})
     for (int kind = 0; kind < 3; ++kind)
       for (double ratio : {0.01, 0.2})
         for (bool ef : {false, true}) {

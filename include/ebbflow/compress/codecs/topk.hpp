@@ -50,9 +50,10 @@ struct topk_codec {
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept { return align8(8 + 8 * slots(n)); }
   //! Elements sampled to estimate the threshold: min(sample_size, n).
   [[nodiscard]] std::size_t sample_count(std::size_t n) const noexcept { return std::min(sample_, n); }
-  //! Scratch for the sample, per-block counts and the threshold.
+  //! Scratch for the sample, per-block counts, per-group sums and the threshold.
   [[nodiscard]] std::size_t workspace_bytes(std::size_t n) const noexcept {
-    return align8(4 * sample_count(n)) + align8(4 * kernels::blocks_of(n)) + 8;
+    const std::size_t nb = kernels::blocks_of(n);
+    return align8(4 * sample_count(n)) + align8(4 * nb) + align8(4 * kernels::topk_scan_groups_of(nb)) + 8;
   }
   //! Segment granularity: `kernels::block_size` (256) elements.
   [[nodiscard]] std::size_t block_elems() const noexcept { return kernels::block_size; }
@@ -65,7 +66,9 @@ struct topk_codec {
     const std::size_t k = slots(n), s = sample_count(n), nb = kernels::blocks_of(n);
     auto* sample = reinterpret_cast<float*>(ctx.workspace);
     auto* counts = reinterpret_cast<std::uint32_t*>(ctx.workspace + align8(4 * s));
-    auto* thr = reinterpret_cast<float*>(ctx.workspace + align8(4 * s) + align8(4 * nb));
+    const std::size_t ng = kernels::topk_scan_groups_of(nb);
+    auto* sums = reinterpret_cast<std::uint32_t*>(ctx.workspace + align8(4 * s) + align8(4 * nb));
+    auto* thr = reinterpret_cast<float*>(ctx.workspace + align8(4 * s) + align8(4 * nb) + align8(4 * ng));
     auto* header = reinterpret_cast<std::uint32_t*>(out);
     // Rank of the threshold in the sample: the same quantile as k in n.
     const std::size_t m =
@@ -89,7 +92,13 @@ struct topk_codec {
       }
     }
     detail::bulk(ex, nb, kernels::topk_count{in, residual, thr, counts, n});
-    ex.bulk(1, kernels::topk_scan{counts, nb, header, k});
+    // Exclusive scan of the counts: a thread per group of 256 blocks, one
+    // over the group sums, a thread per block; then the unused slots are
+    // zeroed in parallel and the selected elements packed.
+    detail::bulk(ex, ng, kernels::topk_scan_local{counts, nb, sums});
+    ex.bulk(1, kernels::topk_scan_groups{sums, ng, header, k});
+    detail::bulk(ex, nb, kernels::topk_scan_add{counts, sums});
+    detail::bulk(ex, k, kernels::topk_clear_slots{header, k});
     detail::bulk(ex, nb, kernels::topk_write{in, residual, thr, counts, indices, values, n, k});
   }
   //! Zeroes `out`, then scatters the sent values of `in` into it (both in

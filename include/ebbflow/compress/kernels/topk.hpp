@@ -149,25 +149,86 @@ struct topk_count {
   }
 };
 
-//! Single-thread functor: counts -> exclusive offsets (in place); writes
-//! min(total, k) to the header and zeroes the k slots. Run with bulk(1, ...).
-struct topk_scan {
-  std::uint32_t* counts;  //!< per-block counts in, exclusive offsets out
+//! Per-block counts form groups of `topk_scan_group` for the exclusive scan,
+//! which runs in three passes so that its serial part is one step per group
+//! instead of one per block: `topk_scan_local` (a thread per group),
+//! `topk_scan_groups` (one thread over the group sums), `topk_scan_add` (a
+//! thread per block).
+inline constexpr std::size_t topk_scan_group = 256;
+
+//! Groups of `topk_scan_group` blocks for `blocks` blocks.
+EBBFLOW_HD constexpr std::size_t topk_scan_groups_of(std::size_t blocks) noexcept {
+  return (blocks + topk_scan_group - 1) / topk_scan_group;
+}
+
+//! counts of group g -> offsets within the group (in place); sums[g] = the
+//! group's total (at most 256 blocks of 256 elements: fits 32 bits).
+struct topk_scan_local {
+  std::uint32_t* counts;  //!< per-block counts in, offsets within the group out
   std::size_t blocks;     //!< block count
+  std::uint32_t* sums;    //!< one total per group (output)
+
+  //! Scans group `g` (blocks [256 g, min(256 (g + 1), blocks))).
+  EBBFLOW_HD void operator()(std::size_t g) const noexcept {
+    const std::size_t b0 = g * topk_scan_group;
+    const std::size_t b1 = blocks - b0 < topk_scan_group ? blocks : b0 + topk_scan_group;
+    std::uint32_t acc = 0;
+    for (std::size_t b = b0; b < b1; ++b) {
+      const std::uint32_t c = counts[b];
+      counts[b] = acc;
+      acc += c;
+    }
+    sums[g] = acc;
+  }
+};
+
+//! Single-thread functor: group sums -> exclusive group offsets (in place,
+//! saturating at 2^32 - 1); writes min(total, k) and 0 to the header. Run
+//! with bulk(1, ...).
+struct topk_scan_groups {
+  std::uint32_t* sums;    //!< per-group totals in, exclusive group offsets out
+  std::size_t groups;     //!< group count
   std::uint32_t* header;  //!< encoded buffer start
   std::size_t k;          //!< slot count
 
   //! Runs the scan (the index is ignored).
   EBBFLOW_HD void operator()(std::size_t) const noexcept {
     std::uint64_t acc = 0;
-    for (std::size_t b = 0; b < blocks; ++b) {
-      const std::uint32_t c = counts[b];
-      counts[b] = static_cast<std::uint32_t>(acc < 0xFFFFFFFFu ? acc : 0xFFFFFFFFu);
+    for (std::size_t g = 0; g < groups; ++g) {
+      const std::uint32_t c = sums[g];
+      sums[g] = static_cast<std::uint32_t>(acc < 0xFFFFFFFFu ? acc : 0xFFFFFFFFu);
       acc += c;
     }
     header[0] = static_cast<std::uint32_t>(acc < k ? acc : k);
     header[1] = 0;
-    for (std::size_t i = 0; i < 2 * k; ++i) header[2 + i] = 0;
+  }
+};
+
+//! offsets[b] += the offset of b's group (saturating): the exclusive scan of
+//! the per-block counts over all blocks.
+struct topk_scan_add {
+  std::uint32_t* offsets;     //!< offsets within the group in, global offsets out
+  const std::uint32_t* sums;  //!< exclusive group offsets, from `topk_scan_groups`
+
+  //! Finishes block `b`'s offset.
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    const std::uint32_t base = sums[b / topk_scan_group];
+    offsets[b] = offsets[b] > 0xFFFFFFFFu - base ? 0xFFFFFFFFu : offsets[b] + base;
+  }
+};
+
+//! Zeroes slot i when no element fills it (i >= the sent count in the
+//! header, from `topk_scan_groups`), so an encoding's bytes depend on its
+//! content alone.
+struct topk_clear_slots {
+  std::uint32_t* header;  //!< encoded buffer (count, 0, k indices, k values)
+  std::size_t k;          //!< slot count
+
+  //! Clears slot `i` if unused.
+  EBBFLOW_HD void operator()(std::size_t i) const noexcept {
+    if (i < header[0]) return;
+    header[2 + i] = 0;
+    header[2 + k + i] = 0;
   }
 };
 
@@ -178,7 +239,7 @@ struct topk_write {
   const float* in;               //!< n input floats (executor's memory space)
   float* res;                    //!< n residual floats, or null
   const float* threshold;        //!< one float, from `topk_threshold`
-  const std::uint32_t* offsets;  //!< first slot per block, from `topk_scan`
+  const std::uint32_t* offsets;  //!< first slot per block, from `topk_scan_add`
   std::uint32_t* indices;        //!< k slot indices (output)
   float* values;                 //!< k slot values (output)
   std::size_t n, k;
@@ -210,7 +271,7 @@ struct topk_write {
   }
 };
 
-//! `topk_count`, `topk_scan` and `topk_write` in one pass, for executors
+//! `topk_count`, the scan and `topk_write` in one pass, for executors
 //! that call the blocks in increasing order on one thread (the single-thread
 //! `exec::cpu_executor`): slots are handed out in index order as the pass
 //! meets the selected elements, which is the order the exclusive scan gives,
