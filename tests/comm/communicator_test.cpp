@@ -290,3 +290,106 @@ TEST(Communicator, RejectsMismatchedBuffers) {
   EXPECT_THROW(c.broadcast(ef::view(std::span(a)), 2), std::invalid_argument);
 }
 }  // namespace
+
+namespace {
+// Bits of x as dtype t (f32, f64, f16, bf16).
+std::vector<std::byte> as_dtype(ef::dtype t, const std::vector<double>& x) {
+  std::vector<std::byte> out(x.size() * ef::size_of(t));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    auto* p = out.data() + i * ef::size_of(t);
+    const auto f = static_cast<float>(x[i]);
+    if (t == ef::dtype::f32) std::memcpy(p, &f, 4);
+    if (t == ef::dtype::f64) std::memcpy(p, &x[i], 8);
+    if (t == ef::dtype::f16) {
+      const std::uint16_t h = ef::half::from_float(f);
+      std::memcpy(p, &h, 2);
+    }
+    if (t == ef::dtype::bf16) {
+      const std::uint16_t h = ef::bfloat16::from_float(f);
+      std::memcpy(p, &h, 2);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+// Every rank combines its own value first, so min and max must give the
+// same bits whatever the order of their operands: NaNs of any payload and
+// sign, +0 against -0, infinities, in the vector blocks and the tail.
+TEST(Reduce, MinAndMaxDoNotDependOnTheOrderOfTheOperands) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> specials{nan, -nan, 0.0, -0.0, inf, -inf, 1.0, -1.0, 3.5e-5};
+  std::vector<double> a, b;
+  for (double x : specials)
+    for (double y : specials) a.push_back(x), b.push_back(y);
+  for (ef::dtype t : {ef::dtype::f32, ef::dtype::f64, ef::dtype::f16, ef::dtype::bf16})
+    for (ef::reduce_op op : {ef::reduce_op::min, ef::reduce_op::max}) {
+      const auto ba = as_dtype(t, a), bb = as_dtype(t, b);
+      std::vector<std::byte> ab(ba.size()), ba_(ba.size());
+      ef::comm::reduce(t, op, ab.data(), ba.data(), bb.data(), a.size());
+      ef::comm::reduce(t, op, ba_.data(), bb.data(), ba.data(), a.size());
+      ASSERT_EQ(ab, ba_) << ef::name(t) << " " << ef::name(op);
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        double r = 0;
+        if (t == ef::dtype::f64) std::memcpy(&r, ab.data() + 8 * i, 8);
+        if (t == ef::dtype::f32) {
+          float f;
+          std::memcpy(&f, ab.data() + 4 * i, 4);
+          r = f;
+        }
+        if (t != ef::dtype::f32 && t != ef::dtype::f64) continue;
+        if (std::isnan(a[i]) || std::isnan(b[i])) {
+          EXPECT_TRUE(std::isnan(r)) << ef::name(t) << " " << a[i] << ", " << b[i];
+        } else if (a[i] == 0 && b[i] == 0 && std::signbit(a[i]) != std::signbit(b[i])) {
+          EXPECT_EQ(std::signbit(r), op == ef::reduce_op::min) << ef::name(t) << " +0 vs -0";
+        }
+      }
+    }
+}
+
+// Integer sums and products past the type's range wrap (two's complement)
+// instead of being undefined, in the vector blocks and in the tail.
+TEST(Reduce, IntegerSumAndProductWrap) {
+  for (std::size_t n : {1u, 33u}) {
+    std::vector<std::int32_t> a(n, std::numeric_limits<std::int32_t>::max()), b(n, 1), r(n);
+    ef::comm::reduce(ef::dtype::i32, ef::reduce_op::sum, r.data(), a.data(), b.data(), n);
+    EXPECT_EQ(r, std::vector<std::int32_t>(n, std::numeric_limits<std::int32_t>::min()));
+    std::vector<std::int64_t> c(n, std::numeric_limits<std::int64_t>::max()), d(n, 2), s(n);
+    ef::comm::reduce(ef::dtype::i64, ef::reduce_op::prod, s.data(), c.data(), d.data(), n);
+    EXPECT_EQ(s, std::vector<std::int64_t>(n, -2));
+  }
+}
+
+// A NaN on one rank: every rank ends with the same bits, whichever
+// algorithm combines it.
+TEST(Communicator, MinWithANaNOnOneRankGivesEveryRankTheSameBits) {
+  for (auto algo : {ef::comm::allreduce_algorithm::recursive_doubling, ef::comm::allreduce_algorithm::ring}) {
+    ef::comm::collective_options o;
+    o.allreduce = algo;
+    std::vector<std::uint32_t> bits(3);
+    ef::comm::spawn_loopback(3, [&](ef::comm::loopback_transport& t) {
+      comm_t c(t, o);
+      std::vector<float> v(6, t.rank() == 1 ? std::numeric_limits<float>::quiet_NaN() : 1.0f);
+      c.allreduce(ef::view(std::span(v)), ef::reduce_op::min, ef::deadline::after(10s));
+      std::memcpy(&bits[static_cast<std::size_t>(t.rank())], v.data(), 4);
+    });
+    EXPECT_EQ(bits[0], bits[1]);
+    EXPECT_EQ(bits[1], bits[2]);
+    float r;
+    std::memcpy(&r, bits.data(), 4);
+    EXPECT_TRUE(std::isnan(r));
+  }
+}
+
+// Input and output that overlap other than in place are refused before
+// anything is sent (they were read after being overwritten).
+TEST(Communicator, RejectsPartlyOverlappingInputAndOutput) {
+  auto hub = std::make_shared<ef::comm::loopback_hub>(2);
+  ef::comm::loopback_transport t(hub, 0);
+  comm_t c(t);
+  std::vector<float> buf(20);
+  const auto sub = [&](std::size_t at, std::size_t n) { return ef::view(std::span(buf).subspan(at, n)); };
+  EXPECT_THROW(c.allreduce(sub(0, 8), sub(1, 8), ef::reduce_op::sum), std::invalid_argument);
+  EXPECT_THROW(c.allgather(sub(0, 4), sub(1, 8)), std::invalid_argument);
+  EXPECT_THROW(c.reduce_scatter(sub(0, 8), sub(2, 4), ef::reduce_op::sum), std::invalid_argument);
+}

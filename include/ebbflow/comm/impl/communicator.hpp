@@ -538,6 +538,18 @@ inline void check_buffer(const buffer_view& v, const char* what) {
   EBBFLOW_ENFORCE(v.count == 0 || v.data != nullptr, what << " is null with count " << v.count);
 }
 
+//! Input and output must not overlap, except with the input at `in_place`
+//! (the documented in-place form): a partial overlap would be read after it
+//! was overwritten.
+inline void check_overlap(const buffer_view& in, const buffer_view& out, const std::byte* in_place, const char* what) {
+  const auto i0 = reinterpret_cast<std::uintptr_t>(in.data), o0 = reinterpret_cast<std::uintptr_t>(out.data);
+  const bool disjoint = in.bytes() == 0 || out.bytes() == 0 || i0 + in.bytes() <= o0 || o0 + out.bytes() <= i0;
+  EBBFLOW_ENFORCE(disjoint || in.data == in_place, what << ": input [" << in.data << ", +" << in.bytes()
+                                                        << " bytes) overlaps output [" << out.data << ", +"
+                                                        << out.bytes() << " bytes) other than in place (input at "
+                                                        << static_cast<const void*>(in_place) << ")");
+}
+
 }  // namespace comm::detail
 
 namespace comm {
@@ -762,6 +774,7 @@ request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, re
   EBBFLOW_ENFORCE(in.count == out.count && in.type == out.type,
                   "allreduce: input (" << in.count << " " << name(in.type) << ") and output (" << out.count << " "
                                        << name(out.type) << ") differ");
+  detail::check_overlap(in, out, static_cast<const std::byte*>(out.data), "allreduce");
   const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
@@ -810,6 +823,8 @@ request<T> basic_communicator<T>::ireduce_scatter(buffer_view in, buffer_view ou
   EBBFLOW_ENFORCE(in.type == out.type && in.count == out.count * n,
                   "reduce_scatter: input count " << in.count << " must be " << n << " x output count " << out.count
                                                  << " of the same dtype");
+  // One rank: the output may be the input (a copy to itself).
+  detail::check_overlap(in, out, n == 1 ? static_cast<const std::byte*>(out.data) : nullptr, "reduce_scatter");
   const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
@@ -848,6 +863,8 @@ request<T> basic_communicator<T>::iallgather(buffer_view in, buffer_view out) {
   EBBFLOW_ENFORCE(in.type == out.type && out.count == in.count * n,
                   "allgather: output count " << out.count << " must be " << n << " x input count " << in.count
                                              << " of the same dtype");
+  detail::check_overlap(
+      in, out, static_cast<const std::byte*>(out.data) + static_cast<std::size_t>(rank()) * in.bytes(), "allgather");
   const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);

@@ -10,8 +10,11 @@
 #include <ebbflow/comm/reduce.hpp>
 #include <ebbflow/core/half.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace comm::detail {
@@ -22,6 +25,7 @@ using v_i32 = std::int32_t __attribute__((vector_size(16)));
 using v_i64 = std::int64_t __attribute__((vector_size(16)));
 using v_u8 = std::uint8_t __attribute__((vector_size(16)));
 using v_u32 = std::uint32_t __attribute__((vector_size(16)));
+using v_u64 = std::uint64_t __attribute__((vector_size(16)));
 using v4_u16 = std::uint16_t __attribute__((vector_size(8)));
 
 template <class T>
@@ -46,6 +50,14 @@ template <>
 struct vec_of<std::uint8_t> {
   using type = v_u8;
 };
+template <>
+struct vec_of<std::uint32_t> {
+  using type = v_u32;
+};
+template <>
+struct vec_of<std::uint64_t> {
+  using type = v_u64;
+};
 
 struct op_sum {
   template <class V>
@@ -59,18 +71,51 @@ struct op_prod {
     return a * b;
   }
 };
-struct op_min {
+//! Whether V is a GCC vector of floating-point lanes.
+template <class V>
+constexpr bool is_float_vector() noexcept {
+  if constexpr (requires(V v) { v[0]; })
+    return std::is_floating_point_v<std::remove_cvref_t<decltype(std::declval<V>()[0])>>;
+  else
+    return false;
+}
+
+//! min and max must not depend on the order of their operands: each rank
+//! combines its own value first, so an asymmetric rule would give ranks
+//! different bits. Floating point follows IEEE 754-2019 minimum/maximum: a
+//! NaN operand gives the canonical quiet NaN, and -0 is below +0.
+template <bool Max>
+struct op_minmax {
   template <class V>
   static V apply(V a, V b) noexcept {
-    return b < a ? b : a;
+    if constexpr (std::is_floating_point_v<V>) {
+      if (a != a || b != b) return std::numeric_limits<V>::quiet_NaN();
+      if (a == b) return std::signbit(a) == Max ? b : a;  // equal, or +0 and -0
+      return (Max ? a < b : b < a) ? b : a;
+    } else if constexpr (is_float_vector<V>()) {
+      using T = std::remove_cvref_t<decltype(a[0])>;
+      using M = decltype(a < b);  // the signed integer vector of V's shape
+      const V picked = (Max ? a < b : b < a) ? b : a;
+      M pb, ab, bb;
+      std::memcpy(&pb, &picked, sizeof pb);
+      std::memcpy(&ab, &a, sizeof ab);
+      std::memcpy(&bb, &b, sizeof bb);
+      // Equal lanes (+0 and -0 among them): -0 wins the min, +0 the max.
+      pb = a == b ? (Max ? ab & bb : ab | bb) : pb;
+      const V quiet = V{} + std::numeric_limits<T>::quiet_NaN();
+      M qb;
+      std::memcpy(&qb, &quiet, sizeof qb);
+      pb = (a != a) | (b != b) ? qb : pb;
+      V r;
+      std::memcpy(&r, &pb, sizeof r);
+      return r;
+    } else {
+      return (Max ? a < b : b < a) ? b : a;
+    }
   }
 };
-struct op_max {
-  template <class V>
-  static V apply(V a, V b) noexcept {
-    return a < b ? b : a;
-  }
-};
+using op_min = op_minmax<false>;
+using op_max = op_minmax<true>;
 
 template <class V>
 inline V load(const void* p) noexcept {
@@ -136,6 +181,9 @@ inline void reduce_f16(std::uint16_t* dst, const std::uint16_t* a, const std::ui
 }
 
 template <class Op>
+inline constexpr bool wraps = std::is_same_v<Op, op_sum> || std::is_same_v<Op, op_prod>;
+
+template <class Op>
 inline void reduce_typed(dtype type, void* dst, const void* a, const void* b, std::size_t n) noexcept {
   switch (type) {
     case dtype::f32:
@@ -145,11 +193,21 @@ inline void reduce_typed(dtype type, void* dst, const void* a, const void* b, st
       return reduce_native<double, Op>(static_cast<double*>(dst), static_cast<const double*>(a),
                                        static_cast<const double*>(b), n);
     case dtype::i32:
-      return reduce_native<std::int32_t, Op>(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(a),
-                                             static_cast<const std::int32_t*>(b), n);
+      // A sum or product past the range wraps (two's complement), the same on
+      // every rank; signed overflow would be undefined.
+      if constexpr (wraps<Op>)
+        return reduce_native<std::uint32_t, Op>(static_cast<std::uint32_t*>(dst), static_cast<const std::uint32_t*>(a),
+                                                static_cast<const std::uint32_t*>(b), n);
+      else
+        return reduce_native<std::int32_t, Op>(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(a),
+                                               static_cast<const std::int32_t*>(b), n);
     case dtype::i64:
-      return reduce_native<std::int64_t, Op>(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(a),
-                                             static_cast<const std::int64_t*>(b), n);
+      if constexpr (wraps<Op>)
+        return reduce_native<std::uint64_t, Op>(static_cast<std::uint64_t*>(dst), static_cast<const std::uint64_t*>(a),
+                                                static_cast<const std::uint64_t*>(b), n);
+      else
+        return reduce_native<std::int64_t, Op>(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(a),
+                                               static_cast<const std::int64_t*>(b), n);
     case dtype::u8:
       return reduce_native<std::uint8_t, Op>(static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(a),
                                              static_cast<const std::uint8_t*>(b), n);
