@@ -491,8 +491,11 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/comm/reduce.hpp>  (inlined)
 // #include <ebbflow/core/half.hpp>  (inlined)
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace comm::detail {
@@ -503,6 +506,7 @@ using v_i32 = std::int32_t __attribute__((vector_size(16)));
 using v_i64 = std::int64_t __attribute__((vector_size(16)));
 using v_u8 = std::uint8_t __attribute__((vector_size(16)));
 using v_u32 = std::uint32_t __attribute__((vector_size(16)));
+using v_u64 = std::uint64_t __attribute__((vector_size(16)));
 using v4_u16 = std::uint16_t __attribute__((vector_size(8)));
 
 template <class T>
@@ -527,6 +531,14 @@ template <>
 struct vec_of<std::uint8_t> {
   using type = v_u8;
 };
+template <>
+struct vec_of<std::uint32_t> {
+  using type = v_u32;
+};
+template <>
+struct vec_of<std::uint64_t> {
+  using type = v_u64;
+};
 
 struct op_sum {
   template <class V>
@@ -540,18 +552,51 @@ struct op_prod {
     return a * b;
   }
 };
-struct op_min {
+//! Whether V is a GCC vector of floating-point lanes.
+template <class V>
+constexpr bool is_float_vector() noexcept {
+  if constexpr (requires(V v) { v[0]; })
+    return std::is_floating_point_v<std::remove_cvref_t<decltype(std::declval<V>()[0])>>;
+  else
+    return false;
+}
+
+//! min and max must not depend on the order of their operands: each rank
+//! combines its own value first, so an asymmetric rule would give ranks
+//! different bits. Floating point follows IEEE 754-2019 minimum/maximum: a
+//! NaN operand gives the canonical quiet NaN, and -0 is below +0.
+template <bool Max>
+struct op_minmax {
   template <class V>
   static V apply(V a, V b) noexcept {
-    return b < a ? b : a;
+    if constexpr (std::is_floating_point_v<V>) {
+      if (a != a || b != b) return std::numeric_limits<V>::quiet_NaN();
+      if (a == b) return std::signbit(a) == Max ? b : a;  // equal, or +0 and -0
+      return (Max ? a < b : b < a) ? b : a;
+    } else if constexpr (is_float_vector<V>()) {
+      using T = std::remove_cvref_t<decltype(a[0])>;
+      using M = decltype(a < b);  // the signed integer vector of V's shape
+      const V picked = (Max ? a < b : b < a) ? b : a;
+      M pb, ab, bb;
+      std::memcpy(&pb, &picked, sizeof pb);
+      std::memcpy(&ab, &a, sizeof ab);
+      std::memcpy(&bb, &b, sizeof bb);
+      // Equal lanes (+0 and -0 among them): -0 wins the min, +0 the max.
+      pb = a == b ? (Max ? ab & bb : ab | bb) : pb;
+      const V quiet = V{} + std::numeric_limits<T>::quiet_NaN();
+      M qb;
+      std::memcpy(&qb, &quiet, sizeof qb);
+      pb = (a != a) | (b != b) ? qb : pb;
+      V r;
+      std::memcpy(&r, &pb, sizeof r);
+      return r;
+    } else {
+      return (Max ? a < b : b < a) ? b : a;
+    }
   }
 };
-struct op_max {
-  template <class V>
-  static V apply(V a, V b) noexcept {
-    return a < b ? b : a;
-  }
-};
+using op_min = op_minmax<false>;
+using op_max = op_minmax<true>;
 
 template <class V>
 inline V load(const void* p) noexcept {
@@ -617,6 +662,9 @@ inline void reduce_f16(std::uint16_t* dst, const std::uint16_t* a, const std::ui
 }
 
 template <class Op>
+inline constexpr bool wraps = std::is_same_v<Op, op_sum> || std::is_same_v<Op, op_prod>;
+
+template <class Op>
 inline void reduce_typed(dtype type, void* dst, const void* a, const void* b, std::size_t n) noexcept {
   switch (type) {
     case dtype::f32:
@@ -626,11 +674,21 @@ inline void reduce_typed(dtype type, void* dst, const void* a, const void* b, st
       return reduce_native<double, Op>(static_cast<double*>(dst), static_cast<const double*>(a),
                                        static_cast<const double*>(b), n);
     case dtype::i32:
-      return reduce_native<std::int32_t, Op>(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(a),
-                                             static_cast<const std::int32_t*>(b), n);
+      // A sum or product past the range wraps (two's complement), the same on
+      // every rank; signed overflow would be undefined.
+      if constexpr (wraps<Op>)
+        return reduce_native<std::uint32_t, Op>(static_cast<std::uint32_t*>(dst), static_cast<const std::uint32_t*>(a),
+                                                static_cast<const std::uint32_t*>(b), n);
+      else
+        return reduce_native<std::int32_t, Op>(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(a),
+                                               static_cast<const std::int32_t*>(b), n);
     case dtype::i64:
-      return reduce_native<std::int64_t, Op>(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(a),
-                                             static_cast<const std::int64_t*>(b), n);
+      if constexpr (wraps<Op>)
+        return reduce_native<std::uint64_t, Op>(static_cast<std::uint64_t*>(dst), static_cast<const std::uint64_t*>(a),
+                                                static_cast<const std::uint64_t*>(b), n);
+      else
+        return reduce_native<std::int64_t, Op>(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(a),
+                                               static_cast<const std::int64_t*>(b), n);
     case dtype::u8:
       return reduce_native<std::uint8_t, Op>(static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(a),
                                              static_cast<const std::uint8_t*>(b), n);
@@ -2645,6 +2703,18 @@ inline void check_buffer(const buffer_view& v, const char* what) {
   EBBFLOW_ENFORCE(v.count == 0 || v.data != nullptr, what << " is null with count " << v.count);
 }
 
+//! Input and output must not overlap, except with the input at `in_place`
+//! (the documented in-place form): a partial overlap would be read after it
+//! was overwritten.
+inline void check_overlap(const buffer_view& in, const buffer_view& out, const std::byte* in_place, const char* what) {
+  const auto i0 = reinterpret_cast<std::uintptr_t>(in.data), o0 = reinterpret_cast<std::uintptr_t>(out.data);
+  const bool disjoint = in.bytes() == 0 || out.bytes() == 0 || i0 + in.bytes() <= o0 || o0 + out.bytes() <= i0;
+  EBBFLOW_ENFORCE(disjoint || in.data == in_place, what << ": input [" << in.data << ", +" << in.bytes()
+                                                        << " bytes) overlaps output [" << out.data << ", +"
+                                                        << out.bytes() << " bytes) other than in place (input at "
+                                                        << static_cast<const void*>(in_place) << ")");
+}
+
 }  // namespace comm::detail
 
 namespace comm {
@@ -2869,6 +2939,7 @@ request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, re
   EBBFLOW_ENFORCE(in.count == out.count && in.type == out.type,
                   "allreduce: input (" << in.count << " " << name(in.type) << ") and output (" << out.count << " "
                                        << name(out.type) << ") differ");
+  detail::check_overlap(in, out, static_cast<const std::byte*>(out.data), "allreduce");
   const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
@@ -2917,6 +2988,8 @@ request<T> basic_communicator<T>::ireduce_scatter(buffer_view in, buffer_view ou
   EBBFLOW_ENFORCE(in.type == out.type && in.count == out.count * n,
                   "reduce_scatter: input count " << in.count << " must be " << n << " x output count " << out.count
                                                  << " of the same dtype");
+  // One rank: the output may be the input (a copy to itself).
+  detail::check_overlap(in, out, n == 1 ? static_cast<const std::byte*>(out.data) : nullptr, "reduce_scatter");
   const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
@@ -2955,6 +3028,8 @@ request<T> basic_communicator<T>::iallgather(buffer_view in, buffer_view out) {
   EBBFLOW_ENFORCE(in.type == out.type && out.count == in.count * n,
                   "allgather: output count " << out.count << " must be " << n << " x input count " << in.count
                                              << " of the same dtype");
+  detail::check_overlap(
+      in, out, static_cast<const std::byte*>(out.data) + static_cast<std::size_t>(rank()) * in.bytes(), "allgather");
   const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
@@ -8290,6 +8365,7 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/core/deadline.hpp>  (inlined)
 // #include <ebbflow/core/error.hpp>  (inlined)
 
+#include <charconv>
 #include <condition_variable>
 #include <concepts>
 #include <cstddef>
@@ -8305,6 +8381,29 @@ EBBFLOW_END_NAMESPACE
 #include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+//! `stored + delta` for a counter kept as decimal text (empty: 0), or the
+//! reason it cannot be: the text is not a whole int64, or the sum
+//! overflows. The store server and `memory_store` share it, so the two
+//! agree on every value.
+inline std::optional<std::int64_t> add_to_counter(std::string_view stored, std::int64_t delta, std::string& why) {
+  std::int64_t cur = 0;
+  if (!stored.empty()) {
+    const auto [p, ec] = std::from_chars(stored.data(), stored.data() + stored.size(), cur);
+    if (ec != std::errc{} || p != stored.data() + stored.size()) {
+      why = "is not an integer";
+      return std::nullopt;
+    }
+  }
+  std::int64_t next = 0;
+  if (__builtin_add_overflow(cur, delta, &next)) {
+    why = "would overflow int64";
+    return std::nullopt;
+  }
+  return next;
+}
+}  // namespace elastic::detail
+
 namespace elastic {
 
 //! Owned binary data (transport addresses, encoded records); host memory.
@@ -8387,16 +8486,13 @@ class memory_store {
     return out;
   }
   //! Adds `delta` to the decimal integer under `k` (absent = 0) and returns
-  //! the new value. Errors as for `set`; std::invalid_argument /
-  //! std::out_of_range when the stored value is not an integer.
+  //! the new value. Errors as for `set`; `errc::invalid_state` when the
+  //! stored value is not a whole int64 or the sum would overflow (as the
+  //! server: the value is left as it was).
   std::int64_t add(const std::string& k, std::int64_t delta, deadline d) {
     std::lock_guard lk(m_);
     check(d, "store.add");
-    auto& v = kv_[k];
-    const std::int64_t x = (v.empty() ? 0 : std::stoll(v)) + delta;
-    v = std::to_string(x);
-    cv_.notify_all();
-    return x;
+    return add_locked(k, delta);
   }
   //! `add(keys[i], deltas[i])` for every i, under one lock. Errors as `add`;
   //! std::invalid_argument when the spans differ in length.
@@ -8409,13 +8505,7 @@ class memory_store {
     out.reserve(keys.size());
     std::lock_guard lk(m_);
     check(d, "store.add_many");
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      auto& v = kv_[keys[i]];
-      const std::int64_t x = (v.empty() ? 0 : std::stoll(v)) + deltas[i];
-      v = std::to_string(x);
-      out.push_back(x);
-    }
-    cv_.notify_all();
+    for (std::size_t i = 0; i < keys.size(); ++i) out.push_back(add_locked(keys[i], deltas[i]));
     return out;
   }
   //! Stores `desired` when the value under `k` equals `expected` (an empty
@@ -8456,6 +8546,17 @@ class memory_store {
   }
 
  private:
+  std::int64_t add_locked(const std::string& k, std::int64_t delta) {
+    auto it = kv_.find(k);
+    std::string why;
+    const auto x =
+        detail::add_to_counter(it == kv_.end() ? std::string_view() : std::string_view(it->second), delta, why);
+    if (!x) throw_if(make_error_code(error::invalid_state), {.operation = "store.add", .detail = "'" + k + "' " + why});
+    if (it == kv_.end()) it = kv_.emplace(k, std::string()).first;
+    it->second = std::to_string(*x);
+    cv_.notify_all();
+    return *x;
+  }
   void check(deadline d, const char* op) const {
     if (failed_) throw_if(make_error_code(error::peer_lost), {.operation = op});
     if (d.expired()) throw_if(make_error_code(error::timeout), {.operation = op});
@@ -14423,6 +14524,7 @@ inline bool mac_equal(std::string_view a, std::string_view b) noexcept {
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/elastic/detail/hmac.hpp>
 // #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
 // #include <ebbflow/elastic/store.hpp>  (inlined)
 
 #include <boost/asio/bind_executor.hpp>
@@ -15027,17 +15129,12 @@ inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn
     }
     case op::add: {
       std::string key(m.key);
-      std::int64_t cur = 0;
       auto it = data_.find(key);
-      if (it != data_.end()) {
-        const std::string& v = it->second;
-        auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), cur);
-        if (ec != std::errc{} || p != v.data() + v.size())
-          return proto::error_frame(errc::invalid_state, "add: value of " + quote_key(key) + " is not an integer");
-      }
-      std::int64_t next = 0;
-      if (__builtin_add_overflow(cur, m.integer, &next))
-        return proto::error_frame(errc::invalid_state, "add: " + quote_key(key) + " would overflow int64");
+      std::string why;
+      const auto sum =
+          add_to_counter(it == data_.end() ? std::string_view() : std::string_view(it->second), m.integer, why);
+      if (!sum) return proto::error_frame(errc::invalid_state, "add: value of " + quote_key(key) + " " + why);
+      const std::int64_t next = *sum;
       std::string text = std::to_string(next);
       data_[key] = text;
       notify(key, proto::event_kind::set, text);
@@ -15266,9 +15363,11 @@ class client_connection {
     sock_.set_option(tcp::no_delay(true), bec);
     connected_ = true;
     // Handshake.
+    // A refusal during the handshake (too many connections, a bad token)
+    // ends the connection whatever its code: the next call connects anew.
     auto r = read_frame(d, ec, false);
     if (ec) return;
-    if (r.msg.code == proto::op::error) return server_error(ec, r.msg);
+    if (r.msg.code == proto::op::error) return server_error(ec, r.msg), close();
     if (r.msg.code != proto::op::challenge || r.msg.flag != proto::version)
       return fail(ec, error::bad_message,
                   std::string("handshake: expected challenge v") + std::to_string(proto::version) + ", got " +
@@ -15284,7 +15383,7 @@ class client_connection {
     if (ec) return;
     r = read_frame(d, ec, false);
     if (ec) return;
-    if (r.msg.code == proto::op::error) return server_error(ec, r.msg);
+    if (r.msg.code == proto::op::error) return server_error(ec, r.msg), close();
     if (r.msg.code != proto::op::welcome)
       return fail(ec, error::bad_message,
                   std::string("handshake: expected welcome, got ") + proto::op_name(r.msg.code));

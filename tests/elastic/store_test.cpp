@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -81,6 +83,60 @@ struct workers {
   }
 };
 }  // namespace
+
+// The server and memory_store agree on counters: text with trailing
+// garbage is not an integer, and a sum past int64 is refused, the value
+// left as it was (memory_store parsed "12abc" as 12 and overflowed into
+// undefined behaviour).
+TEST(Store, ServerAndMemoryStoreAgreeOnCounters) {
+  el::store_server srv(test_options());
+  el::store_client c("127.0.0.1", srv.port(), token);
+  el::memory_store m;
+  const auto d = [] { return ef::deadline::after(5s); };
+  const auto code = [&](auto&& f) {
+    try {
+      f();
+    } catch (const ef::system_error& e) {
+      return e.code();
+    }
+    return std::error_code();
+  };
+  for (const std::string v : {"12abc", " 5", "1e3", "0x10"}) {
+    c.set("k", v, d());
+    m.set("k", v, d());
+    EXPECT_EQ(code([&] { c.add("k", 1, d()); }), ef::errc::invalid_state) << v;
+    EXPECT_EQ(code([&] { m.add("k", 1, d()); }), ef::errc::invalid_state) << v;
+    EXPECT_EQ(m.try_get("k", d()), v);
+  }
+  const std::string top = std::to_string(std::numeric_limits<std::int64_t>::max());
+  c.set("n", top, d());
+  m.set("n", top, d());
+  EXPECT_EQ(code([&] { c.add("n", 1, d()); }), ef::errc::invalid_state);
+  EXPECT_EQ(code([&] { m.add("n", 1, d()); }), ef::errc::invalid_state);
+  EXPECT_EQ(m.try_get("n", d()), top);
+  EXPECT_EQ(c.add("n", -1, d()), m.add("n", -1, d()));
+}
+
+// A client refused at the handshake (here: no free connection slot) closes
+// its side, so its next call connects again once a slot is free (it wrote
+// into the closed socket and reported peer_lost, as if the store were gone).
+TEST(Store, AClientRefusedAtTheHandshakeConnectsAgain) {
+  auto o = test_options();
+  o.max_connections = 1;
+  el::store_server srv(o);
+  std::optional<el::store_client> first;
+  first.emplace("127.0.0.1", srv.port(), token);
+  first->ping(ef::deadline::after(2s));
+  el::store_client c("127.0.0.1", srv.port(), token);
+  std::error_code ec;
+  c.ping(ef::deadline::after(2s), ec);
+  ASSERT_EQ(ec, ef::errc::invalid_state) << c.last_error_detail();
+  first.reset();  // frees the only slot
+  for (int i = 0; i < 200 && srv.stats().open != 0; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(srv.stats().open, 0u);
+  c.ping(ef::deadline::after(2s), ec);
+  EXPECT_FALSE(ec) << ec.message() << ": " << c.last_error_detail();
+}
 
 TEST(Store, BasicOperations) {
   el::store_server srv(test_options());

@@ -23,6 +23,7 @@
 #include <ebbflow/core/deadline.hpp>
 #include <ebbflow/core/error.hpp>
 
+#include <charconv>
 #include <condition_variable>
 #include <concepts>
 #include <cstddef>
@@ -38,6 +39,29 @@
 #include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+//! `stored + delta` for a counter kept as decimal text (empty: 0), or the
+//! reason it cannot be: the text is not a whole int64, or the sum
+//! overflows. The store server and `memory_store` share it, so the two
+//! agree on every value.
+inline std::optional<std::int64_t> add_to_counter(std::string_view stored, std::int64_t delta, std::string& why) {
+  std::int64_t cur = 0;
+  if (!stored.empty()) {
+    const auto [p, ec] = std::from_chars(stored.data(), stored.data() + stored.size(), cur);
+    if (ec != std::errc{} || p != stored.data() + stored.size()) {
+      why = "is not an integer";
+      return std::nullopt;
+    }
+  }
+  std::int64_t next = 0;
+  if (__builtin_add_overflow(cur, delta, &next)) {
+    why = "would overflow int64";
+    return std::nullopt;
+  }
+  return next;
+}
+}  // namespace elastic::detail
+
 namespace elastic {
 
 //! Owned binary data (transport addresses, encoded records); host memory.
@@ -120,16 +144,13 @@ class memory_store {
     return out;
   }
   //! Adds `delta` to the decimal integer under `k` (absent = 0) and returns
-  //! the new value. Errors as for `set`; std::invalid_argument /
-  //! std::out_of_range when the stored value is not an integer.
+  //! the new value. Errors as for `set`; `errc::invalid_state` when the
+  //! stored value is not a whole int64 or the sum would overflow (as the
+  //! server: the value is left as it was).
   std::int64_t add(const std::string& k, std::int64_t delta, deadline d) {
     std::lock_guard lk(m_);
     check(d, "store.add");
-    auto& v = kv_[k];
-    const std::int64_t x = (v.empty() ? 0 : std::stoll(v)) + delta;
-    v = std::to_string(x);
-    cv_.notify_all();
-    return x;
+    return add_locked(k, delta);
   }
   //! `add(keys[i], deltas[i])` for every i, under one lock. Errors as `add`;
   //! std::invalid_argument when the spans differ in length.
@@ -142,13 +163,7 @@ class memory_store {
     out.reserve(keys.size());
     std::lock_guard lk(m_);
     check(d, "store.add_many");
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      auto& v = kv_[keys[i]];
-      const std::int64_t x = (v.empty() ? 0 : std::stoll(v)) + deltas[i];
-      v = std::to_string(x);
-      out.push_back(x);
-    }
-    cv_.notify_all();
+    for (std::size_t i = 0; i < keys.size(); ++i) out.push_back(add_locked(keys[i], deltas[i]));
     return out;
   }
   //! Stores `desired` when the value under `k` equals `expected` (an empty
@@ -189,6 +204,17 @@ class memory_store {
   }
 
  private:
+  std::int64_t add_locked(const std::string& k, std::int64_t delta) {
+    auto it = kv_.find(k);
+    std::string why;
+    const auto x =
+        detail::add_to_counter(it == kv_.end() ? std::string_view() : std::string_view(it->second), delta, why);
+    if (!x) throw_if(make_error_code(error::invalid_state), {.operation = "store.add", .detail = "'" + k + "' " + why});
+    if (it == kv_.end()) it = kv_.emplace(k, std::string()).first;
+    it->second = std::to_string(*x);
+    cv_.notify_all();
+    return *x;
+  }
   void check(deadline d, const char* op) const {
     if (failed_) throw_if(make_error_code(error::peer_lost), {.operation = op});
     if (d.expired()) throw_if(make_error_code(error::timeout), {.operation = op});

@@ -92,9 +92,11 @@ class client_connection {
     sock_.set_option(tcp::no_delay(true), bec);
     connected_ = true;
     // Handshake.
+    // A refusal during the handshake (too many connections, a bad token)
+    // ends the connection whatever its code: the next call connects anew.
     auto r = read_frame(d, ec, false);
     if (ec) return;
-    if (r.msg.code == proto::op::error) return server_error(ec, r.msg);
+    if (r.msg.code == proto::op::error) return server_error(ec, r.msg), close();
     if (r.msg.code != proto::op::challenge || r.msg.flag != proto::version)
       return fail(ec, error::bad_message,
                   std::string("handshake: expected challenge v") + std::to_string(proto::version) + ", got " +
@@ -110,7 +112,7 @@ class client_connection {
     if (ec) return;
     r = read_frame(d, ec, false);
     if (ec) return;
-    if (r.msg.code == proto::op::error) return server_error(ec, r.msg);
+    if (r.msg.code == proto::op::error) return server_error(ec, r.msg), close();
     if (r.msg.code != proto::op::welcome)
       return fail(ec, error::bad_message,
                   std::string("handshake: expected welcome, got ") + proto::op_name(r.msg.code));

@@ -9,6 +9,7 @@
 #include <ebbflow/core/log.hpp>
 #include <ebbflow/elastic/detail/hmac.hpp>
 #include <ebbflow/elastic/detail/store_protocol.hpp>
+#include <ebbflow/elastic/kv_store.hpp>
 #include <ebbflow/elastic/store.hpp>
 
 #include <boost/asio/bind_executor.hpp>
@@ -613,17 +614,12 @@ inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn
     }
     case op::add: {
       std::string key(m.key);
-      std::int64_t cur = 0;
       auto it = data_.find(key);
-      if (it != data_.end()) {
-        const std::string& v = it->second;
-        auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), cur);
-        if (ec != std::errc{} || p != v.data() + v.size())
-          return proto::error_frame(errc::invalid_state, "add: value of " + quote_key(key) + " is not an integer");
-      }
-      std::int64_t next = 0;
-      if (__builtin_add_overflow(cur, m.integer, &next))
-        return proto::error_frame(errc::invalid_state, "add: " + quote_key(key) + " would overflow int64");
+      std::string why;
+      const auto sum =
+          add_to_counter(it == data_.end() ? std::string_view() : std::string_view(it->second), m.integer, why);
+      if (!sum) return proto::error_frame(errc::invalid_state, "add: value of " + quote_key(key) + " " + why);
+      const std::int64_t next = *sum;
       std::string text = std::to_string(next);
       data_[key] = text;
       notify(key, proto::event_kind::set, text);
