@@ -8222,11 +8222,13 @@ namespace elastic::detail {
 /// Step, generation and the number of the collective within the step, packed
 /// as `step * 2^24 + generation * 2^8 + collective` so that a member behind
 /// another reads a lower counter. The generation saturates at 2^16 - 1 and
-/// the collective at 255; a negative step reads as 0. Collective 0 is the
+/// the collective at 255 and the step at 2^39 - 1; a negative step reads
+/// as 0. Collective 0 is the
 /// control exchange after step `step - 1` (it runs after the commit).
 struct progress {
   static constexpr std::int64_t max_generation = 0xffff;
   static constexpr int max_collective = 0xff;
+  static constexpr std::int64_t max_step = (std::int64_t{1} << 39) - 1;
 
   std::int64_t step = 0;
   std::int64_t generation = 0;
@@ -8238,7 +8240,7 @@ struct progress {
   }
 
   [[nodiscard]] constexpr std::int64_t encode() const noexcept {
-    return (std::max<std::int64_t>(step, 0) << 24) + (stored_generation(generation) << 8) +
+    return (std::clamp<std::int64_t>(step, 0, max_step) << 24) + (stored_generation(generation) << 8) +
            std::clamp(collective, 0, max_collective);
   }
 
@@ -10706,7 +10708,9 @@ class group {
   //! state (the same bits on members that committed the same steps), as
   //! data-parallel parameters and optimizer state are.
   void register_state(std::string name, std::span<std::byte> host_bytes);
-  //! Called after every membership change (e.g. to rescale the learning rate).
+  //! Called after every membership change (e.g. to rescale the learning
+  //! rate). An exception it throws leaves `begin_step` as it is; the change
+  //! stays in effect.
   void on_world_changed(std::function<void(const world_change&)> cb) { callbacks_.push_back(std::move(cb)); }
 
   //! This member's share of the next step. Applies a pending switch or state
@@ -10716,12 +10720,14 @@ class group {
   //! Runs `f(communicator&)` (any collectives over this generation).
   //! Returns false when a member failed: the step is aborted, the group
   //! re-formed, and the caller must redo the step from `begin_step`.
+  //! Between `begin_step` and `end_step` only; after a false return, only
+  //! `begin_step` (@throws group_error, invalid_state, otherwise).
   template <class F>
-  bool collective(F&& f);
+  [[nodiscard]] bool collective(F&& f);
   //! Sums `data` over all members (host memory). False: redo the step.
-  bool allreduce(std::span<float> data);
+  [[nodiscard]] bool allreduce(std::span<float> data);
   //! As above, for doubles.
-  bool allreduce(std::span<double> data);
+  [[nodiscard]] bool allreduce(std::span<double> data);
 
   //! In-step work stealing (plan/work_stealing.hpp) instead of processing
   //! the own slice whole: calls `process(first, last)` for positions
@@ -10751,7 +10757,8 @@ class group {
 
   //! Resumes from a checkpoint: the step, epoch and cursor the job had
   //! reached. Call before the first `begin_step` on every member (the
-  //! source's position travels with the initial state).
+  //! source's position travels with the initial state). Steps and epochs
+  //! up to 2^62; with `drop_last`, not a cursor inside the short last batch.
   //! @throws group_error after the first begin_step, std::invalid_argument.
   void restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor);
 
@@ -10835,7 +10842,12 @@ class group {
   int poll_next();
   void sync_state();
   void recover(std::int64_t failed_generation, int lost_peer);
-  void change_membership(const std::vector<double>& ctl, int n);
+  void change_membership(const std::vector<double>& ctl, const std::vector<char>& leaving, int n);
+  // The leaves the control exchange `ctl` applies (1 per rank): a leave that
+  // would take the group below min_size, or leave newcomers without a state
+  // holder, waits (the lowest-ranked leavers stay one more generation).
+  std::vector<char> leaves_applied(const std::vector<double>& ctl, int n);
+  bool deferral_logged_ = false;  // the coordinator said why leaves wait
   std::vector<bytes> gather_addresses(const detail::generation_record& rec);
   // As above, on `st` with `cache`: callable from the admission helper.
   std::vector<bytes> gather_addresses(const detail::generation_record& rec, Store& st,
@@ -10905,7 +10917,17 @@ class group {
   bool active_ = true;
   bool priority_restored_ = false;  // a newcomer started with --join-nice got its priority back
   bool started_ = false;            // begin_step was called
-  std::int64_t step_ = -1;          // committed steps; -1 until state arrives
+  // Where the user's step is: begin_step opens it, end_step closes it, a
+  // collective that returns false aborts it (redo from begin_step).
+  enum class step_phase : unsigned char { closed, open, aborted };
+  step_phase phase_ = step_phase::closed;
+  bool callback_threw_ = false;  // a world-changed callback's exception is passing through
+  static constexpr std::int64_t max_step = std::int64_t{1} << 62;
+  // Throws group_error (invalid_state) unless a step is open on an active member.
+  void require_open_step(const char* what) const;
+  // The policy's plan for `ids`, checked: one entry each, summing to the global batch.
+  std::vector<std::size_t> plan_of(const std::vector<member_id>& ids) const;
+  std::int64_t step_ = -1;  // committed steps; -1 until state arrives
   std::int64_t epoch_ = 0;
   std::size_t cursor_ = 0;
   struct pending_change {
@@ -11245,6 +11267,18 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
                   "elastic group: need 0 <= join_cooldown ("
                       << opts_.join_cooldown.count() << " ms) <= join_cooldown_max (" << opts_.join_cooldown_max.count()
                       << " ms)");
+  // A lease spans at least two heartbeats: a member whose counter moves only
+  // once per lease would be judged dead for one late beat.
+  EBBFLOW_ENFORCE(opts_.heartbeat.count() > 0 && opts_.lease >= 2 * opts_.heartbeat,
+                  "elastic group: EBBFLOW_LEASE_MS=" << opts_.lease.count() << " must be at least twice "
+                                                     << "EBBFLOW_HEARTBEAT_MS=" << opts_.heartbeat.count());
+  // The first generation is formed from the launched workers alone (a
+  // newcomer joins a running group): fewer than min_size could never start.
+  EBBFLOW_ENFORCE(opts_.join || launch_.world_size >= opts_.min_size,
+                  "elastic group: EBBFLOW_MIN_SIZE=" << opts_.min_size << " but this launch starts "
+                                                     << launch_.world_size
+                                                     << " workers; the first generation is formed from the "
+                                                        "launched workers, so launch at least min_size of them");
   EBBFLOW_ENFORCE(policy_ != nullptr, "elastic group: null planning policy");
   EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
   if (opts_.worker_key.empty()) opts_.worker_key = env::host_name();
@@ -11280,6 +11314,10 @@ group<Store, Net>::~group() {
 
 template <kv_store Store, network Net>
 void group<Store, Net>::register_state(std::string name, std::span<std::byte> host_bytes) {
+  if (started_)
+    fail(error::invalid_state, "register_state('" + name +
+                                   "') after the first begin_step: the state moved to the other members without it "
+                                   "(register every buffer before training)");
   for (auto& s : state_) EBBFLOW_ENFORCE(s.name != name, "elastic group: state '" << name << "' registered twice");
   state_.push_back({std::move(name), host_bytes});
 }
@@ -11425,16 +11463,23 @@ void group<Store, Net>::propose_initial(const std::vector<std::optional<std::str
   rec.generation = 0;
   rec.reason = change_reason::initial;
   std::vector<member_id> ids;
-  std::string missing;
+  std::string missing, over;
   for (std::size_t r = 0; r < registered.size(); ++r) {
     if (!registered[r]) {
       detail::append_listed(missing, std::to_string(r));
       continue;
     }
     const member_id m = detail::parse_i64(*registered[r]);
+    if (static_cast<int>(ids.size()) >= opts_.max_size && m != id_) {
+      detail::append_listed(over, std::to_string(r));
+      continue;
+    }
     rec.members.push_back({m, m == id_ ? 0 : -1});  // the proposer holds the initial state
     ids.push_back(m);
   }
+  if (!over.empty())
+    EBBFLOW_LOG_WARN("launch rank(s) " << over << " above EBBFLOW_MAX_SIZE=" << opts_.max_size
+                                       << ": they wait to join as newcomers");
   // Launch rank 0 names the workers it starts without; another launch rank
   // proposes only when rank 0 is gone, and has said so (form_initial).
   if (!missing.empty() && launch_.rank == 0)
@@ -11443,7 +11488,7 @@ void group<Store, Net>::propose_initial(const std::vector<std::optional<std::str
                                           << registered.size() << "; a late one joins as a newcomer");
   rec.source = id_;
   rec.source_step = 0;
-  auto p = policy_->plan(ids, opts_.global_batch);
+  auto p = plan_of(ids);
   rec.plan.assign(p.begin(), p.end());
   rec.plan_version = 1;
   rec.joins_seen = 0;
@@ -11552,6 +11597,16 @@ void group<Store, Net>::wait_admission() {
                      started);
     return true;
   };
+  // A leave request (SIGTERM through leave_on_signal: the launcher retiring
+  // its newest worker) ends the wait: this worker leaves without joining.
+  // Were it admitted meanwhile, the others find its lease expired.
+  const auto asked_to_leave = [&] {
+    if (detail::signal_leave_flag().load()) leave_requested_.store(true);
+    if (!leave_requested_.load()) return false;
+    EBBFLOW_LOG_INFO("member " << id_ << " asked to leave while waiting to be admitted: leaving without joining");
+    leave_now();
+    return true;
+  };
   // Waits on the server (no polling: waiting newcomers cost the running
   // members nothing), in slices so the job's end is noticed.
   const auto wait_slice = [&](const deadline& d) {
@@ -11572,7 +11627,7 @@ void group<Store, Net>::wait_admission() {
     const std::string hkey = key("held/" + std::to_string(seq));
     std::optional<std::string> hold;
     while (!hold) {
-      if (admitted()) return;
+      if (admitted() || asked_to_leave()) return;
       if (cooldown) hold = store_->try_get(hkey, store_deadline());
       if (hold) break;
       if (d.expired())
@@ -11587,7 +11642,7 @@ void group<Store, Net>::wait_admission() {
                                 << " s (EBBFLOW_JOIN_COOLDOWN)");
     const auto until = deadline::after(std::chrono::milliseconds(ms));
     while (!until.expired()) {
-      if (admitted()) return;  // an older ticket of this member was admitted after all
+      if (admitted() || asked_to_leave()) return;  // an older ticket of this member was admitted after all
       wait_slice(until);
     }
   }
@@ -11963,7 +12018,17 @@ void group<Store, Net>::notify(change_reason reason, int old_size, double stall)
   EBBFLOW_LOG_INFO("generation " << wc.generation << " (" << name(reason) << "): " << old_size << " -> " << wc.new_size
                                  << " members, rank " << rank_ << ", step " << step_ << ", ready after " << stall * 1e3
                                  << " ms");
-  for (auto& cb : callbacks_) cb(wc);
+  // A callback's exception reaches the caller of begin_step as it is, even
+  // an ebbflow::system_error whose code a member failure would have: the
+  // change it announced stays in effect.
+  for (auto& cb : callbacks_) {
+    try {
+      cb(wc);
+    } catch (...) {
+      callback_threw_ = true;
+      throw;
+    }
+  }
 }
 
 template <kv_store Store, network Net>
@@ -11983,11 +12048,12 @@ step_info group<Store, Net>::begin_step() {
                                    << at_switch * 1e3 << " ms at the switch");
       notify(p.reason, p.old_size, p.prepared_seconds + at_switch);
     } catch (const system_error& e) {
-      if (!detail::recoverable(e.code())) throw;
+      if (!detail::recoverable(e.code()) || std::exchange(callback_threw_, false)) throw;
       EBBFLOW_LOG_WARN("state transfer failed: " << e.what());
       recover(gen_.generation, lost_peer_of(e));
     }
   }
+  phase_ = step_phase::open;
   return current_slice();
 }
 
@@ -12014,6 +12080,7 @@ template <kv_store Store, network Net>
 template <class F>
 bool group<Store, Net>::collective(F&& f) {
   const inside busy(in_group_);
+  require_open_step("a collective");
   try {
     {
       const auto w = enter_collective();
@@ -12023,9 +12090,35 @@ bool group<Store, Net>::collective(F&& f) {
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
     EBBFLOW_LOG_WARN("step " << step_ << " aborted: " << e.what());
+    phase_ = step_phase::aborted;
     recover(gen_.generation, lost_peer_of(e));
     return false;
   }
+}
+
+template <kv_store Store, network Net>
+std::vector<std::size_t> group<Store, Net>::plan_of(const std::vector<member_id>& ids) const {
+  auto p = policy_->plan(ids, opts_.global_batch);
+  std::size_t sum = 0;
+  bool wrapped = false;
+  for (auto b : p) wrapped = wrapped || __builtin_add_overflow(sum, b, &sum);
+  if (p.size() != ids.size() || wrapped || sum != opts_.global_batch)
+    fail(error::invalid_state, "the planning policy's plan has " + std::to_string(p.size()) + " entries summing to " +
+                                   (wrapped ? std::string("more than 2^64") : std::to_string(sum)) + " for " +
+                                   std::to_string(ids.size()) + " members and a global batch of " +
+                                   std::to_string(opts_.global_batch));
+  return p;
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::require_open_step(const char* what) const {
+  if (!active_) fail(error::invalid_state, std::string(what) + " after this member left the group");
+  if (phase_ == step_phase::closed)
+    fail(error::invalid_state,
+         std::string(what) + " outside a step: call begin_step first (step " + std::to_string(step_) + " is not open)");
+  if (phase_ == step_phase::aborted)
+    fail(error::invalid_state, std::string(what) + " after a collective of step " + std::to_string(step_) +
+                                   " returned false: the step was rolled back; redo it from begin_step");
 }
 
 template <kv_store Store, network Net>
@@ -12211,8 +12304,7 @@ void group<Store, Net>::count_join_failures(const std::vector<detail::member_ent
 template <kv_store Store, network Net>
 template <class Process>
 plan::steal_report group<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
-  if (!active_) fail(error::invalid_state, "steal_step after this member left the group");
-  if (!started_ || step_ < 0) fail(error::invalid_state, "steal_step before begin_step");
+  require_open_step("steal_step");
   if (!steal_key_.empty() && steal_attempt_ == std::pair{gen_.generation, step_})
     fail(error::invalid_state, "steal_step called twice in step " + std::to_string(step_));
   release_steal_counter();  // an aborted attempt's
@@ -12272,7 +12364,10 @@ void group<Store, Net>::end_step(double compute_seconds, std::size_t processed) 
 template <kv_store Store, network Net>
 void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t> processed) {
   const inside busy(in_group_);
-  if (!active_) fail(error::invalid_state, "end_step after this member left the group");
+  // A second end_step would commit a step nobody computed (its samples
+  // lost); one after a failed collective, a rolled-back step.
+  require_open_step("end_step");
+  phase_ = step_phase::closed;
   if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
   const auto now = steady_clock::now();
   if (last_commit_ != steady_clock::time_point{}) step_interval_ = now - last_commit_;
@@ -12327,10 +12422,10 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
         EBBFLOW_LOG_WARN("coordinator could not read join tickets: " << e.what());
       }
     }
-    if (!admitting_.empty()) v[0] = 1;
+    v[0] = static_cast<double>(admitting_.size());
     std::vector<std::size_t> cur(gen_.plan.begin(), gen_.plan.end());
     if (policy_->should_replan(ids, cur, opts_.global_batch)) {
-      auto p = policy_->plan(ids, opts_.global_batch);
+      auto p = plan_of(ids);
       v[1] = 1;
       for (std::size_t i = 0; i < un; ++i) v[3 + 3 * un + i] = static_cast<double>(p[i]);
     }
@@ -12386,12 +12481,49 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
     for (std::size_t i = 0; i < un; ++i) gen_.plan[i] = static_cast<std::uint64_t>(v[3 + 3 * un + i]);
     ++gen_.plan_version;
   }
-  bool leaving = false;
-  for (std::size_t i = 0; i < un; ++i) leaving = leaving || v[3 + 2 * un + i] > 0;
+  const auto leaves = leaves_applied(v, n);
+  const bool leaving = std::find(leaves.begin(), leaves.end(), char{1}) != leaves.end();
   if (v[0] > 0 || leaving) {
     if (rank_ == 0) gen_.joins_seen = seen;
-    change_membership(v, n);
+    change_membership(v, leaves, n);
   }
+}
+
+template <kv_store Store, network Net>
+std::vector<char> group<Store, Net>::leaves_applied(const std::vector<double>& v, int n) {
+  // Every member decides from the control exchange alone, so all agree.
+  const std::size_t un = static_cast<std::size_t>(n);
+  const int joiners = static_cast<int>(v[0]);
+  std::vector<char> out(un, 0);
+  int leaving = 0;
+  for (std::size_t i = 0; i < un; ++i) leaving += out[i] = v[3 + 2 * un + i] > 0 ? 1 : 0;
+  if (leaving == 0 || (leaving == n && joiners == 0)) {  // no leave, or everybody leaves: the job ends
+    deferral_logged_ = false;
+    return out;
+  }
+  // The members that stay and the newcomers admitted with them must number
+  // at least min_size, and one member holding the state must stay when
+  // newcomers come: the lowest-ranked leavers stay one more generation
+  // (their leave request stands; they leave once others take their place).
+  const int below = opts_.min_size - (n - leaving + joiners);
+  int keep = std::max(below, leaving == n ? 1 : 0);
+  std::string kept;
+  for (std::size_t i = 0; i < un && keep > 0; ++i)
+    if (out[i]) {
+      out[i] = 0;
+      --keep;
+      detail::append_listed(kept, std::to_string(gen_.members[i].id));
+    }
+  if (!kept.empty() && rank_ == 0 && !deferral_logged_) {
+    if (below > 0)
+      EBBFLOW_LOG_WARN("member(s) " << kept << " asked to leave after step " << step_ - 1
+                                    << ", but the group would fall below EBBFLOW_MIN_SIZE=" << opts_.min_size
+                                    << ": they keep training until newcomers take their place");
+    else
+      EBBFLOW_LOG_INFO("member " << kept << " stays one more generation to hand the newcomers the state");
+  }
+  deferral_logged_ = !kept.empty();
+  return out;
 }
 
 template <kv_store Store, network Net>
@@ -12406,12 +12538,14 @@ void group<Store, Net>::write_record(Store& st, const std::string& gkey, const s
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
+void group<Store, Net>::change_membership(const std::vector<double>& v, const std::vector<char>& leaving, int n) {
   const auto started = steady_clock::now();
   const std::size_t un = static_cast<std::size_t>(n);
   const std::int64_t g1 = gen_.generation + 1;
   const std::string gkey = gen_key(g1);
-  const bool me_leaving = v[3 + 2 * un + static_cast<std::size_t>(rank_)] > 0;
+  (void)v;
+  const auto leaves = [&](std::size_t i) { return leaving[i] != 0; };
+  const bool me_leaving = leaves(static_cast<std::size_t>(rank_));
   // With a network that connects in the background, the rest of the change
   // is done by a helper thread while this member keeps training.
   const bool background = detail::can_preconnect<Net>() && opts_.preconnect && !me_leaving;
@@ -12422,7 +12556,7 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     rec.reason = admitting_.empty() ? change_reason::leave : change_reason::join;
     std::vector<member_id> ids;
     for (std::size_t i = 0; i < un; ++i)
-      if (v[3 + 2 * un + i] == 0) {
+      if (!leaves(i)) {
         rec.members.push_back({gen_.members[i].id, step_});
         ids.push_back(gen_.members[i].id);
       }
@@ -12433,7 +12567,7 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     rec.source = rec.members.empty() ? -1 : rec.members.front().id;
     rec.source_step = step_;
     if (!ids.empty()) {
-      auto p = policy_->plan(ids, opts_.global_batch);
+      auto p = plan_of(ids);
       rec.plan.assign(p.begin(), p.end());
     }
     rec.plan_version = gen_.plan_version + 1;
@@ -12456,7 +12590,7 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
   }
   std::vector<member_id> leavers;
   for (std::size_t i = 0; i < un; ++i)
-    if (v[3 + 2 * un + i] > 0) leavers.push_back(gen_.members[i].id);
+    if (leaves(i)) leavers.push_back(gen_.members[i].id);
   if (background) {
     start_admission(std::move(record), gkey, g1, std::move(leavers), started);
     return;
@@ -12779,7 +12913,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
             fail(error::invalid_state, "no member holding the training state is left after generation " + gs +
                                            " failed: the state is lost (restart from a checkpoint)");
           }
-          auto p = policy_->plan(ids, opts_.global_batch);
+          auto p = plan_of(ids);
           rec.plan.assign(p.begin(), p.end());
           rec.plan_version = gen_.plan_version + 1;
           rec.joins_seen = seen;
@@ -12850,9 +12984,14 @@ int group<Store, Net>::lost_peer_of(const system_error& e) const noexcept {
 template <kv_store Store, network Net>
 void group<Store, Net>::restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor) {
   if (started_) fail(error::invalid_state, "restore_position after the first begin_step");
-  EBBFLOW_ENFORCE(step >= 0 && epoch >= 0 && cursor < opts_.dataset_size,
+  EBBFLOW_ENFORCE(step >= 0 && step <= max_step && epoch >= 0 && epoch <= max_step && cursor < opts_.dataset_size,
                   "restore_position: step " << step << ", epoch " << epoch << ", cursor " << cursor << " (dataset_size "
-                                            << opts_.dataset_size << ")");
+                                            << opts_.dataset_size << ", steps and epochs up to 2^62)");
+  // With drop_last an epoch ends before a short last batch.
+  EBBFLOW_ENFORCE(!opts_.drop_last || opts_.dataset_size - cursor >= opts_.global_batch,
+                  "restore_position: cursor " << cursor << " is inside the short last batch of an epoch of "
+                                              << opts_.dataset_size << " with global_batch " << opts_.global_batch
+                                              << " and drop_last (that batch is never trained on)");
   if (gen_.source != id_) return;  // the source's position reaches everybody with the state
   step_ = step;
   epoch_ = epoch;

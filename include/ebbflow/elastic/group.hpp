@@ -362,7 +362,9 @@ class group {
   //! state (the same bits on members that committed the same steps), as
   //! data-parallel parameters and optimizer state are.
   void register_state(std::string name, std::span<std::byte> host_bytes);
-  //! Called after every membership change (e.g. to rescale the learning rate).
+  //! Called after every membership change (e.g. to rescale the learning
+  //! rate). An exception it throws leaves `begin_step` as it is; the change
+  //! stays in effect.
   void on_world_changed(std::function<void(const world_change&)> cb) { callbacks_.push_back(std::move(cb)); }
 
   //! This member's share of the next step. Applies a pending switch or state
@@ -372,12 +374,14 @@ class group {
   //! Runs `f(communicator&)` (any collectives over this generation).
   //! Returns false when a member failed: the step is aborted, the group
   //! re-formed, and the caller must redo the step from `begin_step`.
+  //! Between `begin_step` and `end_step` only; after a false return, only
+  //! `begin_step` (@throws group_error, invalid_state, otherwise).
   template <class F>
-  bool collective(F&& f);
+  [[nodiscard]] bool collective(F&& f);
   //! Sums `data` over all members (host memory). False: redo the step.
-  bool allreduce(std::span<float> data);
+  [[nodiscard]] bool allreduce(std::span<float> data);
   //! As above, for doubles.
-  bool allreduce(std::span<double> data);
+  [[nodiscard]] bool allreduce(std::span<double> data);
 
   //! In-step work stealing (plan/work_stealing.hpp) instead of processing
   //! the own slice whole: calls `process(first, last)` for positions
@@ -407,7 +411,8 @@ class group {
 
   //! Resumes from a checkpoint: the step, epoch and cursor the job had
   //! reached. Call before the first `begin_step` on every member (the
-  //! source's position travels with the initial state).
+  //! source's position travels with the initial state). Steps and epochs
+  //! up to 2^62; with `drop_last`, not a cursor inside the short last batch.
   //! @throws group_error after the first begin_step, std::invalid_argument.
   void restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor);
 
@@ -491,7 +496,12 @@ class group {
   int poll_next();
   void sync_state();
   void recover(std::int64_t failed_generation, int lost_peer);
-  void change_membership(const std::vector<double>& ctl, int n);
+  void change_membership(const std::vector<double>& ctl, const std::vector<char>& leaving, int n);
+  // The leaves the control exchange `ctl` applies (1 per rank): a leave that
+  // would take the group below min_size, or leave newcomers without a state
+  // holder, waits (the lowest-ranked leavers stay one more generation).
+  std::vector<char> leaves_applied(const std::vector<double>& ctl, int n);
+  bool deferral_logged_ = false;  // the coordinator said why leaves wait
   std::vector<bytes> gather_addresses(const detail::generation_record& rec);
   // As above, on `st` with `cache`: callable from the admission helper.
   std::vector<bytes> gather_addresses(const detail::generation_record& rec, Store& st,
@@ -561,7 +571,17 @@ class group {
   bool active_ = true;
   bool priority_restored_ = false;  // a newcomer started with --join-nice got its priority back
   bool started_ = false;            // begin_step was called
-  std::int64_t step_ = -1;          // committed steps; -1 until state arrives
+  // Where the user's step is: begin_step opens it, end_step closes it, a
+  // collective that returns false aborts it (redo from begin_step).
+  enum class step_phase : unsigned char { closed, open, aborted };
+  step_phase phase_ = step_phase::closed;
+  bool callback_threw_ = false;  // a world-changed callback's exception is passing through
+  static constexpr std::int64_t max_step = std::int64_t{1} << 62;
+  // Throws group_error (invalid_state) unless a step is open on an active member.
+  void require_open_step(const char* what) const;
+  // The policy's plan for `ids`, checked: one entry each, summing to the global batch.
+  std::vector<std::size_t> plan_of(const std::vector<member_id>& ids) const;
+  std::int64_t step_ = -1;  // committed steps; -1 until state arrives
   std::int64_t epoch_ = 0;
   std::size_t cursor_ = 0;
   struct pending_change {

@@ -15,11 +15,13 @@ namespace elastic::detail {
 /// Step, generation and the number of the collective within the step, packed
 /// as `step * 2^24 + generation * 2^8 + collective` so that a member behind
 /// another reads a lower counter. The generation saturates at 2^16 - 1 and
-/// the collective at 255; a negative step reads as 0. Collective 0 is the
+/// the collective at 255 and the step at 2^39 - 1; a negative step reads
+/// as 0. Collective 0 is the
 /// control exchange after step `step - 1` (it runs after the commit).
 struct progress {
   static constexpr std::int64_t max_generation = 0xffff;
   static constexpr int max_collective = 0xff;
+  static constexpr std::int64_t max_step = (std::int64_t{1} << 39) - 1;
 
   std::int64_t step = 0;
   std::int64_t generation = 0;
@@ -31,7 +33,7 @@ struct progress {
   }
 
   [[nodiscard]] constexpr std::int64_t encode() const noexcept {
-    return (std::max<std::int64_t>(step, 0) << 24) + (stored_generation(generation) << 8) +
+    return (std::clamp<std::int64_t>(step, 0, max_step) << 24) + (stored_generation(generation) << 8) +
            std::clamp(collective, 0, max_collective);
   }
 

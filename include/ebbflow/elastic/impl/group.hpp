@@ -217,6 +217,18 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
                   "elastic group: need 0 <= join_cooldown ("
                       << opts_.join_cooldown.count() << " ms) <= join_cooldown_max (" << opts_.join_cooldown_max.count()
                       << " ms)");
+  // A lease spans at least two heartbeats: a member whose counter moves only
+  // once per lease would be judged dead for one late beat.
+  EBBFLOW_ENFORCE(opts_.heartbeat.count() > 0 && opts_.lease >= 2 * opts_.heartbeat,
+                  "elastic group: EBBFLOW_LEASE_MS=" << opts_.lease.count() << " must be at least twice "
+                                                     << "EBBFLOW_HEARTBEAT_MS=" << opts_.heartbeat.count());
+  // The first generation is formed from the launched workers alone (a
+  // newcomer joins a running group): fewer than min_size could never start.
+  EBBFLOW_ENFORCE(opts_.join || launch_.world_size >= opts_.min_size,
+                  "elastic group: EBBFLOW_MIN_SIZE=" << opts_.min_size << " but this launch starts "
+                                                     << launch_.world_size
+                                                     << " workers; the first generation is formed from the "
+                                                        "launched workers, so launch at least min_size of them");
   EBBFLOW_ENFORCE(policy_ != nullptr, "elastic group: null planning policy");
   EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
   if (opts_.worker_key.empty()) opts_.worker_key = env::host_name();
@@ -252,6 +264,10 @@ group<Store, Net>::~group() {
 
 template <kv_store Store, network Net>
 void group<Store, Net>::register_state(std::string name, std::span<std::byte> host_bytes) {
+  if (started_)
+    fail(error::invalid_state, "register_state('" + name +
+                                   "') after the first begin_step: the state moved to the other members without it "
+                                   "(register every buffer before training)");
   for (auto& s : state_) EBBFLOW_ENFORCE(s.name != name, "elastic group: state '" << name << "' registered twice");
   state_.push_back({std::move(name), host_bytes});
 }
@@ -397,16 +413,23 @@ void group<Store, Net>::propose_initial(const std::vector<std::optional<std::str
   rec.generation = 0;
   rec.reason = change_reason::initial;
   std::vector<member_id> ids;
-  std::string missing;
+  std::string missing, over;
   for (std::size_t r = 0; r < registered.size(); ++r) {
     if (!registered[r]) {
       detail::append_listed(missing, std::to_string(r));
       continue;
     }
     const member_id m = detail::parse_i64(*registered[r]);
+    if (static_cast<int>(ids.size()) >= opts_.max_size && m != id_) {
+      detail::append_listed(over, std::to_string(r));
+      continue;
+    }
     rec.members.push_back({m, m == id_ ? 0 : -1});  // the proposer holds the initial state
     ids.push_back(m);
   }
+  if (!over.empty())
+    EBBFLOW_LOG_WARN("launch rank(s) " << over << " above EBBFLOW_MAX_SIZE=" << opts_.max_size
+                                       << ": they wait to join as newcomers");
   // Launch rank 0 names the workers it starts without; another launch rank
   // proposes only when rank 0 is gone, and has said so (form_initial).
   if (!missing.empty() && launch_.rank == 0)
@@ -415,7 +438,7 @@ void group<Store, Net>::propose_initial(const std::vector<std::optional<std::str
                                           << registered.size() << "; a late one joins as a newcomer");
   rec.source = id_;
   rec.source_step = 0;
-  auto p = policy_->plan(ids, opts_.global_batch);
+  auto p = plan_of(ids);
   rec.plan.assign(p.begin(), p.end());
   rec.plan_version = 1;
   rec.joins_seen = 0;
@@ -524,6 +547,16 @@ void group<Store, Net>::wait_admission() {
                      started);
     return true;
   };
+  // A leave request (SIGTERM through leave_on_signal: the launcher retiring
+  // its newest worker) ends the wait: this worker leaves without joining.
+  // Were it admitted meanwhile, the others find its lease expired.
+  const auto asked_to_leave = [&] {
+    if (detail::signal_leave_flag().load()) leave_requested_.store(true);
+    if (!leave_requested_.load()) return false;
+    EBBFLOW_LOG_INFO("member " << id_ << " asked to leave while waiting to be admitted: leaving without joining");
+    leave_now();
+    return true;
+  };
   // Waits on the server (no polling: waiting newcomers cost the running
   // members nothing), in slices so the job's end is noticed.
   const auto wait_slice = [&](const deadline& d) {
@@ -544,7 +577,7 @@ void group<Store, Net>::wait_admission() {
     const std::string hkey = key("held/" + std::to_string(seq));
     std::optional<std::string> hold;
     while (!hold) {
-      if (admitted()) return;
+      if (admitted() || asked_to_leave()) return;
       if (cooldown) hold = store_->try_get(hkey, store_deadline());
       if (hold) break;
       if (d.expired())
@@ -559,7 +592,7 @@ void group<Store, Net>::wait_admission() {
                                 << " s (EBBFLOW_JOIN_COOLDOWN)");
     const auto until = deadline::after(std::chrono::milliseconds(ms));
     while (!until.expired()) {
-      if (admitted()) return;  // an older ticket of this member was admitted after all
+      if (admitted() || asked_to_leave()) return;  // an older ticket of this member was admitted after all
       wait_slice(until);
     }
   }
@@ -935,7 +968,17 @@ void group<Store, Net>::notify(change_reason reason, int old_size, double stall)
   EBBFLOW_LOG_INFO("generation " << wc.generation << " (" << name(reason) << "): " << old_size << " -> " << wc.new_size
                                  << " members, rank " << rank_ << ", step " << step_ << ", ready after " << stall * 1e3
                                  << " ms");
-  for (auto& cb : callbacks_) cb(wc);
+  // A callback's exception reaches the caller of begin_step as it is, even
+  // an ebbflow::system_error whose code a member failure would have: the
+  // change it announced stays in effect.
+  for (auto& cb : callbacks_) {
+    try {
+      cb(wc);
+    } catch (...) {
+      callback_threw_ = true;
+      throw;
+    }
+  }
 }
 
 template <kv_store Store, network Net>
@@ -955,11 +998,12 @@ step_info group<Store, Net>::begin_step() {
                                    << at_switch * 1e3 << " ms at the switch");
       notify(p.reason, p.old_size, p.prepared_seconds + at_switch);
     } catch (const system_error& e) {
-      if (!detail::recoverable(e.code())) throw;
+      if (!detail::recoverable(e.code()) || std::exchange(callback_threw_, false)) throw;
       EBBFLOW_LOG_WARN("state transfer failed: " << e.what());
       recover(gen_.generation, lost_peer_of(e));
     }
   }
+  phase_ = step_phase::open;
   return current_slice();
 }
 
@@ -986,6 +1030,7 @@ template <kv_store Store, network Net>
 template <class F>
 bool group<Store, Net>::collective(F&& f) {
   const inside busy(in_group_);
+  require_open_step("a collective");
   try {
     {
       const auto w = enter_collective();
@@ -995,9 +1040,35 @@ bool group<Store, Net>::collective(F&& f) {
   } catch (const system_error& e) {
     if (!detail::recoverable(e.code())) throw;
     EBBFLOW_LOG_WARN("step " << step_ << " aborted: " << e.what());
+    phase_ = step_phase::aborted;
     recover(gen_.generation, lost_peer_of(e));
     return false;
   }
+}
+
+template <kv_store Store, network Net>
+std::vector<std::size_t> group<Store, Net>::plan_of(const std::vector<member_id>& ids) const {
+  auto p = policy_->plan(ids, opts_.global_batch);
+  std::size_t sum = 0;
+  bool wrapped = false;
+  for (auto b : p) wrapped = wrapped || __builtin_add_overflow(sum, b, &sum);
+  if (p.size() != ids.size() || wrapped || sum != opts_.global_batch)
+    fail(error::invalid_state, "the planning policy's plan has " + std::to_string(p.size()) + " entries summing to " +
+                                   (wrapped ? std::string("more than 2^64") : std::to_string(sum)) + " for " +
+                                   std::to_string(ids.size()) + " members and a global batch of " +
+                                   std::to_string(opts_.global_batch));
+  return p;
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::require_open_step(const char* what) const {
+  if (!active_) fail(error::invalid_state, std::string(what) + " after this member left the group");
+  if (phase_ == step_phase::closed)
+    fail(error::invalid_state,
+         std::string(what) + " outside a step: call begin_step first (step " + std::to_string(step_) + " is not open)");
+  if (phase_ == step_phase::aborted)
+    fail(error::invalid_state, std::string(what) + " after a collective of step " + std::to_string(step_) +
+                                   " returned false: the step was rolled back; redo it from begin_step");
 }
 
 template <kv_store Store, network Net>
@@ -1183,8 +1254,7 @@ void group<Store, Net>::count_join_failures(const std::vector<detail::member_ent
 template <kv_store Store, network Net>
 template <class Process>
 plan::steal_report group<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
-  if (!active_) fail(error::invalid_state, "steal_step after this member left the group");
-  if (!started_ || step_ < 0) fail(error::invalid_state, "steal_step before begin_step");
+  require_open_step("steal_step");
   if (!steal_key_.empty() && steal_attempt_ == std::pair{gen_.generation, step_})
     fail(error::invalid_state, "steal_step called twice in step " + std::to_string(step_));
   release_steal_counter();  // an aborted attempt's
@@ -1244,7 +1314,10 @@ void group<Store, Net>::end_step(double compute_seconds, std::size_t processed) 
 template <kv_store Store, network Net>
 void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t> processed) {
   const inside busy(in_group_);
-  if (!active_) fail(error::invalid_state, "end_step after this member left the group");
+  // A second end_step would commit a step nobody computed (its samples
+  // lost); one after a failed collective, a rolled-back step.
+  require_open_step("end_step");
+  phase_ = step_phase::closed;
   if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
   const auto now = steady_clock::now();
   if (last_commit_ != steady_clock::time_point{}) step_interval_ = now - last_commit_;
@@ -1299,10 +1372,10 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
         EBBFLOW_LOG_WARN("coordinator could not read join tickets: " << e.what());
       }
     }
-    if (!admitting_.empty()) v[0] = 1;
+    v[0] = static_cast<double>(admitting_.size());
     std::vector<std::size_t> cur(gen_.plan.begin(), gen_.plan.end());
     if (policy_->should_replan(ids, cur, opts_.global_batch)) {
-      auto p = policy_->plan(ids, opts_.global_batch);
+      auto p = plan_of(ids);
       v[1] = 1;
       for (std::size_t i = 0; i < un; ++i) v[3 + 3 * un + i] = static_cast<double>(p[i]);
     }
@@ -1358,12 +1431,49 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
     for (std::size_t i = 0; i < un; ++i) gen_.plan[i] = static_cast<std::uint64_t>(v[3 + 3 * un + i]);
     ++gen_.plan_version;
   }
-  bool leaving = false;
-  for (std::size_t i = 0; i < un; ++i) leaving = leaving || v[3 + 2 * un + i] > 0;
+  const auto leaves = leaves_applied(v, n);
+  const bool leaving = std::find(leaves.begin(), leaves.end(), char{1}) != leaves.end();
   if (v[0] > 0 || leaving) {
     if (rank_ == 0) gen_.joins_seen = seen;
-    change_membership(v, n);
+    change_membership(v, leaves, n);
   }
+}
+
+template <kv_store Store, network Net>
+std::vector<char> group<Store, Net>::leaves_applied(const std::vector<double>& v, int n) {
+  // Every member decides from the control exchange alone, so all agree.
+  const std::size_t un = static_cast<std::size_t>(n);
+  const int joiners = static_cast<int>(v[0]);
+  std::vector<char> out(un, 0);
+  int leaving = 0;
+  for (std::size_t i = 0; i < un; ++i) leaving += out[i] = v[3 + 2 * un + i] > 0 ? 1 : 0;
+  if (leaving == 0 || (leaving == n && joiners == 0)) {  // no leave, or everybody leaves: the job ends
+    deferral_logged_ = false;
+    return out;
+  }
+  // The members that stay and the newcomers admitted with them must number
+  // at least min_size, and one member holding the state must stay when
+  // newcomers come: the lowest-ranked leavers stay one more generation
+  // (their leave request stands; they leave once others take their place).
+  const int below = opts_.min_size - (n - leaving + joiners);
+  int keep = std::max(below, leaving == n ? 1 : 0);
+  std::string kept;
+  for (std::size_t i = 0; i < un && keep > 0; ++i)
+    if (out[i]) {
+      out[i] = 0;
+      --keep;
+      detail::append_listed(kept, std::to_string(gen_.members[i].id));
+    }
+  if (!kept.empty() && rank_ == 0 && !deferral_logged_) {
+    if (below > 0)
+      EBBFLOW_LOG_WARN("member(s) " << kept << " asked to leave after step " << step_ - 1
+                                    << ", but the group would fall below EBBFLOW_MIN_SIZE=" << opts_.min_size
+                                    << ": they keep training until newcomers take their place");
+    else
+      EBBFLOW_LOG_INFO("member " << kept << " stays one more generation to hand the newcomers the state");
+  }
+  deferral_logged_ = !kept.empty();
+  return out;
 }
 
 template <kv_store Store, network Net>
@@ -1378,12 +1488,14 @@ void group<Store, Net>::write_record(Store& st, const std::string& gkey, const s
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
+void group<Store, Net>::change_membership(const std::vector<double>& v, const std::vector<char>& leaving, int n) {
   const auto started = steady_clock::now();
   const std::size_t un = static_cast<std::size_t>(n);
   const std::int64_t g1 = gen_.generation + 1;
   const std::string gkey = gen_key(g1);
-  const bool me_leaving = v[3 + 2 * un + static_cast<std::size_t>(rank_)] > 0;
+  (void)v;
+  const auto leaves = [&](std::size_t i) { return leaving[i] != 0; };
+  const bool me_leaving = leaves(static_cast<std::size_t>(rank_));
   // With a network that connects in the background, the rest of the change
   // is done by a helper thread while this member keeps training.
   const bool background = detail::can_preconnect<Net>() && opts_.preconnect && !me_leaving;
@@ -1394,7 +1506,7 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     rec.reason = admitting_.empty() ? change_reason::leave : change_reason::join;
     std::vector<member_id> ids;
     for (std::size_t i = 0; i < un; ++i)
-      if (v[3 + 2 * un + i] == 0) {
+      if (!leaves(i)) {
         rec.members.push_back({gen_.members[i].id, step_});
         ids.push_back(gen_.members[i].id);
       }
@@ -1405,7 +1517,7 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
     rec.source = rec.members.empty() ? -1 : rec.members.front().id;
     rec.source_step = step_;
     if (!ids.empty()) {
-      auto p = policy_->plan(ids, opts_.global_batch);
+      auto p = plan_of(ids);
       rec.plan.assign(p.begin(), p.end());
     }
     rec.plan_version = gen_.plan_version + 1;
@@ -1428,7 +1540,7 @@ void group<Store, Net>::change_membership(const std::vector<double>& v, int n) {
   }
   std::vector<member_id> leavers;
   for (std::size_t i = 0; i < un; ++i)
-    if (v[3 + 2 * un + i] > 0) leavers.push_back(gen_.members[i].id);
+    if (leaves(i)) leavers.push_back(gen_.members[i].id);
   if (background) {
     start_admission(std::move(record), gkey, g1, std::move(leavers), started);
     return;
@@ -1751,7 +1863,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
             fail(error::invalid_state, "no member holding the training state is left after generation " + gs +
                                            " failed: the state is lost (restart from a checkpoint)");
           }
-          auto p = policy_->plan(ids, opts_.global_batch);
+          auto p = plan_of(ids);
           rec.plan.assign(p.begin(), p.end());
           rec.plan_version = gen_.plan_version + 1;
           rec.joins_seen = seen;
@@ -1822,9 +1934,14 @@ int group<Store, Net>::lost_peer_of(const system_error& e) const noexcept {
 template <kv_store Store, network Net>
 void group<Store, Net>::restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor) {
   if (started_) fail(error::invalid_state, "restore_position after the first begin_step");
-  EBBFLOW_ENFORCE(step >= 0 && epoch >= 0 && cursor < opts_.dataset_size,
+  EBBFLOW_ENFORCE(step >= 0 && step <= max_step && epoch >= 0 && epoch <= max_step && cursor < opts_.dataset_size,
                   "restore_position: step " << step << ", epoch " << epoch << ", cursor " << cursor << " (dataset_size "
-                                            << opts_.dataset_size << ")");
+                                            << opts_.dataset_size << ", steps and epochs up to 2^62)");
+  // With drop_last an epoch ends before a short last batch.
+  EBBFLOW_ENFORCE(!opts_.drop_last || opts_.dataset_size - cursor >= opts_.global_batch,
+                  "restore_position: cursor " << cursor << " is inside the short last batch of an epoch of "
+                                              << opts_.dataset_size << " with global_batch " << opts_.global_batch
+                                              << " and drop_last (that batch is never trained on)");
   if (gen_.source != id_) return;  // the source's position reaches everybody with the state
   step_ = step;
   epoch_ = epoch;

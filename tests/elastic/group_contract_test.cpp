@@ -1,0 +1,561 @@
+// SPDX-License-Identifier: Apache-2.0
+// The elastic group's contract with its caller: API misuse is diagnosed
+// (never a silently lost or repeated step), membership bounds hold from the
+// first generation, callbacks' errors reach the caller, and a leave request
+// is honoured while waiting to join. Each test failed before its fix.
+#include <ebbflow/elastic/group.hpp>
+#include <ebbflow/elastic/loopback_network.hpp>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <limits>
+#include <thread>
+#include <vector>
+
+namespace ef = ebbflow;
+namespace el = ef::elastic;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct store_ref {
+  std::shared_ptr<el::memory_store> s;
+  void set(const std::string& k, std::string_view v, ef::deadline d) { s->set(k, v, d); }
+  std::optional<std::string> try_get(const std::string& k, ef::deadline d) { return s->try_get(k, d); }
+  std::int64_t add(const std::string& k, std::int64_t x, ef::deadline d) { return s->add(k, x, d); }
+  el::memory_store::cas_result compare_set(const std::string& k, std::string_view e, std::string_view v,
+                                           ef::deadline d) {
+    return s->compare_set(k, e, v, d);
+  }
+  void wait(const std::vector<std::string>& k, ef::deadline d) { s->wait(k, d); }
+  bool erase(std::string_view k) { return s->erase(k); }
+};
+using test_group = el::group<store_ref, el::loopback_network>;
+
+el::group_options options(std::size_t B = 4, std::size_t N = 40) {
+  el::group_options o;
+  o.global_batch = B;
+  o.dataset_size = N;
+  o.heartbeat = 10ms;
+  o.lease = 300ms;
+  o.op_timeout = 3s;
+  o.join_timeout = 5s;
+  o.min_size_wait = 3s;
+  o.initial_wait = 5s;
+  o.admit_delay = 0ms;
+  return o;
+}
+
+auto factory(std::shared_ptr<el::memory_store> s) {
+  return [s] { return std::make_unique<store_ref>(store_ref{s}); };
+}
+
+ef::launch_info launch(int rank, int world) {
+  ef::launch_info li;
+  li.rank = rank;
+  li.world_size = world;
+  return li;
+}
+
+}  // namespace
+
+// end_step twice in one step is refused: the second call would commit a
+// step that was never computed, and the cursor would skip a global batch
+// (samples never trained on).
+TEST(ElasticGroupContract, EndStepTwiceIsDiagnosed) {
+  auto store = std::make_shared<el::memory_store>();
+  el::loopback_network net(std::make_shared<el::loopback_fabric>());
+  test_group g(factory(store), net, options(), launch(0, 1));
+  auto s = g.begin_step();
+  std::vector<float> grad(4, 1.f);
+  ASSERT_TRUE(g.allreduce(grad));
+  g.end_step(0.01);
+  EXPECT_EQ(g.step(), 1);
+  EXPECT_EQ(g.cursor(), 4u);
+  EXPECT_THROW(g.end_step(0.01), ef::system_error) << "second end_step of step " << s.step << " accepted";
+  EXPECT_EQ(g.step(), 1) << "a step nobody computed was committed";
+  EXPECT_EQ(g.cursor(), 4u) << "samples [4, 8) of epoch 0 are skipped";
+}
+
+// allreduce outside begin_step/end_step (here: before any begin_step) is
+// refused.
+TEST(ElasticGroupContract, AllreduceOutsideAStepIsDiagnosed) {
+  auto store = std::make_shared<el::memory_store>();
+  el::loopback_network net(std::make_shared<el::loopback_fabric>());
+  test_group g(factory(store), net, options(), launch(0, 1));
+  std::vector<float> grad(4, 1.f);
+  EXPECT_THROW((void)g.allreduce(grad), ef::system_error) << "allreduce before the first begin_step accepted";
+}
+
+// allreduce after this member left the group is refused (it dereferenced
+// the empty communicator: undefined behaviour).
+TEST(ElasticGroupContract, AllreduceAfterLeavingIsDiagnosed) {
+  auto store = std::make_shared<el::memory_store>();
+  el::loopback_network net(std::make_shared<el::loopback_fabric>());
+  auto o = options();
+  o.preconnect = false;  // leave at the first boundary
+  test_group g(factory(store), net, o, launch(0, 1));
+  (void)g.begin_step();
+  g.request_leave();
+  g.end_step(0.01);
+  ASSERT_FALSE(g.active());
+  EXPECT_THROW(g.begin_step(), ef::system_error);  // diagnosed
+  std::vector<float> grad(1 << 20, 1.f);
+  EXPECT_THROW((void)g.allreduce(grad), ef::system_error) << "allreduce after leaving: not diagnosed";
+}
+
+// register_state after training started is refused: the initial state
+// transfer already happened without that buffer, and the replicas would
+// differ with nothing said.
+TEST(ElasticGroupContract, RegisterStateAfterStartIsDiagnosed) {
+  auto store = std::make_shared<el::memory_store>();
+  auto fabric = std::make_shared<el::loopback_fabric>();
+  std::atomic<int> accepted{0};
+  std::vector<float> final_w[2];
+  std::vector<std::jthread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      el::loopback_network net(fabric);
+      test_group g(factory(store), net, options(), launch(r, 2));
+      std::vector<float> w(3, r == 0 ? 1.f : 2.f);  // different initialisation on each member
+      (void)g.begin_step();
+      try {
+        g.register_state("w", std::as_writable_bytes(std::span(w)));
+        ++accepted;
+      } catch (const std::exception&) {
+      }
+      std::vector<float> grad(3, 0.f);
+      if (g.allreduce(grad)) g.end_step(0.01);
+      final_w[r] = w;
+    });
+  ts.clear();
+  EXPECT_EQ(accepted.load(), 0) << "register_state after begin_step accepted on " << accepted << " member(s)";
+}
+
+// A leave that would take the group below min_size waits: the leaver keeps
+// training until a newcomer takes its place, then leaves (rank 0 trained on
+// alone).
+TEST(ElasticGroupContract, ALeaveBelowMinSizeWaitsForANewcomer) {
+  auto store = std::make_shared<el::memory_store>();
+  auto fabric = std::make_shared<el::loopback_fabric>();
+  std::atomic<int> min_seen{1 << 20};
+  std::atomic<std::int64_t> left_after{-1};
+  std::atomic<bool> start_joiner{false};
+  auto o = options();
+  o.min_size = 2;
+  const auto run = [&](int r, bool join) {
+    try {
+      el::loopback_network net(fabric);
+      auto mo = o;
+      mo.join = join;
+      test_group g(factory(store), net, mo, launch(join ? 2 : r, 2));
+      while (g.active() && (g.step() < 200 || g.changing())) {
+        const auto s = g.begin_step();
+        if (!join) min_seen = std::min(min_seen.load(), s.world_size);
+        if (!join && r == 1 && s.step == 5) g.request_leave();
+        if (!join && r == 0 && s.step == 15) start_joiner = true;
+        std::this_thread::sleep_for(2ms);  // a step of compute: the joiner is admitted meanwhile
+        std::vector<float> grad(3, 0.f);
+        if (!g.allreduce(grad)) continue;
+        g.end_step(0.001);
+      }
+      if (!join && r == 1) left_after = g.step();
+      if (g.rank() == 0 && g.active()) g.finish();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << (join ? "joiner" : "rank " + std::to_string(r)) << ": " << e.what();
+    }
+  };
+  std::jthread joiner([&] {
+    while (!start_joiner) std::this_thread::sleep_for(1ms);
+    run(-1, true);
+  });
+  {
+    std::vector<std::jthread> ts;
+    for (int r = 0; r < 2; ++r) ts.emplace_back(run, r, false);
+  }
+  joiner.join();
+  EXPECT_EQ(min_seen.load(), 2) << "a member trained with world_size " << min_seen << " < EBBFLOW_MIN_SIZE=2";
+  EXPECT_GT(left_after.load(), 15) << "the leaver left before the newcomer came";
+  EXPECT_LT(left_after.load(), 200) << "the leaver never left";
+}
+
+// min_size holds for the first generation: two launched workers with
+// min_size 3 are refused at once (they formed a group of two).
+TEST(ElasticGroupContract, InitialGenerationRespectsMinSize) {
+  auto store = std::make_shared<el::memory_store>();
+  auto fabric = std::make_shared<el::loopback_fabric>();
+  std::atomic<int> trained_with{0}, refused{0};
+  std::vector<std::jthread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        el::loopback_network net(fabric);
+        auto o = options();
+        o.min_size = 3;
+        o.join_timeout = 2s;
+        test_group g(factory(store), net, o, launch(r, 2));
+        const auto s = g.begin_step();
+        trained_with = s.world_size;
+        if (g.rank() == 0) g.finish();
+      } catch (const std::invalid_argument& e) {
+        if (std::string(e.what()).find("EBBFLOW_MIN_SIZE=3 but this launch starts 2 workers") != std::string::npos)
+          ++refused;
+      }
+    });
+  ts.clear();
+  EXPECT_EQ(trained_with.load(), 0) << "a step ran with world_size " << trained_with << " < EBBFLOW_MIN_SIZE=3";
+  EXPECT_EQ(refused.load(), 2);
+}
+
+// max_size holds for the first generation: of three launched workers with
+// max_size 2, the third waits as a newcomer.
+TEST(ElasticGroupContract, InitialGenerationRespectsMaxSize) {
+  auto store = std::make_shared<el::memory_store>();
+  auto fabric = std::make_shared<el::loopback_fabric>();
+  std::atomic<int> max_seen{0};
+  std::vector<std::jthread> ts;
+  for (int r = 0; r < 3; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        el::loopback_network net(fabric);
+        auto o = options();
+        o.max_size = 2;
+        o.join_timeout = 2s;
+        test_group g(factory(store), net, o, launch(r, 3));
+        const auto s = g.begin_step();
+        max_seen = std::max(max_seen.load(), s.world_size);
+        std::vector<float> grad(3, 0.f);
+        if (g.allreduce(grad)) g.end_step(0.001);
+        if (g.rank() == 0) g.finish();
+      } catch (const std::exception&) {
+        // a worker over max_size waiting to join is fine
+      }
+    });
+  ts.clear();
+  EXPECT_EQ(max_seen.load(), 2) << "a generation of " << max_seen << " members with EBBFLOW_MAX_SIZE=2";
+}
+
+// A world-changed callback's exception reaches the caller, even an
+// ebbflow::system_error with a code a member failure has (timeout): it was
+// taken for a transport failure, the group re-formed and called the callback
+// again, forever. (The test's callback stops throwing after 20 calls so that
+// the test ends either way.)
+TEST(ElasticGroupContract, ACallbackErrorIsNotTakenForAMemberFailure) {
+  auto store = std::make_shared<el::memory_store>();
+  el::loopback_network net(std::make_shared<el::loopback_fabric>());
+  test_group g(factory(store), net, options(), launch(0, 1));
+  int calls = 0;
+  g.on_world_changed([&](const el::world_change&) {
+    if (++calls <= 20) throw ef::system_error(make_error_code(ef::error::timeout), {.operation = "user callback"});
+  });
+  bool threw = false;
+  try {
+    (void)g.begin_step();
+  } catch (const ef::system_error&) {
+    threw = true;
+  }
+  EXPECT_TRUE(threw) << "the callback's error did not reach the caller";
+  EXPECT_EQ(calls, 1) << "callback called " << calls << " times; generation now " << g.generation()
+                      << " (each call re-formed the group as after a failure)";
+}
+
+// restore_position honours drop_last: a cursor inside the epoch's short last
+// batch is refused (the next step trained on that short batch).
+TEST(ElasticGroupContract, RestorePositionHonoursDropLast) {
+  auto store = std::make_shared<el::memory_store>();
+  el::loopback_network net(std::make_shared<el::loopback_fabric>());
+  auto o = options(4, 10);
+  o.drop_last = true;
+  test_group g(factory(store), net, o, launch(0, 1));
+  bool threw = false;
+  try {
+    g.restore_position(2, 0, 8);
+  } catch (const std::exception&) {
+    threw = true;
+  }
+  if (!threw) {
+    const auto s = g.begin_step();
+    EXPECT_EQ(s.global_batch, 4u) << "drop_last, yet step " << s.step << " trains on a short batch of "
+                                  << s.global_batch << " (cursor " << s.cursor << ")";
+  }
+}
+
+// Zero-size registered state transfers with the rest.
+TEST(ElasticGroupContract, ZeroSizeStateTransfers) {
+  auto store = std::make_shared<el::memory_store>();
+  auto fabric = std::make_shared<el::loopback_fabric>();
+  std::vector<float> final_w[2];
+  std::vector<std::string> errors(2);
+  std::vector<std::jthread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        el::loopback_network net(fabric);
+        test_group g(factory(store), net, options(), launch(r, 2));
+        std::vector<float> w(3, r == 0 ? 1.f : 2.f);
+        std::vector<float> empty;
+        g.register_state("empty", std::as_writable_bytes(std::span(empty)));
+        g.register_state("w", std::as_writable_bytes(std::span(w)));
+        (void)g.begin_step();
+        std::vector<float> grad(3, 0.f);
+        if (g.allreduce(grad)) g.end_step(0.01);
+        final_w[r] = w;
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  ts.clear();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(final_w[0], final_w[1]);
+}
+
+// The last member leaves at the boundary where the coordinator admits a
+// joiner: it stays one more generation and hands the joiner the state (the
+// generation held only the joiner, without state, and the state was lost
+// although nobody failed).
+TEST(ElasticGroupContract, TheLastLeaverHandsTheStateToAnAdmittedJoiner) {
+  auto store = std::make_shared<el::memory_store>();
+  auto fabric = std::make_shared<el::loopback_fabric>();
+  std::string joiner_error;
+  std::vector<float> joiner_w;
+  std::jthread joiner;
+  {
+    el::loopback_network net(fabric);
+    test_group g(factory(store), net, options(), launch(0, 1));
+    std::vector<float> w(3, 7.f);
+    g.register_state("w", std::as_writable_bytes(std::span(w)));
+    bool asked = false;
+    while (g.active()) {
+      const auto s = g.begin_step();
+      if (s.step == 3 && !joiner.joinable())
+        joiner = std::jthread([&] {
+          try {
+            el::loopback_network jnet(fabric);
+            auto o = options();
+            o.join = true;
+            test_group j(factory(store), jnet, o, launch(1, 1));
+            std::vector<float> jw(3, 0.f);
+            j.register_state("w", std::as_writable_bytes(std::span(jw)));
+            (void)j.begin_step();
+            joiner_w = jw;
+          } catch (const std::exception& e) {
+            joiner_error = e.what();
+          }
+        });
+      if (joiner.joinable() && !asked && store->try_get("ebbflow/join/1", ef::deadline::after(1s))) {
+        std::this_thread::sleep_for(100ms);  // the coordinator's heartbeat thread has seen the ticket
+        g.request_leave();
+        asked = true;
+      }
+      std::vector<float> grad(3, 0.f);
+      if (!g.allreduce(grad)) continue;
+      g.end_step(0.001);
+    }
+  }
+  joiner.join();
+  EXPECT_EQ(joiner_error, "");
+  EXPECT_EQ(joiner_w, std::vector<float>(3, 7.f));
+}
+
+// A restored step near INT64_MAX is refused (the step counter overflowed:
+// undefined behaviour).
+TEST(ElasticGroupContract, HugeRestoredStepIsRejectedOrSafe) {
+  auto store = std::make_shared<el::memory_store>();
+  el::loopback_network net(std::make_shared<el::loopback_fabric>());
+  test_group g(factory(store), net, options(), launch(0, 1));
+  try {
+    g.restore_position(std::numeric_limits<std::int64_t>::max(), 0, 0);
+  } catch (const std::exception&) {
+    return;  // rejected: fine
+  }
+  (void)g.begin_step();
+  std::vector<float> grad(3, 0.f);
+  ASSERT_TRUE(g.allreduce(grad));
+  g.end_step(0.001);
+  EXPECT_GT(g.step(), 0) << "step counter wrapped to " << g.step();
+}
+
+// A planning policy whose plan has the wrong number of entries (here one
+// share for two members) is diagnosed (rank 1 read its share past the end
+// of the plan: ASan heap-buffer-overflow in current_slice).
+namespace {
+class short_plan_policy final : public el::planning_policy {
+ public:
+  void observe(el::member_id, std::size_t, double) override {}
+  std::vector<std::size_t> plan(std::span<const el::member_id>, std::size_t B) override { return {B}; }
+};
+}  // namespace
+
+TEST(ElasticGroupContract, APolicyPlanOfTheWrongSizeIsDiagnosed) {
+  auto store = std::make_shared<el::memory_store>();
+  auto fabric = std::make_shared<el::loopback_fabric>();
+  std::vector<std::string> errors(2);
+  std::vector<std::size_t> batches(2, 0);
+  std::vector<std::jthread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        el::loopback_network net(fabric);
+        test_group g(factory(store), net, options(), launch(r, 2), std::make_unique<short_plan_policy>());
+        const auto s = g.begin_step();
+        batches[static_cast<std::size_t>(r)] = s.batch;
+        std::vector<float> grad(3, 0.f);
+        if (g.allreduce(grad)) g.end_step(0.001);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  ts.clear();
+  EXPECT_NE(errors[0] + errors[1], "") << "plan of 1 share for 2 members accepted; rank 1's batch: " << batches[1];
+}
+
+// A worker waiting to be admitted honours a leave request (SIGTERM with
+// leave_on_signal, which ebbflow-run sends to retire the newest worker): it
+// waited out the whole join timeout, then failed. (The flag is what
+// detail::on_leave_signal sets; it is process-wide, so the member leaves too.)
+TEST(ElasticGroupContract, AWaitingJoinerHonoursALeaveRequest) {
+  auto store = std::make_shared<el::memory_store>();
+  auto fabric = std::make_shared<el::loopback_fabric>();
+  std::string joiner_error;
+  double joiner_seconds = 0;
+  std::jthread joiner;
+  {
+    el::loopback_network net(fabric);
+    auto o = options();
+    o.max_size = 1;  // the joiner waits
+    test_group g(factory(store), net, o, launch(0, 1));
+    joiner = std::jthread([&] {
+      const auto t0 = ef::steady_clock::now();
+      try {
+        el::loopback_network jnet(fabric);
+        auto jo = options();
+        jo.join = true;
+        jo.join_timeout = 5s;
+        test_group j(factory(store), jnet, jo, launch(1, 1));
+      } catch (const std::exception& e) {
+        joiner_error = e.what();
+      }
+      joiner_seconds = std::chrono::duration<double>(ef::steady_clock::now() - t0).count();
+    });
+    while (!store->try_get("ebbflow/join/1", ef::deadline::after(1s))) std::this_thread::sleep_for(1ms);
+    el::detail::on_leave_signal(SIGTERM);  // as the signal handler does
+    while (g.active()) {
+      (void)g.begin_step();
+      std::vector<float> grad(3, 0.f);
+      if (!g.allreduce(grad)) continue;
+      g.end_step(0.001);
+    }
+  }
+  joiner.join();
+  el::detail::signal_leave_flag().store(false);
+  EXPECT_LT(joiner_seconds, 1.0) << "the joiner asked to leave waited " << joiner_seconds << " s: " << joiner_error;
+}
+
+// end_step after an allreduce that returned false is refused: the step was
+// rolled back and must be redone (the aborted step, its gradients only
+// partly reduced, was committed and never redone).
+TEST(ElasticGroupContract, EndStepAfterAFailedAllreduceIsDiagnosed) {
+  auto store = std::make_shared<el::memory_store>();
+  auto fabric = std::make_shared<el::loopback_fabric>();
+  std::atomic<int> accepted{0}, failed_allreduces{0};
+  std::vector<std::jthread> ts;
+  for (int r = 0; r < 3; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        el::loopback_network net(fabric);
+        test_group g(factory(store), net, options(), launch(r, 3));
+        while (g.active() && g.step() < 10) {
+          const auto s = g.begin_step();
+          std::vector<float> grad(64, 1.f);
+          if (r == 2 && s.step == 5) {
+            net.kill();  // crashes mid-step
+            return;
+          }
+          if (!g.allreduce(grad)) {
+            ++failed_allreduces;
+            try {
+              const auto before = g.step();
+              g.end_step(0.001);  // misuse: the step must be redone
+              if (g.step() == before + 1) ++accepted;
+            } catch (const ef::system_error&) {
+            }
+            continue;
+          }
+          g.end_step(0.001);
+        }
+        if (g.rank() == 0) g.finish();
+      } catch (const std::exception&) {
+      }
+    });
+  ts.clear();
+  ASSERT_GT(failed_allreduces.load(), 0);
+  EXPECT_EQ(accepted.load(), 0) << accepted << " member(s) committed an aborted step";
+}
+
+// A heartbeat period longer than half the lease is refused: a live member
+// whose training thread is 250 ms late to a recovery was judged dead after
+// one lease (its counter moves only every heartbeat) and excluded, instead
+// of being waited for.
+namespace {
+std::vector<el::world_change> late_survivor(std::chrono::milliseconds hb, std::chrono::milliseconds lease) {
+  auto store = std::make_shared<el::memory_store>();
+  auto fabric = std::make_shared<el::loopback_fabric>();
+  std::vector<el::world_change> h0;
+  std::vector<std::jthread> ts;
+  for (int r = 0; r < 3; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        el::loopback_network net(fabric);
+        auto o = options();
+        o.heartbeat = hb;
+        o.lease = lease;
+        o.op_timeout = 3s;
+        test_group g(factory(store), net, o, launch(r, 3));
+        while (g.active() && (g.step() < 10 || g.changing())) {
+          const auto s = g.begin_step();
+          if (r == 2 && s.step == 5) {
+            net.kill();
+            return;
+          }
+          if (r == 1 && s.step == 5 && s.generation == 0) std::this_thread::sleep_for(250ms);  // a slow step
+          std::vector<float> grad(3, 0.f);
+          if (!g.allreduce(grad)) continue;
+          g.end_step(0.001);
+        }
+        if (g.rank() == 0) {
+          h0 = g.history();
+          g.finish();
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << r << ": " << e.what();
+      }
+    });
+  ts.clear();
+  return h0;
+}
+std::string describe(const std::vector<el::world_change>& h) {
+  std::string s;
+  for (auto& c : h)
+    s += std::string(el::name(c.reason)) + " " + std::to_string(c.old_size) + "->" + std::to_string(c.new_size) + "; ";
+  return s;
+}
+}  // namespace
+
+TEST(ElasticGroupContract, HeartbeatLongerThanTheLeaseIsRejected) {
+  EXPECT_EQ(describe(late_survivor(10ms, 300ms)), "initial 0->3; failure 3->2; ");
+  auto store = std::make_shared<el::memory_store>();
+  el::loopback_network net(std::make_shared<el::loopback_fabric>());
+  auto o = options();
+  o.heartbeat = 400ms;
+  o.lease = 100ms;
+  try {
+    test_group g(factory(store), net, o, launch(0, 1));
+    ADD_FAILURE() << "heartbeat 400 ms with a lease of 100 ms accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("EBBFLOW_LEASE_MS=100 must be at least twice EBBFLOW_HEARTBEAT_MS=400"),
+              std::string::npos)
+        << e.what();
+  }
+}
