@@ -608,6 +608,32 @@ TEST(UcxErrors, AddressExchangeTimesOutNamingTheMissingRank) {
   std::filesystem::remove_all(dir);
 }
 
+// An address from the exchange is checked before UCX sees it: UCX asserts
+// (and aborts the process) on a malformed one. Each bad address is refused
+// with peer_lost naming the peer and the address's size.
+TEST(UcxErrors, MalformedPeerAddressIsRefusedNamingThePeer) {
+  auto w = std::make_shared<ucx::worker>(ucx::context::create());
+  const std::vector<std::byte> own(w->address().begin(), w->address().end());
+  std::vector<std::byte> flipped = own;
+  flipped.back() ^= std::byte{1};
+  const std::vector<std::vector<std::byte>> bad{{},
+                                                std::vector<std::byte>(16, std::byte{0xff}),
+                                                {own.begin(), own.begin() + 6},
+                                                {own.begin(), own.end() - 1},
+                                                flipped};
+  for (const auto& b : bad) {
+    try {
+      ucx::transport t(w, 0, 0, 2, {own, b}, ef::deadline::after(2s));
+      ADD_FAILURE() << "connected to a malformed address of " << b.size() << " bytes";
+    } catch (const ef::system_error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.code(), ef::errc::peer_lost) << what;
+      EXPECT_EQ(e.peer(), 1) << what;
+      EXPECT_NE(what.find(std::to_string(b.size()) + " bytes"), std::string::npos) << what;
+    }
+  }
+}
+
 TEST(UcxEnvironment, SharedMemoryDefaultsOnlyForTransportsUcxTlsMaySelect) {
   using ucx::detail::tls_may_select;
   for (const char* tls : {static_cast<const char*>(nullptr), "", "all", "^tcp", "sm,self", "shm", "posix,tcp"})

@@ -146,7 +146,9 @@ class transport {
   };
 
   //! Connects to every peer: creates endpoints from `addresses` (one per
-  //! rank, indexed by rank; this rank's own is ignored) and exchanges an
+  //! rank, indexed by rank, each as `worker::address` gave it; this rank's
+  //! own is ignored; a malformed one fails with `errc::peer_lost` naming the
+  //! peer and the address's size, before UCX sees it) and exchanges an
   //! empty message with each, so every endpoint is wired up (and watched by
   //! keepalive) before the first collective. Blocks until done or `d`.
   //! @throws system_error (peer_lost / timeout naming the peer), std::invalid_argument.
@@ -377,8 +379,22 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
     auto& ref = st_->refs[static_cast<std::size_t>(p)];
-    const ucs_status_t s = st_->w->endpoints().acquire(st_->w->get(), addresses[static_cast<std::size_t>(p)],
-                                                       &transport::on_peer_error, st_.get(), p, ref);
+    const auto& framed = addresses[static_cast<std::size_t>(p)];
+    std::string why;
+    const auto address = detail::unframe_address(framed, why);
+    if (address.empty()) {
+      // Refused before UCX parses it (UCX asserts on a malformed address).
+      // A peer whose address is unusable cannot be reached: lost, as below.
+      close_endpoints();
+      throw system_error(make_error_code(error::peer_lost),
+                         {.rank = rank,
+                          .generation = generation,
+                          .peer = p,
+                          .operation = "ucx connect",
+                          .detail = "malformed worker address of " + std::to_string(framed.size()) + " bytes: " + why});
+    }
+    const ucs_status_t s =
+        st_->w->endpoints().acquire(st_->w->get(), address, &transport::on_peer_error, st_.get(), p, ref);
     if (s != UCS_OK) {
       // The address is the peer's own: when it cannot be reached (its shared
       // memory is gone, its host refuses) the peer is as good as lost, and
