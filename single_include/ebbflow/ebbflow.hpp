@@ -778,7 +778,10 @@ EBBFLOW_END_NAMESPACE
 //!   folds `generation()` into the wire tag, so late traffic of an older
 //!   generation can never be consumed by a newer one.
 //! * The received message must have exactly the posted size; otherwise the
-//!   request fails with `errc::bad_message` naming both sizes.
+//!   request fails with `errc::bad_message`. A model's request may offer
+//!   `std::string error_detail() const`, naming both sizes after such a
+//!   failure (both models here do); `send`/`recv` below and the communicator
+//!   add it to the error's text.
 //! * A peer that died makes its pending and future requests fail with
 //!   `errc::peer_lost` (never a hang); `wait` returns `errc::timeout` when
 //!   its deadline passes, and the request stays pending (it may be waited on
@@ -1235,6 +1238,7 @@ struct std::is_error_code_enum<ebbflow::error> : std::true_type {};
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <system_error>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -1285,17 +1289,32 @@ concept transport = requires(T& t, const T& ct, int peer, tag_t tag, std::span<c
   t.wait(req, d, ec);
 };
 
+namespace detail {
+//! `base`, followed by what failed request `r` says about its failure (see
+//! `error_detail` above), when its transport tells.
+template <class Request>
+std::string describe(const Request& r, std::string base) {
+  if constexpr (requires {
+                  { r.error_detail() } -> std::convertible_to<std::string>;
+                }) {
+    if (std::string why = r.error_detail(); !why.empty()) base += "; " + why;
+  }
+  return base;
+}
+}  // namespace detail
+
 //! Blocking send with a deadline. @throws system_error naming rank, peer, generation.
 template <transport T>
 void send(T& t, int peer, tag_t tag, std::span<const std::byte> data, deadline d) {
   auto r = t.isend(peer, tag, data);
   std::error_code ec;
   t.wait(r, d, ec);
-  throw_if(ec, {.rank = t.rank(),
-                .generation = t.generation(),
-                .peer = peer,
-                .operation = "send",
-                .detail = std::to_string(data.size()) + " bytes"});
+  if (ec)
+    throw_if(ec, {.rank = t.rank(),
+                  .generation = t.generation(),
+                  .peer = peer,
+                  .operation = "send",
+                  .detail = detail::describe(r, std::to_string(data.size()) + " bytes")});
 }
 
 //! Blocking receive with a deadline. @throws system_error naming rank, peer, generation.
@@ -1304,11 +1323,12 @@ void recv(T& t, int peer, tag_t tag, std::span<std::byte> data, deadline d) {
   auto r = t.irecv(peer, tag, data);
   std::error_code ec;
   t.wait(r, d, ec);
-  throw_if(ec, {.rank = t.rank(),
-                .generation = t.generation(),
-                .peer = peer,
-                .operation = "recv",
-                .detail = std::to_string(data.size()) + " bytes"});
+  if (ec)
+    throw_if(ec, {.rank = t.rank(),
+                  .generation = t.generation(),
+                  .peer = peer,
+                  .operation = "recv",
+                  .detail = detail::describe(r, std::to_string(data.size()) + " bytes")});
 }
 
 }  // namespace comm
@@ -1584,6 +1604,7 @@ EBBFLOW_END_NAMESPACE
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -1711,7 +1732,7 @@ class request {
   template <transport>
   friend class basic_communicator;
   request(T& t, detail::task<T> task, detail::op_context ctx, std::shared_ptr<detail::active_set<T>> active);
-  void finish(std::error_code ec, int peer);
+  void finish(std::error_code ec, int peer, std::string_view why = {});
   void progress();
   void release() noexcept;
 
@@ -1723,6 +1744,7 @@ class request {
   std::uint64_t seq_ = 0;
   std::size_t bytes_ = 0;
   bool describe_ = false;
+  std::string why_;  // "; " + what the failed transfer said (sizes), or empty
   std::shared_ptr<detail::active_set<T>> active_;
 };
 
@@ -2247,6 +2269,7 @@ struct promise {
   int peer = -1;                           // its peer, for error messages
   std::error_code failed{};                // set by the coroutine before co_return on error
   int failed_peer = -1;
+  std::string failed_detail;  // what the failed transfer said (sizes), if anything
   std::exception_ptr exc;
   task<T> get_return_object() noexcept;
   std::suspend_always initial_suspend() const noexcept { return {}; }
@@ -2788,7 +2811,7 @@ bool request<T>::done() const noexcept {
 }
 
 template <transport T>
-void request<T>::finish(std::error_code ec, int peer) {
+void request<T>::finish(std::error_code ec, int peer, std::string_view why) {
   // A transport that knows which peer died (UCX: `lost_peer()`) names it,
   // whichever transfer happened to report the loss.
   if constexpr (requires(const T& t) {
@@ -2799,6 +2822,12 @@ void request<T>::finish(std::error_code ec, int peer) {
   finished_ = true;
   ec_ = ec;
   if (ec) ctx_.peer = peer;
+  if (ec && !why.empty()) {
+    if (describe_)
+      why_ = why;  // context() builds the rest of the text
+    else
+      ctx_.detail += why;  // starts with "; "
+  }
   if (h_) {
     auto exc = std::exchange(h_.promise().exc, nullptr);
     release();
@@ -2817,12 +2846,14 @@ void advance(T& t, std::coroutine_handle<promise<T>> h) {
     if (p.awaited) {
       std::error_code e;
       if (!t.test(*p.awaited, e)) return;
-      p.awaited = nullptr;
       if (e) {
         p.failed = e;
         p.failed_peer = p.peer;
+        p.failed_detail = describe(*p.awaited, {});
+        p.awaited = nullptr;
         return;
       }
+      p.awaited = nullptr;
     }
     h.resume();
   }
@@ -2840,7 +2871,7 @@ void request<T>::progress() {
   if (p.exc)
     finish(make_error_code(error::invalid_state), -1);
   else if (p.failed)
-    finish(p.failed, p.failed_peer);
+    finish(p.failed, p.failed_peer, p.failed_detail);
   else if (h_.done())
     finish({}, -1);
 }
@@ -2893,8 +2924,8 @@ void request<T>::wait(deadline d) {
 
 template <transport T>
 const error_context& request<T>::context() const {
-  if (describe_ && (ec_ || ctx_.peer >= 0) && ctx_.detail.empty())
-    ctx_.detail = "seq " + std::to_string(seq_) + ", " + std::to_string(bytes_) + " bytes";
+  if (describe_ && (ec_ || ctx_.peer >= 0))
+    ctx_.detail = "seq " + std::to_string(seq_) + ", " + std::to_string(bytes_) + " bytes" + why_;
   return ctx_;
 }
 
@@ -3100,6 +3131,7 @@ EBBFLOW_END_NAMESPACE
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -3162,6 +3194,15 @@ class basic_loopback_transport {
     tag_t tag = 0;            //!< user tag
     std::span<std::byte> in;  //!< receive buffer (host memory)
     std::error_code ec;       //!< outcome once done
+    std::size_t sent = 0;     //!< the message's size, when it did not fit `in` (bad_message)
+
+    //! After `errc::bad_message`: both sizes, e.g. "message of 12 bytes for a
+    //! 20-byte receive buffer"; otherwise empty.
+    [[nodiscard]] std::string error_detail() const {
+      if (ec != errc::bad_message) return {};
+      return "message of " + std::to_string(sent) + " bytes for a " + std::to_string(in.size()) +
+             "-byte receive buffer";
+    }
   };
 
   //! Rank `rank` of `hub` in generation `generation`.
@@ -3251,6 +3292,7 @@ class basic_loopback_transport {
       auto& msg = it->second.front();
       if (msg.data.size() != r.in.size()) {
         r.ec = make_error_code(error::bad_message);
+        r.sent = msg.data.size();
       } else if (!msg.data.empty()) {
         std::memcpy(r.in.data(), msg.data.data(), msg.data.size());
       }
@@ -4123,12 +4165,15 @@ EBBFLOW_END_NAMESPACE
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <chrono>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -4184,76 +4229,12 @@ inline void set_environment_defaults() noexcept {
   const char* tls = std::getenv("UCX_TLS");
   if (detail::tls_may_select(tls, "posix")) ::setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
   if (detail::tls_may_select(tls, "sysv")) ::setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
-#include <algorithm>
   if (detail::tls_may_select(tls, "cma")) ::setenv("UCX_CMA_MEMORY_INVALIDATE", "y", 0);
   ::setenv("UCX_KEEPALIVE_INTERVAL", "100ms", 0);
-#include <cstdint>
   ::setenv("UCX_USE_MT_MUTEX", "y", 0);
 }
 
 namespace detail {
-#include <string>
-struct context_traits {
-  using value_type = ucp_context_h;
-  static value_type null() noexcept { return nullptr; }
-  static void close(value_type c) noexcept { ucp_cleanup(c); }
-};
-struct worker_traits {
-  using value_type = ucp_worker_h;
-  static value_type null() noexcept { return nullptr; }
-  static void close(value_type w) noexcept { ucp_worker_destroy(w); }
-};
-}  // namespace detail
-
-//! An owned `ucp_context` with the tag feature. Move-only; thread-safe to
-//! share between workers of one thread each.
-class context {
- public:
-  //! Reads UCX's configuration from the environment (after
-  //! `set_environment_defaults`) and initialises UCP. @throws system_error.
-  static std::shared_ptr<context> create() {
-    set_environment_defaults();
-    ucp_config_t* config = nullptr;
-    ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
-    throw_if(make_error(s), {.operation = "ucp_config_read"});
-    ucp_params_t params{};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_TAG;
-    ucp_context_h h = nullptr;
-    s = ucp_init(&params, config, &h);
-    ucp_config_release(config);
-    throw_if(make_error(s), {.operation = "ucp_init"});
-    return std::shared_ptr<context>(new context(h));
-  }
-  //! The raw UCP context handle (owned by this object).
-  [[nodiscard]] ucp_context_h get() const noexcept { return h_.get(); }
-
- private:
-  explicit context(ucp_context_h h) noexcept : h_(h) {}
-  unique_handle<detail::context_traits> h_;
-};
-
-//! An owned `ucp_worker`, its address, and the `endpoint_pool` of the
-//! transports built on it. Move-only. Keeps its context alive.
-class worker {
- public:
-  //! A single-threaded worker, or with `UCS_THREAD_MODE_MULTI` one that
-  //! several threads may call at once (UCX then locks every call; whether the
-  //! library granted it is `multi_threaded()`). @throws system_error.
-  explicit worker(std::shared_ptr<context> ctx, ucs_thread_mode_t mode = UCS_THREAD_MODE_SINGLE)
-      : ctx_(std::move(ctx)) {
-    ucp_worker_params_t wp{};
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = mode;
-    ucp_worker_h w = nullptr;
-    throw_if(make_error(ucp_worker_create(ctx_->get(), &wp, &w)), {.operation = "ucp_worker_create"});
-    h_.reset(w);
-    ucp_worker_attr_t attr{};
-    attr.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
-    multi_ = ucp_worker_query(w, &attr) == UCS_OK && attr.thread_mode == UCS_THREAD_MODE_MULTI;
-    ucp_address_t* a = nullptr;
-    std::size_t len = 0;
-    throw_if(make_error(ucp_worker_get_address(w, &a, &len)), {.operation = "ucp_worker_get_address"});
 // The frame around every worker address ebbflow publishes (`worker::address`)
 // and checks before UCX sees a peer's (`transport`): UCX parses an address
 // with assertions, so a malformed one (a corrupt store value, a stale or
@@ -4316,6 +4297,67 @@ inline std::span<const std::byte> unframe_address(std::span<const std::byte> fra
   return raw;
 }
 
+struct context_traits {
+  using value_type = ucp_context_h;
+  static value_type null() noexcept { return nullptr; }
+  static void close(value_type c) noexcept { ucp_cleanup(c); }
+};
+struct worker_traits {
+  using value_type = ucp_worker_h;
+  static value_type null() noexcept { return nullptr; }
+  static void close(value_type w) noexcept { ucp_worker_destroy(w); }
+};
+}  // namespace detail
+
+//! An owned `ucp_context` with the tag feature. Move-only; thread-safe to
+//! share between workers of one thread each.
+class context {
+ public:
+  //! Reads UCX's configuration from the environment (after
+  //! `set_environment_defaults`) and initialises UCP. @throws system_error.
+  static std::shared_ptr<context> create() {
+    set_environment_defaults();
+    ucp_config_t* config = nullptr;
+    ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+    throw_if(make_error(s), {.operation = "ucp_config_read"});
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_TAG;
+    ucp_context_h h = nullptr;
+    s = ucp_init(&params, config, &h);
+    ucp_config_release(config);
+    throw_if(make_error(s), {.operation = "ucp_init"});
+    return std::shared_ptr<context>(new context(h));
+  }
+  //! The raw UCP context handle (owned by this object).
+  [[nodiscard]] ucp_context_h get() const noexcept { return h_.get(); }
+
+ private:
+  explicit context(ucp_context_h h) noexcept : h_(h) {}
+  unique_handle<detail::context_traits> h_;
+};
+
+//! An owned `ucp_worker`, its address, and the `endpoint_pool` of the
+//! transports built on it. Move-only. Keeps its context alive.
+class worker {
+ public:
+  //! A single-threaded worker, or with `UCS_THREAD_MODE_MULTI` one that
+  //! several threads may call at once (UCX then locks every call; whether the
+  //! library granted it is `multi_threaded()`). @throws system_error.
+  explicit worker(std::shared_ptr<context> ctx, ucs_thread_mode_t mode = UCS_THREAD_MODE_SINGLE)
+      : ctx_(std::move(ctx)) {
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = mode;
+    ucp_worker_h w = nullptr;
+    throw_if(make_error(ucp_worker_create(ctx_->get(), &wp, &w)), {.operation = "ucp_worker_create"});
+    h_.reset(w);
+    ucp_worker_attr_t attr{};
+    attr.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
+    multi_ = ucp_worker_query(w, &attr) == UCS_OK && attr.thread_mode == UCS_THREAD_MODE_MULTI;
+    ucp_address_t* a = nullptr;
+    std::size_t len = 0;
+    throw_if(make_error(ucp_worker_get_address(w, &a, &len)), {.operation = "ucp_worker_get_address"});
     address_ = detail::frame_address({reinterpret_cast<const std::byte*>(a), len});
     ucp_worker_release_address(w, a);
   }
@@ -4508,6 +4550,17 @@ class transport {
     request& operator=(const request&) = delete;
     ~request() { release(); }
 
+    //! After a receive failed with `errc::bad_message`: the sizes, e.g.
+    //! "message of 12 bytes for a 20-byte receive buffer" (UCX reports the
+    //! sender's length of a message it truncated, too; when it does not,
+    //! "message larger than the 20-byte receive buffer"); otherwise empty.
+    [[nodiscard]] std::string error_detail() const {
+      if (!recv_ || ec_ != errc::bad_message) return {};
+      const std::string buffer = std::to_string(len_) + "-byte receive buffer";
+      if (got_ == len_) return "message larger than the " + buffer;
+      return "message of " + std::to_string(got_) + " bytes for a " + buffer;
+    }
+
    private:
     friend class transport;
     void swap(request& o) noexcept {
@@ -4517,6 +4570,7 @@ class transport {
       std::swap(ec_, o.ec_);
       std::swap(peer_, o.peer_);
       std::swap(len_, o.len_);
+      std::swap(got_, o.got_);
       std::swap(recv_, o.recv_);
     }
     void release() noexcept;
@@ -4526,6 +4580,7 @@ class transport {
     std::error_code ec_{};
     int peer_ = -1;
     std::size_t len_ = 0;
+    std::size_t got_ = 0;  // a receive's message length as UCX reported it
     bool recv_ = false;
   };
 
@@ -4616,7 +4671,8 @@ class transport {
   request isend(int peer, tag_t tag, std::span<const std::byte> out);
   //! Posts a receive into `in` (host memory, valid until the request
   //! completed) from `peer`; never blocks. A size mismatch completes it with
-  //! `errc::bad_message`. @throws std::invalid_argument for a bad `peer`.
+  //! `errc::bad_message` (sizes in `request::error_detail`).
+  //! @throws std::invalid_argument for a bad `peer`.
   request irecv(int peer, tag_t tag, std::span<std::byte> in);
   //! Drives UCX once; true once `r` completed (then `ec` holds its outcome).
   //! Never blocks.
@@ -4985,15 +5041,19 @@ inline void transport::complete(request& r) noexcept {
   ucs_status_t s;
   std::size_t got = r.len_;
   if (r.recv_) {
+    // UCX fills `info` once the receive completed, also when it truncated
+    // the message (UCS_ERR_MESSAGE_TRUNCATED): `length` is then the sender's.
     ucp_tag_recv_info_t info{};
+    info.length = r.len_;
     s = ucp_tag_recv_request_test(r.ucx_, &info);
-    if (s == UCS_OK) got = info.length;
+    got = info.length;
   } else {
     s = ucp_request_check_status(r.ucx_);
   }
   if (s == UCS_INPROGRESS) return;
   r.done_ = true;
-  if (s == UCS_OK && got != r.len_) {
+  if ((s == UCS_OK && got != r.len_) || s == UCS_ERR_MESSAGE_TRUNCATED) {
+    r.got_ = got;
     r.ec_ = make_error_code(error::bad_message);
   } else if (s == UCS_ERR_CANCELED && st_->lost >= 0) {
     r.ec_ = make_error_code(error::peer_lost);  // cancelled because a peer died

@@ -214,6 +214,27 @@ TEST(Communicator, PointToPoint) {
   });
 }
 
+TEST(Communicator, PointToPointSizeMismatchNamesBothSizes) {
+  std::string what;
+  ef::comm::spawn_loopback(2, [&](ef::comm::loopback_transport& t) {
+    comm_t c(t);
+    std::vector<float> v(t.rank() == 0 ? 3 : 5, 1.0f);  // 12 bytes sent, 20 expected
+    if (t.rank() == 0) {
+      c.send(ef::view(std::span(v)), 1, 7, ef::deadline::after(10s));
+      return;
+    }
+    try {
+      c.recv(ef::view(std::span(v)), 0, 7, ef::deadline::after(10s));
+      ADD_FAILURE() << "a 12-byte message filled a 20-byte receive";
+    } catch (const ef::system_error& e) {
+      EXPECT_EQ(e.code(), ef::errc::bad_message) << e.what();
+      what = e.what();
+    }
+  });
+  EXPECT_NE(what.find("message of 12 bytes"), std::string::npos) << what;
+  EXPECT_NE(what.find("20-byte receive buffer"), std::string::npos) << what;
+}
+
 TEST(Communicator, DeadPeerYieldsPeerLostNamingPeer) {
   auto hub = std::make_shared<ef::comm::loopback_hub>(3);
   std::vector<std::jthread> th;

@@ -54,6 +54,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -181,7 +182,7 @@ class request {
   template <transport>
   friend class basic_communicator;
   request(T& t, detail::task<T> task, detail::op_context ctx, std::shared_ptr<detail::active_set<T>> active);
-  void finish(std::error_code ec, int peer);
+  void finish(std::error_code ec, int peer, std::string_view why = {});
   void progress();
   void release() noexcept;
 
@@ -193,6 +194,7 @@ class request {
   std::uint64_t seq_ = 0;
   std::size_t bytes_ = 0;
   bool describe_ = false;
+  std::string why_;  // "; " + what the failed transfer said (sizes), or empty
   std::shared_ptr<detail::active_set<T>> active_;
 };
 
