@@ -157,7 +157,16 @@
 //! names the operation, this rank, the generation, the peer whose operation
 //! failed and the collective's sequence number. Conditions: `errc::peer_lost`
 //! (a peer died), `errc::timeout` (deadline passed), `errc::bad_message`
-//! (ranks disagree on sizes).
+//! (ranks disagree on sizes, when a message of the wrong size arrives; the
+//! text names both sizes).
+//!
+//! Ranks that disagree on sizes get `bad_message` only when they run the
+//! same algorithm. The choice depends on the size (`small_bytes`, the element
+//! count against the rank count): sizes on both sides of it make ranks run
+//! different algorithms whose messages never match, and each rank gets
+//! `errc::timeout` at its deadline instead, its text naming its own byte
+//! count and this possible cause. Detecting it sooner would need the size on
+//! the wire or an extra round trip per collective; ebbflow does neither.
 //!
 //! All ranks must call the same collectives in the same order with matching
 //! sizes, dtypes and roots (MPI semantics). Buffers are host memory
@@ -2924,8 +2933,18 @@ void request<T>::wait(deadline d) {
 
 template <transport T>
 const error_context& request<T>::context() const {
-  if (describe_ && (ec_ || ctx_.peer >= 0))
-    ctx_.detail = "seq " + std::to_string(seq_) + ", " + std::to_string(bytes_) + " bytes" + why_;
+  if (describe_ && (ec_ || ctx_.peer >= 0)) {
+    ctx_.detail = "seq " + std::to_string(seq_) + ", " + std::to_string(bytes_) + " bytes";
+    if (!finished_) {
+      // The deadline passed with the collective pending. Besides a slow or
+      // stopped peer, ranks that disagree on the size end here: they may
+      // choose different algorithms (small_bytes, ring vs recursive
+      // doubling), whose messages never match, so no size is ever compared.
+      ctx_.detail += "; the peer is slow or stopped, or ranks may disagree on the size";
+    } else {
+      ctx_.detail += why_;
+    }
+  }
   return ctx_;
 }
 

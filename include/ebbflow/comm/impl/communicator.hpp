@@ -737,8 +737,18 @@ void request<T>::wait(deadline d) {
 
 template <transport T>
 const error_context& request<T>::context() const {
-  if (describe_ && (ec_ || ctx_.peer >= 0))
-    ctx_.detail = "seq " + std::to_string(seq_) + ", " + std::to_string(bytes_) + " bytes" + why_;
+  if (describe_ && (ec_ || ctx_.peer >= 0)) {
+    ctx_.detail = "seq " + std::to_string(seq_) + ", " + std::to_string(bytes_) + " bytes";
+    if (!finished_) {
+      // The deadline passed with the collective pending. Besides a slow or
+      // stopped peer, ranks that disagree on the size end here: they may
+      // choose different algorithms (small_bytes, ring vs recursive
+      // doubling), whose messages never match, so no size is ever compared.
+      ctx_.detail += "; the peer is slow or stopped, or ranks may disagree on the size";
+    } else {
+      ctx_.detail += why_;
+    }
+  }
   return ctx_;
 }
 
