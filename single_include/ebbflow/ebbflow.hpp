@@ -157,7 +157,16 @@
 //! names the operation, this rank, the generation, the peer whose operation
 //! failed and the collective's sequence number. Conditions: `errc::peer_lost`
 //! (a peer died), `errc::timeout` (deadline passed), `errc::bad_message`
-//! (ranks disagree on sizes).
+//! (ranks disagree on sizes, when a message of the wrong size arrives; the
+//! text names both sizes).
+//!
+//! Ranks that disagree on sizes get `bad_message` only when they run the
+//! same algorithm. The choice depends on the size (`small_bytes`, the element
+//! count against the rank count): sizes on both sides of it make ranks run
+//! different algorithms whose messages never match, and each rank gets
+//! `errc::timeout` at its deadline instead, its text naming its own byte
+//! count and this possible cause. Detecting it sooner would need the size on
+//! the wire or an extra round trip per collective; ebbflow does neither.
 //!
 //! All ranks must call the same collectives in the same order with matching
 //! sizes, dtypes and roots (MPI semantics). Buffers are host memory
@@ -778,7 +787,10 @@ EBBFLOW_END_NAMESPACE
 //!   folds `generation()` into the wire tag, so late traffic of an older
 //!   generation can never be consumed by a newer one.
 //! * The received message must have exactly the posted size; otherwise the
-//!   request fails with `errc::bad_message` naming both sizes.
+//!   request fails with `errc::bad_message`. A model's request may offer
+//!   `std::string error_detail() const`, naming both sizes after such a
+//!   failure (both models here do); `send`/`recv` below and the communicator
+//!   add it to the error's text.
 //! * A peer that died makes its pending and future requests fail with
 //!   `errc::peer_lost` (never a hang); `wait` returns `errc::timeout` when
 //!   its deadline passes, and the request stays pending (it may be waited on
@@ -1235,6 +1247,7 @@ struct std::is_error_code_enum<ebbflow::error> : std::true_type {};
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <system_error>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -1285,17 +1298,32 @@ concept transport = requires(T& t, const T& ct, int peer, tag_t tag, std::span<c
   t.wait(req, d, ec);
 };
 
+namespace detail {
+//! `base`, followed by what failed request `r` says about its failure (see
+//! `error_detail` above), when its transport tells.
+template <class Request>
+std::string describe(const Request& r, std::string base) {
+  if constexpr (requires {
+                  { r.error_detail() } -> std::convertible_to<std::string>;
+                }) {
+    if (std::string why = r.error_detail(); !why.empty()) base += "; " + why;
+  }
+  return base;
+}
+}  // namespace detail
+
 //! Blocking send with a deadline. @throws system_error naming rank, peer, generation.
 template <transport T>
 void send(T& t, int peer, tag_t tag, std::span<const std::byte> data, deadline d) {
   auto r = t.isend(peer, tag, data);
   std::error_code ec;
   t.wait(r, d, ec);
-  throw_if(ec, {.rank = t.rank(),
-                .generation = t.generation(),
-                .peer = peer,
-                .operation = "send",
-                .detail = std::to_string(data.size()) + " bytes"});
+  if (ec)
+    throw_if(ec, {.rank = t.rank(),
+                  .generation = t.generation(),
+                  .peer = peer,
+                  .operation = "send",
+                  .detail = detail::describe(r, std::to_string(data.size()) + " bytes")});
 }
 
 //! Blocking receive with a deadline. @throws system_error naming rank, peer, generation.
@@ -1304,11 +1332,12 @@ void recv(T& t, int peer, tag_t tag, std::span<std::byte> data, deadline d) {
   auto r = t.irecv(peer, tag, data);
   std::error_code ec;
   t.wait(r, d, ec);
-  throw_if(ec, {.rank = t.rank(),
-                .generation = t.generation(),
-                .peer = peer,
-                .operation = "recv",
-                .detail = std::to_string(data.size()) + " bytes"});
+  if (ec)
+    throw_if(ec, {.rank = t.rank(),
+                  .generation = t.generation(),
+                  .peer = peer,
+                  .operation = "recv",
+                  .detail = detail::describe(r, std::to_string(data.size()) + " bytes")});
 }
 
 }  // namespace comm
@@ -1584,6 +1613,7 @@ EBBFLOW_END_NAMESPACE
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -1711,7 +1741,7 @@ class request {
   template <transport>
   friend class basic_communicator;
   request(T& t, detail::task<T> task, detail::op_context ctx, std::shared_ptr<detail::active_set<T>> active);
-  void finish(std::error_code ec, int peer);
+  void finish(std::error_code ec, int peer, std::string_view why = {});
   void progress();
   void release() noexcept;
 
@@ -1723,6 +1753,7 @@ class request {
   std::uint64_t seq_ = 0;
   std::size_t bytes_ = 0;
   bool describe_ = false;
+  std::string why_;  // "; " + what the failed transfer said (sizes), or empty
   std::shared_ptr<detail::active_set<T>> active_;
 };
 
@@ -2247,6 +2278,7 @@ struct promise {
   int peer = -1;                           // its peer, for error messages
   std::error_code failed{};                // set by the coroutine before co_return on error
   int failed_peer = -1;
+  std::string failed_detail;  // what the failed transfer said (sizes), if anything
   std::exception_ptr exc;
   task<T> get_return_object() noexcept;
   std::suspend_always initial_suspend() const noexcept { return {}; }
@@ -2788,7 +2820,7 @@ bool request<T>::done() const noexcept {
 }
 
 template <transport T>
-void request<T>::finish(std::error_code ec, int peer) {
+void request<T>::finish(std::error_code ec, int peer, std::string_view why) {
   // A transport that knows which peer died (UCX: `lost_peer()`) names it,
   // whichever transfer happened to report the loss.
   if constexpr (requires(const T& t) {
@@ -2799,6 +2831,12 @@ void request<T>::finish(std::error_code ec, int peer) {
   finished_ = true;
   ec_ = ec;
   if (ec) ctx_.peer = peer;
+  if (ec && !why.empty()) {
+    if (describe_)
+      why_ = why;  // context() builds the rest of the text
+    else
+      ctx_.detail += why;  // starts with "; "
+  }
   if (h_) {
     auto exc = std::exchange(h_.promise().exc, nullptr);
     release();
@@ -2817,12 +2855,14 @@ void advance(T& t, std::coroutine_handle<promise<T>> h) {
     if (p.awaited) {
       std::error_code e;
       if (!t.test(*p.awaited, e)) return;
-      p.awaited = nullptr;
       if (e) {
         p.failed = e;
         p.failed_peer = p.peer;
+        p.failed_detail = describe(*p.awaited, {});
+        p.awaited = nullptr;
         return;
       }
+      p.awaited = nullptr;
     }
     h.resume();
   }
@@ -2840,7 +2880,7 @@ void request<T>::progress() {
   if (p.exc)
     finish(make_error_code(error::invalid_state), -1);
   else if (p.failed)
-    finish(p.failed, p.failed_peer);
+    finish(p.failed, p.failed_peer, p.failed_detail);
   else if (h_.done())
     finish({}, -1);
 }
@@ -2893,8 +2933,18 @@ void request<T>::wait(deadline d) {
 
 template <transport T>
 const error_context& request<T>::context() const {
-  if (describe_ && (ec_ || ctx_.peer >= 0) && ctx_.detail.empty())
+  if (describe_ && (ec_ || ctx_.peer >= 0)) {
     ctx_.detail = "seq " + std::to_string(seq_) + ", " + std::to_string(bytes_) + " bytes";
+    if (!finished_) {
+      // The deadline passed with the collective pending. Besides a slow or
+      // stopped peer, ranks that disagree on the size end here: they may
+      // choose different algorithms (small_bytes, ring vs recursive
+      // doubling), whose messages never match, so no size is ever compared.
+      ctx_.detail += "; the peer is slow or stopped, or ranks may disagree on the size";
+    } else {
+      ctx_.detail += why_;
+    }
+  }
   return ctx_;
 }
 
@@ -3100,6 +3150,7 @@ EBBFLOW_END_NAMESPACE
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -3162,6 +3213,15 @@ class basic_loopback_transport {
     tag_t tag = 0;            //!< user tag
     std::span<std::byte> in;  //!< receive buffer (host memory)
     std::error_code ec;       //!< outcome once done
+    std::size_t sent = 0;     //!< the message's size, when it did not fit `in` (bad_message)
+
+    //! After `errc::bad_message`: both sizes, e.g. "message of 12 bytes for a
+    //! 20-byte receive buffer"; otherwise empty.
+    [[nodiscard]] std::string error_detail() const {
+      if (ec != errc::bad_message) return {};
+      return "message of " + std::to_string(sent) + " bytes for a " + std::to_string(in.size()) +
+             "-byte receive buffer";
+    }
   };
 
   //! Rank `rank` of `hub` in generation `generation`.
@@ -3251,6 +3311,7 @@ class basic_loopback_transport {
       auto& msg = it->second.front();
       if (msg.data.size() != r.in.size()) {
         r.ec = make_error_code(error::bad_message);
+        r.sent = msg.data.size();
       } else if (!msg.data.empty()) {
         std::memcpy(r.in.data(), msg.data.data(), msg.data.size());
       }
@@ -4123,12 +4184,15 @@ EBBFLOW_END_NAMESPACE
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <chrono>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -4190,6 +4254,68 @@ inline void set_environment_defaults() noexcept {
 }
 
 namespace detail {
+// The frame around every worker address ebbflow publishes (`worker::address`)
+// and checks before UCX sees a peer's (`transport`): UCX parses an address
+// with assertions, so a malformed one (a corrupt store value, a stale or
+// foreign file) would abort the process inside `ucp_ep_create`. Header, 16
+// bytes little-endian: magic "EBFA", u16 version, u16 zero, u32 length of the
+// UCX address, u32 FNV-1a of its bytes; then the UCX address.
+inline constexpr std::size_t address_header_bytes = 16;
+inline constexpr std::uint16_t address_version = 1;
+inline constexpr std::uint32_t fnv1a(std::span<const std::byte> b) noexcept {
+  std::uint32_t h = 2166136261u;
+  for (std::byte x : b) h = (h ^ static_cast<std::uint8_t>(x)) * 16777619u;
+  return h;
+}
+inline void store_le(std::byte* p, std::uint32_t v, int n) noexcept {
+  for (int i = 0; i < n; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
+}
+inline std::uint32_t load_le(const std::byte* p, int n) noexcept {
+  std::uint32_t v = 0;
+  for (int i = 0; i < n; ++i) v |= static_cast<std::uint32_t>(p[i]) << (8 * i);
+  return v;
+}
+//! `raw` (a UCX worker address) with ebbflow's header in front.
+inline std::vector<std::byte> frame_address(std::span<const std::byte> raw) {
+  std::vector<std::byte> out(address_header_bytes + raw.size());
+  for (int i = 0; i < 4; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::byte>("EBFA"[i]);
+  store_le(out.data() + 4, address_version, 2);
+  store_le(out.data() + 6, 0, 2);
+  store_le(out.data() + 8, static_cast<std::uint32_t>(raw.size()), 4);
+  store_le(out.data() + 12, fnv1a(raw), 4);
+  std::ranges::copy(raw, out.begin() + address_header_bytes);
+  return out;
+}
+//! The UCX address inside `framed`, or empty with `why` saying what is wrong.
+inline std::span<const std::byte> unframe_address(std::span<const std::byte> framed, std::string& why) {
+  const auto n = framed.size();
+  if (n < address_header_bytes) {
+    why = "shorter than the " + std::to_string(address_header_bytes) + "-byte header";
+    return {};
+  }
+  const std::byte* p = framed.data();
+  if (load_le(p, 4) != load_le(reinterpret_cast<const std::byte*>("EBFA"), 4)) {
+    why = "not an ebbflow worker address (bad magic)";
+    return {};
+  }
+  if (load_le(p + 4, 2) != address_version) {
+    why = "address format version " + std::to_string(load_le(p + 4, 2)) + " (this build reads " +
+          std::to_string(address_version) + ")";
+    return {};
+  }
+  const auto raw = framed.subspan(address_header_bytes);
+  if (load_le(p + 8, 4) != raw.size() || raw.empty()) {
+    why = "header says " + std::to_string(load_le(p + 8, 4)) + " bytes of UCX address, " + std::to_string(raw.size()) +
+          " follow";
+    return {};
+  }
+  if (load_le(p + 12, 4) != fnv1a(raw)) {
+    why = "checksum mismatch (corrupted)";
+    return {};
+  }
+  return raw;
+}
+
 struct context_traits {
   using value_type = ucp_context_h;
   static value_type null() noexcept { return nullptr; }
@@ -4251,13 +4377,14 @@ class worker {
     ucp_address_t* a = nullptr;
     std::size_t len = 0;
     throw_if(make_error(ucp_worker_get_address(w, &a, &len)), {.operation = "ucp_worker_get_address"});
-    const auto* p = reinterpret_cast<const std::byte*>(a);
-    address_.assign(p, p + len);
+    address_ = detail::frame_address({reinterpret_cast<const std::byte*>(a), len});
     ucp_worker_release_address(w, a);
   }
   //! The raw UCP worker handle (owned by this object).
   [[nodiscard]] ucp_worker_h get() const noexcept { return h_.get(); }
-  //! This worker's address: the bytes peers need to connect (opaque).
+  //! This worker's address: the bytes peers need to connect (opaque; UCX's
+  //! address behind a header with a checksum, which `transport` verifies
+  //! before it connects, so a corrupt address fails cleanly).
   [[nodiscard]] std::span<const std::byte> address() const noexcept { return address_; }
   //! Whether several threads may call into this worker at once.
   [[nodiscard]] bool multi_threaded() const noexcept { return multi_; }
@@ -4442,6 +4569,17 @@ class transport {
     request& operator=(const request&) = delete;
     ~request() { release(); }
 
+    //! After a receive failed with `errc::bad_message`: the sizes, e.g.
+    //! "message of 12 bytes for a 20-byte receive buffer" (UCX reports the
+    //! sender's length of a message it truncated, too; when it does not,
+    //! "message larger than the 20-byte receive buffer"); otherwise empty.
+    [[nodiscard]] std::string error_detail() const {
+      if (!recv_ || ec_ != errc::bad_message) return {};
+      const std::string buffer = std::to_string(len_) + "-byte receive buffer";
+      if (got_ == len_) return "message larger than the " + buffer;
+      return "message of " + std::to_string(got_) + " bytes for a " + buffer;
+    }
+
    private:
     friend class transport;
     void swap(request& o) noexcept {
@@ -4451,6 +4589,7 @@ class transport {
       std::swap(ec_, o.ec_);
       std::swap(peer_, o.peer_);
       std::swap(len_, o.len_);
+      std::swap(got_, o.got_);
       std::swap(recv_, o.recv_);
     }
     void release() noexcept;
@@ -4460,11 +4599,14 @@ class transport {
     std::error_code ec_{};
     int peer_ = -1;
     std::size_t len_ = 0;
+    std::size_t got_ = 0;  // a receive's message length as UCX reported it
     bool recv_ = false;
   };
 
   //! Connects to every peer: creates endpoints from `addresses` (one per
-  //! rank, indexed by rank; this rank's own is ignored) and exchanges an
+  //! rank, indexed by rank, each as `worker::address` gave it; this rank's
+  //! own is ignored; a malformed one fails with `errc::peer_lost` naming the
+  //! peer and the address's size, before UCX sees it) and exchanges an
   //! empty message with each, so every endpoint is wired up (and watched by
   //! keepalive) before the first collective. Blocks until done or `d`.
   //! @throws system_error (peer_lost / timeout naming the peer), std::invalid_argument.
@@ -4548,7 +4690,8 @@ class transport {
   request isend(int peer, tag_t tag, std::span<const std::byte> out);
   //! Posts a receive into `in` (host memory, valid until the request
   //! completed) from `peer`; never blocks. A size mismatch completes it with
-  //! `errc::bad_message`. @throws std::invalid_argument for a bad `peer`.
+  //! `errc::bad_message` (sizes in `request::error_detail`).
+  //! @throws std::invalid_argument for a bad `peer`.
   request irecv(int peer, tag_t tag, std::span<std::byte> in);
   //! Drives UCX once; true once `r` completed (then `ec` holds its outcome).
   //! Never blocks.
@@ -4695,8 +4838,22 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
     auto& ref = st_->refs[static_cast<std::size_t>(p)];
-    const ucs_status_t s = st_->w->endpoints().acquire(st_->w->get(), addresses[static_cast<std::size_t>(p)],
-                                                       &transport::on_peer_error, st_.get(), p, ref);
+    const auto& framed = addresses[static_cast<std::size_t>(p)];
+    std::string why;
+    const auto address = detail::unframe_address(framed, why);
+    if (address.empty()) {
+      // Refused before UCX parses it (UCX asserts on a malformed address).
+      // A peer whose address is unusable cannot be reached: lost, as below.
+      close_endpoints();
+      throw system_error(make_error_code(error::peer_lost),
+                         {.rank = rank,
+                          .generation = generation,
+                          .peer = p,
+                          .operation = "ucx connect",
+                          .detail = "malformed worker address of " + std::to_string(framed.size()) + " bytes: " + why});
+    }
+    const ucs_status_t s =
+        st_->w->endpoints().acquire(st_->w->get(), address, &transport::on_peer_error, st_.get(), p, ref);
     if (s != UCS_OK) {
       // The address is the peer's own: when it cannot be reached (its shared
       // memory is gone, its host refuses) the peer is as good as lost, and
@@ -4903,15 +5060,19 @@ inline void transport::complete(request& r) noexcept {
   ucs_status_t s;
   std::size_t got = r.len_;
   if (r.recv_) {
+    // UCX fills `info` once the receive completed, also when it truncated
+    // the message (UCS_ERR_MESSAGE_TRUNCATED): `length` is then the sender's.
     ucp_tag_recv_info_t info{};
+    info.length = r.len_;
     s = ucp_tag_recv_request_test(r.ucx_, &info);
-    if (s == UCS_OK) got = info.length;
+    got = info.length;
   } else {
     s = ucp_request_check_status(r.ucx_);
   }
   if (s == UCS_INPROGRESS) return;
   r.done_ = true;
-  if (s == UCS_OK && got != r.len_) {
+  if ((s == UCS_OK && got != r.len_) || s == UCS_ERR_MESSAGE_TRUNCATED) {
+    r.got_ = got;
     r.ec_ = make_error_code(error::bad_message);
   } else if (s == UCS_ERR_CANCELED && st_->lost >= 0) {
     r.ec_ = make_error_code(error::peer_lost);  // cancelled because a peer died
@@ -15149,23 +15310,10 @@ inline void server_impl::stop() noexcept {
 }
 
 inline void server_impl::notify(const std::string& key, proto::event_kind kind, std::string_view value) {
-  if (kind == proto::event_kind::set) {
-    auto [b, e] = waiters_.equal_range(key);
-    if (b != e) {
-      std::vector<std::shared_ptr<store_waiter>> hit;
-      for (auto it = b; it != e; ++it) hit.push_back(it->second);
-      waiters_.erase(b, e);
-      for (auto& w : hit) {
-        if (w->done) continue;
-        w->missing.erase(key);
-        if (!w->missing.empty()) continue;
-        if (w->is_get)
-          finish_waiter(w, proto::frame_builder(proto::op::value, value.size() + 8).str(value).finish());
-        else
-          finish_waiter(w, proto::frame_builder(proto::op::ok).finish());
-      }
-    }
-  }
+  // The event goes out before any waiter completes: completing one runs the
+  // requests its client pipelined behind the wait (`server_conn::complete`),
+  // whose mutations send their own events, and a watcher must see those
+  // after this one (events follow the order of the mutations).
   if (!watchers_.empty()) {
     std::string frame;
     std::vector<std::shared_ptr<server_conn>> targets;
@@ -15179,6 +15327,25 @@ inline void server_impl::notify(const std::string& key, proto::event_kind kind, 
                   .str(value)
                   .finish();
       for (auto& c : targets) c->send(frame);
+    }
+  }
+  if (kind == proto::event_kind::set) {
+    auto [b, e] = waiters_.equal_range(key);
+    if (b != e) {
+      std::vector<std::shared_ptr<store_waiter>> hit;
+      for (auto it = b; it != e; ++it) hit.push_back(it->second);
+      waiters_.erase(b, e);
+      // `value` stays valid: it is the setter's frame or a local of
+      // `execute`, never the map entry a released request may reassign.
+      for (auto& w : hit) {
+        if (w->done) continue;
+        w->missing.erase(key);
+        if (!w->missing.empty()) continue;
+        if (w->is_get)
+          finish_waiter(w, proto::frame_builder(proto::op::value, value.size() + 8).str(value).finish());
+        else
+          finish_waiter(w, proto::frame_builder(proto::op::ok).finish());
+      }
     }
   }
 }

@@ -214,6 +214,53 @@ TEST(Communicator, PointToPoint) {
   });
 }
 
+TEST(Communicator, PointToPointSizeMismatchNamesBothSizes) {
+  std::string what;
+  ef::comm::spawn_loopback(2, [&](ef::comm::loopback_transport& t) {
+    comm_t c(t);
+    std::vector<float> v(t.rank() == 0 ? 3 : 5, 1.0f);  // 12 bytes sent, 20 expected
+    if (t.rank() == 0) {
+      c.send(ef::view(std::span(v)), 1, 7, ef::deadline::after(10s));
+      return;
+    }
+    try {
+      c.recv(ef::view(std::span(v)), 0, 7, ef::deadline::after(10s));
+      ADD_FAILURE() << "a 12-byte message filled a 20-byte receive";
+    } catch (const ef::system_error& e) {
+      EXPECT_EQ(e.code(), ef::errc::bad_message) << e.what();
+      what = e.what();
+    }
+  });
+  EXPECT_NE(what.find("message of 12 bytes"), std::string::npos) << what;
+  EXPECT_NE(what.find("20-byte receive buffer"), std::string::npos) << what;
+}
+
+// Sizes on both sides of small_bytes make the ranks pick different
+// algorithms (recursive doubling vs ring) whose messages never match: no
+// rank sees a message of the wrong size, so no bad_message is possible
+// without sending the size. Each rank times out, naming its own byte count
+// and the likely cause.
+TEST(Communicator, SizesOnBothSidesOfSmallBytesTimeOutWithAHint) {
+  std::array<std::string, 2> what;
+  std::array<std::error_code, 2> code;
+  ef::comm::spawn_loopback(2, [&](ef::comm::loopback_transport& t) {
+    comm_t c(t);
+    std::vector<float> v(t.rank() == 0 ? 4 : 8192, 1.0f);  // 16 B vs 32 KiB (small_bytes: 16 KiB)
+    try {
+      c.allreduce(ef::view(std::span(v)), ef::reduce_op::sum, ef::deadline::after(200ms));
+      ADD_FAILURE() << "rank " << t.rank() << ": mismatched sizes accepted";
+    } catch (const ef::system_error& e) {
+      what[static_cast<std::size_t>(t.rank())] = e.what();
+      code[static_cast<std::size_t>(t.rank())] = e.code();
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(code[r], ef::errc::timeout) << what[r];
+    EXPECT_NE(what[r].find(r == 0 ? "16 bytes" : "32768 bytes"), std::string::npos) << what[r];
+    EXPECT_NE(what[r].find("ranks may disagree on the size"), std::string::npos) << what[r];
+  }
+}
+
 TEST(Communicator, DeadPeerYieldsPeerLostNamingPeer) {
   auto hub = std::make_shared<ef::comm::loopback_hub>(3);
   std::vector<std::jthread> th;

@@ -65,3 +65,23 @@ TEST(LoopbackTransport, TimeoutSizeMismatchAndPeerLoss) {
     EXPECT_EQ(e.code(), ef::errc::peer_lost);
   }
 }
+
+TEST(LoopbackTransport, SizeMismatchNamesBothSizes) {
+  // transport.hpp: a message of the wrong size fails the receive with
+  // bad_message naming the sender's and the receiver's sizes.
+  for (const std::size_t sent : {std::size_t{12}, std::size_t{28}}) {
+    auto hub = std::make_shared<ef::comm::loopback_hub>(2);
+    ef::comm::loopback_transport a(hub, 0), b(hub, 1);
+    std::vector<std::byte> out(sent), in(20);
+    b.isend(0, 1, out);
+    try {
+      ef::comm::recv(a, 1, 1, in, ef::deadline::after(1s));
+      ADD_FAILURE() << "a " << sent << "-byte message filled a 20-byte receive";
+    } catch (const ef::system_error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.code(), ef::errc::bad_message) << what;
+      EXPECT_NE(what.find("message of " + std::to_string(sent) + " bytes"), std::string::npos) << what;
+      EXPECT_NE(what.find("20-byte receive buffer"), std::string::npos) << what;
+    }
+  }
+}

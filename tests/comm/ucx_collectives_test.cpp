@@ -608,6 +608,68 @@ TEST(UcxErrors, AddressExchangeTimesOutNamingTheMissingRank) {
   std::filesystem::remove_all(dir);
 }
 
+// An address from the exchange is checked before UCX sees it: UCX asserts
+// (and aborts the process) on a malformed one. Each bad address is refused
+// with peer_lost naming the peer and the address's size.
+TEST(UcxErrors, MalformedPeerAddressIsRefusedNamingThePeer) {
+  auto w = std::make_shared<ucx::worker>(ucx::context::create());
+  const std::vector<std::byte> own(w->address().begin(), w->address().end());
+  std::vector<std::byte> flipped = own;
+  flipped.back() ^= std::byte{1};
+  const std::vector<std::vector<std::byte>> bad{{},
+                                                std::vector<std::byte>(16, std::byte{0xff}),
+                                                {own.begin(), own.begin() + 6},
+                                                {own.begin(), own.end() - 1},
+                                                flipped};
+  for (const auto& b : bad) {
+    try {
+      ucx::transport t(w, 0, 0, 2, {own, b}, ef::deadline::after(2s));
+      ADD_FAILURE() << "connected to a malformed address of " << b.size() << " bytes";
+    } catch (const ef::system_error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.code(), ef::errc::peer_lost) << what;
+      EXPECT_EQ(e.peer(), 1) << what;
+      EXPECT_NE(what.find(std::to_string(b.size()) + " bytes"), std::string::npos) << what;
+    }
+  }
+}
+
+// Two transports on two workers of this process, connected by polling both.
+std::pair<ucx::transport, ucx::transport> connected_pair() {
+  auto ctx = ucx::context::create();
+  auto w0 = std::make_shared<ucx::worker>(ctx), w1 = std::make_shared<ucx::worker>(ctx);
+  const std::vector<std::vector<std::byte>> a{{w0->address().begin(), w0->address().end()},
+                                              {w1->address().begin(), w1->address().end()}};
+  auto t0 = ucx::transport::start(w0, 0, 0, 2, a);
+  auto t1 = ucx::transport::start(w1, 0, 1, 2, a);
+  const auto d = ef::deadline::after(10s);
+  for (bool c0 = false, c1 = false; !(c0 && c1) && !d.expired();) {
+    c0 = t0.poll_connect();
+    c1 = t1.poll_connect();
+  }
+  return {std::move(t0), std::move(t1)};
+}
+
+TEST(UcxErrors, PointToPointSizeMismatchNamesBothSizes) {
+  auto [t0, t1] = connected_pair();
+  for (const std::size_t sent : {std::size_t{12}, std::size_t{28}}) {
+    std::vector<std::byte> out(sent), in(20);
+    auto s = t0.isend(1, 9, out);
+    auto r = t1.irecv(0, 9, in);
+    std::error_code es, er;
+    const auto d = ef::deadline::after(5s);
+    for (bool ds = false, dr = false; !(ds && dr) && !d.expired();) {
+      ds = ds || t0.test(s, es);
+      dr = dr || t1.test(r, er);
+    }
+    EXPECT_EQ(er, ef::errc::bad_message) << sent << " bytes sent: " << er.message();
+    // UCX (1.13 checked) reports the sender's length of a truncated message too.
+    const std::string why = r.error_detail();
+    EXPECT_NE(why.find("message of " + std::to_string(sent) + " bytes for a 20-byte receive buffer"), std::string::npos)
+        << why;
+  }
+}
+
 TEST(UcxEnvironment, SharedMemoryDefaultsOnlyForTransportsUcxTlsMaySelect) {
   using ucx::detail::tls_may_select;
   for (const char* tls : {static_cast<const char*>(nullptr), "", "all", "^tcp", "sm,self", "shm", "posix,tcp"})

@@ -506,6 +506,26 @@ TEST(Store, WatchStreamsChangesUnderAPrefix) {
   EXPECT_EQ(e.key, "members/0");
 }
 
+// A set that completes a waiting request releases the requests its client
+// pipelined behind the wait; their events must still follow the set's own.
+TEST(Store, WatchEventsFollowTheOrderOfMutationsWhenASetReleasesPipelinedRequests) {
+  el::store_server srv(test_options());
+  el::store_client c("127.0.0.1", srv.port(), token);
+  auto w = c.watch("", false, ef::deadline::after(2s));
+  ebbflow_test::raw_conn a(srv.port());
+  ASSERT_TRUE(a.authenticate(token));
+  // wait{k1}, and pipelined behind it set{k2}: the set is queued until k1 is set.
+  std::string frames = el::detail::keys_frame(proto::op::wait, {"k1"}, 5000, true);
+  frames += proto::frame_builder(proto::op::set).str("k2").str("v2").finish();
+  a.send(frames);
+  std::this_thread::sleep_for(200ms);  // both frames are on the server: the set waits behind the wait
+  c.set("k1", "v1", ef::deadline::after(2s));
+  const auto e1 = w.next(ef::deadline::after(2s));
+  const auto e2 = w.next(ef::deadline::after(2s));
+  EXPECT_EQ(e1.key, "k1") << "events came as " << e1.key << ", " << e2.key;
+  EXPECT_EQ(e2.key, "k2");
+}
+
 TEST(Store, TooManyConnectionsAreRefusedNotCrashed) {
   auto o = test_options();
   o.max_connections = 2;

@@ -23,7 +23,16 @@
 //! names the operation, this rank, the generation, the peer whose operation
 //! failed and the collective's sequence number. Conditions: `errc::peer_lost`
 //! (a peer died), `errc::timeout` (deadline passed), `errc::bad_message`
-//! (ranks disagree on sizes).
+//! (ranks disagree on sizes, when a message of the wrong size arrives; the
+//! text names both sizes).
+//!
+//! Ranks that disagree on sizes get `bad_message` only when they run the
+//! same algorithm. The choice depends on the size (`small_bytes`, the element
+//! count against the rank count): sizes on both sides of it make ranks run
+//! different algorithms whose messages never match, and each rank gets
+//! `errc::timeout` at its deadline instead, its text naming its own byte
+//! count and this possible cause. Detecting it sooner would need the size on
+//! the wire or an extra round trip per collective; ebbflow does neither.
 //!
 //! All ranks must call the same collectives in the same order with matching
 //! sizes, dtypes and roots (MPI semantics). Buffers are host memory
@@ -54,6 +63,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -181,7 +191,7 @@ class request {
   template <transport>
   friend class basic_communicator;
   request(T& t, detail::task<T> task, detail::op_context ctx, std::shared_ptr<detail::active_set<T>> active);
-  void finish(std::error_code ec, int peer);
+  void finish(std::error_code ec, int peer, std::string_view why = {});
   void progress();
   void release() noexcept;
 
@@ -193,6 +203,7 @@ class request {
   std::uint64_t seq_ = 0;
   std::size_t bytes_ = 0;
   bool describe_ = false;
+  std::string why_;  // "; " + what the failed transfer said (sizes), or empty
   std::shared_ptr<detail::active_set<T>> active_;
 };
 

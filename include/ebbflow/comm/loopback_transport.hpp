@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -79,6 +80,15 @@ class basic_loopback_transport {
     tag_t tag = 0;            //!< user tag
     std::span<std::byte> in;  //!< receive buffer (host memory)
     std::error_code ec;       //!< outcome once done
+    std::size_t sent = 0;     //!< the message's size, when it did not fit `in` (bad_message)
+
+    //! After `errc::bad_message`: both sizes, e.g. "message of 12 bytes for a
+    //! 20-byte receive buffer"; otherwise empty.
+    [[nodiscard]] std::string error_detail() const {
+      if (ec != errc::bad_message) return {};
+      return "message of " + std::to_string(sent) + " bytes for a " + std::to_string(in.size()) +
+             "-byte receive buffer";
+    }
   };
 
   //! Rank `rank` of `hub` in generation `generation`.
@@ -168,6 +178,7 @@ class basic_loopback_transport {
       auto& msg = it->second.front();
       if (msg.data.size() != r.in.size()) {
         r.ec = make_error_code(error::bad_message);
+        r.sent = msg.data.size();
       } else if (!msg.data.empty()) {
         std::memcpy(r.in.data(), msg.data.data(), msg.data.size());
       }

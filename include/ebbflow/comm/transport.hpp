@@ -11,7 +11,10 @@
 //!   folds `generation()` into the wire tag, so late traffic of an older
 //!   generation can never be consumed by a newer one.
 //! * The received message must have exactly the posted size; otherwise the
-//!   request fails with `errc::bad_message` naming both sizes.
+//!   request fails with `errc::bad_message`. A model's request may offer
+//!   `std::string error_detail() const`, naming both sizes after such a
+//!   failure (both models here do); `send`/`recv` below and the communicator
+//!   add it to the error's text.
 //! * A peer that died makes its pending and future requests fail with
 //!   `errc::peer_lost` (never a hang); `wait` returns `errc::timeout` when
 //!   its deadline passes, and the request stays pending (it may be waited on
@@ -28,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <system_error>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -78,17 +82,32 @@ concept transport = requires(T& t, const T& ct, int peer, tag_t tag, std::span<c
   t.wait(req, d, ec);
 };
 
+namespace detail {
+//! `base`, followed by what failed request `r` says about its failure (see
+//! `error_detail` above), when its transport tells.
+template <class Request>
+std::string describe(const Request& r, std::string base) {
+  if constexpr (requires {
+                  { r.error_detail() } -> std::convertible_to<std::string>;
+                }) {
+    if (std::string why = r.error_detail(); !why.empty()) base += "; " + why;
+  }
+  return base;
+}
+}  // namespace detail
+
 //! Blocking send with a deadline. @throws system_error naming rank, peer, generation.
 template <transport T>
 void send(T& t, int peer, tag_t tag, std::span<const std::byte> data, deadline d) {
   auto r = t.isend(peer, tag, data);
   std::error_code ec;
   t.wait(r, d, ec);
-  throw_if(ec, {.rank = t.rank(),
-                .generation = t.generation(),
-                .peer = peer,
-                .operation = "send",
-                .detail = std::to_string(data.size()) + " bytes"});
+  if (ec)
+    throw_if(ec, {.rank = t.rank(),
+                  .generation = t.generation(),
+                  .peer = peer,
+                  .operation = "send",
+                  .detail = detail::describe(r, std::to_string(data.size()) + " bytes")});
 }
 
 //! Blocking receive with a deadline. @throws system_error naming rank, peer, generation.
@@ -97,11 +116,12 @@ void recv(T& t, int peer, tag_t tag, std::span<std::byte> data, deadline d) {
   auto r = t.irecv(peer, tag, data);
   std::error_code ec;
   t.wait(r, d, ec);
-  throw_if(ec, {.rank = t.rank(),
-                .generation = t.generation(),
-                .peer = peer,
-                .operation = "recv",
-                .detail = std::to_string(data.size()) + " bytes"});
+  if (ec)
+    throw_if(ec, {.rank = t.rank(),
+                  .generation = t.generation(),
+                  .peer = peer,
+                  .operation = "recv",
+                  .detail = detail::describe(r, std::to_string(data.size()) + " bytes")});
 }
 
 }  // namespace comm

@@ -82,6 +82,7 @@ struct promise {
   int peer = -1;                           // its peer, for error messages
   std::error_code failed{};                // set by the coroutine before co_return on error
   int failed_peer = -1;
+  std::string failed_detail;  // what the failed transfer said (sizes), if anything
   std::exception_ptr exc;
   task<T> get_return_object() noexcept;
   std::suspend_always initial_suspend() const noexcept { return {}; }
@@ -623,7 +624,7 @@ bool request<T>::done() const noexcept {
 }
 
 template <transport T>
-void request<T>::finish(std::error_code ec, int peer) {
+void request<T>::finish(std::error_code ec, int peer, std::string_view why) {
   // A transport that knows which peer died (UCX: `lost_peer()`) names it,
   // whichever transfer happened to report the loss.
   if constexpr (requires(const T& t) {
@@ -634,6 +635,12 @@ void request<T>::finish(std::error_code ec, int peer) {
   finished_ = true;
   ec_ = ec;
   if (ec) ctx_.peer = peer;
+  if (ec && !why.empty()) {
+    if (describe_)
+      why_ = why;  // context() builds the rest of the text
+    else
+      ctx_.detail += why;  // starts with "; "
+  }
   if (h_) {
     auto exc = std::exchange(h_.promise().exc, nullptr);
     release();
@@ -652,12 +659,14 @@ void advance(T& t, std::coroutine_handle<promise<T>> h) {
     if (p.awaited) {
       std::error_code e;
       if (!t.test(*p.awaited, e)) return;
-      p.awaited = nullptr;
       if (e) {
         p.failed = e;
         p.failed_peer = p.peer;
+        p.failed_detail = describe(*p.awaited, {});
+        p.awaited = nullptr;
         return;
       }
+      p.awaited = nullptr;
     }
     h.resume();
   }
@@ -675,7 +684,7 @@ void request<T>::progress() {
   if (p.exc)
     finish(make_error_code(error::invalid_state), -1);
   else if (p.failed)
-    finish(p.failed, p.failed_peer);
+    finish(p.failed, p.failed_peer, p.failed_detail);
   else if (h_.done())
     finish({}, -1);
 }
@@ -728,8 +737,18 @@ void request<T>::wait(deadline d) {
 
 template <transport T>
 const error_context& request<T>::context() const {
-  if (describe_ && (ec_ || ctx_.peer >= 0) && ctx_.detail.empty())
+  if (describe_ && (ec_ || ctx_.peer >= 0)) {
     ctx_.detail = "seq " + std::to_string(seq_) + ", " + std::to_string(bytes_) + " bytes";
+    if (!finished_) {
+      // The deadline passed with the collective pending. Besides a slow or
+      // stopped peer, ranks that disagree on the size end here: they may
+      // choose different algorithms (small_bytes, ring vs recursive
+      // doubling), whose messages never match, so no size is ever compared.
+      ctx_.detail += "; the peer is slow or stopped, or ranks may disagree on the size";
+    } else {
+      ctx_.detail += why_;
+    }
+  }
   return ctx_;
 }
 

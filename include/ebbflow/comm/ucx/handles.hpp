@@ -16,12 +16,15 @@
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <chrono>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -83,6 +86,68 @@ inline void set_environment_defaults() noexcept {
 }
 
 namespace detail {
+// The frame around every worker address ebbflow publishes (`worker::address`)
+// and checks before UCX sees a peer's (`transport`): UCX parses an address
+// with assertions, so a malformed one (a corrupt store value, a stale or
+// foreign file) would abort the process inside `ucp_ep_create`. Header, 16
+// bytes little-endian: magic "EBFA", u16 version, u16 zero, u32 length of the
+// UCX address, u32 FNV-1a of its bytes; then the UCX address.
+inline constexpr std::size_t address_header_bytes = 16;
+inline constexpr std::uint16_t address_version = 1;
+inline constexpr std::uint32_t fnv1a(std::span<const std::byte> b) noexcept {
+  std::uint32_t h = 2166136261u;
+  for (std::byte x : b) h = (h ^ static_cast<std::uint8_t>(x)) * 16777619u;
+  return h;
+}
+inline void store_le(std::byte* p, std::uint32_t v, int n) noexcept {
+  for (int i = 0; i < n; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
+}
+inline std::uint32_t load_le(const std::byte* p, int n) noexcept {
+  std::uint32_t v = 0;
+  for (int i = 0; i < n; ++i) v |= static_cast<std::uint32_t>(p[i]) << (8 * i);
+  return v;
+}
+//! `raw` (a UCX worker address) with ebbflow's header in front.
+inline std::vector<std::byte> frame_address(std::span<const std::byte> raw) {
+  std::vector<std::byte> out(address_header_bytes + raw.size());
+  for (int i = 0; i < 4; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::byte>("EBFA"[i]);
+  store_le(out.data() + 4, address_version, 2);
+  store_le(out.data() + 6, 0, 2);
+  store_le(out.data() + 8, static_cast<std::uint32_t>(raw.size()), 4);
+  store_le(out.data() + 12, fnv1a(raw), 4);
+  std::ranges::copy(raw, out.begin() + address_header_bytes);
+  return out;
+}
+//! The UCX address inside `framed`, or empty with `why` saying what is wrong.
+inline std::span<const std::byte> unframe_address(std::span<const std::byte> framed, std::string& why) {
+  const auto n = framed.size();
+  if (n < address_header_bytes) {
+    why = "shorter than the " + std::to_string(address_header_bytes) + "-byte header";
+    return {};
+  }
+  const std::byte* p = framed.data();
+  if (load_le(p, 4) != load_le(reinterpret_cast<const std::byte*>("EBFA"), 4)) {
+    why = "not an ebbflow worker address (bad magic)";
+    return {};
+  }
+  if (load_le(p + 4, 2) != address_version) {
+    why = "address format version " + std::to_string(load_le(p + 4, 2)) + " (this build reads " +
+          std::to_string(address_version) + ")";
+    return {};
+  }
+  const auto raw = framed.subspan(address_header_bytes);
+  if (load_le(p + 8, 4) != raw.size() || raw.empty()) {
+    why = "header says " + std::to_string(load_le(p + 8, 4)) + " bytes of UCX address, " + std::to_string(raw.size()) +
+          " follow";
+    return {};
+  }
+  if (load_le(p + 12, 4) != fnv1a(raw)) {
+    why = "checksum mismatch (corrupted)";
+    return {};
+  }
+  return raw;
+}
+
 struct context_traits {
   using value_type = ucp_context_h;
   static value_type null() noexcept { return nullptr; }
@@ -144,13 +209,14 @@ class worker {
     ucp_address_t* a = nullptr;
     std::size_t len = 0;
     throw_if(make_error(ucp_worker_get_address(w, &a, &len)), {.operation = "ucp_worker_get_address"});
-    const auto* p = reinterpret_cast<const std::byte*>(a);
-    address_.assign(p, p + len);
+    address_ = detail::frame_address({reinterpret_cast<const std::byte*>(a), len});
     ucp_worker_release_address(w, a);
   }
   //! The raw UCP worker handle (owned by this object).
   [[nodiscard]] ucp_worker_h get() const noexcept { return h_.get(); }
-  //! This worker's address: the bytes peers need to connect (opaque).
+  //! This worker's address: the bytes peers need to connect (opaque; UCX's
+  //! address behind a header with a checksum, which `transport` verifies
+  //! before it connects, so a corrupt address fails cleanly).
   [[nodiscard]] std::span<const std::byte> address() const noexcept { return address_; }
   //! Whether several threads may call into this worker at once.
   [[nodiscard]] bool multi_threaded() const noexcept { return multi_; }

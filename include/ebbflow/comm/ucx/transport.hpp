@@ -124,6 +124,17 @@ class transport {
     request& operator=(const request&) = delete;
     ~request() { release(); }
 
+    //! After a receive failed with `errc::bad_message`: the sizes, e.g.
+    //! "message of 12 bytes for a 20-byte receive buffer" (UCX reports the
+    //! sender's length of a message it truncated, too; when it does not,
+    //! "message larger than the 20-byte receive buffer"); otherwise empty.
+    [[nodiscard]] std::string error_detail() const {
+      if (!recv_ || ec_ != errc::bad_message) return {};
+      const std::string buffer = std::to_string(len_) + "-byte receive buffer";
+      if (got_ == len_) return "message larger than the " + buffer;
+      return "message of " + std::to_string(got_) + " bytes for a " + buffer;
+    }
+
    private:
     friend class transport;
     void swap(request& o) noexcept {
@@ -133,6 +144,7 @@ class transport {
       std::swap(ec_, o.ec_);
       std::swap(peer_, o.peer_);
       std::swap(len_, o.len_);
+      std::swap(got_, o.got_);
       std::swap(recv_, o.recv_);
     }
     void release() noexcept;
@@ -142,11 +154,14 @@ class transport {
     std::error_code ec_{};
     int peer_ = -1;
     std::size_t len_ = 0;
+    std::size_t got_ = 0;  // a receive's message length as UCX reported it
     bool recv_ = false;
   };
 
   //! Connects to every peer: creates endpoints from `addresses` (one per
-  //! rank, indexed by rank; this rank's own is ignored) and exchanges an
+  //! rank, indexed by rank, each as `worker::address` gave it; this rank's
+  //! own is ignored; a malformed one fails with `errc::peer_lost` naming the
+  //! peer and the address's size, before UCX sees it) and exchanges an
   //! empty message with each, so every endpoint is wired up (and watched by
   //! keepalive) before the first collective. Blocks until done or `d`.
   //! @throws system_error (peer_lost / timeout naming the peer), std::invalid_argument.
@@ -230,7 +245,8 @@ class transport {
   request isend(int peer, tag_t tag, std::span<const std::byte> out);
   //! Posts a receive into `in` (host memory, valid until the request
   //! completed) from `peer`; never blocks. A size mismatch completes it with
-  //! `errc::bad_message`. @throws std::invalid_argument for a bad `peer`.
+  //! `errc::bad_message` (sizes in `request::error_detail`).
+  //! @throws std::invalid_argument for a bad `peer`.
   request irecv(int peer, tag_t tag, std::span<std::byte> in);
   //! Drives UCX once; true once `r` completed (then `ec` holds its outcome).
   //! Never blocks.
@@ -377,8 +393,22 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
     auto& ref = st_->refs[static_cast<std::size_t>(p)];
-    const ucs_status_t s = st_->w->endpoints().acquire(st_->w->get(), addresses[static_cast<std::size_t>(p)],
-                                                       &transport::on_peer_error, st_.get(), p, ref);
+    const auto& framed = addresses[static_cast<std::size_t>(p)];
+    std::string why;
+    const auto address = detail::unframe_address(framed, why);
+    if (address.empty()) {
+      // Refused before UCX parses it (UCX asserts on a malformed address).
+      // A peer whose address is unusable cannot be reached: lost, as below.
+      close_endpoints();
+      throw system_error(make_error_code(error::peer_lost),
+                         {.rank = rank,
+                          .generation = generation,
+                          .peer = p,
+                          .operation = "ucx connect",
+                          .detail = "malformed worker address of " + std::to_string(framed.size()) + " bytes: " + why});
+    }
+    const ucs_status_t s =
+        st_->w->endpoints().acquire(st_->w->get(), address, &transport::on_peer_error, st_.get(), p, ref);
     if (s != UCS_OK) {
       // The address is the peer's own: when it cannot be reached (its shared
       // memory is gone, its host refuses) the peer is as good as lost, and
@@ -585,15 +615,19 @@ inline void transport::complete(request& r) noexcept {
   ucs_status_t s;
   std::size_t got = r.len_;
   if (r.recv_) {
+    // UCX fills `info` once the receive completed, also when it truncated
+    // the message (UCS_ERR_MESSAGE_TRUNCATED): `length` is then the sender's.
     ucp_tag_recv_info_t info{};
+    info.length = r.len_;
     s = ucp_tag_recv_request_test(r.ucx_, &info);
-    if (s == UCS_OK) got = info.length;
+    got = info.length;
   } else {
     s = ucp_request_check_status(r.ucx_);
   }
   if (s == UCS_INPROGRESS) return;
   r.done_ = true;
-  if (s == UCS_OK && got != r.len_) {
+  if ((s == UCS_OK && got != r.len_) || s == UCS_ERR_MESSAGE_TRUNCATED) {
+    r.got_ = got;
     r.ec_ = make_error_code(error::bad_message);
   } else if (s == UCS_ERR_CANCELED && st_->lost >= 0) {
     r.ec_ = make_error_code(error::peer_lost);  // cancelled because a peer died

@@ -495,23 +495,10 @@ inline void server_impl::stop() noexcept {
 }
 
 inline void server_impl::notify(const std::string& key, proto::event_kind kind, std::string_view value) {
-  if (kind == proto::event_kind::set) {
-    auto [b, e] = waiters_.equal_range(key);
-    if (b != e) {
-      std::vector<std::shared_ptr<store_waiter>> hit;
-      for (auto it = b; it != e; ++it) hit.push_back(it->second);
-      waiters_.erase(b, e);
-      for (auto& w : hit) {
-        if (w->done) continue;
-        w->missing.erase(key);
-        if (!w->missing.empty()) continue;
-        if (w->is_get)
-          finish_waiter(w, proto::frame_builder(proto::op::value, value.size() + 8).str(value).finish());
-        else
-          finish_waiter(w, proto::frame_builder(proto::op::ok).finish());
-      }
-    }
-  }
+  // The event goes out before any waiter completes: completing one runs the
+  // requests its client pipelined behind the wait (`server_conn::complete`),
+  // whose mutations send their own events, and a watcher must see those
+  // after this one (events follow the order of the mutations).
   if (!watchers_.empty()) {
     std::string frame;
     std::vector<std::shared_ptr<server_conn>> targets;
@@ -525,6 +512,25 @@ inline void server_impl::notify(const std::string& key, proto::event_kind kind, 
                   .str(value)
                   .finish();
       for (auto& c : targets) c->send(frame);
+    }
+  }
+  if (kind == proto::event_kind::set) {
+    auto [b, e] = waiters_.equal_range(key);
+    if (b != e) {
+      std::vector<std::shared_ptr<store_waiter>> hit;
+      for (auto it = b; it != e; ++it) hit.push_back(it->second);
+      waiters_.erase(b, e);
+      // `value` stays valid: it is the setter's frame or a local of
+      // `execute`, never the map entry a released request may reassign.
+      for (auto& w : hit) {
+        if (w->done) continue;
+        w->missing.erase(key);
+        if (!w->missing.empty()) continue;
+        if (w->is_get)
+          finish_waiter(w, proto::frame_builder(proto::op::value, value.size() + 8).str(value).finish());
+        else
+          finish_waiter(w, proto::frame_builder(proto::op::ok).finish());
+      }
     }
   }
 }
