@@ -380,3 +380,23 @@ TEST(Launcher, WorkStealingAcrossProcessesCoversEveryItemOnce) {
   for (int s = 1; s < steps; s += 2) slow_steps_helped += stolen_from_1[s] > 0;
   EXPECT_GE(slow_steps_helped, steps / 2 - 1) << r.out;
 }
+
+// The documented exit status: a --timeout gives 124 and an interrupt
+// 128 + signal even after an elastic worker failed (the failure did not stop
+// the job: the timeout or the signal did); a rank failure that stopped the
+// job keeps its status even if the timeout passes while the others stop.
+TEST(Launcher, WhatStoppedTheJobDecidesTheExitStatus) {
+  auto timed_out = run({EBBFLOW_RUN, "-n", "2", "--kill", "0.3:1", "--timeout", "1.5", "--", "sleep", "10"});
+  EXPECT_EQ(timed_out.exit.code, 124) << timed_out.exit.describe() << "\n" << timed_out.err;
+
+  auto interrupted = run({EBBFLOW_RUN, "-n", "2", "--kill", "0.3:1", "--", "sleep", "10"}, {}, 20s, [](pid_t l) {
+    std::this_thread::sleep_for(1s);
+    ::kill(l, SIGTERM);
+  });
+  EXPECT_EQ(interrupted.exit.code, 128 + SIGTERM) << interrupted.exit.describe() << "\n" << interrupted.err;
+
+  auto failed = run({EBBFLOW_RUN, "-n", "2", "--timeout", "0.6", "--kill-after", "1", "--", "sh", "-c",
+                     "[ $EBBFLOW_RANK = 1 ] && { sleep 0.2; exit 3; }; trap '' TERM; sleep 3"});
+  EXPECT_EQ(failed.exit.code, 3) << failed.exit.describe() << "\n" << failed.err;
+  EXPECT_NE(failed.err.find("job failed: rank 1 exited with status 3"), std::string::npos) << failed.err;
+}

@@ -95,8 +95,9 @@ constexpr const char* usage_text =
     "  SIGUSR1 / SIGUSR2    to ebbflow-run: add one worker / ask the newest to leave\n"
     "Joining workers get EBBFLOW_JOIN=1 and no EBBFLOW_RANK (the group assigns ranks).\n"
     "  -h, --help           this text\n"
-    "Exit status: 0 when every rank exits 0; otherwise the first failed rank's status\n"
-    "(128+signal when killed); 124 on --timeout; 128+signal when interrupted.\n";
+    "Exit status: what stopped the job first decides: a failed rank, its status (128+signal when\n"
+    "killed); --timeout, 124; an interrupt, 128+signal. Else 0 when every rank exits 0 (--elastic:\n"
+    "when a worker finished with 0; else the first failure's status).\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
   std::cerr << "ebbflow-run: " << msg << "\n" << usage_text;
@@ -462,6 +463,10 @@ int main(int argc, char** argv) {
   std::optional<el::detail::child_exit> first_failure;
   int interrupted_by = 0;
   bool timed_out = false;
+  // What stopped the job first decides the exit status (docs/launcher.md): a
+  // failed rank (not with --elastic, where a failure does not stop the job),
+  // the --timeout, or a signal; whatever comes while the ranks stop does not.
+  enum class stop_cause { none, failure, timeout, signal } stopped_by = stop_cause::none;
   auto stop_all = [&](int sig) {
     group.signal_all(sig);
     // A stopped worker cannot act on sig: continue every one now.
@@ -510,6 +515,7 @@ int main(int argc, char** argv) {
       }
       if (!first_failure && !interrupted_by && !timed_out) {
         first_failure = e;
+        if (stopped_by == stop_cause::none) stopped_by = stop_cause::failure;
         say("rank " + std::to_string(e.id) + " (pid " + std::to_string(e.pid) + ") failed: " + e.describe() +
             "; stopping the other ranks");
         stop_all(SIGTERM);
@@ -530,6 +536,7 @@ int main(int argc, char** argv) {
           continue;
         }
         if (!interrupted_by) interrupted_by = sig;
+        if (stopped_by == stop_cause::none) stopped_by = stop_cause::signal;
         say(std::string("received SIG") + sigabbrev_np(sig) + "; forwarding it to the ranks");
         stop_all(sig);
       }
@@ -595,6 +602,7 @@ int main(int argc, char** argv) {
     }
     if (!timed_out && job_deadline.expired() && group.running() > 0) {
       timed_out = true;
+      if (stopped_by == stop_cause::none) stopped_by = stop_cause::timeout;
       say("job timeout of " + std::to_string(*opt.timeout_s) + " s reached; stopping the ranks");
       stop_all(SIGTERM);
     }
@@ -609,20 +617,23 @@ int main(int argc, char** argv) {
     say(std::to_string(pending_restarts.items.size()) + " restart(s) in cool-down not done: no worker left to join");
   server.reset();
 
-  if (opt.elastic && !timed_out && !interrupted_by) {
-    if (finished_ok > 0) return 0;
-    if (first_failure) {
-      say("job failed: no worker finished successfully (first failure: worker " + std::to_string(first_failure->id) +
-          " " + first_failure->describe() + ")");
+  switch (stopped_by) {
+    case stop_cause::failure:
+      say("job failed: rank " + std::to_string(first_failure->id) + " " + first_failure->describe());
       return first_failure->shell_status() != 0 ? first_failure->shell_status() : 1;
-    }
-    return 0;
+    case stop_cause::timeout:
+      return 124;
+    case stop_cause::signal:
+      return 128 + interrupted_by;
+    case stop_cause::none:
+      break;
   }
-  if (first_failure) {
-    say("job failed: rank " + std::to_string(first_failure->id) + " " + first_failure->describe());
+  // With --elastic a failed worker does not stop the job: it succeeded when a
+  // worker finished with 0.
+  if (opt.elastic && finished_ok == 0 && first_failure) {
+    say("job failed: no worker finished successfully (first failure: worker " + std::to_string(first_failure->id) +
+        " " + first_failure->describe() + ")");
     return first_failure->shell_status() != 0 ? first_failure->shell_status() : 1;
   }
-  if (timed_out) return 124;
-  if (interrupted_by) return 128 + interrupted_by;
   return 0;
 }
