@@ -381,6 +381,14 @@ TEST(Launcher, WorkStealingAcrossProcessesCoversEveryItemOnce) {
   EXPECT_GE(slow_steps_helped, steps / 2 - 1) << r.out;
 }
 
+namespace {
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+}  // namespace
+
 // The documented exit status: a --timeout gives 124 and an interrupt
 // 128 + signal even after an elastic worker failed (the failure did not stop
 // the job: the timeout or the signal did); a rank failure that stopped the
@@ -399,4 +407,28 @@ TEST(Launcher, WhatStoppedTheJobDecidesTheExitStatus) {
                      "[ $EBBFLOW_RANK = 1 ] && { sleep 0.2; exit 3; }; trap '' TERM; sleep 3"});
   EXPECT_EQ(failed.exit.code, 3) << failed.exit.describe() << "\n" << failed.err;
   EXPECT_NE(failed.err.find("job failed: rank 1 exited with status 3"), std::string::npos) << failed.err;
+}
+
+// A worker the launcher asked to leave (--discovery asking for fewer,
+// SIGUSR2, --leave) retires, however it ends: it is neither restarted nor a
+// failure of the job.
+TEST(Launcher, AWorkerAskedToLeaveRetiresAndIsNotRestarted) {
+  auto r = run({EBBFLOW_RUN, "-n", "2", "--restart", "3", "--discovery", "echo 1", "--discovery-interval", "0.3", "--",
+                "sleep", "1.5"});
+  EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
+  EXPECT_EQ(count(r.err, "asking worker 1 to leave"), 1u) << r.err;
+  EXPECT_EQ(count(r.err, "restart"), 0u) << r.err;
+  EXPECT_NE(r.err.find("worker 1 (pid "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(") retired as asked: killed by signal 15 (SIGTERM)"), std::string::npos) << r.err;
+
+  auto usr2 = run({EBBFLOW_RUN, "-n", "2", "--", "sleep", "1.5"}, {}, 20s, [](pid_t l) {
+    std::this_thread::sleep_for(300ms);
+    ::kill(l, SIGUSR2);
+  });
+  EXPECT_TRUE(usr2.exit.ok()) << usr2.exit.describe() << "\n" << usr2.err;
+  EXPECT_EQ(count(usr2.err, "stopping the other ranks"), 0u) << usr2.err;
+
+  auto left = run({EBBFLOW_RUN, "-n", "2", "--restart", "2", "--leave", "0.3:1", "--", "sleep", "1.5"});
+  EXPECT_TRUE(left.exit.ok()) << left.exit.describe() << "\n" << left.err;
+  EXPECT_EQ(count(left.err, "restart"), 0u) << left.err;
 }

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -448,10 +449,14 @@ int main(int argc, char** argv) {
       }
     }
   };
+  // Workers the launcher asked to leave (--discovery, SIGUSR2, --leave): their
+  // exit, however it comes, is a retirement, never a failure to restart.
+  std::set<int> retiring;
   auto retire_newest = [&](int k) {
     for (int i = 0; i < k && !alive.empty(); ++i) {
       const int id = alive.back();
       alive.pop_back();
+      retiring.insert(id);
       say("asking worker " + std::to_string(id) + " to leave" + stamp());
       group.signal(id, SIGTERM);
     }
@@ -482,6 +487,12 @@ int main(int argc, char** argv) {
     auto exits = group.poll(d, sigfd, &sig_ready);
     for (const auto& e : exits) {
       std::erase(alive, e.id);
+      if (retiring.erase(e.id) != 0) {
+        say("worker " + std::to_string(e.id) + " (pid " + std::to_string(e.pid) +
+            ") retired as asked: " + e.describe() + stamp());
+        if (e.ok()) ++finished_ok;
+        continue;
+      }
       if (e.ok()) {
         ++finished_ok;
         continue;
@@ -579,7 +590,12 @@ int main(int argc, char** argv) {
           if (!group.signal(ev.arg, SIGKILL)) say("worker " + std::to_string(ev.arg) + " is not running");
         } else {
           say("asking worker " + std::to_string(ev.arg) + " to leave (SIGTERM)" + stamp());
-          if (!group.signal(ev.arg, SIGTERM)) say("worker " + std::to_string(ev.arg) + " is not running");
+          if (group.signal(ev.arg, SIGTERM)) {
+            retiring.insert(ev.arg);
+            std::erase(alive, ev.arg);
+          } else {
+            say("worker " + std::to_string(ev.arg) + " is not running");
+          }
         }
       }
       if (now >= next_discovery) {
