@@ -26,6 +26,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -92,7 +93,10 @@ constexpr const char* usage_text =
     "  --store-cpu N        with --cpu-bind: run the launcher and its store on CPU N instead (one of\n"
     "                       the CPUs this launcher may use), e.g. off the running workers' CPU\n"
     "  --discovery CMD      poll CMD (every --discovery-interval SEC, default 2): it prints the wanted\n"
-    "                       number of workers; more are started, or the newest asked to leave\n"
+    "                       number of workers; more are started, or the newest asked to leave. It runs\n"
+    "                       beside the job; output that is not a whole number (0..4096), a failure, or\n"
+    "                       no answer within --discovery-timeout SEC (default 10; then it is killed)\n"
+    "                       keeps the workers there are, with a warning\n"
     "  SIGUSR1 / SIGUSR2    to ebbflow-run: add one worker / ask the newest to leave\n"
     "Joining workers get EBBFLOW_JOIN=1 and no EBBFLOW_RANK (the group assigns ranks).\n"
     "  -h, --help           this text\n"
@@ -138,6 +142,7 @@ struct options {
   el::cooldown restart_cooldown;  // --restart-cooldown (default 1:60)
   std::string discovery;
   double discovery_interval = 2;
+  double discovery_timeout = 10;
   std::vector<std::string> argv;
 };
 
@@ -214,6 +219,8 @@ options parse(int argc, char** argv) {
       o.discovery = value(a);
     } else if (a == "--discovery-interval") {
       o.discovery_interval = parse_seconds(a, value(a));
+    } else if (a == "--discovery-timeout") {
+      o.discovery_timeout = parse_seconds(a, value(a));
     } else if (a == "--event-clock") {
       const std::string v = value(a);
       if (v != "launch" && v != "training") usage_error(a + " '" + v + "': expected launch or training");
@@ -269,6 +276,60 @@ void write_all(int fd, const std::string& s) {
 }
 
 void say(const std::string& msg) { write_all(2, "ebbflow-run: " + msg + "\n"); }
+
+std::string seconds_text(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g", s);
+  return b;
+}
+
+constexpr int max_workers = 4096;
+
+// `s` without the white space around it.
+std::string_view trimmed(std::string_view s) {
+  constexpr std::string_view space = " \t\r\n\v\f";
+  const auto first = s.find_first_not_of(space);
+  return first == std::string_view::npos ? std::string_view() : s.substr(first, s.find_last_not_of(space) - first + 1);
+}
+
+// What --discovery printed, as the wanted number of workers: the whole output
+// must be one decimal number in [0, max_workers], with nothing but white space
+// around it. Anything else ("", "garbage", "3abc", "-1", two lines) is no
+// answer, not 0 or a prefix: a broken command must not scale the job down.
+std::optional<int> parse_worker_count(std::string_view out) {
+  out = trimmed(out);
+  int n = -1;
+  const auto [p, ec] = std::from_chars(out.data(), out.data() + out.size(), n);
+  if (out.empty() || ec != std::errc{} || p != out.data() + out.size() || n < 0 || n > max_workers) return std::nullopt;
+  return n;
+}
+
+// `s` in double quotes, trimmed, with control characters escaped and at most
+// about 200 characters shown, for a warning line.
+std::string quote_output(std::string_view s) {
+  s = trimmed(s);
+  std::string q = "\"";
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i == 200) {
+      q += "...";
+      break;
+    }
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c == '\n') {
+      q += "\\n";
+    } else if (c == '"' || c == '\\') {
+      q += '\\';
+      q += static_cast<char>(c);
+    } else if (c < 0x20 || c == 0x7f) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      q += b;
+    } else {
+      q += static_cast<char>(c);
+    }
+  }
+  return q + "\"";
+}
 
 // Wall-clock stamp for event lines, so reports can align them with metrics.
 std::string stamp() {
@@ -472,7 +533,23 @@ int main(int argc, char** argv) {
   // failed rank (not with --elastic, where a failure does not stop the job),
   // the --timeout, or a signal; whatever comes while the ranks stop does not.
   enum class stop_cause { none, failure, timeout, signal } stopped_by = stop_cause::none;
+  // --discovery runs as a child of its own that the loop polls: a command that
+  // hangs holds up neither the job's exits, nor --timeout, nor signals, and
+  // is killed (its whole process group) after --discovery-timeout.
+  std::string discovery_out;
+  el::detail::process_group discovery([&](int, int stream, std::string_view line) {
+    if (stream == 2) {
+      write_all(2, "[discovery] " + std::string(line) + "\n");
+    } else if (discovery_out.size() < 4096) {
+      discovery_out.append(line).push_back('\n');
+    }
+  });
+  int discovery_run = -1;  // id of the run in progress, -1: none
+  int discovery_runs = 0;
+  std::optional<ef::deadline> discovery_deadline;
   auto stop_all = [&](int sig) {
+    discovery.signal_all(SIGKILL);
+    discovery_run = -1;
     group.signal_all(sig);
     // A stopped worker cannot act on sig: continue every one now.
     stopped.take_due(std::numeric_limits<double>::infinity(), [&](int id) { group.signal(id, SIGCONT); });
@@ -598,20 +675,40 @@ int main(int argc, char** argv) {
           }
         }
       }
-      if (now >= next_discovery) {
-        next_discovery = now + opt.discovery_interval;
-        if (FILE* f = ::popen(opt.discovery.c_str(), "r")) {
-          char buf[64] = {0};
-          const bool got = std::fgets(buf, sizeof buf, f) != nullptr;
-          const int rc = ::pclose(f);
-          char* end = nullptr;
-          const long want = got ? std::strtol(buf, &end, 10) : -1;
-          if (rc != 0 || !got || want < 0 || want > 4096) {
-            say("--discovery command failed or printed no worker count; keeping " + std::to_string(alive.size()));
-          } else if (want > static_cast<long>(alive.size())) {
-            add_workers(static_cast<int>(want - static_cast<long>(alive.size())));
-          } else if (want < static_cast<long>(alive.size())) {
-            retire_newest(static_cast<int>(static_cast<long>(alive.size()) - want));
+      if (!opt.discovery.empty()) {
+        const std::string named = "--discovery '" + opt.discovery + "'";
+        const std::string keeping = "; keeping " + std::to_string(alive.size()) + " worker(s)";
+        for (const auto& e : discovery.poll(ef::deadline::after(0s))) {
+          if (e.id != discovery_run) continue;  // one killed at its deadline
+          discovery_run = -1;
+          if (!e.ok()) {
+            say(named + " " + e.describe() + keeping);
+          } else if (const auto want = parse_worker_count(discovery_out); !want) {
+            say(named + " printed " + quote_output(discovery_out) + ", not a number of workers (0.." +
+                std::to_string(max_workers) + ")" + keeping);
+          } else if (*want > static_cast<int>(alive.size())) {
+            add_workers(*want - static_cast<int>(alive.size()));
+          } else if (*want < static_cast<int>(alive.size())) {
+            retire_newest(static_cast<int>(alive.size()) - *want);
+          }
+        }
+        if (discovery_run >= 0 && discovery_deadline->expired()) {
+          discovery.signal(discovery_run, SIGKILL);  // its process group: what it started goes too
+          discovery_run = -1;
+          say(named + " did not finish within " + seconds_text(opt.discovery_timeout) + " s: killed it" + keeping);
+        }
+        if (discovery_run < 0 && now >= next_discovery) {
+          next_discovery = now + opt.discovery_interval;
+          el::detail::child_spec spec;
+          spec.id = discovery_runs++;
+          spec.argv = {"/bin/sh", "-c", opt.discovery};
+          discovery_out.clear();
+          try {
+            discovery.spawn(spec);
+            discovery_run = spec.id;
+            discovery_deadline = ef::deadline::after(std::chrono::duration<double>(opt.discovery_timeout));
+          } catch (const std::exception& e) {
+            say(named + ": " + e.what() + keeping);
           }
         }
       }
