@@ -538,3 +538,20 @@ TEST(Launcher, AWorkerAskedToLeaveRetiresAndIsNotRestarted) {
   EXPECT_TRUE(left.exit.ok()) << left.exit.describe() << "\n" << left.err;
   EXPECT_EQ(count(left.err, "restart"), 0u) << left.err;
 }
+
+// Each worker leads its own process group; whatever is left in it when the
+// launcher ends (a background process that outlived the worker, one that
+// ignored SIGTERM) is killed. (A launcher killed by SIGKILL can do nothing:
+// docs/launcher.md.)
+TEST(Launcher, NothingAWorkerStartedOutlivesTheLauncher) {
+  const std::string bg = "sleep 77.125";
+  auto r = run({EBBFLOW_RUN, "-n", "1", "--", "sh", "-c", bg + " & echo started"});
+  EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
+  EXPECT_NE(r.out.find("[rank 0] started"), std::string::npos) << r.out;
+  EXPECT_TRUE(none_left(bg)) << "a worker's background process outlived the launcher\n" << r.err;
+
+  auto stubborn =
+      run({EBBFLOW_RUN, "-n", "1", "--timeout", "0.5", "--", "sh", "-c", "(trap '' TERM; exec " + bg + ") & sleep 30"});
+  EXPECT_EQ(stubborn.exit.code, 124) << stubborn.exit.describe() << "\n" << stubborn.err;
+  EXPECT_TRUE(none_left(bg)) << "a process that ignored SIGTERM outlived the launcher\n" << stubborn.err;
+}

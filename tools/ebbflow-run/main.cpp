@@ -728,6 +728,9 @@ int main(int argc, char** argv) {
   }
   if (!pending_restarts.items.empty())
     say(std::to_string(pending_restarts.items.size()) + " restart(s) in cool-down not done: no worker left to join");
+  // A worker's exit does not end its process group: kill what it left behind.
+  if (const std::size_t left = group.signal_leftovers(SIGKILL))
+    say("killed what " + std::to_string(left) + " exited worker(s) left running in their process group(s)");
   server.reset();
 
   switch (stopped_by) {
