@@ -14,6 +14,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -379,4 +382,176 @@ TEST(Launcher, WorkStealingAcrossProcessesCoversEveryItemOnce) {
   int slow_steps_helped = 0;
   for (int s = 1; s < steps; s += 2) slow_steps_helped += stolen_from_1[s] > 0;
   EXPECT_GE(slow_steps_helped, steps / 2 - 1) << r.out;
+}
+
+namespace {
+// pids of the processes whose command line is `cmdline` (arguments joined by
+// spaces): what a test leaves behind. Zombies have none and do not count.
+std::vector<pid_t> processes_running(const std::string& cmdline) {
+  std::vector<pid_t> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(entry.path() / "cmdline", std::ios::binary);
+    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    while (!cmd.empty() && cmd.back() == '\0') cmd.pop_back();
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd == cmdline) found.push_back(static_cast<pid_t>(std::stoi(name)));
+  }
+  return found;
+}
+
+// True when no process runs `cmdline` within `limit` (SIGKILL takes a moment
+// to land); kills what is left so that a failing test leaves nothing behind.
+bool none_left(const std::string& cmdline, std::chrono::milliseconds limit = 1s) {
+  const auto d = ef::deadline::after(limit);
+  while (!processes_running(cmdline).empty() && !d.expired()) std::this_thread::sleep_for(20ms);
+  const auto left = processes_running(cmdline);
+  for (pid_t p : left) ::kill(p, SIGKILL);
+  return left.empty();
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+// A --discovery command runs beside the job, never in its way: a command that
+// hangs holds up neither the workers' exits, nor --timeout, nor a signal; it
+// is killed (with what it started) after --discovery-timeout, named, and the
+// job keeps its workers.
+TEST(Launcher, ADiscoveryCommandThatHangsDoesNotHoldUpTheJob) {
+  const std::string hang = "sleep 600.25";
+  auto done = run({EBBFLOW_RUN, "-n", "1", "--discovery", hang, "--timeout", "3", "--", "sleep", "1"}, {}, 8s);
+  EXPECT_TRUE(done.exit.ok()) << done.exit.describe() << "\n" << done.err;
+  EXPECT_LT(done.seconds, 2.5) << done.err;
+
+  auto timed_out = run({EBBFLOW_RUN, "-n", "1", "--discovery", hang, "--timeout", "0.5", "--", "sleep", "30"}, {}, 8s);
+  EXPECT_EQ(timed_out.exit.code, 124) << timed_out.exit.describe() << "\n" << timed_out.err;
+  EXPECT_LT(timed_out.seconds, 3.0) << timed_out.err;
+
+  auto interrupted = run({EBBFLOW_RUN, "-n", "1", "--discovery", hang, "--", "sleep", "30"}, {}, 8s, [](pid_t l) {
+    std::this_thread::sleep_for(500ms);
+    ::kill(l, SIGTERM);
+  });
+  EXPECT_EQ(interrupted.exit.code, 128 + SIGTERM) << interrupted.exit.describe() << "\n" << interrupted.err;
+  EXPECT_LT(interrupted.seconds, 3.0) << interrupted.err;
+
+  auto killed = run({EBBFLOW_RUN, "-n", "1", "--discovery", "sh -c '" + hang + "; echo 3'", "--discovery-interval",
+                     "0.2", "--discovery-timeout", "0.3", "--", "sleep", "1.2"},
+                    {}, 8s);
+  EXPECT_TRUE(killed.exit.ok()) << killed.exit.describe() << "\n" << killed.err;
+  EXPECT_NE(killed.err.find("--discovery 'sh -c '" + hang +
+                            "; echo 3'' did not finish within 0.3 s: killed it; "
+                            "keeping 1 worker(s)"),
+            std::string::npos)
+      << killed.err;
+  EXPECT_EQ(count(killed.err, "started worker"), 0u) << killed.err;
+  EXPECT_TRUE(none_left(hang)) << "a --discovery command outlived its deadline or the launcher";
+
+  auto bad = run({EBBFLOW_RUN, "-n", "1", "--discovery-timeout", "0", "--", "true"});
+  EXPECT_EQ(bad.exit.code, 2);
+  EXPECT_NE(bad.err.find("--discovery-timeout '0'"), std::string::npos) << bad.err;
+}
+
+// --discovery must print a whole number of workers: anything else is named
+// (with what it printed) and the job keeps its size, never scaling to zero
+// because of garbage. Spaces and a trailing newline around the number are fine.
+TEST(Launcher, DiscoveryOutputThatIsNotAWholeNumberKeepsTheWorkers) {
+  const std::vector<std::pair<std::string, std::string>> bad_outputs = {
+      {"echo garbage", "garbage"},
+      {"echo 3abc", "3abc"},
+      {"echo", ""},
+      {"echo -1", "-1"},
+      {"echo 4097", "4097"},
+      {"echo 99999999999999999999", "99999999999999999999"},
+      {"printf '1\\n2\\n'", "1\\n2"},
+      {"echo 1.5", "1.5"}};
+  for (const auto& [cmd, printed] : bad_outputs) {
+    auto r = run({EBBFLOW_RUN, "-n", "2", "--discovery", cmd, "--discovery-interval", "0.2", "--", "sleep", "0.6"});
+    EXPECT_TRUE(r.exit.ok()) << cmd << ": " << r.exit.describe() << "\n" << r.err;
+    EXPECT_NE(r.err.find("--discovery '" + cmd + "' printed \"" + printed +
+                         "\", not a number of workers (0..4096); keeping 2 worker(s)"),
+              std::string::npos)
+        << cmd << "\n"
+        << r.err;
+    EXPECT_EQ(count(r.err, "to leave"), 0u) << cmd << "\n" << r.err;
+    EXPECT_EQ(count(r.err, "started worker"), 0u) << cmd << "\n" << r.err;
+  }
+  auto failed = run(
+      {EBBFLOW_RUN, "-n", "2", "--discovery", "echo 5; exit 3", "--discovery-interval", "0.2", "--", "sleep", "0.6"});
+  EXPECT_TRUE(failed.exit.ok()) << failed.exit.describe() << "\n" << failed.err;
+  EXPECT_NE(failed.err.find("--discovery 'echo 5; exit 3' exited with status 3; keeping 2 worker(s)"),
+            std::string::npos)
+      << failed.err;
+  EXPECT_EQ(count(failed.err, "started worker"), 0u) << failed.err;
+
+  // One poll: workers that finish would be replaced for as long as it asks for 3.
+  auto grows =
+      run({EBBFLOW_RUN, "-n", "1", "--discovery", "echo ' 3 '", "--discovery-interval", "100", "--", "sleep", "0.6"});
+  EXPECT_TRUE(grows.exit.ok()) << grows.exit.describe() << "\n" << grows.err;
+  EXPECT_EQ(count(grows.err, "started worker"), 2u) << grows.err;
+}
+
+// The documented exit status: a --timeout gives 124 and an interrupt
+// 128 + signal even after an elastic worker failed (the failure did not stop
+// the job: the timeout or the signal did); a rank failure that stopped the
+// job keeps its status even if the timeout passes while the others stop.
+TEST(Launcher, WhatStoppedTheJobDecidesTheExitStatus) {
+  auto timed_out = run({EBBFLOW_RUN, "-n", "2", "--kill", "0.3:1", "--timeout", "1.5", "--", "sleep", "10"});
+  EXPECT_EQ(timed_out.exit.code, 124) << timed_out.exit.describe() << "\n" << timed_out.err;
+
+  auto interrupted = run({EBBFLOW_RUN, "-n", "2", "--kill", "0.3:1", "--", "sleep", "10"}, {}, 20s, [](pid_t l) {
+    std::this_thread::sleep_for(1s);
+    ::kill(l, SIGTERM);
+  });
+  EXPECT_EQ(interrupted.exit.code, 128 + SIGTERM) << interrupted.exit.describe() << "\n" << interrupted.err;
+
+  auto failed = run({EBBFLOW_RUN, "-n", "2", "--timeout", "0.6", "--kill-after", "1", "--", "sh", "-c",
+                     "[ $EBBFLOW_RANK = 1 ] && { sleep 0.2; exit 3; }; trap '' TERM; sleep 3"});
+  EXPECT_EQ(failed.exit.code, 3) << failed.exit.describe() << "\n" << failed.err;
+  EXPECT_NE(failed.err.find("job failed: rank 1 exited with status 3"), std::string::npos) << failed.err;
+}
+
+// A worker the launcher asked to leave (--discovery asking for fewer,
+// SIGUSR2, --leave) retires, however it ends: it is neither restarted nor a
+// failure of the job.
+TEST(Launcher, AWorkerAskedToLeaveRetiresAndIsNotRestarted) {
+  auto r = run({EBBFLOW_RUN, "-n", "2", "--restart", "3", "--discovery", "echo 1", "--discovery-interval", "0.3", "--",
+                "sleep", "1.5"});
+  EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
+  EXPECT_EQ(count(r.err, "asking worker 1 to leave"), 1u) << r.err;
+  EXPECT_EQ(count(r.err, "restart"), 0u) << r.err;
+  EXPECT_NE(r.err.find("worker 1 (pid "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(") retired as asked: killed by signal 15 (SIGTERM)"), std::string::npos) << r.err;
+
+  auto usr2 = run({EBBFLOW_RUN, "-n", "2", "--", "sleep", "1.5"}, {}, 20s, [](pid_t l) {
+    std::this_thread::sleep_for(300ms);
+    ::kill(l, SIGUSR2);
+  });
+  EXPECT_TRUE(usr2.exit.ok()) << usr2.exit.describe() << "\n" << usr2.err;
+  EXPECT_EQ(count(usr2.err, "stopping the other ranks"), 0u) << usr2.err;
+
+  auto left = run({EBBFLOW_RUN, "-n", "2", "--restart", "2", "--leave", "0.3:1", "--", "sleep", "1.5"});
+  EXPECT_TRUE(left.exit.ok()) << left.exit.describe() << "\n" << left.err;
+  EXPECT_EQ(count(left.err, "restart"), 0u) << left.err;
+}
+
+// Each worker leads its own process group; whatever is left in it when the
+// launcher ends (a background process that outlived the worker, one that
+// ignored SIGTERM) is killed. (A launcher killed by SIGKILL can do nothing:
+// docs/launcher.md.)
+TEST(Launcher, NothingAWorkerStartedOutlivesTheLauncher) {
+  const std::string bg = "sleep 77.125";
+  auto r = run({EBBFLOW_RUN, "-n", "1", "--", "sh", "-c", bg + " & echo started"});
+  EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
+  EXPECT_NE(r.out.find("[rank 0] started"), std::string::npos) << r.out;
+  EXPECT_TRUE(none_left(bg)) << "a worker's background process outlived the launcher\n" << r.err;
+
+  auto stubborn =
+      run({EBBFLOW_RUN, "-n", "1", "--timeout", "0.5", "--", "sh", "-c", "(trap '' TERM; exec " + bg + ") & sleep 30"});
+  EXPECT_EQ(stubborn.exit.code, 124) << stubborn.exit.describe() << "\n" << stubborn.err;
+  EXPECT_TRUE(none_left(bg)) << "a process that ignored SIGTERM outlived the launcher\n" << stubborn.err;
 }

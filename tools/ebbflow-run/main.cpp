@@ -24,7 +24,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -91,12 +93,16 @@ constexpr const char* usage_text =
     "  --store-cpu N        with --cpu-bind: run the launcher and its store on CPU N instead (one of\n"
     "                       the CPUs this launcher may use), e.g. off the running workers' CPU\n"
     "  --discovery CMD      poll CMD (every --discovery-interval SEC, default 2): it prints the wanted\n"
-    "                       number of workers; more are started, or the newest asked to leave\n"
+    "                       number of workers; more are started, or the newest asked to leave. It runs\n"
+    "                       beside the job; output that is not a whole number (0..4096), a failure, or\n"
+    "                       no answer within --discovery-timeout SEC (default 10; then it is killed)\n"
+    "                       keeps the workers there are, with a warning\n"
     "  SIGUSR1 / SIGUSR2    to ebbflow-run: add one worker / ask the newest to leave\n"
     "Joining workers get EBBFLOW_JOIN=1 and no EBBFLOW_RANK (the group assigns ranks).\n"
     "  -h, --help           this text\n"
-    "Exit status: 0 when every rank exits 0; otherwise the first failed rank's status\n"
-    "(128+signal when killed); 124 on --timeout; 128+signal when interrupted.\n";
+    "Exit status: what stopped the job first decides: a failed rank, its status (128+signal when\n"
+    "killed); --timeout, 124; an interrupt, 128+signal. Else 0 when every rank exits 0 (--elastic:\n"
+    "when a worker finished with 0; else the first failure's status).\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
   std::cerr << "ebbflow-run: " << msg << "\n" << usage_text;
@@ -136,6 +142,7 @@ struct options {
   el::cooldown restart_cooldown;  // --restart-cooldown (default 1:60)
   std::string discovery;
   double discovery_interval = 2;
+  double discovery_timeout = 10;
   std::vector<std::string> argv;
 };
 
@@ -212,6 +219,8 @@ options parse(int argc, char** argv) {
       o.discovery = value(a);
     } else if (a == "--discovery-interval") {
       o.discovery_interval = parse_seconds(a, value(a));
+    } else if (a == "--discovery-timeout") {
+      o.discovery_timeout = parse_seconds(a, value(a));
     } else if (a == "--event-clock") {
       const std::string v = value(a);
       if (v != "launch" && v != "training") usage_error(a + " '" + v + "': expected launch or training");
@@ -267,6 +276,60 @@ void write_all(int fd, const std::string& s) {
 }
 
 void say(const std::string& msg) { write_all(2, "ebbflow-run: " + msg + "\n"); }
+
+std::string seconds_text(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g", s);
+  return b;
+}
+
+constexpr int max_workers = 4096;
+
+// `s` without the white space around it.
+std::string_view trimmed(std::string_view s) {
+  constexpr std::string_view space = " \t\r\n\v\f";
+  const auto first = s.find_first_not_of(space);
+  return first == std::string_view::npos ? std::string_view() : s.substr(first, s.find_last_not_of(space) - first + 1);
+}
+
+// What --discovery printed, as the wanted number of workers: the whole output
+// must be one decimal number in [0, max_workers], with nothing but white space
+// around it. Anything else ("", "garbage", "3abc", "-1", two lines) is no
+// answer, not 0 or a prefix: a broken command must not scale the job down.
+std::optional<int> parse_worker_count(std::string_view out) {
+  out = trimmed(out);
+  int n = -1;
+  const auto [p, ec] = std::from_chars(out.data(), out.data() + out.size(), n);
+  if (out.empty() || ec != std::errc{} || p != out.data() + out.size() || n < 0 || n > max_workers) return std::nullopt;
+  return n;
+}
+
+// `s` in double quotes, trimmed, with control characters escaped and at most
+// about 200 characters shown, for a warning line.
+std::string quote_output(std::string_view s) {
+  s = trimmed(s);
+  std::string q = "\"";
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i == 200) {
+      q += "...";
+      break;
+    }
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c == '\n') {
+      q += "\\n";
+    } else if (c == '"' || c == '\\') {
+      q += '\\';
+      q += static_cast<char>(c);
+    } else if (c < 0x20 || c == 0x7f) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      q += b;
+    } else {
+      q += static_cast<char>(c);
+    }
+  }
+  return q + "\"";
+}
 
 // Wall-clock stamp for event lines, so reports can align them with metrics.
 std::string stamp() {
@@ -447,10 +510,14 @@ int main(int argc, char** argv) {
       }
     }
   };
+  // Workers the launcher asked to leave (--discovery, SIGUSR2, --leave): their
+  // exit, however it comes, is a retirement, never a failure to restart.
+  std::set<int> retiring;
   auto retire_newest = [&](int k) {
     for (int i = 0; i < k && !alive.empty(); ++i) {
       const int id = alive.back();
       alive.pop_back();
+      retiring.insert(id);
       say("asking worker " + std::to_string(id) + " to leave" + stamp());
       group.signal(id, SIGTERM);
     }
@@ -462,7 +529,27 @@ int main(int argc, char** argv) {
   std::optional<el::detail::child_exit> first_failure;
   int interrupted_by = 0;
   bool timed_out = false;
+  // What stopped the job first decides the exit status (docs/launcher.md): a
+  // failed rank (not with --elastic, where a failure does not stop the job),
+  // the --timeout, or a signal; whatever comes while the ranks stop does not.
+  enum class stop_cause { none, failure, timeout, signal } stopped_by = stop_cause::none;
+  // --discovery runs as a child of its own that the loop polls: a command that
+  // hangs holds up neither the job's exits, nor --timeout, nor signals, and
+  // is killed (its whole process group) after --discovery-timeout.
+  std::string discovery_out;
+  el::detail::process_group discovery([&](int, int stream, std::string_view line) {
+    if (stream == 2) {
+      write_all(2, "[discovery] " + std::string(line) + "\n");
+    } else if (discovery_out.size() < 4096) {
+      discovery_out.append(line).push_back('\n');
+    }
+  });
+  int discovery_run = -1;  // id of the run in progress, -1: none
+  int discovery_runs = 0;
+  std::optional<ef::deadline> discovery_deadline;
   auto stop_all = [&](int sig) {
+    discovery.signal_all(SIGKILL);
+    discovery_run = -1;
     group.signal_all(sig);
     // A stopped worker cannot act on sig: continue every one now.
     stopped.take_due(std::numeric_limits<double>::infinity(), [&](int id) { group.signal(id, SIGCONT); });
@@ -477,6 +564,12 @@ int main(int argc, char** argv) {
     auto exits = group.poll(d, sigfd, &sig_ready);
     for (const auto& e : exits) {
       std::erase(alive, e.id);
+      if (retiring.erase(e.id) != 0) {
+        say("worker " + std::to_string(e.id) + " (pid " + std::to_string(e.pid) +
+            ") retired as asked: " + e.describe() + stamp());
+        if (e.ok()) ++finished_ok;
+        continue;
+      }
       if (e.ok()) {
         ++finished_ok;
         continue;
@@ -510,6 +603,7 @@ int main(int argc, char** argv) {
       }
       if (!first_failure && !interrupted_by && !timed_out) {
         first_failure = e;
+        if (stopped_by == stop_cause::none) stopped_by = stop_cause::failure;
         say("rank " + std::to_string(e.id) + " (pid " + std::to_string(e.pid) + ") failed: " + e.describe() +
             "; stopping the other ranks");
         stop_all(SIGTERM);
@@ -530,6 +624,7 @@ int main(int argc, char** argv) {
           continue;
         }
         if (!interrupted_by) interrupted_by = sig;
+        if (stopped_by == stop_cause::none) stopped_by = stop_cause::signal;
         say(std::string("received SIG") + sigabbrev_np(sig) + "; forwarding it to the ranks");
         stop_all(sig);
       }
@@ -572,29 +667,55 @@ int main(int argc, char** argv) {
           if (!group.signal(ev.arg, SIGKILL)) say("worker " + std::to_string(ev.arg) + " is not running");
         } else {
           say("asking worker " + std::to_string(ev.arg) + " to leave (SIGTERM)" + stamp());
-          if (!group.signal(ev.arg, SIGTERM)) say("worker " + std::to_string(ev.arg) + " is not running");
+          if (group.signal(ev.arg, SIGTERM)) {
+            retiring.insert(ev.arg);
+            std::erase(alive, ev.arg);
+          } else {
+            say("worker " + std::to_string(ev.arg) + " is not running");
+          }
         }
       }
-      if (now >= next_discovery) {
-        next_discovery = now + opt.discovery_interval;
-        if (FILE* f = ::popen(opt.discovery.c_str(), "r")) {
-          char buf[64] = {0};
-          const bool got = std::fgets(buf, sizeof buf, f) != nullptr;
-          const int rc = ::pclose(f);
-          char* end = nullptr;
-          const long want = got ? std::strtol(buf, &end, 10) : -1;
-          if (rc != 0 || !got || want < 0 || want > 4096) {
-            say("--discovery command failed or printed no worker count; keeping " + std::to_string(alive.size()));
-          } else if (want > static_cast<long>(alive.size())) {
-            add_workers(static_cast<int>(want - static_cast<long>(alive.size())));
-          } else if (want < static_cast<long>(alive.size())) {
-            retire_newest(static_cast<int>(static_cast<long>(alive.size()) - want));
+      if (!opt.discovery.empty()) {
+        const std::string named = "--discovery '" + opt.discovery + "'";
+        const std::string keeping = "; keeping " + std::to_string(alive.size()) + " worker(s)";
+        for (const auto& e : discovery.poll(ef::deadline::after(0s))) {
+          if (e.id != discovery_run) continue;  // one killed at its deadline
+          discovery_run = -1;
+          if (!e.ok()) {
+            say(named + " " + e.describe() + keeping);
+          } else if (const auto want = parse_worker_count(discovery_out); !want) {
+            say(named + " printed " + quote_output(discovery_out) + ", not a number of workers (0.." +
+                std::to_string(max_workers) + ")" + keeping);
+          } else if (*want > static_cast<int>(alive.size())) {
+            add_workers(*want - static_cast<int>(alive.size()));
+          } else if (*want < static_cast<int>(alive.size())) {
+            retire_newest(static_cast<int>(alive.size()) - *want);
+          }
+        }
+        if (discovery_run >= 0 && discovery_deadline->expired()) {
+          discovery.signal(discovery_run, SIGKILL);  // its process group: what it started goes too
+          discovery_run = -1;
+          say(named + " did not finish within " + seconds_text(opt.discovery_timeout) + " s: killed it" + keeping);
+        }
+        if (discovery_run < 0 && now >= next_discovery) {
+          next_discovery = now + opt.discovery_interval;
+          el::detail::child_spec spec;
+          spec.id = discovery_runs++;
+          spec.argv = {"/bin/sh", "-c", opt.discovery};
+          discovery_out.clear();
+          try {
+            discovery.spawn(spec);
+            discovery_run = spec.id;
+            discovery_deadline = ef::deadline::after(std::chrono::duration<double>(opt.discovery_timeout));
+          } catch (const std::exception& e) {
+            say(named + ": " + e.what() + keeping);
           }
         }
       }
     }
     if (!timed_out && job_deadline.expired() && group.running() > 0) {
       timed_out = true;
+      if (stopped_by == stop_cause::none) stopped_by = stop_cause::timeout;
       say("job timeout of " + std::to_string(*opt.timeout_s) + " s reached; stopping the ranks");
       stop_all(SIGTERM);
     }
@@ -607,22 +728,28 @@ int main(int argc, char** argv) {
   }
   if (!pending_restarts.items.empty())
     say(std::to_string(pending_restarts.items.size()) + " restart(s) in cool-down not done: no worker left to join");
+  // A worker's exit does not end its process group: kill what it left behind.
+  if (const std::size_t left = group.signal_leftovers(SIGKILL))
+    say("killed what " + std::to_string(left) + " exited worker(s) left running in their process group(s)");
   server.reset();
 
-  if (opt.elastic && !timed_out && !interrupted_by) {
-    if (finished_ok > 0) return 0;
-    if (first_failure) {
-      say("job failed: no worker finished successfully (first failure: worker " + std::to_string(first_failure->id) +
-          " " + first_failure->describe() + ")");
+  switch (stopped_by) {
+    case stop_cause::failure:
+      say("job failed: rank " + std::to_string(first_failure->id) + " " + first_failure->describe());
       return first_failure->shell_status() != 0 ? first_failure->shell_status() : 1;
-    }
-    return 0;
+    case stop_cause::timeout:
+      return 124;
+    case stop_cause::signal:
+      return 128 + interrupted_by;
+    case stop_cause::none:
+      break;
   }
-  if (first_failure) {
-    say("job failed: rank " + std::to_string(first_failure->id) + " " + first_failure->describe());
+  // With --elastic a failed worker does not stop the job: it succeeded when a
+  // worker finished with 0.
+  if (opt.elastic && finished_ok == 0 && first_failure) {
+    say("job failed: no worker finished successfully (first failure: worker " + std::to_string(first_failure->id) +
+        " " + first_failure->describe() + ")");
     return first_failure->shell_status() != 0 ? first_failure->shell_status() : 1;
   }
-  if (timed_out) return 124;
-  if (interrupted_by) return 128 + interrupted_by;
   return 0;
 }

@@ -80,8 +80,11 @@ class process_group {
   using line_handler = std::function<void(int id, int stream, std::string_view line)>;
 
   explicit process_group(line_handler on_line = {}) : on_line_(std::move(on_line)) {}
+  //! Kills every child and what is left in the process groups of those that
+  //! exited (see signal_leftovers), then reaps the children.
   ~process_group() {
     signal_all(SIGKILL);
+    signal_leftovers(SIGKILL);
     for (auto& [pid, c] : children_) {
       int st = 0;
       while (!c.exited && ::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
@@ -270,6 +273,16 @@ class process_group {
     for (auto& [pid, c] : children_)
       if (!c.exited && ::kill(-pid, sig) != 0) ::kill(pid, sig);
   }
+  //! Sends `sig` to what is left in the process group of each child that
+  //! has exited: processes it started and left behind (a background job, a
+  //! grandchild that ignored the SIGTERM its parent died of). Returns how many
+  //! groups still had members. (A child's own exit does not end its group.)
+  std::size_t signal_leftovers(int sig) noexcept {
+    prune_left_groups();
+    std::size_t n = 0;
+    for (pid_t pgid : left_groups_) n += ::kill(-pgid, sig) == 0;
+    return n;
+  }
   //! Sends `sig` to one child (by id); false when it is not running.
   bool signal(int id, int sig) noexcept {
     for (auto& [pid, c] : children_)
@@ -330,7 +343,16 @@ class process_group {
     }
   }
 
+  // A group whose leader has exited is kept while it has members: the
+  // kernel does not hand out its number as a new pid or group meanwhile. Once
+  // it is empty it is dropped at the next reap, so a later kill(-pgid) cannot
+  // reach an unrelated group that took the number (the window is one poll).
+  void prune_left_groups() noexcept {
+    std::erase_if(left_groups_, [](pid_t pgid) { return ::kill(-pgid, 0) != 0 && errno == ESRCH; });
+  }
+
   void reap(std::vector<child_exit>& exits) {
+    prune_left_groups();
     for (auto it = children_.begin(); it != children_.end();) {
       child& c = it->second;
       int st = 0;
@@ -348,6 +370,7 @@ class process_group {
         else
           e.code = WEXITSTATUS(st);
         exits.push_back(e);
+        if (::kill(-it->first, 0) == 0 || errno == EPERM) left_groups_.push_back(it->first);
         if (c.pidfd >= 0) {
           ::close(c.pidfd);
           c.pidfd = -1;
@@ -364,6 +387,7 @@ class process_group {
 
   line_handler on_line_;
   std::map<pid_t, child> children_;
+  std::vector<pid_t> left_groups_;  // process groups of exited children that still have members
 };
 
 }  // namespace elastic::detail
