@@ -6,6 +6,8 @@
 #include <ebbflow/elastic/group.hpp>
 #include <ebbflow/elastic/loopback_network.hpp>
 
+#include "group_harness.hpp"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -16,22 +18,10 @@
 namespace ef = ebbflow;
 namespace el = ef::elastic;
 using namespace std::chrono_literals;
+using ebbflow_test::store_ref;
+using ebbflow_test::test_group;
 
 namespace {
-
-struct store_ref {
-  std::shared_ptr<el::memory_store> s;
-  void set(const std::string& k, std::string_view v, ef::deadline d) { s->set(k, v, d); }
-  std::optional<std::string> try_get(const std::string& k, ef::deadline d) { return s->try_get(k, d); }
-  std::int64_t add(const std::string& k, std::int64_t x, ef::deadline d) { return s->add(k, x, d); }
-  el::memory_store::cas_result compare_set(const std::string& k, std::string_view e, std::string_view v,
-                                           ef::deadline d) {
-    return s->compare_set(k, e, v, d);
-  }
-  void wait(const std::vector<std::string>& k, ef::deadline d) { s->wait(k, d); }
-  bool erase(std::string_view k) { return s->erase(k); }
-};
-using test_group = el::group<store_ref, el::loopback_network>;
 
 el::group_options options(std::size_t B = 4, std::size_t N = 40) {
   el::group_options o;
