@@ -1970,10 +1970,11 @@ class shared_buffer {
 namespace detail {
 //! Where a registered range lives, as a peer needs it to map it.
 struct shared_ref {
-  std::int32_t fd = -1;      //!< the owner's memfd (-1: not registered)
-  std::uint64_t id = 0;      //!< unique per buffer and process (fd numbers are reused)
-  std::uint64_t offset = 0;  //!< of the range within the buffer
-  std::uint64_t size = 0;    //!< of the whole buffer (mapped length)
+  std::int32_t fd = -1;        //!< the owner's memfd (-1: not registered)
+  std::uint32_t reserved = 0;  //!< zero (no padding: the record travels as bytes)
+  std::uint64_t id = 0;        //!< unique per buffer and process (fd numbers are reused)
+  std::uint64_t offset = 0;    //!< of the range within the buffer
+  std::uint64_t size = 0;      //!< of the whole buffer (mapped length)
 };
 //! The registration of [p, p + bytes), if one `shared_buffer` holds all of it.
 [[nodiscard]] inline shared_ref find_shared(const void* p, std::size_t bytes) noexcept;
@@ -2023,6 +2024,7 @@ EBBFLOW_END_NAMESPACE
 #include <map>
 #include <mutex>
 #include <random>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -2053,7 +2055,7 @@ class shared_registry {
     --it;
     const std::uintptr_t off = a - it->first;
     if (off > it->second.bytes || bytes > it->second.bytes - off) return {};
-    return shared_ref{it->second.fd, it->second.id, off, it->second.mapped};
+    return shared_ref{it->second.fd, 0, it->second.id, off, it->second.mapped};
   }
   //! A process-unique, never reused buffer id (random start: ids of two
   //! processes never need to differ, but a restarted process's should).
@@ -2151,6 +2153,10 @@ inline shared_buffer shared_buffer::allocate(std::size_t bytes) {
   shared_buffer b;
   if (bytes == 0) return b;
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  if (bytes > static_cast<std::size_t>(std::numeric_limits<off_t>::max()) - page)
+    EBBFLOW_THROW((system_error(
+        std::make_error_code(std::errc::value_too_large),
+        {-1, -1, -1, "shared_buffer::allocate", std::to_string(bytes) + " bytes: larger than a file can be"})));
   const std::size_t mapped = (bytes + page - 1) / page * page;
   auto fail = [&](const char* call) {
     const int err = errno;
@@ -2212,6 +2218,7 @@ EBBFLOW_END_NAMESPACE
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <type_traits>
 #include <utility>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -2616,6 +2623,8 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
     std::uint64_t in, out, bytes;
     shared_ref in_shm, out_shm;  // registered `shared_buffer` ranges: peers map them instead of CMA
   };
+  // Sent raw to the peers: no padding byte may carry this process's memory.
+  static_assert(std::has_unique_object_representations_v<addrs>);
   const addrs mine{reinterpret_cast<std::uint64_t>(in), reinterpret_cast<std::uint64_t>(out), count * es,
                    find_shared(in, count * es), find_shared(out, count * es)};
   std::vector<addrs> theirs(nn);
@@ -12385,7 +12394,13 @@ std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, st
     std::string id;
     in >> id >> t.held_for >> std::ws;
     std::getline(in, t.worker);
-    t.id = detail::parse_i64(id);
+    try {
+      t.id = detail::parse_i64(id);
+    } catch (const system_error&) {
+      // Consumed and skipped: kept, it would stop every later ticket.
+      EBBFLOW_LOG_WARN("join ticket " << seen << " is malformed ('" << v->substr(0, 64) << "'): skipped");
+      continue;
+    }
     tickets.push_back(std::move(t));
   }
   // The failure counts of the tickets' workers, in one batch (only when a

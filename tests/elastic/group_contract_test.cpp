@@ -170,6 +170,48 @@ TEST(ElasticGroupContract, ALeaveBelowMinSizeWaitsForANewcomer) {
   EXPECT_LT(left_after.load(), 200) << "the leaver never left";
 }
 
+// A malformed join ticket is skipped: a newcomer whose ticket comes after it
+// is admitted (the coordinator failed on it at every step, and no later
+// ticket was ever read).
+TEST(ElasticGroupContract, AMalformedJoinTicketDoesNotStopLaterOnes) {
+  auto store = std::make_shared<el::memory_store>();
+  auto fabric = std::make_shared<el::loopback_fabric>();
+  std::atomic<int> max_seen{0};
+  std::atomic<bool> start_joiner{false};
+  const auto run = [&](bool join) {
+    try {
+      el::loopback_network net(fabric);
+      auto o = options();
+      o.join = join;
+      test_group g(factory(store), net, o, launch(join ? 1 : 0, 1));
+      while (g.active() && (g.step() < 200 || g.changing())) {
+        const auto s = g.begin_step();
+        max_seen = std::max(max_seen.load(), s.world_size);
+        if (!join && s.step == 3) {
+          const auto seq = store->add("ebbflow/join_seq", 1, ef::deadline::after(1s));
+          store->set("ebbflow/join/" + std::to_string(seq), "not-a-member 0 w", ef::deadline::after(1s));
+          start_joiner = true;
+        }
+        std::this_thread::sleep_for(2ms);
+        std::vector<float> grad(3, 0.f);
+        if (!g.allreduce(grad)) continue;
+        g.end_step(0.001);
+        if (max_seen == 2 && g.rank() == 0 && !g.changing()) break;
+      }
+      if (g.rank() == 0) g.finish();
+    } catch (const std::exception& e) {
+      if (!join || max_seen < 2) ADD_FAILURE() << (join ? "joiner: " : "member: ") << e.what();
+    }
+  };
+  std::jthread joiner([&] {
+    while (!start_joiner) std::this_thread::sleep_for(1ms);
+    run(true);
+  });
+  run(false);
+  joiner.join();
+  EXPECT_EQ(max_seen.load(), 2) << "the newcomer behind a malformed ticket was never admitted";
+}
+
 // min_size holds for the first generation: two launched workers with
 // min_size 3 are refused at once (they formed a group of two).
 TEST(ElasticGroupContract, InitialGenerationRespectsMinSize) {

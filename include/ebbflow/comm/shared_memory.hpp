@@ -93,10 +93,11 @@ class shared_buffer {
 namespace detail {
 //! Where a registered range lives, as a peer needs it to map it.
 struct shared_ref {
-  std::int32_t fd = -1;      //!< the owner's memfd (-1: not registered)
-  std::uint64_t id = 0;      //!< unique per buffer and process (fd numbers are reused)
-  std::uint64_t offset = 0;  //!< of the range within the buffer
-  std::uint64_t size = 0;    //!< of the whole buffer (mapped length)
+  std::int32_t fd = -1;        //!< the owner's memfd (-1: not registered)
+  std::uint32_t reserved = 0;  //!< zero (no padding: the record travels as bytes)
+  std::uint64_t id = 0;        //!< unique per buffer and process (fd numbers are reused)
+  std::uint64_t offset = 0;    //!< of the range within the buffer
+  std::uint64_t size = 0;      //!< of the whole buffer (mapped length)
 };
 //! The registration of [p, p + bytes), if one `shared_buffer` holds all of it.
 [[nodiscard]] inline shared_ref find_shared(const void* p, std::size_t bytes) noexcept;

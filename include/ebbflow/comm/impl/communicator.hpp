@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <type_traits>
 #include <utility>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -420,6 +421,8 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
     std::uint64_t in, out, bytes;
     shared_ref in_shm, out_shm;  // registered `shared_buffer` ranges: peers map them instead of CMA
   };
+  // Sent raw to the peers: no padding byte may carry this process's memory.
+  static_assert(std::has_unique_object_representations_v<addrs>);
   const addrs mine{reinterpret_cast<std::uint64_t>(in), reinterpret_cast<std::uint64_t>(out), count * es,
                    find_shared(in, count * es), find_shared(out, count * es)};
   std::vector<addrs> theirs(nn);

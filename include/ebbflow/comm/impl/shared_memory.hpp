@@ -17,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -47,7 +48,7 @@ class shared_registry {
     --it;
     const std::uintptr_t off = a - it->first;
     if (off > it->second.bytes || bytes > it->second.bytes - off) return {};
-    return shared_ref{it->second.fd, it->second.id, off, it->second.mapped};
+    return shared_ref{it->second.fd, 0, it->second.id, off, it->second.mapped};
   }
   //! A process-unique, never reused buffer id (random start: ids of two
   //! processes never need to differ, but a restarted process's should).
@@ -145,6 +146,10 @@ inline shared_buffer shared_buffer::allocate(std::size_t bytes) {
   shared_buffer b;
   if (bytes == 0) return b;
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  if (bytes > static_cast<std::size_t>(std::numeric_limits<off_t>::max()) - page)
+    EBBFLOW_THROW((system_error(
+        std::make_error_code(std::errc::value_too_large),
+        {-1, -1, -1, "shared_buffer::allocate", std::to_string(bytes) + " bytes: larger than a file can be"})));
   const std::size_t mapped = (bytes + page - 1) / page * page;
   auto fail = [&](const char* call) {
     const int err = errno;

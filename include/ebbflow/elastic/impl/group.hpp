@@ -1174,7 +1174,13 @@ std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, st
     std::string id;
     in >> id >> t.held_for >> std::ws;
     std::getline(in, t.worker);
-    t.id = detail::parse_i64(id);
+    try {
+      t.id = detail::parse_i64(id);
+    } catch (const system_error&) {
+      // Consumed and skipped: kept, it would stop every later ticket.
+      EBBFLOW_LOG_WARN("join ticket " << seen << " is malformed ('" << v->substr(0, 64) << "'): skipped");
+      continue;
+    }
     tickets.push_back(std::move(t));
   }
   // The failure counts of the tickets' workers, in one batch (only when a
