@@ -4723,6 +4723,7 @@ class transport {
     std::atomic<int> lost{-1};
     std::atomic<bool> cancel_pending{false};
     std::vector<std::uint8_t> abandoned;  // by peer: sends it will never answer
+    std::vector<std::uint8_t> undrained;  // by peer: an abandoned receive still written after 1 s
     std::vector<ucp_ep_h> eps;
     std::vector<endpoint_pool::ref> refs;  // this transport's holds on the worker's endpoints
     int reused = 0;                        // endpoints taken over from earlier transports
@@ -4793,7 +4794,26 @@ inline void transport::request::release() noexcept {
   if (!ucx_) return;
   if (recv_) {
     st_->pending_recvs.erase(ucx_);
-    if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) ucp_request_cancel(st_->w->get(), ucx_);
+    if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) {
+      ucp_request_cancel(st_->w->get(), ucx_);
+      // A receive UCX has matched cannot be cancelled: it goes on writing
+      // into its buffer, which the owner reuses or frees once this returns
+      // (an abandoned collective's scratch, or the gradients of the step
+      // redone after a failure). Drive it to its end first: the sender is
+      // sending, or fails. A sender stopped mid-transfer leaves it running
+      // after 1 s: its endpoint is then closed by force with this transport
+      // (and its other abandoned receives wait no more).
+      const auto p = static_cast<std::size_t>(peer_);
+      const auto until = steady_clock::now() + (st_->undrained[p] ? std::chrono::seconds(0) : std::chrono::seconds(1));
+      while (ucp_request_check_status(ucx_) == UCS_INPROGRESS && steady_clock::now() < until)
+        ucp_worker_progress(st_->w->get());
+      if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) {
+        st_->abandoned[p] = st_->undrained[p] = 1;
+        EBBFLOW_LOG_ERROR("ucx: an abandoned receive of " << len_ << " bytes from peer " << peer_
+                                                          << " is still being written after 1 s [rank " << st_->rank
+                                                          << ", generation " << st_->generation << "]");
+      }
+    }
   } else if (ucp_request_check_status(ucx_) == UCS_INPROGRESS) {
     st_->abandoned[static_cast<std::size_t>(peer_)] = 1;  // only a forced close can retire it now
   }
@@ -4842,6 +4862,7 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   st_->eps.assign(n, nullptr);
   st_->refs.assign(n, {});
   st_->abandoned.assign(n, 0);
+  st_->undrained.assign(n, 0);
   st_->dead = std::vector<std::atomic<std::uint8_t>>(n);
   st_->pids.assign(n, 0);
   for (int p = 0; p < size; ++p) {
