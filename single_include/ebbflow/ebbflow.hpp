@@ -3533,6 +3533,7 @@ EBBFLOW_END_NAMESPACE
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -3658,22 +3659,24 @@ class communicator {
   //! until `d`. @throws system_error: peer_lost, timeout or the NCCL error.
   void allreduce(const void* d_send, void* d_recv, std::size_t count, dtype type, reduce_op op, cudaStream_t stream,
                  deadline d) {
-    run("allreduce", stream, d,
+    run("allreduce", count, type, stream, d,
         [&] { return ncclAllReduce(d_send, d_recv, count, to_nccl(type), to_nccl(op), comm_, stream); });
   }
   //! Broadcasts `count` elements from `root`'s `d_buf` to every rank's `d_buf`.
   void broadcast(void* d_buf, std::size_t count, dtype type, int root, cudaStream_t stream, deadline d) {
     EBBFLOW_ENFORCE(root >= 0 && root < size_, "nccl broadcast: root " << root << " outside [0, " << size_ << ")");
-    run("broadcast", stream, d, [&] { return ncclBroadcast(d_buf, d_buf, count, to_nccl(type), root, comm_, stream); });
+    run("broadcast", count, type, stream, d,
+        [&] { return ncclBroadcast(d_buf, d_buf, count, to_nccl(type), root, comm_, stream); });
   }
   //! Gathers `count` elements from every rank into `d_recv` (size × count), rank order.
   void allgather(const void* d_send, void* d_recv, std::size_t count, dtype type, cudaStream_t stream, deadline d) {
-    run("allgather", stream, d, [&] { return ncclAllGather(d_send, d_recv, count, to_nccl(type), comm_, stream); });
+    run("allgather", count, type, stream, d,
+        [&] { return ncclAllGather(d_send, d_recv, count, to_nccl(type), comm_, stream); });
   }
   //! Reduces size × `count` elements and leaves block `rank` (count elements) in `d_recv`.
   void reduce_scatter(const void* d_send, void* d_recv, std::size_t count, dtype type, reduce_op op,
                       cudaStream_t stream, deadline d) {
-    run("reduce_scatter", stream, d,
+    run("reduce_scatter", count, type, stream, d,
         [&] { return ncclReduceScatter(d_send, d_recv, count, to_nccl(type), to_nccl(op), comm_, stream); });
   }
 
@@ -3752,8 +3755,9 @@ class communicator {
     }
   }
 
+  // Runs one collective of `count` elements of `type`, naming them on error.
   template <class Enqueue>
-  void run(const char* what, cudaStream_t stream, deadline d, Enqueue&& enqueue) {
+  void run(const char* what, std::size_t count, dtype type, cudaStream_t stream, deadline d, Enqueue&& enqueue) {
     std::error_code ec;
     if (!comm_ || revoked_) {
       ec = make_error_code(error::revoked);
@@ -3781,13 +3785,15 @@ class communicator {
       }
     }
     if (ec) revoke();
-    check(ec, what);
+    check(ec, what,
+          std::to_string(count) + " " + std::string(name(type)) + ", " + std::to_string(count * size_of(type)) +
+              " bytes");
   }
 
-  void check(const std::error_code& ec, const char* what) {
+  void check(const std::error_code& ec, const char* what, std::string detail = {}) {
     if (!ec) return;
     failed_ = true;
-    throw_if(ec, {.rank = rank_, .generation = generation_, .operation = what});
+    throw_if(ec, {.rank = rank_, .generation = generation_, .operation = what, .detail = std::move(detail)});
   }
 
   ncclComm_t comm_ = nullptr;
@@ -10866,8 +10872,11 @@ inline void leave_on_signal(int sig = SIGTERM) { std::signal(sig, detail::on_lea
 using group_error = system_error;
 
 //! The elastic group. `Store` models `kv_store`, `Net` models `network`.
-//! `connect_store` is called twice: for the training thread and for the
-//! heartbeat thread (store clients need not be thread-safe).
+//! `connect_store` makes one store client per thread that talks to the store:
+//! the training thread, the heartbeat thread (again after a lost
+//! connection) and the admission helper. The heartbeat thread and the helper
+//! may call it at the same time, so it must be thread-safe; the clients it
+//! returns need not be.
 template <kv_store Store, network Net>
 class group {
  public:
@@ -15213,6 +15222,7 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
     watching_ = false;
     pending_.clear();
     outq_.push_back(proto::error_frame(code, reason));
+    out_bytes_ += outq_.back().size();  // the write's completion subtracts it again
     // A client that does not read cannot hold the error reply (and us) forever.
     timer_armed_ = false;
     timer_.expires_after(srv_->opts().frame_timeout);

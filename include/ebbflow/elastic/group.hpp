@@ -329,8 +329,11 @@ inline void leave_on_signal(int sig = SIGTERM) { std::signal(sig, detail::on_lea
 using group_error = system_error;
 
 //! The elastic group. `Store` models `kv_store`, `Net` models `network`.
-//! `connect_store` is called twice: for the training thread and for the
-//! heartbeat thread (store clients need not be thread-safe).
+//! `connect_store` makes one store client per thread that talks to the store:
+//! the training thread, the heartbeat thread (again after a lost
+//! connection) and the admission helper. The heartbeat thread and the helper
+//! may call it at the same time, so it must be thread-safe; the clients it
+//! returns need not be.
 template <kv_store Store, network Net>
 class group {
  public:

@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -157,22 +158,24 @@ class communicator {
   //! until `d`. @throws system_error: peer_lost, timeout or the NCCL error.
   void allreduce(const void* d_send, void* d_recv, std::size_t count, dtype type, reduce_op op, cudaStream_t stream,
                  deadline d) {
-    run("allreduce", stream, d,
+    run("allreduce", count, type, stream, d,
         [&] { return ncclAllReduce(d_send, d_recv, count, to_nccl(type), to_nccl(op), comm_, stream); });
   }
   //! Broadcasts `count` elements from `root`'s `d_buf` to every rank's `d_buf`.
   void broadcast(void* d_buf, std::size_t count, dtype type, int root, cudaStream_t stream, deadline d) {
     EBBFLOW_ENFORCE(root >= 0 && root < size_, "nccl broadcast: root " << root << " outside [0, " << size_ << ")");
-    run("broadcast", stream, d, [&] { return ncclBroadcast(d_buf, d_buf, count, to_nccl(type), root, comm_, stream); });
+    run("broadcast", count, type, stream, d,
+        [&] { return ncclBroadcast(d_buf, d_buf, count, to_nccl(type), root, comm_, stream); });
   }
   //! Gathers `count` elements from every rank into `d_recv` (size × count), rank order.
   void allgather(const void* d_send, void* d_recv, std::size_t count, dtype type, cudaStream_t stream, deadline d) {
-    run("allgather", stream, d, [&] { return ncclAllGather(d_send, d_recv, count, to_nccl(type), comm_, stream); });
+    run("allgather", count, type, stream, d,
+        [&] { return ncclAllGather(d_send, d_recv, count, to_nccl(type), comm_, stream); });
   }
   //! Reduces size × `count` elements and leaves block `rank` (count elements) in `d_recv`.
   void reduce_scatter(const void* d_send, void* d_recv, std::size_t count, dtype type, reduce_op op,
                       cudaStream_t stream, deadline d) {
-    run("reduce_scatter", stream, d,
+    run("reduce_scatter", count, type, stream, d,
         [&] { return ncclReduceScatter(d_send, d_recv, count, to_nccl(type), to_nccl(op), comm_, stream); });
   }
 
@@ -251,8 +254,9 @@ class communicator {
     }
   }
 
+  // Runs one collective of `count` elements of `type`, naming them on error.
   template <class Enqueue>
-  void run(const char* what, cudaStream_t stream, deadline d, Enqueue&& enqueue) {
+  void run(const char* what, std::size_t count, dtype type, cudaStream_t stream, deadline d, Enqueue&& enqueue) {
     std::error_code ec;
     if (!comm_ || revoked_) {
       ec = make_error_code(error::revoked);
@@ -280,13 +284,15 @@ class communicator {
       }
     }
     if (ec) revoke();
-    check(ec, what);
+    check(ec, what,
+          std::to_string(count) + " " + std::string(name(type)) + ", " + std::to_string(count * size_of(type)) +
+              " bytes");
   }
 
-  void check(const std::error_code& ec, const char* what) {
+  void check(const std::error_code& ec, const char* what, std::string detail = {}) {
     if (!ec) return;
     failed_ = true;
-    throw_if(ec, {.rank = rank_, .generation = generation_, .operation = what});
+    throw_if(ec, {.rank = rank_, .generation = generation_, .operation = what, .detail = std::move(detail)});
   }
 
   ncclComm_t comm_ = nullptr;

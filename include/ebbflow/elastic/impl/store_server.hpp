@@ -362,6 +362,7 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
     watching_ = false;
     pending_.clear();
     outq_.push_back(proto::error_frame(code, reason));
+    out_bytes_ += outq_.back().size();  // the write's completion subtracts it again
     // A client that does not read cannot hold the error reply (and us) forever.
     timer_armed_ = false;
     timer_.expires_after(srv_->opts().frame_timeout);
