@@ -499,7 +499,9 @@ class group {
   int poll_next();
   void sync_state();
   void recover(std::int64_t failed_generation, int lost_peer);
-  void change_membership(const std::vector<double>& ctl, const std::vector<char>& leaving, int n);
+  // Forms generation g+1 without the members `leaving` marks (1 per rank of
+  // the `n`) and with the joiners being admitted.
+  void change_membership(const std::vector<char>& leaving, int n);
   // The leaves the control exchange `ctl` applies (1 per rank): a leave that
   // would take the group below min_size, or leave newcomers without a state
   // holder, waits (the lowest-ranked leavers stay one more generation).

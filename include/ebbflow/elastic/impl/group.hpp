@@ -1441,7 +1441,7 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
   const bool leaving = std::find(leaves.begin(), leaves.end(), char{1}) != leaves.end();
   if (v[0] > 0 || leaving) {
     if (rank_ == 0) gen_.joins_seen = seen;
-    change_membership(v, leaves, n);
+    change_membership(leaves, n);
   }
 }
 
@@ -1494,12 +1494,11 @@ void group<Store, Net>::write_record(Store& st, const std::string& gkey, const s
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::change_membership(const std::vector<double>& v, const std::vector<char>& leaving, int n) {
+void group<Store, Net>::change_membership(const std::vector<char>& leaving, int n) {
   const auto started = steady_clock::now();
   const std::size_t un = static_cast<std::size_t>(n);
   const std::int64_t g1 = gen_.generation + 1;
   const std::string gkey = gen_key(g1);
-  (void)v;
   const auto leaves = [&](std::size_t i) { return leaving[i] != 0; };
   const bool me_leaving = leaves(static_cast<std::size_t>(rank_));
   // With a network that connects in the background, the rest of the change

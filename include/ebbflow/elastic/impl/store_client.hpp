@@ -92,11 +92,11 @@ class client_connection {
     sock_.set_option(tcp::no_delay(true), bec);
     connected_ = true;
     // Handshake.
-    // A refusal during the handshake (too many connections, a bad token)
-    // ends the connection whatever its code: the next call connects anew.
+    // A refusal during the handshake ends the connection whatever its code:
+    // the next call connects anew.
     auto r = read_frame(d, ec, false);
     if (ec) return;
-    if (r.msg.code == proto::op::error) return server_error(ec, r.msg), close();
+    if (r.msg.code == proto::op::error) return server_error(ec, r.msg, true);
     if (r.msg.code != proto::op::challenge || r.msg.flag != proto::version)
       return fail(ec, error::bad_message,
                   std::string("handshake: expected challenge v") + std::to_string(proto::version) + ", got " +
@@ -112,7 +112,7 @@ class client_connection {
     if (ec) return;
     r = read_frame(d, ec, false);
     if (ec) return;
-    if (r.msg.code == proto::op::error) return server_error(ec, r.msg), close();
+    if (r.msg.code == proto::op::error) return server_error(ec, r.msg, true);
     if (r.msg.code != proto::op::welcome)
       return fail(ec, error::bad_message,
                   std::string("handshake: expected welcome, got ") + proto::op_name(r.msg.code));
@@ -168,12 +168,13 @@ class client_connection {
     }
   }
 
-  //! Sets `ec` from an `error` frame; the server closes the connection after
-  //! framing and authentication errors, so do we.
-  void server_error(std::error_code& ec, const proto::message& m) {
+  //! Sets `ec` from an `error` frame. The server closes the connection after
+  //! framing and authentication errors, and after any refusal of the
+  //! handshake (`in_handshake`: too many connections, a bad token): so do we.
+  void server_error(std::error_code& ec, const proto::message& m, bool in_handshake = false) {
     ec = proto::error_from_wire(m.flag);
     last_detail = std::string(m.value);
-    if (ec != errc::timeout && ec != errc::invalid_state) close();
+    if (in_handshake || (ec != errc::timeout && ec != errc::invalid_state)) close();
   }
 
   void fail(std::error_code& ec, error e, std::string why) {
