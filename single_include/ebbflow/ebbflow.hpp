@@ -11042,7 +11042,9 @@ class group {
   int poll_next();
   void sync_state();
   void recover(std::int64_t failed_generation, int lost_peer);
-  void change_membership(const std::vector<double>& ctl, const std::vector<char>& leaving, int n);
+  // Forms generation g+1 without the members `leaving` marks (1 per rank of
+  // the `n`) and with the joiners being admitted.
+  void change_membership(const std::vector<char>& leaving, int n);
   // The leaves the control exchange `ctl` applies (1 per rank): a leave that
   // would take the group below min_size, or leave newcomers without a state
   // holder, waits (the lowest-ranked leavers stay one more generation).
@@ -11483,6 +11485,13 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
   if (opts_.worker_key.empty()) opts_.worker_key = env::host_name();
   store_ = connect_store_();
+  // A store that outlives its jobs keeps a finished job's keys under its
+  // prefix: this worker would take that job's generations for its own.
+  if (job_done())
+    fail(error::invalid_state, "the job EBBFLOW_JOB='" + opts_.prefix +
+                                   "' on this store has finished: a worker started now cannot join it, and a new job "
+                                   "needs a prefix of its own (EBBFLOW_JOB; ebbflow-run --attach picks a fresh one) "
+                                   "or a fresh store");
   // The admission helper's own connection, made now rather than in the
   // middle of a membership change (a joiner makes it later, when needed:
   // its start-up is already part of one).
@@ -12691,7 +12700,7 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
   const bool leaving = std::find(leaves.begin(), leaves.end(), char{1}) != leaves.end();
   if (v[0] > 0 || leaving) {
     if (rank_ == 0) gen_.joins_seen = seen;
-    change_membership(v, leaves, n);
+    change_membership(leaves, n);
   }
 }
 
@@ -12744,12 +12753,11 @@ void group<Store, Net>::write_record(Store& st, const std::string& gkey, const s
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::change_membership(const std::vector<double>& v, const std::vector<char>& leaving, int n) {
+void group<Store, Net>::change_membership(const std::vector<char>& leaving, int n) {
   const auto started = steady_clock::now();
   const std::size_t un = static_cast<std::size_t>(n);
   const std::int64_t g1 = gen_.generation + 1;
   const std::string gkey = gen_key(g1);
-  (void)v;
   const auto leaves = [&](std::size_t i) { return leaving[i] != 0; };
   const bool me_leaving = leaves(static_cast<std::size_t>(rank_));
   // With a network that connects in the background, the rest of the change
@@ -15715,11 +15723,11 @@ class client_connection {
     sock_.set_option(tcp::no_delay(true), bec);
     connected_ = true;
     // Handshake.
-    // A refusal during the handshake (too many connections, a bad token)
-    // ends the connection whatever its code: the next call connects anew.
+    // A refusal during the handshake ends the connection whatever its code:
+    // the next call connects anew.
     auto r = read_frame(d, ec, false);
     if (ec) return;
-    if (r.msg.code == proto::op::error) return server_error(ec, r.msg), close();
+    if (r.msg.code == proto::op::error) return server_error(ec, r.msg, true);
     if (r.msg.code != proto::op::challenge || r.msg.flag != proto::version)
       return fail(ec, error::bad_message,
                   std::string("handshake: expected challenge v") + std::to_string(proto::version) + ", got " +
@@ -15735,7 +15743,7 @@ class client_connection {
     if (ec) return;
     r = read_frame(d, ec, false);
     if (ec) return;
-    if (r.msg.code == proto::op::error) return server_error(ec, r.msg), close();
+    if (r.msg.code == proto::op::error) return server_error(ec, r.msg, true);
     if (r.msg.code != proto::op::welcome)
       return fail(ec, error::bad_message,
                   std::string("handshake: expected welcome, got ") + proto::op_name(r.msg.code));
@@ -15791,12 +15799,13 @@ class client_connection {
     }
   }
 
-  //! Sets `ec` from an `error` frame; the server closes the connection after
-  //! framing and authentication errors, so do we.
-  void server_error(std::error_code& ec, const proto::message& m) {
+  //! Sets `ec` from an `error` frame. The server closes the connection after
+  //! framing and authentication errors, and after any refusal of the
+  //! handshake (`in_handshake`: too many connections, a bad token): so do we.
+  void server_error(std::error_code& ec, const proto::message& m, bool in_handshake = false) {
     ec = proto::error_from_wire(m.flag);
     last_detail = std::string(m.value);
-    if (ec != errc::timeout && ec != errc::invalid_state) close();
+    if (in_handshake || (ec != errc::timeout && ec != errc::invalid_state)) close();
   }
 
   void fail(std::error_code& ec, error e, std::string why) {

@@ -131,6 +131,24 @@ TEST_F(ElasticProcess, JoinOfOneAndOfSeveralAtOnce) {
       << out;
 }
 
+// Two jobs in a row on one standalone store (ebbflow-run --attach): each
+// trains to the end. The second used to find the first one's generations
+// under the shared key prefix and fail as a newcomer nobody admitted.
+TEST_F(ElasticProcess, TwoJobsInARowOnOneStandaloneStore) {
+  const auto r = sh("cd " + dir_.string() +
+                    " && { " EBBFLOW_STORE_TOOL
+                    " --port 0 --token two-jobs > store.out 2>&1 & echo $! > store.pid; }"
+                    " && trap 'kill $(cat store.pid)' EXIT"
+                    " && for i in $(seq 100); do grep -q listening store.out && break; sleep 0.1; done"
+                    " && port=$(sed -n 's/.*listening on 127.0.0.1:\\([0-9]*\\).*/\\1/p' store.out)"
+                    " && for job in 1 2; do timeout 60 env EBBFLOW_TOKEN=two-jobs " EBBFLOW_RUN
+                    " -n 2 --attach --store 127.0.0.1:$port -- " ELASTIC_TRAIN
+                    " --steps 20 --sample-us 0 --step-us 0 || exit 1; done");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output, "finished 20 steps"), 2) << r.output;
+  EXPECT_EQ(count(r.output, " on the store at 127.0.0.1:"), 2) << r.output;  // a fresh prefix each
+}
+
 TEST_F(ElasticProcess, GracefulLeave) {
   const auto out = train("-n 3 --leave 0.5:2");
   EXPECT_NE(out.find("world changed (leave): 3 -> 2"), std::string::npos) << out;

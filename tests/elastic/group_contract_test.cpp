@@ -591,3 +591,43 @@ TEST(ElasticGroupContract, HeartbeatLongerThanTheLeaseIsRejected) {
         << e.what();
   }
 }
+
+// A store that outlives its jobs keeps a finished job's keys under its
+// prefix. A second job under the same prefix took the first one's
+// generations for its own: its launch ranks found generation 0 written,
+// waited as newcomers and failed with "the job finished before this worker
+// was admitted". Now the worker is told what happened and what to do, and
+// a job under a prefix of its own runs on the same store.
+TEST(ElasticGroupContract, AFinishedJobsPrefixIsRefusedWithAClearError) {
+  auto store = std::make_shared<el::memory_store>();
+  {
+    el::loopback_network net(std::make_shared<el::loopback_fabric>());
+    test_group g(factory(store), net, options(), launch(0, 1));
+    (void)g.begin_step();
+    std::vector<float> grad(4, 1.f);
+    ASSERT_TRUE(g.allreduce(grad));
+    g.end_step(0.01);
+    g.finish();
+  }
+  for (bool join : {false, true}) {
+    el::loopback_network net(std::make_shared<el::loopback_fabric>());
+    auto o = options();
+    o.join = join;
+    try {
+      test_group g(factory(store), net, o, launch(0, 1));
+      ADD_FAILURE() << "a worker (join " << join << ") joined the finished job";
+    } catch (const ef::system_error& e) {
+      EXPECT_EQ(e.code(), ef::errc::invalid_state);
+      const std::string what = e.what();
+      EXPECT_NE(what.find("EBBFLOW_JOB='ebbflow'"), std::string::npos) << what;
+      EXPECT_NE(what.find("has finished"), std::string::npos) << what;
+    }
+  }
+  el::loopback_network net(std::make_shared<el::loopback_fabric>());
+  auto o = options();
+  o.prefix = "second-job";
+  test_group g(factory(store), net, o, launch(0, 1));
+  const auto s = g.begin_step();
+  EXPECT_EQ(s.step, 0);
+  EXPECT_EQ(s.generation, 0);
+}

@@ -138,6 +138,41 @@ TEST(Launcher, AttachesToAStandaloneStore) {
   EXPECT_TRUE(e[0].ok()) << e[0].describe();
 }
 
+// A standalone store outlives its jobs. Each job the launcher attaches to it
+// gets a fresh key prefix (EBBFLOW_JOB) unless one is named; a named job
+// that already finished there is refused (its workers took the old job's
+// generations for theirs and failed as newcomers nobody admitted).
+TEST(Launcher, AttachGivesEachJobAPrefixOfItsOwn) {
+  standalone_store store({EBBFLOW_STORE_TOOL, "--port", "0", "--token", "standalone-token"});
+  ASSERT_NE(store.port, 0) << store.out;
+  const std::string addr = "127.0.0.1:" + std::to_string(store.port);
+  const std::vector<std::string> job = {EBBFLOW_RUN, "-n", "1",       "--attach",
+                                        "--store",   addr, "--token", "standalone-token",
+                                        "--",        "sh", "-c",      "echo job=$EBBFLOW_JOB"};
+  auto job_of = [](const run_result& r) {
+    const auto at = r.out.find("job=");
+    return at == std::string::npos ? std::string() : r.out.substr(at + 4, r.out.find('\n', at) - at - 4);
+  };
+  auto a = run(job), b = run(job);
+  ASSERT_TRUE(a.exit.ok() && b.exit.ok()) << a.err << b.err;
+  EXPECT_TRUE(job_of(a).starts_with("ebbflow-")) << a.out;
+  EXPECT_NE(job_of(a), job_of(b)) << "two jobs on one store share a prefix";
+  EXPECT_NE(a.err.find("job " + job_of(a) + " on the store at " + addr), std::string::npos) << a.err;
+
+  el::store_client c("127.0.0.1", store.port, "standalone-token");
+  c.set("finished-job/done", "1", ef::deadline::after(2s));
+  auto refused = run(job, {{"EBBFLOW_JOB", "finished-job"}});
+  EXPECT_EQ(refused.exit.code, 2) << refused.exit.describe();
+  EXPECT_NE(refused.err.find("already holds a finished job EBBFLOW_JOB=finished-job"), std::string::npos)
+      << refused.err;
+  EXPECT_EQ(refused.out.find("job="), std::string::npos) << "a worker started: " << refused.out;
+  auto named = run(job, {{"EBBFLOW_JOB", "named-job"}});
+  EXPECT_TRUE(named.exit.ok()) << named.err;
+  EXPECT_EQ(job_of(named), "named-job");
+  store.group.signal_all(SIGTERM);
+  (void)store.group.poll(ef::deadline::after(5s));
+}
+
 TEST(Launcher, JoinersStartAtTheLowerPriorityAskedFor) {
   // `nice` prints the niceness: the initial worker keeps ours, the joiner
   // starts 7 lower and is told so (EBBFLOW_JOIN_NICE) so the group can

@@ -18,6 +18,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <limits>
@@ -62,7 +63,8 @@ constexpr const char* usage_text =
     "options:\n"
     "  -n, --nproc N        number of ranks (1..4096)\n"
     "  --store HOST:PORT    address the embedded store binds (default 127.0.0.1:0 = free port)\n"
-    "  --attach             use an existing store at --store instead of starting one\n"
+    "  --attach             use an existing store at --store instead of starting one; the job gets\n"
+    "                       a fresh EBBFLOW_JOB (store key prefix) unless one is set\n"
     "  --token T            job token (default: EBBFLOW_TOKEN, else a random one)\n"
     "  --timeout SEC        stop the job after SEC seconds (exit status 124)\n"
     "  --kill-after SEC     after stopping ranks with SIGTERM, SIGKILL them after SEC s (default 5)\n"
@@ -413,6 +415,33 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     say(std::string("cannot start the store: ") + e.what());
     return 1;
+  }
+  // A store that outlives its jobs (--attach) holds every earlier job's keys
+  // under its EBBFLOW_JOB prefix: a job without a name of its own gets a
+  // fresh one, and a named job that already finished there is refused (its
+  // workers would take the old job's generations for theirs). A named job
+  // still running there is joined: its workers become newcomers.
+  if (opt.attach) {
+    if (!ef::env::get("EBBFLOW_JOB")) {
+      const std::string job = "ebbflow-" + el::detail::random_hex(6);
+      ::setenv("EBBFLOW_JOB", job.c_str(), 1);
+      say("job " + job + " on the store at " + store_addr + " (EBBFLOW_JOB=" + job +
+          " lets a worker started elsewhere join it)");
+    } else {
+      try {
+        const std::string done_key = el::group_options::from_environment().prefix + "/done";
+        auto hp = ef::env::parse_host_port(store_addr, "store");
+        el::store_client probe(hp.host, hp.port, token);
+        if (probe.try_get(done_key, ef::deadline::after(std::chrono::seconds(30)))) {
+          say("the store at " + store_addr + " already holds a finished job EBBFLOW_JOB=" +
+              *ef::env::get("EBBFLOW_JOB") + ": name this job otherwise, or leave EBBFLOW_JOB unset for a fresh name");
+          return 2;
+        }
+      } catch (const std::exception& e) {
+        say(std::string("cannot read the store: ") + e.what());
+        return 1;
+      }
+    }
   }
 
   el::detail::process_group group([&](int id, int stream, std::string_view line) {

@@ -233,6 +233,13 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
   if (opts_.worker_key.empty()) opts_.worker_key = env::host_name();
   store_ = connect_store_();
+  // A store that outlives its jobs keeps a finished job's keys under its
+  // prefix: this worker would take that job's generations for its own.
+  if (job_done())
+    fail(error::invalid_state, "the job EBBFLOW_JOB='" + opts_.prefix +
+                                   "' on this store has finished: a worker started now cannot join it, and a new job "
+                                   "needs a prefix of its own (EBBFLOW_JOB; ebbflow-run --attach picks a fresh one) "
+                                   "or a fresh store");
   // The admission helper's own connection, made now rather than in the
   // middle of a membership change (a joiner makes it later, when needed:
   // its start-up is already part of one).
