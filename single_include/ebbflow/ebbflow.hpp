@@ -1282,6 +1282,17 @@ constexpr tag_t make_tag(std::uint64_t seq, std::uint32_t step) noexcept {
   return ((seq & 0xffffffffu) << 16 | (step & 0xffffu)) & tag_mask;
 }
 
+//! The highest step a collective may give `make_tag`: steps 0xfffe and
+//! 0xffff are reserved (a transport's wire-up handshake, point-to-point
+//! messages).
+inline constexpr std::uint32_t max_collective_step = 0xfffd;
+//! Most ranks the collectives support: a ring allreduce numbers its
+//! 2 (n − 1) reduce-scatter and allgather steps apart, all at most
+//! `max_collective_step`, so that no two steps of one collective, and no
+//! reserved step, share a tag.
+inline constexpr int max_collective_ranks = 0x7fff;
+static_assert(2 * (max_collective_ranks - 1) <= static_cast<int>(max_collective_step));
+
 template <class T>
 concept transport = requires(T& t, const T& ct, int peer, tag_t tag, std::span<const std::byte> out,
                              std::span<std::byte> in, typename T::request& req, deadline d, std::error_code& ec) {
@@ -2966,6 +2977,8 @@ basic_communicator<T>::basic_communicator(T& transport, collective_options opts)
       active_(std::make_shared<detail::active_set<T>>()) {
   EBBFLOW_ENFORCE(opts_.chunk_bytes > 0 && opts_.window > 0,
                   "collective_options: chunk_bytes and window must be positive");
+  EBBFLOW_ENFORCE(t_->size() >= 1 && t_->size() <= max_collective_ranks,
+                  "communicator: " << t_->size() << " ranks; the collectives support 1 to " << max_collective_ranks);
 }
 
 template <transport T>
@@ -4519,8 +4532,10 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace comm::ucx {
 
-//! Most ranks a transport supports: the wire tag holds the source rank in 16 bits.
-inline constexpr int max_ranks = 1 << 16;
+//! Most ranks a transport supports: the collectives' limit (their steps
+//! have 16 bits of the tag; the wire tag holds the source rank in 16 more).
+inline constexpr int max_ranks = max_collective_ranks;
+static_assert(max_ranks <= 1 << 16);
 
 namespace detail {
 // What a rank tells its peers at wire-up so that those on the same host can
@@ -7657,6 +7672,12 @@ class request_set {
 
 inline int mod(int a, int p) noexcept { return ((a % p) + p) % p; }
 
+// Allgather steps are numbered from here; reduce-scatter and all-to-all
+// steps (at most max_collective_ranks − 2) stay below it.
+inline constexpr std::uint32_t ag_step = 0x8000;
+static_assert(comm::max_collective_ranks - 2 < static_cast<int>(ag_step) &&
+              (ag_step | static_cast<std::uint32_t>(comm::max_collective_ranks - 2)) <= comm::max_collective_step);
+
 inline encode_context seg_ctx(const coll_ctx& ctx, std::uint64_t phase, std::size_t begin, std::byte* ws) noexcept {
   return {ctx.seed, mix64(ctx.stream_base ^ mix64((phase << 56) ^ begin)), ws};
 }
@@ -7678,7 +7699,7 @@ void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n
   std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
   const int left = mod(r - 1, p), right = mod(r + 1, p);
   const auto tag_rs = [&](int s) { return comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s)); };
-  const auto tag_ag = [&](int s) { return comm::make_tag(ctx.seq, 0x8000u | static_cast<std::uint32_t>(s)); };
+  const auto tag_ag = [&](int s) { return comm::make_tag(ctx.seq, ag_step | static_cast<std::uint32_t>(s)); };
   const auto& ch = [&](int c) -> const chunk& { return L[static_cast<std::size_t>(c)]; };
 
   request_set<T> rq(t, ctx);
@@ -7832,7 +7853,7 @@ void two_phase_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::siz
   std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
   const auto& ch = [&](int c) -> const chunk& { return L[static_cast<std::size_t>(c)]; };
   const int left = mod(r - 1, p), right = mod(r + 1, p);
-  const auto tag_ag = [&](int s) { return comm::make_tag(ctx.seq, 0x8000u | static_cast<std::uint32_t>(s)); };
+  const auto tag_ag = [&](int s) { return comm::make_tag(ctx.seq, ag_step | static_cast<std::uint32_t>(s)); };
   request_set<T> rq(t, ctx);
   std::vector<std::size_t> a2a_ids(static_cast<std::size_t>(p) * mine.segs.size()), ag_ids;
   for (int o = 0; o < p; ++o)
@@ -8087,6 +8108,9 @@ compressed_allreduce<Codec, Transport, Executor>::compressed_allreduce(Transport
                                << " (space 0 of the transport belongs to the communicator's collectives)");
   EBBFLOW_ENFORCE(opts_.segment_bytes >= 4 * kernels::block_size,
                   "segment_bytes " << opts_.segment_bytes << " below one block (" << 4 * kernels::block_size << ")");
+  EBBFLOW_ENFORCE(transport.size() >= 1 && transport.size() <= comm::max_collective_ranks,
+                  "compressed_allreduce: " << transport.size() << " ranks; the collectives support 1 to "
+                                           << comm::max_collective_ranks);
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
@@ -10671,7 +10695,7 @@ concept network = requires(N& n, std::int64_t g, int rank, const std::vector<byt
 struct group_options {
   std::string prefix = "ebbflow";                //!< store key prefix of this job (EBBFLOW_JOB)
   int min_size = 1;                              //!< EBBFLOW_MIN_SIZE: below it the group waits
-  int max_size = 1 << 16;                        //!< EBBFLOW_MAX_SIZE: joiners beyond it wait
+  int max_size = comm::max_collective_ranks;     //!< EBBFLOW_MAX_SIZE: joiners beyond it wait
   std::size_t global_batch = 0;                  //!< B, samples per step over all members (required)
   std::size_t dataset_size = 0;                  //!< N, samples per epoch (required)
   bool drop_last = false;                        //!< drop an epoch's short last batch
@@ -10725,7 +10749,7 @@ struct group_options {
   static group_options from_environment(group_options o) {
     if (auto j = env::get("EBBFLOW_JOB")) o.prefix = *j;
     o.min_size = static_cast<int>(env::get_int("EBBFLOW_MIN_SIZE", o.min_size, 1, 1 << 20));
-    o.max_size = static_cast<int>(env::get_int("EBBFLOW_MAX_SIZE", o.max_size, o.min_size, 1 << 20));
+    o.max_size = static_cast<int>(env::get_int("EBBFLOW_MAX_SIZE", o.max_size, o.min_size, comm::max_collective_ranks));
     o.join = env::get_bool("EBBFLOW_JOIN", o.join);
     o.heartbeat = env::get_ms("EBBFLOW_HEARTBEAT_MS", o.heartbeat, 1, 60'000);
     o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
@@ -11462,9 +11486,10 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(!opts_.drop_last || opts_.global_batch <= opts_.dataset_size,
                   "elastic group: drop_last with global_batch " << opts_.global_batch << " > dataset_size "
                                                                 << opts_.dataset_size << " leaves no step");
-  EBBFLOW_ENFORCE(opts_.min_size >= 1 && opts_.max_size >= opts_.min_size, "elastic group: need 1 <= min_size ("
-                                                                               << opts_.min_size << ") <= max_size ("
-                                                                               << opts_.max_size << ")");
+  EBBFLOW_ENFORCE(
+      opts_.min_size >= 1 && opts_.max_size >= opts_.min_size && opts_.max_size <= comm::max_collective_ranks,
+      "elastic group: need 1 <= min_size (" << opts_.min_size << ") <= max_size (" << opts_.max_size << ") <= "
+                                            << comm::max_collective_ranks << " (the collectives' most ranks)");
   EBBFLOW_ENFORCE(opts_.join_cooldown.count() >= 0 && opts_.join_cooldown_max >= opts_.join_cooldown,
                   "elastic group: need 0 <= join_cooldown ("
                       << opts_.join_cooldown.count() << " ms) <= join_cooldown_max (" << opts_.join_cooldown_max.count()

@@ -440,3 +440,23 @@ TEST(Communicator, RejectsPartlyOverlappingInputAndOutput) {
   EXPECT_THROW(c.allgather(sub(0, 4), sub(1, 8)), std::invalid_argument);
   EXPECT_THROW(c.reduce_scatter(sub(0, 8), sub(2, 4), ef::reduce_op::sum), std::invalid_argument);
 }
+
+// Collectives number their steps in 16 bits of the tag: a ring allreduce's
+// 2 (n − 1) steps, and the steps reserved for wire-up and point-to-point,
+// stay apart only up to max_collective_ranks. Beyond it the steps used to
+// wrap onto each other (32,768 ranks and more) with nothing said; now a
+// communicator over more ranks is refused, naming the count.
+TEST(Communicator, MoreRanksThanTheCollectivesNumberAreRefused) {
+  constexpr int most = ef::comm::max_collective_ranks;
+  auto fits = std::make_shared<ef::comm::loopback_hub>(most);
+  ef::comm::loopback_transport t_fits(fits, most - 1);
+  EXPECT_NO_THROW((void)comm_t(t_fits, {}));
+  auto over = std::make_shared<ef::comm::loopback_hub>(most + 1);
+  ef::comm::loopback_transport t_over(over, 0);
+  try {
+    comm_t c(t_over, {});
+    ADD_FAILURE() << "a communicator over " << most + 1 << " ranks was made";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(most + 1) + " ranks"), std::string::npos) << e.what();
+  }
+}

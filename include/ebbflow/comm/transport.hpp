@@ -66,6 +66,17 @@ constexpr tag_t make_tag(std::uint64_t seq, std::uint32_t step) noexcept {
   return ((seq & 0xffffffffu) << 16 | (step & 0xffffu)) & tag_mask;
 }
 
+//! The highest step a collective may give `make_tag`: steps 0xfffe and
+//! 0xffff are reserved (a transport's wire-up handshake, point-to-point
+//! messages).
+inline constexpr std::uint32_t max_collective_step = 0xfffd;
+//! Most ranks the collectives support: a ring allreduce numbers its
+//! 2 (n − 1) reduce-scatter and allgather steps apart, all at most
+//! `max_collective_step`, so that no two steps of one collective, and no
+//! reserved step, share a tag.
+inline constexpr int max_collective_ranks = 0x7fff;
+static_assert(2 * (max_collective_ranks - 1) <= static_cast<int>(max_collective_step));
+
 template <class T>
 concept transport = requires(T& t, const T& ct, int peer, tag_t tag, std::span<const std::byte> out,
                              std::span<std::byte> in, typename T::request& req, deadline d, std::error_code& ec) {

@@ -128,7 +128,7 @@ concept network = requires(N& n, std::int64_t g, int rank, const std::vector<byt
 struct group_options {
   std::string prefix = "ebbflow";                //!< store key prefix of this job (EBBFLOW_JOB)
   int min_size = 1;                              //!< EBBFLOW_MIN_SIZE: below it the group waits
-  int max_size = 1 << 16;                        //!< EBBFLOW_MAX_SIZE: joiners beyond it wait
+  int max_size = comm::max_collective_ranks;     //!< EBBFLOW_MAX_SIZE: joiners beyond it wait
   std::size_t global_batch = 0;                  //!< B, samples per step over all members (required)
   std::size_t dataset_size = 0;                  //!< N, samples per epoch (required)
   bool drop_last = false;                        //!< drop an epoch's short last batch
@@ -182,7 +182,7 @@ struct group_options {
   static group_options from_environment(group_options o) {
     if (auto j = env::get("EBBFLOW_JOB")) o.prefix = *j;
     o.min_size = static_cast<int>(env::get_int("EBBFLOW_MIN_SIZE", o.min_size, 1, 1 << 20));
-    o.max_size = static_cast<int>(env::get_int("EBBFLOW_MAX_SIZE", o.max_size, o.min_size, 1 << 20));
+    o.max_size = static_cast<int>(env::get_int("EBBFLOW_MAX_SIZE", o.max_size, o.min_size, comm::max_collective_ranks));
     o.join = env::get_bool("EBBFLOW_JOIN", o.join);
     o.heartbeat = env::get_ms("EBBFLOW_HEARTBEAT_MS", o.heartbeat, 1, 60'000);
     o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);

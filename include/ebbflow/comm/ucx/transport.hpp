@@ -59,8 +59,10 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace comm::ucx {
 
-//! Most ranks a transport supports: the wire tag holds the source rank in 16 bits.
-inline constexpr int max_ranks = 1 << 16;
+//! Most ranks a transport supports: the collectives' limit (their steps
+//! have 16 bits of the tag; the wire tag holds the source rank in 16 more).
+inline constexpr int max_ranks = max_collective_ranks;
+static_assert(max_ranks <= 1 << 16);
 
 namespace detail {
 // What a rank tells its peers at wire-up so that those on the same host can

@@ -142,6 +142,12 @@ class request_set {
 
 inline int mod(int a, int p) noexcept { return ((a % p) + p) % p; }
 
+// Allgather steps are numbered from here; reduce-scatter and all-to-all
+// steps (at most max_collective_ranks − 2) stay below it.
+inline constexpr std::uint32_t ag_step = 0x8000;
+static_assert(comm::max_collective_ranks - 2 < static_cast<int>(ag_step) &&
+              (ag_step | static_cast<std::uint32_t>(comm::max_collective_ranks - 2)) <= comm::max_collective_step);
+
 inline encode_context seg_ctx(const coll_ctx& ctx, std::uint64_t phase, std::size_t begin, std::byte* ws) noexcept {
   return {ctx.seed, mix64(ctx.stream_base ^ mix64((phase << 56) ^ begin)), ws};
 }
@@ -163,7 +169,7 @@ void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n
   std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
   const int left = mod(r - 1, p), right = mod(r + 1, p);
   const auto tag_rs = [&](int s) { return comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s)); };
-  const auto tag_ag = [&](int s) { return comm::make_tag(ctx.seq, 0x8000u | static_cast<std::uint32_t>(s)); };
+  const auto tag_ag = [&](int s) { return comm::make_tag(ctx.seq, ag_step | static_cast<std::uint32_t>(s)); };
   const auto& ch = [&](int c) -> const chunk& { return L[static_cast<std::size_t>(c)]; };
 
   request_set<T> rq(t, ctx);
@@ -317,7 +323,7 @@ void two_phase_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::siz
   std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
   const auto& ch = [&](int c) -> const chunk& { return L[static_cast<std::size_t>(c)]; };
   const int left = mod(r - 1, p), right = mod(r + 1, p);
-  const auto tag_ag = [&](int s) { return comm::make_tag(ctx.seq, 0x8000u | static_cast<std::uint32_t>(s)); };
+  const auto tag_ag = [&](int s) { return comm::make_tag(ctx.seq, ag_step | static_cast<std::uint32_t>(s)); };
   request_set<T> rq(t, ctx);
   std::vector<std::size_t> a2a_ids(static_cast<std::size_t>(p) * mine.segs.size()), ag_ids;
   for (int o = 0; o < p; ++o)

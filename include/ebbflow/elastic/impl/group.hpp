@@ -210,9 +210,10 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(!opts_.drop_last || opts_.global_batch <= opts_.dataset_size,
                   "elastic group: drop_last with global_batch " << opts_.global_batch << " > dataset_size "
                                                                 << opts_.dataset_size << " leaves no step");
-  EBBFLOW_ENFORCE(opts_.min_size >= 1 && opts_.max_size >= opts_.min_size, "elastic group: need 1 <= min_size ("
-                                                                               << opts_.min_size << ") <= max_size ("
-                                                                               << opts_.max_size << ")");
+  EBBFLOW_ENFORCE(
+      opts_.min_size >= 1 && opts_.max_size >= opts_.min_size && opts_.max_size <= comm::max_collective_ranks,
+      "elastic group: need 1 <= min_size (" << opts_.min_size << ") <= max_size (" << opts_.max_size << ") <= "
+                                            << comm::max_collective_ranks << " (the collectives' most ranks)");
   EBBFLOW_ENFORCE(opts_.join_cooldown.count() >= 0 && opts_.join_cooldown_max >= opts_.join_cooldown,
                   "elastic group: need 0 <= join_cooldown ("
                       << opts_.join_cooldown.count() << " ms) <= join_cooldown_max (" << opts_.join_cooldown_max.count()
