@@ -8360,9 +8360,10 @@ EBBFLOW_END_NAMESPACE
 //! fail while training goes on, with no restart and no lost or repeated
 //! sample.
 //!
-//! A training loop uses it like this (see examples/elastic_train.cpp):
+//! A training loop uses it like this (see examples/elastic_train/elastic_train.cpp):
 //! @code
-//!   elastic::group g(connect_store, net, opts);          // joins the job
+//!   elastic::group g(connect_store, net, elastic::group_options::from_environment(opts),
+//!                    launch_info::from_environment(), std::make_unique<my_policy>());  // joins the job
 //!   g.register_state("params", std::as_writable_bytes(std::span(params)));
 //!   while (g.active() && g.step() < total_steps) {
 //!     auto s = g.begin_step();                           // my slice and weight
@@ -8381,8 +8382,9 @@ EBBFLOW_END_NAMESPACE
 //!   generation is never consumed by a newer one.
 //! * Every step ends with a small control exchange (an allreduce of a few
 //!   doubles per member): each member's batch and compute time (so every
-//!   member's planning policy sees the same history), leave requests, and the
-//!   coordinator's (rank 0's) decisions: a new plan, or admitted joiners.
+//!   member's planning policy sees the same history), leave requests, whether
+//!   each member is wired up to a pending generation, and the coordinator's
+//!   (rank 0's) decisions: a new plan, or admitted joiners.
 //! * Start: launch rank 0 writes generation 0 once every launched worker
 //!   registered, or after `initial_wait` with those registered if at least
 //!   `min_size`; a launched worker that comes later joins as a newcomer. If
@@ -8390,11 +8392,22 @@ EBBFLOW_END_NAMESPACE
 //!   generation 0 without it after `initial_wait` and a lease.
 //! * Join: a newcomer registers its transport address and a join ticket and
 //!   waits, while the others keep training. The coordinator admits it at a step
-//!   boundary by writing generation g+1; everyone switches there and the
-//!   coordinator streams the committed state (registered buffers plus step,
-//!   epoch, cursor and plan) to the newcomer. Survivors stall only for that.
+//!   boundary by writing generation g+1. The members connect to the newcomers
+//!   in the background (a helper thread; the network's `start_connect`) while
+//!   they keep training on g, and all switch to g+1 at a later step boundary,
+//!   the first at which every member is wired up. The members holding the
+//!   newest committed step then stream the state (registered buffers plus
+//!   step, epoch and cursor) to the newcomers, each newcomer from one of them
+//!   (see `register_state`). Survivors stall for the switch and the transfer.
+//!   A network without `start_connect`, or `EBBFLOW_PRECONNECT=0`, connects
+//!   and switches at the admission boundary instead. While a change is
+//!   connecting, no other change or re-plan is taken.
 //! * Leave (`request_leave`, e.g. from SIGTERM): announced in the control
-//!   exchange and applied at that boundary; no rollback, no state transfer.
+//!   exchange; no rollback, no state transfer. The others connect among
+//!   themselves in the background while the leaver keeps training its share;
+//!   it leaves when they switch (at once where they connect at the boundary).
+//!   A leave that would take the group below `min_size` waits, the leaver
+//!   training on, until newcomers take its place.
 //! * Failure: a transport error (peer_lost, timeout) or a revocation aborts
 //!   the step on every survivor: the first to notice posts `abort/<g>`, whose
 //!   heartbeat threads revoke their transports. Survivors report their last
@@ -8405,8 +8418,8 @@ EBBFLOW_END_NAMESPACE
 //!   that hangs in a step is marked dead and `abort/<g>` posted once it has
 //!   been silent for a lease, not only at the operation deadline.
 //!   One survivor proposes g+1 by compare-and-set (the first proposal wins);
-//!   the member with the newest committed step streams its state to any member
-//!   behind it. A step is committed by `end_step`, after the gradient
+//!   the members holding the newest committed step stream the state to any
+//!   member behind it. A step is committed by `end_step`, after the gradient
 //!   allreduce completed and the optimizer stepped, so the rolled-back step
 //!   applied no update and did not advance the cursor: it is simply redone.
 //! * Below `min_size` the survivors wait (logging why) until workers join.
