@@ -111,9 +111,10 @@ struct standalone_store {
     if (stream == 1) out.append(line).push_back('\n');
   }};
   std::uint16_t port = 0;
-  explicit standalone_store(std::vector<std::string> argv) {
+  explicit standalone_store(std::vector<std::string> argv, std::vector<std::pair<std::string, std::string>> env = {}) {
     el::detail::child_spec s;
     s.argv = std::move(argv);
+    s.env = std::move(env);
     group.spawn(s);
     const auto d = ef::deadline::after(10s);
     while (out.find('\n') == std::string::npos && !d.expired()) group.poll(ef::deadline::after(20ms));
@@ -171,6 +172,60 @@ TEST(Launcher, AttachGivesEachJobAPrefixOfItsOwn) {
   EXPECT_EQ(job_of(named), "named-job");
   store.group.signal_all(SIGTERM);
   (void)store.group.poll(ef::deadline::after(5s));
+}
+
+// With --attach the launcher checks the store first: a token the store
+// refuses is one clear line (not every worker failing on its own), and
+// without --token or EBBFLOW_TOKEN it uses the empty token, as a store
+// started without one expects (a random one could never match).
+TEST(Launcher, AttachChecksTheStoreAndItsToken) {
+  standalone_store guarded({EBBFLOW_STORE_TOOL, "--port", "0", "--token", "right"});
+  ASSERT_NE(guarded.port, 0) << guarded.out;
+  auto wrong = run({EBBFLOW_RUN, "-n", "2", "--attach", "--store", "127.0.0.1:" + std::to_string(guarded.port),
+                    "--token", "wrong", "--", "sh", "-c", "echo started"});
+  EXPECT_EQ(wrong.exit.code, 1) << wrong.exit.describe();
+  EXPECT_NE(wrong.err.find("refused the job token"), std::string::npos) << wrong.err;
+  EXPECT_EQ(wrong.out.find("started"), std::string::npos) << "workers were started: " << wrong.out;
+
+  standalone_store open({EBBFLOW_STORE_TOOL, "--port", "0"}, {{"EBBFLOW_TOKEN", ""}});
+  ASSERT_NE(open.port, 0) << open.out;
+  auto r = run({EBBFLOW_RUN, "-n", "2", "--attach", "--store", "127.0.0.1:" + std::to_string(open.port), "--",
+                EBBFLOW_STORE_WORKER, "meet"},
+               {{"EBBFLOW_TOKEN", ""}});
+  EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
+  for (auto* s : {&guarded, &open}) {
+    s->group.signal_all(SIGTERM);
+    (void)s->group.poll(ef::deadline::after(5s));
+  }
+}
+
+// EBBFLOW_LOCAL_RANK (a GPU index) is the lowest index no running worker
+// holds: a joiner started after worker 1 died takes index 1 (it was its
+// worker id, 2, past the devices of a 2-GPU host).
+TEST(Launcher, AJoinerTakesTheLocalRankAWorkerLeftFree) {
+  auto r = run({EBBFLOW_RUN, "-n", "2", "--elastic", "--kill", "0.3:1", "--add", "0.8", "--", "sh", "-c",
+                "echo id=$EBBFLOW_WORKER_ID local=$EBBFLOW_LOCAL_RANK; sleep 1.5"});
+  EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
+  EXPECT_NE(r.out.find("[worker 0] id=0 local=0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[worker 1] id=1 local=1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[worker 2] id=2 local=1"), std::string::npos) << r.out << r.err;
+}
+
+// Usage errors are one line that names the option (exit status 2), not the
+// whole help text after it.
+TEST(Launcher, UsageErrorsNameTheOptionInOneLine) {
+  for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"-n", "2", "--store", "bogus", "--", "true"}, "--store 'bogus': expected HOST:PORT"},
+           {{"-n", "2", "--min", "3", "--", "true"}, "--min 3 is larger than -n 2"},
+           {{"-n", "2", "--attach", "--", "true"}, "--attach needs --store HOST:PORT with a port"},
+           {{"-n", "2", "--bogus", "--", "true"}, "unknown option --bogus"}}) {
+    std::vector<std::string> argv{EBBFLOW_RUN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto r = run(argv);
+    EXPECT_EQ(r.exit.code, 2) << says;
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
 }
 
 TEST(Launcher, JoinersStartAtTheLowerPriorityAskedFor) {

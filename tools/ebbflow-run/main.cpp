@@ -65,11 +65,13 @@ constexpr const char* usage_text =
     "  --store HOST:PORT    address the embedded store binds (default 127.0.0.1:0 = free port)\n"
     "  --attach             use an existing store at --store instead of starting one; the job gets\n"
     "                       a fresh EBBFLOW_JOB (store key prefix) unless one is set\n"
-    "  --token T            job token (default: EBBFLOW_TOKEN, else a random one)\n"
+    "  --token T            job token (default: EBBFLOW_TOKEN, else a random one; with --attach,\n"
+    "                       else the empty token, as ebbflow-store's default)\n"
     "  --timeout SEC        stop the job after SEC seconds (exit status 124)\n"
     "  --kill-after SEC     after stopping ranks with SIGTERM, SIGKILL them after SEC s (default 5)\n"
     "  --no-prefix          do not prefix output lines with \"[rank R] \" (\"[worker ID] \" with --elastic)\n"
-    "elastic controls (workers use <ebbflow/elastic/group.hpp>):\n"
+    "elastic controls (workers use <ebbflow/elastic/group.hpp>; --add, --kill, --leave, --stop,\n"
+    "--restart and --discovery imply --elastic):\n"
     "  --elastic            a failed worker does not stop the job; exit 0 when a worker finished with 0\n"
     "  --min N / --max N    membership bounds passed to workers (EBBFLOW_MIN_SIZE / EBBFLOW_MAX_SIZE)\n"
     "  --add SEC[:K]        after SEC seconds start K (default 1) more workers that join the running job\n"
@@ -101,13 +103,15 @@ constexpr const char* usage_text =
     "                       keeps the workers there are, with a warning\n"
     "  SIGUSR1 / SIGUSR2    to ebbflow-run: add one worker / ask the newest to leave\n"
     "Joining workers get EBBFLOW_JOIN=1 and no EBBFLOW_RANK (the group assigns ranks).\n"
+    "EBBFLOW_LOCAL_RANK is the lowest index no running worker of this launcher holds (0..N-1 for the\n"
+    "initial workers; a joiner or restarted worker takes the index a worker that exited left free).\n"
     "  -h, --help           this text\n"
     "Exit status: what stopped the job first decides: a failed rank, its status (128+signal when\n"
     "killed); --timeout, 124; an interrupt, 128+signal. Else 0 when every rank exits 0 (--elastic:\n"
     "when a worker finished with 0; else the first failure's status).\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
-  std::cerr << "ebbflow-run: " << msg << "\n" << usage_text;
+  std::cerr << "ebbflow-run: " << msg << " (ebbflow-run --help lists the options)\n";
   std::exit(2);
 }
 
@@ -179,6 +183,11 @@ options parse(int argc, char** argv) {
         usage_error(a + " '" + v + "': expected an integer in [1, 4096]");
     } else if (a == "--store") {
       o.store = value(a);
+      try {
+        (void)ef::env::parse_host_port(o.store, "--store");
+      } catch (const std::invalid_argument&) {
+        usage_error("--store '" + o.store + "': expected HOST:PORT");
+      }
     } else if (a == "--attach") {
       o.attach = true;
     } else if (a == "--token") {
@@ -263,6 +272,10 @@ options parse(int argc, char** argv) {
   if (o.argv.empty()) usage_error("no program given");
   if (!o.discovery.empty() || o.restarts > 0) o.elastic = true;
   if (o.min_size && o.max_size && o.min_size > o.max_size) usage_error("--min is larger than --max");
+  if (o.min_size > o.n)
+    usage_error("--min " + std::to_string(o.min_size) + " is larger than -n " + std::to_string(o.n) +
+                ": the first generation is formed from the launched workers");
+  if (o.attach && o.store.ends_with(":0")) usage_error("--attach needs --store HOST:PORT with a port");
   if (o.store_cpu >= 0 && !o.cpu_bind) usage_error("--store-cpu needs --cpu-bind (else the workers would inherit it)");
   return o;
 }
@@ -387,8 +400,9 @@ int main(int argc, char** argv) {
     token = *opt.token;
   else if (auto t = ef::env::get("EBBFLOW_TOKEN"))
     token = *t;
-  else
-    token = el::detail::random_hex(16);
+  else if (!opt.attach)
+    token = el::detail::random_hex(16);  // a store of our own: a secret of our own
+  // else the empty token, which an ebbflow-store started without one expects
 
   // The embedded store holds three connections per worker: lift this
   // process's open-file limit; the workers start with the limit we had.
@@ -399,7 +413,6 @@ int main(int argc, char** argv) {
   try {
     auto hp = ef::env::parse_host_port(opt.store, "--store");
     if (opt.attach) {
-      if (hp.port == 0) usage_error("--attach needs --store HOST:PORT with a port");
       store_addr = opt.store;
     } else {
       el::server_options so;
@@ -422,25 +435,33 @@ int main(int argc, char** argv) {
   // workers would take the old job's generations for theirs). A named job
   // still running there is joined: its workers become newcomers.
   if (opt.attach) {
-    if (!ef::env::get("EBBFLOW_JOB")) {
-      const std::string job = "ebbflow-" + el::detail::random_hex(6);
-      ::setenv("EBBFLOW_JOB", job.c_str(), 1);
-      say("job " + job + " on the store at " + store_addr + " (EBBFLOW_JOB=" + job +
-          " lets a worker started elsewhere join it)");
-    } else {
-      try {
+    try {
+      auto hp = ef::env::parse_host_port(store_addr, "store");
+      el::store_client probe(hp.host, hp.port, token);
+      probe.ping(ef::deadline::after(std::chrono::seconds(10)));
+      if (auto named = ef::env::get("EBBFLOW_JOB")) {
         const std::string done_key = el::group_options::from_environment().prefix + "/done";
-        auto hp = ef::env::parse_host_port(store_addr, "store");
-        el::store_client probe(hp.host, hp.port, token);
-        if (probe.try_get(done_key, ef::deadline::after(std::chrono::seconds(30)))) {
-          say("the store at " + store_addr + " already holds a finished job EBBFLOW_JOB=" +
-              *ef::env::get("EBBFLOW_JOB") + ": name this job otherwise, or leave EBBFLOW_JOB unset for a fresh name");
+        if (probe.try_get(done_key, ef::deadline::after(std::chrono::seconds(10)))) {
+          say("the store at " + store_addr + " already holds a finished job EBBFLOW_JOB=" + *named +
+              ": name this job otherwise, or leave EBBFLOW_JOB unset for a fresh name");
           return 2;
         }
-      } catch (const std::exception& e) {
-        say(std::string("cannot read the store: ") + e.what());
-        return 1;
+      } else {
+        const std::string job = "ebbflow-" + el::detail::random_hex(6);
+        ::setenv("EBBFLOW_JOB", job.c_str(), 1);
+        say("job " + job + " on the store at " + store_addr + " (EBBFLOW_JOB=" + job +
+            " lets a worker started elsewhere join it)");
       }
+    } catch (const ef::system_error& e) {
+      if (e.code() == ef::errc::unauthorized)
+        say("the store at " + store_addr + " refused the job token: pass the token it was started with (--token " +
+            "or EBBFLOW_TOKEN; without either, the empty token)");
+      else
+        say("cannot use the store at " + store_addr + ": " + e.what());
+      return 1;
+    } catch (const std::exception& e) {
+      say("cannot use the store at " + store_addr + ": " + e.what());
+      return 1;
     }
   }
 
@@ -463,6 +484,16 @@ int main(int argc, char** argv) {
   std::map<int, int> slot_of;                              // by worker id
   std::map<int, ef::steady_clock::time_point> started_at;  // by worker id
   std::map<int, int> failures_in_a_row;                    // by slot
+  // EBBFLOW_LOCAL_RANK (a GPU index, say) of every running worker: the lowest
+  // index none of them holds, so joiners reuse the indices of workers gone.
+  std::map<int, int> local_of;  // by worker id, while it runs
+  auto free_local_index = [&] {
+    std::set<int> held;
+    for (const auto& [id, l] : local_of) held.insert(l);
+    int l = 0;
+    while (held.count(l)) ++l;
+    return l;
+  };
   auto spawn = [&](bool joiner, int slot) {
     el::detail::child_spec spec;
     spec.id = next_id++;
@@ -482,7 +513,8 @@ int main(int argc, char** argv) {
                   {"EBBFLOW_WORKER_ID", std::to_string(spec.id)}};
     }
     if (!cpus.empty()) spec.cpus = {cpus[static_cast<std::size_t>(spec.id / opt.cpu_bind) % cpus.size()]};
-    spec.env.push_back({"EBBFLOW_LOCAL_RANK", std::to_string(spec.id)});
+    local_of[spec.id] = free_local_index();
+    spec.env.push_back({"EBBFLOW_LOCAL_RANK", std::to_string(local_of[spec.id])});
     // The group's join cool-down counts failures per worker key: a restarted
     // worker keeps the key of the slot it stands in for.
     spec.env.push_back({"EBBFLOW_WORKER_KEY", host + "/" + std::to_string(slot_of[spec.id])});
@@ -593,6 +625,7 @@ int main(int argc, char** argv) {
     auto exits = group.poll(d, sigfd, &sig_ready);
     for (const auto& e : exits) {
       std::erase(alive, e.id);
+      local_of.erase(e.id);
       if (retiring.erase(e.id) != 0) {
         say("worker " + std::to_string(e.id) + " (pid " + std::to_string(e.pid) +
             ") retired as asked: " + e.describe() + stamp());

@@ -18,10 +18,17 @@ namespace el = ebbflow::elastic;
 namespace {
 constexpr const char* usage_text =
     "usage: ebbflow-store [--host ADDR] [--port P] [--token T] [--max-message-bytes N] [--frame-timeout-ms MS]\n"
-    "Serves the ebbflow rendezvous store. The token defaults to EBBFLOW_TOKEN; port 0 picks a free port.\n";
+    "Serves the ebbflow rendezvous store until SIGINT or SIGTERM.\n"
+    "  --host ADDR             address to bind (default 127.0.0.1: this host only; 0.0.0.0 or :: for all)\n"
+    "  --port P                port (default 0: a free one, printed as \"listening on HOST:PORT\")\n"
+    "  --token T               the job token clients must prove (default EBBFLOW_TOKEN, else the empty\n"
+    "                          token); workers and ebbflow-run --attach need the same one\n"
+    "  --max-message-bytes N   largest frame accepted\n"
+    "  --frame-timeout-ms MS   a started frame must be complete within MS (default 10000)\n"
+    "Several jobs may share one store: each under its own key prefix (EBBFLOW_JOB).\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
-  std::cerr << "ebbflow-store: " << msg << "\n" << usage_text;
+  std::cerr << "ebbflow-store: " << msg << " (ebbflow-store --help lists the options)\n";
   std::exit(2);
 }
 
