@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -81,39 +82,76 @@ struct args {
   std::string trace;              // directory: one file per process of attempted and committed samples (tests)
 };
 
+constexpr const char* usage_text =
+    "usage: elastic_train [options]   (under ebbflow-run; see the file comment)\n"
+    "  --steps N            steps to train (default 200)\n"
+    "  --batch B            global batch, samples per step over all workers (default 64)\n"
+    "  --lr X, --momentum X SGD settings (default 0.05, 0.9)\n"
+    "  --seed N             initial parameters and sample order (default 1)\n"
+    "  --hidden N           hidden units of the MLP (default 64)\n"
+    "  --sample-us U        emulated device time per sample, in microseconds (x the slowdown)\n"
+    "  --step-us U          emulated device time per step, in microseconds (x the slowdown)\n"
+    "  --slowdowns F0,F1,.. worker k is F[k mod count] times slower (EBBFLOW_SLOWDOWN: this worker)\n"
+    "  --straggle ID:FROM:TO:FACTOR[:PERIOD]  worker ID FACTOR times slower in steps [FROM, TO)\n"
+    "  --steal              in-step work stealing through the job's store\n"
+    "  --metrics FILE       rank 0 appends one CSV line per step\n"
+    "  --params-out FILE    rank 0 writes the final parameters (float32)\n"
+    "  --checkpoint FILE    with --checkpoint-at S: rank 0 saves there after step S, all stop;\n"
+    "                       with --resume: start from it\n"
+    "  --reference          the same global batches in one process (for checks)\n"
+    "  --trace DIR          per-process trace of the samples each step trained on (tests)\n"
+    "  --die-at S           SIGKILL this worker in step S (tests; or EBBFLOW_TEST_DIE_AT)\n"
+    "  -h, --help           this text\n";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::cerr << "elastic_train: " << msg << " (elastic_train --help lists the options)\n";
+  std::exit(2);
+}
+
+// The whole of `v` as a number in [lo, hi], or a usage error naming `flag`.
+template <class T>
+T number(const std::string& flag, const std::string& v, T lo, T hi) {
+  T x{};
+  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc{} || p != v.data() + v.size() || !(x >= lo && x <= hi))
+    usage_error(flag + " '" + v + "': expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
+
 args parse(int argc, char** argv) {
   args a;
+  constexpr std::int64_t most_steps = std::int64_t{1} << 40;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     auto v = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::cerr << "elastic_train: " << k << " needs a value\n";
-        std::exit(2);
-      }
+      if (i + 1 >= argc) usage_error(k + " needs a value");
       return argv[++i];
     };
-    if (k == "--steps")
-      a.steps = std::stoll(v());
+    if (k == "-h" || k == "--help") {
+      std::cout << usage_text;
+      std::exit(0);
+    } else if (k == "--steps")
+      a.steps = number<std::int64_t>(k, v(), 0, most_steps);
     else if (k == "--batch")
-      a.batch = std::stoul(v());
+      a.batch = number<std::size_t>(k, v(), 1, std::size_t{1} << 30);
     else if (k == "--lr")
-      a.lr = std::stof(v());
+      a.lr = number<float>(k, v(), 0.f, 1e6f);
     else if (k == "--momentum")
-      a.momentum = std::stof(v());
+      a.momentum = number<float>(k, v(), 0.f, 1.f);
     else if (k == "--seed")
-      a.seed = std::stoull(v());
+      a.seed = number<std::uint64_t>(k, v(), 0, ~std::uint64_t{0});
     else if (k == "--sample-us")
-      a.sample_us = std::stod(v());
+      a.sample_us = number<double>(k, v(), 0, 1e9);
     else if (k == "--step-us")
-      a.step_us = std::stod(v());
+      a.step_us = number<double>(k, v(), 0, 1e9);
     else if (k == "--hidden")
-      a.hidden = std::stoi(v());
+      a.hidden = number<int>(k, v(), 1, 1 << 16);
     else if (k == "--metrics")
       a.metrics = v();
     else if (k == "--params-out")
       a.params_out = v();
     else if (k == "--die-at")
-      a.die_at = std::stoll(v());
+      a.die_at = number<std::int64_t>(k, v(), -1, most_steps);
     else if (k == "--reference")
       a.reference = true;
     else if (k == "--steal")
@@ -123,10 +161,7 @@ args parse(int argc, char** argv) {
     else if (k == "--slowdowns") {
       const std::string t = v();
       auto f = factors::parse(t, 1, 1000);
-      if (!f) {
-        std::cerr << "elastic_train: --slowdowns '" << t << "': expected factors in [1, 1000], comma-separated\n";
-        std::exit(2);
-      }
+      if (!f) usage_error("--slowdowns '" + t + "': expected factors in [1, 1000], comma-separated");
       a.slowdowns = std::move(*f);
     } else if (k == "--straggle") {
       const std::string t = v();
@@ -135,23 +170,20 @@ args parse(int argc, char** argv) {
       const int n =
           std::sscanf(t.c_str(), "%lld:%lld:%lld:%lf:%lld%c", &g.id, &g.from, &g.to, &g.factor, &g.period, &tail);
       if ((n != 4 && n != 5) || g.id < 0 || g.from < 0 || g.to < g.from || !(g.factor >= 1 && g.factor <= 1000) ||
-          g.period < 0 || (g.period > 0 && g.period < g.to - g.from)) {
-        std::cerr << "elastic_train: --straggle '" << t
-                  << "': expected ID:FROM:TO:FACTOR[:PERIOD] (FACTOR in [1, 1000], PERIOD >= TO - FROM)\n";
-        std::exit(2);
-      }
+          g.period < 0 || (g.period > 0 && g.period < g.to - g.from))
+        usage_error("--straggle '" + t +
+                    "': expected ID:FROM:TO:FACTOR[:PERIOD] (FACTOR in [1, 1000], PERIOD >= TO - FROM)");
     } else if (k == "--checkpoint")
       a.checkpoint = v();
     else if (k == "--checkpoint-at")
-      a.checkpoint_at = std::stoll(v());
+      a.checkpoint_at = number<std::int64_t>(k, v(), 0, most_steps);
     else if (k == "--resume")
       a.resume = true;
-    else {
-      std::cerr << "elastic_train: unknown argument " << k << "\n";
-      std::exit(2);
-    }
+    else
+      usage_error("unknown argument " + k);
   }
-  if (auto* d = std::getenv("EBBFLOW_TEST_DIE_AT")) a.die_at = std::stoll(d);
+  if (auto* d = std::getenv("EBBFLOW_TEST_DIE_AT"))
+    a.die_at = number<std::int64_t>("EBBFLOW_TEST_DIE_AT", d, -1, most_steps);
   return a;
 }
 

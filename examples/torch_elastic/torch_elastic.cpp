@@ -68,12 +68,19 @@ struct args {
   bool progress = false, reference = false;
 };
 
+constexpr const char* usage_text =
+    "usage: torch_elastic [--steps N] [--batch B] [--lr X] [--momentum X] [--hidden H] [--seed S]\n"
+    "  [--sample-us U] [--step-us U] [--slowdowns 1,1.5,2,3] [--codec dense|fp16|int8|topk]\n"
+    "  [--report DIR] [--params-out FILE] [--eval-every N] [--log-every N] [--progress] [--reference]\n"
+    "  [--die-at WORKER:STEP]\n";
+
+// A usage error (exit status 2); with an empty `msg`, the help asked for (0).
 [[noreturn]] void usage(const std::string& msg) {
-  std::cerr << "torch_elastic: " << msg << "\n"
-            << "usage: torch_elastic [--steps N] [--batch B] [--lr X] [--momentum X] [--hidden H] [--seed S]\n"
-               "  [--sample-us U] [--step-us U] [--slowdowns 1,1.5,2,3] [--codec dense|fp16|int8|topk]\n"
-               "  [--report DIR] [--params-out FILE] [--eval-every N] [--log-every N] [--progress] [--reference]\n"
-               "  [--die-at WORKER:STEP]\n";
+  if (msg.empty()) {
+    std::cout << usage_text;
+    std::exit(0);
+  }
+  std::cerr << "torch_elastic: " << msg << "\n" << usage_text;
   std::exit(2);
 }
 
@@ -85,6 +92,7 @@ args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(k + " needs a value");
       return argv[++i];
     };
+    if (k == "-h" || k == "--help") usage("");
     try {
       if (k == "--steps")
         a.steps = std::stoll(v());

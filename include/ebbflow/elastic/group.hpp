@@ -153,7 +153,7 @@ struct group_options {
       120'000};  //!< EBBFLOW_JOIN_TIMEOUT_MS: waiting to be admitted / initial formation
   std::chrono::milliseconds min_size_wait{600'000};  //!< EBBFLOW_MIN_WAIT_MS: waiting below min_size before giving up
   std::chrono::milliseconds initial_wait{30000};     //!< EBBFLOW_INITIAL_WAIT_MS: waiting for all launched workers
-  std::chrono::milliseconds store_timeout{10'000};   //!< deadline of each store call
+  std::chrono::milliseconds store_timeout{10'000};   //!< EBBFLOW_STORE_TIMEOUT_MS: deadline of each store call
   //! EBBFLOW_ADMIT_DELAY_MS: join tickets are admitted once no new one
   //! appeared for this long (at most 10× this after the oldest), so
   //! newcomers started together join in one switch.
@@ -198,6 +198,7 @@ struct group_options {
     o.max_size = static_cast<int>(env::get_int("EBBFLOW_MAX_SIZE", o.max_size, o.min_size, comm::max_collective_ranks));
     o.join = env::get_bool("EBBFLOW_JOIN", o.join);
     o.heartbeat = env::get_ms("EBBFLOW_HEARTBEAT_MS", o.heartbeat, 1, 60'000);
+    o.store_timeout = env::get_ms("EBBFLOW_STORE_TIMEOUT_MS", o.store_timeout, 1);
     o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
     o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
     o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, 24LL * 3'600'000);
