@@ -8,6 +8,7 @@
 #include <ebbflow/plan/plan_error.hpp>
 #include <ebbflow/plan/batch_planner.hpp>
 #include <ebbflow/plan/cost_model.hpp>
+#include <ebbflow/plan/cost_models.hpp>
 #include <ebbflow/plan/replan_policy.hpp>
 #include <ebbflow/plan/sampler.hpp>
 #include <ebbflow/plan/shard_sampler.hpp>

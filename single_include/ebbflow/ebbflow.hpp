@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 82 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 83 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -13430,6 +13430,22 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/config.hpp>  (inlined)
 // #include <ebbflow/elastic/policy.hpp>  (inlined)
 // #include <ebbflow/plan/batch_planner.hpp>  (inlined)
+// #include <ebbflow/plan/cost_models.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/cost_models.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file cost_models.hpp
+//! `plan::cost_models`: one `cost_model` per worker id, and the worker specs
+//! to plan with at any time, from the first step on: workers without a
+//! fitted model yet (all of them at the start, a newcomer later) are planned
+//! with the mean model of the others, and with one common placeholder while
+//! nobody has one, which gives the uniform split. Observations that say
+//! nothing of a worker's speed (a zero batch, a time that is not positive)
+//! are ignored. This is what a loop needs around `replanner` when it has no
+//! elastic group (the group's `planner_policy` is built on it).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/plan/batch_planner.hpp>  (inlined)
 // #include <ebbflow/plan/cost_model.hpp>  (inlined here)
 // ---- begin <ebbflow/plan/cost_model.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -13794,6 +13810,78 @@ inline double cost_model::confidence() const noexcept {
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/plan/impl/cost_model.hpp>
 // ---- end <ebbflow/plan/cost_model.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+//! The cost models of a changing set of workers, keyed by worker id. Value
+//! type. Fed the same observations in the same order, every rank holds the
+//! same models and so computes the same specs, bit for bit.
+class cost_models {
+ public:
+  //! No models yet. `opts` applies to every model made.
+  explicit cost_models(cost_model_options opts = {}) : opts_(opts) {}
+
+  //! Feeds worker `id`'s step: `batch` samples took `seconds`. A zero batch
+  //! (a worker given no samples still reports its step time) or a time that
+  //! is not positive (or NaN) is ignored: returns false.
+  //! @throws plan_error(bad_observation) as `cost_model::observe` (an infinite time).
+  bool observe(std::uint64_t id, std::size_t batch, double seconds) {
+    if (batch == 0 || !(seconds > 0)) return false;
+    models_.try_emplace(id, opts_).first->second.observe(batch, seconds);
+    return true;
+  }
+
+  //! The model of worker `id` when it is fitted (ready, with a positive
+  //! seconds per sample), else nullptr.
+  [[nodiscard]] const cost_model* fitted(std::uint64_t id) const {
+    auto it = models_.find(id);
+    return it != models_.end() && it->second.ready() && it->second.c() > 0 ? &it->second : nullptr;
+  }
+
+  //! True when at least one of `ids` has a fitted model.
+  [[nodiscard]] bool any_fitted(std::span<const std::uint64_t> ids) const {
+    for (auto id : ids)
+      if (fitted(id)) return true;
+    return false;
+  }
+
+  //! The specs of `ids`, in that order (rank order), each capped at
+  //! `max_batch`. A worker without a fitted model gets the mean a and c of
+  //! the fitted ones among `ids`; when none is fitted, every worker gets
+  //! a = 0, c = 1, whose optimal plan is the uniform split.
+  [[nodiscard]] std::vector<worker_spec> specs(std::span<const std::uint64_t> ids, std::size_t max_batch) const {
+    double sa = 0, sc = 0;
+    int k = 0;
+    for (auto id : ids)
+      if (const auto* m = fitted(id)) sa += m->a(), sc += m->c(), ++k;
+    const double mean_a = k ? sa / k : 0, mean_c = k ? sc / k : 1;
+    std::vector<worker_spec> out;
+    out.reserve(ids.size());
+    for (auto id : ids) {
+      const auto* m = fitted(id);
+      out.push_back({id, m ? m->a() : mean_a, m ? m->c() : mean_c, max_batch, 0, 0});
+    }
+    return out;
+  }
+
+  //! Forgets worker `id` (it left; a worker that comes back starts afresh).
+  void erase(std::uint64_t id) { models_.erase(id); }
+
+ private:
+  cost_model_options opts_;
+  std::map<std::uint64_t, cost_model> models_;
+};
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/plan/cost_models.hpp>
 // #include <ebbflow/plan/replan_policy.hpp>  (inlined here)
 // ---- begin <ebbflow/plan/replan_policy.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -13825,6 +13913,7 @@ EBBFLOW_END_NAMESPACE
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <utility>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
@@ -13875,6 +13964,19 @@ class replanner {
   //! Returns the plan for the next step given the current models (rank
   //! order) and global batch. O(n log n) (one `solve`). @throws plan_error.
   const batch_plan& update(std::span<const worker_spec> workers, std::size_t global_batch);
+
+  //! Makes `p` the plan in force, as if this replanner had produced it: a
+  //! worker that joins (or restarts) takes the plan the others use, sent by
+  //! one of them (its sizes and version; `make_plan` rebuilds it), and its
+  //! next `update` carries on from there with the next version. Its cost
+  //! models lack the others' history, so in a job whose members change, let
+  //! one rank decide the plans and send them (sizes and version) to all.
+  void adopt(batch_plan p) {
+    plan_ = std::move(p);
+    reason_ = replan_reason::kept;
+    streak_ = 0;
+    gap_ = 0;
+  }
 
   //! The plan in force (version 0 and empty before the first update).
   [[nodiscard]] const batch_plan& current() const noexcept { return plan_; }
@@ -13956,12 +14058,10 @@ struct planner_policy_options {
 class planner_policy final : public planning_policy {
  public:
   //! A policy with no observations yet (plans uniformly until models fit).
-  explicit planner_policy(planner_policy_options o = {}) : opts_(o) {}
+  explicit planner_policy(planner_policy_options o = {}) : opts_(o), models_(o.model) {}
 
   void observe(member_id m, std::size_t batch, double seconds) override {
-    if (batch == 0 || !(seconds > 0)) return;
-    auto it = models_.try_emplace(m, opts_.model).first;
-    it->second.observe(batch, seconds);
+    (void)models_.observe(static_cast<std::uint64_t>(m), batch, seconds);
   }
 
   std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) override {
@@ -13995,33 +14095,22 @@ class planner_policy final : public planning_policy {
     return out;
   }
 
-  //! The model of member `m`, or nullptr when it has none yet.
+  //! The model of member `m`, or nullptr when it has no fitted one yet.
   [[nodiscard]] const plan::cost_model* model(member_id m) const {
-    auto it = models_.find(m);
-    return it == models_.end() ? nullptr : &it->second;
+    return models_.fitted(static_cast<std::uint64_t>(m));
   }
 
  private:
-  // Specs in rank order; members without a model get the mean of the others.
-  // Empty when nobody has a model (then the caller plans uniformly).
+  // Specs in rank order (newcomers: the others' mean model); empty when
+  // nobody has a fitted model (then the caller plans uniformly).
   std::vector<plan::worker_spec> specs_of(std::span<const member_id> members) const {
-    double sa = 0, sc = 0;
-    int k = 0;
-    for (auto m : members)
-      if (auto* cm = model(m); cm && cm->ready() && cm->c() > 0) sa += cm->a(), sc += cm->c(), ++k;
-    if (k == 0) return {};
-    std::vector<plan::worker_spec> specs;
-    for (auto m : members) {
-      const auto* cm = model(m);
-      const bool ok = cm && cm->ready() && cm->c() > 0;
-      specs.push_back(
-          {static_cast<std::uint64_t>(m), ok ? cm->a() : sa / k, ok ? cm->c() : sc / k, opts_.max_batch, 0, 0});
-    }
-    return specs;
+    std::vector<std::uint64_t> ids(members.begin(), members.end());
+    if (!models_.any_fitted(ids)) return {};
+    return models_.specs(ids, opts_.max_batch);
   }
 
   planner_policy_options opts_;
-  std::map<member_id, plan::cost_model> models_;
+  plan::cost_models models_;
   unsigned streak_ = 0;
 };
 
@@ -16531,6 +16620,7 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/plan/plan_error.hpp>  (inlined)
 // #include <ebbflow/plan/batch_planner.hpp>  (inlined)
 // #include <ebbflow/plan/cost_model.hpp>  (inlined)
+// #include <ebbflow/plan/cost_models.hpp>  (inlined)
 // #include <ebbflow/plan/replan_policy.hpp>  (inlined)
 // #include <ebbflow/plan/sampler.hpp>  (inlined)
 // #include <ebbflow/plan/shard_sampler.hpp>  (inlined here)

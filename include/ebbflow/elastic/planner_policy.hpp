@@ -11,7 +11,7 @@
 #include <ebbflow/config.hpp>
 #include <ebbflow/elastic/policy.hpp>
 #include <ebbflow/plan/batch_planner.hpp>
-#include <ebbflow/plan/cost_model.hpp>
+#include <ebbflow/plan/cost_models.hpp>
 #include <ebbflow/plan/replan_policy.hpp>  // plan::replan_options
 
 #include <map>
@@ -35,12 +35,10 @@ struct planner_policy_options {
 class planner_policy final : public planning_policy {
  public:
   //! A policy with no observations yet (plans uniformly until models fit).
-  explicit planner_policy(planner_policy_options o = {}) : opts_(o) {}
+  explicit planner_policy(planner_policy_options o = {}) : opts_(o), models_(o.model) {}
 
   void observe(member_id m, std::size_t batch, double seconds) override {
-    if (batch == 0 || !(seconds > 0)) return;
-    auto it = models_.try_emplace(m, opts_.model).first;
-    it->second.observe(batch, seconds);
+    (void)models_.observe(static_cast<std::uint64_t>(m), batch, seconds);
   }
 
   std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) override {
@@ -74,33 +72,22 @@ class planner_policy final : public planning_policy {
     return out;
   }
 
-  //! The model of member `m`, or nullptr when it has none yet.
+  //! The model of member `m`, or nullptr when it has no fitted one yet.
   [[nodiscard]] const plan::cost_model* model(member_id m) const {
-    auto it = models_.find(m);
-    return it == models_.end() ? nullptr : &it->second;
+    return models_.fitted(static_cast<std::uint64_t>(m));
   }
 
  private:
-  // Specs in rank order; members without a model get the mean of the others.
-  // Empty when nobody has a model (then the caller plans uniformly).
+  // Specs in rank order (newcomers: the others' mean model); empty when
+  // nobody has a fitted model (then the caller plans uniformly).
   std::vector<plan::worker_spec> specs_of(std::span<const member_id> members) const {
-    double sa = 0, sc = 0;
-    int k = 0;
-    for (auto m : members)
-      if (auto* cm = model(m); cm && cm->ready() && cm->c() > 0) sa += cm->a(), sc += cm->c(), ++k;
-    if (k == 0) return {};
-    std::vector<plan::worker_spec> specs;
-    for (auto m : members) {
-      const auto* cm = model(m);
-      const bool ok = cm && cm->ready() && cm->c() > 0;
-      specs.push_back(
-          {static_cast<std::uint64_t>(m), ok ? cm->a() : sa / k, ok ? cm->c() : sc / k, opts_.max_batch, 0, 0});
-    }
-    return specs;
+    std::vector<std::uint64_t> ids(members.begin(), members.end());
+    if (!models_.any_fitted(ids)) return {};
+    return models_.specs(ids, opts_.max_batch);
   }
 
   planner_policy_options opts_;
-  std::map<member_id, plan::cost_model> models_;
+  plan::cost_models models_;
   unsigned streak_ = 0;
 };
 

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <utility>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
@@ -77,6 +78,19 @@ class replanner {
   //! Returns the plan for the next step given the current models (rank
   //! order) and global batch. O(n log n) (one `solve`). @throws plan_error.
   const batch_plan& update(std::span<const worker_spec> workers, std::size_t global_batch);
+
+  //! Makes `p` the plan in force, as if this replanner had produced it: a
+  //! worker that joins (or restarts) takes the plan the others use, sent by
+  //! one of them (its sizes and version; `make_plan` rebuilds it), and its
+  //! next `update` carries on from there with the next version. Its cost
+  //! models lack the others' history, so in a job whose members change, let
+  //! one rank decide the plans and send them (sizes and version) to all.
+  void adopt(batch_plan p) {
+    plan_ = std::move(p);
+    reason_ = replan_reason::kept;
+    streak_ = 0;
+    gap_ = 0;
+  }
 
   //! The plan in force (version 0 and empty before the first update).
   [[nodiscard]] const batch_plan& current() const noexcept { return plan_; }

@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file cost_models.hpp
+//! `plan::cost_models`: one `cost_model` per worker id, and the worker specs
+//! to plan with at any time, from the first step on: workers without a
+//! fitted model yet (all of them at the start, a newcomer later) are planned
+//! with the mean model of the others, and with one common placeholder while
+//! nobody has one, which gives the uniform split. Observations that say
+//! nothing of a worker's speed (a zero batch, a time that is not positive)
+//! are ignored. This is what a loop needs around `replanner` when it has no
+//! elastic group (the group's `planner_policy` is built on it).
+#pragma once
+
+#include <ebbflow/config.hpp>
+#include <ebbflow/plan/batch_planner.hpp>
+#include <ebbflow/plan/cost_model.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+//! The cost models of a changing set of workers, keyed by worker id. Value
+//! type. Fed the same observations in the same order, every rank holds the
+//! same models and so computes the same specs, bit for bit.
+class cost_models {
+ public:
+  //! No models yet. `opts` applies to every model made.
+  explicit cost_models(cost_model_options opts = {}) : opts_(opts) {}
+
+  //! Feeds worker `id`'s step: `batch` samples took `seconds`. A zero batch
+  //! (a worker given no samples still reports its step time) or a time that
+  //! is not positive (or NaN) is ignored: returns false.
+  //! @throws plan_error(bad_observation) as `cost_model::observe` (an infinite time).
+  bool observe(std::uint64_t id, std::size_t batch, double seconds) {
+    if (batch == 0 || !(seconds > 0)) return false;
+    models_.try_emplace(id, opts_).first->second.observe(batch, seconds);
+    return true;
+  }
+
+  //! The model of worker `id` when it is fitted (ready, with a positive
+  //! seconds per sample), else nullptr.
+  [[nodiscard]] const cost_model* fitted(std::uint64_t id) const {
+    auto it = models_.find(id);
+    return it != models_.end() && it->second.ready() && it->second.c() > 0 ? &it->second : nullptr;
+  }
+
+  //! True when at least one of `ids` has a fitted model.
+  [[nodiscard]] bool any_fitted(std::span<const std::uint64_t> ids) const {
+    for (auto id : ids)
+      if (fitted(id)) return true;
+    return false;
+  }
+
+  //! The specs of `ids`, in that order (rank order), each capped at
+  //! `max_batch`. A worker without a fitted model gets the mean a and c of
+  //! the fitted ones among `ids`; when none is fitted, every worker gets
+  //! a = 0, c = 1, whose optimal plan is the uniform split.
+  [[nodiscard]] std::vector<worker_spec> specs(std::span<const std::uint64_t> ids, std::size_t max_batch) const {
+    double sa = 0, sc = 0;
+    int k = 0;
+    for (auto id : ids)
+      if (const auto* m = fitted(id)) sa += m->a(), sc += m->c(), ++k;
+    const double mean_a = k ? sa / k : 0, mean_c = k ? sc / k : 1;
+    std::vector<worker_spec> out;
+    out.reserve(ids.size());
+    for (auto id : ids) {
+      const auto* m = fitted(id);
+      out.push_back({id, m ? m->a() : mean_a, m ? m->c() : mean_c, max_batch, 0, 0});
+    }
+    return out;
+  }
+
+  //! Forgets worker `id` (it left; a worker that comes back starts afresh).
+  void erase(std::uint64_t id) { models_.erase(id); }
+
+ private:
+  cost_model_options opts_;
+  std::map<std::uint64_t, cost_model> models_;
+};
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE

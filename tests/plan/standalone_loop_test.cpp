@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: Apache-2.0
+// The planner without the elastic group, as docs/planner.md shows it: cost
+// models, replanner and sampler in a plain loop. The minimal loop plans from
+// its first step (the models are empty then), moves samples to the faster
+// workers as the models fit, and sees every sample at most once; a joiner
+// takes the plan in force and carries on from its version.
+#include <ebbflow/plan.hpp>
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <set>
+#include <vector>
+
+namespace pl = ebbflow::plan;
+
+namespace {
+// Worker i's true step time on b samples.
+double true_time(std::size_t i, std::size_t b) {
+  static constexpr double c[] = {1e-4, 2e-4, 4e-4};
+  return 0.01 + c[i] * static_cast<double>(b);
+}
+}  // namespace
+
+// The loop of docs/planner.md, run. Empty models used to make the first
+// update throw bad_cost (c = 0); a worker given no samples, reporting its
+// step time, used to throw bad_observation.
+TEST(StandalonePlanner, TheDocumentedLoopPlansFromTheFirstStep) {
+  const std::vector<std::uint64_t> ids = {10, 11, 12};
+  const std::size_t B = 120, n = ids.size();
+  pl::cost_models models;  // one model per worker id, identical on every rank
+  pl::replanner planner;
+  pl::epoch_sampler sampler(100'000, /*seed=*/42);
+  std::set<std::uint64_t> seen;
+  std::vector<std::size_t> first, last;
+  for (int step = 0; step < 40; ++step) {
+    const auto specs = models.specs(ids, /*max_batch=*/1 << 20);
+    const pl::batch_plan& plan = planner.update(specs, sampler.step_size(B));
+    for (std::size_t r = 0; r < n; ++r)
+      for (std::uint64_t idx : sampler.slice(plan, r).indices()) EXPECT_TRUE(seen.insert(idx).second) << idx;
+    sampler.commit(plan);
+    for (std::size_t i = 0; i < n; ++i) models.observe(ids[i], plan.batch[i], true_time(i, plan.batch[i]));
+    if (step == 0) first = plan.batch;
+    last = plan.batch;
+  }
+  EXPECT_EQ(first, (std::vector<std::size_t>{40, 40, 40})) << "no models yet: the uniform split";
+  EXPECT_GT(last[0], last[1]);
+  EXPECT_GT(last[1], last[2]);
+  EXPECT_EQ(seen.size(), 40 * B);
+  // A worker with no samples still reports its step time: ignored, not an error.
+  EXPECT_FALSE(models.observe(ids[2], 0, 0.01));
+  EXPECT_FALSE(models.observe(ids[2], 5, 0.0));
+  EXPECT_THROW(models.observe(ids[2], 5, std::numeric_limits<double>::infinity()), pl::plan_error);
+}
+
+// A newcomer without a fitted model is planned with the others' mean model,
+// so it gets a share at once.
+TEST(StandalonePlanner, ANewcomerGetsTheMeanModelOfTheOthers) {
+  pl::cost_models models;
+  for (int k = 0; k < 5; ++k) {
+    models.observe(1, 10 + k, 0.01 + 1e-3 * (10 + k));
+    models.observe(2, 10 + k, 0.03 + 3e-3 * (10 + k));
+  }
+  const std::vector<std::uint64_t> ids = {1, 2, 3};
+  const auto specs = models.specs(ids, 1000);
+  ASSERT_NE(models.fitted(1), nullptr);
+  EXPECT_EQ(models.fitted(3), nullptr);
+  EXPECT_DOUBLE_EQ(specs[2].c, (specs[0].c + specs[1].c) / 2);
+  EXPECT_DOUBLE_EQ(specs[2].a, (specs[0].a + specs[1].a) / 2);
+  EXPECT_EQ(specs[2].id, 3u);
+  EXPECT_GT(pl::solve(specs, 90).batch[2], 0u);
+  models.erase(1);
+  EXPECT_EQ(models.fitted(1), nullptr);
+}
+
+// A joiner resumes the sampler from the others' state. Its own replanner
+// started at version 1, older than the last committed plan: slice threw
+// stale_plan. It adopts the plan in force instead and carries on.
+TEST(StandalonePlanner, AJoinerAdoptsThePlanInForce) {
+  const std::vector<std::uint64_t> ids = {1, 2};
+  pl::cost_models models;
+  pl::replanner member;
+  pl::epoch_sampler sampler(10'000, 7);
+  for (int step = 0; step < 6; ++step) {
+    const auto& plan = member.update(models.specs(ids, 1 << 20), 64);
+    sampler.commit(plan);
+    for (std::size_t i = 0; i < 2; ++i) models.observe(ids[i], plan.batch[i], 0.01 + (i + 1) * 1e-4 * plan.batch[i]);
+  }
+  const std::vector<std::uint64_t> grown = {1, 2, 3};
+  const auto specs = models.specs(grown, 1 << 20);
+  const pl::batch_plan& next = member.update(specs, 64);  // the members' plan for the first step with the joiner
+  ASSERT_GT(next.version, 1u);
+
+  const pl::epoch_sampler joined(pl::sampler_state::decode(sampler.state().encode()));
+  pl::replanner fresh;
+  EXPECT_THROW((void)joined.slice(fresh.update(specs, 64), 2), pl::plan_error) << "version 1 is stale";
+
+  pl::replanner joiner;
+  joiner.adopt(pl::make_plan(specs, next.batch, next.version));  // sizes and version sent by a member
+  const auto& mine = joiner.update(specs, 64);
+  EXPECT_EQ(mine.version, next.version);
+  EXPECT_EQ(mine.batch, next.batch);
+  EXPECT_EQ(joined.slice(mine, 2).first, sampler.slice(next, 2).first);
+}
