@@ -10,7 +10,9 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 #include <stop_token>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -225,6 +227,36 @@ TEST(Prefetcher, RejectsBadOptions) {
   EXPECT_THROW(pf::sequence_source(100, four, 2, std::vector<double>{std::nan(""), 1.0}), std::invalid_argument);
   EXPECT_THROW(pf::sequence_source(100, four, 2, std::vector<double>{1.0, HUGE_VAL}), std::invalid_argument);
   EXPECT_NO_THROW(pf::sequence_source(100, four, 2, std::vector<double>{0.0, 1.0}));
+}
+
+// A first batch larger than the whole data set is a mistake, not an empty
+// epoch: the source ended at step 0 and the prefetcher delivered nothing,
+// with no error. Later, a remainder smaller than the step's batch is dropped
+// (documented); a first batch equal to the data set is one full step.
+TEST(Prefetcher, SequenceSourceRefusesAFirstBatchLargerThanTheDataSet) {
+  pf::step_plan out;
+  pf::sequence_source too_big(10, [](auto) -> std::size_t { return 16; });
+  try {
+    (void)too_big.plan(0, out);
+    FAIL() << "a batch of 16 over 10 samples was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("16"), std::string::npos) << what;
+    EXPECT_NE(what.find("10"), std::string::npos) << what;
+  }
+  // Through the prefetcher it is step 0's error, not the end of data.
+  pf::prefetcher p(pf::sequence_source(10, [](auto) -> std::size_t { return 16; }), fill_load{}, pf::cpu_stage(1),
+                   {.sample_bytes = sample_bytes, .max_batch_samples = 16});
+  EXPECT_THROW((void)p.next(10s), pf::load_error);
+
+  pf::sequence_source tail(10, [](auto) -> std::size_t { return 4; });
+  EXPECT_TRUE(tail.plan(0, out));
+  EXPECT_TRUE(tail.plan(1, out));
+  EXPECT_FALSE(tail.plan(2, out));  // samples 8 and 9 are dropped
+  pf::sequence_source whole(10, [](auto) -> std::size_t { return 10; });
+  EXPECT_TRUE(whole.plan(0, out));
+  EXPECT_EQ(out.indices.size(), 10u);
+  EXPECT_FALSE(whole.plan(1, out));
 }
 
 // A timeout beyond the clock's range waits (it timed out at once when the
