@@ -410,6 +410,47 @@ TEST(Prefetcher, ABatchMayOutliveItsPrefetcher) {
   EXPECT_FALSE(keep);
 }
 
+// data(d), indices(d) and event(d) dereferenced the shared state unchecked:
+// on the empty batch (end of data) a null pointer, and past devices() an
+// index out of bounds.
+TEST(Prefetcher, BatchAccessorsRefuseTheEmptyBatchAndADeviceOutOfRange) {
+  pf::prefetcher p(pf::sequence_source(
+                       8, [](auto) -> std::size_t { return 4; }, 2),
+                   fill_load{}, pf::cpu_stage(2), {.sample_bytes = sample_bytes, .max_batch_samples = 4});
+  const auto names = [](auto&& f, const char* a, const char* b) {
+    try {
+      f();
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      if (what.find(a) == std::string::npos || what.find(b) == std::string::npos)
+        return ::testing::AssertionFailure() << what;
+      return ::testing::AssertionSuccess();
+    }
+    return ::testing::AssertionFailure() << "no std::invalid_argument";
+  };
+  auto b = p.next(10s);
+  ASSERT_TRUE(b);
+  ASSERT_EQ(b.devices(), 2u);
+  EXPECT_TRUE(holds(b.data(1), b.indices(1)));
+  EXPECT_NO_THROW((void)b.event(1));
+  EXPECT_THROW((void)b.data(2), std::invalid_argument);
+  EXPECT_THROW((void)b.indices(2), std::invalid_argument);
+  EXPECT_THROW((void)b.event(2), std::invalid_argument);
+  EXPECT_TRUE(names([&] { (void)b.data(2); }, "device 2", "devices() = 2"));
+  b.release();
+  EXPECT_THROW((void)b.data(0), std::invalid_argument);  // released: empty
+
+  EXPECT_TRUE(p.next(10s));
+  auto end = p.next(10s);  // end of data
+  ASSERT_FALSE(end);
+  EXPECT_THROW((void)end.data(0), std::invalid_argument);
+  EXPECT_THROW((void)end.indices(0), std::invalid_argument);
+  EXPECT_THROW((void)end.event(0), std::invalid_argument);
+  EXPECT_TRUE(names([&] { (void)end.indices(0); }, "empty batch", "end of data"));
+  EXPECT_TRUE(end.indices().empty());  // the whole-batch accessors stay empty
+  EXPECT_EQ(end.devices(), 0u);
+}
+
 TEST(Prefetcher, StatisticsAreReadableWhileRunning) {
   pf::prefetch_options o{.sample_bytes = sample_bytes, .max_batch_samples = 16, .depth = 4, .loaders = 2};
   pf::prefetcher p(pf::sequence_source(
