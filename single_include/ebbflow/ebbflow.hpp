@@ -16762,8 +16762,11 @@ EBBFLOW_END_NAMESPACE
 //!
 //! Opt-in: this header is not included by prefetcher.hpp. Including it means
 //! the program must link the CUDA runtime (CMake: `ebbflow::cuda`). Without
-//! the CUDA headers on the include path (`EBBFLOW_HAS_CUDA` is 0) it declares
-//! nothing.
+//! the CUDA headers on the include path, or with `EBBFLOW_NO_CUDA` defined
+//! (`EBBFLOW_HAS_CUDA` is 0), it declares nothing, and a use of `cuda_stage`
+//! fails to compile as an unknown name. It is not an `#error`, because the
+//! umbrella `<ebbflow/ebbflow.hpp>`, the single-include header and the
+//! header self-containment tests include it in builds without CUDA.
 //!
 //! * `cuda_host_allocator()`: staging memory from `cudaHostAlloc` (portable,
 //!   page-locked), so host-to-device copies are truly asynchronous.
@@ -17519,9 +17522,11 @@ EBBFLOW_END_NAMESPACE
 //! @file index_source.hpp
 //! `index_source`: what the prefetcher asks, step by step, for the samples of
 //! the global batch and how they are split over this process's local devices.
-//! The planner's epoch sampler is adapted to this concept; `sequence_source`
-//! and `list_source` are simple models for tests, benchmarks and users without
-//! a planner.
+//! `sequence_source` and `list_source` are simple models for tests,
+//! benchmarks and users without a planner. No model here draws from the
+//! planner's epoch sampler: write one whose `plan` fills `indices` from the
+//! epoch's visiting order (`plan::epoch_permutation`) and `split` from the
+//! plan, as `slice_source` in examples/torch_elastic/torch_elastic.cpp does.
 
 
 // #include <ebbflow/config.hpp>  (inlined)

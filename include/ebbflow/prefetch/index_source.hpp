@@ -2,9 +2,11 @@
 //! @file index_source.hpp
 //! `index_source`: what the prefetcher asks, step by step, for the samples of
 //! the global batch and how they are split over this process's local devices.
-//! The planner's epoch sampler is adapted to this concept; `sequence_source`
-//! and `list_source` are simple models for tests, benchmarks and users without
-//! a planner.
+//! `sequence_source` and `list_source` are simple models for tests,
+//! benchmarks and users without a planner. No model here draws from the
+//! planner's epoch sampler: write one whose `plan` fills `indices` from the
+//! epoch's visiting order (`plan::epoch_permutation`) and `split` from the
+//! plan, as `slice_source` in examples/torch_elastic/torch_elastic.cpp does.
 #pragma once
 
 #include <ebbflow/config.hpp>
