@@ -3,6 +3,9 @@
 //! Umbrella header: every public ebbflow header whose dependencies are on the
 //! include path (optional backends behind their EBBFLOW_HAS_* guards, see
 //! config.hpp). Including a piece's own headers compiles faster.
+//! prefetch/cuda_stage.hpp is included in every build but needs CUDA:
+//! `prefetch::cuda_stage` and `cuda_host_allocator()` exist only when
+//! EBBFLOW_HAS_CUDA is 1 (CUDA headers present, no EBBFLOW_NO_CUDA).
 // GENERATED FILE, DO NOT EDIT: cmake/amalgamate.cmake writes it from the
 // headers present (regenerate: cmake -P cmake/amalgamate.cmake).
 #pragma once

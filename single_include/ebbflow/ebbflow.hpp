@@ -16852,8 +16852,11 @@ EBBFLOW_END_NAMESPACE
 //!
 //! Opt-in: this header is not included by prefetcher.hpp. Including it means
 //! the program must link the CUDA runtime (CMake: `ebbflow::cuda`). Without
-//! the CUDA headers on the include path (`EBBFLOW_HAS_CUDA` is 0) it declares
-//! nothing.
+//! the CUDA headers on the include path, or with `EBBFLOW_NO_CUDA` defined
+//! (`EBBFLOW_HAS_CUDA` is 0), it declares nothing, and a use of `cuda_stage`
+//! fails to compile as an unknown name. It is not an `#error`, because the
+//! umbrella `<ebbflow/ebbflow.hpp>`, the single-include header and the
+//! header self-containment tests include it in builds without CUDA.
 //!
 //! * `cuda_host_allocator()`: staging memory from `cudaHostAlloc` (portable,
 //!   page-locked), so host-to-device copies are truly asynchronous.
@@ -17609,9 +17612,11 @@ EBBFLOW_END_NAMESPACE
 //! @file index_source.hpp
 //! `index_source`: what the prefetcher asks, step by step, for the samples of
 //! the global batch and how they are split over this process's local devices.
-//! The planner's epoch sampler is adapted to this concept; `sequence_source`
-//! and `list_source` are simple models for tests, benchmarks and users without
-//! a planner.
+//! `sequence_source` and `list_source` are simple models for tests,
+//! benchmarks and users without a planner. No model here draws from the
+//! planner's epoch sampler: write one whose `plan` fills `indices` from the
+//! epoch's visiting order (`plan::epoch_permutation`) and `split` from the
+//! plan, as `slice_source` in examples/torch_elastic/torch_elastic.cpp does.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
@@ -17655,6 +17660,11 @@ concept index_source = requires(S& s, std::uint64_t step, step_plan& out) {
 //! `devices` devices as evenly as possible (the first devices get one more),
 //! or by `weights` when given (largest remainder rounding). Ends when fewer
 //! samples than the step's batch size remain, or after `steps` steps.
+//!
+//! The last partial batch is dropped: with 10 samples and batches of 4, steps
+//! 0 and 1 serve samples 0-7 and samples 8 and 9 are never served. A first
+//! step whose batch is larger than the whole data set is an error (it would
+//! serve nothing), not an empty sequence.
 class sequence_source {
  public:
   //! Batch size of a step; 0 ends the sequence.
@@ -17679,13 +17689,17 @@ class sequence_source {
 
   //! Fills `out` with the next `batch_size(step)` samples and their split;
   //! false at the end (see above). @throws std::invalid_argument when `step`
-  //! is not the next one (steps must be asked for in order, without gaps).
+  //! is not the next one (steps must be asked for in order, without gaps), or
+  //! when step 0's batch is larger than the data set.
   bool plan(std::uint64_t step, step_plan& out) {
     if (step >= steps_) return false;
     if (step != next_step_) {  // only forward, in order (the concept's contract)
       EBBFLOW_ENFORCE(step == next_step_, "sequence_source: steps must be asked for in order");
     }
     const std::size_t b = batch_size_(step);
+    EBBFLOW_ENFORCE(step != 0 || b <= samples_, "sequence_source: the batch of step 0 is "
+                                                    << b << " samples, more than the data set's " << samples_
+                                                    << " (nothing would be served)");
     if (b == 0 || cursor_ + b > samples_) return false;
     out.indices.resize(b);
     for (std::size_t i = 0; i < b; ++i) out.indices[i] = cursor_ + i;
@@ -17880,7 +17894,10 @@ class prefetch_state;
 //! A delivered step. Owns its ring slot until destroyed or `release()`d;
 //! move-only. Not thread-safe itself (release it from one thread). The spans
 //! stay valid until release. `data(d)` is in `Stage::space` memory: wait on
-//! `event(d)` (CUDA: `event(d).wait(stream)`) before using it.
+//! `event(d)` (CUDA: `event(d).wait(stream)`) before using it. On the empty
+//! batch `indices()` and `sizes()` are empty and `devices()` is 0, while the
+//! per-device accessors `data(d)`, `indices(d)` and `event(d)` throw, as they
+//! do for `d >= devices()`.
 template <class State>
 class basic_batch {
  public:
@@ -17917,11 +17934,14 @@ class basic_batch {
   //! Number of local devices (sub-batches).
   [[nodiscard]] std::size_t devices() const noexcept { return sizes().size(); }
   //! Sample indices of device `d`'s sub-batch.
-  [[nodiscard]] std::span<const std::size_t> indices(std::size_t d) const noexcept;
+  //! @throws std::invalid_argument for the empty batch or `d >= devices()`.
+  [[nodiscard]] std::span<const std::size_t> indices(std::size_t d) const;
   //! Device `d`'s sub-batch bytes (`sizes()[d] * sample_bytes`), in `space` memory.
-  [[nodiscard]] mspan<std::byte, space> data(std::size_t d) const noexcept;
+  //! @throws std::invalid_argument for the empty batch or `d >= devices()`.
+  [[nodiscard]] mspan<std::byte, space> data(std::size_t d) const;
   //! Readiness of `data(d)`.
-  [[nodiscard]] event_type event(std::size_t d) const { return state_->stage_event(slot_, d); }
+  //! @throws std::invalid_argument for the empty batch or `d >= devices()`.
+  [[nodiscard]] event_type event(std::size_t d) const;
   //! Gives the slot back to the prefetcher (idempotent, noexcept).
   void release() noexcept;
 
@@ -17929,6 +17949,8 @@ class basic_batch {
   friend State;
   basic_batch(std::shared_ptr<State> s, std::size_t slot, std::uint64_t step) noexcept
       : state_(std::move(s)), slot_(slot), step_(step) {}
+  // Throws unless this batch holds a slot and `d` is one of its devices.
+  void check_device(const char* what, std::size_t d) const;
   std::shared_ptr<State> state_;
   std::size_t slot_ = 0;
   std::uint64_t step_ = 0;
@@ -18534,12 +18556,27 @@ std::span<const std::size_t> basic_batch<State>::sizes() const noexcept {
   return state_ ? state_->sizes(slot_) : std::span<const std::size_t>{};
 }
 template <class State>
-std::span<const std::size_t> basic_batch<State>::indices(std::size_t d) const noexcept {
+void basic_batch<State>::check_device(const char* what, std::size_t d) const {
+  EBBFLOW_ENFORCE(
+      state_ != nullptr,
+      "prefetch batch: " << what << "(" << d << ") on an empty batch (end of data or shutdown, or released)");
+  EBBFLOW_ENFORCE(d < devices(), "prefetch batch: " << what << "(" << d << "): device " << d
+                                                    << " out of range (devices() = " << devices() << ")");
+}
+template <class State>
+std::span<const std::size_t> basic_batch<State>::indices(std::size_t d) const {
+  check_device("indices", d);
   return state_->indices(slot_, d);
 }
 template <class State>
-auto basic_batch<State>::data(std::size_t d) const noexcept -> mspan<std::byte, space> {
+auto basic_batch<State>::data(std::size_t d) const -> mspan<std::byte, space> {
+  check_device("data", d);
   return state_->data(slot_, d);
+}
+template <class State>
+auto basic_batch<State>::event(std::size_t d) const -> event_type {
+  check_device("event", d);
+  return state_->stage_event(slot_, d);
 }
 template <class State>
 void basic_batch<State>::release() noexcept {

@@ -10,7 +10,9 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 #include <stop_token>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -227,6 +229,36 @@ TEST(Prefetcher, RejectsBadOptions) {
   EXPECT_NO_THROW(pf::sequence_source(100, four, 2, std::vector<double>{0.0, 1.0}));
 }
 
+// A first batch larger than the whole data set is a mistake, not an empty
+// epoch: the source ended at step 0 and the prefetcher delivered nothing,
+// with no error. Later, a remainder smaller than the step's batch is dropped
+// (documented); a first batch equal to the data set is one full step.
+TEST(Prefetcher, SequenceSourceRefusesAFirstBatchLargerThanTheDataSet) {
+  pf::step_plan out;
+  pf::sequence_source too_big(10, [](auto) -> std::size_t { return 16; });
+  try {
+    (void)too_big.plan(0, out);
+    FAIL() << "a batch of 16 over 10 samples was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("16"), std::string::npos) << what;
+    EXPECT_NE(what.find("10"), std::string::npos) << what;
+  }
+  // Through the prefetcher it is step 0's error, not the end of data.
+  pf::prefetcher p(pf::sequence_source(10, [](auto) -> std::size_t { return 16; }), fill_load{}, pf::cpu_stage(1),
+                   {.sample_bytes = sample_bytes, .max_batch_samples = 16});
+  EXPECT_THROW((void)p.next(10s), pf::load_error);
+
+  pf::sequence_source tail(10, [](auto) -> std::size_t { return 4; });
+  EXPECT_TRUE(tail.plan(0, out));
+  EXPECT_TRUE(tail.plan(1, out));
+  EXPECT_FALSE(tail.plan(2, out));  // samples 8 and 9 are dropped
+  pf::sequence_source whole(10, [](auto) -> std::size_t { return 10; });
+  EXPECT_TRUE(whole.plan(0, out));
+  EXPECT_EQ(out.indices.size(), 10u);
+  EXPECT_FALSE(whole.plan(1, out));
+}
+
 // A timeout beyond the clock's range waits (it timed out at once when the
 // deadline's sum overflowed).
 TEST(Prefetcher, NextWithAnUnboundedTimeoutWaits) {
@@ -376,6 +408,47 @@ TEST(Prefetcher, ABatchMayOutliveItsPrefetcher) {
   EXPECT_TRUE(holds(keep.data(0), keep.indices()));
   keep.release();
   EXPECT_FALSE(keep);
+}
+
+// data(d), indices(d) and event(d) dereferenced the shared state unchecked:
+// on the empty batch (end of data) a null pointer, and past devices() an
+// index out of bounds.
+TEST(Prefetcher, BatchAccessorsRefuseTheEmptyBatchAndADeviceOutOfRange) {
+  pf::prefetcher p(pf::sequence_source(
+                       8, [](auto) -> std::size_t { return 4; }, 2),
+                   fill_load{}, pf::cpu_stage(2), {.sample_bytes = sample_bytes, .max_batch_samples = 4});
+  const auto names = [](auto&& f, const char* a, const char* b) {
+    try {
+      f();
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      if (what.find(a) == std::string::npos || what.find(b) == std::string::npos)
+        return ::testing::AssertionFailure() << what;
+      return ::testing::AssertionSuccess();
+    }
+    return ::testing::AssertionFailure() << "no std::invalid_argument";
+  };
+  auto b = p.next(10s);
+  ASSERT_TRUE(b);
+  ASSERT_EQ(b.devices(), 2u);
+  EXPECT_TRUE(holds(b.data(1), b.indices(1)));
+  EXPECT_NO_THROW((void)b.event(1));
+  EXPECT_THROW((void)b.data(2), std::invalid_argument);
+  EXPECT_THROW((void)b.indices(2), std::invalid_argument);
+  EXPECT_THROW((void)b.event(2), std::invalid_argument);
+  EXPECT_TRUE(names([&] { (void)b.data(2); }, "device 2", "devices() = 2"));
+  b.release();
+  EXPECT_THROW((void)b.data(0), std::invalid_argument);  // released: empty
+
+  EXPECT_TRUE(p.next(10s));
+  auto end = p.next(10s);  // end of data
+  ASSERT_FALSE(end);
+  EXPECT_THROW((void)end.data(0), std::invalid_argument);
+  EXPECT_THROW((void)end.indices(0), std::invalid_argument);
+  EXPECT_THROW((void)end.event(0), std::invalid_argument);
+  EXPECT_TRUE(names([&] { (void)end.indices(0); }, "empty batch", "end of data"));
+  EXPECT_TRUE(end.indices().empty());  // the whole-batch accessors stay empty
+  EXPECT_EQ(end.devices(), 0u);
 }
 
 TEST(Prefetcher, StatisticsAreReadableWhileRunning) {

@@ -6,8 +6,11 @@
 //!
 //! Opt-in: this header is not included by prefetcher.hpp. Including it means
 //! the program must link the CUDA runtime (CMake: `ebbflow::cuda`). Without
-//! the CUDA headers on the include path (`EBBFLOW_HAS_CUDA` is 0) it declares
-//! nothing.
+//! the CUDA headers on the include path, or with `EBBFLOW_NO_CUDA` defined
+//! (`EBBFLOW_HAS_CUDA` is 0), it declares nothing, and a use of `cuda_stage`
+//! fails to compile as an unknown name. It is not an `#error`, because the
+//! umbrella `<ebbflow/ebbflow.hpp>`, the single-include header and the
+//! header self-containment tests include it in builds without CUDA.
 //!
 //! * `cuda_host_allocator()`: staging memory from `cudaHostAlloc` (portable,
 //!   page-locked), so host-to-device copies are truly asynchronous.

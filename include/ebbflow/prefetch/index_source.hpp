@@ -2,9 +2,11 @@
 //! @file index_source.hpp
 //! `index_source`: what the prefetcher asks, step by step, for the samples of
 //! the global batch and how they are split over this process's local devices.
-//! The planner's epoch sampler is adapted to this concept; `sequence_source`
-//! and `list_source` are simple models for tests, benchmarks and users without
-//! a planner.
+//! `sequence_source` and `list_source` are simple models for tests,
+//! benchmarks and users without a planner. No model here draws from the
+//! planner's epoch sampler: write one whose `plan` fills `indices` from the
+//! epoch's visiting order (`plan::epoch_permutation`) and `split` from the
+//! plan, as `slice_source` in examples/torch_elastic/torch_elastic.cpp does.
 #pragma once
 
 #include <ebbflow/config.hpp>
@@ -48,6 +50,11 @@ concept index_source = requires(S& s, std::uint64_t step, step_plan& out) {
 //! `devices` devices as evenly as possible (the first devices get one more),
 //! or by `weights` when given (largest remainder rounding). Ends when fewer
 //! samples than the step's batch size remain, or after `steps` steps.
+//!
+//! The last partial batch is dropped: with 10 samples and batches of 4, steps
+//! 0 and 1 serve samples 0-7 and samples 8 and 9 are never served. A first
+//! step whose batch is larger than the whole data set is an error (it would
+//! serve nothing), not an empty sequence.
 class sequence_source {
  public:
   //! Batch size of a step; 0 ends the sequence.
@@ -72,13 +79,17 @@ class sequence_source {
 
   //! Fills `out` with the next `batch_size(step)` samples and their split;
   //! false at the end (see above). @throws std::invalid_argument when `step`
-  //! is not the next one (steps must be asked for in order, without gaps).
+  //! is not the next one (steps must be asked for in order, without gaps), or
+  //! when step 0's batch is larger than the data set.
   bool plan(std::uint64_t step, step_plan& out) {
     if (step >= steps_) return false;
     if (step != next_step_) {  // only forward, in order (the concept's contract)
       EBBFLOW_ENFORCE(step == next_step_, "sequence_source: steps must be asked for in order");
     }
     const std::size_t b = batch_size_(step);
+    EBBFLOW_ENFORCE(step != 0 || b <= samples_, "sequence_source: the batch of step 0 is "
+                                                    << b << " samples, more than the data set's " << samples_
+                                                    << " (nothing would be served)");
     if (b == 0 || cursor_ + b > samples_) return false;
     out.indices.resize(b);
     for (std::size_t i = 0; i < b; ++i) out.indices[i] = cursor_ + i;

@@ -127,7 +127,10 @@ class prefetch_state;
 //! A delivered step. Owns its ring slot until destroyed or `release()`d;
 //! move-only. Not thread-safe itself (release it from one thread). The spans
 //! stay valid until release. `data(d)` is in `Stage::space` memory: wait on
-//! `event(d)` (CUDA: `event(d).wait(stream)`) before using it.
+//! `event(d)` (CUDA: `event(d).wait(stream)`) before using it. On the empty
+//! batch `indices()` and `sizes()` are empty and `devices()` is 0, while the
+//! per-device accessors `data(d)`, `indices(d)` and `event(d)` throw, as they
+//! do for `d >= devices()`.
 template <class State>
 class basic_batch {
  public:
@@ -164,11 +167,14 @@ class basic_batch {
   //! Number of local devices (sub-batches).
   [[nodiscard]] std::size_t devices() const noexcept { return sizes().size(); }
   //! Sample indices of device `d`'s sub-batch.
-  [[nodiscard]] std::span<const std::size_t> indices(std::size_t d) const noexcept;
+  //! @throws std::invalid_argument for the empty batch or `d >= devices()`.
+  [[nodiscard]] std::span<const std::size_t> indices(std::size_t d) const;
   //! Device `d`'s sub-batch bytes (`sizes()[d] * sample_bytes`), in `space` memory.
-  [[nodiscard]] mspan<std::byte, space> data(std::size_t d) const noexcept;
+  //! @throws std::invalid_argument for the empty batch or `d >= devices()`.
+  [[nodiscard]] mspan<std::byte, space> data(std::size_t d) const;
   //! Readiness of `data(d)`.
-  [[nodiscard]] event_type event(std::size_t d) const { return state_->stage_event(slot_, d); }
+  //! @throws std::invalid_argument for the empty batch or `d >= devices()`.
+  [[nodiscard]] event_type event(std::size_t d) const;
   //! Gives the slot back to the prefetcher (idempotent, noexcept).
   void release() noexcept;
 
@@ -176,6 +182,8 @@ class basic_batch {
   friend State;
   basic_batch(std::shared_ptr<State> s, std::size_t slot, std::uint64_t step) noexcept
       : state_(std::move(s)), slot_(slot), step_(step) {}
+  // Throws unless this batch holds a slot and `d` is one of its devices.
+  void check_device(const char* what, std::size_t d) const;
   std::shared_ptr<State> state_;
   std::size_t slot_ = 0;
   std::uint64_t step_ = 0;

@@ -533,12 +533,27 @@ std::span<const std::size_t> basic_batch<State>::sizes() const noexcept {
   return state_ ? state_->sizes(slot_) : std::span<const std::size_t>{};
 }
 template <class State>
-std::span<const std::size_t> basic_batch<State>::indices(std::size_t d) const noexcept {
+void basic_batch<State>::check_device(const char* what, std::size_t d) const {
+  EBBFLOW_ENFORCE(
+      state_ != nullptr,
+      "prefetch batch: " << what << "(" << d << ") on an empty batch (end of data or shutdown, or released)");
+  EBBFLOW_ENFORCE(d < devices(), "prefetch batch: " << what << "(" << d << "): device " << d
+                                                    << " out of range (devices() = " << devices() << ")");
+}
+template <class State>
+std::span<const std::size_t> basic_batch<State>::indices(std::size_t d) const {
+  check_device("indices", d);
   return state_->indices(slot_, d);
 }
 template <class State>
-auto basic_batch<State>::data(std::size_t d) const noexcept -> mspan<std::byte, space> {
+auto basic_batch<State>::data(std::size_t d) const -> mspan<std::byte, space> {
+  check_device("data", d);
   return state_->data(slot_, d);
+}
+template <class State>
+auto basic_batch<State>::event(std::size_t d) const -> event_type {
+  check_device("event", d);
+  return state_->stage_event(slot_, d);
 }
 template <class State>
 void basic_batch<State>::release() noexcept {
