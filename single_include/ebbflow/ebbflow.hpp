@@ -13813,12 +13813,18 @@ EBBFLOW_END_NAMESPACE
 
 #include <cstddef>
 #include <cstdint>
+#include <concepts>
 #include <map>
-#include <span>
+#include <ranges>
 #include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
+
+//! A range of integer worker ids (`std::vector<std::uint64_t>`, a span of
+//! the group's member ids, ...).
+template <class R>
+concept id_range = std::ranges::input_range<R> && std::integral<std::ranges::range_value_t<R>>;
 
 //! The cost models of a changing set of workers, keyed by worker id. Value
 //! type. Fed the same observations in the same order, every rank holds the
@@ -13845,10 +13851,11 @@ class cost_models {
     return it != models_.end() && it->second.ready() && it->second.c() > 0 ? &it->second : nullptr;
   }
 
-  //! True when at least one of `ids` has a fitted model.
-  [[nodiscard]] bool any_fitted(std::span<const std::uint64_t> ids) const {
+  //! True when at least one of `ids` (a range of integer worker ids) has a fitted model.
+  template <id_range Ids>
+  [[nodiscard]] bool any_fitted(const Ids& ids) const {
     for (auto id : ids)
-      if (fitted(id)) return true;
+      if (fitted(static_cast<std::uint64_t>(id))) return true;
     return false;
   }
 
@@ -13856,17 +13863,18 @@ class cost_models {
   //! `max_batch`. A worker without a fitted model gets the mean a and c of
   //! the fitted ones among `ids`; when none is fitted, every worker gets
   //! a = 0, c = 1, whose optimal plan is the uniform split.
-  [[nodiscard]] std::vector<worker_spec> specs(std::span<const std::uint64_t> ids, std::size_t max_batch) const {
+  template <id_range Ids>
+  [[nodiscard]] std::vector<worker_spec> specs(const Ids& ids, std::size_t max_batch) const {
     double sa = 0, sc = 0;
     int k = 0;
     for (auto id : ids)
-      if (const auto* m = fitted(id)) sa += m->a(), sc += m->c(), ++k;
+      if (const auto* m = fitted(static_cast<std::uint64_t>(id))) sa += m->a(), sc += m->c(), ++k;
     const double mean_a = k ? sa / k : 0, mean_c = k ? sc / k : 1;
     std::vector<worker_spec> out;
-    out.reserve(ids.size());
     for (auto id : ids) {
-      const auto* m = fitted(id);
-      out.push_back({id, m ? m->a() : mean_a, m ? m->c() : mean_c, max_batch, 0, 0});
+      const auto u = static_cast<std::uint64_t>(id);
+      const auto* m = fitted(u);
+      out.push_back({u, m ? m->a() : mean_a, m ? m->c() : mean_c, max_batch, 0, 0});
     }
     return out;
   }
@@ -14104,9 +14112,8 @@ class planner_policy final : public planning_policy {
   // Specs in rank order (newcomers: the others' mean model); empty when
   // nobody has a fitted model (then the caller plans uniformly).
   std::vector<plan::worker_spec> specs_of(std::span<const member_id> members) const {
-    std::vector<std::uint64_t> ids(members.begin(), members.end());
-    if (!models_.any_fitted(ids)) return {};
-    return models_.specs(ids, opts_.max_batch);
+    if (!models_.any_fitted(members)) return {};
+    return models_.specs(members, opts_.max_batch);
   }
 
   planner_policy_options opts_;

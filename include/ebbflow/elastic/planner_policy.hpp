@@ -81,9 +81,8 @@ class planner_policy final : public planning_policy {
   // Specs in rank order (newcomers: the others' mean model); empty when
   // nobody has a fitted model (then the caller plans uniformly).
   std::vector<plan::worker_spec> specs_of(std::span<const member_id> members) const {
-    std::vector<std::uint64_t> ids(members.begin(), members.end());
-    if (!models_.any_fitted(ids)) return {};
-    return models_.specs(ids, opts_.max_batch);
+    if (!models_.any_fitted(members)) return {};
+    return models_.specs(members, opts_.max_batch);
   }
 
   planner_policy_options opts_;
