@@ -102,3 +102,71 @@ TEST(StandalonePlanner, AJoinerAdoptsThePlanInForce) {
   EXPECT_EQ(mine.batch, next.batch);
   EXPECT_EQ(joined.slice(mine, 2).first, sampler.slice(next, 2).first);
 }
+
+// A model moves between workers bit for bit, and a joiner that takes the
+// members' models and plan makes the same plans as they do from then on,
+// re-plans included.
+TEST(StandalonePlanner, AJoinerTakesTheModelsAndStaysInStep) {
+  const std::vector<std::uint64_t> ids = {1, 2, 3};
+  pl::cost_models models;
+  pl::replanner member;
+  auto time_of = [](std::size_t i, std::size_t b, int step) {
+    return 0.01 + (i + 1) * 1e-4 * static_cast<double>(b) * (step > 20 && i == 0 ? 3.0 : 1.0);  // worker 1 slows
+  };
+  for (int step = 0; step < 10; ++step) {
+    const auto& plan = member.update(models.specs(ids, 1 << 20), 96);
+    for (std::size_t i = 0; i < ids.size(); ++i) models.observe(ids[i], plan.batch[i], time_of(i, plan.batch[i], step));
+  }
+  const auto bytes = models.encode();
+  pl::cost_models joined = pl::cost_models::decode(bytes);
+  EXPECT_EQ(joined.encode(), bytes);
+  ASSERT_NE(joined.fitted(1), nullptr);
+  EXPECT_EQ(joined.fitted(1)->predict(40), models.fitted(1)->predict(40));
+  pl::replanner joiner;
+  joiner.adopt(member.current());
+  int replans = 0;
+  for (int step = 10; step < 40; ++step) {
+    const auto& a = member.update(models.specs(ids, 1 << 20), 96);
+    const auto& b = joiner.update(joined.specs(ids, 1 << 20), 96);
+    ASSERT_EQ(a.version, b.version) << "step " << step;
+    ASSERT_EQ(a.batch, b.batch) << "step " << step;
+    replans += member.last_reason() != pl::replan_reason::kept;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      models.observe(ids[i], a.batch[i], time_of(i, a.batch[i], step));
+      joined.observe(ids[i], b.batch[i], time_of(i, b.batch[i], step));
+    }
+  }
+  EXPECT_GE(replans, 1) << "the slowdown of worker 1 should have moved the plan";
+}
+
+// Bytes that are not an encoded model are refused (plan_error, bad_state),
+// whatever is cut off or changed: never a crash or a model out of range.
+TEST(StandalonePlanner, CorruptModelBytesAreRefused) {
+  pl::cost_model m;
+  for (int k = 0; k < 12; ++k) m.observe(10 + k % 3, 0.01 + 1e-3 * (10 + k % 3));
+  const auto good = m.encode();
+  EXPECT_EQ(good.size(), 392u);  // as documented
+  EXPECT_EQ(pl::cost_model::decode(good).encode(), good);
+  for (std::size_t n = 0; n < good.size(); ++n)
+    EXPECT_THROW((void)pl::cost_model::decode(std::span(good).first(n)), pl::plan_error) << "cut to " << n;
+  int refused = 0;
+  for (std::size_t at = 0; at < good.size(); ++at) {
+    auto bad = good;
+    bad[at] ^= std::byte{0x80};
+    try {
+      (void)pl::cost_model::decode(bad);
+    } catch (const pl::plan_error& e) {
+      EXPECT_EQ(e.code(), pl::plan_errc::bad_state);
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 0);
+  auto set = pl::cost_models();
+  set.observe(5, 10, 0.02);
+  auto bytes = set.encode();
+  bytes.push_back(std::byte{0});
+  EXPECT_THROW((void)pl::cost_models::decode(bytes), pl::plan_error);
+  bytes.pop_back();
+  bytes.pop_back();
+  EXPECT_THROW((void)pl::cost_models::decode(bytes), pl::plan_error);
+}

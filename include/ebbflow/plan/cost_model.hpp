@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
@@ -153,6 +154,15 @@ class cost_model {
 
   //! The options in effect, after clamping.
   [[nodiscard]] const cost_model_options& options() const noexcept { return opts_; }
+
+  //! The whole model (options, fit, recent observations) as bytes, for
+  //! `decode` on another worker: a worker that joins a loop without the
+  //! elastic group takes the others' models and so makes the same plans.
+  //! Little endian, with a magic and a format version; 392 bytes.
+  [[nodiscard]] std::vector<std::byte> encode() const;
+  //! The model `encode` wrote, bit for bit.
+  //! @throws plan_error(bad_state) for bytes that are truncated, corrupt or of another format.
+  [[nodiscard]] static cost_model decode(std::span<const std::byte> bytes);
 
  private:
   static constexpr std::size_t max_window = 8;

@@ -13,12 +13,14 @@
 #include <ebbflow/config.hpp>
 #include <ebbflow/plan/batch_planner.hpp>
 #include <ebbflow/plan/cost_model.hpp>
+#include <ebbflow/plan/plan_error.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <concepts>
 #include <map>
 #include <ranges>
+#include <span>
 #include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -84,6 +86,49 @@ class cost_models {
 
   //! Forgets worker `id` (it left; a worker that comes back starts afresh).
   void erase(std::uint64_t id) { models_.erase(id); }
+
+  //! Every model with its worker id, as bytes (`cost_model::encode` each),
+  //! for `decode` on a worker that joins: it then computes the same specs.
+  [[nodiscard]] std::vector<std::byte> encode() const {
+    std::vector<std::byte> out;
+    const auto put = [&](std::uint64_t v) {
+      for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::byte>(v >> (8 * i)));
+    };
+    put(models_.size());
+    for (const auto& [id, m] : models_) {
+      const auto b = m.encode();
+      put(id);
+      put(b.size());
+      out.insert(out.end(), b.begin(), b.end());
+    }
+    return out;
+  }
+  //! The models `encode` wrote (options from the bytes; `opts` for models
+  //! made later). @throws plan_error(bad_state) for bytes that are not that.
+  [[nodiscard]] static cost_models decode(std::span<const std::byte> bytes, cost_model_options opts = {}) {
+    std::size_t at = 0;
+    const auto get = [&] {
+      EBBFLOW_PLAN_ENFORCE(at + 8 <= bytes.size(), plan_errc::bad_state,
+                           "cost models of " << bytes.size() << " bytes are truncated (at byte " << at << ")");
+      std::uint64_t v = 0;
+      for (int i = 0; i < 8; ++i)
+        v |= std::to_integer<std::uint64_t>(bytes[at + static_cast<std::size_t>(i)]) << (8 * i);
+      at += 8;
+      return v;
+    };
+    cost_models out(opts);
+    for (std::uint64_t n = get(), k = 0; k < n; ++k) {
+      const std::uint64_t id = get(), len = get();
+      EBBFLOW_PLAN_ENFORCE(len <= bytes.size() - at, plan_errc::bad_state,
+                           "cost model of worker " << id << ": " << len << " bytes, " << bytes.size() - at << " left");
+      EBBFLOW_PLAN_ENFORCE(out.models_.try_emplace(id, cost_model::decode(bytes.subspan(at, len))).second,
+                           plan_errc::bad_state, "cost model of worker " << id << " twice");
+      at += len;
+    }
+    EBBFLOW_PLAN_ENFORCE(at == bytes.size(), plan_errc::bad_state,
+                         "cost models of " << bytes.size() << " bytes, " << bytes.size() - at << " left over");
+    return out;
+  }
 
  private:
   cost_model_options opts_;

@@ -35,7 +35,7 @@ enum class plan_errc {
   batch_exceeds_epoch,   //!< a plan's global batch is larger than what is left of the epoch
   stale_plan,            //!< a plan older than one already committed
   bad_dataset,           //!< data-set size 0, or a shard of size 0
-  bad_state,             //!< serialized sampler state is truncated, corrupt or of another version
+  bad_state,             //!< serialized state (sampler, cost model) is truncated, corrupt or of another version
   slice_too_large,       //!< a work-stealing slice beyond 2^31 - 1 items (its claim counter would overflow)
   bad_steal_request,     //!< a work-stealing claim of 0 items, bad steal_options, or stealing from oneself
   bad_counter,           //!< a work-stealing counter in the store that no valid claim sequence can produce

@@ -82,9 +82,9 @@ class replanner {
   //! Makes `p` the plan in force, as if this replanner had produced it: a
   //! worker that joins (or restarts) takes the plan the others use, sent by
   //! one of them (its sizes and version; `make_plan` rebuilds it), and its
-  //! next `update` carries on from there with the next version. Its cost
-  //! models lack the others' history, so in a job whose members change, let
-  //! one rank decide the plans and send them (sizes and version) to all.
+  //! next `update` carries on from there with the next version. Fed the
+  //! same specs as the others (their models: `cost_models::decode`), it
+  //! makes the same plans from then on.
   void adopt(batch_plan p) {
     plan_ = std::move(p);
     reason_ = replan_reason::kept;

@@ -6,6 +6,7 @@
 #include <ebbflow/plan/cost_model.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -20,6 +21,111 @@ inline cost_model::cost_model(cost_model_options opts) noexcept : opts_(opts) {
   opts_.change_k = std::clamp(opts_.change_k, opts_.huber_k, opts_.reject_k);
   lambda_ = std::exp2(-1.0 / opts_.half_life_steps);
   lambda_fast_ = std::exp2(-1.0 / opts_.fast_half_life_steps);
+}
+
+namespace detail {
+inline constexpr std::uint32_t cost_model_magic = 0x4d434245;  // "EBCM"
+inline constexpr std::uint32_t cost_model_format = 1;
+
+// Little-endian fields in and out of a byte buffer.
+struct model_writer {
+  std::vector<std::byte> out;
+  void u64(std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::byte>(v >> (8 * i)));
+  }
+  void f64(double v) { u64(std::bit_cast<std::uint64_t>(v)); }
+};
+struct model_reader {
+  std::span<const std::byte> in;
+  std::size_t at = 0;
+  std::uint64_t u64() {
+    EBBFLOW_PLAN_ENFORCE(at + 8 <= in.size(), plan_errc::bad_state,
+                         "cost model of " << in.size() << " bytes is truncated (field at byte " << at << ")");
+    std::uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= std::to_integer<std::uint64_t>(in[at + static_cast<std::size_t>(i)]) << (8 * i);
+    at += 8;
+    return v;
+  }
+  double f64() { return std::bit_cast<double>(u64()); }
+};
+}  // namespace detail
+
+inline std::vector<std::byte> cost_model::encode() const {
+  detail::model_writer w;
+  w.u64(std::uint64_t{detail::cost_model_format} << 32 | detail::cost_model_magic);
+  for (double v : {opts_.half_life_steps, opts_.huber_k, opts_.reject_k, opts_.change_k, opts_.fast_half_life_steps,
+                   opts_.drift_signal, opts_.min_rel_scale, opts_.min_batch_spread, opts_.initial_rel_scale})
+    w.f64(v);
+  w.u64(opts_.change_window);
+  w.u64(opts_.min_slope_samples);
+  for (double v : {ew_r_, ew_abs_r_, b0_, w_, wb_, wbb_, wt_, wbt_, a_, c_, shape_a_, shape_c_, scale_}) w.f64(v);
+  w.u64(full_fit_ ? 1 : 0);
+  w.u64(used_);
+  w.u64(outliers_);
+  w.u64(changes_);
+  w.u64(static_cast<std::uint64_t>(static_cast<std::int64_t>(run_sign_)));
+  w.u64(run_);
+  w.u64(recent_count_);
+  w.u64(recent_head_);
+  for (const timing_sample& t : recent_) {
+    w.u64(t.batch);
+    w.f64(t.seconds);
+  }
+  return std::move(w.out);
+}
+
+inline cost_model cost_model::decode(std::span<const std::byte> bytes) {
+  detail::model_reader r{bytes};
+  const std::uint64_t head = r.u64();
+  EBBFLOW_PLAN_ENFORCE(static_cast<std::uint32_t>(head) == detail::cost_model_magic, plan_errc::bad_state,
+                       "not an encoded cost model (bad magic)");
+  EBBFLOW_PLAN_ENFORCE(head >> 32 == detail::cost_model_format, plan_errc::bad_state,
+                       "cost model format " << (head >> 32) << ", expected " << detail::cost_model_format);
+  cost_model_options o;
+  for (double* v : {&o.half_life_steps, &o.huber_k, &o.reject_k, &o.change_k, &o.fast_half_life_steps, &o.drift_signal,
+                    &o.min_rel_scale, &o.min_batch_spread, &o.initial_rel_scale}) {
+    *v = r.f64();
+    EBBFLOW_PLAN_ENFORCE(std::isfinite(*v), plan_errc::bad_state, "cost model with an option that is not finite");
+  }
+  const std::uint64_t window = r.u64(), slope = r.u64();
+  EBBFLOW_PLAN_ENFORCE(window >= 1 && window <= max_window && slope <= 0xffffffffu, plan_errc::bad_state,
+                       "cost model options out of range (change_window " << window << ")");
+  o.change_window = static_cast<unsigned>(window);
+  o.min_slope_samples = static_cast<unsigned>(slope);
+  cost_model m(o);
+  // An encoded model's options were clamped when it was made: the same
+  // clamping must leave them as they are.
+  EBBFLOW_PLAN_ENFORCE(m.opts_.half_life_steps == o.half_life_steps && m.opts_.reject_k == o.reject_k &&
+                           m.opts_.change_k == o.change_k && m.opts_.fast_half_life_steps == o.fast_half_life_steps,
+                       plan_errc::bad_state, "cost model options that no model holds");
+  for (double* v : {&m.ew_r_, &m.ew_abs_r_, &m.b0_, &m.w_, &m.wb_, &m.wbb_, &m.wt_, &m.wbt_, &m.a_, &m.c_, &m.shape_a_,
+                    &m.shape_c_, &m.scale_}) {
+    *v = r.f64();
+    EBBFLOW_PLAN_ENFORCE(std::isfinite(*v), plan_errc::bad_state, "cost model with a value that is not finite");
+  }
+  const std::uint64_t full = r.u64();
+  EBBFLOW_PLAN_ENFORCE(full <= 1, plan_errc::bad_state, "cost model with a bad flag");
+  m.full_fit_ = full == 1;
+  m.used_ = static_cast<std::size_t>(r.u64());
+  m.outliers_ = static_cast<std::size_t>(r.u64());
+  m.changes_ = static_cast<std::size_t>(r.u64());
+  const auto sign = static_cast<std::int64_t>(r.u64());
+  const std::uint64_t run = r.u64(), count = r.u64(), at = r.u64();
+  EBBFLOW_PLAN_ENFORCE(sign >= -1 && sign <= 1 && run <= max_window && count <= max_window && at < max_window,
+                       plan_errc::bad_state, "cost model with a recent-observation ring out of range");
+  m.run_sign_ = static_cast<int>(sign);
+  m.run_ = static_cast<unsigned>(run);
+  m.recent_count_ = static_cast<std::size_t>(count);
+  m.recent_head_ = static_cast<std::size_t>(at);
+  for (timing_sample& t : m.recent_) {
+    t.batch = static_cast<std::size_t>(r.u64());
+    t.seconds = r.f64();
+    EBBFLOW_PLAN_ENFORCE(std::isfinite(t.seconds) && t.seconds >= 0, plan_errc::bad_state,
+                         "cost model with a recent step time that is not finite");
+  }
+  EBBFLOW_PLAN_ENFORCE(r.at == bytes.size(), plan_errc::bad_state,
+                       "cost model of " << bytes.size() << " bytes, expected " << r.at);
+  return m;
 }
 
 inline cost_model cost_model::from_probe(std::span<const timing_sample> probe, cost_model_options opts) {
