@@ -13,6 +13,7 @@
 #include <atomic>
 #include <limits>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace ef = ebbflow;
@@ -630,4 +631,15 @@ TEST(ElasticGroupContract, AFinishedJobsPrefixIsRefusedWithAClearError) {
   const auto s = g.begin_step();
   EXPECT_EQ(s.step, 0);
   EXPECT_EQ(s.generation, 0);
+}
+
+// The group's store type is deduced from what the connect function returns,
+// a lambda as well as a std::function (class template argument deduction
+// failed for a lambda, as the docs' examples write it).
+TEST(ElasticGroupContract, TheStoreTypeIsDeducedFromALambda) {
+  auto store = std::make_shared<el::memory_store>();
+  el::loopback_network net(std::make_shared<el::loopback_fabric>());
+  el::group g([store] { return std::make_unique<store_ref>(store_ref{store}); }, net, options(), launch(0, 1));
+  static_assert(std::is_same_v<decltype(g), test_group>);
+  EXPECT_EQ(g.begin_step().step, 0);
 }

@@ -90,6 +90,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <condition_variable>
 #include <exception>
 #include <csignal>
@@ -105,6 +106,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -715,6 +717,14 @@ class group {
   std::vector<world_change> history_;
   std::jthread heartbeat_;
 };
+
+//! Deduces the store type from what `connect_store` returns, so that a
+//! lambda works as well as a `std::function`:
+//! `elastic::group g([] { return std::make_unique<store_client>(...); }, net, opts, launch);`
+template <class Connect, class Net, class... Policy>
+requires std::invocable<Connect&> && requires { typename std::invoke_result_t<Connect&>::element_type; }
+group(Connect, Net&, group_options, launch_info, Policy&&...)
+    ->group<typename std::invoke_result_t<Connect&>::element_type, Net>;
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
