@@ -21,6 +21,7 @@
 #include <map>
 #include <ranges>
 #include <span>
+#include <utility>
 #include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -90,43 +91,32 @@ class cost_models {
   //! Every model with its worker id, as bytes (`cost_model::encode` each),
   //! for `decode` on a worker that joins: it then computes the same specs.
   [[nodiscard]] std::vector<std::byte> encode() const {
-    std::vector<std::byte> out;
-    const auto put = [&](std::uint64_t v) {
-      for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::byte>(v >> (8 * i)));
-    };
-    put(models_.size());
+    detail::model_writer w;
+    w.u64(models_.size());
     for (const auto& [id, m] : models_) {
       const auto b = m.encode();
-      put(id);
-      put(b.size());
-      out.insert(out.end(), b.begin(), b.end());
+      w.u64(id);
+      w.u64(b.size());
+      w.out.insert(w.out.end(), b.begin(), b.end());
     }
-    return out;
+    return std::move(w.out);
   }
   //! The models `encode` wrote (options from the bytes; `opts` for models
   //! made later). @throws plan_error(bad_state) for bytes that are not that.
   [[nodiscard]] static cost_models decode(std::span<const std::byte> bytes, cost_model_options opts = {}) {
-    std::size_t at = 0;
-    const auto get = [&] {
-      EBBFLOW_PLAN_ENFORCE(at + 8 <= bytes.size(), plan_errc::bad_state,
-                           "cost models of " << bytes.size() << " bytes are truncated (at byte " << at << ")");
-      std::uint64_t v = 0;
-      for (int i = 0; i < 8; ++i)
-        v |= std::to_integer<std::uint64_t>(bytes[at + static_cast<std::size_t>(i)]) << (8 * i);
-      at += 8;
-      return v;
-    };
+    detail::model_reader r{bytes};
     cost_models out(opts);
-    for (std::uint64_t n = get(), k = 0; k < n; ++k) {
-      const std::uint64_t id = get(), len = get();
-      EBBFLOW_PLAN_ENFORCE(len <= bytes.size() - at, plan_errc::bad_state,
-                           "cost model of worker " << id << ": " << len << " bytes, " << bytes.size() - at << " left");
-      EBBFLOW_PLAN_ENFORCE(out.models_.try_emplace(id, cost_model::decode(bytes.subspan(at, len))).second,
+    for (std::uint64_t n = r.u64(), k = 0; k < n; ++k) {
+      const std::uint64_t id = r.u64(), len = r.u64();
+      EBBFLOW_PLAN_ENFORCE(
+          len <= bytes.size() - r.at, plan_errc::bad_state,
+          "cost model of worker " << id << ": " << len << " bytes, " << bytes.size() - r.at << " left");
+      EBBFLOW_PLAN_ENFORCE(out.models_.try_emplace(id, cost_model::decode(bytes.subspan(r.at, len))).second,
                            plan_errc::bad_state, "cost model of worker " << id << " twice");
-      at += len;
+      r.at += len;
     }
-    EBBFLOW_PLAN_ENFORCE(at == bytes.size(), plan_errc::bad_state,
-                         "cost models of " << bytes.size() << " bytes, " << bytes.size() - at << " left over");
+    EBBFLOW_PLAN_ENFORCE(r.at == bytes.size(), plan_errc::bad_state,
+                         "cost models of " << bytes.size() << " bytes, " << bytes.size() - r.at << " left over");
     return out;
   }
 
