@@ -1248,6 +1248,7 @@ struct std::is_error_code_enum<ebbflow::error> : std::true_type {};
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -1292,6 +1293,14 @@ inline constexpr std::uint32_t max_collective_step = 0xfffd;
 //! reserved step, share a tag.
 inline constexpr int max_collective_ranks = 0x7fff;
 static_assert(2 * (max_collective_ranks - 1) <= static_cast<int>(max_collective_step));
+
+//! Refuses a transport of more ranks than the collectives support (or
+//! none), naming `who` (the collective's owner) in the error.
+//! @throws std::invalid_argument when `size` is outside [1, max_collective_ranks].
+inline void check_rank_count(int size, std::string_view who) {
+  EBBFLOW_ENFORCE(size >= 1 && size <= max_collective_ranks,
+                  who << ": " << size << " ranks; the collectives support 1 to " << max_collective_ranks);
+}
 
 template <class T>
 concept transport = requires(T& t, const T& ct, int peer, tag_t tag, std::span<const std::byte> out,
@@ -2977,8 +2986,7 @@ basic_communicator<T>::basic_communicator(T& transport, collective_options opts)
       active_(std::make_shared<detail::active_set<T>>()) {
   EBBFLOW_ENFORCE(opts_.chunk_bytes > 0 && opts_.window > 0,
                   "collective_options: chunk_bytes and window must be positive");
-  EBBFLOW_ENFORCE(t_->size() >= 1 && t_->size() <= max_collective_ranks,
-                  "communicator: " << t_->size() << " ranks; the collectives support 1 to " << max_collective_ranks);
+  check_rank_count(t_->size(), "communicator");
 }
 
 template <transport T>
@@ -8108,9 +8116,7 @@ compressed_allreduce<Codec, Transport, Executor>::compressed_allreduce(Transport
                                << " (space 0 of the transport belongs to the communicator's collectives)");
   EBBFLOW_ENFORCE(opts_.segment_bytes >= 4 * kernels::block_size,
                   "segment_bytes " << opts_.segment_bytes << " below one block (" << 4 * kernels::block_size << ")");
-  EBBFLOW_ENFORCE(transport.size() >= 1 && transport.size() <= comm::max_collective_ranks,
-                  "compressed_allreduce: " << transport.size() << " ranks; the collectives support 1 to "
-                                           << comm::max_collective_ranks);
+  comm::check_rank_count(transport.size(), "compressed_allreduce");
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
@@ -11136,6 +11142,8 @@ class group {
   void control_allreduce(std::span<double> v);
   void notify(change_reason reason, int old_size, double stall);
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
+  // Fails with invalid_state: "the job EBBFLOW_JOB='<prefix>' <what>".
+  [[noreturn]] void fail_job_finished(std::string_view what) const;
   void fault_point(const char* point);
   void fault_point(const char* point, Store& st, std::stop_token stop);
   void release_steal_counter();
@@ -11537,10 +11545,9 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   // A store that outlives its jobs keeps a finished job's keys under its
   // prefix: this worker would take that job's generations for its own.
   if (job_done())
-    fail(error::invalid_state, "the job EBBFLOW_JOB='" + opts_.prefix +
-                                   "' on this store has finished: a worker started now cannot join it, and a new job "
-                                   "needs a prefix of its own (EBBFLOW_JOB; ebbflow-run --attach picks a fresh one) "
-                                   "or a fresh store");
+    fail_job_finished(
+        "on this store has finished: a worker started now cannot join it, and a new job needs a prefix of its own "
+        "(EBBFLOW_JOB; ebbflow-run --attach picks a fresh one) or a fresh store");
   // The admission helper's own connection, made now rather than in the
   // middle of a membership change (a joiner makes it later, when needed:
   // its start-up is already part of one).
@@ -11583,6 +11590,11 @@ void group<Store, Net>::register_state(std::string name, std::span<std::byte> ho
 template <kv_store Store, network Net>
 void group<Store, Net>::fail(std::error_code ec, const std::string& what) const {
   throw group_error(ec, {.rank = rank_, .generation = gen_.generation, .operation = "elastic group", .detail = what});
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::fail_job_finished(std::string_view what) const {
+  fail(error::invalid_state, "the job EBBFLOW_JOB='" + opts_.prefix + "' " + std::string(what));
 }
 
 template <kv_store Store, network Net>
@@ -11868,7 +11880,7 @@ void group<Store, Net>::wait_admission() {
   // Waits on the server (no polling: waiting newcomers cost the running
   // members nothing), in slices so the job's end is noticed.
   const auto wait_slice = [&](const deadline& d) {
-    if (job_done()) fail(error::invalid_state, "the job finished before this worker was admitted");
+    if (job_done()) fail_job_finished("finished before this worker was admitted");
     try {
       store_->wait({jkey}, min(d, deadline::after(std::chrono::milliseconds(200))));
     } catch (const system_error& e) {
@@ -12227,8 +12239,8 @@ void group<Store, Net>::sync_state() {
         if (steady_clock::now() < next_check) continue;
         next_check = steady_clock::now() + opts_.heartbeat;
         if (job_done())
-          fail(error::invalid_state, "the job finished before the members switched to generation " +
-                                         std::to_string(gen_.generation) + ": this worker never received the state");
+          fail_job_finished("finished before the members switched to generation " + std::to_string(gen_.generation) +
+                            ": this worker never received the state");
       }
       first.wait(d);  // returns at once when done; throws naming the peer on an error or the deadline
     }
@@ -13171,8 +13183,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
               rec.source = m.id;
             }
           if (rec.source_step < 0) {  // only joiners that never got the state are left
-            if (job_done())
-              fail(error::invalid_state, "the job finished before this worker received the training state");
+            if (job_done()) fail_job_finished("finished before this worker received the training state");
             fail(error::invalid_state, "no member holding the training state is left after generation " + gs +
                                            " failed: the state is lost (restart from a checkpoint)");
           }

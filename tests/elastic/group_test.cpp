@@ -623,7 +623,7 @@ TEST(ElasticGroup, JobEndingBeforeTheSwitchTellsTheJoinerClearly) {
   auto& out = *out_p;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);  // join_timeout and op_timeout are 20 s and 5 s
   ASSERT_EQ(out.errors.size(), 1u);
-  EXPECT_NE(out.errors[0].find("the job finished before"), std::string::npos) << out.errors[0];
+  EXPECT_NE(out.errors[0].find("finished before the members switched"), std::string::npos) << out.errors[0];
   ASSERT_EQ(out.finals.size(), 3u);
   const auto ref = reference(sc.steps);
   for (auto& w : out.finals)

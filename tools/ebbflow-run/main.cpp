@@ -126,6 +126,7 @@ double parse_seconds(const std::string& flag, const std::string& v) {
 struct options {
   int n = 0;
   std::string store = "127.0.0.1:0";
+  ef::env::host_port store_at{"127.0.0.1", 0};  // --store, parsed
   bool attach = false;
   std::optional<std::string> token;
   std::optional<double> timeout_s;
@@ -184,7 +185,7 @@ options parse(int argc, char** argv) {
     } else if (a == "--store") {
       o.store = value(a);
       try {
-        (void)ef::env::parse_host_port(o.store, "--store");
+        o.store_at = ef::env::parse_host_port(o.store, "--store");
       } catch (const std::invalid_argument&) {
         usage_error("--store '" + o.store + "': expected HOST:PORT");
       }
@@ -275,7 +276,7 @@ options parse(int argc, char** argv) {
   if (o.min_size > o.n)
     usage_error("--min " + std::to_string(o.min_size) + " is larger than -n " + std::to_string(o.n) +
                 ": the first generation is formed from the launched workers");
-  if (o.attach && o.store.ends_with(":0")) usage_error("--attach needs --store HOST:PORT with a port");
+  if (o.attach && o.store_at.port == 0) usage_error("--attach needs --store HOST:PORT with a port");
   if (o.store_cpu >= 0 && !o.cpu_bind) usage_error("--store-cpu needs --cpu-bind (else the workers would inherit it)");
   return o;
 }
@@ -410,8 +411,9 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<el::store_server> server;
   std::string store_addr;
+  ef::env::host_port store_at = opt.store_at;  // where this launcher's own calls go
   try {
-    auto hp = ef::env::parse_host_port(opt.store, "--store");
+    const auto& hp = opt.store_at;
     if (opt.attach) {
       store_addr = opt.store;
     } else {
@@ -424,6 +426,7 @@ int main(int argc, char** argv) {
       std::string host = hp.host == "0.0.0.0" ? "127.0.0.1" : hp.host == "::" ? "::1" : hp.host;
       store_addr =
           (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(server->port());
+      store_at = {host, server->port()};
     }
   } catch (const std::exception& e) {
     say(std::string("cannot start the store: ") + e.what());
@@ -434,10 +437,13 @@ int main(int argc, char** argv) {
   // fresh one, and a named job that already finished there is refused (its
   // workers would take the old job's generations for theirs). A named job
   // still running there is joined: its workers become newcomers.
+  // The launcher's own store client: this check, then --event-clock
+  // training's probe for the first generation.
+  std::unique_ptr<el::store_client> launcher_client;
   if (opt.attach) {
     try {
-      auto hp = ef::env::parse_host_port(store_addr, "store");
-      el::store_client probe(hp.host, hp.port, token);
+      launcher_client = std::make_unique<el::store_client>(store_at.host, store_at.port, token);
+      auto& probe = *launcher_client;
       probe.ping(ef::deadline::after(std::chrono::seconds(10)));
       if (auto named = ef::env::get("EBBFLOW_JOB")) {
         const std::string done_key = el::group_options::from_environment().prefix + "/done";
@@ -542,7 +548,6 @@ int main(int argc, char** argv) {
   // the first generation, which the workers record in the store; until it
   // forms, no event is due.
   std::optional<ef::steady_clock::time_point> events_zero;
-  std::unique_ptr<el::store_client> gen0_probe;
   std::string gen0_key;
   if (!opt.events_from_training) {
     events_zero = started;
@@ -554,11 +559,11 @@ int main(int argc, char** argv) {
       group.signal_all(SIGKILL);
       return 2;
     }
-    auto hp = ef::env::parse_host_port(store_addr, "store");
-    gen0_probe = std::make_unique<el::store_client>(hp.host, hp.port, token);
+    if (!launcher_client) launcher_client = std::make_unique<el::store_client>(store_at.host, store_at.port, token);
   }
-  due_list<int> stopped;           // workers stopped by --stop, by when to SIGCONT them
-  due_list<int> pending_restarts;  // worker slots to restart after their cool-down
+  if (gen0_key.empty()) launcher_client.reset();  // no further use: the store need not hold it
+  due_list<int> stopped;                          // workers stopped by --stop, by when to SIGCONT them
+  due_list<int> pending_restarts;                 // worker slots to restart after their cool-down
   int restarts_left = opt.restarts;
   int finished_ok = 0;
   double next_discovery = opt.discovery.empty() ? 1e300 : 0;
@@ -701,9 +706,9 @@ int main(int argc, char** argv) {
         say("continuing worker " + std::to_string(id) + " (SIGCONT)" + stamp());
         group.signal(id, SIGCONT);
       });
-      if (!events_zero && gen0_probe) {
+      if (!events_zero && !gen0_key.empty()) {
         std::error_code ec;  // a store not reachable yet is asked again on the next round
-        if (gen0_probe->try_get(gen0_key, ef::deadline::after(20ms), ec)) {
+        if (launcher_client->try_get(gen0_key, ef::deadline::after(20ms), ec)) {
           events_zero = ef::steady_clock::now();
           say("the first generation formed: event times count from here" + stamp());
         }

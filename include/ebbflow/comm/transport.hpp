@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -76,6 +77,14 @@ inline constexpr std::uint32_t max_collective_step = 0xfffd;
 //! reserved step, share a tag.
 inline constexpr int max_collective_ranks = 0x7fff;
 static_assert(2 * (max_collective_ranks - 1) <= static_cast<int>(max_collective_step));
+
+//! Refuses a transport of more ranks than the collectives support (or
+//! none), naming `who` (the collective's owner) in the error.
+//! @throws std::invalid_argument when `size` is outside [1, max_collective_ranks].
+inline void check_rank_count(int size, std::string_view who) {
+  EBBFLOW_ENFORCE(size >= 1 && size <= max_collective_ranks,
+                  who << ": " << size << " ranks; the collectives support 1 to " << max_collective_ranks);
+}
 
 template <class T>
 concept transport = requires(T& t, const T& ct, int peer, tag_t tag, std::span<const std::byte> out,

@@ -569,6 +569,8 @@ class group {
   void control_allreduce(std::span<double> v);
   void notify(change_reason reason, int old_size, double stall);
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
+  // Fails with invalid_state: "the job EBBFLOW_JOB='<prefix>' <what>".
+  [[noreturn]] void fail_job_finished(std::string_view what) const;
   void fault_point(const char* point);
   void fault_point(const char* point, Store& st, std::stop_token stop);
   void release_steal_counter();

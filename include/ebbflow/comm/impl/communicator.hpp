@@ -764,8 +764,7 @@ basic_communicator<T>::basic_communicator(T& transport, collective_options opts)
       active_(std::make_shared<detail::active_set<T>>()) {
   EBBFLOW_ENFORCE(opts_.chunk_bytes > 0 && opts_.window > 0,
                   "collective_options: chunk_bytes and window must be positive");
-  EBBFLOW_ENFORCE(t_->size() >= 1 && t_->size() <= max_collective_ranks,
-                  "communicator: " << t_->size() << " ranks; the collectives support 1 to " << max_collective_ranks);
+  check_rank_count(t_->size(), "communicator");
 }
 
 template <transport T>

@@ -17,9 +17,7 @@ compressed_allreduce<Codec, Transport, Executor>::compressed_allreduce(Transport
                                << " (space 0 of the transport belongs to the communicator's collectives)");
   EBBFLOW_ENFORCE(opts_.segment_bytes >= 4 * kernels::block_size,
                   "segment_bytes " << opts_.segment_bytes << " below one block (" << 4 * kernels::block_size << ")");
-  EBBFLOW_ENFORCE(transport.size() >= 1 && transport.size() <= comm::max_collective_ranks,
-                  "compressed_allreduce: " << transport.size() << " ranks; the collectives support 1 to "
-                                           << comm::max_collective_ranks);
+  comm::check_rank_count(transport.size(), "compressed_allreduce");
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>

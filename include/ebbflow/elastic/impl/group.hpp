@@ -237,10 +237,9 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   // A store that outlives its jobs keeps a finished job's keys under its
   // prefix: this worker would take that job's generations for its own.
   if (job_done())
-    fail(error::invalid_state, "the job EBBFLOW_JOB='" + opts_.prefix +
-                                   "' on this store has finished: a worker started now cannot join it, and a new job "
-                                   "needs a prefix of its own (EBBFLOW_JOB; ebbflow-run --attach picks a fresh one) "
-                                   "or a fresh store");
+    fail_job_finished(
+        "on this store has finished: a worker started now cannot join it, and a new job needs a prefix of its own "
+        "(EBBFLOW_JOB; ebbflow-run --attach picks a fresh one) or a fresh store");
   // The admission helper's own connection, made now rather than in the
   // middle of a membership change (a joiner makes it later, when needed:
   // its start-up is already part of one).
@@ -283,6 +282,11 @@ void group<Store, Net>::register_state(std::string name, std::span<std::byte> ho
 template <kv_store Store, network Net>
 void group<Store, Net>::fail(std::error_code ec, const std::string& what) const {
   throw group_error(ec, {.rank = rank_, .generation = gen_.generation, .operation = "elastic group", .detail = what});
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::fail_job_finished(std::string_view what) const {
+  fail(error::invalid_state, "the job EBBFLOW_JOB='" + opts_.prefix + "' " + std::string(what));
 }
 
 template <kv_store Store, network Net>
@@ -568,7 +572,7 @@ void group<Store, Net>::wait_admission() {
   // Waits on the server (no polling: waiting newcomers cost the running
   // members nothing), in slices so the job's end is noticed.
   const auto wait_slice = [&](const deadline& d) {
-    if (job_done()) fail(error::invalid_state, "the job finished before this worker was admitted");
+    if (job_done()) fail_job_finished("finished before this worker was admitted");
     try {
       store_->wait({jkey}, min(d, deadline::after(std::chrono::milliseconds(200))));
     } catch (const system_error& e) {
@@ -927,8 +931,8 @@ void group<Store, Net>::sync_state() {
         if (steady_clock::now() < next_check) continue;
         next_check = steady_clock::now() + opts_.heartbeat;
         if (job_done())
-          fail(error::invalid_state, "the job finished before the members switched to generation " +
-                                         std::to_string(gen_.generation) + ": this worker never received the state");
+          fail_job_finished("finished before the members switched to generation " + std::to_string(gen_.generation) +
+                            ": this worker never received the state");
       }
       first.wait(d);  // returns at once when done; throws naming the peer on an error or the deadline
     }
@@ -1871,8 +1875,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
               rec.source = m.id;
             }
           if (rec.source_step < 0) {  // only joiners that never got the state are left
-            if (job_done())
-              fail(error::invalid_state, "the job finished before this worker received the training state");
+            if (job_done()) fail_job_finished("finished before this worker received the training state");
             fail(error::invalid_state, "no member holding the training state is left after generation " + gs +
                                            " failed: the state is lost (restart from a checkpoint)");
           }
