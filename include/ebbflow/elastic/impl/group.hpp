@@ -1430,8 +1430,11 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
         // helper) has taken wire-up messages its peers send only once: the
         // blocking way finishes that one. A second transport for g1 would
         // wait for them until the operation deadline (so would its peers).
-        std::optional<typename Net::transport_type> begun = std::move(nx.transport);
-        if (!begun && nx.admission && nx.admission->transport) begun = std::move(nx.admission->transport);
+        auto begun = [&]() -> std::optional<typename Net::transport_type> {
+          if (nx.transport) return std::move(nx.transport);
+          if (nx.admission && nx.admission->transport) return std::move(nx.admission->transport);
+          return std::nullopt;
+        }();
         nx.admission.reset();
         if (nx.excluded) {  // a concurrent recovery excluded this member: rejoin
           wait_admission();
