@@ -4218,6 +4218,7 @@ class endpoint_pool {
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/comm/ucx/endpoint_pool.hpp>
 
+#include <poll.h>
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
@@ -4226,6 +4227,7 @@ EBBFLOW_END_NAMESPACE
 #include <cstdint>
 #include <cstdlib>
 #include <chrono>
+#include <ctime>
 #include <memory>
 #include <span>
 #include <string>
@@ -4364,32 +4366,74 @@ struct worker_traits {
 };
 }  // namespace detail
 
-//! An owned `ucp_context` with the tag feature. Move-only; thread-safe to
-//! share between workers of one thread each.
+//! How a rank waits for a transfer once a short busy-poll (~50 us; none
+//! when the host is oversubscribed) found nothing (`EBBFLOW_UCX_WAIT`).
+//! Blocking: sleep on the worker's event file descriptor until a message or
+//! completion arrives (UCX's wake-up feature), at most 1 ms at a time; the
+//! core goes to whoever needs it and the thread is woken when its data is
+//! there, at the price of a wake-up (tens of microseconds). Yielding: poll
+//! and `sched_yield` in a loop; the thread keeps its core (or hands it to a
+//! peer at once) and sees its data within a poll, but burns the core for
+//! as long as it waits.
+enum class wait_mode {
+  //! `auto` (default): yield for the first `wait_block_after` (2 ms) of a
+  //! wait, then block. Short waits keep the latency of polling; a rank
+  //! waiting for a straggler stops burning its core.
+  automatic,
+  //! `block`: block right after the busy-poll.
+  block,
+  //! `yield`: never block (every wait burns its core to the end).
+  yield,
+};
+
+//! How long a wait yields before it blocks in `wait_mode::automatic`.
+inline constexpr std::chrono::microseconds wait_block_after{2000};
+
+//! `EBBFLOW_UCX_WAIT` (`auto`, `block` or `yield`; unset or empty: `auto`).
+//! @throws std::invalid_argument naming the variable and its value.
+inline wait_mode wait_mode_from_environment() {
+  const char* v = std::getenv("EBBFLOW_UCX_WAIT");
+  const std::string_view s = v ? v : "";
+  if (s.empty() || s == "auto") return wait_mode::automatic;
+  if (s == "block") return wait_mode::block;
+  if (s == "yield") return wait_mode::yield;
+  EBBFLOW_ENFORCE(false, "EBBFLOW_UCX_WAIT='" << s << "': expected 'auto', 'block' or 'yield'");
+  return wait_mode::automatic;
+}
+
+//! An owned `ucp_context` with the tag feature (and, unless its workers'
+//! transports only yield, the wake-up feature). Move-only; thread-safe to share
+//! between workers of one thread each.
 class context {
  public:
   //! Reads UCX's configuration from the environment (after
-  //! `set_environment_defaults`) and initialises UCP. @throws system_error.
-  static std::shared_ptr<context> create() {
+  //! `set_environment_defaults`) and initialises UCP; `mode` from
+  //! `EBBFLOW_UCX_WAIT`. @throws system_error, std::invalid_argument.
+  static std::shared_ptr<context> create() { return create(wait_mode_from_environment()); }
+  //! The same with the wait mode given. @throws system_error.
+  static std::shared_ptr<context> create(wait_mode mode) {
     set_environment_defaults();
     ucp_config_t* config = nullptr;
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
     throw_if(make_error(s), {.operation = "ucp_config_read"});
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_TAG;
+    params.features = UCP_FEATURE_TAG | (mode != wait_mode::yield ? UCP_FEATURE_WAKEUP : 0);
     ucp_context_h h = nullptr;
     s = ucp_init(&params, config, &h);
     ucp_config_release(config);
     throw_if(make_error(s), {.operation = "ucp_init"});
-    return std::shared_ptr<context>(new context(h));
+    return std::shared_ptr<context>(new context(h, mode));
   }
   //! The raw UCP context handle (owned by this object).
   [[nodiscard]] ucp_context_h get() const noexcept { return h_.get(); }
+  //! How its workers' transports wait.
+  [[nodiscard]] wait_mode waits() const noexcept { return mode_; }
 
  private:
-  explicit context(ucp_context_h h) noexcept : h_(h) {}
+  context(ucp_context_h h, wait_mode mode) noexcept : h_(h), mode_(mode) {}
   unique_handle<detail::context_traits> h_;
+  wait_mode mode_;
 };
 
 //! An owned `ucp_worker`, its address, and the `endpoint_pool` of the
@@ -4410,6 +4454,7 @@ class worker {
     ucp_worker_attr_t attr{};
     attr.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
     multi_ = ucp_worker_query(w, &attr) == UCS_OK && attr.thread_mode == UCS_THREAD_MODE_MULTI;
+    if (int fd = -1; ctx_->waits() != wait_mode::yield && ucp_worker_get_efd(w, &fd) == UCS_OK) efd_ = fd;
     ucp_address_t* a = nullptr;
     std::size_t len = 0;
     throw_if(make_error(ucp_worker_get_address(w, &a, &len)), {.operation = "ucp_worker_get_address"});
@@ -4422,10 +4467,29 @@ class worker {
   //! address behind a header with a checksum, which `transport` verifies
   //! before it connects, so a corrupt address fails cleanly).
   [[nodiscard]] std::span<const std::byte> address() const noexcept { return address_; }
+  //! How the transports on this worker wait (the context's mode).
+  [[nodiscard]] wait_mode waits() const noexcept { return ctx_->waits(); }
   //! Whether several threads may call into this worker at once.
   [[nodiscard]] bool multi_threaded() const noexcept { return multi_; }
   //! The endpoints of the transports on this worker, shared between them.
   [[nodiscard]] endpoint_pool& endpoints() const noexcept { return *pool_; }
+
+  //! Sleeps until this worker has an event (a message arrived, an operation
+  //! completed) or `most` passed, after arming the worker. Returns false,
+  //! at once, when it cannot: the context has no wake-up (`wait_mode::yield`)
+  //! or events are already pending (progress the worker again). The caller
+  //! progresses the worker afterwards. On a multi-threaded worker an event
+  //! another thread's progress took may go unnoticed here: `most` bounds
+  //! that, and what a wait must also notice (a deadline, a revocation).
+  bool block(std::chrono::nanoseconds most) noexcept {
+    if (efd_ < 0) return false;
+    if (ucp_worker_arm(get()) != UCS_OK) return false;  // UCS_ERR_BUSY: events pending
+    const auto ns = std::max<std::int64_t>(most.count(), 0);
+    const timespec ts{static_cast<std::time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+    pollfd p{efd_, POLLIN, 0};
+    (void)::ppoll(&p, 1, &ts, nullptr);
+    return true;
+  }
 
   //! Receives and drops every message waiting unmatched on this worker
   //! whose wire tag matches `tag` under `mask` (a message nobody will ever
@@ -4472,6 +4536,7 @@ class worker {
   unique_handle<detail::worker_traits> h_;
   std::vector<std::byte> address_;
   bool multi_ = false;
+  int efd_ = -1;  // the worker's event descriptor (wait_mode::block), owned by UCX
 };
 
 }  // namespace comm::ucx
@@ -4735,8 +4800,10 @@ class transport {
   //! Never blocks.
   bool test(request& r, std::error_code& ec);
   //! Blocks until `r` completed (`ec` = its outcome) or `d` passed (`ec` =
-  //! `errc::timeout`; `r` stays pending). Busy-polls, yielding the core after
-  //! ~50 us (at once when the host is oversubscribed).
+  //! `errc::timeout`; `r` stays pending). Busy-polls for ~50 us (not at all
+  //! when the host is oversubscribed), then yields the core between polls
+  //! and sleeps on the worker's events as its `wait_mode` says (by default
+  //! after 2 ms).
   void wait(request& r, deadline d, std::error_code& ec);
   //! Drives UCX once; returns whether anything happened.
   bool progress();
@@ -5167,30 +5234,34 @@ inline bool transport::test(request& r, std::error_code& ec) {
 }
 
 inline void transport::wait(request& r, deadline d, std::error_code& ec) {
-  // Busy-poll (latency), but after ~50 us without completion start yielding
-  // the core. When this host runs more ranks than this process may use cores
-  // (oversubscribed), yield on every idle poll from the start: a spinning
-  // rank would only steal the time slice the peer it waits for needs.
+  // Busy-poll (latency) for ~50 us, then yield the core between polls, then
+  // (wait_mode: after wait_block_after, or at once) sleep on the worker's
+  // events. When this host runs more ranks than this process may use cores
+  // (oversubscribed), skip the busy-poll: a spinning rank would only steal
+  // the time slice the peer it waits for needs. A sleeping thread, unlike a
+  // yielding one, uses no CPU, and on a shared core it is woken when its
+  // data arrives, where a yielding one may wait for another process's time
+  // slice to end.
+  const wait_mode mode = st_->w->waits();
   unsigned spins = 0;
-  steady_clock::time_point spin_until{};
+  steady_clock::time_point spin_until{}, block_from{};
   while (!test(r, ec)) {
-    if (st_->oversubscribed) {
-      sched_yield();
-      if (d.expired()) {
-        ec = make_error_code(error::timeout);
-        return;
-      }
-      continue;
-    }
-    if ((++spins & 63) != 0) continue;
+    const bool spin = !st_->oversubscribed;
+    if (spin && (++spins & 63) != 0) continue;
     const auto now = steady_clock::now();
     if (now >= d.at()) {
       ec = make_error_code(error::timeout);
       return;
     }
-    if (spin_until == steady_clock::time_point{})
-      spin_until = now + std::chrono::microseconds(50);
-    else if (now >= spin_until)
+    if (spin_until == steady_clock::time_point{}) {
+      spin_until = spin ? now + std::chrono::microseconds(50) : now;
+      block_from = spin_until + (mode == wait_mode::automatic ? wait_block_after : std::chrono::microseconds(0));
+    }
+    if (now < spin_until) continue;
+    // At most 1 ms asleep: another thread of a shared worker may take this
+    // wait's event, and UCX's keepalive (a dead peer) runs in progress.
+    if (mode == wait_mode::yield || now < block_from ||
+        !st_->w->block(std::min<std::chrono::nanoseconds>(d.at() - now, std::chrono::milliseconds(1))))
       sched_yield();
   }
 }

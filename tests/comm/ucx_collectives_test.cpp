@@ -34,6 +34,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -422,6 +423,49 @@ int run_mismatch() {
   return 0;
 }
 
+// Rank 0 waits 400 ms for a message rank 1 sends late: in the default
+// wait mode (auto: yield for 2 ms, then block) the waiting thread sleeps on
+// the worker's events, so it uses a small share of that time on the CPU
+// (with EBBFLOW_UCX_WAIT=yield it spins and yields: about all of it on an
+// idle core), and it returns with the message.
+int run_idle() {
+  worker_env w;
+  auto t = w.connect();
+  std::int64_t v = 41 + t.rank(), got = -1;
+  std::error_code ec;
+  const auto bytes = [](std::int64_t& x) { return std::as_writable_bytes(std::span(&x, 1)); };
+  if (t.rank() == 1) {
+    std::this_thread::sleep_for(400ms);
+    auto s = t.isend(0, 5, bytes(v));
+    auto ack = t.irecv(0, 6, bytes(got));
+    t.wait(s, ef::deadline::after(10s), ec);
+    if (!ec) t.wait(ack, ef::deadline::after(10s), ec);
+    return ec ? fail("rank 1: " + ec.message()) : 0;
+  }
+  auto r = t.irecv(1, 5, bytes(got));
+  const auto cpu = [] {
+    timespec ts{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  };
+  const double c0 = cpu();
+  const auto w0 = std::chrono::steady_clock::now();
+  t.wait(r, ef::deadline::after(10s), ec);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+  const double used = cpu() - c0;
+  if (ec) return fail("rank 0: " + ec.message());
+  if (got != 42) return fail("rank 0 received " + std::to_string(got));
+  auto ack = t.isend(1, 6, bytes(v));
+  t.wait(ack, ef::deadline::after(10s), ec);
+  std::cerr << "[worker 0] waited " << wall * 1e3 << " ms, " << used * 1e3 << " ms of it on the CPU ("
+            << ef::env::get("EBBFLOW_UCX_WAIT").value_or("auto") << ")" << std::endl;
+  if (wall < 0.2) return fail("the wait returned after " + std::to_string(wall) + " s, before the message was sent");
+  if (used > 0.25 * wall)
+    return fail("the waiting thread used " + std::to_string(used) + " s of CPU in a " + std::to_string(wall) +
+                " s wait");
+  return 0;
+}
+
 int worker_main(char** argv) {
   const std::string scenario = argv[2];
   try {
@@ -443,6 +487,7 @@ int worker_main(char** argv) {
     if (scenario == "reuse") return run_reuse();
     if (scenario == "wrap") return run_wrap();
     if (scenario == "mismatch") return run_mismatch();
+    if (scenario == "idle") return run_idle();
   } catch (const std::exception& e) {
     return fail(std::string("exception: ") + e.what());
   }
@@ -668,6 +713,34 @@ TEST(UcxErrors, PointToPointSizeMismatchNamesBothSizes) {
     EXPECT_NE(why.find("message of " + std::to_string(sent) + " bytes for a 20-byte receive buffer"), std::string::npos)
         << why;
   }
+}
+
+TEST(UcxWait, AWaitingRankSleepsUntilItsMessageArrives) {
+  if (const char* m = std::getenv("EBBFLOW_UCX_WAIT"); m && std::string_view(m) == "yield")
+    GTEST_SKIP() << "EBBFLOW_UCX_WAIT=yield";
+  expect_group_ok(2, {"idle"}, 60s);
+}
+
+TEST(UcxWait, TheWaitModeComesFromTheEnvironmentAndAnUnknownOneIsRefused) {
+  const char* before = std::getenv("EBBFLOW_UCX_WAIT");
+  const std::string saved = before ? before : "";
+  ::setenv("EBBFLOW_UCX_WAIT", "spin", 1);
+  try {
+    (void)ucx::context::create();
+    ADD_FAILURE() << "EBBFLOW_UCX_WAIT=spin accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("EBBFLOW_UCX_WAIT='spin'"), std::string::npos) << e.what();
+  }
+  for (auto [v, m] : {std::pair{"", ucx::wait_mode::automatic}, std::pair{"auto", ucx::wait_mode::automatic},
+                      std::pair{"block", ucx::wait_mode::block}, std::pair{"yield", ucx::wait_mode::yield}}) {
+    ::setenv("EBBFLOW_UCX_WAIT", v, 1);
+    EXPECT_EQ(ucx::wait_mode_from_environment(), m) << "EBBFLOW_UCX_WAIT='" << v << "'";
+  }
+  if (before)
+    ::setenv("EBBFLOW_UCX_WAIT", saved.c_str(), 1);
+  else
+    ::unsetenv("EBBFLOW_UCX_WAIT");
+  EXPECT_EQ(ucx::context::create(ucx::wait_mode::yield)->waits(), ucx::wait_mode::yield);
 }
 
 TEST(UcxEnvironment, SharedMemoryDefaultsOnlyForTransportsUcxTlsMaySelect) {

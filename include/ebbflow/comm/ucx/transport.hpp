@@ -254,8 +254,10 @@ class transport {
   //! Never blocks.
   bool test(request& r, std::error_code& ec);
   //! Blocks until `r` completed (`ec` = its outcome) or `d` passed (`ec` =
-  //! `errc::timeout`; `r` stays pending). Busy-polls, yielding the core after
-  //! ~50 us (at once when the host is oversubscribed).
+  //! `errc::timeout`; `r` stays pending). Busy-polls for ~50 us (not at all
+  //! when the host is oversubscribed), then yields the core between polls
+  //! and sleeps on the worker's events as its `wait_mode` says (by default
+  //! after 2 ms).
   void wait(request& r, deadline d, std::error_code& ec);
   //! Drives UCX once; returns whether anything happened.
   bool progress();
@@ -686,30 +688,34 @@ inline bool transport::test(request& r, std::error_code& ec) {
 }
 
 inline void transport::wait(request& r, deadline d, std::error_code& ec) {
-  // Busy-poll (latency), but after ~50 us without completion start yielding
-  // the core. When this host runs more ranks than this process may use cores
-  // (oversubscribed), yield on every idle poll from the start: a spinning
-  // rank would only steal the time slice the peer it waits for needs.
+  // Busy-poll (latency) for ~50 us, then yield the core between polls, then
+  // (wait_mode: after wait_block_after, or at once) sleep on the worker's
+  // events. When this host runs more ranks than this process may use cores
+  // (oversubscribed), skip the busy-poll: a spinning rank would only steal
+  // the time slice the peer it waits for needs. A sleeping thread, unlike a
+  // yielding one, uses no CPU, and on a shared core it is woken when its
+  // data arrives, where a yielding one may wait for another process's time
+  // slice to end.
+  const wait_mode mode = st_->w->waits();
   unsigned spins = 0;
-  steady_clock::time_point spin_until{};
+  steady_clock::time_point spin_until{}, block_from{};
   while (!test(r, ec)) {
-    if (st_->oversubscribed) {
-      sched_yield();
-      if (d.expired()) {
-        ec = make_error_code(error::timeout);
-        return;
-      }
-      continue;
-    }
-    if ((++spins & 63) != 0) continue;
+    const bool spin = !st_->oversubscribed;
+    if (spin && (++spins & 63) != 0) continue;
     const auto now = steady_clock::now();
     if (now >= d.at()) {
       ec = make_error_code(error::timeout);
       return;
     }
-    if (spin_until == steady_clock::time_point{})
-      spin_until = now + std::chrono::microseconds(50);
-    else if (now >= spin_until)
+    if (spin_until == steady_clock::time_point{}) {
+      spin_until = spin ? now + std::chrono::microseconds(50) : now;
+      block_from = spin_until + (mode == wait_mode::automatic ? wait_block_after : std::chrono::microseconds(0));
+    }
+    if (now < spin_until) continue;
+    // At most 1 ms asleep: another thread of a shared worker may take this
+    // wait's event, and UCX's keepalive (a dead peer) runs in progress.
+    if (mode == wait_mode::yield || now < block_from ||
+        !st_->w->block(std::min<std::chrono::nanoseconds>(d.at() - now, std::chrono::milliseconds(1))))
       sched_yield();
   }
 }
