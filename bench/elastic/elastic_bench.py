@@ -141,6 +141,9 @@ def main():
     ap.add_argument("--join-nice", type=int, default=0,
                     help="start the newcomers this many nice levels lower (ebbflow-run --join-nice): on a shared "
                          "host their start-up then leaves the CPU to the running workers, as on separate hosts")
+    ap.add_argument("--sched-slice-us", type=int, default=0,
+                    help="ebbflow-run --sched-slice-us for every scenario: each member asks for this scheduler "
+                         "slice (Linux 6.12+), so its wake-ups take the core from newcomers starting up beside it")
     ap.add_argument("--cpu-bind", default="",
                     help="ebbflow-run --cpu-bind for every scenario (e.g. core:4: the first 4 workers on one core, "
                          "the newcomers on the next), as when newcomers start on hosts of their own")
@@ -151,6 +154,8 @@ def main():
                     help="print each scale-out window step by step: its interval over the steady one (ms)")
     args = ap.parse_args()
     args.launcher_extra = ["--cpu-bind", args.cpu_bind] if args.cpu_bind else []
+    if args.sched_slice_us:
+        args.launcher_extra += ["--sched-slice-us", str(args.sched_slice_us)]
     if args.store_cpu:
         args.launcher_extra += ["--store-cpu", args.store_cpu]
     args.run = os.path.abspath(os.path.join(args.build, "tools/ebbflow-run/ebbflow-run"))
@@ -233,6 +238,7 @@ def main():
           + (f", hidden {args.hidden}" if args.hidden else "")
           + (f", newcomers started at nice +{args.join_nice}" if args.join_nice else "")
           + (f", --cpu-bind {args.cpu_bind}" if args.cpu_bind else "")
+          + (f", --sched-slice-us {args.sched_slice_us}" if args.sched_slice_us else "")
           + (f", --store-cpu {args.store_cpu}" if args.store_cpu else ""))
     print(f"{'metric':48s} {'value':>12s}")
     print(f"{'steady throughput, N workers (samples/s)':48s} {med['steady']:12.0f}")

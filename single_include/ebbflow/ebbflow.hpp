@@ -10809,6 +10809,16 @@ struct group_options {
   //! heartbeats go on (a training thread stuck outside ebbflow). The
   //! coordinator names any member; the others name the coordinator.
   std::chrono::milliseconds stall_warning{10000};
+  //! EBBFLOW_SCHED_SLICE_US (0: the kernel's default; else 100 to 100000):
+  //! once this process is a member (a joiner: when the members switch to
+  //! its generation), every thread of it asks the scheduler for this time
+  //! slice (Linux 6.12+, EEVDF: `sched_setattr` with `sched_runtime` on the
+  //! thread's own policy and nice). A short slice gives its wake-ups the
+  //! earlier deadline, so a member woken from its device wait or by its
+  //! peers' data takes the core from a process that merely computes beside
+  //! it (a worker starting up on a shared host) instead of waiting for that
+  //! one's slice to end. Kernels without per-task slices ignore it (logged).
+  std::chrono::microseconds sched_slice{0};
   //! EBBFLOW_PRECONNECT (default on, where the network can): members connect
   //! to admitted joiners in the background while training goes on, and the
   //! group switches at the first step boundary at which every member is wired
@@ -10848,6 +10858,10 @@ struct group_options {
     o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
     o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
     o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, 24LL * 3'600'000);
+    o.sched_slice =
+        std::chrono::microseconds(env::get_int("EBBFLOW_SCHED_SLICE_US", o.sched_slice.count(), 0, 100'000));
+    EBBFLOW_ENFORCE(o.sched_slice.count() == 0 || o.sched_slice.count() >= 100,
+                    "EBBFLOW_SCHED_SLICE_US=" << o.sched_slice.count() << ": expected 0 or 100 to 100000 (µs)");
     o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
     o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, 24LL * 3'600'000);
@@ -11237,6 +11251,7 @@ class group {
   int rank_ = -1;
   bool active_ = true;
   bool priority_restored_ = false;  // a newcomer started with --join-nice got its priority back
+  bool slice_requested_ = false;    // sched_slice asked for (once this process is a member)
   bool started_ = false;            // begin_step was called
   // Where the user's step is: begin_step opens it, end_step closes it, a
   // collective that returns false aborts it (redo from begin_step).
@@ -11384,7 +11399,9 @@ EBBFLOW_END_NAMESPACE
 
 // #include <ebbflow/elastic/group.hpp>  (inlined)
 
+#include <sched.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11533,6 +11550,62 @@ inline void restore_join_priority() {
   else
     EBBFLOW_LOG_INFO("the members switched: CPU priority raised back by EBBFLOW_JOIN_NICE="
                      << n << " (nice now " << ::getpriority(PRIO_PROCESS, 0) << ")");
+}
+
+// group_options::sched_slice: every thread of this process asks for a
+// scheduler slice of `slice` (Linux 6.12+ EEVDF custom slices: sched_setattr
+// with sched_runtime, keeping each thread's policy and nice; threads created
+// later inherit it). Real-time and deadline threads are left alone. A
+// kernel without per-task slices accepts and ignores the request: read
+// back, that is logged once.
+inline void request_sched_slice(std::chrono::microseconds slice) {
+  struct sched_attr_v0 {  // struct sched_attr, SCHED_ATTR_SIZE_VER0 (glibc 2.36 has no wrapper)
+    std::uint32_t size;
+    std::uint32_t sched_policy;
+    std::uint64_t sched_flags;
+    std::int32_t sched_nice;
+    std::uint32_t sched_priority;
+    std::uint64_t sched_runtime;
+    std::uint64_t sched_deadline;
+    std::uint64_t sched_period;
+  };
+  static_assert(sizeof(sched_attr_v0) == 48);
+  const auto ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(slice).count());
+  int failed = 0, err = 0, set = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    const auto tid = static_cast<pid_t>(std::strtol(e.path().filename().c_str(), nullptr, 10));
+    const int policy = ::sched_getscheduler(tid);
+    if (policy < 0) continue;  // the thread ended
+    const int base = policy & ~SCHED_RESET_ON_FORK;
+    if (base != SCHED_OTHER && base != SCHED_BATCH && base != SCHED_IDLE) continue;
+    errno = 0;
+    const int nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
+    if (errno != 0) continue;
+    sched_attr_v0 a{};
+    a.size = sizeof a;
+    a.sched_policy = static_cast<std::uint32_t>(base);
+    a.sched_flags = (policy & SCHED_RESET_ON_FORK) ? 0x01 : 0;  // SCHED_FLAG_RESET_ON_FORK
+    a.sched_nice = nice;
+    a.sched_runtime = ns;
+    if (::syscall(SYS_sched_setattr, tid, &a, 0) != 0) {
+      ++failed;
+      err = errno;
+    } else {
+      ++set;
+    }
+  }
+  sched_attr_v0 back{};
+  const bool honoured =
+      set > 0 && ::syscall(SYS_sched_getattr, 0, &back, sizeof back, 0) == 0 && back.sched_runtime == ns;
+  if (failed)
+    EBBFLOW_LOG_WARN("EBBFLOW_SCHED_SLICE_US=" << slice.count() << ": " << failed << " thread(s) refused ("
+                                               << std::strerror(err) << ")");
+  else if (!honoured)
+    EBBFLOW_LOG_WARN("EBBFLOW_SCHED_SLICE_US=" << slice.count()
+                                               << " has no effect: this kernel keeps no per-task slice (Linux 6.12+)");
+  else
+    EBBFLOW_LOG_INFO("scheduler slice " << slice.count() << " us for " << set << " thread(s)");
 }
 
 // A worker's join failures in a row, as stored: "<count>" (after a reset),
@@ -12061,6 +12134,10 @@ void group<Store, Net>::enter(detail::generation_record rec) {
   // the heartbeat thread; the old transport is released.
   const int r = rec.rank_of(id_);
   EBBFLOW_EXPECTS(r >= 0);
+  if (opts_.sched_slice.count() > 0 && !slice_requested_ && !opts_.join) {  // a joiner's waits for the switch
+    detail::request_sched_slice(opts_.sched_slice);
+    slice_requested_ = true;
+  }
   gen_ = std::move(rec);
   rank_ = r;
   log::set_rank(rank_);
@@ -12318,6 +12395,10 @@ void group<Store, Net>::sync_state() {
     if (opts_.join && !priority_restored_) {  // the members switched: from here on this newcomer is one of them
       detail::restore_join_priority();
       priority_restored_ = true;
+      if (opts_.sched_slice.count() > 0 && !slice_requested_) {
+        detail::request_sched_slice(opts_.sched_slice);
+        slice_requested_ = true;
+      }
     }
     if (header_size > (std::uint64_t{1} << 24))
       fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");

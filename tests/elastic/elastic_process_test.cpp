@@ -118,6 +118,18 @@ TEST_F(ElasticProcess, JoinNiceNewcomerGetsItsPriorityBackAtTheSwitch) {
   EXPECT_EQ(count(out, "raised back by EBBFLOW_JOIN_NICE=5 (nice now " + std::to_string(ours) + ")"), 1) << out;
 }
 
+// --sched-slice-us: each member asks for the slice once it is one (the
+// two launched workers at the start, the newcomer at the switch): each
+// logs it once, or once that this kernel keeps no per-task slice. The
+// parameters still equal the reference.
+TEST_F(ElasticProcess, SchedSliceIsAskedForOnceByEveryMember) {
+  const auto out = train("-n 2 --sched-slice-us 250 --add 0.4", "EBBFLOW_LOG=info");
+  EXPECT_GE(count(out, "world changed (join)"), 1) << out;
+  EXPECT_EQ(count(out, "scheduler slice 250 us for") + count(out, "EBBFLOW_SCHED_SLICE_US=250 has no effect"), 3)
+      << out;
+  EXPECT_EQ(count(out, "refused"), 0) << out;
+}
+
 // The members that stay keep their endpoints to each other (install logs
 // how many; a member that had to fall back to the blocking switch logs none).
 TEST_F(ElasticProcess, JoinOfOneAndOfSeveralAtOnce) {

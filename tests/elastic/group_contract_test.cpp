@@ -593,6 +593,22 @@ TEST(ElasticGroupContract, HeartbeatLongerThanTheLeaseIsRejected) {
   }
 }
 
+TEST(ElasticGroupContract, ASchedSliceOutsideTheKernelsRangeIsRefused) {
+  for (const char* bad : {"50", "100001", "-1", "fast"}) {
+    ::setenv("EBBFLOW_SCHED_SLICE_US", bad, 1);
+    try {
+      (void)el::group_options::from_environment();
+      ADD_FAILURE() << "EBBFLOW_SCHED_SLICE_US=" << bad << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("EBBFLOW_SCHED_SLICE_US"), std::string::npos) << e.what();
+    }
+  }
+  ::setenv("EBBFLOW_SCHED_SLICE_US", "100", 1);
+  EXPECT_EQ(el::group_options::from_environment().sched_slice, std::chrono::microseconds(100));
+  ::unsetenv("EBBFLOW_SCHED_SLICE_US");
+  EXPECT_EQ(el::group_options::from_environment().sched_slice, std::chrono::microseconds(0));
+}
+
 // A store that outlives its jobs keeps a finished job's keys under its
 // prefix. A second job under the same prefix took the first one's
 // generations for its own: its launch ranks found generation 0 written,

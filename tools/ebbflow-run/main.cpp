@@ -90,6 +90,9 @@ constexpr const char* usage_text =
     "  --join-nice N        start joiners N nice levels lower (1..19) so their start-up does not take\n"
     "                       CPU from the running workers on a shared host; the group restores the\n"
     "                       priority once the worker is admitted (needs CAP_SYS_NICE, else it warns)\n"
+    "  --sched-slice-us N   every worker asks for an N us scheduler slice (100..100000; Linux 6.12+)\n"
+    "                       once it is a member (EBBFLOW_SCHED_SLICE_US): woken by its data it takes\n"
+    "                       the core from a process computing beside it, e.g. a joiner starting up\n"
     "  --cpu-bind core[:K]  bind worker ID (initial or joiner) to one CPU of ours: CPU number ID/K\n"
     "                       (default K=1) of the CPUs this launcher may use, wrapping around; on a\n"
     "                       shared host it keeps the start-up of joiners off the running workers' cores;\n"
@@ -135,8 +138,9 @@ struct options {
   bool elastic = false;
   int min_size = 0, max_size = 0;
   int join_nice = 0;
-  int cpu_bind = 0;    // workers per CPU; 0: no binding
-  int store_cpu = -1;  // --store-cpu: the launcher's (and store's) CPU; -1: worker 0's
+  int sched_slice_us = 0;  // --sched-slice-us
+  int cpu_bind = 0;        // workers per CPU; 0: no binding
+  int store_cpu = -1;      // --store-cpu: the launcher's (and store's) CPU; -1: worker 0's
   struct event {
     double at;
     enum kind { add, kill, leave, stop } what;
@@ -203,6 +207,8 @@ options parse(int argc, char** argv) {
       o.elastic = true;
     } else if (a == "--join-nice") {
       o.join_nice = parse_int(a, value(a), 1, 19);
+    } else if (a == "--sched-slice-us") {
+      o.sched_slice_us = parse_int(a, value(a), 100, 100000);
     } else if (a == "--cpu-bind") {
       const std::string v = value(a);
       if (v == "none")
@@ -518,6 +524,7 @@ int main(int argc, char** argv) {
                   {"EBBFLOW_WORLD_SIZE", std::to_string(opt.n)},
                   {"EBBFLOW_WORKER_ID", std::to_string(spec.id)}};
     }
+    if (opt.sched_slice_us) spec.env.push_back({"EBBFLOW_SCHED_SLICE_US", std::to_string(opt.sched_slice_us)});
     if (!cpus.empty()) spec.cpus = {cpus[static_cast<std::size_t>(spec.id / opt.cpu_bind) % cpus.size()]};
     local_of[spec.id] = free_local_index();
     spec.env.push_back({"EBBFLOW_LOCAL_RANK", std::to_string(local_of[spec.id])});

@@ -165,6 +165,16 @@ struct group_options {
   //! heartbeats go on (a training thread stuck outside ebbflow). The
   //! coordinator names any member; the others name the coordinator.
   std::chrono::milliseconds stall_warning{10000};
+  //! EBBFLOW_SCHED_SLICE_US (0: the kernel's default; else 100 to 100000):
+  //! once this process is a member (a joiner: when the members switch to
+  //! its generation), every thread of it asks the scheduler for this time
+  //! slice (Linux 6.12+, EEVDF: `sched_setattr` with `sched_runtime` on the
+  //! thread's own policy and nice). A short slice gives its wake-ups the
+  //! earlier deadline, so a member woken from its device wait or by its
+  //! peers' data takes the core from a process that merely computes beside
+  //! it (a worker starting up on a shared host) instead of waiting for that
+  //! one's slice to end. Kernels without per-task slices ignore it (logged).
+  std::chrono::microseconds sched_slice{0};
   //! EBBFLOW_PRECONNECT (default on, where the network can): members connect
   //! to admitted joiners in the background while training goes on, and the
   //! group switches at the first step boundary at which every member is wired
@@ -204,6 +214,10 @@ struct group_options {
     o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
     o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
     o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, 24LL * 3'600'000);
+    o.sched_slice =
+        std::chrono::microseconds(env::get_int("EBBFLOW_SCHED_SLICE_US", o.sched_slice.count(), 0, 100'000));
+    EBBFLOW_ENFORCE(o.sched_slice.count() == 0 || o.sched_slice.count() >= 100,
+                    "EBBFLOW_SCHED_SLICE_US=" << o.sched_slice.count() << ": expected 0 or 100 to 100000 (µs)");
     o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
     o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, 24LL * 3'600'000);
@@ -593,6 +607,7 @@ class group {
   int rank_ = -1;
   bool active_ = true;
   bool priority_restored_ = false;  // a newcomer started with --join-nice got its priority back
+  bool slice_requested_ = false;    // sched_slice asked for (once this process is a member)
   bool started_ = false;            // begin_step was called
   // Where the user's step is: begin_step opens it, end_step closes it, a
   // collective that returns false aborts it (redo from begin_step).

@@ -5,7 +5,9 @@
 
 #include <ebbflow/elastic/group.hpp>
 
+#include <sched.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -154,6 +156,62 @@ inline void restore_join_priority() {
   else
     EBBFLOW_LOG_INFO("the members switched: CPU priority raised back by EBBFLOW_JOIN_NICE="
                      << n << " (nice now " << ::getpriority(PRIO_PROCESS, 0) << ")");
+}
+
+// group_options::sched_slice: every thread of this process asks for a
+// scheduler slice of `slice` (Linux 6.12+ EEVDF custom slices: sched_setattr
+// with sched_runtime, keeping each thread's policy and nice; threads created
+// later inherit it). Real-time and deadline threads are left alone. A
+// kernel without per-task slices accepts and ignores the request: read
+// back, that is logged once.
+inline void request_sched_slice(std::chrono::microseconds slice) {
+  struct sched_attr_v0 {  // struct sched_attr, SCHED_ATTR_SIZE_VER0 (glibc 2.36 has no wrapper)
+    std::uint32_t size;
+    std::uint32_t sched_policy;
+    std::uint64_t sched_flags;
+    std::int32_t sched_nice;
+    std::uint32_t sched_priority;
+    std::uint64_t sched_runtime;
+    std::uint64_t sched_deadline;
+    std::uint64_t sched_period;
+  };
+  static_assert(sizeof(sched_attr_v0) == 48);
+  const auto ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(slice).count());
+  int failed = 0, err = 0, set = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    const auto tid = static_cast<pid_t>(std::strtol(e.path().filename().c_str(), nullptr, 10));
+    const int policy = ::sched_getscheduler(tid);
+    if (policy < 0) continue;  // the thread ended
+    const int base = policy & ~SCHED_RESET_ON_FORK;
+    if (base != SCHED_OTHER && base != SCHED_BATCH && base != SCHED_IDLE) continue;
+    errno = 0;
+    const int nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
+    if (errno != 0) continue;
+    sched_attr_v0 a{};
+    a.size = sizeof a;
+    a.sched_policy = static_cast<std::uint32_t>(base);
+    a.sched_flags = (policy & SCHED_RESET_ON_FORK) ? 0x01 : 0;  // SCHED_FLAG_RESET_ON_FORK
+    a.sched_nice = nice;
+    a.sched_runtime = ns;
+    if (::syscall(SYS_sched_setattr, tid, &a, 0) != 0) {
+      ++failed;
+      err = errno;
+    } else {
+      ++set;
+    }
+  }
+  sched_attr_v0 back{};
+  const bool honoured =
+      set > 0 && ::syscall(SYS_sched_getattr, 0, &back, sizeof back, 0) == 0 && back.sched_runtime == ns;
+  if (failed)
+    EBBFLOW_LOG_WARN("EBBFLOW_SCHED_SLICE_US=" << slice.count() << ": " << failed << " thread(s) refused ("
+                                               << std::strerror(err) << ")");
+  else if (!honoured)
+    EBBFLOW_LOG_WARN("EBBFLOW_SCHED_SLICE_US=" << slice.count()
+                                               << " has no effect: this kernel keeps no per-task slice (Linux 6.12+)");
+  else
+    EBBFLOW_LOG_INFO("scheduler slice " << slice.count() << " us for " << set << " thread(s)");
 }
 
 // A worker's join failures in a row, as stored: "<count>" (after a reset),
@@ -682,6 +740,10 @@ void group<Store, Net>::enter(detail::generation_record rec) {
   // the heartbeat thread; the old transport is released.
   const int r = rec.rank_of(id_);
   EBBFLOW_EXPECTS(r >= 0);
+  if (opts_.sched_slice.count() > 0 && !slice_requested_ && !opts_.join) {  // a joiner's waits for the switch
+    detail::request_sched_slice(opts_.sched_slice);
+    slice_requested_ = true;
+  }
   gen_ = std::move(rec);
   rank_ = r;
   log::set_rank(rank_);
@@ -939,6 +1001,10 @@ void group<Store, Net>::sync_state() {
     if (opts_.join && !priority_restored_) {  // the members switched: from here on this newcomer is one of them
       detail::restore_join_priority();
       priority_restored_ = true;
+      if (opts_.sched_slice.count() > 0 && !slice_requested_) {
+        detail::request_sched_slice(opts_.sched_slice);
+        slice_requested_ = true;
+      }
     }
     if (header_size > (std::uint64_t{1} << 24))
       fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");
