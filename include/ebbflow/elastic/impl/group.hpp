@@ -130,6 +130,15 @@ bool concurrent_connect(const N& n) {
     return false;
 }
 
+// Calls f(tid) for every thread of this process (threads that end meanwhile
+// are the callee's to skip: their calls fail).
+template <class F>
+void for_each_thread(F&& f) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task", ec))
+    f(static_cast<pid_t>(std::strtol(e.path().filename().c_str(), nullptr, 10)));
+}
+
 // A joiner started with `ebbflow-run --join-nice N` runs N nice levels
 // lower until the members switch to the generation that includes it (its
 // start-up, connect and wait then do not slow the members on a shared host);
@@ -139,17 +148,16 @@ inline void restore_join_priority() {
   const auto n = env::get_int("EBBFLOW_JOIN_NICE", 0, 0, 19);
   if (n == 0) return;
   int failed = 0, err = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task", ec)) {
-    const auto tid = static_cast<id_t>(std::strtol(e.path().filename().c_str(), nullptr, 10));
+  for_each_thread([&](pid_t t) {
+    const auto tid = static_cast<id_t>(t);
     errno = 0;
     const int cur = ::getpriority(PRIO_PROCESS, tid);
-    if (errno != 0) continue;
+    if (errno != 0) return;
     if (::setpriority(PRIO_PROCESS, tid, std::max(-20, cur - static_cast<int>(n))) != 0) {
       ++failed;
       err = errno;
     }
-  }
+  });
   if (failed)
     EBBFLOW_LOG_WARN("admitted, but the CPU priority lowered by EBBFLOW_JOIN_NICE="
                      << n << " could not be restored (" << std::strerror(err) << "; needs CAP_SYS_NICE)");
@@ -178,16 +186,14 @@ inline void request_sched_slice(std::chrono::microseconds slice) {
   static_assert(sizeof(sched_attr_v0) == 48);
   const auto ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(slice).count());
   int failed = 0, err = 0, set = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task", ec)) {
-    const auto tid = static_cast<pid_t>(std::strtol(e.path().filename().c_str(), nullptr, 10));
+  for_each_thread([&](pid_t tid) {
     const int policy = ::sched_getscheduler(tid);
-    if (policy < 0) continue;  // the thread ended
+    if (policy < 0) return;  // the thread ended
     const int base = policy & ~SCHED_RESET_ON_FORK;
-    if (base != SCHED_OTHER && base != SCHED_BATCH && base != SCHED_IDLE) continue;
+    if (base != SCHED_OTHER && base != SCHED_BATCH && base != SCHED_IDLE) return;
     errno = 0;
     const int nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
-    if (errno != 0) continue;
+    if (errno != 0) return;
     sched_attr_v0 a{};
     a.size = sizeof a;
     a.sched_policy = static_cast<std::uint32_t>(base);
@@ -200,7 +206,7 @@ inline void request_sched_slice(std::chrono::microseconds slice) {
     } else {
       ++set;
     }
-  }
+  });
   sched_attr_v0 back{};
   const bool honoured =
       set > 0 && ::syscall(SYS_sched_getattr, 0, &back, sizeof back, 0) == 0 && back.sched_runtime == ns;
