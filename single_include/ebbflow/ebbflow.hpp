@@ -4694,6 +4694,7 @@ class transport {
       std::swap(len_, o.len_);
       std::swap(got_, o.got_);
       std::swap(recv_, o.recv_);
+      std::swap(idle_since_, o.idle_since_);
     }
     void release() noexcept;
     state* st_ = nullptr;
@@ -4704,6 +4705,10 @@ class transport {
     std::size_t len_ = 0;
     std::size_t got_ = 0;  // a receive's message length as UCX reported it
     bool recv_ = false;
+    // When `wait` first found it idle: a wait in slices (a revocable
+    // transport's, a communicator with several collectives in flight) goes
+    // on counting toward wait_block_after from there, not from each slice.
+    steady_clock::time_point idle_since_{};
   };
 
   //! Connects to every peer: creates endpoints from `addresses` (one per
@@ -5255,7 +5260,8 @@ inline void transport::wait(request& r, deadline d, std::error_code& ec) {
     }
     if (spin_until == steady_clock::time_point{}) {
       spin_until = spin ? now + std::chrono::microseconds(50) : now;
-      block_from = spin_until + (mode == wait_mode::automatic ? wait_block_after : std::chrono::microseconds(0));
+      if (r.idle_since_ == steady_clock::time_point{}) r.idle_since_ = spin_until;
+      block_from = r.idle_since_ + (mode == wait_mode::automatic ? wait_block_after : std::chrono::microseconds(0));
     }
     if (now < spin_until) continue;
     // At most 1 ms asleep: another thread of a shared worker may take this
