@@ -1387,10 +1387,12 @@ EBBFLOW_END_NAMESPACE
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace env {
@@ -1414,6 +1416,34 @@ inline std::int64_t get_int(const char* name, std::int64_t fallback,
   EBBFLOW_ENFORCE(ec == std::errc{} && p == v->data() + v->size() && out >= lo && out <= hi,
                   name << "='" << *v << "': expected an integer in [" << lo << ", " << hi << "]");
   return out;
+}
+
+//! 0 (off), or an integer in [lo, hi]; `fallback` when unset.
+//! @throws std::invalid_argument when set to anything else.
+inline std::int64_t get_int_or_zero(const char* name, std::int64_t fallback, std::int64_t lo, std::int64_t hi) {
+  auto v = get(name);
+  if (!v) return fallback;
+  std::int64_t out = 0;
+  auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), out);
+  EBBFLOW_ENFORCE(ec == std::errc{} && p == v->data() + v->size() && (out == 0 || (out >= lo && out <= hi)),
+                  name << "='" << *v << "': expected 0 or an integer in [" << lo << ", " << hi << "]");
+  return out;
+}
+
+//! The value of the choice whose name the variable holds, or `fallback`
+//! when unset: `get_choice("X", mode::a, {{"a", mode::a}, {"b", mode::b}})`.
+//! @throws std::invalid_argument naming the variable, its value and every choice.
+template <class T>
+T get_choice(const char* name, T fallback, std::initializer_list<std::pair<std::string_view, T>> choices) {
+  auto v = get(name);
+  if (!v) return fallback;
+  std::string names;
+  for (const auto& [n, value] : choices) {
+    if (*v == n) return value;
+    names += (names.empty() ? "" : ", ") + std::string(n);
+  }
+  EBBFLOW_ENFORCE(false, name << "='" << *v << "': expected one of " << names);
+  return fallback;
 }
 
 //! A number in [lo, hi], or `fallback` when unset.
@@ -1678,19 +1708,11 @@ struct collective_options {
   //! @throws std::invalid_argument for malformed values.
   static collective_options from_environment() {
     collective_options o;
-    if (auto a = env::get("EBBFLOW_ALLREDUCE_ALGO")) {
-      if (*a == "automatic")
-        o.allreduce = allreduce_algorithm::automatic;
-      else if (*a == "ring")
-        o.allreduce = allreduce_algorithm::ring;
-      else if (*a == "recursive_doubling")
-        o.allreduce = allreduce_algorithm::recursive_doubling;
-      else if (*a == "single_copy")
-        o.allreduce = allreduce_algorithm::single_copy;
-      else
-        EBBFLOW_ENFORCE(false, "EBBFLOW_ALLREDUCE_ALGO='"
-                                   << *a << "': expected automatic, ring, recursive_doubling or single_copy");
-    }
+    o.allreduce = env::get_choice("EBBFLOW_ALLREDUCE_ALGO", o.allreduce,
+                                  {{"automatic", allreduce_algorithm::automatic},
+                                   {"ring", allreduce_algorithm::ring},
+                                   {"recursive_doubling", allreduce_algorithm::recursive_doubling},
+                                   {"single_copy", allreduce_algorithm::single_copy}});
     o.small_bytes =
         static_cast<std::size_t>(env::get_int("EBBFLOW_SMALL_BYTES", static_cast<std::int64_t>(o.small_bytes), 0));
     o.chunk_bytes =
@@ -4022,6 +4044,7 @@ EBBFLOW_END_NAMESPACE
 
 // #include <ebbflow/config.hpp>  (inlined)
 // #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
 // #include <ebbflow/core/error.hpp>  (inlined)
 // #include <ebbflow/core/handle.hpp>  (inlined)
 // #include <ebbflow/core/log.hpp>  (inlined)
@@ -4392,13 +4415,8 @@ inline constexpr std::chrono::microseconds wait_block_after{2000};
 //! `EBBFLOW_UCX_WAIT` (`auto`, `block` or `yield`; unset or empty: `auto`).
 //! @throws std::invalid_argument naming the variable and its value.
 inline wait_mode wait_mode_from_environment() {
-  const char* v = std::getenv("EBBFLOW_UCX_WAIT");
-  const std::string_view s = v ? v : "";
-  if (s.empty() || s == "auto") return wait_mode::automatic;
-  if (s == "block") return wait_mode::block;
-  if (s == "yield") return wait_mode::yield;
-  EBBFLOW_ENFORCE(false, "EBBFLOW_UCX_WAIT='" << s << "': expected 'auto', 'block' or 'yield'");
-  return wait_mode::automatic;
+  return env::get_choice("EBBFLOW_UCX_WAIT", wait_mode::automatic,
+                         {{"auto", wait_mode::automatic}, {"block", wait_mode::block}, {"yield", wait_mode::yield}});
 }
 
 //! An owned `ucp_context` with the tag feature (and, unless its workers'
@@ -5248,10 +5266,10 @@ inline void transport::wait(request& r, deadline d, std::error_code& ec) {
   // data arrives, where a yielding one may wait for another process's time
   // slice to end.
   const wait_mode mode = st_->w->waits();
+  const bool spin = !st_->oversubscribed;
   unsigned spins = 0;
   steady_clock::time_point spin_until{}, block_from{};
   while (!test(r, ec)) {
-    const bool spin = !st_->oversubscribed;
     if (spin && (++spins & 63) != 0) continue;
     const auto now = steady_clock::now();
     if (now >= d.at()) {
@@ -10865,9 +10883,7 @@ struct group_options {
     o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
     o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, 24LL * 3'600'000);
     o.sched_slice =
-        std::chrono::microseconds(env::get_int("EBBFLOW_SCHED_SLICE_US", o.sched_slice.count(), 0, 100'000));
-    EBBFLOW_ENFORCE(o.sched_slice.count() == 0 || o.sched_slice.count() >= 100,
-                    "EBBFLOW_SCHED_SLICE_US=" << o.sched_slice.count() << ": expected 0 or 100 to 100000 (µs)");
+        std::chrono::microseconds(env::get_int_or_zero("EBBFLOW_SCHED_SLICE_US", o.sched_slice.count(), 100, 100'000));
     o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
     o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, 24LL * 3'600'000);
@@ -11164,6 +11180,7 @@ class group {
   void adopt_or_recover(detail::generation_record rec, steady_clock::time_point started,
                         std::optional<typename Net::transport_type> begun = {});
   void enter(detail::generation_record rec);
+  void became_member();
   void install(detail::generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
                double prepared_seconds);
   void write_record(Store& st, const std::string& gkey, const std::string& rec, const std::vector<member_id>& joiners,
@@ -11256,9 +11273,8 @@ class group {
   detail::generation_record gen_;
   int rank_ = -1;
   bool active_ = true;
-  bool priority_restored_ = false;  // a newcomer started with --join-nice got its priority back
-  bool slice_requested_ = false;    // sched_slice asked for (once this process is a member)
-  bool started_ = false;            // begin_step was called
+  bool became_member_ = false;  // became_member() ran: once per process
+  bool started_ = false;        // begin_step was called
   // Where the user's step is: begin_step opens it, end_step closes it, a
   // collective that returns false aborts it (redo from begin_step).
   enum class step_phase : unsigned char { closed, open, aborted };
@@ -11687,6 +11703,10 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(opts_.heartbeat.count() > 0 && opts_.lease >= 2 * opts_.heartbeat,
                   "elastic group: EBBFLOW_LEASE_MS=" << opts_.lease.count() << " must be at least twice "
                                                      << "EBBFLOW_HEARTBEAT_MS=" << opts_.heartbeat.count());
+  EBBFLOW_ENFORCE(
+      opts_.sched_slice.count() == 0 || (opts_.sched_slice.count() >= 100 && opts_.sched_slice.count() <= 100'000),
+      "elastic group: EBBFLOW_SCHED_SLICE_US=" << opts_.sched_slice.count()
+                                               << ": expected 0 or 100 to 100000 (the kernel's range)");
   // The first generation is formed from the launched workers alone (a
   // newcomer joins a running group): fewer than min_size could never start.
   EBBFLOW_ENFORCE(opts_.join || launch_.world_size >= opts_.min_size,
@@ -12146,10 +12166,7 @@ void group<Store, Net>::enter(detail::generation_record rec) {
   // the heartbeat thread; the old transport is released.
   const int r = rec.rank_of(id_);
   EBBFLOW_EXPECTS(r >= 0);
-  if (opts_.sched_slice.count() > 0 && !slice_requested_ && !opts_.join) {  // a joiner's waits for the switch
-    detail::request_sched_slice(opts_.sched_slice);
-    slice_requested_ = true;
-  }
+  if (!opts_.join) became_member();  // a newcomer becomes one at the switch (sync_state)
   gen_ = std::move(rec);
   rank_ = r;
   log::set_rank(rank_);
@@ -12170,6 +12187,19 @@ void group<Store, Net>::enter(detail::generation_record rec) {
   hb_watch_joins_.store(rank_ == 0, std::memory_order_relaxed);
   comm_.reset();
   transport_.reset();
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::became_member() {
+  // The one moment this process starts doing the members' work: a launched
+  // worker as it enters its first generation, a newcomer once the members
+  // switched to its generation and the state starts to move (until then its
+  // start-up and waits leave the CPU to them). It gets back the priority
+  // --join-nice took, and asks for the scheduler slice.
+  if (became_member_) return;
+  became_member_ = true;
+  if (opts_.join) detail::restore_join_priority();
+  if (opts_.sched_slice.count() > 0) detail::request_sched_slice(opts_.sched_slice);
 }
 
 template <kv_store Store, network Net>
@@ -12404,14 +12434,7 @@ void group<Store, Net>::sync_state() {
       }
       first.wait(d);  // returns at once when done; throws naming the peer on an error or the deadline
     }
-    if (opts_.join && !priority_restored_) {  // the members switched: from here on this newcomer is one of them
-      detail::restore_join_priority();
-      priority_restored_ = true;
-      if (opts_.sched_slice.count() > 0 && !slice_requested_) {
-        detail::request_sched_slice(opts_.sched_slice);
-        slice_requested_ = true;
-      }
-    }
+    if (opts_.join) became_member();  // the members switched: from here on this newcomer is one of them
     if (header_size > (std::uint64_t{1} << 24))
       fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");
     bytes header(header_size);

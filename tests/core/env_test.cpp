@@ -52,6 +52,35 @@ TEST(Env, ValidatesAndNamesTheVariable) {
   EXPECT_THROW(ef::env::get_double("EBBFLOW_TEST_D", 1.0), std::invalid_argument);
 }
 
+TEST(Env, ChoicesAndOffOrInRangeNameWhatTheyExpect) {
+  scoped_env e;
+  enum class mode { a, b };
+  EXPECT_EQ(ef::env::get_choice("EBBFLOW_TEST_C", mode::b, {{"a", mode::a}, {"b", mode::b}}), mode::b);
+  e.set("EBBFLOW_TEST_C", "a");
+  EXPECT_EQ(ef::env::get_choice("EBBFLOW_TEST_C", mode::b, {{"a", mode::a}, {"b", mode::b}}), mode::a);
+  e.set("EBBFLOW_TEST_C", "A");
+  try {
+    ef::env::get_choice("EBBFLOW_TEST_C", mode::b, {{"a", mode::a}, {"b", mode::b}});
+    FAIL() << "an unknown choice accepted";
+  } catch (const std::invalid_argument& ex) {
+    EXPECT_NE(std::string(ex.what()).find("EBBFLOW_TEST_C='A': expected one of a, b"), std::string::npos) << ex.what();
+  }
+  EXPECT_EQ(ef::env::get_int_or_zero("EBBFLOW_TEST_Z", 7, 100, 1000), 7);
+  for (const char* ok : {"0", "100", "1000"}) {
+    e.set("EBBFLOW_TEST_Z", ok);
+    EXPECT_EQ(ef::env::get_int_or_zero("EBBFLOW_TEST_Z", 7, 100, 1000), std::atoll(ok));
+  }
+  for (const char* bad : {"1", "99", "1001", "-5", "x"}) {
+    e.set("EBBFLOW_TEST_Z", bad);
+    try {
+      ef::env::get_int_or_zero("EBBFLOW_TEST_Z", 7, 100, 1000);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const std::invalid_argument& ex) {
+      EXPECT_NE(std::string(ex.what()).find("expected 0 or an integer in [100, 1000]"), std::string::npos) << ex.what();
+    }
+  }
+}
+
 TEST(Env, HostPort) {
   auto hp = ef::env::parse_host_port("127.0.0.1:29500", "X");
   EXPECT_EQ(hp.host, "127.0.0.1");

@@ -607,6 +607,18 @@ TEST(ElasticGroupContract, ASchedSliceOutsideTheKernelsRangeIsRefused) {
   EXPECT_EQ(el::group_options::from_environment().sched_slice, std::chrono::microseconds(100));
   ::unsetenv("EBBFLOW_SCHED_SLICE_US");
   EXPECT_EQ(el::group_options::from_environment().sched_slice, std::chrono::microseconds(0));
+  // The same range when the options are given in code.
+  auto store = std::make_shared<el::memory_store>();
+  el::loopback_network net(std::make_shared<el::loopback_fabric>());
+  auto o = options();
+  o.sched_slice = std::chrono::microseconds(50);
+  try {
+    test_group g(factory(store), net, o, launch(0, 1));
+    ADD_FAILURE() << "a 50 us scheduler slice accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("EBBFLOW_SCHED_SLICE_US=50: expected 0 or 100 to 100000"), std::string::npos)
+        << e.what();
+  }
 }
 
 // A store that outlives its jobs keeps a finished job's keys under its

@@ -108,19 +108,11 @@ struct collective_options {
   //! @throws std::invalid_argument for malformed values.
   static collective_options from_environment() {
     collective_options o;
-    if (auto a = env::get("EBBFLOW_ALLREDUCE_ALGO")) {
-      if (*a == "automatic")
-        o.allreduce = allreduce_algorithm::automatic;
-      else if (*a == "ring")
-        o.allreduce = allreduce_algorithm::ring;
-      else if (*a == "recursive_doubling")
-        o.allreduce = allreduce_algorithm::recursive_doubling;
-      else if (*a == "single_copy")
-        o.allreduce = allreduce_algorithm::single_copy;
-      else
-        EBBFLOW_ENFORCE(false, "EBBFLOW_ALLREDUCE_ALGO='"
-                                   << *a << "': expected automatic, ring, recursive_doubling or single_copy");
-    }
+    o.allreduce = env::get_choice("EBBFLOW_ALLREDUCE_ALGO", o.allreduce,
+                                  {{"automatic", allreduce_algorithm::automatic},
+                                   {"ring", allreduce_algorithm::ring},
+                                   {"recursive_doubling", allreduce_algorithm::recursive_doubling},
+                                   {"single_copy", allreduce_algorithm::single_copy}});
     o.small_bytes =
         static_cast<std::size_t>(env::get_int("EBBFLOW_SMALL_BYTES", static_cast<std::int64_t>(o.small_bytes), 0));
     o.chunk_bytes =

@@ -18,10 +18,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace env {
@@ -45,6 +47,34 @@ inline std::int64_t get_int(const char* name, std::int64_t fallback,
   EBBFLOW_ENFORCE(ec == std::errc{} && p == v->data() + v->size() && out >= lo && out <= hi,
                   name << "='" << *v << "': expected an integer in [" << lo << ", " << hi << "]");
   return out;
+}
+
+//! 0 (off), or an integer in [lo, hi]; `fallback` when unset.
+//! @throws std::invalid_argument when set to anything else.
+inline std::int64_t get_int_or_zero(const char* name, std::int64_t fallback, std::int64_t lo, std::int64_t hi) {
+  auto v = get(name);
+  if (!v) return fallback;
+  std::int64_t out = 0;
+  auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), out);
+  EBBFLOW_ENFORCE(ec == std::errc{} && p == v->data() + v->size() && (out == 0 || (out >= lo && out <= hi)),
+                  name << "='" << *v << "': expected 0 or an integer in [" << lo << ", " << hi << "]");
+  return out;
+}
+
+//! The value of the choice whose name the variable holds, or `fallback`
+//! when unset: `get_choice("X", mode::a, {{"a", mode::a}, {"b", mode::b}})`.
+//! @throws std::invalid_argument naming the variable, its value and every choice.
+template <class T>
+T get_choice(const char* name, T fallback, std::initializer_list<std::pair<std::string_view, T>> choices) {
+  auto v = get(name);
+  if (!v) return fallback;
+  std::string names;
+  for (const auto& [n, value] : choices) {
+    if (*v == n) return value;
+    names += (names.empty() ? "" : ", ") + std::string(n);
+  }
+  EBBFLOW_ENFORCE(false, name << "='" << *v << "': expected one of " << names);
+  return fallback;
 }
 
 //! A number in [lo, hi], or `fallback` when unset.

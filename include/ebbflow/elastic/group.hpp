@@ -215,9 +215,7 @@ struct group_options {
     o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
     o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, 24LL * 3'600'000);
     o.sched_slice =
-        std::chrono::microseconds(env::get_int("EBBFLOW_SCHED_SLICE_US", o.sched_slice.count(), 0, 100'000));
-    EBBFLOW_ENFORCE(o.sched_slice.count() == 0 || o.sched_slice.count() >= 100,
-                    "EBBFLOW_SCHED_SLICE_US=" << o.sched_slice.count() << ": expected 0 or 100 to 100000 (µs)");
+        std::chrono::microseconds(env::get_int_or_zero("EBBFLOW_SCHED_SLICE_US", o.sched_slice.count(), 100, 100'000));
     o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
     o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, 24LL * 3'600'000);
@@ -514,6 +512,7 @@ class group {
   void adopt_or_recover(detail::generation_record rec, steady_clock::time_point started,
                         std::optional<typename Net::transport_type> begun = {});
   void enter(detail::generation_record rec);
+  void became_member();
   void install(detail::generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
                double prepared_seconds);
   void write_record(Store& st, const std::string& gkey, const std::string& rec, const std::vector<member_id>& joiners,
@@ -606,9 +605,8 @@ class group {
   detail::generation_record gen_;
   int rank_ = -1;
   bool active_ = true;
-  bool priority_restored_ = false;  // a newcomer started with --join-nice got its priority back
-  bool slice_requested_ = false;    // sched_slice asked for (once this process is a member)
-  bool started_ = false;            // begin_step was called
+  bool became_member_ = false;  // became_member() ran: once per process
+  bool started_ = false;        // begin_step was called
   // Where the user's step is: begin_step opens it, end_step closes it, a
   // collective that returns false aborts it (redo from begin_step).
   enum class step_phase : unsigned char { closed, open, aborted };

@@ -9,6 +9,7 @@
 
 #include <ebbflow/config.hpp>
 #include <ebbflow/core/deadline.hpp>
+#include <ebbflow/core/env.hpp>
 #include <ebbflow/core/error.hpp>
 #include <ebbflow/core/handle.hpp>
 #include <ebbflow/core/log.hpp>
@@ -188,13 +189,8 @@ inline constexpr std::chrono::microseconds wait_block_after{2000};
 //! `EBBFLOW_UCX_WAIT` (`auto`, `block` or `yield`; unset or empty: `auto`).
 //! @throws std::invalid_argument naming the variable and its value.
 inline wait_mode wait_mode_from_environment() {
-  const char* v = std::getenv("EBBFLOW_UCX_WAIT");
-  const std::string_view s = v ? v : "";
-  if (s.empty() || s == "auto") return wait_mode::automatic;
-  if (s == "block") return wait_mode::block;
-  if (s == "yield") return wait_mode::yield;
-  EBBFLOW_ENFORCE(false, "EBBFLOW_UCX_WAIT='" << s << "': expected 'auto', 'block' or 'yield'");
-  return wait_mode::automatic;
+  return env::get_choice("EBBFLOW_UCX_WAIT", wait_mode::automatic,
+                         {{"auto", wait_mode::automatic}, {"block", wait_mode::block}, {"yield", wait_mode::yield}});
 }
 
 //! An owned `ucp_context` with the tag feature (and, unless its workers'

@@ -702,10 +702,10 @@ inline void transport::wait(request& r, deadline d, std::error_code& ec) {
   // data arrives, where a yielding one may wait for another process's time
   // slice to end.
   const wait_mode mode = st_->w->waits();
+  const bool spin = !st_->oversubscribed;
   unsigned spins = 0;
   steady_clock::time_point spin_until{}, block_from{};
   while (!test(r, ec)) {
-    const bool spin = !st_->oversubscribed;
     if (spin && (++spins & 63) != 0) continue;
     const auto now = steady_clock::now();
     if (now >= d.at()) {

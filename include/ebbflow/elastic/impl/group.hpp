@@ -287,6 +287,10 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(opts_.heartbeat.count() > 0 && opts_.lease >= 2 * opts_.heartbeat,
                   "elastic group: EBBFLOW_LEASE_MS=" << opts_.lease.count() << " must be at least twice "
                                                      << "EBBFLOW_HEARTBEAT_MS=" << opts_.heartbeat.count());
+  EBBFLOW_ENFORCE(
+      opts_.sched_slice.count() == 0 || (opts_.sched_slice.count() >= 100 && opts_.sched_slice.count() <= 100'000),
+      "elastic group: EBBFLOW_SCHED_SLICE_US=" << opts_.sched_slice.count()
+                                               << ": expected 0 or 100 to 100000 (the kernel's range)");
   // The first generation is formed from the launched workers alone (a
   // newcomer joins a running group): fewer than min_size could never start.
   EBBFLOW_ENFORCE(opts_.join || launch_.world_size >= opts_.min_size,
@@ -746,10 +750,7 @@ void group<Store, Net>::enter(detail::generation_record rec) {
   // the heartbeat thread; the old transport is released.
   const int r = rec.rank_of(id_);
   EBBFLOW_EXPECTS(r >= 0);
-  if (opts_.sched_slice.count() > 0 && !slice_requested_ && !opts_.join) {  // a joiner's waits for the switch
-    detail::request_sched_slice(opts_.sched_slice);
-    slice_requested_ = true;
-  }
+  if (!opts_.join) became_member();  // a newcomer becomes one at the switch (sync_state)
   gen_ = std::move(rec);
   rank_ = r;
   log::set_rank(rank_);
@@ -770,6 +771,19 @@ void group<Store, Net>::enter(detail::generation_record rec) {
   hb_watch_joins_.store(rank_ == 0, std::memory_order_relaxed);
   comm_.reset();
   transport_.reset();
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::became_member() {
+  // The one moment this process starts doing the members' work: a launched
+  // worker as it enters its first generation, a newcomer once the members
+  // switched to its generation and the state starts to move (until then its
+  // start-up and waits leave the CPU to them). It gets back the priority
+  // --join-nice took, and asks for the scheduler slice.
+  if (became_member_) return;
+  became_member_ = true;
+  if (opts_.join) detail::restore_join_priority();
+  if (opts_.sched_slice.count() > 0) detail::request_sched_slice(opts_.sched_slice);
 }
 
 template <kv_store Store, network Net>
@@ -1004,14 +1018,7 @@ void group<Store, Net>::sync_state() {
       }
       first.wait(d);  // returns at once when done; throws naming the peer on an error or the deadline
     }
-    if (opts_.join && !priority_restored_) {  // the members switched: from here on this newcomer is one of them
-      detail::restore_join_priority();
-      priority_restored_ = true;
-      if (opts_.sched_slice.count() > 0 && !slice_requested_) {
-        detail::request_sched_slice(opts_.sched_slice);
-        slice_requested_ = true;
-      }
-    }
+    if (opts_.join) became_member();  // the members switched: from here on this newcomer is one of them
     if (header_size > (std::uint64_t{1} << 24))
       fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");
     bytes header(header_size);
