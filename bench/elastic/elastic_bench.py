@@ -8,7 +8,9 @@ that N workers behave like N GPUs on this 2-core machine) under ebbflow-run:
   steady     N workers, no event: steady throughput
   scaleout   N -> 2N while training (--add): survivors' throughput between the
              start of the newcomers and the switch, as a share of steady state;
-             each survivor's stall at the switch
+             each survivor's stall at the switch; as a control, the same
+             measure on the steady run in windows as long (no event in them:
+             the spread is the machine's noise for a window that short)
   leave      one worker leaves gracefully: stall per worker
   kill       one worker is SIGKILLed: time from the kill to the survivors'
              first completed step
@@ -55,7 +57,8 @@ def run_job(args, launcher_flags, extra, tag, env_extra=None, metrics=None):
     with open(metrics) as f:
         for r in csv.DictReader(f):
             rows.append({"step": int(r["step"]), "t": float(r["time_s"]), "gen": int(r["generation"]),
-                         "world": int(r["world_size"]), "samples": int(r.get("samples") or args.batch)})
+                         "world": int(r["world_size"]), "samples": int(r.get("samples") or args.batch),
+                         "eval": bool(r.get("test_acc"))})
     rows.sort(key=lambda r: (r["step"], r["t"]))
     return rows, p.stdout + p.stderr, time.time() - t0
 
@@ -83,29 +86,62 @@ def stalls(out, reason):
     return [float(ms) for old, ms in found if int(old) > 0]
 
 
-def step_times(rows, t_from, t_to):
-    """Mean interval of the steps that ended in (t_from, t_to], by global batch size.
+def kind(a, b):
+    """What a step interval (a -> b) is compared by: the step's global batch
+    (the last step of an epoch is shorter) and whether rank 0 evaluated the
+    model after step a (the example does every 10 steps, before b begins)."""
+    return (b["samples"], a["eval"])
 
-    The last step of an epoch is shorter than the others; comparing a window
-    step by step with steady steps of the same size keeps a window that holds
-    one (or none) from looking faster (or slower) than it is."""
+
+def step_times(rows, t_from, t_to):
+    """Mean interval of the steps that ended in (t_from, t_to], by kind().
+
+    Comparing a window step by step with steady steps of the same kind keeps
+    a short window that holds more (or fewer) short or evaluating steps than
+    the steady run from looking faster (or slower) than it is."""
     by = {}
     for a, b in zip(rows, rows[1:]):
         if t_from < b["t"] <= t_to:
-            by.setdefault(b["samples"], []).append(b["t"] - a["t"])
+            by.setdefault(kind(a, b), []).append(b["t"] - a["t"])
     return {k: statistics.mean(v) for k, v in by.items()}
 
 
-def window_share(rows, t_from, t_to, steady_times, steady_rate):
-    """Time the steps that ended in (t_from, t_to] take in steady state, over the time they took.
+def expected(steady_times, steady_rate, a, b):
+    """The steady time of step interval a -> b: of its kind, else of its
+    size without an evaluation, else its samples at the steady rate."""
+    t = steady_times.get(kind(a, b))
+    if t is None:
+        t = steady_times.get((b["samples"], False))
+    return t if t is not None else b["samples"] / steady_rate
 
-    A step size not seen in steady state is priced at the steady rate."""
+
+def window_share(rows, t_from, t_to, steady_times, steady_rate):
+    """Time the steps that ended in (t_from, t_to] take in steady state, over the time they took."""
     exp = act = 0.0
     for a, b in zip(rows, rows[1:]):
         if t_from < b["t"] <= t_to:
-            exp += steady_times.get(b["samples"], b["samples"] / steady_rate)
+            exp += expected(steady_times, steady_rate, a, b)
             act += b["t"] - a["t"]
     return exp / act if act > 0 else float("nan")
+
+
+def control_shares(rows, t_first, length):
+    """The scale-out measure applied to a run without any event: windows of
+    `length` seconds, back to back from `t_first` to the run's last tenth,
+    each against the steps before it, as the scale-out window is.
+
+    Their spread is this machine's noise for a window that short (a late
+    wake-up, the hypervisor), the floor a scale-out's share is compared with."""
+    out = []
+    t_end = rows[len(rows) - 1 - len(rows) // 10]["t"]
+    t = t_first
+    while t + length <= t_end:
+        before = [r for r in rows if r["t"] < t]
+        if len(before) >= 10:
+            a = before[len(before) // 5]["t"]
+            out.append(window_share(rows, t, t + length, step_times(rows, a, t), throughput(rows, a, t)))
+        t += length
+    return out
 
 
 def steady(args, rows):
@@ -164,8 +200,9 @@ def main():
     args.tmp = tempfile.mkdtemp(prefix="ebbflow-elastic-bench-")
     atexit.register(shutil.rmtree, args.tmp, ignore_errors=True)  # the jobs' metrics and checkpoint
     n, ev = args.n, args.event_at
-    res = {k: [] for k in ["steady", "scale_share", "scale_lost_ms", "scale_stall_max", "scale_done", "leave_stall_max",
-                           "kill_to_step", "hang_to_step", "restart_down", "restart_done", "steady_2n"]}
+    res = {k: [] for k in ["steady", "scale_share", "control_share", "control_windows", "scale_lost_ms",
+                           "scale_stall_max", "scale_done", "leave_stall_max", "kill_to_step", "hang_to_step",
+                           "restart_down", "restart_done", "steady_2n"]}
     scen = set(args.scenarios.split(","))
     unknown = scen - {"scaleout", "leave", "kill", "hang", "restart"}
     if unknown or "scaleout" not in scen:
@@ -174,6 +211,7 @@ def main():
         # steady
         rows, _, _ = run_job(args, ["-n", str(n)], [], "steady")
         res["steady"].append(steady(args, rows))
+        steady_rows = rows
         # scale-out N -> 2N
         nice = ["--join-nice", str(args.join_nice)] if args.join_nice else []
         rows, out, _ = run_job(args, ["-n", str(n), "--add", f"{ev}:{n}"] + nice, [], "scaleout")
@@ -184,15 +222,20 @@ def main():
         base = throughput(rows, before[len(before) // 5]["t"], t_add)
         ref = step_times(rows, before[len(before) // 5]["t"], t_add)
         res["scale_share"].append(window_share(rows, t_add, last_small, ref, base))
+        # The same measure on the steady run, in windows as long as this one
+        # from as far into that job as the newcomers started in this one.
+        ctl = control_shares(steady_rows, steady_rows[0]["t"] + (t_add - rows[0]["t"]), last_small - t_add)
+        res["control_share"].append(statistics.median(ctl) if ctl else float("nan"))
+        res["control_windows"].extend(ctl)
         # Time the survivors lost, from the newcomers' start to the first step
         # with 2N workers: every step interval beyond the steady one counts.
-        lost = sum(max(0.0, (b["t"] - a["t"]) - ref.get(b["samples"], b["samples"] / base))
+        lost = sum(max(0.0, (b["t"] - a["t"]) - expected(ref, base, a, b))
                    for a, b in zip(rows, rows[1:]) if t_add < b["t"] <= switch["t"])
         res["scale_lost_ms"].append(lost * 1e3)
         if args.detail:
             print(f"round {rnd + 1} scale-out window (step: ms over steady; | = switch):", " ".join(
                 f"{'|' if b['world'] == 2 * n and a['world'] == n else ''}{b['step']}:"
-                f"{((b['t'] - a['t']) - ref.get(b['samples'], b['samples'] / base)) * 1e3:+.2f}"
+                f"{((b['t'] - a['t']) - expected(ref, base, a, b)) * 1e3:+.2f}"
                 for a, b in zip(rows, rows[1:]) if t_add < b["t"] <= switch["t"]), flush=True)
         st = stalls(out, "join")
         res["scale_stall_max"].append(max(st) if st else float("nan"))
@@ -248,6 +291,13 @@ def main():
     print(f"{'scale-out stall, worst survivor (ms)':48s} {med['scale_stall_max']:12.1f}")
     print(f"{'scale-out: newcomer start -> 2N step (s)':48s} {med['scale_done']:12.2f}")
     print(f"{'survivors during scale-out, per round':48s} {' '.join(f'{x * 100:.2f}%' for x in res['scale_share'])}")
+    cw = sorted(res["control_windows"])
+    if cw:
+        q = lambda f: cw[min(len(cw) - 1, int(f * len(cw)))]
+        print(f"{'control: steady windows as long / steady':48s} {statistics.median(cw) * 100:11.2f}%"
+              f"  (p10 {q(0.1) * 100:.2f}%, p90 {q(0.9) * 100:.2f}%, {len(cw)} windows)")
+        print(f"{'control, per round (median of its windows)':48s} "
+              f"{' '.join(f'{x * 100:.2f}%' for x in res['control_share'])}")
     if "leave" in scen:
         print(f"{'graceful leave stall, worst member (ms)':48s} {med['leave_stall_max']:12.1f}")
     if "kill" in scen:

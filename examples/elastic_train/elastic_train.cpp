@@ -418,10 +418,13 @@ int main(int argc, char** argv) try {
       const double dt = std::chrono::duration<double>(now - last).count();
       last = now;
       const bool eval = s.step % 10 == 0 || group.step() == a.steps;
+      // Stamped before the evaluation: its time falls in the next step's
+      // interval, whichever order a compiler evaluates arguments in.
+      const double stamp = ebbflow::wall_seconds();
       std::string plan;
       for (auto b : group.plan()) plan += (plan.empty() ? "" : ";") + std::to_string(b);
-      std::fprintf(metrics, "%lld,%.6f,%lld,%d,%.6f,%s,%.1f,%s,%zu\n", static_cast<long long>(s.step),
-                   ebbflow::wall_seconds(), static_cast<long long>(s.generation), s.world_size, grad.back(),
+      std::fprintf(metrics, "%lld,%.6f,%lld,%d,%.6f,%s,%.1f,%s,%zu\n", static_cast<long long>(s.step), stamp,
+                   static_cast<long long>(s.generation), s.world_size, grad.back(),
                    eval ? std::to_string(mlp::accuracy(sh, params, test.x, test.y)).c_str() : "",
                    dt > 0 ? static_cast<double>(s.global_batch) / dt : 0.0, plan.c_str(), s.global_batch);
       std::fflush(metrics);
