@@ -11,6 +11,10 @@ that N workers behave like N GPUs on this 2-core machine) under ebbflow-run:
              each survivor's stall at the switch; as a control, the same
              measure on the steady run in windows as long (no event in them:
              the spread is the machine's noise for a window that short)
+  start      (not by default) N newcomers that start as workers do and exit
+             where they would join (elastic_train --joiners-start-only): the
+             survivors' share in a window as long as the scale-out's, i.e.
+             what the newcomers' process start-up alone costs on this host
   leave      one worker leaves gracefully: stall per worker
   kill       one worker is SIGKILLed: time from the kill to the survivors'
              first completed step
@@ -202,9 +206,9 @@ def main():
     n, ev = args.n, args.event_at
     res = {k: [] for k in ["steady", "scale_share", "control_share", "control_windows", "scale_lost_ms",
                            "scale_stall_max", "scale_done", "leave_stall_max", "kill_to_step", "hang_to_step",
-                           "restart_down", "restart_done", "steady_2n"]}
+                           "restart_down", "restart_done", "steady_2n", "start_share", "start_lost_ms"]}
     scen = set(args.scenarios.split(","))
-    unknown = scen - {"scaleout", "leave", "kill", "hang", "restart"}
+    unknown = scen - {"scaleout", "start", "leave", "kill", "hang", "restart"}
     if unknown or "scaleout" not in scen:
         raise SystemExit(f"--scenarios: scaleout is always measured; unknown: {', '.join(sorted(unknown)) or '-'}")
     for rnd in range(args.rounds):
@@ -242,6 +246,17 @@ def main():
         res["scale_done"].append(switch["t"] - t_add)
         after = [r for r in rows if r["world"] == 2 * n]
         res["steady_2n"].append(throughput(rows, after[len(after) // 5]["t"], after[-1]["t"]))
+        if "start" in scen:  # the newcomers' start-up alone, in a window as long as the scale-out's
+            srows, sout, _ = run_job(args, ["-n", str(n), "--add", f"{ev}:{n}"] + nice, ["--joiners-start-only"],
+                                     "start")
+            s_add = stamp(sout, "started worker")
+            s_before = [r for r in srows if r["t"] < s_add]
+            s_from = s_before[len(s_before) // 5]["t"]
+            s_ref, s_base = step_times(srows, s_from, s_add), throughput(srows, s_from, s_add)
+            s_to = s_add + (last_small - t_add)
+            res["start_share"].append(window_share(srows, s_add, s_to, s_ref, s_base))
+            res["start_lost_ms"].append(1e3 * sum(max(0.0, (b["t"] - a["t"]) - expected(s_ref, s_base, a, b))
+                                                  for a, b in zip(srows, srows[1:]) if s_add < b["t"] <= s_to))
         if "leave" in scen:  # graceful leave
             rows, out, _ = run_job(args, ["-n", str(n), "--leave", f"{ev}:{n - 1}"], [], "leave")
             st = stalls(out, "leave")
@@ -298,6 +313,10 @@ def main():
               f"  (p10 {q(0.1) * 100:.2f}%, p90 {q(0.9) * 100:.2f}%, {len(cw)} windows)")
         print(f"{'control, per round (median of its windows)':48s} "
               f"{' '.join(f'{x * 100:.2f}%' for x in res['control_share'])}")
+    if "start" in scen:
+        print(f"{'newcomers only start (exit before joining)':48s} {med['start_share'] * 100:11.2f}%")
+        print(f"{'  survivors time lost, same window (ms)':48s} {med['start_lost_ms']:12.1f}")
+        print(f"{'  per round':48s} {' '.join(f'{x * 100:.2f}%' for x in res['start_share'])}")
     if "leave" in scen:
         print(f"{'graceful leave stall, worst member (ms)':48s} {med['leave_stall_max']:12.1f}")
     if "kill" in scen:

@@ -76,6 +76,7 @@ struct args {
   bool resume = false;
   bool reference = false;
   bool steal = false;
+  bool joiners_start_only = false;  // a newcomer exits where it would join (benchmarks)
   straggle straggler;
   std::vector<double> slowdowns;  // worker k is slowdowns[k % size] times slower
   std::int64_t die_at = -1;       // this worker SIGKILLs itself in the middle of that step (tests)
@@ -94,6 +95,9 @@ constexpr const char* usage_text =
     "  --slowdowns F0,F1,.. worker k is F[k mod count] times slower (EBBFLOW_SLOWDOWN: this worker)\n"
     "  --straggle ID:FROM:TO:FACTOR[:PERIOD]  worker ID FACTOR times slower in steps [FROM, TO)\n"
     "  --steal              in-step work stealing through the job's store\n"
+    "  --joiners-start-only a newcomer (EBBFLOW_JOIN=1) starts as every worker does (data set,\n"
+    "                       model) and exits where it would join (benchmarks: what start-up alone\n"
+    "                       costs the running workers)\n"
     "  --metrics FILE       rank 0 appends one CSV line per step\n"
     "  --params-out FILE    rank 0 writes the final parameters (float32)\n"
     "  --checkpoint FILE    with --checkpoint-at S: rank 0 saves there after step S, all stop;\n"
@@ -154,6 +158,8 @@ args parse(int argc, char** argv) {
       a.die_at = number<std::int64_t>(k, v(), -1, most_steps);
     else if (k == "--reference")
       a.reference = true;
+    else if (k == "--joiners-start-only")
+      a.joiners_start_only = true;
     else if (k == "--steal")
       a.steal = true;
     else if (k == "--trace")
@@ -283,6 +289,8 @@ int main(int argc, char** argv) try {
   auto params = mlp::init(sh, a.seed);
   std::vector<float> velocity(params.size(), 0.f);
   std::vector<float> grad(params.size() + 1);  // + 1: the weighted loss rides along
+
+  if (a.joiners_start_only && ef::env::get_bool("EBBFLOW_JOIN", false)) return 0;
 
   // ebbflow: join the job (initial worker or newcomer), with the exact batch planner.
   el::leave_on_signal(SIGTERM);
