@@ -1404,6 +1404,16 @@ inline std::optional<std::string> get(const char* name) {
   return std::string(v);
 }
 
+namespace detail {
+//! The whole of `v` as an integer, or nullopt when it is not one.
+inline std::optional<std::int64_t> parse_int(const std::string& v) {
+  std::int64_t out = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc{} || p != v.data() + v.size()) return std::nullopt;
+  return out;
+}
+}  // namespace detail
+
 //! An integer in [lo, hi], or `fallback` when unset.
 //! @throws std::invalid_argument when set but not an integer in range.
 inline std::int64_t get_int(const char* name, std::int64_t fallback,
@@ -1411,11 +1421,10 @@ inline std::int64_t get_int(const char* name, std::int64_t fallback,
                             std::int64_t hi = std::numeric_limits<std::int64_t>::max()) {
   auto v = get(name);
   if (!v) return fallback;
-  std::int64_t out = 0;
-  auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), out);
-  EBBFLOW_ENFORCE(ec == std::errc{} && p == v->data() + v->size() && out >= lo && out <= hi,
+  const auto out = detail::parse_int(*v);
+  EBBFLOW_ENFORCE(out && *out >= lo && *out <= hi,
                   name << "='" << *v << "': expected an integer in [" << lo << ", " << hi << "]");
-  return out;
+  return *out;
 }
 
 //! 0 (off), or an integer in [lo, hi]; `fallback` when unset.
@@ -1423,11 +1432,10 @@ inline std::int64_t get_int(const char* name, std::int64_t fallback,
 inline std::int64_t get_int_or_zero(const char* name, std::int64_t fallback, std::int64_t lo, std::int64_t hi) {
   auto v = get(name);
   if (!v) return fallback;
-  std::int64_t out = 0;
-  auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), out);
-  EBBFLOW_ENFORCE(ec == std::errc{} && p == v->data() + v->size() && (out == 0 || (out >= lo && out <= hi)),
+  const auto out = detail::parse_int(*v);
+  EBBFLOW_ENFORCE(out && (*out == 0 || (*out >= lo && *out <= hi)),
                   name << "='" << *v << "': expected 0 or an integer in [" << lo << ", " << hi << "]");
-  return out;
+  return *out;
 }
 
 //! The value of the choice whose name the variable holds, or `fallback`
@@ -10843,6 +10851,10 @@ struct group_options {
   //! it (a worker starting up on a shared host) instead of waiting for that
   //! one's slice to end. Kernels without per-task slices ignore it (logged).
   std::chrono::microseconds sched_slice{0};
+  //! The shortest slice the kernel takes (sched_setattr's lower bound).
+  static constexpr std::chrono::microseconds min_sched_slice{100};
+  //! The longest slice the kernel takes (sched_setattr's upper bound).
+  static constexpr std::chrono::microseconds max_sched_slice{100000};
   //! EBBFLOW_PRECONNECT (default on, where the network can): members connect
   //! to admitted joiners in the background while training goes on, and the
   //! group switches at the first step boundary at which every member is wired
@@ -10882,8 +10894,8 @@ struct group_options {
     o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
     o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
     o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, 24LL * 3'600'000);
-    o.sched_slice =
-        std::chrono::microseconds(env::get_int_or_zero("EBBFLOW_SCHED_SLICE_US", o.sched_slice.count(), 100, 100'000));
+    o.sched_slice = std::chrono::microseconds(env::get_int_or_zero("EBBFLOW_SCHED_SLICE_US", o.sched_slice.count(),
+                                                                   min_sched_slice.count(), max_sched_slice.count()));
     o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
     o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, 24LL * 3'600'000);
@@ -11703,10 +11715,11 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(opts_.heartbeat.count() > 0 && opts_.lease >= 2 * opts_.heartbeat,
                   "elastic group: EBBFLOW_LEASE_MS=" << opts_.lease.count() << " must be at least twice "
                                                      << "EBBFLOW_HEARTBEAT_MS=" << opts_.heartbeat.count());
-  EBBFLOW_ENFORCE(
-      opts_.sched_slice.count() == 0 || (opts_.sched_slice.count() >= 100 && opts_.sched_slice.count() <= 100'000),
-      "elastic group: EBBFLOW_SCHED_SLICE_US=" << opts_.sched_slice.count()
-                                               << ": expected 0 or 100 to 100000 (the kernel's range)");
+  EBBFLOW_ENFORCE(opts_.sched_slice.count() == 0 || (opts_.sched_slice >= group_options::min_sched_slice &&
+                                                     opts_.sched_slice <= group_options::max_sched_slice),
+                  "elastic group: EBBFLOW_SCHED_SLICE_US="
+                      << opts_.sched_slice.count() << ": expected 0 or " << group_options::min_sched_slice.count()
+                      << " to " << group_options::max_sched_slice.count() << " (the kernel's range)");
   // The first generation is formed from the launched workers alone (a
   // newcomer joins a running group): fewer than min_size could never start.
   EBBFLOW_ENFORCE(opts_.join || launch_.world_size >= opts_.min_size,

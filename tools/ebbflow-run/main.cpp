@@ -208,7 +208,8 @@ options parse(int argc, char** argv) {
     } else if (a == "--join-nice") {
       o.join_nice = parse_int(a, value(a), 1, 19);
     } else if (a == "--sched-slice-us") {
-      o.sched_slice_us = parse_int(a, value(a), 100, 100000);
+      o.sched_slice_us = parse_int(a, value(a), static_cast<int>(ef::elastic::group_options::min_sched_slice.count()),
+                                   static_cast<int>(ef::elastic::group_options::max_sched_slice.count()));
     } else if (a == "--cpu-bind") {
       const std::string v = value(a);
       if (v == "none")

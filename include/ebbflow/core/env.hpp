@@ -35,6 +35,16 @@ inline std::optional<std::string> get(const char* name) {
   return std::string(v);
 }
 
+namespace detail {
+//! The whole of `v` as an integer, or nullopt when it is not one.
+inline std::optional<std::int64_t> parse_int(const std::string& v) {
+  std::int64_t out = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc{} || p != v.data() + v.size()) return std::nullopt;
+  return out;
+}
+}  // namespace detail
+
 //! An integer in [lo, hi], or `fallback` when unset.
 //! @throws std::invalid_argument when set but not an integer in range.
 inline std::int64_t get_int(const char* name, std::int64_t fallback,
@@ -42,11 +52,10 @@ inline std::int64_t get_int(const char* name, std::int64_t fallback,
                             std::int64_t hi = std::numeric_limits<std::int64_t>::max()) {
   auto v = get(name);
   if (!v) return fallback;
-  std::int64_t out = 0;
-  auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), out);
-  EBBFLOW_ENFORCE(ec == std::errc{} && p == v->data() + v->size() && out >= lo && out <= hi,
+  const auto out = detail::parse_int(*v);
+  EBBFLOW_ENFORCE(out && *out >= lo && *out <= hi,
                   name << "='" << *v << "': expected an integer in [" << lo << ", " << hi << "]");
-  return out;
+  return *out;
 }
 
 //! 0 (off), or an integer in [lo, hi]; `fallback` when unset.
@@ -54,11 +63,10 @@ inline std::int64_t get_int(const char* name, std::int64_t fallback,
 inline std::int64_t get_int_or_zero(const char* name, std::int64_t fallback, std::int64_t lo, std::int64_t hi) {
   auto v = get(name);
   if (!v) return fallback;
-  std::int64_t out = 0;
-  auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), out);
-  EBBFLOW_ENFORCE(ec == std::errc{} && p == v->data() + v->size() && (out == 0 || (out >= lo && out <= hi)),
+  const auto out = detail::parse_int(*v);
+  EBBFLOW_ENFORCE(out && (*out == 0 || (*out >= lo && *out <= hi)),
                   name << "='" << *v << "': expected 0 or an integer in [" << lo << ", " << hi << "]");
-  return out;
+  return *out;
 }
 
 //! The value of the choice whose name the variable holds, or `fallback`

@@ -175,6 +175,10 @@ struct group_options {
   //! it (a worker starting up on a shared host) instead of waiting for that
   //! one's slice to end. Kernels without per-task slices ignore it (logged).
   std::chrono::microseconds sched_slice{0};
+  //! The shortest slice the kernel takes (sched_setattr's lower bound).
+  static constexpr std::chrono::microseconds min_sched_slice{100};
+  //! The longest slice the kernel takes (sched_setattr's upper bound).
+  static constexpr std::chrono::microseconds max_sched_slice{100000};
   //! EBBFLOW_PRECONNECT (default on, where the network can): members connect
   //! to admitted joiners in the background while training goes on, and the
   //! group switches at the first step boundary at which every member is wired
@@ -214,8 +218,8 @@ struct group_options {
     o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
     o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
     o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, 24LL * 3'600'000);
-    o.sched_slice =
-        std::chrono::microseconds(env::get_int_or_zero("EBBFLOW_SCHED_SLICE_US", o.sched_slice.count(), 100, 100'000));
+    o.sched_slice = std::chrono::microseconds(env::get_int_or_zero("EBBFLOW_SCHED_SLICE_US", o.sched_slice.count(),
+                                                                   min_sched_slice.count(), max_sched_slice.count()));
     o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
     o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, 24LL * 3'600'000);

@@ -287,10 +287,11 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   EBBFLOW_ENFORCE(opts_.heartbeat.count() > 0 && opts_.lease >= 2 * opts_.heartbeat,
                   "elastic group: EBBFLOW_LEASE_MS=" << opts_.lease.count() << " must be at least twice "
                                                      << "EBBFLOW_HEARTBEAT_MS=" << opts_.heartbeat.count());
-  EBBFLOW_ENFORCE(
-      opts_.sched_slice.count() == 0 || (opts_.sched_slice.count() >= 100 && opts_.sched_slice.count() <= 100'000),
-      "elastic group: EBBFLOW_SCHED_SLICE_US=" << opts_.sched_slice.count()
-                                               << ": expected 0 or 100 to 100000 (the kernel's range)");
+  EBBFLOW_ENFORCE(opts_.sched_slice.count() == 0 || (opts_.sched_slice >= group_options::min_sched_slice &&
+                                                     opts_.sched_slice <= group_options::max_sched_slice),
+                  "elastic group: EBBFLOW_SCHED_SLICE_US="
+                      << opts_.sched_slice.count() << ": expected 0 or " << group_options::min_sched_slice.count()
+                      << " to " << group_options::max_sched_slice.count() << " (the kernel's range)");
   // The first generation is formed from the launched workers alone (a
   // newcomer joins a running group): fewer than min_size could never start.
   EBBFLOW_ENFORCE(opts_.join || launch_.world_size >= opts_.min_size,
