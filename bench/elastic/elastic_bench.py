@@ -129,6 +129,20 @@ def window_share(rows, t_from, t_to, steady_times, steady_rate):
     return exp / act if act > 0 else float("nan")
 
 
+def baseline(rows, t):
+    """What steps before time t took, warm-up (their first fifth) left out:
+    (step_times by kind, throughput). A window from t on is priced by it."""
+    before = [r for r in rows if r["t"] < t]
+    a = before[len(before) // 5]["t"]
+    return step_times(rows, a, t), throughput(rows, a, t)
+
+
+def time_lost(rows, t_from, t_to, ref, base):
+    """Seconds the steps that ended in (t_from, t_to] took beyond their steady time."""
+    return sum(max(0.0, (b["t"] - a["t"]) - expected(ref, base, a, b))
+               for a, b in zip(rows, rows[1:]) if t_from < b["t"] <= t_to)
+
+
 def control_shares(rows, t_first, length):
     """The scale-out measure applied to a run without any event: windows of
     `length` seconds, back to back from `t_first` to the run's last tenth,
@@ -140,15 +154,13 @@ def control_shares(rows, t_first, length):
     t_end = rows[len(rows) - 1 - len(rows) // 10]["t"]
     t = t_first
     while t + length <= t_end:
-        before = [r for r in rows if r["t"] < t]
-        if len(before) >= 10:
-            a = before[len(before) // 5]["t"]
-            out.append(window_share(rows, t, t + length, step_times(rows, a, t), throughput(rows, a, t)))
+        if sum(r["t"] < t for r in rows) >= 10:
+            out.append(window_share(rows, t, t + length, *baseline(rows, t)))
         t += length
     return out
 
 
-def steady(args, rows):
+def steady(rows):
     n = len(rows)
     a, b = rows[n // 5]["t"], rows[n - 1 - n // 10]["t"]
     return throughput(rows, a, b)
@@ -214,17 +226,15 @@ def main():
     for rnd in range(args.rounds):
         # steady
         rows, _, _ = run_job(args, ["-n", str(n)], [], "steady")
-        res["steady"].append(steady(args, rows))
+        res["steady"].append(steady(rows))
         steady_rows = rows
         # scale-out N -> 2N
         nice = ["--join-nice", str(args.join_nice)] if args.join_nice else []
         rows, out, _ = run_job(args, ["-n", str(n), "--add", f"{ev}:{n}"] + nice, [], "scaleout")
         t_add = stamp(out, "started worker")
         switch = next(r for r in rows if r["world"] == 2 * n)
-        before = [r for r in rows if r["t"] < t_add]
         last_small = max(r["t"] for r in rows if r["world"] == n)
-        base = throughput(rows, before[len(before) // 5]["t"], t_add)
-        ref = step_times(rows, before[len(before) // 5]["t"], t_add)
+        ref, base = baseline(rows, t_add)
         res["scale_share"].append(window_share(rows, t_add, last_small, ref, base))
         # The same measure on the steady run, in windows as long as this one
         # from as far into that job as the newcomers started in this one.
@@ -233,9 +243,7 @@ def main():
         res["control_windows"].extend(ctl)
         # Time the survivors lost, from the newcomers' start to the first step
         # with 2N workers: every step interval beyond the steady one counts.
-        lost = sum(max(0.0, (b["t"] - a["t"]) - expected(ref, base, a, b))
-                   for a, b in zip(rows, rows[1:]) if t_add < b["t"] <= switch["t"])
-        res["scale_lost_ms"].append(lost * 1e3)
+        res["scale_lost_ms"].append(time_lost(rows, t_add, switch["t"], ref, base) * 1e3)
         if args.detail:
             print(f"round {rnd + 1} scale-out window (step: ms over steady; | = switch):", " ".join(
                 f"{'|' if b['world'] == 2 * n and a['world'] == n else ''}{b['step']}:"
@@ -250,13 +258,10 @@ def main():
             srows, sout, _ = run_job(args, ["-n", str(n), "--add", f"{ev}:{n}"] + nice, ["--joiners-start-only"],
                                      "start")
             s_add = stamp(sout, "started worker")
-            s_before = [r for r in srows if r["t"] < s_add]
-            s_from = s_before[len(s_before) // 5]["t"]
-            s_ref, s_base = step_times(srows, s_from, s_add), throughput(srows, s_from, s_add)
             s_to = s_add + (last_small - t_add)
+            s_ref, s_base = baseline(srows, s_add)
             res["start_share"].append(window_share(srows, s_add, s_to, s_ref, s_base))
-            res["start_lost_ms"].append(1e3 * sum(max(0.0, (b["t"] - a["t"]) - expected(s_ref, s_base, a, b))
-                                                  for a, b in zip(srows, srows[1:]) if s_add < b["t"] <= s_to))
+            res["start_lost_ms"].append(time_lost(srows, s_add, s_to, s_ref, s_base) * 1e3)
         if "leave" in scen:  # graceful leave
             rows, out, _ = run_job(args, ["-n", str(n), "--leave", f"{ev}:{n - 1}"], [], "leave")
             st = stalls(out, "leave")

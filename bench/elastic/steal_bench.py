@@ -53,7 +53,7 @@ def main():
     for rnd in range(args.rounds):
         for name, extra in configs:
             rows, _, _ = eb.run_job(args, ["-n", str(args.n)], extra, name.replace(" ", "").replace(",", "_"))
-            res[name].append(eb.steady(args, rows))
+            res[name].append(eb.steady(rows))
         print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
     med = {k: statistics.median(v) for k, v in res.items()}
     print(f"# in-step work stealing: {args.n} workers, B={args.batch}, emulated device {args.step_us:.0f} us/step + "

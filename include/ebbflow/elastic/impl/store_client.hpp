@@ -120,6 +120,33 @@ class client_connection {
       return fail(ec, error::unauthorized, "the server at " + address() + " could not prove the job token");
   }
 
+  //! False, with `ec` and `last_detail` set, when a request frame is over
+  //! the message limit: the server would reject it and drop the connection.
+  //! The reason reads "of N bytes exceeds ..."; callers name the request before it.
+  bool fits(std::size_t frame_bytes, std::error_code& ec) {
+    if (frame_bytes - proto::header_bytes <= max_bytes_) return true;
+    ec = make_error_code(error::bad_message);
+    last_detail =
+        "of " + std::to_string(frame_bytes) + " bytes exceeds max_message_bytes " + std::to_string(max_bytes_);
+    return false;
+  }
+
+  //! Connects when not connected, then writes `frames` (one request or several).
+  void send(const std::string& frames, deadline d, std::error_code& ec) {
+    if (!connected_) {
+      connect(d, ec);
+      if (ec) return;
+    }
+    write_frame(frames, d, ec);
+  }
+
+  //! Reads one reply; an `error` reply from the server becomes `ec`.
+  proto::decode_result receive(deadline d, std::error_code& ec) {
+    auto r = read_frame(d, ec, false);
+    if (!ec && r.msg.code == proto::op::error) server_error(ec, r.msg);
+    return r;
+  }
+
   void write_frame(const std::string& frame, deadline d, std::error_code& ec) {
     std::optional<boost::system::error_code> done;
     asio::async_write(sock_, asio::buffer(frame), [&](const boost::system::error_code& e, std::size_t) { done = e; });
@@ -302,29 +329,18 @@ inline detail::proto::decode_result store_client::call(std::string frame, deadli
   ec.clear();
   std::lock_guard lk(conn_->mu);
   conn_->last_detail.clear();
-  if (frame.size() - detail::proto::header_bytes > opts_.max_message_bytes) {
-    // The server would reject it and drop the connection: fail here instead.
-    ec = make_error_code(error::bad_message);
-    conn_->last_detail = "request of " + std::to_string(frame.size()) + " bytes exceeds max_message_bytes " +
-                         std::to_string(opts_.max_message_bytes);
+  if (!conn_->fits(frame.size(), ec)) {
+    conn_->last_detail = "request " + conn_->last_detail;
     return {};
   }
-  if (!conn_->connected()) {
-    conn_->connect(d, ec);
-    if (ec) return {};
-  }
-  conn_->write_frame(frame, d, ec);
+  conn_->send(frame, d, ec);
   if (ec) return {};
   // A waiting request times out on the server, which names the missing keys;
   // allow its reply a little time to arrive before giving up locally.
   const deadline local =
       waits && d.at() != steady_clock::time_point::max() ? deadline(d.at() + std::chrono::milliseconds(250)) : d;
-  auto r = conn_->read_frame(local, ec, false);
+  auto r = conn_->receive(local, ec);
   if (ec) return {};
-  if (r.msg.code == detail::proto::op::error) {
-    conn_->server_error(ec, r.msg);
-    return {};
-  }
   return r;
 }
 
@@ -484,23 +500,17 @@ void store_client::pipelined(const char* what, std::span<const std::string> keys
     std::string frames;
     for (std::size_t i = first; i < last; ++i) {
       std::string f = frame(i);
-      if (f.size() - detail::proto::header_bytes > opts_.max_message_bytes) {
-        ec = make_error_code(error::bad_message);
+      if (!conn_->fits(f.size(), ec)) {
         conn_->last_detail =
-            std::string(what) + ": request for key " + detail::quote_key(keys[i]) + " exceeds max_message_bytes";
+            std::string(what) + ": request for key " + detail::quote_key(keys[i]) + " " + conn_->last_detail;
         return;
       }
       frames += f;
     }
-    if (!conn_->connected()) {
-      conn_->connect(d, ec);
-      if (ec) return;
-    }
-    conn_->write_frame(frames, d, ec);
+    conn_->send(frames, d, ec);
     if (ec) return;
     for (std::size_t i = first; i < last; ++i) {
-      auto r = conn_->read_frame(d, ec, false);
-      if (!ec && r.msg.code == detail::proto::op::error) conn_->server_error(ec, r.msg);
+      auto r = conn_->receive(d, ec);
       if (ec || !reply(i, r)) {
         conn_->last_detail = std::string(what) + ": reply " + std::to_string(i + 1) + " of " +
                              std::to_string(keys.size()) + " (key " + detail::quote_key(keys[i]) +
@@ -662,20 +672,12 @@ inline store_watcher store_client::watch(std::string_view prefix, bool include_e
                                          std::error_code& ec) noexcept {
   ec.clear();
   auto c = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
-  c->connect(d, ec);
-  if (!ec)
-    c->write_frame(detail::proto::frame_builder(detail::proto::op::watch, prefix.size() + 8)
-                       .str(prefix)
-                       .u8(include_existing ? 1 : 0)
-                       .finish(),
-                   d, ec);
-  if (!ec) {
-    auto r = c->read_frame(d, ec, false);
-    if (!ec && r.msg.code == detail::proto::op::error)
-      c->server_error(ec, r.msg);
-    else if (!ec)
-      detail::expect_reply(r, detail::proto::op::ok, ec, *c);
-  }
+  c->send(detail::proto::frame_builder(detail::proto::op::watch, prefix.size() + 8)
+              .str(prefix)
+              .u8(include_existing ? 1 : 0)
+              .finish(),
+          d, ec);
+  if (!ec) detail::expect_reply(c->receive(d, ec), detail::proto::op::ok, ec, *c);
   if (ec) {
     std::lock_guard lk(conn_->mu);
     conn_->last_detail = c->last_detail;
