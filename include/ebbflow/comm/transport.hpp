@@ -116,32 +116,34 @@ std::string describe(const Request& r, std::string base) {
 }
 }  // namespace detail
 
-//! Blocking send with a deadline. @throws system_error naming rank, peer, generation.
+namespace detail {
+//! Waits for `r` until `d`. @throws system_error naming rank, peer,
+//! generation, `operation` and the size of the transfer.
 template <transport T>
-void send(T& t, int peer, tag_t tag, std::span<const std::byte> data, deadline d) {
-  auto r = t.isend(peer, tag, data);
+void finish(T& t, typename T::request& r, int peer, const char* operation, std::size_t bytes, deadline d) {
   std::error_code ec;
   t.wait(r, d, ec);
   if (ec)
     throw_if(ec, {.rank = t.rank(),
                   .generation = t.generation(),
                   .peer = peer,
-                  .operation = "send",
-                  .detail = detail::describe(r, std::to_string(data.size()) + " bytes")});
+                  .operation = operation,
+                  .detail = describe(r, std::to_string(bytes) + " bytes")});
+}
+}  // namespace detail
+
+//! Blocking send with a deadline. @throws system_error naming rank, peer, generation.
+template <transport T>
+void send(T& t, int peer, tag_t tag, std::span<const std::byte> data, deadline d) {
+  auto r = t.isend(peer, tag, data);
+  detail::finish(t, r, peer, "send", data.size(), d);
 }
 
 //! Blocking receive with a deadline. @throws system_error naming rank, peer, generation.
 template <transport T>
 void recv(T& t, int peer, tag_t tag, std::span<std::byte> data, deadline d) {
   auto r = t.irecv(peer, tag, data);
-  std::error_code ec;
-  t.wait(r, d, ec);
-  if (ec)
-    throw_if(ec, {.rank = t.rank(),
-                  .generation = t.generation(),
-                  .peer = peer,
-                  .operation = "recv",
-                  .detail = detail::describe(r, std::to_string(data.size()) + " bytes")});
+  detail::finish(t, r, peer, "recv", data.size(), d);
 }
 
 }  // namespace comm

@@ -148,6 +148,47 @@ inline constexpr std::uint32_t ag_step = 0x8000;
 static_assert(comm::max_collective_ranks - 2 < static_cast<int>(ag_step) &&
               (ag_step | static_cast<std::uint32_t>(comm::max_collective_ranks - 2)) <= comm::max_collective_step);
 
+//! The allgather both rings end with. At step s (0 to p - 2) the encoded
+//! chunk mod(first - s, p) arrives from the left neighbour into its place in
+//! `ag`, goes on to the right unless s is the last step, and is decoded into
+//! `data`. Step 0's own chunk (mod(first + 1, p)) is sent with `tag(0)` by the
+//! caller once encoded.
+template <class T>
+struct ring_allgather {
+  request_set<T>& rq;
+  const std::vector<chunk>& layout;
+  std::byte* ag;
+  std::uint64_t seq;
+  int p, first, left, right;
+  std::vector<std::size_t> ids{};
+
+  [[nodiscard]] comm::tag_t tag(int s) const noexcept {
+    return comm::make_tag(seq, ag_step | static_cast<std::uint32_t>(s));
+  }
+  [[nodiscard]] const chunk& arriving(int s) const noexcept {
+    return layout[static_cast<std::size_t>(mod(first - s, p))];
+  }
+  //! Posts every receive of the allgather (before any send of the collective).
+  void post() {
+    for (int s = 0; s < p - 1; ++s)
+      for (const auto& sg : arriving(s).segs)
+        ids.push_back(rq.recv(left, tag(s), ag + arriving(s).area_off + sg.off, sg.bytes));
+  }
+  //! Forwards and decodes every arriving chunk, in order.
+  template <class Codec, class Ex>
+  void finish(const Codec& codec, Ex& ex, float* data) {
+    std::size_t k = 0;
+    for (int s = 0; s < p - 1; ++s) {
+      const chunk& c = arriving(s);
+      for (const auto& sg : c.segs) {
+        rq.wait_recv(ids[k++]);
+        if (s < p - 2) rq.send(right, tag(s + 1), ag + c.area_off + sg.off, sg.bytes);
+        codec.decode(ex, ag + c.area_off + sg.off, data + sg.begin, sg.len);
+      }
+    }
+  }
+};
+
 inline encode_context seg_ctx(const coll_ctx& ctx, std::uint64_t phase, std::size_t begin, std::byte* ws) noexcept {
   return {ctx.seed, mix64(ctx.stream_base ^ mix64((phase << 56) ^ begin)), ws};
 }
@@ -169,17 +210,15 @@ void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n
   std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
   const int left = mod(r - 1, p), right = mod(r + 1, p);
   const auto tag_rs = [&](int s) { return comm::make_tag(ctx.seq, static_cast<std::uint32_t>(s)); };
-  const auto tag_ag = [&](int s) { return comm::make_tag(ctx.seq, ag_step | static_cast<std::uint32_t>(s)); };
   const auto& ch = [&](int c) -> const chunk& { return L[static_cast<std::size_t>(c)]; };
 
   request_set<T> rq(t, ctx);
-  std::vector<std::size_t> rs_ids, ag_ids;
+  std::vector<std::size_t> rs_ids;
   for (int s = 0; s < p - 1; ++s)
     for (const auto& sg : ch(mod(r - s - 1, p)).segs)
       rs_ids.push_back(rq.recv(left, tag_rs(s), rs_in + ch(mod(r - s - 1, p)).area_off + sg.off, sg.bytes));
-  for (int s = 0; s < p - 1; ++s)
-    for (const auto& sg : ch(mod(r - s, p)).segs)
-      ag_ids.push_back(rq.recv(left, tag_ag(s), ag + ch(mod(r - s, p)).area_off + sg.off, sg.bytes));
+  ring_allgather<T> gather{rq, L, ag, ctx.seq, p, r, left, right};
+  gather.post();
 
   float* no_res = nullptr;
   const auto encode_seg = [&](const chunk& c, const segment& sg, std::byte* area) {
@@ -203,19 +242,11 @@ void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n
       } else {  // complete: encode once for the allgather, keep exactly what the others will decode
         encode_seg(c, sg, ag);
         codec.decode(ex, ag + c.area_off + sg.off, data + sg.begin, sg.len);
-        rq.send(right, tag_ag(0), ag + c.area_off + sg.off, sg.bytes);
+        rq.send(right, gather.tag(0), ag + c.area_off + sg.off, sg.bytes);
       }
     }
   }
-  k = 0;
-  for (int s = 0; s < p - 1; ++s) {
-    const chunk& c = ch(mod(r - s, p));
-    for (const auto& sg : c.segs) {
-      rq.wait_recv(ag_ids[k++]);
-      if (s < p - 2) rq.send(right, tag_ag(s + 1), ag + c.area_off + sg.off, sg.bytes);
-      codec.decode(ex, ag + c.area_off + sg.off, data + sg.begin, sg.len);
-    }
-  }
+  gather.finish(codec, ex, data);
   ex.wait();
   rq.wait_sends();
 }
@@ -323,18 +354,16 @@ void two_phase_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::siz
   std::byte* ws = arenas::get(ar.ws, codec.workspace_bytes(ctx.seg_elems) + 8);
   const auto& ch = [&](int c) -> const chunk& { return L[static_cast<std::size_t>(c)]; };
   const int left = mod(r - 1, p), right = mod(r + 1, p);
-  const auto tag_ag = [&](int s) { return comm::make_tag(ctx.seq, ag_step | static_cast<std::uint32_t>(s)); };
   request_set<T> rq(t, ctx);
-  std::vector<std::size_t> a2a_ids(static_cast<std::size_t>(p) * mine.segs.size()), ag_ids;
+  std::vector<std::size_t> a2a_ids(static_cast<std::size_t>(p) * mine.segs.size());
   for (int o = 0; o < p; ++o)
     if (o != r)
       for (std::size_t i = 0; i < mine.segs.size(); ++i)
         a2a_ids[static_cast<std::size_t>(o) * mine.segs.size() + i] =
             rq.recv(o, comm::make_tag(ctx.seq, 0), in + mine.bytes * static_cast<std::size_t>(o) + mine.segs[i].off,
                     mine.segs[i].bytes);
-  for (int s = 0; s < p - 1; ++s)
-    for (const auto& sg : ch(mod(r - 1 - s, p)).segs)
-      ag_ids.push_back(rq.recv(left, tag_ag(s), ag + ch(mod(r - 1 - s, p)).area_off + sg.off, sg.bytes));
+  ring_allgather<T> gather{rq, L, ag, ctx.seq, p, mod(r - 1, p), left, right};
+  gather.post();
   float* no_res = nullptr;
   // Phase 1: compressed all-to-all (my chunk last, so the others start early).
   for (int k = 1; k <= p; ++k) {
@@ -362,18 +391,10 @@ void two_phase_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::siz
     codec.encode(ex, data + sg.begin, res2 ? res2 + sg.begin : no_res, e, sg.len, seg_ctx(ctx, 3, sg.begin, ws));
     codec.decode(ex, e, data + sg.begin, sg.len);
     ex.wait();
-    rq.send(right, tag_ag(0), e, sg.bytes);
+    rq.send(right, gather.tag(0), e, sg.bytes);
   }
   // Phase 2: ring allgather of the re-encoded chunks.
-  std::size_t k = 0;
-  for (int s = 0; s < p - 1; ++s) {
-    const chunk& c = ch(mod(r - 1 - s, p));
-    for (const auto& sg : c.segs) {
-      rq.wait_recv(ag_ids[k++]);
-      if (s < p - 2) rq.send(right, tag_ag(s + 1), ag + c.area_off + sg.off, sg.bytes);
-      codec.decode(ex, ag + c.area_off + sg.off, data + sg.begin, sg.len);
-    }
-  }
+  gather.finish(codec, ex, data);
   ex.wait();
   rq.wait_sends();
 }
