@@ -900,6 +900,7 @@ enum class errc {
   unauthorized,   //!< missing or wrong job token
   cancelled,      //!< the operation was cancelled (shutdown)
   invalid_state,  //!< an operation was used in a state that does not allow it
+  job_finished,   //!< the elastic job ended before this worker joined it (nothing left to do)
 };
 
 //! Error codes raised by ebbflow itself (category `ebbflow_category()`); each
@@ -912,6 +913,7 @@ enum class error {
   unauthorized,
   cancelled,
   invalid_state,
+  job_finished,
 };
 
 namespace detail {
@@ -931,6 +933,8 @@ inline constexpr std::string_view errc_name(int v) noexcept {
       return "cancelled";
     case 7:
       return "invalid state";
+    case 8:
+      return "job finished";
     default:
       return "unknown ebbflow error";
   }
@@ -11806,7 +11810,7 @@ void group<Store, Net>::fail(std::error_code ec, const std::string& what) const 
 
 template <kv_store Store, network Net>
 void group<Store, Net>::fail_job_finished(std::string_view what) const {
-  fail(error::invalid_state, "the job EBBFLOW_JOB='" + opts_.prefix + "' " + std::string(what));
+  fail(error::job_finished, "the job EBBFLOW_JOB='" + opts_.prefix + "' " + std::string(what));
 }
 
 template <kv_store Store, network Net>
@@ -14947,7 +14951,8 @@ inline std::string error_frame(errc code, std::string_view reason) {
 
 //! Maps an `error` frame's code to ebbflow's error code (unknown codes: bad_message).
 inline std::error_code error_from_wire(std::uint8_t v) noexcept {
-  if (v >= 1 && v <= 7) return make_error_code(static_cast<ebbflow::error>(v));
+  if (v >= 1 && v <= static_cast<std::uint8_t>(ebbflow::error::job_finished))
+    return make_error_code(static_cast<ebbflow::error>(v));
   return make_error_code(ebbflow::error::bad_message);
 }
 

@@ -646,7 +646,7 @@ TEST(ElasticGroupContract, AFinishedJobsPrefixIsRefusedWithAClearError) {
       test_group g(factory(store), net, o, launch(0, 1));
       ADD_FAILURE() << "a worker (join " << join << ") joined the finished job";
     } catch (const ef::system_error& e) {
-      EXPECT_EQ(e.code(), ef::errc::invalid_state);
+      EXPECT_EQ(e.code(), ef::errc::job_finished);
       const std::string what = e.what();
       EXPECT_NE(what.find("EBBFLOW_JOB='ebbflow'"), std::string::npos) << what;
       EXPECT_NE(what.find("has finished"), std::string::npos) << what;

@@ -33,6 +33,7 @@ enum class errc {
   unauthorized,   //!< missing or wrong job token
   cancelled,      //!< the operation was cancelled (shutdown)
   invalid_state,  //!< an operation was used in a state that does not allow it
+  job_finished,   //!< the elastic job ended before this worker joined it (nothing left to do)
 };
 
 //! Error codes raised by ebbflow itself (category `ebbflow_category()`); each
@@ -45,6 +46,7 @@ enum class error {
   unauthorized,
   cancelled,
   invalid_state,
+  job_finished,
 };
 
 namespace detail {
@@ -64,6 +66,8 @@ inline constexpr std::string_view errc_name(int v) noexcept {
       return "cancelled";
     case 7:
       return "invalid state";
+    case 8:
+      return "job finished";
     default:
       return "unknown ebbflow error";
   }

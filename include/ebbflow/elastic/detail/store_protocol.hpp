@@ -421,7 +421,8 @@ inline std::string error_frame(errc code, std::string_view reason) {
 
 //! Maps an `error` frame's code to ebbflow's error code (unknown codes: bad_message).
 inline std::error_code error_from_wire(std::uint8_t v) noexcept {
-  if (v >= 1 && v <= 7) return make_error_code(static_cast<ebbflow::error>(v));
+  if (v >= 1 && v <= static_cast<std::uint8_t>(ebbflow::error::job_finished))
+    return make_error_code(static_cast<ebbflow::error>(v));
   return make_error_code(ebbflow::error::bad_message);
 }
 

@@ -355,7 +355,7 @@ void group<Store, Net>::fail(std::error_code ec, const std::string& what) const 
 
 template <kv_store Store, network Net>
 void group<Store, Net>::fail_job_finished(std::string_view what) const {
-  fail(error::invalid_state, "the job EBBFLOW_JOB='" + opts_.prefix + "' " + std::string(what));
+  fail(error::job_finished, "the job EBBFLOW_JOB='" + opts_.prefix + "' " + std::string(what));
 }
 
 template <kv_store Store, network Net>
