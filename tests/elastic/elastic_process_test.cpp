@@ -432,3 +432,19 @@ TEST_F(ElasticProcess, WorkerWithoutTheJobTokenIsRefused) {
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("unauthorized"), std::string::npos) << r.output;
 }
+
+// A newcomer that reaches the group only after the job's last step (here it
+// sleeps 4 s at join-connect while the job ends) has nothing left to train:
+// it gets errc::job_finished, the example says so and exits 0, and the
+// launcher reports no failed worker. It used to exit 1 with an error.
+TEST_F(ElasticProcess, ANewcomerThatArrivesAfterTheEndExitsCleanly) {
+  auto r =
+      sh("cd " + dir_.string() +
+         " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=join-connect:sleep=4000 " EBBFLOW_RUN
+         " --event-clock training -n 2 --add 0.2:1 -- " ELASTIC_TRAIN " --steps 100 --sample-us 150 --step-us 1500");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("[worker 0] finished 100 steps"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("job finished (the job EBBFLOW_JOB="), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("nothing left to do"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("exited with status"), std::string::npos) << r.output;
+}
