@@ -25,6 +25,7 @@
 #include <ebbflow/plan/sampler.hpp>
 
 #include "../common/digits.hpp"
+#include "../common/exit_status.hpp"
 #include "../common/factors.hpp"
 #include "../common/mlp.hpp"
 
@@ -453,16 +454,6 @@ int main(int argc, char** argv) try {
                  static_cast<unsigned long long>(stolen), static_cast<unsigned long long>(steal_steps),
                  static_cast<unsigned long long>(chunks), static_cast<unsigned long long>(claims));
   return 0;
-} catch (const ef::system_error& e) {
-  // A worker started as the job ends (e.g. by --add or --restart near the
-  // last step) has nothing left to train: not a failure.
-  if (e.code() == ef::errc::job_finished) {
-    std::fprintf(stderr, "elastic_train: %s; nothing left to do\n", e.what());
-    return 0;
-  }
-  std::fprintf(stderr, "elastic_train: %s\n", e.what());
-  return 1;
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "elastic_train: %s\n", e.what());
-  return 1;
+  return exit_status::of("elastic_train", e);
 }

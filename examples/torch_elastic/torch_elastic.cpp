@@ -28,6 +28,7 @@
 #endif
 
 #include "../common/digits.hpp"
+#include "../common/exit_status.hpp"
 #include "../common/factors.hpp"
 #include "report.hpp"
 
@@ -492,16 +493,6 @@ int main(int argc, char** argv) try {
     group.finish();
   }
   return 0;
-} catch (const ef::system_error& e) {
-  // A worker started as the job ends (e.g. by --add or --restart near the
-  // last step) has nothing left to train: not a failure.
-  if (e.code() == ef::errc::job_finished) {
-    std::fprintf(stderr, "torch_elastic: %s; nothing left to do\n", e.what());
-    return 0;
-  }
-  std::fprintf(stderr, "torch_elastic: %s\n", e.what());
-  return 1;
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "torch_elastic: %s\n", e.what());
-  return 1;
+  return exit_status::of("torch_elastic", e);
 }
