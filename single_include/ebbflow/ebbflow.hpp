@@ -1334,9 +1334,7 @@ std::string describe(const Request& r, std::string base) {
   }
   return base;
 }
-}  // namespace detail
 
-namespace detail {
 //! Waits for `r` until `d`. @throws system_error naming rank, peer,
 //! generation, `operation` and the size of the transfer.
 template <transport T>
