@@ -41,6 +41,7 @@
 #include <ebbflow/core/handle.hpp>
 #include <ebbflow/core/log.hpp>
 #include <ebbflow/core/memory.hpp>
+#include <ebbflow/core/thread_name.hpp>
 #include <ebbflow/elastic/cooldown.hpp>
 #include <ebbflow/elastic/group.hpp>
 #include <ebbflow/elastic/kv_store.hpp>

@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 83 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 84 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -8425,6 +8425,59 @@ EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/compress/compressed_allreduce.hpp>
 // ==== end <ebbflow/compress.hpp>
 
+// ==== begin <ebbflow/core/thread_name.hpp> ================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file thread_name.hpp
+//! Names for ebbflow's own threads, so that `top -H`, `ps -L`, `perf`,
+//! `gdb` and `/proc/<pid>/task/<tid>/comm` show what each one is:
+//!
+//! | name | thread |
+//! |---|---|
+//! | `ebbflow-beat` | an elastic member's heartbeat (lease, failure watch) |
+//! | `ebbflow-admit` | an elastic member's admission helper (a join or leave in the background) |
+//! | `ebbflow-store` | the rendezvous store server's I/O thread |
+//! | `ebbflow-loadN` | prefetcher loader N |
+//! | `ebbflow-copy` | the prefetcher's host-to-device copy stage |
+//!
+//! Linux keeps 15 bytes of a thread's name; longer names are cut there.
+//! Elsewhere naming does nothing.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <algorithm>
+#include <string_view>
+
+#if defined(__linux__)
+#include <pthread.h>
+#endif
+
+EBBFLOW_BEGIN_NAMESPACE
+
+namespace detail {
+
+//! Names thread `t` (a `std::thread` or `std::jthread` that has not been
+//! joined; at most 15 bytes are kept); never fails. ebbflow calls it right
+//! after starting `t`, from the starting thread, so the name is set by the
+//! time the call that started `t` returns.
+template <class Thread>
+void name_thread(Thread& t, std::string_view name) noexcept {
+#if defined(__linux__)
+  char buf[16] = {};
+  const std::size_t n = std::min<std::size_t>(name.size(), sizeof buf - 1);
+  std::copy_n(name.data(), n, buf);
+  ::pthread_setname_np(t.native_handle(), buf);
+#else
+  (void)t;
+  (void)name;
+#endif
+}
+
+}  // namespace detail
+
+EBBFLOW_END_NAMESPACE
+// ==== end <ebbflow/core/thread_name.hpp>
+
 // ==== begin <ebbflow/elastic/cooldown.hpp> ================================
 // SPDX-License-Identifier: Apache-2.0
 //! @file cooldown.hpp
@@ -11457,6 +11510,7 @@ EBBFLOW_END_NAMESPACE
 
 
 // #include <ebbflow/elastic/group.hpp>  (inlined)
+// #include <ebbflow/core/thread_name.hpp>  (inlined)
 
 #include <sched.h>
 #include <sys/resource.h>
@@ -11774,6 +11828,7 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
     store_->set(key("addr/" + std::to_string(id_)), to_value(mine), store_deadline());
   }
   heartbeat_ = std::jthread([this](std::stop_token st) { heartbeat_loop(st); });
+  ::ebbflow::detail::name_thread(heartbeat_, "ebbflow-beat");
   if (!opts_.join && launch_.rank < launch_.world_size)
     form_initial();
   else {
@@ -13212,6 +13267,7 @@ void group<Store, Net>::start_admission(std::optional<std::string> record, std::
       }
       res->done.store(true, std::memory_order_release);
     });
+    ::ebbflow::detail::name_thread(nx.helper, "ebbflow-admit");
     nx.prepared_seconds = std::chrono::duration<double>(steady_clock::now() - started).count();
     next_ = std::move(nx);
   } else {
@@ -15335,6 +15391,7 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/core/env.hpp>  (inlined)
 // #include <ebbflow/core/error.hpp>  (inlined)
 // #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/core/thread_name.hpp>  (inlined)
 // #include <ebbflow/elastic/detail/hmac.hpp>  (inlined here)
 // ---- begin <ebbflow/elastic/detail/hmac.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -16119,6 +16176,7 @@ inline store_server::store_server(server_options opts) : own_ioc_(std::make_uniq
       }
     }
   });
+  ::ebbflow::detail::name_thread(thread_, "ebbflow-store");
 }
 
 inline store_server::store_server(boost::asio::io_context& ioc, server_options opts) {
@@ -18440,6 +18498,7 @@ EBBFLOW_END_NAMESPACE
 
 // #include <ebbflow/prefetch/prefetcher.hpp>  (inlined)
 // #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/core/thread_name.hpp>  (inlined)
 
 #include <algorithm>
 #include <atomic>
@@ -18538,8 +18597,12 @@ class prefetch_state : public std::enable_shared_from_this<prefetch_state<Source
   void start() {
     std::lock_guard jl(join_m_);
     try {
-      for (unsigned i = 0; i < opt_.loaders; ++i) threads_.emplace_back([this] { guarded([this] { loader_loop(); }); });
+      for (unsigned i = 0; i < opt_.loaders; ++i) {
+        threads_.emplace_back([this] { guarded([this] { loader_loop(); }); });
+        ::ebbflow::detail::name_thread(threads_.back(), "ebbflow-load" + std::to_string(i));
+      }
       threads_.emplace_back([this] { guarded([this] { copy_loop(); }); });
+      ::ebbflow::detail::name_thread(threads_.back(), "ebbflow-copy");
     } catch (...) {
       shutdown();
       throw;  // the destructor joins what started

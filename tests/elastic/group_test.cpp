@@ -7,6 +7,7 @@
 #include <ebbflow/elastic/planner_policy.hpp>
 
 #include "group_harness.hpp"
+#include "../thread_names.hpp"
 
 #include <gtest/gtest.h>
 
@@ -364,6 +365,33 @@ TEST(ElasticGroup, StaticGroupEqualsSingleProcess) {
   ASSERT_EQ(out.history0.size(), 1u);
   EXPECT_EQ(out.history0[0].reason, el::change_reason::initial);
 }
+
+#if defined(__linux__)
+// top -H, perf and gdb tell a member's heartbeat and admission helper from
+// the training thread.
+TEST(ElasticGroup, ItsThreadsAreNamed) {
+  scenario sc;
+  sc.steps = 60;
+  sc.step_time = std::chrono::milliseconds(10);
+  sc.joins = {10};
+  std::atomic<bool> done{false};
+  bool beat = false, admit = false;
+  std::thread job([&] {
+    run(sc);
+    done = true;
+  });
+  while (!done) {
+    for (const auto& n : ebbflow_test::thread_names()) {
+      beat = beat || n == "ebbflow-beat";
+      admit = admit || n == "ebbflow-admit";
+    }
+    std::this_thread::yield();
+  }
+  job.join();
+  EXPECT_TRUE(beat);
+  EXPECT_TRUE(admit);
+}
+#endif
 
 // The coordinator learns of join tickets from its heartbeat thread: a steady
 // step, on any member, waits on no store call (the store may be busy, or far).

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The rendezvous store against real processes and raw sockets on loopback.
 #include "raw_client.hpp"
+#include "../thread_names.hpp"
 
 #include <ebbflow/elastic/detail/process_group.hpp>
 #include <ebbflow/elastic/kv_store.hpp>
@@ -140,6 +141,9 @@ TEST(Store, AClientRefusedAtTheHandshakeConnectsAgain) {
 
 TEST(Store, BasicOperations) {
   el::store_server srv(test_options());
+#if defined(__linux__)
+  EXPECT_TRUE(ebbflow_test::has_thread("ebbflow-store"));  // named before the constructor returned
+#endif
   el::store_client c("127.0.0.1", srv.port(), token);
   c.set("a", "1");
   EXPECT_EQ(c.get("a"), "1");

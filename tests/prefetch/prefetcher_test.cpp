@@ -17,6 +17,8 @@
 #include <tuple>
 #include <vector>
 
+#include "../thread_names.hpp"
+
 namespace pf = ebbflow::prefetch;
 using namespace std::chrono_literals;
 using ebbflow::deadline;
@@ -108,6 +110,19 @@ TEST(Prefetcher, ChunkLevelLoadSeesConsecutivePositions) {
   EXPECT_EQ(steps, 20);
   EXPECT_EQ(calls.load(), 20 * 4);
 }
+
+#if defined(__linux__)
+// top -H, perf and gdb show what each of the prefetcher's threads is.
+TEST(Prefetcher, ItsThreadsAreNamed) {
+  pf::prefetch_options o{.sample_bytes = sample_bytes, .max_batch_samples = 8, .loaders = 2};
+  // More batches than the ring holds: every thread stays alive, waiting for room.
+  pf::prefetcher p(pf::sequence_source(8 * 100'000, [](auto) { return 8; }), fill_load{}, pf::cpu_stage(1), o);
+  // Named by the thread that started them, before the constructor returned.
+  EXPECT_TRUE(ebbflow_test::has_thread("ebbflow-load0"));
+  EXPECT_TRUE(ebbflow_test::has_thread("ebbflow-load1"));
+  EXPECT_TRUE(ebbflow_test::has_thread("ebbflow-copy"));
+}
+#endif
 
 // ---------------------------------------------------------------- CPU split
 TEST(Prefetcher, CpuSplitGivesEachDeviceExactlyItsPlannedIndices) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ebbflow/elastic/group.hpp>
+#include <ebbflow/core/thread_name.hpp>
 
 #include <sched.h>
 #include <sys/resource.h>
@@ -321,6 +322,7 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
     store_->set(key("addr/" + std::to_string(id_)), to_value(mine), store_deadline());
   }
   heartbeat_ = std::jthread([this](std::stop_token st) { heartbeat_loop(st); });
+  ::ebbflow::detail::name_thread(heartbeat_, "ebbflow-beat");
   if (!opts_.join && launch_.rank < launch_.world_size)
     form_initial();
   else {
@@ -1759,6 +1761,7 @@ void group<Store, Net>::start_admission(std::optional<std::string> record, std::
       }
       res->done.store(true, std::memory_order_release);
     });
+    ::ebbflow::detail::name_thread(nx.helper, "ebbflow-admit");
     nx.prepared_seconds = std::chrono::duration<double>(steady_clock::now() - started).count();
     next_ = std::move(nx);
   } else {

@@ -7,6 +7,7 @@
 #include <ebbflow/core/env.hpp>
 #include <ebbflow/core/error.hpp>
 #include <ebbflow/core/log.hpp>
+#include <ebbflow/core/thread_name.hpp>
 #include <ebbflow/elastic/detail/hmac.hpp>
 #include <ebbflow/elastic/detail/store_protocol.hpp>
 #include <ebbflow/elastic/kv_store.hpp>
@@ -715,6 +716,7 @@ inline store_server::store_server(server_options opts) : own_ioc_(std::make_uniq
       }
     }
   });
+  ::ebbflow::detail::name_thread(thread_, "ebbflow-store");
 }
 
 inline store_server::store_server(boost::asio::io_context& ioc, server_options opts) {

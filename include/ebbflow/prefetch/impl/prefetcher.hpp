@@ -7,6 +7,7 @@
 
 #include <ebbflow/prefetch/prefetcher.hpp>
 #include <ebbflow/core/log.hpp>
+#include <ebbflow/core/thread_name.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -105,8 +106,12 @@ class prefetch_state : public std::enable_shared_from_this<prefetch_state<Source
   void start() {
     std::lock_guard jl(join_m_);
     try {
-      for (unsigned i = 0; i < opt_.loaders; ++i) threads_.emplace_back([this] { guarded([this] { loader_loop(); }); });
+      for (unsigned i = 0; i < opt_.loaders; ++i) {
+        threads_.emplace_back([this] { guarded([this] { loader_loop(); }); });
+        ::ebbflow::detail::name_thread(threads_.back(), "ebbflow-load" + std::to_string(i));
+      }
       threads_.emplace_back([this] { guarded([this] { copy_loop(); }); });
+      ::ebbflow::detail::name_thread(threads_.back(), "ebbflow-copy");
     } catch (...) {
       shutdown();
       throw;  // the destructor joins what started
