@@ -43,6 +43,54 @@ import tempfile
 import time
 
 
+class cpu_meter:
+    """CPU time that processes other than this bench and its jobs took while a
+    job ran, in cores (1.0 = one core kept busy): a benchmark on a host that
+    something else loads measures that load, not the library. Busy time is
+    /proc/stat's user + nice + system (interrupt time left out); the jobs'
+    own is this process's and its reaped children's (os.times)."""
+
+    def __init__(self):
+        self.hz = os.sysconf("SC_CLK_TCK")
+        self.jobs = []  # (tag, cores)
+
+    def snap(self):
+        try:
+            with open("/proc/stat") as f:
+                user, nice, system = (int(x) for x in f.readline().split()[1:4])
+        except (OSError, ValueError):
+            return None
+        t = os.times()
+        return ((user + nice + system) / self.hz, t.user + t.system + t.children_user + t.children_system,
+                time.monotonic())
+
+    def add(self, tag, before, after):
+        if before is None or after is None or after[2] <= before[2]:
+            return
+        other = (after[0] - before[0]) - (after[1] - before[1])
+        cores = max(0.0, other / (after[2] - before[2]))
+        self.jobs.append((tag, cores))
+        if cores > self.warn_at:
+            print(f"warning: {tag}: other processes took {cores * 100:.0f} % of a core while the job ran "
+                  f"(see top): its figures measure them too", file=sys.stderr, flush=True)
+
+    def report(self, width):
+        """One line for a bench's table, and a second one when a job was not clean."""
+        if not self.jobs:
+            return
+        worst = max(self.jobs, key=lambda j: j[1])
+        print(f"{'other processes during the jobs (cores), median':{width}s} "
+              f"{statistics.median(c for _, c in self.jobs):12.3f}  (worst {worst[1]:.3f}, {worst[0]})")
+        if worst[1] > self.warn_at:
+            print(f"# not a clean run: something else took over {self.warn_at * 100:.0f} % of a core during "
+                  f"{sum(c > self.warn_at for _, c in self.jobs)} of {len(self.jobs)} jobs")
+
+    warn_at = 0.10
+
+
+meter = cpu_meter()
+
+
 def run_job(args, launcher_flags, extra, tag, env_extra=None, metrics=None):
     metrics = metrics or os.path.join(args.tmp, f"{tag}.csv")
     if os.path.exists(metrics) and "--resume" not in extra:
@@ -53,7 +101,9 @@ def run_job(args, launcher_flags, extra, tag, env_extra=None, metrics=None):
     env = dict(os.environ, EBBFLOW_LOG="warn")
     env.update(env_extra or {})
     t0 = time.time()
+    before = meter.snap()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=args.tmp)
+    meter.add(tag, before, meter.snap())
     if p.returncode != 0:
         sys.stderr.write(p.stdout + p.stderr)
         raise SystemExit(f"{tag}: ebbflow-run exited {p.returncode}")
@@ -331,6 +381,7 @@ def main():
     if "restart" in scen:
         print(f"{'checkpoint-restart downtime (s)':48s} {med['restart_down']:12.2f}")
         print(f"{'ratio restart downtime / ebbflow scale-out stall':48s} {med['restart_down'] / (med['scale_stall_max'] / 1e3):11.1f}x")
+    meter.report(48)
     if args.json:
         with open(args.json, "w") as f:
             for k, v in res.items():

@@ -69,6 +69,7 @@ def main():
     print(f"{'straggler kept, steal':28s} {med['plan+steal, straggler'] / med['plan'] * 100:9.2f}%  "
           f"(of the no-straggler plan; without stealing "
           f"{med['plan, straggler'] / med['plan'] * 100:.2f}%)")
+    eb.meter.report(28)
 
 
 if __name__ == "__main__":
