@@ -22,8 +22,9 @@ namespace el = ebbflow::elastic;
 
 // Forwards to one shared memory_store (each worker gets its own "client").
 // One member's connection to the job's store. It counts, where asked, the
-// calls made on it (`calls`) and the reads of the join-ticket counter
-// (`join_seq_reads`, all connections of a run).
+// calls made on it (`calls`), the reads of the join-ticket counter
+// (`join_seq_reads`, all connections of a run) and of the tickets
+// themselves (`ticket_reads`).
 struct store_ref {
   std::shared_ptr<el::memory_store> s;
   std::atomic<long>* calls = nullptr;
@@ -31,12 +32,18 @@ struct store_ref {
   // While set, every call on this member's connections blocks, as in a
   // stopped process: its heartbeat thread stays silent.
   std::shared_ptr<std::atomic<bool>> frozen{};
+  // Reads of join tickets ("<prefix>/join/<n>") on this connection, where asked.
+  std::atomic<long>* ticket_reads = nullptr;
   void count() {
     while (frozen && frozen->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     if (calls) calls->fetch_add(1);
   }
   void set(const std::string& k, std::string_view v, ef::deadline d) { count(), s->set(k, v, d); }
-  std::optional<std::string> try_get(const std::string& k, ef::deadline d) { return count(), s->try_get(k, d); }
+  std::optional<std::string> try_get(const std::string& k, ef::deadline d) {
+    count();
+    if (ticket_reads && k.find("/join/") != std::string::npos) ticket_reads->fetch_add(1);
+    return s->try_get(k, d);
+  }
   std::int64_t add(const std::string& k, std::int64_t x, ef::deadline d) {
     count();
     const auto r = s->add(k, x, d);

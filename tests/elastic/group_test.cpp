@@ -154,6 +154,7 @@ struct outcome {
   std::atomic<long> join_seq_reads{0};      // reads of the join-ticket counter, all members
   std::atomic<long> rank0_calls{0};         // store calls of launch rank 0's training thread
   std::vector<long> rank0_calls_at_step;    // rank0_calls at each of its begin_steps (index: step)
+  std::atomic<long> rank0_ticket_reads{0};  // join tickets read by launch rank 0's training thread
 };
 
 void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::shared_ptr<el::loopback_fabric> fabric,
@@ -195,7 +196,10 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
     test_group g(
         [store, &out, training_thread, count_calls, frozen] {
           store_ref r{store, nullptr, &out.join_seq_reads, frozen};
-          if (count_calls && std::this_thread::get_id() == training_thread) r.calls = &out.rank0_calls;
+          if (count_calls && std::this_thread::get_id() == training_thread) {
+            r.calls = &out.rank0_calls;
+            r.ticket_reads = &out.rank0_ticket_reads;
+          }
           return std::make_unique<store_ref>(r);
         },
         net, o, li, std::move(policy));
@@ -406,6 +410,21 @@ TEST(ElasticGroup, ASteadyStepMakesNoStoreCall) {
   ASSERT_GE(at.size(), 36u);
   EXPECT_EQ(at[35] - at[5], 0) << "store calls of the coordinator's training thread in steps 5 to 35";
   EXPECT_GT(out.join_seq_reads.load(), 0) << "the heartbeat thread watches the join tickets";
+}
+
+// The step that admits newcomers reads no join ticket either: the
+// coordinator's heartbeat thread read them (and their workers' failure
+// counts) before it told the training thread that they wait.
+TEST(ElasticGroup, TheStepThatAdmitsNewcomersReadsNoTicket) {
+  scenario sc;
+  sc.joins = {4, 9};
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 5);
+  int joins = 0;
+  for (auto& h : out.history0) joins += h.reason == el::change_reason::join;
+  EXPECT_GE(joins, 1);
+  EXPECT_EQ(out.rank0_ticket_reads.load(), 0) << "join tickets read on the coordinator's training thread";
 }
 
 TEST(ElasticGroup, JoinMidTrainingGetsStateAndEqualsSingleProcess) {

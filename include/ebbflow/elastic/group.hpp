@@ -723,6 +723,21 @@ class group {
   // while join tickets wait: a steady step makes no store call.
   std::atomic<bool> hb_watch_joins_{false};
   std::atomic<std::int64_t> join_seq_hint_{0};
+  // It also reads the tickets themselves as they appear, and their workers'
+  // join-failure counts, so that the step that admits them makes no store
+  // call either (under hb_mutex_, by ticket number; tickets up to
+  // hb_tickets_floor_ are handled). A ticket never changes once written; a
+  // count only in a recovery (count_join_failures), which bumps
+  // failures_epoch_ after it: a count read before that is read again.
+  struct prefetched_ticket {
+    std::string value;
+    std::int64_t failures_epoch = -1;  // failures_epoch_ when `failures` was read (-1: not read)
+    std::optional<std::string> failures;
+  };
+  std::map<std::int64_t, prefetched_ticket> hb_tickets_;
+  std::atomic<std::int64_t> hb_tickets_floor_{0};
+  std::atomic<std::int64_t> failures_epoch_{0};
+  std::int64_t prefetch_tickets(Store& st, std::int64_t total);
   std::int64_t ticket_seen_until_ = 0;           // coordinator: newest join ticket seen
   steady_clock::time_point ticket_first_seen_;   // when the oldest waiting ticket was seen
   steady_clock::time_point ticket_last_change_;  // when the newest ticket was seen

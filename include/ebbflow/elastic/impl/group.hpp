@@ -88,6 +88,21 @@ std::vector<std::optional<std::string>> try_get_all(S& st, const std::vector<std
   }
 }
 
+// A join ticket reads "<member> <failures whose cool-down it waited out>
+// <worker key>"; the member id is parsed (and checked) by its reader.
+struct join_ticket {
+  std::string id;
+  std::int64_t held_for = 0;
+  std::string worker;
+  static join_ticket parse(const std::string& v) {
+    join_ticket t;
+    std::istringstream in(v);
+    in >> t.id >> t.held_for >> std::ws;
+    std::getline(in, t.worker);
+    return t;
+  }
+};
+
 // `add(keys[i], deltas[i])` for every i: in one pipelined batch where the
 // store offers add_many, else one by one.
 template <class S>
@@ -372,6 +387,7 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
   std::vector<member_id> watched;
   std::vector<int> watched_ranks;
   std::int64_t published = 0;          // this member's progress counter in the store, as last read
+  std::int64_t next_ticket = 1;        // coordinator: the first join ticket not read yet
   steady_clock::rep stall_warned = 0;  // the wait (its start) last reported
   while (!st.stop_requested()) {
     try {
@@ -409,7 +425,12 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
       const auto counters =
           detail::add_all(*s, keys, deltas, deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
       if (publish) published = counters[1];
-      if (watch) join_seq_hint_.store(counters[join_at], std::memory_order_relaxed);
+      if (watch) {
+        // The new tickets first, then the hint: a step that sees the hint
+        // finds them read (prefetch_tickets makes no call while none is new).
+        next_ticket = prefetch_tickets(*s, counters[join_at]);
+        join_seq_hint_.store(counters[join_at], std::memory_order_relaxed);
+      }
       if (const auto end = probation_end_.load(std::memory_order_relaxed);
           end != 0 && steady_clock::now().time_since_epoch().count() >= end) {
         // A newcomer that stayed: its worker's join failures no longer run in a row.
@@ -442,8 +463,9 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
       warned = false;
       if (watch) {
         // The coordinator waits for the next join ticket on the server
-        // instead of sleeping: a ticket reaches the hint at once.
-        const std::string next = key("join/" + std::to_string(join_seq_hint_.load(std::memory_order_relaxed) + 1));
+        // instead of sleeping: a ticket reaches the hint at once. (One
+        // counted but not yet written is the next one to wait for.)
+        const std::string next = key("join/" + std::to_string(next_ticket));
         detail::wait_key(*s, next, deadline::after(opts_.heartbeat), st);
         continue;
       }
@@ -770,6 +792,12 @@ void group<Store, Net>::enter(detail::generation_record rec) {
         hb_watched_ranks_.push_back(static_cast<int>(j));
       }
   }
+  hb_tickets_floor_.store(gen_.joins_seen, std::memory_order_relaxed);
+  // Join-failure counts the heartbeat thread read are kept only while this
+  // member stays the coordinator and no failure intervenes (the recovery's
+  // coordinator counted it before it wrote this generation's record).
+  if (gen_.reason == change_reason::failure || !hb_watch_joins_.load(std::memory_order_relaxed))
+    failures_epoch_.fetch_add(1, std::memory_order_acq_rel);
   hb_generation_.store(gen_.generation);
   hb_watch_joins_.store(rank_ == 0, std::memory_order_relaxed);
   comm_.reset();
@@ -1252,24 +1280,38 @@ std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, st
   std::vector<std::string> keys;
   for (std::int64_t t = seen + 1; t <= total && keys.size() < room; ++t)
     keys.push_back(key("join/" + std::to_string(t)));
-  // A ticket reads "<member> <failures whose cool-down it waited out> <worker key>".
+  const bool with_failures = opts_.join_cooldown.count() > 0;
+  // At a step boundary the heartbeat thread has read them (and their
+  // workers' failure counts) before it raised the hint: no store call then.
+  // Otherwise, or if any is missing, they are read here.
+  std::vector<std::optional<std::string>> values, failures;
+  bool cached = settle && !keys.empty();
+  if (cached) {
+    std::lock_guard lk(hb_mutex_);
+    for (std::size_t i = 0; i < keys.size() && cached; ++i) {
+      const auto it = hb_tickets_.find(seen + 1 + static_cast<std::int64_t>(i));
+      cached = it != hb_tickets_.end() &&
+               (!with_failures || it->second.failures_epoch == failures_epoch_.load(std::memory_order_acquire));
+      if (cached) values.emplace_back(it->second.value), failures.push_back(it->second.failures);
+    }
+  }
+  if (!cached) values = detail::try_get_all(*store_, keys, store_deadline());
   struct ticket {
     std::int64_t seq;
     member_id id;
     std::int64_t held_for = 0;
     std::string worker;
+    std::optional<std::string> failures;
   };
   std::vector<ticket> tickets;
-  for (auto& v : detail::try_get_all(*store_, keys, store_deadline())) {
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const auto& v = values[i];
     if (!v) break;  // ticket taken but not yet written: pick it up next time
     ++seen;
-    ticket t{seen, -1, 0, {}};
-    std::istringstream in(*v);
-    std::string id;
-    in >> id >> t.held_for >> std::ws;
-    std::getline(in, t.worker);
+    auto p = detail::join_ticket::parse(*v);
+    ticket t{seen, -1, p.held_for, std::move(p.worker), cached ? failures[i] : std::nullopt};
     try {
-      t.id = detail::parse_i64(id);
+      t.id = detail::parse_i64(p.id);
     } catch (const system_error&) {
       // Consumed and skipped: kept, it would stop every later ticket.
       EBBFLOW_LOG_WARN("join ticket " << seen << " is malformed ('" << v->substr(0, 64) << "'): skipped");
@@ -1278,12 +1320,17 @@ std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, st
     tickets.push_back(std::move(t));
   }
   // The failure counts of the tickets' workers, in one batch (only when a
-  // ticket arrived: this runs on the coordinator's training thread).
+  // ticket arrived and the heartbeat thread had not read them: this runs on
+  // the coordinator's training thread).
   std::vector<std::optional<std::string>> counts(tickets.size());
-  if (opts_.join_cooldown.count() > 0 && !tickets.empty()) {
-    std::vector<std::string> ckeys;
-    for (auto& t : tickets) ckeys.push_back(key("joinfail/" + t.worker));
-    counts = detail::try_get_all(*store_, ckeys, store_deadline());
+  if (with_failures && !tickets.empty()) {
+    if (cached) {
+      for (std::size_t i = 0; i < tickets.size(); ++i) counts[i] = tickets[i].failures;
+    } else {
+      std::vector<std::string> ckeys;
+      for (auto& t : tickets) ckeys.push_back(key("joinfail/" + t.worker));
+      counts = detail::try_get_all(*store_, ckeys, store_deadline());
+    }
   }
   for (std::size_t i = 0; i < tickets.size(); ++i) {
     const auto& t = tickets[i];
@@ -1298,6 +1345,56 @@ std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, st
     out.push_back(t.id);
   }
   return out;
+}
+
+template <kv_store Store, network Net>
+std::int64_t group<Store, Net>::prefetch_tickets(Store& st, std::int64_t total) {
+  // The coordinator's heartbeat thread: reads the tickets after those it
+  // holds, up to `total`, in one batch (64 at most a round), then the
+  // failure counts of their workers (and again those of held tickets read
+  // before a recovery) in a second. No call while nothing is new. Returns
+  // the number of the first ticket it does not hold.
+  const std::int64_t floor = hb_tickets_floor_.load(std::memory_order_relaxed);
+  const std::int64_t epoch = failures_epoch_.load(std::memory_order_acquire);
+  const bool with_failures = opts_.join_cooldown.count() > 0;
+  std::int64_t from = floor + 1;
+  std::vector<std::pair<std::int64_t, std::string>> stale;  // held tickets whose counts are older: (number, worker)
+  {
+    std::lock_guard lk(hb_mutex_);
+    std::erase_if(hb_tickets_, [&](const auto& e) { return e.first <= floor; });
+    for (auto it = hb_tickets_.find(from); it != hb_tickets_.end() && it->first == from; ++it, ++from)
+      if (with_failures && it->second.failures_epoch != epoch)
+        stale.emplace_back(it->first, detail::join_ticket::parse(it->second.value).worker);
+  }
+  std::vector<std::string> keys;
+  for (std::int64_t t = from; t <= total && t < from + 64; ++t) keys.push_back(key("join/" + std::to_string(t)));
+  std::vector<std::pair<std::int64_t, prefetched_ticket>> got;
+  for (auto& v : detail::try_get_all(st, keys, store_deadline())) {
+    if (!v) break;  // taken but not yet written: the next round
+    got.emplace_back(from + static_cast<std::int64_t>(got.size()), prefetched_ticket{std::move(*v), -1, std::nullopt});
+  }
+  std::map<std::int64_t, std::optional<std::string>> counts;  // by ticket number
+  if (with_failures) {
+    for (auto& [n, t] : got) stale.emplace_back(n, detail::join_ticket::parse(t.value).worker);
+    std::vector<std::string> ckeys;
+    std::vector<std::int64_t> of;
+    for (auto& [n, worker] : stale) {
+      if (worker.empty())
+        counts[n] = std::nullopt;  // no worker key: no count to read
+      else
+        ckeys.push_back(key("joinfail/" + worker)), of.push_back(n);
+    }
+    auto values = detail::try_get_all(st, ckeys, store_deadline());
+    for (std::size_t k = 0; k < of.size(); ++k) counts[of[k]] = std::move(values[k]);
+  }
+  std::lock_guard lk(hb_mutex_);
+  for (auto& [n, t] : got) hb_tickets_.emplace(n, std::move(t));
+  for (auto& [n, c] : counts)
+    if (const auto it = hb_tickets_.find(n); it != hb_tickets_.end()) {
+      it->second.failures = std::move(c);
+      it->second.failures_epoch = epoch;
+    }
+  return from + static_cast<std::int64_t>(got.size());
 }
 
 template <kv_store Store, network Net>
@@ -1466,7 +1563,10 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
         if (!holds.empty()) {
           answer_holds(*store_, holds);
           // Held tickets are handled: not read again (the next record carries it).
-          if (admitting_.empty()) gen_.joins_seen = seen;
+          if (admitting_.empty()) {
+            gen_.joins_seen = seen;
+            hb_tickets_floor_.store(seen, std::memory_order_relaxed);
+          }
         }
       } catch (const system_error& e) {
         EBBFLOW_LOG_WARN("coordinator could not read join tickets: " << e.what());
@@ -1537,7 +1637,10 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
   const auto leaves = leaves_applied(v, n);
   const bool leaving = std::find(leaves.begin(), leaves.end(), char{1}) != leaves.end();
   if (v[0] > 0 || leaving) {
-    if (rank_ == 0) gen_.joins_seen = seen;
+    if (rank_ == 0) {
+      gen_.joins_seen = seen;
+      hb_tickets_floor_.store(seen, std::memory_order_relaxed);
+    }
     change_membership(leaves, n);
   }
 }
@@ -1934,6 +2037,8 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
       }
       if (!undecided) {
         count_join_failures(alive, failures_counted);  // before the tickets are read: a restarted newcomer's sees it
+        // Failure counts the heartbeat thread read before this are stale.
+        failures_epoch_.fetch_add(1, std::memory_order_acq_rel);
         std::int64_t seen = gen_.joins_seen;
         const std::size_t room =
             static_cast<std::size_t>(std::max<std::int64_t>(0, opts_.max_size - static_cast<int>(alive.size())));
