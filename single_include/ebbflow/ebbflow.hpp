@@ -11492,7 +11492,9 @@ class group {
   std::atomic<std::int64_t> hb_tickets_floor_{0};
   std::atomic<std::int64_t> failures_epoch_{0};
   std::int64_t prefetch_tickets(Store& st, std::int64_t total);
-  std::int64_t ticket_seen_until_ = 0;           // coordinator: newest join ticket seen
+  std::int64_t ticket_seen_until_ = 0;  // coordinator: newest join ticket seen
+  std::int64_t ticket_hole_ = 0;        // coordinator: a ticket taken but not written, since:
+  steady_clock::time_point ticket_hole_since_;
   steady_clock::time_point ticket_first_seen_;   // when the oldest waiting ticket was seen
   steady_clock::time_point ticket_last_change_;  // when the newest ticket was seen
 
@@ -12827,7 +12829,22 @@ std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, st
   std::vector<ticket> tickets;
   for (std::size_t i = 0; i < values.size(); ++i) {
     const auto& v = values[i];
-    if (!v) break;  // ticket taken but not yet written: pick it up next time
+    if (!v) {
+      // Taken but not yet written: a newcomer writes its ticket right after
+      // it takes the number, so it is picked up next time. One that stays
+      // unwritten for a lease (its newcomer died in between) is skipped:
+      // kept, it would stop every later ticket.
+      const auto now = steady_clock::now();
+      if (ticket_hole_ != seen + 1) ticket_hole_ = seen + 1, ticket_hole_since_ = now;
+      if (now - ticket_hole_since_ < opts_.lease) break;
+      ++seen;
+      EBBFLOW_LOG_WARN(
+          "join ticket " << seen << " was taken but not written for "
+                         << std::chrono::duration_cast<std::chrono::milliseconds>(now - ticket_hole_since_).count()
+                         << " ms (EBBFLOW_LEASE_MS=" << opts_.lease.count()
+                         << "; did its newcomer die before writing it?): skipped");
+      continue;
+    }
     ++seen;
     auto p = detail::join_ticket::parse(*v);
     ticket t{seen, -1, p.held_for, std::move(p.worker), cached ? failures[i] : std::nullopt};
@@ -13081,13 +13098,12 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
         const std::size_t room = static_cast<std::size_t>(std::max(0, opts_.max_size - n));
         std::vector<join_hold> holds;
         admitting_ = pending_joiners(seen, room, true, holds);
-        if (!holds.empty()) {
-          answer_holds(*store_, holds);
-          // Held tickets are handled: not read again (the next record carries it).
-          if (admitting_.empty()) {
-            gen_.joins_seen = seen;
-            hb_tickets_floor_.store(seen, std::memory_order_relaxed);
-          }
+        if (!holds.empty()) answer_holds(*store_, holds);
+        // Tickets handled without an admission (held, malformed, or never
+        // written) are not read again; the next record carries the count.
+        if (admitting_.empty() && seen > gen_.joins_seen) {
+          gen_.joins_seen = seen;
+          hb_tickets_floor_.store(seen, std::memory_order_relaxed);
         }
       } catch (const system_error& e) {
         EBBFLOW_LOG_WARN("coordinator could not read join tickets: " << e.what());

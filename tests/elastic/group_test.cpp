@@ -127,8 +127,9 @@ struct scenario {
   std::chrono::microseconds step_time{0};  // slept per step (time-based behaviour)
   std::chrono::milliseconds join_cooldown{1000}, join_cooldown_max{60'000};
   std::vector<std::pair<std::string, std::string>> store_init;  // keys set before the workers start
-  bool steal = false;                                           // steal_step instead of the own slice
-  int straggler = -1;                                           // this launch rank sleeps per sample
+  int ticket_holes = 0;  // join-ticket numbers taken before the job, never written (newcomers that died)
+  bool steal = false;    // steal_step instead of the own slice
+  int straggler = -1;    // this launch rank sleeps per sample
   std::chrono::microseconds straggle{0};
   std::size_t joiner_extra_state = 0;  // a newcomer registers this many floats (0: as the members)
   std::chrono::milliseconds op_timeout{5000};
@@ -229,7 +230,7 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
             // join ticket and this coordinator's heartbeat thread read the
             // ticket counter after that (twice: the first read may have
             // begun before), so it is admitted now, not after the end.
-            const auto want = static_cast<std::int64_t>(join_started.size());
+            const auto want = static_cast<std::int64_t>(join_started.size()) + sc.ticket_holes;
             const auto d = ef::deadline::after(10s);
             while (!store->try_get("ebbflow/join/" + std::to_string(want), d) && !d.expired())
               std::this_thread::sleep_for(100us);
@@ -300,6 +301,7 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
 std::unique_ptr<outcome> run(const scenario& sc) {
   auto store = std::make_shared<el::memory_store>();
   for (auto& [k, v] : sc.store_init) store->set(k, v, ef::deadline::after(1s));
+  if (sc.ticket_holes > 0) store->add("ebbflow/join_seq", sc.ticket_holes, ef::deadline::after(1s));
   auto fabric = std::make_shared<el::loopback_fabric>();
   auto result = std::make_unique<outcome>();
   result->store = store;
@@ -425,6 +427,23 @@ TEST(ElasticGroup, TheStepThatAdmitsNewcomersReadsNoTicket) {
   for (auto& h : out.history0) joins += h.reason == el::change_reason::join;
   EXPECT_GE(joins, 1);
   EXPECT_EQ(out.rank0_ticket_reads.load(), 0) << "join tickets read on the coordinator's training thread";
+}
+
+// A newcomer that died between taking a ticket number and writing the
+// ticket leaves a hole: the coordinator skips it after a lease (300 ms
+// here) and admits the newcomers behind it.
+TEST(ElasticGroup, ATicketNeverWrittenDoesNotStopTheOnesAfterIt) {
+  scenario sc;
+  sc.steps = 60;
+  sc.step_time = 20ms;
+  sc.ticket_holes = 1;
+  sc.joins = {5};
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  expect_equal_to_reference(sc, out, 4);
+  const auto changes = changes_of(out.history0);
+  ASSERT_GE(changes.size(), 2u);
+  EXPECT_EQ(changes.back(), std::make_tuple(el::change_reason::join, 3, 4));
 }
 
 TEST(ElasticGroup, JoinMidTrainingGetsStateAndEqualsSingleProcess) {

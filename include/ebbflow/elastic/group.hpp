@@ -738,7 +738,9 @@ class group {
   std::atomic<std::int64_t> hb_tickets_floor_{0};
   std::atomic<std::int64_t> failures_epoch_{0};
   std::int64_t prefetch_tickets(Store& st, std::int64_t total);
-  std::int64_t ticket_seen_until_ = 0;           // coordinator: newest join ticket seen
+  std::int64_t ticket_seen_until_ = 0;  // coordinator: newest join ticket seen
+  std::int64_t ticket_hole_ = 0;        // coordinator: a ticket taken but not written, since:
+  steady_clock::time_point ticket_hole_since_;
   steady_clock::time_point ticket_first_seen_;   // when the oldest waiting ticket was seen
   steady_clock::time_point ticket_last_change_;  // when the newest ticket was seen
 

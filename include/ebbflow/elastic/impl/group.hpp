@@ -1306,7 +1306,22 @@ std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, st
   std::vector<ticket> tickets;
   for (std::size_t i = 0; i < values.size(); ++i) {
     const auto& v = values[i];
-    if (!v) break;  // ticket taken but not yet written: pick it up next time
+    if (!v) {
+      // Taken but not yet written: a newcomer writes its ticket right after
+      // it takes the number, so it is picked up next time. One that stays
+      // unwritten for a lease (its newcomer died in between) is skipped:
+      // kept, it would stop every later ticket.
+      const auto now = steady_clock::now();
+      if (ticket_hole_ != seen + 1) ticket_hole_ = seen + 1, ticket_hole_since_ = now;
+      if (now - ticket_hole_since_ < opts_.lease) break;
+      ++seen;
+      EBBFLOW_LOG_WARN(
+          "join ticket " << seen << " was taken but not written for "
+                         << std::chrono::duration_cast<std::chrono::milliseconds>(now - ticket_hole_since_).count()
+                         << " ms (EBBFLOW_LEASE_MS=" << opts_.lease.count()
+                         << "; did its newcomer die before writing it?): skipped");
+      continue;
+    }
     ++seen;
     auto p = detail::join_ticket::parse(*v);
     ticket t{seen, -1, p.held_for, std::move(p.worker), cached ? failures[i] : std::nullopt};
@@ -1560,13 +1575,12 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
         const std::size_t room = static_cast<std::size_t>(std::max(0, opts_.max_size - n));
         std::vector<join_hold> holds;
         admitting_ = pending_joiners(seen, room, true, holds);
-        if (!holds.empty()) {
-          answer_holds(*store_, holds);
-          // Held tickets are handled: not read again (the next record carries it).
-          if (admitting_.empty()) {
-            gen_.joins_seen = seen;
-            hb_tickets_floor_.store(seen, std::memory_order_relaxed);
-          }
+        if (!holds.empty()) answer_holds(*store_, holds);
+        // Tickets handled without an admission (held, malformed, or never
+        // written) are not read again; the next record carries the count.
+        if (admitting_.empty() && seen > gen_.joins_seen) {
+          gen_.joins_seen = seen;
+          hb_tickets_floor_.store(seen, std::memory_order_relaxed);
         }
       } catch (const system_error& e) {
         EBBFLOW_LOG_WARN("coordinator could not read join tickets: " << e.what());
