@@ -16597,9 +16597,13 @@ class client_connection {
   std::array<char, 16384> chunk_{};
 };
 
+// The server's wait for `d`, in whole milliseconds rounded up: rounded
+// down, less than one left would be 0 (answer at once), and a caller that
+// waits in slices would spin through that rest in round trips. The reply
+// may come up to a millisecond after `d`, well within call()'s allowance.
 inline std::uint32_t timeout_ms_until(deadline d) noexcept {
   if (d.at() == steady_clock::time_point::max()) return proto::no_timeout;
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()).count();
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(d.remaining()).count();
   return static_cast<std::uint32_t>(std::min<std::int64_t>(ms, proto::no_timeout - 1));
 }
 
@@ -19255,6 +19259,7 @@ EBBFLOW_END_NAMESPACE
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19475,11 +19480,14 @@ class process_group {
         }
       }
       if (extra_fd >= 0) fds.push_back({extra_fd, POLLIN, 0});
-      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()).count();
-      if (ms > 1000) ms = 1000;  // re-check bookkeeping now and then
-      if (tick && ms > 20) ms = 20;
+      // To the nanosecond: poll(2)'s milliseconds would round the last
+      // fraction of one down to 0 and spin through it.
+      auto wait = std::min<std::chrono::nanoseconds>(d.remaining(), std::chrono::seconds(1));  // re-check now and then
+      if (tick) wait = std::min<std::chrono::nanoseconds>(wait, std::chrono::milliseconds(20));
       if (d.expired() && fds.empty()) return exits;
-      const int r = ::poll(fds.data(), fds.size(), static_cast<int>(ms));
+      const timespec ts{static_cast<std::time_t>(wait.count() / 1'000'000'000),
+                        static_cast<long>(wait.count() % 1'000'000'000)};
+      const int r = ::ppoll(fds.data(), fds.size(), &ts, nullptr);
       if (r < 0 && errno != EINTR) return exits;
       if (r > 0) {
         for (std::size_t i = 0; i < who.size(); ++i) {

@@ -8,6 +8,7 @@
 
 #include <sched.h>
 #include <sys/resource.h>
+#include <time.h>
 
 #include <cerrno>
 
@@ -56,6 +57,36 @@ run_result run(std::vector<std::string> argv, std::vector<std::pair<std::string,
   return r;
 }
 }  // namespace
+
+// A wait for children sleeps in the kernel until its deadline. It used to
+// wait in poll(2)'s whole milliseconds, which rounded the last fraction of one
+// down to 0 and spun through it: ebbflow-run, which waits in 20 ms slices,
+// kept a core 5 % busy that way, beside the workers it launched.
+TEST(Launcher, WaitingForChildrenSleepsInsteadOfSpinning) {
+  el::detail::process_group g([](int, int, std::string_view) {});
+  el::detail::child_spec s;
+  s.argv = {"sleep", "0.5"};
+  g.spawn(s);
+  const auto cpu = [] {
+    timespec t{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+  };
+  const double c0 = cpu();
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto limit = ef::deadline::after(10s);
+  int waits = 0;
+  while (g.running() > 0 && !limit.expired()) {
+    (void)g.poll(ef::deadline::after(2500us));  // 2.5 ms: poll(2) would wait 2 and spin through the half
+    ++waits;
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double busy = (cpu() - c0) / wall;
+  ASSERT_EQ(g.running(), 0u) << "sleep 0.5 did not end";
+  EXPECT_GT(waits, 50) << "each wait should have lasted about 2.5 ms";
+  EXPECT_LT(busy, 0.08) << "the waiting thread was busy " << busy * 100 << " % of " << wall << " s, over " << waits
+                        << " waits";
+}
 
 TEST(Launcher, FourRanksMeetInTheStore) {
   auto r = run({EBBFLOW_RUN, "-n", "4", "--", EBBFLOW_STORE_WORKER, "meet"});

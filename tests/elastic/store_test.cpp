@@ -321,6 +321,18 @@ TEST(Store, WaitHonoursItsDeadline) {
     EXPECT_NE(c.last_error_detail().find("1 of 2 keys still missing"), std::string::npos) << c.last_error_detail();
     EXPECT_NE(c.last_error_detail().find("'absent'"), std::string::npos);
   }
+  // A fraction of a millisecond is waited for too: the server counts whole
+  // milliseconds, rounded up. Rounded down, a caller that waits in slices
+  // (the coordinator's heartbeat, every 50 ms) spun through its last
+  // fraction of one in round trips that came back at once.
+  for (auto timeout : {std::chrono::microseconds(600), std::chrono::microseconds(1500)}) {
+    std::error_code ec;
+    const auto t0 = std::chrono::steady_clock::now();
+    c.wait({"absent"}, ef::deadline::after(timeout), ec);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_EQ(ec, ef::errc::timeout);
+    EXPECT_GE(took, timeout) << "a wait of " << timeout.count() << " us came back early";
+  }
   // get waits too, and the throwing form names the operation and key.
   try {
     (void)c.get("absent", ef::deadline::after(30ms));

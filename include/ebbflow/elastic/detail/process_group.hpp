@@ -24,6 +24,7 @@
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -244,11 +245,14 @@ class process_group {
         }
       }
       if (extra_fd >= 0) fds.push_back({extra_fd, POLLIN, 0});
-      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()).count();
-      if (ms > 1000) ms = 1000;  // re-check bookkeeping now and then
-      if (tick && ms > 20) ms = 20;
+      // To the nanosecond: poll(2)'s milliseconds would round the last
+      // fraction of one down to 0 and spin through it.
+      auto wait = std::min<std::chrono::nanoseconds>(d.remaining(), std::chrono::seconds(1));  // re-check now and then
+      if (tick) wait = std::min<std::chrono::nanoseconds>(wait, std::chrono::milliseconds(20));
       if (d.expired() && fds.empty()) return exits;
-      const int r = ::poll(fds.data(), fds.size(), static_cast<int>(ms));
+      const timespec ts{static_cast<std::time_t>(wait.count() / 1'000'000'000),
+                        static_cast<long>(wait.count() % 1'000'000'000)};
+      const int r = ::ppoll(fds.data(), fds.size(), &ts, nullptr);
       if (r < 0 && errno != EINTR) return exits;
       if (r > 0) {
         for (std::size_t i = 0; i < who.size(); ++i) {

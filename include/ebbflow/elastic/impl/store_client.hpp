@@ -236,9 +236,13 @@ class client_connection {
   std::array<char, 16384> chunk_{};
 };
 
+// The server's wait for `d`, in whole milliseconds rounded up: rounded
+// down, less than one left would be 0 (answer at once), and a caller that
+// waits in slices would spin through that rest in round trips. The reply
+// may come up to a millisecond after `d`, well within call()'s allowance.
 inline std::uint32_t timeout_ms_until(deadline d) noexcept {
   if (d.at() == steady_clock::time_point::max()) return proto::no_timeout;
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()).count();
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(d.remaining()).count();
   return static_cast<std::uint32_t>(std::min<std::int64_t>(ms, proto::no_timeout - 1));
 }
 
