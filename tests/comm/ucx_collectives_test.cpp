@@ -20,6 +20,7 @@
 #include <ebbflow/core/env.hpp>
 
 #include "collective_check.hpp"
+#include "../thread_cpu.hpp"
 
 #if EBBFLOW_HAS_ASIO
 #include <ebbflow/elastic/store.hpp>
@@ -444,11 +445,7 @@ int run_idle() {
     return ec ? fail("rank 1: " + ec.message()) : 0;
   }
   auto r = t.irecv(1, 5, bytes(got));
-  const auto cpu = [] {
-    timespec ts{};
-    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-  };
+  const auto cpu = ebbflow_test::thread_cpu_seconds;
   const double c0 = cpu();
   const auto w0 = std::chrono::steady_clock::now();
   // In 2 ms slices, as a revocable transport (the elastic group's) waits:

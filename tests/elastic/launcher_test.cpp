@@ -4,11 +4,12 @@
 #include <ebbflow/elastic/detail/process_group.hpp>
 #include <ebbflow/elastic/store.hpp>
 
+#include "../thread_cpu.hpp"
+
 #include <gtest/gtest.h>
 
 #include <sched.h>
 #include <sys/resource.h>
-#include <time.h>
 
 #include <cerrno>
 
@@ -67,11 +68,7 @@ TEST(Launcher, WaitingForChildrenSleepsInsteadOfSpinning) {
   el::detail::child_spec s;
   s.argv = {"sleep", "0.5"};
   g.spawn(s);
-  const auto cpu = [] {
-    timespec t{};
-    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-  };
+  const auto cpu = ebbflow_test::thread_cpu_seconds;
   const double c0 = cpu();
   const auto t0 = std::chrono::steady_clock::now();
   const auto limit = ef::deadline::after(10s);
