@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <limits>
@@ -121,6 +122,21 @@ TEST(Store, ServerAndMemoryStoreAgreeOnCounters) {
 // A client refused at the handshake (here: no free connection slot) closes
 // its side, so its next call connects again once a slot is free (it wrote
 // into the closed socket and reported peer_lost, as if the store were gone).
+// The handshake's nonces: the right length, never repeated, and every byte
+// value drawn (a source that returned zeros or a fixed pattern would fail).
+TEST(Store, HandshakeNoncesAreRandom) {
+  namespace d = ebbflow::elastic::detail;
+  EXPECT_TRUE(d::random_bytes(0).empty());
+  const std::string a = d::random_bytes(16), b = d::random_bytes(16);
+  EXPECT_EQ(a.size(), 16u);
+  EXPECT_NE(a, b);
+  const std::string many = d::random_bytes(1 << 16);
+  std::array<int, 256> seen{};
+  for (unsigned char c : many) ++seen[c];
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 0), 0);
+  EXPECT_EQ(d::random_hex(8).size(), 16u);
+}
+
 TEST(Store, AClientRefusedAtTheHandshakeConnectsAgain) {
   auto o = test_options();
   o.max_connections = 1;
