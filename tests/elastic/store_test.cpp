@@ -119,9 +119,6 @@ TEST(Store, ServerAndMemoryStoreAgreeOnCounters) {
   EXPECT_EQ(c.add("n", -1, d()), m.add("n", -1, d()));
 }
 
-// A client refused at the handshake (here: no free connection slot) closes
-// its side, so its next call connects again once a slot is free (it wrote
-// into the closed socket and reported peer_lost, as if the store were gone).
 // The handshake's nonces: the right length, never repeated, and every byte
 // value drawn (a source that returned zeros or a fixed pattern would fail).
 TEST(Store, HandshakeNoncesAreRandom) {
@@ -137,6 +134,9 @@ TEST(Store, HandshakeNoncesAreRandom) {
   EXPECT_EQ(d::random_hex(8).size(), 16u);
 }
 
+// A client refused at the handshake (here: no free connection slot) closes
+// its side, so its next call connects again once a slot is free (it wrote
+// into the closed socket and reported peer_lost, as if the store were gone).
 TEST(Store, AClientRefusedAtTheHandshakeConnectsAgain) {
   auto o = test_options();
   o.max_connections = 1;
