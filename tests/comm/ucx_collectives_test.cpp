@@ -699,6 +699,45 @@ std::pair<ucx::transport, ucx::transport> connected_pair() {
   return {std::move(t0), std::move(t1)};
 }
 
+// A connect that failed leaves its transport unusable, and says so: polling
+// it again throws the same error, and a send or receive on it fails at once
+// naming the connect's error. (The elastic group may hold such a transport,
+// started by a helper thread whose connect failed, while it switches the
+// blocking way: it must fail over, never send on a closed endpoint.)
+TEST(UcxErrors, ATransportWhoseConnectFailedStaysFailed) {
+  auto ctx = ucx::context::create();
+  auto w0 = std::make_shared<ucx::worker>(ctx), w1 = std::make_shared<ucx::worker>(ctx),
+       w2 = std::make_shared<ucx::worker>(ctx);
+  const std::vector<std::vector<std::byte>> a{{w0->address().begin(), w0->address().end()},
+                                              {w1->address().begin(), w1->address().end()},
+                                              {w2->address().begin(), w2->address().end()}};
+  auto t0 = ucx::transport::start(w0, 5, 0, 3, a);
+  t0.mark_lost(2);  // as UCX reports a peer that died while wiring up
+  auto poll = [&] {
+    try {
+      (void)t0.poll_connect();
+      return std::error_code{};
+    } catch (const ef::system_error& e) {
+      EXPECT_EQ(e.peer(), 2) << e.what();
+      EXPECT_EQ(e.generation(), 5) << e.what();
+      return e.code();
+    }
+  };
+  EXPECT_EQ(poll(), ef::errc::peer_lost);
+  EXPECT_EQ(poll(), ef::errc::peer_lost) << "a failed connect polled again must fail again";
+  EXPECT_THROW(t0.finish_connect(ef::deadline::after(1s)), ef::system_error);
+  std::vector<std::byte> out(8), in(8);
+  for (int peer : {1, 2}) {
+    auto s = t0.isend(peer, 9, out);
+    auto r = t0.irecv(peer, 9, in);
+    std::error_code es, er;
+    EXPECT_TRUE(t0.test(s, es)) << "peer " << peer;
+    EXPECT_TRUE(t0.test(r, er)) << "peer " << peer;
+    EXPECT_EQ(es, ef::errc::peer_lost) << "peer " << peer << ": " << es.message();
+    EXPECT_EQ(er, ef::errc::peer_lost) << "peer " << peer << ": " << er.message();
+  }
+}
+
 TEST(UcxErrors, PointToPointSizeMismatchNamesBothSizes) {
   auto [t0, t1] = connected_pair();
   for (const std::size_t sent : {std::size_t{12}, std::size_t{28}}) {

@@ -48,6 +48,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -195,10 +196,13 @@ class transport {
   //! Progresses a connect begun by `start` once; true when every peer
   //! answered the handshake (always true for a transport built connected).
   //! Never blocks. @throws system_error (peer_lost naming the peer) when the
-  //! handshake failed; the transport is then unusable.
+  //! handshake failed; the transport is then unusable: every later
+  //! `poll_connect` and `finish_connect` throws the same error, and every
+  //! send and receive completes at once with it.
   bool poll_connect();
   //! Blocks until a connect begun by `start` completed or `d` passed.
-  //! @throws system_error (peer_lost / timeout naming the peer).
+  //! @throws system_error (peer_lost / timeout naming the peer; again on
+  //! every call once the connect failed).
   void finish_connect(deadline d);
   //! Takes over the endpoints; the source must not be used afterwards.
   transport(transport&&) noexcept = default;
@@ -210,7 +214,8 @@ class transport {
   //! Starts flushing and closing the endpoints without waiting (a replaced
   //! generation: the members go on with the next one on the same worker,
   //! whose progress also completes these closes). Cancels posted receives.
-  //! Use nothing of this transport afterwards except `poll_close`.
+  //! Use nothing of this transport afterwards except `poll_close` (a send
+  //! or receive posted anyway completes at once with `errc::invalid_state`).
   void start_close() noexcept;
   //! Progresses a close begun by `start_close`; true once all endpoints are
   //! closed (or the 1 s bound passed: the rest is cancelled).
@@ -292,6 +297,8 @@ class transport {
     std::uint64_t probe = detail::random_nonce();  // read by peers to test single-copy access
     struct handshake;                              // while connecting (see `start`)
     std::unique_ptr<handshake> connecting;
+    std::error_code connect_failed{};  // set when the handshake failed: the endpoints are closed
+    int connect_failed_peer = -1;
     explicit state(std::shared_ptr<worker> wk) : w(std::move(wk)) {}
     ~state();
   };
@@ -332,6 +339,22 @@ class transport {
   void check_peer(int peer) const {
     EBBFLOW_ENFORCE(peer >= 0 && peer < st_->size && peer != st_->rank,
                     "ucx transport: peer " << peer << " invalid for rank " << st_->rank << " of " << st_->size);
+  }
+  // Sends and receives on closed endpoints (a failed connect, `start_close`)
+  // never reach UCX: they complete at once with why the endpoints are gone.
+  [[nodiscard]] std::error_code unusable(int peer) const noexcept {
+    if (st_->dead[static_cast<std::size_t>(peer)]) return make_error_code(error::peer_lost);
+    if (st_->connect_failed) return st_->connect_failed;
+    if (st_->close_started) return make_error_code(error::invalid_state);
+    return {};
+  }
+  [[noreturn]] void throw_connect_failed() const {
+    throw_if(st_->connect_failed, {.rank = st_->rank,
+                                   .generation = st_->generation,
+                                   .peer = st_->connect_failed_peer,
+                                   .operation = "ucx connect",
+                                   .detail = "the connect failed earlier; the transport is unusable"});
+    std::abort();  // unreachable: connect_failed is set
   }
   void cancel_all_receives() noexcept {
     st_->cancel_pending = false;
@@ -476,12 +499,18 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
 }
 
 inline void transport::fail_connect(std::error_code ec, int peer) {
+  // A lost peer cancels every pending receive, a live peer's hello too:
+  // the error names the peer that was lost, not the first request it failed.
+  if (ec == errc::peer_lost && st_->lost >= 0) peer = st_->lost;
   st_->connecting.reset();  // releases (cancels) the outstanding handshake requests
+  st_->connect_failed = ec;
+  st_->connect_failed_peer = peer;
   close_endpoints();
   throw_if(ec, {.rank = st_->rank, .generation = st_->generation, .peer = peer, .operation = "ucx connect"});
 }
 
 inline bool transport::poll_connect() {
+  if (st_->connect_failed) throw_connect_failed();
   if (!st_->connecting) return true;
   auto& hs = *st_->connecting;
   bool all = true;
@@ -498,6 +527,7 @@ inline bool transport::poll_connect() {
 }
 
 inline void transport::finish_connect(deadline d) {
+  if (st_->connect_failed) throw_connect_failed();
   if (!st_->connecting) return;
   auto& hs = *st_->connecting;
   for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
@@ -601,8 +631,8 @@ inline transport::request transport::isend(int peer, tag_t tag, std::span<const 
   r.st_ = st_.get();
   r.peer_ = peer;
   r.len_ = out.size();
-  if (st_->dead[static_cast<std::size_t>(peer)]) {
-    r.ec_ = make_error_code(error::peer_lost);
+  if (const auto ec = unusable(peer)) {
+    r.ec_ = ec;
     return r;
   }
   ucp_request_param_t prm{};
@@ -624,8 +654,8 @@ inline transport::request transport::irecv(int peer, tag_t tag, std::span<std::b
   r.peer_ = peer;
   r.len_ = in.size();
   r.recv_ = true;
-  if (st_->dead[static_cast<std::size_t>(peer)]) {
-    r.ec_ = make_error_code(error::peer_lost);
+  if (const auto ec = unusable(peer)) {
+    r.ec_ = ec;
     return r;
   }
   ucp_request_param_t prm{};
