@@ -11075,6 +11075,9 @@ struct member_entry {
   member_id id = -1;
   std::int64_t committed = -1;  // newest committed step the member holds; -1: no state
 };
+// What a member with no step reports to a recovery when its buffers still
+// hold its own launch-time initial state (never in a generation record).
+inline constexpr std::int64_t own_initial_state = -2;
 
 struct generation_record {
   std::int64_t generation = 0;
@@ -11408,6 +11411,19 @@ class group {
   std::int64_t step_ = -1;  // committed steps; -1 until state arrives
   std::int64_t epoch_ = 0;
   std::size_t cursor_ = 0;
+  // The job's initial state is the registered buffers of the member that
+  // formed generation 0. Should it die before that state moved, another
+  // launched worker's own buffers serve instead, as if it had formed it:
+  // only while no transfer has written them and the member was never left
+  // out (a newcomer's buffers are never the job's state). See recover().
+  bool own_initial_state_ = false;
+  struct position {
+    std::int64_t step, epoch;
+    std::size_t cursor;
+  };
+  std::optional<position> restored_;  // restore_position's, kept by every member
+  // This member takes its own buffers as the job's initial state (recover() chose it).
+  void take_own_initial_state();
   struct pending_change {
     change_reason reason;
     int old_size;
@@ -11891,9 +11907,10 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   }
   heartbeat_ = std::jthread([this](std::stop_token st) { heartbeat_loop(st); });
   ::ebbflow::detail::name_thread(heartbeat_, "ebbflow-beat");
-  if (!opts_.join && launch_.rank < launch_.world_size)
+  if (!opts_.join && launch_.rank < launch_.world_size) {
+    own_initial_state_ = true;
     form_initial();
-  else {
+  } else {
     wait_admission();  // a newcomer keeps a lowered priority (--join-nice) until the state moves (sync_state)
   }
 }
@@ -12185,6 +12202,7 @@ template <kv_store Store, network Net>
 void group<Store, Net>::wait_admission() {
   const auto started = steady_clock::now();
   step_ = -1;
+  own_initial_state_ = false;  // the group went on without this member: its buffers are not the job's
   const bool cooldown = opts_.join_cooldown.count() > 0;
   // Until its probation ends, a newcomer that dies counts as a join failure
   // of its worker (count_join_failures).
@@ -12534,6 +12552,7 @@ void group<Store, Net>::install(detail::generation_record rec, typename Net::tra
 
 template <kv_store Store, network Net>
 void group<Store, Net>::sync_state() {
+  if (gen_.source == id_ && step_ < 0) take_own_initial_state();
   const auto d = deadline::after(opts_.op_timeout);
   auto& c = *comm_;
   auto raw = [](void* p, std::size_t n) { return buffer_view{p, n, dtype::u8, memory_space::host}; };
@@ -12554,6 +12573,7 @@ void group<Store, Net>::sync_state() {
   for (std::size_t i = 0; i < receivers.size(); ++i)
     if (sender_of(i) == me) to.push_back(receivers[i]);
   if (!to.empty()) {
+    if (gen_.generation == 0) fault_point("initial-sync");  // formed generation 0; nothing sent yet
     detail::writer w;
     w.put(step_).put(epoch_).put<std::uint64_t>(cursor_).put<std::uint64_t>(state_.size());
     for (auto& s : state_) {
@@ -12627,6 +12647,7 @@ void group<Store, Net>::sync_state() {
         fail(error::invalid_state, os.str());
       }
     }
+    own_initial_state_ = false;  // from here on a failure may leave the buffers part written
     for (std::size_t k = 0; k < state_.size(); ++k)
       c.recv(raw(state_[k].data.data(), state_[k].data.size()), src, tag_first + static_cast<std::uint32_t>(k), d);
     step_ = step;
@@ -13530,7 +13551,10 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
     store_->set(key("abort/" + gs), "1", store_deadline());
     if (lost_peer >= 0 && lost_peer < size() && gen_.generation == g)
       store_->set(dead_key(g, gen_.members[static_cast<std::size_t>(lost_peer)].id), "1", store_deadline());
-    store_->set(key("recover/" + gs + "/" + std::to_string(id_)), std::to_string(step_), store_deadline());
+    // What this member holds: its committed step, or (no step yet) whether
+    // its buffers are still a launched worker's own initial state.
+    const std::int64_t holds = step_ >= 0 ? step_ : own_initial_state_ ? detail::own_initial_state : -1;
+    store_->set(key("recover/" + gs + "/" + std::to_string(id_)), std::to_string(holds), store_deadline());
     EBBFLOW_LOG_WARN("generation " << g << " failed at step " << step_ << ": re-forming the group");
 
     const std::string next_key = gen_key(g + 1);
@@ -13582,7 +13606,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
       for (std::size_t i = 0, k = 1; i < gen_.members.size(); ++i) {
         const member_id m = gen_.members[i].id;
         if (m == id_) {
-          alive.push_back({id_, step_});
+          alive.push_back({id_, holds});
         } else if (const auto& r = reported[k++]) {
           alive.push_back({m, detail::parse_i64(*r)});
         } else if (heartbeating[i]) {
@@ -13632,7 +13656,22 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
               rec.source_step = m.committed;
               rec.source = m.id;
             }
-          if (rec.source_step < 0) {  // only joiners that never got the state are left
+          if (rec.source_step < 0) {
+            // Nobody holds a step, so none was ever trained: the member that
+            // formed generation 0 died before its state moved. A launched
+            // worker whose buffers no transfer wrote holds an initial state
+            // as valid as that one (as when launch rank 0 never registers):
+            // the first becomes the source, the others receive its state.
+            for (auto& m : rec.members)
+              if (m.committed == detail::own_initial_state) {
+                m.committed = rec.source_step = 0;
+                rec.source = m.id;
+                break;
+              }
+          }
+          for (auto& m : rec.members)
+            if (m.committed == detail::own_initial_state) m.committed = -1;
+          if (rec.source_step < 0) {  // only joiners that never got the state (and part-written members) are left
             if (job_done()) fail_job_finished("finished before this worker received the training state");
             fail(error::invalid_state, "no member holding the training state is left after generation " + gs +
                                            " failed: the state is lost (restart from a checkpoint)");
@@ -13716,10 +13755,28 @@ void group<Store, Net>::restore_position(std::int64_t step, std::int64_t epoch, 
                   "restore_position: cursor " << cursor << " is inside the short last batch of an epoch of "
                                               << opts_.dataset_size << " with global_batch " << opts_.global_batch
                                               << " and drop_last (that batch is never trained on)");
-  if (gen_.source != id_) return;  // the source's position reaches everybody with the state
+  // The source's position reaches everybody with the state. Every member
+  // keeps it: should the source die before the state moved, another member
+  // may become the source with its own initial state (take_own_initial_state).
+  restored_ = position{step, epoch, cursor};
+  if (gen_.source != id_) return;
   step_ = step;
   epoch_ = epoch;
   cursor_ = cursor;
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::take_own_initial_state() {
+  if (!own_initial_state_)
+    fail(error::invalid_state, "member " + std::to_string(id_) + " was made the source of generation " +
+                                   std::to_string(gen_.generation) + " without the training state");
+  const auto p = restored_.value_or(position{0, 0, 0});
+  step_ = p.step;
+  epoch_ = p.epoch;
+  cursor_ = p.cursor;
+  EBBFLOW_LOG_WARN("the member that formed the first generation died before its state moved: member "
+                   << id_ << " (launch rank " << launch_.rank << ") serves its own initial state"
+                   << (restored_ ? " and restored position" : "") << " (step " << step_ << ")");
 }
 
 template <kv_store Store, network Net>

@@ -191,6 +191,41 @@ TEST_F(ElasticProcess, KillOfLaunchRankZeroWhileItStarts) {
       << out;
 }
 
+// Launch rank 0 dies after it wrote the first generation and before its
+// initial state reached the others (EBBFLOW_FAULT=initial-sync: no timing
+// involved). The two others re-form the group; the first of them serves its
+// own initial state, which every launched worker holds as rank 0 did, and
+// the job ends equal to the single-process run.
+TEST_F(ElasticProcess, KillOfLaunchRankZeroBeforeItsInitialStateMoved) {
+  const auto out = train("-n 3 --elastic", "EBBFLOW_FAULT=initial-sync");
+  EXPECT_EQ(count(out, "EBBFLOW_FAULT=initial-sync"), 1) << out;
+  EXPECT_EQ(count(out, "serves its own initial state (step 0)"), 1) << out;
+  EXPECT_NE(out.find("-> 2 workers"), std::string::npos) << out;
+}
+
+// The same on a job resumed from a checkpoint: the survivor that serves its
+// own state serves its restored position (step, epoch, cursor) with it, and
+// the job ends where a run that never stopped ends.
+TEST_F(ElasticProcess, KillOfLaunchRankZeroBeforeItsRestoredStateMoved) {
+  const std::string common = " --steps 300 --sample-us 150 --step-us 1500 --checkpoint ck.bin";
+  auto first = sh("cd " + dir_.string() + " && timeout 60 env EBBFLOW_LEASE_MS=500 " EBBFLOW_RUN " -n 2 -- " +
+                  ELASTIC_TRAIN + common + " --checkpoint-at 120");
+  ASSERT_EQ(first.status, 0) << first.output;
+  auto job = sh("cd " + dir_.string() + " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=initial-sync " +
+                EBBFLOW_RUN + " -n 3 --elastic -- " + ELASTIC_TRAIN + common + " --resume --params-out elastic.bin");
+  ASSERT_EQ(job.status, 0) << job.output;
+  EXPECT_EQ(count(job.output, "serves its own initial state and restored position (step 120)"), 1) << job.output;
+  auto ref = sh(std::string(ELASTIC_TRAIN) + " --steps 300 --sample-us 150 --step-us 1500 --reference --params-out " +
+                (dir_ / "ref.bin").string());
+  ASSERT_EQ(ref.status, 0) << ref.output;
+  const auto a = read_params(dir_ / "elastic.bin"), b = read_params(dir_ / "ref.bin");
+  ASSERT_EQ(a.size(), b.size()) << job.output;
+  double worst = 0;
+  for (std::size_t k = 0; k < a.size(); ++k)
+    worst = std::max(worst, static_cast<double>(std::abs(a[k] - b[k])) / (1e-3 + std::abs(b[k])));
+  EXPECT_LT(worst, 1e-3) << job.output;
+}
+
 // Must-show of the equivalence property in one run: heterogeneous workers
 // (worker k is 1, 2 or 3 times slower, so the planner gives them unequal
 // slices and the gradient weighting is tested) join, leave and are SIGKILLed

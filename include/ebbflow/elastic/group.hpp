@@ -291,6 +291,9 @@ struct member_entry {
   member_id id = -1;
   std::int64_t committed = -1;  // newest committed step the member holds; -1: no state
 };
+// What a member with no step reports to a recovery when its buffers still
+// hold its own launch-time initial state (never in a generation record).
+inline constexpr std::int64_t own_initial_state = -2;
 
 struct generation_record {
   std::int64_t generation = 0;
@@ -624,6 +627,19 @@ class group {
   std::int64_t step_ = -1;  // committed steps; -1 until state arrives
   std::int64_t epoch_ = 0;
   std::size_t cursor_ = 0;
+  // The job's initial state is the registered buffers of the member that
+  // formed generation 0. Should it die before that state moved, another
+  // launched worker's own buffers serve instead, as if it had formed it:
+  // only while no transfer has written them and the member was never left
+  // out (a newcomer's buffers are never the job's state). See recover().
+  bool own_initial_state_ = false;
+  struct position {
+    std::int64_t step, epoch;
+    std::size_t cursor;
+  };
+  std::optional<position> restored_;  // restore_position's, kept by every member
+  // This member takes its own buffers as the job's initial state (recover() chose it).
+  void take_own_initial_state();
   struct pending_change {
     change_reason reason;
     int old_size;
