@@ -10972,6 +10972,13 @@ struct group_options {
   //! helper thread at the lowest CPU priority, on a store connection of its
   //! own, so the training thread spends microseconds on a join or a leave.
   bool preconnect = true;
+  //! EBBFLOW_INITIAL_STAGING_MB (default 1024; 0: off). A launched worker
+  //! receives the job's initial state into a copy of this size at most, then
+  //! moves it into its registered buffers. Should the sender die during that
+  //! transfer, the buffers still hold this worker's own initial state, and
+  //! the group goes on with it. A larger state is received in place. Then
+  //! such a death loses the state if every survivor was part written.
+  std::size_t initial_staging = std::size_t{1024} << 20;
   //! EBBFLOW_JOIN_COOLDOWN=SEC[:MAX] (default 1:60; 0 turns it off). A
   //! worker whose newcomers failed n >= 2 times in a row while joining (from
   //! the join ticket until MAX s after admission) is held back SEC * 2^(n-2)
@@ -11009,6 +11016,10 @@ struct group_options {
     o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, 24LL * 3'600'000);
     o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
     o.preconnect = env::get_bool("EBBFLOW_PRECONNECT", o.preconnect);
+    o.initial_staging =
+        static_cast<std::size_t>(env::get_int(
+            "EBBFLOW_INITIAL_STAGING_MB", static_cast<std::int64_t>(o.initial_staging >> 20), 0, std::int64_t{1} << 30))
+        << 20;
     if (auto c = env::get("EBBFLOW_JOIN_COOLDOWN")) {
       const auto cd = cooldown::parse(*c, "EBBFLOW_JOIN_COOLDOWN", {o.join_cooldown, o.join_cooldown_max});
       o.join_cooldown = cd.sec;
@@ -11591,6 +11602,7 @@ EBBFLOW_END_NAMESPACE
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -12591,10 +12603,12 @@ void group<Store, Net>::sync_state() {
       sends.push_back(c.isend(raw(header.data(), header.size()), peer, tag_header));
     }
     if (step_ > 0) fault_point("sync-send");
-    for (auto j : to)
-      for (std::size_t k = 0; k < state_.size(); ++k)
+    for (std::size_t k = 0; k < state_.size(); ++k) {
+      for (auto j : to)
         sends.push_back(c.isend(raw(state_[k].data.data(), state_[k].data.size()), static_cast<int>(j),
                                 tag_first + static_cast<std::uint32_t>(k)));
+      if (k == 0 && gen_.generation == 0) fault_point("initial-sync-part");  // headers and first buffers posted
+    }
     for (auto& r : sends) r.wait(d);
     for (auto j : to)
       EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << j << ")");
@@ -12647,9 +12661,24 @@ void group<Store, Net>::sync_state() {
         fail(error::invalid_state, os.str());
       }
     }
-    own_initial_state_ = false;  // from here on a failure may leave the buffers part written
-    for (std::size_t k = 0; k < state_.size(); ++k)
-      c.recv(raw(state_[k].data.data(), state_[k].data.size()), src, tag_first + static_cast<std::uint32_t>(k), d);
+    // A launched worker whose buffers still hold its own initial state
+    // receives into a copy first: should the sender die midway, its buffers
+    // stay a valid initial state (recover() may make it the source).
+    std::size_t total = 0;
+    for (auto& s : state_) total += s.data.size();
+    if (own_initial_state_ && total <= opts_.initial_staging) {
+      auto staged = std::make_unique_for_overwrite<std::byte[]>(total);
+      for (std::size_t k = 0, off = 0; k < state_.size(); off += state_[k++].data.size()) {
+        c.recv(raw(staged.get() + off, state_[k].data.size()), src, tag_first + static_cast<std::uint32_t>(k), d);
+      }
+      own_initial_state_ = false;
+      for (std::size_t k = 0, off = 0; k < state_.size(); off += state_[k++].data.size())
+        if (!state_[k].data.empty()) std::memcpy(state_[k].data.data(), staged.get() + off, state_[k].data.size());
+    } else {
+      own_initial_state_ = false;  // from here on a failure may leave the buffers part written
+      for (std::size_t k = 0; k < state_.size(); ++k)
+        c.recv(raw(state_[k].data.data(), state_[k].data.size()), src, tag_first + static_cast<std::uint32_t>(k), d);
+    }
     step_ = step;
     epoch_ = epoch;
     cursor_ = cursor;

@@ -183,11 +183,14 @@ TEST_F(ElasticProcess, KillOfAWorkerWhileItStarts) {
 }
 
 // The same for launch rank 0, which writes the first generation: after the
-// initial wait (and a lease) the others propose it without rank 0.
+// initial wait (and a lease) the others propose it without rank 0; or, if
+// it wrote it and died before its state moved, one of the others serves its
+// own initial state (the two tests below reach that point every time).
 TEST_F(ElasticProcess, KillOfLaunchRankZeroWhileItStarts) {
   const auto out = train("-n 3 --event-clock launch --kill 0.005:0", "EBBFLOW_INITIAL_WAIT_MS=1000");
   EXPECT_TRUE(out.find("proposes it without rank 0") != std::string::npos ||
-              out.find("world changed (failure): 3 -> 2") != std::string::npos)
+              out.find("world changed (failure): 3 -> 2") != std::string::npos ||
+              out.find("serves its own initial state (step 0)") != std::string::npos)
       << out;
 }
 
@@ -201,6 +204,32 @@ TEST_F(ElasticProcess, KillOfLaunchRankZeroBeforeItsInitialStateMoved) {
   EXPECT_EQ(count(out, "EBBFLOW_FAULT=initial-sync"), 1) << out;
   EXPECT_EQ(count(out, "serves its own initial state (step 0)"), 1) << out;
   EXPECT_NE(out.find("-> 2 workers"), std::string::npos) << out;
+}
+
+// The same when it dies in the middle of sending it
+// (EBBFLOW_FAULT=initial-sync-part: every receiver has the header and the
+// first has a buffer). The receivers took it into a copy, so their own
+// initial state is still whole, and one of them serves it.
+TEST_F(ElasticProcess, KillOfLaunchRankZeroWhileItSendsItsInitialState) {
+  const auto out = train("-n 3 --elastic", "EBBFLOW_FAULT=initial-sync-part");
+  EXPECT_EQ(count(out, "EBBFLOW_FAULT=initial-sync-part"), 1) << out;
+  EXPECT_EQ(count(out, "serves its own initial state (step 0)"), 1) << out;
+  EXPECT_NE(out.find("-> 2 workers"), std::string::npos) << out;
+}
+
+// Without that copy (EBBFLOW_INITIAL_STAGING_MB=0, as for a state larger
+// than the limit) both survivors were part written: the state is lost, and
+// they stop with a clear error instead of training on mixed buffers.
+TEST_F(ElasticProcess, WithoutStagingASenderDeathMidwayLosesTheInitialStateWithAClearError) {
+  auto job = sh("cd " + dir_.string() +
+                " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=initial-sync-part "
+                "EBBFLOW_INITIAL_STAGING_MB=0 " EBBFLOW_RUN " -n 3 --elastic -- " ELASTIC_TRAIN
+                " --steps 300 --sample-us 150 --step-us 1500 --params-out elastic.bin");
+  EXPECT_NE(job.status, 0) << job.output;
+  EXPECT_EQ(count(job.output, "EBBFLOW_FAULT=initial-sync-part"), 1) << job.output;
+  EXPECT_EQ(count(job.output, "no member holding the training state is left"), 2) << job.output;
+  EXPECT_EQ(count(job.output, "serves its own initial state"), 0) << job.output;
+  EXPECT_FALSE(fs::exists(dir_ / "elastic.bin")) << job.output;
 }
 
 // The same on a job resumed from a checkpoint: the survivor that serves its

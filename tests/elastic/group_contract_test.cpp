@@ -593,6 +593,27 @@ TEST(ElasticGroupContract, HeartbeatLongerThanTheLeaseIsRejected) {
   }
 }
 
+// EBBFLOW_INITIAL_STAGING_MB is in MiB (0 turns the copy off); a bad value
+// names the variable.
+TEST(ElasticGroupContract, InitialStagingComesFromTheEnvironmentInMiB) {
+  ::unsetenv("EBBFLOW_INITIAL_STAGING_MB");
+  EXPECT_EQ(el::group_options::from_environment().initial_staging, std::size_t{1024} << 20);
+  ::setenv("EBBFLOW_INITIAL_STAGING_MB", "3", 1);
+  EXPECT_EQ(el::group_options::from_environment().initial_staging, std::size_t{3} << 20);
+  ::setenv("EBBFLOW_INITIAL_STAGING_MB", "0", 1);
+  EXPECT_EQ(el::group_options::from_environment().initial_staging, 0u);
+  for (const char* bad : {"-1", "lots"}) {
+    ::setenv("EBBFLOW_INITIAL_STAGING_MB", bad, 1);
+    try {
+      (void)el::group_options::from_environment();
+      ADD_FAILURE() << "EBBFLOW_INITIAL_STAGING_MB=" << bad << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("EBBFLOW_INITIAL_STAGING_MB"), std::string::npos) << e.what();
+    }
+  }
+  ::unsetenv("EBBFLOW_INITIAL_STAGING_MB");
+}
+
 TEST(ElasticGroupContract, ASchedSliceOutsideTheKernelsRangeIsRefused) {
   for (const char* bad : {"50", "100001", "-1", "fast"}) {
     ::setenv("EBBFLOW_SCHED_SLICE_US", bad, 1);

@@ -188,6 +188,13 @@ struct group_options {
   //! helper thread at the lowest CPU priority, on a store connection of its
   //! own, so the training thread spends microseconds on a join or a leave.
   bool preconnect = true;
+  //! EBBFLOW_INITIAL_STAGING_MB (default 1024; 0: off). A launched worker
+  //! receives the job's initial state into a copy of this size at most, then
+  //! moves it into its registered buffers. Should the sender die during that
+  //! transfer, the buffers still hold this worker's own initial state, and
+  //! the group goes on with it. A larger state is received in place. Then
+  //! such a death loses the state if every survivor was part written.
+  std::size_t initial_staging = std::size_t{1024} << 20;
   //! EBBFLOW_JOIN_COOLDOWN=SEC[:MAX] (default 1:60; 0 turns it off). A
   //! worker whose newcomers failed n >= 2 times in a row while joining (from
   //! the join ticket until MAX s after admission) is held back SEC * 2^(n-2)
@@ -225,6 +232,10 @@ struct group_options {
     o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, 24LL * 3'600'000);
     o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
     o.preconnect = env::get_bool("EBBFLOW_PRECONNECT", o.preconnect);
+    o.initial_staging =
+        static_cast<std::size_t>(env::get_int(
+            "EBBFLOW_INITIAL_STAGING_MB", static_cast<std::int64_t>(o.initial_staging >> 20), 0, std::int64_t{1} << 30))
+        << 20;
     if (auto c = env::get("EBBFLOW_JOIN_COOLDOWN")) {
       const auto cd = cooldown::parse(*c, "EBBFLOW_JOIN_COOLDOWN", {o.join_cooldown, o.join_cooldown_max});
       o.join_cooldown = cd.sec;

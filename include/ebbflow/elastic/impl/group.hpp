@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -1022,10 +1023,12 @@ void group<Store, Net>::sync_state() {
       sends.push_back(c.isend(raw(header.data(), header.size()), peer, tag_header));
     }
     if (step_ > 0) fault_point("sync-send");
-    for (auto j : to)
-      for (std::size_t k = 0; k < state_.size(); ++k)
+    for (std::size_t k = 0; k < state_.size(); ++k) {
+      for (auto j : to)
         sends.push_back(c.isend(raw(state_[k].data.data(), state_[k].data.size()), static_cast<int>(j),
                                 tag_first + static_cast<std::uint32_t>(k)));
+      if (k == 0 && gen_.generation == 0) fault_point("initial-sync-part");  // headers and first buffers posted
+    }
     for (auto& r : sends) r.wait(d);
     for (auto j : to)
       EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << j << ")");
@@ -1078,9 +1081,24 @@ void group<Store, Net>::sync_state() {
         fail(error::invalid_state, os.str());
       }
     }
-    own_initial_state_ = false;  // from here on a failure may leave the buffers part written
-    for (std::size_t k = 0; k < state_.size(); ++k)
-      c.recv(raw(state_[k].data.data(), state_[k].data.size()), src, tag_first + static_cast<std::uint32_t>(k), d);
+    // A launched worker whose buffers still hold its own initial state
+    // receives into a copy first: should the sender die midway, its buffers
+    // stay a valid initial state (recover() may make it the source).
+    std::size_t total = 0;
+    for (auto& s : state_) total += s.data.size();
+    if (own_initial_state_ && total <= opts_.initial_staging) {
+      auto staged = std::make_unique_for_overwrite<std::byte[]>(total);
+      for (std::size_t k = 0, off = 0; k < state_.size(); off += state_[k++].data.size()) {
+        c.recv(raw(staged.get() + off, state_[k].data.size()), src, tag_first + static_cast<std::uint32_t>(k), d);
+      }
+      own_initial_state_ = false;
+      for (std::size_t k = 0, off = 0; k < state_.size(); off += state_[k++].data.size())
+        if (!state_[k].data.empty()) std::memcpy(state_[k].data.data(), staged.get() + off, state_[k].data.size());
+    } else {
+      own_initial_state_ = false;  // from here on a failure may leave the buffers part written
+      for (std::size_t k = 0; k < state_.size(); ++k)
+        c.recv(raw(state_[k].data.data(), state_[k].data.size()), src, tag_first + static_cast<std::uint32_t>(k), d);
+    }
     step_ = step;
     epoch_ = epoch;
     cursor_ = cursor;
