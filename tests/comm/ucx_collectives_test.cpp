@@ -39,6 +39,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -796,6 +797,33 @@ TEST(UcxEnvironment, SharedMemoryDefaultsOnlyForTransportsUcxTlsMaySelect) {
     EXPECT_FALSE(tls_may_select(tls, "posix")) << tls;
   EXPECT_FALSE(tls_may_select("mm,self", "cma"));
   EXPECT_FALSE(tls_may_select("posixx", "posix"));
+}
+
+// The receive-pool default (a newcomer's start-up) is set like the others:
+// only when unset, so a user's value always wins.
+TEST(UcxEnvironment, ReceivePoolDefaultsNeverOverrideTheUsersValues) {
+  const char* tls = std::getenv("UCX_TLS");
+  if (!ucx::detail::tls_may_select(tls, "posix") || !ucx::detail::tls_may_select(tls, "sysv"))
+    GTEST_SKIP() << "UCX_TLS=" << tls;
+  struct saved_variable {
+    const char* name;
+    std::optional<std::string> value;
+    explicit saved_variable(const char* n) : name(n) {
+      if (const char* v = std::getenv(n)) value = v;
+    }
+    ~saved_variable() {
+      if (value)
+        ::setenv(name, value->c_str(), 1);
+      else
+        ::unsetenv(name);
+    }
+  } posix("UCX_POSIX_RX_BUFS_GROW"), sysv("UCX_SYSV_RX_BUFS_GROW");
+  ::unsetenv(posix.name);
+  ::setenv(sysv.name, "256", 1);  // the user's
+  ucx::set_environment_defaults();
+  ASSERT_NE(std::getenv(posix.name), nullptr);
+  EXPECT_STREQ(std::getenv(posix.name), "128");
+  EXPECT_STREQ(std::getenv(sysv.name), "256");
 }
 
 TEST(UcxGeneration, LateMessagesOfAnOlderGenerationAreNeverConsumed) {

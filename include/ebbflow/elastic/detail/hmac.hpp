@@ -11,8 +11,10 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <sys/random.h>
 
 #include <array>
+#include <cerrno>
 #include <random>
 #include <string>
 #include <string_view>
@@ -20,11 +22,22 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
-//! `n` cryptographically random bytes (OpenSSL RAND_bytes; falls back to
-//! std::random_device, which reads /dev/urandom on Linux, if RAND fails).
+//! `n` cryptographically random bytes: the kernel's CSPRNG (`getrandom`),
+//! else OpenSSL's RAND_bytes, else std::random_device (/dev/urandom on
+//! Linux). `getrandom` first: RAND_bytes instantiates OpenSSL's DRBG on its
+//! first call, 1.3-1.6 ms of CPU in every process that joins a job.
 inline std::string random_bytes(std::size_t n) {
   std::string out(n, '\0');
-  if (n == 0) return out;
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::getrandom(out.data() + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<std::size_t>(r);
+    } else if (r < 0 && errno != EINTR) {
+      break;  // ENOSYS (an old kernel or a seccomp filter): try OpenSSL
+    }
+  }
+  if (got == n) return out;
   if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) != 1) {
     std::random_device rd;
     for (auto& c : out) c = static_cast<char>(rd() & 0xff);
