@@ -13695,21 +13695,19 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
               rec.source_step = m.committed;
               rec.source = m.id;
             }
-          if (rec.source_step < 0) {
-            // Nobody holds a step, so none was ever trained: the member that
-            // formed generation 0 died before its state moved. A launched
-            // worker whose buffers no transfer wrote holds an initial state
-            // as valid as that one (as when launch rank 0 never registers):
-            // the first becomes the source, the others receive its state.
-            for (auto& m : rec.members)
-              if (m.committed == detail::own_initial_state) {
-                m.committed = rec.source_step = 0;
-                rec.source = m.id;
-                break;
-              }
+          // If nobody holds a step, none was ever trained: the member that
+          // formed generation 0 died before its state moved. A launched
+          // worker whose buffers no transfer wrote holds an initial state as
+          // valid as that one (as when launch rank 0 never registers): the
+          // first becomes the source, the others receive its state.
+          for (auto& m : rec.members) {
+            if (m.committed != detail::own_initial_state) continue;
+            m.committed = -1;
+            if (rec.source_step < 0) {
+              m.committed = rec.source_step = 0;
+              rec.source = m.id;
+            }
           }
-          for (auto& m : rec.members)
-            if (m.committed == detail::own_initial_state) m.committed = -1;
           if (rec.source_step < 0) {  // only joiners that never got the state (and part-written members) are left
             if (job_done()) fail_job_finished("finished before this worker received the training state");
             fail(error::invalid_state, "no member holding the training state is left after generation " + gs +

@@ -50,6 +50,15 @@ std::vector<float> read_params(const fs::path& p) {
   return v;
 }
 
+// The largest relative difference between two parameter files' values
+// (over the shorter one; the callers check the sizes).
+double worst_relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (std::size_t k = 0; k < std::min(a.size(), b.size()); ++k)
+    worst = std::max(worst, static_cast<double>(std::abs(a[k] - b[k])) / (1e-3 + std::abs(b[k])));
+  return worst;
+}
+
 int count(const std::string& hay, const std::string& needle) {
   int n = 0;
   for (auto pos = hay.find(needle); pos != std::string::npos; pos = hay.find(needle, pos + 1)) ++n;
@@ -91,11 +100,8 @@ class ElasticProcess : public ::testing::Test {
     const auto a = read_params(dir_ / "elastic.bin"), b = read_params(dir_ / "ref.bin");
     EXPECT_EQ(a.size(), b.size()) << job.output;
     EXPECT_FALSE(a.empty());
-    double worst = 0;
-    for (std::size_t k = 0; k < std::min(a.size(), b.size()); ++k)
-      worst = std::max(worst, static_cast<double>(std::abs(a[k] - b[k])) / (1e-3 + std::abs(b[k])));
     // Sums in a different order only: float rounding, a few ulps per step.
-    EXPECT_LT(worst, 1e-3) << job.output;
+    EXPECT_LT(worst_relative_difference(a, b), 1e-3) << job.output;
     return job.output;
   }
 
@@ -249,10 +255,7 @@ TEST_F(ElasticProcess, KillOfLaunchRankZeroBeforeItsRestoredStateMoved) {
   ASSERT_EQ(ref.status, 0) << ref.output;
   const auto a = read_params(dir_ / "elastic.bin"), b = read_params(dir_ / "ref.bin");
   ASSERT_EQ(a.size(), b.size()) << job.output;
-  double worst = 0;
-  for (std::size_t k = 0; k < a.size(); ++k)
-    worst = std::max(worst, static_cast<double>(std::abs(a[k] - b[k])) / (1e-3 + std::abs(b[k])));
-  EXPECT_LT(worst, 1e-3) << job.output;
+  EXPECT_LT(worst_relative_difference(a, b), 1e-3) << job.output;
 }
 
 // Must-show of the equivalence property in one run: heterogeneous workers

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <initializer_list>
 #include <limits>
 #include <thread>
 #include <type_traits>
@@ -47,6 +48,20 @@ ef::launch_info launch(int rank, int world) {
   li.rank = rank;
   li.world_size = world;
   return li;
+}
+
+// group_options::from_environment refuses each of `bad` for `variable`,
+// with an error that names the variable.
+void expect_refused(const char* variable, std::initializer_list<const char*> bad) {
+  for (const char* value : bad) {
+    ::setenv(variable, value, 1);
+    try {
+      (void)el::group_options::from_environment();
+      ADD_FAILURE() << variable << "=" << value << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(variable), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
@@ -602,28 +617,12 @@ TEST(ElasticGroupContract, InitialStagingComesFromTheEnvironmentInMiB) {
   EXPECT_EQ(el::group_options::from_environment().initial_staging, std::size_t{3} << 20);
   ::setenv("EBBFLOW_INITIAL_STAGING_MB", "0", 1);
   EXPECT_EQ(el::group_options::from_environment().initial_staging, 0u);
-  for (const char* bad : {"-1", "lots"}) {
-    ::setenv("EBBFLOW_INITIAL_STAGING_MB", bad, 1);
-    try {
-      (void)el::group_options::from_environment();
-      ADD_FAILURE() << "EBBFLOW_INITIAL_STAGING_MB=" << bad << " accepted";
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("EBBFLOW_INITIAL_STAGING_MB"), std::string::npos) << e.what();
-    }
-  }
+  expect_refused("EBBFLOW_INITIAL_STAGING_MB", {"-1", "lots"});
   ::unsetenv("EBBFLOW_INITIAL_STAGING_MB");
 }
 
 TEST(ElasticGroupContract, ASchedSliceOutsideTheKernelsRangeIsRefused) {
-  for (const char* bad : {"50", "100001", "-1", "fast"}) {
-    ::setenv("EBBFLOW_SCHED_SLICE_US", bad, 1);
-    try {
-      (void)el::group_options::from_environment();
-      ADD_FAILURE() << "EBBFLOW_SCHED_SLICE_US=" << bad << " accepted";
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("EBBFLOW_SCHED_SLICE_US"), std::string::npos) << e.what();
-    }
-  }
+  expect_refused("EBBFLOW_SCHED_SLICE_US", {"50", "100001", "-1", "fast"});
   ::setenv("EBBFLOW_SCHED_SLICE_US", "100", 1);
   EXPECT_EQ(el::group_options::from_environment().sched_slice, std::chrono::microseconds(100));
   ::unsetenv("EBBFLOW_SCHED_SLICE_US");
