@@ -180,22 +180,27 @@ TEST_F(ElasticProcess, KillDuringStep) {
 
 // A launched worker killed while it starts: the others start without it
 // after EBBFLOW_INITIAL_WAIT_MS (or, if it registered first, fail it over).
-// Either way the job ends and equals the single-process run.
+// Either way the job ends and equals the single-process run. A failover
+// during the initial state transfer reports "0 -> 2": the members never
+// saw the world of 3 (their first notice is the failure's).
 TEST_F(ElasticProcess, KillOfAWorkerWhileItStarts) {
   const auto out = train("-n 3 --event-clock launch --kill 0.005:1", "EBBFLOW_INITIAL_WAIT_MS=1000");
   EXPECT_TRUE(out.find("initial worker(s) 1 did not register") != std::string::npos ||
-              out.find("world changed (failure): 3 -> 2") != std::string::npos)
+              out.find("world changed (failure): 3 -> 2") != std::string::npos ||
+              out.find("world changed (failure): 0 -> 2") != std::string::npos)
       << out;
 }
 
 // The same for launch rank 0, which writes the first generation: after the
 // initial wait (and a lease) the others propose it without rank 0; or, if
 // it wrote it and died before its state moved, one of the others serves its
-// own initial state (the two tests below reach that point every time).
+// own initial state (the two tests below reach that point every time), or
+// one that got all of it serves that ("0 -> 2", as above).
 TEST_F(ElasticProcess, KillOfLaunchRankZeroWhileItStarts) {
   const auto out = train("-n 3 --event-clock launch --kill 0.005:0", "EBBFLOW_INITIAL_WAIT_MS=1000");
   EXPECT_TRUE(out.find("proposes it without rank 0") != std::string::npos ||
               out.find("world changed (failure): 3 -> 2") != std::string::npos ||
+              out.find("world changed (failure): 0 -> 2") != std::string::npos ||
               out.find("serves its own initial state (step 0)") != std::string::npos)
       << out;
 }
