@@ -7,6 +7,8 @@
 // world-size history the workers reported.
 #include <gtest/gtest.h>
 
+#include "../shell.hpp"
+
 #include <sys/resource.h>
 
 #include <array>
@@ -26,29 +28,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct result {
-  int status = -1;
-  std::string output;
-};
-
-result sh(const std::string& cmd) {
-  result r;
-  std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), p)) r.output += buf.data();
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
-
-std::vector<float> read_params(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::vector<float> v;
-  float x;
-  while (f.read(reinterpret_cast<char*>(&x), sizeof x)) v.push_back(x);
-  return v;
-}
+using ebbflow_test::read_floats;
+using ebbflow_test::run_shell;
 
 // The largest relative difference between two parameter files' values
 // (over the shorter one; the callers check the sizes).
@@ -84,20 +65,20 @@ class ElasticProcess : public ::testing::Test {
   std::string train(const std::string& launcher_flags, const std::string& env = "", int steps = 300,
                     const std::string& extra = "", const std::string& wrapper = "") {
     const std::string common = " --steps " + std::to_string(steps) + " --sample-us 150 --step-us 1500 " + extra;
-    auto job = sh("cd " + dir_.string() + " && timeout 120 env EBBFLOW_LEASE_MS=500 " + env +
-                  " " EBBFLOW_RUN " --event-clock training " + launcher_flags + " -- " + wrapper + " " ELASTIC_TRAIN +
-                  common + " --params-out elastic.bin --trace .");
+    auto job = run_shell("cd " + dir_.string() + " && timeout 120 env EBBFLOW_LEASE_MS=500 " + env +
+                         " " EBBFLOW_RUN " --event-clock training " + launcher_flags + " -- " + wrapper +
+                         " " ELASTIC_TRAIN + common + " --params-out elastic.bin --trace .");
     EXPECT_EQ(job.status, 0) << job.output;
-    auto ref = sh(std::string(ELASTIC_TRAIN) + common + " --reference --params-out " + (dir_ / "ref.bin").string() +
-                  " --trace " + dir_.string());
+    auto ref = run_shell(std::string(ELASTIC_TRAIN) + common + " --reference --params-out " +
+                         (dir_ / "ref.bin").string() + " --trace " + dir_.string());
     EXPECT_EQ(ref.status, 0) << ref.output;
     // Sample by sample: every committed step trained on each sample of its
     // global batch exactly once, across all processes and attempts, with the
     // same sums and state on every member; and the first step, if any, whose
     // parameters drift from the single-process run's.
-    const auto traced = sh("python3 " CHECK_TRACE " " + dir_.string() + " --steps " + std::to_string(steps));
+    const auto traced = run_shell("python3 " CHECK_TRACE " " + dir_.string() + " --steps " + std::to_string(steps));
     EXPECT_EQ(traced.status, 0) << traced.output << job.output;
-    const auto a = read_params(dir_ / "elastic.bin"), b = read_params(dir_ / "ref.bin");
+    const auto a = read_floats(dir_ / "elastic.bin"), b = read_floats(dir_ / "ref.bin");
     EXPECT_EQ(a.size(), b.size()) << job.output;
     EXPECT_FALSE(a.empty());
     // Sums in a different order only: float rounding, a few ulps per step.
@@ -153,15 +134,15 @@ TEST_F(ElasticProcess, JoinOfOneAndOfSeveralAtOnce) {
 // trains to the end. The second used to find the first one's generations
 // under the shared key prefix and fail as a newcomer nobody admitted.
 TEST_F(ElasticProcess, TwoJobsInARowOnOneStandaloneStore) {
-  const auto r = sh("cd " + dir_.string() +
-                    " && { " EBBFLOW_STORE_TOOL
-                    " --port 0 --token two-jobs > store.out 2>&1 & echo $! > store.pid; }"
-                    " && trap 'kill $(cat store.pid)' EXIT"
-                    " && for i in $(seq 100); do grep -q listening store.out && break; sleep 0.1; done"
-                    " && port=$(sed -n 's/.*listening on 127.0.0.1:\\([0-9]*\\).*/\\1/p' store.out)"
-                    " && for job in 1 2; do timeout 60 env EBBFLOW_TOKEN=two-jobs " EBBFLOW_RUN
-                    " -n 2 --attach --store 127.0.0.1:$port -- " ELASTIC_TRAIN
-                    " --steps 20 --sample-us 0 --step-us 0 || exit 1; done");
+  const auto r = run_shell("cd " + dir_.string() +
+                           " && { " EBBFLOW_STORE_TOOL
+                           " --port 0 --token two-jobs > store.out 2>&1 & echo $! > store.pid; }"
+                           " && trap 'kill $(cat store.pid)' EXIT"
+                           " && for i in $(seq 100); do grep -q listening store.out && break; sleep 0.1; done"
+                           " && port=$(sed -n 's/.*listening on 127.0.0.1:\\([0-9]*\\).*/\\1/p' store.out)"
+                           " && for job in 1 2; do timeout 60 env EBBFLOW_TOKEN=two-jobs " EBBFLOW_RUN
+                           " -n 2 --attach --store 127.0.0.1:$port -- " ELASTIC_TRAIN
+                           " --steps 20 --sample-us 0 --step-us 0 || exit 1; done");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count(r.output, "finished 20 steps"), 2) << r.output;
   EXPECT_EQ(count(r.output, " on the store at 127.0.0.1:"), 2) << r.output;  // a fresh prefix each
@@ -232,10 +213,10 @@ TEST_F(ElasticProcess, KillOfLaunchRankZeroWhileItSendsItsInitialState) {
 // than the limit) both survivors were part written: the state is lost, and
 // they stop with a clear error instead of training on mixed buffers.
 TEST_F(ElasticProcess, WithoutStagingASenderDeathMidwayLosesTheInitialStateWithAClearError) {
-  auto job = sh("cd " + dir_.string() +
-                " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=initial-sync-part "
-                "EBBFLOW_INITIAL_STAGING_MB=0 " EBBFLOW_RUN " -n 3 --elastic -- " ELASTIC_TRAIN
-                " --steps 300 --sample-us 150 --step-us 1500 --params-out elastic.bin");
+  auto job = run_shell("cd " + dir_.string() +
+                       " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=initial-sync-part "
+                       "EBBFLOW_INITIAL_STAGING_MB=0 " EBBFLOW_RUN " -n 3 --elastic -- " ELASTIC_TRAIN
+                       " --steps 300 --sample-us 150 --step-us 1500 --params-out elastic.bin");
   EXPECT_NE(job.status, 0) << job.output;
   EXPECT_EQ(count(job.output, "EBBFLOW_FAULT=initial-sync-part"), 1) << job.output;
   EXPECT_EQ(count(job.output, "no member holding the training state is left"), 2) << job.output;
@@ -248,17 +229,19 @@ TEST_F(ElasticProcess, WithoutStagingASenderDeathMidwayLosesTheInitialStateWithA
 // the job ends where a run that never stopped ends.
 TEST_F(ElasticProcess, KillOfLaunchRankZeroBeforeItsRestoredStateMoved) {
   const std::string common = " --steps 300 --sample-us 150 --step-us 1500 --checkpoint ck.bin";
-  auto first = sh("cd " + dir_.string() + " && timeout 60 env EBBFLOW_LEASE_MS=500 " EBBFLOW_RUN " -n 2 -- " +
-                  ELASTIC_TRAIN + common + " --checkpoint-at 120");
+  auto first = run_shell("cd " + dir_.string() + " && timeout 60 env EBBFLOW_LEASE_MS=500 " EBBFLOW_RUN " -n 2 -- " +
+                         ELASTIC_TRAIN + common + " --checkpoint-at 120");
   ASSERT_EQ(first.status, 0) << first.output;
-  auto job = sh("cd " + dir_.string() + " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=initial-sync " +
+  auto job =
+      run_shell("cd " + dir_.string() + " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=initial-sync " +
                 EBBFLOW_RUN + " -n 3 --elastic -- " + ELASTIC_TRAIN + common + " --resume --params-out elastic.bin");
   ASSERT_EQ(job.status, 0) << job.output;
   EXPECT_EQ(count(job.output, "serves its own initial state and restored position (step 120)"), 1) << job.output;
-  auto ref = sh(std::string(ELASTIC_TRAIN) + " --steps 300 --sample-us 150 --step-us 1500 --reference --params-out " +
+  auto ref =
+      run_shell(std::string(ELASTIC_TRAIN) + " --steps 300 --sample-us 150 --step-us 1500 --reference --params-out " +
                 (dir_ / "ref.bin").string());
   ASSERT_EQ(ref.status, 0) << ref.output;
-  const auto a = read_params(dir_ / "elastic.bin"), b = read_params(dir_ / "ref.bin");
+  const auto a = read_floats(dir_ / "elastic.bin"), b = read_floats(dir_ / "ref.bin");
   ASSERT_EQ(a.size(), b.size()) << job.output;
   EXPECT_LT(worst_relative_difference(a, b), 1e-3) << job.output;
 }
@@ -287,8 +270,8 @@ TEST_F(ElasticProcess, HeterogeneousWorkersJoinLeaveAndDieAtRandomTimes) {
   EXPECT_NE(out.find("asking worker " + std::to_string(leaver) + " to leave"), std::string::npos) << out;
   for (int w = 3; w < 4 + added; ++w)  // every newcomer took part
     EXPECT_GE(count(out, "[worker " + std::to_string(w) + "] world changed"), 1) << w << "\n" << out;
-  const auto spread =
-      sh("python3 " CHECK_TRACE " " + dir_.string() + " --steps 800 --min-spread 3");  // 1x against 2x and 3x: about 6x
+  const auto spread = run_shell("python3 " CHECK_TRACE " " + dir_.string() +
+                                " --steps 800 --min-spread 3");  // 1x against 2x and 3x: about 6x
   EXPECT_EQ(spread.status, 0) << spread.output;
 }
 
@@ -359,11 +342,11 @@ TEST_F(ElasticProcess, LosingEveryHolderOfTheStateIsAClearError) {
   // The only member dies while it sends the state to a joiner: nobody holds
   // the training state any more. The joiner must say so and exit, never
   // re-form a group of its own and train on from zeroed parameters.
-  auto job = sh("cd " + dir_.string() +
-                " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=sync-send " EBBFLOW_RUN
-                " -n 1 --add 0.5 -- " ELASTIC_TRAIN
-                " --steps 300 --sample-us 150 --step-us 1500"
-                " --params-out elastic.bin");
+  auto job = run_shell("cd " + dir_.string() +
+                       " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=sync-send " EBBFLOW_RUN
+                       " -n 1 --add 0.5 -- " ELASTIC_TRAIN
+                       " --steps 300 --sample-us 150 --step-us 1500"
+                       " --params-out elastic.bin");
   EXPECT_NE(job.status, 0) << job.output;
   EXPECT_NE(job.output.find("EBBFLOW_FAULT=sync-send"), std::string::npos) << job.output;
   EXPECT_NE(job.output.find("no member holding the training state is left"), std::string::npos) << job.output;
@@ -489,7 +472,7 @@ TEST_F(ElasticProcess, BelowMinSizeWaitsThenResumesWhenAWorkerArrives) {
 // 1 and 2 took each other for local peers (a single-copy read of pid 1 read
 // the reader itself). No peer may be local; the job equals the reference.
 TEST_F(ElasticProcess, WorkersInOtherPidNamespacesAreNeverSingleCopyPeers) {
-  if (sh("unshare --pid --fork --kill-child setarch $(uname -m) -R true").status != 0)
+  if (run_shell("unshare --pid --fork --kill-child setarch $(uname -m) -R true").status != 0)
     GTEST_SKIP() << "cannot make pid namespaces here (not root, or a container without CAP_SYS_ADMIN)";
   const auto out =
       train("-n 3", "EBBFLOW_LOG=debug", 100, "", "unshare --pid --fork --kill-child setarch $(uname -m) -R");
@@ -499,8 +482,9 @@ TEST_F(ElasticProcess, WorkersInOtherPidNamespacesAreNeverSingleCopyPeers) {
 
 TEST_F(ElasticProcess, WorkerWithoutTheJobTokenIsRefused) {
   // A store with one token, a worker with another.
-  auto r = sh("cd " + dir_.string() + " && timeout 30 " EBBFLOW_RUN " -n 1 --token right -- env EBBFLOW_TOKEN=wrong " +
-              ELASTIC_TRAIN + " --steps 5");
+  auto r = run_shell("cd " + dir_.string() +
+                     " && timeout 30 " EBBFLOW_RUN " -n 1 --token right -- env EBBFLOW_TOKEN=wrong " + ELASTIC_TRAIN +
+                     " --steps 5");
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("unauthorized"), std::string::npos) << r.output;
 }
@@ -510,10 +494,10 @@ TEST_F(ElasticProcess, WorkerWithoutTheJobTokenIsRefused) {
 // it gets errc::job_finished, the example says so and exits 0, and the
 // launcher reports no failed worker. It used to exit 1 with an error.
 TEST_F(ElasticProcess, ANewcomerThatArrivesAfterTheEndExitsCleanly) {
-  auto r =
-      sh("cd " + dir_.string() +
-         " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=join-connect:sleep=4000 " EBBFLOW_RUN
-         " --event-clock training -n 2 --add 0.2:1 -- " ELASTIC_TRAIN " --steps 100 --sample-us 150 --step-us 1500");
+  auto r = run_shell("cd " + dir_.string() +
+                     " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=join-connect:sleep=4000 " EBBFLOW_RUN
+                     " --event-clock training -n 2 --add 0.2:1 -- " ELASTIC_TRAIN
+                     " --steps 100 --sample-us 150 --step-us 1500");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("[worker 0] finished 100 steps"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("job finished (the job EBBFLOW_JOB="), std::string::npos) << r.output;

@@ -13,6 +13,8 @@
 //    worker's attempt went into the update).
 #include <gtest/gtest.h>
 
+#include "../shell.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -29,21 +31,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct result {
-  int status = -1;
-  std::string output;
-};
-
-result sh(const std::string& cmd) {
-  result r;
-  std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), p)) r.output += buf.data();
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
+using ebbflow_test::read_floats;
+using ebbflow_test::run_shell;
 
 double json_number(const fs::path& p, const std::string& key) {
   std::ifstream f(p);
@@ -51,14 +40,6 @@ double json_number(const fs::path& p, const std::string& key) {
   const auto k = s.find("\"" + key + "\":");
   if (k == std::string::npos) return NAN;
   return std::stod(s.substr(k + key.size() + 3));
-}
-
-std::vector<float> read_floats(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::vector<float> v;
-  float x;
-  while (f.read(reinterpret_cast<char*>(&x), sizeof x)) v.push_back(x);
-  return v;
 }
 
 constexpr std::size_t train_size = 1797 - 360;  // digits::split holds out every 5th sample
@@ -84,11 +65,12 @@ TEST_F(TorchElastic, JoinAndFailureKeepAccuracyHistoryAndExactlyOnceSamples) {
                              " --batch 128 --sample-us 400 --step-us 2000 --slowdowns 1,2,3,1 --report " +
                              (dir_ / "report").string();
   // Worker 1 dies in step 100, after it computed its gradient and logged its attempt.
-  auto job = sh("cd " + dir_.string() +
-                " && EBBFLOW_LEASE_MS=500 timeout 90 " EBBFLOW_RUN " -n 3 --elastic --add 1 -- " TORCH_ELASTIC +
-                common + " --die-at 1:100 --log-every 50 --params-out " + (dir_ / "elastic.bin").string());
+  auto job = run_shell("cd " + dir_.string() +
+                       " && EBBFLOW_LEASE_MS=500 timeout 90 " EBBFLOW_RUN " -n 3 --elastic --add 1 -- " TORCH_ELASTIC +
+                       common + " --die-at 1:100 --log-every 50 --params-out " + (dir_ / "elastic.bin").string());
   ASSERT_EQ(job.status, 0) << job.output;
-  auto ref = sh(std::string(TORCH_ELASTIC) + common + " --reference --params-out " + (dir_ / "ref.bin").string());
+  auto ref =
+      run_shell(std::string(TORCH_ELASTIC) + common + " --reference --params-out " + (dir_ / "ref.bin").string());
   ASSERT_EQ(ref.status, 0) << ref.output;
 
   // Accuracy bound, and the parameters themselves.
