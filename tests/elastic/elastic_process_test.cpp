@@ -280,6 +280,29 @@ TEST_F(ElasticProcess, KillOfTheCoordinator) {
   EXPECT_NE(out.find("world changed (failure): 3 -> 2"), std::string::npos) << out;
 }
 
+// Two failures at once, one of them the coordinator's: the survivors may see
+// them in one recovery (5 -> 3) or in two (5 -> 4 -> 3); either way the job
+// ends with three workers and equal to the reference.
+TEST_F(ElasticProcess, TwoWorkersKilledAtOnceOneOfThemTheCoordinator) {
+  const auto out = train("-n 5 --kill 0.5:0 --kill 0.5:2");
+  for (int w : {0, 2}) EXPECT_EQ(count(out, "worker " + std::to_string(w) + " (pid"), 1) << w << "\n" << out;
+  EXPECT_TRUE(out.find("world changed (failure): 5 -> 3") != std::string::npos ||
+              out.find("world changed (failure): 4 -> 3") != std::string::npos)
+      << out;
+  EXPECT_EQ(count(out, "steps in"), 1) << out;
+  EXPECT_NE(out.find("world size 3,"), std::string::npos) << out;
+}
+
+// A failure while two newcomers join: whichever stage the join has reached
+// (waiting for admission, connecting in the background, receiving the
+// state), the job ends with both newcomers in and equal to the reference.
+TEST_F(ElasticProcess, KillOfAMemberWhileTwoNewcomersJoin) {
+  const auto out = train("-n 3 --add 0.5:2 --kill 0.5:1");
+  EXPECT_EQ(count(out, "worker 1 (pid"), 1) << out;
+  for (int w : {3, 4}) EXPECT_GE(count(out, "[worker " + std::to_string(w) + "] world changed"), 1) << w << "\n" << out;
+  EXPECT_NE(out.find("world size 4,"), std::string::npos) << out;
+}
+
 // A stopped worker (SIGSTOP: a hung process) fails no transport operation:
 // only its silent lease (500 ms here) tells the others. They drop it and
 // train on; continued 1.5 s later, it finds itself left out and rejoins. The
