@@ -46,6 +46,17 @@ int count(const std::string& hay, const std::string& needle) {
   return n;
 }
 
+// Shell commands that start a standalone ebbflow-store with `token` in the
+// current folder, stop it when the shell exits, and set $port to its port
+// (their status is non-zero when it did not come up within 10 s).
+std::string standalone_store(const std::string& token) {
+  return "{ " EBBFLOW_STORE_TOOL " --port 0 --token " + token +
+         " > store.out 2>&1 & echo $! > store.pid; }"
+         " && trap 'kill $(cat store.pid)' EXIT"
+         " && for i in $(seq 100); do grep -q listening store.out && break; sleep 0.1; done"
+         " && port=$(sed -n 's/.*listening on 127.0.0.1:\\([0-9]*\\).*/\\1/p' store.out) && [ -n \"$port\" ]";
+}
+
 class ElasticProcess : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -134,18 +145,40 @@ TEST_F(ElasticProcess, JoinOfOneAndOfSeveralAtOnce) {
 // trains to the end. The second used to find the first one's generations
 // under the shared key prefix and fail as a newcomer nobody admitted.
 TEST_F(ElasticProcess, TwoJobsInARowOnOneStandaloneStore) {
-  const auto r = run_shell("cd " + dir_.string() +
-                           " && { " EBBFLOW_STORE_TOOL
-                           " --port 0 --token two-jobs > store.out 2>&1 & echo $! > store.pid; }"
-                           " && trap 'kill $(cat store.pid)' EXIT"
-                           " && for i in $(seq 100); do grep -q listening store.out && break; sleep 0.1; done"
-                           " && port=$(sed -n 's/.*listening on 127.0.0.1:\\([0-9]*\\).*/\\1/p' store.out)"
+  const auto r = run_shell("cd " + dir_.string() + " && " + standalone_store("two-jobs") +
                            " && for job in 1 2; do timeout 60 env EBBFLOW_TOKEN=two-jobs " EBBFLOW_RUN
                            " -n 2 --attach --store 127.0.0.1:$port -- " ELASTIC_TRAIN
                            " --steps 20 --sample-us 0 --step-us 0 || exit 1; done");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count(r.output, "finished 20 steps"), 2) << r.output;
   EXPECT_EQ(count(r.output, " on the store at 127.0.0.1:"), 2) << r.output;  // a fresh prefix each
+}
+
+// A newcomer whose registered state differs from the members' (another
+// build of the model, say: --hidden 32 against 64) stops with an error that
+// names both sizes; the members roll back the step, go on without it, and
+// end equal to the single-process run.
+TEST_F(ElasticProcess, ANewcomerWithOtherStateFailsClearlyAndTheJobGoesOn) {
+  const std::string common = " --steps 600 --sample-us 150 --step-us 1500";
+  const auto r =
+      run_shell("cd " + dir_.string() + " && " + standalone_store("other") +
+                " || exit 1; export EBBFLOW_TOKEN=other EBBFLOW_JOB=other-state EBBFLOW_LEASE_MS=500;"
+                " { timeout 60 " EBBFLOW_RUN " -n 2 --elastic --attach --store 127.0.0.1:$port -- " ELASTIC_TRAIN +
+                common +
+                " --params-out elastic.bin > job.out 2>&1; echo \"job exit $?\" >> job.out; } & job=$!;"
+                " sleep 1; timeout 60 env EBBFLOW_JOIN=1 EBBFLOW_STORE=127.0.0.1:$port " ELASTIC_TRAIN +
+                common + " --hidden 32 > joiner.out 2>&1; echo \"joiner exit $?\"; wait $job; cat joiner.out job.out");
+  EXPECT_EQ(count(r.output, "joiner exit 1"), 1) << r.output;
+  EXPECT_EQ(count(r.output, "job exit 0"), 1) << r.output;
+  EXPECT_NE(r.output.find("state buffer 0 is 'params' of 19240 bytes on member "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("but 'params' of 9640 bytes here"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("finished 600 steps"), std::string::npos) << r.output;
+  const auto ref =
+      run_shell(std::string(ELASTIC_TRAIN) + common + " --reference --params-out " + (dir_ / "ref.bin").string());
+  ASSERT_EQ(ref.status, 0) << ref.output;
+  const auto a = read_floats(dir_ / "elastic.bin"), b = read_floats(dir_ / "ref.bin");
+  ASSERT_EQ(a.size(), b.size()) << r.output;
+  EXPECT_LT(worst_relative_difference(a, b), 1e-3) << r.output;
 }
 
 TEST_F(ElasticProcess, GracefulLeave) {
