@@ -326,6 +326,20 @@ TEST_F(ElasticProcess, TwoWorkersKilledAtOnceOneOfThemTheCoordinator) {
   EXPECT_NE(out.find("world size 3,"), std::string::npos) << out;
 }
 
+// Three SIGKILLs at once in a group of 8 while two newcomers join, then a
+// leave: the newcomers come in with the recovery or after it, the leave is
+// applied, six workers finish, and the job ends equal to the reference
+// (trace and parameters). A death that no survivor's transport saw (its
+// neighbours were revoked first) is known only from its lease, so this
+// recovery can take up to EBBFLOW_LEASE_MS.
+TEST_F(ElasticProcess, ThreeKilledAtOnceWhileTwoJoinThenALeave) {
+  const auto out = train("-n 8 --kill 0.5:1 --kill 0.5:4 --kill 0.5:6 --add 0.5:2 --leave 1.0:3", "", 400);
+  for (int w : {1, 4, 6}) EXPECT_EQ(count(out, "worker " + std::to_string(w) + " (pid"), 1) << w << "\n" << out;
+  for (int w : {8, 9}) EXPECT_GE(count(out, "[worker " + std::to_string(w) + "] world changed"), 1) << w << "\n" << out;
+  EXPECT_NE(out.find("asking worker 3 to leave"), std::string::npos) << out;
+  EXPECT_NE(out.find("world size 6,"), std::string::npos) << out;
+}
+
 // A failure while two newcomers join: whichever stage the join has reached
 // (waiting for admission, connecting in the background, receiving the
 // state), the job ends with both newcomers in and equal to the reference.
