@@ -3920,8 +3920,6 @@ class revocable {
   //! The shared flag; set it (from any thread) to revoke.
   [[nodiscard]] const std::shared_ptr<revoke_flag>& flag() const noexcept { return flag_; }
 
-  //! Posts a send on the inner transport (not checked against the flag; never blocks).
-  //! `out` (host memory) must stay valid until the request completed.
   //! Forwarded when the inner transport knows which peers share this host
   //! (enables the communicator's single-copy path).
   [[nodiscard]] long local_peer(int q) const noexcept requires requires(const T& t) { t.local_peer(q); }
@@ -3931,6 +3929,12 @@ class revocable {
     { t.lost_peer() } -> std::convertible_to<int>;
   }
   { return inner_.lost_peer(); }
+  //! Forwarded when the inner transport can tell that a peer's process on
+  //! this host is gone (safe after a revoke).
+  [[nodiscard]] bool peer_gone(int q) const noexcept requires requires(const T& t) {
+    { t.peer_gone(q) } -> std::convertible_to<bool>;
+  }
+  { return inner_.peer_gone(q); }
   //! Forwarded when the inner transport can be told that a peer died.
   void mark_lost(int q) noexcept requires requires(T& t) { t.mark_lost(q); }
   { inner_.mark_lost(q); }
@@ -4631,6 +4635,7 @@ EBBFLOW_END_NAMESPACE
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -4678,6 +4683,31 @@ inline std::uint64_t random_nonce() noexcept {
     x = (static_cast<std::uint64_t>(::getpid()) << 32) ^
         static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^ 0xebbf1057a6e5ull;
   return x;
+}
+//! This process's probe word: a random nonce at one address for the life of
+//! the process. Peers on this host read it to test single-copy access at
+//! connect time, and later to tell whether the process that said hello is
+//! still there (`transport::peer_gone`). It belongs to the process, not to a
+//! transport: a live peer that already closed the transport of a failed
+//! generation still answers.
+inline const std::uint64_t& process_probe() noexcept {
+  static const std::uint64_t word = random_nonce();
+  return word;
+}
+//! Whether process `pid` is still the one whose probe word (`process_probe`)
+//! was read at `address` holding `nonce`: `there`; `gone` when no such
+//! process exists (or only its zombie), or the pid now names a process that
+//! holds something else there or has no memory there; `unknown` on any other
+//! error, `EPERM` included (a live process may make itself unreadable, e.g.
+//! `PR_SET_DUMPABLE`; so a pid taken over by another user's process reads as
+//! unknown, and the lease decides).
+enum class probe_result { there, gone, unknown };
+inline probe_result probe_process(pid_t pid, std::uint64_t address, std::uint64_t nonce) noexcept {
+  std::uint64_t v = 0;
+  iovec l{&v, sizeof v}, r{reinterpret_cast<void*>(address), sizeof v};
+  if (::process_vm_readv(pid, &l, 1, &r, 1, 0) == static_cast<ssize_t>(sizeof v))
+    return v == nonce ? probe_result::there : probe_result::gone;
+  return errno == ESRCH || errno == EFAULT ? probe_result::gone : probe_result::unknown;
 }
 inline void read_boot_id(char (&out)[40]) noexcept {
   std::memset(out, 0, sizeof out);
@@ -4833,6 +4863,13 @@ class transport {
     return peer >= 0 && static_cast<std::size_t>(peer) < st_->pids.size() ? st_->pids[static_cast<std::size_t>(peer)]
                                                                           : 0;
   }
+  //! True when `peer` runs on this host (`local_peer`) and the process that
+  //! said hello at connect time is provably gone: its pid no longer exists,
+  //! or no longer holds that process's probe word (the pid was reused; see
+  //! `detail::probe_process`). A stopped or hung process is not gone. One
+  //! `process_vm_readv`, no UCX call: safe after a revoke. False for remote
+  //! peers, whose death only their transport or their lease can tell.
+  [[nodiscard]] bool peer_gone(int peer) const noexcept;
   //! Marks `peer` lost (e.g. a single-copy read found its process gone):
   //! from now on it behaves as if UCX had reported the failure.
   void mark_lost(int peer) noexcept { on_peer_error(st_.get(), peer, UCS_ERR_CONNECTION_RESET); }
@@ -4878,10 +4915,15 @@ class transport {
     std::vector<void*> closing;               // endpoint closes in flight (start_close)
     bool close_started = false;
     steady_clock::time_point close_until{};
-    std::vector<pid_t> pids;                       // local_peer()
-    bool oversubscribed = false;                   // more local ranks than usable cores
-    std::uint64_t probe = detail::random_nonce();  // read by peers to test single-copy access
-    struct handshake;                              // while connecting (see `start`)
+    std::vector<pid_t> pids;  // local_peer()
+    //! Where a local peer's probe word is, and what it held at connect time.
+    struct probe_word {
+      std::uint64_t address = 0;  //!< where the peer's `process_probe` is
+      std::uint64_t nonce = 0;    //!< what it held at connect time
+    };
+    std::vector<probe_word> probes;  // by peer: where its process_probe is, and what it holds
+    bool oversubscribed = false;     // more local ranks than usable cores
+    struct handshake;                // while connecting (see `start`)
     std::unique_ptr<handshake> connecting;
     std::error_code connect_failed{};  // set when the handshake failed: the endpoints are closed
     int connect_failed_peer = -1;
@@ -5029,6 +5071,7 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   st_->undrained.assign(n, 0);
   st_->dead = std::vector<std::atomic<std::uint8_t>>(n);
   st_->pids.assign(n, 0);
+  st_->probes.assign(n, {});
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
     auto& ref = st_->refs[static_cast<std::size_t>(p)];
@@ -5069,8 +5112,8 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   st_->connecting = std::make_unique<state::handshake>();
   auto& hs = *st_->connecting;
   hs.mine.pid = static_cast<std::uint64_t>(::getpid());
-  hs.mine.probe = reinterpret_cast<std::uint64_t>(&st_->probe);
-  hs.mine.nonce = st_->probe;
+  hs.mine.probe = reinterpret_cast<std::uint64_t>(&detail::process_probe());
+  hs.mine.nonce = detail::process_probe();
   hs.mine.pid_ns = detail::namespace_inode("/proc/self/ns/pid");
   hs.mine.net_ns = detail::namespace_inode("/proc/self/ns/net");
   detail::read_boot_id(hs.mine.boot_id);
@@ -5134,11 +5177,10 @@ inline void transport::finish_handshake() noexcept {
     // peer's nonce where it said: single-copy capable (see detail::hello).
     if (std::memcmp(h.boot_id, hs->mine.boot_id, sizeof hs->mine.boot_id) == 0 && hs->mine.boot_id[0] &&
         h.pid_ns == hs->mine.pid_ns && h.net_ns == hs->mine.net_ns) {
-      std::uint64_t v = 0;
-      iovec l{&v, sizeof v}, r{reinterpret_cast<void*>(h.probe), sizeof v};
-      if (::process_vm_readv(static_cast<pid_t>(h.pid), &l, 1, &r, 1, 0) == static_cast<ssize_t>(sizeof v) &&
-          v == h.nonce)
+      if (detail::probe_process(static_cast<pid_t>(h.pid), h.probe, h.nonce) == detail::probe_result::there) {
         st_->pids[static_cast<std::size_t>(p)] = static_cast<pid_t>(h.pid);
+        st_->probes[static_cast<std::size_t>(p)] = {h.probe, h.nonce};
+      }
     }
   }
   int local = 1;
@@ -5149,6 +5191,13 @@ inline void transport::finish_handshake() noexcept {
   st_->oversubscribed = local > cores;
   EBBFLOW_LOG_DEBUG("ucx: generation " << st_->generation << ": " << local - 1 << " of " << size - 1
                                        << " peers on this host (single-copy reads) [rank " << rank << "]");
+}
+
+inline bool transport::peer_gone(int peer) const noexcept {
+  const pid_t pid = local_peer(peer);
+  if (pid == 0) return false;
+  const auto& w = st_->probes[static_cast<std::size_t>(peer)];
+  return detail::probe_process(pid, w.address, w.nonce) == detail::probe_result::gone;
 }
 
 inline transport::~transport() {
@@ -13598,6 +13647,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
 
     const std::string next_key = gen_key(g + 1);
     std::set<member_id> failures_counted;  // lost members of g whose join failure this member applied
+    std::set<std::size_t> gone_told;       // ranks of g found gone on this host and told to the store
     lease_seen hb_seen;
     const auto unresolved_deadline = deadline::after(opts_.op_timeout);
     const auto recovery_started = steady_clock::now();
@@ -13626,8 +13676,26 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
         }
       }
       const auto lost = detail::try_get_all(*store_, lost_keys, store_deadline());
+      // A member on this host whose process is gone is dead now, not only
+      // after its lease: when several die at once, a survivor revoked before
+      // its own transport saw a death reports none. Told to the others too.
+      std::vector<std::uint8_t> gone(unreported.size(), 0);
+      if constexpr (requires(const transport_type& t) {
+                      { t.peer_gone(0) } -> std::convertible_to<bool>;
+                    }) {
+        for (std::size_t j = 0; j < unreported.size(); ++j) {
+          const std::size_t i = unreported[j];
+          if (lost[j] || !transport_ || gen_.generation != g || !transport_->peer_gone(static_cast<int>(i))) continue;
+          gone[j] = 1;
+          if (!gone_told.insert(i).second) continue;
+          EBBFLOW_LOG_WARN("member " << gen_.members[i].id << " (rank " << i << " of generation " << g
+                                     << ") is gone: its process on this host exited");
+          store_->set(dead_key(g, gen_.members[i].id), "1", store_deadline());
+        }
+      }
       for (std::size_t j = 0; j < unreported.size(); ++j) {
-        if (lost[j] || unresolved_deadline.expired()) continue;  // reported lost by a peer's transport, or too late
+        if (lost[j] || gone[j] || unresolved_deadline.expired())
+          continue;  // reported lost by a peer's transport, or gone, or too late
         maybe_alive.push_back(unreported[j]);
         hb_keys.push_back(key("hb/" + std::to_string(gen_.members[unreported[j]].id)));
       }

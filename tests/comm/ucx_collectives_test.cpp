@@ -175,6 +175,11 @@ int run_kill(std::chrono::milliseconds timeout) {
     if (e.code() == ef::errc::peer_lost && e.peer() != victim) return fail("error does not name the victim");
     if (std::string(e.what()).find("rank " + std::to_string(r)) == std::string::npos) return fail("no rank in message");
   }
+  // The victim's process is gone and the others' are there, wherever this
+  // host lets ranks read each other's memory (as single-copy reads need).
+  for (int q = 0; q < n; ++q)
+    if (q != r && t.local_peer(q) != 0 && t.peer_gone(q) != (q == victim))
+      return fail(q == victim ? "the victim's process is not seen gone" : "a live peer's process is seen gone");
   // Survivors stay up (as they would to form the next generation), so the
   // victim is the only peer that dies while the others detect it.
   std::this_thread::sleep_for(1500ms);
@@ -635,6 +640,37 @@ TEST_P(UcxKill, SurvivorsGetPeerLostWithinDeadlinePlusOneSecond) {
             << std::chrono::duration_cast<std::chrono::milliseconds>(ef::steady_clock::now() - t0).count() << " ms\n";
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, UcxKill, ::testing::Values(2, 3, 4, 5));
+
+// What a survivor asks of a member on its host in a recovery: is the process
+// that said hello still there? A forked child holds the parent's probe word
+// at the same address until it dies; dead (a zombie or reaped) it is gone,
+// as is a pid that holds another value there or has no memory there.
+TEST(UcxProbe, AProcessIsThereUntilItDiesAndNeverAfter) {
+  namespace d = ef::comm::ucx::detail;
+  const auto address = reinterpret_cast<std::uint64_t>(&d::process_probe());
+  const std::uint64_t nonce = d::process_probe();
+  EXPECT_EQ(d::probe_process(::getpid(), address, nonce), d::probe_result::there);
+  EXPECT_EQ(d::probe_process(::getpid(), address, nonce + 1), d::probe_result::gone);  // the pid, reused
+  EXPECT_EQ(d::probe_process(::getpid(), 0, nonce), d::probe_result::gone);            // no memory there
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  EXPECT_EQ(d::probe_process(child, address, nonce), d::probe_result::there);
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  // A zombie until reaped: gone already (its memory went first).
+  for (int i = 0; i < 200; ++i) {
+    siginfo_t si{};
+    if (::waitid(P_PID, static_cast<id_t>(child), &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == child) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(d::probe_process(child, address, nonce), d::probe_result::gone);
+  int st = 0;
+  ASSERT_EQ(::waitpid(child, &st, 0), child);
+  EXPECT_EQ(d::probe_process(child, address, nonce), d::probe_result::gone);
+}
 
 TEST(UcxErrors, MismatchedSizesGiveBadMessage) {
   auto res = launch(2, {"mismatch"}, 60s);

@@ -52,8 +52,6 @@ class revocable {
   //! The shared flag; set it (from any thread) to revoke.
   [[nodiscard]] const std::shared_ptr<revoke_flag>& flag() const noexcept { return flag_; }
 
-  //! Posts a send on the inner transport (not checked against the flag; never blocks).
-  //! `out` (host memory) must stay valid until the request completed.
   //! Forwarded when the inner transport knows which peers share this host
   //! (enables the communicator's single-copy path).
   [[nodiscard]] long local_peer(int q) const noexcept requires requires(const T& t) { t.local_peer(q); }
@@ -63,6 +61,12 @@ class revocable {
     { t.lost_peer() } -> std::convertible_to<int>;
   }
   { return inner_.lost_peer(); }
+  //! Forwarded when the inner transport can tell that a peer's process on
+  //! this host is gone (safe after a revoke).
+  [[nodiscard]] bool peer_gone(int q) const noexcept requires requires(const T& t) {
+    { t.peer_gone(q) } -> std::convertible_to<bool>;
+  }
+  { return inner_.peer_gone(q); }
   //! Forwarded when the inner transport can be told that a peer died.
   void mark_lost(int q) noexcept requires requires(T& t) { t.mark_lost(q); }
   { inner_.mark_lost(q); }
