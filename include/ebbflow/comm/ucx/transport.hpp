@@ -270,8 +270,9 @@ class transport {
   //! with `process_vm_readv` (checked at connect time), else 0. Collectives
   //! use it for single-copy reads between processes of one host.
   [[nodiscard]] pid_t local_peer(int peer) const noexcept {
-    return peer >= 0 && static_cast<std::size_t>(peer) < st_->pids.size() ? st_->pids[static_cast<std::size_t>(peer)]
-                                                                          : 0;
+    return peer >= 0 && static_cast<std::size_t>(peer) < st_->locals.size()
+               ? st_->locals[static_cast<std::size_t>(peer)].pid
+               : 0;
   }
   //! True when `peer` runs on this host (`local_peer`) and the process that
   //! said hello at connect time is provably gone: its pid no longer exists,
@@ -325,15 +326,16 @@ class transport {
     std::vector<void*> closing;               // endpoint closes in flight (start_close)
     bool close_started = false;
     steady_clock::time_point close_until{};
-    std::vector<pid_t> pids;  // local_peer()
-    //! Where a local peer's probe word is, and what it held at connect time.
-    struct probe_word {
+    //! A peer on this host whose memory can be read: its pid (0: not such a
+    //! peer), where its probe word is and what it held at connect time.
+    struct local_process {
+      pid_t pid = 0;              //!< `local_peer()`
       std::uint64_t address = 0;  //!< where the peer's `process_probe` is
       std::uint64_t nonce = 0;    //!< what it held at connect time
     };
-    std::vector<probe_word> probes;  // by peer: where its process_probe is, and what it holds
-    bool oversubscribed = false;     // more local ranks than usable cores
-    struct handshake;                // while connecting (see `start`)
+    std::vector<local_process> locals;  // by peer
+    bool oversubscribed = false;        // more local ranks than usable cores
+    struct handshake;                   // while connecting (see `start`)
     std::unique_ptr<handshake> connecting;
     std::error_code connect_failed{};  // set when the handshake failed: the endpoints are closed
     int connect_failed_peer = -1;
@@ -480,8 +482,7 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
   st_->abandoned.assign(n, 0);
   st_->undrained.assign(n, 0);
   st_->dead = std::vector<std::atomic<std::uint8_t>>(n);
-  st_->pids.assign(n, 0);
-  st_->probes.assign(n, {});
+  st_->locals.assign(n, {});
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
     auto& ref = st_->refs[static_cast<std::size_t>(p)];
@@ -587,14 +588,12 @@ inline void transport::finish_handshake() noexcept {
     // peer's nonce where it said: single-copy capable (see detail::hello).
     if (std::memcmp(h.boot_id, hs->mine.boot_id, sizeof hs->mine.boot_id) == 0 && hs->mine.boot_id[0] &&
         h.pid_ns == hs->mine.pid_ns && h.net_ns == hs->mine.net_ns) {
-      if (detail::probe_process(static_cast<pid_t>(h.pid), h.probe, h.nonce) == detail::probe_result::there) {
-        st_->pids[static_cast<std::size_t>(p)] = static_cast<pid_t>(h.pid);
-        st_->probes[static_cast<std::size_t>(p)] = {h.probe, h.nonce};
-      }
+      if (detail::probe_process(static_cast<pid_t>(h.pid), h.probe, h.nonce) == detail::probe_result::there)
+        st_->locals[static_cast<std::size_t>(p)] = {static_cast<pid_t>(h.pid), h.probe, h.nonce};
     }
   }
   int local = 1;
-  for (int p = 0; p < size; ++p) local += st_->pids[static_cast<std::size_t>(p)] != 0;
+  for (const auto& l : st_->locals) local += l.pid != 0;
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   const int cores = ::sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
@@ -604,10 +603,9 @@ inline void transport::finish_handshake() noexcept {
 }
 
 inline bool transport::peer_gone(int peer) const noexcept {
-  const pid_t pid = local_peer(peer);
-  if (pid == 0) return false;
-  const auto& w = st_->probes[static_cast<std::size_t>(peer)];
-  return detail::probe_process(pid, w.address, w.nonce) == detail::probe_result::gone;
+  if (local_peer(peer) == 0) return false;
+  const auto& l = st_->locals[static_cast<std::size_t>(peer)];
+  return detail::probe_process(l.pid, l.address, l.nonce) == detail::probe_result::gone;
 }
 
 inline transport::~transport() {

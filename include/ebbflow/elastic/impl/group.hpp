@@ -2008,7 +2008,6 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
 
     const std::string next_key = gen_key(g + 1);
     std::set<member_id> failures_counted;  // lost members of g whose join failure this member applied
-    std::set<std::size_t> gone_told;       // ranks of g found gone on this host and told to the store
     lease_seen hb_seen;
     const auto unresolved_deadline = deadline::after(opts_.op_timeout);
     const auto recovery_started = steady_clock::now();
@@ -2039,16 +2038,16 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
       const auto lost = detail::try_get_all(*store_, lost_keys, store_deadline());
       // A member on this host whose process is gone is dead now, not only
       // after its lease: when several die at once, a survivor revoked before
-      // its own transport saw a death reports none. Told to the others too.
+      // its own transport saw a death reports none. Told to the others too
+      // (read back as lost in the next round).
       std::vector<std::uint8_t> gone(unreported.size(), 0);
       if constexpr (requires(const transport_type& t) {
                       { t.peer_gone(0) } -> std::convertible_to<bool>;
                     }) {
-        for (std::size_t j = 0; j < unreported.size(); ++j) {
+        for (std::size_t j = 0; transport_ && gen_.generation == g && j < unreported.size(); ++j) {
           const std::size_t i = unreported[j];
-          if (lost[j] || !transport_ || gen_.generation != g || !transport_->peer_gone(static_cast<int>(i))) continue;
+          if (lost[j] || !transport_->peer_gone(static_cast<int>(i))) continue;
           gone[j] = 1;
-          if (!gone_told.insert(i).second) continue;
           EBBFLOW_LOG_WARN("member " << gen_.members[i].id << " (rank " << i << " of generation " << g
                                      << ") is gone: its process on this host exited");
           store_->set(dead_key(g, gen_.members[i].id), "1", store_deadline());
