@@ -11047,10 +11047,25 @@ struct group_options {
   //! host's name, so a flaky host is held back; ebbflow-run sets host/slot,
   //! so a restarted worker keeps the key of the one it replaces).
   std::string worker_key;
+  //! EBBFLOW_PROCESS_KEY: the name the launcher gave this process, unique in
+  //! the job (ebbflow-run sets `<launcher>/<worker id>`; empty: none). The
+  //! member records which member it is under `process_record_key`, so the
+  //! launcher that sees the process exit tells the others at once
+  //! (`report_process_exit`) instead of leaving the death to their
+  //! transports or to its lease.
+  std::string process_key;
 
   //! The store key of generation `g`'s record, which the members write when
   //! it forms (e.g. a launcher waits for generation 0 to know training began).
   std::string generation_key(std::int64_t g) const { return prefix + "/gen/" + std::to_string(g); }
+  //! The store key under which the member that process `name` (its
+  //! EBBFLOW_PROCESS_KEY) became records its member id.
+  std::string process_record_key(std::string_view name) const { return prefix + "/proc/" + std::string(name); }
+  //! The store key that says member `m`'s process exited (`report_process_exit`).
+  std::string gone_key(member_id m) const { return prefix + "/gone/" + std::to_string(m); }
+  //! The store counter `report_process_exit` adds one to after each report,
+  //! so the members read the reports only when there is a new one.
+  std::string gone_count_key() const { return prefix + "/gone_count"; }
 
   //! Reads the fields named above from the environment (launch rank and world
   //! come from `launch_info`). @throws std::invalid_argument naming the variable.
@@ -11083,9 +11098,24 @@ struct group_options {
       o.join_cooldown_max = cd.max;
     }
     if (auto k = env::get("EBBFLOW_WORKER_KEY")) o.worker_key = *k;
+    if (auto k = env::get("EBBFLOW_PROCESS_KEY")) o.process_key = *k;
     return o;
   }
 };
+
+//! For a launcher: the process it started as `process_key` (the
+//! EBBFLOW_PROCESS_KEY it gave it) has exited, `how` (e.g. "killed by
+//! SIGKILL"). If that process became a member of the job, the members drop
+//! it at once: those training with it abort their step (their heartbeat
+//! reads the report), and a recovery counts it dead. Without a report, a
+//! death that no survivor's transport saw (every process of one host killed
+//! at once, say) waits for the member's lease. Call it only once the process
+//! and whatever it started are gone. Returns the member id the process was,
+//! or nullopt when it never registered (nothing to tell then).
+//! @throws system_error from the store (its deadline `d`).
+template <kv_store Store>
+std::optional<member_id> report_process_exit(Store& st, const group_options& o, std::string_view process_key,
+                                             std::string_view how, deadline d);
 
 //! What this member does in the current step.
 struct step_info {
@@ -11437,6 +11467,12 @@ class group {
   // a member silent for a lease is marked dead in g and g is aborted.
   void check_leases(Store& st, std::int64_t g, const std::vector<member_id>& ids, std::span<const std::int64_t> hb,
                     peer_watch& w);
+  // The same for a launcher's report (report_process_exit) that one of
+  // `ids` (ranks `ranks` in g) exited: it is marked dead and g aborted.
+  void check_gone(Store& st, std::int64_t g, const std::vector<member_id>& ids, const std::vector<int>& ranks,
+                  peer_watch& w);
+  // Marks m dead in g, posts abort/<g> and revokes this member's transport.
+  void abort_without(Store& st, std::int64_t g, member_id m, peer_watch& w);
   int stale_member(const detail::generation_record& rec, lease_watch& w, bool joiners_only);
   void control_allreduce(std::span<double> v);
   void notify(change_reason reason, int old_size, double stall);
@@ -11915,6 +11951,17 @@ inline bool recoverable(const std::error_code& ec) noexcept {
 }
 }  // namespace detail
 
+template <kv_store Store>
+std::optional<member_id> report_process_exit(Store& st, const group_options& o, std::string_view process_key,
+                                             std::string_view how, deadline d) {
+  const auto v = st.try_get(o.process_record_key(process_key), d);
+  if (!v) return std::nullopt;
+  const member_id m = detail::parse_i64(*v);
+  st.set(o.gone_key(m), how, d);
+  st.add(o.gone_count_key(), 1, d);  // after the report: who reads the new count finds it
+  return m;
+}
+
 template <kv_store Store, network Net>
 group<Store, Net>::group(store_factory connect_store, Net& net, group_options opts, launch_info launch,
                          std::unique_ptr<planning_policy> policy)
@@ -11970,6 +12017,9 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
   coll_opts_ = comm::collective_options::from_environment();
   coll_opts_.timeout = opts_.op_timeout;
   id_ = store_->add(key("next_id"), 1, store_deadline());
+  // Which member this process is, for its launcher's report of its exit.
+  if (!opts_.process_key.empty())
+    store_->set(opts_.process_record_key(opts_.process_key), std::to_string(id_), store_deadline());
   if constexpr (detail::stable_address<Net>()) {
     const bytes mine = net_->prepare(0);
     store_->set(key("addr/" + std::to_string(id_)), to_value(mine), store_deadline());
@@ -12028,6 +12078,9 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
   std::int64_t published = 0;          // this member's progress counter in the store, as last read
   std::int64_t next_ticket = 1;        // coordinator: the first join ticket not read yet
   steady_clock::rep stall_warned = 0;  // the wait (its start) last reported
+  struct {
+    std::int64_t reports = 0, generation = -1;
+  } gone;  // the count of exit reports last read, for the watched members of which generation
   while (!st.stop_requested()) {
     try {
       if (!s) s = connect_store_();
@@ -12058,6 +12111,8 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
       for (auto w : watched) keys.push_back(key("hb/" + std::to_string(w))), deltas.push_back(0);
       const std::size_t join_at = keys.size();
       if (watch) keys.push_back(key("join_seq")), deltas.push_back(0);
+      const std::size_t gone_at = keys.size();
+      keys.push_back(opts_.gone_count_key()), deltas.push_back(0);
       const std::size_t progress_at = keys.size();
       if (stalled)
         for (auto w : watched) keys.push_back(key("progress/" + std::to_string(w))), deltas.push_back(0);
@@ -12092,6 +12147,13 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
           hb_revoke_->revoke();
         }
       } else if (!watched.empty()) {
+        // A launcher's report of an exit (report_process_exit) is read once
+        // per new report, and once per generation (new members watched).
+        if (const auto reports = counters[gone_at];
+            g >= 0 && reports != 0 && (reports != gone.reports || g != gone.generation)) {
+          check_gone(*s, g, watched, watched_ranks, peers);
+          gone = {reports, g};
+        }
         check_leases(*s, g, watched, std::span(counters).subspan(hb_at, watched.size()), peers);
         if (stalled && detail::progress::decode(progress).generation == detail::progress::stored_generation(g)) {
           stall_warned = since;
@@ -12119,6 +12181,34 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
 }
 
 template <kv_store Store, network Net>
+void group<Store, Net>::check_gone(Store& st, std::int64_t g, const std::vector<member_id>& ids,
+                                   const std::vector<int>& ranks, peer_watch& w) {
+  if (w.aborted == g) return;
+  std::vector<std::string> keys;
+  for (auto m : ids) keys.push_back(opts_.gone_key(m));
+  const auto how = detail::try_get_all(st, keys, store_deadline());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (!how[i]) continue;
+    if (st.try_get(key("done"), store_deadline())) return;  // the job finished: its workers exit
+    if (hb_generation_.load() != g) return;                 // the generation changed meanwhile
+    EBBFLOW_LOG_WARN("member " << ids[i] << " (rank " << ranks[i] << " of generation " << g
+                               << ") is gone: its launcher saw its process exit (" << *how[i]
+                               << "); aborting generation " << g << " without it");
+    abort_without(st, g, ids[i], w);
+    return;
+  }
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::abort_without(Store& st, std::int64_t g, member_id m, peer_watch& w) {
+  st.set(dead_key(g, m), "1", store_deadline());
+  st.set(key("abort/" + std::to_string(g)), "1", store_deadline());
+  w.aborted = g;
+  std::lock_guard lk(hb_mutex_);
+  if (hb_revoke_ && !hb_revoke_->revoked()) hb_revoke_->revoke();
+}
+
+template <kv_store Store, network Net>
 void group<Store, Net>::check_leases(Store& st, std::int64_t g, const std::vector<member_id>& ids,
                                      std::span<const std::int64_t> hb, peer_watch& w) {
   // A member that hangs inside a collective (a stopped process, a livelock)
@@ -12138,15 +12228,10 @@ void group<Store, Net>::check_leases(Store& st, std::int64_t g, const std::vecto
     if (fresh(ids[i], hb[i], now, w.seen)) continue;
     if (st.try_get(key("done"), store_deadline())) return;  // the job finished: members stop heartbeating
     if (hb_generation_.load() != g) return;                 // the generation changed meanwhile
-    const std::string gs = std::to_string(g);
     EBBFLOW_LOG_WARN("member " << ids[i] << " sent no heartbeat for EBBFLOW_LEASE_MS="
                                << std::chrono::duration_cast<std::chrono::milliseconds>(opts_.lease).count()
                                << " ms: aborting generation " << g << " without it");
-    st.set(dead_key(g, ids[i]), "1", store_deadline());
-    st.set(key("abort/" + gs), "1", store_deadline());
-    w.aborted = g;
-    std::lock_guard lk(hb_mutex_);
-    if (hb_revoke_ && !hb_revoke_->revoked()) hb_revoke_->revoke();
+    abort_without(st, g, ids[i], w);
     return;
   }
 }
@@ -13663,6 +13748,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
         break;
       }
       // Who of g is alive (reported), dead (reported lost or lease expired), or undecided?
+      // Lost: marked dead in g by a peer, or its launcher saw its process exit.
       std::vector<std::string> lost_keys, hb_keys;
       std::vector<std::size_t> unreported, maybe_alive;  // indices into gen_.members
       for (std::size_t i = 0, k = 1; i < gen_.members.size(); ++i) {
@@ -13670,9 +13756,13 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
         if (!reported[k++]) {
           unreported.push_back(i);
           lost_keys.push_back(dead_key(g, gen_.members[i].id));
+          lost_keys.push_back(opts_.gone_key(gen_.members[i].id));
         }
       }
-      const auto lost = detail::try_get_all(*store_, lost_keys, store_deadline());
+      const auto lost_or_gone = detail::try_get_all(*store_, lost_keys, store_deadline());
+      std::vector<std::uint8_t> lost(unreported.size());
+      for (std::size_t j = 0; j < unreported.size(); ++j)
+        lost[j] = lost_or_gone[2 * j].has_value() || lost_or_gone[2 * j + 1].has_value();
       // A member on this host whose process is gone is dead now, not only
       // after its lease: when several die at once, a survivor revoked before
       // its own transport saw a death reports none. Told to the others too
@@ -19723,6 +19813,12 @@ class process_group {
     std::size_t n = 0;
     for (pid_t pgid : left_groups_) n += ::kill(-pgid, sig) == 0;
     return n;
+  }
+  //! Sends `sig` to what the exited child `pid` left running in its process
+  //! group; false when nothing is left there.
+  bool signal_left_group(pid_t pid, int sig) noexcept {
+    prune_left_groups();
+    return std::find(left_groups_.begin(), left_groups_.end(), pid) != left_groups_.end() && ::kill(-pid, sig) == 0;
   }
   //! Sends `sig` to one child (by id); false when it is not running.
   bool signal(int id, int sig) noexcept {

@@ -120,6 +120,13 @@ struct scenario {
   // (launch rank, step, how long): the training thread stops before that
   // step's allreduce while the heartbeat goes on (a stuck data loader).
   std::vector<std::tuple<int, std::int64_t, std::chrono::milliseconds>> stalls;
+  // (launch rank, step): the member stops dead before that step's allreduce
+  // with no transport error (a process whose peers' transports never saw it
+  // die), and its launcher reports the exit (report_process_exit). Its
+  // thread lingers for `exit_linger`, its connections frozen, then returns.
+  std::vector<std::pair<int, std::int64_t>> reported_exits;
+  std::chrono::milliseconds exit_linger{3000};
+  std::chrono::milliseconds lease{300};
   std::vector<std::int64_t> joins;  // steps (seen by rank 0) at which a newcomer starts
   int min_size = 1;
   bool run_on_while_changing = true;  // the loop also runs while g.changing()
@@ -156,6 +163,7 @@ struct outcome {
   std::atomic<long> rank0_calls{0};         // store calls of launch rank 0's training thread
   std::vector<long> rank0_calls_at_step;    // rank0_calls at each of its begin_steps (index: step)
   std::atomic<long> rank0_ticket_reads{0};  // join tickets read by launch rank 0's training thread
+  std::atomic<int> joiners_started{0};      // names the newcomers' process keys
 };
 
 void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::shared_ptr<el::loopback_fabric> fabric,
@@ -171,7 +179,9 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
     o.join = join;
     o.min_size = sc.min_size;
     o.heartbeat = 10ms;
-    o.lease = 300ms;
+    o.lease = sc.lease;
+    o.process_key = "test-launcher/" + (join ? "joiner-" + std::to_string(out.joiners_started++)
+                                             : "initial-" + std::to_string(launch_rank));
     o.op_timeout = sc.op_timeout;
     o.stall_warning = sc.stall_warning;
     o.join_timeout = 20s;
@@ -267,6 +277,14 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
         if (!join && r == launch_rank && s.step == ks) {
           net.kill();  // crash mid-step: peers are inside the allreduce
           return;
+        }
+      for (auto [r, es] : sc.reported_exits)
+        if (!join && r == launch_rank && s.step == es) {
+          frozen->store(true);  // its heartbeat stops with it
+          el::report_process_exit(*store, o, o.process_key, "killed by the test", ef::deadline::after(1s));
+          std::this_thread::sleep_for(sc.exit_linger);
+          frozen->store(false);
+          return;  // no further call: the members went on without it
         }
       for (auto [r, hs, how_long] : sc.hangs)
         if (!join && r == launch_rank && s.step == hs && hung.insert(hs).second) {
@@ -498,6 +516,48 @@ TEST(ElasticGroup, AHungMemberIsDroppedWhenItsLeaseExpiresAndRejoins) {
     // The survivors did not wait for the hung member: they trained on while
     // it slept (its 900 ms are 45 of their 20 ms steps).
     EXPECT_GE(out.history0[2].step, out.history0[1].step + 10) << "hung member " << hung;
+  }
+}
+
+// The report names the member the process became, and nothing for a
+// process that never registered (it died starting: no member to drop).
+TEST(ElasticGroup, AnExitReportNamesTheMemberTheProcessBecameOrNothing) {
+  el::memory_store st;
+  el::group_options o;
+  o.prefix = "job";
+  const auto d = ef::deadline::after(1s);
+  EXPECT_EQ(el::report_process_exit(st, o, "l/0", "killed by signal 9 (SIGKILL)", d), std::nullopt);
+  EXPECT_EQ(st.try_get(o.gone_count_key(), d), std::nullopt);
+  st.set(o.process_record_key("l/1"), "7", d);
+  EXPECT_EQ(el::report_process_exit(st, o, "l/1", "exited with status 3", d), std::optional<el::member_id>(7));
+  EXPECT_EQ(st.try_get("job/gone/7", d), std::optional<std::string>("exited with status 3"));
+  EXPECT_EQ(st.add(o.gone_count_key(), 0, d), 1);
+  st.set(o.process_record_key("l/2"), "not a number", d);
+  EXPECT_THROW(el::report_process_exit(st, o, "l/2", "exited with status 1", d), ef::system_error);
+}
+
+// A process that dies where no peer's transport sees it (every process of a
+// host killed at once, peers already revoked) fails no operation of theirs,
+// and its lease is 20 s here. Its launcher's report of the exit is what the
+// others act on: they drop it at once and train on while its thread lingers
+// (3 s). Both a member (the coordinator's heartbeat reads the report) and
+// the coordinator (every member's does) die.
+TEST(ElasticGroup, AProcessExitItsLauncherReportsEndsTheStepWithoutWaitingForTheLease) {
+  for (const int dead : {1, 0}) {
+    scenario sc;
+    sc.steps = 60;
+    sc.step_time = 20ms;
+    sc.lease = 20s;
+    sc.op_timeout = 30s;
+    sc.reported_exits = {{dead, 6}};
+    const auto t0 = std::chrono::steady_clock::now();
+    auto out_p = run(sc);
+    auto& out = *out_p;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "the members waited for the lease, dead member " << dead;
+    expect_equal_to_reference(sc, out, 2);
+    const auto changes = changes_of(out.history0);
+    ASSERT_GE(changes.size(), 2u) << "dead member " << dead;
+    EXPECT_EQ(changes[1], std::make_tuple(el::change_reason::failure, 3, 2)) << "dead member " << dead;
   }
 }
 

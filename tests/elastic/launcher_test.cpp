@@ -20,6 +20,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -672,4 +673,38 @@ TEST(Launcher, NothingAWorkerStartedOutlivesTheLauncher) {
       run({EBBFLOW_RUN, "-n", "1", "--timeout", "0.5", "--", "sh", "-c", "(trap '' TERM; exec " + bg + ") & sleep 30"});
   EXPECT_EQ(stubborn.exit.code, 124) << stubborn.exit.describe() << "\n" << stubborn.err;
   EXPECT_TRUE(none_left(bg)) << "a process that ignored SIGTERM outlived the launcher\n" << stubborn.err;
+}
+
+// An elastic worker that fails takes what it started with it at once (its
+// process group), not only when the launcher ends: the launcher then tells
+// the job that the member it was is gone (report_process_exit), and that
+// must be true. Each elastic worker is named EBBFLOW_PROCESS_KEY=
+// "<launcher>/<worker id>" for that report; a static job names none.
+TEST(Launcher, AFailedElasticWorkerLeavesNothingRunningAndIsNamedForItsReport) {
+  const auto dir = std::filesystem::temp_directory_path() / ("ebbflow-launcher-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string bgpid = (dir / "bgpid").string();
+  const std::string script =
+      "echo \"key=$EBBFLOW_PROCESS_KEY\"; if [ \"$EBBFLOW_WORKER_ID\" = 0 ]; then sleep 77.25 & "
+      "echo $! > " +
+      bgpid +
+      "; exit 3; fi; sleep 1; "
+      "s=$(sed -n 's/^State:.\\(.\\).*/\\1/p' /proc/$(cat " +
+      bgpid +
+      ")/status 2>/dev/null); "
+      "if [ -z \"$s\" ] || [ \"$s\" = Z ]; then echo gone; else echo left $s; fi";  // a zombie is gone
+  auto r = run({EBBFLOW_RUN, "--elastic", "-n", "2", "--", "sh", "-c", script});
+  std::filesystem::remove_all(dir);
+  EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
+  EXPECT_NE(r.err.find("worker 0 (pid "), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("[worker 1] gone"), std::string::npos) << "the failed worker's background process lived on\n"
+                                                              << r.out;
+  std::smatch m0, m1;
+  const std::regex key0(R"(\[worker 0\] key=([0-9a-f]{12})/0\n)"), key1(R"(\[worker 1\] key=([0-9a-f]{12})/1\n)");
+  ASSERT_TRUE(std::regex_search(r.out, m0, key0)) << r.out;
+  ASSERT_TRUE(std::regex_search(r.out, m1, key1)) << r.out;
+  EXPECT_EQ(m0[1], m1[1]) << "one launcher, one name";
+
+  auto fixed = run({EBBFLOW_RUN, "-n", "1", "--", "sh", "-c", "echo \"key=$EBBFLOW_PROCESS_KEY\""});
+  EXPECT_NE(fixed.out.find("[rank 0] key=\n"), std::string::npos) << fixed.out;
 }

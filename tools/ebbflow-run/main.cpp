@@ -72,7 +72,9 @@ constexpr const char* usage_text =
     "  --no-prefix          do not prefix output lines with \"[rank R] \" (\"[worker ID] \" with --elastic)\n"
     "elastic controls (workers use <ebbflow/elastic/group.hpp>; --add, --kill, --leave, --stop,\n"
     "--restart and --discovery imply --elastic):\n"
-    "  --elastic            a failed worker does not stop the job; exit 0 when a worker finished with 0\n"
+    "  --elastic            a failed worker does not stop the job; exit 0 when a worker finished with 0;\n"
+    "                       what a failed worker left in its process group is killed at once, and the\n"
+    "                       job is told (each worker gets EBBFLOW_PROCESS_KEY=<launcher>/<worker id>)\n"
     "  --min N / --max N    membership bounds passed to workers (EBBFLOW_MIN_SIZE / EBBFLOW_MAX_SIZE)\n"
     "  --add SEC[:K]        after SEC seconds start K (default 1) more workers that join the running job\n"
     "  --kill SEC:ID        after SEC seconds SIGKILL worker ID (fault injection)\n"
@@ -491,6 +493,10 @@ int main(int argc, char** argv) {
   // job (EBBFLOW_JOIN=1) and are named by the next free id.
   int next_id = 0;
   const std::string host = ef::env::host_name();
+  // This launcher's name in the job: its workers' EBBFLOW_PROCESS_KEY is
+  // "<it>/<worker id>", under which the exit of one is reported.
+  const std::string launcher_key = el::detail::random_hex(6);
+  auto process_key = [&](int id) { return launcher_key + "/" + std::to_string(id); };
   std::vector<int> alive;  // ids of running workers, oldest first
   // A restarted worker stands in for the one that failed: its slot (the
   // first worker's id) carries the count of failures in a row.
@@ -532,6 +538,7 @@ int main(int argc, char** argv) {
     // The group's join cool-down counts failures per worker key: a restarted
     // worker keeps the key of the slot it stands in for.
     spec.env.push_back({"EBBFLOW_WORKER_KEY", host + "/" + std::to_string(slot_of[spec.id])});
+    if (opt.elastic) spec.env.push_back({"EBBFLOW_PROCESS_KEY", process_key(spec.id)});
     spec.env.push_back({"EBBFLOW_STORE", store_addr});
     spec.env.push_back({"EBBFLOW_TOKEN", token});
     if (opt.min_size) spec.env.push_back({"EBBFLOW_MIN_SIZE", std::to_string(opt.min_size)});
@@ -557,21 +564,38 @@ int main(int argc, char** argv) {
   // forms, no event is due.
   std::optional<ef::steady_clock::time_point> events_zero;
   std::string gen0_key;
-  if (!opt.events_from_training) {
-    events_zero = started;
-  } else if (!opt.events.empty()) {
-    try {  // the workers' settings (EBBFLOW_JOB) name the key
-      gen0_key = el::group_options::from_environment().generation_key(0);
+  el::group_options job;  // the workers' settings (EBBFLOW_JOB names the keys)
+  if (opt.elastic) {
+    try {
+      job = el::group_options::from_environment();
     } catch (const std::exception& e) {
       say(e.what());
       group.signal_all(SIGKILL);
       return 2;
     }
+  }
+  if (!opt.events_from_training) {
+    events_zero = started;
+  } else if (!opt.events.empty()) {
+    gen0_key = job.generation_key(0);
     if (!launcher_client) launcher_client = std::make_unique<el::store_client>(store_at.host, store_at.port, token);
   }
-  if (gen0_key.empty()) launcher_client.reset();  // no further use: the store need not hold it
-  due_list<int> stopped;                          // workers stopped by --stop, by when to SIGCONT them
-  due_list<int> pending_restarts;                 // worker slots to restart after their cool-down
+  if (!opt.elastic) launcher_client.reset();  // no further use: the store need not hold it
+  // A worker that failed: what it started goes with it (its process group),
+  // then the members hear at once which member it was, instead of waiting
+  // for its lease where no transport of theirs saw it die.
+  auto report_exit = [&](const el::detail::child_exit& e) {
+    group.signal_left_group(e.pid, SIGKILL);
+    try {
+      if (!launcher_client) launcher_client = std::make_unique<el::store_client>(store_at.host, store_at.port, token);
+      el::report_process_exit(*launcher_client, job, process_key(e.id), e.describe(), ef::deadline::after(1s));
+    } catch (const std::exception& x) {
+      say("could not tell the store that worker " + std::to_string(e.id) + " exited (" + x.what() +
+          "): the others find out from their transports or its lease");
+    }
+  };
+  due_list<int> stopped;           // workers stopped by --stop, by when to SIGCONT them
+  due_list<int> pending_restarts;  // worker slots to restart after their cool-down
   int restarts_left = opt.restarts;
   int finished_ok = 0;
   double next_discovery = opt.discovery.empty() ? 1e300 : 0;
@@ -652,6 +676,7 @@ int main(int argc, char** argv) {
       if (opt.elastic && !interrupted_by && !timed_out) {
         say("worker " + std::to_string(e.id) + " (pid " + std::to_string(e.pid) + ") " + e.describe() +
             "; the job goes on without it");
+        report_exit(e);
         if (!first_failure) first_failure = e;
         if (restarts_left > 0 && !kill_deadline) {
           --restarts_left;

@@ -206,10 +206,25 @@ struct group_options {
   //! host's name, so a flaky host is held back; ebbflow-run sets host/slot,
   //! so a restarted worker keeps the key of the one it replaces).
   std::string worker_key;
+  //! EBBFLOW_PROCESS_KEY: the name the launcher gave this process, unique in
+  //! the job (ebbflow-run sets `<launcher>/<worker id>`; empty: none). The
+  //! member records which member it is under `process_record_key`, so the
+  //! launcher that sees the process exit tells the others at once
+  //! (`report_process_exit`) instead of leaving the death to their
+  //! transports or to its lease.
+  std::string process_key;
 
   //! The store key of generation `g`'s record, which the members write when
   //! it forms (e.g. a launcher waits for generation 0 to know training began).
   std::string generation_key(std::int64_t g) const { return prefix + "/gen/" + std::to_string(g); }
+  //! The store key under which the member that process `name` (its
+  //! EBBFLOW_PROCESS_KEY) became records its member id.
+  std::string process_record_key(std::string_view name) const { return prefix + "/proc/" + std::string(name); }
+  //! The store key that says member `m`'s process exited (`report_process_exit`).
+  std::string gone_key(member_id m) const { return prefix + "/gone/" + std::to_string(m); }
+  //! The store counter `report_process_exit` adds one to after each report,
+  //! so the members read the reports only when there is a new one.
+  std::string gone_count_key() const { return prefix + "/gone_count"; }
 
   //! Reads the fields named above from the environment (launch rank and world
   //! come from `launch_info`). @throws std::invalid_argument naming the variable.
@@ -242,9 +257,24 @@ struct group_options {
       o.join_cooldown_max = cd.max;
     }
     if (auto k = env::get("EBBFLOW_WORKER_KEY")) o.worker_key = *k;
+    if (auto k = env::get("EBBFLOW_PROCESS_KEY")) o.process_key = *k;
     return o;
   }
 };
+
+//! For a launcher: the process it started as `process_key` (the
+//! EBBFLOW_PROCESS_KEY it gave it) has exited, `how` (e.g. "killed by
+//! SIGKILL"). If that process became a member of the job, the members drop
+//! it at once: those training with it abort their step (their heartbeat
+//! reads the report), and a recovery counts it dead. Without a report, a
+//! death that no survivor's transport saw (every process of one host killed
+//! at once, say) waits for the member's lease. Call it only once the process
+//! and whatever it started are gone. Returns the member id the process was,
+//! or nullopt when it never registered (nothing to tell then).
+//! @throws system_error from the store (its deadline `d`).
+template <kv_store Store>
+std::optional<member_id> report_process_exit(Store& st, const group_options& o, std::string_view process_key,
+                                             std::string_view how, deadline d);
 
 //! What this member does in the current step.
 struct step_info {
@@ -596,6 +626,12 @@ class group {
   // a member silent for a lease is marked dead in g and g is aborted.
   void check_leases(Store& st, std::int64_t g, const std::vector<member_id>& ids, std::span<const std::int64_t> hb,
                     peer_watch& w);
+  // The same for a launcher's report (report_process_exit) that one of
+  // `ids` (ranks `ranks` in g) exited: it is marked dead and g aborted.
+  void check_gone(Store& st, std::int64_t g, const std::vector<member_id>& ids, const std::vector<int>& ranks,
+                  peer_watch& w);
+  // Marks m dead in g, posts abort/<g> and revokes this member's transport.
+  void abort_without(Store& st, std::int64_t g, member_id m, peer_watch& w);
   int stale_member(const detail::generation_record& rec, lease_watch& w, bool joiners_only);
   void control_allreduce(std::span<double> v);
   void notify(change_reason reason, int old_size, double stall);

@@ -287,6 +287,12 @@ class process_group {
     for (pid_t pgid : left_groups_) n += ::kill(-pgid, sig) == 0;
     return n;
   }
+  //! Sends `sig` to what the exited child `pid` left running in its process
+  //! group; false when nothing is left there.
+  bool signal_left_group(pid_t pid, int sig) noexcept {
+    prune_left_groups();
+    return std::find(left_groups_.begin(), left_groups_.end(), pid) != left_groups_.end() && ::kill(-pid, sig) == 0;
+  }
   //! Sends `sig` to one child (by id); false when it is not running.
   bool signal(int id, int sig) noexcept {
     for (auto& [pid, c] : children_)
