@@ -11273,6 +11273,9 @@ class group {
   group(const group&) = delete;
   group& operator=(const group&) = delete;
   //! Stops the heartbeat (the others see this worker as failed unless it left).
+  //! A member that ends between steps first waits, for at most a lease
+  //! (2 s at most), until every member of its generation ended too, so its
+  //! closing transport fails no peer still in the last step's exchange.
   ~group();
 
   //! Registers a buffer that is part of the training state (parameters,
@@ -11388,6 +11391,9 @@ class group {
   bool job_done() { return store_->try_get(key("done"), store_deadline()).has_value(); }
   deadline store_deadline() const { return deadline::after(opts_.store_timeout); }
   void heartbeat_loop(std::stop_token st);
+  // The end of the job: see ~group.
+  void wait_for_peers_to_end() noexcept;
+  static constexpr std::chrono::seconds end_wait_max{2};
   step_info current_slice() const;
   void form_initial();
   // Writes generation 0 of the registered workers (compare-and-set: the first proposal wins).
@@ -12036,12 +12042,34 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
 
 template <kv_store Store, network Net>
 group<Store, Net>::~group() {
+  wait_for_peers_to_end();
   heartbeat_.request_stop();
   if (heartbeat_.joinable()) heartbeat_.join();
   next_.reset();  // stops and joins an admission helper first
   retiring_.reset();
   comm_.reset();
   transport_.reset();
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::wait_for_peers_to_end() noexcept {
+  // A member that ends between steps (its training done) keeps its
+  // transport until every member of its generation has ended too: a peer
+  // still inside the last control exchange would take this one's closing
+  // endpoints for a death (over tcp a close can reset what the peer has
+  // not read yet) and fail the step it has in fact finished. A store
+  // barrier, not a collective: its own last message cannot race a close.
+  if (!active_ || !transport_ || phase_ != step_phase::closed || step_ <= 0 || !store_) return;
+  try {
+    const std::string prefix = "ended/" + std::to_string(gen_.generation) + "/";
+    store_->set(key(prefix + std::to_string(id_)), std::to_string(step_), store_deadline());
+    std::vector<std::string> keys;
+    for (const auto& m : gen_.members)
+      if (m.id != id_) keys.push_back(key(prefix + std::to_string(m.id)));
+    if (!keys.empty()) store_->wait(keys, deadline::after(std::min<steady_clock::duration>(opts_.lease, end_wait_max)));
+  } catch (const std::exception&) {
+    // A member that is gone, or one that trains on: it was waited for long enough.
+  }
 }
 
 template <kv_store Store, network Net>

@@ -127,7 +127,8 @@ struct scenario {
   std::vector<std::pair<int, std::int64_t>> reported_exits;
   std::chrono::milliseconds exit_linger{3000};
   std::chrono::milliseconds lease{300};
-  std::vector<std::int64_t> joins;  // steps (seen by rank 0) at which a newcomer starts
+  std::chrono::milliseconds end_linger{0};  // launch rank 0 keeps its group this long after the last step
+  std::vector<std::int64_t> joins;          // steps (seen by rank 0) at which a newcomer starts
   int min_size = 1;
   bool run_on_while_changing = true;  // the loop also runs while g.changing()
   bool adaptive = false;  // planner_policy with emulated speeds (seconds per sample = 1 ms × (launch rank + 1))
@@ -155,15 +156,17 @@ struct outcome {
   std::vector<el::world_change> history0;
   std::vector<std::string> errors;
   std::vector<std::uint64_t> last_plan;
-  std::set<std::int64_t> final_steps;       // the step every survivor ended at (one value)
-  std::shared_ptr<el::memory_store> store;  // as the job left it
-  std::uint64_t stolen = 0;                 // samples stolen over all members and steps
-  std::string steal_twice_error;            // what a second steal_step in one step said
-  std::atomic<long> join_seq_reads{0};      // reads of the join-ticket counter, all members
-  std::atomic<long> rank0_calls{0};         // store calls of launch rank 0's training thread
-  std::vector<long> rank0_calls_at_step;    // rank0_calls at each of its begin_steps (index: step)
-  std::atomic<long> rank0_ticket_reads{0};  // join tickets read by launch rank 0's training thread
-  std::atomic<int> joiners_started{0};      // names the newcomers' process keys
+  std::set<std::int64_t> final_steps;                          // the step every survivor ended at (one value)
+  std::shared_ptr<el::memory_store> store;                     // as the job left it
+  std::uint64_t stolen = 0;                                    // samples stolen over all members and steps
+  std::string steal_twice_error;                               // what a second steal_step in one step said
+  std::atomic<long> join_seq_reads{0};                         // reads of the join-ticket counter, all members
+  std::atomic<long> rank0_calls{0};                            // store calls of launch rank 0's training thread
+  std::vector<long> rank0_calls_at_step;                       // rank0_calls at each of its begin_steps (index: step)
+  std::atomic<long> rank0_ticket_reads{0};                     // join tickets read by launch rank 0's training thread
+  std::atomic<int> joiners_started{0};                         // names the newcomers' process keys
+  std::chrono::steady_clock::time_point rank0_ends;            // launch rank 0 begins to end its group
+  std::map<int, std::chrono::steady_clock::time_point> ended;  // by launch rank: its group destroyed
 };
 
 void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::shared_ptr<el::loopback_fabric> fabric,
@@ -310,9 +313,18 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
         g.finish();
       }
     }
+    if (!join && launch_rank == 0 && sc.end_linger.count()) {
+      std::this_thread::sleep_for(sc.end_linger);  // evaluating, saving: the group lives on
+      std::lock_guard lk(out.m);
+      out.rank0_ends = std::chrono::steady_clock::now();
+    }
   } catch (const std::exception& e) {
     std::lock_guard lk(out.m);
     out.errors.push_back(e.what());
+  }
+  if (!join) {
+    std::lock_guard lk(out.m);
+    out.ended[launch_rank] = std::chrono::steady_clock::now();  // its group destroyed
   }
 }
 
@@ -534,6 +546,29 @@ TEST(ElasticGroup, AnExitReportNamesTheMemberTheProcessBecameOrNothing) {
   EXPECT_EQ(st.add(o.gone_count_key(), 0, d), 1);
   st.set(o.process_record_key("l/2"), "not a number", d);
   EXPECT_THROW(el::report_process_exit(st, o, "l/2", "exited with status 1", d), ef::system_error);
+}
+
+// The end of a job: a member that ends keeps its transport until every
+// member has ended, at most a lease (300 ms here), so a peer still in the
+// last step's exchange never sees it close. Launch rank 0 keeps its group
+// 150 ms after the last step (evaluating, say); then 1 s, past the lease.
+TEST(ElasticGroup, AMemberThatEndsWaitsForTheOthersToEndForAtMostALease) {
+  for (const auto linger : {150ms, 1000ms}) {
+    scenario sc;
+    sc.steps = 20;
+    sc.end_linger = linger;
+    auto out_p = run(sc);
+    auto& out = *out_p;
+    expect_equal_to_reference(sc, out, 3);
+    ASSERT_EQ(out.ended.size(), 3u);
+    for (int r : {1, 2}) {
+      const auto after = out.ended[r] - out.rank0_ends;
+      if (linger < sc.lease)
+        EXPECT_GE(after, 0ms) << "launch rank " << r << " closed its transport while rank 0 still had its group";
+      else
+        EXPECT_LT(after, -300ms) << "launch rank " << r << " waited past the lease for rank 0";
+    }
+  }
 }
 
 // A process that dies where no peer's transport sees it (every process of a

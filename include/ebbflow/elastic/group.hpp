@@ -432,6 +432,9 @@ class group {
   group(const group&) = delete;
   group& operator=(const group&) = delete;
   //! Stops the heartbeat (the others see this worker as failed unless it left).
+  //! A member that ends between steps first waits, for at most a lease
+  //! (2 s at most), until every member of its generation ended too, so its
+  //! closing transport fails no peer still in the last step's exchange.
   ~group();
 
   //! Registers a buffer that is part of the training state (parameters,
@@ -547,6 +550,9 @@ class group {
   bool job_done() { return store_->try_get(key("done"), store_deadline()).has_value(); }
   deadline store_deadline() const { return deadline::after(opts_.store_timeout); }
   void heartbeat_loop(std::stop_token st);
+  // The end of the job: see ~group.
+  void wait_for_peers_to_end() noexcept;
+  static constexpr std::chrono::seconds end_wait_max{2};
   step_info current_slice() const;
   void form_initial();
   // Writes generation 0 of the registered workers (compare-and-set: the first proposal wins).
