@@ -89,12 +89,18 @@ class ElasticProcess : public ::testing::Test {
     // parameters drift from the single-process run's.
     const auto traced = run_shell("python3 " CHECK_TRACE " " + dir_.string() + " --steps " + std::to_string(steps));
     EXPECT_EQ(traced.status, 0) << traced.output << job.output;
-    const auto a = read_floats(dir_ / "elastic.bin"), b = read_floats(dir_ / "ref.bin");
-    EXPECT_EQ(a.size(), b.size()) << job.output;
-    EXPECT_FALSE(a.empty());
-    // Sums in a different order only: float rounding, a few ulps per step.
-    EXPECT_LT(worst_relative_difference(a, b), 1e-3) << job.output;
+    expect_equals_reference(job.output);
     return job.output;
+  }
+
+  // The job's parameters (elastic.bin) against the reference's (ref.bin),
+  // both in the test's folder; `log` is shown on a failure.
+  void expect_equals_reference(const std::string& log) {
+    const auto a = read_floats(dir_ / "elastic.bin"), b = read_floats(dir_ / "ref.bin");
+    ASSERT_EQ(a.size(), b.size()) << log;
+    ASSERT_FALSE(a.empty()) << log;
+    // Sums in a different order only: float rounding, a few ulps per step.
+    EXPECT_LT(worst_relative_difference(a, b), 1e-3) << log;
   }
 
   // A worker that hangs at fault point `fault` (2.5 s) is dropped on its
@@ -176,9 +182,7 @@ TEST_F(ElasticProcess, ANewcomerWithOtherStateFailsClearlyAndTheJobGoesOn) {
   const auto ref =
       run_shell(std::string(ELASTIC_TRAIN) + common + " --reference --params-out " + (dir_ / "ref.bin").string());
   ASSERT_EQ(ref.status, 0) << ref.output;
-  const auto a = read_floats(dir_ / "elastic.bin"), b = read_floats(dir_ / "ref.bin");
-  ASSERT_EQ(a.size(), b.size()) << r.output;
-  EXPECT_LT(worst_relative_difference(a, b), 1e-3) << r.output;
+  expect_equals_reference(r.output);
 }
 
 TEST_F(ElasticProcess, GracefulLeave) {
@@ -274,9 +278,7 @@ TEST_F(ElasticProcess, KillOfLaunchRankZeroBeforeItsRestoredStateMoved) {
       run_shell(std::string(ELASTIC_TRAIN) + " --steps 300 --sample-us 150 --step-us 1500 --reference --params-out " +
                 (dir_ / "ref.bin").string());
   ASSERT_EQ(ref.status, 0) << ref.output;
-  const auto a = read_floats(dir_ / "elastic.bin"), b = read_floats(dir_ / "ref.bin");
-  ASSERT_EQ(a.size(), b.size()) << job.output;
-  EXPECT_LT(worst_relative_difference(a, b), 1e-3) << job.output;
+  expect_equals_reference(job.output);
 }
 
 // Must-show of the equivalence property in one run: heterogeneous workers
