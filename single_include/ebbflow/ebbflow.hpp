@@ -11578,6 +11578,8 @@ class group {
   std::optional<communicator_type> comm_;
   std::shared_ptr<comm::revoke_flag> revoke_;
   std::atomic<std::int64_t> hb_generation_{-1};
+  std::mutex hb_wake_m_;                 // with hb_wake_: the heartbeat thread's sleep between beats,
+  std::condition_variable_any hb_wake_;  // cut short when this process becomes a member
   std::mutex hb_mutex_;
   std::shared_ptr<comm::revoke_flag> hb_revoke_;
   std::vector<std::string> hb_erase_;  // store keys the heartbeat thread erases (under hb_mutex_)
@@ -12096,8 +12098,6 @@ template <kv_store Store, network Net>
 void group<Store, Net>::heartbeat_loop(std::stop_token st) {
   std::unique_ptr<Store> s;
   bool warned = false;
-  std::mutex m;
-  std::condition_variable_any cv;
   peer_watch peers;
   std::vector<std::string> keys;
   std::vector<std::int64_t> deltas;
@@ -12108,11 +12108,13 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
   steady_clock::rep stall_warned = 0;  // the wait (its start) last reported
   struct {
     std::int64_t reports = 0, generation = -1;
-  } gone;  // the count of exit reports last read, for the watched members of which generation
+  } gone;                        // the count of exit reports last read, for the watched members of which generation
+  std::int64_t abort_seen = -1;  // the generation whose abort this thread acted on
+  std::int64_t round_generation = -1;  // the generation this round was for
   while (!st.stop_requested()) {
     try {
       if (!s) s = connect_store_();
-      const std::int64_t g = hb_generation_.load();
+      const std::int64_t g = round_generation = hb_generation_.load();
       const bool watch = hb_watch_joins_.load(std::memory_order_relaxed);
       {
         std::lock_guard lk(hb_mutex_);
@@ -12169,6 +12171,7 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
         for (auto& k : erase) s->erase(k);
       }
       if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
+        abort_seen = g;
         std::lock_guard lk(hb_mutex_);
         if (hb_revoke_ && !hb_revoke_->revoked()) {
           EBBFLOW_LOG_DEBUG("generation " << g << " aborted by a peer: revoking the transport");
@@ -12198,13 +12201,23 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
         detail::wait_key(*s, next, deadline::after(opts_.heartbeat), st);
         continue;
       }
+      if (g >= 0 && g != abort_seen) {
+        // The others wait on the server for their generation's abort instead
+        // of sleeping: a peer's abort revokes this member's transport at
+        // once, not at its next beat (a survivor whose own peers are alive
+        // learns of a death only this way).
+        detail::wait_key(*s, key("abort/" + std::to_string(g)), deadline::after(opts_.heartbeat), st);
+        continue;
+      }
     } catch (const std::exception& e) {
       if (!warned) EBBFLOW_LOG_WARN("heartbeat of member " << id_ << " failed: " << e.what());
       warned = true;
       s.reset();
     }
-    std::unique_lock lk(m);
-    cv.wait_for(lk, st, opts_.heartbeat, [] { return false; });
+    // Not a member (yet): the next round comes at the next beat, or as soon
+    // as this process becomes one (it then waits for its generation's abort).
+    std::unique_lock lk(hb_wake_m_);
+    hb_wake_.wait_for(lk, st, opts_.heartbeat, [&] { return round_generation < 0 && hb_generation_.load() >= 0; });
   }
 }
 
@@ -12553,6 +12566,10 @@ void group<Store, Net>::enter(detail::generation_record rec) {
     failures_epoch_.fetch_add(1, std::memory_order_acq_rel);
   hb_generation_.store(gen_.generation);
   hb_watch_joins_.store(rank_ == 0, std::memory_order_relaxed);
+  {
+    std::lock_guard lk(hb_wake_m_);  // the heartbeat thread sees the generation before it waits, or is woken
+  }
+  hb_wake_.notify_all();
   comm_.reset();
   transport_.reset();
 }

@@ -127,6 +127,7 @@ struct scenario {
   std::vector<std::pair<int, std::int64_t>> reported_exits;
   std::chrono::milliseconds exit_linger{3000};
   std::chrono::milliseconds lease{300};
+  std::chrono::milliseconds heartbeat{10};
   std::chrono::milliseconds end_linger{0};  // launch rank 0 keeps its group this long after the last step
   std::vector<std::int64_t> joins;          // steps (seen by rank 0) at which a newcomer starts
   int min_size = 1;
@@ -181,7 +182,7 @@ void worker(const scenario& sc, std::shared_ptr<el::memory_store> store, std::sh
     o.dataset_size = dataset;
     o.join = join;
     o.min_size = sc.min_size;
-    o.heartbeat = 10ms;
+    o.heartbeat = sc.heartbeat;
     o.lease = sc.lease;
     o.process_key = "test-launcher/" + (join ? "joiner-" + std::to_string(out.joiners_started++)
                                              : "initial-" + std::to_string(launch_rank));
@@ -529,6 +530,30 @@ TEST(ElasticGroup, AHungMemberIsDroppedWhenItsLeaseExpiresAndRejoins) {
     // it slept (its 900 ms are 45 of their 20 ms steps).
     EXPECT_GE(out.history0[2].step, out.history0[1].step + 10) << "hung member " << hung;
   }
+}
+
+// A member whose own peers are alive learns of a death only from the
+// abort that another posts in the store. Its heartbeat thread waits for
+// that key on the server between beats, so it leaves the collective at
+// once, not at its next beat (5 s apart here, and all of them just beat).
+// (The coordinator's heartbeat waits for join tickets instead: here it is
+// a neighbour of the dead member, whose death its transport sees.)
+TEST(ElasticGroup, TheAbortReachesEveryMemberAtOnceNotAtItsNextHeartbeat) {
+  scenario sc;
+  sc.initial = 6;
+  sc.steps = 30;
+  sc.heartbeat = 5s;
+  sc.lease = 12s;
+  sc.op_timeout = 30s;
+  sc.kills = {{1, 6}};  // its ring neighbours (the coordinator one of them) see it; the others only the abort
+  const auto t0 = std::chrono::steady_clock::now();
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2500ms) << "a member learned of the abort at its next heartbeat";
+  expect_equal_to_reference(sc, out, 5);
+  const auto changes = changes_of(out.history0);
+  ASSERT_GE(changes.size(), 2u);
+  EXPECT_EQ(changes[1], std::make_tuple(el::change_reason::failure, 6, 5));
 }
 
 // The report names the member the process became, and nothing for a

@@ -737,6 +737,8 @@ class group {
   std::optional<communicator_type> comm_;
   std::shared_ptr<comm::revoke_flag> revoke_;
   std::atomic<std::int64_t> hb_generation_{-1};
+  std::mutex hb_wake_m_;                 // with hb_wake_: the heartbeat thread's sleep between beats,
+  std::condition_variable_any hb_wake_;  // cut short when this process becomes a member
   std::mutex hb_mutex_;
   std::shared_ptr<comm::revoke_flag> hb_revoke_;
   std::vector<std::string> hb_erase_;  // store keys the heartbeat thread erases (under hb_mutex_)
