@@ -11467,7 +11467,7 @@ class group {
     std::int64_t generation = -1;
     lease_seen seen;
     steady_clock::time_point last_round{};
-    std::int64_t aborted = -1;  // the generation this thread aborted
+    std::int64_t aborted = -1;  // the generation this thread aborted, or saw aborted
   };
   // After a heartbeat round that read `ids`' counters `hb` for generation g:
   // a member silent for a lease is marked dead in g and g is aborted.
@@ -11477,6 +11477,9 @@ class group {
   // `ids` (ranks `ranks` in g) exited: it is marked dead and g aborted.
   void check_gone(Store& st, std::int64_t g, const std::vector<member_id>& ids, const std::vector<int>& ranks,
                   peer_watch& w);
+  // Whether a heartbeat thread that found a member of g dead should still
+  // abort g: the job has not finished and g is still this member's.
+  bool abort_due(Store& st, std::int64_t g);
   // Marks m dead in g, posts abort/<g> and revokes this member's transport.
   void abort_without(Store& st, std::int64_t g, member_id m, peer_watch& w);
   int stale_member(const detail::generation_record& rec, lease_watch& w, bool joiners_only);
@@ -12108,8 +12111,7 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
   steady_clock::rep stall_warned = 0;  // the wait (its start) last reported
   struct {
     std::int64_t reports = 0, generation = -1;
-  } gone;                        // the count of exit reports last read, for the watched members of which generation
-  std::int64_t abort_seen = -1;  // the generation whose abort this thread acted on
+  } gone;  // the count of exit reports last read, for the watched members of which generation
   std::int64_t round_generation = -1;  // the generation this round was for
   while (!st.stop_requested()) {
     try {
@@ -12171,7 +12173,7 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
         for (auto& k : erase) s->erase(k);
       }
       if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
-        abort_seen = g;
+        peers.aborted = g;
         std::lock_guard lk(hb_mutex_);
         if (hb_revoke_ && !hb_revoke_->revoked()) {
           EBBFLOW_LOG_DEBUG("generation " << g << " aborted by a peer: revoking the transport");
@@ -12201,7 +12203,7 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
         detail::wait_key(*s, next, deadline::after(opts_.heartbeat), st);
         continue;
       }
-      if (g >= 0 && g != abort_seen) {
+      if (g >= 0 && g != peers.aborted) {
         // The others wait on the server for their generation's abort instead
         // of sleeping: a peer's abort revokes this member's transport at
         // once, not at its next beat (a survivor whose own peers are alive
@@ -12230,14 +12232,19 @@ void group<Store, Net>::check_gone(Store& st, std::int64_t g, const std::vector<
   const auto how = detail::try_get_all(st, keys, store_deadline());
   for (std::size_t i = 0; i < ids.size(); ++i) {
     if (!how[i]) continue;
-    if (st.try_get(key("done"), store_deadline())) return;  // the job finished: its workers exit
-    if (hb_generation_.load() != g) return;                 // the generation changed meanwhile
+    if (!abort_due(st, g)) return;
     EBBFLOW_LOG_WARN("member " << ids[i] << " (rank " << ranks[i] << " of generation " << g
                                << ") is gone: its launcher saw its process exit (" << *how[i]
                                << "); aborting generation " << g << " without it");
     abort_without(st, g, ids[i], w);
     return;
   }
+}
+
+template <kv_store Store, network Net>
+bool group<Store, Net>::abort_due(Store& st, std::int64_t g) {
+  if (st.try_get(key("done"), store_deadline())) return false;  // the job finished: its members stop and exit
+  return hb_generation_.load() == g;                            // else the generation changed meanwhile
 }
 
 template <kv_store Store, network Net>
@@ -12267,8 +12274,7 @@ void group<Store, Net>::check_leases(Store& st, std::int64_t g, const std::vecto
   if (w.aborted == g) return;
   for (std::size_t i = 0; i < ids.size(); ++i) {
     if (fresh(ids[i], hb[i], now, w.seen)) continue;
-    if (st.try_get(key("done"), store_deadline())) return;  // the job finished: members stop heartbeating
-    if (hb_generation_.load() != g) return;                 // the generation changed meanwhile
+    if (!abort_due(st, g)) return;
     EBBFLOW_LOG_WARN("member " << ids[i] << " sent no heartbeat for EBBFLOW_LEASE_MS="
                                << std::chrono::duration_cast<std::chrono::milliseconds>(opts_.lease).count()
                                << " ms: aborting generation " << g << " without it");

@@ -626,7 +626,7 @@ class group {
     std::int64_t generation = -1;
     lease_seen seen;
     steady_clock::time_point last_round{};
-    std::int64_t aborted = -1;  // the generation this thread aborted
+    std::int64_t aborted = -1;  // the generation this thread aborted, or saw aborted
   };
   // After a heartbeat round that read `ids`' counters `hb` for generation g:
   // a member silent for a lease is marked dead in g and g is aborted.
@@ -636,6 +636,9 @@ class group {
   // `ids` (ranks `ranks` in g) exited: it is marked dead and g aborted.
   void check_gone(Store& st, std::int64_t g, const std::vector<member_id>& ids, const std::vector<int>& ranks,
                   peer_watch& w);
+  // Whether a heartbeat thread that found a member of g dead should still
+  // abort g: the job has not finished and g is still this member's.
+  bool abort_due(Store& st, std::int64_t g);
   // Marks m dead in g, posts abort/<g> and revokes this member's transport.
   void abort_without(Store& st, std::int64_t g, member_id m, peer_watch& w);
   int stale_member(const detail::generation_record& rec, lease_watch& w, bool joiners_only);
