@@ -8867,7 +8867,11 @@ EBBFLOW_END_NAMESPACE
 //! * `wait(keys, d)` blocks until every key exists, or throws `errc::timeout`.
 //! Optional, used when present: `add_many(keys, deltas, d)` and
 //! `try_get_many(keys, d)`, the same operations for several keys in about one
-//! round trip (the group batches its reads of join tickets and addresses).
+//! round trip (the group batches its reads of join tickets and addresses);
+//! `wait_any(keys, d)`, which blocks until any key exists and returns the
+//! index of the first one that does (the coordinator waits for the next join
+//! ticket and for an abort at once; without it, an abort reaches it at its
+//! next heartbeat).
 //! The Boost.Asio store client (elastic/store.hpp) models this concept.
 
 
@@ -9045,6 +9049,20 @@ class memory_store {
       if (d.expired())
         throw_if(make_error_code(error::timeout),
                  {.operation = "store.wait", .detail = keys.empty() ? "" : keys.front()});
+      cv_.wait_until(lk, std::min(d.at(), steady_clock::now() + std::chrono::milliseconds(50)));
+    }
+  }
+  //! Blocks until any key in `keys` exists; returns the index of the first
+  //! one that does. Errors as for `wait`.
+  std::size_t wait_any(const std::vector<std::string>& keys, deadline d) {
+    if (keys.empty()) throw std::invalid_argument("store.wait_any: no keys to wait for");
+    std::unique_lock lk(m_);
+    for (;;) {
+      check(deadline::never(), "store.wait_any");
+      for (std::size_t i = 0; i < keys.size(); ++i)
+        if (kv_.count(keys[i]) > 0) return i;
+      if (d.expired())
+        throw_if(make_error_code(error::timeout), {.operation = "store.wait_any", .detail = keys.front()});
       cv_.wait_until(lk, std::min(d.at(), steady_clock::now() + std::chrono::milliseconds(50)));
     }
   }
@@ -11819,6 +11837,32 @@ bool wait_key(S& st, const std::string& k, deadline d, const std::stop_token& st
   return false;
 }
 
+// Waits on the server until any of `keys` exists, in 50 ms slices as
+// wait_key: the index of one that does, or nullopt when stopped or past `d`.
+// A store without wait_any waits for the first key and looks for the others
+// at the end of each slice.
+template <class S>
+std::optional<std::size_t> wait_any_key(S& st, const std::vector<std::string>& keys, deadline d,
+                                        const std::stop_token& stop) {
+  while (!stop.stop_requested() && !d.expired()) {
+    const auto slice = min(d, deadline::after(std::chrono::milliseconds(50)));
+    try {
+      if constexpr (requires { st.wait_any(keys, slice); }) {
+        return st.wait_any(keys, slice);
+      } else {
+        st.wait({keys.front()}, slice);
+        return 0;
+      }
+    } catch (const system_error& e) {
+      if (e.code() != errc::timeout) throw;
+    }
+    if constexpr (!requires { st.wait_any(keys, slice); })
+      for (std::size_t i = 1; i < keys.size() && !d.expired(); ++i)
+        if (st.try_get(keys[i], d)) return i;
+  }
+  return std::nullopt;
+}
+
 // Networks whose start_connect may run on a helper thread while the current
 // generation trains on the same network (ucx_network on a UCX with threads).
 template <class N>
@@ -12198,9 +12242,11 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
       if (watch) {
         // The coordinator waits for the next join ticket on the server
         // instead of sleeping: a ticket reaches the hint at once. (One
-        // counted but not yet written is the next one to wait for.)
-        const std::string next = key("join/" + std::to_string(next_ticket));
-        detail::wait_key(*s, next, deadline::after(opts_.heartbeat), st);
+        // counted but not yet written is the next one to wait for.) And for
+        // its generation's abort, as the others do below.
+        std::vector<std::string> wake{key("join/" + std::to_string(next_ticket))};
+        if (g >= 0 && g != peers.aborted) wake.push_back(key("abort/" + std::to_string(g)));
+        detail::wait_any_key(*s, wake, deadline::after(opts_.heartbeat), st);
         continue;
       }
       if (g >= 0 && g != peers.aborted) {
@@ -13818,22 +13864,22 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
       // after its lease: when several die at once, a survivor revoked before
       // its own transport saw a death reports none. Told to the others too
       // (read back as lost in the next round).
-      std::vector<std::uint8_t> gone(unreported.size(), 0);
+      std::vector<std::uint8_t> exited_here(unreported.size(), 0);
       if constexpr (requires(const transport_type& t) {
                       { t.peer_gone(0) } -> std::convertible_to<bool>;
                     }) {
         for (std::size_t j = 0; transport_ && gen_.generation == g && j < unreported.size(); ++j) {
           const std::size_t i = unreported[j];
           if (lost[j] || !transport_->peer_gone(static_cast<int>(i))) continue;
-          gone[j] = 1;
+          exited_here[j] = 1;
           EBBFLOW_LOG_WARN("member " << gen_.members[i].id << " (rank " << i << " of generation " << g
                                      << ") is gone: its process on this host exited");
           store_->set(dead_key(g, gen_.members[i].id), "1", store_deadline());
         }
       }
       for (std::size_t j = 0; j < unreported.size(); ++j) {
-        if (lost[j] || gone[j] || unresolved_deadline.expired())
-          continue;  // reported lost by a peer's transport, or gone, or too late
+        if (lost[j] || exited_here[j] || unresolved_deadline.expired())
+          continue;  // reported lost, or its process exited on this host, or too late
         maybe_alive.push_back(unreported[j]);
         hb_keys.push_back(key("hb/" + std::to_string(gen_.members[unreported[j]].id)));
       }
@@ -15069,6 +15115,7 @@ EBBFLOW_END_NAMESPACE
 //!   add{str key, i64 delta}                    -> integer{i64}
 //!   compare_set{str key, str expected, str desired} -> cas_result{u8 swapped, str current}
 //!   wait{u32 timeout_ms, u32 n, str key * n}   -> ok | error{timeout}
+//!   wait_any{u32 timeout_ms, u32 n, str key * n} -> integer{index of the first key set} | error{timeout}
 //!   erase{str key}                             -> boolean{u8 existed}
 //!   num_keys{}                                 -> integer{i64}
 //!   check{u32 n, str key * n}                  -> boolean{u8 all present}
@@ -15120,6 +15167,7 @@ enum class op : std::uint8_t {
   check = 0x09,
   watch = 0x0a,
   ping = 0x0b,
+  wait_any = 0x0c,
   // server -> client
   ok = 0x80,
   challenge = 0x81,
@@ -15157,6 +15205,8 @@ inline constexpr const char* op_name(op o) noexcept {
       return "watch";
     case op::ping:
       return "ping";
+    case op::wait_any:
+      return "wait_any";
     case op::ok:
       return "ok";
     case op::challenge:
@@ -15337,6 +15387,7 @@ inline decode_result decode_body(std::string_view body) {
       m.value = r.str("desired value");
       break;
     case op::wait:
+    case op::wait_any:
       m.timeout_ms = r.u32("timeout");
       detail::read_keys(r, m.keys);
       break;
@@ -15777,6 +15828,14 @@ class store_client {
   //! As above; errors in `ec`.
   void wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept;
 
+  //! Blocks until any key in `keys` is set, or `d` passes (errc::timeout);
+  //! returns the index of the first one set, in the order of `keys`. The
+  //! server waits; the client does not poll.
+  //! @throws std::invalid_argument when `keys` is empty.
+  std::size_t wait_any(const std::vector<std::string>& keys, deadline d);
+  //! As above; errors in `ec` (an empty `keys` is the server's bad_message).
+  std::size_t wait_any(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept;
+
   //! True when every key in `keys` is set. Does not wait.
   bool check(const std::vector<std::string>& keys);
   //! As above; on error sets `ec` and returns false.
@@ -15984,14 +16043,16 @@ using tcp = asio::ip::tcp;
 
 class server_conn;
 
-//! A server-side `wait` or waiting `get`.
+//! A server-side `wait`, `wait_any` or waiting `get`.
 struct store_waiter {
+  enum class kind { all, any, get };
   explicit store_waiter(const asio::any_io_executor& ex) : timer(ex) {}
   std::weak_ptr<server_conn> conn;
   std::set<std::string> missing;  // keys not yet set
   std::size_t total = 0;
-  bool is_get = false;
+  kind what = kind::all;
   std::string get_key;
+  std::vector<std::string> any_keys;  // wait_any: the keys in request order (the reply is an index)
   std::uint32_t timeout_ms = 0;
   bool done = false;
   asio::steady_timer timer;
@@ -16060,7 +16121,8 @@ class server_impl : public std::enable_shared_from_this<server_impl> {
   void accept();
   void notify(const std::string& key, proto::event_kind kind, std::string_view value);
   void finish_waiter(const std::shared_ptr<store_waiter>& w, std::string frame);
-  std::string register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m, bool is_get);
+  std::string register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m,
+                              store_waiter::kind what);
 
   strand_t strand_;
   tcp::acceptor acceptor_;
@@ -16466,8 +16528,13 @@ inline void server_impl::notify(const std::string& key, proto::event_kind kind, 
       for (auto& w : hit) {
         if (w->done) continue;
         w->missing.erase(key);
+        if (w->what == store_waiter::kind::any) {
+          const auto at = std::find(w->any_keys.begin(), w->any_keys.end(), key) - w->any_keys.begin();
+          finish_waiter(w, proto::frame_builder(proto::op::integer).i64(at).finish());
+          continue;
+        }
         if (!w->missing.empty()) continue;
-        if (w->is_get)
+        if (w->what == store_waiter::kind::get)
           finish_waiter(w, proto::frame_builder(proto::op::value, value.size() + 8).str(value).finish());
         else
           finish_waiter(w, proto::frame_builder(proto::op::ok).finish());
@@ -16497,12 +16564,12 @@ inline void server_impl::cancel_waiter(const std::shared_ptr<store_waiter>& w) n
 }
 
 inline std::string server_impl::register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m,
-                                                bool is_get) {
+                                                store_waiter::kind what) {
   auto w = std::make_shared<store_waiter>(strand_);
   w->conn = conn;
-  w->is_get = is_get;
+  w->what = what;
   w->timeout_ms = m.timeout_ms;
-  if (is_get) {
+  if (what == store_waiter::kind::get) {
     w->get_key = std::string(m.key);
     w->missing.insert(w->get_key);
     w->total = 1;
@@ -16510,14 +16577,18 @@ inline std::string server_impl::register_waiter(const std::shared_ptr<server_con
     w->total = m.keys.size();
     for (auto k : m.keys)
       if (!data_.contains(std::string(k))) w->missing.emplace(k);
+    if (what == store_waiter::kind::any) w->any_keys.assign(m.keys.begin(), m.keys.end());
   }
   auto timeout_reply = [w] {
     std::ostringstream os;
-    if (w->is_get) {
+    if (w->what == store_waiter::kind::get) {
       os << "get: key " << quote_key(w->get_key) << " not set within " << w->timeout_ms << " ms";
     } else {
-      os << "wait: " << w->missing.size() << " of " << w->total << " keys still missing after " << w->timeout_ms
-         << " ms:";
+      if (w->what == store_waiter::kind::any)
+        os << "wait_any: none of " << w->total << " keys set within " << w->timeout_ms << " ms:";
+      else
+        os << "wait: " << w->missing.size() << " of " << w->total << " keys still missing after " << w->timeout_ms
+           << " ms:";
       int n = 0;
       for (const auto& k : w->missing) {
         if (n++ == 5) {
@@ -16557,7 +16628,7 @@ inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn
       if (auto it = data_.find(std::string(m.key)); it != data_.end())
         return frame_builder(op::value, it->second.size() + 8).str(it->second).finish();
       if (!m.flag) return frame_builder(op::missing).finish();
-      return register_waiter(conn, m, true);
+      return register_waiter(conn, m, store_waiter::kind::get);
     }
     case op::add: {
       std::string key(m.key);
@@ -16592,7 +16663,13 @@ inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn
           break;
         }
       if (all) return frame_builder(op::ok).finish();
-      return register_waiter(conn, m, false);
+      return register_waiter(conn, m, store_waiter::kind::all);
+    }
+    case op::wait_any: {
+      if (m.keys.empty()) return proto::error_frame(errc::bad_message, "wait_any: no keys to wait for");
+      for (std::size_t i = 0; i < m.keys.size(); ++i)
+        if (data_.contains(std::string(m.keys[i]))) return frame_builder(op::integer).i64(std::int64_t(i)).finish();
+      return register_waiter(conn, m, store_waiter::kind::any);
     }
     case op::erase: {
       const bool existed = data_.erase(std::string(m.key)) > 0;
@@ -17322,6 +17399,25 @@ inline void store_client::wait(const std::vector<std::string>& keys, deadline d)
   std::error_code ec;
   wait(keys, d, ec);
   if (ec) raise("store.wait", keys.size() == 1 ? std::string_view(keys[0]) : std::string_view{}, ec);
+}
+
+// wait_any
+inline std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d,
+                                          std::error_code& ec) noexcept {
+  auto r = call(detail::keys_frame(detail::proto::op::wait_any, keys, detail::timeout_ms_until(d), true), d, true, ec);
+  if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
+  if (r.msg.integer < 0 || static_cast<std::uint64_t>(r.msg.integer) >= keys.size()) {
+    ec = make_error_code(error::bad_message);
+    return 0;
+  }
+  return static_cast<std::size_t>(r.msg.integer);
+}
+inline std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d) {
+  if (keys.empty()) throw std::invalid_argument("store.wait_any: no keys to wait for");
+  std::error_code ec;
+  auto i = wait_any(keys, d, ec);
+  if (ec) raise("store.wait_any", keys.size() == 1 ? std::string_view(keys[0]) : std::string_view{}, ec);
+  return i;
 }
 
 // check

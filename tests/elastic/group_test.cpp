@@ -394,6 +394,37 @@ TEST(ElasticProgress, APackedCounterOrdersAsStepGenerationCollective) {
   EXPECT_EQ(progress::decode(progress{-3, -1, -1}.encode()).step, 0);
 }
 
+// The heartbeat's wait for any of several keys, on a store that has no
+// wait_any: it waits for the first key and finds the others at the end of
+// each 50 ms slice; nullopt at the deadline or when stopped.
+TEST(ElasticDetail, WaitAnyKeyOnAStoreThatOnlyWaitsForEveryKey) {
+  struct all_only {
+    el::memory_store m;
+    void set(const std::string& k, std::string_view v, ef::deadline d) { m.set(k, v, d); }
+    std::optional<std::string> try_get(const std::string& k, ef::deadline d) { return m.try_get(k, d); }
+    std::int64_t add(const std::string& k, std::int64_t x, ef::deadline d) { return m.add(k, x, d); }
+    auto compare_set(const std::string& k, std::string_view e, std::string_view v, ef::deadline d) {
+      return m.compare_set(k, e, v, d);
+    }
+    void wait(const std::vector<std::string>& keys, ef::deadline d) { m.wait(keys, d); }
+  } st;
+  static_assert(el::kv_store<all_only>);
+  std::stop_source stop;
+  const auto d = [] { return ef::deadline::after(2s); };
+  EXPECT_EQ(el::detail::wait_any_key(st, {"a", "b"}, ef::deadline::after(120ms), stop.get_token()), std::nullopt);
+  std::jthread setter([&] {
+    std::this_thread::sleep_for(60ms);
+    st.set("b", "1", d());
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(el::detail::wait_any_key(st, {"a", "b"}, d(), stop.get_token()), std::optional<std::size_t>(1));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms);
+  st.set("a", "1", d());
+  EXPECT_EQ(el::detail::wait_any_key(st, {"a", "b"}, d(), stop.get_token()), std::optional<std::size_t>(0));
+  stop.request_stop();
+  EXPECT_EQ(el::detail::wait_any_key(st, {"c"}, d(), stop.get_token()), std::nullopt);
+}
+
 TEST(ElasticGroup, StaticGroupEqualsSingleProcess) {
   scenario sc;
   auto out_p = run(sc);
@@ -550,6 +581,29 @@ TEST(ElasticGroup, TheAbortReachesEveryMemberAtOnceNotAtItsNextHeartbeat) {
   auto out_p = run(sc);
   auto& out = *out_p;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2500ms) << "a member learned of the abort at its next heartbeat";
+  expect_equal_to_reference(sc, out, 5);
+  const auto changes = changes_of(out.history0);
+  ASSERT_GE(changes.size(), 2u);
+  EXPECT_EQ(changes[1], std::make_tuple(el::change_reason::failure, 6, 5));
+}
+
+// The same for the coordinator: a death its own transport does not see
+// (rank 3 of 6, away from it in the ring) reaches it through the abort key,
+// which its heartbeat thread waits for on the server together with the next
+// join ticket, not at its next beat (5 s here).
+TEST(ElasticGroup, TheAbortReachesTheCoordinatorAtOnceToo) {
+  scenario sc;
+  sc.initial = 6;
+  sc.steps = 30;
+  sc.heartbeat = 5s;
+  sc.lease = 12s;
+  sc.op_timeout = 30s;
+  sc.kills = {{3, 6}};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto out_p = run(sc);
+  auto& out = *out_p;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2500ms)
+      << "the coordinator learned of the abort at its next heartbeat";
   expect_equal_to_reference(sc, out, 5);
   const auto changes = changes_of(out.history0);
   ASSERT_GE(changes.size(), 2u);

@@ -42,6 +42,12 @@ TEST(StoreProtocol, RoundTrips) {
   EXPECT_EQ(r.msg.timeout_ms, 250u);
   ASSERT_EQ(r.msg.keys.size(), 3u);
   EXPECT_EQ(r.msg.keys[2], "ccc");
+  r = dec(frame_builder(op::wait_any).u32(40).u32(2).str("join/3").str("abort/1").finish());
+  ASSERT_TRUE(r) << r.reason;
+  EXPECT_EQ(r.msg.code, op::wait_any);
+  EXPECT_EQ(r.msg.timeout_ms, 40u);
+  ASSERT_EQ(r.msg.keys.size(), 2u);
+  EXPECT_EQ(r.msg.keys[1], "abort/1");
   r = dec(frame_builder(op::compare_set).str("k").str("old").str("new").finish());
   ASSERT_TRUE(r);
   EXPECT_EQ(r.msg.expected, "old");

@@ -90,6 +90,60 @@ struct workers {
 // garbage is not an integer, and a sum past int64 is refused, the value
 // left as it was (memory_store parsed "12abc" as 12 and overflowed into
 // undefined behaviour).
+// wait_any: the index of the first key set, in the order asked, at once
+// when one is; woken by the first set otherwise; a deadline like wait's. The
+// server and the in-process store answer alike.
+TEST(Store, WaitAnyAnswersWithTheFirstKeySet) {
+  el::store_server srv(test_options());
+  el::store_client c("127.0.0.1", srv.port(), token);
+  el::memory_store m;
+  const auto d = [] { return ef::deadline::after(5s); };
+  for (auto* s : {static_cast<void*>(&c), static_cast<void*>(&m)}) {
+    auto any = [&](const std::vector<std::string>& keys, ef::deadline dl) {
+      return s == &c ? c.wait_any(keys, dl) : m.wait_any(keys, dl);
+    };
+    auto set = [&](const std::string& k) { s == &c ? c.set(k, "v", d()) : m.set(k, "v", d()); };
+    set("b");
+    EXPECT_EQ(any({"a", "b", "c"}, d()), 1u);
+    set("c");
+    EXPECT_EQ(any({"a", "c", "b"}, d()), 1u) << "not the first key set in the order asked";
+    EXPECT_THROW(any({}, d()), std::invalid_argument);
+    try {
+      (void)any({"x", "y"}, ef::deadline::after(50ms));
+      FAIL() << "wait_any of missing keys returned";
+    } catch (const ef::system_error& e) {
+      EXPECT_EQ(e.code(), ef::errc::timeout);
+      EXPECT_EQ(e.operation(), "store.wait_any");
+    }
+  }
+  EXPECT_NE(c.last_error_detail().find("none of 2 keys set within"), std::string::npos) << c.last_error_detail();
+  EXPECT_NE(c.last_error_detail().find("'y'"), std::string::npos) << c.last_error_detail();
+  // Woken by another client's set of any one key, without polling; the other
+  // keys' waits end with it (a later set of one wakes nothing, and the
+  // connection goes on in order).
+  el::store_client other("127.0.0.1", srv.port(), token);
+  std::thread setter([&] {
+    std::this_thread::sleep_for(100ms);
+    other.set("y", "now");
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(c.wait_any({"x", "y", "z"}, ef::deadline::after(5s)), 1u);
+  const double took = ms_since(t0);
+  setter.join();
+  EXPECT_GE(took, 90.0);
+  EXPECT_LT(took, 400.0);
+  other.set("x", "later");
+  other.set("z", "later");
+  EXPECT_EQ(c.add("n", 2, d()), 2);
+  EXPECT_EQ(c.get("x", d()), "later");
+  // The error-code form: a server that is asked for no key says so.
+  std::error_code ec;
+  (void)c.wait_any({}, d(), ec);
+  EXPECT_EQ(ec, ef::errc::bad_message);
+  EXPECT_NE(c.last_error_detail().find("no keys"), std::string::npos) << c.last_error_detail();
+  EXPECT_EQ(c.add("n", 1, d()), 3) << "the connection did not go on after the refused request";
+}
+
 TEST(Store, ServerAndMemoryStoreAgreeOnCounters) {
   el::store_server srv(test_options());
   el::store_client c("127.0.0.1", srv.port(), token);

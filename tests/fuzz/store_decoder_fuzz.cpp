@@ -44,6 +44,7 @@ std::string reencode(const proto::message& m) {
       b.str(m.key).str(m.expected).str(m.value);
       break;
     case op::wait:
+    case op::wait_any:
       b.u32(m.timeout_ms).u32(static_cast<std::uint32_t>(m.keys.size()));
       for (auto k : m.keys) b.str(k);
       break;

@@ -15,7 +15,11 @@
 //! * `wait(keys, d)` blocks until every key exists, or throws `errc::timeout`.
 //! Optional, used when present: `add_many(keys, deltas, d)` and
 //! `try_get_many(keys, d)`, the same operations for several keys in about one
-//! round trip (the group batches its reads of join tickets and addresses).
+//! round trip (the group batches its reads of join tickets and addresses);
+//! `wait_any(keys, d)`, which blocks until any key exists and returns the
+//! index of the first one that does (the coordinator waits for the next join
+//! ticket and for an abort at once; without it, an abort reaches it at its
+//! next heartbeat).
 //! The Boost.Asio store client (elastic/store.hpp) models this concept.
 #pragma once
 
@@ -193,6 +197,20 @@ class memory_store {
       if (d.expired())
         throw_if(make_error_code(error::timeout),
                  {.operation = "store.wait", .detail = keys.empty() ? "" : keys.front()});
+      cv_.wait_until(lk, std::min(d.at(), steady_clock::now() + std::chrono::milliseconds(50)));
+    }
+  }
+  //! Blocks until any key in `keys` exists; returns the index of the first
+  //! one that does. Errors as for `wait`.
+  std::size_t wait_any(const std::vector<std::string>& keys, deadline d) {
+    if (keys.empty()) throw std::invalid_argument("store.wait_any: no keys to wait for");
+    std::unique_lock lk(m_);
+    for (;;) {
+      check(deadline::never(), "store.wait_any");
+      for (std::size_t i = 0; i < keys.size(); ++i)
+        if (kv_.count(keys[i]) > 0) return i;
+      if (d.expired())
+        throw_if(make_error_code(error::timeout), {.operation = "store.wait_any", .detail = keys.front()});
       cv_.wait_until(lk, std::min(d.at(), steady_clock::now() + std::chrono::milliseconds(50)));
     }
   }

@@ -272,6 +272,14 @@ class store_client {
   //! As above; errors in `ec`.
   void wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept;
 
+  //! Blocks until any key in `keys` is set, or `d` passes (errc::timeout);
+  //! returns the index of the first one set, in the order of `keys`. The
+  //! server waits; the client does not poll.
+  //! @throws std::invalid_argument when `keys` is empty.
+  std::size_t wait_any(const std::vector<std::string>& keys, deadline d);
+  //! As above; errors in `ec` (an empty `keys` is the server's bad_message).
+  std::size_t wait_any(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept;
+
   //! True when every key in `keys` is set. Does not wait.
   bool check(const std::vector<std::string>& keys);
   //! As above; on error sets `ec` and returns false.

@@ -19,6 +19,7 @@
 //!   add{str key, i64 delta}                    -> integer{i64}
 //!   compare_set{str key, str expected, str desired} -> cas_result{u8 swapped, str current}
 //!   wait{u32 timeout_ms, u32 n, str key * n}   -> ok | error{timeout}
+//!   wait_any{u32 timeout_ms, u32 n, str key * n} -> integer{index of the first key set} | error{timeout}
 //!   erase{str key}                             -> boolean{u8 existed}
 //!   num_keys{}                                 -> integer{i64}
 //!   check{u32 n, str key * n}                  -> boolean{u8 all present}
@@ -70,6 +71,7 @@ enum class op : std::uint8_t {
   check = 0x09,
   watch = 0x0a,
   ping = 0x0b,
+  wait_any = 0x0c,
   // server -> client
   ok = 0x80,
   challenge = 0x81,
@@ -107,6 +109,8 @@ inline constexpr const char* op_name(op o) noexcept {
       return "watch";
     case op::ping:
       return "ping";
+    case op::wait_any:
+      return "wait_any";
     case op::ok:
       return "ok";
     case op::challenge:
@@ -287,6 +291,7 @@ inline decode_result decode_body(std::string_view body) {
       m.value = r.str("desired value");
       break;
     case op::wait:
+    case op::wait_any:
       m.timeout_ms = r.u32("timeout");
       detail::read_keys(r, m.keys);
       break;

@@ -135,6 +135,32 @@ bool wait_key(S& st, const std::string& k, deadline d, const std::stop_token& st
   return false;
 }
 
+// Waits on the server until any of `keys` exists, in 50 ms slices as
+// wait_key: the index of one that does, or nullopt when stopped or past `d`.
+// A store without wait_any waits for the first key and looks for the others
+// at the end of each slice.
+template <class S>
+std::optional<std::size_t> wait_any_key(S& st, const std::vector<std::string>& keys, deadline d,
+                                        const std::stop_token& stop) {
+  while (!stop.stop_requested() && !d.expired()) {
+    const auto slice = min(d, deadline::after(std::chrono::milliseconds(50)));
+    try {
+      if constexpr (requires { st.wait_any(keys, slice); }) {
+        return st.wait_any(keys, slice);
+      } else {
+        st.wait({keys.front()}, slice);
+        return 0;
+      }
+    } catch (const system_error& e) {
+      if (e.code() != errc::timeout) throw;
+    }
+    if constexpr (!requires { st.wait_any(keys, slice); })
+      for (std::size_t i = 1; i < keys.size() && !d.expired(); ++i)
+        if (st.try_get(keys[i], d)) return i;
+  }
+  return std::nullopt;
+}
+
 // Networks whose start_connect may run on a helper thread while the current
 // generation trains on the same network (ucx_network on a UCX with threads).
 template <class N>
@@ -514,9 +540,11 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
       if (watch) {
         // The coordinator waits for the next join ticket on the server
         // instead of sleeping: a ticket reaches the hint at once. (One
-        // counted but not yet written is the next one to wait for.)
-        const std::string next = key("join/" + std::to_string(next_ticket));
-        detail::wait_key(*s, next, deadline::after(opts_.heartbeat), st);
+        // counted but not yet written is the next one to wait for.) And for
+        // its generation's abort, as the others do below.
+        std::vector<std::string> wake{key("join/" + std::to_string(next_ticket))};
+        if (g >= 0 && g != peers.aborted) wake.push_back(key("abort/" + std::to_string(g)));
+        detail::wait_any_key(*s, wake, deadline::after(opts_.heartbeat), st);
         continue;
       }
       if (g >= 0 && g != peers.aborted) {
@@ -2134,22 +2162,22 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
       // after its lease: when several die at once, a survivor revoked before
       // its own transport saw a death reports none. Told to the others too
       // (read back as lost in the next round).
-      std::vector<std::uint8_t> gone(unreported.size(), 0);
+      std::vector<std::uint8_t> exited_here(unreported.size(), 0);
       if constexpr (requires(const transport_type& t) {
                       { t.peer_gone(0) } -> std::convertible_to<bool>;
                     }) {
         for (std::size_t j = 0; transport_ && gen_.generation == g && j < unreported.size(); ++j) {
           const std::size_t i = unreported[j];
           if (lost[j] || !transport_->peer_gone(static_cast<int>(i))) continue;
-          gone[j] = 1;
+          exited_here[j] = 1;
           EBBFLOW_LOG_WARN("member " << gen_.members[i].id << " (rank " << i << " of generation " << g
                                      << ") is gone: its process on this host exited");
           store_->set(dead_key(g, gen_.members[i].id), "1", store_deadline());
         }
       }
       for (std::size_t j = 0; j < unreported.size(); ++j) {
-        if (lost[j] || gone[j] || unresolved_deadline.expired())
-          continue;  // reported lost by a peer's transport, or gone, or too late
+        if (lost[j] || exited_here[j] || unresolved_deadline.expired())
+          continue;  // reported lost, or its process exited on this host, or too late
         maybe_alive.push_back(unreported[j]);
         hb_keys.push_back(key("hb/" + std::to_string(gen_.members[unreported[j]].id)));
       }

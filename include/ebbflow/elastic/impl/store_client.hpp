@@ -620,6 +620,25 @@ inline void store_client::wait(const std::vector<std::string>& keys, deadline d)
   if (ec) raise("store.wait", keys.size() == 1 ? std::string_view(keys[0]) : std::string_view{}, ec);
 }
 
+// wait_any
+inline std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d,
+                                          std::error_code& ec) noexcept {
+  auto r = call(detail::keys_frame(detail::proto::op::wait_any, keys, detail::timeout_ms_until(d), true), d, true, ec);
+  if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
+  if (r.msg.integer < 0 || static_cast<std::uint64_t>(r.msg.integer) >= keys.size()) {
+    ec = make_error_code(error::bad_message);
+    return 0;
+  }
+  return static_cast<std::size_t>(r.msg.integer);
+}
+inline std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d) {
+  if (keys.empty()) throw std::invalid_argument("store.wait_any: no keys to wait for");
+  std::error_code ec;
+  auto i = wait_any(keys, d, ec);
+  if (ec) raise("store.wait_any", keys.size() == 1 ? std::string_view(keys[0]) : std::string_view{}, ec);
+  return i;
+}
+
 // check
 inline bool store_client::check(const std::vector<std::string>& keys, std::error_code& ec) noexcept {
   auto r = call(detail::keys_frame(detail::proto::op::check, keys, 0, false), default_deadline(), false, ec);

@@ -45,14 +45,16 @@ using tcp = asio::ip::tcp;
 
 class server_conn;
 
-//! A server-side `wait` or waiting `get`.
+//! A server-side `wait`, `wait_any` or waiting `get`.
 struct store_waiter {
+  enum class kind { all, any, get };
   explicit store_waiter(const asio::any_io_executor& ex) : timer(ex) {}
   std::weak_ptr<server_conn> conn;
   std::set<std::string> missing;  // keys not yet set
   std::size_t total = 0;
-  bool is_get = false;
+  kind what = kind::all;
   std::string get_key;
+  std::vector<std::string> any_keys;  // wait_any: the keys in request order (the reply is an index)
   std::uint32_t timeout_ms = 0;
   bool done = false;
   asio::steady_timer timer;
@@ -121,7 +123,8 @@ class server_impl : public std::enable_shared_from_this<server_impl> {
   void accept();
   void notify(const std::string& key, proto::event_kind kind, std::string_view value);
   void finish_waiter(const std::shared_ptr<store_waiter>& w, std::string frame);
-  std::string register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m, bool is_get);
+  std::string register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m,
+                              store_waiter::kind what);
 
   strand_t strand_;
   tcp::acceptor acceptor_;
@@ -527,8 +530,13 @@ inline void server_impl::notify(const std::string& key, proto::event_kind kind, 
       for (auto& w : hit) {
         if (w->done) continue;
         w->missing.erase(key);
+        if (w->what == store_waiter::kind::any) {
+          const auto at = std::find(w->any_keys.begin(), w->any_keys.end(), key) - w->any_keys.begin();
+          finish_waiter(w, proto::frame_builder(proto::op::integer).i64(at).finish());
+          continue;
+        }
         if (!w->missing.empty()) continue;
-        if (w->is_get)
+        if (w->what == store_waiter::kind::get)
           finish_waiter(w, proto::frame_builder(proto::op::value, value.size() + 8).str(value).finish());
         else
           finish_waiter(w, proto::frame_builder(proto::op::ok).finish());
@@ -558,12 +566,12 @@ inline void server_impl::cancel_waiter(const std::shared_ptr<store_waiter>& w) n
 }
 
 inline std::string server_impl::register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m,
-                                                bool is_get) {
+                                                store_waiter::kind what) {
   auto w = std::make_shared<store_waiter>(strand_);
   w->conn = conn;
-  w->is_get = is_get;
+  w->what = what;
   w->timeout_ms = m.timeout_ms;
-  if (is_get) {
+  if (what == store_waiter::kind::get) {
     w->get_key = std::string(m.key);
     w->missing.insert(w->get_key);
     w->total = 1;
@@ -571,14 +579,18 @@ inline std::string server_impl::register_waiter(const std::shared_ptr<server_con
     w->total = m.keys.size();
     for (auto k : m.keys)
       if (!data_.contains(std::string(k))) w->missing.emplace(k);
+    if (what == store_waiter::kind::any) w->any_keys.assign(m.keys.begin(), m.keys.end());
   }
   auto timeout_reply = [w] {
     std::ostringstream os;
-    if (w->is_get) {
+    if (w->what == store_waiter::kind::get) {
       os << "get: key " << quote_key(w->get_key) << " not set within " << w->timeout_ms << " ms";
     } else {
-      os << "wait: " << w->missing.size() << " of " << w->total << " keys still missing after " << w->timeout_ms
-         << " ms:";
+      if (w->what == store_waiter::kind::any)
+        os << "wait_any: none of " << w->total << " keys set within " << w->timeout_ms << " ms:";
+      else
+        os << "wait: " << w->missing.size() << " of " << w->total << " keys still missing after " << w->timeout_ms
+           << " ms:";
       int n = 0;
       for (const auto& k : w->missing) {
         if (n++ == 5) {
@@ -618,7 +630,7 @@ inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn
       if (auto it = data_.find(std::string(m.key)); it != data_.end())
         return frame_builder(op::value, it->second.size() + 8).str(it->second).finish();
       if (!m.flag) return frame_builder(op::missing).finish();
-      return register_waiter(conn, m, true);
+      return register_waiter(conn, m, store_waiter::kind::get);
     }
     case op::add: {
       std::string key(m.key);
@@ -653,7 +665,13 @@ inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn
           break;
         }
       if (all) return frame_builder(op::ok).finish();
-      return register_waiter(conn, m, false);
+      return register_waiter(conn, m, store_waiter::kind::all);
+    }
+    case op::wait_any: {
+      if (m.keys.empty()) return proto::error_frame(errc::bad_message, "wait_any: no keys to wait for");
+      for (std::size_t i = 0; i < m.keys.size(); ++i)
+        if (data_.contains(std::string(m.keys[i]))) return frame_builder(op::integer).i64(std::int64_t(i)).finish();
+      return register_waiter(conn, m, store_waiter::kind::any);
     }
     case op::erase: {
       const bool existed = data_.erase(std::string(m.key)) > 0;
