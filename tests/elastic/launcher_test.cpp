@@ -708,3 +708,28 @@ TEST(Launcher, AFailedElasticWorkerLeavesNothingRunningAndIsNamedForItsReport) {
   auto fixed = run({EBBFLOW_RUN, "-n", "1", "--", "sh", "-c", "echo \"key=$EBBFLOW_PROCESS_KEY\""});
   EXPECT_NE(fixed.out.find("[rank 0] key=\n"), std::string::npos) << fixed.out;
 }
+
+// The reports of failed workers go to the store beside the launcher's loop: a
+// store that stopped answering (SIGSTOP, after the launcher attached to it)
+// holds up none of the exits, signals or --timeout. Six workers fail at once
+// 0.5 s in; each report waits for its deadline (1 s). Reported in the loop,
+// --timeout 2 came after all six, 6.5 s in.
+TEST(Launcher, ReportsToAStoreThatStoppedAnsweringHoldUpNothing) {
+  standalone_store store({EBBFLOW_STORE_TOOL, "--port", "0", "--token", "report-token"});
+  ASSERT_NE(store.port, 0) << store.out;
+  const std::string addr = "127.0.0.1:" + std::to_string(store.port);
+  std::jthread stopper([&] {
+    std::this_thread::sleep_for(250ms);
+    store.group.signal_all(SIGSTOP);
+  });
+  auto r = run({EBBFLOW_RUN, "--elastic", "-n", "7", "--timeout", "2", "--attach", "--store", addr, "--token",
+                "report-token", "--", "sh", "-c",
+                "if [ \"$EBBFLOW_WORKER_ID\" = 0 ]; then exec sleep 30; fi; sleep 0.5; exit 1"});
+  stopper.join();
+  store.group.signal_all(SIGCONT);
+  store.group.signal_all(SIGTERM);
+  (void)store.group.poll(ef::deadline::after(5s));
+  EXPECT_EQ(r.exit.code, 124) << r.exit.describe() << "\n" << r.err;
+  EXPECT_LT(r.seconds, 4.0) << "the reports held up the launcher's loop\n" << r.err;
+  EXPECT_NE(r.err.find("could not tell the store that worker"), std::string::npos) << r.err;
+}

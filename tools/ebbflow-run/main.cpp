@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,10 +26,12 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -310,6 +314,69 @@ std::string seconds_text(double s) {
 
 constexpr int max_workers = 4096;
 
+// Tells the store which failed worker's process exited (report_process_exit),
+// on a thread and a connection of its own: a store that is slow or stopped
+// answering holds up none of the launcher's loop (exits, signals, --timeout,
+// restarts). Each report has `limit`. Reports still queued when the launcher
+// ends are dropped, with a line each: the job is over.
+class exit_reporter {
+ public:
+  exit_reporter(ef::env::host_port at, std::string token, el::group_options job, std::chrono::milliseconds limit)
+      : at_(std::move(at)), token_(std::move(token)), job_(std::move(job)), limit_(limit) {}
+  exit_reporter(const exit_reporter&) = delete;
+  exit_reporter& operator=(const exit_reporter&) = delete;
+  ~exit_reporter() {
+    if (!thread_.joinable()) return;
+    thread_.request_stop();
+    thread_.join();
+    for (const auto& r : queue_)
+      say("did not tell the store that worker " + std::to_string(r.id) + " exited: the launcher ended first");
+  }
+
+  void report(int id, std::string process_key, std::string how) {
+    {
+      std::lock_guard lk(m_);
+      queue_.push_back({id, std::move(process_key), std::move(how)});
+    }
+    if (!thread_.joinable()) thread_ = std::jthread([this](std::stop_token st) { run(st); });
+    cv_.notify_one();
+  }
+
+ private:
+  struct item {
+    int id;
+    std::string key, how;
+  };
+  void run(std::stop_token st) {
+    std::unique_ptr<el::store_client> client;
+    for (;;) {
+      item r;
+      {
+        std::unique_lock lk(m_);
+        if (!cv_.wait(lk, st, [&] { return !queue_.empty(); }) || st.stop_requested()) return;
+        r = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      try {
+        if (!client) client = std::make_unique<el::store_client>(at_.host, at_.port, token_);
+        el::report_process_exit(*client, job_, r.key, r.how, ef::deadline::after(limit_));
+      } catch (const std::exception& x) {
+        client.reset();  // a reply that did not come would be taken for the next request's
+        say("could not tell the store that worker " + std::to_string(r.id) + " exited (" + x.what() +
+            "): the others find out from their transports or its lease");
+      }
+    }
+  }
+  ef::env::host_port at_;
+  std::string token_;
+  el::group_options job_;
+  std::chrono::milliseconds limit_;
+  std::mutex m_;
+  std::condition_variable_any cv_;
+  std::deque<item> queue_;
+  std::jthread thread_;  // last: it stops and joins before the queue goes
+};
+
 // `s` without the white space around it.
 std::string_view trimmed(std::string_view s) {
   constexpr std::string_view space = " \t\r\n\v\f";
@@ -584,15 +651,10 @@ int main(int argc, char** argv) {
   // A worker that failed: what it started goes with it (its process group),
   // then the members hear at once which member it was, instead of waiting
   // for its lease where no transport of theirs saw it die.
+  exit_reporter reporter(store_at, token, job, 1s);
   auto report_exit = [&](const el::detail::child_exit& e) {
     group.signal_left_group(e.pid, SIGKILL);
-    try {
-      if (!launcher_client) launcher_client = std::make_unique<el::store_client>(store_at.host, store_at.port, token);
-      el::report_process_exit(*launcher_client, job, process_key(e.id), e.describe(), ef::deadline::after(1s));
-    } catch (const std::exception& x) {
-      say("could not tell the store that worker " + std::to_string(e.id) + " exited (" + x.what() +
-          "): the others find out from their transports or its lease");
-    }
+    reporter.report(e.id, process_key(e.id), e.describe());
   };
   due_list<int> stopped;           // workers stopped by --stop, by when to SIGCONT them
   due_list<int> pending_restarts;  // worker slots to restart after their cool-down
