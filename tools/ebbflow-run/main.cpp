@@ -31,6 +31,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -338,7 +339,17 @@ class exit_reporter {
       std::lock_guard lk(m_);
       queue_.push_back({id, std::move(process_key), std::move(how)});
     }
-    if (!thread_.joinable()) thread_ = std::jthread([this](std::stop_token st) { run(st); });
+    if (!thread_.joinable()) {
+      try {
+        thread_ = std::jthread([this](std::stop_token st) { run(st); });
+      } catch (const std::system_error& e) {  // no thread to be had: the leases decide
+        std::lock_guard lk(m_);
+        queue_.clear();
+        say(std::string("cannot start the thread that reports exits to the store (") + e.what() +
+            "): the others find out from their transports or the worker's lease");
+        return;
+      }
+    }
     cv_.notify_one();
   }
 
