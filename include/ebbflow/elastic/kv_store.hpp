@@ -188,31 +188,21 @@ class memory_store {
   //! @throws system_error: timeout when `d` passes first (naming the first key),
   //! peer_lost after `fail()`.
   void wait(const std::vector<std::string>& keys, deadline d) {
-    std::unique_lock lk(m_);
-    for (;;) {
-      check(deadline::never(), "store.wait");
-      bool all = true;
-      for (auto& k : keys) all = all && kv_.count(k) > 0;
-      if (all) return;
-      if (d.expired())
-        throw_if(make_error_code(error::timeout),
-                 {.operation = "store.wait", .detail = keys.empty() ? "" : keys.front()});
-      cv_.wait_until(lk, std::min(d.at(), steady_clock::now() + std::chrono::milliseconds(50)));
-    }
+    wait_until_found("store.wait", keys, d, [&]() -> std::optional<std::size_t> {
+      for (auto& k : keys)
+        if (kv_.count(k) == 0) return std::nullopt;
+      return 0;
+    });
   }
   //! Blocks until any key in `keys` exists; returns the index of the first
   //! one that does. Errors as for `wait`.
   std::size_t wait_any(const std::vector<std::string>& keys, deadline d) {
     if (keys.empty()) throw std::invalid_argument("store.wait_any: no keys to wait for");
-    std::unique_lock lk(m_);
-    for (;;) {
-      check(deadline::never(), "store.wait_any");
+    return wait_until_found("store.wait_any", keys, d, [&]() -> std::optional<std::size_t> {
       for (std::size_t i = 0; i < keys.size(); ++i)
         if (kv_.count(keys[i]) > 0) return i;
-      if (d.expired())
-        throw_if(make_error_code(error::timeout), {.operation = "store.wait_any", .detail = keys.front()});
-      cv_.wait_until(lk, std::min(d.at(), steady_clock::now() + std::chrono::milliseconds(50)));
-    }
+      return std::nullopt;
+    });
   }
   //! Makes every later call fail with `peer_lost` (the store went away).
   void fail() {
@@ -232,6 +222,18 @@ class memory_store {
     it->second = std::to_string(*x);
     cv_.notify_all();
     return *x;
+  }
+  // Waits under the lock until `found()` gives an index, or `d` passes.
+  template <class Found>
+  std::size_t wait_until_found(const char* op, const std::vector<std::string>& keys, deadline d, Found found) {
+    std::unique_lock lk(m_);
+    for (;;) {
+      check(deadline::never(), op);
+      if (const auto i = found()) return *i;
+      if (d.expired())
+        throw_if(make_error_code(error::timeout), {.operation = op, .detail = keys.empty() ? "" : keys.front()});
+      cv_.wait_until(lk, std::min(d.at(), steady_clock::now() + std::chrono::milliseconds(50)));
+    }
   }
   void check(deadline d, const char* op) const {
     if (failed_) throw_if(make_error_code(error::peer_lost), {.operation = op});

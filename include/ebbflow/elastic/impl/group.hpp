@@ -120,32 +120,18 @@ std::vector<std::int64_t> add_all(S& st, const std::vector<std::string>& keys, c
   }
 }
 
-// Waits on the server until `k` exists, in 50 ms slices so that a stop
-// request is noticed: true once it exists, false when stopped or past `d`.
-template <class S>
-bool wait_key(S& st, const std::string& k, deadline d, const std::stop_token& stop) {
-  while (!stop.stop_requested() && !d.expired()) {
-    try {
-      st.wait({k}, min(d, deadline::after(std::chrono::milliseconds(50))));
-      return true;
-    } catch (const system_error& e) {
-      if (e.code() != errc::timeout) throw;
-    }
-  }
-  return false;
-}
-
-// Waits on the server until any of `keys` exists, in 50 ms slices as
-// wait_key: the index of one that does, or nullopt when stopped or past `d`.
-// A store without wait_any waits for the first key and looks for the others
-// at the end of each slice.
+// Waits on the server until any of `keys` exists, in 50 ms slices so that a
+// stop request is noticed: the index of one that does, or nullopt when
+// stopped or past `d`. A store without wait_any waits for the first key and
+// looks for the others at the end of each slice.
 template <class S>
 std::optional<std::size_t> wait_any_key(S& st, const std::vector<std::string>& keys, deadline d,
                                         const std::stop_token& stop) {
+  constexpr bool has_wait_any = requires { st.wait_any(keys, d); };
   while (!stop.stop_requested() && !d.expired()) {
-    const auto slice = min(d, deadline::after(std::chrono::milliseconds(50)));
     try {
-      if constexpr (requires { st.wait_any(keys, slice); }) {
+      const auto slice = min(d, deadline::after(std::chrono::milliseconds(50)));
+      if constexpr (has_wait_any) {
         return st.wait_any(keys, slice);
       } else {
         st.wait({keys.front()}, slice);
@@ -154,11 +140,17 @@ std::optional<std::size_t> wait_any_key(S& st, const std::vector<std::string>& k
     } catch (const system_error& e) {
       if (e.code() != errc::timeout) throw;
     }
-    if constexpr (!requires { st.wait_any(keys, slice); })
+    if constexpr (!has_wait_any)
       for (std::size_t i = 1; i < keys.size() && !d.expired(); ++i)
         if (st.try_get(keys[i], d)) return i;
   }
   return std::nullopt;
+}
+
+// The same for one key: true once it exists.
+template <class S>
+bool wait_key(S& st, const std::string& k, deadline d, const std::stop_token& stop) {
+  return wait_any_key(st, {k}, d, stop).has_value();
 }
 
 // Networks whose start_connect may run on a helper thread while the current
@@ -446,6 +438,7 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
   peer_watch peers;
   std::vector<std::string> keys;
   std::vector<std::int64_t> deltas;
+  std::vector<std::string> wake;  // the keys to wait for between beats
   std::vector<member_id> watched;
   std::vector<int> watched_ranks;
   std::int64_t published = 0;          // this member's progress counter in the store, as last read
@@ -537,22 +530,17 @@ void group<Store, Net>::heartbeat_loop(std::stop_token st) {
         }
       }
       warned = false;
-      if (watch) {
-        // The coordinator waits for the next join ticket on the server
-        // instead of sleeping: a ticket reaches the hint at once. (One
-        // counted but not yet written is the next one to wait for.) And for
-        // its generation's abort, as the others do below.
-        std::vector<std::string> wake{key("join/" + std::to_string(next_ticket))};
-        if (g >= 0 && g != peers.aborted) wake.push_back(key("abort/" + std::to_string(g)));
+      // Between beats the thread waits on the server instead of sleeping:
+      // for its generation's abort, which then revokes this member's
+      // transport at once, not at its next beat (a survivor whose own peers
+      // are alive learns of a death only this way); and the coordinator for
+      // the next join ticket too, which then reaches the hint at once (one
+      // counted but not yet written is the next one to wait for).
+      wake.clear();
+      if (watch) wake.push_back(key("join/" + std::to_string(next_ticket)));
+      if (g >= 0 && g != peers.aborted) wake.push_back(key("abort/" + std::to_string(g)));
+      if (!wake.empty()) {
         detail::wait_any_key(*s, wake, deadline::after(opts_.heartbeat), st);
-        continue;
-      }
-      if (g >= 0 && g != peers.aborted) {
-        // The others wait on the server for their generation's abort instead
-        // of sleeping: a peer's abort revokes this member's transport at
-        // once, not at its next beat (a survivor whose own peers are alive
-        // learns of a death only this way).
-        detail::wait_key(*s, key("abort/" + std::to_string(g)), deadline::after(opts_.heartbeat), st);
         continue;
       }
     } catch (const std::exception& e) {
