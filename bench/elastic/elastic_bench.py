@@ -246,6 +246,9 @@ def main():
     ap.add_argument("--sched-slice-us", type=int, default=0,
                     help="ebbflow-run --sched-slice-us for every scenario: each member asks for this scheduler "
                          "slice (Linux 6.12+), so its wake-ups take the core from newcomers starting up beside it")
+    ap.add_argument("--rt-priority", type=int, default=0,
+                    help="ebbflow-run --rt-priority for every scenario: members run SCHED_RR at this priority, so "
+                         "newcomers starting up beside them run only on cores the members leave idle")
     ap.add_argument("--cpu-bind", default="",
                     help="ebbflow-run --cpu-bind for every scenario (e.g. core:4: the first 4 workers on one core, "
                          "the newcomers on the next), as when newcomers start on hosts of their own")
@@ -258,6 +261,8 @@ def main():
     args.launcher_extra = ["--cpu-bind", args.cpu_bind] if args.cpu_bind else []
     if args.sched_slice_us:
         args.launcher_extra += ["--sched-slice-us", str(args.sched_slice_us)]
+    if args.rt_priority:
+        args.launcher_extra += ["--rt-priority", str(args.rt_priority)]
     if args.store_cpu:
         args.launcher_extra += ["--store-cpu", args.store_cpu]
     args.run = os.path.abspath(os.path.join(args.build, "tools/ebbflow-run/ebbflow-run"))
@@ -352,6 +357,7 @@ def main():
           + (f", newcomers started at nice +{args.join_nice}" if args.join_nice else "")
           + (f", --cpu-bind {args.cpu_bind}" if args.cpu_bind else "")
           + (f", --sched-slice-us {args.sched_slice_us}" if args.sched_slice_us else "")
+          + (f", --rt-priority {args.rt_priority}" if args.rt_priority else "")
           + (f", --store-cpu {args.store_cpu}" if args.store_cpu else ""))
     print(f"{'metric':48s} {'value':>12s}")
     print(f"{'steady throughput, N workers (samples/s)':48s} {med['steady']:12.0f}")

@@ -134,6 +134,18 @@ TEST_F(ElasticProcess, SchedSliceIsAskedForOnceByEveryMember) {
   EXPECT_EQ(count(out, "refused"), 0) << out;
 }
 
+// --rt-priority: each member switches to SCHED_RR once it is one (the three
+// launched workers at the start, the newcomer as it waits for the switch),
+// or says once why it could not; a member SIGKILLed later is recovered from
+// by survivors that run at that priority. The parameters still equal the
+// reference.
+TEST_F(ElasticProcess, RtPriorityIsTakenOnceByEveryMember) {
+  const auto out = train("-n 3 --rt-priority 2 --add 0.4 --kill 0.9:1", "EBBFLOW_LOG=info");
+  EXPECT_GE(count(out, "world changed (join)"), 1) << out;
+  EXPECT_GE(count(out, "world changed (failure)"), 1) << out;
+  EXPECT_EQ(count(out, "SCHED_RR priority 2 for") + count(out, "EBBFLOW_RT_PRIORITY=2: "), 4) << out;
+}
+
 // The members that stay keep their endpoints to each other (install logs
 // how many; a member that had to fall back to the blocking switch logs none).
 TEST_F(ElasticProcess, JoinOfOneAndOfSeveralAtOnce) {

@@ -641,6 +641,25 @@ TEST(ElasticGroupContract, ASchedSliceOutsideTheKernelsRangeIsRefused) {
   }
 }
 
+TEST(ElasticGroupContract, ARtPriorityOutsideSchedRrsRangeIsRefused) {
+  expect_refused("EBBFLOW_RT_PRIORITY", {"100", "-1", "high"});
+  ::setenv("EBBFLOW_RT_PRIORITY", "5", 1);
+  EXPECT_EQ(el::group_options::from_environment().rt_priority, 5);
+  ::unsetenv("EBBFLOW_RT_PRIORITY");
+  EXPECT_EQ(el::group_options::from_environment().rt_priority, 0);
+  auto store = std::make_shared<el::memory_store>();
+  el::loopback_network net(std::make_shared<el::loopback_fabric>());
+  auto o = options();
+  o.rt_priority = 100;
+  try {
+    test_group g(factory(store), net, o, launch(0, 1));
+    ADD_FAILURE() << "real-time priority 100 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("EBBFLOW_RT_PRIORITY=100: expected 0 (off) or 1 to 99"), std::string::npos)
+        << e.what();
+  }
+}
+
 // A store that outlives its jobs keeps a finished job's keys under its
 // prefix. A second job under the same prefix took the first one's
 // generations for its own: its launch ranks found generation 0 written,

@@ -11,7 +11,13 @@
 
 #include <gtest/gtest.h>
 
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <mutex>
 #include <numeric>
@@ -438,6 +444,69 @@ TEST(ElasticDetail, WaitAnyKeyOnAStoreThatOnlyWaitsForEveryKey) {
   EXPECT_EQ(el::detail::wait_any_key(st, {"a", "b"}, d(), stop.get_token()), std::optional<std::size_t>(0));
   stop.request_stop();
   EXPECT_EQ(el::detail::wait_any_key(st, {"c"}, d(), stop.get_token()), std::nullopt);
+}
+
+// group_options::rt_priority, in a child process (it changes the
+// scheduling of its threads): the threads named (the group's) then run
+// SCHED_RR; another thread already running (a library's, such as UCX's
+// progress thread) stays normal; threads and processes they start later do
+// not (SCHED_RESET_ON_FORK: a loader thread the user starts later cannot hog
+// a core at real-time priority); a real-time thread that asks for the
+// lowest CPU priority (the admission helper, should the user have started
+// the process real-time) leaves the real-time class for nice 19.
+TEST(ElasticDetail, RtPriorityCoversTheGroupsThreadsButNotOthersLaterOnesOrTheHelper) {
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const auto base = [](pid_t tid) { return ::sched_getscheduler(tid) & ~SCHED_RESET_ON_FORK; };
+    std::atomic<pid_t> named{0}, other{0};
+    std::atomic<bool> done{false};
+    const auto idle = [&](std::atomic<pid_t>& tid) {
+      tid = ::gettid();
+      while (!done) std::this_thread::sleep_for(1ms);
+    };
+    std::thread t(idle, std::ref(named)), u(idle, std::ref(other));
+    while (named == 0 || other == 0) std::this_thread::sleep_for(1ms);
+    const pthread_t group_threads[] = {::pthread_self(), t.native_handle()};
+    el::detail::request_rt_priority(3, group_threads);
+    int bad = 0;
+    if (base(0) != SCHED_RR) {
+      done = true;
+      t.join();
+      u.join();
+      ::_exit(77);  // not permitted here (no CAP_SYS_NICE, no RLIMIT_RTPRIO): logged, and nothing to test
+    }
+    sched_param p{};
+    if (::sched_getparam(0, &p) != 0 || p.sched_priority != 3) bad |= 1;
+    if (base(named) != SCHED_RR) bad |= 2;
+    if (base(other) != SCHED_OTHER) bad |= 32;
+    done = true;
+    t.join();
+    u.join();
+    int later = -1, helper = -1, helper_nice = 0;
+    std::thread([&] {
+      later = base(0);
+      sched_param rt{};
+      rt.sched_priority = 3;
+      ::sched_setscheduler(0, SCHED_RR, &rt);
+      el::detail::lowest_cpu_priority();
+      helper = base(0);
+      helper_nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
+    }).join();
+    if (later != SCHED_OTHER) bad |= 4;
+    if (helper != SCHED_OTHER || helper_nice != 19) bad |= 8;
+    const pid_t child = ::fork();
+    if (child == 0) ::_exit(base(0) == SCHED_OTHER ? 0 : 1);
+    int st = 0;
+    if (child < 0 || ::waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 0) bad |= 16;
+    ::_exit(bad);
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st)) << st;
+  if (WEXITSTATUS(st) == 77) GTEST_SKIP() << "SCHED_RR not permitted here (needs CAP_SYS_NICE or RLIMIT_RTPRIO)";
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "1: priority; 2: a thread named; 4: a thread started later; "
+                                   "8: the helper's thread; 16: a forked child; 32: a thread not named";
 }
 
 TEST(ElasticGroup, StaticGroupEqualsSingleProcess) {

@@ -100,6 +100,9 @@ constexpr const char* usage_text =
     "  --sched-slice-us N   every worker asks for an N us scheduler slice (100..100000; Linux 6.12+)\n"
     "                       once it is a member (EBBFLOW_SCHED_SLICE_US): woken by its data it takes\n"
     "                       the core from a process computing beside it, e.g. a joiner starting up\n"
+    "  --rt-priority N      every worker runs SCHED_RR at priority N (1..99) once it is a member\n"
+    "                       (EBBFLOW_RT_PRIORITY): joiners starting up on a shared host then run only\n"
+    "                       on cores the members leave idle (needs CAP_SYS_NICE or RLIMIT_RTPRIO)\n"
     "  --cpu-bind core[:K]  bind worker ID (initial or joiner) to one CPU of ours: CPU number ID/K\n"
     "                       (default K=1) of the CPUs this launcher may use, wrapping around; on a\n"
     "                       shared host it keeps the start-up of joiners off the running workers' cores;\n"
@@ -146,6 +149,7 @@ struct options {
   int min_size = 0, max_size = 0;
   int join_nice = 0;
   int sched_slice_us = 0;  // --sched-slice-us
+  int rt_priority = 0;     // --rt-priority
   int cpu_bind = 0;        // workers per CPU; 0: no binding
   int store_cpu = -1;      // --store-cpu: the launcher's (and store's) CPU; -1: worker 0's
   struct event {
@@ -217,6 +221,8 @@ options parse(int argc, char** argv) {
     } else if (a == "--sched-slice-us") {
       o.sched_slice_us = parse_int(a, value(a), static_cast<int>(ef::elastic::group_options::min_sched_slice.count()),
                                    static_cast<int>(ef::elastic::group_options::max_sched_slice.count()));
+    } else if (a == "--rt-priority") {
+      o.rt_priority = parse_int(a, value(a), 1, ef::elastic::group_options::max_rt_priority);
     } else if (a == "--cpu-bind") {
       const std::string v = value(a);
       if (v == "none")
@@ -610,6 +616,7 @@ int main(int argc, char** argv) {
                   {"EBBFLOW_WORKER_ID", std::to_string(spec.id)}};
     }
     if (opt.sched_slice_us) spec.env.push_back({"EBBFLOW_SCHED_SLICE_US", std::to_string(opt.sched_slice_us)});
+    if (opt.rt_priority) spec.env.push_back({"EBBFLOW_RT_PRIORITY", std::to_string(opt.rt_priority)});
     if (!cpus.empty()) spec.cpus = {cpus[static_cast<std::size_t>(spec.id / opt.cpu_bind) % cpus.size()]};
     local_of[spec.id] = free_local_index();
     spec.env.push_back({"EBBFLOW_LOCAL_RANK", std::to_string(local_of[spec.id])});

@@ -179,6 +179,35 @@ struct group_options {
   static constexpr std::chrono::microseconds min_sched_slice{100};
   //! The longest slice the kernel takes (sched_setattr's upper bound).
   static constexpr std::chrono::microseconds max_sched_slice{100000};
+  //! EBBFLOW_RT_PRIORITY (0: off; else 1 to 99): once this process is a
+  //! member, the group's threads (the one that trains, i.e. that calls the
+  //! group, and the heartbeat) switch to `SCHED_RR` at this priority (a
+  //! newcomer: once it waits for the members to switch to its generation,
+  //! so that, when they do, it runs as soon as a member waiting for it
+  //! yields). Other threads stay normal: a real-time thread that spins
+  //! while a normal one holds what it waits for keeps the core from it (UCX
+  //! over tcp, its progress thread at real-time priority: the admission
+  //! helper that wires up newcomers got no core for about a second, until
+  //! the kernel's throttling). `SCHED_RESET_ON_FORK`: threads and processes they
+  //! start later are normal ones, so a loader thread cannot hog a core at
+  //! real-time priority. A process that is not yet a member, such as a
+  //! worker starting up beside the members on a shared host, then runs only
+  //! on cores they leave idle: a member that wakes, or yields while it waits
+  //! for a peer, takes the core back at once rather than at the scheduler's
+  //! next tick. Meant for members that leave the CPU idle while their device
+  //! computes; members that keep every core busy would leave a newcomer on
+  //! those cores only what the kernel's real-time throttling keeps back (5 %
+  //! of each second by default). Opt-in: it needs `CAP_SYS_NICE` or an
+  //! `RLIMIT_RTPRIO` of at least this (refused: logged, training goes on).
+  //! The group's background work (the admission helper) stays a normal
+  //! thread at the lowest priority. A collective's wait blocks after 2 ms
+  //! (`EBBFLOW_UCX_WAIT=auto`), so members waiting for the store or a
+  //! straggler leave the CPU to it, and the group's own polls (wiring up a
+  //! new generation) sleep between tries; with `EBBFLOW_UCX_WAIT=yield`
+  //! they would keep it until the throttling stepped in.
+  int rt_priority = 0;
+  //! The highest priority `SCHED_RR` takes on Linux.
+  static constexpr int max_rt_priority = 99;
   //! EBBFLOW_PRECONNECT (default on, where the network can): members connect
   //! to admitted joiners in the background while training goes on, and the
   //! group switches at the first step boundary at which every member is wired
@@ -242,6 +271,7 @@ struct group_options {
     o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, 24LL * 3'600'000);
     o.sched_slice = std::chrono::microseconds(env::get_int_or_zero("EBBFLOW_SCHED_SLICE_US", o.sched_slice.count(),
                                                                    min_sched_slice.count(), max_sched_slice.count()));
+    o.rt_priority = static_cast<int>(env::get_int_or_zero("EBBFLOW_RT_PRIORITY", o.rt_priority, 1, max_rt_priority));
     o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
     o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
     o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, 24LL * 3'600'000);
@@ -567,6 +597,7 @@ class group {
                         std::optional<typename Net::transport_type> begun = {});
   void enter(detail::generation_record rec);
   void became_member();
+  void take_member_scheduling();
   void install(detail::generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
                double prepared_seconds);
   void write_record(Store& st, const std::string& gkey, const std::string& rec, const std::vector<member_id>& joiners,
@@ -668,8 +699,9 @@ class group {
   detail::generation_record gen_;
   int rank_ = -1;
   bool active_ = true;
-  bool became_member_ = false;  // became_member() ran: once per process
-  bool started_ = false;        // begin_step was called
+  bool became_member_ = false;      // became_member() ran: once per process
+  bool member_scheduling_ = false;  // take_member_scheduling() ran: once per process
+  bool started_ = false;            // begin_step was called
   // Where the user's step is: begin_step opens it, end_step closes it, a
   // collective that returns false aborts it (redo from begin_step).
   enum class step_phase : unsigned char { closed, open, aborted };

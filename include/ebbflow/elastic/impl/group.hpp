@@ -6,6 +6,7 @@
 #include <ebbflow/elastic/group.hpp>
 #include <ebbflow/core/thread_name.hpp>
 
+#include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -25,6 +26,7 @@
 #include <memory>
 #include <numeric>
 #include <set>
+#include <span>
 #include <sstream>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -255,6 +257,47 @@ inline void request_sched_slice(std::chrono::microseconds slice) {
     EBBFLOW_LOG_INFO("scheduler slice " << slice.count() << " us for " << set << " thread(s)");
 }
 
+// group_options::rt_priority: the given threads (the group's: the thread
+// that trains, its heartbeat) run under SCHED_RR at `priority`, with
+// SCHED_RESET_ON_FORK: threads and processes they start later (clone resets
+// it for both) are normal ones. Threads not named here stay normal: a
+// real-time thread that spins on a lock a normal thread holds keeps the
+// core from it, and a library's own threads (UCX's progress thread takes its
+// worker's spinlock) would do so with no one to yield to.
+inline void request_rt_priority(int priority, std::span<const pthread_t> threads) {
+  int failed = 0, err = 0, set = 0;
+  sched_param p{};
+  p.sched_priority = priority;
+  for (const pthread_t t : threads) {
+    if (const int e = ::pthread_setschedparam(t, SCHED_RR | SCHED_RESET_ON_FORK, &p); e == 0) {
+      ++set;
+    } else {
+      ++failed;
+      err = e;
+    }
+  }
+  if (failed)
+    EBBFLOW_LOG_WARN("EBBFLOW_RT_PRIORITY=" << priority << ": " << failed << " thread(s) refused ("
+                                            << std::strerror(err) << "; needs CAP_SYS_NICE or RLIMIT_RTPRIO >= "
+                                            << priority << "), they stay normal threads");
+  else
+    EBBFLOW_LOG_INFO("SCHED_RR priority " << priority << " for " << set << " thread(s)");
+}
+
+// The calling thread at the lowest CPU priority of a normal thread: nice 19,
+// and out of the real-time class that group_options::rt_priority may have
+// handed down from the thread that started it.
+inline void lowest_cpu_priority() {
+  const int policy = ::sched_getscheduler(0) & ~SCHED_RESET_ON_FORK;
+  if (policy == SCHED_RR || policy == SCHED_FIFO) {
+    sched_param p{};
+    ::sched_setscheduler(0, SCHED_OTHER, &p);  // lowering needs no privilege
+  }
+  const auto tid = static_cast<id_t>(::gettid());
+  errno = 0;
+  if (const int cur = ::getpriority(PRIO_PROCESS, tid); errno == 0) ::setpriority(PRIO_PROCESS, tid, std::max(cur, 19));
+}
+
 // A worker's join failures in a row, as stored: "<count>" (after a reset),
 // or "<count> <generation> <member>,<member>,..." naming the members of the
 // failed generation already counted, so every recovering member can apply
@@ -338,6 +381,9 @@ group<Store, Net>::group(store_factory connect_store, Net& net, group_options op
                   "elastic group: EBBFLOW_SCHED_SLICE_US="
                       << opts_.sched_slice.count() << ": expected 0 or " << group_options::min_sched_slice.count()
                       << " to " << group_options::max_sched_slice.count() << " (the kernel's range)");
+  EBBFLOW_ENFORCE(opts_.rt_priority >= 0 && opts_.rt_priority <= group_options::max_rt_priority,
+                  "elastic group: EBBFLOW_RT_PRIORITY=" << opts_.rt_priority << ": expected 0 (off) or 1 to "
+                                                        << group_options::max_rt_priority);
   // The first generation is formed from the launched workers alone (a
   // newcomer joins a running group): fewer than min_size could never start.
   EBBFLOW_ENFORCE(opts_.join || launch_.world_size >= opts_.min_size,
@@ -918,11 +964,30 @@ void group<Store, Net>::became_member() {
   // worker as it enters its first generation, a newcomer once the members
   // switched to its generation and the state starts to move (until then its
   // start-up and waits leave the CPU to them). It gets back the priority
-  // --join-nice took, and asks for the scheduler slice.
+  // --join-nice took, and takes the members' scheduling.
   if (became_member_) return;
   became_member_ = true;
   if (opts_.join) detail::restore_join_priority();
+  take_member_scheduling();
+}
+
+template <kv_store Store, network Net>
+void group<Store, Net>::take_member_scheduling() {
+  // The scheduler slice, then the real-time class (a slice is asked for on
+  // a normal thread only). A newcomer with a real-time priority takes both
+  // as it starts to wait for the members' switch (sync_state): from there it
+  // only waits, and once they switch the members wait for it. As an equal
+  // real-time thread it then runs as soon as a member waiting for it yields,
+  // not only once that member's wait stops spinning and sleeps.
+  if (member_scheduling_) return;
+  member_scheduling_ = true;
   if (opts_.sched_slice.count() > 0) detail::request_sched_slice(opts_.sched_slice);
+  if (opts_.rt_priority > 0) {
+    // The thread that trains (this one) and the heartbeat, which finds a
+    // dead member: the group's threads; the others stay normal.
+    const pthread_t mine[] = {::pthread_self(), heartbeat_.native_handle()};
+    detail::request_rt_priority(opts_.rt_priority, std::span<const pthread_t>(mine, heartbeat_.joinable() ? 2 : 1));
+  }
 }
 
 template <kv_store Store, network Net>
@@ -1006,8 +1071,12 @@ typename Net::transport_type group<Store, Net>::connect_watched(const detail::ge
                                       " stopped heartbeating"});
       // A newcomer connects while the members train: poll gently so its
       // wait costs them no CPU (on a shared host it would take their cores).
+      // A real-time member sleeps between polls too: yielding, it would
+      // keep the core from the normal threads the wire-up may wait for.
       if (opts_.join && step_ < 0)
         std::this_thread::sleep_for(std::chrono::microseconds(200));
+      else if (member_scheduling_ && opts_.rt_priority > 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
       else
         std::this_thread::yield();
     }
@@ -1148,6 +1217,7 @@ void group<Store, Net>::sync_state() {
       // then take the state at full speed. If the job ends first (the
       // members finished before they switched), `finish` said so: a clear
       // error, not a timeout.
+      if (opts_.join && opts_.rt_priority > 0) take_member_scheduling();
       auto first = c.irecv(raw(&header_size, sizeof header_size), src, tag_size);
       std::error_code ec;
       auto next_check = steady_clock::now() + opts_.heartbeat;
@@ -1948,9 +2018,7 @@ void group<Store, Net>::start_admission(std::optional<std::string> record, std::
       // The lowest CPU priority: on a host whose cores the workers share,
       // this work fills their idle time (their device time) and never delays
       // a training thread that is ready to run.
-      errno = 0;
-      if (const int cur = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid())); errno == 0)
-        ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), std::max(cur, 19));
+      detail::lowest_cpu_priority();
       detail::sleep_until(steady_clock::now() + delay, stop);
       try {
         if (!aux_store_) aux_store_ = connect_store_();
