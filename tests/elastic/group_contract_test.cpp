@@ -13,6 +13,7 @@
 #include <atomic>
 #include <initializer_list>
 #include <limits>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -61,6 +62,19 @@ void expect_refused(const char* variable, std::initializer_list<const char*> bad
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find(variable), std::string::npos) << e.what();
     }
+  }
+}
+
+// A group built with options `o` is refused, with an error that holds
+// `message`.
+void expect_group_refused(const el::group_options& o, const std::string& message) {
+  auto store = std::make_shared<el::memory_store>();
+  el::loopback_network net(std::make_shared<el::loopback_fabric>());
+  try {
+    test_group g(factory(store), net, o, launch(0, 1));
+    ADD_FAILURE() << "accepted; expected: " << message;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
   }
 }
 
@@ -593,19 +607,10 @@ std::string describe(const std::vector<el::world_change>& h) {
 
 TEST(ElasticGroupContract, HeartbeatLongerThanTheLeaseIsRejected) {
   EXPECT_EQ(describe(late_survivor(10ms, 300ms)), "initial 0->3; failure 3->2; ");
-  auto store = std::make_shared<el::memory_store>();
-  el::loopback_network net(std::make_shared<el::loopback_fabric>());
   auto o = options();
   o.heartbeat = 400ms;
   o.lease = 100ms;
-  try {
-    test_group g(factory(store), net, o, launch(0, 1));
-    ADD_FAILURE() << "heartbeat 400 ms with a lease of 100 ms accepted";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("EBBFLOW_LEASE_MS=100 must be at least twice EBBFLOW_HEARTBEAT_MS=400"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_group_refused(o, "EBBFLOW_LEASE_MS=100 must be at least twice EBBFLOW_HEARTBEAT_MS=400");
 }
 
 // EBBFLOW_INITIAL_STAGING_MB is in MiB (0 turns the copy off); a bad value
@@ -628,17 +633,9 @@ TEST(ElasticGroupContract, ASchedSliceOutsideTheKernelsRangeIsRefused) {
   ::unsetenv("EBBFLOW_SCHED_SLICE_US");
   EXPECT_EQ(el::group_options::from_environment().sched_slice, std::chrono::microseconds(0));
   // The same range when the options are given in code.
-  auto store = std::make_shared<el::memory_store>();
-  el::loopback_network net(std::make_shared<el::loopback_fabric>());
   auto o = options();
   o.sched_slice = std::chrono::microseconds(50);
-  try {
-    test_group g(factory(store), net, o, launch(0, 1));
-    ADD_FAILURE() << "a 50 us scheduler slice accepted";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("EBBFLOW_SCHED_SLICE_US=50: expected 0 or 100 to 100000"), std::string::npos)
-        << e.what();
-  }
+  expect_group_refused(o, "EBBFLOW_SCHED_SLICE_US=50: expected 0 or 100 to 100000");
 }
 
 TEST(ElasticGroupContract, ARtPriorityOutsideSchedRrsRangeIsRefused) {
@@ -647,17 +644,9 @@ TEST(ElasticGroupContract, ARtPriorityOutsideSchedRrsRangeIsRefused) {
   EXPECT_EQ(el::group_options::from_environment().rt_priority, 5);
   ::unsetenv("EBBFLOW_RT_PRIORITY");
   EXPECT_EQ(el::group_options::from_environment().rt_priority, 0);
-  auto store = std::make_shared<el::memory_store>();
-  el::loopback_network net(std::make_shared<el::loopback_fabric>());
   auto o = options();
   o.rt_priority = 100;
-  try {
-    test_group g(factory(store), net, o, launch(0, 1));
-    ADD_FAILURE() << "real-time priority 100 accepted";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("EBBFLOW_RT_PRIORITY=100: expected 0 (off) or 1 to 99"), std::string::npos)
-        << e.what();
-  }
+  expect_group_refused(o, "EBBFLOW_RT_PRIORITY=100: expected 0 (off) or 1 to 99");
 }
 
 // A store that outlives its jobs keeps a finished job's keys under its
