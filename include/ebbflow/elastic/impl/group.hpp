@@ -261,9 +261,10 @@ inline void request_sched_slice(std::chrono::microseconds slice) {
 // that trains, its heartbeat) run under SCHED_RR at `priority`, with
 // SCHED_RESET_ON_FORK: threads and processes they start later (clone resets
 // it for both) are normal ones. Threads not named here stay normal: a
-// real-time thread that spins on a lock a normal thread holds keeps the
-// core from it, and a library's own threads (UCX's progress thread takes its
-// worker's spinlock) would do so with no one to yield to.
+// real-time thread that spins while a normal one holds what it waits for
+// keeps the core from it (UCX's progress thread at real-time priority kept
+// the admission helper off both cores over tcp until the kernel throttled
+// it).
 inline void request_rt_priority(int priority, std::span<const pthread_t> threads) {
   int failed = 0, err = 0, set = 0;
   sched_param p{};
