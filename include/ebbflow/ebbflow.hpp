@@ -44,11 +44,16 @@
 #include <ebbflow/core/thread_name.hpp>
 #include <ebbflow/elastic/cooldown.hpp>
 #include <ebbflow/elastic/group.hpp>
+#include <ebbflow/elastic/group_options.hpp>
+#include <ebbflow/elastic/group_types.hpp>
 #include <ebbflow/elastic/kv_store.hpp>
 #include <ebbflow/elastic/loopback_network.hpp>
+#include <ebbflow/elastic/network.hpp>
 #include <ebbflow/elastic/planner_policy.hpp>
+#include <ebbflow/elastic/planning_policy.hpp>
 #include <ebbflow/elastic/policy.hpp>
 #include <ebbflow/elastic/store_address_exchange.hpp>
+#include <ebbflow/elastic/store_options.hpp>
 #include <ebbflow/exec/executor.hpp>
 #include <ebbflow/plan.hpp>
 #include <ebbflow/plan/batch_planner.hpp>
@@ -68,6 +73,7 @@
 
 #if EBBFLOW_HAS_ASIO
 #include <ebbflow/elastic/store.hpp>
+#include <ebbflow/elastic/tcp_store.hpp>
 #endif  // EBBFLOW_HAS_ASIO
 
 #if EBBFLOW_HAS_CUDA && EBBFLOW_HAS_NCCL

@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 84 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 106 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -8637,9 +8637,9 @@ EBBFLOW_END_NAMESPACE
 //! A training loop uses it like this (see examples/elastic_train/elastic_train.cpp):
 //! @code
 //!   elastic::group g(connect_store, net, elastic::group_options::from_environment(opts),
-//!                    launch_info::from_environment(), std::make_unique<my_policy>());  // joins the job
+//!                    launch_info::from_environment(), std::make_unique<elastic::planner_policy>());
 //!   g.register_state("params", std::as_writable_bytes(std::span(params)));
-//!   while (g.active() && g.step() < total_steps) {
+//!   while (g.active() && (g.step() < total_steps || g.changing())) {
 //!     auto s = g.begin_step();                           // my slice and weight
 //!     compute gradients over samples [s.cursor + s.offset, + s.batch) of s.epoch,
 //!       scaled by s.weight (mean loss over my slice × b_i / B)
@@ -8647,59 +8647,58 @@ EBBFLOW_END_NAMESPACE
 //!     optimizer step
 //!     g.end_step(compute_seconds);                       // commit; membership changes happen here
 //!   }
+//!   g.finish();                                          // workers still waiting to join stop waiting
 //! @endcode
 //!
-//! Protocol (docs/elastic.md has the full argument):
-//! * The store is the single source of truth. Generation g has a fixed member
-//!   list (rank = position) recorded under `<prefix>/gen/<g>`; every message
-//!   of g carries g in its tag (comm/transport.hpp), so traffic of an older
-//!   generation is never consumed by a newer one.
-//! * Every step ends with a small control exchange (an allreduce of a few
-//!   doubles per member): each member's batch and compute time (so every
-//!   member's planning policy sees the same history), leave requests, whether
-//!   each member is wired up to a pending generation, and the coordinator's
-//!   (rank 0's) decisions: a new plan, or admitted joiners.
-//! * Start: launch rank 0 writes generation 0 once every launched worker
-//!   registered, or after `initial_wait` with those registered if at least
-//!   `min_size`; a launched worker that comes later joins as a newcomer. If
-//!   rank 0 never registered or stopped heartbeating, the others propose
-//!   generation 0 without it after `initial_wait` and a lease.
-//! * Join: a newcomer registers its transport address and a join ticket and
-//!   waits, while the others keep training. The coordinator admits it at a step
-//!   boundary by writing generation g+1. The members connect to the newcomers
-//!   in the background (a helper thread; the network's `start_connect`) while
-//!   they keep training on g, and all switch to g+1 at a later step boundary,
-//!   the first at which every member is wired up. The members holding the
-//!   newest committed step then stream the state (registered buffers plus
-//!   step, epoch and cursor) to the newcomers, each newcomer from one of them
-//!   (see `register_state`). Survivors stall for the switch and the transfer.
-//!   A network without `start_connect`, or `EBBFLOW_PRECONNECT=0`, connects
-//!   and switches at the admission boundary instead. While a change is
-//!   connecting, no other change or re-plan is taken.
-//! * Leave (`request_leave`, e.g. from SIGTERM): announced in the control
-//!   exchange; no rollback, no state transfer. The others connect among
-//!   themselves in the background while the leaver keeps training its share;
-//!   it leaves when they switch (at once where they connect at the boundary).
-//!   A leave that would take the group below `min_size` waits, the leaver
-//!   training on, until newcomers take its place.
-//! * Failure: a transport error (peer_lost, timeout) or a revocation aborts
-//!   the step on every survivor: the first to notice posts `abort/<g>`, whose
-//!   heartbeat threads revoke their transports. Survivors report their last
-//!   committed step under `recover/<g>/<id>`; a member is judged dead when
-//!   reported lost by a peer's transport or when its heartbeat lease expires.
-//!   Leases are watched during training too (the coordinator's heartbeat
-//!   thread watches every member's, the others the coordinator's): a member
-//!   that hangs in a step is marked dead and `abort/<g>` posted once it has
-//!   been silent for a lease, not only at the operation deadline.
-//!   One survivor proposes g+1 by compare-and-set (the first proposal wins);
-//!   the members holding the newest committed step stream the state to any
-//!   member behind it. A step is committed by `end_step`, after the gradient
-//!   allreduce completed and the optimizer stepped, so the rolled-back step
-//!   applied no update and did not advance the cursor: it is simply redone.
-//! * Below `min_size` the survivors wait (logging why) until workers join.
+//! Guarantees (docs/elastic.md gives the protocol and the argument for each):
+//! * Every member applies the same update every step: the gradient of the
+//!   step's global batch, each sample of an epoch used exactly once across
+//!   joins, leaves and failures, so the parameters equal a single-process
+//!   run over the same global batches.
+//! * A failure (a peer's death or hang) makes a collective return false on
+//!   every survivor: the step was rolled back (no update applied, the cursor
+//!   did not advance) and the group re-formed; the caller redoes it.
+//! * Joins and leaves take effect at step boundaries; newcomers connect in
+//!   the background while the members train, and receive the committed state
+//!   from the members holding it.
+//! * Every wait has a deadline (group_options); what the group cannot
+//!   recover from throws `group_error` naming the rank, generation and cause.
 //!
 //! Thread safety: one thread drives a group; `request_leave` may be called
 //! from any thread or a signal handler (through `leave_on_signal`).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)    // launch_info
+// #include <ebbflow/core/error.hpp>  (inlined)  // system_error
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/group_impl.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/group_impl.hpp
+//! The state of an elastic group and the operations on it, behind the public
+//! `elastic::group` (elastic/group.hpp, the contract). One class, because
+//! every part works on the same generation; its definitions are split by
+//! concern, one file each, under elastic/impl/group/:
+//!
+//! | file                  | owns                                                           |
+//! |-----------------------|----------------------------------------------------------------|
+//! | lifecycle.hpp         | construction, the end of a member, registered state, finish    |
+//! | formation.hpp         | generation 0 and waiting to be admitted as a newcomer          |
+//! | generation.hpp        | entering a generation: addresses, wire-up, install, leaving    |
+//! | step.hpp              | the user's step: begin, collectives, work stealing, commit     |
+//! | join_tickets.hpp      | the coordinator's queue of newcomers and their cool-downs      |
+//! | membership_change.hpp | joins and leaves decided at a step boundary, connected in the  |
+//! |                       | background by the admission helper thread                      |
+//! | state_transfer.hpp    | streaming the committed state to members that lack it          |
+//! | recovery.hpp          | re-forming the group after a failure                           |
+//! | heartbeat.hpp         | the heartbeat thread: leases, exit reports, aborts, stalls     |
+//!
+//! Threads: the training thread (the user's, calling the group) owns
+//! everything not marked otherwise. The heartbeat thread touches only the
+//! `hb_*` members (under `hb_mutex_` or atomic), the atomics it shares with
+//! the training thread, and its own store client. The admission helper
+//! thread touches only what `start_admission` hands it and its
+//! `admission_result`. The protocol is described in docs/elastic.md.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
@@ -8710,7 +8709,6 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/core/env.hpp>  (inlined)
 // #include <ebbflow/core/error.hpp>  (inlined)
 // #include <ebbflow/core/log.hpp>  (inlined)
-// #include <ebbflow/elastic/cooldown.hpp>  (inlined)
 // #include <ebbflow/elastic/detail/progress.hpp>  (inlined here)
 // ---- begin <ebbflow/elastic/detail/progress.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -8760,6 +8758,19 @@ struct progress {
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/elastic/detail/progress.hpp>
+// #include <ebbflow/elastic/detail/records.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/records.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/records.hpp
+//! The values the elastic group keeps in the store, and their formats: the
+//! record of a generation (binary, `generation_record`), join tickets and a
+//! worker's join failures (text), and integers (decimal text). Owned by no
+//! one part of the group: every part that reads or writes these keys uses
+//! these types, so a format lives in one place.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
 // #include <ebbflow/elastic/detail/wire.hpp>  (inlined here)
 // ---- begin <ebbflow/elastic/detail/wire.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -8848,362 +8859,16 @@ class reader {
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/elastic/detail/wire.hpp>
-// #include <ebbflow/elastic/kv_store.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/kv_store.hpp>
+// #include <ebbflow/elastic/group_types.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/group_types.hpp>
 // SPDX-License-Identifier: Apache-2.0
-//! @file kv_store.hpp
-//! The `kv_store` concept the elastic group coordinates through, and
-//! `memory_store`, an in-process model of it for unit tests.
-//!
-//! Semantics: keys and values are strings (values binary-safe). Every call takes a deadline and
-//! throws `ebbflow::system_error` (`errc::timeout`, `errc::peer_lost` when the
-//! store is unreachable, `errc::unauthorized`) on failure.
-//! * `set(k, v, d)` stores v under k.
-//! * `try_get(k, d)` returns the value, or nullopt when k is absent (never blocks on absence).
-//! * `add(k, delta, d)` atomically adds to the 64-bit integer under k (absent = 0), returns the new value.
-//! * `compare_set(k, expected, desired, d)` stores desired when the current value
-//!   equals expected (an empty expected matches an absent key); the result's `swapped` tells whether it did,
-//!   `current` is the value now stored.
-//! * `wait(keys, d)` blocks until every key exists, or throws `errc::timeout`.
-//! Optional, used when present: `add_many(keys, deltas, d)` and
-//! `try_get_many(keys, d)`, the same operations for several keys in about one
-//! round trip (the group batches its reads of join tickets and addresses);
-//! `wait_any(keys, d)`, which blocks until any key exists and returns the
-//! index of the first one that does (the coordinator waits for the next join
-//! ticket and for an abort at once; without it, an abort reaches it at its
-//! next heartbeat).
-//! The Boost.Asio store client (elastic/store.hpp) models this concept.
+//! @file group_types.hpp
+//! What the elastic group hands a training loop: this member's share of a
+//! step (`step_info`), a membership change (`world_change`, `change_reason`),
+//! and the settings of in-step work stealing (`steal_settings`).
 
 
 // #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/deadline.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-
-#include <charconv>
-#include <condition_variable>
-#include <concepts>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <map>
-#include <mutex>
-#include <optional>
-#include <span>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-//! `stored + delta` for a counter kept as decimal text (empty: 0), or the
-//! reason it cannot be: the text is not a whole int64, or the sum
-//! overflows. The store server and `memory_store` share it, so the two
-//! agree on every value.
-inline std::optional<std::int64_t> add_to_counter(std::string_view stored, std::int64_t delta, std::string& why) {
-  std::int64_t cur = 0;
-  if (!stored.empty()) {
-    const auto [p, ec] = std::from_chars(stored.data(), stored.data() + stored.size(), cur);
-    if (ec != std::errc{} || p != stored.data() + stored.size()) {
-      why = "is not an integer";
-      return std::nullopt;
-    }
-  }
-  std::int64_t next = 0;
-  if (__builtin_add_overflow(cur, delta, &next)) {
-    why = "would overflow int64";
-    return std::nullopt;
-  }
-  return next;
-}
-}  // namespace elastic::detail
-
-namespace elastic {
-
-//! Owned binary data (transport addresses, encoded records); host memory.
-using bytes = std::vector<std::byte>;
-
-template <class S>
-concept kv_store = requires(S& s, const std::string& k, std::string_view v, std::int64_t delta, deadline d,
-                            const std::vector<std::string>& keys) {
-  s.set(k, v, d);
-  { s.try_get(k, d) } -> std::same_as<std::optional<std::string>>;
-  { s.add(k, delta, d) } -> std::same_as<std::int64_t>;
-  { s.compare_set(k, v, v, d).current } -> std::convertible_to<std::string>;
-  { s.compare_set(k, v, v, d).swapped } -> std::convertible_to<bool>;
-  s.wait(keys, d);
-};
-
-//! Bytes as a string value (values are binary-safe).
-inline std::string to_value(std::span<const std::byte> b) {
-  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
-}
-//! A string value as bytes.
-inline bytes to_bytes(std::string_view s) {
-  bytes b(s.size());
-  if (!s.empty()) std::memcpy(b.data(), s.data(), s.size());
-  return b;
-}
-
-//! A thread-safe in-process store. Can be made unreachable (`fail()`) to test
-//! how clients react to a lost store.
-class memory_store {
- public:
-  //! Outcome of `compare_set`.
-  struct cas_result {
-    bool swapped = false;  //!< true when `desired` was stored
-    std::string current;   //!< the value now stored under the key ("" when absent)
-  };
-  //! Stores `v` under `k` and wakes waiters. Never blocks beyond the lock.
-  //! @throws system_error: peer_lost after `fail()`, timeout when `d` already expired.
-  void set(const std::string& k, std::string_view v, deadline d) {
-    std::lock_guard lk(m_);
-    check(d, "store.set");
-    kv_[k] = std::string(v);
-    cv_.notify_all();
-  }
-  //! The value under `k`, or nullopt when absent. Errors as for `set`.
-  std::optional<std::string> try_get(const std::string& k, deadline d) {
-    std::lock_guard lk(m_);
-    check(d, "store.get");
-    auto it = kv_.find(k);
-    if (it == kv_.end()) return std::nullopt;
-    return it->second;
-  }
-  //! Removes `k`; returns whether it existed. @throws system_error: peer_lost after `fail()`.
-  bool erase(std::string_view k) {
-    std::lock_guard lk(m_);
-    check(deadline::never(), "store.erase");
-    auto it = kv_.find(std::string(k));
-    if (it == kv_.end()) return false;
-    kv_.erase(it);
-    return true;
-  }
-  //! The keys that start with `prefix`, in order (for tests and diagnostics).
-  std::vector<std::string> keys(std::string_view prefix = {}) const {
-    std::lock_guard lk(m_);
-    std::vector<std::string> out;
-    for (auto it = kv_.lower_bound(std::string(prefix)); it != kv_.end() && it->first.starts_with(prefix); ++it)
-      out.push_back(it->first);
-    return out;
-  }
-  //! `try_get(keys[i])` for every i, under one lock. Errors as `try_get`.
-  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d) {
-    std::vector<std::optional<std::string>> out;
-    out.reserve(keys.size());
-    std::lock_guard lk(m_);
-    check(d, "store.try_get_many");
-    for (const auto& k : keys) {
-      auto it = kv_.find(k);
-      out.push_back(it == kv_.end() ? std::nullopt : std::optional<std::string>(it->second));
-    }
-    return out;
-  }
-  //! Adds `delta` to the decimal integer under `k` (absent = 0) and returns
-  //! the new value. Errors as for `set`; `errc::invalid_state` when the
-  //! stored value is not a whole int64 or the sum would overflow (as the
-  //! server: the value is left as it was).
-  std::int64_t add(const std::string& k, std::int64_t delta, deadline d) {
-    std::lock_guard lk(m_);
-    check(d, "store.add");
-    return add_locked(k, delta);
-  }
-  //! `add(keys[i], deltas[i])` for every i, under one lock. Errors as `add`;
-  //! std::invalid_argument when the spans differ in length.
-  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
-                                     deadline d) {
-    if (keys.size() != deltas.size())
-      throw std::invalid_argument("store.add_many: " + std::to_string(keys.size()) + " keys but " +
-                                  std::to_string(deltas.size()) + " deltas");
-    std::vector<std::int64_t> out;
-    out.reserve(keys.size());
-    std::lock_guard lk(m_);
-    check(d, "store.add_many");
-    for (std::size_t i = 0; i < keys.size(); ++i) out.push_back(add_locked(keys[i], deltas[i]));
-    return out;
-  }
-  //! Stores `desired` when the value under `k` equals `expected` (an empty
-  //! `expected` matches an absent key). Errors as for `set`.
-  cas_result compare_set(const std::string& k, std::string_view expected, std::string_view desired, deadline d) {
-    std::lock_guard lk(m_);
-    check(d, "store.compare_set");
-    auto it = kv_.find(k);
-    const bool match = it == kv_.end() ? expected.empty() : it->second == expected;
-    if (match) {
-      kv_[k] = std::string(desired);
-      cv_.notify_all();
-      return {true, std::string(desired)};
-    }
-    return {false, it == kv_.end() ? std::string() : it->second};
-  }
-  //! Blocks until every key in `keys` exists.
-  //! @throws system_error: timeout when `d` passes first (naming the first key),
-  //! peer_lost after `fail()`.
-  void wait(const std::vector<std::string>& keys, deadline d) {
-    wait_until_found("store.wait", keys, d, [&]() -> std::optional<std::size_t> {
-      for (auto& k : keys)
-        if (kv_.count(k) == 0) return std::nullopt;
-      return 0;
-    });
-  }
-  //! Blocks until any key in `keys` exists; returns the index of the first
-  //! one that does. Errors as for `wait`.
-  std::size_t wait_any(const std::vector<std::string>& keys, deadline d) {
-    if (keys.empty()) throw std::invalid_argument("store.wait_any: no keys to wait for");
-    return wait_until_found("store.wait_any", keys, d, [&]() -> std::optional<std::size_t> {
-      for (std::size_t i = 0; i < keys.size(); ++i)
-        if (kv_.count(keys[i]) > 0) return i;
-      return std::nullopt;
-    });
-  }
-  //! Makes every later call fail with `peer_lost` (the store went away).
-  void fail() {
-    std::lock_guard lk(m_);
-    failed_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  std::int64_t add_locked(const std::string& k, std::int64_t delta) {
-    auto it = kv_.find(k);
-    std::string why;
-    const auto x =
-        detail::add_to_counter(it == kv_.end() ? std::string_view() : std::string_view(it->second), delta, why);
-    if (!x) throw_if(make_error_code(error::invalid_state), {.operation = "store.add", .detail = "'" + k + "' " + why});
-    if (it == kv_.end()) it = kv_.emplace(k, std::string()).first;
-    it->second = std::to_string(*x);
-    cv_.notify_all();
-    return *x;
-  }
-  // Waits under the lock until `found()` gives an index, or `d` passes.
-  template <class Found>
-  std::size_t wait_until_found(const char* op, const std::vector<std::string>& keys, deadline d, Found found) {
-    std::unique_lock lk(m_);
-    for (;;) {
-      check(deadline::never(), op);
-      if (const auto i = found()) return *i;
-      if (d.expired())
-        throw_if(make_error_code(error::timeout), {.operation = op, .detail = keys.empty() ? "" : keys.front()});
-      cv_.wait_until(lk, std::min(d.at(), steady_clock::now() + std::chrono::milliseconds(50)));
-    }
-  }
-  void check(deadline d, const char* op) const {
-    if (failed_) throw_if(make_error_code(error::peer_lost), {.operation = op});
-    if (d.expired()) throw_if(make_error_code(error::timeout), {.operation = op});
-  }
-  mutable std::mutex m_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> kv_;
-  bool failed_ = false;
-};
-static_assert(kv_store<memory_store>);
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/kv_store.hpp>
-// #include <ebbflow/elastic/policy.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/policy.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file policy.hpp
-//! How the elastic group sizes each member's share of the global batch.
-//! The coordinator asks its policy for a plan; every member feeds its policy
-//! the same observations (the per-step control exchange carries every
-//! member's batch and compute time), so a newly elected coordinator plans
-//! from the same history. Plans are for the full global batch; a short last
-//! batch of an epoch is split with `scale_plan`.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <numeric>
-#include <span>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-
-//! Identifies a worker for the whole job (assigned by the store; never reused).
-using member_id = std::int64_t;
-
-//! Decides the members' batch sizes. Called only from the group's training
-//! thread (need not be thread-safe); exceptions propagate out of the group
-//! call that asked for the plan.
-class planning_policy {
- public:
-  virtual ~planning_policy() = default;
-  //! One measured step of `member`: `batch` samples took `seconds` of compute.
-  virtual void observe(member_id member, std::size_t batch, double seconds) = 0;
-  //! Batch sizes (rank order of `members`) that sum to `global_batch`.
-  virtual std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) = 0;
-  //! What the policy knows of a member's speed: seconds per step and per
-  //! sample (the inputs of its plan). Paces in-step work stealing.
-  struct member_model {
-    double fixed_seconds = 0;       //!< a_i
-    double seconds_per_sample = 0;  //!< c_i (> 0 when known)
-  };
-  //! The models of `members` (rank order), or empty when the policy has
-  //! none for them yet (then `group::steal_step` steals unpaced).
-  [[nodiscard]] virtual std::vector<member_model> models(std::span<const member_id> members) const {
-    (void)members;
-    return {};
-  }
-  //! Whether `current` should be replaced (checked by the coordinator each step).
-  virtual bool should_replan(std::span<const member_id> members, std::span<const std::size_t> current,
-                             std::size_t global_batch) {
-    (void)members, (void)current, (void)global_batch;
-    return false;
-  }
-};
-
-//! Equal shares (the remainder goes to the lowest ranks). The default when no
-//! planner is given; ignores timings.
-class uniform_policy final : public planning_policy {
- public:
-  void observe(member_id, std::size_t, double) override {}
-  std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) override {
-    EBBFLOW_ENFORCE(!members.empty(), "uniform_policy: empty membership");
-    const std::size_t n = members.size();
-    std::vector<std::size_t> b(n, global_batch / n);
-    for (std::size_t i = 0; i < global_batch % n; ++i) ++b[i];
-    return b;
-  }
-};
-
-//! Splits `total` (≤ the plan's sum) in proportion to `plan`, deterministically:
-//! floor shares, then the remainder to the largest fractional parts (ties to
-//! the lower rank). Every rank computes the same result.
-inline std::vector<std::size_t> scale_plan(std::span<const std::size_t> plan, std::size_t total) {
-  const std::size_t sum = std::accumulate(plan.begin(), plan.end(), std::size_t{0});
-  std::vector<std::size_t> out(plan.size(), 0);
-  if (sum == total) {
-    out.assign(plan.begin(), plan.end());
-    return out;
-  }
-  if (sum == 0 || total == 0) {
-    for (std::size_t i = 0; i < total; ++i) ++out[i % out.size()];
-    return out;
-  }
-  std::vector<std::pair<std::size_t, std::size_t>> rem;  // (remainder numerator, rank)
-  std::size_t given = 0;
-  for (std::size_t i = 0; i < plan.size(); ++i) {
-    __extension__ using u128 = unsigned __int128;
-    const u128 num = static_cast<u128>(plan[i]) * total;
-    out[i] = static_cast<std::size_t>(num / sum);
-    rem.emplace_back(static_cast<std::size_t>(num % sum), i);
-    given += out[i];
-  }
-  std::stable_sort(rem.begin(), rem.end(), [](auto& a, auto& b) { return a.first > b.first; });
-  for (std::size_t k = 0; given < total; ++k, ++given) ++out[rem[k].second];
-  return out;
-}
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/policy.hpp>
 // #include <ebbflow/plan/work_stealing.hpp>  (inlined here)
 // ---- begin <ebbflow/plan/work_stealing.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -10948,224 +10613,13 @@ EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/plan/impl/work_stealing.hpp>
 // ---- end <ebbflow/plan/work_stealing.hpp>
 
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <concepts>
-#include <condition_variable>
-#include <exception>
-#include <csignal>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <functional>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <set>
-#include <span>
-#include <string>
-#include <thread>
-#include <type_traits>
-#include <vector>
+#include <iterator>
+#include <string_view>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
-
-//! A network builds the transport of each generation. `prepare(g)` creates
-//! this process's endpoint for generation g and returns its address (the
-//! group publishes it in the store); `connect(g, rank, addresses, d)` returns
-//! the transport of generation g given every member's address in rank order.
-//! The UCX network (elastic/ucx_network.hpp) and the loopback network model this.
-//! A network whose `stable_address()` is true returns the same address for
-//! every generation; the group then publishes it once, at registration.
-//! A network may also offer `start_connect(g, rank, addresses)`, returning a
-//! transport whose wire-up completes in the background (finished by its
-//! `poll_connect()` / `finish_connect(d)`): the group then connects to
-//! joiners while it keeps training and switches only once every member is
-//! wired up (see docs/elastic.md, "Join without suspension"). When it also
-//! offers `concurrent_connect()` returning true, `start_connect` is called
-//! from the group's admission helper thread while the training thread goes
-//! on using the current generation's transport on the same network.
-//! A network that lets consecutive generations share connections (the UCX
-//! network shares endpoints) offers `discard_endpoints()`: the group calls it
-//! when a generation failed, so the recovered one opens its own.
-template <class N>
-concept network = requires(N& n, std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline d) {
-  typename N::transport_type;
-  requires comm::transport<typename N::transport_type>;
-  { n.prepare(g) } -> std::convertible_to<bytes>;
-  { n.connect(g, rank, addrs, d) } -> std::same_as<typename N::transport_type>;
-};
-
-//! Settings of an elastic group. `from_environment()` reads the `EBBFLOW_*`
-//! variables named beside each field (validated; bad values throw).
-struct group_options {
-  std::string prefix = "ebbflow";                //!< store key prefix of this job (EBBFLOW_JOB)
-  int min_size = 1;                              //!< EBBFLOW_MIN_SIZE: below it the group waits
-  int max_size = comm::max_collective_ranks;     //!< EBBFLOW_MAX_SIZE: joiners beyond it wait
-  std::size_t global_batch = 0;                  //!< B, samples per step over all members (required)
-  std::size_t dataset_size = 0;                  //!< N, samples per epoch (required)
-  bool drop_last = false;                        //!< drop an epoch's short last batch
-  bool join = false;                             //!< EBBFLOW_JOIN=1: join a running job instead of starting one
-  std::chrono::milliseconds heartbeat{50};       //!< EBBFLOW_HEARTBEAT_MS
-  std::chrono::milliseconds lease{1000};         //!< EBBFLOW_LEASE_MS: silence after which a member is dead
-  std::chrono::milliseconds op_timeout{30'000};  //!< EBBFLOW_OP_TIMEOUT_MS: deadline of each collective
-  std::chrono::milliseconds join_timeout{
-      120'000};  //!< EBBFLOW_JOIN_TIMEOUT_MS: waiting to be admitted / initial formation
-  std::chrono::milliseconds min_size_wait{600'000};  //!< EBBFLOW_MIN_WAIT_MS: waiting below min_size before giving up
-  std::chrono::milliseconds initial_wait{30000};     //!< EBBFLOW_INITIAL_WAIT_MS: waiting for all launched workers
-  std::chrono::milliseconds store_timeout{10'000};   //!< EBBFLOW_STORE_TIMEOUT_MS: deadline of each store call
-  //! EBBFLOW_ADMIT_DELAY_MS: join tickets are admitted once no new one
-  //! appeared for this long (at most 10× this after the oldest), so
-  //! newcomers started together join in one switch.
-  std::chrono::milliseconds admit_delay{50};
-  //! EBBFLOW_STALL_WARN_MS (0: off): a member that has waited this long in
-  //! one collective says which members have not reached it while their
-  //! heartbeats go on (a training thread stuck outside ebbflow). The
-  //! coordinator names any member; the others name the coordinator.
-  std::chrono::milliseconds stall_warning{10000};
-  //! EBBFLOW_SCHED_SLICE_US (0: the kernel's default; else 100 to 100000):
-  //! once this process is a member (a joiner: when the members switch to
-  //! its generation), every thread of it asks the scheduler for this time
-  //! slice (Linux 6.12+, EEVDF: `sched_setattr` with `sched_runtime` on the
-  //! thread's own policy and nice). A short slice gives its wake-ups the
-  //! earlier deadline, so a member woken from its device wait or by its
-  //! peers' data takes the core from a process that merely computes beside
-  //! it (a worker starting up on a shared host) instead of waiting for that
-  //! one's slice to end. Kernels without per-task slices ignore it (logged).
-  std::chrono::microseconds sched_slice{0};
-  //! The shortest slice the kernel takes (sched_setattr's lower bound).
-  static constexpr std::chrono::microseconds min_sched_slice{100};
-  //! The longest slice the kernel takes (sched_setattr's upper bound).
-  static constexpr std::chrono::microseconds max_sched_slice{100000};
-  //! EBBFLOW_RT_PRIORITY (0: off; else 1 to 99): once this process is a
-  //! member, the group's threads (the one that trains, i.e. that calls the
-  //! group, and the heartbeat) switch to `SCHED_RR` at this priority (a
-  //! newcomer: once it waits for the members to switch to its generation,
-  //! so that, when they do, it runs as soon as a member waiting for it
-  //! yields). Other threads stay normal: a real-time thread that spins
-  //! while a normal one holds what it waits for keeps the core from it (UCX
-  //! over tcp, its progress thread at real-time priority: the admission
-  //! helper that wires up newcomers got no core for about a second, until
-  //! the kernel's throttling). `SCHED_RESET_ON_FORK`: threads and processes they
-  //! start later are normal ones, so a loader thread cannot hog a core at
-  //! real-time priority. A process that is not yet a member, such as a
-  //! worker starting up beside the members on a shared host, then runs only
-  //! on cores they leave idle: a member that wakes, or yields while it waits
-  //! for a peer, takes the core back at once rather than at the scheduler's
-  //! next tick. Meant for members that leave the CPU idle while their device
-  //! computes; members that keep every core busy would leave a newcomer on
-  //! those cores only what the kernel's real-time throttling keeps back (5 %
-  //! of each second by default). Opt-in: it needs `CAP_SYS_NICE` or an
-  //! `RLIMIT_RTPRIO` of at least this (refused: logged, training goes on).
-  //! The group's background work (the admission helper) stays a normal
-  //! thread at the lowest priority. A collective's wait blocks after 2 ms
-  //! (`EBBFLOW_UCX_WAIT=auto`), so members waiting for the store or a
-  //! straggler leave the CPU to it, and the group's own polls (wiring up a
-  //! new generation) sleep between tries; with `EBBFLOW_UCX_WAIT=yield`
-  //! they would keep it until the throttling stepped in.
-  int rt_priority = 0;
-  //! The highest priority `SCHED_RR` takes on Linux.
-  static constexpr int max_rt_priority = 99;
-  //! EBBFLOW_PRECONNECT (default on, where the network can): members connect
-  //! to admitted joiners in the background while training goes on, and the
-  //! group switches at the first step boundary at which every member is wired
-  //! up; off: every member stops at the admission step until connected. On,
-  //! the store work of a change (the next generation's record, the joiners'
-  //! addresses) and, where the network allows, the endpoints are done by a
-  //! helper thread at the lowest CPU priority, on a store connection of its
-  //! own, so the training thread spends microseconds on a join or a leave.
-  bool preconnect = true;
-  //! EBBFLOW_INITIAL_STAGING_MB (default 1024; 0: off). A launched worker
-  //! receives the job's initial state into a copy of this size at most, then
-  //! moves it into its registered buffers. Should the sender die during that
-  //! transfer, the buffers still hold this worker's own initial state, and
-  //! the group goes on with it. A larger state is received in place. Then
-  //! such a death loses the state if every survivor was part written.
-  std::size_t initial_staging = std::size_t{1024} << 20;
-  //! EBBFLOW_JOIN_COOLDOWN=SEC[:MAX] (default 1:60; 0 turns it off). A
-  //! worker whose newcomers failed n >= 2 times in a row while joining (from
-  //! the join ticket until MAX s after admission) is held back SEC * 2^(n-2)
-  //! s, at most MAX, before its next ticket is admitted. A newcomer that
-  //! stays MAX s clears the count. Failures count per `worker_key`.
-  std::chrono::milliseconds join_cooldown{1'000};
-  std::chrono::milliseconds join_cooldown_max{60'000};  //!< MAX of EBBFLOW_JOIN_COOLDOWN
-  //! EBBFLOW_WORKER_KEY: whose join failures count together (default: this
-  //! host's name, so a flaky host is held back; ebbflow-run sets host/slot,
-  //! so a restarted worker keeps the key of the one it replaces).
-  std::string worker_key;
-  //! EBBFLOW_PROCESS_KEY: the name the launcher gave this process, unique in
-  //! the job (ebbflow-run sets `<launcher>/<worker id>`; empty: none). The
-  //! member records which member it is under `process_record_key`, so the
-  //! launcher that sees the process exit tells the others at once
-  //! (`report_process_exit`) instead of leaving the death to their
-  //! transports or to its lease.
-  std::string process_key;
-
-  //! The store key of generation `g`'s record, which the members write when
-  //! it forms (e.g. a launcher waits for generation 0 to know training began).
-  std::string generation_key(std::int64_t g) const { return prefix + "/gen/" + std::to_string(g); }
-  //! The store key under which the member that process `name` (its
-  //! EBBFLOW_PROCESS_KEY) became records its member id.
-  std::string process_record_key(std::string_view name) const { return prefix + "/proc/" + std::string(name); }
-  //! The store key that says member `m`'s process exited (`report_process_exit`).
-  std::string gone_key(member_id m) const { return prefix + "/gone/" + std::to_string(m); }
-  //! The store counter `report_process_exit` adds one to after each report,
-  //! so the members read the reports only when there is a new one.
-  std::string gone_count_key() const { return prefix + "/gone_count"; }
-
-  //! Reads the fields named above from the environment (launch rank and world
-  //! come from `launch_info`). @throws std::invalid_argument naming the variable.
-  static group_options from_environment() { return from_environment(group_options{}); }
-  //! As above, starting from `o` instead of the defaults.
-  static group_options from_environment(group_options o) {
-    if (auto j = env::get("EBBFLOW_JOB")) o.prefix = *j;
-    o.min_size = static_cast<int>(env::get_int("EBBFLOW_MIN_SIZE", o.min_size, 1, 1 << 20));
-    o.max_size = static_cast<int>(env::get_int("EBBFLOW_MAX_SIZE", o.max_size, o.min_size, comm::max_collective_ranks));
-    o.join = env::get_bool("EBBFLOW_JOIN", o.join);
-    o.heartbeat = env::get_ms("EBBFLOW_HEARTBEAT_MS", o.heartbeat, 1, 60'000);
-    o.store_timeout = env::get_ms("EBBFLOW_STORE_TIMEOUT_MS", o.store_timeout, 1);
-    o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
-    o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, 24LL * 3'600'000);
-    o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, 24LL * 3'600'000);
-    o.sched_slice = std::chrono::microseconds(env::get_int_or_zero("EBBFLOW_SCHED_SLICE_US", o.sched_slice.count(),
-                                                                   min_sched_slice.count(), max_sched_slice.count()));
-    o.rt_priority = static_cast<int>(env::get_int_or_zero("EBBFLOW_RT_PRIORITY", o.rt_priority, 1, max_rt_priority));
-    o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, 24LL * 3'600'000);
-    o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, 24LL * 3'600'000);
-    o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, 24LL * 3'600'000);
-    o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
-    o.preconnect = env::get_bool("EBBFLOW_PRECONNECT", o.preconnect);
-    o.initial_staging =
-        static_cast<std::size_t>(env::get_int(
-            "EBBFLOW_INITIAL_STAGING_MB", static_cast<std::int64_t>(o.initial_staging >> 20), 0, std::int64_t{1} << 30))
-        << 20;
-    if (auto c = env::get("EBBFLOW_JOIN_COOLDOWN")) {
-      const auto cd = cooldown::parse(*c, "EBBFLOW_JOIN_COOLDOWN", {o.join_cooldown, o.join_cooldown_max});
-      o.join_cooldown = cd.sec;
-      o.join_cooldown_max = cd.max;
-    }
-    if (auto k = env::get("EBBFLOW_WORKER_KEY")) o.worker_key = *k;
-    if (auto k = env::get("EBBFLOW_PROCESS_KEY")) o.process_key = *k;
-    return o;
-  }
-};
-
-//! For a launcher: the process it started as `process_key` (the
-//! EBBFLOW_PROCESS_KEY it gave it) has exited, `how` (e.g. "killed by
-//! SIGKILL"). If that process became a member of the job, the members drop
-//! it at once: those training with it abort their step (their heartbeat
-//! reads the report), and a recovery counts it dead. Without a report, a
-//! death that no survivor's transport saw (every process of one host killed
-//! at once, say) waits for the member's lease. Call it only once the process
-//! and whatever it started are gone. Returns the member id the process was,
-//! or nullopt when it never registered (nothing to tell then).
-//! @throws system_error from the store (its deadline `d`).
-template <kv_store Store>
-std::optional<member_id> report_process_exit(Store& st, const group_options& o, std::string_view process_key,
-                                             std::string_view how, deadline d);
 
 //! What this member does in the current step.
 struct step_info {
@@ -11194,17 +10648,9 @@ enum class change_reason : std::uint8_t { initial, join, leave, failure };
 
 //! The reason as a lower-case word ("initial", "join", "leave", "failure"), for logs.
 constexpr std::string_view name(change_reason r) noexcept {
-  switch (r) {
-    case change_reason::initial:
-      return "initial";
-    case change_reason::join:
-      return "join";
-    case change_reason::leave:
-      return "leave";
-    case change_reason::failure:
-      return "failure";
-  }
-  return "?";
+  constexpr std::string_view names[] = {"initial", "join", "leave", "failure"};
+  const auto i = static_cast<std::size_t>(r);
+  return i < std::size(names) ? names[i] : "?";
 }
 
 //! A membership change as seen by callbacks and the event log.
@@ -11218,7 +10664,396 @@ struct world_change {
   double stall_seconds = 0;                       //!< time from the change's start to this member being ready again
 };
 
-namespace detail {
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/group_types.hpp>
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/kv_store.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file kv_store.hpp
+//! The `kv_store` concept the elastic group coordinates through, and
+//! `memory_store`, an in-process model of it for unit tests.
+//!
+//! Semantics: keys and values are strings (values binary-safe). Every call takes a deadline and
+//! throws `ebbflow::system_error` (`errc::timeout`, `errc::peer_lost` when the
+//! store is unreachable, `errc::unauthorized`) on failure.
+//! * `set(k, v, d)` stores v under k.
+//! * `try_get(k, d)` returns the value, or nullopt when k is absent (never blocks on absence).
+//! * `add(k, delta, d)` atomically adds to the 64-bit integer under k (absent = 0), returns the new value.
+//! * `compare_set(k, expected, desired, d)` stores desired when the current value
+//!   equals expected (an empty expected matches an absent key); the result's `swapped` tells whether it did,
+//!   `current` is the value now stored.
+//! * `wait(keys, d)` blocks until every key exists, or throws `errc::timeout`.
+//! Optional, used when present: `add_many(keys, deltas, d)` and
+//! `try_get_many(keys, d)`, the same operations for several keys in about one
+//! round trip (the group batches its reads of join tickets and addresses);
+//! `wait_any(keys, d)`, which blocks until any key exists and returns the
+//! index of the first one that does (the coordinator waits for the next join
+//! ticket and for an abort at once; without it, an abort reaches it at its
+//! next heartbeat).
+//! The Boost.Asio store client (elastic/tcp_store.hpp) models this concept.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <charconv>
+#include <condition_variable>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+//! `stored + delta` for a counter kept as decimal text (empty: 0), or the
+//! reason it cannot be: the text is not a whole int64, or the sum
+//! overflows. The store server and `memory_store` share it, so the two
+//! agree on every value.
+inline std::optional<std::int64_t> add_to_counter(std::string_view stored, std::int64_t delta, std::string& why) {
+  std::int64_t cur = 0;
+  if (!stored.empty()) {
+    const auto [p, ec] = std::from_chars(stored.data(), stored.data() + stored.size(), cur);
+    if (ec != std::errc{} || p != stored.data() + stored.size()) {
+      why = "is not an integer";
+      return std::nullopt;
+    }
+  }
+  std::int64_t next = 0;
+  if (__builtin_add_overflow(cur, delta, &next)) {
+    why = "would overflow int64";
+    return std::nullopt;
+  }
+  return next;
+}
+}  // namespace elastic::detail
+
+namespace elastic {
+
+//! Owned binary data (transport addresses, encoded records); host memory.
+using bytes = std::vector<std::byte>;
+
+template <class S>
+concept kv_store = requires(S& s, const std::string& k, std::string_view v, std::int64_t delta, deadline d,
+                            const std::vector<std::string>& keys) {
+  s.set(k, v, d);
+  { s.try_get(k, d) } -> std::same_as<std::optional<std::string>>;
+  { s.add(k, delta, d) } -> std::same_as<std::int64_t>;
+  { s.compare_set(k, v, v, d).current } -> std::convertible_to<std::string>;
+  { s.compare_set(k, v, v, d).swapped } -> std::convertible_to<bool>;
+  s.wait(keys, d);
+};
+
+//! Bytes as a string value (values are binary-safe).
+inline std::string to_value(std::span<const std::byte> b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+//! A string value as bytes.
+inline bytes to_bytes(std::string_view s) {
+  bytes b(s.size());
+  if (!s.empty()) std::memcpy(b.data(), s.data(), s.size());
+  return b;
+}
+
+//! A thread-safe in-process store. Can be made unreachable (`fail()`) to test
+//! how clients react to a lost store.
+class memory_store {
+ public:
+  //! Outcome of `compare_set`.
+  struct cas_result {
+    bool swapped = false;  //!< true when `desired` was stored
+    std::string current;   //!< the value now stored under the key ("" when absent)
+  };
+  //! Stores `v` under `k` and wakes waiters. Never blocks beyond the lock.
+  //! @throws system_error: peer_lost after `fail()`, timeout when `d` already expired.
+  void set(const std::string& k, std::string_view v, deadline d) {
+    std::lock_guard lk(m_);
+    check(d, "store.set");
+    kv_[k] = std::string(v);
+    cv_.notify_all();
+  }
+  //! The value under `k`, or nullopt when absent. Errors as for `set`.
+  std::optional<std::string> try_get(const std::string& k, deadline d) {
+    std::lock_guard lk(m_);
+    check(d, "store.get");
+    auto it = kv_.find(k);
+    if (it == kv_.end()) return std::nullopt;
+    return it->second;
+  }
+  //! Removes `k`; returns whether it existed. @throws system_error: peer_lost after `fail()`.
+  bool erase(std::string_view k) {
+    std::lock_guard lk(m_);
+    check(deadline::never(), "store.erase");
+    auto it = kv_.find(std::string(k));
+    if (it == kv_.end()) return false;
+    kv_.erase(it);
+    return true;
+  }
+  //! The keys that start with `prefix`, in order (for tests and diagnostics).
+  std::vector<std::string> keys(std::string_view prefix = {}) const {
+    std::lock_guard lk(m_);
+    std::vector<std::string> out;
+    for (auto it = kv_.lower_bound(std::string(prefix)); it != kv_.end() && it->first.starts_with(prefix); ++it)
+      out.push_back(it->first);
+    return out;
+  }
+  //! `try_get(keys[i])` for every i, under one lock. Errors as `try_get`.
+  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d) {
+    std::vector<std::optional<std::string>> out;
+    out.reserve(keys.size());
+    std::lock_guard lk(m_);
+    check(d, "store.try_get_many");
+    for (const auto& k : keys) {
+      auto it = kv_.find(k);
+      out.push_back(it == kv_.end() ? std::nullopt : std::optional<std::string>(it->second));
+    }
+    return out;
+  }
+  //! Adds `delta` to the decimal integer under `k` (absent = 0) and returns
+  //! the new value. Errors as for `set`; `errc::invalid_state` when the
+  //! stored value is not a whole int64 or the sum would overflow (as the
+  //! server: the value is left as it was).
+  std::int64_t add(const std::string& k, std::int64_t delta, deadline d) {
+    std::lock_guard lk(m_);
+    check(d, "store.add");
+    return add_locked(k, delta);
+  }
+  //! `add(keys[i], deltas[i])` for every i, under one lock. Errors as `add`;
+  //! std::invalid_argument when the spans differ in length.
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     deadline d) {
+    if (keys.size() != deltas.size())
+      throw std::invalid_argument("store.add_many: " + std::to_string(keys.size()) + " keys but " +
+                                  std::to_string(deltas.size()) + " deltas");
+    std::vector<std::int64_t> out;
+    out.reserve(keys.size());
+    std::lock_guard lk(m_);
+    check(d, "store.add_many");
+    for (std::size_t i = 0; i < keys.size(); ++i) out.push_back(add_locked(keys[i], deltas[i]));
+    return out;
+  }
+  //! Stores `desired` when the value under `k` equals `expected` (an empty
+  //! `expected` matches an absent key). Errors as for `set`.
+  cas_result compare_set(const std::string& k, std::string_view expected, std::string_view desired, deadline d) {
+    std::lock_guard lk(m_);
+    check(d, "store.compare_set");
+    auto it = kv_.find(k);
+    const bool match = it == kv_.end() ? expected.empty() : it->second == expected;
+    if (match) {
+      kv_[k] = std::string(desired);
+      cv_.notify_all();
+      return {true, std::string(desired)};
+    }
+    return {false, it == kv_.end() ? std::string() : it->second};
+  }
+  //! Blocks until every key in `keys` exists.
+  //! @throws system_error: timeout when `d` passes first (naming the first key),
+  //! peer_lost after `fail()`.
+  void wait(const std::vector<std::string>& keys, deadline d) {
+    wait_until_found("store.wait", keys, d, [&]() -> std::optional<std::size_t> {
+      for (auto& k : keys)
+        if (kv_.count(k) == 0) return std::nullopt;
+      return 0;
+    });
+  }
+  //! Blocks until any key in `keys` exists; returns the index of the first
+  //! one that does. Errors as for `wait`.
+  std::size_t wait_any(const std::vector<std::string>& keys, deadline d) {
+    if (keys.empty()) throw std::invalid_argument("store.wait_any: no keys to wait for");
+    return wait_until_found("store.wait_any", keys, d, [&]() -> std::optional<std::size_t> {
+      for (std::size_t i = 0; i < keys.size(); ++i)
+        if (kv_.count(keys[i]) > 0) return i;
+      return std::nullopt;
+    });
+  }
+  //! Makes every later call fail with `peer_lost` (the store went away).
+  void fail() {
+    std::lock_guard lk(m_);
+    failed_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::int64_t add_locked(const std::string& k, std::int64_t delta) {
+    auto it = kv_.find(k);
+    std::string why;
+    const auto x =
+        detail::add_to_counter(it == kv_.end() ? std::string_view() : std::string_view(it->second), delta, why);
+    if (!x) throw_if(make_error_code(error::invalid_state), {.operation = "store.add", .detail = "'" + k + "' " + why});
+    if (it == kv_.end()) it = kv_.emplace(k, std::string()).first;
+    it->second = std::to_string(*x);
+    cv_.notify_all();
+    return *x;
+  }
+  // Waits under the lock until `found()` gives an index, or `d` passes.
+  template <class Found>
+  std::size_t wait_until_found(const char* op, const std::vector<std::string>& keys, deadline d, Found found) {
+    std::unique_lock lk(m_);
+    for (;;) {
+      check(deadline::never(), op);
+      if (const auto i = found()) return *i;
+      if (d.expired())
+        throw_if(make_error_code(error::timeout), {.operation = op, .detail = keys.empty() ? "" : keys.front()});
+      cv_.wait_until(lk, std::min(d.at(), steady_clock::now() + std::chrono::milliseconds(50)));
+    }
+  }
+  void check(deadline d, const char* op) const {
+    if (failed_) throw_if(make_error_code(error::peer_lost), {.operation = op});
+    if (d.expired()) throw_if(make_error_code(error::timeout), {.operation = op});
+  }
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> kv_;
+  bool failed_ = false;
+};
+static_assert(kv_store<memory_store>);
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/kv_store.hpp>
+// #include <ebbflow/elastic/planning_policy.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/planning_policy.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file planning_policy.hpp
+//! How the elastic group sizes each member's share of the global batch.
+//! The coordinator asks its policy for a plan; every member feeds its policy
+//! the same observations (the per-step control exchange carries every
+//! member's batch and compute time), so a newly elected coordinator plans
+//! from the same history. Plans are for the full global batch; a short last
+//! batch of an epoch is split with `scale_plan`.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! Identifies a worker for the whole job (assigned by the store; never reused).
+using member_id = std::int64_t;
+
+//! Decides the members' batch sizes. Called only from the group's training
+//! thread (need not be thread-safe); exceptions propagate out of the group
+//! call that asked for the plan.
+class planning_policy {
+ public:
+  virtual ~planning_policy() = default;
+  //! One measured step of `member`: `batch` samples took `seconds` of compute.
+  virtual void observe(member_id member, std::size_t batch, double seconds) = 0;
+  //! Batch sizes (rank order of `members`) that sum to `global_batch`.
+  virtual std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) = 0;
+  //! What the policy knows of a member's speed: seconds per step and per
+  //! sample (the inputs of its plan). Paces in-step work stealing.
+  struct member_model {
+    double fixed_seconds = 0;       //!< a_i
+    double seconds_per_sample = 0;  //!< c_i (> 0 when known)
+  };
+  //! The models of `members` (rank order), or empty when the policy has
+  //! none for them yet (then `group::steal_step` steals unpaced).
+  [[nodiscard]] virtual std::vector<member_model> models(std::span<const member_id> members) const {
+    (void)members;
+    return {};
+  }
+  //! Whether `current` should be replaced (checked by the coordinator each step).
+  virtual bool should_replan(std::span<const member_id> members, std::span<const std::size_t> current,
+                             std::size_t global_batch) {
+    (void)members, (void)current, (void)global_batch;
+    return false;
+  }
+};
+
+//! Equal shares (the remainder goes to the lowest ranks). The default when no
+//! planner is given; ignores timings.
+class uniform_policy final : public planning_policy {
+ public:
+  void observe(member_id, std::size_t, double) override {}
+  std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) override {
+    EBBFLOW_ENFORCE(!members.empty(), "uniform_policy: empty membership");
+    const std::size_t n = members.size();
+    std::vector<std::size_t> b(n, global_batch / n);
+    for (std::size_t i = 0; i < global_batch % n; ++i) ++b[i];
+    return b;
+  }
+};
+
+//! Splits `total` (≤ the plan's sum) in proportion to `plan`, deterministically:
+//! floor shares, then the remainder to the largest fractional parts (ties to
+//! the lower rank). Every rank computes the same result.
+inline std::vector<std::size_t> scale_plan(std::span<const std::size_t> plan, std::size_t total) {
+  const std::size_t sum = std::accumulate(plan.begin(), plan.end(), std::size_t{0});
+  std::vector<std::size_t> out(plan.size(), 0);
+  if (sum == total) {
+    out.assign(plan.begin(), plan.end());
+    return out;
+  }
+  if (sum == 0 || total == 0) {
+    for (std::size_t i = 0; i < total; ++i) ++out[i % out.size()];
+    return out;
+  }
+  std::vector<std::pair<std::size_t, std::size_t>> rem;  // (remainder numerator, rank)
+  std::size_t given = 0;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    __extension__ using u128 = unsigned __int128;
+    const u128 num = static_cast<u128>(plan[i]) * total;
+    out[i] = static_cast<std::size_t>(num / sum);
+    rem.emplace_back(static_cast<std::size_t>(num % sum), i);
+    given += out[i];
+  }
+  std::stable_sort(rem.begin(), rem.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  for (std::size_t k = 0; given < total; ++k, ++given) ++out[rem[k].second];
+  return out;
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/planning_policy.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+// Integers the group stores as decimal text; anything else is a corrupt store.
+inline std::int64_t parse_i64(const std::string& v) {
+  std::int64_t x = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc{} || p != v.data() + v.size())
+    throw system_error(
+        make_error_code(error::bad_message),
+        {.operation = "elastic group", .detail = "store value '" + v.substr(0, 32) + "' is not an integer"});
+  return x;
+}
+
+// Appends `item` to a list for a message: "1", then "1, 4".
+inline void append_listed(std::string& list, const std::string& item) {
+  if (!list.empty()) list += ", ";
+  list += item;
+}
+
+// A member of a generation and the newest step it committed.
 struct member_entry {
   member_id id = -1;
   std::int64_t committed = -1;  // newest committed step the member holds; -1: no state
@@ -11227,6 +11062,10 @@ struct member_entry {
 // hold its own launch-time initial state (never in a generation record).
 inline constexpr std::int64_t own_initial_state = -2;
 
+// The record of generation g under `<prefix>/gen/<g>`, written once
+// (compare-and-set) by whoever forms it: its members in rank order, which
+// member holds the newest committed state, the plan, and how many join
+// tickets were handled. Binary, versioned by its magic number.
 struct generation_record {
   std::int64_t generation = 0;
   change_reason reason = change_reason::initial;
@@ -11278,158 +11117,383 @@ struct generation_record {
   }
 };
 
+// A join ticket reads "<member> <failures whose cool-down it waited out>
+// <worker key>"; the member id is parsed (and checked) by its reader.
+struct join_ticket {
+  std::string id;
+  std::int64_t held_for = 0;
+  std::string worker;
+  static join_ticket parse(const std::string& v) {
+    join_ticket t;
+    std::istringstream in(v);
+    in >> t.id >> t.held_for >> std::ws;
+    std::getline(in, t.worker);
+    return t;
+  }
+};
+
+// A worker's join failures in a row, as stored: "<count>" (after a reset),
+// or "<count> <generation> <member>,<member>,..." naming the members of the
+// failed generation already counted, so every recovering member can apply
+// the same failure and only the first one counts it.
+struct join_failures {
+  std::int64_t count = 0;
+  std::int64_t generation = -1;
+  std::vector<member_id> members;
+
+  static join_failures parse(const std::optional<std::string>& v) {
+    join_failures f;
+    if (!v || v->empty()) return f;
+    std::istringstream in(*v);
+    in >> f.count;
+    if (in >> f.generation) {
+      std::string ids;
+      in >> ids;
+      for (std::size_t at = 0; at < ids.size();) {
+        const auto comma = std::min(ids.find(',', at), ids.size());
+        f.members.push_back(parse_i64(ids.substr(at, comma - at)));
+        at = comma + 1;
+      }
+    }
+    if (in.fail() && !in.eof()) f = {};
+    return f;
+  }
+  std::string str() const {
+    std::string s = std::to_string(count) + " " + std::to_string(generation) + " ";
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      if (i) s += ',';
+      s += std::to_string(members[i]);
+    }
+    return s;
+  }
+};
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/records.hpp>
+// #include <ebbflow/elastic/group_options.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/group_options.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file group_options.hpp
+//! Settings of an elastic group (`group_options`), the store keys a launcher
+//! reads, and `report_process_exit`, with which a launcher tells a job that a
+//! worker's process exited. Each field names its environment variable;
+//! docs/elastic.md ("Configuration") says what each one is for and when to
+//! change it.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/transport.hpp>  (inlined)  // comm::max_collective_ranks
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/elastic/cooldown.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
+// #include <ebbflow/elastic/planning_policy.hpp>  (inlined)  // member_id
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! Settings of an elastic group. `from_environment()` reads the `EBBFLOW_*`
+//! variables named beside each field (validated; a bad value throws
+//! std::invalid_argument naming the variable). `global_batch` and
+//! `dataset_size` have no default: set them in code.
+struct group_options {
+  std::string prefix = "ebbflow";                    //!< EBBFLOW_JOB: store key prefix of this job
+  int min_size = 1;                                  //!< EBBFLOW_MIN_SIZE: below it the group waits
+  int max_size = comm::max_collective_ranks;         //!< EBBFLOW_MAX_SIZE: joiners beyond it wait
+  std::size_t global_batch = 0;                      //!< B, samples per step over all members (required)
+  std::size_t dataset_size = 0;                      //!< N, samples per epoch (required)
+  bool drop_last = false;                            //!< drop an epoch's short last batch
+  bool join = false;                                 //!< EBBFLOW_JOIN=1: join a running job as a newcomer
+  std::chrono::milliseconds heartbeat{50};           //!< EBBFLOW_HEARTBEAT_MS
+  std::chrono::milliseconds lease{1000};             //!< EBBFLOW_LEASE_MS: silence after which a member is dead
+  std::chrono::milliseconds op_timeout{30'000};      //!< EBBFLOW_OP_TIMEOUT_MS: deadline of each collective
+  std::chrono::milliseconds join_timeout{120'000};   //!< EBBFLOW_JOIN_TIMEOUT_MS: admission, initial formation
+  std::chrono::milliseconds min_size_wait{600'000};  //!< EBBFLOW_MIN_WAIT_MS: below min_size before giving up
+  std::chrono::milliseconds initial_wait{30'000};    //!< EBBFLOW_INITIAL_WAIT_MS: for all launched workers
+  std::chrono::milliseconds store_timeout{10'000};   //!< EBBFLOW_STORE_TIMEOUT_MS: deadline of each store call
+  std::chrono::milliseconds admit_delay{50};         //!< EBBFLOW_ADMIT_DELAY_MS: batch join tickets this close
+  std::chrono::milliseconds stall_warning{10'000};   //!< EBBFLOW_STALL_WARN_MS: name who is behind (0: off)
+  std::chrono::microseconds sched_slice{0};          //!< EBBFLOW_SCHED_SLICE_US: members' scheduler slice (0: off)
+  static constexpr std::chrono::microseconds min_sched_slice{100};     //!< the kernel's shortest slice
+  static constexpr std::chrono::microseconds max_sched_slice{100000};  //!< the kernel's longest slice
+  //! EBBFLOW_RT_PRIORITY (0: off, else 1 to 99): the group's threads run
+  //! under `SCHED_RR` once this process is a member. Opt-in; needs
+  //! `CAP_SYS_NICE` or `RLIMIT_RTPRIO` (refused: logged, training goes on).
+  int rt_priority = 0;
+  static constexpr int max_rt_priority = 99;  //!< the highest `SCHED_RR` priority on Linux
+  bool preconnect = true;                     //!< EBBFLOW_PRECONNECT: connect to joiners while training
+  //! EBBFLOW_INITIAL_STAGING_MB (0: off): a launched worker receives the
+  //! initial state into a copy of at most this size, so a sender's death
+  //! midway leaves its own initial state whole.
+  std::size_t initial_staging = std::size_t{1024} << 20;
+  std::chrono::milliseconds join_cooldown{1'000};       //!< SEC of EBBFLOW_JOIN_COOLDOWN=SEC[:MAX] (0: off)
+  std::chrono::milliseconds join_cooldown_max{60'000};  //!< MAX of EBBFLOW_JOIN_COOLDOWN
+  std::string worker_key;   //!< EBBFLOW_WORKER_KEY: whose join failures count together (default: host name)
+  std::string process_key;  //!< EBBFLOW_PROCESS_KEY: this process's name with its launcher (empty: none)
+
+  //! The store key of generation `g`'s record, written when it forms (a
+  //! launcher waits for generation 0 to know that training began).
+  [[nodiscard]] std::string generation_key(std::int64_t g) const { return prefix + "/gen/" + std::to_string(g); }
+  //! The store key under which the member that process `name` (its
+  //! EBBFLOW_PROCESS_KEY) became records its member id.
+  [[nodiscard]] std::string process_record_key(std::string_view name) const {
+    return prefix + "/proc/" + std::string(name);
+  }
+  //! The store key that says member `m`'s process exited (`report_process_exit`).
+  [[nodiscard]] std::string gone_key(member_id m) const { return prefix + "/gone/" + std::to_string(m); }
+  //! The counter `report_process_exit` adds one to after each report.
+  [[nodiscard]] std::string gone_count_key() const { return prefix + "/gone_count"; }
+
+  //! The defaults, overridden by the environment. @throws std::invalid_argument naming the variable.
+  static group_options from_environment() { return from_environment(group_options{}); }
+  //! `o`, overridden by the environment. @throws std::invalid_argument naming the variable.
+  static group_options from_environment(group_options o);
+};
+
+//! For a launcher: the process it started as `process_key` (the
+//! EBBFLOW_PROCESS_KEY it gave it) exited, `how` (e.g. "killed by SIGKILL").
+//! If that process became a member of the job, the members drop it at once
+//! instead of waiting for its lease. Call it once the process and whatever it
+//! started are gone. Returns the member id the process was, or nullopt when
+//! it never registered. @throws system_error from the store (deadline `d`).
+template <kv_store Store>
+std::optional<member_id> report_process_exit(Store& st, const group_options& o, std::string_view process_key,
+                                             std::string_view how, deadline d);
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/elastic/impl/group_options.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group_options.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group_options.hpp
+//! Definitions of elastic/group_options.hpp.
+
+
+// #include <ebbflow/elastic/group_options.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/records.hpp>  (inlined)  // parse_i64
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+inline group_options group_options::from_environment(group_options o) {
+  constexpr std::int64_t day_ms = 24LL * 3'600'000;
+  if (auto j = env::get("EBBFLOW_JOB")) o.prefix = *j;
+  // Both bounds within the collectives' most ranks, so a minimum above it
+  // is refused naming EBBFLOW_MIN_SIZE rather than the maximum's default.
+  o.min_size = static_cast<int>(env::get_int("EBBFLOW_MIN_SIZE", o.min_size, 1, comm::max_collective_ranks));
+  o.max_size = static_cast<int>(env::get_int("EBBFLOW_MAX_SIZE", o.max_size, o.min_size, comm::max_collective_ranks));
+  o.join = env::get_bool("EBBFLOW_JOIN", o.join);
+  o.heartbeat = env::get_ms("EBBFLOW_HEARTBEAT_MS", o.heartbeat, 1, 60'000);
+  o.store_timeout = env::get_ms("EBBFLOW_STORE_TIMEOUT_MS", o.store_timeout, 1);
+  o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
+  o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, day_ms);
+  o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, day_ms);
+  o.sched_slice = std::chrono::microseconds(env::get_int_or_zero("EBBFLOW_SCHED_SLICE_US", o.sched_slice.count(),
+                                                                 min_sched_slice.count(), max_sched_slice.count()));
+  o.rt_priority = static_cast<int>(env::get_int_or_zero("EBBFLOW_RT_PRIORITY", o.rt_priority, 1, max_rt_priority));
+  o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, day_ms);
+  o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, day_ms);
+  o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, day_ms);
+  o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
+  o.preconnect = env::get_bool("EBBFLOW_PRECONNECT", o.preconnect);
+  o.initial_staging =
+      static_cast<std::size_t>(env::get_int(
+          "EBBFLOW_INITIAL_STAGING_MB", static_cast<std::int64_t>(o.initial_staging >> 20), 0, std::int64_t{1} << 30))
+      << 20;
+  if (auto c = env::get("EBBFLOW_JOIN_COOLDOWN")) {
+    const auto cd = cooldown::parse(*c, "EBBFLOW_JOIN_COOLDOWN", {o.join_cooldown, o.join_cooldown_max});
+    o.join_cooldown = cd.sec;
+    o.join_cooldown_max = cd.max;
+  }
+  if (auto k = env::get("EBBFLOW_WORKER_KEY")) o.worker_key = *k;
+  if (auto k = env::get("EBBFLOW_PROCESS_KEY")) o.process_key = *k;
+  return o;
+}
+
+template <kv_store Store>
+std::optional<member_id> report_process_exit(Store& st, const group_options& o, std::string_view process_key,
+                                             std::string_view how, deadline d) {
+  const auto v = st.try_get(o.process_record_key(process_key), d);
+  if (!v) return std::nullopt;
+  const member_id m = detail::parse_i64(*v);
+  st.set(o.gone_key(m), how, d);
+  st.add(o.gone_count_key(), 1, d);  // after the report: who reads the new count finds it
+  return m;
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group_options.hpp>
+// ---- end <ebbflow/elastic/group_options.hpp>
+// #include <ebbflow/elastic/group_types.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
+// #include <ebbflow/elastic/network.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/network.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file network.hpp
+//! The `network` concept: what builds the transport of each generation of an
+//! elastic group. The UCX network (elastic/ucx_network.hpp) and the loopback
+//! network (elastic/loopback_network.hpp) model it.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/transport.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)  // bytes
+
+#include <concepts>
+#include <cstdint>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! A network builds the transport of each generation. `prepare(g)` creates
+//! this process's endpoint for generation g and returns its address (the
+//! group publishes it in the store); `connect(g, rank, addresses, d)` returns
+//! the transport of generation g given every member's address in rank order.
+//!
+//! Optional members, found by the group when present:
+//! * `static bool stable_address()`: true when `prepare` returns the same
+//!   address for every generation; the group publishes it once.
+//! * `start_connect(g, rank, addresses)` returning a transport whose wire-up
+//!   completes in the background (its `poll_connect()`): the group then
+//!   connects to joiners while it keeps training and switches once every
+//!   member is wired up (docs/elastic.md, "Join without suspension").
+//! * `bool concurrent_connect()`: true when `start_connect` may run on the
+//!   group's admission helper thread while the training thread uses the
+//!   current generation's transport on the same network.
+//! * `discard_endpoints()`: for a network whose consecutive generations
+//!   share connections; called when a generation failed, so the recovered
+//!   one opens its own.
+template <class N>
+concept network = requires(N& n, std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline d) {
+  typename N::transport_type;
+  requires comm::transport<typename N::transport_type>;
+  { n.prepare(g) } -> std::convertible_to<bytes>;
+  { n.connect(g, rank, addrs, d) } -> std::same_as<typename N::transport_type>;
+};
+
+namespace detail {
+//! Whether `N` publishes one address for every generation.
+template <class N>
+constexpr bool stable_address() {
+  if constexpr (requires {
+                  { N::stable_address() } -> std::convertible_to<bool>;
+                })
+    return N::stable_address();
+  else
+    return false;
+}
+
+//! Whether `N` can wire up a generation's transport in the background.
+template <class N>
+constexpr bool can_preconnect() {
+  return requires(N & n, std::int64_t g, int rank, const std::vector<bytes>& addrs, typename N::transport_type& t) {
+    { n.start_connect(g, rank, addrs) } -> std::same_as<typename N::transport_type>;
+    { t.poll_connect() } -> std::convertible_to<bool>;
+  };
+}
+
+//! Whether `n`'s start_connect may run on a helper thread while the current
+//! generation trains on the same network (ucx_network on a UCX with threads).
+template <class N>
+bool concurrent_connect(const N& n) {
+  if constexpr (requires {
+                  { n.concurrent_connect() } -> std::convertible_to<bool>;
+                })
+    return n.concurrent_connect();
+  else
+    return false;
+}
+}  // namespace detail
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/network.hpp>
+// #include <ebbflow/elastic/planning_policy.hpp>  (inlined)
+// #include <ebbflow/plan/work_stealing.hpp>  (inlined)
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+template <kv_store Store, network Net>
+class group;
+
+namespace detail {
+
+// Set by `leave_on_signal`'s handler: every group of the process leaves at
+// its next step boundary.
 inline std::atomic<bool>& signal_leave_flag() noexcept {
   static std::atomic<bool> f{false};
   return f;
 }
 extern "C" inline void on_leave_signal(int) { signal_leave_flag().store(true); }
 
-}  // namespace detail
+// Errors after which the group re-forms instead of giving up.
+inline bool recoverable(const std::error_code& ec) noexcept {
+  return ec == errc::peer_lost || ec == errc::timeout || ec == errc::revoked;
+}
 
-//! Makes `sig` (e.g. SIGTERM) request a graceful leave of every group in this
-//! process at its next step boundary, instead of killing it.
-inline void leave_on_signal(int sig = SIGTERM) { std::signal(sig, detail::on_leave_signal); }
-
-//! Raised by `group` when it cannot go on: the store is gone, the membership
-//! stayed below `min_size` for `min_size_wait`, or this worker was never
-//! admitted. Carries errc::timeout / peer_lost / invalid_state.
-using group_error = system_error;
-
-//! The elastic group. `Store` models `kv_store`, `Net` models `network`.
-//! `connect_store` makes one store client per thread that talks to the store:
-//! the training thread, the heartbeat thread (again after a lost
-//! connection) and the admission helper. The heartbeat thread and the helper
-//! may call it at the same time, so it must be thread-safe; the clients it
-//! returns need not be.
 template <kv_store Store, network Net>
-class group {
+class group_impl {
  public:
-  //! The transport handed to `collective`: `Net`'s, revocable by the heartbeat thread.
   using transport_type = comm::revocable<typename Net::transport_type>;
-  //! Collectives over the current generation's transport.
   using communicator_type = comm::basic_communicator<transport_type>;
-  //! Connects a new store client (must not return nullptr; may throw, which the constructor passes on).
   using store_factory = std::function<std::unique_ptr<Store>()>;
 
-  //! Joins the job: as one of the initial `launch.world_size` workers (rank
-  //! `launch.rank`), or, with `opts.join`, as a newcomer admitted at a step
-  //! boundary. Blocks until this worker is a member (deadline
-  //! `opts.join_timeout`). Registered state is synchronised at the first
-  //! `begin_step`; register it before that.
-  //! @throws group_error, std::invalid_argument for bad options.
-  group(store_factory connect_store, Net& net, group_options opts, launch_info launch,
-        std::unique_ptr<planning_policy> policy = std::make_unique<uniform_policy>());
-
-  group(const group&) = delete;
-  group& operator=(const group&) = delete;
-  //! Stops the heartbeat (the others see this worker as failed unless it left).
-  //! A member that ends between steps first waits, for at most a lease
-  //! (2 s at most), until every member of its generation ended too, so its
-  //! closing transport fails no peer still in the last step's exchange.
-  ~group();
-
-  //! Registers a buffer that is part of the training state (parameters,
-  //! optimizer state, ...): streamed to joiners and to members behind after a
-  //! failure, each from one of the members holding the newest committed
-  //! step. Host memory; same name and size on every member; replicated
-  //! state (the same bits on members that committed the same steps), as
-  //! data-parallel parameters and optimizer state are.
+  // The public operations (elastic/group.hpp documents each).
+  group_impl(store_factory connect_store, Net& net, group_options opts, launch_info launch,
+             std::unique_ptr<planning_policy> policy);
+  group_impl(const group_impl&) = delete;
+  group_impl& operator=(const group_impl&) = delete;
+  ~group_impl();
   void register_state(std::string name, std::span<std::byte> host_bytes);
-  //! Called after every membership change (e.g. to rescale the learning
-  //! rate). An exception it throws leaves `begin_step` as it is; the change
-  //! stays in effect.
-  void on_world_changed(std::function<void(const world_change&)> cb) { callbacks_.push_back(std::move(cb)); }
-
-  //! This member's share of the next step. Applies a pending switch or state
-  //! transfer first. @throws group_error when the group cannot go on.
   step_info begin_step();
-
-  //! Runs `f(communicator&)` (any collectives over this generation).
-  //! Returns false when a member failed: the step is aborted, the group
-  //! re-formed, and the caller must redo the step from `begin_step`.
-  //! Between `begin_step` and `end_step` only; after a false return, only
-  //! `begin_step` (@throws group_error, invalid_state, otherwise).
   template <class F>
-  [[nodiscard]] bool collective(F&& f);
-  //! Sums `data` over all members (host memory). False: redo the step.
-  [[nodiscard]] bool allreduce(std::span<float> data);
-  //! As above, for doubles.
-  [[nodiscard]] bool allreduce(std::span<double> data);
-
-  //! In-step work stealing (plan/work_stealing.hpp) instead of processing
-  //! the own slice whole: calls `process(first, last)` for positions
-  //! [first, last) of this step's global batch (the sample at position p is
-  //! the one at `cursor + p` of the epoch's order), first for chunks of its
-  //! own slice, paced against its planned step time when the policy has
-  //! models (`planning_policy::models`), then for chunks taken from the ends
-  //! of slices whose owners fall behind. Each position is processed by exactly
-  //! one member (claims are atomic adds on the job's store, keyed by
-  //! generation and step, so a redone step never meets an aborted attempt's
-  //! claims). Call between `begin_step` and the gradient allreduce on every
-  //! member; weigh each sample by 1 / global_batch, as without stealing (a
-  //! member that processed nothing still allreduces its zeros), and pass
-  //! `processed` to `end_step`. `process` must not call the group. Once per
-  //! step attempt (a second call throws group_error, invalid_state).
-  //! @throws plan::plan_error, the store's errors, and what `process` throws.
+  bool collective(F&& f);
+  bool allreduce(std::span<float> data);
+  bool allreduce(std::span<double> data);
   template <class Process>
-  plan::steal_report steal_step(Process&& process, const steal_settings& settings = {});
-
-  //! Commits the step (call after the optimizer step) and runs the control
-  //! exchange: feeds every member's timing to the policy, applies new plans,
-  //! leaves and joins. `compute_seconds`: this member's compute time of the step.
-  void end_step(double compute_seconds);
-  //! As above, after `steal_step`: `processed` samples (its report) took
-  //! `compute_seconds`, which is what the policy learns from.
-  void end_step(double compute_seconds, std::size_t processed);
-
-  //! Resumes from a checkpoint: the step, epoch and cursor the job had
-  //! reached. Call before the first `begin_step` on every member (the
-  //! source's position travels with the initial state). Steps and epochs
-  //! up to 2^62; with `drop_last`, not a cursor inside the short last batch.
-  //! @throws group_error after the first begin_step, std::invalid_argument.
+  plan::steal_report steal_step(Process&& process, const steal_settings& settings);
+  // end_step: `processed` samples (the own slice when nullopt).
+  void commit(double compute_seconds, std::optional<std::size_t> processed);
   void restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor);
-
-  //! Asks to leave at the next step boundary (thread-safe).
-  void request_leave() noexcept { leave_requested_.store(true); }
-  //! Marks the job finished: workers still waiting to join stop waiting, and
-  //! joiners admitted to a change still in flight (see `changing`) stop
-  //! waiting for the state with a clear error.
   void finish();
-  //! True while a membership change is unfinished: decided at an earlier
-  //! step boundary and still being prepared in the background (joiners
-  //! connecting, a leave pending), or switched to with the state still to
-  //! move at the next `begin_step`. Every member sees the same value after
-  //! `end_step` returns, so a loop that must not end with a joiner stranded
-  //! can run on while it is true.
-  [[nodiscard]] bool changing() const noexcept { return next_.has_value() || pending_.has_value(); }
-
-  //! False once this member left the group (after `request_leave` took effect).
-  [[nodiscard]] bool active() const noexcept { return active_; }
-  //! This member's rank in the current generation.
-  [[nodiscard]] int rank() const noexcept { return rank_; }
-  //! Members in the current generation.
-  [[nodiscard]] int size() const noexcept { return static_cast<int>(gen_.members.size()); }
-  //! The current generation (grows by one with every membership change).
-  [[nodiscard]] std::int64_t generation() const noexcept { return gen_.generation; }
-  //! Steps committed so far; -1 on a joiner until its state arrived at the first `begin_step`.
-  [[nodiscard]] std::int64_t step() const noexcept { return step_; }
-  //! The epoch of the next step.
-  [[nodiscard]] std::int64_t epoch() const noexcept { return epoch_; }
-  //! Position in the epoch's sample order where the next step's global batch starts.
-  [[nodiscard]] std::size_t cursor() const noexcept { return cursor_; }
-  //! This worker's job-wide id (from the store; never reused).
-  [[nodiscard]] member_id id() const noexcept { return id_; }
-  //! The plan in force: every member's batch for a full global batch, rank
-  //! order. Valid until the next membership change or re-plan.
-  [[nodiscard]] std::span<const std::uint64_t> plan() const noexcept { return gen_.plan; }
-  //! Every membership change this member saw, oldest first.
-  [[nodiscard]] const std::vector<world_change>& history() const noexcept { return history_; }
-  //! The transport of the current generation (valid until the next change).
-  [[nodiscard]] transport_type& transport() { return *transport_; }
-  //! The communicator of the current generation (valid until the next change).
-  [[nodiscard]] communicator_type& communicator() { return *comm_; }
 
  private:
+  friend class elastic::group<Store, Net>;  // reads the state its accessors return
+
+  // ---- store keys and failures (lifecycle.hpp)
   std::string key(const std::string& k) const { return opts_.prefix + "/" + k; }
   // The store key of generation g's record.
   std::string gen_key(std::int64_t g) const { return opts_.generation_key(g); }
@@ -11440,53 +11504,59 @@ class group {
   // Whether the job was marked finished (`finish`).
   bool job_done() { return store_->try_get(key("done"), store_deadline()).has_value(); }
   deadline store_deadline() const { return deadline::after(opts_.store_timeout); }
-  void heartbeat_loop(std::stop_token st);
+  [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
+  // Fails with job_finished: "the job EBBFLOW_JOB='<prefix>' <what>".
+  [[noreturn]] void fail_job_finished(std::string_view what) const;
+  // EBBFLOW_FAULT (detail/fault_injection.hpp), claimed on the training
+  // thread's store connection, or on `st` from another thread.
+  void fault_point(const char* point);
+  void fault_point(const char* point, Store& st, std::stop_token stop);
   // The end of the job: see ~group.
   void wait_for_peers_to_end() noexcept;
   static constexpr std::chrono::seconds end_wait_max{2};
-  step_info current_slice() const;
+
+  // ---- generation 0 and newcomers (formation.hpp)
   void form_initial();
   // Writes generation 0 of the registered workers (compare-and-set: the first proposal wins).
   void propose_initial(const std::vector<std::optional<std::string>>& registered);
   void wait_admission();
+
+  // ---- entering a generation (generation.hpp)
+  int size() const noexcept { return static_cast<int>(gen_.members.size()); }  // members of gen_
   // `begun`: a transport this member already started for rec (the
   // background connect of a join that now goes the blocking way).
-  void adopt(detail::generation_record rec, steady_clock::time_point started,
+  void adopt(generation_record rec, steady_clock::time_point started,
              std::optional<typename Net::transport_type> begun = {});
   // adopt(), and on a recoverable error the recovery of rec's generation.
-  void adopt_or_recover(detail::generation_record rec, steady_clock::time_point started,
+  void adopt_or_recover(generation_record rec, steady_clock::time_point started,
                         std::optional<typename Net::transport_type> begun = {});
-  void enter(detail::generation_record rec);
+  void enter(generation_record rec);
   void became_member();
   void take_member_scheduling();
-  void install(detail::generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
+  void install(generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
                double prepared_seconds);
-  void write_record(Store& st, const std::string& gkey, const std::string& rec, const std::vector<member_id>& joiners,
-                    std::int64_t g1) const;
-  void start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
-                       std::vector<member_id> leavers, steady_clock::time_point started);
-  void take_admission();
-  void adopt_announced(std::int64_t g1, steady_clock::time_point started,
-                       std::optional<typename Net::transport_type> begun = {});
-  void leave_now();
-  typename Net::transport_type connect_watched(const detail::generation_record& rec, const std::vector<bytes>& addrs,
+  typename Net::transport_type connect_watched(const generation_record& rec, const std::vector<bytes>& addrs,
                                                std::optional<typename Net::transport_type> begun = {});
-  int poll_next();
-  void sync_state();
-  void recover(std::int64_t failed_generation, int lost_peer);
-  // Forms generation g+1 without the members `leaving` marks (1 per rank of
-  // the `n`) and with the joiners being admitted.
-  void change_membership(const std::vector<char>& leaving, int n);
-  // The leaves the control exchange `ctl` applies (1 per rank): a leave that
-  // would take the group below min_size, or leave newcomers without a state
-  // holder, waits (the lowest-ranked leavers stay one more generation).
-  std::vector<char> leaves_applied(const std::vector<double>& ctl, int n);
-  bool deferral_logged_ = false;  // the coordinator said why leaves wait
-  std::vector<bytes> gather_addresses(const detail::generation_record& rec);
+  std::vector<bytes> gather_addresses(const generation_record& rec);
   // As above, on `st` with `cache`: callable from the admission helper.
-  std::vector<bytes> gather_addresses(const detail::generation_record& rec, Store& st,
-                                      std::map<member_id, bytes>& cache, int rank,
-                                      const std::shared_ptr<comm::revoke_flag>& revoke, std::stop_token stop);
+  std::vector<bytes> gather_addresses(const generation_record& rec, Store& st, std::map<member_id, bytes>& cache,
+                                      int rank, const std::shared_ptr<comm::revoke_flag>& revoke, std::stop_token stop);
+  void leave_now();
+
+  // ---- the user's step (step.hpp)
+  step_info current_slice() const;
+  // Throws group_error (invalid_state) unless a step is open on an active member.
+  void require_open_step(const char* what) const;
+  // The policy's plan for `ids`, checked: one entry each, summing to the global batch.
+  std::vector<std::size_t> plan_of(const std::vector<member_id>& ids) const;
+  void control_allreduce(std::span<double> v);
+  void notify(change_reason reason, int old_size, double stall);
+  void release_steal_counter();
+
+  // ---- state transfer (state_transfer.hpp)
+  void sync_state();
+
+  // ---- the coordinator's join tickets (join_tickets.hpp)
   // A join ticket answered with a cool-down instead of an admission.
   struct join_hold {
     std::int64_t ticket = 0;
@@ -11501,7 +11571,36 @@ class group {
   void answer_holds(Store& st, const std::vector<join_hold>& holds) const;
   // The recovery's winner: the members lost from gen_ that were still in their
   // probation as newcomers count one join failure for their worker key.
-  void count_join_failures(const std::vector<detail::member_entry>& alive, std::set<member_id>& counted);
+  void count_join_failures(const std::vector<member_entry>& alive, std::set<member_id>& counted);
+  // The heartbeat thread's read-ahead of new tickets (see hb_tickets_).
+  std::int64_t prefetch_tickets(Store& st, std::int64_t total);
+
+  // ---- joins and leaves at a step boundary (membership_change.hpp)
+  // Forms generation g+1 without the members `leaving` marks (1 per rank of
+  // the `n`) and with the joiners being admitted.
+  void change_membership(const std::vector<char>& leaving, int n);
+  // The leaves the control exchange `ctl` applies (1 per rank): a leave that
+  // would take the group below min_size, or leave newcomers without a state
+  // holder, waits (the lowest-ranked leavers stay one more generation).
+  std::vector<char> leaves_applied(const std::vector<double>& ctl, int n);
+  bool deferral_logged_ = false;  // the coordinator said why leaves wait
+  void write_record(Store& st, const std::string& gkey, const std::string& rec, const std::vector<member_id>& joiners,
+                    std::int64_t g1) const;
+  void start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
+                       std::vector<member_id> leavers, steady_clock::time_point started);
+  void take_admission();
+  void adopt_announced(std::int64_t g1, steady_clock::time_point started,
+                       std::optional<typename Net::transport_type> begun = {});
+  int poll_next();
+
+  // ---- recovery after a failure (recovery.hpp)
+  void recover(std::int64_t failed_generation, int lost_peer);
+  int lost_peer_of(const system_error& e) const noexcept;
+  static int lost_in_adopt(const system_error& e) noexcept;
+  // This member takes its own buffers as the job's initial state (recover() chose it).
+  void take_own_initial_state();
+
+  // ---- leases (heartbeat.hpp)
   // Each member's heartbeat counter as last read, and when it last changed.
   using lease_seen = std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>;
   // Lease checks of a connect in progress: at most one round per heartbeat.
@@ -11513,6 +11612,10 @@ class group {
   // Whether member m, whose heartbeat counter reads `hb` at `now`, counted on
   // within the lease (its first reading counts as fresh).
   bool fresh(member_id m, std::int64_t hb, steady_clock::time_point now, lease_seen& seen) const;
+  // The rank in `rec` of a member whose lease expired (with `joiners_only`,
+  // a joiner), else -1; reads the store at most once a heartbeat.
+  int stale_member(const generation_record& rec, lease_watch& w, bool joiners_only);
+  void heartbeat_loop(std::stop_token st);
   // The heartbeat thread's watch of the current generation's leases.
   struct peer_watch {
     std::int64_t generation = -1;
@@ -11533,19 +11636,8 @@ class group {
   bool abort_due(Store& st, std::int64_t g);
   // Marks m dead in g, posts abort/<g> and revokes this member's transport.
   void abort_without(Store& st, std::int64_t g, member_id m, peer_watch& w);
-  int stale_member(const detail::generation_record& rec, lease_watch& w, bool joiners_only);
-  void control_allreduce(std::span<double> v);
-  void notify(change_reason reason, int old_size, double stall);
-  [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
-  // Fails with invalid_state: "the job EBBFLOW_JOB='<prefix>' <what>".
-  [[noreturn]] void fail_job_finished(std::string_view what) const;
-  void fault_point(const char* point);
-  void fault_point(const char* point, Store& st, std::stop_token stop);
-  void release_steal_counter();
-  // end_step: `processed` samples (the own slice when nullopt).
-  void commit(double compute_seconds, std::optional<std::size_t> processed);
-  int lost_peer_of(const system_error& e) const noexcept;
-  static int lost_in_adopt(const system_error& e) noexcept;
+
+  // ---- the state, in declaration order (which is destruction order)
 
   group_options opts_;
   launch_info launch_;
@@ -11557,7 +11649,7 @@ class group {
   comm::collective_options coll_opts_;
   std::map<member_id, bytes> address_cache_;  // stable-address networks only
 
-  detail::generation_record gen_;
+  generation_record gen_;
   int rank_ = -1;
   bool active_ = true;
   bool became_member_ = false;      // became_member() ran: once per process
@@ -11569,10 +11661,6 @@ class group {
   step_phase phase_ = step_phase::closed;
   bool callback_threw_ = false;  // a world-changed callback's exception is passing through
   static constexpr std::int64_t max_step = std::int64_t{1} << 62;
-  // Throws group_error (invalid_state) unless a step is open on an active member.
-  void require_open_step(const char* what) const;
-  // The policy's plan for `ids`, checked: one entry each, summing to the global batch.
-  std::vector<std::size_t> plan_of(const std::vector<member_id>& ids) const;
   std::int64_t step_ = -1;  // committed steps; -1 until state arrives
   std::int64_t epoch_ = 0;
   std::size_t cursor_ = 0;
@@ -11587,8 +11675,6 @@ class group {
     std::size_t cursor;
   };
   std::optional<position> restored_;  // restore_position's, kept by every member
-  // This member takes its own buffers as the job's initial state (recover() chose it).
-  void take_own_initial_state();
   struct pending_change {
     change_reason reason;
     int old_size;
@@ -11603,7 +11689,7 @@ class group {
   struct admission_result {
     std::atomic<bool> done{false};  // release: everything below is written
     std::exception_ptr error;
-    std::optional<detail::generation_record> rec;
+    std::optional<generation_record> rec;
     std::vector<bytes> addrs;
     std::optional<typename Net::transport_type> transport;
     std::map<member_id, bytes> cache;  // the address cache, updated, handed back
@@ -11612,7 +11698,7 @@ class group {
   };
   // A join whose transport is wiring up while the current generation trains.
   struct next_generation {
-    detail::generation_record rec;
+    generation_record rec;
     std::int64_t g1 = -1;               // the generation being prepared
     std::optional<std::string> record;  // the coordinator's record (the helper writes it)
     std::vector<member_id> admitted;    // the joiners that record admits
@@ -11650,7 +11736,7 @@ class group {
   // drives a background wire-up only while it is zero.
   std::atomic<int> in_group_{0};
   // Where the training thread is, published with its heartbeat for the
-  // stall warning (an encoded detail::progress: a member behind another
+  // stall warning (an encoded progress: a member behind another
   // reads lower); and since when the training thread waits inside a
   // collective (steady_clock ticks; 0: it does not).
   std::atomic<std::int64_t> progress_{0};
@@ -11704,7 +11790,6 @@ class group {
   std::map<std::int64_t, prefetched_ticket> hb_tickets_;
   std::atomic<std::int64_t> hb_tickets_floor_{0};
   std::atomic<std::int64_t> failures_epoch_{0};
-  std::int64_t prefetch_tickets(Store& st, std::int64_t total);
   std::int64_t ticket_seen_until_ = 0;  // coordinator: newest join ticket seen
   std::int64_t ticket_hole_ = 0;        // coordinator: a ticket taken but not written, since:
   steady_clock::time_point ticket_hole_since_;
@@ -11721,53 +11806,66 @@ class group {
   std::jthread heartbeat_;
 };
 
-//! Deduces the store type from what `connect_store` returns, so that a
-//! lambda works as well as a `std::function`:
-//! `elastic::group g([] { return std::make_unique<store_client>(...); }, net, opts, launch);`
-template <class Connect, class Net, class... Policy>
-requires std::invocable<Connect&> && requires { typename std::invoke_result_t<Connect&>::element_type; }
-group(Connect, Net&, group_options, launch_info, Policy&&...)
-    ->group<typename std::invoke_result_t<Connect&>::element_type, Net>;
-
+}  // namespace detail
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
 
-// #include <ebbflow/elastic/impl/group.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/impl/group.hpp>
+// #include <ebbflow/elastic/impl/group/lifecycle.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/lifecycle.hpp>
 // SPDX-License-Identifier: Apache-2.0
-//! @file impl/group.hpp
-//! Definitions of elastic::group (see elastic/group.hpp for the contract).
+//! @file impl/group/lifecycle.hpp
+//! Construction and the end of a member: the checks of the options, the
+//! store connections, registration with the job, the end-of-job wait, the
+//! registered state and a restored position, `finish`, and the fault points.
+//! May touch any member: it runs before and after the other threads.
 
 
-// #include <ebbflow/elastic/group.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
 // #include <ebbflow/core/thread_name.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/fault_injection.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/fault_injection.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/fault_injection.hpp
+//! Fault injection for the multi-process tests: EBBFLOW_FAULT=<point>[*N]
+//! [:hang=MS|:sleep=MS] makes the first member of the job (the first N) that
+//! reaches `point` die there as a crashed process would (SIGKILL), hang
+//! there as a SIGSTOPped one would, or sleep on the calling thread only.
+//! Claims go through the job's store, so exactly N members fire. The points
+//! are listed in docs/elastic.md ("Testing aids"). Unset, a point costs one
+//! comparison.
 
-#include <pthread.h>
-#include <sched.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <csignal>
-#include <ctime>
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/records.hpp>  (inlined)    // parse_i64
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/store_ops.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/store_ops.hpp
+//! Store operations the elastic group builds on any `kv_store`: batched reads
+//! and adds (one pipelined round trip where the store offers it), waits for
+//! keys in slices that notice a stop request, and a stoppable sleep.
 
-#include <cerrno>
-#include <charconv>
-#include <filesystem>
-#include <iomanip>
-#include <cmath>
-#include <cstring>
-#include <limits>
-#include <memory>
-#include <numeric>
-#include <set>
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <span>
-#include <sstream>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-namespace detail {
+namespace elastic::detail {
 
 // Sleeps until `until` or until `stop` is requested, whichever comes first
 // (in slices of at most 10 ms, so a stop is seen soon).
@@ -11775,42 +11873,6 @@ inline void sleep_until(steady_clock::time_point until, const std::stop_token& s
   while (!stop.stop_requested() && steady_clock::now() < until)
     std::this_thread::sleep_for(
         std::min<steady_clock::duration>(until - steady_clock::now(), std::chrono::milliseconds(10)));
-}
-
-// Integers the group stores as decimal text; anything else is a corrupt store.
-inline std::int64_t parse_i64(const std::string& v) {
-  std::int64_t x = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc{} || p != v.data() + v.size())
-    throw system_error(
-        make_error_code(error::bad_message),
-        {.operation = "elastic group", .detail = "store value '" + v.substr(0, 32) + "' is not an integer"});
-  return x;
-}
-
-// Appends `item` to a list for a message: "1", then "1, 4".
-inline void append_listed(std::string& list, const std::string& item) {
-  if (!list.empty()) list += ", ";
-  list += item;
-}
-
-template <class N>
-constexpr bool stable_address() {
-  if constexpr (requires {
-                  { N::stable_address() } -> std::convertible_to<bool>;
-                })
-    return N::stable_address();
-  else
-    return false;
-}
-
-// Networks that can wire up a generation's transport in the background.
-template <class N>
-constexpr bool can_preconnect() {
-  return requires(N & n, std::int64_t g, int rank, const std::vector<bytes>& addrs, typename N::transport_type& t) {
-    { n.start_connect(g, rank, addrs) } -> std::same_as<typename N::transport_type>;
-    { t.poll_connect() } -> std::convertible_to<bool>;
-  };
 }
 
 // The values of `keys`: in one pipelined batch where the store offers
@@ -11826,21 +11888,6 @@ std::vector<std::optional<std::string>> try_get_all(S& st, const std::vector<std
     return out;
   }
 }
-
-// A join ticket reads "<member> <failures whose cool-down it waited out>
-// <worker key>"; the member id is parsed (and checked) by its reader.
-struct join_ticket {
-  std::string id;
-  std::int64_t held_for = 0;
-  std::string worker;
-  static join_ticket parse(const std::string& v) {
-    join_ticket t;
-    std::istringstream in(v);
-    in >> t.id >> t.held_for >> std::ws;
-    std::getline(in, t.worker);
-    return t;
-  }
-};
 
 // `add(keys[i], deltas[i])` for every i: in one pipelined batch where the
 // store offers add_many, else one by one.
@@ -11891,17 +11938,802 @@ bool wait_key(S& st, const std::string& k, deadline d, const std::stop_token& st
   return wait_any_key(st, {k}, d, stop).has_value();
 }
 
-// Networks whose start_connect may run on a helper thread while the current
-// generation trains on the same network (ucx_network on a UCX with threads).
-template <class N>
-bool concurrent_connect(const N& n) {
-  if constexpr (requires {
-                  { n.concurrent_connect() } -> std::convertible_to<bool>;
-                })
-    return n.concurrent_connect();
-  else
-    return false;
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/store_ops.hpp>
+// #include <ebbflow/elastic/planning_policy.hpp>  (inlined)   // member_id
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <ctime>
+#include <iomanip>
+#include <optional>
+#include <stdexcept>
+#include <stop_token>
+#include <string>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+//! Fires EBBFLOW_FAULT at `point` when it names that point and this member
+//! (`id`, of the job under `prefix` in `st`) is among the first N to get
+//! there. `stop` cuts a `:sleep` short.
+//! @throws std::invalid_argument for a malformed EBBFLOW_FAULT.
+template <class Store>
+void fault_point(std::string_view point, Store& st, const std::string& prefix, member_id id, deadline d,
+                 const std::stop_token& stop) {
+  static const std::optional<std::string> fault = env::get("EBBFLOW_FAULT");
+  if (!fault) return;
+  std::string_view f = *fault;
+  enum class mode { die, hang, sleep } how = mode::die;
+  std::int64_t ms = 0;
+  if (const auto colon = f.find(':'); colon != std::string_view::npos) {
+    const std::string_view m = f.substr(colon + 1);
+    if (m.starts_with("hang="))
+      how = mode::hang;
+    else if (m.starts_with("sleep="))
+      how = mode::sleep;
+    else
+      throw std::invalid_argument("EBBFLOW_FAULT='" + *fault + "': expected <point>[*N][:hang=MS|:sleep=MS]");
+    ms = parse_i64(std::string(m.substr(m.find('=') + 1)));
+    f = f.substr(0, colon);
+  }
+  const auto star = f.find('*');
+  if (f.substr(0, star) != point) return;
+  const std::int64_t times = star == std::string_view::npos ? 1 : parse_i64(std::string(f.substr(star + 1)));
+  if (st.add(prefix + "/fault/" + std::string(point), 1, d) > times) return;
+  switch (how) {
+    case mode::die:
+      EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id << " dies here");
+      std::raise(SIGKILL);
+      return;
+    case mode::sleep:
+      EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id << "'s thread sleeps here for " << ms << " ms");
+      sleep_until(std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), stop);
+      return;
+    case mode::hang:
+      break;
+  }
+  EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id << " hangs here for " << ms << " ms");
+  // A child continues this process: fork() leaves it one thread, which
+  // calls only async-signal-safe functions.
+  const pid_t self = ::getpid();
+  if (const pid_t waker = ::fork(); waker == 0) {
+    const timespec t{static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1'000'000};
+    ::nanosleep(&t, nullptr);
+    ::kill(self, SIGCONT);
+    ::_exit(0);
+  } else if (waker > 0) {
+    ::kill(self, SIGSTOP);
+    ::waitpid(waker, nullptr, 0);
+    EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id << " goes on after its hang [t=" << std::fixed
+                                      << std::setprecision(3) << wall_seconds() << "]");
+  }
 }
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/fault_injection.hpp>
+
+#include <algorithm>
+#include <string>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+template <kv_store Store, network Net>
+group_impl<Store, Net>::group_impl(store_factory connect_store, Net& net, group_options opts, launch_info launch,
+                                   std::unique_ptr<planning_policy> policy)
+    : opts_(std::move(opts)),
+      launch_(std::move(launch)),
+      connect_store_(std::move(connect_store)),
+      net_(&net),
+      policy_(std::move(policy)) {
+  EBBFLOW_ENFORCE(opts_.global_batch > 0, "elastic group: global_batch must be > 0");
+  EBBFLOW_ENFORCE(opts_.dataset_size > 0, "elastic group: dataset_size must be > 0");
+  EBBFLOW_ENFORCE(!opts_.drop_last || opts_.global_batch <= opts_.dataset_size,
+                  "elastic group: drop_last with global_batch " << opts_.global_batch << " > dataset_size "
+                                                                << opts_.dataset_size << " leaves no step");
+  EBBFLOW_ENFORCE(
+      opts_.min_size >= 1 && opts_.max_size >= opts_.min_size && opts_.max_size <= comm::max_collective_ranks,
+      "elastic group: need 1 <= min_size (" << opts_.min_size << ") <= max_size (" << opts_.max_size << ") <= "
+                                            << comm::max_collective_ranks << " (the collectives' most ranks)");
+  EBBFLOW_ENFORCE(opts_.join_cooldown.count() >= 0 && opts_.join_cooldown_max >= opts_.join_cooldown,
+                  "elastic group: need 0 <= join_cooldown ("
+                      << opts_.join_cooldown.count() << " ms) <= join_cooldown_max (" << opts_.join_cooldown_max.count()
+                      << " ms)");
+  // A lease spans at least two heartbeats: a member whose counter moves only
+  // once per lease would be judged dead for one late beat.
+  EBBFLOW_ENFORCE(opts_.heartbeat.count() > 0 && opts_.lease >= 2 * opts_.heartbeat,
+                  "elastic group: EBBFLOW_LEASE_MS=" << opts_.lease.count() << " must be at least twice "
+                                                     << "EBBFLOW_HEARTBEAT_MS=" << opts_.heartbeat.count());
+  EBBFLOW_ENFORCE(opts_.sched_slice.count() == 0 || (opts_.sched_slice >= group_options::min_sched_slice &&
+                                                     opts_.sched_slice <= group_options::max_sched_slice),
+                  "elastic group: EBBFLOW_SCHED_SLICE_US="
+                      << opts_.sched_slice.count() << ": expected 0 or " << group_options::min_sched_slice.count()
+                      << " to " << group_options::max_sched_slice.count() << " (the kernel's range)");
+  EBBFLOW_ENFORCE(opts_.rt_priority >= 0 && opts_.rt_priority <= group_options::max_rt_priority,
+                  "elastic group: EBBFLOW_RT_PRIORITY=" << opts_.rt_priority << ": expected 0 (off) or 1 to "
+                                                        << group_options::max_rt_priority);
+  // The first generation is formed from the launched workers alone (a
+  // newcomer joins a running group): fewer than min_size could never start.
+  EBBFLOW_ENFORCE(opts_.join || launch_.world_size >= opts_.min_size,
+                  "elastic group: EBBFLOW_MIN_SIZE=" << opts_.min_size << " but this launch starts "
+                                                     << launch_.world_size
+                                                     << " workers; the first generation is formed from the "
+                                                        "launched workers, so launch at least min_size of them");
+  EBBFLOW_ENFORCE(policy_ != nullptr, "elastic group: null planning policy");
+  EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
+  if (opts_.worker_key.empty()) opts_.worker_key = env::host_name();
+  store_ = connect_store_();
+  // A store that outlives its jobs keeps a finished job's keys under its
+  // prefix: this worker would take that job's generations for its own.
+  if (job_done())
+    fail_job_finished(
+        "on this store has finished: a worker started now cannot join it, and a new job needs a prefix of its own "
+        "(EBBFLOW_JOB; ebbflow-run --attach picks a fresh one) or a fresh store");
+  // The admission helper's own connection, made now rather than in the
+  // middle of a membership change (a joiner makes it later, when needed:
+  // its start-up is already part of one).
+  if (detail::can_preconnect<Net>() && opts_.preconnect && !opts_.join) aux_store_ = connect_store_();
+  coll_opts_ = comm::collective_options::from_environment();
+  coll_opts_.timeout = opts_.op_timeout;
+  id_ = store_->add(key("next_id"), 1, store_deadline());
+  // Which member this process is, for its launcher's report of its exit.
+  if (!opts_.process_key.empty())
+    store_->set(opts_.process_record_key(opts_.process_key), std::to_string(id_), store_deadline());
+  if constexpr (detail::stable_address<Net>()) {
+    const bytes mine = net_->prepare(0);
+    store_->set(key("addr/" + std::to_string(id_)), to_value(mine), store_deadline());
+  }
+  heartbeat_ = std::jthread([this](std::stop_token st) { heartbeat_loop(st); });
+  ::ebbflow::detail::name_thread(heartbeat_, "ebbflow-beat");
+  if (!opts_.join && launch_.rank < launch_.world_size) {
+    own_initial_state_ = true;
+    form_initial();
+  } else {
+    wait_admission();  // a newcomer keeps a lowered priority (--join-nice) until the state moves (sync_state)
+  }
+}
+
+template <kv_store Store, network Net>
+group_impl<Store, Net>::~group_impl() {
+  wait_for_peers_to_end();
+  heartbeat_.request_stop();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  next_.reset();  // stops and joins an admission helper first
+  retiring_.reset();
+  comm_.reset();
+  transport_.reset();
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::wait_for_peers_to_end() noexcept {
+  // A member that ends between steps (its training done) keeps its
+  // transport until every member of its generation has ended too: a peer
+  // still inside the last control exchange would take this one's closing
+  // endpoints for a death (over tcp a close can reset what the peer has
+  // not read yet) and fail the step it has in fact finished. A store
+  // barrier, not a collective: its own last message cannot race a close.
+  if (!active_ || !transport_ || phase_ != step_phase::closed || step_ <= 0 || !store_) return;
+  try {
+    const std::string prefix = "ended/" + std::to_string(gen_.generation) + "/";
+    store_->set(key(prefix + std::to_string(id_)), std::to_string(step_), store_deadline());
+    std::vector<std::string> keys;
+    for (const auto& m : gen_.members)
+      if (m.id != id_) keys.push_back(key(prefix + std::to_string(m.id)));
+    if (!keys.empty()) store_->wait(keys, deadline::after(std::min<steady_clock::duration>(opts_.lease, end_wait_max)));
+  } catch (const std::exception&) {
+    // A member that is gone, or one that trains on: it was waited for long enough.
+  }
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::register_state(std::string name, std::span<std::byte> host_bytes) {
+  if (started_)
+    fail(error::invalid_state, "register_state('" + name +
+                                   "') after the first begin_step: the state moved to the other members without it "
+                                   "(register every buffer before training)");
+  for (auto& s : state_) EBBFLOW_ENFORCE(s.name != name, "elastic group: state '" << name << "' registered twice");
+  state_.push_back({std::move(name), host_bytes});
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::fail(std::error_code ec, const std::string& what) const {
+  throw system_error(ec, {.rank = rank_, .generation = gen_.generation, .operation = "elastic group", .detail = what});
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::fail_job_finished(std::string_view what) const {
+  fail(error::job_finished, "the job EBBFLOW_JOB='" + opts_.prefix + "' " + std::string(what));
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor) {
+  if (started_) fail(error::invalid_state, "restore_position after the first begin_step");
+  EBBFLOW_ENFORCE(step >= 0 && step <= max_step && epoch >= 0 && epoch <= max_step && cursor < opts_.dataset_size,
+                  "restore_position: step " << step << ", epoch " << epoch << ", cursor " << cursor << " (dataset_size "
+                                            << opts_.dataset_size << ", steps and epochs up to 2^62)");
+  // With drop_last an epoch ends before a short last batch.
+  EBBFLOW_ENFORCE(!opts_.drop_last || opts_.dataset_size - cursor >= opts_.global_batch,
+                  "restore_position: cursor " << cursor << " is inside the short last batch of an epoch of "
+                                              << opts_.dataset_size << " with global_batch " << opts_.global_batch
+                                              << " and drop_last (that batch is never trained on)");
+  // The source's position reaches everybody with the state. Every member
+  // keeps it: should the source die before the state moved, another member
+  // may become the source with its own initial state (take_own_initial_state).
+  restored_ = position{step, epoch, cursor};
+  if (gen_.source != id_) return;
+  step_ = step;
+  epoch_ = epoch;
+  cursor_ = cursor;
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::finish() {
+  store_->set(key("done"), "1", store_deadline());
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::fault_point(const char* point) {
+  fault_point(point, *store_, {});
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::fault_point(const char* point, Store& st, std::stop_token stop) {
+  detail::fault_point(point, st, opts_.prefix, id_, store_deadline(), stop);
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/lifecycle.hpp>
+// #include <ebbflow/elastic/impl/group/heartbeat.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/heartbeat.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/heartbeat.hpp
+//! The heartbeat thread and leases: each beat adds to this member's counter
+//! and reads, in one round trip, the counters of the members it watches (the
+//! coordinator watches all, the others the coordinator), the launchers'
+//! exit reports and, when stalled, the others' progress. A member silent
+//! for a lease or reported gone is marked dead and its generation aborted.
+//! Between beats it waits on the server for its generation's abort (and the
+//! coordinator for the next join ticket).
+//! Threads: heartbeat_loop, check_*, abort_* and report_stall run on the
+//! heartbeat thread, on its own store client; besides the settings they touch
+//! only the hb_* members (under hb_mutex_) and the atomics the training thread
+//! publishes (progress_, waiting_since_, probation_end_, join_seq_hint_).
+//! fresh and stale_member serve any thread, with its store and lease map.
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
+
+#include <sstream>
+#include <string>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::heartbeat_loop(std::stop_token st) {
+  std::unique_ptr<Store> s;
+  bool warned = false;
+  peer_watch peers;
+  std::vector<std::string> keys;
+  std::vector<std::int64_t> deltas;
+  std::vector<std::string> wake;  // the keys to wait for between beats
+  std::vector<member_id> watched;
+  std::vector<int> watched_ranks;
+  std::int64_t published = 0;          // this member's progress counter in the store, as last read
+  std::int64_t next_ticket = 1;        // coordinator: the first join ticket not read yet
+  steady_clock::rep stall_warned = 0;  // the wait (its start) last reported
+  struct {
+    std::int64_t reports = 0, generation = -1;
+  } gone;  // the count of exit reports last read, for the watched members of which generation
+  std::int64_t round_generation = -1;  // the generation this round was for
+  while (!st.stop_requested()) {
+    try {
+      if (!s) s = connect_store_();
+      const std::int64_t g = round_generation = hb_generation_.load();
+      const bool watch = hb_watch_joins_.load(std::memory_order_relaxed);
+      {
+        std::lock_guard lk(hb_mutex_);
+        if (g >= 0 && hb_watched_gen_ == g)
+          watched = hb_watched_, watched_ranks = hb_watched_ranks_;
+        else
+          watched.clear(), watched_ranks.clear();
+      }
+      // A wait in one collective longer than stall_warning: this round also
+      // reads the watched members' progress, to say who is behind.
+      const std::int64_t progress = progress_.load(std::memory_order_relaxed);
+      const auto since = waiting_since_.load(std::memory_order_relaxed);
+      const auto waited = steady_clock::now() - steady_clock::time_point(steady_clock::duration(since));
+      const bool stalled = opts_.stall_warning.count() > 0 && since != 0 && since != stall_warned &&
+                           waited >= opts_.stall_warning && !watched.empty();
+      // One round trip: this member's heartbeat and progress, the counters of
+      // the members whose leases it watches, (coordinator) the join-ticket
+      // counter and (stalled) the watched members' progress.
+      keys.assign({key("hb/" + std::to_string(id_))});
+      deltas.assign({1});
+      const bool publish = progress != published;
+      if (publish) keys.push_back(key("progress/" + std::to_string(id_))), deltas.push_back(progress - published);
+      const std::size_t hb_at = keys.size();
+      for (auto w : watched) keys.push_back(key("hb/" + std::to_string(w))), deltas.push_back(0);
+      const std::size_t join_at = keys.size();
+      if (watch) keys.push_back(key("join_seq")), deltas.push_back(0);
+      const std::size_t gone_at = keys.size();
+      keys.push_back(opts_.gone_count_key()), deltas.push_back(0);
+      const std::size_t progress_at = keys.size();
+      if (stalled)
+        for (auto w : watched) keys.push_back(key("progress/" + std::to_string(w))), deltas.push_back(0);
+      const auto counters =
+          detail::add_all(*s, keys, deltas, deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
+      if (publish) published = counters[1];
+      if (watch) {
+        // The new tickets first, then the hint: a step that sees the hint
+        // finds them read (prefetch_tickets makes no call while none is new).
+        next_ticket = prefetch_tickets(*s, counters[join_at]);
+        join_seq_hint_.store(counters[join_at], std::memory_order_relaxed);
+      }
+      if (const auto end = probation_end_.load(std::memory_order_relaxed);
+          end != 0 && steady_clock::now().time_since_epoch().count() >= end) {
+        // A newcomer that stayed: its worker's join failures no longer run in a row.
+        s->set(key("wkey/" + std::to_string(id_)), "", store_deadline());
+        s->set(key("joinfail/" + opts_.worker_key), "0", store_deadline());
+        probation_end_.store(0, std::memory_order_relaxed);
+      }
+      if constexpr (requires { s->erase(std::string()); }) {
+        std::vector<std::string> erase;
+        {
+          std::lock_guard lk(hb_mutex_);
+          erase.swap(hb_erase_);
+        }
+        for (auto& k : erase) s->erase(k);
+      }
+      if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
+        peers.aborted = g;
+        std::lock_guard lk(hb_mutex_);
+        if (hb_revoke_ && !hb_revoke_->revoked()) {
+          EBBFLOW_LOG_DEBUG("generation " << g << " aborted by a peer: revoking the transport");
+          hb_revoke_->revoke();
+        }
+      } else if (!watched.empty()) {
+        // A launcher's report of an exit (report_process_exit) is read once
+        // per new report, and once per generation (new members watched).
+        if (const auto reports = counters[gone_at];
+            g >= 0 && reports != 0 && (reports != gone.reports || g != gone.generation)) {
+          check_gone(*s, g, watched, watched_ranks, peers);
+          gone = {reports, g};
+        }
+        check_leases(*s, g, watched, std::span(counters).subspan(hb_at, watched.size()), peers);
+        if (stalled && detail::progress::decode(progress).generation == detail::progress::stored_generation(g)) {
+          stall_warned = since;
+          report_stall(progress, waited, watched, watched_ranks,
+                       std::span(counters).subspan(progress_at, watched.size()), watch);
+        }
+      }
+      warned = false;
+      // Between beats the thread waits on the server instead of sleeping:
+      // for its generation's abort, which then revokes this member's
+      // transport at once, not at its next beat (a survivor whose own peers
+      // are alive learns of a death only this way); and the coordinator for
+      // the next join ticket too, which then reaches the hint at once (one
+      // counted but not yet written is the next one to wait for).
+      wake.clear();
+      if (watch) wake.push_back(key("join/" + std::to_string(next_ticket)));
+      if (g >= 0 && g != peers.aborted) wake.push_back(key("abort/" + std::to_string(g)));
+      if (!wake.empty()) {
+        detail::wait_any_key(*s, wake, deadline::after(opts_.heartbeat), st);
+        continue;
+      }
+    } catch (const std::exception& e) {
+      if (!warned) EBBFLOW_LOG_WARN("heartbeat of member " << id_ << " failed: " << e.what());
+      warned = true;
+      s.reset();
+    }
+    // Not a member (yet): the next round comes at the next beat, or as soon
+    // as this process becomes one (it then waits for its generation's abort).
+    std::unique_lock lk(hb_wake_m_);
+    hb_wake_.wait_for(lk, st, opts_.heartbeat, [&] { return round_generation < 0 && hb_generation_.load() >= 0; });
+  }
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::check_gone(Store& st, std::int64_t g, const std::vector<member_id>& ids,
+                                        const std::vector<int>& ranks, peer_watch& w) {
+  if (w.aborted == g) return;
+  std::vector<std::string> keys;
+  for (auto m : ids) keys.push_back(opts_.gone_key(m));
+  const auto how = detail::try_get_all(st, keys, store_deadline());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (!how[i]) continue;
+    if (!abort_due(st, g)) return;
+    EBBFLOW_LOG_WARN("member " << ids[i] << " (rank " << ranks[i] << " of generation " << g
+                               << ") is gone: its launcher saw its process exit (" << *how[i]
+                               << "); aborting generation " << g << " without it");
+    abort_without(st, g, ids[i], w);
+    return;
+  }
+}
+
+template <kv_store Store, network Net>
+bool group_impl<Store, Net>::abort_due(Store& st, std::int64_t g) {
+  if (st.try_get(key("done"), store_deadline())) return false;  // the job finished: its members stop and exit
+  return hb_generation_.load() == g;                            // else the generation changed meanwhile
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::abort_without(Store& st, std::int64_t g, member_id m, peer_watch& w) {
+  st.set(dead_key(g, m), "1", store_deadline());
+  st.set(key("abort/" + std::to_string(g)), "1", store_deadline());
+  w.aborted = g;
+  std::lock_guard lk(hb_mutex_);
+  if (hb_revoke_ && !hb_revoke_->revoked()) hb_revoke_->revoke();
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::check_leases(Store& st, std::int64_t g, const std::vector<member_id>& ids,
+                                          std::span<const std::int64_t> hb, peer_watch& w) {
+  // A member that hangs inside a collective (a stopped process, a livelock)
+  // fails no transport operation: without this, its peers would wait for the
+  // collective's deadline (op_timeout). Its silent lease aborts the step.
+  const auto now = steady_clock::now();
+  if (w.generation != g || now - w.last_round > opts_.lease / 2) {
+    // A new generation, or a gap in this thread's own rounds (it was
+    // descheduled, the machine paused): that says nothing of the others, so
+    // their leases are timed afresh.
+    w.seen.clear();
+    w.generation = g;
+  }
+  w.last_round = now;
+  if (w.aborted == g) return;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (fresh(ids[i], hb[i], now, w.seen)) continue;
+    if (!abort_due(st, g)) return;
+    EBBFLOW_LOG_WARN("member " << ids[i] << " sent no heartbeat for EBBFLOW_LEASE_MS="
+                               << std::chrono::duration_cast<std::chrono::milliseconds>(opts_.lease).count()
+                               << " ms: aborting generation " << g << " without it");
+    abort_without(st, g, ids[i], w);
+    return;
+  }
+}
+
+template <kv_store Store, network Net>
+bool group_impl<Store, Net>::fresh(Store& st, member_id m, lease_seen& seen) const {
+  const std::int64_t hb = st.add(key("hb/" + std::to_string(m)), 0, store_deadline());
+  return fresh(m, hb, steady_clock::now(), seen);
+}
+
+template <kv_store Store, network Net>
+bool group_impl<Store, Net>::fresh(member_id m, std::int64_t hb, steady_clock::time_point now, lease_seen& seen) const {
+  auto it = seen.find(m);
+  if (it == seen.end()) {
+    seen.emplace(m, std::make_pair(hb, now));
+    return true;
+  }
+  if (it->second.first != hb) {
+    it->second = {hb, now};
+    return true;
+  }
+  return now - it->second.second < opts_.lease;
+}
+
+template <kv_store Store, network Net>
+int group_impl<Store, Net>::stale_member(const detail::generation_record& rec, lease_watch& w, bool joiners_only) {
+  // The rank in `rec` of a member (other than this one; with `joiners_only`,
+  // a joiner) whose lease expired, else -1. Reads the store at most once per
+  // heartbeat period.
+  const auto now = steady_clock::now();
+  if (now < w.next_check) return -1;
+  w.next_check = now + opts_.heartbeat;
+  for (std::size_t j = 0; j < rec.members.size(); ++j) {
+    const auto& m = rec.members[j];
+    if (m.id == id_ || (joiners_only && m.committed >= 0)) continue;
+    if (!fresh(*store_, m.id, w.seen)) return static_cast<int>(j);
+  }
+  return -1;
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::report_stall(std::int64_t mine, steady_clock::duration waited,
+                                          const std::vector<member_id>& ids, const std::vector<int>& ranks,
+                                          std::span<const std::int64_t> progress, bool coordinator) const {
+  std::string behind;
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (progress[i] < mine)
+      behind += (behind.empty() ? "" : ", ") + std::to_string(ids[i]) + " (rank " + std::to_string(ranks[i]) +
+                (coordinator ? ")" : ", the coordinator)");
+  const auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+  std::ostringstream where;
+  const auto at = detail::progress::decode(mine);
+  where << "generation " << at.generation << ": member " << id_ << " has waited " << ms(waited) << " ms in ";
+  if (at.collective == 0)
+    where << "the control exchange after step " << at.step - 1;
+  else
+    where << "collective " << at.collective << " of step " << at.step;
+  if (behind.empty()) {
+    // A member this one does not watch is behind: the coordinator names it.
+    EBBFLOW_LOG_DEBUG(where.str() << "; the members it watches have reached it");
+    return;
+  }
+  EBBFLOW_LOG_WARN(where.str() << "; member(s) " << behind
+                               << " have not reached it while their heartbeats go on (a training thread stuck "
+                                  "outside ebbflow, e.g. in a data loader or a lock, or a collective skipped); "
+                                  "EBBFLOW_OP_TIMEOUT_MS="
+                               << ms(opts_.op_timeout) << " ms after it began, the step aborts and the group "
+                               << "goes on without them");
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/heartbeat.hpp>
+// #include <ebbflow/elastic/impl/group/formation.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/formation.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/formation.hpp
+//! Becoming a member: generation 0 formed from the launched workers (launch
+//! rank 0 proposes it once all registered or after `initial_wait`; the
+//! others take over when it never came), and a newcomer's join ticket and
+//! its wait for admission (with the join cool-down).
+//! Training thread only.
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
+
+#include <algorithm>
+#include <sstream>
+#include <string>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::propose_initial(const std::vector<std::optional<std::string>>& registered) {
+  detail::generation_record rec;
+  rec.generation = 0;
+  rec.reason = change_reason::initial;
+  std::vector<member_id> ids;
+  std::string missing, over;
+  for (std::size_t r = 0; r < registered.size(); ++r) {
+    if (!registered[r]) {
+      detail::append_listed(missing, std::to_string(r));
+      continue;
+    }
+    const member_id m = detail::parse_i64(*registered[r]);
+    if (static_cast<int>(ids.size()) >= opts_.max_size && m != id_) {
+      detail::append_listed(over, std::to_string(r));
+      continue;
+    }
+    rec.members.push_back({m, m == id_ ? 0 : -1});  // the proposer holds the initial state
+    ids.push_back(m);
+  }
+  if (!over.empty())
+    EBBFLOW_LOG_WARN("launch rank(s) " << over << " above EBBFLOW_MAX_SIZE=" << opts_.max_size
+                                       << ": they wait to join as newcomers");
+  // Launch rank 0 names the workers it starts without; another launch rank
+  // proposes only when rank 0 is gone, and has said so (form_initial).
+  if (!missing.empty() && launch_.rank == 0)
+    EBBFLOW_LOG_WARN("initial worker(s) " << missing << " did not register within EBBFLOW_INITIAL_WAIT_MS="
+                                          << opts_.initial_wait.count() << " ms: starting with " << ids.size() << " of "
+                                          << registered.size() << "; a late one joins as a newcomer");
+  rec.source = id_;
+  rec.source_step = 0;
+  auto p = plan_of(ids);
+  rec.plan.assign(p.begin(), p.end());
+  rec.plan_version = 1;
+  rec.joins_seen = 0;
+  const std::string mine = to_value(rec.encode());
+  if (store_->compare_set(gen_key(0), "", mine, store_deadline()).current == mine) step_ = 0;
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::form_initial() {
+  const auto started = steady_clock::now();
+  store_->set(key("init/" + std::to_string(launch_.rank)), std::to_string(id_), store_deadline());
+  const std::string gkey = gen_key(0);
+  std::vector<std::string> keys;
+  for (int r = 0; r < launch_.world_size; ++r) keys.push_back(key("init/" + std::to_string(r)));
+  const auto overall = deadline::after(opts_.join_timeout);
+  const auto registered = [&] {
+    auto got = detail::try_get_all(*store_, keys, store_deadline());
+    return std::pair{got,
+                     static_cast<int>(std::count_if(got.begin(), got.end(), [](auto& v) { return v.has_value(); }))};
+  };
+  if (launch_.rank == 0) {
+    // Every launched worker, for up to initial_wait; then those registered,
+    // if at least min_size (a worker that died while starting must not stop
+    // the job), waiting on for min_size of them until join_timeout.
+    const auto all_by = std::min(deadline::after(opts_.initial_wait).at(), overall.at());
+    for (bool first = true;; first = false) {
+      try {
+        store_->wait(keys, first ? deadline(all_by) : deadline::after(std::chrono::milliseconds(100)));
+      } catch (const system_error& e) {
+        if (e.code() != errc::timeout) throw;
+      }
+      auto [got, present] = registered();
+      if (present == launch_.world_size || present >= opts_.min_size) {
+        propose_initial(got);
+        break;
+      }
+      if (overall.expired())
+        fail(error::timeout, "only " + std::to_string(present) + " of the " + std::to_string(launch_.world_size) +
+                                 " initial workers registered within EBBFLOW_JOIN_TIMEOUT_MS, fewer than "
+                                 "EBBFLOW_MIN_SIZE=" +
+                                 std::to_string(opts_.min_size));
+    }
+  } else {
+    // Launch rank 0 writes generation 0 within initial_wait. If it has not
+    // by then (plus a lease) and it never registered or its heartbeat has
+    // stopped, the registered workers propose generation 0 without it: the
+    // first compare-and-set wins.
+    const auto takeover_at = deadline::after(opts_.initial_wait + opts_.lease);
+    lease_seen seen;
+    for (;;) {
+      try {
+        const bool early = !takeover_at.expired();
+        store_->wait({gkey}, early ? deadline(std::min(takeover_at.at(), overall.at()))
+                                   : deadline::after(std::chrono::milliseconds(100)));
+        break;
+      } catch (const system_error& e) {
+        if (e.code() != errc::timeout) throw;
+      }
+      if (overall.expired())
+        fail(error::timeout, "the initial generation was not formed within EBBFLOW_JOIN_TIMEOUT_MS");
+      if (!takeover_at.expired()) continue;
+      auto [got, present] = registered();
+      if (got[0] && fresh(*store_, detail::parse_i64(*got[0]), seen)) continue;  // rank 0 lives: it decides
+      if (got[0]) got[0].reset(), --present;
+      if (present >= opts_.min_size) {
+        EBBFLOW_LOG_WARN("launch rank 0 did not form the initial generation within EBBFLOW_INITIAL_WAIT_MS="
+                         << opts_.initial_wait.count() << " ms ("
+                         << (seen.empty() ? "it never registered" : "its heartbeat stopped") << "): launch rank "
+                         << launch_.rank << " proposes it without rank 0");
+        propose_initial(got);
+        break;
+      }
+    }
+  }
+  auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline())));
+  if (rec.rank_of(id_) < 0) {  // registered after the initial generation was formed without it
+    EBBFLOW_LOG_WARN("the initial generation was formed without launch rank " << launch_.rank
+                                                                              << ": joining as a newcomer");
+    wait_admission();
+    return;
+  }
+  adopt_or_recover(std::move(rec), started);
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::wait_admission() {
+  const auto started = steady_clock::now();
+  step_ = -1;
+  own_initial_state_ = false;  // the group went on without this member: its buffers are not the job's
+  const bool cooldown = opts_.join_cooldown.count() > 0;
+  // Until its probation ends, a newcomer that dies counts as a join failure
+  // of its worker (count_join_failures).
+  if (cooldown) store_->set(key("wkey/" + std::to_string(id_)), opts_.worker_key, store_deadline());
+  const std::string jkey = key("joined/" + std::to_string(id_));
+  // A member left out of its generation rejoins here; its key still names
+  // the generation it was admitted to before, which it must not adopt again.
+  const std::int64_t left = gen_.generation;
+  const auto admitted = [&]() -> bool {
+    auto v = store_->try_get(jkey, store_deadline());
+    if (!v) return false;
+    const auto g = detail::parse_i64(*v);
+    if (g <= left) return false;
+    if (cooldown)
+      probation_end_.store((steady_clock::now() + opts_.join_cooldown_max).time_since_epoch().count(),
+                           std::memory_order_relaxed);
+    adopt_or_recover(detail::generation_record::decode(to_bytes(*store_->try_get(gen_key(g), store_deadline()))),
+                     started);
+    return true;
+  };
+  // A leave request (SIGTERM through leave_on_signal: the launcher retiring
+  // its newest worker) ends the wait: this worker leaves without joining.
+  // Were it admitted meanwhile, the others find its lease expired.
+  const auto asked_to_leave = [&] {
+    if (detail::signal_leave_flag().load()) leave_requested_.store(true);
+    if (!leave_requested_.load()) return false;
+    EBBFLOW_LOG_INFO("member " << id_ << " asked to leave while waiting to be admitted: leaving without joining");
+    leave_now();
+    return true;
+  };
+  // Waits on the server (no polling: waiting newcomers cost the running
+  // members nothing), in slices so the job's end is noticed.
+  const auto wait_slice = [&](const deadline& d) {
+    if (job_done()) fail_job_finished("finished before this worker was admitted");
+    try {
+      store_->wait({jkey}, min(d, deadline::after(std::chrono::milliseconds(200))));
+    } catch (const system_error& e) {
+      if (e.code() != errc::timeout) throw;
+    }
+  };
+  std::int64_t held_for = 0;  // join failures in a row whose cool-down this worker waited out
+  for (;;) {                  // one ticket per pass; a cool-down answer starts the next
+    const auto seq = store_->add(key("join_seq"), 1, store_deadline());
+    store_->set(key("join/" + std::to_string(seq)),
+                std::to_string(id_) + " " + std::to_string(held_for) + " " + opts_.worker_key, store_deadline());
+    EBBFLOW_LOG_INFO("member " << id_ << " waiting to be admitted (join ticket " << seq << ")");
+    const auto d = deadline::after(opts_.join_timeout);
+    const std::string hkey = key("held/" + std::to_string(seq));
+    std::optional<std::string> hold;
+    while (!hold) {
+      if (admitted() || asked_to_leave()) return;
+      if (cooldown) hold = store_->try_get(hkey, store_deadline());
+      if (hold) break;
+      if (d.expired())
+        fail(error::timeout, "not admitted within EBBFLOW_JOIN_TIMEOUT_MS (group at max size, or no coordinator)");
+      wait_slice(d);
+    }
+    std::istringstream in(*hold);
+    std::int64_t ms = 0;
+    in >> ms >> held_for;
+    EBBFLOW_LOG_WARN("worker '" << opts_.worker_key << "' failed " << held_for
+                                << " times in a row while joining: held back " << static_cast<double>(ms) / 1000
+                                << " s (EBBFLOW_JOIN_COOLDOWN)");
+    const auto until = deadline::after(std::chrono::milliseconds(ms));
+    while (!until.expired()) {
+      if (admitted() || asked_to_leave()) return;  // an older ticket of this member was admitted after all
+      wait_slice(until);
+    }
+  }
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/formation.hpp>
+// #include <ebbflow/elastic/impl/group/generation.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/generation.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/generation.hpp
+//! Entering a generation: publishing and gathering the members' addresses,
+//! wiring up its transport while watching leases, installing it (the old
+//! one closes in the background), handing the heartbeat thread what to
+//! watch, and the members' scheduling; leaving the group.
+//! Training thread, except gather_addresses(rec, st, ...), which the
+//! admission helper also calls with its own store.
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/scheduling.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/scheduling.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/scheduling.hpp
+//! Linux scheduling of the elastic group's threads: the priority a joiner
+//! started lower gets back (EBBFLOW_JOIN_NICE), the members' scheduler slice
+//! (EBBFLOW_SCHED_SLICE_US), their real-time class (EBBFLOW_RT_PRIORITY), and
+//! the lowest priority of the admission helper. docs/elastic.md says when each
+//! helps. Failures are logged, never thrown: training goes on without them.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <span>
+#include <system_error>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
 
 // Calls f(tid) for every thread of this process (threads that end meanwhile
 // are the callee's to skip: their calls fail).
@@ -12035,571 +12867,28 @@ inline void lowest_cpu_priority() {
   if (const int cur = ::getpriority(PRIO_PROCESS, tid); errno == 0) ::setpriority(PRIO_PROCESS, tid, std::max(cur, 19));
 }
 
-// A worker's join failures in a row, as stored: "<count>" (after a reset),
-// or "<count> <generation> <member>,<member>,..." naming the members of the
-// failed generation already counted, so every recovering member can apply
-// the same failure and only the first one counts it.
-struct join_failures {
-  std::int64_t count = 0;
-  std::int64_t generation = -1;
-  std::vector<member_id> members;
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/scheduling.hpp>
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
 
-  static join_failures parse(const std::optional<std::string>& v) {
-    join_failures f;
-    if (!v || v->empty()) return f;
-    std::istringstream in(*v);
-    in >> f.count;
-    if (in >> f.generation) {
-      std::string ids;
-      in >> ids;
-      for (std::size_t at = 0; at < ids.size();) {
-        const auto comma = std::min(ids.find(',', at), ids.size());
-        f.members.push_back(parse_i64(ids.substr(at, comma - at)));
-        at = comma + 1;
-      }
-    }
-    if (in.fail() && !in.eof()) f = {};
-    return f;
-  }
-  std::string str() const {
-    std::string s = std::to_string(count) + " " + std::to_string(generation) + " ";
-    for (std::size_t i = 0; i < members.size(); ++i) {
-      if (i) s += ',';
-      s += std::to_string(members[i]);
-    }
-    return s;
-  }
-};
+#include <pthread.h>
+#include <string>
+#include <thread>
 
-inline bool recoverable(const std::error_code& ec) noexcept {
-  return ec == errc::peer_lost || ec == errc::timeout || ec == errc::revoked;
-}
-}  // namespace detail
-
-template <kv_store Store>
-std::optional<member_id> report_process_exit(Store& st, const group_options& o, std::string_view process_key,
-                                             std::string_view how, deadline d) {
-  const auto v = st.try_get(o.process_record_key(process_key), d);
-  if (!v) return std::nullopt;
-  const member_id m = detail::parse_i64(*v);
-  st.set(o.gone_key(m), how, d);
-  st.add(o.gone_count_key(), 1, d);  // after the report: who reads the new count finds it
-  return m;
-}
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
 
 template <kv_store Store, network Net>
-group<Store, Net>::group(store_factory connect_store, Net& net, group_options opts, launch_info launch,
-                         std::unique_ptr<planning_policy> policy)
-    : opts_(std::move(opts)),
-      launch_(std::move(launch)),
-      connect_store_(std::move(connect_store)),
-      net_(&net),
-      policy_(std::move(policy)) {
-  EBBFLOW_ENFORCE(opts_.global_batch > 0, "elastic group: global_batch must be > 0");
-  EBBFLOW_ENFORCE(opts_.dataset_size > 0, "elastic group: dataset_size must be > 0");
-  EBBFLOW_ENFORCE(!opts_.drop_last || opts_.global_batch <= opts_.dataset_size,
-                  "elastic group: drop_last with global_batch " << opts_.global_batch << " > dataset_size "
-                                                                << opts_.dataset_size << " leaves no step");
-  EBBFLOW_ENFORCE(
-      opts_.min_size >= 1 && opts_.max_size >= opts_.min_size && opts_.max_size <= comm::max_collective_ranks,
-      "elastic group: need 1 <= min_size (" << opts_.min_size << ") <= max_size (" << opts_.max_size << ") <= "
-                                            << comm::max_collective_ranks << " (the collectives' most ranks)");
-  EBBFLOW_ENFORCE(opts_.join_cooldown.count() >= 0 && opts_.join_cooldown_max >= opts_.join_cooldown,
-                  "elastic group: need 0 <= join_cooldown ("
-                      << opts_.join_cooldown.count() << " ms) <= join_cooldown_max (" << opts_.join_cooldown_max.count()
-                      << " ms)");
-  // A lease spans at least two heartbeats: a member whose counter moves only
-  // once per lease would be judged dead for one late beat.
-  EBBFLOW_ENFORCE(opts_.heartbeat.count() > 0 && opts_.lease >= 2 * opts_.heartbeat,
-                  "elastic group: EBBFLOW_LEASE_MS=" << opts_.lease.count() << " must be at least twice "
-                                                     << "EBBFLOW_HEARTBEAT_MS=" << opts_.heartbeat.count());
-  EBBFLOW_ENFORCE(opts_.sched_slice.count() == 0 || (opts_.sched_slice >= group_options::min_sched_slice &&
-                                                     opts_.sched_slice <= group_options::max_sched_slice),
-                  "elastic group: EBBFLOW_SCHED_SLICE_US="
-                      << opts_.sched_slice.count() << ": expected 0 or " << group_options::min_sched_slice.count()
-                      << " to " << group_options::max_sched_slice.count() << " (the kernel's range)");
-  EBBFLOW_ENFORCE(opts_.rt_priority >= 0 && opts_.rt_priority <= group_options::max_rt_priority,
-                  "elastic group: EBBFLOW_RT_PRIORITY=" << opts_.rt_priority << ": expected 0 (off) or 1 to "
-                                                        << group_options::max_rt_priority);
-  // The first generation is formed from the launched workers alone (a
-  // newcomer joins a running group): fewer than min_size could never start.
-  EBBFLOW_ENFORCE(opts_.join || launch_.world_size >= opts_.min_size,
-                  "elastic group: EBBFLOW_MIN_SIZE=" << opts_.min_size << " but this launch starts "
-                                                     << launch_.world_size
-                                                     << " workers; the first generation is formed from the "
-                                                        "launched workers, so launch at least min_size of them");
-  EBBFLOW_ENFORCE(policy_ != nullptr, "elastic group: null planning policy");
-  EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
-  if (opts_.worker_key.empty()) opts_.worker_key = env::host_name();
-  store_ = connect_store_();
-  // A store that outlives its jobs keeps a finished job's keys under its
-  // prefix: this worker would take that job's generations for its own.
-  if (job_done())
-    fail_job_finished(
-        "on this store has finished: a worker started now cannot join it, and a new job needs a prefix of its own "
-        "(EBBFLOW_JOB; ebbflow-run --attach picks a fresh one) or a fresh store");
-  // The admission helper's own connection, made now rather than in the
-  // middle of a membership change (a joiner makes it later, when needed:
-  // its start-up is already part of one).
-  if (detail::can_preconnect<Net>() && opts_.preconnect && !opts_.join) aux_store_ = connect_store_();
-  coll_opts_ = comm::collective_options::from_environment();
-  coll_opts_.timeout = opts_.op_timeout;
-  id_ = store_->add(key("next_id"), 1, store_deadline());
-  // Which member this process is, for its launcher's report of its exit.
-  if (!opts_.process_key.empty())
-    store_->set(opts_.process_record_key(opts_.process_key), std::to_string(id_), store_deadline());
-  if constexpr (detail::stable_address<Net>()) {
-    const bytes mine = net_->prepare(0);
-    store_->set(key("addr/" + std::to_string(id_)), to_value(mine), store_deadline());
-  }
-  heartbeat_ = std::jthread([this](std::stop_token st) { heartbeat_loop(st); });
-  ::ebbflow::detail::name_thread(heartbeat_, "ebbflow-beat");
-  if (!opts_.join && launch_.rank < launch_.world_size) {
-    own_initial_state_ = true;
-    form_initial();
-  } else {
-    wait_admission();  // a newcomer keeps a lowered priority (--join-nice) until the state moves (sync_state)
-  }
-}
-
-template <kv_store Store, network Net>
-group<Store, Net>::~group() {
-  wait_for_peers_to_end();
-  heartbeat_.request_stop();
-  if (heartbeat_.joinable()) heartbeat_.join();
-  next_.reset();  // stops and joins an admission helper first
-  retiring_.reset();
-  comm_.reset();
-  transport_.reset();
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::wait_for_peers_to_end() noexcept {
-  // A member that ends between steps (its training done) keeps its
-  // transport until every member of its generation has ended too: a peer
-  // still inside the last control exchange would take this one's closing
-  // endpoints for a death (over tcp a close can reset what the peer has
-  // not read yet) and fail the step it has in fact finished. A store
-  // barrier, not a collective: its own last message cannot race a close.
-  if (!active_ || !transport_ || phase_ != step_phase::closed || step_ <= 0 || !store_) return;
-  try {
-    const std::string prefix = "ended/" + std::to_string(gen_.generation) + "/";
-    store_->set(key(prefix + std::to_string(id_)), std::to_string(step_), store_deadline());
-    std::vector<std::string> keys;
-    for (const auto& m : gen_.members)
-      if (m.id != id_) keys.push_back(key(prefix + std::to_string(m.id)));
-    if (!keys.empty()) store_->wait(keys, deadline::after(std::min<steady_clock::duration>(opts_.lease, end_wait_max)));
-  } catch (const std::exception&) {
-    // A member that is gone, or one that trains on: it was waited for long enough.
-  }
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::register_state(std::string name, std::span<std::byte> host_bytes) {
-  if (started_)
-    fail(error::invalid_state, "register_state('" + name +
-                                   "') after the first begin_step: the state moved to the other members without it "
-                                   "(register every buffer before training)");
-  for (auto& s : state_) EBBFLOW_ENFORCE(s.name != name, "elastic group: state '" << name << "' registered twice");
-  state_.push_back({std::move(name), host_bytes});
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::fail(std::error_code ec, const std::string& what) const {
-  throw group_error(ec, {.rank = rank_, .generation = gen_.generation, .operation = "elastic group", .detail = what});
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::fail_job_finished(std::string_view what) const {
-  fail(error::job_finished, "the job EBBFLOW_JOB='" + opts_.prefix + "' " + std::string(what));
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::heartbeat_loop(std::stop_token st) {
-  std::unique_ptr<Store> s;
-  bool warned = false;
-  peer_watch peers;
-  std::vector<std::string> keys;
-  std::vector<std::int64_t> deltas;
-  std::vector<std::string> wake;  // the keys to wait for between beats
-  std::vector<member_id> watched;
-  std::vector<int> watched_ranks;
-  std::int64_t published = 0;          // this member's progress counter in the store, as last read
-  std::int64_t next_ticket = 1;        // coordinator: the first join ticket not read yet
-  steady_clock::rep stall_warned = 0;  // the wait (its start) last reported
-  struct {
-    std::int64_t reports = 0, generation = -1;
-  } gone;  // the count of exit reports last read, for the watched members of which generation
-  std::int64_t round_generation = -1;  // the generation this round was for
-  while (!st.stop_requested()) {
-    try {
-      if (!s) s = connect_store_();
-      const std::int64_t g = round_generation = hb_generation_.load();
-      const bool watch = hb_watch_joins_.load(std::memory_order_relaxed);
-      {
-        std::lock_guard lk(hb_mutex_);
-        if (g >= 0 && hb_watched_gen_ == g)
-          watched = hb_watched_, watched_ranks = hb_watched_ranks_;
-        else
-          watched.clear(), watched_ranks.clear();
-      }
-      // A wait in one collective longer than stall_warning: this round also
-      // reads the watched members' progress, to say who is behind.
-      const std::int64_t progress = progress_.load(std::memory_order_relaxed);
-      const auto since = waiting_since_.load(std::memory_order_relaxed);
-      const auto waited = steady_clock::now() - steady_clock::time_point(steady_clock::duration(since));
-      const bool stalled = opts_.stall_warning.count() > 0 && since != 0 && since != stall_warned &&
-                           waited >= opts_.stall_warning && !watched.empty();
-      // One round trip: this member's heartbeat and progress, the counters of
-      // the members whose leases it watches, (coordinator) the join-ticket
-      // counter and (stalled) the watched members' progress.
-      keys.assign({key("hb/" + std::to_string(id_))});
-      deltas.assign({1});
-      const bool publish = progress != published;
-      if (publish) keys.push_back(key("progress/" + std::to_string(id_))), deltas.push_back(progress - published);
-      const std::size_t hb_at = keys.size();
-      for (auto w : watched) keys.push_back(key("hb/" + std::to_string(w))), deltas.push_back(0);
-      const std::size_t join_at = keys.size();
-      if (watch) keys.push_back(key("join_seq")), deltas.push_back(0);
-      const std::size_t gone_at = keys.size();
-      keys.push_back(opts_.gone_count_key()), deltas.push_back(0);
-      const std::size_t progress_at = keys.size();
-      if (stalled)
-        for (auto w : watched) keys.push_back(key("progress/" + std::to_string(w))), deltas.push_back(0);
-      const auto counters =
-          detail::add_all(*s, keys, deltas, deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
-      if (publish) published = counters[1];
-      if (watch) {
-        // The new tickets first, then the hint: a step that sees the hint
-        // finds them read (prefetch_tickets makes no call while none is new).
-        next_ticket = prefetch_tickets(*s, counters[join_at]);
-        join_seq_hint_.store(counters[join_at], std::memory_order_relaxed);
-      }
-      if (const auto end = probation_end_.load(std::memory_order_relaxed);
-          end != 0 && steady_clock::now().time_since_epoch().count() >= end) {
-        // A newcomer that stayed: its worker's join failures no longer run in a row.
-        s->set(key("wkey/" + std::to_string(id_)), "", store_deadline());
-        s->set(key("joinfail/" + opts_.worker_key), "0", store_deadline());
-        probation_end_.store(0, std::memory_order_relaxed);
-      }
-      if constexpr (requires { s->erase(std::string()); }) {
-        std::vector<std::string> erase;
-        {
-          std::lock_guard lk(hb_mutex_);
-          erase.swap(hb_erase_);
-        }
-        for (auto& k : erase) s->erase(k);
-      }
-      if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
-        peers.aborted = g;
-        std::lock_guard lk(hb_mutex_);
-        if (hb_revoke_ && !hb_revoke_->revoked()) {
-          EBBFLOW_LOG_DEBUG("generation " << g << " aborted by a peer: revoking the transport");
-          hb_revoke_->revoke();
-        }
-      } else if (!watched.empty()) {
-        // A launcher's report of an exit (report_process_exit) is read once
-        // per new report, and once per generation (new members watched).
-        if (const auto reports = counters[gone_at];
-            g >= 0 && reports != 0 && (reports != gone.reports || g != gone.generation)) {
-          check_gone(*s, g, watched, watched_ranks, peers);
-          gone = {reports, g};
-        }
-        check_leases(*s, g, watched, std::span(counters).subspan(hb_at, watched.size()), peers);
-        if (stalled && detail::progress::decode(progress).generation == detail::progress::stored_generation(g)) {
-          stall_warned = since;
-          report_stall(progress, waited, watched, watched_ranks,
-                       std::span(counters).subspan(progress_at, watched.size()), watch);
-        }
-      }
-      warned = false;
-      // Between beats the thread waits on the server instead of sleeping:
-      // for its generation's abort, which then revokes this member's
-      // transport at once, not at its next beat (a survivor whose own peers
-      // are alive learns of a death only this way); and the coordinator for
-      // the next join ticket too, which then reaches the hint at once (one
-      // counted but not yet written is the next one to wait for).
-      wake.clear();
-      if (watch) wake.push_back(key("join/" + std::to_string(next_ticket)));
-      if (g >= 0 && g != peers.aborted) wake.push_back(key("abort/" + std::to_string(g)));
-      if (!wake.empty()) {
-        detail::wait_any_key(*s, wake, deadline::after(opts_.heartbeat), st);
-        continue;
-      }
-    } catch (const std::exception& e) {
-      if (!warned) EBBFLOW_LOG_WARN("heartbeat of member " << id_ << " failed: " << e.what());
-      warned = true;
-      s.reset();
-    }
-    // Not a member (yet): the next round comes at the next beat, or as soon
-    // as this process becomes one (it then waits for its generation's abort).
-    std::unique_lock lk(hb_wake_m_);
-    hb_wake_.wait_for(lk, st, opts_.heartbeat, [&] { return round_generation < 0 && hb_generation_.load() >= 0; });
-  }
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::check_gone(Store& st, std::int64_t g, const std::vector<member_id>& ids,
-                                   const std::vector<int>& ranks, peer_watch& w) {
-  if (w.aborted == g) return;
-  std::vector<std::string> keys;
-  for (auto m : ids) keys.push_back(opts_.gone_key(m));
-  const auto how = detail::try_get_all(st, keys, store_deadline());
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (!how[i]) continue;
-    if (!abort_due(st, g)) return;
-    EBBFLOW_LOG_WARN("member " << ids[i] << " (rank " << ranks[i] << " of generation " << g
-                               << ") is gone: its launcher saw its process exit (" << *how[i]
-                               << "); aborting generation " << g << " without it");
-    abort_without(st, g, ids[i], w);
-    return;
-  }
-}
-
-template <kv_store Store, network Net>
-bool group<Store, Net>::abort_due(Store& st, std::int64_t g) {
-  if (st.try_get(key("done"), store_deadline())) return false;  // the job finished: its members stop and exit
-  return hb_generation_.load() == g;                            // else the generation changed meanwhile
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::abort_without(Store& st, std::int64_t g, member_id m, peer_watch& w) {
-  st.set(dead_key(g, m), "1", store_deadline());
-  st.set(key("abort/" + std::to_string(g)), "1", store_deadline());
-  w.aborted = g;
-  std::lock_guard lk(hb_mutex_);
-  if (hb_revoke_ && !hb_revoke_->revoked()) hb_revoke_->revoke();
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::check_leases(Store& st, std::int64_t g, const std::vector<member_id>& ids,
-                                     std::span<const std::int64_t> hb, peer_watch& w) {
-  // A member that hangs inside a collective (a stopped process, a livelock)
-  // fails no transport operation: without this, its peers would wait for the
-  // collective's deadline (op_timeout). Its silent lease aborts the step.
-  const auto now = steady_clock::now();
-  if (w.generation != g || now - w.last_round > opts_.lease / 2) {
-    // A new generation, or a gap in this thread's own rounds (it was
-    // descheduled, the machine paused): that says nothing of the others, so
-    // their leases are timed afresh.
-    w.seen.clear();
-    w.generation = g;
-  }
-  w.last_round = now;
-  if (w.aborted == g) return;
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (fresh(ids[i], hb[i], now, w.seen)) continue;
-    if (!abort_due(st, g)) return;
-    EBBFLOW_LOG_WARN("member " << ids[i] << " sent no heartbeat for EBBFLOW_LEASE_MS="
-                               << std::chrono::duration_cast<std::chrono::milliseconds>(opts_.lease).count()
-                               << " ms: aborting generation " << g << " without it");
-    abort_without(st, g, ids[i], w);
-    return;
-  }
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::propose_initial(const std::vector<std::optional<std::string>>& registered) {
-  detail::generation_record rec;
-  rec.generation = 0;
-  rec.reason = change_reason::initial;
-  std::vector<member_id> ids;
-  std::string missing, over;
-  for (std::size_t r = 0; r < registered.size(); ++r) {
-    if (!registered[r]) {
-      detail::append_listed(missing, std::to_string(r));
-      continue;
-    }
-    const member_id m = detail::parse_i64(*registered[r]);
-    if (static_cast<int>(ids.size()) >= opts_.max_size && m != id_) {
-      detail::append_listed(over, std::to_string(r));
-      continue;
-    }
-    rec.members.push_back({m, m == id_ ? 0 : -1});  // the proposer holds the initial state
-    ids.push_back(m);
-  }
-  if (!over.empty())
-    EBBFLOW_LOG_WARN("launch rank(s) " << over << " above EBBFLOW_MAX_SIZE=" << opts_.max_size
-                                       << ": they wait to join as newcomers");
-  // Launch rank 0 names the workers it starts without; another launch rank
-  // proposes only when rank 0 is gone, and has said so (form_initial).
-  if (!missing.empty() && launch_.rank == 0)
-    EBBFLOW_LOG_WARN("initial worker(s) " << missing << " did not register within EBBFLOW_INITIAL_WAIT_MS="
-                                          << opts_.initial_wait.count() << " ms: starting with " << ids.size() << " of "
-                                          << registered.size() << "; a late one joins as a newcomer");
-  rec.source = id_;
-  rec.source_step = 0;
-  auto p = plan_of(ids);
-  rec.plan.assign(p.begin(), p.end());
-  rec.plan_version = 1;
-  rec.joins_seen = 0;
-  const std::string mine = to_value(rec.encode());
-  if (store_->compare_set(gen_key(0), "", mine, store_deadline()).current == mine) step_ = 0;
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::form_initial() {
-  const auto started = steady_clock::now();
-  store_->set(key("init/" + std::to_string(launch_.rank)), std::to_string(id_), store_deadline());
-  const std::string gkey = gen_key(0);
-  std::vector<std::string> keys;
-  for (int r = 0; r < launch_.world_size; ++r) keys.push_back(key("init/" + std::to_string(r)));
-  const auto overall = deadline::after(opts_.join_timeout);
-  const auto registered = [&] {
-    auto got = detail::try_get_all(*store_, keys, store_deadline());
-    return std::pair{got,
-                     static_cast<int>(std::count_if(got.begin(), got.end(), [](auto& v) { return v.has_value(); }))};
-  };
-  if (launch_.rank == 0) {
-    // Every launched worker, for up to initial_wait; then those registered,
-    // if at least min_size (a worker that died while starting must not stop
-    // the job), waiting on for min_size of them until join_timeout.
-    const auto all_by = std::min(deadline::after(opts_.initial_wait).at(), overall.at());
-    for (bool first = true;; first = false) {
-      try {
-        store_->wait(keys, first ? deadline(all_by) : deadline::after(std::chrono::milliseconds(100)));
-      } catch (const system_error& e) {
-        if (e.code() != errc::timeout) throw;
-      }
-      auto [got, present] = registered();
-      if (present == launch_.world_size || present >= opts_.min_size) {
-        propose_initial(got);
-        break;
-      }
-      if (overall.expired())
-        fail(error::timeout, "only " + std::to_string(present) + " of the " + std::to_string(launch_.world_size) +
-                                 " initial workers registered within EBBFLOW_JOIN_TIMEOUT_MS, fewer than "
-                                 "EBBFLOW_MIN_SIZE=" +
-                                 std::to_string(opts_.min_size));
-    }
-  } else {
-    // Launch rank 0 writes generation 0 within initial_wait. If it has not
-    // by then (plus a lease) and it never registered or its heartbeat has
-    // stopped, the registered workers propose generation 0 without it: the
-    // first compare-and-set wins.
-    const auto takeover_at = deadline::after(opts_.initial_wait + opts_.lease);
-    lease_seen seen;
-    for (;;) {
-      try {
-        const bool early = !takeover_at.expired();
-        store_->wait({gkey}, early ? deadline(std::min(takeover_at.at(), overall.at()))
-                                   : deadline::after(std::chrono::milliseconds(100)));
-        break;
-      } catch (const system_error& e) {
-        if (e.code() != errc::timeout) throw;
-      }
-      if (overall.expired())
-        fail(error::timeout, "the initial generation was not formed within EBBFLOW_JOIN_TIMEOUT_MS");
-      if (!takeover_at.expired()) continue;
-      auto [got, present] = registered();
-      if (got[0] && fresh(*store_, detail::parse_i64(*got[0]), seen)) continue;  // rank 0 lives: it decides
-      if (got[0]) got[0].reset(), --present;
-      if (present >= opts_.min_size) {
-        EBBFLOW_LOG_WARN("launch rank 0 did not form the initial generation within EBBFLOW_INITIAL_WAIT_MS="
-                         << opts_.initial_wait.count() << " ms ("
-                         << (seen.empty() ? "it never registered" : "its heartbeat stopped") << "): launch rank "
-                         << launch_.rank << " proposes it without rank 0");
-        propose_initial(got);
-        break;
-      }
-    }
-  }
-  auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline())));
-  if (rec.rank_of(id_) < 0) {  // registered after the initial generation was formed without it
-    EBBFLOW_LOG_WARN("the initial generation was formed without launch rank " << launch_.rank
-                                                                              << ": joining as a newcomer");
-    wait_admission();
-    return;
-  }
-  adopt_or_recover(std::move(rec), started);
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::wait_admission() {
-  const auto started = steady_clock::now();
-  step_ = -1;
-  own_initial_state_ = false;  // the group went on without this member: its buffers are not the job's
-  const bool cooldown = opts_.join_cooldown.count() > 0;
-  // Until its probation ends, a newcomer that dies counts as a join failure
-  // of its worker (count_join_failures).
-  if (cooldown) store_->set(key("wkey/" + std::to_string(id_)), opts_.worker_key, store_deadline());
-  const std::string jkey = key("joined/" + std::to_string(id_));
-  // A member left out of its generation rejoins here; its key still names
-  // the generation it was admitted to before, which it must not adopt again.
-  const std::int64_t left = gen_.generation;
-  const auto admitted = [&]() -> bool {
-    auto v = store_->try_get(jkey, store_deadline());
-    if (!v) return false;
-    const auto g = detail::parse_i64(*v);
-    if (g <= left) return false;
-    if (cooldown)
-      probation_end_.store((steady_clock::now() + opts_.join_cooldown_max).time_since_epoch().count(),
-                           std::memory_order_relaxed);
-    adopt_or_recover(detail::generation_record::decode(to_bytes(*store_->try_get(gen_key(g), store_deadline()))),
-                     started);
-    return true;
-  };
-  // A leave request (SIGTERM through leave_on_signal: the launcher retiring
-  // its newest worker) ends the wait: this worker leaves without joining.
-  // Were it admitted meanwhile, the others find its lease expired.
-  const auto asked_to_leave = [&] {
-    if (detail::signal_leave_flag().load()) leave_requested_.store(true);
-    if (!leave_requested_.load()) return false;
-    EBBFLOW_LOG_INFO("member " << id_ << " asked to leave while waiting to be admitted: leaving without joining");
-    leave_now();
-    return true;
-  };
-  // Waits on the server (no polling: waiting newcomers cost the running
-  // members nothing), in slices so the job's end is noticed.
-  const auto wait_slice = [&](const deadline& d) {
-    if (job_done()) fail_job_finished("finished before this worker was admitted");
-    try {
-      store_->wait({jkey}, min(d, deadline::after(std::chrono::milliseconds(200))));
-    } catch (const system_error& e) {
-      if (e.code() != errc::timeout) throw;
-    }
-  };
-  std::int64_t held_for = 0;  // join failures in a row whose cool-down this worker waited out
-  for (;;) {                  // one ticket per pass; a cool-down answer starts the next
-    const auto seq = store_->add(key("join_seq"), 1, store_deadline());
-    store_->set(key("join/" + std::to_string(seq)),
-                std::to_string(id_) + " " + std::to_string(held_for) + " " + opts_.worker_key, store_deadline());
-    EBBFLOW_LOG_INFO("member " << id_ << " waiting to be admitted (join ticket " << seq << ")");
-    const auto d = deadline::after(opts_.join_timeout);
-    const std::string hkey = key("held/" + std::to_string(seq));
-    std::optional<std::string> hold;
-    while (!hold) {
-      if (admitted() || asked_to_leave()) return;
-      if (cooldown) hold = store_->try_get(hkey, store_deadline());
-      if (hold) break;
-      if (d.expired())
-        fail(error::timeout, "not admitted within EBBFLOW_JOIN_TIMEOUT_MS (group at max size, or no coordinator)");
-      wait_slice(d);
-    }
-    std::istringstream in(*hold);
-    std::int64_t ms = 0;
-    in >> ms >> held_for;
-    EBBFLOW_LOG_WARN("worker '" << opts_.worker_key << "' failed " << held_for
-                                << " times in a row while joining: held back " << static_cast<double>(ms) / 1000
-                                << " s (EBBFLOW_JOIN_COOLDOWN)");
-    const auto until = deadline::after(std::chrono::milliseconds(ms));
-    while (!until.expired()) {
-      if (admitted() || asked_to_leave()) return;  // an older ticket of this member was admitted after all
-      wait_slice(until);
-    }
-  }
-}
-
-template <kv_store Store, network Net>
-std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_record& rec) {
+std::vector<bytes> group_impl<Store, Net>::gather_addresses(const detail::generation_record& rec) {
   return gather_addresses(rec, *store_, address_cache_, rank_, revoke_, {});
 }
 
 template <kv_store Store, network Net>
-std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_record& rec, Store& st,
-                                                       std::map<member_id, bytes>& cache, int rank,
-                                                       const std::shared_ptr<comm::revoke_flag>& revoke,
-                                                       std::stop_token stop) {
+std::vector<bytes> group_impl<Store, Net>::gather_addresses(const detail::generation_record& rec, Store& st,
+                                                            std::map<member_id, bytes>& cache, int rank,
+                                                            const std::shared_ptr<comm::revoke_flag>& revoke,
+                                                            std::stop_token stop) {
   // Every member publishes the address of its endpoint for this generation;
   // a member that stops heartbeating before it published is reported lost,
   // so the others fail over instead of waiting for the full deadline.
@@ -12657,7 +12946,7 @@ std::vector<bytes> group<Store, Net>::gather_addresses(const detail::generation_
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::enter(detail::generation_record rec) {
+void group_impl<Store, Net>::enter(detail::generation_record rec) {
   // Becomes a member of `rec`'s generation: rank, revocation flag watched by
   // the heartbeat thread; the old transport is released.
   const int r = rec.rank_of(id_);
@@ -12696,7 +12985,7 @@ void group<Store, Net>::enter(detail::generation_record rec) {
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::became_member() {
+void group_impl<Store, Net>::became_member() {
   // The one moment this process starts doing the members' work: a launched
   // worker as it enters its first generation, a newcomer once the members
   // switched to its generation and the state starts to move (until then its
@@ -12709,7 +12998,7 @@ void group<Store, Net>::became_member() {
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::take_member_scheduling() {
+void group_impl<Store, Net>::take_member_scheduling() {
   // The scheduler slice, then the real-time class (a slice is asked for on
   // a normal thread only). A newcomer with a real-time priority takes both
   // as it starts to wait for the members' switch (sync_state): from there it
@@ -12728,8 +13017,8 @@ void group<Store, Net>::take_member_scheduling() {
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_point started,
-                              std::optional<typename Net::transport_type> begun) {
+void group_impl<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_point started,
+                                   std::optional<typename Net::transport_type> begun) {
   next_.reset();
   const int old_size = static_cast<int>(gen_.members.size());
   enter(std::move(rec));
@@ -12758,8 +13047,8 @@ void group<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::adopt_or_recover(detail::generation_record rec, steady_clock::time_point started,
-                                         std::optional<typename Net::transport_type> begun) {
+void group_impl<Store, Net>::adopt_or_recover(detail::generation_record rec, steady_clock::time_point started,
+                                              std::optional<typename Net::transport_type> begun) {
   const std::int64_t g = rec.generation;
   try {
     adopt(std::move(rec), started, std::move(begun));
@@ -12770,18 +13059,9 @@ void group<Store, Net>::adopt_or_recover(detail::generation_record rec, steady_c
 }
 
 template <kv_store Store, network Net>
-int group<Store, Net>::lost_in_adopt(const system_error& e) noexcept {
-  // adopt() runs no collective: a member its error names stopped heartbeating
-  // or never published its address, or its endpoint could not be made; it
-  // is not a live neighbour stuck behind a dead one (lost_peer_of). Nor can
-  // lost_peer_of ask the transport: the new one is not made yet.
-  return e.code() == errc::peer_lost ? e.peer() : -1;
-}
-
-template <kv_store Store, network Net>
-typename Net::transport_type group<Store, Net>::connect_watched(const detail::generation_record& rec,
-                                                                const std::vector<bytes>& addrs,
-                                                                std::optional<typename Net::transport_type> begun) {
+typename Net::transport_type group_impl<Store, Net>::connect_watched(
+    const detail::generation_record& rec, const std::vector<bytes>& addrs,
+    std::optional<typename Net::transport_type> begun) {
   const auto d = deadline::after(opts_.op_timeout);
   if constexpr (detail::can_preconnect<Net>()) {
     // Wire up while watching the members' leases: a member that died before
@@ -12825,49 +13105,8 @@ typename Net::transport_type group<Store, Net>::connect_watched(const detail::ge
 }
 
 template <kv_store Store, network Net>
-int group<Store, Net>::poll_next() {
-  // 1: wired up; 0: not yet; -1: failed or overdue (the group then switches
-  // the blocking way, which fails over to recovery).
-  if constexpr (detail::can_preconnect<Net>()) {
-    if (next_->leaving) return 1;  // nothing to connect: it leaves at the switch
-    if (next_->failed) return -1;
-    fault_point("preconnect");
-    try {
-      if (next_->admission) {
-        // The helper runs at the lowest CPU priority: on a host whose cores
-        // are all busy it may get no time at all. It has one lease; past
-        // that, the members finish the change on their training threads.
-        if (!next_->admission->done.load(std::memory_order_acquire)) {
-          if (steady_clock::now() - next_->since <= opts_.lease) return 0;
-          EBBFLOW_LOG_WARN("admission helper of generation "
-                           << next_->g1 << " not done after EBBFLOW_LEASE_MS=" << opts_.lease.count()
-                           << ": finishing the change on the training thread");
-          return -1;
-        }
-        take_admission();
-        if (next_->failed) return -1;
-      }
-      if (next_->transport->poll_connect()) return 1;
-      // A joiner that died before it wired up: noticed through its lease.
-      if (const int j = stale_member(next_->rec, next_->joiners, true); j >= 0) {
-        EBBFLOW_LOG_WARN("joiner " << next_->rec.members[static_cast<std::size_t>(j)].id
-                                   << " stopped heartbeating before it connected");
-        return -1;
-      }
-    } catch (const system_error& e) {
-      if (!detail::recoverable(e.code())) throw;
-      EBBFLOW_LOG_WARN("background connect of generation " << next_->rec.generation << " failed: " << e.what());
-      return -1;
-    }
-    return steady_clock::now() - next_->since > opts_.op_timeout ? -1 : 0;
-  } else {
-    return -1;
-  }
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::install(detail::generation_record rec, typename Net::transport_type t,
-                                steady_clock::time_point started, double prepared_seconds) {
+void group_impl<Store, Net>::install(detail::generation_record rec, typename Net::transport_type t,
+                                     steady_clock::time_point started, double prepared_seconds) {
   const int old_size = static_cast<int>(gen_.members.size());
   comm_.reset();  // before its transport moves away (enter() resets the rest)
   if constexpr (requires(typename Net::transport_type & x) {
@@ -12894,7 +13133,44 @@ void group<Store, Net>::install(detail::generation_record rec, typename Net::tra
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::sync_state() {
+void group_impl<Store, Net>::leave_now() {
+  active_ = false;
+  EBBFLOW_LOG_INFO("member " << id_ << " left the group after step " << step_);
+  hb_generation_.store(-1);
+  next_.reset();
+  comm_.reset();
+  transport_.reset();
+  heartbeat_.request_stop();
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/generation.hpp>
+// #include <ebbflow/elastic/impl/group/state_transfer.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/state_transfer.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/state_transfer.hpp
+//! Streaming the committed state (registered buffers plus step, epoch and
+//! cursor) from the members holding the newest step to those that lack it,
+//! over the new generation's point-to-point tags; a launched worker
+//! receives into a staging copy so a sender's death leaves its own state.
+//! Training thread only.
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/wire.hpp>  (inlined)
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::sync_state() {
   if (gen_.source == id_ && step_ < 0) take_own_initial_state();
   const auto d = deadline::after(opts_.op_timeout);
   auto& c = *comm_;
@@ -13018,28 +13294,34 @@ void group<Store, Net>::sync_state() {
   }
 }
 
-template <kv_store Store, network Net>
-void group<Store, Net>::notify(change_reason reason, int old_size, double stall) {
-  world_change wc{gen_.generation, reason, old_size, size(), rank_, step_, stall};
-  history_.push_back(wc);
-  EBBFLOW_LOG_INFO("generation " << wc.generation << " (" << name(reason) << "): " << old_size << " -> " << wc.new_size
-                                 << " members, rank " << rank_ << ", step " << step_ << ", ready after " << stall * 1e3
-                                 << " ms");
-  // A callback's exception reaches the caller of begin_step as it is, even
-  // an ebbflow::system_error whose code a member failure would have: the
-  // change it announced stays in effect.
-  for (auto& cb : callbacks_) {
-    try {
-      cb(wc);
-    } catch (...) {
-      callback_threw_ = true;
-      throw;
-    }
-  }
-}
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/state_transfer.hpp>
+// #include <ebbflow/elastic/impl/group/step.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/step.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/step.hpp
+//! The user's step: begin_step (pending switch and state transfer first),
+//! the collectives (a failure aborts the step and recovers), in-step work
+//! stealing, and end_step: commit, then the control exchange that feeds the
+//! policy and decides re-plans, joins and leaves, and switches to a
+//! generation wired up in the background.
+//! Training thread only.
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
 
 template <kv_store Store, network Net>
-step_info group<Store, Net>::begin_step() {
+step_info group_impl<Store, Net>::begin_step() {
   const inside busy(in_group_);
   if (!active_) fail(error::invalid_state, "begin_step after this member left the group");
   if (detail::signal_leave_flag().load()) leave_requested_.store(true);
@@ -13065,7 +13347,7 @@ step_info group<Store, Net>::begin_step() {
 }
 
 template <kv_store Store, network Net>
-step_info group<Store, Net>::current_slice() const {
+step_info group_impl<Store, Net>::current_slice() const {
   step_info s;
   s.step = step_;
   s.epoch = epoch_;
@@ -13085,7 +13367,7 @@ step_info group<Store, Net>::current_slice() const {
 
 template <kv_store Store, network Net>
 template <class F>
-bool group<Store, Net>::collective(F&& f) {
+bool group_impl<Store, Net>::collective(F&& f) {
   const inside busy(in_group_);
   require_open_step("a collective");
   try {
@@ -13104,7 +13386,7 @@ bool group<Store, Net>::collective(F&& f) {
 }
 
 template <kv_store Store, network Net>
-std::vector<std::size_t> group<Store, Net>::plan_of(const std::vector<member_id>& ids) const {
+std::vector<std::size_t> group_impl<Store, Net>::plan_of(const std::vector<member_id>& ids) const {
   auto p = policy_->plan(ids, opts_.global_batch);
   std::size_t sum = 0;
   bool wrapped = false;
@@ -13118,7 +13400,7 @@ std::vector<std::size_t> group<Store, Net>::plan_of(const std::vector<member_id>
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::require_open_step(const char* what) const {
+void group_impl<Store, Net>::require_open_step(const char* what) const {
   if (!active_) fail(error::invalid_state, std::string(what) + " after this member left the group");
   if (phase_ == step_phase::closed)
     fail(error::invalid_state,
@@ -13129,18 +13411,19 @@ void group<Store, Net>::require_open_step(const char* what) const {
 }
 
 template <kv_store Store, network Net>
-bool group<Store, Net>::allreduce(std::span<float> data) {
-  return collective(
-      [&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
-}
-template <kv_store Store, network Net>
-bool group<Store, Net>::allreduce(std::span<double> data) {
+bool group_impl<Store, Net>::allreduce(std::span<float> data) {
   return collective(
       [&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::control_allreduce(std::span<double> v) {
+bool group_impl<Store, Net>::allreduce(std::span<double> data) {
+  return collective(
+      [&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::control_allreduce(std::span<double> v) {
   // The communicator's allreduce gives bitwise-identical results on every
   // rank, so every member's policy observes exactly the same numbers.
   const auto w = enter_collective(true);
@@ -13148,7 +13431,7 @@ void group<Store, Net>::control_allreduce(std::span<double> v) {
 }
 
 template <kv_store Store, network Net>
-typename group<Store, Net>::waiting group<Store, Net>::enter_collective(bool control) noexcept {
+typename group_impl<Store, Net>::waiting group_impl<Store, Net>::enter_collective(bool control) noexcept {
   // The control exchange runs after the commit (step_ already advanced):
   // it counts as collective 0 of the next step.
   const std::pair<std::int64_t, std::int64_t> at{gen_.generation, step_};
@@ -13160,247 +13443,28 @@ typename group<Store, Net>::waiting group<Store, Net>::enter_collective(bool con
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::report_stall(std::int64_t mine, steady_clock::duration waited,
-                                     const std::vector<member_id>& ids, const std::vector<int>& ranks,
-                                     std::span<const std::int64_t> progress, bool coordinator) const {
-  std::string behind;
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    if (progress[i] < mine)
-      behind += (behind.empty() ? "" : ", ") + std::to_string(ids[i]) + " (rank " + std::to_string(ranks[i]) +
-                (coordinator ? ")" : ", the coordinator)");
-  const auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
-  std::ostringstream where;
-  const auto at = detail::progress::decode(mine);
-  where << "generation " << at.generation << ": member " << id_ << " has waited " << ms(waited) << " ms in ";
-  if (at.collective == 0)
-    where << "the control exchange after step " << at.step - 1;
-  else
-    where << "collective " << at.collective << " of step " << at.step;
-  if (behind.empty()) {
-    // A member this one does not watch is behind: the coordinator names it.
-    EBBFLOW_LOG_DEBUG(where.str() << "; the members it watches have reached it");
-    return;
-  }
-  EBBFLOW_LOG_WARN(where.str() << "; member(s) " << behind
-                               << " have not reached it while their heartbeats go on (a training thread stuck "
-                                  "outside ebbflow, e.g. in a data loader or a lock, or a collective skipped); "
-                                  "EBBFLOW_OP_TIMEOUT_MS="
-                               << ms(opts_.op_timeout) << " ms after it began, the step aborts and the group "
-                               << "goes on without them");
-}
-
-template <kv_store Store, network Net>
-std::vector<member_id> group<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room, bool settle,
-                                                          std::vector<join_hold>& holds) {
-  std::vector<member_id> out;
-  // At a step boundary the heartbeat thread's hint (fresh within a few store
-  // round trips of a ticket) stands in for the counter: while tickets keep
-  // arriving, the coordinator's steps then make no store call at all.
-  auto total =
-      settle ? join_seq_hint_.load(std::memory_order_relaxed) : store_->add(key("join_seq"), 0, store_deadline());
-  if (settle) {
-    // Admit once no new ticket appeared for admit_delay (bounded by 10×):
-    // workers started together register a few ms apart, and admitting them
-    // together costs the members one switch instead of several.
-    const auto now = steady_clock::now();
-    if (total > ticket_seen_until_) {
-      if (ticket_seen_until_ <= seen) ticket_first_seen_ = now;  // the oldest waiting ticket
-      ticket_seen_until_ = total;
-      ticket_last_change_ = now;
-    }
-    const bool quiet = now - ticket_last_change_ >= opts_.admit_delay;
-    const bool overdue = now - ticket_first_seen_ >= 10 * opts_.admit_delay;
-    if (!quiet && !overdue) total = seen;
-  }
-  std::vector<std::string> keys;
-  for (std::int64_t t = seen + 1; t <= total && keys.size() < room; ++t)
-    keys.push_back(key("join/" + std::to_string(t)));
-  const bool with_failures = opts_.join_cooldown.count() > 0;
-  // At a step boundary the heartbeat thread has read them (and their
-  // workers' failure counts) before it raised the hint: no store call then.
-  // Otherwise, or if any is missing, they are read here.
-  std::vector<std::optional<std::string>> values, failures;
-  bool cached = settle && !keys.empty();
-  if (cached) {
-    std::lock_guard lk(hb_mutex_);
-    for (std::size_t i = 0; i < keys.size() && cached; ++i) {
-      const auto it = hb_tickets_.find(seen + 1 + static_cast<std::int64_t>(i));
-      cached = it != hb_tickets_.end() &&
-               (!with_failures || it->second.failures_epoch == failures_epoch_.load(std::memory_order_acquire));
-      if (cached) values.emplace_back(it->second.value), failures.push_back(it->second.failures);
-    }
-  }
-  if (!cached) values = detail::try_get_all(*store_, keys, store_deadline());
-  struct ticket {
-    std::int64_t seq;
-    member_id id;
-    std::int64_t held_for = 0;
-    std::string worker;
-    std::optional<std::string> failures;
-  };
-  std::vector<ticket> tickets;
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const auto& v = values[i];
-    if (!v) {
-      // Taken but not yet written: a newcomer writes its ticket right after
-      // it takes the number, so it is picked up next time. One that stays
-      // unwritten for a lease (its newcomer died in between) is skipped:
-      // kept, it would stop every later ticket.
-      const auto now = steady_clock::now();
-      if (ticket_hole_ != seen + 1) ticket_hole_ = seen + 1, ticket_hole_since_ = now;
-      if (now - ticket_hole_since_ < opts_.lease) break;
-      ++seen;
-      EBBFLOW_LOG_WARN(
-          "join ticket " << seen << " was taken but not written for "
-                         << std::chrono::duration_cast<std::chrono::milliseconds>(now - ticket_hole_since_).count()
-                         << " ms (EBBFLOW_LEASE_MS=" << opts_.lease.count()
-                         << "; did its newcomer die before writing it?): skipped");
-      continue;
-    }
-    ++seen;
-    auto p = detail::join_ticket::parse(*v);
-    ticket t{seen, -1, p.held_for, std::move(p.worker), cached ? failures[i] : std::nullopt};
+void group_impl<Store, Net>::notify(change_reason reason, int old_size, double stall) {
+  world_change wc{gen_.generation, reason, old_size, size(), rank_, step_, stall};
+  history_.push_back(wc);
+  EBBFLOW_LOG_INFO("generation " << wc.generation << " (" << name(reason) << "): " << old_size << " -> " << wc.new_size
+                                 << " members, rank " << rank_ << ", step " << step_ << ", ready after " << stall * 1e3
+                                 << " ms");
+  // A callback's exception reaches the caller of begin_step as it is, even
+  // an ebbflow::system_error whose code a member failure would have: the
+  // change it announced stays in effect.
+  for (auto& cb : callbacks_) {
     try {
-      t.id = detail::parse_i64(p.id);
-    } catch (const system_error&) {
-      // Consumed and skipped: kept, it would stop every later ticket.
-      EBBFLOW_LOG_WARN("join ticket " << seen << " is malformed ('" << v->substr(0, 64) << "'): skipped");
-      continue;
-    }
-    tickets.push_back(std::move(t));
-  }
-  // The failure counts of the tickets' workers, in one batch (only when a
-  // ticket arrived and the heartbeat thread had not read them: this runs on
-  // the coordinator's training thread).
-  std::vector<std::optional<std::string>> counts(tickets.size());
-  if (with_failures && !tickets.empty()) {
-    if (cached) {
-      for (std::size_t i = 0; i < tickets.size(); ++i) counts[i] = tickets[i].failures;
-    } else {
-      std::vector<std::string> ckeys;
-      for (auto& t : tickets) ckeys.push_back(key("joinfail/" + t.worker));
-      counts = detail::try_get_all(*store_, ckeys, store_deadline());
-    }
-  }
-  for (std::size_t i = 0; i < tickets.size(); ++i) {
-    const auto& t = tickets[i];
-    // A member that filed a second ticket (after a cool-down) is admitted once.
-    if (gen_.rank_of(t.id) >= 0 || std::find(out.begin(), out.end(), t.id) != out.end()) continue;
-    const auto failures = detail::join_failures::parse(counts[i]).count;
-    if (!t.worker.empty() && failures >= 2 && t.held_for < failures) {
-      const auto wait = cooldown{opts_.join_cooldown, opts_.join_cooldown_max}.after(failures);
-      holds.push_back({t.seq, wait.count(), failures, t.worker});
-      continue;
-    }
-    out.push_back(t.id);
-  }
-  return out;
-}
-
-template <kv_store Store, network Net>
-std::int64_t group<Store, Net>::prefetch_tickets(Store& st, std::int64_t total) {
-  // The coordinator's heartbeat thread: reads the tickets after those it
-  // holds, up to `total`, in one batch (64 at most a round), then the
-  // failure counts of their workers (and again those of held tickets read
-  // before a recovery) in a second. No call while nothing is new. Returns
-  // the number of the first ticket it does not hold.
-  const std::int64_t floor = hb_tickets_floor_.load(std::memory_order_relaxed);
-  const std::int64_t epoch = failures_epoch_.load(std::memory_order_acquire);
-  const bool with_failures = opts_.join_cooldown.count() > 0;
-  std::int64_t from = floor + 1;
-  std::vector<std::pair<std::int64_t, std::string>> stale;  // held tickets whose counts are older: (number, worker)
-  {
-    std::lock_guard lk(hb_mutex_);
-    std::erase_if(hb_tickets_, [&](const auto& e) { return e.first <= floor; });
-    for (auto it = hb_tickets_.find(from); it != hb_tickets_.end() && it->first == from; ++it, ++from)
-      if (with_failures && it->second.failures_epoch != epoch)
-        stale.emplace_back(it->first, detail::join_ticket::parse(it->second.value).worker);
-  }
-  std::vector<std::string> keys;
-  for (std::int64_t t = from; t <= total && t < from + 64; ++t) keys.push_back(key("join/" + std::to_string(t)));
-  std::vector<std::pair<std::int64_t, prefetched_ticket>> got;
-  for (auto& v : detail::try_get_all(st, keys, store_deadline())) {
-    if (!v) break;  // taken but not yet written: the next round
-    got.emplace_back(from + static_cast<std::int64_t>(got.size()), prefetched_ticket{std::move(*v), -1, std::nullopt});
-  }
-  std::map<std::int64_t, std::optional<std::string>> counts;  // by ticket number
-  if (with_failures) {
-    for (auto& [n, t] : got) stale.emplace_back(n, detail::join_ticket::parse(t.value).worker);
-    std::vector<std::string> ckeys;
-    std::vector<std::int64_t> of;
-    for (auto& [n, worker] : stale) {
-      if (worker.empty())
-        counts[n] = std::nullopt;  // no worker key: no count to read
-      else
-        ckeys.push_back(key("joinfail/" + worker)), of.push_back(n);
-    }
-    auto values = detail::try_get_all(st, ckeys, store_deadline());
-    for (std::size_t k = 0; k < of.size(); ++k) counts[of[k]] = std::move(values[k]);
-  }
-  std::lock_guard lk(hb_mutex_);
-  for (auto& [n, t] : got) hb_tickets_.emplace(n, std::move(t));
-  for (auto& [n, c] : counts)
-    if (const auto it = hb_tickets_.find(n); it != hb_tickets_.end()) {
-      it->second.failures = std::move(c);
-      it->second.failures_epoch = epoch;
-    }
-  return from + static_cast<std::int64_t>(got.size());
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::answer_holds(Store& st, const std::vector<join_hold>& holds) const {
-  for (auto& h : holds) {
-    EBBFLOW_LOG_WARN("holding back worker '" << h.worker << "' (join ticket " << h.ticket << ") for "
-                                             << static_cast<double>(h.ms) / 1000 << " s: it failed " << h.failures
-                                             << " times in a row while joining");
-    st.set(key("held/" + std::to_string(h.ticket)), std::to_string(h.ms) + " " + std::to_string(h.failures),
-           store_deadline());
-  }
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::count_join_failures(const std::vector<detail::member_entry>& alive,
-                                            std::set<member_id>& counted) {
-  if (opts_.join_cooldown.count() <= 0) return;
-  std::vector<member_id> lost;
-  for (auto& m : gen_.members)
-    if (!counted.contains(m.id) &&
-        std::none_of(alive.begin(), alive.end(), [&](const auto& a) { return a.id == m.id; }))
-      lost.push_back(m.id);
-  if (lost.empty()) return;
-  counted.insert(lost.begin(), lost.end());  // a recovery waiting below min_size asks again every few ms
-  std::vector<std::string> keys;
-  for (auto m : lost) keys.push_back(key("wkey/" + std::to_string(m)));
-  const auto workers = detail::try_get_all(*store_, keys, store_deadline());
-  for (std::size_t i = 0; i < lost.size(); ++i) {
-    if (!workers[i] || workers[i]->empty()) continue;  // an initial member, or a newcomer past its probation
-    // Every recovering member applies the failure before it reads join
-    // tickets; the record of who was counted makes it count once.
-    const std::string fkey = key("joinfail/" + *workers[i]);
-    auto cur = store_->try_get(fkey, store_deadline()).value_or("");
-    for (;;) {
-      auto f = detail::join_failures::parse(cur);
-      if (f.generation == gen_.generation && std::find(f.members.begin(), f.members.end(), lost[i]) != f.members.end())
-        break;
-      if (f.generation != gen_.generation) f.members.clear();
-      ++f.count;
-      f.generation = gen_.generation;
-      f.members.push_back(lost[i]);
-      const auto next = f.str();
-      const auto r = store_->compare_set(fkey, cur, next, store_deadline());
-      if (r.swapped) {
-        EBBFLOW_LOG_WARN("member " << lost[i] << " of worker '" << *workers[i]
-                                   << "' died while joining: its join failures in a row: " << f.count);
-        break;
-      }
-      cur = r.current;
+      cb(wc);
+    } catch (...) {
+      callback_threw_ = true;
+      throw;
     }
   }
 }
 
 template <kv_store Store, network Net>
 template <class Process>
-plan::steal_report group<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
+plan::steal_report group_impl<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
   require_open_step("steal_step");
   if (!steal_key_.empty() && steal_attempt_ == std::pair{gen_.generation, step_})
     fail(error::invalid_state, "steal_step called twice in step " + std::to_string(step_));
@@ -13438,7 +13502,7 @@ plan::steal_report group<Store, Net>::steal_step(Process&& process, const steal_
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::release_steal_counter() {
+void group_impl<Store, Net>::release_steal_counter() {
   if (steal_key_.empty()) return;
   // Erased by the heartbeat thread, on its own connection: no round trip here.
   if constexpr (requires(Store & s) { s.erase(steal_key_); }) {
@@ -13449,17 +13513,7 @@ void group<Store, Net>::release_steal_counter() {
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::end_step(double compute_seconds) {
-  commit(compute_seconds, std::nullopt);
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::end_step(double compute_seconds, std::size_t processed) {
-  commit(compute_seconds, processed);
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t> processed) {
+void group_impl<Store, Net>::commit(double compute_seconds, std::optional<std::size_t> processed) {
   const inside busy(in_group_);
   // A second end_step would commit a step nobody computed (its samples
   // lost); one after a failed collective, a rolled-back step.
@@ -13594,8 +13648,268 @@ void group<Store, Net>::commit(double compute_seconds, std::optional<std::size_t
   }
 }
 
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/step.hpp>
+// #include <ebbflow/elastic/impl/group/join_tickets.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/join_tickets.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/join_tickets.hpp
+//! The coordinator's queue of newcomers: join tickets (read ahead by its
+//! heartbeat thread so a step that admits them makes no store call),
+//! admission once no new ticket came for `admit_delay`, tickets skipped
+//! when never written or malformed, and the join cool-down of workers whose
+//! newcomers kept failing (counted once per failure by the recovery).
+//! pending_joiners and count_join_failures: training thread;
+//! prefetch_tickets: heartbeat thread (hb_tickets_ under hb_mutex_).
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
+
+#include <algorithm>
+#include <string>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
 template <kv_store Store, network Net>
-std::vector<char> group<Store, Net>::leaves_applied(const std::vector<double>& v, int n) {
+std::vector<member_id> group_impl<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room, bool settle,
+                                                               std::vector<join_hold>& holds) {
+  std::vector<member_id> out;
+  // At a step boundary the heartbeat thread's hint (fresh within a few store
+  // round trips of a ticket) stands in for the counter: while tickets keep
+  // arriving, the coordinator's steps then make no store call at all.
+  auto total =
+      settle ? join_seq_hint_.load(std::memory_order_relaxed) : store_->add(key("join_seq"), 0, store_deadline());
+  if (settle) {
+    // Admit once no new ticket appeared for admit_delay (bounded by 10×):
+    // workers started together register a few ms apart, and admitting them
+    // together costs the members one switch instead of several.
+    const auto now = steady_clock::now();
+    if (total > ticket_seen_until_) {
+      if (ticket_seen_until_ <= seen) ticket_first_seen_ = now;  // the oldest waiting ticket
+      ticket_seen_until_ = total;
+      ticket_last_change_ = now;
+    }
+    const bool quiet = now - ticket_last_change_ >= opts_.admit_delay;
+    const bool overdue = now - ticket_first_seen_ >= 10 * opts_.admit_delay;
+    if (!quiet && !overdue) total = seen;
+  }
+  std::vector<std::string> keys;
+  for (std::int64_t t = seen + 1; t <= total && keys.size() < room; ++t)
+    keys.push_back(key("join/" + std::to_string(t)));
+  const bool with_failures = opts_.join_cooldown.count() > 0;
+  // At a step boundary the heartbeat thread has read them (and their
+  // workers' failure counts) before it raised the hint: no store call then.
+  // Otherwise, or if any is missing, they are read here.
+  std::vector<std::optional<std::string>> values, failures;
+  bool cached = settle && !keys.empty();
+  if (cached) {
+    std::lock_guard lk(hb_mutex_);
+    for (std::size_t i = 0; i < keys.size() && cached; ++i) {
+      const auto it = hb_tickets_.find(seen + 1 + static_cast<std::int64_t>(i));
+      cached = it != hb_tickets_.end() &&
+               (!with_failures || it->second.failures_epoch == failures_epoch_.load(std::memory_order_acquire));
+      if (cached) values.emplace_back(it->second.value), failures.push_back(it->second.failures);
+    }
+  }
+  if (!cached) values = detail::try_get_all(*store_, keys, store_deadline());
+  struct ticket {
+    std::int64_t seq;
+    member_id id;
+    std::int64_t held_for = 0;
+    std::string worker;
+    std::optional<std::string> failures;
+  };
+  std::vector<ticket> tickets;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const auto& v = values[i];
+    if (!v) {
+      // Taken but not yet written: a newcomer writes its ticket right after
+      // it takes the number, so it is picked up next time. One that stays
+      // unwritten for a lease (its newcomer died in between) is skipped:
+      // kept, it would stop every later ticket.
+      const auto now = steady_clock::now();
+      if (ticket_hole_ != seen + 1) ticket_hole_ = seen + 1, ticket_hole_since_ = now;
+      if (now - ticket_hole_since_ < opts_.lease) break;
+      ++seen;
+      EBBFLOW_LOG_WARN(
+          "join ticket " << seen << " was taken but not written for "
+                         << std::chrono::duration_cast<std::chrono::milliseconds>(now - ticket_hole_since_).count()
+                         << " ms (EBBFLOW_LEASE_MS=" << opts_.lease.count()
+                         << "; did its newcomer die before writing it?): skipped");
+      continue;
+    }
+    ++seen;
+    auto p = detail::join_ticket::parse(*v);
+    ticket t{seen, -1, p.held_for, std::move(p.worker), cached ? failures[i] : std::nullopt};
+    try {
+      t.id = detail::parse_i64(p.id);
+    } catch (const system_error&) {
+      // Consumed and skipped: kept, it would stop every later ticket.
+      EBBFLOW_LOG_WARN("join ticket " << seen << " is malformed ('" << v->substr(0, 64) << "'): skipped");
+      continue;
+    }
+    tickets.push_back(std::move(t));
+  }
+  // The failure counts of the tickets' workers, in one batch (only when a
+  // ticket arrived and the heartbeat thread had not read them: this runs on
+  // the coordinator's training thread).
+  std::vector<std::optional<std::string>> counts(tickets.size());
+  if (with_failures && !tickets.empty()) {
+    if (cached) {
+      for (std::size_t i = 0; i < tickets.size(); ++i) counts[i] = tickets[i].failures;
+    } else {
+      std::vector<std::string> ckeys;
+      for (auto& t : tickets) ckeys.push_back(key("joinfail/" + t.worker));
+      counts = detail::try_get_all(*store_, ckeys, store_deadline());
+    }
+  }
+  for (std::size_t i = 0; i < tickets.size(); ++i) {
+    const auto& t = tickets[i];
+    // A member that filed a second ticket (after a cool-down) is admitted once.
+    if (gen_.rank_of(t.id) >= 0 || std::find(out.begin(), out.end(), t.id) != out.end()) continue;
+    const auto failures = detail::join_failures::parse(counts[i]).count;
+    if (!t.worker.empty() && failures >= 2 && t.held_for < failures) {
+      const auto wait = cooldown{opts_.join_cooldown, opts_.join_cooldown_max}.after(failures);
+      holds.push_back({t.seq, wait.count(), failures, t.worker});
+      continue;
+    }
+    out.push_back(t.id);
+  }
+  return out;
+}
+
+template <kv_store Store, network Net>
+std::int64_t group_impl<Store, Net>::prefetch_tickets(Store& st, std::int64_t total) {
+  // The coordinator's heartbeat thread: reads the tickets after those it
+  // holds, up to `total`, in one batch (64 at most a round), then the
+  // failure counts of their workers (and again those of held tickets read
+  // before a recovery) in a second. No call while nothing is new. Returns
+  // the number of the first ticket it does not hold.
+  const std::int64_t floor = hb_tickets_floor_.load(std::memory_order_relaxed);
+  const std::int64_t epoch = failures_epoch_.load(std::memory_order_acquire);
+  const bool with_failures = opts_.join_cooldown.count() > 0;
+  std::int64_t from = floor + 1;
+  std::vector<std::pair<std::int64_t, std::string>> stale;  // held tickets whose counts are older: (number, worker)
+  {
+    std::lock_guard lk(hb_mutex_);
+    std::erase_if(hb_tickets_, [&](const auto& e) { return e.first <= floor; });
+    for (auto it = hb_tickets_.find(from); it != hb_tickets_.end() && it->first == from; ++it, ++from)
+      if (with_failures && it->second.failures_epoch != epoch)
+        stale.emplace_back(it->first, detail::join_ticket::parse(it->second.value).worker);
+  }
+  std::vector<std::string> keys;
+  for (std::int64_t t = from; t <= total && t < from + 64; ++t) keys.push_back(key("join/" + std::to_string(t)));
+  std::vector<std::pair<std::int64_t, prefetched_ticket>> got;
+  for (auto& v : detail::try_get_all(st, keys, store_deadline())) {
+    if (!v) break;  // taken but not yet written: the next round
+    got.emplace_back(from + static_cast<std::int64_t>(got.size()), prefetched_ticket{std::move(*v), -1, std::nullopt});
+  }
+  std::map<std::int64_t, std::optional<std::string>> counts;  // by ticket number
+  if (with_failures) {
+    for (auto& [n, t] : got) stale.emplace_back(n, detail::join_ticket::parse(t.value).worker);
+    std::vector<std::string> ckeys;
+    std::vector<std::int64_t> of;
+    for (auto& [n, worker] : stale) {
+      if (worker.empty())
+        counts[n] = std::nullopt;  // no worker key: no count to read
+      else
+        ckeys.push_back(key("joinfail/" + worker)), of.push_back(n);
+    }
+    auto values = detail::try_get_all(st, ckeys, store_deadline());
+    for (std::size_t k = 0; k < of.size(); ++k) counts[of[k]] = std::move(values[k]);
+  }
+  std::lock_guard lk(hb_mutex_);
+  for (auto& [n, t] : got) hb_tickets_.emplace(n, std::move(t));
+  for (auto& [n, c] : counts)
+    if (const auto it = hb_tickets_.find(n); it != hb_tickets_.end()) {
+      it->second.failures = std::move(c);
+      it->second.failures_epoch = epoch;
+    }
+  return from + static_cast<std::int64_t>(got.size());
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::answer_holds(Store& st, const std::vector<join_hold>& holds) const {
+  for (auto& h : holds) {
+    EBBFLOW_LOG_WARN("holding back worker '" << h.worker << "' (join ticket " << h.ticket << ") for "
+                                             << static_cast<double>(h.ms) / 1000 << " s: it failed " << h.failures
+                                             << " times in a row while joining");
+    st.set(key("held/" + std::to_string(h.ticket)), std::to_string(h.ms) + " " + std::to_string(h.failures),
+           store_deadline());
+  }
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::count_join_failures(const std::vector<detail::member_entry>& alive,
+                                                 std::set<member_id>& counted) {
+  if (opts_.join_cooldown.count() <= 0) return;
+  std::vector<member_id> lost;
+  for (auto& m : gen_.members)
+    if (!counted.contains(m.id) &&
+        std::none_of(alive.begin(), alive.end(), [&](const auto& a) { return a.id == m.id; }))
+      lost.push_back(m.id);
+  if (lost.empty()) return;
+  counted.insert(lost.begin(), lost.end());  // a recovery waiting below min_size asks again every few ms
+  std::vector<std::string> keys;
+  for (auto m : lost) keys.push_back(key("wkey/" + std::to_string(m)));
+  const auto workers = detail::try_get_all(*store_, keys, store_deadline());
+  for (std::size_t i = 0; i < lost.size(); ++i) {
+    if (!workers[i] || workers[i]->empty()) continue;  // an initial member, or a newcomer past its probation
+    // Every recovering member applies the failure before it reads join
+    // tickets; the record of who was counted makes it count once.
+    const std::string fkey = key("joinfail/" + *workers[i]);
+    auto cur = store_->try_get(fkey, store_deadline()).value_or("");
+    for (;;) {
+      auto f = detail::join_failures::parse(cur);
+      if (f.generation == gen_.generation && std::find(f.members.begin(), f.members.end(), lost[i]) != f.members.end())
+        break;
+      if (f.generation != gen_.generation) f.members.clear();
+      ++f.count;
+      f.generation = gen_.generation;
+      f.members.push_back(lost[i]);
+      const auto next = f.str();
+      const auto r = store_->compare_set(fkey, cur, next, store_deadline());
+      if (r.swapped) {
+        EBBFLOW_LOG_WARN("member " << lost[i] << " of worker '" << *workers[i]
+                                   << "' died while joining: its join failures in a row: " << f.count);
+        break;
+      }
+      cur = r.current;
+    }
+  }
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/join_tickets.hpp>
+// #include <ebbflow/elastic/impl/group/membership_change.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/membership_change.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/membership_change.hpp
+//! Joins and leaves decided at a step boundary: which leaves apply, the
+//! next generation's record, and its wire-up in the background by the
+//! admission helper thread (lowest CPU priority, own store connection)
+//! while training goes on; or the blocking way, which falls back to
+//! recovery. The helper touches only what start_admission hands it.
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+// #include <ebbflow/core/thread_name.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/scheduling.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
+
+#include <algorithm>
+#include <string>
+#include <thread>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+template <kv_store Store, network Net>
+std::vector<char> group_impl<Store, Net>::leaves_applied(const std::vector<double>& v, int n) {
   // Every member decides from the control exchange alone, so all agree.
   const std::size_t un = static_cast<std::size_t>(n);
   const int joiners = static_cast<int>(v[0]);
@@ -13632,8 +13946,8 @@ std::vector<char> group<Store, Net>::leaves_applied(const std::vector<double>& v
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::write_record(Store& st, const std::string& gkey, const std::string& rec,
-                                     const std::vector<member_id>& joiners, std::int64_t g1) const {
+void group_impl<Store, Net>::write_record(Store& st, const std::string& gkey, const std::string& rec,
+                                          const std::vector<member_id>& joiners, std::int64_t g1) const {
   // The record must be written before the joiners are told, and before the
   // coordinator itself leaves. A concurrent recovery may have written
   // another one first: then the joiners are not told (that record does not
@@ -13643,7 +13957,7 @@ void group<Store, Net>::write_record(Store& st, const std::string& gkey, const s
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::change_membership(const std::vector<char>& leaving, int n) {
+void group_impl<Store, Net>::change_membership(const std::vector<char>& leaving, int n) {
   const auto started = steady_clock::now();
   const std::size_t un = static_cast<std::size_t>(n);
   const std::int64_t g1 = gen_.generation + 1;
@@ -13703,8 +14017,8 @@ void group<Store, Net>::change_membership(const std::vector<char>& leaving, int 
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::adopt_announced(std::int64_t g1, steady_clock::time_point started,
-                                        std::optional<typename Net::transport_type> begun) {
+void group_impl<Store, Net>::adopt_announced(std::int64_t g1, steady_clock::time_point started,
+                                             std::optional<typename Net::transport_type> begun) {
   // The blocking way: wait for generation g1's record (the coordinator wrote
   // it, or a concurrent recovery did) and connect to it.
   const std::string gkey = gen_key(g1);
@@ -13724,8 +14038,8 @@ void group<Store, Net>::adopt_announced(std::int64_t g1, steady_clock::time_poin
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
-                                        std::vector<member_id> leavers, steady_clock::time_point started) {
+void group_impl<Store, Net>::start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
+                                             std::vector<member_id> leavers, steady_clock::time_point started) {
   // Joins and leaves without suspension: a helper thread writes the
   // coordinator's record, reads the next generation's record and addresses
   // and (where the network allows it) creates its endpoints, on a store
@@ -13820,7 +14134,7 @@ void group<Store, Net>::start_admission(std::optional<std::string> record, std::
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::take_admission() {
+void group_impl<Store, Net>::take_admission() {
   // The helper is done: its result becomes this member's next generation.
   auto res = std::move(next_->admission);
   next_->helper.join();
@@ -13849,54 +14163,73 @@ void group<Store, Net>::take_admission() {
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::leave_now() {
-  active_ = false;
-  EBBFLOW_LOG_INFO("member " << id_ << " left the group after step " << step_);
-  hb_generation_.store(-1);
-  next_.reset();
-  comm_.reset();
-  transport_.reset();
-  heartbeat_.request_stop();
-}
-
-template <kv_store Store, network Net>
-int group<Store, Net>::stale_member(const detail::generation_record& rec, lease_watch& w, bool joiners_only) {
-  // The rank in `rec` of a member (other than this one; with `joiners_only`,
-  // a joiner) whose lease expired, else -1. Reads the store at most once per
-  // heartbeat period.
-  const auto now = steady_clock::now();
-  if (now < w.next_check) return -1;
-  w.next_check = now + opts_.heartbeat;
-  for (std::size_t j = 0; j < rec.members.size(); ++j) {
-    const auto& m = rec.members[j];
-    if (m.id == id_ || (joiners_only && m.committed >= 0)) continue;
-    if (!fresh(*store_, m.id, w.seen)) return static_cast<int>(j);
+int group_impl<Store, Net>::poll_next() {
+  // 1: wired up; 0: not yet; -1: failed or overdue (the group then switches
+  // the blocking way, which fails over to recovery).
+  if constexpr (detail::can_preconnect<Net>()) {
+    if (next_->leaving) return 1;  // nothing to connect: it leaves at the switch
+    if (next_->failed) return -1;
+    fault_point("preconnect");
+    try {
+      if (next_->admission) {
+        // The helper runs at the lowest CPU priority: on a host whose cores
+        // are all busy it may get no time at all. It has one lease; past
+        // that, the members finish the change on their training threads.
+        if (!next_->admission->done.load(std::memory_order_acquire)) {
+          if (steady_clock::now() - next_->since <= opts_.lease) return 0;
+          EBBFLOW_LOG_WARN("admission helper of generation "
+                           << next_->g1 << " not done after EBBFLOW_LEASE_MS=" << opts_.lease.count()
+                           << ": finishing the change on the training thread");
+          return -1;
+        }
+        take_admission();
+        if (next_->failed) return -1;
+      }
+      if (next_->transport->poll_connect()) return 1;
+      // A joiner that died before it wired up: noticed through its lease.
+      if (const int j = stale_member(next_->rec, next_->joiners, true); j >= 0) {
+        EBBFLOW_LOG_WARN("joiner " << next_->rec.members[static_cast<std::size_t>(j)].id
+                                   << " stopped heartbeating before it connected");
+        return -1;
+      }
+    } catch (const system_error& e) {
+      if (!detail::recoverable(e.code())) throw;
+      EBBFLOW_LOG_WARN("background connect of generation " << next_->rec.generation << " failed: " << e.what());
+      return -1;
+    }
+    return steady_clock::now() - next_->since > opts_.op_timeout ? -1 : 0;
+  } else {
+    return -1;
   }
-  return -1;
 }
 
-template <kv_store Store, network Net>
-bool group<Store, Net>::fresh(Store& st, member_id m, lease_seen& seen) const {
-  const std::int64_t hb = st.add(key("hb/" + std::to_string(m)), 0, store_deadline());
-  return fresh(m, hb, steady_clock::now(), seen);
-}
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/membership_change.hpp>
+// #include <ebbflow/elastic/impl/group/recovery.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/recovery.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/recovery.hpp
+//! Re-forming the group after a failure: abort the generation everywhere,
+//! report this member's committed step, decide who is alive (reported,
+//! marked dead, process gone on this host, lease), wait below min_size, and
+//! propose generation g+1 by compare-and-set (the first proposal wins);
+//! the newest committed step becomes the state's source.
+//! Training thread only.
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
+
+#include <set>
+#include <string>
+#include <thread>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
 
 template <kv_store Store, network Net>
-bool group<Store, Net>::fresh(member_id m, std::int64_t hb, steady_clock::time_point now, lease_seen& seen) const {
-  auto it = seen.find(m);
-  if (it == seen.end()) {
-    seen.emplace(m, std::make_pair(hb, now));
-    return true;
-  }
-  if (it->second.first != hb) {
-    it->second = {hb, now};
-    return true;
-  }
-  return now - it->second.second < opts_.lease;
-}
-
-template <kv_store Store, network Net>
-void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
+void group_impl<Store, Net>::recover(std::int64_t g, int lost_peer) {
   const auto started = steady_clock::now();
   next_.reset();  // a join still connecting is redone by the recovery below
   auto overall = deadline::after(opts_.op_timeout + opts_.min_size_wait);
@@ -14110,7 +14443,7 @@ void group<Store, Net>::recover(std::int64_t g, int lost_peer) {
 }
 
 template <kv_store Store, network Net>
-int group<Store, Net>::lost_peer_of(const system_error& e) const noexcept {
+int group_impl<Store, Net>::lost_peer_of(const system_error& e) const noexcept {
   // Only a transport that saw a peer die may name it: a collective's error
   // names the neighbour whose transfer failed, which in a ring is often a
   // live member stuck behind the dead one. Reporting it dead would exclude it.
@@ -14125,28 +14458,16 @@ int group<Store, Net>::lost_peer_of(const system_error& e) const noexcept {
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor) {
-  if (started_) fail(error::invalid_state, "restore_position after the first begin_step");
-  EBBFLOW_ENFORCE(step >= 0 && step <= max_step && epoch >= 0 && epoch <= max_step && cursor < opts_.dataset_size,
-                  "restore_position: step " << step << ", epoch " << epoch << ", cursor " << cursor << " (dataset_size "
-                                            << opts_.dataset_size << ", steps and epochs up to 2^62)");
-  // With drop_last an epoch ends before a short last batch.
-  EBBFLOW_ENFORCE(!opts_.drop_last || opts_.dataset_size - cursor >= opts_.global_batch,
-                  "restore_position: cursor " << cursor << " is inside the short last batch of an epoch of "
-                                              << opts_.dataset_size << " with global_batch " << opts_.global_batch
-                                              << " and drop_last (that batch is never trained on)");
-  // The source's position reaches everybody with the state. Every member
-  // keeps it: should the source die before the state moved, another member
-  // may become the source with its own initial state (take_own_initial_state).
-  restored_ = position{step, epoch, cursor};
-  if (gen_.source != id_) return;
-  step_ = step;
-  epoch_ = epoch;
-  cursor_ = cursor;
+int group_impl<Store, Net>::lost_in_adopt(const system_error& e) noexcept {
+  // adopt() runs no collective: a member its error names stopped heartbeating
+  // or never published its address, or its endpoint could not be made; it
+  // is not a live neighbour stuck behind a dead one (lost_peer_of). Nor can
+  // lost_peer_of ask the transport: the new one is not made yet.
+  return e.code() == errc::peer_lost ? e.peer() : -1;
 }
 
 template <kv_store Store, network Net>
-void group<Store, Net>::take_own_initial_state() {
+void group_impl<Store, Net>::take_own_initial_state() {
   if (!own_initial_state_)
     fail(error::invalid_state, "member " + std::to_string(id_) + " was made the source of generation " +
                                    std::to_string(gen_.generation) + " without the training state");
@@ -14159,76 +14480,199 @@ void group<Store, Net>::take_own_initial_state() {
                    << (restored_ ? " and restored position" : "") << " (step " << step_ << ")");
 }
 
-template <kv_store Store, network Net>
-void group<Store, Net>::fault_point(const char* point) {
-  fault_point(point, *store_, {});
-}
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/recovery.hpp>
+// ---- end <ebbflow/elastic/detail/group_impl.hpp>
+// #include <ebbflow/elastic/group_options.hpp>  (inlined)
+// #include <ebbflow/elastic/group_types.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
+// #include <ebbflow/elastic/network.hpp>  (inlined)
+// #include <ebbflow/elastic/planning_policy.hpp>  (inlined)
+// #include <ebbflow/plan/work_stealing.hpp>  (inlined)  // plan::steal_report
 
-template <kv_store Store, network Net>
-void group<Store, Net>::fault_point(const char* point, Store& st, std::stop_token stop) {
-  // Fault injection for tests (EBBFLOW_FAULT=<point>[*N][:hang=MS|:sleep=MS]):
-  // the first member of the job to reach the point dies there, as a crashed
-  // process would; with *N, each of the first N to reach it; with :hang=MS,
-  // it hangs there instead (the whole process stopped for MS ms, as a
-  // SIGSTOPped one); with :sleep=MS, only the calling thread waits MS ms
-  // (or until `stop`), as a thread that gets no CPU.
-  static const std::optional<std::string> fault = env::get("EBBFLOW_FAULT");
-  if (!fault) return;
-  std::string_view f = *fault;
-  enum class mode { die, hang, sleep } how = mode::die;
-  std::int64_t ms = 0;
-  if (const auto colon = f.find(':'); colon != std::string_view::npos) {
-    const std::string_view m = f.substr(colon + 1);
-    if (m.starts_with("hang="))
-      how = mode::hang;
-    else if (m.starts_with("sleep="))
-      how = mode::sleep;
-    else
-      throw std::invalid_argument("EBBFLOW_FAULT='" + *fault + "': expected <point>[*N][:hang=MS|:sleep=MS]");
-    ms = detail::parse_i64(std::string(m.substr(m.find('=') + 1)));
-    f = f.substr(0, colon);
-  }
-  const auto star = f.find('*');
-  if (f.substr(0, star) != point) return;
-  const std::int64_t times = star == std::string_view::npos ? 1 : detail::parse_i64(std::string(f.substr(star + 1)));
-  if (st.add(key(std::string("fault/") + point), 1, store_deadline()) > times) return;
-  switch (how) {
-    case mode::die:
-      EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << " dies here");
-      std::raise(SIGKILL);
-      return;
-    case mode::sleep:
-      EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << "'s thread sleeps here for " << ms << " ms");
-      detail::sleep_until(steady_clock::now() + std::chrono::milliseconds(ms), stop);
-      return;
-    case mode::hang:
-      break;
-  }
-  EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << " hangs here for " << ms << " ms");
-  // A child continues this process: fork() leaves it one thread, which
-  // calls only async-signal-safe functions.
-  const pid_t self = ::getpid();
-  if (const pid_t waker = ::fork(); waker == 0) {
-    const timespec t{static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1'000'000};
-    ::nanosleep(&t, nullptr);
-    ::kill(self, SIGCONT);
-    ::_exit(0);
-  } else if (waker > 0) {
-    ::kill(self, SIGSTOP);
-    ::waitpid(waker, nullptr, 0);
-    EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id_ << " goes on after its hang [t=" << std::fixed
-                                      << std::setprecision(3) << wall_seconds() << "]");
-  }
-}
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! Raised by `group` when it cannot go on: the store is gone, the membership
+//! stayed below `min_size` for `min_size_wait`, or this worker was never
+//! admitted. Carries errc::timeout / peer_lost / invalid_state / job_finished.
+using group_error = system_error;
+
+//! The elastic group. `Store` models `kv_store`, `Net` models `network`.
+//! `connect_store` makes one store client per thread that talks to the store:
+//! the training thread, the heartbeat thread (again after a lost connection)
+//! and the admission helper. The heartbeat thread and the helper may call it
+//! at the same time, so it must be thread-safe; the clients it returns need
+//! not be.
 template <kv_store Store, network Net>
-void group<Store, Net>::finish() {
-  store_->set(key("done"), "1", store_deadline());
-}
+class group {
+  using impl_type = detail::group_impl<Store, Net>;
+
+ public:
+  //! The transport handed to `collective`: `Net`'s, revocable by the heartbeat thread.
+  using transport_type = typename impl_type::transport_type;
+  //! Collectives over the current generation's transport.
+  using communicator_type = typename impl_type::communicator_type;
+  //! Connects a new store client (must not return nullptr; may throw, which the constructor passes on).
+  using store_factory = typename impl_type::store_factory;
+
+  //! Joins the job: as one of the initial `launch.world_size` workers (rank
+  //! `launch.rank`), or, with `opts.join`, as a newcomer admitted at a step
+  //! boundary. Blocks until this worker is a member (deadline
+  //! `opts.join_timeout`). Registered state is synchronised at the first
+  //! `begin_step`; register it before that.
+  //! @throws group_error, std::invalid_argument for bad options.
+  group(store_factory connect_store, Net& net, group_options opts, launch_info launch,
+        std::unique_ptr<planning_policy> policy = std::make_unique<uniform_policy>())
+      : impl_(std::move(connect_store), net, std::move(opts), std::move(launch), std::move(policy)) {}
+
+  group(const group&) = delete;
+  group& operator=(const group&) = delete;
+  //! Stops the heartbeat (the others see this worker as failed unless it left).
+  //! A member that ends between steps first waits, for at most a lease
+  //! (2 s at most), until every member of its generation ended too, so its
+  //! closing transport fails no peer still in the last step's exchange.
+  ~group() = default;
+
+  //! Registers a buffer that is part of the training state (parameters,
+  //! optimizer state, ...): streamed to joiners and to members behind after a
+  //! failure, each from one of the members holding the newest committed
+  //! step. Host memory; same name and size on every member; replicated
+  //! state (the same bits on members that committed the same steps).
+  //! @throws group_error (invalid_state) after the first `begin_step`.
+  void register_state(std::string name, std::span<std::byte> host_bytes) {
+    impl_.register_state(std::move(name), host_bytes);
+  }
+  //! Called after every membership change (e.g. to rescale the learning
+  //! rate). An exception it throws leaves `begin_step` as it is; the change
+  //! stays in effect.
+  void on_world_changed(std::function<void(const world_change&)> cb) { impl_.callbacks_.push_back(std::move(cb)); }
+
+  //! This member's share of the next step. Applies a pending switch or state
+  //! transfer first. @throws group_error when the group cannot go on.
+  step_info begin_step() { return impl_.begin_step(); }
+
+  //! Runs `f(communicator&)` (any collectives over this generation).
+  //! Returns false when a member failed: the step is aborted, the group
+  //! re-formed, and the caller must redo the step from `begin_step`.
+  //! Between `begin_step` and `end_step` only; after a false return, only
+  //! `begin_step` (@throws group_error, invalid_state, otherwise).
+  template <class F>
+  [[nodiscard]] bool collective(F&& f) {
+    return impl_.collective(std::forward<F>(f));
+  }
+  //! Sums `data` over all members (host memory). False: redo the step.
+  [[nodiscard]] bool allreduce(std::span<float> data) { return impl_.allreduce(data); }
+  //! As above, for doubles.
+  [[nodiscard]] bool allreduce(std::span<double> data) { return impl_.allreduce(data); }
+
+  //! In-step work stealing (plan/work_stealing.hpp) instead of processing
+  //! the own slice whole: calls `process(first, last)` for positions
+  //! [first, last) of this step's global batch (the sample at position p is
+  //! the one at `cursor + p` of the epoch's order), first for chunks of its
+  //! own slice, paced against its planned step time when the policy has
+  //! models, then for chunks taken from the ends of slices whose owners fall
+  //! behind. Each position is processed by exactly one member (atomic claims
+  //! on the job's store, keyed by generation and step). Call between
+  //! `begin_step` and the gradient allreduce on every member; weigh each
+  //! sample by 1 / global_batch (a member that processed nothing still
+  //! allreduces its zeros), and pass `processed` to `end_step`. `process`
+  //! must not call the group. Once per step attempt.
+  //! @throws group_error (invalid_state) when called twice, plan::plan_error,
+  //! the store's errors, and what `process` throws.
+  template <class Process>
+  plan::steal_report steal_step(Process&& process, const steal_settings& settings = {}) {
+    return impl_.steal_step(std::forward<Process>(process), settings);
+  }
+
+  //! Commits the step (call after the optimizer step) and runs the control
+  //! exchange: feeds every member's timing to the policy, applies new plans,
+  //! leaves and joins. `compute_seconds`: this member's compute time of the step.
+  void end_step(double compute_seconds) { impl_.commit(compute_seconds, std::nullopt); }
+  //! As above, after `steal_step`: `processed` samples (its report) took
+  //! `compute_seconds`, which is what the policy learns from.
+  void end_step(double compute_seconds, std::size_t processed) { impl_.commit(compute_seconds, processed); }
+
+  //! Resumes from a checkpoint: the step, epoch and cursor the job had
+  //! reached. Call before the first `begin_step` on every member (the
+  //! source's position travels with the initial state). Steps and epochs
+  //! up to 2^62; with `drop_last`, not a cursor inside the short last batch.
+  //! @throws group_error after the first begin_step, std::invalid_argument.
+  void restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor) {
+    impl_.restore_position(step, epoch, cursor);
+  }
+
+  //! Asks to leave at the next step boundary (thread-safe).
+  void request_leave() noexcept { impl_.leave_requested_.store(true); }
+  //! Marks the job finished: workers still waiting to join stop waiting, and
+  //! joiners admitted to a change still in flight (see `changing`) stop
+  //! waiting for the state with a clear error (job_finished).
+  //! @throws system_error from the store.
+  void finish() { impl_.finish(); }
+  //! True while a membership change is unfinished: decided at an earlier
+  //! step boundary and still being prepared in the background, or switched
+  //! to with the state still to move at the next `begin_step`. Every member
+  //! sees the same value after `end_step` returns, so a loop that must not
+  //! end with a joiner stranded can run on while it is true.
+  [[nodiscard]] bool changing() const noexcept { return impl_.next_.has_value() || impl_.pending_.has_value(); }
+
+  //! False once this member left the group (after `request_leave` took effect).
+  [[nodiscard]] bool active() const noexcept { return impl_.active_; }
+  //! This member's rank in the current generation.
+  [[nodiscard]] int rank() const noexcept { return impl_.rank_; }
+  //! Members in the current generation.
+  [[nodiscard]] int size() const noexcept { return impl_.size(); }
+  //! The current generation (grows by one with every membership change).
+  [[nodiscard]] std::int64_t generation() const noexcept { return impl_.gen_.generation; }
+  //! Steps committed so far; -1 on a joiner until its state arrived at the first `begin_step`.
+  [[nodiscard]] std::int64_t step() const noexcept { return impl_.step_; }
+  //! The epoch of the next step.
+  [[nodiscard]] std::int64_t epoch() const noexcept { return impl_.epoch_; }
+  //! Position in the epoch's sample order where the next step's global batch starts.
+  [[nodiscard]] std::size_t cursor() const noexcept { return impl_.cursor_; }
+  //! This worker's job-wide id (from the store; never reused).
+  [[nodiscard]] member_id id() const noexcept { return impl_.id_; }
+  //! The plan in force: every member's batch for a full global batch, rank
+  //! order. Valid until the next membership change or re-plan.
+  [[nodiscard]] std::span<const std::uint64_t> plan() const noexcept { return impl_.gen_.plan; }
+  //! Every membership change this member saw, oldest first.
+  [[nodiscard]] const std::vector<world_change>& history() const noexcept { return impl_.history_; }
+  //! The transport of the current generation (valid until the next change).
+  [[nodiscard]] transport_type& transport() { return *impl_.transport_; }
+  //! The communicator of the current generation (valid until the next change).
+  [[nodiscard]] communicator_type& communicator() { return *impl_.comm_; }
+
+ private:
+  impl_type impl_;  // all state and the protocol: elastic/detail/group_impl.hpp
+};
+
+//! Deduces the store type from what `connect_store` returns, so that a
+//! lambda works as well as a `std::function`:
+//! `elastic::group g([] { return std::make_unique<store_client>(...); }, net, opts, launch);`
+template <class Connect, class Net, class... Policy>
+requires std::invocable<Connect&> && requires { typename std::invoke_result_t<Connect&>::element_type; }
+group(Connect, Net&, group_options, launch_info, Policy&&...)
+    ->group<typename std::invoke_result_t<Connect&>::element_type, Net>;
+
+//! Makes `sig` (e.g. SIGTERM) request a graceful leave of every group in this
+//! process at its next step boundary, instead of killing it.
+inline void leave_on_signal(int sig = SIGTERM) { std::signal(sig, detail::on_leave_signal); }
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/impl/group.hpp>
 // ==== end <ebbflow/elastic/group.hpp>
 
 // ==== begin <ebbflow/elastic/loopback_network.hpp> ========================
@@ -14336,7 +14780,7 @@ EBBFLOW_END_NAMESPACE
 
 
 // #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/elastic/policy.hpp>  (inlined)
+// #include <ebbflow/elastic/planning_policy.hpp>  (inlined)
 // #include <ebbflow/plan/batch_planner.hpp>  (inlined)
 // #include <ebbflow/plan/cost_models.hpp>  (inlined here)
 // ---- begin <ebbflow/plan/cost_models.hpp>
@@ -15184,6 +15628,17 @@ class planner_policy final : public planning_policy {
 EBBFLOW_END_NAMESPACE
 // ==== end <ebbflow/elastic/planner_policy.hpp>
 
+// ==== begin <ebbflow/elastic/policy.hpp> ==================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file policy.hpp
+//! Renamed elastic/planning_policy.hpp (`planning_policy`, `uniform_policy`,
+//! `member_id`, `scale_plan`); this compatibility include goes in the next
+//! release.
+
+
+// #include <ebbflow/elastic/planning_policy.hpp>  (inlined)
+// ==== end <ebbflow/elastic/policy.hpp>
+
 // ==== begin <ebbflow/elastic/detail/store_protocol.hpp> ===================
 // SPDX-License-Identifier: Apache-2.0
 //! @file store_protocol.hpp
@@ -15643,57 +16098,24 @@ inline std::string quote_key(std::string_view k) {
 EBBFLOW_END_NAMESPACE
 // ==== end <ebbflow/elastic/detail/store_protocol.hpp>
 
-// ==== begin <ebbflow/elastic/store.hpp> ===================================
-#if EBBFLOW_HAS_ASIO
+// ==== begin <ebbflow/elastic/store_options.hpp> ===========================
 // SPDX-License-Identifier: Apache-2.0
-//! @file store.hpp
-//! The rendezvous store: a small key-value server over Boost.Asio that a job
-//! embeds (or runs standalone with `ebbflow-store`), and its client. In the
-//! spirit of PyTorch's c10d TCPStore. It holds membership, UCX worker
-//! addresses and heartbeats of an elastic job.
-//!
-//! Keys and values are arbitrary byte strings (`std::string` is binary-safe).
-//! Counters made by `add` are stored as decimal text.
-//!
-//! Security: every connection proves the job token (a shared secret, from
-//! `EBBFLOW_TOKEN` or passed in) with an HMAC-SHA256 challenge-response; the
-//! secret never crosses the wire and the server proves it too. A client with
-//! a wrong or missing token gets `errc::unauthorized` and is disconnected.
-//! Frames are length-prefixed with a maximum size; malformed, truncated or
-//! oversized frames, unknown opcodes and clients that stall mid-frame are
-//! answered with an error naming the problem, logged, and disconnected
-//! without affecting other clients. Traffic is not encrypted.
-//!
-//! Requires the `ebbflow::asio` CMake component (Boost headers + OpenSSL::Crypto).
+//! @file store_options.hpp
+//! The value types of the TCP rendezvous store (elastic/tcp_store.hpp): the
+//! server's and the client's options, the server's counters, and the results
+//! a client returns. Needs no Boost.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/deadline.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)  // default_max_message_bytes
 
-#include <boost/asio/io_context.hpp>
-
-#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
-#include <optional>
-#include <span>
 #include <string>
-#include <string_view>
-#include <system_error>
-#include <thread>
-#include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
-
-namespace detail {
-class server_impl;
-class client_connection;
-}  // namespace detail
 
 //! Configuration of a `store_server`.
 struct server_options {
@@ -15722,6 +16144,97 @@ struct server_stats {
   std::uint64_t protocol_errors = 0;  //!< connections closed for a malformed frame or a stall
   std::uint64_t open = 0;             //!< connections open now
 };
+
+//! Configuration of a `store_client`.
+struct client_options {
+  //! Deadline of calls that are not given one.
+  std::chrono::milliseconds timeout{30000};
+  //! Largest reply accepted.
+  std::size_t max_message_bytes = detail::proto::default_max_message_bytes;
+  //! Defaults plus `timeout` from `EBBFLOW_STORE_TIMEOUT_MS`.
+  //! @throws std::invalid_argument for a malformed value.
+  static client_options from_environment();
+};
+
+//! Result of `compare_set`.
+struct compare_set_result {
+  bool swapped = false;  //!< the desired value was stored
+  std::string current;   //!< the value stored now
+};
+
+//! A change seen by a `store_watcher`.
+struct store_event {
+  //! What happened to the key.
+  enum class kind { set, erase };
+  kind type = kind::set;  //!< set (or initial report) or erase
+  std::string key;        //!< the key that changed
+  std::string value;      //!< the new value (empty for erase)
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ==== end <ebbflow/elastic/store_options.hpp>
+
+// ==== begin <ebbflow/elastic/store.hpp> ===================================
+#if EBBFLOW_HAS_ASIO
+// SPDX-License-Identifier: Apache-2.0
+//! @file store.hpp
+//! Renamed elastic/tcp_store.hpp (the TCP rendezvous store's server and
+//! client); this compatibility include goes in the next release.
+
+
+// #include <ebbflow/elastic/tcp_store.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/tcp_store.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file tcp_store.hpp
+//! The rendezvous store: a small key-value server over Boost.Asio that a job
+//! embeds (or runs standalone with `ebbflow-store`), and its client. In the
+//! spirit of PyTorch's c10d TCPStore. It holds membership, UCX worker
+//! addresses and heartbeats of an elastic job.
+//!
+//! Keys and values are arbitrary byte strings (`std::string` is binary-safe).
+//! Counters made by `add` are stored as decimal text.
+//!
+//! Security: every connection proves the job token (a shared secret, from
+//! `EBBFLOW_TOKEN` or passed in) with an HMAC-SHA256 challenge-response; the
+//! secret never crosses the wire and the server proves it too. A client with
+//! a wrong or missing token gets `errc::unauthorized` and is disconnected.
+//! Frames are length-prefixed with a maximum size; malformed, truncated or
+//! oversized frames, unknown opcodes and clients that stall mid-frame are
+//! answered with an error naming the problem, logged, and disconnected
+//! without affecting other clients. Traffic is not encrypted.
+//!
+//! Requires the `ebbflow::asio` CMake component (Boost headers + OpenSSL::Crypto).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+// #include <ebbflow/elastic/store_options.hpp>  (inlined)
+
+#include <boost/asio/io_context.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+namespace detail {
+class server_impl;
+class client_connection;
+}  // namespace detail
 
 //! The store's server. Owns the key-value map; all state lives on one
 //! strand, so handlers never race. Server-side `wait`/`get` block no thread:
@@ -15760,32 +16273,6 @@ class store_server {
   std::thread thread_;
   std::string host_;
   std::uint16_t port_ = 0;
-};
-
-//! Configuration of a `store_client`.
-struct client_options {
-  //! Deadline of calls that are not given one.
-  std::chrono::milliseconds timeout{30000};
-  //! Largest reply accepted.
-  std::size_t max_message_bytes = detail::proto::default_max_message_bytes;
-  //! Defaults plus `timeout` from `EBBFLOW_STORE_TIMEOUT_MS`.
-  //! @throws std::invalid_argument for a malformed value.
-  static client_options from_environment();
-};
-
-//! Result of `compare_set`.
-struct compare_set_result {
-  bool swapped = false;  //!< the desired value was stored
-  std::string current;   //!< the value stored now
-};
-
-//! A change seen by a `store_watcher`.
-struct store_event {
-  //! What happened to the key.
-  enum class kind { set, erase };
-  kind type = kind::set;  //!< set (or initial report) or erase
-  std::string key;        //!< the key that changed
-  std::string value;      //!< the new value (empty for erase)
 };
 
 //! A stream of changes to keys under a prefix, on its own connection.
@@ -16000,7 +16487,7 @@ EBBFLOW_END_NAMESPACE
 // ---- begin <ebbflow/elastic/impl/store_server.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file impl/store_server.hpp
-//! Definitions of `store_server` (included by elastic/store.hpp).
+//! Definitions of `store_server` (included by elastic/tcp_store.hpp).
 
 
 // #include <ebbflow/config.hpp>  (inlined)
@@ -16098,10 +16585,25 @@ inline bool mac_equal(std::string_view a, std::string_view b) noexcept {
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/elastic/detail/hmac.hpp>
-// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
-// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
-// #include <ebbflow/elastic/store.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/server_connection.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/server_connection.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/server_connection.hpp
+//! The store server's state (`server_impl`: keys, waiters, watchers,
+//! connections; touched only on its strand) and one client connection
+//! (`server_conn`): the HMAC handshake, frames in, replies and events out,
+//! with a bound on what it buffers for a slow reader.
 
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/core/thread_name.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/hmac.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+// #include <ebbflow/elastic/store_options.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/io_context.hpp>
@@ -16110,9 +16612,7 @@ EBBFLOW_END_NAMESPACE
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
-
 #include <sys/resource.h>
-
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -16530,6 +17030,41 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
   bool failing_ = false, draining_ = false, closed_ = false, timer_armed_ = false;
 };
 
+}  // namespace detail
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/server_connection.hpp>
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
+// #include <ebbflow/elastic/tcp_store.hpp>  (inlined)
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <deque>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+namespace detail {
+
 inline void server_impl::accept() {
   if (stopped_) return;
   auto sock = std::make_shared<tcp::socket>(strand_);
@@ -16872,7 +17407,24 @@ EBBFLOW_END_NAMESPACE
 // ---- begin <ebbflow/elastic/impl/store_client.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file impl/store_client.hpp
-//! Definitions of `store_client` and `store_watcher` (included by elastic/store.hpp).
+//! Definitions of `store_client` and `store_watcher` (included by elastic/tcp_store.hpp).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/hmac.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/client_connection.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/client_connection.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/client_connection.hpp
+//! The store client's side of one TCP connection to a store server: a
+//! blocking connection whose every operation has a deadline (started
+//! asynchronously; the private io_context runs until it completes or the
+//! deadline passes, then it is cancelled), the HMAC handshake, and the
+//! request frames the client builds.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
@@ -16882,15 +17434,13 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/core/log.hpp>  (inlined)
 // #include <ebbflow/elastic/detail/hmac.hpp>  (inlined)
 // #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
-// #include <ebbflow/elastic/store.hpp>  (inlined)
-
+// #include <ebbflow/elastic/store_options.hpp>  (inlined)
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
-
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -17130,7 +17680,30 @@ inline std::string keys_frame(proto::op o, const std::vector<std::string>& keys,
 }
 
 }  // namespace detail
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/client_connection.hpp>
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+// #include <ebbflow/elastic/tcp_store.hpp>  (inlined)
 
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
 // ------------------------------------------------------------------ options
 
 inline client_options client_options::from_environment() {
@@ -17590,6 +18163,7 @@ inline store_watcher store_client::watch(std::string_view prefix, bool include_e
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/elastic/impl/store_client.hpp>
+// ---- end <ebbflow/elastic/tcp_store.hpp>
 #endif  // EBBFLOW_HAS_ASIO
 // ==== end <ebbflow/elastic/store.hpp>
 

@@ -20,7 +20,7 @@
 //! index of the first one that does (the coordinator waits for the next join
 //! ticket and for an abort at once; without it, an abort reaches it at its
 //! next heartbeat).
-//! The Boost.Asio store client (elastic/store.hpp) models this concept.
+//! The Boost.Asio store client (elastic/tcp_store.hpp) models this concept.
 #pragma once
 
 #include <ebbflow/config.hpp>

@@ -9,7 +9,7 @@
 #pragma once
 
 #include <ebbflow/config.hpp>
-#include <ebbflow/elastic/policy.hpp>
+#include <ebbflow/elastic/planning_policy.hpp>
 #include <ebbflow/plan/batch_planner.hpp>
 #include <ebbflow/plan/cost_models.hpp>
 #include <ebbflow/plan/replan_policy.hpp>  // plan::replan_options
