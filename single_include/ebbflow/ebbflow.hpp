@@ -11503,7 +11503,16 @@ class group_impl {
   }
   // Whether the job was marked finished (`finish`).
   bool job_done() { return store_->try_get(key("done"), store_deadline()).has_value(); }
-  deadline store_deadline() const { return deadline::after(opts_.store_timeout); }
+  // The deadline of a store call: store_timeout, or at most a lease while
+  // the heartbeat finds the store unreachable (a call then fails fast).
+  deadline store_deadline() const {
+    return deadline::after(store_unreachable() ? std::min<std::chrono::milliseconds>(opts_.store_timeout, opts_.lease)
+                                               : opts_.store_timeout);
+  }
+  bool store_unreachable() const noexcept { return store_down_since_.load(std::memory_order_relaxed) != 0; }
+  // Whether `e` came from a store call (its operation is "store.<op>").
+  static bool store_failure(const system_error& e) noexcept { return e.operation().starts_with("store"); }
+  static constexpr std::chrono::seconds store_warning_period{10};
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
   // Fails with job_finished: "the job EBBFLOW_JOB='<prefix>' <what>".
   [[noreturn]] void fail_job_finished(std::string_view what) const;
@@ -11594,7 +11603,11 @@ class group_impl {
   int poll_next();
 
   // ---- recovery after a failure (recovery.hpp)
+  // Re-forms the group after generation `failed_generation` failed (its
+  // rank `lost_peer` seen dead, or -1); a store that cannot be reached makes
+  // it fail with a clear group_error.
   void recover(std::int64_t failed_generation, int lost_peer);
+  void reform(std::int64_t failed_generation, int lost_peer);
   int lost_peer_of(const system_error& e) const noexcept;
   static int lost_in_adopt(const system_error& e) noexcept;
   // This member takes its own buffers as the job's initial state (recover() chose it).
@@ -11636,6 +11649,15 @@ class group_impl {
   bool abort_due(Store& st, std::int64_t g);
   // Marks m dead in g, posts abort/<g> and revokes this member's transport.
   void abort_without(Store& st, std::int64_t g, member_id m, peer_watch& w);
+  // A heartbeat round could not reach the store: marks it unreachable and
+  // warns (at once, then every store_warning_period).
+  void note_store_unreachable(const char* why, steady_clock::time_point& next_warning);
+  // Whole seconds from steady_clock tick `since` to now.
+  static long long seconds_since(steady_clock::rep since) noexcept {
+    return std::chrono::duration_cast<std::chrono::seconds>(steady_clock::now().time_since_epoch() -
+                                                            steady_clock::duration(since))
+        .count();
+  }
 
   // ---- the state, in declaration order (which is destruction order)
 
@@ -11719,6 +11741,8 @@ class group_impl {
   std::optional<communicator_type> comm_;
   std::shared_ptr<comm::revoke_flag> revoke_;
   std::atomic<std::int64_t> hb_generation_{-1};
+  // Since when the heartbeat finds the store unreachable (steady_clock ticks; 0: it is reachable).
+  std::atomic<steady_clock::rep> store_down_since_{0};
   std::mutex hb_wake_m_;                 // with hb_wake_: the heartbeat thread's sleep between beats,
   std::condition_variable_any hb_wake_;  // cut short when this process becomes a member
   std::mutex hb_mutex_;
@@ -12120,7 +12144,9 @@ void group_impl<Store, Net>::wait_for_peers_to_end() noexcept {
   // endpoints for a death (over tcp a close can reset what the peer has
   // not read yet) and fail the step it has in fact finished. A store
   // barrier, not a collective: its own last message cannot race a close.
-  if (!active_ || !transport_ || phase_ != step_phase::closed || step_ <= 0 || !store_) return;
+  // Without a store there is nothing to wait on: the peers then see this
+  // member's close at worst (a lease at most, as before this wait existed).
+  if (!active_ || !transport_ || phase_ != step_phase::closed || step_ <= 0 || !store_ || store_unreachable()) return;
   try {
     const std::string prefix = "ended/" + std::to_string(gen_.generation) + "/";
     store_->set(key(prefix + std::to_string(id_)), std::to_string(step_), store_deadline());
@@ -12176,7 +12202,16 @@ void group_impl<Store, Net>::restore_position(std::int64_t step, std::int64_t ep
 
 template <kv_store Store, network Net>
 void group_impl<Store, Net>::finish() {
-  store_->set(key("done"), "1", store_deadline());
+  // The training is complete whether or not the store can record it: a
+  // store that is gone is said, not thrown (the job exits as it should).
+  try {
+    store_->set(key("done"), "1", store_deadline());
+  } catch (const system_error& e) {
+    if (!store_failure(e) || !recoverable(e.code())) throw;
+    EBBFLOW_LOG_WARN("the job finished, but the store could not record it ("
+                     << e.what() << "): workers still waiting to join it are not told, and wait until "
+                     << "EBBFLOW_JOIN_TIMEOUT_MS");
+  }
 }
 
 template <kv_store Store, network Net>
@@ -12222,7 +12257,8 @@ namespace elastic::detail {
 template <kv_store Store, network Net>
 void group_impl<Store, Net>::heartbeat_loop(std::stop_token st) {
   std::unique_ptr<Store> s;
-  bool warned = false;
+  bool warned = false;                      // a failure other than the store's was logged
+  steady_clock::time_point next_warning{};  // while the store is unreachable: when to say so again
   peer_watch peers;
   std::vector<std::string> keys;
   std::vector<std::int64_t> deltas;
@@ -12318,6 +12354,8 @@ void group_impl<Store, Net>::heartbeat_loop(std::stop_token st) {
         }
       }
       warned = false;
+      if (const auto down = store_down_since_.exchange(0, std::memory_order_relaxed); down != 0)
+        EBBFLOW_LOG_WARN("the store is reachable again, after " << seconds_since(down) << " s");
       // Between beats the thread waits on the server instead of sleeping:
       // for its generation's abort, which then revokes this member's
       // transport at once, not at its next beat (a survivor whose own peers
@@ -12332,8 +12370,13 @@ void group_impl<Store, Net>::heartbeat_loop(std::stop_token st) {
         continue;
       }
     } catch (const std::exception& e) {
-      if (!warned) EBBFLOW_LOG_WARN("heartbeat of member " << id_ << " failed: " << e.what());
-      warned = true;
+      const auto* se = dynamic_cast<const system_error*>(&e);
+      if (se && store_failure(*se) && (se->code() == errc::peer_lost || se->code() == errc::timeout)) {
+        note_store_unreachable(e.what(), next_warning);
+      } else if (!warned) {
+        EBBFLOW_LOG_WARN("heartbeat of member " << id_ << " failed: " << e.what());
+        warned = true;
+      }
       s.reset();
     }
     // Not a member (yet): the next round comes at the next beat, or as soon
@@ -12467,6 +12510,28 @@ void group_impl<Store, Net>::report_stall(std::int64_t mine, steady_clock::durat
                                   "EBBFLOW_OP_TIMEOUT_MS="
                                << ms(opts_.op_timeout) << " ms after it began, the step aborts and the group "
                                << "goes on without them");
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::note_store_unreachable(const char* why, steady_clock::time_point& next_warning) {
+  // Training goes on without the store (a steady step makes no store call),
+  // but nothing that needs it can happen: said at once, and again every
+  // store_warning_period while it lasts. Meanwhile every store call of this
+  // member fails within a lease (store_deadline).
+  const auto now = steady_clock::now();
+  steady_clock::rep since = 0;
+  if (store_down_since_.compare_exchange_strong(since, now.time_since_epoch().count(), std::memory_order_relaxed)) {
+    since = now.time_since_epoch().count();
+    next_warning = now;
+  }
+  if (now < next_warning) return;
+  next_warning = now + store_warning_period;
+  const auto down_s = seconds_since(since);
+  EBBFLOW_LOG_WARN("the store " << (down_s > 0 ? "has been unreachable for " + std::to_string(down_s) + " s"
+                                               : std::string("cannot be reached"))
+                                << " (" << why
+                                << "): training goes on, but no worker can join, leave or fail over until it is back "
+                                   "(docs/elastic.md, \"When the store dies\")");
 }
 
 }  // namespace elastic::detail
@@ -13991,7 +14056,18 @@ void group_impl<Store, Net>::change_membership(const std::vector<char>& leaving,
     rec.plan_version = gen_.plan_version + 1;
     rec.joins_seen = gen_.joins_seen;
     record = to_value(rec.encode());
-    if (!background) write_record(*store_, gkey, *record, admitting_, g1);
+    if (!background) {
+      try {
+        write_record(*store_, gkey, *record, admitting_, g1);
+      } catch (const system_error& e) {
+        // A coordinator that leaves goes even when the store is gone (a
+        // SIGTERMed job whose store died): the others cannot switch without
+        // the record and fail over, or end too when they all leave.
+        if (!me_leaving || !store_failure(e)) throw;
+        EBBFLOW_LOG_WARN("could not write the record of generation " << g1 << " (" << e.what()
+                                                                     << "): leaving without it");
+      }
+    }
   }
   if (me_leaving) {
     if (detail::can_preconnect<Net>() && opts_.preconnect) {
@@ -14230,6 +14306,20 @@ namespace elastic::detail {
 
 template <kv_store Store, network Net>
 void group_impl<Store, Net>::recover(std::int64_t g, int lost_peer) {
+  try {
+    reform(g, lost_peer);
+  } catch (const system_error& e) {
+    // Everything a recovery decides goes through the store: without it
+    // the survivors cannot agree on the next generation.
+    if (!store_failure(e) || !recoverable(e.code())) throw;
+    fail(error::peer_lost, "generation " + std::to_string(g) + " failed and the store cannot be reached (" + e.what() +
+                               "): the group cannot re-form without its store (docs/elastic.md, \"When the store "
+                               "dies\")");
+  }
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::reform(std::int64_t g, int lost_peer) {
   const auto started = steady_clock::now();
   next_.reset();  // a join still connecting is redone by the recovery below
   auto overall = deadline::after(opts_.op_timeout + opts_.min_size_wait);
@@ -14255,6 +14345,9 @@ void group_impl<Store, Net>::recover(std::int64_t g, int lost_peer) {
     const auto unresolved_deadline = deadline::after(opts_.op_timeout);
     const auto recovery_started = steady_clock::now();
     bool waiting_logged = false, stuck_logged = false;
+    // Since when the members alive and the joiners waiting number fewer than
+    // min_size: the group gives up min_size_wait after that, not later.
+    std::optional<steady_clock::time_point> below_since;
     std::optional<detail::generation_record> next;
     // Each round asks the store in at most three pipelined batches, however
     // large the group: the next record and who reported; of the others, who
@@ -14352,10 +14445,18 @@ void group_impl<Store, Net>::recover(std::int64_t g, int lost_peer) {
         auto joiners = pending_joiners(seen, room, false, holds);
         const int total = static_cast<int>(alive.size() + joiners.size());
         if (total < opts_.min_size) {
+          const auto now = steady_clock::now();
+          if (!below_since) below_since = now;
           if (!waiting_logged)
             EBBFLOW_LOG_WARN("only " << total << " workers left, below EBBFLOW_MIN_SIZE=" << opts_.min_size
-                                     << ": waiting for workers to join (up to EBBFLOW_MIN_WAIT_MS)");
+                                     << ": waiting for workers to join (up to EBBFLOW_MIN_WAIT_MS="
+                                     << opts_.min_size_wait.count() << " ms)");
           waiting_logged = true;
+          if (now - *below_since >= opts_.min_size_wait)
+            fail(error::timeout, "only " + std::to_string(total) + " worker(s) left after generation " + gs +
+                                     " failed, below EBBFLOW_MIN_SIZE=" + std::to_string(opts_.min_size) +
+                                     ", and none joined within EBBFLOW_MIN_WAIT_MS=" +
+                                     std::to_string(opts_.min_size_wait.count()) + " ms");
         } else {
           detail::generation_record rec;
           rec.generation = g + 1;
@@ -14405,7 +14506,10 @@ void group_impl<Store, Net>::recover(std::int64_t g, int lost_peer) {
         }
       }
       if (overall.expired())
-        fail(error::timeout, "could not re-form the group after generation " + gs + " within the deadline");
+        fail(error::timeout, "could not re-form the group after generation " + gs +
+                                 " within EBBFLOW_OP_TIMEOUT_MS + EBBFLOW_MIN_WAIT_MS (" +
+                                 std::to_string((opts_.op_timeout + opts_.min_size_wait).count()) + " ms)" +
+                                 (undecided_ids.empty() ? "" : "; undecided: member(s) " + undecided_ids));
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     if (next->rank_of(id_) < 0 && leave_requested_.load()) {

@@ -123,7 +123,16 @@ class group_impl {
   }
   // Whether the job was marked finished (`finish`).
   bool job_done() { return store_->try_get(key("done"), store_deadline()).has_value(); }
-  deadline store_deadline() const { return deadline::after(opts_.store_timeout); }
+  // The deadline of a store call: store_timeout, or at most a lease while
+  // the heartbeat finds the store unreachable (a call then fails fast).
+  deadline store_deadline() const {
+    return deadline::after(store_unreachable() ? std::min<std::chrono::milliseconds>(opts_.store_timeout, opts_.lease)
+                                               : opts_.store_timeout);
+  }
+  bool store_unreachable() const noexcept { return store_down_since_.load(std::memory_order_relaxed) != 0; }
+  // Whether `e` came from a store call (its operation is "store.<op>").
+  static bool store_failure(const system_error& e) noexcept { return e.operation().starts_with("store"); }
+  static constexpr std::chrono::seconds store_warning_period{10};
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
   // Fails with job_finished: "the job EBBFLOW_JOB='<prefix>' <what>".
   [[noreturn]] void fail_job_finished(std::string_view what) const;
@@ -214,7 +223,11 @@ class group_impl {
   int poll_next();
 
   // ---- recovery after a failure (recovery.hpp)
+  // Re-forms the group after generation `failed_generation` failed (its
+  // rank `lost_peer` seen dead, or -1); a store that cannot be reached makes
+  // it fail with a clear group_error.
   void recover(std::int64_t failed_generation, int lost_peer);
+  void reform(std::int64_t failed_generation, int lost_peer);
   int lost_peer_of(const system_error& e) const noexcept;
   static int lost_in_adopt(const system_error& e) noexcept;
   // This member takes its own buffers as the job's initial state (recover() chose it).
@@ -256,6 +269,15 @@ class group_impl {
   bool abort_due(Store& st, std::int64_t g);
   // Marks m dead in g, posts abort/<g> and revokes this member's transport.
   void abort_without(Store& st, std::int64_t g, member_id m, peer_watch& w);
+  // A heartbeat round could not reach the store: marks it unreachable and
+  // warns (at once, then every store_warning_period).
+  void note_store_unreachable(const char* why, steady_clock::time_point& next_warning);
+  // Whole seconds from steady_clock tick `since` to now.
+  static long long seconds_since(steady_clock::rep since) noexcept {
+    return std::chrono::duration_cast<std::chrono::seconds>(steady_clock::now().time_since_epoch() -
+                                                            steady_clock::duration(since))
+        .count();
+  }
 
   // ---- the state, in declaration order (which is destruction order)
 
@@ -339,6 +361,8 @@ class group_impl {
   std::optional<communicator_type> comm_;
   std::shared_ptr<comm::revoke_flag> revoke_;
   std::atomic<std::int64_t> hb_generation_{-1};
+  // Since when the heartbeat finds the store unreachable (steady_clock ticks; 0: it is reachable).
+  std::atomic<steady_clock::rep> store_down_since_{0};
   std::mutex hb_wake_m_;                 // with hb_wake_: the heartbeat thread's sleep between beats,
   std::condition_variable_any hb_wake_;  // cut short when this process becomes a member
   std::mutex hb_mutex_;

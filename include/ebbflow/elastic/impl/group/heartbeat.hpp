@@ -26,7 +26,8 @@ namespace elastic::detail {
 template <kv_store Store, network Net>
 void group_impl<Store, Net>::heartbeat_loop(std::stop_token st) {
   std::unique_ptr<Store> s;
-  bool warned = false;
+  bool warned = false;                      // a failure other than the store's was logged
+  steady_clock::time_point next_warning{};  // while the store is unreachable: when to say so again
   peer_watch peers;
   std::vector<std::string> keys;
   std::vector<std::int64_t> deltas;
@@ -122,6 +123,8 @@ void group_impl<Store, Net>::heartbeat_loop(std::stop_token st) {
         }
       }
       warned = false;
+      if (const auto down = store_down_since_.exchange(0, std::memory_order_relaxed); down != 0)
+        EBBFLOW_LOG_WARN("the store is reachable again, after " << seconds_since(down) << " s");
       // Between beats the thread waits on the server instead of sleeping:
       // for its generation's abort, which then revokes this member's
       // transport at once, not at its next beat (a survivor whose own peers
@@ -136,8 +139,13 @@ void group_impl<Store, Net>::heartbeat_loop(std::stop_token st) {
         continue;
       }
     } catch (const std::exception& e) {
-      if (!warned) EBBFLOW_LOG_WARN("heartbeat of member " << id_ << " failed: " << e.what());
-      warned = true;
+      const auto* se = dynamic_cast<const system_error*>(&e);
+      if (se && store_failure(*se) && (se->code() == errc::peer_lost || se->code() == errc::timeout)) {
+        note_store_unreachable(e.what(), next_warning);
+      } else if (!warned) {
+        EBBFLOW_LOG_WARN("heartbeat of member " << id_ << " failed: " << e.what());
+        warned = true;
+      }
       s.reset();
     }
     // Not a member (yet): the next round comes at the next beat, or as soon
@@ -271,6 +279,28 @@ void group_impl<Store, Net>::report_stall(std::int64_t mine, steady_clock::durat
                                   "EBBFLOW_OP_TIMEOUT_MS="
                                << ms(opts_.op_timeout) << " ms after it began, the step aborts and the group "
                                << "goes on without them");
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::note_store_unreachable(const char* why, steady_clock::time_point& next_warning) {
+  // Training goes on without the store (a steady step makes no store call),
+  // but nothing that needs it can happen: said at once, and again every
+  // store_warning_period while it lasts. Meanwhile every store call of this
+  // member fails within a lease (store_deadline).
+  const auto now = steady_clock::now();
+  steady_clock::rep since = 0;
+  if (store_down_since_.compare_exchange_strong(since, now.time_since_epoch().count(), std::memory_order_relaxed)) {
+    since = now.time_since_epoch().count();
+    next_warning = now;
+  }
+  if (now < next_warning) return;
+  next_warning = now + store_warning_period;
+  const auto down_s = seconds_since(since);
+  EBBFLOW_LOG_WARN("the store " << (down_s > 0 ? "has been unreachable for " + std::to_string(down_s) + " s"
+                                               : std::string("cannot be reached"))
+                                << " (" << why
+                                << "): training goes on, but no worker can join, leave or fail over until it is back "
+                                   "(docs/elastic.md, \"When the store dies\")");
 }
 
 }  // namespace elastic::detail

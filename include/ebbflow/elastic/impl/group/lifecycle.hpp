@@ -110,7 +110,9 @@ void group_impl<Store, Net>::wait_for_peers_to_end() noexcept {
   // endpoints for a death (over tcp a close can reset what the peer has
   // not read yet) and fail the step it has in fact finished. A store
   // barrier, not a collective: its own last message cannot race a close.
-  if (!active_ || !transport_ || phase_ != step_phase::closed || step_ <= 0 || !store_) return;
+  // Without a store there is nothing to wait on: the peers then see this
+  // member's close at worst (a lease at most, as before this wait existed).
+  if (!active_ || !transport_ || phase_ != step_phase::closed || step_ <= 0 || !store_ || store_unreachable()) return;
   try {
     const std::string prefix = "ended/" + std::to_string(gen_.generation) + "/";
     store_->set(key(prefix + std::to_string(id_)), std::to_string(step_), store_deadline());
@@ -166,7 +168,16 @@ void group_impl<Store, Net>::restore_position(std::int64_t step, std::int64_t ep
 
 template <kv_store Store, network Net>
 void group_impl<Store, Net>::finish() {
-  store_->set(key("done"), "1", store_deadline());
+  // The training is complete whether or not the store can record it: a
+  // store that is gone is said, not thrown (the job exits as it should).
+  try {
+    store_->set(key("done"), "1", store_deadline());
+  } catch (const system_error& e) {
+    if (!store_failure(e) || !recoverable(e.code())) throw;
+    EBBFLOW_LOG_WARN("the job finished, but the store could not record it ("
+                     << e.what() << "): workers still waiting to join it are not told, and wait until "
+                     << "EBBFLOW_JOIN_TIMEOUT_MS");
+  }
 }
 
 template <kv_store Store, network Net>

@@ -102,7 +102,18 @@ void group_impl<Store, Net>::change_membership(const std::vector<char>& leaving,
     rec.plan_version = gen_.plan_version + 1;
     rec.joins_seen = gen_.joins_seen;
     record = to_value(rec.encode());
-    if (!background) write_record(*store_, gkey, *record, admitting_, g1);
+    if (!background) {
+      try {
+        write_record(*store_, gkey, *record, admitting_, g1);
+      } catch (const system_error& e) {
+        // A coordinator that leaves goes even when the store is gone (a
+        // SIGTERMed job whose store died): the others cannot switch without
+        // the record and fail over, or end too when they all leave.
+        if (!me_leaving || !store_failure(e)) throw;
+        EBBFLOW_LOG_WARN("could not write the record of generation " << g1 << " (" << e.what()
+                                                                     << "): leaving without it");
+      }
+    }
   }
   if (me_leaving) {
     if (detail::can_preconnect<Net>() && opts_.preconnect) {

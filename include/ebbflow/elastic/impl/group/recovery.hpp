@@ -20,6 +20,20 @@ namespace elastic::detail {
 
 template <kv_store Store, network Net>
 void group_impl<Store, Net>::recover(std::int64_t g, int lost_peer) {
+  try {
+    reform(g, lost_peer);
+  } catch (const system_error& e) {
+    // Everything a recovery decides goes through the store: without it
+    // the survivors cannot agree on the next generation.
+    if (!store_failure(e) || !recoverable(e.code())) throw;
+    fail(error::peer_lost, "generation " + std::to_string(g) + " failed and the store cannot be reached (" + e.what() +
+                               "): the group cannot re-form without its store (docs/elastic.md, \"When the store "
+                               "dies\")");
+  }
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::reform(std::int64_t g, int lost_peer) {
   const auto started = steady_clock::now();
   next_.reset();  // a join still connecting is redone by the recovery below
   auto overall = deadline::after(opts_.op_timeout + opts_.min_size_wait);
@@ -45,6 +59,9 @@ void group_impl<Store, Net>::recover(std::int64_t g, int lost_peer) {
     const auto unresolved_deadline = deadline::after(opts_.op_timeout);
     const auto recovery_started = steady_clock::now();
     bool waiting_logged = false, stuck_logged = false;
+    // Since when the members alive and the joiners waiting number fewer than
+    // min_size: the group gives up min_size_wait after that, not later.
+    std::optional<steady_clock::time_point> below_since;
     std::optional<detail::generation_record> next;
     // Each round asks the store in at most three pipelined batches, however
     // large the group: the next record and who reported; of the others, who
@@ -142,10 +159,18 @@ void group_impl<Store, Net>::recover(std::int64_t g, int lost_peer) {
         auto joiners = pending_joiners(seen, room, false, holds);
         const int total = static_cast<int>(alive.size() + joiners.size());
         if (total < opts_.min_size) {
+          const auto now = steady_clock::now();
+          if (!below_since) below_since = now;
           if (!waiting_logged)
             EBBFLOW_LOG_WARN("only " << total << " workers left, below EBBFLOW_MIN_SIZE=" << opts_.min_size
-                                     << ": waiting for workers to join (up to EBBFLOW_MIN_WAIT_MS)");
+                                     << ": waiting for workers to join (up to EBBFLOW_MIN_WAIT_MS="
+                                     << opts_.min_size_wait.count() << " ms)");
           waiting_logged = true;
+          if (now - *below_since >= opts_.min_size_wait)
+            fail(error::timeout, "only " + std::to_string(total) + " worker(s) left after generation " + gs +
+                                     " failed, below EBBFLOW_MIN_SIZE=" + std::to_string(opts_.min_size) +
+                                     ", and none joined within EBBFLOW_MIN_WAIT_MS=" +
+                                     std::to_string(opts_.min_size_wait.count()) + " ms");
         } else {
           detail::generation_record rec;
           rec.generation = g + 1;
@@ -195,7 +220,10 @@ void group_impl<Store, Net>::recover(std::int64_t g, int lost_peer) {
         }
       }
       if (overall.expired())
-        fail(error::timeout, "could not re-form the group after generation " + gs + " within the deadline");
+        fail(error::timeout, "could not re-form the group after generation " + gs +
+                                 " within EBBFLOW_OP_TIMEOUT_MS + EBBFLOW_MIN_WAIT_MS (" +
+                                 std::to_string((opts_.op_timeout + opts_.min_size_wait).count()) + " ms)" +
+                                 (undecided_ids.empty() ? "" : "; undecided: member(s) " + undecided_ids));
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     if (next->rank_of(id_) < 0 && leave_requested_.load()) {
