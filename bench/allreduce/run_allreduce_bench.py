@@ -9,6 +9,12 @@ columns (time = median) plus min/p99 and the busbw ratio ebbflow / best peer.
 
   run_allreduce_bench.py --build build/release [--ranks 2,4] [--rounds 3]
                          [--sizes 4096,...] [--json out.jsonl] [--only ebbflow,openmpi]
+                         [--baseline OTHER_BUILD]
+
+--baseline adds ebbflow's contestants built from another tree (e.g. the
+commit before a change) as `base:ebbflow`, `base:ebbflow_shm`, interleaved
+with the rest, and prints this build's time over the baseline's per size
+(the regression check of a change, in one run).
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile
 
@@ -40,7 +46,14 @@ def launch_env_ranks(cmd, n, extra_env=None, timeout=900):
             raise RuntimeError(f"{cmd[0]} failed: exit codes {[p.returncode for p in procs]}")
         return out.decode()
 
-def contestants(build, n, sizes_arg, only):
+def contestants(build, n, sizes_arg, only, baseline=""):
+    c = own_contestants(build, n, sizes_arg)
+    if baseline:
+        base = own_contestants(baseline, n, sizes_arg)
+        c.update({"base:" + k: v for k, v in base.items() if k.startswith("ebbflow")})
+    return {k: v for k, v in c.items() if not only or k.removeprefix("base:") in only}
+
+def own_contestants(build, n, sizes_arg):
     b = os.path.join(build, "bench", "allreduce")
     mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n), "--bind-to", "none"]
     c = {
@@ -62,7 +75,7 @@ def contestants(build, n, sizes_arg, only):
     }
     if NETNS:  # mpirun cannot place ranks into namespaces without a remote launcher; no shared memory across hosts
         c = {k: v for k, v in c.items() if not k.startswith("openmpi") and k != "ebbflow_shm"}
-    return {k: v for k, v in c.items() if not only or k in only}
+    return c
 
 def pct(xs, p):
     xs = sorted(xs)
@@ -78,6 +91,7 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--only", default="")
     ap.add_argument("--netns", default="", help="NS=IP,NS=IP: one namespace per rank (ebbflow and Gloo only)")
+    ap.add_argument("--baseline", default="", help="another build whose ebbflow runs beside this one's (base:...)")
     a = ap.parse_args()
     if a.netns:
         NETNS.extend(a.netns.split(","))
@@ -85,7 +99,7 @@ def main():
     only = [x for x in a.only.split(",") if x]
     jf = open(a.json, "w") if a.json else None
     for n in [int(x) for x in a.ranks.split(",")]:
-        cs = contestants(a.build, n, sizes_arg, only)
+        cs = contestants(a.build, n, sizes_arg, only, a.baseline)
         data = {}  # (lib, bytes) -> samples, wrong
         for rnd in range(a.rounds):
             for name, run in cs.items():
@@ -105,6 +119,9 @@ def main():
         mine = [k for k in cs if k.startswith("ebbflow")]
         for k in mine:
             hdr += f" | {k}/best-peer busbw"
+        based = [k for k in mine if "base:" + k in cs]
+        for k in based:
+            hdr += f" | {k} time/base (min, median)"
         print(hdr)
         for sz in sizes:
             row = f"{sz:>10} {sz // 4:>10} {'float':>5} {'sum':>5}"
@@ -120,11 +137,15 @@ def main():
                     jf.write(json.dumps({"bench": "allreduce", "lib": name, "ranks": n, "bytes": sz, "dtype": "f32",
                                          "op": "sum", "median_us": med, "min_us": min(s), "p99_us": pct(s, 99),
                                          "algbw_GBps": alg, "busbw_GBps": bus, "wrong": w}) + "\n")
-            peers = {k: v for k, v in busbw.items() if not k.startswith("ebbflow")}
+            peers = {k: v for k, v in busbw.items() if not k.startswith(("ebbflow", "base:"))}
             if peers:
                 best = max(peers, key=peers.get)
                 for k in mine:
                     row += f" | {busbw[k] / peers[best]:.2f}x (vs {best})"
+            for k in based:
+                s_new, _ = data.get((k, sz), ([float('nan')], -1))
+                s_old, _ = data.get(("base:" + k, sz), ([float('nan')], -1))
+                row += f" | {min(s_new) / min(s_old):.2f} {statistics.median(s_new) / statistics.median(s_old):.2f}"
             print(row, flush=True)
     if jf:
         jf.close()
