@@ -35,6 +35,7 @@
 #include <ebbflow/compress/kernels/topk.hpp>
 #include <ebbflow/core/deadline.hpp>
 #include <ebbflow/core/dtype.hpp>
+#include <ebbflow/core/enum_names.hpp>
 #include <ebbflow/core/env.hpp>
 #include <ebbflow/core/error.hpp>
 #include <ebbflow/core/half.hpp>

@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 84 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 85 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -207,6 +207,77 @@
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined here)
+// ---- begin <ebbflow/core/enum_names.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file enum_names.hpp
+//! `enum_names`: the names of an enum's enumerators as one constexpr table,
+//! looked up both ways, in place of a switch per enum. Declare the table
+//! next to the enum and tie it to the enum's last enumerator, so that an
+//! enumerator added without a name fails to compile:
+//!
+//! ```cpp
+//! enum class color { red, green, blue };
+//! inline constexpr auto color_names = make_enum_names(color::red, "red", "green", "blue");
+//! static_assert(color_names.last() == color::blue);
+//! constexpr std::string_view name(color c) noexcept { return color_names(c); }
+//! ```
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <string_view>
+#include <type_traits>
+
+EBBFLOW_BEGIN_NAMESPACE
+
+//! The names of the N enumerators `first`, `first` + 1, ... of `E`, which
+//! must have no gaps, in that order. A constexpr value; make one with
+//! `make_enum_names`. Thread safety: immutable.
+template <class E, std::size_t N>
+requires std::is_enum_v<E> &&(N > 0) struct enum_names {
+  std::array<std::string_view, N> names;  //!< `names[i]` is the name of `first` + i
+  E first;                                //!< the enumerator `names[0]` names
+
+  //! The name of `e`, or `unknown` for a value outside the table. O(1).
+  [[nodiscard]] constexpr std::string_view operator()(E e, std::string_view unknown = "?") const noexcept {
+    const long long d = value(e) - value(first);
+    return d >= 0 && d < static_cast<long long>(N) ? names[static_cast<std::size_t>(d)] : unknown;
+  }
+  //! The enumerator named `s` (an exact match), or nullopt. O(N).
+  [[nodiscard]] constexpr std::optional<E> parse(std::string_view s) const noexcept {
+    for (std::size_t i = 0; i < N; ++i)
+      if (names[i] == s) return at(i);
+    return std::nullopt;
+  }
+  //! The enumerator of `names[i]` (i < N).
+  [[nodiscard]] constexpr E at(std::size_t i) const noexcept {
+    return static_cast<E>(value(first) + static_cast<long long>(i));
+  }
+  //! The enumerator the last name belongs to.
+  [[nodiscard]] constexpr E last() const noexcept { return at(N - 1); }
+  //! Number of names.
+  [[nodiscard]] static constexpr std::size_t size() noexcept { return N; }
+
+ private:
+  static constexpr long long value(E e) noexcept { return static_cast<long long>(e); }
+};
+
+//! The table naming `first` and the enumerators after it, in order:
+//! `make_enum_names(level::off, "off", "error", "warn")`.
+template <class E, class... Names>
+requires std::is_enum_v<E> &&(sizeof...(Names) > 0) &&
+    (std::is_convertible_v<const Names&, std::string_view> && ...)
+        [[nodiscard]] constexpr enum_names<E, sizeof...(Names)> make_enum_names(E first,
+                                                                                const Names&... names) noexcept {
+  return {{std::string_view(names)...}, first};
+}
+
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/core/enum_names.hpp>
 // #include <ebbflow/core/half.hpp>  (inlined here)
 // ---- begin <ebbflow/core/half.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -328,6 +399,7 @@ EBBFLOW_END_NAMESPACE
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -359,33 +431,16 @@ constexpr std::size_t size_of(dtype t) noexcept {
   return 0;
 }
 
+namespace detail {
+inline constexpr auto dtype_names = make_enum_names(dtype::f32, "f32", "f64", "f16", "bf16", "i32", "i64", "u8");
+static_assert(dtype_names.last() == dtype::u8 && dtype_names.size() == std::size(all_dtypes));
+}  // namespace detail
+
 //! Short name ("f32", "bf16", ...), as printed by benchmarks and errors.
-constexpr std::string_view name(dtype t) noexcept {
-  switch (t) {
-    case dtype::f32:
-      return "f32";
-    case dtype::f64:
-      return "f64";
-    case dtype::f16:
-      return "f16";
-    case dtype::bf16:
-      return "bf16";
-    case dtype::i32:
-      return "i32";
-    case dtype::i64:
-      return "i64";
-    case dtype::u8:
-      return "u8";
-  }
-  return "?";
-}
+constexpr std::string_view name(dtype t) noexcept { return detail::dtype_names(t); }
 
 //! Parses a name produced by `name(dtype)`.
-constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept {
-  for (dtype t : all_dtypes)
-    if (name(t) == s) return t;
-  return std::nullopt;
-}
+constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept { return detail::dtype_names.parse(s); }
 
 //! True for f32, f64, f16 and bf16.
 constexpr bool is_floating(dtype t) noexcept {
@@ -443,28 +498,17 @@ enum class reduce_op : std::uint8_t { sum, avg, min, max, prod };
 inline constexpr reduce_op all_reduce_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max,
                                                reduce_op::prod};
 
+namespace detail {
+inline constexpr auto reduce_op_names = make_enum_names(reduce_op::sum, "sum", "avg", "min", "max", "prod");
+static_assert(reduce_op_names.last() == reduce_op::prod && reduce_op_names.size() == std::size(all_reduce_ops));
+}  // namespace detail
+
 //! Short name ("sum", "avg", ...).
-constexpr std::string_view name(reduce_op op) noexcept {
-  switch (op) {
-    case reduce_op::sum:
-      return "sum";
-    case reduce_op::avg:
-      return "avg";
-    case reduce_op::min:
-      return "min";
-    case reduce_op::max:
-      return "max";
-    case reduce_op::prod:
-      return "prod";
-  }
-  return "?";
-}
+constexpr std::string_view name(reduce_op op) noexcept { return detail::reduce_op_names(op); }
 
 //! Parses a name produced by `name(reduce_op)`.
 constexpr std::optional<reduce_op> parse_reduce_op(std::string_view s) noexcept {
-  for (reduce_op op : all_reduce_ops)
-    if (name(op) == s) return op;
-  return std::nullopt;
+  return detail::reduce_op_names.parse(s);
 }
 
 EBBFLOW_END_NAMESPACE
@@ -872,15 +916,20 @@ EBBFLOW_END_NAMESPACE
 //! elasticity logic tests against, and `ebbflow::system_error`, whose message
 //! names the rank, generation, peer and operation that failed.
 //!
-//! Conventions (STYLE.md §4): synchronous calls come in pairs, a throwing form
-//! and a `noexcept` form taking `std::error_code&`. Bad user input raises
-//! `std::invalid_argument` naming file and line. Nothing throws from
-//! destructors, device code or transport callbacks.
+//! The convention (docs/architecture.md, "Errors"): a precondition the caller
+//! could have checked raises `std::invalid_argument` naming the value and file
+//! and line (`EBBFLOW_ENFORCE`); a condition found at run time raises
+//! `ebbflow::system_error` (or a type derived from it) with a code comparable
+//! to an `errc`. Synchronous calls of the communication and store layers come
+//! in pairs, a throwing form and a `noexcept` form taking `std::error_code&`.
+//! Nothing throws from destructors, device code or transport callbacks.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
 
 #include <cstdint>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -901,6 +950,7 @@ enum class errc {
   cancelled,      //!< the operation was cancelled (shutdown)
   invalid_state,  //!< an operation was used in a state that does not allow it
   job_finished,   //!< the elastic job ended before this worker joined it (nothing left to do)
+  load_failed,    //!< a data loader failed (the exception that carries this code holds the cause)
 };
 
 //! Error codes raised by ebbflow itself (category `ebbflow_category()`); each
@@ -914,30 +964,17 @@ enum class error {
   cancelled,
   invalid_state,
   job_finished,
+  load_failed,
 };
 
 namespace detail {
+inline constexpr auto errc_names =
+    make_enum_names(errc::peer_lost, "peer lost", "timed out", "revoked", "bad message", "unauthorized", "cancelled",
+                    "invalid state", "job finished", "data load failed");
+static_assert(errc_names.last() == errc::load_failed &&
+              static_cast<int>(error::load_failed) == static_cast<int>(errc::load_failed));
 inline constexpr std::string_view errc_name(int v) noexcept {
-  switch (v) {
-    case 1:
-      return "peer lost";
-    case 2:
-      return "timed out";
-    case 3:
-      return "revoked";
-    case 4:
-      return "bad message";
-    case 5:
-      return "unauthorized";
-    case 6:
-      return "cancelled";
-    case 7:
-      return "invalid state";
-    case 8:
-      return "job finished";
-    default:
-      return "unknown ebbflow error";
-  }
+  return errc_names(static_cast<errc>(v), "unknown ebbflow error");
 }
 
 class condition_category_impl final : public std::error_category {
@@ -976,64 +1013,68 @@ inline std::error_condition make_error_condition(errc e) noexcept {
 inline std::error_code make_error_code(error e) noexcept { return {static_cast<int>(e), ebbflow_category()}; }
 
 namespace detail {
+// The messages of vendor statuses this header knows without the vendor's
+// headers (a few dozen numbers each, stable ABI values).
+struct status_text {
+  int code;
+  std::string_view text;
+};
+template <std::size_t N>
+constexpr std::optional<std::string_view> status_text_of(const status_text (&table)[N], int v) noexcept {
+  for (const status_text& t : table)
+    if (t.code == v) return t.text;
+  return std::nullopt;
+}
+// ucs/type/status.h
+inline constexpr status_text ucs_texts[] = {{0, "success"},
+                                            {-1, "no pending message"},
+                                            {-2, "no resources are available to initiate the operation"},
+                                            {-3, "input/output error"},
+                                            {-4, "out of memory"},
+                                            {-5, "invalid parameter"},
+                                            {-6, "destination is unreachable"},
+                                            {-7, "address not valid"},
+                                            {-8, "function not implemented"},
+                                            {-9, "message truncated"},
+                                            {-10, "no progress"},
+                                            {-11, "provided buffer is too small"},
+                                            {-12, "no such element"},
+                                            {-14, "no such device"},
+                                            {-15, "device is busy"},
+                                            {-16, "request canceled"},
+                                            {-20, "operation timed out"},
+                                            {-21, "user-defined limit was reached"},
+                                            {-22, "unsupported operation"},
+                                            {-23, "operation rejected by remote peer"},
+                                            {-24, "endpoint is not connected"},
+                                            {-25, "connection reset by remote peer"},
+                                            {-80, "endpoint timeout"}};
+// cuda_runtime_api.h (cudaError_t)
+inline constexpr status_text cuda_texts[] = {{0, "no error"},
+                                             {1, "invalid argument"},
+                                             {2, "out of memory"},
+                                             {35, "CUDA driver version is insufficient for CUDA runtime version"},
+                                             {100, "no CUDA-capable device is detected"}};
+// nccl.h (ncclResult_t)
+inline constexpr status_text nccl_texts[] = {{0, "no error"},
+                                             {1, "unhandled cuda error"},
+                                             {2, "unhandled system error"},
+                                             {3, "internal error"},
+                                             {4, "invalid argument"},
+                                             {5, "invalid usage"},
+                                             {6, "remote process exited or there was a network error"},
+                                             {7, "NCCL operation in progress"}};
+
 //! UCX `ucs_status_t` values (stable ABI numbers from ucs/type/status.h), so
 //! this header needs no UCX include.
 class ucs_category_impl final : public std::error_category {
  public:
   const char* name() const noexcept override { return "ucs"; }
   std::string message(int v) const override {
-    switch (v) {
-      case 0:
-        return "success";
-      case -1:
-        return "no pending message";
-      case -2:
-        return "no resources are available to initiate the operation";
-      case -3:
-        return "input/output error";
-      case -4:
-        return "out of memory";
-      case -5:
-        return "invalid parameter";
-      case -6:
-        return "destination is unreachable";
-      case -7:
-        return "address not valid";
-      case -8:
-        return "function not implemented";
-      case -9:
-        return "message truncated";
-      case -10:
-        return "no progress";
-      case -11:
-        return "provided buffer is too small";
-      case -12:
-        return "no such element";
-      case -14:
-        return "no such device";
-      case -15:
-        return "device is busy";
-      case -16:
-        return "request canceled";
-      case -20:
-        return "operation timed out";
-      case -21:
-        return "user-defined limit was reached";
-      case -22:
-        return "unsupported operation";
-      case -23:
-        return "operation rejected by remote peer";
-      case -24:
-        return "endpoint is not connected";
-      case -25:
-        return "connection reset by remote peer";
-      case -80:
-        return "endpoint timeout";
-      default:
-        if (v <= -40 && v >= -59) return "link failure";
-        if (v <= -60 && v >= -89) return "endpoint failure";
-        return "UCX status " + std::to_string(v);
-    }
+    if (const auto text = status_text_of(ucs_texts, v)) return std::string(*text);
+    if (v <= -40 && v >= -59) return "link failure";
+    if (v <= -60 && v >= -89) return "endpoint failure";
+    return "UCX status " + std::to_string(v);
   }
   std::error_condition default_error_condition(int v) const noexcept override {
     switch (v) {
@@ -1065,20 +1106,8 @@ class cuda_category_impl final : public std::error_category {
  public:
   const char* name() const noexcept override { return "cuda"; }
   std::string message(int v) const override {
-    switch (v) {
-      case 0:
-        return "no error";
-      case 1:
-        return "invalid argument";
-      case 2:
-        return "out of memory";
-      case 35:
-        return "CUDA driver version is insufficient for CUDA runtime version";
-      case 100:
-        return "no CUDA-capable device is detected";
-      default:
-        return "CUDA error " + std::to_string(v);
-    }
+    const auto text = status_text_of(cuda_texts, v);
+    return text ? std::string(*text) : "CUDA error " + std::to_string(v);
   }
 };
 
@@ -1087,26 +1116,8 @@ class nccl_category_impl final : public std::error_category {
  public:
   const char* name() const noexcept override { return "nccl"; }
   std::string message(int v) const override {
-    switch (v) {
-      case 0:
-        return "no error";
-      case 1:
-        return "unhandled cuda error";
-      case 2:
-        return "unhandled system error";
-      case 3:
-        return "internal error";
-      case 4:
-        return "invalid argument";
-      case 5:
-        return "invalid usage";
-      case 6:
-        return "remote process exited or there was a network error";
-      case 7:
-        return "NCCL operation in progress";
-      default:
-        return "NCCL result " + std::to_string(v);
-    }
+    const auto text = status_text_of(nccl_texts, v);
+    return text ? std::string(*text) : "NCCL result " + std::to_string(v);
   }
   std::error_condition default_error_condition(int v) const noexcept override {
     if (v == 6) return make_error_condition(errc::peer_lost);
@@ -1576,6 +1587,7 @@ EBBFLOW_END_NAMESPACE
 
 // #include <ebbflow/config.hpp>  (inlined)
 // #include <ebbflow/core/dtype.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
 
 #include <cstddef>
 #include <span>
@@ -1587,18 +1599,13 @@ EBBFLOW_BEGIN_NAMESPACE
 //! usable for asynchronous device copies).
 enum class memory_space : std::uint8_t { host, pinned, device };
 
+namespace detail {
+inline constexpr auto memory_space_names = make_enum_names(memory_space::host, "host", "pinned", "device");
+static_assert(memory_space_names.last() == memory_space::device);
+}  // namespace detail
+
 //! Lower-case name ("host", "pinned", "device").
-constexpr std::string_view name(memory_space s) noexcept {
-  switch (s) {
-    case memory_space::host:
-      return "host";
-    case memory_space::pinned:
-      return "pinned";
-    case memory_space::device:
-      return "device";
-  }
-  return "?";
-}
+constexpr std::string_view name(memory_space s) noexcept { return detail::memory_space_names(s); }
 
 //! True when the CPU may dereference memory of this space.
 constexpr bool host_accessible(memory_space s) noexcept { return s != memory_space::device; }
@@ -3437,6 +3444,7 @@ EBBFLOW_END_NAMESPACE
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
 
 #include <atomic>
 #include <chrono>
@@ -3454,31 +3462,16 @@ namespace log {
 //! Severity of a record; `EBBFLOW_LOG` selects the highest one printed.
 enum class level : int { off = 0, error = 1, warn = 2, info = 3, debug = 4, trace = 5 };
 
+namespace detail {
+inline constexpr auto level_names = make_enum_names(level::off, "off", "error", "warn", "info", "debug", "trace");
+static_assert(level_names.last() == level::trace);
+}  // namespace detail
+
 //! Lower-case name ("error", "info", ...), as accepted by `EBBFLOW_LOG`.
-constexpr std::string_view name(level l) noexcept {
-  switch (l) {
-    case level::off:
-      return "off";
-    case level::error:
-      return "error";
-    case level::warn:
-      return "warn";
-    case level::info:
-      return "info";
-    case level::debug:
-      return "debug";
-    case level::trace:
-      return "trace";
-  }
-  return "?";
-}
+constexpr std::string_view name(level l) noexcept { return detail::level_names(l); }
 
 //! Parses a name produced by `name(level)`.
-constexpr std::optional<level> parse_level(std::string_view s) noexcept {
-  for (int i = 0; i <= 5; ++i)
-    if (name(static_cast<level>(i)) == s) return static_cast<level>(i);
-  return std::nullopt;
-}
+constexpr std::optional<level> parse_level(std::string_view s) noexcept { return detail::level_names.parse(s); }
 
 namespace detail {
 inline level level_from_env() noexcept {
