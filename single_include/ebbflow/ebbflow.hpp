@@ -9277,7 +9277,8 @@ EBBFLOW_END_NAMESPACE
 //! through one store, which must make `add` atomic. Blocking: every claim and
 //! `peek` is one store round trip, bounded by `steal_options::timeout`.
 //! Errors: plan_error (empty_membership, slice_too_large, bad_rank,
-//! bad_steal_request, bad_counter); store errors propagate unchanged
+//! bad_steal_request) for bad arguments; plan_fault(bad_counter) for a store
+//! counter no valid claim sequence makes; store errors propagate unchanged
 //! (e.g. `ebbflow::system_error` with errc::timeout or errc::peer_lost).
 
 
@@ -9318,16 +9319,27 @@ EBBFLOW_END_NAMESPACE
 // ---- begin <ebbflow/plan/plan_error.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file plan_error.hpp
-//! The one error type of the planner component. Every infeasible or malformed
-//! input to the cost model, the batch planner, the re-planner and the samplers
-//! raises `plan::plan_error`, which *is a* `std::invalid_argument` (the
-//! project-wide convention for bad user input, STYLE.md §4) and additionally
-//! names the cause (`plan::plan_errc`) and, where one is involved, the worker
-//! id. `what()` reads e.g.
+//! The error types of the planner component, one per kind of failure
+//! (docs/architecture.md, "Errors"), both naming the cause
+//! (`plan::plan_errc`) and, where one is involved, the worker id:
+//!
+//! * `plan::plan_error`, a `std::invalid_argument`: input to the cost model,
+//!   the batch planner, the re-planner, the samplers or work stealing that the
+//!   caller could have checked (an infeasible batch, a NaN cost, a stale plan).
+//! * `plan::plan_fault`, an `ebbflow::system_error`: what is found at run time
+//!   in data from elsewhere, namely encoded state that is truncated, corrupt or
+//!   of another version (`bad_state`) and a work-stealing counter in the store
+//!   that no valid claim sequence produces (`bad_counter`). Its `code()`
+//!   compares equal to the `plan_errc` and to `errc::bad_message`.
+//!
+//! Each `plan_errc` comes with exactly one of the two types (`is_fault`).
+//! `what()` reads e.g.
 //! `"infeasible: sum of max_batch 96 < global batch 100 (plan/impl/batch_planner.hpp:57)"`.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
 
 #include <cstdint>
 #include <optional>
@@ -9335,11 +9347,15 @@ EBBFLOW_END_NAMESPACE
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <type_traits>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
 
-//! Why a planner-component call rejected its input.
+//! Why a planner-component call failed. `bad_state` and `bad_counter` are
+//! run-time conditions (`plan_fault`), every other cause a precondition
+//! (`plan_error`).
 enum class plan_errc {
   empty_membership = 1,  //!< no workers were given
   zero_batch,            //!< global batch 0 (policy: a step always has at least one sample)
@@ -9356,51 +9372,49 @@ enum class plan_errc {
   bad_state,             //!< serialized state (sampler, cost model) is truncated, corrupt or of another version
   slice_too_large,       //!< a work-stealing slice beyond 2^31 - 1 items (its claim counter would overflow)
   bad_steal_request,     //!< a work-stealing claim of 0 items, bad steal_options, or stealing from oneself
-  bad_counter,           //!< a work-stealing counter in the store that no valid claim sequence can produce
+  bad_counter,           //!< a work-stealing counter in the store that no valid claim sequence can produce (last)
 };
 
-//! Short stable name of a cause ("infeasible", "bad_cost", ...).
-constexpr std::string_view to_string(plan_errc e) noexcept {
-  switch (e) {
-    case plan_errc::empty_membership:
-      return "empty_membership";
-    case plan_errc::zero_batch:
-      return "zero_batch";
-    case plan_errc::bad_cost:
-      return "bad_cost";
-    case plan_errc::bad_bounds:
-      return "bad_bounds";
-    case plan_errc::infeasible:
-      return "infeasible";
-    case plan_errc::duplicate_worker:
-      return "duplicate_worker";
-    case plan_errc::bad_observation:
-      return "bad_observation";
-    case plan_errc::bad_rank:
-      return "bad_rank";
-    case plan_errc::membership_mismatch:
-      return "membership_mismatch";
-    case plan_errc::batch_exceeds_epoch:
-      return "batch_exceeds_epoch";
-    case plan_errc::stale_plan:
-      return "stale_plan";
-    case plan_errc::bad_dataset:
-      return "bad_dataset";
-    case plan_errc::bad_state:
-      return "bad_state";
-    case plan_errc::slice_too_large:
-      return "slice_too_large";
-    case plan_errc::bad_steal_request:
-      return "bad_steal_request";
-    case plan_errc::bad_counter:
-      return "bad_counter";
-  }
-  return "unknown";
-}
+namespace detail {
+inline constexpr auto plan_errc_names = make_enum_names(
+    plan_errc::empty_membership, "empty_membership", "zero_batch", "bad_cost", "bad_bounds", "infeasible",
+    "duplicate_worker", "bad_observation", "bad_rank", "membership_mismatch", "batch_exceeds_epoch", "stale_plan",
+    "bad_dataset", "bad_state", "slice_too_large", "bad_steal_request", "bad_counter");
+static_assert(plan_errc_names.last() == plan_errc::bad_counter);
+}  // namespace detail
 
-//! Bad input to the planner component. Thread safety: an ordinary exception
-//! value. `code()` says why, `worker()` names the offending worker id when one
-//! is involved.
+//! Short stable name of a cause ("infeasible", "bad_cost", ...).
+constexpr std::string_view to_string(plan_errc e) noexcept { return detail::plan_errc_names(e, "unknown"); }
+
+//! True for the causes found at run time in data from elsewhere
+//! (`bad_state`, `bad_counter`), raised as `plan_fault`; false for the
+//! preconditions, raised as `plan_error`.
+constexpr bool is_fault(plan_errc e) noexcept { return e == plan_errc::bad_state || e == plan_errc::bad_counter; }
+
+namespace detail {
+class plan_category_impl final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "ebbflow.plan"; }
+  std::string message(int v) const override { return std::string(to_string(static_cast<plan_errc>(v))); }
+  std::error_condition default_error_condition(int v) const noexcept override {
+    if (is_fault(static_cast<plan_errc>(v))) return make_error_condition(errc::bad_message);
+    return std::make_error_condition(std::errc::invalid_argument);
+  }
+};
+}  // namespace detail
+
+//! Category of `plan_errc` codes: a fault compares equal to
+//! `errc::bad_message`, a precondition to `std::errc::invalid_argument`.
+inline const std::error_category& plan_category() noexcept {
+  static const detail::plan_category_impl c;
+  return c;
+}
+//! Makes `plan_errc` values convertible to `std::error_code` (found by ADL).
+inline std::error_code make_error_code(plan_errc e) noexcept { return {static_cast<int>(e), plan_category()}; }
+
+//! Bad input to the planner component (a precondition the caller could have
+//! checked). Thread safety: an ordinary exception value. `code()` says why,
+//! `worker()` names the offending worker id when one is involved.
 class plan_error : public std::invalid_argument {
  public:
   //! `what()` becomes "<to_string(code)>: <message>".
@@ -9416,11 +9430,38 @@ class plan_error : public std::invalid_argument {
   std::optional<std::uint64_t> worker_;
 };
 
+//! A run-time condition in the planner component: data received from
+//! elsewhere (encoded state, the store's counters) that no valid sender
+//! produces. Thread safety: an ordinary exception value. `code()` is
+//! `make_error_code(cause())` (equal to `errc::bad_message`), `cause()` the
+//! `plan_errc`, `worker()` the worker id when one is involved.
+class plan_fault : public system_error {
+ public:
+  //! `what()` becomes "<to_string(cause)>: <message>", as for `plan_error`.
+  plan_fault(plan_errc cause, std::string message, std::optional<std::uint64_t> worker = std::nullopt)
+      : system_error(make_error_code(cause), error_context{.operation = "plan", .detail = message}),
+        what_(std::string(to_string(cause)) + ": " + message),
+        worker_(worker) {}
+
+  //! "<to_string(cause)>: <message>".
+  const char* what() const noexcept override { return what_.c_str(); }
+  //! The cause (`bad_state` or `bad_counter`).
+  [[nodiscard]] plan_errc cause() const noexcept { return static_cast<plan_errc>(code().value()); }
+  //! The worker whose data is bad, or nullopt when no single worker is to blame.
+  [[nodiscard]] std::optional<std::uint64_t> worker() const noexcept { return worker_; }
+
+ private:
+  std::string what_;
+  std::optional<std::uint64_t> worker_;
+};
+
 namespace detail {
+// Throws `plan_error`, or `plan_fault` for a run-time cause, with "msg (file:line)".
 [[noreturn]] inline void throw_plan_error(plan_errc code, const char* file, int line, const std::string& msg,
                                           std::optional<std::uint64_t> worker = std::nullopt) {
   std::ostringstream os;
   os << msg << " (" << file << ":" << line << ")";
+  if (is_fault(code)) EBBFLOW_THROW((plan_fault(code, os.str(), worker)));
   EBBFLOW_THROW((plan_error(code, os.str(), worker)));
 }
 }  // namespace detail
@@ -9428,26 +9469,38 @@ namespace detail {
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
 
-//! Throws `plan::plan_error(code, msg + file:line)` when `cond` is false.
-//! `msg` is an ostream expression.
-#define EBBFLOW_PLAN_ENFORCE(cond, code, msg)                                                      \
-  do {                                                                                             \
-    if (!(cond)) {                                                                                 \
-      std::ostringstream ebbflow_plan_os_;                                                         \
-      ebbflow_plan_os_ << msg;                                                                     \
-      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str()); \
-    }                                                                                              \
-  } while (0)
+// Standard-library opt-in, not part of the documented API.
+//! @cond
+template <>
+struct std::is_error_code_enum<ebbflow::plan::plan_errc> : std::true_type {};
+//! @endcond
 
+//! Precondition: throws `plan::plan_error(code, msg + file:line)` when `cond`
+//! is false. `msg` is an ostream expression; `code` a constant precondition
+//! cause (a run-time cause does not compile: that is EBBFLOW_PLAN_VERIFY).
+#define EBBFLOW_PLAN_ENFORCE(cond, code, msg) EBBFLOW_DETAIL_PLAN_CHECK(false, cond, code, std::nullopt, msg)
 //! Same, naming the offending worker id.
-#define EBBFLOW_PLAN_ENFORCE_W(cond, code, worker_id, msg)                                        \
-  do {                                                                                            \
-    if (!(cond)) {                                                                                \
-      std::ostringstream ebbflow_plan_os_;                                                        \
-      ebbflow_plan_os_ << "worker " << (worker_id) << ": " << msg;                                \
-      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str(), \
-                                                std::uint64_t(worker_id));                        \
-    }                                                                                             \
+#define EBBFLOW_PLAN_ENFORCE_W(cond, code, worker_id, msg) \
+  EBBFLOW_DETAIL_PLAN_CHECK(false, cond, code, std::uint64_t(worker_id), "worker " << (worker_id) << ": " << msg)
+
+//! Run-time check of data from elsewhere: throws `plan::plan_fault(code,
+//! msg + file:line)` when `cond` is false. `code` is a constant run-time
+//! cause (`bad_state`, `bad_counter`).
+#define EBBFLOW_PLAN_VERIFY(cond, code, msg) EBBFLOW_DETAIL_PLAN_CHECK(true, cond, code, std::nullopt, msg)
+//! Same, naming the worker whose data is bad.
+#define EBBFLOW_PLAN_VERIFY_W(cond, code, worker_id, msg) \
+  EBBFLOW_DETAIL_PLAN_CHECK(true, cond, code, std::uint64_t(worker_id), "worker " << (worker_id) << ": " << msg)
+
+// The four checks above: the cause's kind is checked at compile time.
+#define EBBFLOW_DETAIL_PLAN_CHECK(fault, cond, code, worker, msg)                                          \
+  do {                                                                                                     \
+    static_assert(::ebbflow::plan::is_fault(code) == (fault),                                              \
+                  "preconditions use EBBFLOW_PLAN_ENFORCE, run-time causes EBBFLOW_PLAN_VERIFY");          \
+    if (!(cond)) {                                                                                         \
+      std::ostringstream ebbflow_plan_os_;                                                                 \
+      ebbflow_plan_os_ << msg;                                                                             \
+      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str(), worker); \
+    }                                                                                                      \
   } while (0)
 // ---- end <ebbflow/plan/plan_error.hpp>
 
@@ -9885,7 +9938,7 @@ EBBFLOW_END_NAMESPACE
 //! Thread safety: `epoch_sampler` is a value type with no internal
 //! synchronisation; const members may be called concurrently.
 //! Errors: plan_error (bad_dataset, bad_rank, batch_exceeds_epoch,
-//! stale_plan, bad_state).
+//! stale_plan); plan_fault(bad_state) for a state that no sampler holds.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
@@ -9956,7 +10009,7 @@ struct sampler_state {
   static constexpr std::size_t encoded_size = 4 + 4 + 5 * 8 + 4;
   //! The state as `encoded_size` bytes, for `decode` on another worker.
   [[nodiscard]] std::array<std::byte, encoded_size> encode() const noexcept;
-  //! @throws plan_error(bad_state) for a wrong size, magic, format version or
+  //! @throws plan_fault(bad_state) for a wrong size, magic, format version or
   //!         policy, N == 0, or cursor > N.
   [[nodiscard]] static sampler_state decode(std::span<const std::byte> bytes);
 
@@ -9974,7 +10027,8 @@ class epoch_sampler {
  public:
   //! @throws plan_error(bad_dataset) when dataset_size == 0.
   epoch_sampler(std::uint64_t dataset_size, std::uint64_t seed, last_batch policy = last_batch::short_batch);
-  //! Resumes from a state (e.g. received by a joiner). @throws plan_error(bad_state).
+  //! Resumes from a state (e.g. received by a joiner).
+  //! @throws plan_fault(bad_state) for N == 0, cursor >= N or an unknown policy.
   explicit epoch_sampler(const sampler_state& state);
 
   //! The committed state (what a joiner needs; see `sampler_state::encode`).
@@ -10128,11 +10182,11 @@ inline std::array<std::byte, sampler_state::encoded_size> sampler_state::encode(
 }
 
 inline sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
-  EBBFLOW_PLAN_ENFORCE(bytes.size() == encoded_size, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(bytes.size() == encoded_size, plan_errc::bad_state,
                        "sampler state of " << bytes.size() << " bytes, expected " << encoded_size);
   const std::byte* p = bytes.data();
-  EBBFLOW_PLAN_ENFORCE(detail::get_u32(p) == detail::sampler_magic, plan_errc::bad_state, "bad magic");
-  EBBFLOW_PLAN_ENFORCE(detail::get_u32(p + 4) == detail::sampler_format, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(detail::get_u32(p) == detail::sampler_magic, plan_errc::bad_state, "bad magic");
+  EBBFLOW_PLAN_VERIFY(detail::get_u32(p + 4) == detail::sampler_format, plan_errc::bad_state,
                        "format version " << detail::get_u32(p + 4) << ", expected " << detail::sampler_format);
   sampler_state s;
   s.dataset_size = detail::get_u64(p + 8);
@@ -10141,10 +10195,10 @@ inline sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
   s.cursor = detail::get_u64(p + 32);
   s.plan_version = detail::get_u64(p + 40);
   const std::uint32_t pol = detail::get_u32(p + 48);
-  EBBFLOW_PLAN_ENFORCE(pol <= 1, plan_errc::bad_state, "unknown last_batch policy " << pol);
+  EBBFLOW_PLAN_VERIFY(pol <= 1, plan_errc::bad_state, "unknown last_batch policy " << pol);
   s.policy = static_cast<last_batch>(pol);
-  EBBFLOW_PLAN_ENFORCE(s.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
-  EBBFLOW_PLAN_ENFORCE(s.cursor < s.dataset_size, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(s.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
+  EBBFLOW_PLAN_VERIFY(s.cursor < s.dataset_size, plan_errc::bad_state,
                        "cursor " << s.cursor << " not below the data-set size " << s.dataset_size);
   return s;
 }
@@ -10166,10 +10220,10 @@ inline epoch_sampler::epoch_sampler(std::uint64_t dataset_size, std::uint64_t se
 }
 
 inline epoch_sampler::epoch_sampler(const sampler_state& state) : s_(state) {
-  EBBFLOW_PLAN_ENFORCE(s_.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
-  EBBFLOW_PLAN_ENFORCE(s_.cursor < s_.dataset_size, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(s_.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
+  EBBFLOW_PLAN_VERIFY(s_.cursor < s_.dataset_size, plan_errc::bad_state,
                        "cursor " << s_.cursor << " not below the data-set size " << s_.dataset_size);
-  EBBFLOW_PLAN_ENFORCE(s_.policy == last_batch::short_batch || s_.policy == last_batch::drop, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(s_.policy == last_batch::short_batch || s_.policy == last_batch::drop, plan_errc::bad_state,
                        "unknown last_batch policy");
 }
 
@@ -10350,24 +10404,24 @@ class work_stealer {
   //! Claims the next chunk of the own slice from the front (`owner_request`
   //! items, at most `cap`). Empty once the own slice is exhausted (by the
   //! owner or by thieves); after that it does not call the store.
-  //! @throws plan_error(bad_steal_request) when cap == 0; bad_counter; store errors.
+  //! @throws plan_error(bad_steal_request) when cap == 0; plan_fault(bad_counter); store errors.
   [[nodiscard]] chunk claim_own(std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
   //! True once the own slice is known to be exhausted.
   [[nodiscard]] bool own_done() const noexcept { return own_done_; }
 
   //! Reads slice `r`'s counter (an add of 0; one round trip).
-  //! @throws plan_error(bad_rank | bad_counter); store errors.
+  //! @throws plan_error(bad_rank); plan_fault(bad_counter); store errors.
   [[nodiscard]] slice_state peek(std::size_t r);
   //! Reads every other slice not yet seen exhausted: one batched round trip
   //! when `Store` is a `batch_counter_store`, else one `peek` each. The states
   //! are then in `last_seen`. Returns the number of slices read.
-  //! @throws plan_error(bad_counter); store errors.
+  //! @throws plan_fault(bad_counter); store errors.
   std::size_t peek_others();
   //! Claims up to `request` items from the back of slice `victim` (`victim`
   //! != own rank), clamped to what was last seen remaining and to
   //! `thief_request_limit`. Empty when the slice is (now) exhausted; a slice
   //! seen exhausted is never claimed again.
-  //! @throws plan_error(bad_rank | bad_steal_request | bad_counter); store errors.
+  //! @throws plan_error(bad_rank | bad_steal_request); plan_fault(bad_counter); store errors.
   [[nodiscard]] chunk steal_from(std::size_t victim, std::uint64_t request);
   //! Peeks every other slice not yet seen exhausted, picks the one with the
   //! most remaining items (lowest rank on ties) and claims `thief_request`
@@ -10646,11 +10700,11 @@ slice_state work_stealer<Store>::decode(std::size_t r, std::int64_t after, std::
   // bounded (file comment), so any other value means the key was written by
   // something that is not this protocol (a reused key, a corrupt store).
   const std::int64_t before = after - delta;
-  EBBFLOW_PLAN_ENFORCE_W(before >= 0 && after >= 0, plan_errc::bad_counter, r,
+  EBBFLOW_PLAN_VERIFY_W(before >= 0 && after >= 0, plan_errc::bad_counter, r,
                          "counter '" << key(r) << "' reads " << after << " after adding " << delta << " (negative)");
   const auto b = static_cast<std::uint64_t>(before);
   slice_state s{size_[r], b >> 32, b & detail::thief_mask};
-  EBBFLOW_PLAN_ENFORCE_W(s.front <= s.size, plan_errc::bad_counter, r,
+  EBBFLOW_PLAN_VERIFY_W(s.front <= s.size, plan_errc::bad_counter, r,
                          "counter '" << key(r) << "' has owner count " << s.front << " > slice size " << s.size);
   return s;
 }
@@ -10702,7 +10756,7 @@ std::size_t work_stealer<Store>::peek_others() {
     const std::vector<std::int64_t> after = store_->add_many(
         std::span<const std::string>(keys), std::span<const std::int64_t>(zeros), deadline::after(opts_.timeout));
     ++calls_;
-    EBBFLOW_PLAN_ENFORCE(after.size() == which.size(), plan_errc::bad_counter,
+    EBBFLOW_PLAN_VERIFY(after.size() == which.size(), plan_errc::bad_counter,
                          "store answered " << after.size() << " of " << which.size() << " batched reads");
     for (std::size_t k = 0; k < which.size(); ++k) {
       const std::size_t r = which[k];
@@ -14387,7 +14441,8 @@ EBBFLOW_END_NAMESPACE
 //!   common scale factor, which is what a slowdown of the whole device does.
 //!
 //! Thread safety: none; a value type (copy it freely).
-//! Errors: `plan_error(bad_observation)` for NaN, infinite or non-positive seconds.
+//! Errors: `plan_error(bad_observation)` for NaN, infinite or non-positive seconds;
+//! `plan_fault(bad_state)` from `decode` for bytes that are not an encoded model.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
@@ -14512,7 +14567,7 @@ class cost_model {
   //! Little endian, with a magic and a format version; 392 bytes.
   [[nodiscard]] std::vector<std::byte> encode() const;
   //! The model `encode` wrote, bit for bit.
-  //! @throws plan_error(bad_state) for bytes that are truncated, corrupt or of another format.
+  //! @throws plan_fault(bad_state) for bytes that are truncated, corrupt or of another format.
   [[nodiscard]] static cost_model decode(std::span<const std::byte> bytes);
 
  private:
@@ -14584,7 +14639,7 @@ struct model_reader {
   std::span<const std::byte> in;
   std::size_t at = 0;
   std::uint64_t u64() {
-    EBBFLOW_PLAN_ENFORCE(at + 8 <= in.size(), plan_errc::bad_state,
+    EBBFLOW_PLAN_VERIFY(at + 8 <= in.size(), plan_errc::bad_state,
                          "cost model of " << in.size() << " bytes is truncated (field at byte " << at << ")");
     std::uint64_t v = 0;
     for (int i = 0; i < 8; ++i) v |= std::to_integer<std::uint64_t>(in[at + static_cast<std::size_t>(i)]) << (8 * i);
@@ -14622,41 +14677,41 @@ inline std::vector<std::byte> cost_model::encode() const {
 inline cost_model cost_model::decode(std::span<const std::byte> bytes) {
   detail::model_reader r{bytes};
   const std::uint64_t head = r.u64();
-  EBBFLOW_PLAN_ENFORCE(static_cast<std::uint32_t>(head) == detail::cost_model_magic, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(static_cast<std::uint32_t>(head) == detail::cost_model_magic, plan_errc::bad_state,
                        "not an encoded cost model (bad magic)");
-  EBBFLOW_PLAN_ENFORCE(head >> 32 == detail::cost_model_format, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(head >> 32 == detail::cost_model_format, plan_errc::bad_state,
                        "cost model format " << (head >> 32) << ", expected " << detail::cost_model_format);
   cost_model_options o;
   for (double* v : {&o.half_life_steps, &o.huber_k, &o.reject_k, &o.change_k, &o.fast_half_life_steps, &o.drift_signal,
                     &o.min_rel_scale, &o.min_batch_spread, &o.initial_rel_scale}) {
     *v = r.f64();
-    EBBFLOW_PLAN_ENFORCE(std::isfinite(*v), plan_errc::bad_state, "cost model with an option that is not finite");
+    EBBFLOW_PLAN_VERIFY(std::isfinite(*v), plan_errc::bad_state, "cost model with an option that is not finite");
   }
   const std::uint64_t window = r.u64(), slope = r.u64();
-  EBBFLOW_PLAN_ENFORCE(window >= 1 && window <= max_window && slope <= 0xffffffffu, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(window >= 1 && window <= max_window && slope <= 0xffffffffu, plan_errc::bad_state,
                        "cost model options out of range (change_window " << window << ")");
   o.change_window = static_cast<unsigned>(window);
   o.min_slope_samples = static_cast<unsigned>(slope);
   cost_model m(o);
   // An encoded model's options were clamped when it was made: the same
   // clamping must leave them as they are.
-  EBBFLOW_PLAN_ENFORCE(m.opts_.half_life_steps == o.half_life_steps && m.opts_.reject_k == o.reject_k &&
+  EBBFLOW_PLAN_VERIFY(m.opts_.half_life_steps == o.half_life_steps && m.opts_.reject_k == o.reject_k &&
                            m.opts_.change_k == o.change_k && m.opts_.fast_half_life_steps == o.fast_half_life_steps,
                        plan_errc::bad_state, "cost model options that no model holds");
   for (double* v : {&m.ew_r_, &m.ew_abs_r_, &m.b0_, &m.w_, &m.wb_, &m.wbb_, &m.wt_, &m.wbt_, &m.a_, &m.c_, &m.shape_a_,
                     &m.shape_c_, &m.scale_}) {
     *v = r.f64();
-    EBBFLOW_PLAN_ENFORCE(std::isfinite(*v), plan_errc::bad_state, "cost model with a value that is not finite");
+    EBBFLOW_PLAN_VERIFY(std::isfinite(*v), plan_errc::bad_state, "cost model with a value that is not finite");
   }
   const std::uint64_t full = r.u64();
-  EBBFLOW_PLAN_ENFORCE(full <= 1, plan_errc::bad_state, "cost model with a bad flag");
+  EBBFLOW_PLAN_VERIFY(full <= 1, plan_errc::bad_state, "cost model with a bad flag");
   m.full_fit_ = full == 1;
   m.used_ = static_cast<std::size_t>(r.u64());
   m.outliers_ = static_cast<std::size_t>(r.u64());
   m.changes_ = static_cast<std::size_t>(r.u64());
   const auto sign = static_cast<std::int64_t>(r.u64());
   const std::uint64_t run = r.u64(), count = r.u64(), at = r.u64();
-  EBBFLOW_PLAN_ENFORCE(sign >= -1 && sign <= 1 && run <= max_window && count <= max_window && at < max_window,
+  EBBFLOW_PLAN_VERIFY(sign >= -1 && sign <= 1 && run <= max_window && count <= max_window && at < max_window,
                        plan_errc::bad_state, "cost model with a recent-observation ring out of range");
   m.run_sign_ = static_cast<int>(sign);
   m.run_ = static_cast<unsigned>(run);
@@ -14665,10 +14720,10 @@ inline cost_model cost_model::decode(std::span<const std::byte> bytes) {
   for (timing_sample& t : m.recent_) {
     t.batch = static_cast<std::size_t>(r.u64());
     t.seconds = r.f64();
-    EBBFLOW_PLAN_ENFORCE(std::isfinite(t.seconds) && t.seconds >= 0, plan_errc::bad_state,
+    EBBFLOW_PLAN_VERIFY(std::isfinite(t.seconds) && t.seconds >= 0, plan_errc::bad_state,
                          "cost model with a recent step time that is not finite");
   }
-  EBBFLOW_PLAN_ENFORCE(r.at == bytes.size(), plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(r.at == bytes.size(), plan_errc::bad_state,
                        "cost model of " << bytes.size() << " bytes, expected " << r.at);
   return m;
 }
@@ -14916,20 +14971,20 @@ class cost_models {
     return std::move(w.out);
   }
   //! The models `encode` wrote (options from the bytes; `opts` for models
-  //! made later). @throws plan_error(bad_state) for bytes that are not that.
+  //! made later). @throws plan_fault(bad_state) for bytes that are not that.
   [[nodiscard]] static cost_models decode(std::span<const std::byte> bytes, cost_model_options opts = {}) {
     detail::model_reader r{bytes};
     cost_models out(opts);
     for (std::uint64_t n = r.u64(), k = 0; k < n; ++k) {
       const std::uint64_t id = r.u64(), len = r.u64();
-      EBBFLOW_PLAN_ENFORCE(
+      EBBFLOW_PLAN_VERIFY(
           len <= bytes.size() - r.at, plan_errc::bad_state,
           "cost model of worker " << id << ": " << len << " bytes, " << bytes.size() - r.at << " left");
-      EBBFLOW_PLAN_ENFORCE(out.models_.try_emplace(id, cost_model::decode(bytes.subspan(r.at, len))).second,
+      EBBFLOW_PLAN_VERIFY(out.models_.try_emplace(id, cost_model::decode(bytes.subspan(r.at, len))).second,
                            plan_errc::bad_state, "cost model of worker " << id << " twice");
       r.at += len;
     }
-    EBBFLOW_PLAN_ENFORCE(r.at == bytes.size(), plan_errc::bad_state,
+    EBBFLOW_PLAN_VERIFY(r.at == bytes.size(), plan_errc::bad_state,
                          "cost models of " << bytes.size() << " bytes, " << bytes.size() - r.at << " left over");
     return out;
   }

@@ -139,7 +139,7 @@ TEST(StandalonePlanner, AJoinerTakesTheModelsAndStaysInStep) {
   EXPECT_GE(replans, 1) << "the slowdown of worker 1 should have moved the plan";
 }
 
-// Bytes that are not an encoded model are refused (plan_error, bad_state),
+// Bytes that are not an encoded model are refused (plan_fault, bad_state),
 // whatever is cut off or changed: never a crash or a model out of range.
 TEST(StandalonePlanner, CorruptModelBytesAreRefused) {
   pl::cost_model m;
@@ -148,15 +148,15 @@ TEST(StandalonePlanner, CorruptModelBytesAreRefused) {
   EXPECT_EQ(good.size(), 392u);  // as documented
   EXPECT_EQ(pl::cost_model::decode(good).encode(), good);
   for (std::size_t n = 0; n < good.size(); ++n)
-    EXPECT_THROW((void)pl::cost_model::decode(std::span(good).first(n)), pl::plan_error) << "cut to " << n;
+    EXPECT_THROW((void)pl::cost_model::decode(std::span(good).first(n)), pl::plan_fault) << "cut to " << n;
   int refused = 0;
   for (std::size_t at = 0; at < good.size(); ++at) {
     auto bad = good;
     bad[at] ^= std::byte{0x80};
     try {
       (void)pl::cost_model::decode(bad);
-    } catch (const pl::plan_error& e) {
-      EXPECT_EQ(e.code(), pl::plan_errc::bad_state);
+    } catch (const pl::plan_fault& e) {
+      EXPECT_EQ(e.cause(), pl::plan_errc::bad_state);
       ++refused;
     }
   }
@@ -165,8 +165,8 @@ TEST(StandalonePlanner, CorruptModelBytesAreRefused) {
   set.observe(5, 10, 0.02);
   auto bytes = set.encode();
   bytes.push_back(std::byte{0});
-  EXPECT_THROW((void)pl::cost_models::decode(bytes), pl::plan_error);
+  EXPECT_THROW((void)pl::cost_models::decode(bytes), pl::plan_fault);
   bytes.pop_back();
   bytes.pop_back();
-  EXPECT_THROW((void)pl::cost_models::decode(bytes), pl::plan_error);
+  EXPECT_THROW((void)pl::cost_models::decode(bytes), pl::plan_fault);
 }

@@ -36,7 +36,8 @@
 //!   common scale factor, which is what a slowdown of the whole device does.
 //!
 //! Thread safety: none; a value type (copy it freely).
-//! Errors: `plan_error(bad_observation)` for NaN, infinite or non-positive seconds.
+//! Errors: `plan_error(bad_observation)` for NaN, infinite or non-positive seconds;
+//! `plan_fault(bad_state)` from `decode` for bytes that are not an encoded model.
 #pragma once
 
 #include <ebbflow/config.hpp>
@@ -161,7 +162,7 @@ class cost_model {
   //! Little endian, with a magic and a format version; 392 bytes.
   [[nodiscard]] std::vector<std::byte> encode() const;
   //! The model `encode` wrote, bit for bit.
-  //! @throws plan_error(bad_state) for bytes that are truncated, corrupt or of another format.
+  //! @throws plan_fault(bad_state) for bytes that are truncated, corrupt or of another format.
   [[nodiscard]] static cost_model decode(std::span<const std::byte> bytes);
 
  private:

@@ -102,20 +102,20 @@ class cost_models {
     return std::move(w.out);
   }
   //! The models `encode` wrote (options from the bytes; `opts` for models
-  //! made later). @throws plan_error(bad_state) for bytes that are not that.
+  //! made later). @throws plan_fault(bad_state) for bytes that are not that.
   [[nodiscard]] static cost_models decode(std::span<const std::byte> bytes, cost_model_options opts = {}) {
     detail::model_reader r{bytes};
     cost_models out(opts);
     for (std::uint64_t n = r.u64(), k = 0; k < n; ++k) {
       const std::uint64_t id = r.u64(), len = r.u64();
-      EBBFLOW_PLAN_ENFORCE(
+      EBBFLOW_PLAN_VERIFY(
           len <= bytes.size() - r.at, plan_errc::bad_state,
           "cost model of worker " << id << ": " << len << " bytes, " << bytes.size() - r.at << " left");
-      EBBFLOW_PLAN_ENFORCE(out.models_.try_emplace(id, cost_model::decode(bytes.subspan(r.at, len))).second,
+      EBBFLOW_PLAN_VERIFY(out.models_.try_emplace(id, cost_model::decode(bytes.subspan(r.at, len))).second,
                            plan_errc::bad_state, "cost model of worker " << id << " twice");
       r.at += len;
     }
-    EBBFLOW_PLAN_ENFORCE(r.at == bytes.size(), plan_errc::bad_state,
+    EBBFLOW_PLAN_VERIFY(r.at == bytes.size(), plan_errc::bad_state,
                          "cost models of " << bytes.size() << " bytes, " << bytes.size() - r.at << " left over");
     return out;
   }
