@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 85 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 88 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -14389,7 +14389,16 @@ EBBFLOW_END_NAMESPACE
 // ---- begin <ebbflow/plan/cost_models.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file cost_models.hpp
-//! `plan::cost_models`: one `cost_model` per worker id, and the worker specs
+//! Renamed to plan/worker_models.hpp (`plan::cost_models` is now
+//! `plan::worker_models`); this compatibility include, like the old name, is
+//! kept for one release and then removed. Include the new header instead.
+
+
+// #include <ebbflow/plan/worker_models.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/worker_models.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file worker_models.hpp
+//! `plan::worker_models`: one `cost_model` per worker id, and the worker specs
 //! to plan with at any time, from the first step on: workers without a
 //! fitted model yet (all of them at the start, a newcomer later) are planned
 //! with the mean model of the others, and with one common placeholder while
@@ -14446,6 +14455,7 @@ EBBFLOW_END_NAMESPACE
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
 // #include <ebbflow/plan/batch_planner.hpp>  (inlined)
 // #include <ebbflow/plan/plan_error.hpp>  (inlined)
 
@@ -14482,20 +14492,14 @@ enum class observation_kind {
   change,        //!< a step change was detected; the model restarted from recent data
 };
 
+namespace detail {
+inline constexpr auto observation_kind_names =
+    make_enum_names(observation_kind::accepted, "accepted", "downweighted", "outlier", "change");
+static_assert(observation_kind_names.last() == observation_kind::change);
+}  // namespace detail
+
 //! Short stable name of `k` ("accepted", "downweighted", "outlier", "change").
-constexpr std::string_view to_string(observation_kind k) noexcept {
-  switch (k) {
-    case observation_kind::accepted:
-      return "accepted";
-    case observation_kind::downweighted:
-      return "downweighted";
-    case observation_kind::outlier:
-      return "outlier";
-    case observation_kind::change:
-      return "change";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(observation_kind k) noexcept { return detail::observation_kind_names(k); }
 
 //! One measured step: `batch` samples took `seconds`.
 struct timing_sample {
@@ -14904,10 +14908,10 @@ concept id_range = std::ranges::input_range<R> && std::integral<std::ranges::ran
 //! The cost models of a changing set of workers, keyed by worker id. Value
 //! type. Fed the same observations in the same order, every rank holds the
 //! same models and so computes the same specs, bit for bit.
-class cost_models {
+class worker_models {
  public:
   //! No models yet. `opts` applies to every model made.
-  explicit cost_models(cost_model_options opts = {}) : opts_(opts) {}
+  explicit worker_models(cost_model_options opts = {}) : opts_(opts) {}
 
   //! Feeds worker `id`'s step: `batch` samples took `seconds`. A zero batch
   //! (a worker given no samples still reports its step time) or a time that
@@ -14972,20 +14976,19 @@ class cost_models {
   }
   //! The models `encode` wrote (options from the bytes; `opts` for models
   //! made later). @throws plan_fault(bad_state) for bytes that are not that.
-  [[nodiscard]] static cost_models decode(std::span<const std::byte> bytes, cost_model_options opts = {}) {
+  [[nodiscard]] static worker_models decode(std::span<const std::byte> bytes, cost_model_options opts = {}) {
     detail::model_reader r{bytes};
-    cost_models out(opts);
+    worker_models out(opts);
     for (std::uint64_t n = r.u64(), k = 0; k < n; ++k) {
       const std::uint64_t id = r.u64(), len = r.u64();
-      EBBFLOW_PLAN_VERIFY(
-          len <= bytes.size() - r.at, plan_errc::bad_state,
-          "cost model of worker " << id << ": " << len << " bytes, " << bytes.size() - r.at << " left");
+      EBBFLOW_PLAN_VERIFY(len <= bytes.size() - r.at, plan_errc::bad_state,
+                          "cost model of worker " << id << ": " << len << " bytes, " << bytes.size() - r.at << " left");
       EBBFLOW_PLAN_VERIFY(out.models_.try_emplace(id, cost_model::decode(bytes.subspan(r.at, len))).second,
-                           plan_errc::bad_state, "cost model of worker " << id << " twice");
+                          plan_errc::bad_state, "cost model of worker " << id << " twice");
       r.at += len;
     }
     EBBFLOW_PLAN_VERIFY(r.at == bytes.size(), plan_errc::bad_state,
-                         "cost models of " << bytes.size() << " bytes, " << bytes.size() - r.at << " left over");
+                        "cost models of " << bytes.size() << " bytes, " << bytes.size() - r.at << " left over");
     return out;
   }
 
@@ -14994,13 +14997,27 @@ class cost_models {
   std::map<std::uint64_t, cost_model> models_;
 };
 
+//! The former name of `worker_models` (and of its header, plan/cost_models.hpp),
+//! kept for one release and then removed.
+using cost_models = worker_models;
+
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/plan/worker_models.hpp>
 // ---- end <ebbflow/plan/cost_models.hpp>
 // #include <ebbflow/plan/replan_policy.hpp>  (inlined here)
 // ---- begin <ebbflow/plan/replan_policy.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file replan_policy.hpp
+//! Renamed to plan/replanner.hpp (the header of `plan::replanner`); this
+//! compatibility include is kept for one release and then removed. Include
+//! the new header instead.
+
+
+// #include <ebbflow/plan/replanner.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/replanner.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file replanner.hpp
 //! When to switch to a new plan. A `replanner` holds the plan in force and,
 //! at each check, decides from the current models whether to keep it:
 //!
@@ -15022,6 +15039,7 @@ EBBFLOW_END_NAMESPACE
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
 // #include <ebbflow/plan/batch_planner.hpp>  (inlined)
 
 #include <cstddef>
@@ -15049,24 +15067,14 @@ enum class replan_reason {
   bounds,      //!< the plan in force breaks a worker's current min_batch or max_batch
 };
 
+namespace detail {
+inline constexpr auto replan_reason_names =
+    make_enum_names(replan_reason::kept, "kept", "initial", "membership", "batch", "drift", "bounds");
+static_assert(replan_reason_names.last() == replan_reason::bounds);
+}  // namespace detail
+
 //! Short stable name of `r` ("kept", "initial", "membership", "batch", "drift", "bounds").
-constexpr std::string_view to_string(replan_reason r) noexcept {
-  switch (r) {
-    case replan_reason::kept:
-      return "kept";
-    case replan_reason::initial:
-      return "initial";
-    case replan_reason::membership:
-      return "membership";
-    case replan_reason::batch:
-      return "batch";
-    case replan_reason::drift:
-      return "drift";
-    case replan_reason::bounds:
-      return "bounds";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(replan_reason r) noexcept { return detail::replan_reason_names(r); }
 
 //! Holds the plan in force and applies the policy. Value type (copyable).
 class replanner {
@@ -15084,7 +15092,7 @@ class replanner {
   //! worker that joins (or restarts) takes the plan the others use, sent by
   //! one of them (its sizes and version; `make_plan` rebuilds it), and its
   //! next `update` carries on from there with the next version. Fed the
-  //! same specs as the others (their models: `cost_models::decode`), it
+  //! same specs as the others (their models: `worker_models::decode`), it
   //! makes the same plans from then on.
   void adopt(batch_plan p) {
     plan_ = std::move(p);
@@ -15109,6 +15117,23 @@ class replanner {
   unsigned streak_ = 0;
   double gap_ = 0;
 };
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/plan/impl/replanner.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/impl/replanner.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/replanner.hpp
+//! Definitions for plan/replanner.hpp.
+
+
+// #include <ebbflow/plan/replanner.hpp>  (inlined)
+
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
 
 inline const batch_plan& replanner::update(std::span<const worker_spec> workers, std::size_t global_batch) {
   const std::uint64_t next = plan_.version + 1;
@@ -15150,6 +15175,8 @@ inline const batch_plan& replanner::update(std::span<const worker_spec> workers,
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/plan/impl/replanner.hpp>
+// ---- end <ebbflow/plan/replanner.hpp>
 // ---- end <ebbflow/plan/replan_policy.hpp>
 
 #include <map>
@@ -17806,8 +17833,7 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/plan/plan_error.hpp>  (inlined)
 // #include <ebbflow/plan/batch_planner.hpp>  (inlined)
 // #include <ebbflow/plan/cost_model.hpp>  (inlined)
-// #include <ebbflow/plan/cost_models.hpp>  (inlined)
-// #include <ebbflow/plan/replan_policy.hpp>  (inlined)
+// #include <ebbflow/plan/replanner.hpp>  (inlined)
 // #include <ebbflow/plan/sampler.hpp>  (inlined)
 // #include <ebbflow/plan/shard_sampler.hpp>  (inlined here)
 // ---- begin <ebbflow/plan/shard_sampler.hpp>
@@ -18027,6 +18053,7 @@ class shard_sampler {
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/plan/shard_sampler.hpp>
 // #include <ebbflow/plan/work_stealing.hpp>  (inlined)
+// #include <ebbflow/plan/worker_models.hpp>  (inlined)
 // ==== end <ebbflow/plan.hpp>
 
 // ==== begin <ebbflow/prefetch/cuda_stage.hpp> =============================

@@ -41,6 +41,7 @@
 #pragma once
 
 #include <ebbflow/config.hpp>
+#include <ebbflow/core/enum_names.hpp>
 #include <ebbflow/plan/batch_planner.hpp>
 #include <ebbflow/plan/plan_error.hpp>
 
@@ -77,20 +78,14 @@ enum class observation_kind {
   change,        //!< a step change was detected; the model restarted from recent data
 };
 
+namespace detail {
+inline constexpr auto observation_kind_names =
+    make_enum_names(observation_kind::accepted, "accepted", "downweighted", "outlier", "change");
+static_assert(observation_kind_names.last() == observation_kind::change);
+}  // namespace detail
+
 //! Short stable name of `k` ("accepted", "downweighted", "outlier", "change").
-constexpr std::string_view to_string(observation_kind k) noexcept {
-  switch (k) {
-    case observation_kind::accepted:
-      return "accepted";
-    case observation_kind::downweighted:
-      return "downweighted";
-    case observation_kind::outlier:
-      return "outlier";
-    case observation_kind::change:
-      return "change";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(observation_kind k) noexcept { return detail::observation_kind_names(k); }
 
 //! One measured step: `batch` samples took `seconds`.
 struct timing_sample {
