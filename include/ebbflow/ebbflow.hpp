@@ -35,6 +35,7 @@
 #include <ebbflow/compress/kernels/topk.hpp>
 #include <ebbflow/core/deadline.hpp>
 #include <ebbflow/core/dtype.hpp>
+#include <ebbflow/core/enum_names.hpp>
 #include <ebbflow/core/env.hpp>
 #include <ebbflow/core/error.hpp>
 #include <ebbflow/core/half.hpp>
@@ -61,9 +62,11 @@
 #include <ebbflow/plan/cost_models.hpp>
 #include <ebbflow/plan/plan_error.hpp>
 #include <ebbflow/plan/replan_policy.hpp>
+#include <ebbflow/plan/replanner.hpp>
 #include <ebbflow/plan/sampler.hpp>
 #include <ebbflow/plan/shard_sampler.hpp>
 #include <ebbflow/plan/work_stealing.hpp>
+#include <ebbflow/plan/worker_models.hpp>
 #include <ebbflow/prefetch/cuda_stage.hpp>
 #include <ebbflow/prefetch/device_stage.hpp>
 #include <ebbflow/prefetch/index_source.hpp>

@@ -8,8 +8,8 @@
 #include <ebbflow/plan/plan_error.hpp>
 #include <ebbflow/plan/batch_planner.hpp>
 #include <ebbflow/plan/cost_model.hpp>
-#include <ebbflow/plan/cost_models.hpp>
-#include <ebbflow/plan/replan_policy.hpp>
+#include <ebbflow/plan/replanner.hpp>
 #include <ebbflow/plan/sampler.hpp>
 #include <ebbflow/plan/shard_sampler.hpp>
 #include <ebbflow/plan/work_stealing.hpp>
+#include <ebbflow/plan/worker_models.hpp>

@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 106 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 110 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -207,6 +207,77 @@
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined here)
+// ---- begin <ebbflow/core/enum_names.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file enum_names.hpp
+//! `enum_names`: the names of an enum's enumerators as one constexpr table,
+//! looked up both ways, in place of a switch per enum. Declare the table
+//! next to the enum and tie it to the enum's last enumerator, so that an
+//! enumerator added without a name fails to compile:
+//!
+//! ```cpp
+//! enum class color { red, green, blue };
+//! inline constexpr auto color_names = make_enum_names(color::red, "red", "green", "blue");
+//! static_assert(color_names.last() == color::blue);
+//! constexpr std::string_view name(color c) noexcept { return color_names(c); }
+//! ```
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <string_view>
+#include <type_traits>
+
+EBBFLOW_BEGIN_NAMESPACE
+
+//! The names of the N enumerators `first`, `first` + 1, ... of `E`, which
+//! must have no gaps, in that order. A constexpr value; make one with
+//! `make_enum_names`. Thread safety: immutable.
+template <class E, std::size_t N>
+requires std::is_enum_v<E> &&(N > 0) struct enum_names {
+  std::array<std::string_view, N> names;  //!< `names[i]` is the name of `first` + i
+  E first;                                //!< the enumerator `names[0]` names
+
+  //! The name of `e`, or `unknown` for a value outside the table. O(1).
+  [[nodiscard]] constexpr std::string_view operator()(E e, std::string_view unknown = "?") const noexcept {
+    const long long d = value(e) - value(first);
+    return d >= 0 && d < static_cast<long long>(N) ? names[static_cast<std::size_t>(d)] : unknown;
+  }
+  //! The enumerator named `s` (an exact match), or nullopt. O(N).
+  [[nodiscard]] constexpr std::optional<E> parse(std::string_view s) const noexcept {
+    for (std::size_t i = 0; i < N; ++i)
+      if (names[i] == s) return at(i);
+    return std::nullopt;
+  }
+  //! The enumerator of `names[i]` (i < N).
+  [[nodiscard]] constexpr E at(std::size_t i) const noexcept {
+    return static_cast<E>(value(first) + static_cast<long long>(i));
+  }
+  //! The enumerator the last name belongs to.
+  [[nodiscard]] constexpr E last() const noexcept { return at(N - 1); }
+  //! Number of names.
+  [[nodiscard]] static constexpr std::size_t size() noexcept { return N; }
+
+ private:
+  static constexpr long long value(E e) noexcept { return static_cast<long long>(e); }
+};
+
+//! The table naming `first` and the enumerators after it, in order:
+//! `make_enum_names(level::off, "off", "error", "warn")`.
+template <class E, class... Names>
+requires std::is_enum_v<E> &&(sizeof...(Names) > 0) &&
+    (std::is_convertible_v<const Names&, std::string_view> && ...)
+        [[nodiscard]] constexpr enum_names<E, sizeof...(Names)> make_enum_names(E first,
+                                                                                const Names&... names) noexcept {
+  return {{std::string_view(names)...}, first};
+}
+
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/core/enum_names.hpp>
 // #include <ebbflow/core/half.hpp>  (inlined here)
 // ---- begin <ebbflow/core/half.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -328,6 +399,7 @@ EBBFLOW_END_NAMESPACE
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -359,33 +431,16 @@ constexpr std::size_t size_of(dtype t) noexcept {
   return 0;
 }
 
+namespace detail {
+inline constexpr auto dtype_names = make_enum_names(dtype::f32, "f32", "f64", "f16", "bf16", "i32", "i64", "u8");
+static_assert(dtype_names.last() == dtype::u8 && dtype_names.size() == std::size(all_dtypes));
+}  // namespace detail
+
 //! Short name ("f32", "bf16", ...), as printed by benchmarks and errors.
-constexpr std::string_view name(dtype t) noexcept {
-  switch (t) {
-    case dtype::f32:
-      return "f32";
-    case dtype::f64:
-      return "f64";
-    case dtype::f16:
-      return "f16";
-    case dtype::bf16:
-      return "bf16";
-    case dtype::i32:
-      return "i32";
-    case dtype::i64:
-      return "i64";
-    case dtype::u8:
-      return "u8";
-  }
-  return "?";
-}
+constexpr std::string_view name(dtype t) noexcept { return detail::dtype_names(t); }
 
 //! Parses a name produced by `name(dtype)`.
-constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept {
-  for (dtype t : all_dtypes)
-    if (name(t) == s) return t;
-  return std::nullopt;
-}
+constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept { return detail::dtype_names.parse(s); }
 
 //! True for f32, f64, f16 and bf16.
 constexpr bool is_floating(dtype t) noexcept {
@@ -443,28 +498,17 @@ enum class reduce_op : std::uint8_t { sum, avg, min, max, prod };
 inline constexpr reduce_op all_reduce_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max,
                                                reduce_op::prod};
 
+namespace detail {
+inline constexpr auto reduce_op_names = make_enum_names(reduce_op::sum, "sum", "avg", "min", "max", "prod");
+static_assert(reduce_op_names.last() == reduce_op::prod && reduce_op_names.size() == std::size(all_reduce_ops));
+}  // namespace detail
+
 //! Short name ("sum", "avg", ...).
-constexpr std::string_view name(reduce_op op) noexcept {
-  switch (op) {
-    case reduce_op::sum:
-      return "sum";
-    case reduce_op::avg:
-      return "avg";
-    case reduce_op::min:
-      return "min";
-    case reduce_op::max:
-      return "max";
-    case reduce_op::prod:
-      return "prod";
-  }
-  return "?";
-}
+constexpr std::string_view name(reduce_op op) noexcept { return detail::reduce_op_names(op); }
 
 //! Parses a name produced by `name(reduce_op)`.
 constexpr std::optional<reduce_op> parse_reduce_op(std::string_view s) noexcept {
-  for (reduce_op op : all_reduce_ops)
-    if (name(op) == s) return op;
-  return std::nullopt;
+  return detail::reduce_op_names.parse(s);
 }
 
 EBBFLOW_END_NAMESPACE
@@ -872,15 +916,20 @@ EBBFLOW_END_NAMESPACE
 //! elasticity logic tests against, and `ebbflow::system_error`, whose message
 //! names the rank, generation, peer and operation that failed.
 //!
-//! Conventions (STYLE.md §4): synchronous calls come in pairs, a throwing form
-//! and a `noexcept` form taking `std::error_code&`. Bad user input raises
-//! `std::invalid_argument` naming file and line. Nothing throws from
-//! destructors, device code or transport callbacks.
+//! The convention (docs/architecture.md, "Errors"): a precondition the caller
+//! could have checked raises `std::invalid_argument` naming the value and file
+//! and line (`EBBFLOW_ENFORCE`); a condition found at run time raises
+//! `ebbflow::system_error` (or a type derived from it) with a code comparable
+//! to an `errc`. Synchronous calls of the communication and store layers come
+//! in pairs, a throwing form and a `noexcept` form taking `std::error_code&`.
+//! Nothing throws from destructors, device code or transport callbacks.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
 
 #include <cstdint>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -901,6 +950,7 @@ enum class errc {
   cancelled,      //!< the operation was cancelled (shutdown)
   invalid_state,  //!< an operation was used in a state that does not allow it
   job_finished,   //!< the elastic job ended before this worker joined it (nothing left to do)
+  load_failed,    //!< a data loader failed (the exception that carries this code holds the cause)
 };
 
 //! Error codes raised by ebbflow itself (category `ebbflow_category()`); each
@@ -914,30 +964,17 @@ enum class error {
   cancelled,
   invalid_state,
   job_finished,
+  load_failed,
 };
 
 namespace detail {
+inline constexpr auto errc_names =
+    make_enum_names(errc::peer_lost, "peer lost", "timed out", "revoked", "bad message", "unauthorized", "cancelled",
+                    "invalid state", "job finished", "data load failed");
+static_assert(errc_names.last() == errc::load_failed &&
+              static_cast<int>(error::load_failed) == static_cast<int>(errc::load_failed));
 inline constexpr std::string_view errc_name(int v) noexcept {
-  switch (v) {
-    case 1:
-      return "peer lost";
-    case 2:
-      return "timed out";
-    case 3:
-      return "revoked";
-    case 4:
-      return "bad message";
-    case 5:
-      return "unauthorized";
-    case 6:
-      return "cancelled";
-    case 7:
-      return "invalid state";
-    case 8:
-      return "job finished";
-    default:
-      return "unknown ebbflow error";
-  }
+  return errc_names(static_cast<errc>(v), "unknown ebbflow error");
 }
 
 class condition_category_impl final : public std::error_category {
@@ -976,64 +1013,68 @@ inline std::error_condition make_error_condition(errc e) noexcept {
 inline std::error_code make_error_code(error e) noexcept { return {static_cast<int>(e), ebbflow_category()}; }
 
 namespace detail {
+// The messages of vendor statuses this header knows without the vendor's
+// headers (a few dozen numbers each, stable ABI values).
+struct status_text {
+  int code;
+  std::string_view text;
+};
+template <std::size_t N>
+constexpr std::optional<std::string_view> status_text_of(const status_text (&table)[N], int v) noexcept {
+  for (const status_text& t : table)
+    if (t.code == v) return t.text;
+  return std::nullopt;
+}
+// ucs/type/status.h
+inline constexpr status_text ucs_texts[] = {{0, "success"},
+                                            {-1, "no pending message"},
+                                            {-2, "no resources are available to initiate the operation"},
+                                            {-3, "input/output error"},
+                                            {-4, "out of memory"},
+                                            {-5, "invalid parameter"},
+                                            {-6, "destination is unreachable"},
+                                            {-7, "address not valid"},
+                                            {-8, "function not implemented"},
+                                            {-9, "message truncated"},
+                                            {-10, "no progress"},
+                                            {-11, "provided buffer is too small"},
+                                            {-12, "no such element"},
+                                            {-14, "no such device"},
+                                            {-15, "device is busy"},
+                                            {-16, "request canceled"},
+                                            {-20, "operation timed out"},
+                                            {-21, "user-defined limit was reached"},
+                                            {-22, "unsupported operation"},
+                                            {-23, "operation rejected by remote peer"},
+                                            {-24, "endpoint is not connected"},
+                                            {-25, "connection reset by remote peer"},
+                                            {-80, "endpoint timeout"}};
+// cuda_runtime_api.h (cudaError_t)
+inline constexpr status_text cuda_texts[] = {{0, "no error"},
+                                             {1, "invalid argument"},
+                                             {2, "out of memory"},
+                                             {35, "CUDA driver version is insufficient for CUDA runtime version"},
+                                             {100, "no CUDA-capable device is detected"}};
+// nccl.h (ncclResult_t)
+inline constexpr status_text nccl_texts[] = {{0, "no error"},
+                                             {1, "unhandled cuda error"},
+                                             {2, "unhandled system error"},
+                                             {3, "internal error"},
+                                             {4, "invalid argument"},
+                                             {5, "invalid usage"},
+                                             {6, "remote process exited or there was a network error"},
+                                             {7, "NCCL operation in progress"}};
+
 //! UCX `ucs_status_t` values (stable ABI numbers from ucs/type/status.h), so
 //! this header needs no UCX include.
 class ucs_category_impl final : public std::error_category {
  public:
   const char* name() const noexcept override { return "ucs"; }
   std::string message(int v) const override {
-    switch (v) {
-      case 0:
-        return "success";
-      case -1:
-        return "no pending message";
-      case -2:
-        return "no resources are available to initiate the operation";
-      case -3:
-        return "input/output error";
-      case -4:
-        return "out of memory";
-      case -5:
-        return "invalid parameter";
-      case -6:
-        return "destination is unreachable";
-      case -7:
-        return "address not valid";
-      case -8:
-        return "function not implemented";
-      case -9:
-        return "message truncated";
-      case -10:
-        return "no progress";
-      case -11:
-        return "provided buffer is too small";
-      case -12:
-        return "no such element";
-      case -14:
-        return "no such device";
-      case -15:
-        return "device is busy";
-      case -16:
-        return "request canceled";
-      case -20:
-        return "operation timed out";
-      case -21:
-        return "user-defined limit was reached";
-      case -22:
-        return "unsupported operation";
-      case -23:
-        return "operation rejected by remote peer";
-      case -24:
-        return "endpoint is not connected";
-      case -25:
-        return "connection reset by remote peer";
-      case -80:
-        return "endpoint timeout";
-      default:
-        if (v <= -40 && v >= -59) return "link failure";
-        if (v <= -60 && v >= -89) return "endpoint failure";
-        return "UCX status " + std::to_string(v);
-    }
+    if (const auto text = status_text_of(ucs_texts, v)) return std::string(*text);
+    if (v <= -40 && v >= -59) return "link failure";
+    if (v <= -60 && v >= -89) return "endpoint failure";
+    return "UCX status " + std::to_string(v);
   }
   std::error_condition default_error_condition(int v) const noexcept override {
     switch (v) {
@@ -1065,20 +1106,8 @@ class cuda_category_impl final : public std::error_category {
  public:
   const char* name() const noexcept override { return "cuda"; }
   std::string message(int v) const override {
-    switch (v) {
-      case 0:
-        return "no error";
-      case 1:
-        return "invalid argument";
-      case 2:
-        return "out of memory";
-      case 35:
-        return "CUDA driver version is insufficient for CUDA runtime version";
-      case 100:
-        return "no CUDA-capable device is detected";
-      default:
-        return "CUDA error " + std::to_string(v);
-    }
+    const auto text = status_text_of(cuda_texts, v);
+    return text ? std::string(*text) : "CUDA error " + std::to_string(v);
   }
 };
 
@@ -1087,26 +1116,8 @@ class nccl_category_impl final : public std::error_category {
  public:
   const char* name() const noexcept override { return "nccl"; }
   std::string message(int v) const override {
-    switch (v) {
-      case 0:
-        return "no error";
-      case 1:
-        return "unhandled cuda error";
-      case 2:
-        return "unhandled system error";
-      case 3:
-        return "internal error";
-      case 4:
-        return "invalid argument";
-      case 5:
-        return "invalid usage";
-      case 6:
-        return "remote process exited or there was a network error";
-      case 7:
-        return "NCCL operation in progress";
-      default:
-        return "NCCL result " + std::to_string(v);
-    }
+    const auto text = status_text_of(nccl_texts, v);
+    return text ? std::string(*text) : "NCCL result " + std::to_string(v);
   }
   std::error_condition default_error_condition(int v) const noexcept override {
     if (v == 6) return make_error_condition(errc::peer_lost);
@@ -1576,6 +1587,7 @@ EBBFLOW_END_NAMESPACE
 
 // #include <ebbflow/config.hpp>  (inlined)
 // #include <ebbflow/core/dtype.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
 
 #include <cstddef>
 #include <span>
@@ -1587,18 +1599,13 @@ EBBFLOW_BEGIN_NAMESPACE
 //! usable for asynchronous device copies).
 enum class memory_space : std::uint8_t { host, pinned, device };
 
+namespace detail {
+inline constexpr auto memory_space_names = make_enum_names(memory_space::host, "host", "pinned", "device");
+static_assert(memory_space_names.last() == memory_space::device);
+}  // namespace detail
+
 //! Lower-case name ("host", "pinned", "device").
-constexpr std::string_view name(memory_space s) noexcept {
-  switch (s) {
-    case memory_space::host:
-      return "host";
-    case memory_space::pinned:
-      return "pinned";
-    case memory_space::device:
-      return "device";
-  }
-  return "?";
-}
+constexpr std::string_view name(memory_space s) noexcept { return detail::memory_space_names(s); }
 
 //! True when the CPU may dereference memory of this space.
 constexpr bool host_accessible(memory_space s) noexcept { return s != memory_space::device; }
@@ -3437,6 +3444,7 @@ EBBFLOW_END_NAMESPACE
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
 
 #include <atomic>
 #include <chrono>
@@ -3454,31 +3462,16 @@ namespace log {
 //! Severity of a record; `EBBFLOW_LOG` selects the highest one printed.
 enum class level : int { off = 0, error = 1, warn = 2, info = 3, debug = 4, trace = 5 };
 
+namespace detail {
+inline constexpr auto level_names = make_enum_names(level::off, "off", "error", "warn", "info", "debug", "trace");
+static_assert(level_names.last() == level::trace);
+}  // namespace detail
+
 //! Lower-case name ("error", "info", ...), as accepted by `EBBFLOW_LOG`.
-constexpr std::string_view name(level l) noexcept {
-  switch (l) {
-    case level::off:
-      return "off";
-    case level::error:
-      return "error";
-    case level::warn:
-      return "warn";
-    case level::info:
-      return "info";
-    case level::debug:
-      return "debug";
-    case level::trace:
-      return "trace";
-  }
-  return "?";
-}
+constexpr std::string_view name(level l) noexcept { return detail::level_names(l); }
 
 //! Parses a name produced by `name(level)`.
-constexpr std::optional<level> parse_level(std::string_view s) noexcept {
-  for (int i = 0; i <= 5; ++i)
-    if (name(static_cast<level>(i)) == s) return static_cast<level>(i);
-  return std::nullopt;
-}
+constexpr std::optional<level> parse_level(std::string_view s) noexcept { return detail::level_names.parse(s); }
 
 namespace detail {
 inline level level_from_env() noexcept {
@@ -8869,6 +8862,7 @@ EBBFLOW_END_NAMESPACE
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
 // #include <ebbflow/plan/work_stealing.hpp>  (inlined here)
 // ---- begin <ebbflow/plan/work_stealing.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -8949,7 +8943,8 @@ EBBFLOW_END_NAMESPACE
 //! through one store, which must make `add` atomic. Blocking: every claim and
 //! `peek` is one store round trip, bounded by `steal_options::timeout`.
 //! Errors: plan_error (empty_membership, slice_too_large, bad_rank,
-//! bad_steal_request, bad_counter); store errors propagate unchanged
+//! bad_steal_request) for bad arguments; plan_fault(bad_counter) for a store
+//! counter no valid claim sequence makes; store errors propagate unchanged
 //! (e.g. `ebbflow::system_error` with errc::timeout or errc::peer_lost).
 
 
@@ -8990,16 +8985,27 @@ EBBFLOW_END_NAMESPACE
 // ---- begin <ebbflow/plan/plan_error.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file plan_error.hpp
-//! The one error type of the planner component. Every infeasible or malformed
-//! input to the cost model, the batch planner, the re-planner and the samplers
-//! raises `plan::plan_error`, which *is a* `std::invalid_argument` (the
-//! project-wide convention for bad user input, STYLE.md §4) and additionally
-//! names the cause (`plan::plan_errc`) and, where one is involved, the worker
-//! id. `what()` reads e.g.
+//! The error types of the planner component, one per kind of failure
+//! (docs/architecture.md, "Errors"), both naming the cause
+//! (`plan::plan_errc`) and, where one is involved, the worker id:
+//!
+//! * `plan::plan_error`, a `std::invalid_argument`: input to the cost model,
+//!   the batch planner, the re-planner, the samplers or work stealing that the
+//!   caller could have checked (an infeasible batch, a NaN cost, a stale plan).
+//! * `plan::plan_fault`, an `ebbflow::system_error`: what is found at run time
+//!   in data from elsewhere, namely encoded state that is truncated, corrupt or
+//!   of another version (`bad_state`) and a work-stealing counter in the store
+//!   that no valid claim sequence produces (`bad_counter`). Its `code()`
+//!   compares equal to the `plan_errc` and to `errc::bad_message`.
+//!
+//! Each `plan_errc` comes with exactly one of the two types (`is_fault`).
+//! `what()` reads e.g.
 //! `"infeasible: sum of max_batch 96 < global batch 100 (plan/impl/batch_planner.hpp:57)"`.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
 
 #include <cstdint>
 #include <optional>
@@ -9007,11 +9013,15 @@ EBBFLOW_END_NAMESPACE
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <type_traits>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
 
-//! Why a planner-component call rejected its input.
+//! Why a planner-component call failed. `bad_state` and `bad_counter` are
+//! run-time conditions (`plan_fault`), every other cause a precondition
+//! (`plan_error`).
 enum class plan_errc {
   empty_membership = 1,  //!< no workers were given
   zero_batch,            //!< global batch 0 (policy: a step always has at least one sample)
@@ -9028,51 +9038,49 @@ enum class plan_errc {
   bad_state,             //!< serialized state (sampler, cost model) is truncated, corrupt or of another version
   slice_too_large,       //!< a work-stealing slice beyond 2^31 - 1 items (its claim counter would overflow)
   bad_steal_request,     //!< a work-stealing claim of 0 items, bad steal_options, or stealing from oneself
-  bad_counter,           //!< a work-stealing counter in the store that no valid claim sequence can produce
+  bad_counter,           //!< a work-stealing counter in the store that no valid claim sequence can produce (last)
 };
 
-//! Short stable name of a cause ("infeasible", "bad_cost", ...).
-constexpr std::string_view to_string(plan_errc e) noexcept {
-  switch (e) {
-    case plan_errc::empty_membership:
-      return "empty_membership";
-    case plan_errc::zero_batch:
-      return "zero_batch";
-    case plan_errc::bad_cost:
-      return "bad_cost";
-    case plan_errc::bad_bounds:
-      return "bad_bounds";
-    case plan_errc::infeasible:
-      return "infeasible";
-    case plan_errc::duplicate_worker:
-      return "duplicate_worker";
-    case plan_errc::bad_observation:
-      return "bad_observation";
-    case plan_errc::bad_rank:
-      return "bad_rank";
-    case plan_errc::membership_mismatch:
-      return "membership_mismatch";
-    case plan_errc::batch_exceeds_epoch:
-      return "batch_exceeds_epoch";
-    case plan_errc::stale_plan:
-      return "stale_plan";
-    case plan_errc::bad_dataset:
-      return "bad_dataset";
-    case plan_errc::bad_state:
-      return "bad_state";
-    case plan_errc::slice_too_large:
-      return "slice_too_large";
-    case plan_errc::bad_steal_request:
-      return "bad_steal_request";
-    case plan_errc::bad_counter:
-      return "bad_counter";
-  }
-  return "unknown";
-}
+namespace detail {
+inline constexpr auto plan_errc_names = make_enum_names(
+    plan_errc::empty_membership, "empty_membership", "zero_batch", "bad_cost", "bad_bounds", "infeasible",
+    "duplicate_worker", "bad_observation", "bad_rank", "membership_mismatch", "batch_exceeds_epoch", "stale_plan",
+    "bad_dataset", "bad_state", "slice_too_large", "bad_steal_request", "bad_counter");
+static_assert(plan_errc_names.last() == plan_errc::bad_counter);
+}  // namespace detail
 
-//! Bad input to the planner component. Thread safety: an ordinary exception
-//! value. `code()` says why, `worker()` names the offending worker id when one
-//! is involved.
+//! Short stable name of a cause ("infeasible", "bad_cost", ...).
+constexpr std::string_view to_string(plan_errc e) noexcept { return detail::plan_errc_names(e, "unknown"); }
+
+//! True for the causes found at run time in data from elsewhere
+//! (`bad_state`, `bad_counter`), raised as `plan_fault`; false for the
+//! preconditions, raised as `plan_error`.
+constexpr bool is_fault(plan_errc e) noexcept { return e == plan_errc::bad_state || e == plan_errc::bad_counter; }
+
+namespace detail {
+class plan_category_impl final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "ebbflow.plan"; }
+  std::string message(int v) const override { return std::string(to_string(static_cast<plan_errc>(v))); }
+  std::error_condition default_error_condition(int v) const noexcept override {
+    if (is_fault(static_cast<plan_errc>(v))) return make_error_condition(errc::bad_message);
+    return std::make_error_condition(std::errc::invalid_argument);
+  }
+};
+}  // namespace detail
+
+//! Category of `plan_errc` codes: a fault compares equal to
+//! `errc::bad_message`, a precondition to `std::errc::invalid_argument`.
+inline const std::error_category& plan_category() noexcept {
+  static const detail::plan_category_impl c;
+  return c;
+}
+//! Makes `plan_errc` values convertible to `std::error_code` (found by ADL).
+inline std::error_code make_error_code(plan_errc e) noexcept { return {static_cast<int>(e), plan_category()}; }
+
+//! Bad input to the planner component (a precondition the caller could have
+//! checked). Thread safety: an ordinary exception value. `code()` says why,
+//! `worker()` names the offending worker id when one is involved.
 class plan_error : public std::invalid_argument {
  public:
   //! `what()` becomes "<to_string(code)>: <message>".
@@ -9088,11 +9096,38 @@ class plan_error : public std::invalid_argument {
   std::optional<std::uint64_t> worker_;
 };
 
+//! A run-time condition in the planner component: data received from
+//! elsewhere (encoded state, the store's counters) that no valid sender
+//! produces. Thread safety: an ordinary exception value. `code()` is
+//! `make_error_code(cause())` (equal to `errc::bad_message`), `cause()` the
+//! `plan_errc`, `worker()` the worker id when one is involved.
+class plan_fault : public system_error {
+ public:
+  //! `what()` becomes "<to_string(cause)>: <message>", as for `plan_error`.
+  plan_fault(plan_errc cause, std::string message, std::optional<std::uint64_t> worker = std::nullopt)
+      : system_error(make_error_code(cause), error_context{.operation = "plan", .detail = message}),
+        what_(std::string(to_string(cause)) + ": " + message),
+        worker_(worker) {}
+
+  //! "<to_string(cause)>: <message>".
+  const char* what() const noexcept override { return what_.c_str(); }
+  //! The cause (`bad_state` or `bad_counter`).
+  [[nodiscard]] plan_errc cause() const noexcept { return static_cast<plan_errc>(code().value()); }
+  //! The worker whose data is bad, or nullopt when no single worker is to blame.
+  [[nodiscard]] std::optional<std::uint64_t> worker() const noexcept { return worker_; }
+
+ private:
+  std::string what_;
+  std::optional<std::uint64_t> worker_;
+};
+
 namespace detail {
+// Throws `plan_error`, or `plan_fault` for a run-time cause, with "msg (file:line)".
 [[noreturn]] inline void throw_plan_error(plan_errc code, const char* file, int line, const std::string& msg,
                                           std::optional<std::uint64_t> worker = std::nullopt) {
   std::ostringstream os;
   os << msg << " (" << file << ":" << line << ")";
+  if (is_fault(code)) EBBFLOW_THROW((plan_fault(code, os.str(), worker)));
   EBBFLOW_THROW((plan_error(code, os.str(), worker)));
 }
 }  // namespace detail
@@ -9100,26 +9135,38 @@ namespace detail {
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
 
-//! Throws `plan::plan_error(code, msg + file:line)` when `cond` is false.
-//! `msg` is an ostream expression.
-#define EBBFLOW_PLAN_ENFORCE(cond, code, msg)                                                      \
-  do {                                                                                             \
-    if (!(cond)) {                                                                                 \
-      std::ostringstream ebbflow_plan_os_;                                                         \
-      ebbflow_plan_os_ << msg;                                                                     \
-      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str()); \
-    }                                                                                              \
-  } while (0)
+// Standard-library opt-in, not part of the documented API.
+//! @cond
+template <>
+struct std::is_error_code_enum<ebbflow::plan::plan_errc> : std::true_type {};
+//! @endcond
 
+//! Precondition: throws `plan::plan_error(code, msg + file:line)` when `cond`
+//! is false. `msg` is an ostream expression; `code` a constant precondition
+//! cause (a run-time cause does not compile: that is EBBFLOW_PLAN_VERIFY).
+#define EBBFLOW_PLAN_ENFORCE(cond, code, msg) EBBFLOW_DETAIL_PLAN_CHECK(false, cond, code, std::nullopt, msg)
 //! Same, naming the offending worker id.
-#define EBBFLOW_PLAN_ENFORCE_W(cond, code, worker_id, msg)                                        \
-  do {                                                                                            \
-    if (!(cond)) {                                                                                \
-      std::ostringstream ebbflow_plan_os_;                                                        \
-      ebbflow_plan_os_ << "worker " << (worker_id) << ": " << msg;                                \
-      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str(), \
-                                                std::uint64_t(worker_id));                        \
-    }                                                                                             \
+#define EBBFLOW_PLAN_ENFORCE_W(cond, code, worker_id, msg) \
+  EBBFLOW_DETAIL_PLAN_CHECK(false, cond, code, std::uint64_t(worker_id), "worker " << (worker_id) << ": " << msg)
+
+//! Run-time check of data from elsewhere: throws `plan::plan_fault(code,
+//! msg + file:line)` when `cond` is false. `code` is a constant run-time
+//! cause (`bad_state`, `bad_counter`).
+#define EBBFLOW_PLAN_VERIFY(cond, code, msg) EBBFLOW_DETAIL_PLAN_CHECK(true, cond, code, std::nullopt, msg)
+//! Same, naming the worker whose data is bad.
+#define EBBFLOW_PLAN_VERIFY_W(cond, code, worker_id, msg) \
+  EBBFLOW_DETAIL_PLAN_CHECK(true, cond, code, std::uint64_t(worker_id), "worker " << (worker_id) << ": " << msg)
+
+// The four checks above: the cause's kind is checked at compile time.
+#define EBBFLOW_DETAIL_PLAN_CHECK(fault, cond, code, worker, msg)                                          \
+  do {                                                                                                     \
+    static_assert(::ebbflow::plan::is_fault(code) == (fault),                                              \
+                  "preconditions use EBBFLOW_PLAN_ENFORCE, run-time causes EBBFLOW_PLAN_VERIFY");          \
+    if (!(cond)) {                                                                                         \
+      std::ostringstream ebbflow_plan_os_;                                                                 \
+      ebbflow_plan_os_ << msg;                                                                             \
+      ::ebbflow::plan::detail::throw_plan_error(code, __FILE__, __LINE__, ebbflow_plan_os_.str(), worker); \
+    }                                                                                                      \
   } while (0)
 // ---- end <ebbflow/plan/plan_error.hpp>
 
@@ -9557,7 +9604,7 @@ EBBFLOW_END_NAMESPACE
 //! Thread safety: `epoch_sampler` is a value type with no internal
 //! synchronisation; const members may be called concurrently.
 //! Errors: plan_error (bad_dataset, bad_rank, batch_exceeds_epoch,
-//! stale_plan, bad_state).
+//! stale_plan); plan_fault(bad_state) for a state that no sampler holds.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
@@ -9628,7 +9675,7 @@ struct sampler_state {
   static constexpr std::size_t encoded_size = 4 + 4 + 5 * 8 + 4;
   //! The state as `encoded_size` bytes, for `decode` on another worker.
   [[nodiscard]] std::array<std::byte, encoded_size> encode() const noexcept;
-  //! @throws plan_error(bad_state) for a wrong size, magic, format version or
+  //! @throws plan_fault(bad_state) for a wrong size, magic, format version or
   //!         policy, N == 0, or cursor > N.
   [[nodiscard]] static sampler_state decode(std::span<const std::byte> bytes);
 
@@ -9646,7 +9693,8 @@ class epoch_sampler {
  public:
   //! @throws plan_error(bad_dataset) when dataset_size == 0.
   epoch_sampler(std::uint64_t dataset_size, std::uint64_t seed, last_batch policy = last_batch::short_batch);
-  //! Resumes from a state (e.g. received by a joiner). @throws plan_error(bad_state).
+  //! Resumes from a state (e.g. received by a joiner).
+  //! @throws plan_fault(bad_state) for N == 0, cursor >= N or an unknown policy.
   explicit epoch_sampler(const sampler_state& state);
 
   //! The committed state (what a joiner needs; see `sampler_state::encode`).
@@ -9800,11 +9848,11 @@ inline std::array<std::byte, sampler_state::encoded_size> sampler_state::encode(
 }
 
 inline sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
-  EBBFLOW_PLAN_ENFORCE(bytes.size() == encoded_size, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(bytes.size() == encoded_size, plan_errc::bad_state,
                        "sampler state of " << bytes.size() << " bytes, expected " << encoded_size);
   const std::byte* p = bytes.data();
-  EBBFLOW_PLAN_ENFORCE(detail::get_u32(p) == detail::sampler_magic, plan_errc::bad_state, "bad magic");
-  EBBFLOW_PLAN_ENFORCE(detail::get_u32(p + 4) == detail::sampler_format, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(detail::get_u32(p) == detail::sampler_magic, plan_errc::bad_state, "bad magic");
+  EBBFLOW_PLAN_VERIFY(detail::get_u32(p + 4) == detail::sampler_format, plan_errc::bad_state,
                        "format version " << detail::get_u32(p + 4) << ", expected " << detail::sampler_format);
   sampler_state s;
   s.dataset_size = detail::get_u64(p + 8);
@@ -9813,10 +9861,10 @@ inline sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
   s.cursor = detail::get_u64(p + 32);
   s.plan_version = detail::get_u64(p + 40);
   const std::uint32_t pol = detail::get_u32(p + 48);
-  EBBFLOW_PLAN_ENFORCE(pol <= 1, plan_errc::bad_state, "unknown last_batch policy " << pol);
+  EBBFLOW_PLAN_VERIFY(pol <= 1, plan_errc::bad_state, "unknown last_batch policy " << pol);
   s.policy = static_cast<last_batch>(pol);
-  EBBFLOW_PLAN_ENFORCE(s.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
-  EBBFLOW_PLAN_ENFORCE(s.cursor < s.dataset_size, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(s.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
+  EBBFLOW_PLAN_VERIFY(s.cursor < s.dataset_size, plan_errc::bad_state,
                        "cursor " << s.cursor << " not below the data-set size " << s.dataset_size);
   return s;
 }
@@ -9838,10 +9886,10 @@ inline epoch_sampler::epoch_sampler(std::uint64_t dataset_size, std::uint64_t se
 }
 
 inline epoch_sampler::epoch_sampler(const sampler_state& state) : s_(state) {
-  EBBFLOW_PLAN_ENFORCE(s_.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
-  EBBFLOW_PLAN_ENFORCE(s_.cursor < s_.dataset_size, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(s_.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
+  EBBFLOW_PLAN_VERIFY(s_.cursor < s_.dataset_size, plan_errc::bad_state,
                        "cursor " << s_.cursor << " not below the data-set size " << s_.dataset_size);
-  EBBFLOW_PLAN_ENFORCE(s_.policy == last_batch::short_batch || s_.policy == last_batch::drop, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(s_.policy == last_batch::short_batch || s_.policy == last_batch::drop, plan_errc::bad_state,
                        "unknown last_batch policy");
 }
 
@@ -10022,24 +10070,24 @@ class work_stealer {
   //! Claims the next chunk of the own slice from the front (`owner_request`
   //! items, at most `cap`). Empty once the own slice is exhausted (by the
   //! owner or by thieves); after that it does not call the store.
-  //! @throws plan_error(bad_steal_request) when cap == 0; bad_counter; store errors.
+  //! @throws plan_error(bad_steal_request) when cap == 0; plan_fault(bad_counter); store errors.
   [[nodiscard]] chunk claim_own(std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
   //! True once the own slice is known to be exhausted.
   [[nodiscard]] bool own_done() const noexcept { return own_done_; }
 
   //! Reads slice `r`'s counter (an add of 0; one round trip).
-  //! @throws plan_error(bad_rank | bad_counter); store errors.
+  //! @throws plan_error(bad_rank); plan_fault(bad_counter); store errors.
   [[nodiscard]] slice_state peek(std::size_t r);
   //! Reads every other slice not yet seen exhausted: one batched round trip
   //! when `Store` is a `batch_counter_store`, else one `peek` each. The states
   //! are then in `last_seen`. Returns the number of slices read.
-  //! @throws plan_error(bad_counter); store errors.
+  //! @throws plan_fault(bad_counter); store errors.
   std::size_t peek_others();
   //! Claims up to `request` items from the back of slice `victim` (`victim`
   //! != own rank), clamped to what was last seen remaining and to
   //! `thief_request_limit`. Empty when the slice is (now) exhausted; a slice
   //! seen exhausted is never claimed again.
-  //! @throws plan_error(bad_rank | bad_steal_request | bad_counter); store errors.
+  //! @throws plan_error(bad_rank | bad_steal_request); plan_fault(bad_counter); store errors.
   [[nodiscard]] chunk steal_from(std::size_t victim, std::uint64_t request);
   //! Peeks every other slice not yet seen exhausted, picks the one with the
   //! most remaining items (lowest rank on ties) and claims `thief_request`
@@ -10318,11 +10366,11 @@ slice_state work_stealer<Store>::decode(std::size_t r, std::int64_t after, std::
   // bounded (file comment), so any other value means the key was written by
   // something that is not this protocol (a reused key, a corrupt store).
   const std::int64_t before = after - delta;
-  EBBFLOW_PLAN_ENFORCE_W(before >= 0 && after >= 0, plan_errc::bad_counter, r,
+  EBBFLOW_PLAN_VERIFY_W(before >= 0 && after >= 0, plan_errc::bad_counter, r,
                          "counter '" << key(r) << "' reads " << after << " after adding " << delta << " (negative)");
   const auto b = static_cast<std::uint64_t>(before);
   slice_state s{size_[r], b >> 32, b & detail::thief_mask};
-  EBBFLOW_PLAN_ENFORCE_W(s.front <= s.size, plan_errc::bad_counter, r,
+  EBBFLOW_PLAN_VERIFY_W(s.front <= s.size, plan_errc::bad_counter, r,
                          "counter '" << key(r) << "' has owner count " << s.front << " > slice size " << s.size);
   return s;
 }
@@ -10374,7 +10422,7 @@ std::size_t work_stealer<Store>::peek_others() {
     const std::vector<std::int64_t> after = store_->add_many(
         std::span<const std::string>(keys), std::span<const std::int64_t>(zeros), deadline::after(opts_.timeout));
     ++calls_;
-    EBBFLOW_PLAN_ENFORCE(after.size() == which.size(), plan_errc::bad_counter,
+    EBBFLOW_PLAN_VERIFY(after.size() == which.size(), plan_errc::bad_counter,
                          "store answered " << after.size() << " of " << which.size() << " batched reads");
     for (std::size_t k = 0; k < which.size(); ++k) {
       const std::size_t r = which[k];
@@ -10615,7 +10663,6 @@ EBBFLOW_END_NAMESPACE
 
 #include <cstddef>
 #include <cstdint>
-#include <iterator>
 #include <string_view>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -10646,12 +10693,14 @@ struct steal_settings {
 //! Why the membership changed (passed to world-changed callbacks).
 enum class change_reason : std::uint8_t { initial, join, leave, failure };
 
+namespace detail {
+inline constexpr auto change_reason_names =
+    make_enum_names(change_reason::initial, "initial", "join", "leave", "failure");
+static_assert(change_reason_names.last() == change_reason::failure);
+}  // namespace detail
+
 //! The reason as a lower-case word ("initial", "join", "leave", "failure"), for logs.
-constexpr std::string_view name(change_reason r) noexcept {
-  constexpr std::string_view names[] = {"initial", "join", "leave", "failure"};
-  const auto i = static_cast<std::size_t>(r);
-  return i < std::size(names) ? names[i] : "?";
-}
+constexpr std::string_view name(change_reason r) noexcept { return detail::change_reason_names(r); }
 
 //! A membership change as seen by callbacks and the event log.
 struct world_change {
@@ -14695,7 +14744,8 @@ class group {
   //! sample by 1 / global_batch (a member that processed nothing still
   //! allreduces its zeros), and pass `processed` to `end_step`. `process`
   //! must not call the group. Once per step attempt.
-  //! @throws group_error (invalid_state) when called twice, plan::plan_error,
+  //! @throws group_error (invalid_state) when called twice, plan::plan_error
+  //! (bad settings), plan::plan_fault (a corrupt claim counter in the store),
   //! the store's errors, and what `process` throws.
   template <class Process>
   plan::steal_report steal_step(Process&& process, const steal_settings& settings = {}) {
@@ -14886,11 +14936,11 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/config.hpp>  (inlined)
 // #include <ebbflow/elastic/planning_policy.hpp>  (inlined)
 // #include <ebbflow/plan/batch_planner.hpp>  (inlined)
-// #include <ebbflow/plan/cost_models.hpp>  (inlined here)
-// ---- begin <ebbflow/plan/cost_models.hpp>
+// #include <ebbflow/plan/worker_models.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/worker_models.hpp>
 // SPDX-License-Identifier: Apache-2.0
-//! @file cost_models.hpp
-//! `plan::cost_models`: one `cost_model` per worker id, and the worker specs
+//! @file worker_models.hpp
+//! `plan::worker_models`: one `cost_model` per worker id, and the worker specs
 //! to plan with at any time, from the first step on: workers without a
 //! fitted model yet (all of them at the start, a newcomer later) are planned
 //! with the mean model of the others, and with one common placeholder while
@@ -14942,10 +14992,12 @@ EBBFLOW_END_NAMESPACE
 //!   common scale factor, which is what a slowdown of the whole device does.
 //!
 //! Thread safety: none; a value type (copy it freely).
-//! Errors: `plan_error(bad_observation)` for NaN, infinite or non-positive seconds.
+//! Errors: `plan_error(bad_observation)` for NaN, infinite or non-positive seconds;
+//! `plan_fault(bad_state)` from `decode` for bytes that are not an encoded model.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
 // #include <ebbflow/plan/batch_planner.hpp>  (inlined)
 // #include <ebbflow/plan/plan_error.hpp>  (inlined)
 
@@ -14982,20 +15034,14 @@ enum class observation_kind {
   change,        //!< a step change was detected; the model restarted from recent data
 };
 
+namespace detail {
+inline constexpr auto observation_kind_names =
+    make_enum_names(observation_kind::accepted, "accepted", "downweighted", "outlier", "change");
+static_assert(observation_kind_names.last() == observation_kind::change);
+}  // namespace detail
+
 //! Short stable name of `k` ("accepted", "downweighted", "outlier", "change").
-constexpr std::string_view to_string(observation_kind k) noexcept {
-  switch (k) {
-    case observation_kind::accepted:
-      return "accepted";
-    case observation_kind::downweighted:
-      return "downweighted";
-    case observation_kind::outlier:
-      return "outlier";
-    case observation_kind::change:
-      return "change";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(observation_kind k) noexcept { return detail::observation_kind_names(k); }
 
 //! One measured step: `batch` samples took `seconds`.
 struct timing_sample {
@@ -15067,7 +15113,7 @@ class cost_model {
   //! Little endian, with a magic and a format version; 392 bytes.
   [[nodiscard]] std::vector<std::byte> encode() const;
   //! The model `encode` wrote, bit for bit.
-  //! @throws plan_error(bad_state) for bytes that are truncated, corrupt or of another format.
+  //! @throws plan_fault(bad_state) for bytes that are truncated, corrupt or of another format.
   [[nodiscard]] static cost_model decode(std::span<const std::byte> bytes);
 
  private:
@@ -15139,7 +15185,7 @@ struct model_reader {
   std::span<const std::byte> in;
   std::size_t at = 0;
   std::uint64_t u64() {
-    EBBFLOW_PLAN_ENFORCE(at + 8 <= in.size(), plan_errc::bad_state,
+    EBBFLOW_PLAN_VERIFY(at + 8 <= in.size(), plan_errc::bad_state,
                          "cost model of " << in.size() << " bytes is truncated (field at byte " << at << ")");
     std::uint64_t v = 0;
     for (int i = 0; i < 8; ++i) v |= std::to_integer<std::uint64_t>(in[at + static_cast<std::size_t>(i)]) << (8 * i);
@@ -15177,41 +15223,41 @@ inline std::vector<std::byte> cost_model::encode() const {
 inline cost_model cost_model::decode(std::span<const std::byte> bytes) {
   detail::model_reader r{bytes};
   const std::uint64_t head = r.u64();
-  EBBFLOW_PLAN_ENFORCE(static_cast<std::uint32_t>(head) == detail::cost_model_magic, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(static_cast<std::uint32_t>(head) == detail::cost_model_magic, plan_errc::bad_state,
                        "not an encoded cost model (bad magic)");
-  EBBFLOW_PLAN_ENFORCE(head >> 32 == detail::cost_model_format, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(head >> 32 == detail::cost_model_format, plan_errc::bad_state,
                        "cost model format " << (head >> 32) << ", expected " << detail::cost_model_format);
   cost_model_options o;
   for (double* v : {&o.half_life_steps, &o.huber_k, &o.reject_k, &o.change_k, &o.fast_half_life_steps, &o.drift_signal,
                     &o.min_rel_scale, &o.min_batch_spread, &o.initial_rel_scale}) {
     *v = r.f64();
-    EBBFLOW_PLAN_ENFORCE(std::isfinite(*v), plan_errc::bad_state, "cost model with an option that is not finite");
+    EBBFLOW_PLAN_VERIFY(std::isfinite(*v), plan_errc::bad_state, "cost model with an option that is not finite");
   }
   const std::uint64_t window = r.u64(), slope = r.u64();
-  EBBFLOW_PLAN_ENFORCE(window >= 1 && window <= max_window && slope <= 0xffffffffu, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(window >= 1 && window <= max_window && slope <= 0xffffffffu, plan_errc::bad_state,
                        "cost model options out of range (change_window " << window << ")");
   o.change_window = static_cast<unsigned>(window);
   o.min_slope_samples = static_cast<unsigned>(slope);
   cost_model m(o);
   // An encoded model's options were clamped when it was made: the same
   // clamping must leave them as they are.
-  EBBFLOW_PLAN_ENFORCE(m.opts_.half_life_steps == o.half_life_steps && m.opts_.reject_k == o.reject_k &&
+  EBBFLOW_PLAN_VERIFY(m.opts_.half_life_steps == o.half_life_steps && m.opts_.reject_k == o.reject_k &&
                            m.opts_.change_k == o.change_k && m.opts_.fast_half_life_steps == o.fast_half_life_steps,
                        plan_errc::bad_state, "cost model options that no model holds");
   for (double* v : {&m.ew_r_, &m.ew_abs_r_, &m.b0_, &m.w_, &m.wb_, &m.wbb_, &m.wt_, &m.wbt_, &m.a_, &m.c_, &m.shape_a_,
                     &m.shape_c_, &m.scale_}) {
     *v = r.f64();
-    EBBFLOW_PLAN_ENFORCE(std::isfinite(*v), plan_errc::bad_state, "cost model with a value that is not finite");
+    EBBFLOW_PLAN_VERIFY(std::isfinite(*v), plan_errc::bad_state, "cost model with a value that is not finite");
   }
   const std::uint64_t full = r.u64();
-  EBBFLOW_PLAN_ENFORCE(full <= 1, plan_errc::bad_state, "cost model with a bad flag");
+  EBBFLOW_PLAN_VERIFY(full <= 1, plan_errc::bad_state, "cost model with a bad flag");
   m.full_fit_ = full == 1;
   m.used_ = static_cast<std::size_t>(r.u64());
   m.outliers_ = static_cast<std::size_t>(r.u64());
   m.changes_ = static_cast<std::size_t>(r.u64());
   const auto sign = static_cast<std::int64_t>(r.u64());
   const std::uint64_t run = r.u64(), count = r.u64(), at = r.u64();
-  EBBFLOW_PLAN_ENFORCE(sign >= -1 && sign <= 1 && run <= max_window && count <= max_window && at < max_window,
+  EBBFLOW_PLAN_VERIFY(sign >= -1 && sign <= 1 && run <= max_window && count <= max_window && at < max_window,
                        plan_errc::bad_state, "cost model with a recent-observation ring out of range");
   m.run_sign_ = static_cast<int>(sign);
   m.run_ = static_cast<unsigned>(run);
@@ -15220,10 +15266,10 @@ inline cost_model cost_model::decode(std::span<const std::byte> bytes) {
   for (timing_sample& t : m.recent_) {
     t.batch = static_cast<std::size_t>(r.u64());
     t.seconds = r.f64();
-    EBBFLOW_PLAN_ENFORCE(std::isfinite(t.seconds) && t.seconds >= 0, plan_errc::bad_state,
+    EBBFLOW_PLAN_VERIFY(std::isfinite(t.seconds) && t.seconds >= 0, plan_errc::bad_state,
                          "cost model with a recent step time that is not finite");
   }
-  EBBFLOW_PLAN_ENFORCE(r.at == bytes.size(), plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(r.at == bytes.size(), plan_errc::bad_state,
                        "cost model of " << bytes.size() << " bytes, expected " << r.at);
   return m;
 }
@@ -15404,10 +15450,10 @@ concept id_range = std::ranges::input_range<R> && std::integral<std::ranges::ran
 //! The cost models of a changing set of workers, keyed by worker id. Value
 //! type. Fed the same observations in the same order, every rank holds the
 //! same models and so computes the same specs, bit for bit.
-class cost_models {
+class worker_models {
  public:
   //! No models yet. `opts` applies to every model made.
-  explicit cost_models(cost_model_options opts = {}) : opts_(opts) {}
+  explicit worker_models(cost_model_options opts = {}) : opts_(opts) {}
 
   //! Feeds worker `id`'s step: `batch` samples took `seconds`. A zero batch
   //! (a worker given no samples still reports its step time) or a time that
@@ -15471,21 +15517,20 @@ class cost_models {
     return std::move(w.out);
   }
   //! The models `encode` wrote (options from the bytes; `opts` for models
-  //! made later). @throws plan_error(bad_state) for bytes that are not that.
-  [[nodiscard]] static cost_models decode(std::span<const std::byte> bytes, cost_model_options opts = {}) {
+  //! made later). @throws plan_fault(bad_state) for bytes that are not that.
+  [[nodiscard]] static worker_models decode(std::span<const std::byte> bytes, cost_model_options opts = {}) {
     detail::model_reader r{bytes};
-    cost_models out(opts);
+    worker_models out(opts);
     for (std::uint64_t n = r.u64(), k = 0; k < n; ++k) {
       const std::uint64_t id = r.u64(), len = r.u64();
-      EBBFLOW_PLAN_ENFORCE(
-          len <= bytes.size() - r.at, plan_errc::bad_state,
-          "cost model of worker " << id << ": " << len << " bytes, " << bytes.size() - r.at << " left");
-      EBBFLOW_PLAN_ENFORCE(out.models_.try_emplace(id, cost_model::decode(bytes.subspan(r.at, len))).second,
-                           plan_errc::bad_state, "cost model of worker " << id << " twice");
+      EBBFLOW_PLAN_VERIFY(len <= bytes.size() - r.at, plan_errc::bad_state,
+                          "cost model of worker " << id << ": " << len << " bytes, " << bytes.size() - r.at << " left");
+      EBBFLOW_PLAN_VERIFY(out.models_.try_emplace(id, cost_model::decode(bytes.subspan(r.at, len))).second,
+                          plan_errc::bad_state, "cost model of worker " << id << " twice");
       r.at += len;
     }
-    EBBFLOW_PLAN_ENFORCE(r.at == bytes.size(), plan_errc::bad_state,
-                         "cost models of " << bytes.size() << " bytes, " << bytes.size() - r.at << " left over");
+    EBBFLOW_PLAN_VERIFY(r.at == bytes.size(), plan_errc::bad_state,
+                        "cost models of " << bytes.size() << " bytes, " << bytes.size() - r.at << " left over");
     return out;
   }
 
@@ -15494,13 +15539,17 @@ class cost_models {
   std::map<std::uint64_t, cost_model> models_;
 };
 
+//! The former name of `worker_models` (and of its header, plan/cost_models.hpp),
+//! kept for one release and then removed.
+using cost_models = worker_models;
+
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/plan/cost_models.hpp>
-// #include <ebbflow/plan/replan_policy.hpp>  (inlined here)
-// ---- begin <ebbflow/plan/replan_policy.hpp>
+// ---- end <ebbflow/plan/worker_models.hpp>
+// #include <ebbflow/plan/replanner.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/replanner.hpp>
 // SPDX-License-Identifier: Apache-2.0
-//! @file replan_policy.hpp
+//! @file replanner.hpp
 //! When to switch to a new plan. A `replanner` holds the plan in force and,
 //! at each check, decides from the current models whether to keep it:
 //!
@@ -15522,6 +15571,7 @@ EBBFLOW_END_NAMESPACE
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
 // #include <ebbflow/plan/batch_planner.hpp>  (inlined)
 
 #include <cstddef>
@@ -15549,24 +15599,14 @@ enum class replan_reason {
   bounds,      //!< the plan in force breaks a worker's current min_batch or max_batch
 };
 
+namespace detail {
+inline constexpr auto replan_reason_names =
+    make_enum_names(replan_reason::kept, "kept", "initial", "membership", "batch", "drift", "bounds");
+static_assert(replan_reason_names.last() == replan_reason::bounds);
+}  // namespace detail
+
 //! Short stable name of `r` ("kept", "initial", "membership", "batch", "drift", "bounds").
-constexpr std::string_view to_string(replan_reason r) noexcept {
-  switch (r) {
-    case replan_reason::kept:
-      return "kept";
-    case replan_reason::initial:
-      return "initial";
-    case replan_reason::membership:
-      return "membership";
-    case replan_reason::batch:
-      return "batch";
-    case replan_reason::drift:
-      return "drift";
-    case replan_reason::bounds:
-      return "bounds";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(replan_reason r) noexcept { return detail::replan_reason_names(r); }
 
 //! Holds the plan in force and applies the policy. Value type (copyable).
 class replanner {
@@ -15584,7 +15624,7 @@ class replanner {
   //! worker that joins (or restarts) takes the plan the others use, sent by
   //! one of them (its sizes and version; `make_plan` rebuilds it), and its
   //! next `update` carries on from there with the next version. Fed the
-  //! same specs as the others (their models: `cost_models::decode`), it
+  //! same specs as the others (their models: `worker_models::decode`), it
   //! makes the same plans from then on.
   void adopt(batch_plan p) {
     plan_ = std::move(p);
@@ -15609,6 +15649,23 @@ class replanner {
   unsigned streak_ = 0;
   double gap_ = 0;
 };
+
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/plan/impl/replanner.hpp>  (inlined here)
+// ---- begin <ebbflow/plan/impl/replanner.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/replanner.hpp
+//! Definitions for plan/replanner.hpp.
+
+
+// #include <ebbflow/plan/replanner.hpp>  (inlined)
+
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
 
 inline const batch_plan& replanner::update(std::span<const worker_spec> workers, std::size_t global_batch) {
   const std::uint64_t next = plan_.version + 1;
@@ -15650,7 +15707,8 @@ inline const batch_plan& replanner::update(std::span<const worker_spec> workers,
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/plan/replan_policy.hpp>
+// ---- end <ebbflow/plan/impl/replanner.hpp>
+// ---- end <ebbflow/plan/replanner.hpp>
 
 #include <map>
 #include <span>
@@ -15724,7 +15782,7 @@ class planner_policy final : public planning_policy {
   }
 
   planner_policy_options opts_;
-  plan::cost_models models_;
+  plan::worker_models models_;
   unsigned streak_ = 0;
 };
 
@@ -18436,8 +18494,7 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/plan/plan_error.hpp>  (inlined)
 // #include <ebbflow/plan/batch_planner.hpp>  (inlined)
 // #include <ebbflow/plan/cost_model.hpp>  (inlined)
-// #include <ebbflow/plan/cost_models.hpp>  (inlined)
-// #include <ebbflow/plan/replan_policy.hpp>  (inlined)
+// #include <ebbflow/plan/replanner.hpp>  (inlined)
 // #include <ebbflow/plan/sampler.hpp>  (inlined)
 // #include <ebbflow/plan/shard_sampler.hpp>  (inlined here)
 // ---- begin <ebbflow/plan/shard_sampler.hpp>
@@ -18657,7 +18714,30 @@ class shard_sampler {
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/plan/shard_sampler.hpp>
 // #include <ebbflow/plan/work_stealing.hpp>  (inlined)
+// #include <ebbflow/plan/worker_models.hpp>  (inlined)
 // ==== end <ebbflow/plan.hpp>
+
+// ==== begin <ebbflow/plan/cost_models.hpp> ================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file cost_models.hpp
+//! Renamed to plan/worker_models.hpp (`plan::cost_models` is now
+//! `plan::worker_models`); this compatibility include, like the old name, is
+//! kept for one release and then removed. Include the new header instead.
+
+
+// #include <ebbflow/plan/worker_models.hpp>  (inlined)
+// ==== end <ebbflow/plan/cost_models.hpp>
+
+// ==== begin <ebbflow/plan/replan_policy.hpp> ==============================
+// SPDX-License-Identifier: Apache-2.0
+//! @file replan_policy.hpp
+//! Renamed to plan/replanner.hpp (the header of `plan::replanner`); this
+//! compatibility include is kept for one release and then removed. Include
+//! the new header instead.
+
+
+// #include <ebbflow/plan/replanner.hpp>  (inlined)
+// ==== end <ebbflow/plan/replan_policy.hpp>
 
 // ==== begin <ebbflow/prefetch/cuda_stage.hpp> =============================
 // SPDX-License-Identifier: Apache-2.0
@@ -19605,9 +19685,10 @@ EBBFLOW_END_NAMESPACE
 //!
 //! Errors: an exception thrown by `load` (or by the source or the stage) for
 //! step s is rethrown by the `next()` call that would have returned step s,
-//! as `load_error` naming the step and sample. With `error_policy::stop` the
-//! prefetcher then ends (later `next()` return an empty batch); with
-//! `error_policy::skip_step` the failed step is skipped and step s+1 follows.
+//! as `load_error` (an `ebbflow::system_error`, `errc::load_failed`) naming
+//! the step and sample. With `error_policy::stop` the prefetcher then ends
+//! (later `next()` return an empty batch); with `error_policy::skip_step` the
+//! failed step is skipped and step s+1 follows.
 //!
 //! Thread safety: `next()` is for one consumer thread at a time; `shutdown()`,
 //! `stats()` and releasing batches may happen on any thread. Every blocking
@@ -19643,17 +19724,23 @@ enum class error_policy {
   skip_step,  //!< report the failed step, then continue with the next one
 };
 
-//! A step could not be prepared. `step()` is the step, `sample()` the global
-//! sample index whose load failed (`no_sample` when the failure was not in a
-//! sample's load, e.g. the source or the device copy), `cause()` the original
-//! exception. `what()` reads "prefetch: step 3, sample 17: <cause>".
-class load_error : public std::runtime_error {
+//! A step could not be prepared: a run-time condition, so an
+//! `ebbflow::system_error` whose `code()` is `errc::load_failed`. `step()` is
+//! the step, `sample()` the global sample index whose load failed
+//! (`no_sample` when the failure was not in a sample's load, e.g. the source
+//! or the device copy), `cause()` the original exception. `what()` reads
+//! "prefetch: data load failed (step 3, sample 17: <cause>)".
+class load_error : public system_error {
  public:
   //! `sample()` when the failure was not in one sample's load.
   static constexpr std::size_t no_sample = std::numeric_limits<std::size_t>::max();
   //! The error of `step`, caused by `cause` while loading `sample` (or `no_sample`).
   load_error(std::uint64_t step, std::size_t sample, std::exception_ptr cause)
-      : std::runtime_error(format(step, sample, cause)), step_(step), sample_(sample), cause_(std::move(cause)) {}
+      : system_error(make_error_code(error::load_failed),
+                     error_context{.operation = "prefetch", .detail = describe(step, sample, cause)}),
+        step_(step),
+        sample_(sample),
+        cause_(std::move(cause)) {}
   [[nodiscard]] std::uint64_t step() const noexcept { return step_; }  //!< the failed step
   //! The global sample index whose load failed, or `no_sample`. With a
   //! chunk-level `load` (one call for several samples) the prefetcher cannot
@@ -19665,7 +19752,8 @@ class load_error : public std::runtime_error {
   [[noreturn]] void rethrow_cause() const { std::rethrow_exception(cause_); }
 
  private:
-  static std::string format(std::uint64_t step, std::size_t sample, const std::exception_ptr& cause);
+  // "step 3, sample 17: <what the cause says>".
+  static std::string describe(std::uint64_t step, std::size_t sample, const std::exception_ptr& cause);
   std::uint64_t step_;
   std::size_t sample_;
   std::exception_ptr cause_;
@@ -19862,9 +19950,9 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace prefetch {
 
-inline std::string load_error::format(std::uint64_t step, std::size_t sample, const std::exception_ptr& cause) {
+inline std::string load_error::describe(std::uint64_t step, std::size_t sample, const std::exception_ptr& cause) {
   std::ostringstream os;
-  os << "prefetch: step " << step;
+  os << "step " << step;
   if (sample != no_sample) os << ", sample " << sample;
   os << ": ";
   try {

@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Must-show 5: every infeasible or malformed input gets its named error
-// (plan::plan_error, a std::invalid_argument, with a plan_errc and the worker).
+// (plan::plan_error, a std::invalid_argument, with a plan_errc and the
+// worker), and corrupt state received from elsewhere its run-time error
+// (plan::plan_fault, an ebbflow::system_error).
+#include "plan_error_check.hpp"
+
 #include <ebbflow/plan.hpp>
 
 #include <gtest/gtest.h>
@@ -173,26 +177,47 @@ std::vector<bad_case> cases() {
        pl::plan_errc::bad_state,
        {},
        "cursor 1000"},
+      {"resume_from_bad_state",
+       [] {
+         pl::sampler_state st = pl::epoch_sampler(1000, 1).state();
+         st.cursor = 1000;
+         pl::epoch_sampler s(st);
+       },
+       pl::plan_errc::bad_state,
+       {},
+       "cursor 1000"},
   };
 }
 
 TEST(BadInput, EachCaseRaisesItsNamedError) {
   for (const bad_case& c : cases()) {
     SCOPED_TRACE(c.name);
-    try {
-      c.call();
-      ADD_FAILURE() << "no error";
-    } catch (const pl::plan_error& e) {
-      EXPECT_EQ(e.code(), c.code) << e.what();
-      EXPECT_EQ(e.worker(), c.worker) << e.what();
-      const std::string what = e.what();
-      EXPECT_EQ(what.rfind(std::string(pl::to_string(c.code)) + ": ", 0), 0u) << what;
-      EXPECT_NE(what.find(c.says), std::string::npos) << what;
-      EXPECT_NE(what.find(".hpp:"), std::string::npos) << "names file and line: " << what;
-    }
+    EXPECT_EQ(plan_test::expect_plan_error(c.call, c.code, c.says).worker, c.worker);
   }
 }
 
 TEST(BadInput, PlanErrorIsAnInvalidArgument) { EXPECT_THROW((void)pl::solve(workers{}, 1), std::invalid_argument); }
+
+// Corrupt state is a condition found at run time, not the caller's mistake:
+// a system_error comparable with errc::bad_message, never an invalid_argument.
+TEST(BadInput, CorruptStateIsASystemErrorNotAnInvalidArgument) {
+  try {
+    (void)pl::sampler_state::decode({});
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    ADD_FAILURE() << "raised as a precondition: " << e.what();
+  } catch (const ebbflow::system_error& e) {
+    EXPECT_EQ(e.code(), ebbflow::errc::bad_message);
+    EXPECT_EQ(e.code(), pl::plan_errc::bad_state);
+    EXPECT_EQ(e.code().category(), pl::plan_category());
+    EXPECT_EQ(e.code().message(), "bad_state");
+  }
+  EXPECT_EQ(pl::make_error_code(pl::plan_errc::infeasible), std::errc::invalid_argument);
+  for (int v = 1; v <= static_cast<int>(pl::plan_errc::bad_counter); ++v) {
+    const auto e = static_cast<pl::plan_errc>(v);
+    EXPECT_NE(pl::to_string(e), "unknown") << v;
+    EXPECT_EQ(pl::is_fault(e), e == pl::plan_errc::bad_state || e == pl::plan_errc::bad_counter) << v;
+  }
+}
 
 }  // namespace

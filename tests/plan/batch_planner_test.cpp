@@ -2,7 +2,7 @@
 // Must-show 1: the planner's step time equals the exhaustive optimum on random
 // small instances, including caps, a >> c·b, c·b >> a and a 100x slower worker.
 #include <ebbflow/plan/batch_planner.hpp>
-#include <ebbflow/plan/replan_policy.hpp>
+#include <ebbflow/plan/replanner.hpp>
 
 #include <gtest/gtest.h>
 

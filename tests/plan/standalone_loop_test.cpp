@@ -5,14 +5,20 @@
 // workers as the models fit, and sees every sample at most once; a joiner
 // takes the plan in force and carries on from its version.
 #include <ebbflow/plan.hpp>
+// The headers' and class's former names still compile, for one release.
+#include <ebbflow/plan/cost_models.hpp>
+#include <ebbflow/plan/replan_policy.hpp>
 
 #include <gtest/gtest.h>
 
 #include <limits>
 #include <set>
+#include <type_traits>
 #include <vector>
 
 namespace pl = ebbflow::plan;
+
+static_assert(std::is_same_v<pl::cost_models, pl::worker_models>, "the old name of worker_models");
 
 namespace {
 // Worker i's true step time on b samples.
@@ -28,7 +34,7 @@ double true_time(std::size_t i, std::size_t b) {
 TEST(StandalonePlanner, TheDocumentedLoopPlansFromTheFirstStep) {
   const std::vector<std::uint64_t> ids = {10, 11, 12};
   const std::size_t B = 120, n = ids.size();
-  pl::cost_models models;  // one model per worker id, identical on every rank
+  pl::worker_models models;  // one model per worker id, identical on every rank
   pl::replanner planner;
   pl::epoch_sampler sampler(100'000, /*seed=*/42);
   std::set<std::uint64_t> seen;
@@ -56,7 +62,7 @@ TEST(StandalonePlanner, TheDocumentedLoopPlansFromTheFirstStep) {
 // A newcomer without a fitted model is planned with the others' mean model,
 // so it gets a share at once.
 TEST(StandalonePlanner, ANewcomerGetsTheMeanModelOfTheOthers) {
-  pl::cost_models models;
+  pl::worker_models models;
   for (int k = 0; k < 5; ++k) {
     models.observe(1, 10 + k, 0.01 + 1e-3 * (10 + k));
     models.observe(2, 10 + k, 0.03 + 3e-3 * (10 + k));
@@ -78,7 +84,7 @@ TEST(StandalonePlanner, ANewcomerGetsTheMeanModelOfTheOthers) {
 // stale_plan. It adopts the plan in force instead and carries on.
 TEST(StandalonePlanner, AJoinerAdoptsThePlanInForce) {
   const std::vector<std::uint64_t> ids = {1, 2};
-  pl::cost_models models;
+  pl::worker_models models;
   pl::replanner member;
   pl::epoch_sampler sampler(10'000, 7);
   for (int step = 0; step < 6; ++step) {
@@ -108,7 +114,7 @@ TEST(StandalonePlanner, AJoinerAdoptsThePlanInForce) {
 // re-plans included.
 TEST(StandalonePlanner, AJoinerTakesTheModelsAndStaysInStep) {
   const std::vector<std::uint64_t> ids = {1, 2, 3};
-  pl::cost_models models;
+  pl::worker_models models;
   pl::replanner member;
   auto time_of = [](std::size_t i, std::size_t b, int step) {
     return 0.01 + (i + 1) * 1e-4 * static_cast<double>(b) * (step > 20 && i == 0 ? 3.0 : 1.0);  // worker 1 slows
@@ -118,7 +124,7 @@ TEST(StandalonePlanner, AJoinerTakesTheModelsAndStaysInStep) {
     for (std::size_t i = 0; i < ids.size(); ++i) models.observe(ids[i], plan.batch[i], time_of(i, plan.batch[i], step));
   }
   const auto bytes = models.encode();
-  pl::cost_models joined = pl::cost_models::decode(bytes);
+  pl::worker_models joined = pl::worker_models::decode(bytes);
   EXPECT_EQ(joined.encode(), bytes);
   ASSERT_NE(joined.fitted(1), nullptr);
   EXPECT_EQ(joined.fitted(1)->predict(40), models.fitted(1)->predict(40));
@@ -139,7 +145,7 @@ TEST(StandalonePlanner, AJoinerTakesTheModelsAndStaysInStep) {
   EXPECT_GE(replans, 1) << "the slowdown of worker 1 should have moved the plan";
 }
 
-// Bytes that are not an encoded model are refused (plan_error, bad_state),
+// Bytes that are not an encoded model are refused (plan_fault, bad_state),
 // whatever is cut off or changed: never a crash or a model out of range.
 TEST(StandalonePlanner, CorruptModelBytesAreRefused) {
   pl::cost_model m;
@@ -148,25 +154,25 @@ TEST(StandalonePlanner, CorruptModelBytesAreRefused) {
   EXPECT_EQ(good.size(), 392u);  // as documented
   EXPECT_EQ(pl::cost_model::decode(good).encode(), good);
   for (std::size_t n = 0; n < good.size(); ++n)
-    EXPECT_THROW((void)pl::cost_model::decode(std::span(good).first(n)), pl::plan_error) << "cut to " << n;
+    EXPECT_THROW((void)pl::cost_model::decode(std::span(good).first(n)), pl::plan_fault) << "cut to " << n;
   int refused = 0;
   for (std::size_t at = 0; at < good.size(); ++at) {
     auto bad = good;
     bad[at] ^= std::byte{0x80};
     try {
       (void)pl::cost_model::decode(bad);
-    } catch (const pl::plan_error& e) {
-      EXPECT_EQ(e.code(), pl::plan_errc::bad_state);
+    } catch (const pl::plan_fault& e) {
+      EXPECT_EQ(e.cause(), pl::plan_errc::bad_state);
       ++refused;
     }
   }
   EXPECT_GT(refused, 0);
-  auto set = pl::cost_models();
+  auto set = pl::worker_models();
   set.observe(5, 10, 0.02);
   auto bytes = set.encode();
   bytes.push_back(std::byte{0});
-  EXPECT_THROW((void)pl::cost_models::decode(bytes), pl::plan_error);
+  EXPECT_THROW((void)pl::worker_models::decode(bytes), pl::plan_fault);
   bytes.pop_back();
   bytes.pop_back();
-  EXPECT_THROW((void)pl::cost_models::decode(bytes), pl::plan_error);
+  EXPECT_THROW((void)pl::worker_models::decode(bytes), pl::plan_fault);
 }

@@ -191,8 +191,12 @@ TEST_P(LoadError, SurfacesAtTheStepOfTheSample) {
   } catch (const pf::load_error& e) {
     EXPECT_EQ(e.step(), 3u);
     EXPECT_EQ(e.sample(), k);
-    EXPECT_NE(std::string(e.what()).find("step 3, sample 37: disk read failed"), std::string::npos) << e.what();
+    EXPECT_STREQ(e.what(), "prefetch: data load failed (step 3, sample 37: disk read failed)");
     EXPECT_THROW(e.rethrow_cause(), std::runtime_error);
+    // A run-time condition: an ebbflow::system_error with errc::load_failed.
+    const ebbflow::system_error& as_system = e;
+    EXPECT_EQ(as_system.code(), ebbflow::errc::load_failed);
+    EXPECT_EQ(as_system.operation(), "prefetch");
   }
   if (policy == pf::error_policy::stop) {
     EXPECT_FALSE(p.next(2s));

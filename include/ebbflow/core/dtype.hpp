@@ -4,10 +4,12 @@
 #pragma once
 
 #include <ebbflow/config.hpp>
+#include <ebbflow/core/enum_names.hpp>
 #include <ebbflow/core/half.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -39,33 +41,16 @@ constexpr std::size_t size_of(dtype t) noexcept {
   return 0;
 }
 
+namespace detail {
+inline constexpr auto dtype_names = make_enum_names(dtype::f32, "f32", "f64", "f16", "bf16", "i32", "i64", "u8");
+static_assert(dtype_names.last() == dtype::u8 && dtype_names.size() == std::size(all_dtypes));
+}  // namespace detail
+
 //! Short name ("f32", "bf16", ...), as printed by benchmarks and errors.
-constexpr std::string_view name(dtype t) noexcept {
-  switch (t) {
-    case dtype::f32:
-      return "f32";
-    case dtype::f64:
-      return "f64";
-    case dtype::f16:
-      return "f16";
-    case dtype::bf16:
-      return "bf16";
-    case dtype::i32:
-      return "i32";
-    case dtype::i64:
-      return "i64";
-    case dtype::u8:
-      return "u8";
-  }
-  return "?";
-}
+constexpr std::string_view name(dtype t) noexcept { return detail::dtype_names(t); }
 
 //! Parses a name produced by `name(dtype)`.
-constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept {
-  for (dtype t : all_dtypes)
-    if (name(t) == s) return t;
-  return std::nullopt;
-}
+constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept { return detail::dtype_names.parse(s); }
 
 //! True for f32, f64, f16 and bf16.
 constexpr bool is_floating(dtype t) noexcept {
@@ -123,28 +108,17 @@ enum class reduce_op : std::uint8_t { sum, avg, min, max, prod };
 inline constexpr reduce_op all_reduce_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max,
                                                reduce_op::prod};
 
+namespace detail {
+inline constexpr auto reduce_op_names = make_enum_names(reduce_op::sum, "sum", "avg", "min", "max", "prod");
+static_assert(reduce_op_names.last() == reduce_op::prod && reduce_op_names.size() == std::size(all_reduce_ops));
+}  // namespace detail
+
 //! Short name ("sum", "avg", ...).
-constexpr std::string_view name(reduce_op op) noexcept {
-  switch (op) {
-    case reduce_op::sum:
-      return "sum";
-    case reduce_op::avg:
-      return "avg";
-    case reduce_op::min:
-      return "min";
-    case reduce_op::max:
-      return "max";
-    case reduce_op::prod:
-      return "prod";
-  }
-  return "?";
-}
+constexpr std::string_view name(reduce_op op) noexcept { return detail::reduce_op_names(op); }
 
 //! Parses a name produced by `name(reduce_op)`.
 constexpr std::optional<reduce_op> parse_reduce_op(std::string_view s) noexcept {
-  for (reduce_op op : all_reduce_ops)
-    if (name(op) == s) return op;
-  return std::nullopt;
+  return detail::reduce_op_names.parse(s);
 }
 
 EBBFLOW_END_NAMESPACE

@@ -5,15 +5,20 @@
 //! elasticity logic tests against, and `ebbflow::system_error`, whose message
 //! names the rank, generation, peer and operation that failed.
 //!
-//! Conventions (STYLE.md §4): synchronous calls come in pairs, a throwing form
-//! and a `noexcept` form taking `std::error_code&`. Bad user input raises
-//! `std::invalid_argument` naming file and line. Nothing throws from
-//! destructors, device code or transport callbacks.
+//! The convention (docs/architecture.md, "Errors"): a precondition the caller
+//! could have checked raises `std::invalid_argument` naming the value and file
+//! and line (`EBBFLOW_ENFORCE`); a condition found at run time raises
+//! `ebbflow::system_error` (or a type derived from it) with a code comparable
+//! to an `errc`. Synchronous calls of the communication and store layers come
+//! in pairs, a throwing form and a `noexcept` form taking `std::error_code&`.
+//! Nothing throws from destructors, device code or transport callbacks.
 #pragma once
 
 #include <ebbflow/config.hpp>
+#include <ebbflow/core/enum_names.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -34,6 +39,7 @@ enum class errc {
   cancelled,      //!< the operation was cancelled (shutdown)
   invalid_state,  //!< an operation was used in a state that does not allow it
   job_finished,   //!< the elastic job ended before this worker joined it (nothing left to do)
+  load_failed,    //!< a data loader failed (the exception that carries this code holds the cause)
 };
 
 //! Error codes raised by ebbflow itself (category `ebbflow_category()`); each
@@ -47,30 +53,17 @@ enum class error {
   cancelled,
   invalid_state,
   job_finished,
+  load_failed,
 };
 
 namespace detail {
+inline constexpr auto errc_names =
+    make_enum_names(errc::peer_lost, "peer lost", "timed out", "revoked", "bad message", "unauthorized", "cancelled",
+                    "invalid state", "job finished", "data load failed");
+static_assert(errc_names.last() == errc::load_failed &&
+              static_cast<int>(error::load_failed) == static_cast<int>(errc::load_failed));
 inline constexpr std::string_view errc_name(int v) noexcept {
-  switch (v) {
-    case 1:
-      return "peer lost";
-    case 2:
-      return "timed out";
-    case 3:
-      return "revoked";
-    case 4:
-      return "bad message";
-    case 5:
-      return "unauthorized";
-    case 6:
-      return "cancelled";
-    case 7:
-      return "invalid state";
-    case 8:
-      return "job finished";
-    default:
-      return "unknown ebbflow error";
-  }
+  return errc_names(static_cast<errc>(v), "unknown ebbflow error");
 }
 
 class condition_category_impl final : public std::error_category {
@@ -109,64 +102,68 @@ inline std::error_condition make_error_condition(errc e) noexcept {
 inline std::error_code make_error_code(error e) noexcept { return {static_cast<int>(e), ebbflow_category()}; }
 
 namespace detail {
+// The messages of vendor statuses this header knows without the vendor's
+// headers (a few dozen numbers each, stable ABI values).
+struct status_text {
+  int code;
+  std::string_view text;
+};
+template <std::size_t N>
+constexpr std::optional<std::string_view> status_text_of(const status_text (&table)[N], int v) noexcept {
+  for (const status_text& t : table)
+    if (t.code == v) return t.text;
+  return std::nullopt;
+}
+// ucs/type/status.h
+inline constexpr status_text ucs_texts[] = {{0, "success"},
+                                            {-1, "no pending message"},
+                                            {-2, "no resources are available to initiate the operation"},
+                                            {-3, "input/output error"},
+                                            {-4, "out of memory"},
+                                            {-5, "invalid parameter"},
+                                            {-6, "destination is unreachable"},
+                                            {-7, "address not valid"},
+                                            {-8, "function not implemented"},
+                                            {-9, "message truncated"},
+                                            {-10, "no progress"},
+                                            {-11, "provided buffer is too small"},
+                                            {-12, "no such element"},
+                                            {-14, "no such device"},
+                                            {-15, "device is busy"},
+                                            {-16, "request canceled"},
+                                            {-20, "operation timed out"},
+                                            {-21, "user-defined limit was reached"},
+                                            {-22, "unsupported operation"},
+                                            {-23, "operation rejected by remote peer"},
+                                            {-24, "endpoint is not connected"},
+                                            {-25, "connection reset by remote peer"},
+                                            {-80, "endpoint timeout"}};
+// cuda_runtime_api.h (cudaError_t)
+inline constexpr status_text cuda_texts[] = {{0, "no error"},
+                                             {1, "invalid argument"},
+                                             {2, "out of memory"},
+                                             {35, "CUDA driver version is insufficient for CUDA runtime version"},
+                                             {100, "no CUDA-capable device is detected"}};
+// nccl.h (ncclResult_t)
+inline constexpr status_text nccl_texts[] = {{0, "no error"},
+                                             {1, "unhandled cuda error"},
+                                             {2, "unhandled system error"},
+                                             {3, "internal error"},
+                                             {4, "invalid argument"},
+                                             {5, "invalid usage"},
+                                             {6, "remote process exited or there was a network error"},
+                                             {7, "NCCL operation in progress"}};
+
 //! UCX `ucs_status_t` values (stable ABI numbers from ucs/type/status.h), so
 //! this header needs no UCX include.
 class ucs_category_impl final : public std::error_category {
  public:
   const char* name() const noexcept override { return "ucs"; }
   std::string message(int v) const override {
-    switch (v) {
-      case 0:
-        return "success";
-      case -1:
-        return "no pending message";
-      case -2:
-        return "no resources are available to initiate the operation";
-      case -3:
-        return "input/output error";
-      case -4:
-        return "out of memory";
-      case -5:
-        return "invalid parameter";
-      case -6:
-        return "destination is unreachable";
-      case -7:
-        return "address not valid";
-      case -8:
-        return "function not implemented";
-      case -9:
-        return "message truncated";
-      case -10:
-        return "no progress";
-      case -11:
-        return "provided buffer is too small";
-      case -12:
-        return "no such element";
-      case -14:
-        return "no such device";
-      case -15:
-        return "device is busy";
-      case -16:
-        return "request canceled";
-      case -20:
-        return "operation timed out";
-      case -21:
-        return "user-defined limit was reached";
-      case -22:
-        return "unsupported operation";
-      case -23:
-        return "operation rejected by remote peer";
-      case -24:
-        return "endpoint is not connected";
-      case -25:
-        return "connection reset by remote peer";
-      case -80:
-        return "endpoint timeout";
-      default:
-        if (v <= -40 && v >= -59) return "link failure";
-        if (v <= -60 && v >= -89) return "endpoint failure";
-        return "UCX status " + std::to_string(v);
-    }
+    if (const auto text = status_text_of(ucs_texts, v)) return std::string(*text);
+    if (v <= -40 && v >= -59) return "link failure";
+    if (v <= -60 && v >= -89) return "endpoint failure";
+    return "UCX status " + std::to_string(v);
   }
   std::error_condition default_error_condition(int v) const noexcept override {
     switch (v) {
@@ -198,20 +195,8 @@ class cuda_category_impl final : public std::error_category {
  public:
   const char* name() const noexcept override { return "cuda"; }
   std::string message(int v) const override {
-    switch (v) {
-      case 0:
-        return "no error";
-      case 1:
-        return "invalid argument";
-      case 2:
-        return "out of memory";
-      case 35:
-        return "CUDA driver version is insufficient for CUDA runtime version";
-      case 100:
-        return "no CUDA-capable device is detected";
-      default:
-        return "CUDA error " + std::to_string(v);
-    }
+    const auto text = status_text_of(cuda_texts, v);
+    return text ? std::string(*text) : "CUDA error " + std::to_string(v);
   }
 };
 
@@ -220,26 +205,8 @@ class nccl_category_impl final : public std::error_category {
  public:
   const char* name() const noexcept override { return "nccl"; }
   std::string message(int v) const override {
-    switch (v) {
-      case 0:
-        return "no error";
-      case 1:
-        return "unhandled cuda error";
-      case 2:
-        return "unhandled system error";
-      case 3:
-        return "internal error";
-      case 4:
-        return "invalid argument";
-      case 5:
-        return "invalid usage";
-      case 6:
-        return "remote process exited or there was a network error";
-      case 7:
-        return "NCCL operation in progress";
-      default:
-        return "NCCL result " + std::to_string(v);
-    }
+    const auto text = status_text_of(nccl_texts, v);
+    return text ? std::string(*text) : "NCCL result " + std::to_string(v);
   }
   std::error_condition default_error_condition(int v) const noexcept override {
     if (v == 6) return make_error_condition(errc::peer_lost);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <ebbflow/config.hpp>
+#include <ebbflow/core/enum_names.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -26,31 +27,16 @@ namespace log {
 //! Severity of a record; `EBBFLOW_LOG` selects the highest one printed.
 enum class level : int { off = 0, error = 1, warn = 2, info = 3, debug = 4, trace = 5 };
 
+namespace detail {
+inline constexpr auto level_names = make_enum_names(level::off, "off", "error", "warn", "info", "debug", "trace");
+static_assert(level_names.last() == level::trace);
+}  // namespace detail
+
 //! Lower-case name ("error", "info", ...), as accepted by `EBBFLOW_LOG`.
-constexpr std::string_view name(level l) noexcept {
-  switch (l) {
-    case level::off:
-      return "off";
-    case level::error:
-      return "error";
-    case level::warn:
-      return "warn";
-    case level::info:
-      return "info";
-    case level::debug:
-      return "debug";
-    case level::trace:
-      return "trace";
-  }
-  return "?";
-}
+constexpr std::string_view name(level l) noexcept { return detail::level_names(l); }
 
 //! Parses a name produced by `name(level)`.
-constexpr std::optional<level> parse_level(std::string_view s) noexcept {
-  for (int i = 0; i <= 5; ++i)
-    if (name(static_cast<level>(i)) == s) return static_cast<level>(i);
-  return std::nullopt;
-}
+constexpr std::optional<level> parse_level(std::string_view s) noexcept { return detail::level_names.parse(s); }
 
 namespace detail {
 inline level level_from_env() noexcept {

@@ -7,6 +7,7 @@
 
 #include <ebbflow/config.hpp>
 #include <ebbflow/core/dtype.hpp>
+#include <ebbflow/core/enum_names.hpp>
 
 #include <cstddef>
 #include <span>
@@ -18,18 +19,13 @@ EBBFLOW_BEGIN_NAMESPACE
 //! usable for asynchronous device copies).
 enum class memory_space : std::uint8_t { host, pinned, device };
 
+namespace detail {
+inline constexpr auto memory_space_names = make_enum_names(memory_space::host, "host", "pinned", "device");
+static_assert(memory_space_names.last() == memory_space::device);
+}  // namespace detail
+
 //! Lower-case name ("host", "pinned", "device").
-constexpr std::string_view name(memory_space s) noexcept {
-  switch (s) {
-    case memory_space::host:
-      return "host";
-    case memory_space::pinned:
-      return "pinned";
-    case memory_space::device:
-      return "device";
-  }
-  return "?";
-}
+constexpr std::string_view name(memory_space s) noexcept { return detail::memory_space_names(s); }
 
 //! True when the CPU may dereference memory of this space.
 constexpr bool host_accessible(memory_space s) noexcept { return s != memory_space::device; }

@@ -149,7 +149,8 @@ class group {
   //! sample by 1 / global_batch (a member that processed nothing still
   //! allreduces its zeros), and pass `processed` to `end_step`. `process`
   //! must not call the group. Once per step attempt.
-  //! @throws group_error (invalid_state) when called twice, plan::plan_error,
+  //! @throws group_error (invalid_state) when called twice, plan::plan_error
+  //! (bad settings), plan::plan_fault (a corrupt claim counter in the store),
   //! the store's errors, and what `process` throws.
   template <class Process>
   plan::steal_report steal_step(Process&& process, const steal_settings& settings = {}) {

@@ -6,11 +6,11 @@
 #pragma once
 
 #include <ebbflow/config.hpp>
+#include <ebbflow/core/enum_names.hpp>
 #include <ebbflow/plan/work_stealing.hpp>  // plan::steal_options
 
 #include <cstddef>
 #include <cstdint>
-#include <iterator>
 #include <string_view>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -41,12 +41,14 @@ struct steal_settings {
 //! Why the membership changed (passed to world-changed callbacks).
 enum class change_reason : std::uint8_t { initial, join, leave, failure };
 
+namespace detail {
+inline constexpr auto change_reason_names =
+    make_enum_names(change_reason::initial, "initial", "join", "leave", "failure");
+static_assert(change_reason_names.last() == change_reason::failure);
+}  // namespace detail
+
 //! The reason as a lower-case word ("initial", "join", "leave", "failure"), for logs.
-constexpr std::string_view name(change_reason r) noexcept {
-  constexpr std::string_view names[] = {"initial", "join", "leave", "failure"};
-  const auto i = static_cast<std::size_t>(r);
-  return i < std::size(names) ? names[i] : "?";
-}
+constexpr std::string_view name(change_reason r) noexcept { return detail::change_reason_names(r); }
 
 //! A membership change as seen by callbacks and the event log.
 struct world_change {

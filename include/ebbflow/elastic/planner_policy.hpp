@@ -11,8 +11,8 @@
 #include <ebbflow/config.hpp>
 #include <ebbflow/elastic/planning_policy.hpp>
 #include <ebbflow/plan/batch_planner.hpp>
-#include <ebbflow/plan/cost_models.hpp>
-#include <ebbflow/plan/replan_policy.hpp>  // plan::replan_options
+#include <ebbflow/plan/worker_models.hpp>
+#include <ebbflow/plan/replanner.hpp>  // plan::replan_options
 
 #include <map>
 #include <span>
@@ -86,7 +86,7 @@ class planner_policy final : public planning_policy {
   }
 
   planner_policy_options opts_;
-  plan::cost_models models_;
+  plan::worker_models models_;
   unsigned streak_ = 0;
 };
 

@@ -36,10 +36,12 @@
 //!   common scale factor, which is what a slowdown of the whole device does.
 //!
 //! Thread safety: none; a value type (copy it freely).
-//! Errors: `plan_error(bad_observation)` for NaN, infinite or non-positive seconds.
+//! Errors: `plan_error(bad_observation)` for NaN, infinite or non-positive seconds;
+//! `plan_fault(bad_state)` from `decode` for bytes that are not an encoded model.
 #pragma once
 
 #include <ebbflow/config.hpp>
+#include <ebbflow/core/enum_names.hpp>
 #include <ebbflow/plan/batch_planner.hpp>
 #include <ebbflow/plan/plan_error.hpp>
 
@@ -76,20 +78,14 @@ enum class observation_kind {
   change,        //!< a step change was detected; the model restarted from recent data
 };
 
+namespace detail {
+inline constexpr auto observation_kind_names =
+    make_enum_names(observation_kind::accepted, "accepted", "downweighted", "outlier", "change");
+static_assert(observation_kind_names.last() == observation_kind::change);
+}  // namespace detail
+
 //! Short stable name of `k` ("accepted", "downweighted", "outlier", "change").
-constexpr std::string_view to_string(observation_kind k) noexcept {
-  switch (k) {
-    case observation_kind::accepted:
-      return "accepted";
-    case observation_kind::downweighted:
-      return "downweighted";
-    case observation_kind::outlier:
-      return "outlier";
-    case observation_kind::change:
-      return "change";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(observation_kind k) noexcept { return detail::observation_kind_names(k); }
 
 //! One measured step: `batch` samples took `seconds`.
 struct timing_sample {
@@ -161,7 +157,7 @@ class cost_model {
   //! Little endian, with a magic and a format version; 392 bytes.
   [[nodiscard]] std::vector<std::byte> encode() const;
   //! The model `encode` wrote, bit for bit.
-  //! @throws plan_error(bad_state) for bytes that are truncated, corrupt or of another format.
+  //! @throws plan_fault(bad_state) for bytes that are truncated, corrupt or of another format.
   [[nodiscard]] static cost_model decode(std::span<const std::byte> bytes);
 
  private:

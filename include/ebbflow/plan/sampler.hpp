@@ -38,7 +38,7 @@
 //! Thread safety: `epoch_sampler` is a value type with no internal
 //! synchronisation; const members may be called concurrently.
 //! Errors: plan_error (bad_dataset, bad_rank, batch_exceeds_epoch,
-//! stale_plan, bad_state).
+//! stale_plan); plan_fault(bad_state) for a state that no sampler holds.
 #pragma once
 
 #include <ebbflow/config.hpp>
@@ -109,7 +109,7 @@ struct sampler_state {
   static constexpr std::size_t encoded_size = 4 + 4 + 5 * 8 + 4;
   //! The state as `encoded_size` bytes, for `decode` on another worker.
   [[nodiscard]] std::array<std::byte, encoded_size> encode() const noexcept;
-  //! @throws plan_error(bad_state) for a wrong size, magic, format version or
+  //! @throws plan_fault(bad_state) for a wrong size, magic, format version or
   //!         policy, N == 0, or cursor > N.
   [[nodiscard]] static sampler_state decode(std::span<const std::byte> bytes);
 
@@ -127,7 +127,8 @@ class epoch_sampler {
  public:
   //! @throws plan_error(bad_dataset) when dataset_size == 0.
   epoch_sampler(std::uint64_t dataset_size, std::uint64_t seed, last_batch policy = last_batch::short_batch);
-  //! Resumes from a state (e.g. received by a joiner). @throws plan_error(bad_state).
+  //! Resumes from a state (e.g. received by a joiner).
+  //! @throws plan_fault(bad_state) for N == 0, cursor >= N or an unknown policy.
   explicit epoch_sampler(const sampler_state& state);
 
   //! The committed state (what a joiner needs; see `sampler_state::encode`).

@@ -76,7 +76,8 @@
 //! through one store, which must make `add` atomic. Blocking: every claim and
 //! `peek` is one store round trip, bounded by `steal_options::timeout`.
 //! Errors: plan_error (empty_membership, slice_too_large, bad_rank,
-//! bad_steal_request, bad_counter); store errors propagate unchanged
+//! bad_steal_request) for bad arguments; plan_fault(bad_counter) for a store
+//! counter no valid claim sequence makes; store errors propagate unchanged
 //! (e.g. `ebbflow::system_error` with errc::timeout or errc::peer_lost).
 #pragma once
 
@@ -234,24 +235,24 @@ class work_stealer {
   //! Claims the next chunk of the own slice from the front (`owner_request`
   //! items, at most `cap`). Empty once the own slice is exhausted (by the
   //! owner or by thieves); after that it does not call the store.
-  //! @throws plan_error(bad_steal_request) when cap == 0; bad_counter; store errors.
+  //! @throws plan_error(bad_steal_request) when cap == 0; plan_fault(bad_counter); store errors.
   [[nodiscard]] chunk claim_own(std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
   //! True once the own slice is known to be exhausted.
   [[nodiscard]] bool own_done() const noexcept { return own_done_; }
 
   //! Reads slice `r`'s counter (an add of 0; one round trip).
-  //! @throws plan_error(bad_rank | bad_counter); store errors.
+  //! @throws plan_error(bad_rank); plan_fault(bad_counter); store errors.
   [[nodiscard]] slice_state peek(std::size_t r);
   //! Reads every other slice not yet seen exhausted: one batched round trip
   //! when `Store` is a `batch_counter_store`, else one `peek` each. The states
   //! are then in `last_seen`. Returns the number of slices read.
-  //! @throws plan_error(bad_counter); store errors.
+  //! @throws plan_fault(bad_counter); store errors.
   std::size_t peek_others();
   //! Claims up to `request` items from the back of slice `victim` (`victim`
   //! != own rank), clamped to what was last seen remaining and to
   //! `thief_request_limit`. Empty when the slice is (now) exhausted; a slice
   //! seen exhausted is never claimed again.
-  //! @throws plan_error(bad_rank | bad_steal_request | bad_counter); store errors.
+  //! @throws plan_error(bad_rank | bad_steal_request); plan_fault(bad_counter); store errors.
   [[nodiscard]] chunk steal_from(std::size_t victim, std::uint64_t request);
   //! Peeks every other slice not yet seen exhausted, picks the one with the
   //! most remaining items (lowest rank on ties) and claims `thief_request`

@@ -22,9 +22,10 @@
 //!
 //! Errors: an exception thrown by `load` (or by the source or the stage) for
 //! step s is rethrown by the `next()` call that would have returned step s,
-//! as `load_error` naming the step and sample. With `error_policy::stop` the
-//! prefetcher then ends (later `next()` return an empty batch); with
-//! `error_policy::skip_step` the failed step is skipped and step s+1 follows.
+//! as `load_error` (an `ebbflow::system_error`, `errc::load_failed`) naming
+//! the step and sample. With `error_policy::stop` the prefetcher then ends
+//! (later `next()` return an empty batch); with `error_policy::skip_step` the
+//! failed step is skipped and step s+1 follows.
 //!
 //! Thread safety: `next()` is for one consumer thread at a time; `shutdown()`,
 //! `stats()` and releasing batches may happen on any thread. Every blocking
@@ -60,17 +61,23 @@ enum class error_policy {
   skip_step,  //!< report the failed step, then continue with the next one
 };
 
-//! A step could not be prepared. `step()` is the step, `sample()` the global
-//! sample index whose load failed (`no_sample` when the failure was not in a
-//! sample's load, e.g. the source or the device copy), `cause()` the original
-//! exception. `what()` reads "prefetch: step 3, sample 17: <cause>".
-class load_error : public std::runtime_error {
+//! A step could not be prepared: a run-time condition, so an
+//! `ebbflow::system_error` whose `code()` is `errc::load_failed`. `step()` is
+//! the step, `sample()` the global sample index whose load failed
+//! (`no_sample` when the failure was not in a sample's load, e.g. the source
+//! or the device copy), `cause()` the original exception. `what()` reads
+//! "prefetch: data load failed (step 3, sample 17: <cause>)".
+class load_error : public system_error {
  public:
   //! `sample()` when the failure was not in one sample's load.
   static constexpr std::size_t no_sample = std::numeric_limits<std::size_t>::max();
   //! The error of `step`, caused by `cause` while loading `sample` (or `no_sample`).
   load_error(std::uint64_t step, std::size_t sample, std::exception_ptr cause)
-      : std::runtime_error(format(step, sample, cause)), step_(step), sample_(sample), cause_(std::move(cause)) {}
+      : system_error(make_error_code(error::load_failed),
+                     error_context{.operation = "prefetch", .detail = describe(step, sample, cause)}),
+        step_(step),
+        sample_(sample),
+        cause_(std::move(cause)) {}
   [[nodiscard]] std::uint64_t step() const noexcept { return step_; }  //!< the failed step
   //! The global sample index whose load failed, or `no_sample`. With a
   //! chunk-level `load` (one call for several samples) the prefetcher cannot
@@ -82,7 +89,8 @@ class load_error : public std::runtime_error {
   [[noreturn]] void rethrow_cause() const { std::rethrow_exception(cause_); }
 
  private:
-  static std::string format(std::uint64_t step, std::size_t sample, const std::exception_ptr& cause);
+  // "step 3, sample 17: <what the cause says>".
+  static std::string describe(std::uint64_t step, std::size_t sample, const std::exception_ptr& cause);
   std::uint64_t step_;
   std::size_t sample_;
   std::exception_ptr cause_;

@@ -39,7 +39,7 @@ struct model_reader {
   std::span<const std::byte> in;
   std::size_t at = 0;
   std::uint64_t u64() {
-    EBBFLOW_PLAN_ENFORCE(at + 8 <= in.size(), plan_errc::bad_state,
+    EBBFLOW_PLAN_VERIFY(at + 8 <= in.size(), plan_errc::bad_state,
                          "cost model of " << in.size() << " bytes is truncated (field at byte " << at << ")");
     std::uint64_t v = 0;
     for (int i = 0; i < 8; ++i) v |= std::to_integer<std::uint64_t>(in[at + static_cast<std::size_t>(i)]) << (8 * i);
@@ -77,41 +77,41 @@ inline std::vector<std::byte> cost_model::encode() const {
 inline cost_model cost_model::decode(std::span<const std::byte> bytes) {
   detail::model_reader r{bytes};
   const std::uint64_t head = r.u64();
-  EBBFLOW_PLAN_ENFORCE(static_cast<std::uint32_t>(head) == detail::cost_model_magic, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(static_cast<std::uint32_t>(head) == detail::cost_model_magic, plan_errc::bad_state,
                        "not an encoded cost model (bad magic)");
-  EBBFLOW_PLAN_ENFORCE(head >> 32 == detail::cost_model_format, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(head >> 32 == detail::cost_model_format, plan_errc::bad_state,
                        "cost model format " << (head >> 32) << ", expected " << detail::cost_model_format);
   cost_model_options o;
   for (double* v : {&o.half_life_steps, &o.huber_k, &o.reject_k, &o.change_k, &o.fast_half_life_steps, &o.drift_signal,
                     &o.min_rel_scale, &o.min_batch_spread, &o.initial_rel_scale}) {
     *v = r.f64();
-    EBBFLOW_PLAN_ENFORCE(std::isfinite(*v), plan_errc::bad_state, "cost model with an option that is not finite");
+    EBBFLOW_PLAN_VERIFY(std::isfinite(*v), plan_errc::bad_state, "cost model with an option that is not finite");
   }
   const std::uint64_t window = r.u64(), slope = r.u64();
-  EBBFLOW_PLAN_ENFORCE(window >= 1 && window <= max_window && slope <= 0xffffffffu, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(window >= 1 && window <= max_window && slope <= 0xffffffffu, plan_errc::bad_state,
                        "cost model options out of range (change_window " << window << ")");
   o.change_window = static_cast<unsigned>(window);
   o.min_slope_samples = static_cast<unsigned>(slope);
   cost_model m(o);
   // An encoded model's options were clamped when it was made: the same
   // clamping must leave them as they are.
-  EBBFLOW_PLAN_ENFORCE(m.opts_.half_life_steps == o.half_life_steps && m.opts_.reject_k == o.reject_k &&
+  EBBFLOW_PLAN_VERIFY(m.opts_.half_life_steps == o.half_life_steps && m.opts_.reject_k == o.reject_k &&
                            m.opts_.change_k == o.change_k && m.opts_.fast_half_life_steps == o.fast_half_life_steps,
                        plan_errc::bad_state, "cost model options that no model holds");
   for (double* v : {&m.ew_r_, &m.ew_abs_r_, &m.b0_, &m.w_, &m.wb_, &m.wbb_, &m.wt_, &m.wbt_, &m.a_, &m.c_, &m.shape_a_,
                     &m.shape_c_, &m.scale_}) {
     *v = r.f64();
-    EBBFLOW_PLAN_ENFORCE(std::isfinite(*v), plan_errc::bad_state, "cost model with a value that is not finite");
+    EBBFLOW_PLAN_VERIFY(std::isfinite(*v), plan_errc::bad_state, "cost model with a value that is not finite");
   }
   const std::uint64_t full = r.u64();
-  EBBFLOW_PLAN_ENFORCE(full <= 1, plan_errc::bad_state, "cost model with a bad flag");
+  EBBFLOW_PLAN_VERIFY(full <= 1, plan_errc::bad_state, "cost model with a bad flag");
   m.full_fit_ = full == 1;
   m.used_ = static_cast<std::size_t>(r.u64());
   m.outliers_ = static_cast<std::size_t>(r.u64());
   m.changes_ = static_cast<std::size_t>(r.u64());
   const auto sign = static_cast<std::int64_t>(r.u64());
   const std::uint64_t run = r.u64(), count = r.u64(), at = r.u64();
-  EBBFLOW_PLAN_ENFORCE(sign >= -1 && sign <= 1 && run <= max_window && count <= max_window && at < max_window,
+  EBBFLOW_PLAN_VERIFY(sign >= -1 && sign <= 1 && run <= max_window && count <= max_window && at < max_window,
                        plan_errc::bad_state, "cost model with a recent-observation ring out of range");
   m.run_sign_ = static_cast<int>(sign);
   m.run_ = static_cast<unsigned>(run);
@@ -120,10 +120,10 @@ inline cost_model cost_model::decode(std::span<const std::byte> bytes) {
   for (timing_sample& t : m.recent_) {
     t.batch = static_cast<std::size_t>(r.u64());
     t.seconds = r.f64();
-    EBBFLOW_PLAN_ENFORCE(std::isfinite(t.seconds) && t.seconds >= 0, plan_errc::bad_state,
+    EBBFLOW_PLAN_VERIFY(std::isfinite(t.seconds) && t.seconds >= 0, plan_errc::bad_state,
                          "cost model with a recent step time that is not finite");
   }
-  EBBFLOW_PLAN_ENFORCE(r.at == bytes.size(), plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(r.at == bytes.size(), plan_errc::bad_state,
                        "cost model of " << bytes.size() << " bytes, expected " << r.at);
   return m;
 }

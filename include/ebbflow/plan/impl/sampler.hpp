@@ -117,11 +117,11 @@ inline std::array<std::byte, sampler_state::encoded_size> sampler_state::encode(
 }
 
 inline sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
-  EBBFLOW_PLAN_ENFORCE(bytes.size() == encoded_size, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(bytes.size() == encoded_size, plan_errc::bad_state,
                        "sampler state of " << bytes.size() << " bytes, expected " << encoded_size);
   const std::byte* p = bytes.data();
-  EBBFLOW_PLAN_ENFORCE(detail::get_u32(p) == detail::sampler_magic, plan_errc::bad_state, "bad magic");
-  EBBFLOW_PLAN_ENFORCE(detail::get_u32(p + 4) == detail::sampler_format, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(detail::get_u32(p) == detail::sampler_magic, plan_errc::bad_state, "bad magic");
+  EBBFLOW_PLAN_VERIFY(detail::get_u32(p + 4) == detail::sampler_format, plan_errc::bad_state,
                        "format version " << detail::get_u32(p + 4) << ", expected " << detail::sampler_format);
   sampler_state s;
   s.dataset_size = detail::get_u64(p + 8);
@@ -130,10 +130,10 @@ inline sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
   s.cursor = detail::get_u64(p + 32);
   s.plan_version = detail::get_u64(p + 40);
   const std::uint32_t pol = detail::get_u32(p + 48);
-  EBBFLOW_PLAN_ENFORCE(pol <= 1, plan_errc::bad_state, "unknown last_batch policy " << pol);
+  EBBFLOW_PLAN_VERIFY(pol <= 1, plan_errc::bad_state, "unknown last_batch policy " << pol);
   s.policy = static_cast<last_batch>(pol);
-  EBBFLOW_PLAN_ENFORCE(s.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
-  EBBFLOW_PLAN_ENFORCE(s.cursor < s.dataset_size, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(s.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
+  EBBFLOW_PLAN_VERIFY(s.cursor < s.dataset_size, plan_errc::bad_state,
                        "cursor " << s.cursor << " not below the data-set size " << s.dataset_size);
   return s;
 }
@@ -155,10 +155,10 @@ inline epoch_sampler::epoch_sampler(std::uint64_t dataset_size, std::uint64_t se
 }
 
 inline epoch_sampler::epoch_sampler(const sampler_state& state) : s_(state) {
-  EBBFLOW_PLAN_ENFORCE(s_.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
-  EBBFLOW_PLAN_ENFORCE(s_.cursor < s_.dataset_size, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(s_.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
+  EBBFLOW_PLAN_VERIFY(s_.cursor < s_.dataset_size, plan_errc::bad_state,
                        "cursor " << s_.cursor << " not below the data-set size " << s_.dataset_size);
-  EBBFLOW_PLAN_ENFORCE(s_.policy == last_batch::short_batch || s_.policy == last_batch::drop, plan_errc::bad_state,
+  EBBFLOW_PLAN_VERIFY(s_.policy == last_batch::short_batch || s_.policy == last_batch::drop, plan_errc::bad_state,
                        "unknown last_batch policy");
 }
 

@@ -129,11 +129,11 @@ slice_state work_stealer<Store>::decode(std::size_t r, std::int64_t after, std::
   // bounded (file comment), so any other value means the key was written by
   // something that is not this protocol (a reused key, a corrupt store).
   const std::int64_t before = after - delta;
-  EBBFLOW_PLAN_ENFORCE_W(before >= 0 && after >= 0, plan_errc::bad_counter, r,
+  EBBFLOW_PLAN_VERIFY_W(before >= 0 && after >= 0, plan_errc::bad_counter, r,
                          "counter '" << key(r) << "' reads " << after << " after adding " << delta << " (negative)");
   const auto b = static_cast<std::uint64_t>(before);
   slice_state s{size_[r], b >> 32, b & detail::thief_mask};
-  EBBFLOW_PLAN_ENFORCE_W(s.front <= s.size, plan_errc::bad_counter, r,
+  EBBFLOW_PLAN_VERIFY_W(s.front <= s.size, plan_errc::bad_counter, r,
                          "counter '" << key(r) << "' has owner count " << s.front << " > slice size " << s.size);
   return s;
 }
@@ -185,7 +185,7 @@ std::size_t work_stealer<Store>::peek_others() {
     const std::vector<std::int64_t> after = store_->add_many(
         std::span<const std::string>(keys), std::span<const std::int64_t>(zeros), deadline::after(opts_.timeout));
     ++calls_;
-    EBBFLOW_PLAN_ENFORCE(after.size() == which.size(), plan_errc::bad_counter,
+    EBBFLOW_PLAN_VERIFY(after.size() == which.size(), plan_errc::bad_counter,
                          "store answered " << after.size() << " of " << which.size() << " batched reads");
     for (std::size_t k = 0; k < which.size(); ++k) {
       const std::size_t r = which[k];

@@ -23,9 +23,9 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace prefetch {
 
-inline std::string load_error::format(std::uint64_t step, std::size_t sample, const std::exception_ptr& cause) {
+inline std::string load_error::describe(std::uint64_t step, std::size_t sample, const std::exception_ptr& cause) {
   std::ostringstream os;
-  os << "prefetch: step " << step;
+  os << "step " << step;
   if (sample != no_sample) os << ", sample " << sample;
   os << ": ";
   try {
