@@ -5,9 +5,10 @@
 #include <ebbflow/core/log.hpp>
 #include <ebbflow/elastic/cooldown.hpp>
 #include <ebbflow/elastic/detail/hmac.hpp>
-#include <ebbflow/elastic/detail/process_group.hpp>
 #include <ebbflow/elastic/group.hpp>
 #include <ebbflow/elastic/store.hpp>
+
+#include "child_processes.hpp"
 
 #include <sched.h>
 #include <signal.h>
@@ -565,7 +566,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  el::detail::process_group group([&](int id, int stream, std::string_view line) {
+  ebbflow_run::child_processes group([&](int id, int stream, std::string_view line) {
     std::string out;
     // Elastic jobs renumber ranks as workers come and go: name the worker.
     if (opt.prefix) out = (opt.elastic ? "[worker " : "[rank ") + std::to_string(id) + "] ";
@@ -599,7 +600,7 @@ int main(int argc, char** argv) {
     return l;
   };
   auto spawn = [&](bool joiner, int slot) {
-    el::detail::child_spec spec;
+    ebbflow_run::child_spec spec;
     spec.id = next_id++;
     slot_of[spec.id] = slot >= 0 ? slot : spec.id;
     started_at[spec.id] = ef::steady_clock::now();
@@ -671,7 +672,7 @@ int main(int argc, char** argv) {
   // then the members hear at once which member it was, instead of waiting
   // for its lease where no transport of theirs saw it die.
   exit_reporter reporter(store_at, token, job, 1s);
-  auto report_exit = [&](const el::detail::child_exit& e) {
+  auto report_exit = [&](const ebbflow_run::child_exit& e) {
     group.signal_left_group(e.pid, SIGKILL);
     reporter.report(e.id, process_key(e.id), e.describe());
   };
@@ -705,7 +706,7 @@ int main(int argc, char** argv) {
   const auto job_deadline =
       opt.timeout_s ? ef::deadline::after(std::chrono::duration<double>(*opt.timeout_s)) : ef::deadline::never();
   std::optional<ef::deadline> kill_deadline;  // set once we have asked the ranks to stop
-  std::optional<el::detail::child_exit> first_failure;
+  std::optional<ebbflow_run::child_exit> first_failure;
   int interrupted_by = 0;
   bool timed_out = false;
   // What stopped the job first decides the exit status (docs/launcher.md): a
@@ -716,7 +717,7 @@ int main(int argc, char** argv) {
   // hangs holds up neither the job's exits, nor --timeout, nor signals, and
   // is killed (its whole process group) after --discovery-timeout.
   std::string discovery_out;
-  el::detail::process_group discovery([&](int, int stream, std::string_view line) {
+  ebbflow_run::child_processes discovery([&](int, int stream, std::string_view line) {
     if (stream == 2) {
       write_all(2, "[discovery] " + std::string(line) + "\n");
     } else if (discovery_out.size() < 4096) {
@@ -880,7 +881,7 @@ int main(int argc, char** argv) {
         }
         if (discovery_run < 0 && now >= next_discovery) {
           next_discovery = now + opt.discovery_interval;
-          el::detail::child_spec spec;
+          ebbflow_run::child_spec spec;
           spec.id = discovery_runs++;
           spec.argv = {"/bin/sh", "-c", opt.discovery};
           discovery_out.clear();
