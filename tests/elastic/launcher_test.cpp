@@ -4,6 +4,7 @@
 #include <ebbflow/elastic/store.hpp>
 
 #include "../../tools/ebbflow-run/child_processes.hpp"
+#include "../common/temp_dir.hpp"
 #include "../thread_cpu.hpp"
 
 #include <gtest/gtest.h>
@@ -681,8 +682,7 @@ TEST(Launcher, NothingAWorkerStartedOutlivesTheLauncher) {
 // must be true. Each elastic worker is named EBBFLOW_PROCESS_KEY=
 // "<launcher>/<worker id>" for that report; a static job names none.
 TEST(Launcher, AFailedElasticWorkerLeavesNothingRunningAndIsNamedForItsReport) {
-  const auto dir = std::filesystem::temp_directory_path() / ("ebbflow-launcher-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const ebbflow_test::temp_dir dir("ebbflow-launcher");
   const std::string bgpid = (dir / "bgpid").string();
   const std::string script =
       "echo \"key=$EBBFLOW_PROCESS_KEY\"; if [ \"$EBBFLOW_WORKER_ID\" = 0 ]; then sleep 77.25 & "
@@ -694,7 +694,6 @@ TEST(Launcher, AFailedElasticWorkerLeavesNothingRunningAndIsNamedForItsReport) {
       ")/status 2>/dev/null); "
       "if [ -z \"$s\" ] || [ \"$s\" = Z ]; then echo gone; else echo left $s; fi";  // a zombie is gone
   auto r = run({EBBFLOW_RUN, "--elastic", "-n", "2", "--", "sh", "-c", script});
-  std::filesystem::remove_all(dir);
   EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
   EXPECT_NE(r.err.find("worker 0 (pid "), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("[worker 1] gone"), std::string::npos) << "the failed worker's background process lived on\n"
