@@ -526,10 +526,16 @@ TEST_F(ElasticProcess, TheStallWarningNamesAWorkerStuckOutsideEbbflow) {
   EXPECT_EQ(count(out, "world changed (failure)"), 0) << out;
 }
 
+// The survivor of a failure below --min waits: no group of one is ever
+// formed (nothing is trained alone), and the failure's generation comes when
+// the newcomer is there to take the dead worker's place (2 -> 2). Every step
+// is committed once (the trace) and the job equals the reference.
 TEST_F(ElasticProcess, BelowMinSizeWaitsThenResumesWhenAWorkerArrives) {
   const auto out = train("-n 2 --min 2 --kill 0.4:1 --add 1.5");
   EXPECT_NE(out.find("below EBBFLOW_MIN_SIZE=2: waiting for workers"), std::string::npos) << out;
-  EXPECT_NE(out.find("-> 2 workers"), std::string::npos) << out;
+  EXPECT_EQ(out.find("-> 1 workers"), std::string::npos) << out;
+  EXPECT_NE(out.find("world changed (failure): 2 -> 2 workers"), std::string::npos) << out;
+  EXPECT_NE(out.find("world size 2,"), std::string::npos) << out;
 }
 
 // Workers in containers of one host share the boot id, but a pid means
