@@ -27,11 +27,7 @@
 #include <thread>
 #include <tuple>
 
-namespace ef = ebbflow;
-namespace el = ef::elastic;
-using namespace std::chrono_literals;
-using ebbflow_test::store_ref;
-using ebbflow_test::test_group;
+using namespace ebbflow_test;  // ef, el, store_ref, test_group, the chrono literals
 
 namespace {
 
