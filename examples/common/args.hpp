@@ -3,8 +3,8 @@
 // declared once, with the variable it sets and its help line; a value is
 // checked whole (and numbers in range), and a malformed one is a usage error:
 // one line that names the flag and the value, exit status 2. `-h`/`--help`
-// prints every declared flag, in the order declared. Shared by the examples
-// and the tools; not part of the library.
+// prints every declared flag, in the order declared. Shared by the examples,
+// the tools and the benchmarks; not part of the library.
 #pragma once
 
 #include <algorithm>
@@ -48,6 +48,12 @@ std::string show(const T& x) {
 template <class T>
 std::string expected_number(T lo, T hi) {
   return std::string(std::is_integral_v<T> ? "an integer" : "a number") + " in [" + show(lo) + ", " + show(hi) + "]";
+}
+
+//! Prints "<program>: <msg> (<program> --help lists the options)" and exits 2.
+[[noreturn]] inline void usage_error(const std::string& program, const std::string& msg) {
+  std::cerr << program << ": " << msg << " (" << program << " --help lists the options)\n";
+  std::exit(2);
 }
 
 //! The flags of one program. Declare them (flag, number, text, value, note),
@@ -122,11 +128,8 @@ class parser {
     }
   }
 
-  //! Prints "<program>: <msg> (<program> --help lists the options)" and exits 2.
-  [[noreturn]] void error(const std::string& msg) const {
-    std::cerr << program_ << ": " << msg << " (" << program_ << " --help lists the options)\n";
-    std::exit(2);
-  }
+  //! A usage error of this program (see usage_error).
+  [[noreturn]] void error(const std::string& msg) const { usage_error(program_, msg); }
 
   //! The synopsis, a line per flag (its help from column 23, on a line of its
   //! own after a longer flag; a help's further lines indented as far), the
