@@ -36,6 +36,21 @@ std::optional<T> parse_number(std::string_view text, T lo, T hi) {
   return x;
 }
 
+//! The comma-separated numbers of `text`, each a `T` in [lo, hi]; nullopt
+//! when there is none or any field is not one ("1,,2", "1,").
+template <class T>
+std::optional<std::vector<T>> parse_numbers(std::string_view text, T lo, T hi) {
+  std::vector<T> out;
+  for (std::size_t p = 0; p <= text.size();) {
+    const auto q = std::min(text.find(',', p), text.size());
+    const auto x = parse_number<T>(text.substr(p, q - p), lo, hi);
+    if (!x) return std::nullopt;
+    out.push_back(*x);
+    p = q + 1;
+  }
+  return out;
+}
+
 //! `x` as help and errors show it: the shortest form (0.05, 1e+06, 200).
 template <class T>
 std::string show(const T& x) {

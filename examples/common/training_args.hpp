@@ -7,7 +7,6 @@
 #pragma once
 
 #include "args.hpp"
-#include "factors.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -69,7 +68,7 @@ inline void add(cli::parser& p, values& v) {
       .number("--step-us", "U", v.step_us, 0.0, 1e9, "emulated device time per step, in microseconds (x the slowdown)")
       .value("--slowdowns", "F0,F1,..", "factors in [1, 1000], comma-separated",
              [&v](const std::string& t) {
-               auto f = factors::parse(t, 1, 1000);
+               auto f = cli::parse_numbers(t, 1.0, 1000.0);
                if (f) v.slowdowns = std::move(*f);
                return f.has_value();
              },

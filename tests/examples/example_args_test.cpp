@@ -64,6 +64,9 @@ TEST(ExampleArgs, NumbersAreTakenWholeAndInRange) {
     EXPECT_FALSE(cli::parse_number<int>(bad, 0, 100)) << bad;
   for (const char* bad : {"nan", "inf", "-0.5", "1.5", "0.5x"}) EXPECT_FALSE(cli::parse_number<double>(bad, 0, 1)) << bad;
   EXPECT_FALSE(cli::parse_number<std::uint64_t>("-1", 0, ~std::uint64_t{0}));
+  EXPECT_EQ(cli::parse_numbers(std::string_view("1,2.5"), 1.0, 3.0), (std::vector<double>{1, 2.5}));
+  for (const char* bad : {"", "1,", ",1", "1,,2", "0.5", "1;2"})
+    EXPECT_FALSE(cli::parse_numbers(std::string_view(bad), 1.0, 3.0)) << bad;
   EXPECT_EQ(cli::expected_number(1, 4096), "an integer in [1, 4096]");
   EXPECT_EQ(cli::expected_number(0.0, 1e6), "a number in [0, 1e+06]");
 }

@@ -44,11 +44,7 @@ macro(ebbflow_check_globals)
   endif()
   # ucx is a hard requirement here: these tests run where UCX is, so the
   # subproject must have found it.
-  foreach(t ebbflow::ebbflow ebbflow::asio ebbflow::ucx)
-    if(NOT TARGET ${t})
-      message(FATAL_ERROR "${t} is not defined: the subproject did not find its dependencies")
-    endif()
-  endforeach()
+  ebbflow_require_targets("the subproject did not find its dependencies" ebbflow::ebbflow ebbflow::asio ebbflow::ucx)
 endmacro()
 macro(ebbflow_check_subproject)
   ebbflow_check_globals()
