@@ -98,32 +98,21 @@ class EbbflowConan(ConanFile):
             core.system_libs = ["pthread"]
 
         if self.options.asio:
-            c = self.cpp_info.components["asio"]
-            c.set_property("cmake_target_name", "ebbflow::asio")
-            c.requires = ["core"]
-            c.system_libs = ["crypto"]  # Boost.Asio is header-only; HMAC from OpenSSL
-            c.bindirs, c.libdirs, c.includedirs = [], [], []
+            self._component("ebbflow::asio", ["core"], ["crypto"])  # Boost.Asio is header-only; HMAC from OpenSSL
         if self.options.ucx:
-            c = self.cpp_info.components["ucx"]
-            c.set_property("cmake_target_name", "ebbflow::ucx")
-            c.requires = ["core"]
-            c.system_libs = ["ucp", "uct", "ucs"]
-            c.bindirs, c.libdirs, c.includedirs = [], [], []
+            self._component("ebbflow::ucx", ["core"], ["ucp", "uct", "ucs"])
         if self.options.cuda:
-            root = self._cuda_root()
-            c = self.cpp_info.components["cuda"]
-            c.set_property("cmake_target_name", "ebbflow::cuda")
-            c.requires = ["core"]
-            c.includedirs = [os.path.join(root, "include")]
-            c.libdirs = [os.path.join(root, "lib64")]
-            c.system_libs = ["cudart"]
-            c.bindirs = []
+            self._component("ebbflow::cuda", ["core"], ["cudart"], cuda_root=self._cuda_root())
         if self.options.nccl:
-            root = self._cuda_root()
-            c = self.cpp_info.components["nccl"]
-            c.set_property("cmake_target_name", "ebbflow::nccl")
-            c.requires = ["cuda"]
-            c.includedirs = [os.path.join(root, "include")]
-            c.libdirs = [os.path.join(root, "lib64")]
-            c.system_libs = ["nccl"]
-            c.bindirs = []
+            self._component("ebbflow::nccl", ["cuda"], ["nccl"], cuda_root=self._cuda_root())
+
+    def _component(self, target, requires, system_libs, cuda_root=None):
+        """The optional component behind CMake target `target` (ebbflow::<component>): the
+        system libraries it links, and with `cuda_root`, the toolkit's headers and libraries."""
+        c = self.cpp_info.components[target.split("::")[1]]
+        c.set_property("cmake_target_name", target)
+        c.requires = requires
+        c.system_libs = system_libs
+        c.bindirs = []
+        c.includedirs = [os.path.join(cuda_root, "include")] if cuda_root else []
+        c.libdirs = [os.path.join(cuda_root, "lib64")] if cuda_root else []

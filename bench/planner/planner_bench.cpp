@@ -5,14 +5,13 @@
 // planner plus in-step work stealing (plan/work_stealing.hpp, the real protocol
 // code driven in simulated time), and the oracle (exact plan from the true,
 // noise-free models). See docs/benchmarks/planner.md for definitions and results.
-//
-// usage: planner_bench [--json FILE] [--steps N] [--workers N] [--max-n N] [--quick]
-//                      [--claim-us X] [--chunk-overhead H] [--first-fraction F] [--owner-divisor K]
-//                      [--chunk-share S] [--tail-reserve R] [--seed N]
+// `planner_bench --help` lists the options.
 #include <ebbflow/plan.hpp>
 #ifdef EBBFLOW_BENCH_STORE
 #include <ebbflow/elastic/store.hpp>
 #endif
+
+#include "../../examples/common/args.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -20,7 +19,6 @@
 #include <cstdio>
 #include <span>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -593,49 +591,30 @@ void simulate(const args& a, const sim_config& cfg) {
 
 int main(int argc, char** argv) {
   args a;
-  for (int i = 1; i < argc; ++i) {
-    auto next = [&] {
-      return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "missing value\n"), std::exit(2), nullptr);
-    };
-    if (!std::strcmp(argv[i], "--json"))
-      a.json = next();
-    else if (!std::strcmp(argv[i], "--steps"))
-      a.steps = std::atoi(next());
-    else if (!std::strcmp(argv[i], "--workers"))
-      a.workers = std::max(3, std::atoi(next()));
-    else if (!std::strcmp(argv[i], "--max-n"))
-      a.max_n = std::strtoull(next(), nullptr, 10);
-    else if (!std::strcmp(argv[i], "--quick"))
-      a.quick = true;
-    else if (!std::strcmp(argv[i], "--threshold"))
-      a.threshold = std::atof(next());
-    else if (!std::strcmp(argv[i], "--persist"))
-      a.persist = static_cast<unsigned>(std::atoi(next()));
-    else if (!std::strcmp(argv[i], "--claim-us"))
-      a.claim_us = std::atof(next());
-    else if (!std::strcmp(argv[i], "--chunk-overhead"))
-      a.chunk_overhead = std::atof(next());
-    else if (!std::strcmp(argv[i], "--first-fraction"))
-      a.first_fraction = std::atof(next());
-    else if (!std::strcmp(argv[i], "--owner-divisor"))
-      a.owner_divisor = static_cast<unsigned>(std::atoi(next()));
-    else if (!std::strcmp(argv[i], "--chunk-share"))
-      a.chunk_share = std::atof(next());
-    else if (!std::strcmp(argv[i], "--batch-key-us"))
-      a.batch_key_us = std::atof(next());
-    else if (!std::strcmp(argv[i], "--seed"))
-      a.seed = std::strtoull(next(), nullptr, 10);
-    else if (!std::strcmp(argv[i], "--tail-reserve"))
-      a.tail_reserve = std::atof(next());
-    else {
-      std::fprintf(stderr,
-                   "usage: %s [--json FILE] [--steps N] [--workers N] [--max-n N] [--quick] [--claim-us X] "
-                   "[--chunk-overhead H] [--first-fraction F] [--owner-divisor K] [--chunk-share S] [--tail-reserve R] "
-                   "[--seed N]\n",
-                   argv[0]);
-      return 2;
-    }
-  }
+  cli::parser p("planner_bench", "usage: planner_bench [options]   (see the file comment)\n");
+  p.text("--json", "FILE", a.json, "also write the results there, one JSON object a line")
+      .number("--steps", "N", a.steps, 1, 1 << 30, "simulated steps (default 5000; --quick: at most 1500)")
+      .number("--workers", "N", a.workers, 3, 1 << 20, "simulated workers (default 16)")
+      .number("--max-n", "N", a.max_n, std::size_t{1}, std::size_t{1} << 30,
+              "plan time: up to N workers (default 100000)")
+      .flag("--quick", a.quick, "fewer repetitions and steps (the CI smoke run)")
+      .number("--threshold", "X", a.threshold, 0.0, 1e6, "re-plan threshold (default: replan_options)")
+      .number("--persist", "N", a.persist, 0u, 1u << 20, "re-plan persistence in steps (default: replan_options)")
+      .number("--claim-us", "X", a.claim_us, -1.0, 1e6,
+              "store round trip per work-stealing claim (default -1: measured on loopback)")
+      .number("--batch-key-us", "X", a.batch_key_us, -1.0, 1e6,
+              "cost per key of a batched read beyond one round trip (default -1: measured)")
+      .number("--chunk-overhead", "H", a.chunk_overhead, 0.0, 1e3,
+              "cost of each chunk after the first, as a share of a_i (default 0.1)")
+      .number("--first-fraction", "F", a.first_fraction, 0.0, 1.0, "work stealing: the owner's first chunk (default 0.25)")
+      .number("--owner-divisor", "K", a.owner_divisor, 1u, 1u << 20,
+              "work stealing: later owner chunks ceil(rest / K) (default 2)")
+      .number("--chunk-share", "S", a.chunk_share, 0.0, 1.0,
+              "work stealing: a chunk's overhead at most this share of its compute (default 0.25)")
+      .number("--tail-reserve", "R", a.tail_reserve, 0.0, 1.0,
+              "work stealing: share of the slice the owner leaves for small chunks (default 0.03)")
+      .number("--seed", "N", a.seed, std::uint64_t{0}, ~std::uint64_t{0}, "the simulated noise (default 2024)");
+  p.parse(argc, argv);
   if (!a.json.empty()) json_out.open(a.json);
   plan_time(a);
   if (a.claim_us < 0 || a.batch_key_us < 0) {

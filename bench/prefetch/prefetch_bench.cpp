@@ -23,6 +23,8 @@
 // (1 - max(0, step - T_c) / T_l), and ebbflow's median over each baseline's.
 #include <ebbflow/prefetch/prefetcher.hpp>
 
+#include "../../examples/common/args.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -266,66 +268,38 @@ summary summarize(std::vector<double> v) {
   return {v.front(), at(0.5), at(0.99)};
 }
 
-std::vector<double> parse_list(const std::string& s) {
-  std::vector<double> r;
-  std::size_t pos = 0;
-  while (pos < s.size()) {
-    const auto e = s.find(',', pos);
-    r.push_back(std::stod(s.substr(pos, e - pos)));
-    if (e == std::string::npos) break;
-    pos = e + 1;
-  }
-  return r;
-}
-
-void usage() {
-  std::puts(
-      "prefetch_bench [--tc-ms 20] [--ratios 0.25,0.5,1,2] [--batch 32] [--sample-bytes 65536] [--devices 2]\n"
-      "               [--steps 40] [--warmup 3] [--reps 3] [--loaders 4] [--depth 3] [--compute sleep|spin]\n"
-      "               [--json FILE]");
-}
 }  // namespace
 
 int main(int argc, char** argv) {
   config c;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        usage();
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--tc-ms")
-      c.tc_ms = std::stod(val());
-    else if (a == "--ratios")
-      c.ratios = parse_list(val());
-    else if (a == "--batch")
-      c.batch = std::stoul(val());
-    else if (a == "--sample-bytes")
-      c.sample_bytes = std::stoul(val());
-    else if (a == "--devices")
-      c.devices = std::stoul(val());
-    else if (a == "--steps")
-      c.steps = std::stoi(val());
-    else if (a == "--warmup")
-      c.warmup = std::stoi(val());
-    else if (a == "--reps")
-      c.reps = std::stoi(val());
-    else if (a == "--loaders")
-      c.loaders = static_cast<unsigned>(std::stoul(val()));
-    else if (a == "--depth")
-      c.depth = std::stoul(val());
-    else if (a == "--compute")
-      c.spin = val() == "spin";
-    else if (a == "--json")
-      c.json = val();
-    else {
-      usage();
-      return a == "--help" ? 0 : 2;
-    }
-  }
+  const auto dflt = [](const auto& x) { return " (default " + cli::show(x) + ")"; };
+  cli::parser p("prefetch_bench", "usage: prefetch_bench [options]   (see the file comment)\n");
+  p.number("--tc-ms", "MS", c.tc_ms, 0.0, 1e5, "compute time per step, T_c" + dflt(c.tc_ms))
+      .value("--ratios", "R0,R1,..", "numbers in [0.001, 1e6], comma-separated",
+             [&](const std::string& v) {
+               auto r = cli::parse_numbers(v, 1e-3, 1e6);
+               if (r) c.ratios = std::move(*r);
+               return r.has_value();
+             },
+             "loading time over compute time, T_l / T_c, one run each (default 0.25,0.5,1,2)")
+      .number("--batch", "B", c.batch, std::size_t{1}, std::size_t{1} << 20, "samples per step" + dflt(c.batch))
+      .number("--sample-bytes", "N", c.sample_bytes, std::size_t{16}, std::size_t{1} << 30,
+              "bytes per sample" + dflt(c.sample_bytes))
+      .number("--devices", "N", c.devices, std::size_t{1}, std::size_t{64}, "devices the batch is split over" +
+              dflt(c.devices))
+      .number("--steps", "N", c.steps, 1, 1 << 20, "timed steps per contestant and round" + dflt(c.steps))
+      .number("--warmup", "N", c.warmup, 0, 1 << 20, "untimed steps first" + dflt(c.warmup))
+      .number("--reps", "N", c.reps, 1, 1 << 20, "rounds" + dflt(c.reps))
+      .number("--loaders", "N", c.loaders, 1u, 256u, "ebbflow's loader threads" + dflt(c.loaders))
+      .number("--depth", "N", c.depth, std::size_t{1}, std::size_t{64}, "ebbflow's ring depth" + dflt(c.depth))
+      .value("--compute", "sleep|spin", "sleep or spin",
+             [&](const std::string& v) {
+               c.spin = v == "spin";
+               return v == "sleep" || v == "spin";
+             },
+             "the compute model (default sleep; see the file comment)")
+      .text("--json", "FILE", c.json, "also write the results there");
+  p.parse(argc, argv);
   // Timer slack of 1 µs (default 50 µs) so that waited-out costs are accurate.
   ::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   const double ips = c.spin ? calibrate_spin() : 0;

@@ -11,13 +11,15 @@
 // differ in a known way and the planner gives the faster workers more.
 // --straggle ID:FROM:TO:FACTOR makes worker ID (EBBFLOW_WORKER_ID) FACTOR
 // times slower still during steps [FROM, TO) (a transient straggler: thermal
-// throttling, a noisy neighbour). With --steal the workers process their slices in chunks and
-// take over the tails of slices whose owners fall behind (in-step work
-// stealing through the job's store).
-// --reference runs the same global batches in one process (for checks).
+// throttling, a noisy neighbour). With --steal the workers process their
+// slices in chunks and take over the tails of slices whose owners fall
+// behind (in-step work stealing through the job's store).
+// --reference runs the same global batches in one process (for checks);
+// --die-at W:S makes worker W SIGKILL itself in step S (tests).
 // --trace DIR writes, per process, the positions of each step's global batch it
 // trained on and the steps it committed (tests/elastic/check_trace.py checks
-// that every committed step saw each sample exactly once).
+// that every committed step saw each sample exactly once). --help lists the
+// flags; those both examples take are in ../common/training_args.hpp.
 #include <ebbflow/elastic/group.hpp>
 #include <ebbflow/elastic/planner_policy.hpp>
 #include <ebbflow/elastic/store.hpp>
@@ -28,11 +30,11 @@
 #include "../common/exit_status.hpp"
 #include "../common/factors.hpp"
 #include "../common/mlp.hpp"
+#include "../common/training_args.hpp"
 
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -64,133 +66,45 @@ struct straggle {
   }
 };
 
-struct args {
-  std::int64_t steps = 200;
-  std::size_t batch = 64;
-  float lr = 0.05f, momentum = 0.9f;
-  std::uint64_t seed = 1;
-  double sample_us = 0, step_us = 0;  // emulated device time per sample / per step
-  int hidden = 64;
-  std::string metrics, params_out;
+// The shared flags (training_args.hpp) and this example's own.
+struct args : training_args::values {
+  std::string metrics;
   std::string checkpoint;  // with checkpoint_at: save there and stop; with resume: load from there
   std::int64_t checkpoint_at = -1;
   bool resume = false;
-  bool reference = false;
   bool steal = false;
   bool joiners_start_only = false;  // a newcomer exits where it would join (benchmarks)
   straggle straggler;
-  std::vector<double> slowdowns;  // worker k is slowdowns[k % size] times slower
-  std::int64_t die_at = -1;       // this worker SIGKILLs itself in the middle of that step (tests)
-  std::string trace;              // directory: one file per process of attempted and committed samples (tests)
+  std::string trace;  // directory: one file per process of attempted and committed samples (tests)
 };
-
-constexpr const char* usage_text =
-    "usage: elastic_train [options]   (under ebbflow-run; see the file comment)\n"
-    "  --steps N            steps to train (default 200)\n"
-    "  --batch B            global batch, samples per step over all workers (default 64)\n"
-    "  --lr X, --momentum X SGD settings (default 0.05, 0.9)\n"
-    "  --seed N             initial parameters and sample order (default 1)\n"
-    "  --hidden N           hidden units of the MLP (default 64)\n"
-    "  --sample-us U        emulated device time per sample, in microseconds (x the slowdown)\n"
-    "  --step-us U          emulated device time per step, in microseconds (x the slowdown)\n"
-    "  --slowdowns F0,F1,.. worker k is F[k mod count] times slower (EBBFLOW_SLOWDOWN: this worker)\n"
-    "  --straggle ID:FROM:TO:FACTOR[:PERIOD]  worker ID FACTOR times slower in steps [FROM, TO)\n"
-    "  --steal              in-step work stealing through the job's store\n"
-    "  --joiners-start-only a newcomer (EBBFLOW_JOIN=1) starts as every worker does (data set,\n"
-    "                       model) and exits where it would join (benchmarks: what start-up alone\n"
-    "                       costs the running workers)\n"
-    "  --metrics FILE       rank 0 appends one CSV line per step\n"
-    "  --params-out FILE    rank 0 writes the final parameters (float32)\n"
-    "  --checkpoint FILE    with --checkpoint-at S: rank 0 saves there after step S, all stop;\n"
-    "                       with --resume: start from it\n"
-    "  --reference          the same global batches in one process (for checks)\n"
-    "  --trace DIR          per-process trace of the samples each step trained on (tests)\n"
-    "  --die-at S           SIGKILL this worker in step S (tests; or EBBFLOW_TEST_DIE_AT)\n"
-    "  -h, --help           this text\n";
-
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::cerr << "elastic_train: " << msg << " (elastic_train --help lists the options)\n";
-  std::exit(2);
-}
-
-// The whole of `v` as a number in [lo, hi], or a usage error naming `flag`.
-template <class T>
-T number(const std::string& flag, const std::string& v, T lo, T hi) {
-  T x{};
-  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc{} || p != v.data() + v.size() || !(x >= lo && x <= hi))
-    usage_error(flag + " '" + v + "': expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return x;
-}
 
 args parse(int argc, char** argv) {
   args a;
-  constexpr std::int64_t most_steps = std::int64_t{1} << 40;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto v = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(k + " needs a value");
-      return argv[++i];
-    };
-    if (k == "-h" || k == "--help") {
-      std::cout << usage_text;
-      std::exit(0);
-    } else if (k == "--steps")
-      a.steps = number<std::int64_t>(k, v(), 0, most_steps);
-    else if (k == "--batch")
-      a.batch = number<std::size_t>(k, v(), 1, std::size_t{1} << 30);
-    else if (k == "--lr")
-      a.lr = number<float>(k, v(), 0.f, 1e6f);
-    else if (k == "--momentum")
-      a.momentum = number<float>(k, v(), 0.f, 1.f);
-    else if (k == "--seed")
-      a.seed = number<std::uint64_t>(k, v(), 0, ~std::uint64_t{0});
-    else if (k == "--sample-us")
-      a.sample_us = number<double>(k, v(), 0, 1e9);
-    else if (k == "--step-us")
-      a.step_us = number<double>(k, v(), 0, 1e9);
-    else if (k == "--hidden")
-      a.hidden = number<int>(k, v(), 1, 1 << 16);
-    else if (k == "--metrics")
-      a.metrics = v();
-    else if (k == "--params-out")
-      a.params_out = v();
-    else if (k == "--die-at")
-      a.die_at = number<std::int64_t>(k, v(), -1, most_steps);
-    else if (k == "--reference")
-      a.reference = true;
-    else if (k == "--joiners-start-only")
-      a.joiners_start_only = true;
-    else if (k == "--steal")
-      a.steal = true;
-    else if (k == "--trace")
-      a.trace = v();
-    else if (k == "--slowdowns") {
-      const std::string t = v();
-      auto f = factors::parse(t, 1, 1000);
-      if (!f) usage_error("--slowdowns '" + t + "': expected factors in [1, 1000], comma-separated");
-      a.slowdowns = std::move(*f);
-    } else if (k == "--straggle") {
-      const std::string t = v();
-      straggle& g = a.straggler;
-      char tail = 0;
-      const int n =
-          std::sscanf(t.c_str(), "%lld:%lld:%lld:%lf:%lld%c", &g.id, &g.from, &g.to, &g.factor, &g.period, &tail);
-      if ((n != 4 && n != 5) || g.id < 0 || g.from < 0 || g.to < g.from || !(g.factor >= 1 && g.factor <= 1000) ||
-          g.period < 0 || (g.period > 0 && g.period < g.to - g.from))
-        usage_error("--straggle '" + t +
-                    "': expected ID:FROM:TO:FACTOR[:PERIOD] (FACTOR in [1, 1000], PERIOD >= TO - FROM)");
-    } else if (k == "--checkpoint")
-      a.checkpoint = v();
-    else if (k == "--checkpoint-at")
-      a.checkpoint_at = number<std::int64_t>(k, v(), 0, most_steps);
-    else if (k == "--resume")
-      a.resume = true;
-    else
-      usage_error("unknown argument " + k);
-  }
-  if (auto* d = std::getenv("EBBFLOW_TEST_DIE_AT"))
-    a.die_at = number<std::int64_t>("EBBFLOW_TEST_DIE_AT", d, -1, most_steps);
+  cli::parser p("elastic_train", "usage: elastic_train [options]   (under ebbflow-run; see the file comment)\n");
+  training_args::add(p, a);
+  p.value("--straggle", "ID:FROM:TO:FACTOR[:PERIOD]",
+          "ID:FROM:TO:FACTOR[:PERIOD] (FACTOR in [1, 1000], PERIOD >= TO - FROM)",
+          [&a](const std::string& t) {
+            straggle& g = a.straggler;
+            char tail = 0;
+            const int n = std::sscanf(t.c_str(), "%lld:%lld:%lld:%lf:%lld%c", &g.id, &g.from, &g.to, &g.factor,
+                                      &g.period, &tail);
+            return (n == 4 || n == 5) && g.id >= 0 && g.from >= 0 && g.to >= g.from && g.factor >= 1 &&
+                   g.factor <= 1000 && g.period >= 0 && (g.period == 0 || g.period >= g.to - g.from);
+          },
+          "worker ID FACTOR times slower in steps [FROM, TO) (and again every\nPERIOD steps)")
+      .flag("--steal", a.steal, "in-step work stealing through the job's store")
+      .flag("--joiners-start-only", a.joiners_start_only,
+            "a newcomer (EBBFLOW_JOIN=1) starts as every worker does (data set,\nmodel) and exits where it would "
+            "join (benchmarks: what start-up alone\ncosts the running workers)")
+      .text("--metrics", "FILE", a.metrics, "rank 0 appends one CSV line per step")
+      .text("--checkpoint", "FILE", a.checkpoint,
+            "with --checkpoint-at S: rank 0 saves there after step S, all stop;\nwith --resume: start from it")
+      .number("--checkpoint-at", "S", a.checkpoint_at, std::int64_t{0}, training_args::most_steps,
+              "the step after which --checkpoint is saved")
+      .flag("--resume", a.resume, "start from --checkpoint")
+      .text("--trace", "DIR", a.trace, "per-process trace of the samples each step trained on (tests)");
+  p.parse(argc, argv);
   return a;
 }
 
@@ -263,7 +177,7 @@ int reference(const args& a, const digits::data_set& train, const digits::data_s
       const auto i = order(cursor + j);
       mlp::accumulate(sh, p, &train.x[i * 64], train.y[i], 1.f / static_cast<float>(B), g);
     }
-    mlp::sgd_step(p, v, g, a.lr, a.momentum);
+    mlp::sgd_step(p, v, g, static_cast<float>(a.lr), static_cast<float>(a.momentum));
     if (trace) std::fprintf(trace, "R %lld %.9e\n", static_cast<long long>(t), sum_of(p));
     cursor += B;
     if (cursor >= train.size()) cursor = 0, ++epoch;
@@ -381,7 +295,7 @@ int main(int argc, char** argv) try {
     }
     grad.back() = loss / static_cast<float>(s.global_batch);
     const double compute_s = std::chrono::duration<double>(clk::now() - c0).count();
-    if (s.step == a.die_at) std::raise(SIGKILL);  // fault injection for tests
+    if (a.die.now(worker_id, s.step)) std::raise(SIGKILL);  // fault injection for tests
 
     if (trace) {
       std::fprintf(trace, "A %lld %lld %lld %zu %zu%s\n", static_cast<long long>(s.generation),
@@ -407,7 +321,8 @@ int main(int argc, char** argv) try {
       std::fprintf(trace, "P %lld %lld%s\n", static_cast<long long>(s.generation), static_cast<long long>(s.step),
                    segment_sums().c_str());
     if (!group.allreduce(grad)) continue;  // ebbflow: a member failed; the step is redone
-    mlp::sgd_step(params, velocity, std::span(grad).first(params.size()), a.lr, a.momentum);
+    mlp::sgd_step(params, velocity, std::span(grad).first(params.size()), static_cast<float>(a.lr),
+                  static_cast<float>(a.momentum));
     if (trace) {
       std::fprintf(trace, "S %lld %lld%s\n", static_cast<long long>(s.generation), static_cast<long long>(s.step),
                    segment_sums().c_str());

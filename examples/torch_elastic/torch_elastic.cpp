@@ -30,6 +30,7 @@
 #include "../common/digits.hpp"
 #include "../common/exit_status.hpp"
 #include "../common/factors.hpp"
+#include "../common/training_args.hpp"
 #include "report.hpp"
 
 #include <algorithm>
@@ -54,94 +55,44 @@ using clk = std::chrono::steady_clock;
 
 namespace {
 
-struct args {
-  std::int64_t steps = 300;
-  std::size_t batch = 128;
-  double lr = 0.05, momentum = 0.9;
-  int hidden = 128;
-  std::uint64_t seed = 1;
-  double sample_us = 0, step_us = 0;  // emulated device time per sample / per step (× slowdown)
-  std::vector<double> slowdowns{1.0};
+// The codecs this build has for --codec.
+#ifdef TORCH_ELASTIC_HAS_COMPRESS
+constexpr const char* codecs[] = {"dense", "fp16", "int8", "topk"};
+#else
+constexpr const char* codecs[] = {"dense"};  // no <ebbflow/compress/...> in this build
+#endif
+
+// The shared flags (training_args.hpp) and this example's own.
+struct args : training_args::values {
   std::string codec = "dense";
-  std::string report_dir, params_out;
+  std::string report_dir;
   int eval_every = 10, log_every = 0;
-  long long die_worker = -1, die_step = -1;  // --die-at W:S: worker W SIGKILLs itself in step S (tests)
-  bool progress = false, reference = false;
+  bool progress = false;
 };
-
-constexpr const char* usage_text =
-    "usage: torch_elastic [--steps N] [--batch B] [--lr X] [--momentum X] [--hidden H] [--seed S]\n"
-    "  [--sample-us U] [--step-us U] [--slowdowns 1,1.5,2,3] [--codec dense|fp16|int8|topk]\n"
-    "  [--report DIR] [--params-out FILE] [--eval-every N] [--log-every N] [--progress] [--reference]\n"
-    "  [--die-at WORKER:STEP]\n";
-
-// A usage error (exit status 2); with an empty `msg`, the help asked for (0).
-[[noreturn]] void usage(const std::string& msg) {
-  if (msg.empty()) {
-    std::cout << usage_text;
-    std::exit(0);
-  }
-  std::cerr << "torch_elastic: " << msg << "\n" << usage_text;
-  std::exit(2);
-}
 
 args parse(int argc, char** argv) {
   args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto v = [&]() -> std::string {
-      if (i + 1 >= argc) usage(k + " needs a value");
-      return argv[++i];
-    };
-    if (k == "-h" || k == "--help") usage("");
-    try {
-      if (k == "--steps")
-        a.steps = std::stoll(v());
-      else if (k == "--batch")
-        a.batch = std::stoul(v());
-      else if (k == "--lr")
-        a.lr = std::stod(v());
-      else if (k == "--momentum")
-        a.momentum = std::stod(v());
-      else if (k == "--hidden")
-        a.hidden = std::stoi(v());
-      else if (k == "--seed")
-        a.seed = std::stoull(v());
-      else if (k == "--sample-us")
-        a.sample_us = std::stod(v());
-      else if (k == "--step-us")
-        a.step_us = std::stod(v());
-      else if (k == "--codec")
-        a.codec = v();
-      else if (k == "--report")
-        a.report_dir = v();
-      else if (k == "--params-out")
-        a.params_out = v();
-      else if (k == "--eval-every")
-        a.eval_every = std::stoi(v());
-      else if (k == "--log-every")
-        a.log_every = std::stoi(v());
-      else if (k == "--progress")
-        a.progress = true;
-      else if (k == "--reference")
-        a.reference = true;
-      else if (k == "--die-at") {
-        const std::string d = v();
-        a.die_worker = std::stoll(d.substr(0, d.find(':')));
-        a.die_step = std::stoll(d.substr(d.find(':') + 1));
-      } else if (k == "--slowdowns") {
-        auto f = factors::parse(v(), 1, 1000);
-        if (!f) usage("--slowdowns: expected factors in [1, 1000], comma-separated");
-        a.slowdowns = std::move(*f);
-      } else
-        usage("unknown argument " + k);
-    } catch (const std::logic_error&) {
-      usage("bad value for " + k);
-    }
-  }
-  if (a.steps < 1 || a.batch < 1 || a.hidden < 1 || a.eval_every < 1)
-    usage("--steps, --batch, --hidden, --eval-every must be >= 1");
-  if (a.codec != "dense" && a.codec != "fp16" && a.codec != "int8" && a.codec != "topk") usage("--codec " + a.codec);
+  a.steps = 300;
+  a.batch = 128;
+  a.hidden = 128;
+  cli::parser p("torch_elastic",
+                "usage: torch_elastic [options]   (under ebbflow-run, or --reference; see the file comment)\n");
+  training_args::add(p, a);
+  std::string codec_list;
+  for (const char* c : codecs) codec_list += (codec_list.empty() ? "" : "|") + std::string(c);
+  p.value("--codec", codec_list, "one of " + codec_list,
+          [&a](const std::string& v) {
+            a.codec = v;
+            return std::ranges::find(codecs, v) != std::end(codecs);
+          },
+          "how the gradient is summed (default dense: the exact allreduce)")
+      .text("--report", "DIR", a.report_dir, "metrics, events, sample logs and results go there")
+      .number("--eval-every", "N", a.eval_every, 1, 1 << 30,
+              "test accuracy every N steps (default 10)")
+      .number("--log-every", "N", a.log_every, 0, 1 << 30,
+              "a progress line every N steps (default 0: none)")
+      .flag("--progress", a.progress, "a live progress line on the terminal");
+  p.parse(argc, argv);
   return a;
 }
 
@@ -270,12 +221,7 @@ void write_result(const args& a, const char* name, std::int64_t steps, double wa
 template <class Group>
 class gradient_sum {
  public:
-  gradient_sum(Group& g, std::string codec) : group_(g), codec_(std::move(codec)) {
-#ifndef TORCH_ELASTIC_HAS_COMPRESS
-    if (codec_ != "dense")
-      usage("--codec " + codec_ + ": this build has the dense allreduce only (no <ebbflow/compress/...>)");
-#endif
-  }
+  gradient_sum(Group& g, std::string codec) : group_(g), codec_(std::move(codec)) {}
   bool operator()(std::span<float> grads_and_loss) {
     if (codec_ == "dense") return group_.allreduce(grads_and_loss);
 #ifdef TORCH_ELASTIC_HAS_COMPRESS
@@ -459,7 +405,7 @@ int main(int argc, char** argv) try {
     emulate_device(a, s.batch, slowdown);
     const double compute_s = std::chrono::duration<double>(clk::now() - c0).count();
     samples.attempt(s.step, s.generation, s.epoch, mine.indices);
-    if (worker == a.die_worker && s.step == a.die_step) std::raise(SIGKILL);  // fault injection (tests)
+    if (a.die.now(worker, s.step)) std::raise(SIGKILL);  // fault injection (tests)
 
     if (!h_grads.is_same(flat.grads)) h_grads.copy_(flat.grads);
     if (!sum_gradients(floats_of(h_grads))) continue;  // ebbflow: allreduce; false: a member failed, redo the step

@@ -346,8 +346,9 @@ elseif(MODE STREQUAL "recipes")
   string(REGEX MATCHALL "\"[a-z_]+\":" m "${m}")
   string(REGEX REPLACE "[\":]" "" m "${m}")
   same_set("conanfile.py options" "${m}" "${known}")
-  string(REGEX MATCHALL "\"cmake_target_name\", \"ebbflow::[a-z_]+\"" m "${conan}")
-  string(REGEX REPLACE "\"cmake_target_name\", \"ebbflow::([a-z_]+)\"" "\\1" m "${m}")
+  # Every target it names (the string literals "ebbflow::<name>").
+  string(REGEX MATCHALL "\"ebbflow::[a-z_]+\"" m "${conan}")
+  string(REGEX REPLACE "\"ebbflow::([a-z_]+)\"" "\\1" m "${m}")
   list(REMOVE_ITEM m ebbflow_all)  # Conan's aggregate of every component
   same_set("conanfile.py component targets" "${m}" "${all_targets}")
   if(NOT conan MATCHES "include/ebbflow/version.hpp" OR NOT conan MATCHES "def set_version")

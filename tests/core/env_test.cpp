@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <initializer_list>
+#include <utility>
 
 namespace ef = ebbflow;
 
@@ -93,33 +95,29 @@ TEST(Env, HostPort) {
 TEST(LaunchInfo, ReadsEbbflowTorchrunOpenMpiAndSlurm) {
   clear_launch_env();
   scoped_env e;
-  e.set("SLURM_PROCID", "3");
-  e.set("SLURM_NTASKS", "8");
-  auto li = ef::launch_info::from_environment();
+  // Each launcher's variables on top of the previous ones: the later
+  // launcher in this order wins.
+  const auto with = [&](std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [k, v] : vars) e.set(k, v);
+    return ef::launch_info::from_environment();
+  };
+  auto li = with({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "8"}});
   EXPECT_EQ(li.source, "slurm");
   EXPECT_EQ(li.rank, 3);
   EXPECT_EQ(li.world_size, 8);
-  e.set("OMPI_COMM_WORLD_RANK", "1");
-  e.set("OMPI_COMM_WORLD_SIZE", "2");
-  EXPECT_EQ(ef::launch_info::from_environment().source, "openmpi");
-  e.set("RANK", "0");
-  e.set("WORLD_SIZE", "4");
-  e.set("MASTER_ADDR", "10.0.0.1");
-  e.set("MASTER_PORT", "1234");
-  li = ef::launch_info::from_environment();
+  EXPECT_EQ(with({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}).source, "openmpi");
+  li = with({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1234"}});
   EXPECT_EQ(li.source, "torchrun");
   EXPECT_EQ(li.store_host, "10.0.0.1");
   EXPECT_EQ(li.store_port, 1234);
-  e.set("EBBFLOW_RANK", "2");
-  e.set("EBBFLOW_WORLD_SIZE", "3");
-  e.set("EBBFLOW_STORE", "127.0.0.1:5000");
-  e.set("EBBFLOW_TOKEN", "s3cret");
-  li = ef::launch_info::from_environment();
+  li = with({{"EBBFLOW_RANK", "2"},
+             {"EBBFLOW_WORLD_SIZE", "3"},
+             {"EBBFLOW_STORE", "127.0.0.1:5000"},
+             {"EBBFLOW_TOKEN", "s3cret"}});
   EXPECT_EQ(li.source, "ebbflow");
   EXPECT_EQ(li.rank, 2);
   EXPECT_EQ(li.store_port, 5000);
   EXPECT_EQ(li.token, "s3cret");
-  e.set("EBBFLOW_RANK", "3");  // rank must be < world size
-  EXPECT_THROW(ef::launch_info::from_environment(), std::invalid_argument);
+  EXPECT_THROW(with({{"EBBFLOW_RANK", "3"}}), std::invalid_argument);  // rank must be < world size
   clear_launch_env();
 }

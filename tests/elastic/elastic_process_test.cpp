@@ -7,7 +7,7 @@
 // world-size history the workers reported.
 #include <gtest/gtest.h>
 
-#include "../shell.hpp"
+#include "../common/job_test.hpp"
 
 #include <sys/resource.h>
 
@@ -28,17 +28,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using ebbflow_test::read_floats;
 using ebbflow_test::run_shell;
-
-// The largest relative difference between two parameter files' values
-// (over the shorter one; the callers check the sizes).
-double worst_relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double worst = 0;
-  for (std::size_t k = 0; k < std::min(a.size(), b.size()); ++k)
-    worst = std::max(worst, static_cast<double>(std::abs(a[k] - b[k])) / (1e-3 + std::abs(b[k])));
-  return worst;
-}
 
 int count(const std::string& hay, const std::string& needle) {
   int n = 0;
@@ -57,17 +47,10 @@ std::string standalone_store(const std::string& token) {
          " && port=$(sed -n 's/.*listening on 127.0.0.1:\\([0-9]*\\).*/\\1/p' store.out) && [ -n \"$port\" ]";
 }
 
-class ElasticProcess : public ::testing::Test {
+// Jobs of examples/elastic_train, each checked against the single-process
+// run over the same global batches.
+class ElasticProcess : public ebbflow_test::job_test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("ebbflow-elastic-" + std::to_string(::getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-
   // Runs the elastic job and the reference; returns the job's output. The
   // launcher's timed events count from the first generation, so on a loaded
   // machine none lands while the workers still start (unless a test asks
@@ -76,12 +59,10 @@ class ElasticProcess : public ::testing::Test {
   std::string train(const std::string& launcher_flags, const std::string& env = "", int steps = 300,
                     const std::string& extra = "", const std::string& wrapper = "") {
     const std::string common = " --steps " + std::to_string(steps) + " --sample-us 150 --step-us 1500 " + extra;
-    auto job = run_shell("cd " + dir_.string() + " && timeout 120 env EBBFLOW_LEASE_MS=500 " + env +
-                         " " EBBFLOW_RUN " --event-clock training " + launcher_flags + " -- " + wrapper +
-                         " " ELASTIC_TRAIN + common + " --params-out elastic.bin --trace .");
+    auto job = launch("--event-clock training " + launcher_flags,
+                      wrapper + " " ELASTIC_TRAIN + common + " --params-out elastic.bin --trace .", env);
     EXPECT_EQ(job.status, 0) << job.output;
-    auto ref = run_shell(std::string(ELASTIC_TRAIN) + common + " --reference --params-out " +
-                         (dir_ / "ref.bin").string() + " --trace " + dir_.string());
+    auto ref = reference(common + " --trace .");
     EXPECT_EQ(ref.status, 0) << ref.output;
     // Sample by sample: every committed step trained on each sample of its
     // global batch exactly once, across all processes and attempts, with the
@@ -93,21 +74,31 @@ class ElasticProcess : public ::testing::Test {
     return job.output;
   }
 
+  // The single-process run over the same global batches, with `flags`: its
+  // parameters go to ref.bin in the test's folder.
+  ebbflow_test::shell_result reference(const std::string& flags) const {
+    return run_here(ELASTIC_TRAIN + flags + " --reference --params-out ref.bin");
+  }
+
+  // train(), which must also end within `limit`: a member that waited for an
+  // operation deadline (60 s in the tests that use this) would show.
+  std::string train_within(std::chrono::seconds limit, const std::string& launcher_flags, const std::string& env,
+                           int steps) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto out = train(launcher_flags, env, steps);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, limit) << out;
+    return out;
+  }
+
   // The job's parameters (elastic.bin) against the reference's (ref.bin),
   // both in the test's folder; `log` is shown on a failure.
   void expect_equals_reference(const std::string& log) {
-    const auto a = read_floats(dir_ / "elastic.bin"), b = read_floats(dir_ / "ref.bin");
-    ASSERT_EQ(a.size(), b.size()) << log;
-    ASSERT_FALSE(a.empty()) << log;
-    // Sums in a different order only: float rounding, a few ulps per step.
-    EXPECT_LT(worst_relative_difference(a, b), 1e-3) << log;
+    expect_same_parameters(dir_ / "elastic.bin", dir_ / "ref.bin", log);
   }
 
   // A worker that hangs at fault point `fault` (2.5 s) is dropped on its
   // lease and rejoins; the job ends equal to the reference.
   void expect_hang_survived(const std::string& fault);
-
-  fs::path dir_;
 };
 
 }  // namespace
@@ -163,7 +154,7 @@ TEST_F(ElasticProcess, JoinOfOneAndOfSeveralAtOnce) {
 // trains to the end. The second used to find the first one's generations
 // under the shared key prefix and fail as a newcomer nobody admitted.
 TEST_F(ElasticProcess, TwoJobsInARowOnOneStandaloneStore) {
-  const auto r = run_shell("cd " + dir_.string() + " && " + standalone_store("two-jobs") +
+  const auto r = run_here(standalone_store("two-jobs") +
                            " && for job in 1 2; do timeout 60 env EBBFLOW_TOKEN=two-jobs " EBBFLOW_RUN
                            " -n 2 --attach --store 127.0.0.1:$port -- " ELASTIC_TRAIN
                            " --steps 20 --sample-us 0 --step-us 0 || exit 1; done");
@@ -179,7 +170,7 @@ TEST_F(ElasticProcess, TwoJobsInARowOnOneStandaloneStore) {
 TEST_F(ElasticProcess, ANewcomerWithOtherStateFailsClearlyAndTheJobGoesOn) {
   const std::string common = " --steps 600 --sample-us 150 --step-us 1500";
   const auto r =
-      run_shell("cd " + dir_.string() + " && " + standalone_store("other") +
+      run_here(standalone_store("other") +
                 " || exit 1; export EBBFLOW_TOKEN=other EBBFLOW_JOB=other-state EBBFLOW_LEASE_MS=500;"
                 " { timeout 60 " EBBFLOW_RUN " -n 2 --elastic --attach --store 127.0.0.1:$port -- " ELASTIC_TRAIN +
                 common +
@@ -191,8 +182,7 @@ TEST_F(ElasticProcess, ANewcomerWithOtherStateFailsClearlyAndTheJobGoesOn) {
   EXPECT_NE(r.output.find("state buffer 0 is 'params' of 19240 bytes on member "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("but 'params' of 9640 bytes here"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("finished 600 steps"), std::string::npos) << r.output;
-  const auto ref =
-      run_shell(std::string(ELASTIC_TRAIN) + common + " --reference --params-out " + (dir_ / "ref.bin").string());
+  const auto ref = reference(common);
   ASSERT_EQ(ref.status, 0) << ref.output;
   expect_equals_reference(r.output);
 }
@@ -262,10 +252,8 @@ TEST_F(ElasticProcess, KillOfLaunchRankZeroWhileItSendsItsInitialState) {
 // than the limit) both survivors were part written: the state is lost, and
 // they stop with a clear error instead of training on mixed buffers.
 TEST_F(ElasticProcess, WithoutStagingASenderDeathMidwayLosesTheInitialStateWithAClearError) {
-  auto job = run_shell("cd " + dir_.string() +
-                       " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=initial-sync-part "
-                       "EBBFLOW_INITIAL_STAGING_MB=0 " EBBFLOW_RUN " -n 3 --elastic -- " ELASTIC_TRAIN
-                       " --steps 300 --sample-us 150 --step-us 1500 --params-out elastic.bin");
+  auto job = launch("-n 3 --elastic", ELASTIC_TRAIN " --steps 300 --sample-us 150 --step-us 1500 --params-out elastic.bin",
+                    "EBBFLOW_FAULT=initial-sync-part EBBFLOW_INITIAL_STAGING_MB=0", 60);
   EXPECT_NE(job.status, 0) << job.output;
   EXPECT_EQ(count(job.output, "EBBFLOW_FAULT=initial-sync-part"), 1) << job.output;
   EXPECT_EQ(count(job.output, "no member holding the training state is left"), 2) << job.output;
@@ -278,17 +266,13 @@ TEST_F(ElasticProcess, WithoutStagingASenderDeathMidwayLosesTheInitialStateWithA
 // the job ends where a run that never stopped ends.
 TEST_F(ElasticProcess, KillOfLaunchRankZeroBeforeItsRestoredStateMoved) {
   const std::string common = " --steps 300 --sample-us 150 --step-us 1500 --checkpoint ck.bin";
-  auto first = run_shell("cd " + dir_.string() + " && timeout 60 env EBBFLOW_LEASE_MS=500 " EBBFLOW_RUN " -n 2 -- " +
-                         ELASTIC_TRAIN + common + " --checkpoint-at 120");
+  auto first = launch("-n 2", ELASTIC_TRAIN + common + " --checkpoint-at 120", "", 60);
   ASSERT_EQ(first.status, 0) << first.output;
-  auto job =
-      run_shell("cd " + dir_.string() + " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=initial-sync " +
-                EBBFLOW_RUN + " -n 3 --elastic -- " + ELASTIC_TRAIN + common + " --resume --params-out elastic.bin");
+  auto job = launch("-n 3 --elastic", ELASTIC_TRAIN + common + " --resume --params-out elastic.bin",
+                    "EBBFLOW_FAULT=initial-sync", 60);
   ASSERT_EQ(job.status, 0) << job.output;
   EXPECT_EQ(count(job.output, "serves its own initial state and restored position (step 120)"), 1) << job.output;
-  auto ref =
-      run_shell(std::string(ELASTIC_TRAIN) + " --steps 300 --sample-us 150 --step-us 1500 --reference --params-out " +
-                (dir_ / "ref.bin").string());
+  auto ref = reference(" --steps 300 --sample-us 150 --step-us 1500");
   ASSERT_EQ(ref.status, 0) << ref.output;
   expect_equals_reference(job.output);
 }
@@ -377,9 +361,7 @@ TEST_F(ElasticProcess, KillOfAMemberWhileTwoNewcomersJoin) {
 // train on; continued 1.5 s later, it finds itself left out and rejoins. The
 // operation deadline is 60 s, so only the lease can have ended the wait.
 TEST_F(ElasticProcess, AStoppedWorkerIsDroppedWhenItsLeaseExpiresAndRejoins) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto out = train("-n 3 --stop 0.5:1:1.5", "EBBFLOW_OP_TIMEOUT_MS=60000", 800);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30)) << out;
+  const auto out = train_within(std::chrono::seconds(30), "-n 3 --stop 0.5:1:1.5", "EBBFLOW_OP_TIMEOUT_MS=60000", 800);
   EXPECT_NE(out.find("sent no heartbeat for EBBFLOW_LEASE_MS=500 ms"), std::string::npos) << out;
   EXPECT_NE(out.find("world changed (failure): 3 -> 2"), std::string::npos) << out;
   EXPECT_NE(out.find("left out of generation"), std::string::npos) << out;
@@ -392,9 +374,8 @@ TEST_F(ElasticProcess, AStoppedWorkerIsDroppedWhenItsLeaseExpiresAndRejoins) {
 // when its lease runs out, the state comes from another holder, and the hung
 // worker rejoins when it wakes. The operation deadline is 60 s.
 void ElasticProcess::expect_hang_survived(const std::string& fault) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto out = train("-n 3 --add 0.5", "EBBFLOW_OP_TIMEOUT_MS=60000 EBBFLOW_FAULT=" + fault + ":hang=2500", 1000);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30)) << out;
+  const auto out = train_within(std::chrono::seconds(30), "-n 3 --add 0.5",
+                                "EBBFLOW_OP_TIMEOUT_MS=60000 EBBFLOW_FAULT=" + fault + ":hang=2500", 1000);
   EXPECT_NE(out.find("hangs here for 2500 ms"), std::string::npos) << out;
   EXPECT_NE(out.find("sent no heartbeat for EBBFLOW_LEASE_MS=500 ms"), std::string::npos) << out;
   EXPECT_NE(out.find("(failure)"), std::string::npos) << out;
@@ -415,10 +396,8 @@ TEST_F(ElasticProcess, HangOfTheJoinerDuringStateTransfer) { expect_hang_survive
 // (not starting second ones, which waited for the messages until the 60 s
 // operation deadline) keeps the join quick; the job equals the reference.
 TEST_F(ElasticProcess, AnOverdueAdmissionHelperFinishesTheJoinTheBlockingWayWithoutAStall) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto out =
-      train("-n 3 --add 0.5", "EBBFLOW_OP_TIMEOUT_MS=60000 EBBFLOW_FAULT=admission-helper:sleep=1000", 600);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30)) << out;
+  const auto out = train_within(std::chrono::seconds(30), "-n 3 --add 0.5",
+                                "EBBFLOW_OP_TIMEOUT_MS=60000 EBBFLOW_FAULT=admission-helper:sleep=1000", 600);
   EXPECT_EQ(count(out, "EBBFLOW_FAULT=admission-helper: member "), 1) << out;
   EXPECT_NE(out.find("'s thread sleeps here for 1000 ms"), std::string::npos) << out;
   EXPECT_NE(out.find("world changed (join): 3 -> 4"), std::string::npos) << out;
@@ -434,11 +413,8 @@ TEST_F(ElasticProcess, LosingEveryHolderOfTheStateIsAClearError) {
   // The only member dies while it sends the state to a joiner: nobody holds
   // the training state any more. The joiner must say so and exit, never
   // re-form a group of its own and train on from zeroed parameters.
-  auto job = run_shell("cd " + dir_.string() +
-                       " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=sync-send " EBBFLOW_RUN
-                       " -n 1 --add 0.5 -- " ELASTIC_TRAIN
-                       " --steps 300 --sample-us 150 --step-us 1500"
-                       " --params-out elastic.bin");
+  auto job = launch("-n 1 --add 0.5", ELASTIC_TRAIN " --steps 300 --sample-us 150 --step-us 1500 --params-out elastic.bin",
+                    "EBBFLOW_FAULT=sync-send", 60);
   EXPECT_NE(job.status, 0) << job.output;
   EXPECT_NE(job.output.find("EBBFLOW_FAULT=sync-send"), std::string::npos) << job.output;
   EXPECT_NE(job.output.find("no member holding the training state is left"), std::string::npos) << job.output;
@@ -550,10 +526,16 @@ TEST_F(ElasticProcess, TheStallWarningNamesAWorkerStuckOutsideEbbflow) {
   EXPECT_EQ(count(out, "world changed (failure)"), 0) << out;
 }
 
+// The survivor of a failure below --min waits: no group of one is ever
+// formed (nothing is trained alone), and the failure's generation comes when
+// the newcomer is there to take the dead worker's place (2 -> 2). Every step
+// is committed once (the trace) and the job equals the reference.
 TEST_F(ElasticProcess, BelowMinSizeWaitsThenResumesWhenAWorkerArrives) {
   const auto out = train("-n 2 --min 2 --kill 0.4:1 --add 1.5");
   EXPECT_NE(out.find("below EBBFLOW_MIN_SIZE=2: waiting for workers"), std::string::npos) << out;
-  EXPECT_NE(out.find("-> 2 workers"), std::string::npos) << out;
+  EXPECT_EQ(out.find("-> 1 workers"), std::string::npos) << out;
+  EXPECT_NE(out.find("world changed (failure): 2 -> 2 workers"), std::string::npos) << out;
+  EXPECT_NE(out.find("world size 2,"), std::string::npos) << out;
 }
 
 // Workers in containers of one host share the boot id, but a pid means
@@ -574,9 +556,7 @@ TEST_F(ElasticProcess, WorkersInOtherPidNamespacesAreNeverSingleCopyPeers) {
 
 TEST_F(ElasticProcess, WorkerWithoutTheJobTokenIsRefused) {
   // A store with one token, a worker with another.
-  auto r = run_shell("cd " + dir_.string() +
-                     " && timeout 30 " EBBFLOW_RUN " -n 1 --token right -- env EBBFLOW_TOKEN=wrong " + ELASTIC_TRAIN +
-                     " --steps 5");
+  auto r = launch("-n 1 --token right", "env EBBFLOW_TOKEN=wrong " ELASTIC_TRAIN " --steps 5", "", 30);
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("unauthorized"), std::string::npos) << r.output;
 }
@@ -586,10 +566,8 @@ TEST_F(ElasticProcess, WorkerWithoutTheJobTokenIsRefused) {
 // it gets errc::job_finished, the example says so and exits 0, and the
 // launcher reports no failed worker. It used to exit 1 with an error.
 TEST_F(ElasticProcess, ANewcomerThatArrivesAfterTheEndExitsCleanly) {
-  auto r = run_shell("cd " + dir_.string() +
-                     " && timeout 60 env EBBFLOW_LEASE_MS=500 EBBFLOW_FAULT=join-connect:sleep=4000 " EBBFLOW_RUN
-                     " --event-clock training -n 2 --add 0.2:1 -- " ELASTIC_TRAIN
-                     " --steps 100 --sample-us 150 --step-us 1500");
+  auto r = launch("--event-clock training -n 2 --add 0.2:1", ELASTIC_TRAIN " --steps 100 --sample-us 150 --step-us 1500",
+                  "EBBFLOW_FAULT=join-connect:sleep=4000", 60);
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("[worker 0] finished 100 steps"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("job finished (the job EBBFLOW_JOB="), std::string::npos) << r.output;

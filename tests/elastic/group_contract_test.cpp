@@ -18,11 +18,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace ef = ebbflow;
-namespace el = ef::elastic;
-using namespace std::chrono_literals;
-using ebbflow_test::store_ref;
-using ebbflow_test::test_group;
+using namespace ebbflow_test;  // ef, el, store_ref, test_group, the chrono literals
 
 namespace {
 
@@ -51,6 +47,30 @@ ef::launch_info launch(int rank, int world) {
   return li;
 }
 
+// One job's store and fabric, shared by its in-process members.
+struct job {
+  std::shared_ptr<el::memory_store> store = std::make_shared<el::memory_store>();
+  std::shared_ptr<el::loopback_fabric> fabric = std::make_shared<el::loopback_fabric>();
+};
+
+// A member of job `j` with options `o`: launch rank `rank` of `world` (with
+// o.join, a newcomer), on a loopback network of its own.
+struct member {
+  el::loopback_network net;
+  test_group g;
+  member(const job& j, const el::group_options& o, int rank = 0, int world = 1,
+         std::unique_ptr<el::planning_policy> policy = std::make_unique<el::uniform_policy>())
+      : net(j.fabric), g(factory(j.store), net, o, launch(rank, world), std::move(policy)) {}
+};
+
+// Runs `body(launch rank)` for ranks 0 to n - 1 at once, each on a thread of
+// its own; returns when all have ended.
+template <class Body>
+void on_threads(int n, const Body& body) {
+  std::vector<std::jthread> ts;
+  for (int r = 0; r < n; ++r) ts.emplace_back(body, r);
+}
+
 // group_options::from_environment refuses each of `bad` for `variable`,
 // with an error that names the variable.
 void expect_refused(const char* variable, std::initializer_list<const char*> bad) {
@@ -68,10 +88,8 @@ void expect_refused(const char* variable, std::initializer_list<const char*> bad
 // A group built with options `o` is refused, with an error that holds
 // `message`.
 void expect_group_refused(const el::group_options& o, const std::string& message) {
-  auto store = std::make_shared<el::memory_store>();
-  el::loopback_network net(std::make_shared<el::loopback_fabric>());
   try {
-    test_group g(factory(store), net, o, launch(0, 1));
+    member m(job{}, o);
     ADD_FAILURE() << "accepted; expected: " << message;
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
@@ -84,9 +102,8 @@ void expect_group_refused(const el::group_options& o, const std::string& message
 // step that was never computed, and the cursor would skip a global batch
 // (samples never trained on).
 TEST(ElasticGroupContract, EndStepTwiceIsDiagnosed) {
-  auto store = std::make_shared<el::memory_store>();
-  el::loopback_network net(std::make_shared<el::loopback_fabric>());
-  test_group g(factory(store), net, options(), launch(0, 1));
+  member m(job{}, options());
+  auto& g = m.g;
   auto s = g.begin_step();
   std::vector<float> grad(4, 1.f);
   ASSERT_TRUE(g.allreduce(grad));
@@ -101,9 +118,8 @@ TEST(ElasticGroupContract, EndStepTwiceIsDiagnosed) {
 // allreduce outside begin_step/end_step (here: before any begin_step) is
 // refused.
 TEST(ElasticGroupContract, AllreduceOutsideAStepIsDiagnosed) {
-  auto store = std::make_shared<el::memory_store>();
-  el::loopback_network net(std::make_shared<el::loopback_fabric>());
-  test_group g(factory(store), net, options(), launch(0, 1));
+  member m(job{}, options());
+  auto& g = m.g;
   std::vector<float> grad(4, 1.f);
   EXPECT_THROW((void)g.allreduce(grad), ef::system_error) << "allreduce before the first begin_step accepted";
 }
@@ -111,11 +127,10 @@ TEST(ElasticGroupContract, AllreduceOutsideAStepIsDiagnosed) {
 // allreduce after this member left the group is refused (it dereferenced
 // the empty communicator: undefined behaviour).
 TEST(ElasticGroupContract, AllreduceAfterLeavingIsDiagnosed) {
-  auto store = std::make_shared<el::memory_store>();
-  el::loopback_network net(std::make_shared<el::loopback_fabric>());
   auto o = options();
   o.preconnect = false;  // leave at the first boundary
-  test_group g(factory(store), net, o, launch(0, 1));
+  member m(job{}, o);
+  auto& g = m.g;
   (void)g.begin_step();
   g.request_leave();
   g.end_step(0.01);
@@ -129,27 +144,21 @@ TEST(ElasticGroupContract, AllreduceAfterLeavingIsDiagnosed) {
 // transfer already happened without that buffer, and the replicas would
 // differ with nothing said.
 TEST(ElasticGroupContract, RegisterStateAfterStartIsDiagnosed) {
-  auto store = std::make_shared<el::memory_store>();
-  auto fabric = std::make_shared<el::loopback_fabric>();
+  const job j;
   std::atomic<int> accepted{0};
-  std::vector<float> final_w[2];
-  std::vector<std::jthread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      el::loopback_network net(fabric);
-      test_group g(factory(store), net, options(), launch(r, 2));
-      std::vector<float> w(3, r == 0 ? 1.f : 2.f);  // different initialisation on each member
-      (void)g.begin_step();
-      try {
-        g.register_state("w", std::as_writable_bytes(std::span(w)));
-        ++accepted;
-      } catch (const std::exception&) {
-      }
-      std::vector<float> grad(3, 0.f);
-      if (g.allreduce(grad)) g.end_step(0.01);
-      final_w[r] = w;
-    });
-  ts.clear();
+  on_threads(2, [&](int r) {
+    member m(j, options(), r, 2);
+    auto& g = m.g;
+    std::vector<float> w(3, r == 0 ? 1.f : 2.f);  // different initialisation on each member
+    (void)g.begin_step();
+    try {
+      g.register_state("w", std::as_writable_bytes(std::span(w)));
+      ++accepted;
+    } catch (const std::exception&) {
+    }
+    std::vector<float> grad(3, 0.f);
+    if (g.allreduce(grad)) g.end_step(0.01);
+  });
   EXPECT_EQ(accepted.load(), 0) << "register_state after begin_step accepted on " << accepted << " member(s)";
 }
 
@@ -157,8 +166,7 @@ TEST(ElasticGroupContract, RegisterStateAfterStartIsDiagnosed) {
 // training until a newcomer takes its place, then leaves (rank 0 trained on
 // alone).
 TEST(ElasticGroupContract, ALeaveBelowMinSizeWaitsForANewcomer) {
-  auto store = std::make_shared<el::memory_store>();
-  auto fabric = std::make_shared<el::loopback_fabric>();
+  const job j;
   std::atomic<int> min_seen{1 << 20};
   std::atomic<std::int64_t> left_after{-1};
   std::atomic<bool> start_joiner{false};
@@ -166,10 +174,10 @@ TEST(ElasticGroupContract, ALeaveBelowMinSizeWaitsForANewcomer) {
   o.min_size = 2;
   const auto run = [&](int r, bool join) {
     try {
-      el::loopback_network net(fabric);
       auto mo = o;
       mo.join = join;
-      test_group g(factory(store), net, mo, launch(join ? 2 : r, 2));
+      member m(j, mo, join ? 2 : r, 2);
+      auto& g = m.g;
       while (g.active() && (g.step() < 200 || g.changing())) {
         const auto s = g.begin_step();
         if (!join) min_seen = std::min(min_seen.load(), s.world_size);
@@ -190,10 +198,7 @@ TEST(ElasticGroupContract, ALeaveBelowMinSizeWaitsForANewcomer) {
     while (!start_joiner) std::this_thread::sleep_for(1ms);
     run(-1, true);
   });
-  {
-    std::vector<std::jthread> ts;
-    for (int r = 0; r < 2; ++r) ts.emplace_back(run, r, false);
-  }
+  on_threads(2, [&](int r) { run(r, false); });
   joiner.join();
   EXPECT_EQ(min_seen.load(), 2) << "a member trained with world_size " << min_seen << " < EBBFLOW_MIN_SIZE=2";
   EXPECT_GT(left_after.load(), 15) << "the leaver left before the newcomer came";
@@ -204,22 +209,21 @@ TEST(ElasticGroupContract, ALeaveBelowMinSizeWaitsForANewcomer) {
 // is admitted (the coordinator failed on it at every step, and no later
 // ticket was ever read).
 TEST(ElasticGroupContract, AMalformedJoinTicketDoesNotStopLaterOnes) {
-  auto store = std::make_shared<el::memory_store>();
-  auto fabric = std::make_shared<el::loopback_fabric>();
+  const job j;
   std::atomic<int> max_seen{0};
   std::atomic<bool> start_joiner{false};
   const auto run = [&](bool join) {
     try {
-      el::loopback_network net(fabric);
       auto o = options();
       o.join = join;
-      test_group g(factory(store), net, o, launch(join ? 1 : 0, 1));
+      member m(j, o, join ? 1 : 0, 1);
+      auto& g = m.g;
       while (g.active() && (g.step() < 200 || g.changing())) {
         const auto s = g.begin_step();
         max_seen = std::max(max_seen.load(), s.world_size);
         if (!join && s.step == 3) {
-          const auto seq = store->add("ebbflow/join_seq", 1, ef::deadline::after(1s));
-          store->set("ebbflow/join/" + std::to_string(seq), "not-a-member 0 w", ef::deadline::after(1s));
+          const auto seq = j.store->add("ebbflow/join_seq", 1, ef::deadline::after(1s));
+          j.store->set("ebbflow/join/" + std::to_string(seq), "not-a-member 0 w", ef::deadline::after(1s));
           start_joiner = true;
         }
         std::this_thread::sleep_for(2ms);
@@ -245,27 +249,21 @@ TEST(ElasticGroupContract, AMalformedJoinTicketDoesNotStopLaterOnes) {
 // min_size holds for the first generation: two launched workers with
 // min_size 3 are refused at once (they formed a group of two).
 TEST(ElasticGroupContract, InitialGenerationRespectsMinSize) {
-  auto store = std::make_shared<el::memory_store>();
-  auto fabric = std::make_shared<el::loopback_fabric>();
+  const job j;
+  auto o = options();
+  o.min_size = 3;
+  o.join_timeout = 2s;
   std::atomic<int> trained_with{0}, refused{0};
-  std::vector<std::jthread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        el::loopback_network net(fabric);
-        auto o = options();
-        o.min_size = 3;
-        o.join_timeout = 2s;
-        test_group g(factory(store), net, o, launch(r, 2));
-        const auto s = g.begin_step();
-        trained_with = s.world_size;
-        if (g.rank() == 0) g.finish();
-      } catch (const std::invalid_argument& e) {
-        if (std::string(e.what()).find("EBBFLOW_MIN_SIZE=3 but this launch starts 2 workers") != std::string::npos)
-          ++refused;
-      }
-    });
-  ts.clear();
+  on_threads(2, [&](int r) {
+    try {
+      member m(j, o, r, 2);
+      trained_with = m.g.begin_step().world_size;
+      if (m.g.rank() == 0) m.g.finish();
+    } catch (const std::invalid_argument& e) {
+      if (std::string(e.what()).find("EBBFLOW_MIN_SIZE=3 but this launch starts 2 workers") != std::string::npos)
+        ++refused;
+    }
+  });
   EXPECT_EQ(trained_with.load(), 0) << "a step ran with world_size " << trained_with << " < EBBFLOW_MIN_SIZE=3";
   EXPECT_EQ(refused.load(), 2);
 }
@@ -273,28 +271,23 @@ TEST(ElasticGroupContract, InitialGenerationRespectsMinSize) {
 // max_size holds for the first generation: of three launched workers with
 // max_size 2, the third waits as a newcomer.
 TEST(ElasticGroupContract, InitialGenerationRespectsMaxSize) {
-  auto store = std::make_shared<el::memory_store>();
-  auto fabric = std::make_shared<el::loopback_fabric>();
+  const job j;
+  auto o = options();
+  o.max_size = 2;
+  o.join_timeout = 2s;
   std::atomic<int> max_seen{0};
-  std::vector<std::jthread> ts;
-  for (int r = 0; r < 3; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        el::loopback_network net(fabric);
-        auto o = options();
-        o.max_size = 2;
-        o.join_timeout = 2s;
-        test_group g(factory(store), net, o, launch(r, 3));
-        const auto s = g.begin_step();
-        max_seen = std::max(max_seen.load(), s.world_size);
-        std::vector<float> grad(3, 0.f);
-        if (g.allreduce(grad)) g.end_step(0.001);
-        if (g.rank() == 0) g.finish();
-      } catch (const std::exception&) {
-        // a worker over max_size waiting to join is fine
-      }
-    });
-  ts.clear();
+  on_threads(3, [&](int r) {
+    try {
+      member m(j, o, r, 3);
+      auto& g = m.g;
+      max_seen = std::max(max_seen.load(), g.begin_step().world_size);
+      std::vector<float> grad(3, 0.f);
+      if (g.allreduce(grad)) g.end_step(0.001);
+      if (g.rank() == 0) g.finish();
+    } catch (const std::exception&) {
+      // a worker over max_size waiting to join is fine
+    }
+  });
   EXPECT_EQ(max_seen.load(), 2) << "a generation of " << max_seen << " members with EBBFLOW_MAX_SIZE=2";
 }
 
@@ -304,9 +297,8 @@ TEST(ElasticGroupContract, InitialGenerationRespectsMaxSize) {
 // again, forever. (The test's callback stops throwing after 20 calls so that
 // the test ends either way.)
 TEST(ElasticGroupContract, ACallbackErrorIsNotTakenForAMemberFailure) {
-  auto store = std::make_shared<el::memory_store>();
-  el::loopback_network net(std::make_shared<el::loopback_fabric>());
-  test_group g(factory(store), net, options(), launch(0, 1));
+  member m(job{}, options());
+  auto& g = m.g;
   int calls = 0;
   g.on_world_changed([&](const el::world_change&) {
     if (++calls <= 20) throw ef::system_error(make_error_code(ef::error::timeout), {.operation = "user callback"});
@@ -325,11 +317,10 @@ TEST(ElasticGroupContract, ACallbackErrorIsNotTakenForAMemberFailure) {
 // restore_position honours drop_last: a cursor inside the epoch's short last
 // batch is refused (the next step trained on that short batch).
 TEST(ElasticGroupContract, RestorePositionHonoursDropLast) {
-  auto store = std::make_shared<el::memory_store>();
-  el::loopback_network net(std::make_shared<el::loopback_fabric>());
   auto o = options(4, 10);
   o.drop_last = true;
-  test_group g(factory(store), net, o, launch(0, 1));
+  member m(job{}, o);
+  auto& g = m.g;
   bool threw = false;
   try {
     g.restore_position(2, 0, 8);
@@ -345,29 +336,25 @@ TEST(ElasticGroupContract, RestorePositionHonoursDropLast) {
 
 // Zero-size registered state transfers with the rest.
 TEST(ElasticGroupContract, ZeroSizeStateTransfers) {
-  auto store = std::make_shared<el::memory_store>();
-  auto fabric = std::make_shared<el::loopback_fabric>();
+  const job j;
   std::vector<float> final_w[2];
   std::vector<std::string> errors(2);
-  std::vector<std::jthread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        el::loopback_network net(fabric);
-        test_group g(factory(store), net, options(), launch(r, 2));
-        std::vector<float> w(3, r == 0 ? 1.f : 2.f);
-        std::vector<float> empty;
-        g.register_state("empty", std::as_writable_bytes(std::span(empty)));
-        g.register_state("w", std::as_writable_bytes(std::span(w)));
-        (void)g.begin_step();
-        std::vector<float> grad(3, 0.f);
-        if (g.allreduce(grad)) g.end_step(0.01);
-        final_w[r] = w;
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  ts.clear();
+  on_threads(2, [&](int r) {
+    try {
+      member m(j, options(), r, 2);
+      auto& g = m.g;
+      std::vector<float> w(3, r == 0 ? 1.f : 2.f);
+      std::vector<float> empty;
+      g.register_state("empty", std::as_writable_bytes(std::span(empty)));
+      g.register_state("w", std::as_writable_bytes(std::span(w)));
+      (void)g.begin_step();
+      std::vector<float> grad(3, 0.f);
+      if (g.allreduce(grad)) g.end_step(0.01);
+      final_w[r] = w;
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
   EXPECT_EQ(final_w[0], final_w[1]);
@@ -378,14 +365,13 @@ TEST(ElasticGroupContract, ZeroSizeStateTransfers) {
 // generation held only the joiner, without state, and the state was lost
 // although nobody failed).
 TEST(ElasticGroupContract, TheLastLeaverHandsTheStateToAnAdmittedJoiner) {
-  auto store = std::make_shared<el::memory_store>();
-  auto fabric = std::make_shared<el::loopback_fabric>();
+  const job j;
   std::string joiner_error;
   std::vector<float> joiner_w;
   std::jthread joiner;
   {
-    el::loopback_network net(fabric);
-    test_group g(factory(store), net, options(), launch(0, 1));
+    member m(j, options());
+    auto& g = m.g;
     std::vector<float> w(3, 7.f);
     g.register_state("w", std::as_writable_bytes(std::span(w)));
     bool asked = false;
@@ -394,19 +380,18 @@ TEST(ElasticGroupContract, TheLastLeaverHandsTheStateToAnAdmittedJoiner) {
       if (s.step == 3 && !joiner.joinable())
         joiner = std::jthread([&] {
           try {
-            el::loopback_network jnet(fabric);
             auto o = options();
             o.join = true;
-            test_group j(factory(store), jnet, o, launch(1, 1));
+            member newcomer(j, o, 1, 1);
             std::vector<float> jw(3, 0.f);
-            j.register_state("w", std::as_writable_bytes(std::span(jw)));
-            (void)j.begin_step();
+            newcomer.g.register_state("w", std::as_writable_bytes(std::span(jw)));
+            (void)newcomer.g.begin_step();
             joiner_w = jw;
           } catch (const std::exception& e) {
             joiner_error = e.what();
           }
         });
-      if (joiner.joinable() && !asked && store->try_get("ebbflow/join/1", ef::deadline::after(1s))) {
+      if (joiner.joinable() && !asked && j.store->try_get("ebbflow/join/1", ef::deadline::after(1s))) {
         std::this_thread::sleep_for(100ms);  // the coordinator's heartbeat thread has seen the ticket
         g.request_leave();
         asked = true;
@@ -424,9 +409,8 @@ TEST(ElasticGroupContract, TheLastLeaverHandsTheStateToAnAdmittedJoiner) {
 // A restored step near INT64_MAX is refused (the step counter overflowed:
 // undefined behaviour).
 TEST(ElasticGroupContract, HugeRestoredStepIsRejectedOrSafe) {
-  auto store = std::make_shared<el::memory_store>();
-  el::loopback_network net(std::make_shared<el::loopback_fabric>());
-  test_group g(factory(store), net, options(), launch(0, 1));
+  member m(job{}, options());
+  auto& g = m.g;
   try {
     g.restore_position(std::numeric_limits<std::int64_t>::max(), 0, 0);
   } catch (const std::exception&) {
@@ -451,25 +435,20 @@ class short_plan_policy final : public el::planning_policy {
 }  // namespace
 
 TEST(ElasticGroupContract, APolicyPlanOfTheWrongSizeIsDiagnosed) {
-  auto store = std::make_shared<el::memory_store>();
-  auto fabric = std::make_shared<el::loopback_fabric>();
+  const job j;
   std::vector<std::string> errors(2);
   std::vector<std::size_t> batches(2, 0);
-  std::vector<std::jthread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        el::loopback_network net(fabric);
-        test_group g(factory(store), net, options(), launch(r, 2), std::make_unique<short_plan_policy>());
-        const auto s = g.begin_step();
-        batches[static_cast<std::size_t>(r)] = s.batch;
-        std::vector<float> grad(3, 0.f);
-        if (g.allreduce(grad)) g.end_step(0.001);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  ts.clear();
+  on_threads(2, [&](int r) {
+    try {
+      member m(j, options(), r, 2, std::make_unique<short_plan_policy>());
+      auto& g = m.g;
+      batches[static_cast<std::size_t>(r)] = g.begin_step().batch;
+      std::vector<float> grad(3, 0.f);
+      if (g.allreduce(grad)) g.end_step(0.001);
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
   EXPECT_NE(errors[0] + errors[1], "") << "plan of 1 share for 2 members accepted; rank 1's batch: " << batches[1];
 }
 
@@ -478,30 +457,28 @@ TEST(ElasticGroupContract, APolicyPlanOfTheWrongSizeIsDiagnosed) {
 // waited out the whole join timeout, then failed. (The flag is what
 // detail::on_leave_signal sets; it is process-wide, so the member leaves too.)
 TEST(ElasticGroupContract, AWaitingJoinerHonoursALeaveRequest) {
-  auto store = std::make_shared<el::memory_store>();
-  auto fabric = std::make_shared<el::loopback_fabric>();
+  const job j;
   std::string joiner_error;
   double joiner_seconds = 0;
   std::jthread joiner;
   {
-    el::loopback_network net(fabric);
     auto o = options();
     o.max_size = 1;  // the joiner waits
-    test_group g(factory(store), net, o, launch(0, 1));
+    member m(j, o);
+    auto& g = m.g;
     joiner = std::jthread([&] {
       const auto t0 = ef::steady_clock::now();
       try {
-        el::loopback_network jnet(fabric);
         auto jo = options();
         jo.join = true;
         jo.join_timeout = 5s;
-        test_group j(factory(store), jnet, jo, launch(1, 1));
+        member newcomer(j, jo, 1, 1);
       } catch (const std::exception& e) {
         joiner_error = e.what();
       }
       joiner_seconds = std::chrono::duration<double>(ef::steady_clock::now() - t0).count();
     });
-    while (!store->try_get("ebbflow/join/1", ef::deadline::after(1s))) std::this_thread::sleep_for(1ms);
+    while (!j.store->try_get("ebbflow/join/1", ef::deadline::after(1s))) std::this_thread::sleep_for(1ms);
     el::detail::on_leave_signal(SIGTERM);  // as the signal handler does
     while (g.active()) {
       (void)g.begin_step();
@@ -519,39 +496,35 @@ TEST(ElasticGroupContract, AWaitingJoinerHonoursALeaveRequest) {
 // rolled back and must be redone (the aborted step, its gradients only
 // partly reduced, was committed and never redone).
 TEST(ElasticGroupContract, EndStepAfterAFailedAllreduceIsDiagnosed) {
-  auto store = std::make_shared<el::memory_store>();
-  auto fabric = std::make_shared<el::loopback_fabric>();
+  const job j;
   std::atomic<int> accepted{0}, failed_allreduces{0};
-  std::vector<std::jthread> ts;
-  for (int r = 0; r < 3; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        el::loopback_network net(fabric);
-        test_group g(factory(store), net, options(), launch(r, 3));
-        while (g.active() && g.step() < 10) {
-          const auto s = g.begin_step();
-          std::vector<float> grad(64, 1.f);
-          if (r == 2 && s.step == 5) {
-            net.kill();  // crashes mid-step
-            return;
-          }
-          if (!g.allreduce(grad)) {
-            ++failed_allreduces;
-            try {
-              const auto before = g.step();
-              g.end_step(0.001);  // misuse: the step must be redone
-              if (g.step() == before + 1) ++accepted;
-            } catch (const ef::system_error&) {
-            }
-            continue;
-          }
-          g.end_step(0.001);
+  on_threads(3, [&](int r) {
+    try {
+      member m(j, options(), r, 3);
+      auto& g = m.g;
+      while (g.active() && g.step() < 10) {
+        const auto s = g.begin_step();
+        std::vector<float> grad(64, 1.f);
+        if (r == 2 && s.step == 5) {
+          m.net.kill();  // crashes mid-step
+          return;
         }
-        if (g.rank() == 0) g.finish();
-      } catch (const std::exception&) {
+        if (!g.allreduce(grad)) {
+          ++failed_allreduces;
+          try {
+            const auto before = g.step();
+            g.end_step(0.001);  // misuse: the step must be redone
+            if (g.step() == before + 1) ++accepted;
+          } catch (const ef::system_error&) {
+          }
+          continue;
+        }
+        g.end_step(0.001);
       }
-    });
-  ts.clear();
+      if (g.rank() == 0) g.finish();
+    } catch (const std::exception&) {
+    }
+  });
   ASSERT_GT(failed_allreduces.load(), 0);
   EXPECT_EQ(accepted.load(), 0) << accepted << " member(s) committed an aborted step";
 }
@@ -562,39 +535,35 @@ TEST(ElasticGroupContract, EndStepAfterAFailedAllreduceIsDiagnosed) {
 // of being waited for.
 namespace {
 std::vector<el::world_change> late_survivor(std::chrono::milliseconds hb, std::chrono::milliseconds lease) {
-  auto store = std::make_shared<el::memory_store>();
-  auto fabric = std::make_shared<el::loopback_fabric>();
+  const job j;
+  auto o = options();
+  o.heartbeat = hb;
+  o.lease = lease;
+  o.op_timeout = 3s;
   std::vector<el::world_change> h0;
-  std::vector<std::jthread> ts;
-  for (int r = 0; r < 3; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        el::loopback_network net(fabric);
-        auto o = options();
-        o.heartbeat = hb;
-        o.lease = lease;
-        o.op_timeout = 3s;
-        test_group g(factory(store), net, o, launch(r, 3));
-        while (g.active() && (g.step() < 10 || g.changing())) {
-          const auto s = g.begin_step();
-          if (r == 2 && s.step == 5) {
-            net.kill();
-            return;
-          }
-          if (r == 1 && s.step == 5 && s.generation == 0) std::this_thread::sleep_for(250ms);  // a slow step
-          std::vector<float> grad(3, 0.f);
-          if (!g.allreduce(grad)) continue;
-          g.end_step(0.001);
+  on_threads(3, [&](int r) {
+    try {
+      member m(j, o, r, 3);
+      auto& g = m.g;
+      while (g.active() && (g.step() < 10 || g.changing())) {
+        const auto s = g.begin_step();
+        if (r == 2 && s.step == 5) {
+          m.net.kill();
+          return;
         }
-        if (g.rank() == 0) {
-          h0 = g.history();
-          g.finish();
-        }
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << r << ": " << e.what();
+        if (r == 1 && s.step == 5 && s.generation == 0) std::this_thread::sleep_for(250ms);  // a slow step
+        std::vector<float> grad(3, 0.f);
+        if (!g.allreduce(grad)) continue;
+        g.end_step(0.001);
       }
-    });
-  ts.clear();
+      if (g.rank() == 0) {
+        h0 = g.history();
+        g.finish();
+      }
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": " << e.what();
+    }
+  });
   return h0;
 }
 std::string describe(const std::vector<el::world_change>& h) {
@@ -656,10 +625,10 @@ TEST(ElasticGroupContract, ARtPriorityOutsideSchedRrsRangeIsRefused) {
 // was admitted". Now the worker is told what happened and what to do, and
 // a job under a prefix of its own runs on the same store.
 TEST(ElasticGroupContract, AFinishedJobsPrefixIsRefusedWithAClearError) {
-  auto store = std::make_shared<el::memory_store>();
+  const job j;
   {
-    el::loopback_network net(std::make_shared<el::loopback_fabric>());
-    test_group g(factory(store), net, options(), launch(0, 1));
+    member m(j, options());
+    auto& g = m.g;
     (void)g.begin_step();
     std::vector<float> grad(4, 1.f);
     ASSERT_TRUE(g.allreduce(grad));
@@ -667,11 +636,10 @@ TEST(ElasticGroupContract, AFinishedJobsPrefixIsRefusedWithAClearError) {
     g.finish();
   }
   for (bool join : {false, true}) {
-    el::loopback_network net(std::make_shared<el::loopback_fabric>());
     auto o = options();
     o.join = join;
     try {
-      test_group g(factory(store), net, o, launch(0, 1));
+      member m(job{j.store}, o);  // the same store, a network of its own
       ADD_FAILURE() << "a worker (join " << join << ") joined the finished job";
     } catch (const ef::system_error& e) {
       EXPECT_EQ(e.code(), ef::errc::job_finished);
@@ -680,11 +648,10 @@ TEST(ElasticGroupContract, AFinishedJobsPrefixIsRefusedWithAClearError) {
       EXPECT_NE(what.find("has finished"), std::string::npos) << what;
     }
   }
-  el::loopback_network net(std::make_shared<el::loopback_fabric>());
   auto o = options();
   o.prefix = "second-job";
-  test_group g(factory(store), net, o, launch(0, 1));
-  const auto s = g.begin_step();
+  member m(job{j.store}, o);
+  const auto s = m.g.begin_step();
   EXPECT_EQ(s.step, 0);
   EXPECT_EQ(s.generation, 0);
 }

@@ -16,9 +16,12 @@
 #include <thread>
 #include <vector>
 
+// The group tests take what they use from here with `using namespace
+// ebbflow_test`: the short names below, and the chrono literals (500ms).
 namespace ebbflow_test {
 namespace ef = ebbflow;
 namespace el = ebbflow::elastic;
+using namespace std::chrono_literals;
 
 // Forwards to one shared memory_store (each worker gets its own "client").
 // One member's connection to the job's store. It counts, where asked, the

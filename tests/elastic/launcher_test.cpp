@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // ebbflow-run and ebbflow-store as real processes.
 #include <ebbflow/core/deadline.hpp>
-#include <ebbflow/elastic/detail/process_group.hpp>
 #include <ebbflow/elastic/store.hpp>
 
+#include "../../tools/ebbflow-run/child_processes.hpp"
+#include "../common/temp_dir.hpp"
 #include "../thread_cpu.hpp"
 
 #include <gtest/gtest.h>
@@ -32,7 +33,7 @@ using namespace std::chrono_literals;
 
 namespace {
 struct run_result {
-  el::detail::child_exit exit;
+  ebbflow_run::child_exit exit;
   std::string out, err;
   double seconds = 0;
 };
@@ -41,9 +42,9 @@ struct run_result {
 run_result run(std::vector<std::string> argv, std::vector<std::pair<std::string, std::string>> env = {},
                std::chrono::milliseconds limit = 20s, std::function<void(pid_t)> meanwhile = {}) {
   run_result r;
-  el::detail::process_group g(
+  ebbflow_run::child_processes g(
       [&](int, int stream, std::string_view line) { (stream == 1 ? r.out : r.err).append(line).push_back('\n'); });
-  el::detail::child_spec s;
+  ebbflow_run::child_spec s;
   s.argv = std::move(argv);
   s.env = std::move(env);
   const auto t0 = std::chrono::steady_clock::now();
@@ -65,8 +66,8 @@ run_result run(std::vector<std::string> argv, std::vector<std::pair<std::string,
 // down to 0 and spun through it: ebbflow-run, which waits in 20 ms slices,
 // kept a core 5 % busy that way, beside the workers it launched.
 TEST(Launcher, WaitingForChildrenSleepsInsteadOfSpinning) {
-  el::detail::process_group g([](int, int, std::string_view) {});
-  el::detail::child_spec s;
+  ebbflow_run::child_processes g([](int, int, std::string_view) {});
+  ebbflow_run::child_spec s;
   s.argv = {"sleep", "0.5"};
   g.spawn(s);
   const auto cpu = ebbflow_test::thread_cpu_seconds;
@@ -136,12 +137,12 @@ TEST(Launcher, ForwardsSigterm) {
 //! process and the port from its "listening on" line (0 if none came).
 struct standalone_store {
   std::string out;
-  el::detail::process_group group{[this](int, int stream, std::string_view line) {
+  ebbflow_run::child_processes group{[this](int, int stream, std::string_view line) {
     if (stream == 1) out.append(line).push_back('\n');
   }};
   std::uint16_t port = 0;
   explicit standalone_store(std::vector<std::string> argv, std::vector<std::pair<std::string, std::string>> env = {}) {
-    el::detail::child_spec s;
+    ebbflow_run::child_spec s;
     s.argv = std::move(argv);
     s.env = std::move(env);
     group.spawn(s);
@@ -342,8 +343,8 @@ TEST(Launcher, CpuBindGivesEachWorkerItsCpuBeforeExec) {
 }
 
 TEST(Launcher, SpawnNamesACpuItCannotBindTo) {
-  el::detail::process_group g;
-  el::detail::child_spec s;
+  ebbflow_run::child_processes g;
+  ebbflow_run::child_spec s;
   s.argv = {"true"};
   s.cpus = {CPU_SETSIZE - 1};  // valid index, but no such CPU here
   try {
@@ -681,8 +682,7 @@ TEST(Launcher, NothingAWorkerStartedOutlivesTheLauncher) {
 // must be true. Each elastic worker is named EBBFLOW_PROCESS_KEY=
 // "<launcher>/<worker id>" for that report; a static job names none.
 TEST(Launcher, AFailedElasticWorkerLeavesNothingRunningAndIsNamedForItsReport) {
-  const auto dir = std::filesystem::temp_directory_path() / ("ebbflow-launcher-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const ebbflow_test::temp_dir dir("ebbflow-launcher");
   const std::string bgpid = (dir / "bgpid").string();
   const std::string script =
       "echo \"key=$EBBFLOW_PROCESS_KEY\"; if [ \"$EBBFLOW_WORKER_ID\" = 0 ]; then sleep 77.25 & "
@@ -694,7 +694,6 @@ TEST(Launcher, AFailedElasticWorkerLeavesNothingRunningAndIsNamedForItsReport) {
       ")/status 2>/dev/null); "
       "if [ -z \"$s\" ] || [ \"$s\" = Z ]; then echo gone; else echo left $s; fi";  // a zombie is gone
   auto r = run({EBBFLOW_RUN, "--elastic", "-n", "2", "--", "sh", "-c", script});
-  std::filesystem::remove_all(dir);
   EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
   EXPECT_NE(r.err.find("worker 0 (pid "), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("[worker 1] gone"), std::string::npos) << "the failed worker's background process lived on\n"

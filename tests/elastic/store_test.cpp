@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The rendezvous store against real processes and raw sockets on loopback.
 #include "raw_client.hpp"
+#include "../../tools/ebbflow-run/child_processes.hpp"
 #include "../thread_names.hpp"
 
-#include <ebbflow/elastic/detail/process_group.hpp>
 #include <ebbflow/elastic/kv_store.hpp>
 #include <ebbflow/elastic/store.hpp>
 
@@ -48,12 +48,12 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 struct workers {
   std::mutex mu;
   std::map<int, std::string> out;
-  el::detail::process_group group{[this](int id, int, std::string_view line) {
+  ebbflow_run::child_processes group{[this](int id, int, std::string_view line) {
     std::lock_guard lk(mu);
     out[id].append(line).push_back('\n');
   }};
   pid_t spawn(int id, const el::store_server& srv, std::vector<std::string> args, const std::string& tok = token) {
-    el::detail::child_spec s;
+    ebbflow_run::child_spec s;
     s.id = id;
     s.argv = {EBBFLOW_STORE_WORKER};
     s.argv.insert(s.argv.end(), args.begin(), args.end());
@@ -64,8 +64,8 @@ struct workers {
     return group.spawn(s);
   }
   //! Waits until every worker has exited; returns their exits.
-  std::vector<el::detail::child_exit> join(ef::deadline d) {
-    std::vector<el::detail::child_exit> all;
+  std::vector<ebbflow_run::child_exit> join(ef::deadline d) {
+    std::vector<ebbflow_run::child_exit> all;
     while (group.running() > 0 && !d.expired()) {
       auto e = group.poll(d);
       all.insert(all.end(), e.begin(), e.end());

@@ -24,69 +24,41 @@ namespace {
   std::abort();
 }
 
+// Writes `m` back by its opcode's layout, the one the decoder read it by.
 std::string reencode(const proto::message& m) {
-  using proto::op;
+  using proto::slot;
   proto::frame_builder b(m.code);
-  switch (m.code) {
-    case op::auth:
-      b.u8(m.flag).raw(m.nonce).raw(m.mac);
-      break;
-    case op::set:
-      b.str(m.key).str(m.value);
-      break;
-    case op::get:
-      b.str(m.key).u32(m.timeout_ms).u8(m.flag);
-      break;
-    case op::add:
-      b.str(m.key).i64(m.integer);
-      break;
-    case op::compare_set:
-      b.str(m.key).str(m.expected).str(m.value);
-      break;
-    case op::wait:
-    case op::wait_any:
-      b.u32(m.timeout_ms).u32(static_cast<std::uint32_t>(m.keys.size()));
-      for (auto k : m.keys) b.str(k);
-      break;
-    case op::check:
-      b.u32(static_cast<std::uint32_t>(m.keys.size()));
-      for (auto k : m.keys) b.str(k);
-      break;
-    case op::erase:
-      b.str(m.key);
-      break;
-    case op::watch:
-      b.str(m.key).u8(m.flag);
-      break;
-    case op::challenge:
-      b.u8(m.flag).raw(m.nonce);
-      break;
-    case op::welcome:
-      b.raw(m.mac);
-      break;
-    case op::value:
-      b.str(m.value);
-      break;
-    case op::integer:
-      b.i64(m.integer);
-      break;
-    case op::cas_result:
-      b.u8(m.flag).str(m.value);
-      break;
-    case op::boolean:
-      b.u8(m.flag);
-      break;
-    case op::event:
-      b.u8(m.flag).str(m.key).str(m.value);
-      break;
-    case op::error:
-      b.u8(m.flag).str(m.value);
-      break;
-    case op::num_keys:
-    case op::ping:
-    case op::ok:
-    case op::missing:
-      break;
+  for (const auto& f : proto::find_layout(static_cast<std::uint8_t>(m.code))->list()) {
+    switch (f.where) {
+      case slot::flag:
+        b.u8(m.flag);
+        break;
+      case slot::timeout_ms:
+        b.u32(m.timeout_ms);
+        break;
+      case slot::integer:
+        b.i64(m.integer);
+        break;
+      case slot::key:
+        b.str(m.key);
+        break;
+      case slot::value:
+        b.str(m.value);
+        break;
+      case slot::expected:
+        b.str(m.expected);
+        break;
+      case slot::keys:
+        b.u32(static_cast<std::uint32_t>(m.keys.size()));
+        for (auto k : m.keys) b.str(k);
+        break;
+      case slot::nonce:
+        b.raw(m.nonce);
+        break;
+      case slot::mac:
+        b.raw(m.mac);
+        break;
+    }
   }
   return b.finish();
 }

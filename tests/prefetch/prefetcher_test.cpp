@@ -293,22 +293,28 @@ TEST(Prefetcher, NextWithAnUnboundedTimeoutWaits) {
 
 // ---------------------------------------------------------------- timeouts, shutdown
 namespace {
-// A load that blocks until shutdown (honouring the stop token) once `gate` closes.
+// A load that blocks until shutdown (honouring the stop token); `blocked`
+// counts the loads blocked now.
 struct blocking_load {
-  std::atomic<bool>* block;
   std::atomic<int>* blocked;
-  void operator()(std::size_t i, std::span<std::byte> d, std::stop_token tok) const {
-    if (block->load()) {
-      ++*blocked;
-      std::mutex m;
-      std::condition_variable_any cv;
-      std::unique_lock lk(m);
-      cv.wait(lk, tok, [] { return false; });
-      --*blocked;
-      return;
-    }
-    fill(i, d);
+  void operator()(std::size_t, std::span<std::byte>, std::stop_token tok) const {
+    ++*blocked;
+    std::mutex m;
+    std::condition_variable_any cv;
+    std::unique_lock lk(m);
+    cv.wait(lk, tok, [] { return false; });
+    --*blocked;
   }
+};
+
+// A prefetcher of 4-sample steps whose `loaders` loaders all block in their
+// first load until it shuts down.
+struct blocked_prefetcher {
+  std::atomic<int> blocked{0};
+  pf::prefetcher<pf::sequence_source, blocking_load> p;
+  explicit blocked_prefetcher(unsigned loaders)
+      : p(pf::sequence_source(100, [](auto) { return 4; }), blocking_load{&blocked}, pf::cpu_stage(1),
+          {.sample_bytes = sample_bytes, .max_batch_samples = 4, .loaders = loaders}) {}
 };
 template <class Pred>
 bool eventually(Pred p, std::chrono::milliseconds within = 5000ms) {
@@ -322,11 +328,8 @@ bool eventually(Pred p, std::chrono::milliseconds within = 5000ms) {
 }  // namespace
 
 TEST(Prefetcher, NextTimesOutAndTheStepStaysPending) {
-  std::atomic<bool> block{true};
-  std::atomic<int> blocked{0};
-  pf::prefetch_options o{.sample_bytes = sample_bytes, .max_batch_samples = 4, .loaders = 1};
-  pf::prefetcher p(pf::sequence_source(100, [](auto) { return 4; }), blocking_load{&block, &blocked}, pf::cpu_stage(1),
-                   o);
+  blocked_prefetcher b(1);
+  auto& p = b.p;
   const auto t0 = std::chrono::steady_clock::now();
   try {
     (void)p.next(30ms);
@@ -336,16 +339,15 @@ TEST(Prefetcher, NextTimesOutAndTheStepStaysPending) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
   EXPECT_TRUE(p.close(deadline::after(2s)));
-  EXPECT_EQ(blocked.load(), 0);
+  EXPECT_EQ(b.blocked.load(), 0);
 }
 
 TEST(Prefetcher, ShutdownWhileLoadersAreBlockedInLoad) {
-  std::atomic<bool> block{true};
   std::atomic<int> blocked{0};
   pf::prefetch_options o{.sample_bytes = sample_bytes, .max_batch_samples = 8, .loaders = 3, .chunk_samples = 1};
   pf::prefetcher p(pf::sequence_source(
                        1000, [](auto) { return 8; }, 2),
-                   blocking_load{&block, &blocked}, pf::cpu_stage(2), o);
+                   blocking_load{&blocked}, pf::cpu_stage(2), o);
   ASSERT_TRUE(eventually([&] { return blocked.load() == 3; }));
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(p.close(deadline::after(2s)));
@@ -395,18 +397,15 @@ TEST(Prefetcher, ShutdownMidCopy) {
 }
 
 TEST(Prefetcher, ShutdownWhileTheConsumerWaits) {
-  std::atomic<bool> block{true};
-  std::atomic<int> blocked{0};
-  pf::prefetch_options o{.sample_bytes = sample_bytes, .max_batch_samples = 4, .loaders = 2};
-  pf::prefetcher p(pf::sequence_source(100, [](auto) { return 4; }), blocking_load{&block, &blocked}, pf::cpu_stage(1),
-                   o);
+  blocked_prefetcher b(2);
+  auto& p = b.p;
   std::atomic<bool> got_empty{false};
   const auto t0 = std::chrono::steady_clock::now();
   std::thread consumer([&] {
-    auto b = p.next(30s);
-    got_empty = !b;
+    auto batch = p.next(30s);
+    got_empty = !batch;
   });
-  ASSERT_TRUE(eventually([&] { return blocked.load() > 0; }));
+  ASSERT_TRUE(eventually([&] { return b.blocked.load() > 0; }));
   std::this_thread::sleep_for(20ms);
   p.shutdown();  // from another thread than the consumer
   consumer.join();

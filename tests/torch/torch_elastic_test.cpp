@@ -13,7 +13,7 @@
 //    worker's attempt went into the update).
 #include <gtest/gtest.h>
 
-#include "../shell.hpp"
+#include "../common/job_test.hpp"
 
 #include <algorithm>
 #include <array>
@@ -31,9 +31,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using ebbflow_test::read_floats;
-using ebbflow_test::run_shell;
-
 double json_number(const fs::path& p, const std::string& key) {
   std::ifstream f(p);
   const std::string s((std::istreambuf_iterator<char>(f)), {});
@@ -45,32 +42,18 @@ double json_number(const fs::path& p, const std::string& key) {
 constexpr std::size_t train_size = 1797 - 360;  // digits::split holds out every 5th sample
 constexpr int steps = 150;
 
-class TorchElastic : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("ebbflow-torch-" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-  fs::path dir_;
-};
+using TorchElastic = ebbflow_test::job_test;
 
 }  // namespace
 
 TEST_F(TorchElastic, JoinAndFailureKeepAccuracyHistoryAndExactlyOnceSamples) {
-  const std::string common = " --steps " + std::to_string(steps) +
-                             " --batch 128 --sample-us 400 --step-us 2000 --slowdowns 1,2,3,1 --report " +
-                             (dir_ / "report").string();
+  const std::string common =
+      " --steps " + std::to_string(steps) + " --batch 128 --sample-us 400 --step-us 2000 --slowdowns 1,2,3,1 --report report";
   // Worker 1 dies in step 100, after it computed its gradient and logged its attempt.
-  auto job = run_shell("cd " + dir_.string() +
-                       " && EBBFLOW_LEASE_MS=500 timeout 90 " EBBFLOW_RUN " -n 3 --elastic --add 1 -- " TORCH_ELASTIC +
-                       common + " --die-at 1:100 --log-every 50 --params-out " + (dir_ / "elastic.bin").string());
+  auto job = launch("-n 3 --elastic --add 1",
+                    TORCH_ELASTIC + common + " --die-at 1:100 --log-every 50 --params-out elastic.bin", "", 90);
   ASSERT_EQ(job.status, 0) << job.output;
-  auto ref =
-      run_shell(std::string(TORCH_ELASTIC) + common + " --reference --params-out " + (dir_ / "ref.bin").string());
+  auto ref = run_here(TORCH_ELASTIC + common + " --reference --params-out ref.bin");
   ASSERT_EQ(ref.status, 0) << ref.output;
 
   // Accuracy bound, and the parameters themselves.
@@ -80,13 +63,7 @@ TEST_F(TorchElastic, JoinAndFailureKeepAccuracyHistoryAndExactlyOnceSamples) {
   EXPECT_GT(ref_acc, 0.85);
   EXPECT_LE(std::abs(acc - ref_acc), 0.01) << "elastic " << acc << " vs single process " << ref_acc << "\n"
                                            << job.output;
-  const auto a = read_floats(dir_ / "elastic.bin"), b = read_floats(dir_ / "ref.bin");
-  ASSERT_EQ(a.size(), b.size());
-  ASSERT_FALSE(a.empty());
-  double worst = 0;
-  for (std::size_t k = 0; k < a.size(); ++k)
-    worst = std::max(worst, static_cast<double>(std::abs(a[k] - b[k])) / (1e-3 + std::abs(b[k])));
-  EXPECT_LT(worst, 1e-3) << "parameters differ by more than float reassociation";
+  expect_same_parameters(dir_ / "elastic.bin", dir_ / "ref.bin", job.output);
 
   // World-size history: initial 3, a join to 4, a failure back to 3 (in whichever order timing gives).
   std::ifstream ev(dir_ / "report" / "events.csv");

@@ -5,9 +5,11 @@
 #include <ebbflow/core/log.hpp>
 #include <ebbflow/elastic/cooldown.hpp>
 #include <ebbflow/elastic/detail/hmac.hpp>
-#include <ebbflow/elastic/detail/process_group.hpp>
 #include <ebbflow/elastic/group.hpp>
 #include <ebbflow/elastic/store.hpp>
+
+#include "../../examples/common/args.hpp"  // the command line
+#include "child_processes.hpp"
 
 #include <sched.h>
 #include <signal.h>
@@ -15,7 +17,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -61,82 +62,6 @@ struct due_list {
   }
 };
 
-constexpr const char* usage_text =
-    "usage: ebbflow-run -n N [options] -- program [args...]\n"
-    "Starts N processes of `program` with EBBFLOW_RANK, EBBFLOW_WORLD_SIZE, EBBFLOW_LOCAL_RANK,\n"
-    "EBBFLOW_STORE and EBBFLOW_TOKEN set, around an embedded rendezvous store.\n"
-    "options:\n"
-    "  -n, --nproc N        number of ranks (1..4096)\n"
-    "  --store HOST:PORT    address the embedded store binds (default 127.0.0.1:0 = free port)\n"
-    "  --attach             use an existing store at --store instead of starting one; the job gets\n"
-    "                       a fresh EBBFLOW_JOB (store key prefix) unless one is set\n"
-    "  --token T            job token (default: EBBFLOW_TOKEN, else a random one; with --attach,\n"
-    "                       else the empty token, as ebbflow-store's default)\n"
-    "  --timeout SEC        stop the job after SEC seconds (exit status 124)\n"
-    "  --kill-after SEC     after stopping ranks with SIGTERM, SIGKILL them after SEC s (default 5)\n"
-    "  --no-prefix          do not prefix output lines with \"[rank R] \" (\"[worker ID] \" with --elastic)\n"
-    "elastic controls (workers use <ebbflow/elastic/group.hpp>; --add, --kill, --leave, --stop,\n"
-    "--restart and --discovery imply --elastic):\n"
-    "  --elastic            a failed worker does not stop the job; exit 0 when a worker finished with 0;\n"
-    "                       what a failed worker left in its process group is killed at once, and the\n"
-    "                       job is told (each worker gets EBBFLOW_PROCESS_KEY=<launcher>/<worker id>)\n"
-    "  --min N / --max N    membership bounds passed to workers (EBBFLOW_MIN_SIZE / EBBFLOW_MAX_SIZE)\n"
-    "  --add SEC[:K]        after SEC seconds start K (default 1) more workers that join the running job\n"
-    "  --kill SEC:ID        after SEC seconds SIGKILL worker ID (fault injection)\n"
-    "  --leave SEC:ID       after SEC seconds SIGTERM worker ID (graceful leave at the next step)\n"
-    "  --stop SEC:ID:FOR    after SEC seconds SIGSTOP worker ID, and SIGCONT it FOR seconds later\n"
-    "                       (fault injection: a hung worker, dropped when its lease expires)\n"
-    "  --event-clock C      what the SEC of --add/--kill/--leave/--stop count from: launch (default),\n"
-    "                       or training: the job's first generation, so that on a loaded host no\n"
-    "                       event lands while the workers still start (read from the store's\n"
-    "                       <EBBFLOW_JOB>/gen/0)\n"
-    "  --restart K          restart a failed worker as a joiner, up to K times in all\n"
-    "  --restart-cooldown SEC[:MAX]  a worker that keeps failing (each incarnation within MAX s of\n"
-    "                       its start, default 60) is restarted after a cool-down: none after its\n"
-    "                       first failure, then SEC (default 1), doubling per failure, at most MAX\n"
-    "  --join-nice N        start joiners N nice levels lower (1..19) so their start-up does not take\n"
-    "                       CPU from the running workers on a shared host; the group restores the\n"
-    "                       priority once the worker is admitted (needs CAP_SYS_NICE, else it warns)\n"
-    "  --sched-slice-us N   every worker asks for an N us scheduler slice (100..100000; Linux 6.12+)\n"
-    "                       once it is a member (EBBFLOW_SCHED_SLICE_US): woken by its data it takes\n"
-    "                       the core from a process computing beside it, e.g. a joiner starting up\n"
-    "  --rt-priority N      every worker's training and heartbeat threads run SCHED_RR at priority N\n"
-    "                       (1..99) once it is a member (EBBFLOW_RT_PRIORITY): joiners starting up on a\n"
-    "                       shared host then run only on cores the members leave idle (needs\n"
-    "                       CAP_SYS_NICE or RLIMIT_RTPRIO)\n"
-    "  --cpu-bind core[:K]  bind worker ID (initial or joiner) to one CPU of ours: CPU number ID/K\n"
-    "                       (default K=1) of the CPUs this launcher may use, wrapping around; on a\n"
-    "                       shared host it keeps the start-up of joiners off the running workers' cores;\n"
-    "                       the launcher and its store run on worker 0's CPU\n"
-    "  --store-cpu N        with --cpu-bind: run the launcher and its store on CPU N instead (one of\n"
-    "                       the CPUs this launcher may use), e.g. off the running workers' CPU\n"
-    "  --discovery CMD      poll CMD (every --discovery-interval SEC, default 2): it prints the wanted\n"
-    "                       number of workers; more are started, or the newest asked to leave. It runs\n"
-    "                       beside the job; output that is not a whole number (0..4096), a failure, or\n"
-    "                       no answer within --discovery-timeout SEC (default 10; then it is killed)\n"
-    "                       keeps the workers there are, with a warning\n"
-    "  SIGUSR1 / SIGUSR2    to ebbflow-run: add one worker / ask the newest to leave\n"
-    "Joining workers get EBBFLOW_JOIN=1 and no EBBFLOW_RANK (the group assigns ranks).\n"
-    "EBBFLOW_LOCAL_RANK is the lowest index no running worker of this launcher holds (0..N-1 for the\n"
-    "initial workers; a joiner or restarted worker takes the index a worker that exited left free).\n"
-    "  -h, --help           this text\n"
-    "Exit status: what stopped the job first decides: a failed rank, its status (128+signal when\n"
-    "killed); --timeout, 124; an interrupt, 128+signal. Else 0 when every rank exits 0 (--elastic:\n"
-    "when a worker finished with 0; else the first failure's status).\n";
-
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::cerr << "ebbflow-run: " << msg << " (ebbflow-run --help lists the options)\n";
-  std::exit(2);
-}
-
-double parse_seconds(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  const double s = std::strtod(v.c_str(), &end);
-  if (v.empty() || end != v.c_str() + v.size() || !(s > 0) || s > 1e7)
-    usage_error(flag + " '" + v + "': expected a positive number of seconds");
-  return s;
-}
-
 struct options {
   int n = 0;
   std::string store = "127.0.0.1:0";
@@ -169,136 +94,183 @@ struct options {
   std::vector<std::string> argv;
 };
 
-int parse_int(const std::string& flag, const std::string& v, int lo, int hi) {
-  int x = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc{} || p != v.data() + v.size() || x < lo || x > hi)
-    usage_error(flag + " '" + v + "': expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return x;
+constexpr int max_workers = 4096;
+
+// What `ebbflow-run --help` says before and after the options.
+constexpr const char* synopsis =
+    "usage: ebbflow-run -n N [options] -- program [args...]\n"
+    "Starts N processes of `program` with EBBFLOW_RANK, EBBFLOW_WORLD_SIZE, EBBFLOW_LOCAL_RANK,\n"
+    "EBBFLOW_STORE and EBBFLOW_TOKEN set, around an embedded rendezvous store.\n"
+    "options:\n";
+constexpr const char* epilogue =
+    "  SIGUSR1 / SIGUSR2    to ebbflow-run: add one worker / ask the newest to leave\n"
+    "Joining workers get EBBFLOW_JOIN=1 and no EBBFLOW_RANK (the group assigns ranks).\n"
+    "EBBFLOW_LOCAL_RANK is the lowest index no running worker of this launcher holds (0..N-1 for the\n"
+    "initial workers; a joiner or restarted worker takes the index a worker that exited left free).\n"
+    "Exit status: what stopped the job first decides: a failed rank, its status (128+signal when\n"
+    "killed); --timeout, 124; an interrupt, 128+signal. Else 0 when every rank exits 0 (--elastic:\n"
+    "when a worker finished with 0; else the first failure's status).\n";
+
+// A positive number of seconds (at most 1e7) into `out`; false when `v` is not one.
+template <class T>
+bool seconds_into(const std::string& v, T& out) {
+  const auto s = cli::parse_number<double>(v, 0, 1e7);
+  if (!s || !(*s > 0)) return false;
+  out = *s;
+  return true;
+}
+constexpr const char* positive_seconds = "a positive number of seconds";
+
+// A timed event: "SEC:ID" (with `for_s`: "SEC:ID:FOR"; `id_optional`: "SEC[:K]", K 1 when left out).
+bool event_into(const std::string& v, options::event::kind what, options& o) {
+  options::event ev{};
+  ev.what = what;
+  const auto c1 = v.find(':');
+  const auto c2 = c1 == std::string::npos ? c1 : v.find(':', c1 + 1);
+  const bool stop = what == options::event::stop;
+  if (!seconds_into(v.substr(0, c1), ev.at)) return false;
+  if (c1 == std::string::npos) {
+    if (what != options::event::add) return false;
+    ev.arg = 1;
+  } else {
+    const auto id = cli::parse_number<int>(std::string_view(v).substr(c1 + 1, stop ? c2 - c1 - 1 : std::string::npos),
+                                           0, 1 << 20);
+    if (!id || (stop && (c2 == std::string::npos || !seconds_into(v.substr(c2 + 1), ev.for_s)))) return false;
+    ev.arg = *id;
+  }
+  o.events.push_back(ev);
+  o.elastic = true;
+  return true;
 }
 
 options parse(int argc, char** argv) {
   options o;
-  int i = 1;
-  auto value = [&](const std::string& flag) -> std::string {
-    if (i + 1 >= argc) usage_error(flag + " needs a value");
-    return argv[++i];
-  };
-  for (; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (a == "-h" || a == "--help") {
-      std::cout << usage_text;
-      std::exit(0);
-    } else if (a == "-n" || a == "--nproc") {
-      std::string v = value(a);
-      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), o.n);
-      if (ec != std::errc{} || p != v.data() + v.size() || o.n < 1 || o.n > 4096)
-        usage_error(a + " '" + v + "': expected an integer in [1, 4096]");
-    } else if (a == "--store") {
-      o.store = value(a);
-      try {
-        o.store_at = ef::env::parse_host_port(o.store, "--store");
-      } catch (const std::invalid_argument&) {
-        usage_error("--store '" + o.store + "': expected HOST:PORT");
-      }
-    } else if (a == "--attach") {
-      o.attach = true;
-    } else if (a == "--token") {
-      o.token = value(a);
-    } else if (a == "--timeout") {
-      o.timeout_s = parse_seconds(a, value(a));
-    } else if (a == "--kill-after") {
-      o.kill_after_s = parse_seconds(a, value(a));
-    } else if (a == "--no-prefix") {
-      o.prefix = false;
-    } else if (a == "--elastic") {
-      o.elastic = true;
-    } else if (a == "--join-nice") {
-      o.join_nice = parse_int(a, value(a), 1, 19);
-    } else if (a == "--sched-slice-us") {
-      o.sched_slice_us = parse_int(a, value(a), static_cast<int>(ef::elastic::group_options::min_sched_slice.count()),
-                                   static_cast<int>(ef::elastic::group_options::max_sched_slice.count()));
-    } else if (a == "--rt-priority") {
-      o.rt_priority = parse_int(a, value(a), 1, ef::elastic::group_options::max_rt_priority);
-    } else if (a == "--cpu-bind") {
-      const std::string v = value(a);
-      if (v == "none")
-        o.cpu_bind = 0;
-      else if (v == "core")
-        o.cpu_bind = 1;
-      else if (v.rfind("core:", 0) == 0)
-        o.cpu_bind = parse_int(a, v.substr(5), 1, 4096);
-      else
-        usage_error(a + " '" + v + "': expected none, core or core:K");
-    } else if (a == "--store-cpu") {
-      o.store_cpu = parse_int(a, value(a), 0, CPU_SETSIZE - 1);
-    } else if (a == "--min") {
-      o.min_size = parse_int(a, value(a), 1, 1 << 20);
-    } else if (a == "--max") {
-      o.max_size = parse_int(a, value(a), 1, 1 << 20);
-    } else if (a == "--restart") {
-      o.restarts = parse_int(a, value(a), 0, 1 << 20);
-    } else if (a == "--restart-cooldown") {
-      try {
-        o.restart_cooldown = el::cooldown::parse(value(a), a);
-      } catch (const std::invalid_argument& e) {
-        usage_error(e.what());
-      }
-    } else if (a == "--discovery") {
-      o.discovery = value(a);
-    } else if (a == "--discovery-interval") {
-      o.discovery_interval = parse_seconds(a, value(a));
-    } else if (a == "--discovery-timeout") {
-      o.discovery_timeout = parse_seconds(a, value(a));
-    } else if (a == "--event-clock") {
-      const std::string v = value(a);
-      if (v != "launch" && v != "training") usage_error(a + " '" + v + "': expected launch or training");
-      o.events_from_training = v == "training";
-    } else if (a == "--stop") {
-      const std::string v = value(a);
-      const auto c1 = v.find(':'), c2 = c1 == std::string::npos ? c1 : v.find(':', c1 + 1);
-      if (c2 == std::string::npos) usage_error("--stop '" + v + "': expected SEC:ID:FOR");
-      options::event ev{};
-      ev.what = options::event::stop;
-      ev.at = parse_seconds(a, v.substr(0, c1));
-      ev.arg = parse_int(a, v.substr(c1 + 1, c2 - c1 - 1), 0, 1 << 20);
-      ev.for_s = parse_seconds(a, v.substr(c2 + 1));
-      o.events.push_back(ev);
-      o.elastic = true;
-    } else if (a == "--add" || a == "--kill" || a == "--leave") {
-      const std::string v = value(a);
-      const auto colon = v.find(':');
-      options::event ev{};
-      ev.at = parse_seconds(a, v.substr(0, colon));
-      ev.what = a == "--add" ? options::event::add : a == "--kill" ? options::event::kill : options::event::leave;
-      if (colon == std::string::npos) {
-        if (ev.what != options::event::add) usage_error(a + " '" + v + "': expected SEC:ID");
-        ev.arg = 1;
-      } else {
-        ev.arg = parse_int(a, v.substr(colon + 1), 0, 1 << 20);
-      }
-      o.events.push_back(ev);
-      o.elastic = true;
-    } else if (!a.empty() && a[0] == '-') {
-      usage_error("unknown option " + a);
-    } else {
-      break;  // the program, without "--"
-    }
-  }
-  for (; i < argc; ++i) o.argv.emplace_back(argv[i]);
-  if (o.n == 0) usage_error("-n N is required");
-  if (o.argv.empty()) usage_error("no program given");
+  bool no_prefix = false;
+  namespace ge = ef::elastic;
+  using ev = options::event;
+  cli::parser p("ebbflow-run", synopsis, epilogue);
+  p.number("-n, --nproc", "N", o.n, 1, max_workers, "number of ranks (1..4096)")
+      .value("--store", "HOST:PORT", "HOST:PORT",
+             [&](const std::string& v) {
+               o.store = v;
+               try {
+                 o.store_at = ef::env::parse_host_port(v, "--store");
+               } catch (const std::invalid_argument&) {
+                 return false;
+               }
+               return true;
+             },
+             "address the embedded store binds (default 127.0.0.1:0 = free port)")
+      .flag("--attach", o.attach,
+            "use an existing store at --store instead of starting one; the job gets\n"
+            "a fresh EBBFLOW_JOB (store key prefix) unless one is set")
+      .value("--token", "T", "a token",
+             [&](const std::string& v) {
+               o.token = v;
+               return true;
+             },
+             "job token (default: EBBFLOW_TOKEN, else a random one; with --attach,\n"
+             "else the empty token, as ebbflow-store's default)")
+      .value("--timeout", "SEC", positive_seconds, [&](const std::string& v) { return seconds_into(v, o.timeout_s); },
+             "stop the job after SEC seconds (exit status 124)")
+      .value("--kill-after", "SEC", positive_seconds,
+             [&](const std::string& v) { return seconds_into(v, o.kill_after_s); },
+             "after stopping ranks with SIGTERM, SIGKILL them after SEC s (default 5)")
+      .flag("--no-prefix", no_prefix, "do not prefix output lines with \"[rank R] \" (\"[worker ID] \" with --elastic)")
+      .note("elastic controls (workers use <ebbflow/elastic/group.hpp>; --add, --kill, --leave, --stop,\n"
+            "--restart and --discovery imply --elastic):")
+      .flag("--elastic", o.elastic,
+            "a failed worker does not stop the job; exit 0 when a worker finished with 0;\n"
+            "what a failed worker left in its process group is killed at once, and the\n"
+            "job is told (each worker gets EBBFLOW_PROCESS_KEY=<launcher>/<worker id>)")
+      .number("--min", "N", o.min_size, 1, 1 << 20, "membership lower bound passed to workers (EBBFLOW_MIN_SIZE)")
+      .number("--max", "N", o.max_size, 1, 1 << 20, "membership upper bound passed to workers (EBBFLOW_MAX_SIZE)")
+      .value("--add", "SEC[:K]", "SEC[:K]: positive seconds, K an integer in [0, 1048576]",
+             [&](const std::string& v) { return event_into(v, ev::add, o); },
+             "after SEC seconds start K (default 1) more workers that join the running job")
+      .value("--kill", "SEC:ID", "SEC:ID: positive seconds, ID an integer in [0, 1048576]",
+             [&](const std::string& v) { return event_into(v, ev::kill, o); },
+             "after SEC seconds SIGKILL worker ID (fault injection)")
+      .value("--leave", "SEC:ID", "SEC:ID: positive seconds, ID an integer in [0, 1048576]",
+             [&](const std::string& v) { return event_into(v, ev::leave, o); },
+             "after SEC seconds SIGTERM worker ID (graceful leave at the next step)")
+      .value("--stop", "SEC:ID:FOR", "SEC:ID:FOR: positive seconds, ID an integer in [0, 1048576]",
+             [&](const std::string& v) { return event_into(v, ev::stop, o); },
+             "after SEC seconds SIGSTOP worker ID, and SIGCONT it FOR seconds later\n"
+             "(fault injection: a hung worker, dropped when its lease expires)")
+      .value("--event-clock", "C", "launch or training",
+             [&](const std::string& v) {
+               o.events_from_training = v == "training";
+               return v == "launch" || v == "training";
+             },
+             "what the SEC of --add/--kill/--leave/--stop count from: launch (default),\n"
+             "or training: the job's first generation, so that on a loaded host no\n"
+             "event lands while the workers still start (read from the store's\n"
+             "<EBBFLOW_JOB>/gen/0)")
+      .number("--restart", "K", o.restarts, 0, 1 << 20, "restart a failed worker as a joiner, up to K times in all")
+      .value("--restart-cooldown", "SEC[:MAX]", "SEC[:MAX], seconds in [0, 86400], MAX not below SEC",
+             [&](const std::string& v) {
+               try {
+                 o.restart_cooldown = el::cooldown::parse(v, "--restart-cooldown");
+               } catch (const std::invalid_argument&) {
+                 return false;
+               }
+               return true;
+             },
+             "a worker that keeps failing (each incarnation within MAX s of\n"
+             "its start, default 60) is restarted after a cool-down: none after its\n"
+             "first failure, then SEC (default 1), doubling per failure, at most MAX")
+      .number("--join-nice", "N", o.join_nice, 1, 19,
+              "start joiners N nice levels lower (1..19) so their start-up does not take\n"
+              "CPU from the running workers on a shared host; the group restores the\n"
+              "priority once the worker is admitted (needs CAP_SYS_NICE, else it warns)")
+      .number("--sched-slice-us", "N", o.sched_slice_us, static_cast<int>(ge::group_options::min_sched_slice.count()),
+              static_cast<int>(ge::group_options::max_sched_slice.count()),
+              "every worker asks for an N us scheduler slice (100..100000; Linux 6.12+)\n"
+              "once it is a member (EBBFLOW_SCHED_SLICE_US): woken by its data it takes\n"
+              "the core from a process computing beside it, e.g. a joiner starting up")
+      .number("--rt-priority", "N", o.rt_priority, 1, ge::group_options::max_rt_priority,
+              "every worker's training and heartbeat threads run SCHED_RR at priority N\n"
+              "(1..99) once it is a member (EBBFLOW_RT_PRIORITY): joiners starting up on a\n"
+              "shared host then run only on cores the members leave idle (needs\n"
+              "CAP_SYS_NICE or RLIMIT_RTPRIO)")
+      .value("--cpu-bind", "core[:K]", "none, core or core:K (K an integer in [1, 4096])",
+             [&](const std::string& v) {
+               const auto k = v.rfind("core:", 0) == 0 ? cli::parse_number<int>(std::string_view(v).substr(5), 1, 4096)
+                                                       : std::nullopt;
+               o.cpu_bind = v == "none" ? 0 : v == "core" ? 1 : k.value_or(0);
+               return v == "none" || v == "core" || k;
+             },
+             "bind worker ID (initial or joiner) to one CPU of ours: CPU number ID/K\n"
+             "(default K=1) of the CPUs this launcher may use, wrapping around; on a\n"
+             "shared host it keeps the start-up of joiners off the running workers' cores;\n"
+             "the launcher and its store run on worker 0's CPU")
+      .number("--store-cpu", "N", o.store_cpu, 0, CPU_SETSIZE - 1,
+              "with --cpu-bind: run the launcher and its store on CPU N instead (one of\n"
+              "the CPUs this launcher may use), e.g. off the running workers' CPU")
+      .text("--discovery", "CMD", o.discovery,
+            "poll CMD (every --discovery-interval SEC): it prints the wanted number\n"
+            "of workers; more are started, or the newest asked to leave. It runs\n"
+            "beside the job; output that is not a whole number (0..4096), a failure, or\n"
+            "no answer within --discovery-timeout SEC (then it is killed) keeps the\n"
+            "workers there are, with a warning")
+      .value("--discovery-interval", "SEC", positive_seconds,
+             [&](const std::string& v) { return seconds_into(v, o.discovery_interval); },
+             "how often --discovery runs (default 2)")
+      .value("--discovery-timeout", "SEC", positive_seconds,
+             [&](const std::string& v) { return seconds_into(v, o.discovery_timeout); },
+             "how long --discovery may take (default 10)");
+  p.parse(argc, argv, &o.argv);
+  o.prefix = !no_prefix;
+  if (o.n == 0) p.error("-n N is required");
+  if (o.argv.empty()) p.error("no program given");
   if (!o.discovery.empty() || o.restarts > 0) o.elastic = true;
-  if (o.min_size && o.max_size && o.min_size > o.max_size) usage_error("--min is larger than --max");
+  if (o.min_size && o.max_size && o.min_size > o.max_size) p.error("--min is larger than --max");
   if (o.min_size > o.n)
-    usage_error("--min " + std::to_string(o.min_size) + " is larger than -n " + std::to_string(o.n) +
-                ": the first generation is formed from the launched workers");
-  if (o.attach && o.store_at.port == 0) usage_error("--attach needs --store HOST:PORT with a port");
-  if (o.store_cpu >= 0 && !o.cpu_bind) usage_error("--store-cpu needs --cpu-bind (else the workers would inherit it)");
+    p.error("--min " + std::to_string(o.min_size) + " is larger than -n " + std::to_string(o.n) +
+            ": the first generation is formed from the launched workers");
+  if (o.attach && o.store_at.port == 0) p.error("--attach needs --store HOST:PORT with a port");
+  if (o.store_cpu >= 0 && !o.cpu_bind) p.error("--store-cpu needs --cpu-bind (else the workers would inherit it)");
   return o;
 }
 
@@ -320,7 +292,6 @@ std::string seconds_text(double s) {
   return b;
 }
 
-constexpr int max_workers = 4096;
 
 // Tells the store which failed worker's process exited (report_process_exit),
 // on a thread and a connection of its own: a store that is slow or stopped
@@ -406,13 +377,7 @@ std::string_view trimmed(std::string_view s) {
 // must be one decimal number in [0, max_workers], with nothing but white space
 // around it. Anything else ("", "garbage", "3abc", "-1", two lines) is no
 // answer, not 0 or a prefix: a broken command must not scale the job down.
-std::optional<int> parse_worker_count(std::string_view out) {
-  out = trimmed(out);
-  int n = -1;
-  const auto [p, ec] = std::from_chars(out.data(), out.data() + out.size(), n);
-  if (out.empty() || ec != std::errc{} || p != out.data() + out.size() || n < 0 || n > max_workers) return std::nullopt;
-  return n;
-}
+std::optional<int> parse_worker_count(std::string_view out) { return cli::parse_number(trimmed(out), 0, max_workers); }
 
 // `s` in double quotes, trimmed, with control characters escaped and at most
 // about 200 characters shown, for a warning line.
@@ -481,8 +446,8 @@ int main(int argc, char** argv) {
     if (opt.store_cpu >= 0 && std::find(cpus.begin(), cpus.end(), opt.store_cpu) == cpus.end()) {
       std::string allowed;
       for (int c : cpus) allowed += (allowed.empty() ? "" : ",") + std::to_string(c);
-      usage_error("--store-cpu " + std::to_string(opt.store_cpu) + ": not one of the CPUs this launcher may use (" +
-                  allowed + ")");
+      cli::usage_error("ebbflow-run", "--store-cpu " + std::to_string(opt.store_cpu) +
+                                          ": not one of the CPUs this launcher may use (" + allowed + ")");
     }
     CPU_ZERO(&set);
     CPU_SET(opt.store_cpu >= 0 ? opt.store_cpu : cpus.front(), &set);
@@ -565,7 +530,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  el::detail::process_group group([&](int id, int stream, std::string_view line) {
+  ebbflow_run::child_processes group([&](int id, int stream, std::string_view line) {
     std::string out;
     // Elastic jobs renumber ranks as workers come and go: name the worker.
     if (opt.prefix) out = (opt.elastic ? "[worker " : "[rank ") + std::to_string(id) + "] ";
@@ -599,7 +564,7 @@ int main(int argc, char** argv) {
     return l;
   };
   auto spawn = [&](bool joiner, int slot) {
-    el::detail::child_spec spec;
+    ebbflow_run::child_spec spec;
     spec.id = next_id++;
     slot_of[spec.id] = slot >= 0 ? slot : spec.id;
     started_at[spec.id] = ef::steady_clock::now();
@@ -671,7 +636,7 @@ int main(int argc, char** argv) {
   // then the members hear at once which member it was, instead of waiting
   // for its lease where no transport of theirs saw it die.
   exit_reporter reporter(store_at, token, job, 1s);
-  auto report_exit = [&](const el::detail::child_exit& e) {
+  auto report_exit = [&](const ebbflow_run::child_exit& e) {
     group.signal_left_group(e.pid, SIGKILL);
     reporter.report(e.id, process_key(e.id), e.describe());
   };
@@ -705,7 +670,7 @@ int main(int argc, char** argv) {
   const auto job_deadline =
       opt.timeout_s ? ef::deadline::after(std::chrono::duration<double>(*opt.timeout_s)) : ef::deadline::never();
   std::optional<ef::deadline> kill_deadline;  // set once we have asked the ranks to stop
-  std::optional<el::detail::child_exit> first_failure;
+  std::optional<ebbflow_run::child_exit> first_failure;
   int interrupted_by = 0;
   bool timed_out = false;
   // What stopped the job first decides the exit status (docs/launcher.md): a
@@ -716,7 +681,7 @@ int main(int argc, char** argv) {
   // hangs holds up neither the job's exits, nor --timeout, nor signals, and
   // is killed (its whole process group) after --discovery-timeout.
   std::string discovery_out;
-  el::detail::process_group discovery([&](int, int stream, std::string_view line) {
+  ebbflow_run::child_processes discovery([&](int, int stream, std::string_view line) {
     if (stream == 2) {
       write_all(2, "[discovery] " + std::string(line) + "\n");
     } else if (discovery_out.size() < 4096) {
@@ -880,7 +845,7 @@ int main(int argc, char** argv) {
         }
         if (discovery_run < 0 && now >= next_discovery) {
           next_discovery = now + opt.discovery_interval;
-          el::detail::child_spec spec;
+          ebbflow_run::child_spec spec;
           spec.id = discovery_runs++;
           spec.argv = {"/bin/sh", "-c", opt.discovery};
           discovery_out.clear();

@@ -35,3 +35,13 @@ function(ebbflow_consumer_programs)
   endforeach()
   file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/consumer-programs.txt CONTENT "${list}")
 endfunction()
+
+# ebbflow_require_targets(<why one is missing> <targets>...): stops with an
+# error naming a target that is not defined.
+function(ebbflow_require_targets why)
+  foreach(t IN LISTS ARGN)
+    if(NOT TARGET ${t})
+      message(FATAL_ERROR "${t} is not defined: ${why}")
+    endif()
+  endforeach()
+endfunction()

@@ -1,8 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # Checks that ebbflow, pulled in as a subproject (FetchContent or
-# add_subdirectory), left the consuming project's global state alone.
+# add_subdirectory), left the consuming project's global state alone and
+# gives what a consumer links.
 #   ebbflow_snapshot_globals()  before pulling ebbflow in
-#   ebbflow_check_globals()     after
+#   ebbflow_check_subproject()  after: checks the globals and the component
+#                               targets, and builds the consumer programs
+include(${CMAKE_CURRENT_LIST_DIR}/programs.cmake)
 set(_ebbflow_watched CMAKE_CXX_FLAGS CMAKE_CXX_STANDARD CMAKE_CXX_EXTENSIONS CMAKE_MODULE_PATH
     CMAKE_CUDA_ARCHITECTURES CMAKE_POSITION_INDEPENDENT_CODE CMAKE_EXE_LINKER_FLAGS)
 macro(ebbflow_snapshot_globals)
@@ -39,9 +42,11 @@ macro(ebbflow_check_globals)
   if(EBBFLOW_BUILD_TESTS OR EBBFLOW_BUILD_BENCH OR EBBFLOW_BUILD_EXAMPLES OR EBBFLOW_INSTALL)
     message(FATAL_ERROR "ebbflow as a subproject defaulted tests/benchmarks/examples/install to ON")
   endif()
-  foreach(t ebbflow::ebbflow ebbflow::asio)
-    if(NOT TARGET ${t})
-      message(FATAL_ERROR "${t} is not defined")
-    endif()
-  endforeach()
+  # ucx is a hard requirement here: these tests run where UCX is, so the
+  # subproject must have found it.
+  ebbflow_require_targets("the subproject did not find its dependencies" ebbflow::ebbflow ebbflow::asio ebbflow::ucx)
+endmacro()
+macro(ebbflow_check_subproject)
+  ebbflow_check_globals()
+  ebbflow_consumer_programs(CORE ebbflow::ebbflow ASIO ebbflow::asio UCX ebbflow::ucx)
 endmacro()

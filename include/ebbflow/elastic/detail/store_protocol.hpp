@@ -85,56 +85,6 @@ enum class op : std::uint8_t {
   error = 0x89,
 };
 
-inline constexpr const char* op_name(op o) noexcept {
-  switch (o) {
-    case op::auth:
-      return "auth";
-    case op::set:
-      return "set";
-    case op::get:
-      return "get";
-    case op::add:
-      return "add";
-    case op::compare_set:
-      return "compare_set";
-    case op::wait:
-      return "wait";
-    case op::erase:
-      return "erase";
-    case op::num_keys:
-      return "num_keys";
-    case op::check:
-      return "check";
-    case op::watch:
-      return "watch";
-    case op::ping:
-      return "ping";
-    case op::wait_any:
-      return "wait_any";
-    case op::ok:
-      return "ok";
-    case op::challenge:
-      return "challenge";
-    case op::welcome:
-      return "welcome";
-    case op::value:
-      return "value";
-    case op::missing:
-      return "missing";
-    case op::integer:
-      return "integer";
-    case op::cas_result:
-      return "cas_result";
-    case op::boolean:
-      return "boolean";
-    case op::event:
-      return "event";
-    case op::error:
-      return "error";
-  }
-  return "?";
-}
-
 //! Kinds of `event` frames.
 enum class event_kind : std::uint8_t { set = 1, erase = 2 };
 
@@ -152,6 +102,73 @@ struct message {
   std::string_view nonce;              //!< challenge/auth (nonce_bytes)
   std::string_view mac;                //!< auth/welcome (mac_bytes)
 };
+
+//! The members of `message` that frames carry, each with its wire type:
+//! flag u8, timeout_ms u32, integer i64, key/value/expected str, keys
+//! `u32 n, str * n`, nonce nonce_bytes and mac mac_bytes raw bytes.
+enum class slot : std::uint8_t { flag, timeout_ms, integer, key, value, expected, keys, nonce, mac };
+
+//! One field of a frame: the member it fills, and its name in errors.
+struct field {
+  slot where{};
+  const char* name = nullptr;
+};
+
+//! An opcode's name and the fields after it, in wire order: the one
+//! description of the frames that decoding (and anything that re-encodes a
+//! message) follows.
+struct layout {
+  op code{};
+  const char* name = "?";
+  std::array<field, 3> fields{};
+  std::uint8_t count = 0;
+  [[nodiscard]] constexpr std::span<const field> list() const noexcept { return {fields.data(), count}; }
+};
+
+namespace detail {
+constexpr layout frame(op o, const char* name) noexcept { return {o, name, {}, 0}; }
+constexpr layout frame(op o, const char* name, field a) noexcept { return {o, name, {a}, 1}; }
+constexpr layout frame(op o, const char* name, field a, field b) noexcept { return {o, name, {a, b}, 2}; }
+constexpr layout frame(op o, const char* name, field a, field b, field c) noexcept { return {o, name, {a, b, c}, 3}; }
+}  // namespace detail
+
+inline constexpr layout layouts[] = {
+    detail::frame(op::auth, "auth", {slot::flag, "version"}, {slot::nonce, "client nonce"}, {slot::mac, "mac"}),
+    detail::frame(op::set, "set", {slot::key, "key"}, {slot::value, "value"}),
+    detail::frame(op::get, "get", {slot::key, "key"}, {slot::timeout_ms, "timeout"}, {slot::flag, "wait flag"}),
+    detail::frame(op::add, "add", {slot::key, "key"}, {slot::integer, "delta"}),
+    detail::frame(op::compare_set, "compare_set", {slot::key, "key"}, {slot::expected, "expected value"},
+                  {slot::value, "desired value"}),
+    detail::frame(op::wait, "wait", {slot::timeout_ms, "timeout"}, {slot::keys, "key"}),
+    detail::frame(op::erase, "erase", {slot::key, "key"}),
+    detail::frame(op::num_keys, "num_keys"),
+    detail::frame(op::check, "check", {slot::keys, "key"}),
+    detail::frame(op::watch, "watch", {slot::key, "prefix"}, {slot::flag, "include-existing flag"}),
+    detail::frame(op::ping, "ping"),
+    detail::frame(op::wait_any, "wait_any", {slot::timeout_ms, "timeout"}, {slot::keys, "key"}),
+    detail::frame(op::ok, "ok"),
+    detail::frame(op::challenge, "challenge", {slot::flag, "version"}, {slot::nonce, "server nonce"}),
+    detail::frame(op::welcome, "welcome", {slot::mac, "mac"}),
+    detail::frame(op::value, "value", {slot::value, "value"}),
+    detail::frame(op::missing, "missing"),
+    detail::frame(op::integer, "integer", {slot::integer, "integer"}),
+    detail::frame(op::cas_result, "cas_result", {slot::flag, "swapped flag"}, {slot::value, "current value"}),
+    detail::frame(op::boolean, "boolean", {slot::flag, "boolean"}),
+    detail::frame(op::event, "event", {slot::flag, "event kind"}, {slot::key, "key"}, {slot::value, "value"}),
+    detail::frame(op::error, "error", {slot::flag, "error code"}, {slot::value, "reason"}),
+};
+
+//! The layout of opcode `raw`; nullptr when no opcode has that value.
+constexpr const layout* find_layout(std::uint8_t raw) noexcept {
+  for (const auto& l : layouts)
+    if (static_cast<std::uint8_t>(l.code) == raw) return &l;
+  return nullptr;
+}
+
+inline constexpr const char* op_name(op o) noexcept {
+  const layout* l = find_layout(static_cast<std::uint8_t>(o));
+  return l ? l->name : "?";
+}
 
 //! Result of `decode`: a message, or `errc::bad_message` with a reason.
 struct decode_result {
@@ -250,6 +267,39 @@ inline void read_keys(reader& r, std::vector<std::string_view>& out) {
   out.reserve(n);
   for (std::uint32_t i = 0; i < n && !r.failed(); ++i) out.push_back(r.str("key"));
 }
+
+//! Reads field `f` into its member of `m`.
+inline void read_field(reader& r, const field& f, message& m) {
+  switch (f.where) {
+    case slot::flag:
+      m.flag = r.u8(f.name);
+      break;
+    case slot::timeout_ms:
+      m.timeout_ms = r.u32(f.name);
+      break;
+    case slot::integer:
+      m.integer = r.i64(f.name);
+      break;
+    case slot::key:
+      m.key = r.str(f.name);
+      break;
+    case slot::value:
+      m.value = r.str(f.name);
+      break;
+    case slot::expected:
+      m.expected = r.str(f.name);
+      break;
+    case slot::keys:
+      read_keys(r, m.keys);
+      break;
+    case slot::nonce:
+      m.nonce = r.fixed(nonce_bytes, f.name);
+      break;
+    case slot::mac:
+      m.mac = r.fixed(mac_bytes, f.name);
+      break;
+  }
+}
 }  // namespace detail
 
 //! Decodes a frame body (opcode and fields, without the length prefix).
@@ -266,88 +316,17 @@ inline decode_result decode_body(std::string_view body) {
   message& m = res.msg;
   const auto raw = static_cast<std::uint8_t>(body[0]);
   m.code = static_cast<op>(raw);
-  switch (m.code) {
-    case op::auth:
-      m.flag = r.u8("version");
-      m.nonce = r.fixed(nonce_bytes, "client nonce");
-      m.mac = r.fixed(mac_bytes, "mac");
-      break;
-    case op::set:
-      m.key = r.str("key");
-      m.value = r.str("value");
-      break;
-    case op::get:
-      m.key = r.str("key");
-      m.timeout_ms = r.u32("timeout");
-      m.flag = r.u8("wait flag");
-      break;
-    case op::add:
-      m.key = r.str("key");
-      m.integer = r.i64("delta");
-      break;
-    case op::compare_set:
-      m.key = r.str("key");
-      m.expected = r.str("expected value");
-      m.value = r.str("desired value");
-      break;
-    case op::wait:
-    case op::wait_any:
-      m.timeout_ms = r.u32("timeout");
-      detail::read_keys(r, m.keys);
-      break;
-    case op::erase:
-      m.key = r.str("key");
-      break;
-    case op::num_keys:
-    case op::ping:
-    case op::ok:
-    case op::missing:
-      break;
-    case op::check:
-      detail::read_keys(r, m.keys);
-      break;
-    case op::watch:
-      m.key = r.str("prefix");
-      m.flag = r.u8("include-existing flag");
-      break;
-    case op::challenge:
-      m.flag = r.u8("version");
-      m.nonce = r.fixed(nonce_bytes, "server nonce");
-      break;
-    case op::welcome:
-      m.mac = r.fixed(mac_bytes, "mac");
-      break;
-    case op::value:
-      m.value = r.str("value");
-      break;
-    case op::integer:
-      m.integer = r.i64("integer");
-      break;
-    case op::cas_result:
-      m.flag = r.u8("swapped flag");
-      m.value = r.str("current value");
-      break;
-    case op::boolean:
-      m.flag = r.u8("boolean");
-      break;
-    case op::event:
-      m.flag = r.u8("event kind");
-      m.key = r.str("key");
-      m.value = r.str("value");
-      if (!r.failed() && m.flag != 1 && m.flag != 2) r.fail("unknown event kind " + std::to_string(m.flag));
-      break;
-    case op::error:
-      m.flag = r.u8("error code");
-      m.value = r.str("reason");
-      break;
-    default: {
-      static constexpr char hex[] = "0123456789abcdef";
-      std::string h = "0x";
-      h += hex[raw >> 4];
-      h += hex[raw & 15];
-      return bad("unknown opcode " + h);
-    }
+  const layout* l = find_layout(raw);
+  if (!l) {
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string h = "0x";
+    h += hex[raw >> 4];
+    h += hex[raw & 15];
+    return bad("unknown opcode " + h);
   }
+  for (const field& f : l->list()) detail::read_field(r, f, m);
+  if (m.code == op::event && !r.failed() && m.flag != 1 && m.flag != 2)
+    r.fail("unknown event kind " + std::to_string(m.flag));
   if (r.failed()) return bad(std::string(op_name(m.code)) + ": " + r.why());
   if (r.left() != 0)
     return bad(std::string(op_name(m.code)) + ": " + std::to_string(r.left()) + " trailing bytes after the last field");

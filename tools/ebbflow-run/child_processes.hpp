@@ -1,18 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file process_group.hpp
-//! Child-process management for `ebbflow-run` and the multi-process tests
-//! (POSIX/Linux; no API promise): spawn workers with their own environment,
-//! capture their output line by line, reap them as soon as they exit
-//! (a pidfd per child, so no SIGCHLD handler is needed and an exited worker
-//! never lingers as a zombie that peers could mistake for a live process),
-//! signal them, and tell how each ended.
-//!
-//! Built to grow elastic controls: children are identified by an integer id
-//! (the rank) chosen by the caller, can be spawned at any time, and exits are
-//! reported one by one, so a controller can replace or add workers at run time.
+// The launcher's child processes: ebbflow-run's, and those of the tests that
+// drive processes the same way (POSIX/Linux; not part of the library, not
+// installed). Spawns workers with their own environment, captures their
+// output line by line, reaps them as soon as they exit (a pidfd per child, so
+// no SIGCHLD handler is needed and an exited worker never lingers as a zombie
+// that peers could mistake for a live process), signals them, and tells how
+// each ended.
+//
+// Built to grow elastic controls: children are identified by an integer id
+// (the rank) chosen by the caller, can be spawned at any time, and exits are
+// reported one by one, so a controller can replace or add workers at run time.
 #pragma once
 
-#include <ebbflow/config.hpp>
 #include <ebbflow/core/deadline.hpp>
 
 #include <fcntl.h>
@@ -30,6 +29,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -41,8 +41,7 @@
 
 extern char** environ;
 
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
+namespace ebbflow_run {
 
 //! What to start.
 struct child_spec {
@@ -75,15 +74,15 @@ struct child_exit {
 };
 
 //! A set of children. Not thread-safe: drive it from one thread.
-class process_group {
+class child_processes {
  public:
   //! Receives each complete line of a child's output (stream 1: stdout, 2: stderr), without the newline.
   using line_handler = std::function<void(int id, int stream, std::string_view line)>;
 
-  explicit process_group(line_handler on_line = {}) : on_line_(std::move(on_line)) {}
+  explicit child_processes(line_handler on_line = {}) : on_line_(std::move(on_line)) {}
   //! Kills every child and what is left in the process groups of those that
   //! exited (see signal_leftovers), then reaps the children.
-  ~process_group() {
+  ~child_processes() {
     signal_all(SIGKILL);
     signal_leftovers(SIGKILL);
     for (auto& [pid, c] : children_) {
@@ -93,8 +92,8 @@ class process_group {
       c.close_fds();
     }
   }
-  process_group(const process_group&) = delete;
-  process_group& operator=(const process_group&) = delete;
+  child_processes(const child_processes&) = delete;
+  child_processes& operator=(const child_processes&) = delete;
 
   //! Starts a child in its own process group (so signals reach its own
   //! children too); it is killed if this thread exits. Blocks until exec.
@@ -219,7 +218,7 @@ class process_group {
   //! Pumps output and reaps children until at least one has exited, `d`
   //! passes, or `extra_fd` (e.g. a signalfd; -1: none) is readable (then
   //! `*extra_ready` is set). Returns the children that exited, in order.
-  std::vector<child_exit> poll(deadline d, int extra_fd = -1, bool* extra_ready = nullptr) {
+  std::vector<child_exit> poll(ebbflow::deadline d, int extra_fd = -1, bool* extra_ready = nullptr) {
     std::vector<child_exit> exits;
     if (extra_ready) *extra_ready = false;
     for (;;) {
@@ -400,5 +399,4 @@ class process_group {
   std::vector<pid_t> left_groups_;  // process groups of exited children that still have members
 };
 
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
+}  // namespace ebbflow_run
