@@ -8,7 +8,7 @@
 // `planner_bench --help` lists the options.
 #include <ebbflow/plan.hpp>
 #ifdef EBBFLOW_BENCH_STORE
-#include <ebbflow/elastic/store.hpp>
+#include <ebbflow/elastic/tcp_store.hpp>
 #endif
 
 #include "../../examples/common/args.hpp"

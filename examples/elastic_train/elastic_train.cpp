@@ -22,7 +22,7 @@
 // flags; those both examples take are in ../common/training_args.hpp.
 #include <ebbflow/elastic/group.hpp>
 #include <ebbflow/elastic/planner_policy.hpp>
-#include <ebbflow/elastic/store.hpp>
+#include <ebbflow/elastic/tcp_store.hpp>
 #include <ebbflow/elastic/ucx_network.hpp>
 #include <ebbflow/plan/sampler.hpp>
 

@@ -14,7 +14,7 @@
 
 #include <ebbflow/elastic/group.hpp>           // elastic::group
 #include <ebbflow/elastic/planner_policy.hpp>  // the exact batch planner as the group's policy
-#include <ebbflow/elastic/store.hpp>           // the rendezvous store client
+#include <ebbflow/elastic/tcp_store.hpp>           // the rendezvous store client
 #include <ebbflow/elastic/ucx_network.hpp>     // collectives over UCX
 #include <ebbflow/plan/sampler.hpp>            // plan::epoch_permutation
 #include <ebbflow/prefetch/prefetcher.hpp>     // prefetch::prefetcher

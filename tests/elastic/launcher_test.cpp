@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // ebbflow-run and ebbflow-store as real processes.
 #include <ebbflow/core/deadline.hpp>
-#include <ebbflow/elastic/store.hpp>
+#include <ebbflow/elastic/tcp_store.hpp>
 
 #include "../../tools/ebbflow-run/child_processes.hpp"
 #include "../common/temp_dir.hpp"

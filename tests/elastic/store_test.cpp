@@ -5,7 +5,7 @@
 #include "../thread_names.hpp"
 
 #include <ebbflow/elastic/kv_store.hpp>
-#include <ebbflow/elastic/store.hpp>
+#include <ebbflow/elastic/tcp_store.hpp>
 
 #include <gtest/gtest.h>
 

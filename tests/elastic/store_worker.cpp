@@ -13,7 +13,7 @@
 #include "raw_client.hpp"
 
 #include <ebbflow/core/env.hpp>
-#include <ebbflow/elastic/store.hpp>
+#include <ebbflow/elastic/tcp_store.hpp>
 #include <ebbflow/plan/work_stealing.hpp>
 
 #include <signal.h>

@@ -4,7 +4,7 @@
 // each claim is a real TCP round trip, serialised only by the server.
 #include "work_stealing_check.hpp"
 
-#include <ebbflow/elastic/store.hpp>
+#include <ebbflow/elastic/tcp_store.hpp>
 #include <ebbflow/plan.hpp>
 
 #include <gtest/gtest.h>

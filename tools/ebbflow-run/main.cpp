@@ -6,7 +6,7 @@
 #include <ebbflow/elastic/cooldown.hpp>
 #include <ebbflow/elastic/detail/hmac.hpp>
 #include <ebbflow/elastic/group.hpp>
-#include <ebbflow/elastic/store.hpp>
+#include <ebbflow/elastic/tcp_store.hpp>
 
 #include "../../examples/common/args.hpp"  // the command line
 #include "child_processes.hpp"

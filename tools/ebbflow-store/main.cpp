@@ -3,7 +3,7 @@
 // "ebbflow-store: listening on HOST:PORT" once it accepts connections and
 // serves until SIGINT/SIGTERM. See docs/store.md.
 #include <ebbflow/core/env.hpp>
-#include <ebbflow/elastic/store.hpp>
+#include <ebbflow/elastic/tcp_store.hpp>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
