@@ -539,8 +539,13 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
   for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
 }
 
-inline void check_buffer(const buffer_view& v, const char* what) {
-  EBBFLOW_ENFORCE(host_accessible(v.space), what << " must be host memory, got " << name(v.space));
+//! Refuses a view in the wrong memory space (host-accessible memory, or
+//! with `device` device memory) or a null one with elements.
+inline void check_buffer(const buffer_view& v, const char* what, bool device = false) {
+  if (device)
+    EBBFLOW_ENFORCE(v.space == memory_space::device, what << " must be device memory, got " << name(v.space));
+  else
+    EBBFLOW_ENFORCE(host_accessible(v.space), what << " must be host memory, got " << name(v.space));
   EBBFLOW_ENFORCE(v.count == 0 || v.data != nullptr, what << " is null with count " << v.count);
 }
 
@@ -554,6 +559,41 @@ inline void check_overlap(const buffer_view& in, const buffer_view& out, const s
                                                         << " bytes) overlaps output [" << out.data << ", +"
                                                         << out.bytes() << " bytes) other than in place (input at "
                                                         << static_cast<const void*>(in_place) << ")");
+}
+
+// What every communicator checks before a collective of `n` ranks starts
+// (`device`: its buffers are device memory). @throws std::invalid_argument.
+inline void check_allreduce(const buffer_view& in, const buffer_view& out, bool device = false) {
+  check_buffer(in, "allreduce input", device);
+  check_buffer(out, "allreduce output", device);
+  EBBFLOW_ENFORCE(in.count == out.count && in.type == out.type,
+                  "allreduce: input (" << in.count << " " << name(in.type) << ") and output (" << out.count << " "
+                                       << name(out.type) << ") differ");
+  check_overlap(in, out, static_cast<const std::byte*>(out.data), "allreduce");
+}
+inline void check_broadcast(const buffer_view& buf, int root, int n, bool device = false) {
+  check_buffer(buf, "broadcast buffer", device);
+  EBBFLOW_ENFORCE(root >= 0 && root < n, "broadcast root " << root << " outside [0, " << n << ")");
+}
+inline void check_allgather(const buffer_view& in, const buffer_view& out, int n, int rank, bool device = false) {
+  check_buffer(in, "allgather input", device);
+  check_buffer(out, "allgather output", device);
+  const auto un = static_cast<std::size_t>(n);
+  EBBFLOW_ENFORCE(in.type == out.type && out.count == in.count * un,
+                  "allgather: output count " << out.count << " must be " << un << " x input count " << in.count
+                                             << " of the same dtype");
+  check_overlap(in, out, static_cast<const std::byte*>(out.data) + static_cast<std::size_t>(rank) * in.bytes(),
+                "allgather");
+}
+inline void check_reduce_scatter(const buffer_view& in, const buffer_view& out, int n, bool device = false) {
+  check_buffer(in, "reduce_scatter input", device);
+  check_buffer(out, "reduce_scatter output", device);
+  const auto un = static_cast<std::size_t>(n);
+  EBBFLOW_ENFORCE(in.type == out.type && in.count == out.count * un,
+                  "reduce_scatter: input count " << in.count << " must be " << un << " x output count " << out.count
+                                                 << " of the same dtype");
+  // One rank: the output may be the input (a copy to itself).
+  check_overlap(in, out, un == 1 ? static_cast<const std::byte*>(out.data) : nullptr, "reduce_scatter");
 }
 
 //! The body of an `std::error_code&` twin: runs `f` (the throwing form) and
@@ -814,12 +854,7 @@ detail::op_context transport_communicator<T>::ctx(const char* op, std::uint64_t 
 
 template <transport T>
 request<T> transport_communicator<T>::iallreduce(buffer_view in, buffer_view out, reduce_op op) {
-  detail::check_buffer(in, "allreduce input");
-  detail::check_buffer(out, "allreduce output");
-  EBBFLOW_ENFORCE(in.count == out.count && in.type == out.type,
-                  "allreduce: input (" << in.count << " " << name(in.type) << ") and output (" << out.count << " "
-                                       << name(out.type) << ") differ");
-  detail::check_overlap(in, out, static_cast<const std::byte*>(out.data), "allreduce");
+  detail::check_allreduce(in, out);
   const std::uint64_t seq = next_sequence();
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
@@ -893,18 +928,11 @@ std::size_t transport_communicator<T>::allreduce_bytes_sent(std::size_t count, d
 
 template <transport T>
 request<T> transport_communicator<T>::ireduce_scatter(buffer_view in, buffer_view out, reduce_op op) {
-  detail::check_buffer(in, "reduce_scatter input");
-  detail::check_buffer(out, "reduce_scatter output");
+  detail::check_reduce_scatter(in, out, size());
   const auto n = static_cast<std::size_t>(size());
-  EBBFLOW_ENFORCE(in.type == out.type && in.count == out.count * n,
-                  "reduce_scatter: input count " << in.count << " must be " << n << " x output count " << out.count
-                                                 << " of the same dtype");
-  // One rank: the output may be the input (a copy to itself).
-  detail::check_overlap(in, out, n == 1 ? static_cast<const std::byte*>(out.data) : nullptr, "reduce_scatter");
   const std::uint64_t seq = next_sequence();
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
-  const std::size_t es = size_of(in.type);
   if (n == 1 || out.count == 0)
     return make_request(detail::copy_only<T>(src, dst, out.bytes()), ctx("reduce_scatter", seq, in.bytes()));
   // Partial sums of the segments this rank forwards live in a work buffer
@@ -912,7 +940,6 @@ request<T> transport_communicator<T>::ireduce_scatter(buffer_view in, buffer_vie
   // straight to `out`.
   auto work = detail::scratch_pool::take(pool_, in.bytes());
   std::byte* w = work.data();
-  (void)es;
   return make_request(detail::ring_allreduce<T>(*t_, seq, src, w, dst, in.count, in.type, op, opts_.chunk_bytes,
                                                 opts_.window, false, pool_, std::move(work)),
                       ctx("reduce_scatter", seq, in.bytes()));
@@ -920,8 +947,7 @@ request<T> transport_communicator<T>::ireduce_scatter(buffer_view in, buffer_vie
 
 template <transport T>
 request<T> transport_communicator<T>::ibroadcast(buffer_view buf, int root) {
-  detail::check_buffer(buf, "broadcast buffer");
-  EBBFLOW_ENFORCE(root >= 0 && root < size(), "broadcast root " << root << " outside [0, " << size() << ")");
+  detail::check_broadcast(buf, root, size());
   const std::uint64_t seq = next_sequence();
   auto* p = static_cast<std::byte*>(buf.data);
   if (size() == 1 || buf.count == 0)
@@ -933,14 +959,8 @@ request<T> transport_communicator<T>::ibroadcast(buffer_view buf, int root) {
 
 template <transport T>
 request<T> transport_communicator<T>::iallgather(buffer_view in, buffer_view out) {
-  detail::check_buffer(in, "allgather input");
-  detail::check_buffer(out, "allgather output");
+  detail::check_allgather(in, out, size(), rank());
   const auto n = static_cast<std::size_t>(size());
-  EBBFLOW_ENFORCE(in.type == out.type && out.count == in.count * n,
-                  "allgather: output count " << out.count << " must be " << n << " x input count " << in.count
-                                             << " of the same dtype");
-  detail::check_overlap(
-      in, out, static_cast<const std::byte*>(out.data) + static_cast<std::size_t>(rank()) * in.bytes(), "allgather");
   const std::uint64_t seq = next_sequence();
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
