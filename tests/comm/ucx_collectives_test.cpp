@@ -460,7 +460,8 @@ int run_compressed() {
   const auto check = [&](const std::string& what, std::vector<float>& got, const std::vector<double>& exact,
                          double tolerance) {
     double e = 0, m = 0;
-    for (std::size_t i = 0; i < got.size(); ++i) e += (got[i] - exact[i]) * (got[i] - exact[i]), m += exact[i] * exact[i];
+    for (std::size_t i = 0; i < got.size(); ++i)
+      e += (got[i] - exact[i]) * (got[i] - exact[i]), m += exact[i] * exact[i];
     if (!(std::sqrt(e / m) <= tolerance))
       bad += fail(what + ": relative l2 error " + std::to_string(std::sqrt(e / m)) + " above " +
                   std::to_string(tolerance));

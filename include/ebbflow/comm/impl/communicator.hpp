@@ -979,7 +979,8 @@ template <transport T>
 request<T> transport_communicator<T>::point_to_point(bool is_send, buffer_view buf, int peer, std::uint32_t tag) {
   const char* op = is_send ? "send" : "recv";
   detail::check_buffer(buf, is_send ? "send buffer" : "recv buffer");
-  EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(), op << ": peer " << peer << " invalid for rank " << rank());
+  EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(),
+                  op << ": peer " << peer << " invalid for rank " << rank());
   EBBFLOW_ENFORCE(tag < (1u << 24), op << ": tag " << tag << " must be < 2^24");
   // Point-to-point tags live in the step value 0xffff, which collectives never use.
   return make_request(

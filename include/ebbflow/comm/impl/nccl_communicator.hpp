@@ -38,8 +38,8 @@ constexpr ncclRedOp_t to_nccl(reduce_op op) noexcept { return detail::nccl_ops[s
 static_assert(to_nccl(dtype::bf16) == ncclBfloat16 && to_nccl(dtype::u8) == ncclUint8 &&
               to_nccl(reduce_op::avg) == ncclAvg && to_nccl(reduce_op::prod) == ncclProd);
 
-inline nccl_communicator nccl_communicator::init(int rank, int size, std::int64_t generation,
-                                                 const nccl_unique_id& id, nccl_options opts) {
+inline nccl_communicator nccl_communicator::init(int rank, int size, std::int64_t generation, const nccl_unique_id& id,
+                                                 nccl_options opts) {
   EBBFLOW_ENFORCE(size > 0 && rank >= 0 && rank < size,
                   "nccl_communicator::init: rank " << rank << " outside [0, " << size << ")");
   nccl_communicator c;
@@ -80,9 +80,8 @@ inline void nccl_communicator::allreduce(buffer_view in, buffer_view out, reduce
 
 inline void nccl_communicator::broadcast(buffer_view buf, int root, deadline d) {
   detail::check_broadcast(buf, root, st_.size, true);
-  run("broadcast", buf, d, [&] {
-    return ncclBroadcast(buf.data, buf.data, buf.count, to_nccl(buf.type), root, st_.comm, st_.opts.stream);
-  });
+  run("broadcast", buf, d,
+      [&] { return ncclBroadcast(buf.data, buf.data, buf.count, to_nccl(buf.type), root, st_.comm, st_.opts.stream); });
 }
 
 inline void nccl_communicator::allgather(buffer_view in, buffer_view out, deadline d) {
@@ -94,8 +93,7 @@ inline void nccl_communicator::allgather(buffer_view in, buffer_view out, deadli
 inline void nccl_communicator::reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d) {
   detail::check_reduce_scatter(in, out, st_.size, true);
   run("reduce_scatter", in, d, [&] {
-    return ncclReduceScatter(in.data, out.data, out.count, to_nccl(in.type), to_nccl(op), st_.comm,
-                             st_.opts.stream);
+    return ncclReduceScatter(in.data, out.data, out.count, to_nccl(in.type), to_nccl(op), st_.comm, st_.opts.stream);
   });
 }
 
@@ -105,9 +103,8 @@ inline void nccl_communicator::barrier(deadline d) {
       check(std::error_code(static_cast<int>(e), cuda_category()), "barrier", "cudaMalloc of 4 bytes");
   }
   const buffer_view one{st_.d_barrier, 1, dtype::i32, memory_space::device};
-  run("barrier", one, d, [&] {
-    return ncclAllReduce(one.data, one.data, 1, ncclInt32, ncclSum, st_.comm, st_.opts.stream);
-  });
+  run("barrier", one, d,
+      [&] { return ncclAllReduce(one.data, one.data, 1, ncclInt32, ncclSum, st_.comm, st_.opts.stream); });
 }
 
 inline void nccl_communicator::allreduce(buffer_view in, buffer_view out, reduce_op op, deadline d,
