@@ -11,6 +11,7 @@
 
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ef = ebbflow;
@@ -28,18 +29,17 @@ bool have_device() {
 }  // namespace
 
 TEST(NcclCommunicator, MapsTypesAndOps) {
-  EXPECT_EQ(ef::comm::to_nccl(ef::dtype::f32), ncclFloat32);
-  EXPECT_EQ(ef::comm::to_nccl(ef::dtype::f64), ncclFloat64);
-  EXPECT_EQ(ef::comm::to_nccl(ef::dtype::f16), ncclFloat16);
-  EXPECT_EQ(ef::comm::to_nccl(ef::dtype::bf16), ncclBfloat16);
-  EXPECT_EQ(ef::comm::to_nccl(ef::dtype::i32), ncclInt32);
-  EXPECT_EQ(ef::comm::to_nccl(ef::dtype::i64), ncclInt64);
-  EXPECT_EQ(ef::comm::to_nccl(ef::dtype::u8), ncclUint8);
-  EXPECT_EQ(ef::comm::to_nccl(ef::reduce_op::sum), ncclSum);
-  EXPECT_EQ(ef::comm::to_nccl(ef::reduce_op::avg), ncclAvg);
-  EXPECT_EQ(ef::comm::to_nccl(ef::reduce_op::min), ncclMin);
-  EXPECT_EQ(ef::comm::to_nccl(ef::reduce_op::max), ncclMax);
-  EXPECT_EQ(ef::comm::to_nccl(ef::reduce_op::prod), ncclProd);
+  const std::pair<ef::dtype, ncclDataType_t> types[] = {{ef::dtype::f32, ncclFloat32}, {ef::dtype::f64, ncclFloat64},
+                                                        {ef::dtype::f16, ncclFloat16}, {ef::dtype::bf16, ncclBfloat16},
+                                                        {ef::dtype::i32, ncclInt32},   {ef::dtype::i64, ncclInt64},
+                                                        {ef::dtype::u8, ncclUint8}};
+  for (auto [t, want] : types) EXPECT_EQ(ef::comm::to_nccl(t), want) << ef::name(t);
+  const std::pair<ef::reduce_op, ncclRedOp_t> ops[] = {{ef::reduce_op::sum, ncclSum},
+                                                       {ef::reduce_op::avg, ncclAvg},
+                                                       {ef::reduce_op::min, ncclMin},
+                                                       {ef::reduce_op::max, ncclMax},
+                                                       {ef::reduce_op::prod, ncclProd}};
+  for (auto [op, want] : ops) EXPECT_EQ(ef::comm::to_nccl(op), want) << ef::name(op);
   EXPECT_EQ(std::error_code(ncclRemoteError, ef::nccl_category()), ef::errc::peer_lost);
 }
 

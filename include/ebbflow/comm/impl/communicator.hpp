@@ -539,14 +539,16 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
   for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
 }
 
-//! Refuses a view in the wrong memory space (host-accessible memory, or
-//! with `device` device memory) or a null one with elements.
-inline void check_buffer(const buffer_view& v, const char* what, bool device = false) {
+//! Refuses `op`'s buffer `role` ("input", ...) when it is in the wrong
+//! memory space (host-accessible memory, or with `device` device memory), or
+//! null with elements.
+inline void check_buffer(const buffer_view& v, const char* op, const char* role, bool device = false) {
   if (device)
-    EBBFLOW_ENFORCE(v.space == memory_space::device, what << " must be device memory, got " << name(v.space));
+    EBBFLOW_ENFORCE(v.space == memory_space::device,
+                    op << " " << role << " must be device memory, got " << name(v.space));
   else
-    EBBFLOW_ENFORCE(host_accessible(v.space), what << " must be host memory, got " << name(v.space));
-  EBBFLOW_ENFORCE(v.count == 0 || v.data != nullptr, what << " is null with count " << v.count);
+    EBBFLOW_ENFORCE(host_accessible(v.space), op << " " << role << " must be host memory, got " << name(v.space));
+  EBBFLOW_ENFORCE(v.count == 0 || v.data != nullptr, op << " " << role << " is null with count " << v.count);
 }
 
 //! Input and output must not overlap, except with the input at `in_place`
@@ -564,36 +566,36 @@ inline void check_overlap(const buffer_view& in, const buffer_view& out, const s
 // What every communicator checks before a collective of `n` ranks starts
 // (`device`: its buffers are device memory). @throws std::invalid_argument.
 inline void check_allreduce(const buffer_view& in, const buffer_view& out, bool device = false) {
-  check_buffer(in, "allreduce input", device);
-  check_buffer(out, "allreduce output", device);
+  check_buffer(in, "allreduce", "input", device);
+  check_buffer(out, "allreduce", "output", device);
   EBBFLOW_ENFORCE(in.count == out.count && in.type == out.type,
                   "allreduce: input (" << in.count << " " << name(in.type) << ") and output (" << out.count << " "
                                        << name(out.type) << ") differ");
   check_overlap(in, out, static_cast<const std::byte*>(out.data), "allreduce");
 }
 inline void check_broadcast(const buffer_view& buf, int root, int n, bool device = false) {
-  check_buffer(buf, "broadcast buffer", device);
+  check_buffer(buf, "broadcast", "buffer", device);
   EBBFLOW_ENFORCE(root >= 0 && root < n, "broadcast root " << root << " outside [0, " << n << ")");
 }
-inline void check_allgather(const buffer_view& in, const buffer_view& out, int n, int rank, bool device = false) {
-  check_buffer(in, "allgather input", device);
-  check_buffer(out, "allgather output", device);
+// allgather (`gather`: out holds n x in) and reduce_scatter (in holds n x out).
+inline void check_parts(const char* op, const buffer_view& in, const buffer_view& out, int n, bool gather,
+                        const std::byte* in_place, bool device) {
+  check_buffer(in, op, "input", device);
+  check_buffer(out, op, "output", device);
   const auto un = static_cast<std::size_t>(n);
-  EBBFLOW_ENFORCE(in.type == out.type && out.count == in.count * un,
-                  "allgather: output count " << out.count << " must be " << un << " x input count " << in.count
-                                             << " of the same dtype");
-  check_overlap(in, out, static_cast<const std::byte*>(out.data) + static_cast<std::size_t>(rank) * in.bytes(),
-                "allgather");
+  const buffer_view &whole = gather ? out : in, &part = gather ? in : out;
+  EBBFLOW_ENFORCE(in.type == out.type && whole.count == part.count * un,
+                  op << ": " << (gather ? "output" : "input") << " count " << whole.count << " must be " << un << " x "
+                     << (gather ? "input" : "output") << " count " << part.count << " of the same dtype");
+  check_overlap(in, out, in_place, op);
+}
+inline void check_allgather(const buffer_view& in, const buffer_view& out, int n, int rank, bool device = false) {
+  check_parts("allgather", in, out, n, true,
+              static_cast<const std::byte*>(out.data) + static_cast<std::size_t>(rank) * in.bytes(), device);
 }
 inline void check_reduce_scatter(const buffer_view& in, const buffer_view& out, int n, bool device = false) {
-  check_buffer(in, "reduce_scatter input", device);
-  check_buffer(out, "reduce_scatter output", device);
-  const auto un = static_cast<std::size_t>(n);
-  EBBFLOW_ENFORCE(in.type == out.type && in.count == out.count * un,
-                  "reduce_scatter: input count " << in.count << " must be " << un << " x output count " << out.count
-                                                 << " of the same dtype");
   // One rank: the output may be the input (a copy to itself).
-  check_overlap(in, out, un == 1 ? static_cast<const std::byte*>(out.data) : nullptr, "reduce_scatter");
+  check_parts("reduce_scatter", in, out, n, false, n == 1 ? static_cast<const std::byte*>(out.data) : nullptr, device);
 }
 
 //! The body of an `std::error_code&` twin: runs `f` (the throwing form) and
@@ -978,7 +980,7 @@ request<T> transport_communicator<T>::ibarrier() {
 template <transport T>
 request<T> transport_communicator<T>::point_to_point(bool is_send, buffer_view buf, int peer, std::uint32_t tag) {
   const char* op = is_send ? "send" : "recv";
-  detail::check_buffer(buf, is_send ? "send buffer" : "recv buffer");
+  detail::check_buffer(buf, op, "buffer");
   EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(),
                   op << ": peer " << peer << " invalid for rank " << rank());
   EBBFLOW_ENFORCE(tag < (1u << 24), op << ": tag " << tag << " must be < 2^24");

@@ -19,45 +19,15 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace comm::detail {
 
-using v_f32 = float __attribute__((vector_size(16)));
-using v_f64 = double __attribute__((vector_size(16)));
-using v_i32 = std::int32_t __attribute__((vector_size(16)));
-using v_i64 = std::int64_t __attribute__((vector_size(16)));
-using v_u8 = std::uint8_t __attribute__((vector_size(16)));
-using v_u32 = std::uint32_t __attribute__((vector_size(16)));
-using v_u64 = std::uint64_t __attribute__((vector_size(16)));
-using v4_u16 = std::uint16_t __attribute__((vector_size(8)));
-
+//! The 16-byte GCC vector of `T` lanes (typedef form: an alias declaration
+//! would drop the attribute on a dependent type).
 template <class T>
-struct vec_of;
-template <>
-struct vec_of<float> {
-  using type = v_f32;
+struct vec_of {
+  typedef T type __attribute__((vector_size(16)));
 };
-template <>
-struct vec_of<double> {
-  using type = v_f64;
-};
-template <>
-struct vec_of<std::int32_t> {
-  using type = v_i32;
-};
-template <>
-struct vec_of<std::int64_t> {
-  using type = v_i64;
-};
-template <>
-struct vec_of<std::uint8_t> {
-  using type = v_u8;
-};
-template <>
-struct vec_of<std::uint32_t> {
-  using type = v_u32;
-};
-template <>
-struct vec_of<std::uint64_t> {
-  using type = v_u64;
-};
+using v_f32 = vec_of<float>::type;
+using v_u32 = vec_of<std::uint32_t>::type;
+using v4_u16 = std::uint16_t __attribute__((vector_size(8)));
 
 struct op_sum {
   template <class V>

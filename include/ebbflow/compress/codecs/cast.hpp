@@ -45,15 +45,20 @@ struct cast_codec {
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    detail::bulk(ex, kernels::blocks_of(n),
-                 kernels::cast_decode<F, false>{reinterpret_cast<const std::uint16_t*>(in), out, n});
+    decode_as<false>(ex, in, out, n);
   }
   //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    decode_as<true>(ex, in, out, n);
+  }
+
+ private:
+  template <bool Add, class Ex>
+  void decode_as(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     detail::bulk(ex, kernels::blocks_of(n),
-                 kernels::cast_decode<F, true>{reinterpret_cast<const std::uint16_t*>(in), out, n});
+                 kernels::cast_decode<F, Add>{reinterpret_cast<const std::uint16_t*>(in), out, n});
   }
 };
 

@@ -63,19 +63,22 @@ struct quantize_codec {
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb,
-                 kernels::quantize_decode<Bits, false>{reinterpret_cast<const float*>(in),
-                                                       reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
+    decode_as<false>(ex, in, out, n);
   }
   //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
   //! completes as `ex.bulk` does).
   template <class Ex>
   void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    decode_as<true>(ex, in, out, n);
+  }
+
+ private:
+  template <bool Add, class Ex>
+  void decode_as(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
     detail::bulk(ex, nb,
-                 kernels::quantize_decode<Bits, true>{reinterpret_cast<const float*>(in),
-                                                      reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
+                 kernels::quantize_decode<Bits, Add>{reinterpret_cast<const float*>(in),
+                                                     reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
   }
 };
 
