@@ -657,34 +657,27 @@ inline void reduce_f16(std::uint16_t* dst, const std::uint16_t* a, const std::ui
 template <class Op>
 inline constexpr bool wraps = std::is_same_v<Op, op_sum> || std::is_same_v<Op, op_prod>;
 
+//! `reduce_native` on untyped buffers of `T`.
+template <class T, class Op>
+inline void reduce_as(void* dst, const void* a, const void* b, std::size_t n) noexcept {
+  reduce_native<T, Op>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n);
+}
+
 template <class Op>
 inline void reduce_typed(dtype type, void* dst, const void* a, const void* b, std::size_t n) noexcept {
+  // A sum or product of integers past the range wraps (two's complement, in
+  // the unsigned type), the same on every rank; signed overflow would be undefined.
   switch (type) {
     case dtype::f32:
-      return reduce_native<float, Op>(static_cast<float*>(dst), static_cast<const float*>(a),
-                                      static_cast<const float*>(b), n);
+      return reduce_as<float, Op>(dst, a, b, n);
     case dtype::f64:
-      return reduce_native<double, Op>(static_cast<double*>(dst), static_cast<const double*>(a),
-                                       static_cast<const double*>(b), n);
+      return reduce_as<double, Op>(dst, a, b, n);
     case dtype::i32:
-      // A sum or product past the range wraps (two's complement), the same on
-      // every rank; signed overflow would be undefined.
-      if constexpr (wraps<Op>)
-        return reduce_native<std::uint32_t, Op>(static_cast<std::uint32_t*>(dst), static_cast<const std::uint32_t*>(a),
-                                                static_cast<const std::uint32_t*>(b), n);
-      else
-        return reduce_native<std::int32_t, Op>(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(a),
-                                               static_cast<const std::int32_t*>(b), n);
+      return reduce_as<std::conditional_t<wraps<Op>, std::uint32_t, std::int32_t>, Op>(dst, a, b, n);
     case dtype::i64:
-      if constexpr (wraps<Op>)
-        return reduce_native<std::uint64_t, Op>(static_cast<std::uint64_t*>(dst), static_cast<const std::uint64_t*>(a),
-                                                static_cast<const std::uint64_t*>(b), n);
-      else
-        return reduce_native<std::int64_t, Op>(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(a),
-                                               static_cast<const std::int64_t*>(b), n);
+      return reduce_as<std::conditional_t<wraps<Op>, std::uint64_t, std::int64_t>, Op>(dst, a, b, n);
     case dtype::u8:
-      return reduce_native<std::uint8_t, Op>(static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(a),
-                                             static_cast<const std::uint8_t*>(b), n);
+      return reduce_as<std::uint8_t, Op>(dst, a, b, n);
     case dtype::bf16:
       return reduce_bf16<Op>(static_cast<std::uint16_t*>(dst), static_cast<const std::uint16_t*>(a),
                              static_cast<const std::uint16_t*>(b), n);
@@ -6165,6 +6158,24 @@ EBBFLOW_DETAIL_CLONES void host_loop(std::size_t n, const F& f) {
   for (std::size_t i = 0; i < n; ++i) f(i);
 }
 
+//! A codec's decode and decode_add, from its `decode_into<Add>(ex, in,
+//! out, n)` (with `Add`, accumulate into `out`). Codecs derive from it.
+template <class Codec>
+struct decode_forms {
+  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
+  template <class Ex>
+  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    static_cast<const Codec&>(*this).template decode_into<false>(ex, in, out, n);
+  }
+  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
+  template <class Ex>
+  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    static_cast<const Codec&>(*this).template decode_into<true>(ex, in, out, n);
+  }
+};
+
 //! Runs f(i) for i in [0, n) on `ex`.
 template <class Ex, class F>
 void bulk(Ex& ex, std::size_t n, const F& f) {
@@ -6452,7 +6463,7 @@ namespace compress {
 
 //! Cast codec to the 16-bit format `F`. Stateless; thread-safe.
 template <kernels::cast_format F>
-struct cast_codec {
+struct cast_codec : detail::decode_forms<cast_codec<F>> {
   static constexpr codec_kind kind = codec_kind::linear;  //!< decoded, added and re-encoded per ring hop
   //! Unit roundoff of one encode, relative to |v| (documented bound).
   static constexpr float unit_roundoff = F == kernels::cast_format::f16 ? 1.0f / 2048 : 1.0f / 256;
@@ -6472,22 +6483,11 @@ struct cast_codec {
     detail::bulk(ex, kernels::blocks_of(n),
                  kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n});
   }
-  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    decode_as<false>(ex, in, out, n);
-  }
-  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    decode_as<true>(ex, in, out, n);
-  }
-
- private:
+  //! Writes (`Add` false: decode) or adds (`Add` true: decode_add) the `n`
+  //! floats decoded from `in` to `out` (both in `Ex`'s space; completes as
+  //! `ex.bulk` does).
   template <bool Add, class Ex>
-  void decode_as(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+  void decode_into(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     detail::bulk(ex, kernels::blocks_of(n),
                  kernels::cast_decode<F, Add>{reinterpret_cast<const std::uint16_t*>(in), out, n});
   }
@@ -7189,7 +7189,7 @@ namespace compress {
 
 //! `Bits` = 8 or 4. Stateless; thread-safe.
 template <int Bits>
-struct quantize_codec {
+struct quantize_codec : detail::decode_forms<quantize_codec<Bits>> {
   static_assert(Bits == 8 || Bits == 4);
   static constexpr codec_kind kind = codec_kind::linear;  //!< unbiased: decoded, added and re-encoded per ring hop
   static constexpr std::int32_t levels = kernels::levels<Bits>;  //!< largest code magnitude: 127 (int8) or 7 (int4)
@@ -7223,22 +7223,11 @@ struct quantize_codec {
                                                 n,
                                                 {ctx.seed, ctx.stream}});
   }
-  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    decode_as<false>(ex, in, out, n);
-  }
-  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    decode_as<true>(ex, in, out, n);
-  }
-
- private:
+  //! Writes (`Add` false: decode) or adds (`Add` true: decode_add) the `n`
+  //! floats decoded from `in` to `out` (both in `Ex`'s space; completes as
+  //! `ex.bulk` does).
   template <bool Add, class Ex>
-  void decode_as(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+  void decode_into(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
     detail::bulk(ex, nb,
                  kernels::quantize_decode<Bits, Add>{reinterpret_cast<const float*>(in),
@@ -7400,7 +7389,7 @@ EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
 
 //! Stateless; thread-safe.
-struct sign_codec {
+struct sign_codec : detail::decode_forms<sign_codec> {
   static constexpr codec_kind kind = codec_kind::sign;  //!< two-phase scheme with error feedback
 
   //! "sign1".
@@ -7425,22 +7414,11 @@ struct sign_codec {
                  kernels::sign_encode{in, residual, reinterpret_cast<float*>(out),
                                       reinterpret_cast<std::uint32_t*>(out + 4 * nb), n});
   }
-  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    decode_as<false>(ex, in, out, n);
-  }
-  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    decode_as<true>(ex, in, out, n);
-  }
-
- private:
+  //! Writes (`Add` false: decode) or adds (`Add` true: decode_add) the `n`
+  //! floats decoded from `in` to `out` (both in `Ex`'s space; completes as
+  //! `ex.bulk` does).
   template <bool Add, class Ex>
-  void decode_as(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+  void decode_into(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
     detail::bulk(ex, nb,
                  kernels::sign_decode<Add>{reinterpret_cast<const float*>(in),
