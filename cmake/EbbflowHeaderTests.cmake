@@ -21,7 +21,11 @@ function(ebbflow_add_header_tests)
     if(need AND NOT TARGET ebbflow::${need})
       continue()
     endif()
-    string(MAKE_C_IDENTIFIER "${h}" id)
+    # "_" and "/" escaped first: comm/nccl/communicator.hpp and
+    # comm/nccl_communicator.hpp must not share a file name.
+    string(REPLACE "_" "_u" id "${h}")
+    string(REPLACE "/" "_s" id "${id}")
+    string(MAKE_C_IDENTIFIER "${id}" id)
     set(src ${CMAKE_CURRENT_BINARY_DIR}/header_tests/${id}.cpp)
     file(CONFIGURE OUTPUT ${src} CONTENT "#include <${h}>\n#include <${h}>\n")
     list(APPEND sources ${src})

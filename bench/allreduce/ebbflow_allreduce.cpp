@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// ebbflow contestant: UCX transport + host communicator. Rank and size from
-// the environment (ebbflow-run / the driver), addresses through a directory.
+// ebbflow contestant: UCX transport + host communicator (transport_communicator).
+// Rank and size from the environment (ebbflow-run / the driver), addresses
+// through a directory.
 #include <ebbflow/comm/communicator.hpp>
 #include <ebbflow/comm/shared_memory.hpp>
 #include <ebbflow/comm/ucx/address_exchange.hpp>
@@ -18,7 +19,7 @@ int main(int argc, char** argv) {
   auto ctx = ucx::context::create();
   ucx::file_address_exchange ex(ef::env::get("EBBFLOW_BENCH_DIR").value_or("/tmp"));
   auto t = ucx::connect(ctx, ex, 0, li.rank, li.world_size, ef::deadline::after(60s));
-  ef::comm::basic_communicator<ucx::transport> c(t, ef::comm::collective_options::from_environment());
+  ef::comm::transport_communicator<ucx::transport> c(t, ef::comm::collective_options::from_environment());
   // EBBFLOW_BENCH_SHARED=1: the buffer is a registered comm::shared_buffer
   // (peers on this host map it: zero-copy allreduce).
   const bool shared = ef::env::get("EBBFLOW_BENCH_SHARED").value_or("0") == "1";

@@ -7,10 +7,18 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace bench {
+
+//! A contestant of a throughput benchmark: one timed run and its times (seconds).
+struct contestant {
+  std::string name;
+  std::function<void()> run;
+  std::vector<double> times;
+};
 
 struct stats {
   double min = 0, median = 0, p99 = 0;

@@ -24,11 +24,7 @@ namespace ef = ebbflow;
 namespace cx = ebbflow::compress;
 
 namespace {
-struct contestant {
-  std::string name;
-  std::function<void()> run;
-  std::vector<double> times;
-};
+using bench::contestant;
 
 template <class C>
 bool check(const C& c, const std::vector<float>& h_in, const float* d_in, std::byte* d_enc, std::byte* d_ws) {

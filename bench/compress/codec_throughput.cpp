@@ -21,11 +21,7 @@ namespace ef = ebbflow;
 namespace cx = ebbflow::compress;
 
 namespace {
-struct contestant {
-  std::string name;
-  std::function<void()> run;
-  std::vector<double> times;
-};
+using bench::contestant;
 
 template <class C>
 void add_codec(std::vector<contestant>& cs, const C& c, const std::vector<float>& in, std::vector<float>& res,

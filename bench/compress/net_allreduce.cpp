@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -52,11 +53,13 @@ struct contestant {
   double rel_err = 0;
 };
 
+// `dense`: every tensor goes dense, i.e. through the communicator's allreduce.
 template <class Codec>
-contestant make(tp& t, const char* name, Codec c, double tol, std::size_t key) {
-  auto ar = std::make_shared<cx::compressed_allreduce<Codec, tp>>(
-      t, c, ef::exec::cpu_executor{},
-      cx::allreduce_options{.timeout = std::chrono::minutes(5), .tag_space = static_cast<std::uint32_t>(key)});
+contestant make(ef::comm::transport_communicator<tp>& comm, const char* name, Codec c, double tol, std::size_t key,
+                bool dense = false) {
+  cx::allreduce_options o{.timeout = std::chrono::minutes(5)};
+  if (dense) o.dense_threshold_bytes = SIZE_MAX;
+  auto ar = std::make_shared<cx::compressed_allreduce<Codec, tp>>(comm, c, ef::exec::cpu_executor{}, o);
   return {name,
           [ar, key](std::vector<float>& g) { ar->run(g, key); },
           [ar] { return ar->stats().wire_bytes_sent; },
@@ -79,20 +82,18 @@ int main(int argc, char** argv) {
   bench::json_lines json(rank == 0 ? bench::arg(argc, argv, "--json", "") : "");
   tp t(rank, addrs);
   const int p = t.size();
+  ef::comm::collective_options co;
+  co.timeout = std::chrono::minutes(5);
+  ef::comm::transport_communicator<tp> comm(t, co);
 
   std::vector<contestant> cs;
-  cs.push_back(make(t, "dense", cx::detail::f32_codec{}, 1e-6, 1));
-  cs.push_back(make(t, "fp16", cx::fp16_codec{}, 1e-3, 2));
-  cs.push_back(make(t, "int8", cx::int8_codec{}, 0.05, 3));
-  cs.push_back(make(t, "int4", cx::int4_codec{}, 0.6, 4));
-  cs.push_back(make(t, "sign1", cx::sign_codec{}, 1.0, 5));
-  cs.push_back(make(t, "topk1%", cx::topk_codec(0.01), 1.0, 6));
-  auto barrier_ar = std::make_shared<cx::compressed_allreduce<cx::detail::f32_codec, tp>>(
-      t, cx::detail::f32_codec{}, ef::exec::cpu_executor{}, cx::allreduce_options{.tag_space = 14});
-  const auto barrier = [&] {
-    std::vector<float> x(1, 1.0f);
-    barrier_ar->run(x, 99);
-  };
+  cs.push_back(make(comm, "dense", cx::fp16_codec{}, 1e-6, 1, true));
+  cs.push_back(make(comm, "fp16", cx::fp16_codec{}, 1e-3, 2));
+  cs.push_back(make(comm, "int8", cx::int8_codec{}, 0.05, 3));
+  cs.push_back(make(comm, "int4", cx::int4_codec{}, 0.6, 4));
+  cs.push_back(make(comm, "sign1", cx::sign_codec{}, 1.0, 5));
+  cs.push_back(make(comm, "topk1%", cx::topk_codec(0.01), 1.0, 6));
+  const auto barrier = [&] { comm.barrier(); };
 
   const std::vector<float> mine = input(rank, n);
   std::vector<double> exact;
@@ -135,11 +136,7 @@ int main(int argc, char** argv) {
   std::vector<float> cpu_sum;
   for (auto& c : cs) cpu_sum.push_back(static_cast<float>(bench::summarize(c.cpu).median));
   barrier();
-  {
-    auto sum_ar = std::make_shared<cx::compressed_allreduce<cx::detail::f32_codec, tp>>(
-        t, cx::detail::f32_codec{}, ef::exec::cpu_executor{}, cx::allreduce_options{.tag_space = 13});
-    sum_ar->run(cpu_sum, 98);
-  }
+  comm.allreduce(ef::view(std::span(cpu_sum)), ef::reduce_op::sum);
   if (rank == 0) {
     const double bytes = double(n) * 4;
     const auto dense = bench::summarize(cs[0].times);

@@ -215,9 +215,9 @@ void write_result(const args& a, const char* name, std::int64_t steps, double wa
 }
 
 // Sums the gradient (and the loss in its last slot) over the group: dense, or
-// with a compressed allreduce over the group's transport. The compressor is
-// made again for every generation (the transport is per generation; its
-// error-feedback residuals start from zero). False: a member failed; redo the step.
+// with a compressed allreduce over the group's communicator. The compressor
+// is made again for every generation (the communicator is per generation;
+// its error-feedback residuals start from zero). False: a member failed; redo the step.
 template <class Group>
 class gradient_sum {
  public:
@@ -239,15 +239,15 @@ class gradient_sum {
 #ifdef TORCH_ELASTIC_HAS_COMPRESS
   void make() {
     namespace cz = ef::compress;
-    auto& t = group_.transport();
-    auto wrap = [](auto c) { return [c](std::span<float> g) mutable { c->run(g); }; };
-    using tr = std::remove_reference_t<decltype(t)>;
+    auto& c = group_.communicator();
+    auto wrap = [](auto a) { return [a](std::span<float> g) mutable { a->run(g); }; };
+    using tr = typename Group::transport_type;
     if (codec_ == "fp16")
-      run_ = wrap(std::make_shared<cz::compressed_allreduce<cz::fp16_codec, tr>>(t, cz::fp16_codec{}));
+      run_ = wrap(std::make_shared<cz::compressed_allreduce<cz::fp16_codec, tr>>(c, cz::fp16_codec{}));
     else if (codec_ == "int8")
-      run_ = wrap(std::make_shared<cz::compressed_allreduce<cz::int8_codec, tr>>(t, cz::int8_codec{}));
+      run_ = wrap(std::make_shared<cz::compressed_allreduce<cz::int8_codec, tr>>(c, cz::int8_codec{}));
     else
-      run_ = wrap(std::make_shared<cz::compressed_allreduce<cz::topk_codec, tr>>(t, cz::topk_codec(0.1)));
+      run_ = wrap(std::make_shared<cz::compressed_allreduce<cz::topk_codec, tr>>(c, cz::topk_codec(0.1)));
   }
   std::function<void(std::span<float>)> run_;
   std::int64_t generation_ = -1;

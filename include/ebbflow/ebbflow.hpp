@@ -81,6 +81,7 @@
 
 #if EBBFLOW_HAS_CUDA && EBBFLOW_HAS_NCCL
 #include <ebbflow/comm/nccl/communicator.hpp>
+#include <ebbflow/comm/nccl_communicator.hpp>
 #endif  // EBBFLOW_HAS_CUDA && EBBFLOW_HAS_NCCL
 
 #if EBBFLOW_HAS_UCX

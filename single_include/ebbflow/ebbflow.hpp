@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 109 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 110 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -134,10 +134,15 @@
 // ==== begin <ebbflow/comm/communicator.hpp> ===============================
 // SPDX-License-Identifier: Apache-2.0
 //! @file communicator.hpp
-//! Host collectives written once over any `comm::transport`: allreduce,
-//! broadcast, allgather, reduce_scatter, barrier and point-to-point
-//! send/recv, each in a blocking form and a non-blocking form returning a
-//! `comm::request` (so computation can overlap communication).
+//! The `communicator` concept, and `transport_communicator`, its model for
+//! host memory: collectives written once over any `comm::transport`
+//! (allreduce, broadcast, allgather, reduce_scatter, barrier and
+//! point-to-point send/recv), each in a blocking form (throwing, and a
+//! `noexcept` twin taking `std::error_code&`) and a non-blocking form
+//! returning a `comm::request` (so computation can overlap communication).
+//! `nccl_communicator` (comm/nccl_communicator.hpp) models the same concept
+//! for device memory: a training loop moves from host to device buffers by
+//! changing the communicator's type, not its calls.
 //!
 //! Algorithms:
 //! * allreduce: recursive doubling (with the MPICH fold for rank counts that
@@ -153,7 +158,8 @@
 //! * allgather / reduce_scatter: ring. barrier: dissemination.
 //!
 //! Every collective takes a deadline (default: `collective_options::timeout`
-//! from now) and reports failures as `ebbflow::system_error` whose message
+//! from now) and reports failures as `ebbflow::system_error` (or, in the
+//! `std::error_code&` forms, its code) whose message
 //! names the operation, this rank, the generation, the peer whose operation
 //! failed and the collective's sequence number. Conditions: `errc::peer_lost`
 //! (a peer died), `errc::timeout` (deadline passed), `errc::bad_message`
@@ -170,8 +176,16 @@
 //!
 //! All ranks must call the same collectives in the same order with matching
 //! sizes, dtypes and roots (MPI semantics). Buffers are host memory
-//! (`memory_space::host` or `pinned`). In-place: pass the same view as input
-//! and output (for allgather: input at `output.slice(rank * n, n)`).
+//! (`memory_space::host` or `pinned`; a device view is refused with
+//! `std::invalid_argument` naming its space). In-place: pass the same view as
+//! input and output (for allgather: input at `output.slice(rank * n, n)`).
+//!
+//! Errors: a call that fails at run time throws
+//! `ebbflow::system_error` (conditions `errc::peer_lost`, `timeout`,
+//! `bad_message`, ...); its `std::error_code&` twin is `noexcept` and sets
+//! the same code. Arguments the caller could have checked (counts, dtypes,
+//! memory space, root, peer) raise `std::invalid_argument`; the twin reports
+//! them as `std::errc::invalid_argument`.
 //!
 //! A transport that also offers `int lost_peer() const` (the UCX transport
 //! does) lets errors name the peer that died rather than the neighbour whose
@@ -553,45 +567,15 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace comm::detail {
 
-using v_f32 = float __attribute__((vector_size(16)));
-using v_f64 = double __attribute__((vector_size(16)));
-using v_i32 = std::int32_t __attribute__((vector_size(16)));
-using v_i64 = std::int64_t __attribute__((vector_size(16)));
-using v_u8 = std::uint8_t __attribute__((vector_size(16)));
-using v_u32 = std::uint32_t __attribute__((vector_size(16)));
-using v_u64 = std::uint64_t __attribute__((vector_size(16)));
-using v4_u16 = std::uint16_t __attribute__((vector_size(8)));
-
+//! The 16-byte GCC vector of `T` lanes (typedef form: an alias declaration
+//! would drop the attribute on a dependent type).
 template <class T>
-struct vec_of;
-template <>
-struct vec_of<float> {
-  using type = v_f32;
+struct vec_of {
+  typedef T type __attribute__((vector_size(16)));
 };
-template <>
-struct vec_of<double> {
-  using type = v_f64;
-};
-template <>
-struct vec_of<std::int32_t> {
-  using type = v_i32;
-};
-template <>
-struct vec_of<std::int64_t> {
-  using type = v_i64;
-};
-template <>
-struct vec_of<std::uint8_t> {
-  using type = v_u8;
-};
-template <>
-struct vec_of<std::uint32_t> {
-  using type = v_u32;
-};
-template <>
-struct vec_of<std::uint64_t> {
-  using type = v_u64;
-};
+using v_f32 = vec_of<float>::type;
+using v_u32 = vec_of<std::uint32_t>::type;
+using v4_u16 = std::uint16_t __attribute__((vector_size(8)));
 
 struct op_sum {
   template <class V>
@@ -717,34 +701,27 @@ inline void reduce_f16(std::uint16_t* dst, const std::uint16_t* a, const std::ui
 template <class Op>
 inline constexpr bool wraps = std::is_same_v<Op, op_sum> || std::is_same_v<Op, op_prod>;
 
+//! `reduce_native` on untyped buffers of `T`.
+template <class T, class Op>
+inline void reduce_as(void* dst, const void* a, const void* b, std::size_t n) noexcept {
+  reduce_native<T, Op>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n);
+}
+
 template <class Op>
 inline void reduce_typed(dtype type, void* dst, const void* a, const void* b, std::size_t n) noexcept {
+  // A sum or product of integers past the range wraps (two's complement, in
+  // the unsigned type), the same on every rank; signed overflow would be undefined.
   switch (type) {
     case dtype::f32:
-      return reduce_native<float, Op>(static_cast<float*>(dst), static_cast<const float*>(a),
-                                      static_cast<const float*>(b), n);
+      return reduce_as<float, Op>(dst, a, b, n);
     case dtype::f64:
-      return reduce_native<double, Op>(static_cast<double*>(dst), static_cast<const double*>(a),
-                                       static_cast<const double*>(b), n);
+      return reduce_as<double, Op>(dst, a, b, n);
     case dtype::i32:
-      // A sum or product past the range wraps (two's complement), the same on
-      // every rank; signed overflow would be undefined.
-      if constexpr (wraps<Op>)
-        return reduce_native<std::uint32_t, Op>(static_cast<std::uint32_t*>(dst), static_cast<const std::uint32_t*>(a),
-                                                static_cast<const std::uint32_t*>(b), n);
-      else
-        return reduce_native<std::int32_t, Op>(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(a),
-                                               static_cast<const std::int32_t*>(b), n);
+      return reduce_as<std::conditional_t<wraps<Op>, std::uint32_t, std::int32_t>, Op>(dst, a, b, n);
     case dtype::i64:
-      if constexpr (wraps<Op>)
-        return reduce_native<std::uint64_t, Op>(static_cast<std::uint64_t*>(dst), static_cast<const std::uint64_t*>(a),
-                                                static_cast<const std::uint64_t*>(b), n);
-      else
-        return reduce_native<std::int64_t, Op>(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(a),
-                                               static_cast<const std::int64_t*>(b), n);
+      return reduce_as<std::conditional_t<wraps<Op>, std::uint64_t, std::int64_t>, Op>(dst, a, b, n);
     case dtype::u8:
-      return reduce_native<std::uint8_t, Op>(static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(a),
-                                             static_cast<const std::uint8_t*>(b), n);
+      return reduce_as<std::uint8_t, Op>(dst, a, b, n);
     case dtype::bf16:
       return reduce_bf16<Op>(static_cast<std::uint16_t*>(dst), static_cast<const std::uint16_t*>(a),
                              static_cast<const std::uint16_t*>(b), n);
@@ -1278,20 +1255,12 @@ inline constexpr int tag_bits = 48;
 //! Mask of the bits available to collectives.
 inline constexpr tag_t tag_mask = (tag_t{1} << tag_bits) - 1;
 
-//! Sequence numbers of collectives that share a transport. The UCX wire keeps
-//! 24 bits of a sequence number; its top 4 bits name a *tag space*, so that
-//! independent drivers of one transport (the communicator's collectives in
-//! space 0, each compressed allreduce object in its own space) can never
-//! match each other's messages, and the low 20 bits count operations.
-inline constexpr std::uint64_t seq_counter_bits = 20;
-//! Mask of the low `seq_counter_bits` bits: the operation count within a tag space.
-inline constexpr std::uint64_t seq_counter_mask = (std::uint64_t{1} << seq_counter_bits) - 1;
-//! Number of tag spaces (the top 4 of the 24 wire bits).
-inline constexpr std::uint32_t tag_spaces = 16;
-//! The sequence number of operation `count` in tag space `space` (< 16).
-constexpr std::uint64_t make_seq(std::uint32_t space, std::uint64_t count) noexcept {
-  return (std::uint64_t{space & (tag_spaces - 1)} << seq_counter_bits) | (count & seq_counter_mask);
-}
+//! Sequence numbers of collectives wrap at 2^24: the UCX wire keeps 24 bits
+//! of one (only collectives in flight at the same time must differ). Every
+//! collective on a transport takes its number from the one communicator that
+//! drives it (`transport_communicator`), which also hands numbers to
+//! collectives written outside it (`next_sequence`), so no two ever share one.
+inline constexpr std::uint64_t seq_mask = (std::uint64_t{1} << 24) - 1;
 
 //! Tag for step `step` (< 2^16) of collective number `seq` (wraps at 2^32).
 constexpr tag_t make_tag(std::uint64_t seq, std::uint32_t step) noexcept {
@@ -1800,7 +1769,7 @@ class request {
 
  private:
   template <transport>
-  friend class basic_communicator;
+  friend class transport_communicator;
   request(T& t, detail::task<T> task, detail::op_context ctx, std::shared_ptr<detail::active_set<T>> active);
   void finish(std::error_code ec, int peer, std::string_view why = {});
   void progress();
@@ -1818,15 +1787,18 @@ class request {
   std::shared_ptr<detail::active_set<T>> active_;
 };
 
-//! Collectives over a transport. Holds a reference to the transport (which
-//! must outlive it) and the collective sequence number that, together with
-//! the step of an algorithm, forms every message tag.
+//! Collectives over a transport: the host-memory `communicator`. Holds a
+//! reference to the transport (which must outlive it) and the collective
+//! sequence number that, together with the step of an algorithm, forms
+//! every message tag. It is the only source of sequence numbers on its
+//! transport: collectives written outside this class take theirs from
+//! `next_sequence`.
 template <transport T>
-class basic_communicator {
+class transport_communicator {
  public:
   //! Communicates over `transport` (not owned; must outlive this). Sends nothing.
   //! @throws std::invalid_argument when `opts.chunk_bytes` or `opts.window` is not positive.
-  explicit basic_communicator(T& transport, collective_options opts = {});
+  explicit transport_communicator(T& transport, collective_options opts = {});
 
   //! This rank (0-based), as the transport reports it.
   [[nodiscard]] int rank() const { return static_cast<int>(t_->rank()); }
@@ -1841,13 +1813,30 @@ class basic_communicator {
   //! A deadline `options().timeout` from now.
   [[nodiscard]] deadline default_deadline() const noexcept { return deadline::after(opts_.timeout); }
 
+  //! The algorithm `allreduce` runs for `count` elements of `type` on this
+  //! group (never `automatic`): recursive doubling at or below `small_bytes`,
+  //! else single_copy when every peer is on this host, else ring (or what
+  //! `options().allreduce` forces). The same on every rank. Does not communicate.
+  //! @throws std::invalid_argument when single_copy is forced but not possible.
+  [[nodiscard]] allreduce_algorithm allreduce_algorithm_for(std::size_t count, dtype type) const;
+  //! Payload bytes this rank hands to the transport in an allreduce of
+  //! `count` elements of `type` (single_copy: none, peers' buffers are read
+  //! in place). Does not communicate.
+  [[nodiscard]] std::size_t allreduce_bytes_sent(std::size_t count, dtype type) const;
+
   //! `out = op(in of every rank)`; `in` and `out` have the same count and
   //! dtype; `in.data == out.data` is in-place. @throws system_error, std::invalid_argument.
   void allreduce(buffer_view in, buffer_view out, reduce_op op, deadline d) { iallreduce(in, out, op).wait(d); }
+  //! As above; errors in `ec` (a refused argument: `std::errc::invalid_argument`).
+  void allreduce(buffer_view in, buffer_view out, reduce_op op, deadline d, std::error_code& ec) noexcept;
   //! As above with `default_deadline()`.
   void allreduce(buffer_view in, buffer_view out, reduce_op op) { allreduce(in, out, op, default_deadline()); }
   //! In-place allreduce of `inout` by deadline `d`.
   void allreduce(buffer_view inout, reduce_op op, deadline d) { allreduce(inout, inout, op, d); }
+  //! In-place allreduce of `inout` by deadline `d`; errors in `ec`.
+  void allreduce(buffer_view inout, reduce_op op, deadline d, std::error_code& ec) noexcept {
+    allreduce(inout, inout, op, d, ec);
+  }
   //! In-place allreduce of `inout` with `default_deadline()`.
   void allreduce(buffer_view inout, reduce_op op) { allreduce(inout, inout, op, default_deadline()); }
   //! Non-blocking allreduce; buffers stay in use until the request finished.
@@ -1855,6 +1844,8 @@ class basic_communicator {
 
   //! Copies `root`'s `buf` into every rank's `buf`.
   void broadcast(buffer_view buf, int root, deadline d) { ibroadcast(buf, root).wait(d); }
+  //! As above; errors in `ec`.
+  void broadcast(buffer_view buf, int root, deadline d, std::error_code& ec) noexcept;
   //! As above with `default_deadline()`.
   void broadcast(buffer_view buf, int root) { broadcast(buf, root, default_deadline()); }
   //! Non-blocking broadcast; `buf` stays in use until the request finished.
@@ -1862,6 +1853,8 @@ class basic_communicator {
 
   //! `out` (count `in.count * size()`) receives every rank's `in` in rank order.
   void allgather(buffer_view in, buffer_view out, deadline d) { iallgather(in, out).wait(d); }
+  //! As above; errors in `ec`.
+  void allgather(buffer_view in, buffer_view out, deadline d, std::error_code& ec) noexcept;
   //! As above with `default_deadline()`.
   void allgather(buffer_view in, buffer_view out) { allgather(in, out, default_deadline()); }
   //! Non-blocking allgather; buffers stay in use until the request finished.
@@ -1871,6 +1864,8 @@ class basic_communicator {
   void reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d) {
     ireduce_scatter(in, out, op).wait(d);
   }
+  //! As above; errors in `ec`.
+  void reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d, std::error_code& ec) noexcept;
   //! As above with `default_deadline()`.
   void reduce_scatter(buffer_view in, buffer_view out, reduce_op op) {
     reduce_scatter(in, out, op, default_deadline());
@@ -1880,6 +1875,8 @@ class basic_communicator {
 
   //! Returns once every rank entered the barrier.
   void barrier(deadline d) { ibarrier().wait(d); }
+  //! As above; errors in `ec`.
+  void barrier(deadline d, std::error_code& ec) noexcept;
   //! As above with `default_deadline()`.
   void barrier() { barrier(default_deadline()); }
   //! Non-blocking barrier: finished once every rank entered it.
@@ -1888,17 +1885,30 @@ class basic_communicator {
   //! Point-to-point: matched by (peer, `tag` < 2^24) in posting order; sizes must agree.
   //! Blocking send of `buf` to `peer`. @throws system_error, std::invalid_argument.
   void send(buffer_view buf, int peer, std::uint32_t tag, deadline d) { isend(buf, peer, tag).wait(d); }
+  //! As above; errors in `ec`.
+  void send(buffer_view buf, int peer, std::uint32_t tag, deadline d, std::error_code& ec) noexcept;
   //! Blocking receive into `buf` from `peer`. @throws system_error, std::invalid_argument.
   void recv(buffer_view buf, int peer, std::uint32_t tag, deadline d) { irecv(buf, peer, tag).wait(d); }
+  //! As above; errors in `ec`.
+  void recv(buffer_view buf, int peer, std::uint32_t tag, deadline d, std::error_code& ec) noexcept;
   //! Non-blocking send; `buf` stays in use until the request finished.
   [[nodiscard]] request<T> isend(buffer_view buf, int peer, std::uint32_t tag);
   //! Non-blocking receive; `buf` stays in use until the request finished.
   [[nodiscard]] request<T> irecv(buffer_view buf, int peer, std::uint32_t tag);
 
+  //! The sequence number of one collective written outside this class over
+  //! `transport()` (e.g. compress's codec-specific algorithms): its step s
+  //! uses the tag `make_tag(seq, s)`, s at most `max_collective_step`. Taken
+  //! from the counter of this communicator's own collectives, so every rank
+  //! that calls collectives in the same order gets the same number, and no
+  //! collective in flight shares it.
+  [[nodiscard]] std::uint64_t next_sequence() noexcept { return seq_++ & seq_mask; }
+
  private:
   detail::op_context ctx(const char* op, std::uint64_t seq, std::size_t bytes) const;
   bool all_peers_local() const;
   request<T> make_request(detail::task<T> tk, detail::op_context c);
+  request<T> point_to_point(bool is_send, buffer_view buf, int peer, std::uint32_t tag);
   T* t_;
   collective_options opts_;
   std::uint64_t seq_ = 0;
@@ -1906,17 +1916,30 @@ class basic_communicator {
   std::shared_ptr<detail::active_set<T>> active_;
 };
 
-//! What a communicator offers (syntactic; semantics as documented above).
+//! The former name of `transport_communicator`, kept for one release.
+//! @deprecated Use `transport_communicator`.
+template <transport T>
+using basic_communicator = transport_communicator<T>;
+
+//! What a communicator offers, for host memory (`transport_communicator`)
+//! and device memory (`nccl_communicator`) alike: the same calls on
+//! `buffer_view`s, each blocking form also as a `noexcept` twin reporting in
+//! an `std::error_code`. Syntactic; semantics as documented above.
 template <class C>
-concept communicator = requires(C& c, buffer_view v, reduce_op op, int root, deadline d) {
+concept communicator = requires(C& c, buffer_view v, reduce_op op, int root, deadline d, std::error_code& ec) {
   { c.rank() } -> std::convertible_to<int>;
   { c.size() } -> std::convertible_to<int>;
   { c.generation() } -> std::convertible_to<std::int64_t>;
   c.allreduce(v, v, op, d);
+  c.allreduce(v, v, op, d, ec);
   c.broadcast(v, root, d);
+  c.broadcast(v, root, d, ec);
   c.allgather(v, v, d);
+  c.allgather(v, v, d, ec);
   c.reduce_scatter(v, v, op, d);
+  c.reduce_scatter(v, v, op, d, ec);
   c.barrier(d);
+  c.barrier(d, ec);
 };
 
 }  // namespace comm
@@ -2279,6 +2302,8 @@ EBBFLOW_END_NAMESPACE
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <new>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 
@@ -2800,9 +2825,16 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
   for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
 }
 
-inline void check_buffer(const buffer_view& v, const char* what) {
-  EBBFLOW_ENFORCE(host_accessible(v.space), what << " must be host memory, got " << name(v.space));
-  EBBFLOW_ENFORCE(v.count == 0 || v.data != nullptr, what << " is null with count " << v.count);
+//! Refuses `op`'s buffer `role` ("input", ...) when it is in the wrong
+//! memory space (host-accessible memory, or with `device` device memory), or
+//! null with elements.
+inline void check_buffer(const buffer_view& v, const char* op, const char* role, bool device = false) {
+  if (device)
+    EBBFLOW_ENFORCE(v.space == memory_space::device,
+                    op << " " << role << " must be device memory, got " << name(v.space));
+  else
+    EBBFLOW_ENFORCE(host_accessible(v.space), op << " " << role << " must be host memory, got " << name(v.space));
+  EBBFLOW_ENFORCE(v.count == 0 || v.data != nullptr, op << " " << role << " is null with count " << v.count);
 }
 
 //! Input and output must not overlap, except with the input at `in_place`
@@ -2815,6 +2847,61 @@ inline void check_overlap(const buffer_view& in, const buffer_view& out, const s
                                                         << " bytes) overlaps output [" << out.data << ", +"
                                                         << out.bytes() << " bytes) other than in place (input at "
                                                         << static_cast<const void*>(in_place) << ")");
+}
+
+// What every communicator checks before a collective of `n` ranks starts
+// (`device`: its buffers are device memory). @throws std::invalid_argument.
+inline void check_allreduce(const buffer_view& in, const buffer_view& out, bool device = false) {
+  check_buffer(in, "allreduce", "input", device);
+  check_buffer(out, "allreduce", "output", device);
+  EBBFLOW_ENFORCE(in.count == out.count && in.type == out.type,
+                  "allreduce: input (" << in.count << " " << name(in.type) << ") and output (" << out.count << " "
+                                       << name(out.type) << ") differ");
+  check_overlap(in, out, static_cast<const std::byte*>(out.data), "allreduce");
+}
+inline void check_broadcast(const buffer_view& buf, int root, int n, bool device = false) {
+  check_buffer(buf, "broadcast", "buffer", device);
+  EBBFLOW_ENFORCE(root >= 0 && root < n, "broadcast root " << root << " outside [0, " << n << ")");
+}
+// allgather (`gather`: out holds n x in) and reduce_scatter (in holds n x out).
+inline void check_parts(const char* op, const buffer_view& in, const buffer_view& out, int n, bool gather,
+                        const std::byte* in_place, bool device) {
+  check_buffer(in, op, "input", device);
+  check_buffer(out, op, "output", device);
+  const auto un = static_cast<std::size_t>(n);
+  const buffer_view &whole = gather ? out : in, &part = gather ? in : out;
+  EBBFLOW_ENFORCE(in.type == out.type && whole.count == part.count * un,
+                  op << ": " << (gather ? "output" : "input") << " count " << whole.count << " must be " << un << " x "
+                     << (gather ? "input" : "output") << " count " << part.count << " of the same dtype");
+  check_overlap(in, out, in_place, op);
+}
+inline void check_allgather(const buffer_view& in, const buffer_view& out, int n, int rank, bool device = false) {
+  check_parts("allgather", in, out, n, true,
+              static_cast<const std::byte*>(out.data) + static_cast<std::size_t>(rank) * in.bytes(), device);
+}
+inline void check_reduce_scatter(const buffer_view& in, const buffer_view& out, int n, bool device = false) {
+  // One rank: the output may be the input (a copy to itself).
+  check_parts("reduce_scatter", in, out, n, false, n == 1 ? static_cast<const std::byte*>(out.data) : nullptr, device);
+}
+
+//! The body of an `std::error_code&` twin: runs `f` (the throwing form) and
+//! reports what it throws in `ec` instead: a run-time failure with its code,
+//! a refused argument as `std::errc::invalid_argument`, exhausted memory as
+//! `std::errc::not_enough_memory`.
+template <class F>
+void into_error_code(std::error_code& ec, F&& f) noexcept {
+  ec.clear();
+  try {
+    std::forward<F>(f)();
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (const std::invalid_argument&) {
+    ec = std::make_error_code(std::errc::invalid_argument);
+  } catch (const std::bad_alloc&) {
+    ec = std::make_error_code(std::errc::not_enough_memory);
+  } catch (...) {
+    ec = make_error_code(error::invalid_state);
+  }
 }
 
 }  // namespace comm::detail
@@ -3020,7 +3107,7 @@ const error_context& request<T>::context() const {
 
 // ------------------------------------------------------------- communicator
 template <transport T>
-basic_communicator<T>::basic_communicator(T& transport, collective_options opts)
+transport_communicator<T>::transport_communicator(T& transport, collective_options opts)
     : t_(&transport),
       opts_(opts),
       pool_(std::make_shared<detail::scratch_pool>()),
@@ -3031,12 +3118,12 @@ basic_communicator<T>::basic_communicator(T& transport, collective_options opts)
 }
 
 template <transport T>
-request<T> basic_communicator<T>::make_request(detail::task<T> tk, detail::op_context c) {
+request<T> transport_communicator<T>::make_request(detail::task<T> tk, detail::op_context c) {
   return request<T>(*t_, std::move(tk), std::move(c), active_);
 }
 
 template <transport T>
-bool basic_communicator<T>::all_peers_local() const {
+bool transport_communicator<T>::all_peers_local() const {
   if constexpr (detail::single_copy_transport<T>) {
     for (int q = 0; q < size(); ++q)
       if (q != rank() && t_->local_peer(q) == 0) return false;
@@ -3047,74 +3134,93 @@ bool basic_communicator<T>::all_peers_local() const {
 }
 
 template <transport T>
-detail::op_context basic_communicator<T>::ctx(const char* op, std::uint64_t seq, std::size_t bytes) const {
+detail::op_context transport_communicator<T>::ctx(const char* op, std::uint64_t seq, std::size_t bytes) const {
   // The detail text ("seq S, B bytes") is built only if the collective fails:
   // no allocation on the hot path.
   return {{.rank = rank(), .generation = generation(), .peer = -1, .operation = op}, seq, bytes, true};
 }
 
 template <transport T>
-request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, reduce_op op) {
-  detail::check_buffer(in, "allreduce input");
-  detail::check_buffer(out, "allreduce output");
-  EBBFLOW_ENFORCE(in.count == out.count && in.type == out.type,
-                  "allreduce: input (" << in.count << " " << name(in.type) << ") and output (" << out.count << " "
-                                       << name(out.type) << ") differ");
-  detail::check_overlap(in, out, static_cast<const std::byte*>(out.data), "allreduce");
-  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
+request<T> transport_communicator<T>::iallreduce(buffer_view in, buffer_view out, reduce_op op) {
+  detail::check_allreduce(in, out);
+  const std::uint64_t seq = next_sequence();
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   const std::size_t bytes = in.bytes();
   if (size() == 1 || in.count == 0)
     return make_request(detail::copy_only<T>(src, dst, bytes), ctx("allreduce", seq, bytes));
-  bool ring = false, single_copy = false;
-  switch (opts_.allreduce) {
-    case allreduce_algorithm::automatic:
-      ring = bytes > opts_.small_bytes && in.count >= static_cast<std::size_t>(size());
-      single_copy = ring && all_peers_local();
-      break;
-    case allreduce_algorithm::ring:
-      ring = true;
-      break;
-    case allreduce_algorithm::recursive_doubling:
-      ring = false;
-      break;
+  switch (allreduce_algorithm_for(in.count, in.type)) {
     case allreduce_algorithm::single_copy:
-      EBBFLOW_ENFORCE(all_peers_local(),
-                      "allreduce: single_copy needs every peer on this host with process_vm_readv access");
-      single_copy = true;
+      if constexpr (detail::single_copy_transport<T>)
+        return make_request(
+            detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.copy_chunk_bytes, pool_),
+            ctx("allreduce", seq, bytes));
+      break;  // not reached: allreduce_algorithm_for chose single_copy, so the transport has it
+    case allreduce_algorithm::ring:
+      return make_request(
+          detail::ring_allreduce<T>(*t_, seq, src, dst,
+                                    dst + allreduce_segment(in.count, size(), rank()).first * size_of(in.type),
+                                    in.count, in.type, op, opts_.chunk_bytes, opts_.window, true, pool_),
+          ctx("allreduce", seq, bytes));
+    default:
       break;
   }
-  if constexpr (detail::single_copy_transport<T>) {
-    if (single_copy)
-      return make_request(
-          detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.copy_chunk_bytes, pool_),
-          ctx("allreduce", seq, bytes));
-  }
-  if (ring)
-    return make_request(detail::ring_allreduce<T>(*t_, seq, src, dst,
-                                                  dst + in.count * static_cast<std::size_t>(rank()) /
-                                                            static_cast<std::size_t>(size()) * size_of(in.type),
-                                                  in.count, in.type, op, opts_.chunk_bytes, opts_.window, true, pool_),
-                        ctx("allreduce", seq, bytes));
   return make_request(detail::rd_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, pool_),
                       ctx("allreduce", seq, bytes));
 }
 
 template <transport T>
-request<T> basic_communicator<T>::ireduce_scatter(buffer_view in, buffer_view out, reduce_op op) {
-  detail::check_buffer(in, "reduce_scatter input");
-  detail::check_buffer(out, "reduce_scatter output");
+allreduce_algorithm transport_communicator<T>::allreduce_algorithm_for(std::size_t count, dtype type) const {
+  switch (opts_.allreduce) {
+    case allreduce_algorithm::automatic:
+      break;
+    case allreduce_algorithm::single_copy:
+      EBBFLOW_ENFORCE(all_peers_local(),
+                      "allreduce: single_copy needs every peer on this host with process_vm_readv access");
+      return allreduce_algorithm::single_copy;
+    default:
+      return opts_.allreduce;
+  }
+  // The ring needs at least one element per rank.
+  if (count * size_of(type) <= opts_.small_bytes || count < static_cast<std::size_t>(size()))
+    return allreduce_algorithm::recursive_doubling;
+  return all_peers_local() ? allreduce_algorithm::single_copy : allreduce_algorithm::ring;
+}
+
+template <transport T>
+std::size_t transport_communicator<T>::allreduce_bytes_sent(std::size_t count, dtype type) const {
+  const int n = size(), r = rank();
+  if (n == 1 || count == 0) return 0;
+  const std::size_t es = size_of(type);
+  switch (allreduce_algorithm_for(count, type)) {
+    case allreduce_algorithm::ring: {
+      // The reduce-scatter sends every segment but this rank's, the allgather every one but the right neighbour's.
+      const auto seg = [&](int s) {
+        const auto [b, e] = allreduce_segment(count, n, s % n);
+        return e - b;
+      };
+      return (2 * count - seg(r) - seg(r + 1)) * es;
+    }
+    case allreduce_algorithm::recursive_doubling: {
+      int p = 1, steps = 0;
+      for (; p * 2 <= n; p *= 2) ++steps;
+      const int rem = n - p;
+      // Below 2 * rem, even ranks fold into their odd partner, which hands the result back at the end.
+      const int sends = r >= 2 * rem ? steps : r % 2 == 0 ? 1 : steps + 1;
+      return static_cast<std::size_t>(sends) * count * es;
+    }
+    default:
+      return 0;  // single_copy: peers read the buffers in place
+  }
+}
+
+template <transport T>
+request<T> transport_communicator<T>::ireduce_scatter(buffer_view in, buffer_view out, reduce_op op) {
+  detail::check_reduce_scatter(in, out, size());
   const auto n = static_cast<std::size_t>(size());
-  EBBFLOW_ENFORCE(in.type == out.type && in.count == out.count * n,
-                  "reduce_scatter: input count " << in.count << " must be " << n << " x output count " << out.count
-                                                 << " of the same dtype");
-  // One rank: the output may be the input (a copy to itself).
-  detail::check_overlap(in, out, n == 1 ? static_cast<const std::byte*>(out.data) : nullptr, "reduce_scatter");
-  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
+  const std::uint64_t seq = next_sequence();
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
-  const std::size_t es = size_of(in.type);
   if (n == 1 || out.count == 0)
     return make_request(detail::copy_only<T>(src, dst, out.bytes()), ctx("reduce_scatter", seq, in.bytes()));
   // Partial sums of the segments this rank forwards live in a work buffer
@@ -3122,17 +3228,15 @@ request<T> basic_communicator<T>::ireduce_scatter(buffer_view in, buffer_view ou
   // straight to `out`.
   auto work = detail::scratch_pool::take(pool_, in.bytes());
   std::byte* w = work.data();
-  (void)es;
   return make_request(detail::ring_allreduce<T>(*t_, seq, src, w, dst, in.count, in.type, op, opts_.chunk_bytes,
                                                 opts_.window, false, pool_, std::move(work)),
                       ctx("reduce_scatter", seq, in.bytes()));
 }
 
 template <transport T>
-request<T> basic_communicator<T>::ibroadcast(buffer_view buf, int root) {
-  detail::check_buffer(buf, "broadcast buffer");
-  EBBFLOW_ENFORCE(root >= 0 && root < size(), "broadcast root " << root << " outside [0, " << size() << ")");
-  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
+request<T> transport_communicator<T>::ibroadcast(buffer_view buf, int root) {
+  detail::check_broadcast(buf, root, size());
+  const std::uint64_t seq = next_sequence();
   auto* p = static_cast<std::byte*>(buf.data);
   if (size() == 1 || buf.count == 0)
     return make_request(detail::copy_only<T>(p, p, 0), ctx("broadcast", seq, buf.bytes()));
@@ -3142,16 +3246,10 @@ request<T> basic_communicator<T>::ibroadcast(buffer_view buf, int root) {
 }
 
 template <transport T>
-request<T> basic_communicator<T>::iallgather(buffer_view in, buffer_view out) {
-  detail::check_buffer(in, "allgather input");
-  detail::check_buffer(out, "allgather output");
+request<T> transport_communicator<T>::iallgather(buffer_view in, buffer_view out) {
+  detail::check_allgather(in, out, size(), rank());
   const auto n = static_cast<std::size_t>(size());
-  EBBFLOW_ENFORCE(in.type == out.type && out.count == in.count * n,
-                  "allgather: output count " << out.count << " must be " << n << " x input count " << in.count
-                                             << " of the same dtype");
-  detail::check_overlap(
-      in, out, static_cast<const std::byte*>(out.data) + static_cast<std::size_t>(rank()) * in.bytes(), "allgather");
-  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
+  const std::uint64_t seq = next_sequence();
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   if (n == 1 || in.count == 0)
@@ -3160,40 +3258,71 @@ request<T> basic_communicator<T>::iallgather(buffer_view in, buffer_view out) {
 }
 
 template <transport T>
-request<T> basic_communicator<T>::ibarrier() {
-  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
+request<T> transport_communicator<T>::ibarrier() {
+  const std::uint64_t seq = next_sequence();
   return make_request(detail::barrier<T>(*t_, seq), ctx("barrier", seq, 0));
 }
 
 template <transport T>
-request<T> basic_communicator<T>::isend(buffer_view buf, int peer, std::uint32_t tag) {
-  detail::check_buffer(buf, "send buffer");
+request<T> transport_communicator<T>::point_to_point(bool is_send, buffer_view buf, int peer, std::uint32_t tag) {
+  const char* op = is_send ? "send" : "recv";
+  detail::check_buffer(buf, op, "buffer");
   EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(),
-                  "send: peer " << peer << " invalid for rank " << rank());
-  EBBFLOW_ENFORCE(tag < (1u << 24), "send: tag " << tag << " must be < 2^24");
+                  op << ": peer " << peer << " invalid for rank " << rank());
+  EBBFLOW_ENFORCE(tag < (1u << 24), op << ": tag " << tag << " must be < 2^24");
   // Point-to-point tags live in the step value 0xffff, which collectives never use.
   return make_request(
-      detail::p2p<T>(*t_, true, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
+      detail::p2p<T>(*t_, is_send, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
       error_context{.rank = rank(),
                     .generation = generation(),
                     .peer = peer,
-                    .operation = "send",
+                    .operation = op,
                     .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
 }
 
 template <transport T>
-request<T> basic_communicator<T>::irecv(buffer_view buf, int peer, std::uint32_t tag) {
-  detail::check_buffer(buf, "recv buffer");
-  EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(),
-                  "recv: peer " << peer << " invalid for rank " << rank());
-  EBBFLOW_ENFORCE(tag < (1u << 24), "recv: tag " << tag << " must be < 2^24");
-  return make_request(
-      detail::p2p<T>(*t_, false, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
-      error_context{.rank = rank(),
-                    .generation = generation(),
-                    .peer = peer,
-                    .operation = "recv",
-                    .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
+request<T> transport_communicator<T>::isend(buffer_view buf, int peer, std::uint32_t tag) {
+  return point_to_point(true, buf, peer, tag);
+}
+
+template <transport T>
+request<T> transport_communicator<T>::irecv(buffer_view buf, int peer, std::uint32_t tag) {
+  return point_to_point(false, buf, peer, tag);
+}
+
+// The std::error_code& twins: a request's wait reports run-time failures in
+// `ec` without throwing; what starting the request refuses is caught.
+template <transport T>
+void transport_communicator<T>::allreduce(buffer_view in, buffer_view out, reduce_op op, deadline d,
+                                          std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { iallreduce(in, out, op).wait(d, ec); });
+}
+template <transport T>
+void transport_communicator<T>::broadcast(buffer_view buf, int root, deadline d, std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { ibroadcast(buf, root).wait(d, ec); });
+}
+template <transport T>
+void transport_communicator<T>::allgather(buffer_view in, buffer_view out, deadline d, std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { iallgather(in, out).wait(d, ec); });
+}
+template <transport T>
+void transport_communicator<T>::reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d,
+                                               std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { ireduce_scatter(in, out, op).wait(d, ec); });
+}
+template <transport T>
+void transport_communicator<T>::barrier(deadline d, std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { ibarrier().wait(d, ec); });
+}
+template <transport T>
+void transport_communicator<T>::send(buffer_view buf, int peer, std::uint32_t tag, deadline d,
+                                     std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { isend(buf, peer, tag).wait(d, ec); });
+}
+template <transport T>
+void transport_communicator<T>::recv(buffer_view buf, int peer, std::uint32_t tag, deadline d,
+                                     std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { irecv(buf, peer, tag).wait(d, ec); });
 }
 
 }  // namespace comm
@@ -3548,29 +3677,58 @@ EBBFLOW_END_NAMESPACE
 // ==== begin <ebbflow/comm/nccl/communicator.hpp> ==========================
 #if EBBFLOW_HAS_CUDA && EBBFLOW_HAS_NCCL
 // SPDX-License-Identifier: Apache-2.0
-//! @file communicator.hpp
-//! Elastic NCCL communicator for device buffers.
+//! @file nccl/communicator.hpp
+//! The former names of the NCCL communicator, kept for one release: include
+//! <ebbflow/comm/nccl_communicator.hpp> and use `comm::nccl_communicator`,
+//! `nccl_unique_id`, `make_nccl_unique_id` and `nccl_options` instead. The
+//! collectives take `buffer_view`s and run on the communicator's stream
+//! (the former pointer-and-stream signatures are gone).
+//! @deprecated Use comm/nccl_communicator.hpp.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/nccl_communicator.hpp>  (inlined here)
+// ---- begin <ebbflow/comm/nccl_communicator.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file nccl_communicator.hpp
+//! `nccl_communicator`: the `comm::communicator` concept for device memory,
+//! over NCCL. It takes the same calls as the host communicator
+//! (`transport_communicator`): `buffer_view`s that carry their memory space,
+//! a reduce op and a deadline, each blocking form with a `noexcept`
+//! `std::error_code&` twin. The CUDA stream the collectives run on belongs
+//! to the object (`nccl_options::stream`, `set_stream`), so a training loop
+//! moves from host to device memory by changing the communicator's type.
 //!
 //! * Non-blocking initialisation (`ncclConfig_t::blocking = 0`) from a fresh
 //!   unique id per generation (the elastic layer publishes it in the store),
 //!   polled until ready or the deadline passes.
-//! * Every collective is enqueued on a user stream and then polled through
-//!   `cudaStreamQuery` and `ncclCommGetAsyncError` with a deadline: a peer that
-//!   died yields `errc::peer_lost` (ncclRemoteError) and a stuck one
-//!   `errc::timeout`, never a hang. After an error the communicator is revoked
-//!   (`ncclCommRevoke`) so in-flight work stops, and is aborted on destruction.
+//! * Every collective is enqueued on the stream and then polled through
+//!   `cudaStreamQuery` and `ncclCommGetAsyncError` until its deadline: a peer
+//!   that died yields `errc::peer_lost` (ncclRemoteError) and a stuck one
+//!   `errc::timeout`, never a hang. Blocking: on return the result is in
+//!   device memory (the stream has drained). After an error the communicator
+//!   is revoked (`ncclCommRevoke`) so in-flight work stops, and it is aborted
+//!   on destruction.
 //! * `shrink()` builds the next generation without the lost or leaving ranks
 //!   (`ncclCommShrink`, NCCL 2.27+), with `NCCL_SHRINK_ABORT` after an error.
 //!
+//! Buffers: device memory (`memory_space::device`); a host or pinned view is
+//! refused with `std::invalid_argument` naming its space, before anything
+//! is enqueued. Counts and dtypes follow the host communicator's rules.
+//! Errors: run-time failures throw `ebbflow::system_error` naming rank,
+//! generation and operation (the twins set its code); refused arguments
+//! raise `std::invalid_argument` (the twins: `std::errc::invalid_argument`).
+//!
 //! Requires the CUDA runtime and NCCL headers and linking `ebbflow::nccl`.
+//! The current CUDA device must be the communicator's when it is used.
 //! Thread safety: one thread drives a communicator at a time.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/communicator.hpp>  (inlined)
 // #include <ebbflow/core/deadline.hpp>  (inlined)
 // #include <ebbflow/core/dtype.hpp>  (inlined)
 // #include <ebbflow/core/error.hpp>  (inlined)
-// #include <ebbflow/core/log.hpp>  (inlined)
 // #include <ebbflow/core/memory.hpp>  (inlined)
 
 #include <cuda_runtime_api.h>
@@ -3579,279 +3737,413 @@ EBBFLOW_END_NAMESPACE
 #include <array>
 #include <chrono>
 #include <cstddef>
-#include <cstring>
+#include <cstdint>
 #include <span>
 #include <string>
-#include <thread>
-#include <utility>
-#include <vector>
+#include <system_error>
 
 #if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 27, 0)
 #error "ebbflow's NCCL communicator needs NCCL 2.27 or newer (ncclCommShrink, ncclCommRevoke)"
 #endif
 
 EBBFLOW_BEGIN_NAMESPACE
-namespace comm::nccl {
+namespace comm {
 
 //! The 128-byte NCCL unique id, as bytes for the rendezvous store.
-using unique_id_bytes = std::array<std::byte, sizeof(ncclUniqueId)>;
+using nccl_unique_id = std::array<std::byte, sizeof(ncclUniqueId)>;
 
 //! A fresh unique id (call on one rank per generation, then publish).
 //! @throws system_error (nccl category) when NCCL cannot create one (e.g. no network interface).
-inline unique_id_bytes make_unique_id() {
+inline nccl_unique_id make_nccl_unique_id();
+
+//! NCCL's element type for an ebbflow dtype.
+constexpr ncclDataType_t to_nccl(dtype t) noexcept;
+//! NCCL's reduction for an ebbflow reduce_op.
+constexpr ncclRedOp_t to_nccl(reduce_op op) noexcept;
+
+//! Options of an NCCL communicator.
+struct nccl_options {
+  std::chrono::milliseconds init_timeout{60'000};  //!< deadline for non-blocking init / shrink
+  std::chrono::milliseconds timeout{60'000};       //!< deadline of calls that take none
+  std::chrono::microseconds poll_interval{50};     //!< sleep between progress polls
+  cudaStream_t stream = nullptr;                   //!< where collectives run (nullptr: the legacy default stream)
+};
+
+//! An NCCL communicator of one generation, for device buffers. Move-only;
+//! destroys its NCCL communicator when healthy and aborts it after a failure.
+class nccl_communicator {
+ public:
+  //! An empty communicator (`valid()` false); its collectives fail with `errc::revoked`.
+  nccl_communicator() = default;
+
+  //! Joins generation `generation` as `rank` of `size`, from the id that rank 0
+  //! published; collectives run on `opts.stream`. The current CUDA device must
+  //! be set by the caller. Blocks until ready or `opts.init_timeout` passed.
+  //! @throws system_error (timeout, or the NCCL error) naming rank and generation;
+  //! std::invalid_argument when `rank` is outside [0, size).
+  static nccl_communicator init(int rank, int size, std::int64_t generation, const nccl_unique_id& id,
+                                nccl_options opts = {});
+
+  //! Takes over `o`'s NCCL communicator; `o` is left empty (`valid()` false).
+  nccl_communicator(nccl_communicator&& o) noexcept;
+  //! Closes the held communicator (destroy, or abort after a failure), then takes over `o`'s.
+  nccl_communicator& operator=(nccl_communicator&& o) noexcept;
+  nccl_communicator(const nccl_communicator&) = delete;
+  nccl_communicator& operator=(const nccl_communicator&) = delete;
+  ~nccl_communicator();
+
+  [[nodiscard]] int rank() const noexcept { return st_.rank; }  //!< this rank in the generation; -1 when empty
+  [[nodiscard]] int size() const noexcept { return st_.size; }  //!< number of ranks; 0 when empty
+  //! The generation this communicator belongs to; -1 when empty.
+  [[nodiscard]] std::int64_t generation() const noexcept { return st_.generation; }
+  //! True when an NCCL communicator is held (false when default-constructed or moved from).
+  [[nodiscard]] bool valid() const noexcept { return st_.comm != nullptr; }
+  //! True after an operation failed; the communicator must then be shrunk or replaced.
+  [[nodiscard]] bool failed() const noexcept { return st_.failed; }
+  //! The underlying `ncclComm_t` (still owned by this object; nullptr when empty).
+  [[nodiscard]] ncclComm_t native_handle() const noexcept { return st_.comm; }
+  //! The options given at construction (with the current stream).
+  [[nodiscard]] const nccl_options& options() const noexcept { return st_.opts; }
+  //! The CUDA stream collectives are enqueued on.
+  [[nodiscard]] cudaStream_t stream() const noexcept { return st_.opts.stream; }
+  //! Runs later collectives on `s` (the caller keeps it alive meanwhile).
+  void set_stream(cudaStream_t s) noexcept { st_.opts.stream = s; }
+  //! A deadline `options().timeout` from now.
+  [[nodiscard]] deadline default_deadline() const noexcept { return deadline::after(st_.opts.timeout); }
+
+  //! `out = op(in of every rank)`, device memory; same count and dtype;
+  //! `in.data == out.data` is in place. @throws system_error, std::invalid_argument.
+  void allreduce(buffer_view in, buffer_view out, reduce_op op, deadline d);
+  //! As above; errors in `ec`.
+  void allreduce(buffer_view in, buffer_view out, reduce_op op, deadline d, std::error_code& ec) noexcept;
+  //! As above with `default_deadline()`.
+  void allreduce(buffer_view in, buffer_view out, reduce_op op) { allreduce(in, out, op, default_deadline()); }
+  //! In-place allreduce of `inout` by deadline `d`.
+  void allreduce(buffer_view inout, reduce_op op, deadline d) { allreduce(inout, inout, op, d); }
+  //! In-place allreduce of `inout` by deadline `d`; errors in `ec`.
+  void allreduce(buffer_view inout, reduce_op op, deadline d, std::error_code& ec) noexcept {
+    allreduce(inout, inout, op, d, ec);
+  }
+  //! In-place allreduce of `inout` with `default_deadline()`.
+  void allreduce(buffer_view inout, reduce_op op) { allreduce(inout, inout, op, default_deadline()); }
+
+  //! Copies `root`'s `buf` into every rank's `buf`.
+  void broadcast(buffer_view buf, int root, deadline d);
+  //! As above; errors in `ec`.
+  void broadcast(buffer_view buf, int root, deadline d, std::error_code& ec) noexcept;
+  //! As above with `default_deadline()`.
+  void broadcast(buffer_view buf, int root) { broadcast(buf, root, default_deadline()); }
+
+  //! `out` (count `in.count * size()`) receives every rank's `in` in rank order.
+  void allgather(buffer_view in, buffer_view out, deadline d);
+  //! As above; errors in `ec`.
+  void allgather(buffer_view in, buffer_view out, deadline d, std::error_code& ec) noexcept;
+  //! As above with `default_deadline()`.
+  void allgather(buffer_view in, buffer_view out) { allgather(in, out, default_deadline()); }
+
+  //! `out` (count `in.count / size()`) receives block `rank()` of the reduction of every rank's `in`.
+  void reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d);
+  //! As above; errors in `ec`.
+  void reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d, std::error_code& ec) noexcept;
+  //! As above with `default_deadline()`.
+  void reduce_scatter(buffer_view in, buffer_view out, reduce_op op) {
+    reduce_scatter(in, out, op, default_deadline());
+  }
+
+  //! Returns once every rank entered the barrier (an allreduce of one
+  //! element in a small device buffer allocated on first use).
+  void barrier(deadline d);
+  //! As above; errors in `ec`.
+  void barrier(deadline d, std::error_code& ec) noexcept;
+  //! As above with `default_deadline()`.
+  void barrier() { barrier(default_deadline()); }
+
+  //! Stops all in-flight operations (`ncclCommRevoke`); later operations fail
+  //! with `errc::revoked` until the communicator is shrunk. Safe to call after a failure.
+  void revoke() noexcept;
+
+  //! The communicator of generation `next_generation` without the ranks in
+  //! `exclude` (old ranks; the survivors keep their relative order), on the
+  //! same stream. After a failure or revoke NCCL_SHRINK_ABORT is used. Every
+  //! survivor must call it. @throws system_error on failure or timeout.
+  nccl_communicator shrink(std::span<const int> exclude, std::int64_t next_generation);
+
+ private:
+  // Everything a move hands over; a moved-from communicator holds `state{}`.
+  struct state {
+    ncclComm_t comm = nullptr;
+    int rank = -1;
+    int size = 0;
+    std::int64_t generation = -1;
+    bool failed = false;
+    bool revoked = false;
+    nccl_options opts{};
+    void* d_barrier = nullptr;  // one device int for `barrier`, allocated on first use
+  };
+  void close() noexcept;
+  void wait_ready(deadline d, std::error_code& ec) noexcept;
+  template <class Enqueue>
+  void run(const char* what, const buffer_view& v, deadline d, Enqueue&& enqueue);
+  void check(const std::error_code& ec, const char* what, std::string detail = {});
+
+  state st_;
+};
+
+static_assert(communicator<nccl_communicator>);
+
+}  // namespace comm
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/comm/impl/nccl_communicator.hpp>  (inlined here)
+// ---- begin <ebbflow/comm/impl/nccl_communicator.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/nccl_communicator.hpp
+//! Definitions for comm/nccl_communicator.hpp.
+
+
+// #include <ebbflow/comm/nccl_communicator.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+
+#include <cstring>
+#include <iterator>
+#include <thread>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm {
+
+inline nccl_unique_id make_nccl_unique_id() {
   ncclUniqueId id;
   if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess)
     throw_if(std::error_code(r, nccl_category()), {.operation = "ncclGetUniqueId"});
-  unique_id_bytes out;
+  nccl_unique_id out;
   std::memcpy(out.data(), &id, sizeof id);
   return out;
 }
 
-//! NCCL's element type for an ebbflow dtype.
-constexpr ncclDataType_t to_nccl(dtype t) noexcept {
-  switch (t) {
-    case dtype::f32:
-      return ncclFloat32;
-    case dtype::f64:
-      return ncclFloat64;
-    case dtype::f16:
-      return ncclFloat16;
-    case dtype::bf16:
-      return ncclBfloat16;
-    case dtype::i32:
-      return ncclInt32;
-    case dtype::i64:
-      return ncclInt64;
-    case dtype::u8:
-      return ncclUint8;
-  }
-  return ncclFloat32;
-}
-//! NCCL's reduction for an ebbflow reduce_op.
-constexpr ncclRedOp_t to_nccl(reduce_op op) noexcept {
-  switch (op) {
-    case reduce_op::sum:
-      return ncclSum;
-    case reduce_op::avg:
-      return ncclAvg;
-    case reduce_op::min:
-      return ncclMin;
-    case reduce_op::max:
-      return ncclMax;
-    case reduce_op::prod:
-      return ncclProd;
-  }
-  return ncclSum;
+namespace detail {
+// Indexed by the enumerators' values (dtype: f32 f64 f16 bf16 i32 i64 u8;
+// reduce_op: sum avg min max prod).
+inline constexpr ncclDataType_t nccl_types[] = {ncclFloat32, ncclFloat64, ncclFloat16, ncclBfloat16,
+                                                ncclInt32,   ncclInt64,   ncclUint8};
+inline constexpr ncclRedOp_t nccl_ops[] = {ncclSum, ncclAvg, ncclMin, ncclMax, ncclProd};
+static_assert(std::size(nccl_types) == std::size(all_dtypes) && std::size(nccl_ops) == std::size(all_reduce_ops));
+}  // namespace detail
+
+constexpr ncclDataType_t to_nccl(dtype t) noexcept { return detail::nccl_types[static_cast<std::size_t>(t)]; }
+constexpr ncclRedOp_t to_nccl(reduce_op op) noexcept { return detail::nccl_ops[static_cast<std::size_t>(op)]; }
+static_assert(to_nccl(dtype::bf16) == ncclBfloat16 && to_nccl(dtype::u8) == ncclUint8 &&
+              to_nccl(reduce_op::avg) == ncclAvg && to_nccl(reduce_op::prod) == ncclProd);
+
+inline nccl_communicator nccl_communicator::init(int rank, int size, std::int64_t generation, const nccl_unique_id& id,
+                                                 nccl_options opts) {
+  EBBFLOW_ENFORCE(size > 0 && rank >= 0 && rank < size,
+                  "nccl_communicator::init: rank " << rank << " outside [0, " << size << ")");
+  nccl_communicator c;
+  c.st_.rank = rank;
+  c.st_.size = size;
+  c.st_.generation = generation;
+  c.st_.opts = opts;
+  ncclUniqueId uid;
+  std::memcpy(&uid, id.data(), sizeof uid);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclResult_t r = ncclCommInitRankConfig(&c.st_.comm, size, uid, rank, &cfg);
+  std::error_code ec;
+  if (r != ncclSuccess && r != ncclInProgress) ec = std::error_code(r, nccl_category());
+  if (!ec) c.wait_ready(deadline::after(opts.init_timeout), ec);
+  c.check(ec, "nccl init");
+  return c;
 }
 
-//! Options of an NCCL communicator.
-struct options {
-  std::chrono::milliseconds init_timeout{60'000};  //!< deadline for non-blocking init / shrink
-  std::chrono::microseconds poll_interval{50};     //!< sleep between progress polls
-};
+inline nccl_communicator::nccl_communicator(nccl_communicator&& o) noexcept : st_(std::exchange(o.st_, {})) {}
 
-//! An NCCL communicator of one generation. Move-only; destroys itself when
-//! healthy and aborts after a failure.
-class communicator {
- public:
-  communicator() = default;
+inline nccl_communicator& nccl_communicator::operator=(nccl_communicator&& o) noexcept {
+  if (this != &o) {
+    close();
+    st_ = std::exchange(o.st_, {});
+  }
+  return *this;
+}
 
-  //! Joins generation `generation` as `rank` of `size`, from the id that rank 0
-  //! published. The current CUDA device must be set by the caller.
-  //! @throws system_error (timeout, or the NCCL error) naming rank and generation.
-  static communicator init(int rank, int size, std::int64_t generation, const unique_id_bytes& id, options opts = {}) {
-    EBBFLOW_ENFORCE(size > 0 && rank >= 0 && rank < size,
-                    "nccl::communicator::init: rank " << rank << " outside [0, " << size << ")");
-    communicator c;
-    c.rank_ = rank;
-    c.size_ = size;
-    c.generation_ = generation;
-    c.opts_ = opts;
-    ncclUniqueId uid;
-    std::memcpy(&uid, id.data(), sizeof uid);
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
-    ncclResult_t r = ncclCommInitRankConfig(&c.comm_, size, uid, rank, &cfg);
-    std::error_code ec;
-    if (r != ncclSuccess && r != ncclInProgress) ec = std::error_code(r, nccl_category());
-    if (!ec) c.wait_ready(deadline::after(opts.init_timeout), ec);
-    c.check(ec, "nccl init");
-    return c;
-  }
+inline nccl_communicator::~nccl_communicator() { close(); }
 
-  //! Takes over `o`'s NCCL communicator; `o` is left empty (`valid()` false).
-  communicator(communicator&& o) noexcept { swap(o); }
-  //! Closes the held communicator (destroy, or abort after a failure), then takes over `o`'s.
-  communicator& operator=(communicator&& o) noexcept {
-    communicator tmp(std::move(o));
-    swap(tmp);
-    return *this;
-  }
-  communicator(const communicator&) = delete;
-  communicator& operator=(const communicator&) = delete;
-  ~communicator() { close(); }
+inline void nccl_communicator::allreduce(buffer_view in, buffer_view out, reduce_op op, deadline d) {
+  detail::check_allreduce(in, out, true);
+  run("allreduce", in, d, [&] {
+    return ncclAllReduce(in.data, out.data, in.count, to_nccl(in.type), to_nccl(op), st_.comm, st_.opts.stream);
+  });
+}
 
-  [[nodiscard]] int rank() const noexcept { return rank_; }  //!< this rank in the generation; -1 when empty
-  [[nodiscard]] int size() const noexcept { return size_; }  //!< number of ranks; 0 when empty
-  //! The generation this communicator belongs to; -1 when empty.
-  [[nodiscard]] std::int64_t generation() const noexcept { return generation_; }
-  //! True when an NCCL communicator is held (false when default-constructed or moved from).
-  [[nodiscard]] bool valid() const noexcept { return comm_ != nullptr; }
-  //! True after an operation failed; the communicator must then be shrunk or replaced.
-  [[nodiscard]] bool failed() const noexcept { return failed_; }
-  //! The underlying `ncclComm_t` (still owned by this object; nullptr when empty).
-  [[nodiscard]] ncclComm_t native_handle() const noexcept { return comm_; }
+inline void nccl_communicator::broadcast(buffer_view buf, int root, deadline d) {
+  detail::check_broadcast(buf, root, st_.size, true);
+  run("broadcast", buf, d,
+      [&] { return ncclBroadcast(buf.data, buf.data, buf.count, to_nccl(buf.type), root, st_.comm, st_.opts.stream); });
+}
 
-  //! Sums (or `op`) `count` elements of `type` from device memory `d_send` into
-  //! `d_recv` (may alias) over all ranks; enqueued on `stream`, then waited for
-  //! until `d`. @throws system_error: peer_lost, timeout or the NCCL error.
-  void allreduce(const void* d_send, void* d_recv, std::size_t count, dtype type, reduce_op op, cudaStream_t stream,
-                 deadline d) {
-    run("allreduce", count, type, stream, d,
-        [&] { return ncclAllReduce(d_send, d_recv, count, to_nccl(type), to_nccl(op), comm_, stream); });
-  }
-  //! Broadcasts `count` elements from `root`'s `d_buf` to every rank's `d_buf`.
-  void broadcast(void* d_buf, std::size_t count, dtype type, int root, cudaStream_t stream, deadline d) {
-    EBBFLOW_ENFORCE(root >= 0 && root < size_, "nccl broadcast: root " << root << " outside [0, " << size_ << ")");
-    run("broadcast", count, type, stream, d,
-        [&] { return ncclBroadcast(d_buf, d_buf, count, to_nccl(type), root, comm_, stream); });
-  }
-  //! Gathers `count` elements from every rank into `d_recv` (size × count), rank order.
-  void allgather(const void* d_send, void* d_recv, std::size_t count, dtype type, cudaStream_t stream, deadline d) {
-    run("allgather", count, type, stream, d,
-        [&] { return ncclAllGather(d_send, d_recv, count, to_nccl(type), comm_, stream); });
-  }
-  //! Reduces size × `count` elements and leaves block `rank` (count elements) in `d_recv`.
-  void reduce_scatter(const void* d_send, void* d_recv, std::size_t count, dtype type, reduce_op op,
-                      cudaStream_t stream, deadline d) {
-    run("reduce_scatter", count, type, stream, d,
-        [&] { return ncclReduceScatter(d_send, d_recv, count, to_nccl(type), to_nccl(op), comm_, stream); });
-  }
+inline void nccl_communicator::allgather(buffer_view in, buffer_view out, deadline d) {
+  detail::check_allgather(in, out, st_.size, st_.rank, true);
+  run("allgather", out, d,
+      [&] { return ncclAllGather(in.data, out.data, in.count, to_nccl(in.type), st_.comm, st_.opts.stream); });
+}
 
-  //! Stops all in-flight operations (`ncclCommRevoke`); later operations fail
-  //! with `errc::revoked` until the communicator is shrunk. Safe to call after a failure.
-  void revoke() noexcept {
-    if (!comm_ || revoked_) return;
-    revoked_ = true;
-    failed_ = true;
-    if (ncclResult_t r = ncclCommRevoke(comm_, NCCL_REVOKE_DEFAULT); r != ncclSuccess && r != ncclInProgress)
-      EBBFLOW_LOG_WARN("ncclCommRevoke failed: " << ncclGetErrorString(r) << " [rank " << rank_ << ", generation "
-                                                 << generation_ << "]");
-  }
+inline void nccl_communicator::reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d) {
+  detail::check_reduce_scatter(in, out, st_.size, true);
+  run("reduce_scatter", in, d, [&] {
+    return ncclReduceScatter(in.data, out.data, out.count, to_nccl(in.type), to_nccl(op), st_.comm, st_.opts.stream);
+  });
+}
 
-  //! The communicator of generation `next_generation` without the ranks in
-  //! `exclude` (old ranks; the survivors keep their relative order). After a
-  //! failure or revoke NCCL_SHRINK_ABORT is used. Every survivor must call it.
-  //! @throws system_error on failure or timeout.
-  communicator shrink(std::span<const int> exclude, std::int64_t next_generation) {
-    for (int r : exclude)
-      EBBFLOW_ENFORCE(r >= 0 && r < size_ && r != rank_,
-                      "nccl shrink: cannot exclude rank " << r << " of " << size_ << " from rank " << rank_);
-    communicator c;
-    c.opts_ = opts_;
-    c.generation_ = next_generation;
-    std::vector<int> ex(exclude.begin(), exclude.end());
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
-    const int flags = failed_ ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
-    ncclResult_t r = ncclCommShrink(comm_, ex.data(), static_cast<int>(ex.size()), &c.comm_, &cfg, flags);
-    std::error_code ec;
-    if (r != ncclSuccess && r != ncclInProgress) ec = std::error_code(r, nccl_category());
-    if (!ec) c.wait_ready(deadline::after(opts_.init_timeout), ec);
-    if (!ec) {
-      ncclCommUserRank(c.comm_, &c.rank_);
-      ncclCommCount(c.comm_, &c.size_);
+inline void nccl_communicator::barrier(deadline d) {
+  if (st_.comm && !st_.d_barrier) {
+    if (cudaError_t e = cudaMalloc(&st_.d_barrier, sizeof(std::int32_t)); e != cudaSuccess)
+      check(std::error_code(static_cast<int>(e), cuda_category()), "barrier", "cudaMalloc of 4 bytes");
+  }
+  const buffer_view one{st_.d_barrier, 1, dtype::i32, memory_space::device};
+  run("barrier", one, d,
+      [&] { return ncclAllReduce(one.data, one.data, 1, ncclInt32, ncclSum, st_.comm, st_.opts.stream); });
+}
+
+inline void nccl_communicator::allreduce(buffer_view in, buffer_view out, reduce_op op, deadline d,
+                                         std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { allreduce(in, out, op, d); });
+}
+inline void nccl_communicator::broadcast(buffer_view buf, int root, deadline d, std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { broadcast(buf, root, d); });
+}
+inline void nccl_communicator::allgather(buffer_view in, buffer_view out, deadline d, std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { allgather(in, out, d); });
+}
+inline void nccl_communicator::reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d,
+                                              std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { reduce_scatter(in, out, op, d); });
+}
+inline void nccl_communicator::barrier(deadline d, std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { barrier(d); });
+}
+
+inline void nccl_communicator::revoke() noexcept {
+  if (!st_.comm || st_.revoked) return;
+  st_.revoked = true;
+  st_.failed = true;
+  if (ncclResult_t r = ncclCommRevoke(st_.comm, NCCL_REVOKE_DEFAULT); r != ncclSuccess && r != ncclInProgress)
+    EBBFLOW_LOG_WARN("ncclCommRevoke failed: " << ncclGetErrorString(r) << " [rank " << st_.rank << ", generation "
+                                               << st_.generation << "]");
+}
+
+inline nccl_communicator nccl_communicator::shrink(std::span<const int> exclude, std::int64_t next_generation) {
+  for (int r : exclude)
+    EBBFLOW_ENFORCE(r >= 0 && r < st_.size && r != st_.rank,
+                    "nccl shrink: cannot exclude rank " << r << " of " << st_.size << " from rank " << st_.rank);
+  nccl_communicator c;
+  c.st_.opts = st_.opts;
+  c.st_.generation = next_generation;
+  std::vector<int> ex(exclude.begin(), exclude.end());
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  const int flags = st_.failed ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
+  ncclResult_t r = ncclCommShrink(st_.comm, ex.data(), static_cast<int>(ex.size()), &c.st_.comm, &cfg, flags);
+  std::error_code ec;
+  if (r != ncclSuccess && r != ncclInProgress) ec = std::error_code(r, nccl_category());
+  if (!ec) c.wait_ready(deadline::after(st_.opts.init_timeout), ec);
+  if (!ec) {
+    ncclCommUserRank(c.st_.comm, &c.st_.rank);
+    ncclCommCount(c.st_.comm, &c.st_.size);
+  }
+  c.check(ec, "nccl shrink");
+  return c;
+}
+
+inline void nccl_communicator::close() noexcept {
+  if (st_.d_barrier) {
+    if (cudaError_t e = cudaFree(st_.d_barrier); e != cudaSuccess)
+      EBBFLOW_LOG_WARN("freeing the NCCL barrier's device word: " << cudaGetErrorString(e));
+    st_.d_barrier = nullptr;
+  }
+  if (!st_.comm) return;
+  // A healthy communicator is finalised and destroyed; a failed one aborted
+  // (destroy could wait forever for a dead peer).
+  ncclResult_t r = st_.failed ? ncclCommAbort(st_.comm) : ncclCommDestroy(st_.comm);
+  if (r != ncclSuccess) EBBFLOW_LOG_WARN("closing NCCL communicator: " << ncclGetErrorString(r));
+  st_.comm = nullptr;
+}
+
+inline void nccl_communicator::wait_ready(deadline d, std::error_code& ec) noexcept {
+  for (;;) {
+    ncclResult_t st = ncclSuccess;
+    if (ncclResult_t r = ncclCommGetAsyncError(st_.comm, &st); r != ncclSuccess) st = r;
+    if (st == ncclSuccess) return;
+    if (st != ncclInProgress) {
+      ec = std::error_code(st, nccl_category());
+      return;
     }
-    c.check(ec, "nccl shrink");
-    return c;
+    if (d.expired()) {
+      ec = make_error_code(error::timeout);
+      return;
+    }
+    std::this_thread::sleep_for(st_.opts.poll_interval);
   }
+}
 
- private:
-  void swap(communicator& o) noexcept {
-    std::swap(comm_, o.comm_);
-    std::swap(rank_, o.rank_);
-    std::swap(size_, o.size_);
-    std::swap(generation_, o.generation_);
-    std::swap(failed_, o.failed_);
-    std::swap(revoked_, o.revoked_);
-    std::swap(opts_, o.opts_);
-  }
-
-  void close() noexcept {
-    if (!comm_) return;
-    // A healthy communicator is finalised and destroyed; a failed one aborted
-    // (destroy could wait forever for a dead peer).
-    ncclResult_t r = failed_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
-    if (r != ncclSuccess) EBBFLOW_LOG_WARN("closing NCCL communicator: " << ncclGetErrorString(r));
-    comm_ = nullptr;
-  }
-
-  void wait_ready(deadline d, std::error_code& ec) noexcept {
+// Runs one collective on the buffer `v` (named on error): enqueue, then poll
+// the stream and NCCL's async error until done or `d` passed.
+template <class Enqueue>
+void nccl_communicator::run(const char* what, const buffer_view& v, deadline d, Enqueue&& enqueue) {
+  std::error_code ec;
+  if (!st_.comm || st_.revoked) {
+    ec = make_error_code(error::revoked);
+  } else if (ncclResult_t r = enqueue(); r != ncclSuccess && r != ncclInProgress) {
+    ec = std::error_code(r, nccl_category());
+  } else {
     for (;;) {
       ncclResult_t st = ncclSuccess;
-      if (ncclResult_t r = ncclCommGetAsyncError(comm_, &st); r != ncclSuccess) st = r;
-      if (st == ncclSuccess) return;
-      if (st != ncclInProgress) {
+      ncclCommGetAsyncError(st_.comm, &st);
+      if (st != ncclSuccess && st != ncclInProgress) {
         ec = std::error_code(st, nccl_category());
-        return;
+        break;
+      }
+      const cudaError_t q = cudaStreamQuery(st_.opts.stream);
+      if (q == cudaSuccess && st == ncclSuccess) break;
+      if (q != cudaSuccess && q != cudaErrorNotReady) {
+        ec = std::error_code(static_cast<int>(q), cuda_category());
+        break;
       }
       if (d.expired()) {
         ec = make_error_code(error::timeout);
-        return;
+        break;
       }
-      std::this_thread::sleep_for(opts_.poll_interval);
+      std::this_thread::sleep_for(st_.opts.poll_interval);
     }
   }
+  if (ec) revoke();
+  check(ec, what,
+        std::to_string(v.count) + " " + std::string(name(v.type)) + ", " + std::to_string(v.bytes()) + " bytes");
+}
 
-  // Runs one collective of `count` elements of `type`, naming them on error.
-  template <class Enqueue>
-  void run(const char* what, std::size_t count, dtype type, cudaStream_t stream, deadline d, Enqueue&& enqueue) {
-    std::error_code ec;
-    if (!comm_ || revoked_) {
-      ec = make_error_code(error::revoked);
-    } else if (ncclResult_t r = enqueue(); r != ncclSuccess && r != ncclInProgress) {
-      ec = std::error_code(r, nccl_category());
-    } else {
-      for (;;) {
-        ncclResult_t st = ncclSuccess;
-        ncclCommGetAsyncError(comm_, &st);
-        if (st != ncclSuccess && st != ncclInProgress) {
-          ec = std::error_code(st, nccl_category());
-          break;
-        }
-        const cudaError_t q = cudaStreamQuery(stream);
-        if (q == cudaSuccess && st == ncclSuccess) break;
-        if (q != cudaSuccess && q != cudaErrorNotReady) {
-          ec = std::error_code(static_cast<int>(q), cuda_category());
-          break;
-        }
-        if (d.expired()) {
-          ec = make_error_code(error::timeout);
-          break;
-        }
-        std::this_thread::sleep_for(opts_.poll_interval);
-      }
-    }
-    if (ec) revoke();
-    check(ec, what,
-          std::to_string(count) + " " + std::string(name(type)) + ", " + std::to_string(count * size_of(type)) +
-              " bytes");
-  }
+inline void nccl_communicator::check(const std::error_code& ec, const char* what, std::string detail) {
+  if (!ec) return;
+  st_.failed = true;
+  throw_if(ec, {.rank = st_.rank, .generation = st_.generation, .operation = what, .detail = std::move(detail)});
+}
 
-  void check(const std::error_code& ec, const char* what, std::string detail = {}) {
-    if (!ec) return;
-    failed_ = true;
-    throw_if(ec, {.rank = rank_, .generation = generation_, .operation = what, .detail = std::move(detail)});
-  }
+}  // namespace comm
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/comm/impl/nccl_communicator.hpp>
+// ---- end <ebbflow/comm/nccl_communicator.hpp>
 
-  ncclComm_t comm_ = nullptr;
-  int rank_ = -1;
-  int size_ = 0;
-  std::int64_t generation_ = -1;
-  bool failed_ = false;
-  bool revoked_ = false;
-  options opts_{};
-};
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm::nccl {
+
+//! @deprecated Use `comm::nccl_communicator`.
+using communicator = nccl_communicator;
+//! @deprecated Use `comm::nccl_unique_id`.
+using unique_id_bytes = nccl_unique_id;
+//! @deprecated Use `comm::nccl_options`.
+using options = nccl_options;
+//! @deprecated Use `comm::make_nccl_unique_id`.
+inline nccl_unique_id make_unique_id() { return make_nccl_unique_id(); }
+using comm::to_nccl;
 
 }  // namespace comm::nccl
 EBBFLOW_END_NAMESPACE
@@ -5746,6 +6038,7 @@ EBBFLOW_END_NAMESPACE
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string_view>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -5771,17 +6064,9 @@ enum class codec_kind {
 
 //! The enumerator's name ("linear", "sparse", "sign", "low_rank"), or "?".
 constexpr std::string_view name(codec_kind k) noexcept {
-  switch (k) {
-    case codec_kind::linear:
-      return "linear";
-    case codec_kind::sparse:
-      return "sparse";
-    case codec_kind::sign:
-      return "sign";
-    case codec_kind::low_rank:
-      return "low_rank";
-  }
-  return "?";
+  constexpr std::string_view names[] = {"linear", "sparse", "sign", "low_rank"};  // in declaration order
+  const auto i = static_cast<std::size_t>(k);
+  return i < std::size(names) ? names[i] : "?";
 }
 
 //! Per-call context of an encode. `workspace` points to `workspace_bytes(n)`
@@ -5866,6 +6151,24 @@ EBBFLOW_DETAIL_CLONES void host_loop(std::size_t n, const F& f) {
   for (std::size_t i = 0; i < n; ++i) f(i);
 }
 
+//! A codec's decode and decode_add, from its `decode_into<Add>(ex, in,
+//! out, n)` (with `Add`, accumulate into `out`). Codecs derive from it.
+template <class Codec>
+struct decode_forms {
+  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
+  template <class Ex>
+  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    static_cast<const Codec&>(*this).template decode_into<false>(ex, in, out, n);
+  }
+  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
+  template <class Ex>
+  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    static_cast<const Codec&>(*this).template decode_into<true>(ex, in, out, n);
+  }
+};
+
 //! Runs f(i) for i in [0, n) on `ex`.
 template <class Ex, class F>
 void bulk(Ex& ex, std::size_t n, const F& f) {
@@ -5932,6 +6235,14 @@ EBBFLOW_HD inline float fsub(float a, float b) noexcept {
 #else
   return a - b;
 #endif
+}
+//! A decoded value into its place: `out = d`, or with `Add` (decode_add) `out += d`.
+template <bool Add>
+EBBFLOW_HD inline void store(float& out, float d) noexcept {
+  if constexpr (Add)
+    out = fadd(out, d);
+  else
+    out = d;
 }
 // Bit casts shared with core/half.hpp (one implementation, host and device).
 EBBFLOW_HD inline std::uint32_t as_u32(float f) noexcept { return ::ebbflow::detail::float_bits(f); }
@@ -6039,6 +6350,17 @@ EBBFLOW_HD inline void for_block(std::size_t b, std::size_t n, Body&& body) {
     body(static_cast<std::uint32_t>(len));
 }
 
+//! Calls `body(std::true_type{})` when the residual `res` is given (error
+//! feedback), `body(std::false_type{})` when it is null: the choice is made
+//! once per block, and each branch compiles without the other's loads.
+template <class Body>
+EBBFLOW_HD inline void with_residual(const float* res, Body&& body) {
+  if (res == nullptr)
+    body(std::false_type{});
+  else
+    body(std::true_type{});
+}
+
 }  // namespace compress::kernels
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/compress/kernels/block.hpp>
@@ -6115,10 +6437,7 @@ struct cast_decode {
     float* EBBFLOW_DETAIL_RESTRICT po = out + o;
     for_block(b, n, [&](auto cnt) {
       for (std::uint32_t j = 0; j < cnt; ++j) {
-        if constexpr (Add)
-          po[j] = detail::fadd(po[j], from_bits<F>(pi[j]));
-        else
-          po[j] = from_bits<F>(pi[j]);
+        detail::store<Add>(po[j], from_bits<F>(pi[j]));
       }
     });
   }
@@ -6137,7 +6456,7 @@ namespace compress {
 
 //! Cast codec to the 16-bit format `F`. Stateless; thread-safe.
 template <kernels::cast_format F>
-struct cast_codec {
+struct cast_codec : detail::decode_forms<cast_codec<F>> {
   static constexpr codec_kind kind = codec_kind::linear;  //!< decoded, added and re-encoded per ring hop
   //! Unit roundoff of one encode, relative to |v| (documented bound).
   static constexpr float unit_roundoff = F == kernels::cast_format::f16 ? 1.0f / 2048 : 1.0f / 256;
@@ -6157,19 +6476,13 @@ struct cast_codec {
     detail::bulk(ex, kernels::blocks_of(n),
                  kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n});
   }
-  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+  //! Writes (`Add` false: decode) or adds (`Add` true: decode_add) the `n`
+  //! floats decoded from `in` to `out` (both in `Ex`'s space; completes as
+  //! `ex.bulk` does).
+  template <bool Add, class Ex>
+  void decode_into(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     detail::bulk(ex, kernels::blocks_of(n),
-                 kernels::cast_decode<F, false>{reinterpret_cast<const std::uint16_t*>(in), out, n});
-  }
-  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    detail::bulk(ex, kernels::blocks_of(n),
-                 kernels::cast_decode<F, true>{reinterpret_cast<const std::uint16_t*>(in), out, n});
+                 kernels::cast_decode<F, Add>{reinterpret_cast<const std::uint16_t*>(in), out, n});
   }
 };
 
@@ -6391,11 +6704,14 @@ inline constexpr float orthogonalize_eps = 1e-8f;
 //! orthogonalisation is treated as linearly dependent and zeroed.
 inline constexpr float rank_tolerance = 1e-3f;
 
-//! P[i, j] = sum_c M[i, c] Q[c, j]; one call per row i.
-struct lowrank_mul_p {
-  const float* m;  //!< M, rows x cols row-major (executor's memory space)
-  const float* q;  //!< Q, cols x rank row-major
-  float* p;        //!< P (output), rows x rank row-major
+//! The operands of a product of M (rows x cols, row-major) with a factor:
+//! `in` is read, `out` written (executor's memory space; row-major, `rank`
+//! columns). Entries are summed in index order, so every executor gives the
+//! same bits.
+struct lowrank_product {
+  const float* m;   //!< M, rows x cols row-major
+  const float* in;  //!< the factor read: Q (cols x rank) for P = M Q, P (rows x rank) for Q = M^T P
+  float* out;       //!< the factor written: P (rows x rank), or Q (cols x rank)
   std::size_t rows, cols, rank;
   //! @var rows
   //! Rows of M (and of P).
@@ -6404,42 +6720,28 @@ struct lowrank_mul_p {
   //! @var rank
   //! Rank r: columns of P and Q (<= `max_rank`).
 
-  //! Computes row `i` of P.
-  EBBFLOW_HD void operator()(std::size_t i) const noexcept {
+  //! out[o, j] = sum_k M[k * stride + first] in[k, j] over k < len: row `o` of the output.
+  EBBFLOW_HD void dot(std::size_t o, std::size_t first, std::size_t stride, std::size_t len) const noexcept {
     float acc[max_rank];
     for (std::size_t j = 0; j < rank; ++j) acc[j] = 0.0f;
-    const float* row = m + i * cols;
-    for (std::size_t c = 0; c < cols; ++c) {
-      const float v = row[c];
-      for (std::size_t j = 0; j < rank; ++j) acc[j] = detail::fadd(acc[j], detail::fmul(v, q[c * rank + j]));
+    for (std::size_t k = 0; k < len; ++k) {
+      const float v = m[k * stride + first];
+      for (std::size_t j = 0; j < rank; ++j) acc[j] = detail::fadd(acc[j], detail::fmul(v, in[k * rank + j]));
     }
-    for (std::size_t j = 0; j < rank; ++j) p[i * rank + j] = acc[j];
+    for (std::size_t j = 0; j < rank; ++j) out[o * rank + j] = acc[j];
   }
 };
 
-//! Q[c, j] = sum_i M[i, c] P[i, j]; one call per column c.
-struct lowrank_mul_q {
-  const float* m;  //!< M, rows x cols row-major (executor's memory space)
-  const float* p;  //!< P, rows x rank row-major
-  float* q;        //!< Q (output), cols x rank row-major
-  std::size_t rows, cols, rank;
-  //! @var rows
-  //! Rows of M (and of P).
-  //! @var cols
-  //! Columns of M (rows of Q).
-  //! @var rank
-  //! Rank r: columns of P and Q (<= `max_rank`).
+//! P[i, j] = sum_c M[i, c] Q[c, j]; one call per row i (`in` = Q, `out` = P).
+struct lowrank_mul_p : lowrank_product {
+  //! Computes row `i` of P.
+  EBBFLOW_HD void operator()(std::size_t i) const noexcept { dot(i, i * cols, 1, cols); }
+};
 
+//! Q[c, j] = sum_i M[i, c] P[i, j]; one call per column c (`in` = P, `out` = Q).
+struct lowrank_mul_q : lowrank_product {
   //! Computes row `c` of Q (column `c` of M^T P).
-  EBBFLOW_HD void operator()(std::size_t c) const noexcept {
-    float acc[max_rank];
-    for (std::size_t j = 0; j < rank; ++j) acc[j] = 0.0f;
-    for (std::size_t i = 0; i < rows; ++i) {
-      const float v = m[i * cols + c];
-      for (std::size_t j = 0; j < rank; ++j) acc[j] = detail::fadd(acc[j], detail::fmul(v, p[i * rank + j]));
-    }
-    for (std::size_t j = 0; j < rank; ++j) q[c * rank + j] = acc[j];
-  }
+  EBBFLOW_HD void operator()(std::size_t c) const noexcept { dot(c, c, cols, rows); }
 };
 
 //! Row i of P Q^T: out[i, c] = sum_j P[i, j] Q[c, j]. One call per row.
@@ -6657,7 +6959,7 @@ struct powersgd_codec {
   //! Pointers in `Ex`'s space; completes as `ex.bulk` does.
   template <class Ex>
   void compute_p(Ex& ex, const float* m, const float* q, float* p, matrix_shape s) const {
-    ex.bulk(s.rows, kernels::lowrank_mul_p{m, q, p, s.rows, s.cols, rank_for(s)});
+    ex.bulk(s.rows, kernels::lowrank_mul_p{{m, q, p, s.rows, s.cols, rank_for(s)}});
   }
   //! Gram-Schmidt on the columns of p (rows x r) in place; blocking on the
   //! CPU executor, enqueued on the stream of the CUDA executor.
@@ -6668,7 +6970,7 @@ struct powersgd_codec {
   //! q (cols x r) = m^T p. Pointers in `Ex`'s space; completes as `ex.bulk` does.
   template <class Ex>
   void compute_q(Ex& ex, const float* m, const float* p, float* q, matrix_shape s) const {
-    ex.bulk(s.cols, kernels::lowrank_mul_q{m, p, q, s.rows, s.cols, rank_for(s)});
+    ex.bulk(s.cols, kernels::lowrank_mul_q{{m, p, q, s.rows, s.cols, rank_for(s)}});
   }
   //! res = m - P Q^T (may alias m).
   template <class Ex>
@@ -6755,10 +7057,7 @@ struct quantize_encode {
 
   //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
-    if (res == nullptr)
-      run<false>(b);
-    else
-      run<true>(b);
+    with_residual(res, [&](auto ef) { run<decltype(ef)::value>(b); });
   }
 
  private:
@@ -6864,10 +7163,7 @@ struct quantize_decode {
         else
           k = static_cast<std::int32_t>((pc[j / 2] >> ((j & 1u) * 4u)) & 0xFu) - 8;
         const float d = detail::fmul(static_cast<float>(k), s);
-        if constexpr (Add)
-          po[j] = detail::fadd(po[j], d);
-        else
-          po[j] = d;
+        detail::store<Add>(po[j], d);
       }
     });
   }
@@ -6886,7 +7182,7 @@ namespace compress {
 
 //! `Bits` = 8 or 4. Stateless; thread-safe.
 template <int Bits>
-struct quantize_codec {
+struct quantize_codec : detail::decode_forms<quantize_codec<Bits>> {
   static_assert(Bits == 8 || Bits == 4);
   static constexpr codec_kind kind = codec_kind::linear;  //!< unbiased: decoded, added and re-encoded per ring hop
   static constexpr std::int32_t levels = kernels::levels<Bits>;  //!< largest code magnitude: 127 (int8) or 7 (int4)
@@ -6920,23 +7216,15 @@ struct quantize_codec {
                                                 n,
                                                 {ctx.seed, ctx.stream}});
   }
-  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+  //! Writes (`Add` false: decode) or adds (`Add` true: decode_add) the `n`
+  //! floats decoded from `in` to `out` (both in `Ex`'s space; completes as
+  //! `ex.bulk` does).
+  template <bool Add, class Ex>
+  void decode_into(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
     detail::bulk(ex, nb,
-                 kernels::quantize_decode<Bits, false>{reinterpret_cast<const float*>(in),
-                                                       reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
-  }
-  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb,
-                 kernels::quantize_decode<Bits, true>{reinterpret_cast<const float*>(in),
-                                                      reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
+                 kernels::quantize_decode<Bits, Add>{reinterpret_cast<const float*>(in),
+                                                     reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
   }
 };
 
@@ -7076,10 +7364,7 @@ struct sign_decode {
       for (std::uint32_t j = 0; j < cnt; ++j) {
         const std::uint32_t neg = ((pw[j / 32] >> (j & 31u)) & 1u) ^ 1u;
         const float d = detail::as_f32(sb | (neg << 31));
-        if constexpr (Add)
-          po[j] = detail::fadd(po[j], d);
-        else
-          po[j] = d;
+        detail::store<Add>(po[j], d);
       }
     });
   }
@@ -7097,7 +7382,7 @@ EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
 
 //! Stateless; thread-safe.
-struct sign_codec {
+struct sign_codec : detail::decode_forms<sign_codec> {
   static constexpr codec_kind kind = codec_kind::sign;  //!< two-phase scheme with error feedback
 
   //! "sign1".
@@ -7122,23 +7407,15 @@ struct sign_codec {
                  kernels::sign_encode{in, residual, reinterpret_cast<float*>(out),
                                       reinterpret_cast<std::uint32_t*>(out + 4 * nb), n});
   }
-  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+  //! Writes (`Add` false: decode) or adds (`Add` true: decode_add) the `n`
+  //! floats decoded from `in` to `out` (both in `Ex`'s space; completes as
+  //! `ex.bulk` does).
+  template <bool Add, class Ex>
+  void decode_into(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
     detail::bulk(ex, nb,
-                 kernels::sign_decode<false>{reinterpret_cast<const float*>(in),
-                                             reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
-  }
-  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb,
-                 kernels::sign_decode<true>{reinterpret_cast<const float*>(in),
-                                            reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
+                 kernels::sign_decode<Add>{reinterpret_cast<const float*>(in),
+                                           reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
   }
 };
 static_assert(codec<sign_codec>);
@@ -7461,10 +7738,7 @@ struct topk_select_inorder {
 
   //! Processes block `b`; blocks must come in increasing order, one at a time.
   void operator()(std::size_t b) const noexcept {
-    if (res == nullptr)
-      run<false>(b);
-    else
-      run<true>(b);
+    with_residual(res, [&](auto ef) { run<decltype(ef)::value>(b); });
   }
 
  private:
@@ -7526,10 +7800,7 @@ struct topk_scatter {
     if (i >= header[0]) return;
     const std::uint32_t idx = header[2 + i];
     const float v = detail::as_f32(header[2 + k + i]);
-    if constexpr (Add)
-      out[idx] = detail::fadd(out[idx], v);
-    else
-      out[idx] = v;
+    detail::store<Add>(out[idx], v);
   }
 };
 
@@ -7692,7 +7963,8 @@ EBBFLOW_END_NAMESPACE
 // ---- begin <ebbflow/compress/compressed_allreduce.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file compressed_allreduce.hpp
-//! Error-feedback compressed allreduce (sum) over any `comm::transport`.
+//! Error-feedback compressed allreduce (sum) over a host communicator
+//! (`comm::transport_communicator`, over any `comm::transport`).
 //!
 //! The algorithm follows the codec's `kind`:
 //! * `linear` (fp16, bf16, int8, int4): pipelined ring reduce-scatter with
@@ -7701,16 +7973,25 @@ EBBFLOW_END_NAMESPACE
 //!   by everybody in rank order;
 //! * `sign` (1-bit): compressed reduce-scatter, sum, re-encode with a second
 //!   residual, compressed allgather (DeepSpeed 1-bit);
-//! * `low_rank` (PowerSGD): two dense ring allreduces of the factors P and Q.
-//! Tensors smaller than `dense_threshold_bytes` take the dense ring. Every rank
-//! ends with the same bits. Error-feedback state (residuals, PowerSGD's Q) is
-//! kept per tensor key and survives between calls.
+//! * `low_rank` (PowerSGD): two dense allreduces of the factors P and Q.
+//! Dense traffic (tensors smaller than `dense_threshold_bytes`, PowerSGD's
+//! factors and the tail its matrix leaves out) is the communicator's own
+//! allreduce, with its choice of algorithm: recursive doubling for small
+//! tensors, single copy on one host, the ring for large ones. Every rank
+//! ends with the same bits. Error-feedback state (residuals, PowerSGD's Q)
+//! is kept per tensor key and survives between calls.
+//!
+//! Tags: the codec-specific algorithms take their sequence numbers from the
+//! communicator (`next_sequence`), the counter of its own collectives, so any
+//! number of allreduce objects and the communicator's collectives share one
+//! transport with nothing for the caller to keep apart.
 //!
 //! Requirements: every rank calls `run` with the same keys, sizes and codec,
-//! in the same order (collectives are matched by a call sequence number).
+//! in the same order relative to every other collective on the communicator
+//! (collectives are matched by their sequence numbers).
 //! Memory: `grad` must be host-accessible (the executor computes in place;
 //! a device path needs staging buffers and is a follow-up). Blocking.
-//! Thread safety: one thread per object, and one object per transport at a time.
+//! Thread safety: one thread drives the object and its communicator.
 //! Errors: the throwing `run` raises `ebbflow::system_error` (timeout,
 //! peer_lost, bad_message, with rank/peer/generation); the `ec` form reports
 //! the same code. After an error the result and the residuals of that tensor
@@ -7718,6 +7999,7 @@ EBBFLOW_END_NAMESPACE
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/communicator.hpp>  (inlined)
 // #include <ebbflow/comm/transport.hpp>  (inlined)
 // #include <ebbflow/compress/codec.hpp>  (inlined)
 // #include <ebbflow/compress/codecs/powersgd.hpp>  (inlined)
@@ -7725,11 +8007,12 @@ EBBFLOW_END_NAMESPACE
 // ---- begin <ebbflow/compress/detail/collectives.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file collectives.hpp
-//! The pipelined algorithms behind `compressed_allreduce`, written over the
-//! `comm::transport` concept: a ring with decode-add-encode per hop (linear
-//! codes; with the identity codec it is the dense ring allreduce), a ring
-//! allgather of encoded blocks (sparse codes) and the two-phase sign scheme.
-//! Self-contained on purpose (no dependency on comm/'s dense collectives).
+//! The codec-specific algorithms behind `compressed_allreduce`, written over
+//! the `comm::transport` concept: a ring with decode-add-encode per hop
+//! (linear codes), a ring allgather of encoded blocks (sparse codes) and the
+//! two-phase sign scheme. Dense traffic is not here: it is the communicator's
+//! allreduce. Each call runs under one sequence number that the caller took
+//! from the communicator (`coll_ctx::seq`), and numbers its steps within it.
 //!
 //! Pipelining: the tensor is cut into chunks (one per rank, block aligned) and
 //! chunks into segments of `seg_elems`; all receives are posted up front,
@@ -8127,79 +8410,6 @@ void two_phase_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::siz
 }  // namespace compress::detail
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/compress/detail/collectives.hpp>
-// #include <ebbflow/compress/detail/f32_codec.hpp>  (inlined here)
-// ---- begin <ebbflow/compress/detail/f32_codec.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file f32_codec.hpp
-//! The identity "codec" (raw floats): lets the dense pass-through path reuse
-//! the pipelined ring of `compressed_allreduce`. Exact; no error feedback.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/compress/codec.hpp>  (inlined)
-// #include <ebbflow/compress/detail/fp.hpp>  (inlined)
-// #include <ebbflow/compress/detail/run.hpp>  (inlined)
-// #include <ebbflow/compress/kernels/block.hpp>  (inlined)
-
-#include <cstddef>
-#include <cstring>
-#include <string_view>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace compress::detail {
-
-struct copy_fn {
-  const float* in;
-  float* out;
-  std::size_t n;
-  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
-    const std::size_t o = b * kernels::block_size;
-    const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
-    float* EBBFLOW_DETAIL_RESTRICT po = out + o;
-    kernels::for_block(b, n, [&](auto cnt) {
-      for (std::uint32_t j = 0; j < cnt; ++j) po[j] = pi[j];
-    });
-  }
-};
-struct add_fn {
-  const float* in;
-  float* out;
-  std::size_t n;
-  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
-    const std::size_t o = b * kernels::block_size;
-    const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
-    float* EBBFLOW_DETAIL_RESTRICT po = out + o;
-    kernels::for_block(b, n, [&](auto cnt) {
-      for (std::uint32_t j = 0; j < cnt; ++j) po[j] = fadd(po[j], pi[j]);
-    });
-  }
-};
-
-struct f32_codec {
-  static constexpr codec_kind kind = codec_kind::linear;
-  [[nodiscard]] std::string_view name() const noexcept { return "dense"; }
-  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept { return align8(4 * n); }
-  [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
-  [[nodiscard]] std::size_t block_elems() const noexcept { return kernels::block_size; }
-  //! Ignores the residual: raw floats are exact.
-  template <class Ex>
-  void encode(Ex& ex, const float* in, float*, std::byte* out, std::size_t n, encode_context = {}) const {
-    detail::bulk(ex, kernels::blocks_of(n), copy_fn{in, reinterpret_cast<float*>(out), n});
-  }
-  template <class Ex>
-  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    detail::bulk(ex, kernels::blocks_of(n), copy_fn{reinterpret_cast<const float*>(in), out, n});
-  }
-  template <class Ex>
-  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    detail::bulk(ex, kernels::blocks_of(n), add_fn{reinterpret_cast<const float*>(in), out, n});
-  }
-};
-static_assert(codec<f32_codec>);
-
-}  // namespace compress::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/compress/detail/f32_codec.hpp>
 // #include <ebbflow/core/error.hpp>  (inlined)
 // #include <ebbflow/core/memory.hpp>  (inlined)
 // #include <ebbflow/exec/executor.hpp>  (inlined)
@@ -8224,8 +8434,9 @@ struct allreduce_options {
   //! encode has a fixed cost per call), so strongly compressing codecs are
   //! not cut into tiny messages yet still overlap encoding with the transfer.
   std::size_t segment_bytes = std::size_t{1} << 20;
-  //! Tensors smaller than this are reduced dense (exact): compressing them
-  //! costs more in latency than it saves in bytes.
+  //! Tensors smaller than this are reduced dense (exact, by the
+  //! communicator's allreduce): compressing them costs more in latency than
+  //! it saves in bytes.
   std::size_t dense_threshold_bytes = std::size_t{32} << 10;
   //! Keep the compression error and add it to the next call of the same tensor.
   bool error_feedback = true;
@@ -8233,31 +8444,29 @@ struct allreduce_options {
   std::uint64_t seed = 0x5EEDC0DEull;
   //! Deadline of one `run`, from its start.
   std::chrono::milliseconds timeout{60000};
-  //! Tag space (0-14) of this object: several allreduce objects driving one
-  //! transport must use distinct tag spaces, so that a fast rank's next
-  //! collective can never match a slow rank's pending receive of another
-  //! one. The communicator's own collectives (and so the elastic group's)
-  //! use a space of their own and never collide with any of these.
-  std::uint32_t tag_space = 0;
 };
 
 //! Counters of one allreduce object (this rank).
 struct allreduce_stats {
   std::size_t calls = 0;            //!< `run` calls
-  std::size_t wire_bytes_sent = 0;  //!< bytes handed to the transport
+  std::size_t wire_bytes_sent = 0;  //!< bytes handed to the transport (dense: as the communicator's algorithm sends)
   std::size_t dense_calls = 0;      //!< calls that took the dense path
 };
 
-//! An error-feedback compressed allreduce bound to one transport.
-//! `Codec` is a `codec` or `powersgd_codec`.
+//! An error-feedback compressed allreduce bound to one communicator over a
+//! `Transport`. `Codec` is a `codec` or `powersgd_codec`.
 template <class Codec, comm::transport Transport, exec::executor Executor = exec::cpu_executor>
 class compressed_allreduce {
   static_assert(host_accessible(Executor::space), "compressed_allreduce needs host-accessible gradients for now");
   static_assert(codec<Codec> || Codec::kind == codec_kind::low_rank);
 
  public:
-  //! Keeps a reference to `transport`, which must outlive this object.
-  compressed_allreduce(Transport& transport, Codec c, Executor ex = {}, allreduce_options opts = {});
+  //! The communicator it runs over.
+  using communicator_type = comm::transport_communicator<Transport>;
+
+  //! Keeps a reference to `comm`, which must outlive this object.
+  //! @throws std::invalid_argument for `segment_bytes` below one codec block.
+  compressed_allreduce(communicator_type& comm, Codec c, Executor ex = {}, allreduce_options opts = {});
 
   //! Sums `grad` (host-accessible, in place) over all ranks. `key` names the
   //! tensor whose residual is used. Low-rank codecs view the tensor as
@@ -8269,8 +8478,10 @@ class compressed_allreduce {
   //! (shape.size() == grad.size()). Other codecs ignore the shape.
   void run(std::span<float> grad, std::size_t key, matrix_shape shape);
 
-  //! Bytes this rank sends for one call on n elements (no dense threshold).
-  [[nodiscard]] std::size_t wire_bytes(std::size_t n) const noexcept;
+  //! Bytes this rank sends for one call on n elements (no dense threshold;
+  //! PowerSGD's factors as the communicator's allreduce sends them).
+  //! @throws std::invalid_argument where the communicator's allreduce would (a forced algorithm it cannot run).
+  [[nodiscard]] std::size_t wire_bytes(std::size_t n) const;
   //! Counters since construction.
   [[nodiscard]] const allreduce_stats& stats() const noexcept { return stats_; }
   //! The codec given at construction.
@@ -8288,15 +8499,16 @@ class compressed_allreduce {
   tensor_state& state_for(std::size_t key, std::size_t n, matrix_shape shape);
   [[nodiscard]] std::size_t segment_elems(std::size_t n) const noexcept;
   void run_impl(std::span<float> grad, std::size_t key, matrix_shape shape);
-  void run_low_rank(std::span<float> grad, tensor_state& st, matrix_shape shape, detail::coll_ctx& ctx);
+  void run_low_rank(std::span<float> grad, tensor_state& st, matrix_shape shape, deadline d);
+  void dense(std::span<float> x, deadline d);
 
-  Transport* transport_;
+  communicator_type* comm_;
   Codec codec_;
   Executor exec_;
   allreduce_options opts_;
   std::unordered_map<std::size_t, tensor_state> state_;
   detail::arenas arenas_;
-  std::uint64_t seq_ = 0;
+  std::uint64_t call_ = 0;  // calls so far: selects the stochastic codecs' random streams
   allreduce_stats stats_;
 };
 
@@ -8316,15 +8528,11 @@ EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
-compressed_allreduce<Codec, Transport, Executor>::compressed_allreduce(Transport& transport, Codec c, Executor ex,
+compressed_allreduce<Codec, Transport, Executor>::compressed_allreduce(communicator_type& comm, Codec c, Executor ex,
                                                                        allreduce_options opts)
-    : transport_(&transport), codec_(std::move(c)), exec_(std::move(ex)), opts_(opts) {
-  EBBFLOW_ENFORCE(opts_.tag_space + 1 < comm::tag_spaces,
-                  "tag_space " << opts_.tag_space << " above " << comm::tag_spaces - 2
-                               << " (space 0 of the transport belongs to the communicator's collectives)");
+    : comm_(&comm), codec_(std::move(c)), exec_(std::move(ex)), opts_(opts) {
   EBBFLOW_ENFORCE(opts_.segment_bytes >= 4 * kernels::block_size,
                   "segment_bytes " << opts_.segment_bytes << " below one block (" << 4 * kernels::block_size << ")");
-  comm::check_rank_count(transport.size(), "compressed_allreduce");
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
@@ -8333,10 +8541,10 @@ auto compressed_allreduce<Codec, Transport, Executor>::state_for(std::size_t key
   auto& st = state_[key];
   // A new tensor, another matrix shape of it (PowerSGD's Q would not fit),
   // or the group changed: start afresh.
-  if (st.n != n || st.ranks != transport_->size() || st.shape.rows != shape.rows || st.shape.cols != shape.cols) {
+  if (st.n != n || st.ranks != comm_->size() || st.shape.rows != shape.rows || st.shape.cols != shape.cols) {
     st = tensor_state{};
     st.n = n;
-    st.ranks = transport_->size();
+    st.ranks = comm_->size();
     st.shape = shape;
   }
   return st;
@@ -8374,22 +8582,13 @@ template <class Codec, comm::transport Transport, exec::executor Executor>
 void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float> grad, std::size_t key,
                                                                 matrix_shape shape) {
   const std::size_t n = grad.size();
-  Transport& t = *transport_;
-  const std::uint64_t call = seq_;
-  seq_ += 4;  // a call uses up to 4 tag sequence numbers (PowerSGD: P, Q, tail)
+  const std::uint64_t call = call_++;
   ++stats_.calls;
-  detail::coll_ctx ctx;
-  ctx.seg_elems = segment_elems(n);
-  ctx.dl = deadline::after(opts_.timeout);
-  ctx.seed = opts_.seed;
-  ctx.stream_base = detail::mix64(detail::mix64(call) ^ detail::mix64(key + 0x1234567) ^
-                                  detail::mix64(static_cast<std::uint64_t>(t.rank()) + 1));
-  ctx.seq = comm::make_seq(opts_.tag_space + 1, call);
-  if (t.size() == 1 || n == 0) return;
+  const deadline dl = deadline::after(opts_.timeout);
+  if (comm_->size() == 1 || n == 0) return;
   if (n * sizeof(float) < opts_.dense_threshold_bytes) {
     ++stats_.dense_calls;
-    detail::ring_allreduce(t, detail::f32_codec{}, exec_, grad.data(), n, nullptr, ctx, arenas_);
-    stats_.wire_bytes_sent += ctx.wire_sent;
+    dense(grad, dl);
     return;
   }
   tensor_state& st = state_for(key, n, shape);
@@ -8398,24 +8597,39 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
     if (st.res.empty()) st.res.assign(n, 0.0f);
     res = st.res.data();
   }
-  if constexpr (Codec::kind == codec_kind::linear) {
-    detail::ring_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
-  } else if constexpr (Codec::kind == codec_kind::sparse) {
-    detail::sparse_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
-  } else if constexpr (Codec::kind == codec_kind::sign) {
-    if (st.res2.empty()) st.res2.assign(n, 0.0f);
-    detail::two_phase_allreduce(t, codec_, exec_, grad.data(), n, res, st.res2.data(), ctx, arenas_);
+  if constexpr (Codec::kind == codec_kind::low_rank) {
+    run_low_rank(grad, st, shape, dl);
   } else {
-    run_low_rank(grad, st, shape, ctx);
+    Transport& t = comm_->transport();
+    detail::coll_ctx ctx;
+    ctx.seg_elems = segment_elems(n);
+    ctx.dl = dl;
+    ctx.seed = opts_.seed;
+    ctx.stream_base = detail::mix64(detail::mix64(call) ^ detail::mix64(key + 0x1234567) ^
+                                    detail::mix64(static_cast<std::uint64_t>(t.rank()) + 1));
+    ctx.seq = comm_->next_sequence();
+    if constexpr (Codec::kind == codec_kind::linear) {
+      detail::ring_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
+    } else if constexpr (Codec::kind == codec_kind::sparse) {
+      detail::sparse_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
+    } else {
+      if (st.res2.empty()) st.res2.assign(n, 0.0f);
+      detail::two_phase_allreduce(t, codec_, exec_, grad.data(), n, res, st.res2.data(), ctx, arenas_);
+    }
+    stats_.wire_bytes_sent += ctx.wire_sent;
   }
-  stats_.wire_bytes_sent += ctx.wire_sent;
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+void compressed_allreduce<Codec, Transport, Executor>::dense(std::span<float> x, deadline d) {
+  stats_.wire_bytes_sent += comm_->allreduce_bytes_sent(x.size(), dtype::f32);
+  comm_->allreduce(view(x), reduce_op::sum, d);
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
 void compressed_allreduce<Codec, Transport, Executor>::run_low_rank(std::span<float> grad, tensor_state& st,
-                                                                    matrix_shape shape, detail::coll_ctx& ctx) {
+                                                                    matrix_shape shape, deadline d) {
   if constexpr (Codec::kind == codec_kind::low_rank) {
-    Transport& t = *transport_;
     const std::size_t main = shape.size(), r = codec_.rank_for(shape);
     float* m = grad.data();
     if (main > 0 && r > 0) {
@@ -8429,25 +8643,20 @@ void compressed_allreduce<Codec, Transport, Executor>::run_low_rank(std::span<fl
       st.q_local.resize(shape.cols * r);
       codec_.compute_p(exec_, m, st.q.data(), st.p.data(), shape);
       exec_.wait();
-      detail::ring_allreduce(t, detail::f32_codec{}, exec_, st.p.data(), st.p.size(), nullptr, ctx, arenas_);
+      dense(st.p, d);
       codec_.orthogonalize(exec_, st.p.data(), shape);
       codec_.compute_q(exec_, m, st.p.data(), st.q_local.data(), shape);
       if (opts_.error_feedback) codec_.residual(exec_, m, st.p.data(), st.q_local.data(), st.res.data(), shape);
       exec_.wait();
       st.q = st.q_local;
-      ctx.seq += 1;
-      detail::ring_allreduce(t, detail::f32_codec{}, exec_, st.q.data(), st.q.size(), nullptr, ctx, arenas_);
+      dense(st.q, d);
       codec_.reconstruct(exec_, st.p.data(), st.q.data(), m, shape);  // warm start: keep the summed Q
       codec_.refresh_q(exec_, st.q.data(), shape, opts_.seed);        // ... with its dropped columns refilled
       exec_.wait();
     }
-    if (main < grad.size()) {
-      ctx.seq += 1;
-      detail::ring_allreduce(t, detail::f32_codec{}, exec_, grad.data() + main, grad.size() - main, nullptr, ctx,
-                             arenas_);
-    }
+    if (main < grad.size()) dense(grad.subspan(main), d);
   } else {
-    (void)grad, (void)st, (void)shape, (void)ctx;
+    (void)grad, (void)st, (void)shape, (void)d;
   }
 }
 
@@ -8472,30 +8681,28 @@ std::size_t compressed_allreduce<Codec, Transport, Executor>::segment_elems(std:
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
-std::size_t compressed_allreduce<Codec, Transport, Executor>::wire_bytes(std::size_t n) const noexcept {
-  const auto p = static_cast<std::size_t>(transport_->size());
+std::size_t compressed_allreduce<Codec, Transport, Executor>::wire_bytes(std::size_t n) const {
+  const auto p = static_cast<std::size_t>(comm_->size());
   if (p <= 1 || n == 0) return 0;
-  const std::size_t seg = segment_elems(n);
-  const auto area = [&](const auto& c, int parts) { return detail::area_bytes(detail::make_layout(c, n, parts, seg)); };
-  if constexpr (Codec::kind == codec_kind::linear || Codec::kind == codec_kind::sign) {
-    const auto l = detail::make_layout(codec_, n, static_cast<int>(p), seg);
-    const std::size_t total = detail::area_bytes(l);
-    const std::size_t mine = l[static_cast<std::size_t>(transport_->rank())].bytes;
-    const auto rk = static_cast<std::size_t>(transport_->rank());
-    const std::size_t next = l[(rk + 1) % p].bytes;
-    if constexpr (Codec::kind == codec_kind::linear) {
-      // reduce-scatter sends every chunk but (rank+1)'s; allgather every chunk but (rank+2)'s.
-      return (total - next) + (total - l[(rk + 2) % p].bytes);
-    } else {
-      // all-to-all sends every chunk but mine; allgather every chunk but (rank+1)'s.
-      return (total - mine) + (total - next);
-    }
-  } else if constexpr (Codec::kind == codec_kind::sparse) {
-    return (p - 1) * area(codec_, 1);
-  } else {
+  const auto rk = static_cast<std::size_t>(comm_->rank());
+  if constexpr (Codec::kind == codec_kind::low_rank) {
     const matrix_shape s = powersgd_codec::shape_for(n);
-    const std::size_t f = codec_.factor_floats(s) + (n - s.size());
-    return 2 * (p - 1) * 4 * f / p;  // approximate: ring of the factors
+    const std::size_t r = codec_.rank_for(s);
+    const auto sent = [&](std::size_t count) { return comm_->allreduce_bytes_sent(count, dtype::f32); };
+    return (s.size() > 0 && r > 0 ? sent(s.rows * r) + sent(s.cols * r) : 0) + sent(n - s.size());
+  } else {
+    const std::size_t seg = segment_elems(n);
+    if constexpr (Codec::kind == codec_kind::sparse) {
+      return (p - 1) * detail::area_bytes(detail::make_layout(codec_, n, 1, seg));
+    } else {
+      const auto l = detail::make_layout(codec_, n, static_cast<int>(p), seg);
+      const std::size_t total = detail::area_bytes(l);
+      const auto chunk = [&](std::size_t k) { return l[(rk + k) % p].bytes; };
+      // linear: the reduce-scatter sends every chunk but (rank+1)'s, the allgather every chunk but (rank+2)'s;
+      // sign: the all-to-all sends every chunk but mine, the allgather every chunk but (rank+1)'s.
+      constexpr std::size_t skip = Codec::kind == codec_kind::linear ? 1 : 0;
+      return (total - chunk(skip)) + (total - chunk(skip + 1));
+    }
   }
 }
 
@@ -11517,7 +11724,7 @@ template <kv_store Store, network Net>
 class group_impl {
  public:
   using transport_type = comm::revocable<typename Net::transport_type>;
-  using communicator_type = comm::basic_communicator<transport_type>;
+  using communicator_type = comm::transport_communicator<transport_type>;
   using store_factory = std::function<std::unique_ptr<Store>()>;
 
   // The public operations (elastic/group.hpp documents each).

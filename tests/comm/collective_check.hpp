@@ -109,32 +109,35 @@ inline void fill(ef::dtype t, ef::reduce_op op, int r, void* p, std::size_t coun
   });
 }
 
+namespace detail {
+//! Number of the `count` elements of type `t` at `p` whose bits differ from
+//! `want(T{}, i)` (element j of `p` is global element i = first_index + j).
+template <class Want>
+std::size_t count_wrong(ef::dtype t, const void* p, std::size_t count, std::size_t first_index, Want want) {
+  std::size_t wrong = 0;
+  ef::visit_dtype(t, [&](auto z) {
+    using T = decltype(z);
+    wrong = walk_periodic<T>(
+        static_cast<const T*>(p), count, first_index, [&](std::size_t j) { return want(z, j); },
+        [](T got, T w) { return !same_bits(got, w); });
+  });
+  return wrong;
+}
+}  // namespace detail
+
 //! Number of elements of an allreduce result that differ from the reference
 //! (element j of `p` is global element first_index + j).
 inline std::size_t wrong_reduced(ef::dtype t, ef::reduce_op op, int n, const void* p, std::size_t count,
                                  std::size_t first_index = 0) {
-  std::size_t wrong = 0;
-  ef::visit_dtype(t, [&](auto z) {
-    using T = decltype(z);
-    wrong = detail::walk_periodic<T>(
-        static_cast<const T*>(p), count, first_index, [&](std::size_t j) { return expected<T>(op, n, j); },
-        [](T got, T want) { return !same_bits(got, want); });
-  });
-  return wrong;
+  return detail::count_wrong(t, p, count, first_index,
+                             [&](auto z, std::size_t j) { return expected<decltype(z)>(op, n, j); });
 }
 
 //! Number of elements that differ from rank r's input.
 inline std::size_t wrong_input(ef::dtype t, ef::reduce_op op, int r, const void* p, std::size_t count,
                                std::size_t first_index = 0) {
-  std::size_t wrong = 0;
-  ef::visit_dtype(t, [&](auto z) {
-    using T = decltype(z);
-    wrong = detail::walk_periodic<T>(
-        static_cast<const T*>(p), count, first_index,
-        [&](std::size_t j) { return to_elem<T>(input_value(op, t, r, j)); },
-        [](T got, T want) { return !same_bits(got, want); });
-  });
-  return wrong;
+  return detail::count_wrong(t, p, count, first_index,
+                             [&](auto z, std::size_t j) { return to_elem<decltype(z)>(input_value(op, t, r, j)); });
 }
 
 }  // namespace ebbflow_test

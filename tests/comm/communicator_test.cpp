@@ -12,12 +12,15 @@
 
 #include <cmath>
 #include <random>
+#include <type_traits>
 
 namespace ef = ebbflow;
 namespace et = ebbflow_test;
 using namespace std::chrono_literals;
-using comm_t = ef::comm::basic_communicator<ef::comm::loopback_transport>;
+using comm_t = ef::comm::transport_communicator<ef::comm::loopback_transport>;
 static_assert(ef::comm::communicator<comm_t>);
+// The former name stays for one release.
+static_assert(std::is_same_v<ef::comm::basic_communicator<ef::comm::loopback_transport>, comm_t>);
 
 namespace {
 std::vector<std::byte> buffer(ef::dtype t, std::size_t count) {
@@ -324,6 +327,142 @@ TEST(Communicator, DeadlineGivesTimeoutAndRequestStaysPending) {
     EXPECT_EQ(e.code(), ef::errc::timeout);
     EXPECT_EQ(e.peer(), 1);
     EXPECT_NE(std::string(e.what()).find("seq 1"), std::string::npos) << e.what();
+  }
+}
+
+// Each blocking collective has a noexcept twin that reports in an
+// std::error_code what the throwing form throws: a run-time failure with its
+// condition, a refused argument as std::errc::invalid_argument.
+TEST(Communicator, ErrorCodeTwinsReportWhatTheThrowingFormsThrow) {
+  static_assert(noexcept(std::declval<comm_t&>().allreduce(ef::buffer_view{}, ef::buffer_view{}, ef::reduce_op::sum,
+                                                           ef::deadline::never(), std::declval<std::error_code&>())));
+  // Success: every collective and point-to-point through its twin, ec cleared.
+  ef::comm::spawn_loopback(3, [&](ef::comm::loopback_transport& t) {
+    comm_t c(t);
+    const auto d = [] { return ef::deadline::after(10s); };
+    const int r = t.rank();
+    std::error_code ec = make_error_code(ef::error::invalid_state);  // cleared by every successful call
+    std::vector<float> v(100, static_cast<float>(r + 1)), w(300), s(100);
+    c.allreduce(ef::view(std::span(v)), ef::reduce_op::sum, d(), ec);
+    ASSERT_FALSE(ec) << ec.message();
+    EXPECT_EQ(v[99], 6.0f);
+    c.broadcast(ef::view(std::span(v).first(10)), 2, d(), ec);
+    ASSERT_FALSE(ec) << ec.message();
+    c.allgather(ef::view(std::span(v)), ef::view(std::span(w)), d(), ec);
+    ASSERT_FALSE(ec) << ec.message();
+    EXPECT_EQ(w[299], 6.0f);
+    c.reduce_scatter(ef::view(std::span(w)), ef::view(std::span(s)), ef::reduce_op::sum, d(), ec);
+    ASSERT_FALSE(ec) << ec.message();
+    EXPECT_EQ(s[0], 18.0f);
+    if (r == 0) c.send(ef::view(std::span(s)), 1, 5, d(), ec);
+    if (r == 1) c.recv(ef::view(std::span(v)), 0, 5, d(), ec);
+    ASSERT_FALSE(ec) << ec.message();
+    c.barrier(d(), ec);
+    ASSERT_FALSE(ec) << ec.message();
+  });
+  // Failures: a refused argument and a deadline, nothing thrown.
+  auto hub = std::make_shared<ef::comm::loopback_hub>(2);
+  ef::comm::loopback_transport t(hub, 0);
+  comm_t c(t);
+  std::vector<float> a(4), b(5);
+  std::error_code ec;
+  c.allreduce(ef::view(std::span(a)), ef::view(std::span(b)), ef::reduce_op::sum, ef::deadline::after(1s), ec);
+  EXPECT_EQ(ec, std::errc::invalid_argument);
+  c.broadcast(ef::view(std::span(a)), 2, ef::deadline::after(1s), ec);
+  EXPECT_EQ(ec, std::errc::invalid_argument);
+  c.send(ef::view(std::span(a)), 0, 1, ef::deadline::after(1s), ec);  // to itself
+  EXPECT_EQ(ec, std::errc::invalid_argument);
+  c.allreduce(ef::view(std::span(a)), ef::reduce_op::sum, ef::deadline::after(20ms), ec);
+  EXPECT_EQ(ec, ef::errc::timeout);
+  c.barrier(ef::deadline::after(20ms), ec);
+  EXPECT_EQ(ec, ef::errc::timeout);
+  hub->kill(1);
+  c.recv(ef::view(std::span(a)), 1, 3, ef::deadline::after(1s), ec);
+  EXPECT_EQ(ec, ef::errc::peer_lost);
+}
+
+// A device view given to the host communicator is refused, naming the space
+// (nccl_communicator_test checks the converse).
+TEST(Communicator, RefusesDeviceMemoryNamingTheSpace) {
+  auto hub = std::make_shared<ef::comm::loopback_hub>(2);
+  ef::comm::loopback_transport t(hub, 0);
+  comm_t c(t);
+  float x[4] = {};
+  const ef::buffer_view dev{x, 4, ef::dtype::f32, ef::memory_space::device};
+  try {
+    c.allreduce(dev, ef::reduce_op::sum, ef::deadline::after(1s));
+    ADD_FAILURE() << "a device buffer was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("must be host memory, got device"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(c.broadcast(dev, 0, ef::deadline::after(1s)), std::invalid_argument);
+  EXPECT_THROW(c.barrier(ef::deadline::after(1ms)), ef::system_error);  // the refusals sent nothing
+}
+
+// A transport that counts the bytes it is given to send.
+template <class T>
+struct counting_transport {
+  using request = typename T::request;
+  T* inner;
+  std::size_t sent = 0;
+  [[nodiscard]] int rank() const { return inner->rank(); }
+  [[nodiscard]] int size() const { return inner->size(); }
+  [[nodiscard]] std::int64_t generation() const { return inner->generation(); }
+  request isend(int peer, ef::comm::tag_t tag, std::span<const std::byte> b) {
+    sent += b.size();
+    return inner->isend(peer, tag, b);
+  }
+  request irecv(int peer, ef::comm::tag_t tag, std::span<std::byte> b) { return inner->irecv(peer, tag, b); }
+  bool test(request& r, std::error_code& ec) { return inner->test(r, ec); }
+  void wait(request& r, ef::deadline d, std::error_code& ec) { inner->wait(r, d, ec); }
+};
+
+// The algorithm the communicator picks is the one it reports: latency-optimal
+// recursive doubling up to small_bytes (or below one element per rank), the
+// ring above (the loopback transport has no single-copy path), or what the
+// options force; and the bytes it reports sending are the ones it sends.
+TEST(Communicator, ReportsTheAllreduceAlgorithmAndTheBytesItSends) {
+  using algo = ef::comm::allreduce_algorithm;
+  for (int n : {1, 2, 3, 4, 5, 8}) {
+    std::vector<std::size_t> rd_sent(static_cast<std::size_t>(n));
+    ef::comm::spawn_loopback(n, [&](ef::comm::loopback_transport& lt) {
+      counting_transport<ef::comm::loopback_transport> t{&lt};
+      ef::comm::transport_communicator c(t);
+      EXPECT_EQ(c.allreduce_algorithm_for(1024, ef::dtype::f32), algo::recursive_doubling);  // 4 KiB
+      EXPECT_EQ(c.allreduce_algorithm_for(2048, ef::dtype::f16), algo::recursive_doubling);
+      EXPECT_EQ(c.allreduce_algorithm_for(4096, ef::dtype::f32), algo::recursive_doubling);  // 16 KiB: still small
+      EXPECT_EQ(c.allreduce_algorithm_for(4097, ef::dtype::f32), algo::ring);
+      ef::comm::collective_options o;
+      o.small_bytes = 0;
+      EXPECT_EQ(ef::comm::transport_communicator(t, o).allreduce_algorithm_for(static_cast<std::size_t>(n) - 1,
+                                                                               ef::dtype::f32),
+                algo::recursive_doubling);
+      o.allreduce = algo::ring;
+      EXPECT_EQ(ef::comm::transport_communicator(t, o).allreduce_algorithm_for(1, ef::dtype::f32), algo::ring);
+      o.allreduce = algo::single_copy;
+      if (n > 1) {
+        EXPECT_THROW((void)ef::comm::transport_communicator(t, o).allreduce_algorithm_for(1, ef::dtype::f32),
+                     std::invalid_argument);
+      }
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{10007}})
+        for (ef::dtype ty : {ef::dtype::f32, ef::dtype::f16}) {
+          std::vector<std::byte> v(count * ef::size_of(ty));
+          const std::size_t before = t.sent;
+          c.allreduce({v.data(), count, ty}, ef::reduce_op::max, ef::deadline::after(10s));
+          EXPECT_EQ(t.sent - before, c.allreduce_bytes_sent(count, ty))
+              << "rank " << t.rank() << " of " << n << ", " << count << " " << ef::name(ty);
+          if (c.allreduce_algorithm_for(count, ty) == algo::recursive_doubling)
+            rd_sent[static_cast<std::size_t>(t.rank())] += t.sent - before;
+        }
+    });
+    // Recursive doubling on p = 2^k <= n ranks moves k full buffers per rank,
+    // plus one to and one from each of the n - p folded ranks.
+    int p = 1, k = 0;
+    for (; p * 2 <= n; p *= 2) ++k;
+    std::size_t all = 0;
+    for (auto b : rd_sent) all += b;
+    EXPECT_EQ(all, (static_cast<std::size_t>(p * k) + 2 * static_cast<std::size_t>(n - p)) * (1 + 1000) * 6)
+        << n << " ranks";
   }
 }
 

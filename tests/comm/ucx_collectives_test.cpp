@@ -17,6 +17,7 @@
 #include <ebbflow/comm/shared_memory.hpp>
 #include <ebbflow/comm/ucx/address_exchange.hpp>
 #include <ebbflow/comm/ucx/transport.hpp>
+#include <ebbflow/compress.hpp>
 #include <ebbflow/core/env.hpp>
 
 #include "collective_check.hpp"
@@ -33,6 +34,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -40,6 +42,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,7 +51,7 @@ namespace ef = ebbflow;
 namespace et = ebbflow_test;
 namespace ucx = ebbflow::comm::ucx;
 using namespace std::chrono_literals;
-using comm_t = ef::comm::basic_communicator<ucx::transport>;
+using comm_t = ef::comm::transport_communicator<ucx::transport>;
 
 namespace {
 
@@ -430,6 +433,102 @@ int run_mismatch() {
   return 0;
 }
 
+// Compressed allreduce over real UCX: every codec, and its dense paths (a
+// 4 KiB tensor, PowerSGD's factors), interleaved on one communicator with
+// its own collectives and no tag bookkeeping. Every rank regenerates every
+// input, so each checks its result against the exact sum; an allreduce of
+// max and of min shows every rank holds the same bits.
+int run_compressed() {
+  namespace cx = ef::compress;
+  worker_env w;
+  auto t = w.connect();
+  comm_t c(t);
+  const int n = t.size(), r = t.rank();
+  const auto d = [] { return ef::deadline::after(60s); };
+  // Input of `rank` for collective k; `sparse` keeps one element in 40 (so top-k is exact).
+  const auto input = [](int rank, unsigned k, std::size_t count, bool sparse = false) {
+    std::mt19937 g(1000 * k + static_cast<unsigned>(rank));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> v(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      v[i] = nd(g);
+      if (sparse && (i * 7 + static_cast<std::size_t>(rank)) % 40 != 0) v[i] = 0.0f;
+    }
+    return v;
+  };
+  int bad = 0;
+  const auto check = [&](const std::string& what, std::vector<float>& got, const std::vector<double>& exact,
+                         double tolerance) {
+    double e = 0, m = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      e += (got[i] - exact[i]) * (got[i] - exact[i]), m += exact[i] * exact[i];
+    if (!(std::sqrt(e / m) <= tolerance))
+      bad += fail(what + ": relative l2 error " + std::to_string(std::sqrt(e / m)) + " above " +
+                  std::to_string(tolerance));
+    std::vector<float> hi = got, lo = got;
+    c.allreduce(ef::view(std::span(hi)), ef::reduce_op::max, d());
+    c.allreduce(ef::view(std::span(lo)), ef::reduce_op::min, d());
+    if (hi != got || lo != got) bad += fail(what + ": ranks hold different results");
+  };
+  const auto sum_of = [&](unsigned k, std::size_t count, bool sparse = false) {
+    std::vector<double> s(count, 0.0);
+    for (int q = 0; q < n; ++q) {
+      const auto v = input(q, k, count, sparse);
+      for (std::size_t i = 0; i < count; ++i) s[i] += v[i];
+    }
+    return s;
+  };
+  cx::compressed_allreduce<cx::fp16_codec, ucx::transport> fp16(c, {});
+  cx::compressed_allreduce<cx::int8_codec, ucx::transport> int8(c, {});
+  cx::compressed_allreduce<cx::topk_codec, ucx::transport> topk(c, cx::topk_codec(0.05));
+  cx::compressed_allreduce<cx::sign_codec, ucx::transport> sign(c, {});
+  cx::compressed_allreduce<cx::powersgd_codec, ucx::transport> low(c, cx::powersgd_codec(2));
+  const std::size_t big = 100003, small = 1024;  // small: 4 KiB, below the dense threshold
+  for (unsigned k = 0; k < 20; k += 10) {
+    auto g = input(r, k, small);
+    fp16.run(g);
+    check("fp16 dense 4 KiB", g, sum_of(k, small), 1e-6);
+    g = input(r, k + 1, big);
+    fp16.run(g, 1);
+    check("fp16", g, sum_of(k + 1, big), 1e-3);
+    std::vector<float> dense = input(r, k + 2, std::size_t{1} << 18);  // 1 MiB: the communicator's own
+    c.allreduce(ef::view(std::span(dense)), ef::reduce_op::sum, d());
+    check("communicator 1 MiB", dense, sum_of(k + 2, std::size_t{1} << 18), 1e-6);
+    g = input(r, k + 3, big);
+    int8.run(g, 2);
+    check("int8", g, sum_of(k + 3, big), 0.05);
+    g = input(r, k + 4, big, true);
+    topk.run(g, 3);
+    check("top-k", g, sum_of(k + 4, big, true), 1e-6);
+    g = input(r, k + 5, big);
+    sign.run(g, 4);
+    check("sign", g, sum_of(k + 5, big), 1.0);
+    // PowerSGD on rank-1 matrices u_r v^T with a shared v: the sum has rank 1, so rank 2 is exact.
+    const cx::matrix_shape shape{300, 200};
+    const auto low_rank = [&](int q) {
+      const auto u = input(q, k + 6, shape.rows), v = input(0, k + 7, shape.cols);
+      std::vector<float> m(shape.size());
+      for (std::size_t i = 0; i < shape.rows; ++i)
+        for (std::size_t j = 0; j < shape.cols; ++j) m[i * shape.cols + j] = u[i] * v[j];
+      return m;
+    };
+    g = low_rank(r);
+    std::vector<double> exact(shape.size(), 0.0);
+    for (int q = 0; q < n; ++q) {
+      const auto m = low_rank(q);
+      for (std::size_t i = 0; i < m.size(); ++i) exact[i] += m[i];
+    }
+    low.run(g, 5, shape);
+    check("powersgd", g, exact, 1e-4);
+  }
+  std::cerr << "[worker " << r << "] compressed: " << fp16.stats().dense_calls << " dense calls, "
+            << fp16.stats().wire_bytes_sent + int8.stats().wire_bytes_sent + topk.stats().wire_bytes_sent +
+                   sign.stats().wire_bytes_sent + low.stats().wire_bytes_sent
+            << " bytes sent" << std::endl;
+  c.barrier(d());
+  return bad ? 1 : 0;
+}
+
 // Rank 0 waits 400 ms for a message rank 1 sends late: in the default
 // wait mode (auto: yield for 2 ms, then block) the waiting thread sleeps on
 // the worker's events, so it uses a small share of that time on the CPU
@@ -498,6 +597,7 @@ int worker_main(char** argv) {
     if (scenario == "wrap") return run_wrap();
     if (scenario == "mismatch") return run_mismatch();
     if (scenario == "idle") return run_idle();
+    if (scenario == "compressed") return run_compressed();
   } catch (const std::exception& e) {
     return fail(std::string("exception: ") + e.what());
   }
@@ -626,6 +726,12 @@ TEST_P(UcxAlgorithms, RingAndRecursiveDoublingMatchReference) {
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, UcxAlgorithms,
                          ::testing::Combine(::testing::Values(2, 3, 5), ::testing::Values("ring", "rd")));
+
+class UcxCompressed : public ::testing::TestWithParam<int> {};
+TEST_P(UcxCompressed, EveryCodecAndItsDensePathsShareTheCommunicator) {
+  expect_group_ok(GetParam(), {"compressed"}, 120s);
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, UcxCompressed, ::testing::Values(2, 3, 4));
 
 class UcxKill : public ::testing::TestWithParam<int> {};
 TEST_P(UcxKill, SurvivorsGetPeerLostWithinDeadlinePlusOneSecond) {

@@ -43,7 +43,27 @@ std::vector<float> decode(const C& c, const std::vector<std::byte>& e, std::size
   c.decode(ex, e.data(), out.data(), n);
   return out;
 }
+//! `v` encoded (no residual) and decoded again.
+template <class C>
+std::vector<float> round_trip(const C& c, const std::vector<float>& v, cx::encode_context ctx = {}) {
+  return decode(c, encode(c, v, nullptr, ctx), v.size());
+}
 }  // namespace
+
+// The typed suites: cast codecs, quantisers, every flat codec.
+template <class C>
+class CastRoundTrip : public ::testing::Test {};
+template <class C>
+class QuantizeTest : public ::testing::Test {};
+template <class C>
+class ErrorFeedback : public ::testing::Test {};
+using CastCodecs = ::testing::Types<cx::fp16_codec, cx::bf16_codec>;
+using QuantCodecs = ::testing::Types<cx::int8_codec, cx::int4_codec>;
+using AllFlat =
+    ::testing::Types<cx::fp16_codec, cx::bf16_codec, cx::int8_codec, cx::int4_codec, cx::sign_codec, cx::topk_codec>;
+TYPED_TEST_SUITE(CastRoundTrip, CastCodecs);
+TYPED_TEST_SUITE(QuantizeTest, QuantCodecs);
+TYPED_TEST_SUITE(ErrorFeedback, AllFlat);
 
 TEST(Philox, MatchesRandom123KnownAnswers) {
   using cx::detail::philox4x32_10;
@@ -78,31 +98,21 @@ TEST(Cast, Fp16AndBf16BitsMatchCoreTypesOverASweepOfFloats) {
   }
 }
 
-template <class C>
-class CastRoundTrip : public ::testing::Test {};
-using CastCodecs = ::testing::Types<cx::fp16_codec, cx::bf16_codec>;
-TYPED_TEST_SUITE(CastRoundTrip, CastCodecs);
-
 TYPED_TEST(CastRoundTrip, RelativeErrorWithinUnitRoundoff) {
   TypeParam c;
   for (std::size_t n : {0u, 1u, 255u, 256u, 257u, 10007u}) {
     auto v = normal_vec(n, 7);
-    auto d = decode(c, encode(c, v, nullptr), n);
+    auto d = round_trip(c, v);
     for (std::size_t i = 0; i < n; ++i)
       ASSERT_LE(std::fabs(d[i] - v[i]), TypeParam::unit_roundoff * std::fabs(v[i])) << i;
   }
 }
 
-template <class C>
-class QuantizeTest : public ::testing::Test {};
-using QuantCodecs = ::testing::Types<cx::int8_codec, cx::int4_codec>;
-TYPED_TEST_SUITE(QuantizeTest, QuantCodecs);
-
 TYPED_TEST(QuantizeTest, ErrorBelowOneStepPerBlock) {
   TypeParam c;
   for (std::size_t n : {1u, 7u, 255u, 256u, 257u, 1000u, 10007u}) {
     auto v = normal_vec(n, 11, 0.3f, 2.0f);
-    auto d = decode(c, encode(c, v, nullptr, {1, 2}), n);
+    auto d = round_trip(c, v, {1, 2});
     for (std::size_t b = 0; b * 256 < n; ++b) {
       float amax = 0;
       for (std::size_t i = b * 256; i < std::min(n, b * 256 + 256); ++i) amax = std::max(amax, std::fabs(v[i]));
@@ -120,7 +130,7 @@ TYPED_TEST(QuantizeTest, TinyBlocksKeepTheirSignsAndTheErrorBound) {
   TypeParam c;
   for (const float amax : {1e-37f, 1e-38f, 2e-39f, 1e-30f}) {
     const std::vector<float> v{amax, 0.0f, -0.5f * amax, -amax, 0.25f * amax};
-    const auto d = decode(c, encode(c, v, nullptr, {1, 2}), v.size());
+    const auto d = round_trip(c, v, {1, 2});
     for (std::size_t i = 0; i < v.size(); ++i) {
       ASSERT_LE(std::fabs(d[i] - v[i]), amax / TypeParam::levels * 1.0001f + 4e-45f) << amax << " i=" << i;
       if (v[i] != 0) {
@@ -290,12 +300,6 @@ double ef_gap(const C& c, std::size_t n, std::size_t steps, double* identity_err
   *identity_err = id;
   return std::sqrt(num / den);
 }
-
-template <class C>
-class ErrorFeedback : public ::testing::Test {};
-using AllFlat =
-    ::testing::Types<cx::fp16_codec, cx::bf16_codec, cx::int8_codec, cx::int4_codec, cx::sign_codec, cx::topk_codec>;
-TYPED_TEST_SUITE(ErrorFeedback, AllFlat);
 
 TYPED_TEST(ErrorFeedback, DecodedSumTracksGradientSum) {
   TypeParam c;

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Multi-rank compressed allreduce over the in-process loopback transport:
 // 2-5 ranks, odd sizes, several segments; every codec within its stated
-// error of the exact sum, every rank with the same bits.
+// error of the exact sum, every rank with the same bits. The same runs over
+// real UCX processes in tests/comm/ucx_collectives_test (scenario compressed).
+#include <ebbflow/comm/communicator.hpp>
 #include <ebbflow/comm/loopback_transport.hpp>
 #include <ebbflow/config.hpp>
 #include <ebbflow/compress.hpp>
@@ -11,10 +13,13 @@
 #include <cmath>
 #include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 namespace ef = ebbflow;
 namespace cx = ebbflow::compress;
+using comm_t = ef::comm::transport_communicator<ef::comm::loopback_transport>;
+using namespace std::chrono_literals;
 
 namespace {
 std::vector<float> normal_vec(std::size_t n, unsigned seed, float mean = 0.0f) {
@@ -40,7 +45,8 @@ std::vector<std::vector<std::vector<float>>> run_group(int p, Codec c, std::size
                                                        cx::matrix_shape shape = {}) {
   std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(p));
   ef::comm::spawn_loopback(p, [&](ef::comm::loopback_transport& t) {
-    cx::compressed_allreduce<Codec, ef::comm::loopback_transport> ar(t, c, {}, o);
+    comm_t comm(t);
+    cx::compressed_allreduce<Codec, ef::comm::loopback_transport> ar(comm, c, {}, o);
     for (std::size_t k = 0; k < calls; ++k) {
       std::vector<float> g = make(t.rank(), k);
       if (shape.size())
@@ -226,7 +232,8 @@ TEST(Allreduce, PowerSgdStartsAfreshWhenTheMatrixShapeChanges) {
   };
   std::vector<std::vector<float>> out(2);
   ef::comm::spawn_loopback(2, [&](ef::comm::loopback_transport& t) {
-    cx::compressed_allreduce<cx::powersgd_codec, ef::comm::loopback_transport> ar(t, cx::powersgd_codec(4), {}, o);
+    comm_t comm(t);
+    cx::compressed_allreduce<cx::powersgd_codec, ef::comm::loopback_transport> ar(comm, cx::powersgd_codec(4), {}, o);
     auto g = rank1({1024, 4}, 1.0f);
     ar.run(g, 0, cx::matrix_shape{1024, 4});
     auto h = rank1({4, 1024}, 1.0f);
@@ -272,33 +279,95 @@ TEST(Allreduce, PowerSgdRecoversTheRankAfterALowerRankStep) {
   }
 }
 
-TEST(Allreduce, DenseBelowThresholdIsExactAndCounted) {
-  const std::size_t n = 100;
-  auto make = [](int r, std::size_t) { return normal_vec(100, static_cast<unsigned>(r)); };
-  std::mutex m;
-  std::size_t dense = 0;
-  ef::comm::spawn_loopback(3, [&](ef::comm::loopback_transport& t) {
-    cx::compressed_allreduce<cx::int4_codec, ef::comm::loopback_transport> ar(t, {});
-    auto g = make(t.rank(), 0);
-    ar.run(g);
-    auto s = exact_sum(3, n, 0, make);
-    for (std::size_t i = 0; i < n; ++i) EXPECT_NEAR(g[i], s[i], 1e-5);
-    std::lock_guard lk(m);
-    dense += ar.stats().dense_calls;
-  });
-  EXPECT_EQ(dense, 3u);
+// Small tensors are the communicator's allreduce: exact, counted, and on
+// the latency-optimal algorithm it picks for their size (recursive doubling
+// here), sending what that algorithm sends.
+TEST(Allreduce, DenseBelowThresholdIsTheCommunicatorsLatencyOptimalAllreduce) {
+  for (std::size_t n : {std::size_t{100}, std::size_t{1024}}) {  // 400 B, and 4 KiB of gradient
+    auto make = [n](int r, std::size_t) { return normal_vec(n, static_cast<unsigned>(r)); };
+    std::mutex m;
+    std::size_t dense = 0;
+    ef::comm::spawn_loopback(3, [&](ef::comm::loopback_transport& t) {
+      comm_t comm(t);
+      cx::compressed_allreduce<cx::fp16_codec, ef::comm::loopback_transport> ar(comm, {});
+      auto g = make(t.rank(), 0);
+      ar.run(g);
+      auto s = exact_sum(3, n, 0, make);
+      for (std::size_t i = 0; i < n; ++i) EXPECT_NEAR(g[i], s[i], 1e-5);
+      EXPECT_EQ(comm.allreduce_algorithm_for(n, ef::dtype::f32), ef::comm::allreduce_algorithm::recursive_doubling);
+      EXPECT_EQ(ar.stats().wire_bytes_sent, comm.allreduce_bytes_sent(n, ef::dtype::f32));
+      EXPECT_GT(ar.stats().wire_bytes_sent, 0u);
+      std::lock_guard lk(m);
+      dense += ar.stats().dense_calls;
+    });
+    EXPECT_EQ(dense, 3u);
+  }
 }
 
 TEST(Allreduce, WireBytesMatchThePrediction) {
   const std::size_t n = 100000;
   ef::comm::spawn_loopback(4, [&](ef::comm::loopback_transport& t) {
-    cx::compressed_allreduce<cx::int8_codec, ef::comm::loopback_transport> ar(t, {});
+    comm_t comm(t);
+    cx::compressed_allreduce<cx::int8_codec, ef::comm::loopback_transport> ar(comm, {});
     auto g = normal_vec(n, 1);
     ar.run(g);
     EXPECT_EQ(ar.stats().wire_bytes_sent, ar.wire_bytes(n));
     // ~ 2 (p-1)/p n (1 + 4/256) bytes: about 4x fewer than dense floats.
     EXPECT_LT(ar.wire_bytes(n), 2 * 3 * n * 4 / 4 / 3.8);
+    // PowerSGD's factors and tail are the communicator's allreduces: counted as they are sent.
+    cx::compressed_allreduce<cx::powersgd_codec, ef::comm::loopback_transport> low(comm, cx::powersgd_codec(2));
+    low.run(g);
+    EXPECT_EQ(low.stats().wire_bytes_sent, low.wire_bytes(n));
+    EXPECT_LT(low.wire_bytes(n), 2 * 3 * n * 4 / 4 / 50);  // rank 2 factors: 50x fewer than dense floats
   });
+}
+
+// Several allreduce objects and the communicator's own collectives on one
+// transport, in one order on every rank but at different speeds (a rank
+// runs ahead into the next collective while another still receives the
+// last): no tag spaces to hand out, every result exact or within its codec's
+// error, the same bits on every rank.
+TEST(Allreduce, ObjectsAndCollectivesShareOneCommunicatorWithNoTagBookkeeping) {
+  const int p = 4;
+  const std::size_t big = 20000, small = 200;  // 800 B: below small_opts' dense threshold
+  auto make = [](int r, std::size_t k, std::size_t n) { return normal_vec(n, 50 * static_cast<unsigned>(k) + r); };
+  std::vector<std::vector<std::vector<float>>> out(p);
+  ef::comm::spawn_loopback(p, [&](ef::comm::loopback_transport& t) {
+    comm_t comm(t);
+    cx::compressed_allreduce<cx::fp16_codec, ef::comm::loopback_transport> a(comm, {}, {}, small_opts());
+    cx::compressed_allreduce<cx::int8_codec, ef::comm::loopback_transport> b(comm, {}, {}, small_opts());
+    cx::compressed_allreduce<cx::topk_codec, ef::comm::loopback_transport> c(comm, cx::topk_codec(0.5), {},
+                                                                             small_opts());
+    const int r = t.rank();
+    auto& mine = out[static_cast<std::size_t>(r)];
+    for (std::size_t k = 0; k < 3; ++k) {
+      // Rank r starts round k late by r ms, and so on: sends of fast ranks
+      // reach slow ones before their receives are posted.
+      std::this_thread::sleep_for(std::chrono::milliseconds((r + static_cast<int>(k)) % p));
+      mine.push_back(make(r, 10 * k, big));
+      a.run(mine.back(), 1);
+      mine.push_back(make(r, 10 * k + 1, small));
+      comm.allreduce(ef::view(std::span(mine.back())), ef::reduce_op::sum, ef::deadline::after(10s));
+      mine.push_back(make(r, 10 * k + 2, big));
+      b.run(mine.back(), 2);
+      mine.push_back(make(r, 10 * k + 3, small));
+      a.run(mine.back(), 3);  // below the threshold: dense
+      mine.push_back(make(r, 10 * k + 4, big));
+      c.run(mine.back(), 4);
+      std::vector<std::int32_t> ranks(static_cast<std::size_t>(p));
+      const std::int32_t me = r;
+      comm.allgather(ef::view(std::span(&me, 1)), ef::view(std::span(ranks)), ef::deadline::after(10s));
+      EXPECT_EQ(ranks[3], 3);
+    }
+  });
+  expect_same_on_all_ranks(out);
+  for (std::size_t i = 0; i < out[0].size(); ++i) {
+    const std::size_t k = i / 5 * 10 + i % 5, n = out[0][i].size();
+    const auto ex = exact_sum(p, n, k, [&](int r, std::size_t kk) { return make(r, kk, n); });
+    double e = 0, d = 0;
+    for (std::size_t j = 0; j < n; ++j) e += (out[0][i][j] - ex[j]) * (out[0][i][j] - ex[j]), d += ex[j] * ex[j];
+    EXPECT_LT(std::sqrt(e / d), i % 5 == 4 ? 0.9 : i % 5 == 2 ? 0.05 : 1e-3) << "collective " << i;
+  }
 }
 
 TEST(Allreduce, DeadPeerFailsWithPeerLostInsteadOfHanging) {
@@ -309,7 +378,8 @@ TEST(Allreduce, DeadPeerFailsWithPeerLostInsteadOfHanging) {
   for (int r = 0; r < 2; ++r)
     th.emplace_back([&, r] {
       ef::comm::loopback_transport t(hub, r);
-      cx::compressed_allreduce<cx::fp16_codec, ef::comm::loopback_transport> ar(t, {}, {}, small_opts());
+      comm_t comm(t);
+      cx::compressed_allreduce<cx::fp16_codec, ef::comm::loopback_transport> ar(comm, {}, {}, small_opts());
       auto g = normal_vec(5000, 1);
       ar.run(g, 0, ecs[static_cast<std::size_t>(r)]);
     });

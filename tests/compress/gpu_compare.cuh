@@ -89,4 +89,14 @@ inline const std::vector<std::size_t>& sizes() {
   static const std::vector<std::size_t> s{1, 7, 255, 256, 257, 4099, 100003};
   return s;
 }
+
+//! `compare_codec` of each of `codecs` (seeds `first_seed`, +1, ...) at every size, with and without residual.
+template <class... Codecs>
+void compare_codecs(unsigned first_seed, const Codecs&... codecs) {
+  for (std::size_t n : sizes())
+    for (bool ef : {false, true}) {
+      unsigned seed = first_seed;
+      (compare_codec(codecs, n, ef, seed++), ...);
+    }
+}
 }  // namespace gpu_compare

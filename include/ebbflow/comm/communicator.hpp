@@ -1,9 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file communicator.hpp
-//! Host collectives written once over any `comm::transport`: allreduce,
-//! broadcast, allgather, reduce_scatter, barrier and point-to-point
-//! send/recv, each in a blocking form and a non-blocking form returning a
-//! `comm::request` (so computation can overlap communication).
+//! The `communicator` concept, and `transport_communicator`, its model for
+//! host memory: collectives written once over any `comm::transport`
+//! (allreduce, broadcast, allgather, reduce_scatter, barrier and
+//! point-to-point send/recv), each in a blocking form (throwing, and a
+//! `noexcept` twin taking `std::error_code&`) and a non-blocking form
+//! returning a `comm::request` (so computation can overlap communication).
+//! `nccl_communicator` (comm/nccl_communicator.hpp) models the same concept
+//! for device memory: a training loop moves from host to device buffers by
+//! changing the communicator's type, not its calls.
 //!
 //! Algorithms:
 //! * allreduce: recursive doubling (with the MPICH fold for rank counts that
@@ -19,7 +24,8 @@
 //! * allgather / reduce_scatter: ring. barrier: dissemination.
 //!
 //! Every collective takes a deadline (default: `collective_options::timeout`
-//! from now) and reports failures as `ebbflow::system_error` whose message
+//! from now) and reports failures as `ebbflow::system_error` (or, in the
+//! `std::error_code&` forms, its code) whose message
 //! names the operation, this rank, the generation, the peer whose operation
 //! failed and the collective's sequence number. Conditions: `errc::peer_lost`
 //! (a peer died), `errc::timeout` (deadline passed), `errc::bad_message`
@@ -36,8 +42,16 @@
 //!
 //! All ranks must call the same collectives in the same order with matching
 //! sizes, dtypes and roots (MPI semantics). Buffers are host memory
-//! (`memory_space::host` or `pinned`). In-place: pass the same view as input
-//! and output (for allgather: input at `output.slice(rank * n, n)`).
+//! (`memory_space::host` or `pinned`; a device view is refused with
+//! `std::invalid_argument` naming its space). In-place: pass the same view as
+//! input and output (for allgather: input at `output.slice(rank * n, n)`).
+//!
+//! Errors: a call that fails at run time throws
+//! `ebbflow::system_error` (conditions `errc::peer_lost`, `timeout`,
+//! `bad_message`, ...); its `std::error_code&` twin is `noexcept` and sets
+//! the same code. Arguments the caller could have checked (counts, dtypes,
+//! memory space, root, peer) raise `std::invalid_argument`; the twin reports
+//! them as `std::errc::invalid_argument`.
 //!
 //! A transport that also offers `int lost_peer() const` (the UCX transport
 //! does) lets errors name the peer that died rather than the neighbour whose
@@ -181,7 +195,7 @@ class request {
 
  private:
   template <transport>
-  friend class basic_communicator;
+  friend class transport_communicator;
   request(T& t, detail::task<T> task, detail::op_context ctx, std::shared_ptr<detail::active_set<T>> active);
   void finish(std::error_code ec, int peer, std::string_view why = {});
   void progress();
@@ -199,15 +213,18 @@ class request {
   std::shared_ptr<detail::active_set<T>> active_;
 };
 
-//! Collectives over a transport. Holds a reference to the transport (which
-//! must outlive it) and the collective sequence number that, together with
-//! the step of an algorithm, forms every message tag.
+//! Collectives over a transport: the host-memory `communicator`. Holds a
+//! reference to the transport (which must outlive it) and the collective
+//! sequence number that, together with the step of an algorithm, forms
+//! every message tag. It is the only source of sequence numbers on its
+//! transport: collectives written outside this class take theirs from
+//! `next_sequence`.
 template <transport T>
-class basic_communicator {
+class transport_communicator {
  public:
   //! Communicates over `transport` (not owned; must outlive this). Sends nothing.
   //! @throws std::invalid_argument when `opts.chunk_bytes` or `opts.window` is not positive.
-  explicit basic_communicator(T& transport, collective_options opts = {});
+  explicit transport_communicator(T& transport, collective_options opts = {});
 
   //! This rank (0-based), as the transport reports it.
   [[nodiscard]] int rank() const { return static_cast<int>(t_->rank()); }
@@ -222,13 +239,30 @@ class basic_communicator {
   //! A deadline `options().timeout` from now.
   [[nodiscard]] deadline default_deadline() const noexcept { return deadline::after(opts_.timeout); }
 
+  //! The algorithm `allreduce` runs for `count` elements of `type` on this
+  //! group (never `automatic`): recursive doubling at or below `small_bytes`,
+  //! else single_copy when every peer is on this host, else ring (or what
+  //! `options().allreduce` forces). The same on every rank. Does not communicate.
+  //! @throws std::invalid_argument when single_copy is forced but not possible.
+  [[nodiscard]] allreduce_algorithm allreduce_algorithm_for(std::size_t count, dtype type) const;
+  //! Payload bytes this rank hands to the transport in an allreduce of
+  //! `count` elements of `type` (single_copy: none, peers' buffers are read
+  //! in place). Does not communicate.
+  [[nodiscard]] std::size_t allreduce_bytes_sent(std::size_t count, dtype type) const;
+
   //! `out = op(in of every rank)`; `in` and `out` have the same count and
   //! dtype; `in.data == out.data` is in-place. @throws system_error, std::invalid_argument.
   void allreduce(buffer_view in, buffer_view out, reduce_op op, deadline d) { iallreduce(in, out, op).wait(d); }
+  //! As above; errors in `ec` (a refused argument: `std::errc::invalid_argument`).
+  void allreduce(buffer_view in, buffer_view out, reduce_op op, deadline d, std::error_code& ec) noexcept;
   //! As above with `default_deadline()`.
   void allreduce(buffer_view in, buffer_view out, reduce_op op) { allreduce(in, out, op, default_deadline()); }
   //! In-place allreduce of `inout` by deadline `d`.
   void allreduce(buffer_view inout, reduce_op op, deadline d) { allreduce(inout, inout, op, d); }
+  //! In-place allreduce of `inout` by deadline `d`; errors in `ec`.
+  void allreduce(buffer_view inout, reduce_op op, deadline d, std::error_code& ec) noexcept {
+    allreduce(inout, inout, op, d, ec);
+  }
   //! In-place allreduce of `inout` with `default_deadline()`.
   void allreduce(buffer_view inout, reduce_op op) { allreduce(inout, inout, op, default_deadline()); }
   //! Non-blocking allreduce; buffers stay in use until the request finished.
@@ -236,6 +270,8 @@ class basic_communicator {
 
   //! Copies `root`'s `buf` into every rank's `buf`.
   void broadcast(buffer_view buf, int root, deadline d) { ibroadcast(buf, root).wait(d); }
+  //! As above; errors in `ec`.
+  void broadcast(buffer_view buf, int root, deadline d, std::error_code& ec) noexcept;
   //! As above with `default_deadline()`.
   void broadcast(buffer_view buf, int root) { broadcast(buf, root, default_deadline()); }
   //! Non-blocking broadcast; `buf` stays in use until the request finished.
@@ -243,6 +279,8 @@ class basic_communicator {
 
   //! `out` (count `in.count * size()`) receives every rank's `in` in rank order.
   void allgather(buffer_view in, buffer_view out, deadline d) { iallgather(in, out).wait(d); }
+  //! As above; errors in `ec`.
+  void allgather(buffer_view in, buffer_view out, deadline d, std::error_code& ec) noexcept;
   //! As above with `default_deadline()`.
   void allgather(buffer_view in, buffer_view out) { allgather(in, out, default_deadline()); }
   //! Non-blocking allgather; buffers stay in use until the request finished.
@@ -252,6 +290,8 @@ class basic_communicator {
   void reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d) {
     ireduce_scatter(in, out, op).wait(d);
   }
+  //! As above; errors in `ec`.
+  void reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d, std::error_code& ec) noexcept;
   //! As above with `default_deadline()`.
   void reduce_scatter(buffer_view in, buffer_view out, reduce_op op) {
     reduce_scatter(in, out, op, default_deadline());
@@ -261,6 +301,8 @@ class basic_communicator {
 
   //! Returns once every rank entered the barrier.
   void barrier(deadline d) { ibarrier().wait(d); }
+  //! As above; errors in `ec`.
+  void barrier(deadline d, std::error_code& ec) noexcept;
   //! As above with `default_deadline()`.
   void barrier() { barrier(default_deadline()); }
   //! Non-blocking barrier: finished once every rank entered it.
@@ -269,17 +311,30 @@ class basic_communicator {
   //! Point-to-point: matched by (peer, `tag` < 2^24) in posting order; sizes must agree.
   //! Blocking send of `buf` to `peer`. @throws system_error, std::invalid_argument.
   void send(buffer_view buf, int peer, std::uint32_t tag, deadline d) { isend(buf, peer, tag).wait(d); }
+  //! As above; errors in `ec`.
+  void send(buffer_view buf, int peer, std::uint32_t tag, deadline d, std::error_code& ec) noexcept;
   //! Blocking receive into `buf` from `peer`. @throws system_error, std::invalid_argument.
   void recv(buffer_view buf, int peer, std::uint32_t tag, deadline d) { irecv(buf, peer, tag).wait(d); }
+  //! As above; errors in `ec`.
+  void recv(buffer_view buf, int peer, std::uint32_t tag, deadline d, std::error_code& ec) noexcept;
   //! Non-blocking send; `buf` stays in use until the request finished.
   [[nodiscard]] request<T> isend(buffer_view buf, int peer, std::uint32_t tag);
   //! Non-blocking receive; `buf` stays in use until the request finished.
   [[nodiscard]] request<T> irecv(buffer_view buf, int peer, std::uint32_t tag);
 
+  //! The sequence number of one collective written outside this class over
+  //! `transport()` (e.g. compress's codec-specific algorithms): its step s
+  //! uses the tag `make_tag(seq, s)`, s at most `max_collective_step`. Taken
+  //! from the counter of this communicator's own collectives, so every rank
+  //! that calls collectives in the same order gets the same number, and no
+  //! collective in flight shares it.
+  [[nodiscard]] std::uint64_t next_sequence() noexcept { return seq_++ & seq_mask; }
+
  private:
   detail::op_context ctx(const char* op, std::uint64_t seq, std::size_t bytes) const;
   bool all_peers_local() const;
   request<T> make_request(detail::task<T> tk, detail::op_context c);
+  request<T> point_to_point(bool is_send, buffer_view buf, int peer, std::uint32_t tag);
   T* t_;
   collective_options opts_;
   std::uint64_t seq_ = 0;
@@ -287,17 +342,30 @@ class basic_communicator {
   std::shared_ptr<detail::active_set<T>> active_;
 };
 
-//! What a communicator offers (syntactic; semantics as documented above).
+//! The former name of `transport_communicator`, kept for one release.
+//! @deprecated Use `transport_communicator`.
+template <transport T>
+using basic_communicator = transport_communicator<T>;
+
+//! What a communicator offers, for host memory (`transport_communicator`)
+//! and device memory (`nccl_communicator`) alike: the same calls on
+//! `buffer_view`s, each blocking form also as a `noexcept` twin reporting in
+//! an `std::error_code`. Syntactic; semantics as documented above.
 template <class C>
-concept communicator = requires(C& c, buffer_view v, reduce_op op, int root, deadline d) {
+concept communicator = requires(C& c, buffer_view v, reduce_op op, int root, deadline d, std::error_code& ec) {
   { c.rank() } -> std::convertible_to<int>;
   { c.size() } -> std::convertible_to<int>;
   { c.generation() } -> std::convertible_to<std::int64_t>;
   c.allreduce(v, v, op, d);
+  c.allreduce(v, v, op, d, ec);
   c.broadcast(v, root, d);
+  c.broadcast(v, root, d, ec);
   c.allgather(v, v, d);
+  c.allgather(v, v, d, ec);
   c.reduce_scatter(v, v, op, d);
+  c.reduce_scatter(v, v, op, d, ec);
   c.barrier(d);
+  c.barrier(d, ec);
 };
 
 }  // namespace comm

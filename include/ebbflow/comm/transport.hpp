@@ -47,20 +47,12 @@ inline constexpr int tag_bits = 48;
 //! Mask of the bits available to collectives.
 inline constexpr tag_t tag_mask = (tag_t{1} << tag_bits) - 1;
 
-//! Sequence numbers of collectives that share a transport. The UCX wire keeps
-//! 24 bits of a sequence number; its top 4 bits name a *tag space*, so that
-//! independent drivers of one transport (the communicator's collectives in
-//! space 0, each compressed allreduce object in its own space) can never
-//! match each other's messages, and the low 20 bits count operations.
-inline constexpr std::uint64_t seq_counter_bits = 20;
-//! Mask of the low `seq_counter_bits` bits: the operation count within a tag space.
-inline constexpr std::uint64_t seq_counter_mask = (std::uint64_t{1} << seq_counter_bits) - 1;
-//! Number of tag spaces (the top 4 of the 24 wire bits).
-inline constexpr std::uint32_t tag_spaces = 16;
-//! The sequence number of operation `count` in tag space `space` (< 16).
-constexpr std::uint64_t make_seq(std::uint32_t space, std::uint64_t count) noexcept {
-  return (std::uint64_t{space & (tag_spaces - 1)} << seq_counter_bits) | (count & seq_counter_mask);
-}
+//! Sequence numbers of collectives wrap at 2^24: the UCX wire keeps 24 bits
+//! of one (only collectives in flight at the same time must differ). Every
+//! collective on a transport takes its number from the one communicator that
+//! drives it (`transport_communicator`), which also hands numbers to
+//! collectives written outside it (`next_sequence`), so no two ever share one.
+inline constexpr std::uint64_t seq_mask = (std::uint64_t{1} << 24) - 1;
 
 //! Tag for step `step` (< 2^16) of collective number `seq` (wraps at 2^32).
 constexpr tag_t make_tag(std::uint64_t seq, std::uint32_t step) noexcept {

@@ -32,6 +32,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string_view>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -57,17 +58,9 @@ enum class codec_kind {
 
 //! The enumerator's name ("linear", "sparse", "sign", "low_rank"), or "?".
 constexpr std::string_view name(codec_kind k) noexcept {
-  switch (k) {
-    case codec_kind::linear:
-      return "linear";
-    case codec_kind::sparse:
-      return "sparse";
-    case codec_kind::sign:
-      return "sign";
-    case codec_kind::low_rank:
-      return "low_rank";
-  }
-  return "?";
+  constexpr std::string_view names[] = {"linear", "sparse", "sign", "low_rank"};  // in declaration order
+  const auto i = static_cast<std::size_t>(k);
+  return i < std::size(names) ? names[i] : "?";
 }
 
 //! Per-call context of an encode. `workspace` points to `workspace_bytes(n)`

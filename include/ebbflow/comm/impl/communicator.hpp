@@ -16,6 +16,8 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <new>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 
@@ -537,9 +539,16 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
   for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
 }
 
-inline void check_buffer(const buffer_view& v, const char* what) {
-  EBBFLOW_ENFORCE(host_accessible(v.space), what << " must be host memory, got " << name(v.space));
-  EBBFLOW_ENFORCE(v.count == 0 || v.data != nullptr, what << " is null with count " << v.count);
+//! Refuses `op`'s buffer `role` ("input", ...) when it is in the wrong
+//! memory space (host-accessible memory, or with `device` device memory), or
+//! null with elements.
+inline void check_buffer(const buffer_view& v, const char* op, const char* role, bool device = false) {
+  if (device)
+    EBBFLOW_ENFORCE(v.space == memory_space::device,
+                    op << " " << role << " must be device memory, got " << name(v.space));
+  else
+    EBBFLOW_ENFORCE(host_accessible(v.space), op << " " << role << " must be host memory, got " << name(v.space));
+  EBBFLOW_ENFORCE(v.count == 0 || v.data != nullptr, op << " " << role << " is null with count " << v.count);
 }
 
 //! Input and output must not overlap, except with the input at `in_place`
@@ -552,6 +561,61 @@ inline void check_overlap(const buffer_view& in, const buffer_view& out, const s
                                                         << " bytes) overlaps output [" << out.data << ", +"
                                                         << out.bytes() << " bytes) other than in place (input at "
                                                         << static_cast<const void*>(in_place) << ")");
+}
+
+// What every communicator checks before a collective of `n` ranks starts
+// (`device`: its buffers are device memory). @throws std::invalid_argument.
+inline void check_allreduce(const buffer_view& in, const buffer_view& out, bool device = false) {
+  check_buffer(in, "allreduce", "input", device);
+  check_buffer(out, "allreduce", "output", device);
+  EBBFLOW_ENFORCE(in.count == out.count && in.type == out.type,
+                  "allreduce: input (" << in.count << " " << name(in.type) << ") and output (" << out.count << " "
+                                       << name(out.type) << ") differ");
+  check_overlap(in, out, static_cast<const std::byte*>(out.data), "allreduce");
+}
+inline void check_broadcast(const buffer_view& buf, int root, int n, bool device = false) {
+  check_buffer(buf, "broadcast", "buffer", device);
+  EBBFLOW_ENFORCE(root >= 0 && root < n, "broadcast root " << root << " outside [0, " << n << ")");
+}
+// allgather (`gather`: out holds n x in) and reduce_scatter (in holds n x out).
+inline void check_parts(const char* op, const buffer_view& in, const buffer_view& out, int n, bool gather,
+                        const std::byte* in_place, bool device) {
+  check_buffer(in, op, "input", device);
+  check_buffer(out, op, "output", device);
+  const auto un = static_cast<std::size_t>(n);
+  const buffer_view &whole = gather ? out : in, &part = gather ? in : out;
+  EBBFLOW_ENFORCE(in.type == out.type && whole.count == part.count * un,
+                  op << ": " << (gather ? "output" : "input") << " count " << whole.count << " must be " << un << " x "
+                     << (gather ? "input" : "output") << " count " << part.count << " of the same dtype");
+  check_overlap(in, out, in_place, op);
+}
+inline void check_allgather(const buffer_view& in, const buffer_view& out, int n, int rank, bool device = false) {
+  check_parts("allgather", in, out, n, true,
+              static_cast<const std::byte*>(out.data) + static_cast<std::size_t>(rank) * in.bytes(), device);
+}
+inline void check_reduce_scatter(const buffer_view& in, const buffer_view& out, int n, bool device = false) {
+  // One rank: the output may be the input (a copy to itself).
+  check_parts("reduce_scatter", in, out, n, false, n == 1 ? static_cast<const std::byte*>(out.data) : nullptr, device);
+}
+
+//! The body of an `std::error_code&` twin: runs `f` (the throwing form) and
+//! reports what it throws in `ec` instead: a run-time failure with its code,
+//! a refused argument as `std::errc::invalid_argument`, exhausted memory as
+//! `std::errc::not_enough_memory`.
+template <class F>
+void into_error_code(std::error_code& ec, F&& f) noexcept {
+  ec.clear();
+  try {
+    std::forward<F>(f)();
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (const std::invalid_argument&) {
+    ec = std::make_error_code(std::errc::invalid_argument);
+  } catch (const std::bad_alloc&) {
+    ec = std::make_error_code(std::errc::not_enough_memory);
+  } catch (...) {
+    ec = make_error_code(error::invalid_state);
+  }
 }
 
 }  // namespace comm::detail
@@ -757,7 +821,7 @@ const error_context& request<T>::context() const {
 
 // ------------------------------------------------------------- communicator
 template <transport T>
-basic_communicator<T>::basic_communicator(T& transport, collective_options opts)
+transport_communicator<T>::transport_communicator(T& transport, collective_options opts)
     : t_(&transport),
       opts_(opts),
       pool_(std::make_shared<detail::scratch_pool>()),
@@ -768,12 +832,12 @@ basic_communicator<T>::basic_communicator(T& transport, collective_options opts)
 }
 
 template <transport T>
-request<T> basic_communicator<T>::make_request(detail::task<T> tk, detail::op_context c) {
+request<T> transport_communicator<T>::make_request(detail::task<T> tk, detail::op_context c) {
   return request<T>(*t_, std::move(tk), std::move(c), active_);
 }
 
 template <transport T>
-bool basic_communicator<T>::all_peers_local() const {
+bool transport_communicator<T>::all_peers_local() const {
   if constexpr (detail::single_copy_transport<T>) {
     for (int q = 0; q < size(); ++q)
       if (q != rank() && t_->local_peer(q) == 0) return false;
@@ -784,74 +848,93 @@ bool basic_communicator<T>::all_peers_local() const {
 }
 
 template <transport T>
-detail::op_context basic_communicator<T>::ctx(const char* op, std::uint64_t seq, std::size_t bytes) const {
+detail::op_context transport_communicator<T>::ctx(const char* op, std::uint64_t seq, std::size_t bytes) const {
   // The detail text ("seq S, B bytes") is built only if the collective fails:
   // no allocation on the hot path.
   return {{.rank = rank(), .generation = generation(), .peer = -1, .operation = op}, seq, bytes, true};
 }
 
 template <transport T>
-request<T> basic_communicator<T>::iallreduce(buffer_view in, buffer_view out, reduce_op op) {
-  detail::check_buffer(in, "allreduce input");
-  detail::check_buffer(out, "allreduce output");
-  EBBFLOW_ENFORCE(in.count == out.count && in.type == out.type,
-                  "allreduce: input (" << in.count << " " << name(in.type) << ") and output (" << out.count << " "
-                                       << name(out.type) << ") differ");
-  detail::check_overlap(in, out, static_cast<const std::byte*>(out.data), "allreduce");
-  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
+request<T> transport_communicator<T>::iallreduce(buffer_view in, buffer_view out, reduce_op op) {
+  detail::check_allreduce(in, out);
+  const std::uint64_t seq = next_sequence();
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   const std::size_t bytes = in.bytes();
   if (size() == 1 || in.count == 0)
     return make_request(detail::copy_only<T>(src, dst, bytes), ctx("allreduce", seq, bytes));
-  bool ring = false, single_copy = false;
-  switch (opts_.allreduce) {
-    case allreduce_algorithm::automatic:
-      ring = bytes > opts_.small_bytes && in.count >= static_cast<std::size_t>(size());
-      single_copy = ring && all_peers_local();
-      break;
-    case allreduce_algorithm::ring:
-      ring = true;
-      break;
-    case allreduce_algorithm::recursive_doubling:
-      ring = false;
-      break;
+  switch (allreduce_algorithm_for(in.count, in.type)) {
     case allreduce_algorithm::single_copy:
-      EBBFLOW_ENFORCE(all_peers_local(),
-                      "allreduce: single_copy needs every peer on this host with process_vm_readv access");
-      single_copy = true;
+      if constexpr (detail::single_copy_transport<T>)
+        return make_request(
+            detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.copy_chunk_bytes, pool_),
+            ctx("allreduce", seq, bytes));
+      break;  // not reached: allreduce_algorithm_for chose single_copy, so the transport has it
+    case allreduce_algorithm::ring:
+      return make_request(
+          detail::ring_allreduce<T>(*t_, seq, src, dst,
+                                    dst + allreduce_segment(in.count, size(), rank()).first * size_of(in.type),
+                                    in.count, in.type, op, opts_.chunk_bytes, opts_.window, true, pool_),
+          ctx("allreduce", seq, bytes));
+    default:
       break;
   }
-  if constexpr (detail::single_copy_transport<T>) {
-    if (single_copy)
-      return make_request(
-          detail::cma_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, opts_.copy_chunk_bytes, pool_),
-          ctx("allreduce", seq, bytes));
-  }
-  if (ring)
-    return make_request(detail::ring_allreduce<T>(*t_, seq, src, dst,
-                                                  dst + in.count * static_cast<std::size_t>(rank()) /
-                                                            static_cast<std::size_t>(size()) * size_of(in.type),
-                                                  in.count, in.type, op, opts_.chunk_bytes, opts_.window, true, pool_),
-                        ctx("allreduce", seq, bytes));
   return make_request(detail::rd_allreduce<T>(*t_, seq, src, dst, in.count, in.type, op, pool_),
                       ctx("allreduce", seq, bytes));
 }
 
 template <transport T>
-request<T> basic_communicator<T>::ireduce_scatter(buffer_view in, buffer_view out, reduce_op op) {
-  detail::check_buffer(in, "reduce_scatter input");
-  detail::check_buffer(out, "reduce_scatter output");
+allreduce_algorithm transport_communicator<T>::allreduce_algorithm_for(std::size_t count, dtype type) const {
+  switch (opts_.allreduce) {
+    case allreduce_algorithm::automatic:
+      break;
+    case allreduce_algorithm::single_copy:
+      EBBFLOW_ENFORCE(all_peers_local(),
+                      "allreduce: single_copy needs every peer on this host with process_vm_readv access");
+      return allreduce_algorithm::single_copy;
+    default:
+      return opts_.allreduce;
+  }
+  // The ring needs at least one element per rank.
+  if (count * size_of(type) <= opts_.small_bytes || count < static_cast<std::size_t>(size()))
+    return allreduce_algorithm::recursive_doubling;
+  return all_peers_local() ? allreduce_algorithm::single_copy : allreduce_algorithm::ring;
+}
+
+template <transport T>
+std::size_t transport_communicator<T>::allreduce_bytes_sent(std::size_t count, dtype type) const {
+  const int n = size(), r = rank();
+  if (n == 1 || count == 0) return 0;
+  const std::size_t es = size_of(type);
+  switch (allreduce_algorithm_for(count, type)) {
+    case allreduce_algorithm::ring: {
+      // The reduce-scatter sends every segment but this rank's, the allgather every one but the right neighbour's.
+      const auto seg = [&](int s) {
+        const auto [b, e] = allreduce_segment(count, n, s % n);
+        return e - b;
+      };
+      return (2 * count - seg(r) - seg(r + 1)) * es;
+    }
+    case allreduce_algorithm::recursive_doubling: {
+      int p = 1, steps = 0;
+      for (; p * 2 <= n; p *= 2) ++steps;
+      const int rem = n - p;
+      // Below 2 * rem, even ranks fold into their odd partner, which hands the result back at the end.
+      const int sends = r >= 2 * rem ? steps : r % 2 == 0 ? 1 : steps + 1;
+      return static_cast<std::size_t>(sends) * count * es;
+    }
+    default:
+      return 0;  // single_copy: peers read the buffers in place
+  }
+}
+
+template <transport T>
+request<T> transport_communicator<T>::ireduce_scatter(buffer_view in, buffer_view out, reduce_op op) {
+  detail::check_reduce_scatter(in, out, size());
   const auto n = static_cast<std::size_t>(size());
-  EBBFLOW_ENFORCE(in.type == out.type && in.count == out.count * n,
-                  "reduce_scatter: input count " << in.count << " must be " << n << " x output count " << out.count
-                                                 << " of the same dtype");
-  // One rank: the output may be the input (a copy to itself).
-  detail::check_overlap(in, out, n == 1 ? static_cast<const std::byte*>(out.data) : nullptr, "reduce_scatter");
-  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
+  const std::uint64_t seq = next_sequence();
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
-  const std::size_t es = size_of(in.type);
   if (n == 1 || out.count == 0)
     return make_request(detail::copy_only<T>(src, dst, out.bytes()), ctx("reduce_scatter", seq, in.bytes()));
   // Partial sums of the segments this rank forwards live in a work buffer
@@ -859,17 +942,15 @@ request<T> basic_communicator<T>::ireduce_scatter(buffer_view in, buffer_view ou
   // straight to `out`.
   auto work = detail::scratch_pool::take(pool_, in.bytes());
   std::byte* w = work.data();
-  (void)es;
   return make_request(detail::ring_allreduce<T>(*t_, seq, src, w, dst, in.count, in.type, op, opts_.chunk_bytes,
                                                 opts_.window, false, pool_, std::move(work)),
                       ctx("reduce_scatter", seq, in.bytes()));
 }
 
 template <transport T>
-request<T> basic_communicator<T>::ibroadcast(buffer_view buf, int root) {
-  detail::check_buffer(buf, "broadcast buffer");
-  EBBFLOW_ENFORCE(root >= 0 && root < size(), "broadcast root " << root << " outside [0, " << size() << ")");
-  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
+request<T> transport_communicator<T>::ibroadcast(buffer_view buf, int root) {
+  detail::check_broadcast(buf, root, size());
+  const std::uint64_t seq = next_sequence();
   auto* p = static_cast<std::byte*>(buf.data);
   if (size() == 1 || buf.count == 0)
     return make_request(detail::copy_only<T>(p, p, 0), ctx("broadcast", seq, buf.bytes()));
@@ -879,16 +960,10 @@ request<T> basic_communicator<T>::ibroadcast(buffer_view buf, int root) {
 }
 
 template <transport T>
-request<T> basic_communicator<T>::iallgather(buffer_view in, buffer_view out) {
-  detail::check_buffer(in, "allgather input");
-  detail::check_buffer(out, "allgather output");
+request<T> transport_communicator<T>::iallgather(buffer_view in, buffer_view out) {
+  detail::check_allgather(in, out, size(), rank());
   const auto n = static_cast<std::size_t>(size());
-  EBBFLOW_ENFORCE(in.type == out.type && out.count == in.count * n,
-                  "allgather: output count " << out.count << " must be " << n << " x input count " << in.count
-                                             << " of the same dtype");
-  detail::check_overlap(
-      in, out, static_cast<const std::byte*>(out.data) + static_cast<std::size_t>(rank()) * in.bytes(), "allgather");
-  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
+  const std::uint64_t seq = next_sequence();
   auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);
   if (n == 1 || in.count == 0)
@@ -897,40 +972,71 @@ request<T> basic_communicator<T>::iallgather(buffer_view in, buffer_view out) {
 }
 
 template <transport T>
-request<T> basic_communicator<T>::ibarrier() {
-  const std::uint64_t seq = seq_++ & comm::seq_counter_mask;
+request<T> transport_communicator<T>::ibarrier() {
+  const std::uint64_t seq = next_sequence();
   return make_request(detail::barrier<T>(*t_, seq), ctx("barrier", seq, 0));
 }
 
 template <transport T>
-request<T> basic_communicator<T>::isend(buffer_view buf, int peer, std::uint32_t tag) {
-  detail::check_buffer(buf, "send buffer");
+request<T> transport_communicator<T>::point_to_point(bool is_send, buffer_view buf, int peer, std::uint32_t tag) {
+  const char* op = is_send ? "send" : "recv";
+  detail::check_buffer(buf, op, "buffer");
   EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(),
-                  "send: peer " << peer << " invalid for rank " << rank());
-  EBBFLOW_ENFORCE(tag < (1u << 24), "send: tag " << tag << " must be < 2^24");
+                  op << ": peer " << peer << " invalid for rank " << rank());
+  EBBFLOW_ENFORCE(tag < (1u << 24), op << ": tag " << tag << " must be < 2^24");
   // Point-to-point tags live in the step value 0xffff, which collectives never use.
   return make_request(
-      detail::p2p<T>(*t_, true, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
+      detail::p2p<T>(*t_, is_send, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
       error_context{.rank = rank(),
                     .generation = generation(),
                     .peer = peer,
-                    .operation = "send",
+                    .operation = op,
                     .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
 }
 
 template <transport T>
-request<T> basic_communicator<T>::irecv(buffer_view buf, int peer, std::uint32_t tag) {
-  detail::check_buffer(buf, "recv buffer");
-  EBBFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank(),
-                  "recv: peer " << peer << " invalid for rank " << rank());
-  EBBFLOW_ENFORCE(tag < (1u << 24), "recv: tag " << tag << " must be < 2^24");
-  return make_request(
-      detail::p2p<T>(*t_, false, static_cast<std::byte*>(buf.data), buf.bytes(), peer, make_tag(tag, 0xffff)),
-      error_context{.rank = rank(),
-                    .generation = generation(),
-                    .peer = peer,
-                    .operation = "recv",
-                    .detail = "tag " + std::to_string(tag) + ", " + std::to_string(buf.bytes()) + " bytes"});
+request<T> transport_communicator<T>::isend(buffer_view buf, int peer, std::uint32_t tag) {
+  return point_to_point(true, buf, peer, tag);
+}
+
+template <transport T>
+request<T> transport_communicator<T>::irecv(buffer_view buf, int peer, std::uint32_t tag) {
+  return point_to_point(false, buf, peer, tag);
+}
+
+// The std::error_code& twins: a request's wait reports run-time failures in
+// `ec` without throwing; what starting the request refuses is caught.
+template <transport T>
+void transport_communicator<T>::allreduce(buffer_view in, buffer_view out, reduce_op op, deadline d,
+                                          std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { iallreduce(in, out, op).wait(d, ec); });
+}
+template <transport T>
+void transport_communicator<T>::broadcast(buffer_view buf, int root, deadline d, std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { ibroadcast(buf, root).wait(d, ec); });
+}
+template <transport T>
+void transport_communicator<T>::allgather(buffer_view in, buffer_view out, deadline d, std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { iallgather(in, out).wait(d, ec); });
+}
+template <transport T>
+void transport_communicator<T>::reduce_scatter(buffer_view in, buffer_view out, reduce_op op, deadline d,
+                                               std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { ireduce_scatter(in, out, op).wait(d, ec); });
+}
+template <transport T>
+void transport_communicator<T>::barrier(deadline d, std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { ibarrier().wait(d, ec); });
+}
+template <transport T>
+void transport_communicator<T>::send(buffer_view buf, int peer, std::uint32_t tag, deadline d,
+                                     std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { isend(buf, peer, tag).wait(d, ec); });
+}
+template <transport T>
+void transport_communicator<T>::recv(buffer_view buf, int peer, std::uint32_t tag, deadline d,
+                                     std::error_code& ec) noexcept {
+  detail::into_error_code(ec, [&] { irecv(buf, peer, tag).wait(d, ec); });
 }
 
 }  // namespace comm

@@ -19,45 +19,15 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace comm::detail {
 
-using v_f32 = float __attribute__((vector_size(16)));
-using v_f64 = double __attribute__((vector_size(16)));
-using v_i32 = std::int32_t __attribute__((vector_size(16)));
-using v_i64 = std::int64_t __attribute__((vector_size(16)));
-using v_u8 = std::uint8_t __attribute__((vector_size(16)));
-using v_u32 = std::uint32_t __attribute__((vector_size(16)));
-using v_u64 = std::uint64_t __attribute__((vector_size(16)));
-using v4_u16 = std::uint16_t __attribute__((vector_size(8)));
-
+//! The 16-byte GCC vector of `T` lanes (typedef form: an alias declaration
+//! would drop the attribute on a dependent type).
 template <class T>
-struct vec_of;
-template <>
-struct vec_of<float> {
-  using type = v_f32;
+struct vec_of {
+  typedef T type __attribute__((vector_size(16)));
 };
-template <>
-struct vec_of<double> {
-  using type = v_f64;
-};
-template <>
-struct vec_of<std::int32_t> {
-  using type = v_i32;
-};
-template <>
-struct vec_of<std::int64_t> {
-  using type = v_i64;
-};
-template <>
-struct vec_of<std::uint8_t> {
-  using type = v_u8;
-};
-template <>
-struct vec_of<std::uint32_t> {
-  using type = v_u32;
-};
-template <>
-struct vec_of<std::uint64_t> {
-  using type = v_u64;
-};
+using v_f32 = vec_of<float>::type;
+using v_u32 = vec_of<std::uint32_t>::type;
+using v4_u16 = std::uint16_t __attribute__((vector_size(8)));
 
 struct op_sum {
   template <class V>
@@ -183,34 +153,27 @@ inline void reduce_f16(std::uint16_t* dst, const std::uint16_t* a, const std::ui
 template <class Op>
 inline constexpr bool wraps = std::is_same_v<Op, op_sum> || std::is_same_v<Op, op_prod>;
 
+//! `reduce_native` on untyped buffers of `T`.
+template <class T, class Op>
+inline void reduce_as(void* dst, const void* a, const void* b, std::size_t n) noexcept {
+  reduce_native<T, Op>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n);
+}
+
 template <class Op>
 inline void reduce_typed(dtype type, void* dst, const void* a, const void* b, std::size_t n) noexcept {
+  // A sum or product of integers past the range wraps (two's complement, in
+  // the unsigned type), the same on every rank; signed overflow would be undefined.
   switch (type) {
     case dtype::f32:
-      return reduce_native<float, Op>(static_cast<float*>(dst), static_cast<const float*>(a),
-                                      static_cast<const float*>(b), n);
+      return reduce_as<float, Op>(dst, a, b, n);
     case dtype::f64:
-      return reduce_native<double, Op>(static_cast<double*>(dst), static_cast<const double*>(a),
-                                       static_cast<const double*>(b), n);
+      return reduce_as<double, Op>(dst, a, b, n);
     case dtype::i32:
-      // A sum or product past the range wraps (two's complement), the same on
-      // every rank; signed overflow would be undefined.
-      if constexpr (wraps<Op>)
-        return reduce_native<std::uint32_t, Op>(static_cast<std::uint32_t*>(dst), static_cast<const std::uint32_t*>(a),
-                                                static_cast<const std::uint32_t*>(b), n);
-      else
-        return reduce_native<std::int32_t, Op>(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(a),
-                                               static_cast<const std::int32_t*>(b), n);
+      return reduce_as<std::conditional_t<wraps<Op>, std::uint32_t, std::int32_t>, Op>(dst, a, b, n);
     case dtype::i64:
-      if constexpr (wraps<Op>)
-        return reduce_native<std::uint64_t, Op>(static_cast<std::uint64_t*>(dst), static_cast<const std::uint64_t*>(a),
-                                                static_cast<const std::uint64_t*>(b), n);
-      else
-        return reduce_native<std::int64_t, Op>(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(a),
-                                               static_cast<const std::int64_t*>(b), n);
+      return reduce_as<std::conditional_t<wraps<Op>, std::uint64_t, std::int64_t>, Op>(dst, a, b, n);
     case dtype::u8:
-      return reduce_native<std::uint8_t, Op>(static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(a),
-                                             static_cast<const std::uint8_t*>(b), n);
+      return reduce_as<std::uint8_t, Op>(dst, a, b, n);
     case dtype::bf16:
       return reduce_bf16<Op>(static_cast<std::uint16_t*>(dst), static_cast<const std::uint16_t*>(a),
                              static_cast<const std::uint16_t*>(b), n);

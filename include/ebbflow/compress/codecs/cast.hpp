@@ -21,7 +21,7 @@ namespace compress {
 
 //! Cast codec to the 16-bit format `F`. Stateless; thread-safe.
 template <kernels::cast_format F>
-struct cast_codec {
+struct cast_codec : detail::decode_forms<cast_codec<F>> {
   static constexpr codec_kind kind = codec_kind::linear;  //!< decoded, added and re-encoded per ring hop
   //! Unit roundoff of one encode, relative to |v| (documented bound).
   static constexpr float unit_roundoff = F == kernels::cast_format::f16 ? 1.0f / 2048 : 1.0f / 256;
@@ -41,19 +41,13 @@ struct cast_codec {
     detail::bulk(ex, kernels::blocks_of(n),
                  kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n});
   }
-  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+  //! Writes (`Add` false: decode) or adds (`Add` true: decode_add) the `n`
+  //! floats decoded from `in` to `out` (both in `Ex`'s space; completes as
+  //! `ex.bulk` does).
+  template <bool Add, class Ex>
+  void decode_into(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     detail::bulk(ex, kernels::blocks_of(n),
-                 kernels::cast_decode<F, false>{reinterpret_cast<const std::uint16_t*>(in), out, n});
-  }
-  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    detail::bulk(ex, kernels::blocks_of(n),
-                 kernels::cast_decode<F, true>{reinterpret_cast<const std::uint16_t*>(in), out, n});
+                 kernels::cast_decode<F, Add>{reinterpret_cast<const std::uint16_t*>(in), out, n});
   }
 };
 

@@ -119,7 +119,7 @@ struct powersgd_codec {
   //! Pointers in `Ex`'s space; completes as `ex.bulk` does.
   template <class Ex>
   void compute_p(Ex& ex, const float* m, const float* q, float* p, matrix_shape s) const {
-    ex.bulk(s.rows, kernels::lowrank_mul_p{m, q, p, s.rows, s.cols, rank_for(s)});
+    ex.bulk(s.rows, kernels::lowrank_mul_p{{m, q, p, s.rows, s.cols, rank_for(s)}});
   }
   //! Gram-Schmidt on the columns of p (rows x r) in place; blocking on the
   //! CPU executor, enqueued on the stream of the CUDA executor.
@@ -130,7 +130,7 @@ struct powersgd_codec {
   //! q (cols x r) = m^T p. Pointers in `Ex`'s space; completes as `ex.bulk` does.
   template <class Ex>
   void compute_q(Ex& ex, const float* m, const float* p, float* q, matrix_shape s) const {
-    ex.bulk(s.cols, kernels::lowrank_mul_q{m, p, q, s.rows, s.cols, rank_for(s)});
+    ex.bulk(s.cols, kernels::lowrank_mul_q{{m, p, q, s.rows, s.cols, rank_for(s)}});
   }
   //! res = m - P Q^T (may alias m).
   template <class Ex>

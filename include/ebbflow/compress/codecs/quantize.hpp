@@ -25,7 +25,7 @@ namespace compress {
 
 //! `Bits` = 8 or 4. Stateless; thread-safe.
 template <int Bits>
-struct quantize_codec {
+struct quantize_codec : detail::decode_forms<quantize_codec<Bits>> {
   static_assert(Bits == 8 || Bits == 4);
   static constexpr codec_kind kind = codec_kind::linear;  //!< unbiased: decoded, added and re-encoded per ring hop
   static constexpr std::int32_t levels = kernels::levels<Bits>;  //!< largest code magnitude: 127 (int8) or 7 (int4)
@@ -59,23 +59,15 @@ struct quantize_codec {
                                                 n,
                                                 {ctx.seed, ctx.stream}});
   }
-  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+  //! Writes (`Add` false: decode) or adds (`Add` true: decode_add) the `n`
+  //! floats decoded from `in` to `out` (both in `Ex`'s space; completes as
+  //! `ex.bulk` does).
+  template <bool Add, class Ex>
+  void decode_into(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
     detail::bulk(ex, nb,
-                 kernels::quantize_decode<Bits, false>{reinterpret_cast<const float*>(in),
-                                                       reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
-  }
-  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb,
-                 kernels::quantize_decode<Bits, true>{reinterpret_cast<const float*>(in),
-                                                      reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
+                 kernels::quantize_decode<Bits, Add>{reinterpret_cast<const float*>(in),
+                                                     reinterpret_cast<const std::uint8_t*>(in) + 4 * nb, out, n});
   }
 };
 

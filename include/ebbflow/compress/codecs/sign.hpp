@@ -21,7 +21,7 @@ EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
 
 //! Stateless; thread-safe.
-struct sign_codec {
+struct sign_codec : detail::decode_forms<sign_codec> {
   static constexpr codec_kind kind = codec_kind::sign;  //!< two-phase scheme with error feedback
 
   //! "sign1".
@@ -46,23 +46,15 @@ struct sign_codec {
                  kernels::sign_encode{in, residual, reinterpret_cast<float*>(out),
                                       reinterpret_cast<std::uint32_t*>(out + 4 * nb), n});
   }
-  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+  //! Writes (`Add` false: decode) or adds (`Add` true: decode_add) the `n`
+  //! floats decoded from `in` to `out` (both in `Ex`'s space; completes as
+  //! `ex.bulk` does).
+  template <bool Add, class Ex>
+  void decode_into(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     const std::size_t nb = kernels::blocks_of(n);
     detail::bulk(ex, nb,
-                 kernels::sign_decode<false>{reinterpret_cast<const float*>(in),
-                                             reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
-  }
-  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    const std::size_t nb = kernels::blocks_of(n);
-    detail::bulk(ex, nb,
-                 kernels::sign_decode<true>{reinterpret_cast<const float*>(in),
-                                            reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
+                 kernels::sign_decode<Add>{reinterpret_cast<const float*>(in),
+                                           reinterpret_cast<const std::uint32_t*>(in + 4 * nb), out, n});
   }
 };
 static_assert(codec<sign_codec>);

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file collectives.hpp
-//! The pipelined algorithms behind `compressed_allreduce`, written over the
-//! `comm::transport` concept: a ring with decode-add-encode per hop (linear
-//! codes; with the identity codec it is the dense ring allreduce), a ring
-//! allgather of encoded blocks (sparse codes) and the two-phase sign scheme.
-//! Self-contained on purpose (no dependency on comm/'s dense collectives).
+//! The codec-specific algorithms behind `compressed_allreduce`, written over
+//! the `comm::transport` concept: a ring with decode-add-encode per hop
+//! (linear codes), a ring allgather of encoded blocks (sparse codes) and the
+//! two-phase sign scheme. Dense traffic is not here: it is the communicator's
+//! allreduce. Each call runs under one sequence number that the caller took
+//! from the communicator (`coll_ctx::seq`), and numbers its steps within it.
 //!
 //! Pipelining: the tensor is cut into chunks (one per rank, block aligned) and
 //! chunks into segments of `seg_elems`; all receives are posted up front,

@@ -37,6 +37,14 @@ EBBFLOW_HD inline float fsub(float a, float b) noexcept {
   return a - b;
 #endif
 }
+//! A decoded value into its place: `out = d`, or with `Add` (decode_add) `out += d`.
+template <bool Add>
+EBBFLOW_HD inline void store(float& out, float d) noexcept {
+  if constexpr (Add)
+    out = fadd(out, d);
+  else
+    out = d;
+}
 // Bit casts shared with core/half.hpp (one implementation, host and device).
 EBBFLOW_HD inline std::uint32_t as_u32(float f) noexcept { return ::ebbflow::detail::float_bits(f); }
 EBBFLOW_HD inline float as_f32(std::uint32_t u) noexcept { return ::ebbflow::detail::bits_float(u); }

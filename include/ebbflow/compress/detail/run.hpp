@@ -34,6 +34,24 @@ EBBFLOW_DETAIL_CLONES void host_loop(std::size_t n, const F& f) {
   for (std::size_t i = 0; i < n; ++i) f(i);
 }
 
+//! A codec's decode and decode_add, from its `decode_into<Add>(ex, in,
+//! out, n)` (with `Add`, accumulate into `out`). Codecs derive from it.
+template <class Codec>
+struct decode_forms {
+  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
+  template <class Ex>
+  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    static_cast<const Codec&>(*this).template decode_into<false>(ex, in, out, n);
+  }
+  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
+  template <class Ex>
+  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    static_cast<const Codec&>(*this).template decode_into<true>(ex, in, out, n);
+  }
+};
+
 //! Runs f(i) for i in [0, n) on `ex`.
 template <class Ex, class F>
 void bulk(Ex& ex, std::size_t n, const F& f) {

@@ -9,15 +9,11 @@ EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
-compressed_allreduce<Codec, Transport, Executor>::compressed_allreduce(Transport& transport, Codec c, Executor ex,
+compressed_allreduce<Codec, Transport, Executor>::compressed_allreduce(communicator_type& comm, Codec c, Executor ex,
                                                                        allreduce_options opts)
-    : transport_(&transport), codec_(std::move(c)), exec_(std::move(ex)), opts_(opts) {
-  EBBFLOW_ENFORCE(opts_.tag_space + 1 < comm::tag_spaces,
-                  "tag_space " << opts_.tag_space << " above " << comm::tag_spaces - 2
-                               << " (space 0 of the transport belongs to the communicator's collectives)");
+    : comm_(&comm), codec_(std::move(c)), exec_(std::move(ex)), opts_(opts) {
   EBBFLOW_ENFORCE(opts_.segment_bytes >= 4 * kernels::block_size,
                   "segment_bytes " << opts_.segment_bytes << " below one block (" << 4 * kernels::block_size << ")");
-  comm::check_rank_count(transport.size(), "compressed_allreduce");
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
@@ -26,10 +22,10 @@ auto compressed_allreduce<Codec, Transport, Executor>::state_for(std::size_t key
   auto& st = state_[key];
   // A new tensor, another matrix shape of it (PowerSGD's Q would not fit),
   // or the group changed: start afresh.
-  if (st.n != n || st.ranks != transport_->size() || st.shape.rows != shape.rows || st.shape.cols != shape.cols) {
+  if (st.n != n || st.ranks != comm_->size() || st.shape.rows != shape.rows || st.shape.cols != shape.cols) {
     st = tensor_state{};
     st.n = n;
-    st.ranks = transport_->size();
+    st.ranks = comm_->size();
     st.shape = shape;
   }
   return st;
@@ -67,22 +63,13 @@ template <class Codec, comm::transport Transport, exec::executor Executor>
 void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float> grad, std::size_t key,
                                                                 matrix_shape shape) {
   const std::size_t n = grad.size();
-  Transport& t = *transport_;
-  const std::uint64_t call = seq_;
-  seq_ += 4;  // a call uses up to 4 tag sequence numbers (PowerSGD: P, Q, tail)
+  const std::uint64_t call = call_++;
   ++stats_.calls;
-  detail::coll_ctx ctx;
-  ctx.seg_elems = segment_elems(n);
-  ctx.dl = deadline::after(opts_.timeout);
-  ctx.seed = opts_.seed;
-  ctx.stream_base = detail::mix64(detail::mix64(call) ^ detail::mix64(key + 0x1234567) ^
-                                  detail::mix64(static_cast<std::uint64_t>(t.rank()) + 1));
-  ctx.seq = comm::make_seq(opts_.tag_space + 1, call);
-  if (t.size() == 1 || n == 0) return;
+  const deadline dl = deadline::after(opts_.timeout);
+  if (comm_->size() == 1 || n == 0) return;
   if (n * sizeof(float) < opts_.dense_threshold_bytes) {
     ++stats_.dense_calls;
-    detail::ring_allreduce(t, detail::f32_codec{}, exec_, grad.data(), n, nullptr, ctx, arenas_);
-    stats_.wire_bytes_sent += ctx.wire_sent;
+    dense(grad, dl);
     return;
   }
   tensor_state& st = state_for(key, n, shape);
@@ -91,24 +78,39 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
     if (st.res.empty()) st.res.assign(n, 0.0f);
     res = st.res.data();
   }
-  if constexpr (Codec::kind == codec_kind::linear) {
-    detail::ring_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
-  } else if constexpr (Codec::kind == codec_kind::sparse) {
-    detail::sparse_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
-  } else if constexpr (Codec::kind == codec_kind::sign) {
-    if (st.res2.empty()) st.res2.assign(n, 0.0f);
-    detail::two_phase_allreduce(t, codec_, exec_, grad.data(), n, res, st.res2.data(), ctx, arenas_);
+  if constexpr (Codec::kind == codec_kind::low_rank) {
+    run_low_rank(grad, st, shape, dl);
   } else {
-    run_low_rank(grad, st, shape, ctx);
+    Transport& t = comm_->transport();
+    detail::coll_ctx ctx;
+    ctx.seg_elems = segment_elems(n);
+    ctx.dl = dl;
+    ctx.seed = opts_.seed;
+    ctx.stream_base = detail::mix64(detail::mix64(call) ^ detail::mix64(key + 0x1234567) ^
+                                    detail::mix64(static_cast<std::uint64_t>(t.rank()) + 1));
+    ctx.seq = comm_->next_sequence();
+    if constexpr (Codec::kind == codec_kind::linear) {
+      detail::ring_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
+    } else if constexpr (Codec::kind == codec_kind::sparse) {
+      detail::sparse_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
+    } else {
+      if (st.res2.empty()) st.res2.assign(n, 0.0f);
+      detail::two_phase_allreduce(t, codec_, exec_, grad.data(), n, res, st.res2.data(), ctx, arenas_);
+    }
+    stats_.wire_bytes_sent += ctx.wire_sent;
   }
-  stats_.wire_bytes_sent += ctx.wire_sent;
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+void compressed_allreduce<Codec, Transport, Executor>::dense(std::span<float> x, deadline d) {
+  stats_.wire_bytes_sent += comm_->allreduce_bytes_sent(x.size(), dtype::f32);
+  comm_->allreduce(view(x), reduce_op::sum, d);
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
 void compressed_allreduce<Codec, Transport, Executor>::run_low_rank(std::span<float> grad, tensor_state& st,
-                                                                    matrix_shape shape, detail::coll_ctx& ctx) {
+                                                                    matrix_shape shape, deadline d) {
   if constexpr (Codec::kind == codec_kind::low_rank) {
-    Transport& t = *transport_;
     const std::size_t main = shape.size(), r = codec_.rank_for(shape);
     float* m = grad.data();
     if (main > 0 && r > 0) {
@@ -122,25 +124,20 @@ void compressed_allreduce<Codec, Transport, Executor>::run_low_rank(std::span<fl
       st.q_local.resize(shape.cols * r);
       codec_.compute_p(exec_, m, st.q.data(), st.p.data(), shape);
       exec_.wait();
-      detail::ring_allreduce(t, detail::f32_codec{}, exec_, st.p.data(), st.p.size(), nullptr, ctx, arenas_);
+      dense(st.p, d);
       codec_.orthogonalize(exec_, st.p.data(), shape);
       codec_.compute_q(exec_, m, st.p.data(), st.q_local.data(), shape);
       if (opts_.error_feedback) codec_.residual(exec_, m, st.p.data(), st.q_local.data(), st.res.data(), shape);
       exec_.wait();
       st.q = st.q_local;
-      ctx.seq += 1;
-      detail::ring_allreduce(t, detail::f32_codec{}, exec_, st.q.data(), st.q.size(), nullptr, ctx, arenas_);
+      dense(st.q, d);
       codec_.reconstruct(exec_, st.p.data(), st.q.data(), m, shape);  // warm start: keep the summed Q
       codec_.refresh_q(exec_, st.q.data(), shape, opts_.seed);        // ... with its dropped columns refilled
       exec_.wait();
     }
-    if (main < grad.size()) {
-      ctx.seq += 1;
-      detail::ring_allreduce(t, detail::f32_codec{}, exec_, grad.data() + main, grad.size() - main, nullptr, ctx,
-                             arenas_);
-    }
+    if (main < grad.size()) dense(grad.subspan(main), d);
   } else {
-    (void)grad, (void)st, (void)shape, (void)ctx;
+    (void)grad, (void)st, (void)shape, (void)d;
   }
 }
 
@@ -165,30 +162,28 @@ std::size_t compressed_allreduce<Codec, Transport, Executor>::segment_elems(std:
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
-std::size_t compressed_allreduce<Codec, Transport, Executor>::wire_bytes(std::size_t n) const noexcept {
-  const auto p = static_cast<std::size_t>(transport_->size());
+std::size_t compressed_allreduce<Codec, Transport, Executor>::wire_bytes(std::size_t n) const {
+  const auto p = static_cast<std::size_t>(comm_->size());
   if (p <= 1 || n == 0) return 0;
-  const std::size_t seg = segment_elems(n);
-  const auto area = [&](const auto& c, int parts) { return detail::area_bytes(detail::make_layout(c, n, parts, seg)); };
-  if constexpr (Codec::kind == codec_kind::linear || Codec::kind == codec_kind::sign) {
-    const auto l = detail::make_layout(codec_, n, static_cast<int>(p), seg);
-    const std::size_t total = detail::area_bytes(l);
-    const std::size_t mine = l[static_cast<std::size_t>(transport_->rank())].bytes;
-    const auto rk = static_cast<std::size_t>(transport_->rank());
-    const std::size_t next = l[(rk + 1) % p].bytes;
-    if constexpr (Codec::kind == codec_kind::linear) {
-      // reduce-scatter sends every chunk but (rank+1)'s; allgather every chunk but (rank+2)'s.
-      return (total - next) + (total - l[(rk + 2) % p].bytes);
-    } else {
-      // all-to-all sends every chunk but mine; allgather every chunk but (rank+1)'s.
-      return (total - mine) + (total - next);
-    }
-  } else if constexpr (Codec::kind == codec_kind::sparse) {
-    return (p - 1) * area(codec_, 1);
-  } else {
+  const auto rk = static_cast<std::size_t>(comm_->rank());
+  if constexpr (Codec::kind == codec_kind::low_rank) {
     const matrix_shape s = powersgd_codec::shape_for(n);
-    const std::size_t f = codec_.factor_floats(s) + (n - s.size());
-    return 2 * (p - 1) * 4 * f / p;  // approximate: ring of the factors
+    const std::size_t r = codec_.rank_for(s);
+    const auto sent = [&](std::size_t count) { return comm_->allreduce_bytes_sent(count, dtype::f32); };
+    return (s.size() > 0 && r > 0 ? sent(s.rows * r) + sent(s.cols * r) : 0) + sent(n - s.size());
+  } else {
+    const std::size_t seg = segment_elems(n);
+    if constexpr (Codec::kind == codec_kind::sparse) {
+      return (p - 1) * detail::area_bytes(detail::make_layout(codec_, n, 1, seg));
+    } else {
+      const auto l = detail::make_layout(codec_, n, static_cast<int>(p), seg);
+      const std::size_t total = detail::area_bytes(l);
+      const auto chunk = [&](std::size_t k) { return l[(rk + k) % p].bytes; };
+      // linear: the reduce-scatter sends every chunk but (rank+1)'s, the allgather every chunk but (rank+2)'s;
+      // sign: the all-to-all sends every chunk but mine, the allgather every chunk but (rank+1)'s.
+      constexpr std::size_t skip = Codec::kind == codec_kind::linear ? 1 : 0;
+      return (total - chunk(skip)) + (total - chunk(skip + 1));
+    }
   }
 }
 

@@ -41,5 +41,16 @@ EBBFLOW_HD inline void for_block(std::size_t b, std::size_t n, Body&& body) {
     body(static_cast<std::uint32_t>(len));
 }
 
+//! Calls `body(std::true_type{})` when the residual `res` is given (error
+//! feedback), `body(std::false_type{})` when it is null: the choice is made
+//! once per block, and each branch compiles without the other's loads.
+template <class Body>
+EBBFLOW_HD inline void with_residual(const float* res, Body&& body) {
+  if (res == nullptr)
+    body(std::false_type{});
+  else
+    body(std::true_type{});
+}
+
 }  // namespace compress::kernels
 EBBFLOW_END_NAMESPACE

@@ -80,10 +80,7 @@ struct cast_decode {
     float* EBBFLOW_DETAIL_RESTRICT po = out + o;
     for_block(b, n, [&](auto cnt) {
       for (std::uint32_t j = 0; j < cnt; ++j) {
-        if constexpr (Add)
-          po[j] = detail::fadd(po[j], from_bits<F>(pi[j]));
-        else
-          po[j] = from_bits<F>(pi[j]);
+        detail::store<Add>(po[j], from_bits<F>(pi[j]));
       }
     });
   }

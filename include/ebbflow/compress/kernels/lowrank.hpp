@@ -30,11 +30,14 @@ inline constexpr float orthogonalize_eps = 1e-8f;
 //! orthogonalisation is treated as linearly dependent and zeroed.
 inline constexpr float rank_tolerance = 1e-3f;
 
-//! P[i, j] = sum_c M[i, c] Q[c, j]; one call per row i.
-struct lowrank_mul_p {
-  const float* m;  //!< M, rows x cols row-major (executor's memory space)
-  const float* q;  //!< Q, cols x rank row-major
-  float* p;        //!< P (output), rows x rank row-major
+//! The operands of a product of M (rows x cols, row-major) with a factor:
+//! `in` is read, `out` written (executor's memory space; row-major, `rank`
+//! columns). Entries are summed in index order, so every executor gives the
+//! same bits.
+struct lowrank_product {
+  const float* m;   //!< M, rows x cols row-major
+  const float* in;  //!< the factor read: Q (cols x rank) for P = M Q, P (rows x rank) for Q = M^T P
+  float* out;       //!< the factor written: P (rows x rank), or Q (cols x rank)
   std::size_t rows, cols, rank;
   //! @var rows
   //! Rows of M (and of P).
@@ -43,42 +46,28 @@ struct lowrank_mul_p {
   //! @var rank
   //! Rank r: columns of P and Q (<= `max_rank`).
 
-  //! Computes row `i` of P.
-  EBBFLOW_HD void operator()(std::size_t i) const noexcept {
+  //! out[o, j] = sum_k M[k * stride + first] in[k, j] over k < len: row `o` of the output.
+  EBBFLOW_HD void dot(std::size_t o, std::size_t first, std::size_t stride, std::size_t len) const noexcept {
     float acc[max_rank];
     for (std::size_t j = 0; j < rank; ++j) acc[j] = 0.0f;
-    const float* row = m + i * cols;
-    for (std::size_t c = 0; c < cols; ++c) {
-      const float v = row[c];
-      for (std::size_t j = 0; j < rank; ++j) acc[j] = detail::fadd(acc[j], detail::fmul(v, q[c * rank + j]));
+    for (std::size_t k = 0; k < len; ++k) {
+      const float v = m[k * stride + first];
+      for (std::size_t j = 0; j < rank; ++j) acc[j] = detail::fadd(acc[j], detail::fmul(v, in[k * rank + j]));
     }
-    for (std::size_t j = 0; j < rank; ++j) p[i * rank + j] = acc[j];
+    for (std::size_t j = 0; j < rank; ++j) out[o * rank + j] = acc[j];
   }
 };
 
-//! Q[c, j] = sum_i M[i, c] P[i, j]; one call per column c.
-struct lowrank_mul_q {
-  const float* m;  //!< M, rows x cols row-major (executor's memory space)
-  const float* p;  //!< P, rows x rank row-major
-  float* q;        //!< Q (output), cols x rank row-major
-  std::size_t rows, cols, rank;
-  //! @var rows
-  //! Rows of M (and of P).
-  //! @var cols
-  //! Columns of M (rows of Q).
-  //! @var rank
-  //! Rank r: columns of P and Q (<= `max_rank`).
+//! P[i, j] = sum_c M[i, c] Q[c, j]; one call per row i (`in` = Q, `out` = P).
+struct lowrank_mul_p : lowrank_product {
+  //! Computes row `i` of P.
+  EBBFLOW_HD void operator()(std::size_t i) const noexcept { dot(i, i * cols, 1, cols); }
+};
 
+//! Q[c, j] = sum_i M[i, c] P[i, j]; one call per column c (`in` = P, `out` = Q).
+struct lowrank_mul_q : lowrank_product {
   //! Computes row `c` of Q (column `c` of M^T P).
-  EBBFLOW_HD void operator()(std::size_t c) const noexcept {
-    float acc[max_rank];
-    for (std::size_t j = 0; j < rank; ++j) acc[j] = 0.0f;
-    for (std::size_t i = 0; i < rows; ++i) {
-      const float v = m[i * cols + c];
-      for (std::size_t j = 0; j < rank; ++j) acc[j] = detail::fadd(acc[j], detail::fmul(v, p[i * rank + j]));
-    }
-    for (std::size_t j = 0; j < rank; ++j) q[c * rank + j] = acc[j];
-  }
+  EBBFLOW_HD void operator()(std::size_t c) const noexcept { dot(c, c, cols, rows); }
 };
 
 //! Row i of P Q^T: out[i, c] = sum_j P[i, j] Q[c, j]. One call per row.

@@ -45,10 +45,7 @@ struct quantize_encode {
 
   //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
-    if (res == nullptr)
-      run<false>(b);
-    else
-      run<true>(b);
+    with_residual(res, [&](auto ef) { run<decltype(ef)::value>(b); });
   }
 
  private:
@@ -154,10 +151,7 @@ struct quantize_decode {
         else
           k = static_cast<std::int32_t>((pc[j / 2] >> ((j & 1u) * 4u)) & 0xFu) - 8;
         const float d = detail::fmul(static_cast<float>(k), s);
-        if constexpr (Add)
-          po[j] = detail::fadd(po[j], d);
-        else
-          po[j] = d;
+        detail::store<Add>(po[j], d);
       }
     });
   }

@@ -108,10 +108,7 @@ struct sign_decode {
       for (std::uint32_t j = 0; j < cnt; ++j) {
         const std::uint32_t neg = ((pw[j / 32] >> (j & 31u)) & 1u) ^ 1u;
         const float d = detail::as_f32(sb | (neg << 31));
-        if constexpr (Add)
-          po[j] = detail::fadd(po[j], d);
-        else
-          po[j] = d;
+        detail::store<Add>(po[j], d);
       }
     });
   }

@@ -293,10 +293,7 @@ struct topk_select_inorder {
 
   //! Processes block `b`; blocks must come in increasing order, one at a time.
   void operator()(std::size_t b) const noexcept {
-    if (res == nullptr)
-      run<false>(b);
-    else
-      run<true>(b);
+    with_residual(res, [&](auto ef) { run<decltype(ef)::value>(b); });
   }
 
  private:
@@ -358,10 +355,7 @@ struct topk_scatter {
     if (i >= header[0]) return;
     const std::uint32_t idx = header[2 + i];
     const float v = detail::as_f32(header[2 + k + i]);
-    if constexpr (Add)
-      out[idx] = detail::fadd(out[idx], v);
-    else
-      out[idx] = v;
+    detail::store<Add>(out[idx], v);
   }
 };
 

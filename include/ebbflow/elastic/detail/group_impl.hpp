@@ -88,7 +88,7 @@ template <kv_store Store, network Net>
 class group_impl {
  public:
   using transport_type = comm::revocable<typename Net::transport_type>;
-  using communicator_type = comm::basic_communicator<transport_type>;
+  using communicator_type = comm::transport_communicator<transport_type>;
   using store_factory = std::function<std::unique_ptr<Store>()>;
 
   // The public operations (elastic/group.hpp documents each).
