@@ -178,7 +178,10 @@ class group {
   void request_leave() noexcept { impl_.leave_requested_.store(true); }
   //! Marks the job finished: workers still waiting to join stop waiting, and
   //! joiners admitted to a change still in flight (see `changing`) stop
-  //! waiting for the state with a clear error (job_finished).
+  //! waiting for the state with a clear error (job_finished); a worker
+  //! started later under this job is refused at once. `keep_training` calls
+  //! it when the steps are done; a loop that ends otherwise calls it after
+  //! its last step (on one member or on all: the same mark).
   //! @throws system_error from the store.
   void finish() { impl_.finish(); }
   //! True while a membership change is unfinished: decided at an earlier
@@ -186,7 +189,21 @@ class group {
   //! to with the state still to move at the next `begin_step`. Every member
   //! sees the same value after `end_step` returns, so a loop that must not
   //! end with a joiner stranded can run on while it is true.
-  [[nodiscard]] bool changing() const noexcept { return impl_.next_.has_value() || impl_.pending_.has_value(); }
+  [[nodiscard]] bool changing() const noexcept { return impl_.changing(); }
+
+  //! The condition of the training loop, `while (g.keep_training(total_steps))`:
+  //! true while this member should run another step, that is while it is
+  //! `active()` and either fewer than `total_steps` steps are committed or a
+  //! membership change is unfinished (`changing()`: a joiner admitted near
+  //! the end is taken in rather than stranded, so the job may commit a few
+  //! steps more than `total_steps`). Every member gets the same answer after
+  //! `end_step`. The first time it returns false because the steps are done,
+  //! it calls `finish()`, so a worker started later under this job is refused
+  //! at once (job_finished); a member that left returns false without it.
+  //! Once false, it stays false. A loop that ends otherwise (on a loss
+  //! target, a time limit, a signal) calls `finish()` itself.
+  //! @throws std::invalid_argument when total_steps is negative; what `finish` throws.
+  [[nodiscard]] bool keep_training(std::int64_t total_steps) { return impl_.keep_training(total_steps); }
 
   //! False once this member left the group (after `request_leave` took effect).
   [[nodiscard]] bool active() const noexcept { return impl_.active_; }
