@@ -4,21 +4,36 @@
 //! fail while training goes on, with no restart and no lost or repeated
 //! sample.
 //!
-//! A training loop uses it like this (see examples/elastic_train/elastic_train.cpp):
+//! A training loop joins the job and trains like this (docs/elastic.md
+//! explains each line; docs/snippets/training_loop.cpp is the whole program,
+//! which the tests build and run):
+//! <!-- snippet: docs/snippets/training_loop.cpp#join -->
 //! @code
-//!   elastic::group g(connect_store, net, elastic::group_options::from_environment(opts),
-//!                    launch_info::from_environment(), std::make_unique<elastic::planner_policy>());
-//!   g.register_state("params", std::as_writable_bytes(std::span(params)));
-//!   while (g.active() && (g.step() < total_steps || g.changing())) {
-//!     auto s = g.begin_step();                           // my slice and weight
-//!     compute gradients over samples [s.cursor + s.offset, + s.batch) of s.epoch,
-//!       scaled by s.weight (mean loss over my slice × b_i / B)
-//!     if (!g.allreduce(grads)) continue;                 // a member failed: redo the step
-//!     optimizer step
-//!     g.end_step(compute_seconds);                       // commit; membership changes happen here
-//!   }
-//!   g.finish();                                          // workers still waiting to join stop waiting
+//!   el::leave_on_signal(SIGTERM);                                    // SIGTERM: leave at the next step boundary
+//!   el::group_options opts = el::group_options::from_environment();  // EBBFLOW_* settings (docs/elastic.md)
+//!   opts.global_batch = 128;                                         // required: B, samples per step
+//!   opts.dataset_size = dataset_size;                                // required: N, samples per epoch
+//!   el::ucx_network net;
+//!   el::group g([] { return std::make_unique<el::store_client>(el::store_client::from_environment()); }, net, opts,
+//!               ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
+//!   g.register_state("params", std::as_writable_bytes(std::span(params)));      // what must be equal on every
+//!   g.register_state("velocity", std::as_writable_bytes(std::span(velocity)));  // member: model and optimizer
 //! @endcode
+//! <!-- snippet: docs/snippets/training_loop.cpp#loop -->
+//! @code
+//!   while (g.keep_training(steps)) {
+//!     const el::step_info s = g.begin_step();  // my slice: positions [s.cursor + s.offset, + s.batch) of epoch s.epoch
+//!     const auto t0 = std::chrono::steady_clock::now();
+//!     compute_gradients(s, params, grads);
+//!     const std::chrono::duration<double> compute = std::chrono::steady_clock::now() - t0;
+//!     if (!g.allreduce(grads)) continue;  // a member failed: the step was rolled back; redo it
+//!     sgd_step(params, velocity, grads);
+//!     g.end_step(compute.count());  // commit; joins, leaves and re-plans take effect here
+//!   }
+//! @endcode
+//! `keep_training` ends the loop once `total_steps` steps are committed and
+//! no membership change is unfinished, and then marks the job finished
+//! (`finish`); a loop that ends otherwise calls `finish` itself.
 //!
 //! Guarantees (docs/elastic.md gives the protocol and the argument for each):
 //! * Every member applies the same update every step: the gradient of the
