@@ -527,13 +527,15 @@ TEST_F(ElasticProcess, WorkStealingAcrossAJoinAKillAndALeave) {
 
 // A training thread stuck for 1.5 s outside ebbflow (its heartbeat goes on,
 // so its lease stays fresh): the coordinator, waiting in the step's
-// allreduce, names it after EBBFLOW_STALL_WARN_MS; nobody is dropped
-// (the operation deadline is 30 s) and the job equals the reference.
+// allreduce, names it after EBBFLOW_STALL_WARN_MS (in a line with one
+// prefix, the launcher's and the log's: "[rank 0, ebbflow rank 0]"); nobody
+// is dropped (the operation deadline is 30 s) and the job equals the
+// reference.
 TEST_F(ElasticProcess, TheStallWarningNamesAWorkerStuckOutsideEbbflow) {
   const auto out = train("-n 3", "EBBFLOW_STALL_WARN_MS=500", 60, "--straggle 1:30:31:1000");
   const std::regex warning(
-      R"(\[rank 0\] .*member \d+ has waited \d+ ms in collective 1 of step 30; member\(s\) \d+ \(rank 1\) )"
-      R"(have not reached it while their heartbeats go on)");
+      R"(\[rank 0, ebbflow rank 0\] warn: .*member \d+ has waited \d+ ms in collective 1 of step 30; )"
+      R"(member\(s\) \d+ \(rank 1\) have not reached it while their heartbeats go on)");
   EXPECT_TRUE(std::regex_search(out, warning)) << out;
   EXPECT_EQ(count(out, "world changed (failure)"), 0) << out;
 }
