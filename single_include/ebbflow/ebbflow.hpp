@@ -8834,21 +8834,36 @@ EBBFLOW_END_NAMESPACE
 //! fail while training goes on, with no restart and no lost or repeated
 //! sample.
 //!
-//! A training loop uses it like this (see examples/elastic_train/elastic_train.cpp):
+//! A training loop joins the job and trains like this (docs/elastic.md
+//! explains each line; docs/snippets/training_loop.cpp is the whole program,
+//! which the tests build and run):
+//! <!-- snippet: docs/snippets/training_loop.cpp#join -->
 //! @code
-//!   elastic::group g(connect_store, net, elastic::group_options::from_environment(opts),
-//!                    launch_info::from_environment(), std::make_unique<elastic::planner_policy>());
-//!   g.register_state("params", std::as_writable_bytes(std::span(params)));
-//!   while (g.active() && (g.step() < total_steps || g.changing())) {
-//!     auto s = g.begin_step();                           // my slice and weight
-//!     compute gradients over samples [s.cursor + s.offset, + s.batch) of s.epoch,
-//!       scaled by s.weight (mean loss over my slice × b_i / B)
-//!     if (!g.allreduce(grads)) continue;                 // a member failed: redo the step
-//!     optimizer step
-//!     g.end_step(compute_seconds);                       // commit; membership changes happen here
-//!   }
-//!   g.finish();                                          // workers still waiting to join stop waiting
+//!   el::leave_on_signal(SIGTERM);                                    // SIGTERM: leave at the next step boundary
+//!   el::group_options opts = el::group_options::from_environment();  // EBBFLOW_* settings (docs/elastic.md)
+//!   opts.global_batch = 128;                                         // required: B, samples per step
+//!   opts.dataset_size = dataset_size;                                // required: N, samples per epoch
+//!   el::ucx_network net;
+//!   el::group g([] { return std::make_unique<el::store_client>(el::store_client::from_environment()); }, net, opts,
+//!               ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
+//!   g.register_state("params", std::as_writable_bytes(std::span(params)));      // what must be equal on every
+//!   g.register_state("velocity", std::as_writable_bytes(std::span(velocity)));  // member: model and optimizer
 //! @endcode
+//! <!-- snippet: docs/snippets/training_loop.cpp#loop -->
+//! @code
+//!   while (g.keep_training(steps)) {
+//!     const el::step_info s = g.begin_step();  // my slice: positions [s.cursor + s.offset, + s.batch) of epoch s.epoch
+//!     const auto t0 = std::chrono::steady_clock::now();
+//!     compute_gradients(s, params, grads);
+//!     const std::chrono::duration<double> compute = std::chrono::steady_clock::now() - t0;
+//!     if (!g.allreduce(grads)) continue;  // a member failed: the step was rolled back; redo it
+//!     sgd_step(params, velocity, grads);
+//!     g.end_step(compute.count());  // commit; joins, leaves and re-plans take effect here
+//!   }
+//! @endcode
+//! `keep_training` ends the loop once `total_steps` steps are committed and
+//! no membership change is unfinished, and then marks the job finished
+//! (`finish`); a loop that ends otherwise calls `finish` itself.
 //!
 //! Guarantees (docs/elastic.md gives the protocol and the argument for each):
 //! * Every member applies the same update every step: the gradient of the
@@ -8882,7 +8897,8 @@ EBBFLOW_END_NAMESPACE
 //!
 //! | file                  | owns                                                           |
 //! |-----------------------|----------------------------------------------------------------|
-//! | lifecycle.hpp         | construction, the end of a member, registered state, finish    |
+//! | lifecycle.hpp         | construction, the end of a member, registered state, finish,   |
+//! |                       | keep_training                                                  |
 //! | formation.hpp         | generation 0 and waiting to be admitted as a newcomer          |
 //! | generation.hpp        | entering a generation: addresses, wire-up, install, leaving    |
 //! | step.hpp              | the user's step: begin, collectives, work stealing, commit     |
@@ -9394,6 +9410,10 @@ struct worker_spec {
   std::size_t max_batch = 0;  //!< m_i: largest batch that fits in memory
   std::size_t min_batch = 0;  //!< lo_i: smallest batch this worker must take
   double comm_s = 0;          //!< hook: per-worker communication seconds added to every step (>= 0)
+  //! No measured model behind a and c (worker_models' a = 0, c = 1 while
+  //! no worker has a fitted one): they still give the uniform split, but a
+  //! plan made from them predicts no step time (NaN).
+  bool placeholder = false;
 
   //! Predicted seconds of one step on `b` samples: (a + comm_s) + c·b,
   //! evaluated with one fused multiply-add so every call site and every rank
@@ -9410,7 +9430,9 @@ struct batch_plan {
   std::vector<std::uint64_t> worker_ids;  //!< members in rank order
   std::vector<std::size_t> batch;         //!< b_i per rank
   std::vector<std::size_t> offsets;       //!< prefix sums: offsets[r] = Σ_{j<r} b_j, offsets[n] = B
-  double step_time = 0;                   //!< predicted max_i t_i(b_i) under the models it was made from
+  //! Predicted max_i t_i(b_i) under the models it was made from; NaN ("not
+  //! known": print it as "-") when any of them was a placeholder.
+  double step_time = 0;
 
   //! Number of members.
   [[nodiscard]] std::size_t size() const noexcept { return batch.size(); }
@@ -9535,6 +9557,13 @@ inline void validate(std::span<const worker_spec> workers) {
 namespace detail {
 inline std::size_t saturating_add(std::size_t x, std::size_t y) noexcept {
   return x > std::numeric_limits<std::size_t>::max() - y ? std::numeric_limits<std::size_t>::max() : x + y;
+}
+
+//! A plan's step time `t`, or NaN when a placeholder model made it.
+inline double known_step_time(std::span<const worker_spec> workers, double t) noexcept {
+  for (const auto& w : workers)
+    if (w.placeholder) return std::numeric_limits<double>::quiet_NaN();
+  return t;
 }
 
 //! Largest b in [lo, m] with w.step_time(b) <= s; requires w.step_time(lo) <= s.
@@ -9720,7 +9749,7 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
     p.offsets[i + 1] = p.offsets[i] + p.batch[i];
     t = std::max(t, workers[i].step_time(p.batch[i]));
   }
-  p.step_time = t;
+  p.step_time = detail::known_step_time(workers, t);
   return p;
 }
 
@@ -9760,7 +9789,7 @@ inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<cons
   }
   p.global_batch = p.offsets.back();
   EBBFLOW_PLAN_ENFORCE(p.global_batch > 0, plan_errc::zero_batch, "the sizes sum to 0");
-  p.step_time = t;
+  p.step_time = detail::known_step_time(workers, t);
   return p;
 }
 
@@ -10720,7 +10749,7 @@ inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item,
 
 inline steal_policy::steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank,
                                   double claim_s, double chunk_overhead_s)
-    : planned_s_(plan.step_time),
+    : planned_s_(std::isnan(plan.step_time) ? predict_step_time(plan, models) : plan.step_time),
       claim_s_(std::max(claim_s, 0.0)),
       overhead_s_(std::max(chunk_overhead_s, 0.0)),
       rank_(rank) {
@@ -11745,6 +11774,9 @@ class group_impl {
   void commit(double compute_seconds, std::optional<std::size_t> processed);
   void restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor);
   void finish();
+  bool keep_training(std::int64_t total_steps);
+  // A membership change is unfinished (group::changing).
+  bool changing() const noexcept { return next_.has_value() || pending_.has_value(); }
 
  private:
   friend class elastic::group<Store, Net>;  // reads the state its accessors return
@@ -11933,6 +11965,7 @@ class group_impl {
   bool became_member_ = false;      // became_member() ran: once per process
   bool member_scheduling_ = false;  // take_member_scheduling() ran: once per process
   bool started_ = false;            // begin_step was called
+  bool finished_ = false;           // keep_training found the job's steps done and called finish()
   // Where the user's step is: begin_step opens it, end_step closes it, a
   // collective that returns false aborts it (redo from begin_step).
   enum class step_phase : unsigned char { closed, open, aborted };
@@ -12096,7 +12129,8 @@ EBBFLOW_END_NAMESPACE
 //! @file impl/group/lifecycle.hpp
 //! Construction and the end of a member: the checks of the options, the
 //! store connections, registration with the job, the end-of-job wait, the
-//! registered state and a restored position, `finish`, and the fault points.
+//! registered state and a restored position, `finish` and `keep_training`,
+//! and the fault points.
 //! May touch any member: it runs before and after the other threads.
 
 
@@ -12468,6 +12502,24 @@ void group_impl<Store, Net>::finish() {
                      << e.what() << "): workers still waiting to join it are not told, and wait until "
                      << "EBBFLOW_JOIN_TIMEOUT_MS");
   }
+}
+
+template <kv_store Store, network Net>
+bool group_impl<Store, Net>::keep_training(std::int64_t total_steps) {
+  EBBFLOW_ENFORCE(total_steps >= 0 && total_steps <= max_step,
+                  "keep_training: total_steps " << total_steps << " (expected 0 to 2^62)");
+  if (!active_ || finished_) return false;
+  // A joiner (step_ -1 until its state arrives) and a change still in flight
+  // keep the loop going: the members that admitted a newcomer wait for it
+  // rather than leave it stranded. Every member sees the same step_ and the
+  // same change after end_step, so they all stop at the same boundary.
+  if (step_ < total_steps || changing()) return true;
+  // Marked once, on every member (the same key: the calls after the first
+  // change nothing): a worker started later under this job is refused at
+  // once (job_finished) instead of waiting out its join timeout.
+  finished_ = true;
+  finish();
+  return false;
 }
 
 template <kv_store Store, network Net>
@@ -14980,7 +15032,10 @@ class group {
   void request_leave() noexcept { impl_.leave_requested_.store(true); }
   //! Marks the job finished: workers still waiting to join stop waiting, and
   //! joiners admitted to a change still in flight (see `changing`) stop
-  //! waiting for the state with a clear error (job_finished).
+  //! waiting for the state with a clear error (job_finished); a worker
+  //! started later under this job is refused at once. `keep_training` calls
+  //! it when the steps are done; a loop that ends otherwise calls it after
+  //! its last step (on one member or on all: the same mark).
   //! @throws system_error from the store.
   void finish() { impl_.finish(); }
   //! True while a membership change is unfinished: decided at an earlier
@@ -14988,7 +15043,21 @@ class group {
   //! to with the state still to move at the next `begin_step`. Every member
   //! sees the same value after `end_step` returns, so a loop that must not
   //! end with a joiner stranded can run on while it is true.
-  [[nodiscard]] bool changing() const noexcept { return impl_.next_.has_value() || impl_.pending_.has_value(); }
+  [[nodiscard]] bool changing() const noexcept { return impl_.changing(); }
+
+  //! The condition of the training loop, `while (g.keep_training(total_steps))`:
+  //! true while this member should run another step, that is while it is
+  //! `active()` and either fewer than `total_steps` steps are committed or a
+  //! membership change is unfinished (`changing()`: a joiner admitted near
+  //! the end is taken in rather than stranded, so the job may commit a few
+  //! steps more than `total_steps`). Every member gets the same answer after
+  //! `end_step`. The first time it returns false because the steps are done,
+  //! it calls `finish()`, so a worker started later under this job is refused
+  //! at once (job_finished); a member that left returns false without it.
+  //! Once false, it stays false. A loop that ends otherwise (on a loss
+  //! target, a time limit, a signal) calls `finish()` itself.
+  //! @throws std::invalid_argument when total_steps is negative; what `finish` throws.
+  [[nodiscard]] bool keep_training(std::int64_t total_steps) { return impl_.keep_training(total_steps); }
 
   //! False once this member left the group (after `request_leave` took effect).
   [[nodiscard]] bool active() const noexcept { return impl_.active_; }
@@ -15690,7 +15759,8 @@ class worker_models {
   //! The specs of `ids`, in that order (rank order), each capped at
   //! `max_batch`. A worker without a fitted model gets the mean a and c of
   //! the fitted ones among `ids`; when none is fitted, every worker gets
-  //! a = 0, c = 1, whose optimal plan is the uniform split.
+  //! a = 0, c = 1 marked `placeholder`, whose optimal plan is the uniform
+  //! split and whose predicted step time is NaN (not known).
   template <id_range Ids>
   [[nodiscard]] std::vector<worker_spec> specs(const Ids& ids, std::size_t max_batch) const {
     double sa = 0, sc = 0;
@@ -15702,7 +15772,7 @@ class worker_models {
     for (auto id : ids) {
       const auto u = static_cast<std::uint64_t>(id);
       const auto* m = fitted(u);
-      out.push_back({u, m ? m->a() : mean_a, m ? m->c() : mean_c, max_batch, 0, 0});
+      out.push_back({u, m ? m->a() : mean_a, m ? m->c() : mean_c, max_batch, 0, 0, k == 0});
     }
     return out;
   }
@@ -15869,6 +15939,7 @@ EBBFLOW_END_NAMESPACE
 
 // #include <ebbflow/plan/replanner.hpp>  (inlined)
 
+#include <cmath>
 #include <utility>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -15897,6 +15968,7 @@ inline const batch_plan& replanner::update(std::span<const worker_spec> workers,
   batch_plan best = solve(workers, global_batch, next);
   const double cur = predict_step_time(plan_, workers);
   gap_ = cur / best.step_time - 1.0;
+  if (std::isnan(gap_)) gap_ = 0;  // placeholder models: the uniform split, nothing to compare
   if (gap_ > opts_.threshold) {
     if (++streak_ >= opts_.persist) {
       plan_ = std::move(best);

@@ -46,6 +46,10 @@ struct worker_spec {
   std::size_t max_batch = 0;  //!< m_i: largest batch that fits in memory
   std::size_t min_batch = 0;  //!< lo_i: smallest batch this worker must take
   double comm_s = 0;          //!< hook: per-worker communication seconds added to every step (>= 0)
+  //! No measured model behind a and c (worker_models' a = 0, c = 1 while
+  //! no worker has a fitted one): they still give the uniform split, but a
+  //! plan made from them predicts no step time (NaN).
+  bool placeholder = false;
 
   //! Predicted seconds of one step on `b` samples: (a + comm_s) + c·b,
   //! evaluated with one fused multiply-add so every call site and every rank
@@ -62,7 +66,9 @@ struct batch_plan {
   std::vector<std::uint64_t> worker_ids;  //!< members in rank order
   std::vector<std::size_t> batch;         //!< b_i per rank
   std::vector<std::size_t> offsets;       //!< prefix sums: offsets[r] = Σ_{j<r} b_j, offsets[n] = B
-  double step_time = 0;                   //!< predicted max_i t_i(b_i) under the models it was made from
+  //! Predicted max_i t_i(b_i) under the models it was made from; NaN ("not
+  //! known": print it as "-") when any of them was a placeholder.
+  double step_time = 0;
 
   //! Number of members.
   [[nodiscard]] std::size_t size() const noexcept { return batch.size(); }

@@ -82,6 +82,13 @@ inline std::size_t saturating_add(std::size_t x, std::size_t y) noexcept {
   return x > std::numeric_limits<std::size_t>::max() - y ? std::numeric_limits<std::size_t>::max() : x + y;
 }
 
+//! A plan's step time `t`, or NaN when a placeholder model made it.
+inline double known_step_time(std::span<const worker_spec> workers, double t) noexcept {
+  for (const auto& w : workers)
+    if (w.placeholder) return std::numeric_limits<double>::quiet_NaN();
+  return t;
+}
+
 //! Largest b in [lo, m] with w.step_time(b) <= s; requires w.step_time(lo) <= s.
 inline std::size_t level_count(const worker_spec& w, double inv_c, std::size_t lo, std::size_t m, double s) noexcept {
   double x = (s - (w.a + w.comm_s)) * inv_c;
@@ -265,7 +272,7 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
     p.offsets[i + 1] = p.offsets[i] + p.batch[i];
     t = std::max(t, workers[i].step_time(p.batch[i]));
   }
-  p.step_time = t;
+  p.step_time = detail::known_step_time(workers, t);
   return p;
 }
 
@@ -305,7 +312,7 @@ inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<cons
   }
   p.global_batch = p.offsets.back();
   EBBFLOW_PLAN_ENFORCE(p.global_batch > 0, plan_errc::zero_batch, "the sizes sum to 0");
-  p.step_time = t;
+  p.step_time = detail::known_step_time(workers, t);
   return p;
 }
 

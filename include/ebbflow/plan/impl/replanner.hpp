@@ -5,6 +5,7 @@
 
 #include <ebbflow/plan/replanner.hpp>
 
+#include <cmath>
 #include <utility>
 
 EBBFLOW_BEGIN_NAMESPACE
@@ -33,6 +34,7 @@ inline const batch_plan& replanner::update(std::span<const worker_spec> workers,
   batch_plan best = solve(workers, global_batch, next);
   const double cur = predict_step_time(plan_, workers);
   gap_ = cur / best.step_time - 1.0;
+  if (std::isnan(gap_)) gap_ = 0;  // placeholder models: the uniform split, nothing to compare
   if (gap_ > opts_.threshold) {
     if (++streak_ >= opts_.persist) {
       plan_ = std::move(best);

@@ -276,7 +276,7 @@ inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item,
 
 inline steal_policy::steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank,
                                   double claim_s, double chunk_overhead_s)
-    : planned_s_(plan.step_time),
+    : planned_s_(std::isnan(plan.step_time) ? predict_step_time(plan, models) : plan.step_time),
       claim_s_(std::max(claim_s, 0.0)),
       overhead_s_(std::max(chunk_overhead_s, 0.0)),
       rank_(rank) {
