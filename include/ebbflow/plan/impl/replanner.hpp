@@ -8,10 +8,12 @@
 #include <cmath>
 #include <utility>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
 
-inline const batch_plan& replanner::update(std::span<const worker_spec> workers, std::size_t global_batch) {
+EBBFLOW_DECL const batch_plan& replanner::update(std::span<const worker_spec> workers, std::size_t global_batch) {
   const std::uint64_t next = plan_.version + 1;
   bool same_members = plan_.version != 0 && plan_.size() == workers.size();
   for (std::size_t i = 0; same_members && i < workers.size(); ++i) same_members = plan_.worker_ids[i] == workers[i].id;
@@ -52,3 +54,4 @@ inline const batch_plan& replanner::update(std::span<const worker_spec> workers,
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY

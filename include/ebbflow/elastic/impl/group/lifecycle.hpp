@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <string>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -211,3 +213,4 @@ void group_impl<Store, Net>::fault_point(const char* point, Store& st, std::stop
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY

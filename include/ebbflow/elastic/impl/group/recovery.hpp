@@ -15,6 +15,8 @@
 #include <string>
 #include <thread>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -300,3 +302,4 @@ void group_impl<Store, Net>::take_own_initial_state() {
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
