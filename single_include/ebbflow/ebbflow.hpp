@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 110 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 113 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -125,6 +125,27 @@
 #include <cstdio>
 #include <cstdlib>
 #define EBBFLOW_THROW(ex) (std::fprintf(stderr, "ebbflow: fatal error (exceptions disabled)\n"), std::abort())
+#endif
+
+//! Separate compilation (the `ebbflow::compiled` CMake target, which defines
+//! EBBFLOW_SEPARATE_COMPILATION for its users): the elastic group over the
+//! TCP store and UCX, the store itself and the planner's solver are compiled
+//! once, into that library (its one translation unit includes
+//! <ebbflow/impl/compiled.hpp>), and the headers declare them only, so a
+//! training loop's translation unit parses and generates far less. Every
+//! translation unit of a program uses the same mode. Without the macro,
+//! ebbflow is header-only (the default). docs/packaging.md, "Faster rebuilds".
+#if defined(EBBFLOW_SEPARATE_COMPILATION) && !defined(EBBFLOW_COMPILING_LIBRARY)
+#define EBBFLOW_HEADER_ONLY 0
+#else
+#define EBBFLOW_HEADER_ONLY 1
+#endif
+//! The linkage of a function that the compiled library defines: `inline`
+//! when header-only, an ordinary (external) definition in separate mode.
+#if defined(EBBFLOW_SEPARATE_COMPILATION)
+#define EBBFLOW_DECL
+#else
+#define EBBFLOW_DECL inline
 #endif
 
 #define EBBFLOW_DETAIL_STR2(x) #x
@@ -9448,26 +9469,26 @@ struct batch_plan {
 //! Checks a membership: non-empty, unique ids, finite non-negative a and
 //! comm_s, finite positive c, min_batch <= max_batch. Does not look at B.
 //! @throws plan_error(empty_membership | duplicate_worker | bad_cost | bad_bounds)
-inline void validate(std::span<const worker_spec> workers);
+EBBFLOW_DECL void validate(std::span<const worker_spec> workers);
 
 //! The exact optimal canonical split of `global_batch` (see the file comment).
 //! O(n log n) worst case, O(n) typical; no allocation beyond the result and
 //! O(n) scratch. `version` is stored in the result.
 //! @throws plan_error: validate()'s causes, zero_batch when global_batch == 0,
 //!         infeasible when Σ max_batch < B or Σ min_batch > B.
-[[nodiscard]] inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch,
+[[nodiscard]] EBBFLOW_DECL batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch,
                                       std::uint64_t version = 1);
 
 //! Predicted step time of an existing `plan` under (possibly newer) models:
 //! max_r workers[r].step_time(plan.batch[r]).
 //! @throws plan_error(membership_mismatch) when the ids differ in value or order.
-[[nodiscard]] inline double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers);
+[[nodiscard]] EBBFLOW_DECL double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers);
 
 //! Builds a plan from explicit per-rank sizes (for baselines, tests, or a plan
 //! received from another rank). step_time is computed from `workers`.
 //! @throws plan_error: validate()'s causes; zero_batch when the sizes sum to 0;
 //!         infeasible when a size is outside [min_batch, max_batch].
-[[nodiscard]] inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
+[[nodiscard]] EBBFLOW_DECL batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
                                           std::uint64_t version);
 
 }  // namespace plan
@@ -9507,28 +9528,30 @@ EBBFLOW_END_NAMESPACE
 #include <span>
 #include <vector>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
 
-inline double batch_plan::weight(std::size_t rank) const {
+EBBFLOW_DECL double batch_plan::weight(std::size_t rank) const {
   EBBFLOW_PLAN_ENFORCE(rank < batch.size(), plan_errc::bad_rank,
                        "rank " << rank << " outside a plan of " << batch.size() << " workers");
   return static_cast<double>(batch[rank]) / static_cast<double>(global_batch);
 }
 
-inline std::vector<double> batch_plan::weights() const {
+EBBFLOW_DECL std::vector<double> batch_plan::weights() const {
   std::vector<double> w(batch.size());
   for (std::size_t r = 0; r < batch.size(); ++r)
     w[r] = static_cast<double>(batch[r]) / static_cast<double>(global_batch);
   return w;
 }
 
-inline std::size_t batch_plan::rank_of(std::uint64_t id) const noexcept {
+EBBFLOW_DECL std::size_t batch_plan::rank_of(std::uint64_t id) const noexcept {
   auto it = std::find(worker_ids.begin(), worker_ids.end(), id);
   return static_cast<std::size_t>(it - worker_ids.begin());
 }
 
-inline void validate(std::span<const worker_spec> workers) {
+EBBFLOW_DECL void validate(std::span<const worker_spec> workers) {
   EBBFLOW_PLAN_ENFORCE(!workers.empty(), plan_errc::empty_membership, "the membership has no workers");
   for (const worker_spec& w : workers) {
     // 1 / c must be finite too: the solver divides by c (a subnormal c gave a
@@ -9555,7 +9578,7 @@ inline void validate(std::span<const worker_spec> workers) {
 }
 
 namespace detail {
-inline std::size_t saturating_add(std::size_t x, std::size_t y) noexcept {
+EBBFLOW_DECL std::size_t saturating_add(std::size_t x, std::size_t y) noexcept {
   return x > std::numeric_limits<std::size_t>::max() - y ? std::numeric_limits<std::size_t>::max() : x + y;
 }
 
@@ -9567,7 +9590,7 @@ inline double known_step_time(std::span<const worker_spec> workers, double t) no
 }
 
 //! Largest b in [lo, m] with w.step_time(b) <= s; requires w.step_time(lo) <= s.
-inline std::size_t level_count(const worker_spec& w, double inv_c, std::size_t lo, std::size_t m, double s) noexcept {
+EBBFLOW_DECL std::size_t level_count(const worker_spec& w, double inv_c, std::size_t lo, std::size_t m, double s) noexcept {
   double x = (s - (w.a + w.comm_s)) * inv_c;
   std::size_t g = !(x > static_cast<double>(lo)) ? lo : x >= static_cast<double>(m) ? m : static_cast<std::size_t>(x);
   // The division above is within an ulp or two of the truth; step towards
@@ -9620,7 +9643,7 @@ struct level_sums {
 //! that level fall short of it by the fractional parts (about n/2 in
 //! total), and a few secant steps on the whole counts shrink that gap, so
 //! the repair after it does O(few log n) work instead of O(n log n).
-inline double search_level(const level_sums& sums, double B, double lo_s, double hi_s, double start) noexcept {
+EBBFLOW_DECL double search_level(const level_sums& sums, double B, double lo_s, double hi_s, double start) noexcept {
   const double bracket_lo = lo_s, bracket_hi = hi_s;
   double s = std::clamp(start, lo_s, hi_s), slope = 0;
   for (int it = 0; it < 200; ++it) {
@@ -9676,7 +9699,7 @@ void take_exactly(std::span<const worker_spec> workers, std::span<const std::siz
 }
 }  // namespace detail
 
-inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch, std::uint64_t version) {
+EBBFLOW_DECL batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch, std::uint64_t version) {
   validate(workers);
   EBBFLOW_PLAN_ENFORCE(global_batch > 0, plan_errc::zero_batch, "global batch must be at least 1");
   // Counts and levels go through doubles: beyond 2^53 samples they are no
@@ -9753,7 +9776,7 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
   return p;
 }
 
-inline double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers) {
+EBBFLOW_DECL double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers) {
   EBBFLOW_PLAN_ENFORCE(
       plan.size() == workers.size(), plan_errc::membership_mismatch,
       "plan v" << plan.version << " has " << plan.size() << " workers, models have " << workers.size());
@@ -9767,7 +9790,7 @@ inline double predict_step_time(const batch_plan& plan, std::span<const worker_s
   return t;
 }
 
-inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
+EBBFLOW_DECL batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
                             std::uint64_t version) {
   validate(workers);
   EBBFLOW_PLAN_ENFORCE(sizes.size() == workers.size(), plan_errc::membership_mismatch,
@@ -9795,6 +9818,7 @@ inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<cons
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/plan/impl/batch_planner.hpp>
 // ---- end <ebbflow/plan/batch_planner.hpp>
 // #include <ebbflow/plan/plan_error.hpp>  (inlined)
@@ -9922,7 +9946,7 @@ struct sampler_state {
 //! The samples of `rank` in the next step under `plan`, computed from the
 //! state alone (what every worker does; `epoch_sampler::slice` calls this).
 //! @throws plan_error(bad_rank | batch_exceeds_epoch | stale_plan)
-[[nodiscard]] inline sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank);
+[[nodiscard]] EBBFLOW_DECL sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank);
 
 //! Exactly-once sampler over one data set. Value type.
 class epoch_sampler {
@@ -9977,6 +10001,8 @@ EBBFLOW_END_NAMESPACE
 #include <bit>
 #include <cstring>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
 namespace detail {
@@ -9996,7 +10022,7 @@ struct position {
 };
 
 //! Where a step of `batch` samples starts, under the state's policy.
-inline position step_position(const sampler_state& s, std::size_t batch) {
+EBBFLOW_DECL position step_position(const sampler_state& s, std::size_t batch) {
   const std::uint64_t left = s.dataset_size - s.cursor;
   if (s.policy == last_batch::short_batch) {
     EBBFLOW_PLAN_ENFORCE(
@@ -10010,7 +10036,7 @@ inline position step_position(const sampler_state& s, std::size_t batch) {
   return {s.epoch, s.cursor};
 }
 
-inline void check_plan(const sampler_state& s, const batch_plan& plan) {
+EBBFLOW_DECL void check_plan(const sampler_state& s, const batch_plan& plan) {
   EBBFLOW_PLAN_ENFORCE(plan.version >= s.plan_version, plan_errc::stale_plan,
                        "plan v" << plan.version << " is older than the committed plan v" << s.plan_version);
   EBBFLOW_PLAN_ENFORCE(plan.offsets.size() == plan.batch.size() + 1 && plan.offsets.back() == plan.global_batch,
@@ -10018,18 +10044,18 @@ inline void check_plan(const sampler_state& s, const batch_plan& plan) {
                        "plan v" << plan.version << " has inconsistent offsets (build plans with solve or make_plan)");
 }
 
-inline void put_u64(std::byte* p, std::uint64_t v) noexcept {
+EBBFLOW_DECL void put_u64(std::byte* p, std::uint64_t v) noexcept {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
 }
-inline void put_u32(std::byte* p, std::uint32_t v) noexcept {
+EBBFLOW_DECL void put_u32(std::byte* p, std::uint32_t v) noexcept {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
 }
-inline std::uint64_t get_u64(const std::byte* p) noexcept {
+EBBFLOW_DECL std::uint64_t get_u64(const std::byte* p) noexcept {
   std::uint64_t v = 0;
   for (int i = 0; i < 8; ++i) v |= std::uint64_t(std::to_integer<std::uint8_t>(p[i])) << (8 * i);
   return v;
 }
-inline std::uint32_t get_u32(const std::byte* p) noexcept {
+EBBFLOW_DECL std::uint32_t get_u32(const std::byte* p) noexcept {
   std::uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= std::uint32_t(std::to_integer<std::uint8_t>(p[i])) << (8 * i);
   return v;
@@ -10038,7 +10064,7 @@ inline constexpr std::uint32_t sampler_magic = 0x53464245;  // "EBFS" little end
 inline constexpr std::uint32_t sampler_format = 1;
 }  // namespace detail
 
-inline epoch_permutation::epoch_permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch) : n_(n) {
+EBBFLOW_DECL epoch_permutation::epoch_permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch) : n_(n) {
   EBBFLOW_PLAN_ENFORCE(n > 0, plan_errc::bad_dataset, "the data set is empty");
   // Smallest h >= 1 with 2^(2h) >= n: the Feistel domain is < 4n, so cycle
   // walking needs fewer than 4 encryptions on average.
@@ -10049,7 +10075,7 @@ inline epoch_permutation::epoch_permutation(std::uint64_t n, std::uint64_t seed,
   for (int r = 0; r < rounds; ++r) keys_[r] = detail::mix64(base + 0x9e3779b97f4a7c15ULL * std::uint64_t(r + 1));
 }
 
-inline std::uint64_t epoch_permutation::encrypt(std::uint64_t x) const noexcept {
+EBBFLOW_DECL std::uint64_t epoch_permutation::encrypt(std::uint64_t x) const noexcept {
   std::uint64_t left = x >> half_bits_, right = x & mask_;
   for (int r = 0; r < rounds; ++r) {
     const std::uint64_t f = detail::mix64(right ^ keys_[r]) & mask_;
@@ -10060,7 +10086,7 @@ inline std::uint64_t epoch_permutation::encrypt(std::uint64_t x) const noexcept 
   return (left << half_bits_) | right;
 }
 
-inline std::uint64_t epoch_permutation::operator()(std::uint64_t pos) const noexcept {
+EBBFLOW_DECL std::uint64_t epoch_permutation::operator()(std::uint64_t pos) const noexcept {
   // Beyond [0, n) the walk below may never come back (it would spin): a
   // precondition violation ends the program with a message instead.
   EBBFLOW_EXPECTS(pos < n_);
@@ -10069,7 +10095,7 @@ inline std::uint64_t epoch_permutation::operator()(std::uint64_t pos) const noex
   return y;
 }
 
-inline std::array<std::byte, sampler_state::encoded_size> sampler_state::encode() const noexcept {
+EBBFLOW_DECL std::array<std::byte, sampler_state::encoded_size> sampler_state::encode() const noexcept {
   std::array<std::byte, encoded_size> out{};
   std::byte* p = out.data();
   detail::put_u32(p, detail::sampler_magic);
@@ -10083,7 +10109,7 @@ inline std::array<std::byte, sampler_state::encoded_size> sampler_state::encode(
   return out;
 }
 
-inline sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
+EBBFLOW_DECL sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
   EBBFLOW_PLAN_VERIFY(bytes.size() == encoded_size, plan_errc::bad_state,
                        "sampler state of " << bytes.size() << " bytes, expected " << encoded_size);
   const std::byte* p = bytes.data();
@@ -10105,7 +10131,7 @@ inline sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
   return s;
 }
 
-inline sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank) {
+EBBFLOW_DECL sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank) {
   detail::check_plan(state, plan);
   EBBFLOW_PLAN_ENFORCE(rank < plan.size(), plan_errc::bad_rank,
                        "rank " << rank << " outside plan v" << plan.version << " of " << plan.size() << " workers");
@@ -10114,14 +10140,14 @@ inline sample_range slice_of(const sampler_state& state, const batch_plan& plan,
                       at.cursor + plan.offsets[rank], at.cursor + plan.offsets[rank + 1]};
 }
 
-inline epoch_sampler::epoch_sampler(std::uint64_t dataset_size, std::uint64_t seed, last_batch policy) {
+EBBFLOW_DECL epoch_sampler::epoch_sampler(std::uint64_t dataset_size, std::uint64_t seed, last_batch policy) {
   EBBFLOW_PLAN_ENFORCE(dataset_size > 0, plan_errc::bad_dataset, "the data set is empty");
   s_.dataset_size = dataset_size;
   s_.seed = seed;
   s_.policy = policy;
 }
 
-inline epoch_sampler::epoch_sampler(const sampler_state& state) : s_(state) {
+EBBFLOW_DECL epoch_sampler::epoch_sampler(const sampler_state& state) : s_(state) {
   EBBFLOW_PLAN_VERIFY(s_.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
   EBBFLOW_PLAN_VERIFY(s_.cursor < s_.dataset_size, plan_errc::bad_state,
                        "cursor " << s_.cursor << " not below the data-set size " << s_.dataset_size);
@@ -10129,19 +10155,19 @@ inline epoch_sampler::epoch_sampler(const sampler_state& state) : s_(state) {
                        "unknown last_batch policy");
 }
 
-inline std::size_t epoch_sampler::step_size(std::size_t nominal_batch) const noexcept {
+EBBFLOW_DECL std::size_t epoch_sampler::step_size(std::size_t nominal_batch) const noexcept {
   const std::uint64_t cap = s_.policy == last_batch::short_batch ? remaining() : s_.dataset_size;
   return static_cast<std::size_t>(std::min<std::uint64_t>(nominal_batch, cap));
 }
 
-inline sample_range epoch_sampler::step(const batch_plan& plan) const {
+EBBFLOW_DECL sample_range epoch_sampler::step(const batch_plan& plan) const {
   detail::check_plan(s_, plan);
   const detail::position at = detail::step_position(s_, plan.global_batch);
   return sample_range{epoch_permutation(s_.dataset_size, s_.seed, at.epoch), at.epoch, at.cursor,
                       at.cursor + plan.global_batch};
 }
 
-inline void epoch_sampler::commit(const batch_plan& plan) {
+EBBFLOW_DECL void epoch_sampler::commit(const batch_plan& plan) {
   detail::check_plan(s_, plan);
   const detail::position at = detail::step_position(s_, plan.global_batch);
   s_.epoch = at.epoch;
@@ -10155,6 +10181,7 @@ inline void epoch_sampler::commit(const batch_plan& plan) {
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/plan/impl/sampler.hpp>
 // ---- end <ebbflow/plan/sampler.hpp>
 
@@ -10233,7 +10260,7 @@ struct steal_options {
 };
 
 //! Checks `o`. @throws plan_error(bad_steal_request) naming the bad field.
-inline void validate(const steal_options& o);
+EBBFLOW_DECL void validate(const steal_options& o);
 
 //! The owner's next request on a slice of `size` items of which it has
 //! requested `front` so far: the first chunk, then all but the tail reserve,
@@ -10241,13 +10268,13 @@ inline void validate(const steal_options& o);
 //! it is the smallest chunk worth its overhead); the whole rest when less than
 //! min_chunk would be left behind and `cap` is short of the rest by less
 //! than min_chunk. 0 when front >= size. Pure.
-[[nodiscard]] inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front,
+[[nodiscard]] EBBFLOW_DECL std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front,
                                                  std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
 
 //! A thief's request on a victim with `remaining` unclaimed items:
 //! ceil(remaining / thief_divisor), at most `cap` but at least min_chunk, and
 //! at most `remaining`. 0 when remaining == 0. Pure.
-[[nodiscard]] inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining,
+[[nodiscard]] EBBFLOW_DECL std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining,
                                                  std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
 
 //! The most a thief may request in one claim on a slice of `size` items when
@@ -10264,7 +10291,7 @@ inline void validate(const steal_options& o);
 //! detected by its own progress) claims little, leaving its tail to thieves.
 //! `s_per_item` > 0: seconds per item measured in this step (or the model's
 //! estimate before the first chunk). Pure.
-[[nodiscard]] inline std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept;
+[[nodiscard]] EBBFLOW_DECL std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept;
 
 //! How many of a victim's `remaining` items a thief should take so that both
 //! finish together: the g with overhead_s + g·thief_s = (remaining − g)·victim_s,
@@ -10272,7 +10299,7 @@ inline void validate(const steal_options& o);
 //! `victim_s`, `thief_s`: seconds per item (estimates; use the larger of the
 //! victim's planned and progress-observed time); `overhead_s`: the thief's
 //! cost of one claim plus one extra chunk. Pure.
-[[nodiscard]] inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
+[[nodiscard]] EBBFLOW_DECL std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
                                                   double overhead_s) noexcept;
 
 //! The most a thief should take so that it does not become the new straggler
@@ -10282,7 +10309,7 @@ inline void validate(const steal_options& o);
 //! is left. `total_remaining`: unclaimed items over all slices it read;
 //! `fleet_items_per_s`: Σ_j 1 / (seconds per item of worker j); `thief_s`:
 //! its own seconds per item. Pure.
-[[nodiscard]] inline std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s,
+[[nodiscard]] EBBFLOW_DECL std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s,
                                                   double thief_s) noexcept;
 
 //! One worker's claims in one step. Not thread-safe (one per worker per step);
@@ -10376,7 +10403,7 @@ class work_stealer {
 //! finishing apart by about half a chunk, and halving the smallest chunk adds
 //! one more chunk's overhead, so the expected loss is least when a smallest
 //! chunk computes for about 4× its overhead. Pure.
-[[nodiscard]] inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item,
+[[nodiscard]] EBBFLOW_DECL std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item,
                                                          double share = 0.25) noexcept;
 
 //! The decisions of one worker in one step, free of clocks and stores so that
@@ -10464,7 +10491,7 @@ steal_report run_stealing_step(work_stealer<Store>& stealer, Process&& process);
 //! The samples of chunk `c` of the step that `plan` makes from `state`: the
 //! positions [first, last) of rank c.rank's slice (`slice_of`).
 //! @throws plan_error as `slice_of`, and bad_rank when c lies beyond the slice.
-[[nodiscard]] inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c);
+[[nodiscard]] EBBFLOW_DECL sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c);
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
@@ -10502,7 +10529,9 @@ inline chunk grant(std::size_t rank, const slice_state& before, std::uint64_t re
 }
 }  // namespace detail
 
-inline void validate(const steal_options& o) {
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_DECL void validate(const steal_options& o) {
   EBBFLOW_PLAN_ENFORCE(std::isfinite(o.first_fraction) && o.first_fraction > 0 && o.first_fraction <= 1,
                        plan_errc::bad_steal_request, "first_fraction " << o.first_fraction << " outside (0, 1]");
   EBBFLOW_PLAN_ENFORCE(o.owner_divisor >= 1, plan_errc::bad_steal_request, "owner_divisor 0");
@@ -10514,7 +10543,7 @@ inline void validate(const steal_options& o) {
                        "timeout " << o.timeout.count() << " ms is not positive");
 }
 
-inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front, std::uint64_t cap) {
+EBBFLOW_DECL std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front, std::uint64_t cap) {
   if (front >= size) return 0;
   const std::uint64_t rest = size - front;
   // The tail reserve is at least one smallest chunk (a smaller one could not be split).
@@ -10535,13 +10564,13 @@ inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, s
   return q;
 }
 
-inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining, std::uint64_t cap) {
+EBBFLOW_DECL std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining, std::uint64_t cap) {
   if (remaining == 0) return 0;
   const std::uint64_t q = std::max(std::min(detail::ceil_div(remaining, o.thief_divisor), cap), o.min_chunk);
   return std::min(q, remaining);
 }
 
-inline std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept {
+EBBFLOW_DECL std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept {
   if (!(s_per_item > 0) || !std::isfinite(s_per_item)) return std::numeric_limits<std::uint64_t>::max();
   const double left = (planned_s - elapsed_s) / s_per_item;
   if (!(left >= 1)) return 1;
@@ -10549,7 +10578,7 @@ inline std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double 
   return static_cast<std::uint64_t>(left);
 }
 
-inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
+EBBFLOW_DECL std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
                                     double overhead_s) noexcept {
   if (remaining == 0 || !(victim_s > 0) || !(thief_s > 0)) return 0;
   const double g = (static_cast<double>(remaining) * victim_s - std::max(overhead_s, 0.0)) / (thief_s + victim_s);
@@ -10557,13 +10586,15 @@ inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, do
   return std::min(remaining, static_cast<std::uint64_t>(g));
 }
 
-inline std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s, double thief_s) noexcept {
+EBBFLOW_DECL std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s, double thief_s) noexcept {
   if (total_remaining == 0) return 0;
   if (!(fleet_items_per_s > 0) || !(thief_s > 0)) return total_remaining;
   const double g = static_cast<double>(total_remaining) / fleet_items_per_s / thief_s;
   if (!(g >= 1)) return 1;
   return std::min(total_remaining, static_cast<std::uint64_t>(g));
 }
+
+#endif  // EBBFLOW_HEADER_ONLY
 
 template <counter_store Store>
 work_stealer<Store>::work_stealer(Store& store, std::string prefix, step_id id,
@@ -10740,14 +10771,16 @@ void work_stealer<Store>::release() {
   }
 }
 
-inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item, double share) noexcept {
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_DECL std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item, double share) noexcept {
   if (!(overhead_s > 0) || !(s_per_item > 0) || !(share > 0)) return 1;
   const double k = std::ceil(overhead_s / (share * s_per_item));
   if (!(k >= 1)) return 1;
   return k >= 9e18 ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(k);
 }
 
-inline steal_policy::steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank,
+EBBFLOW_DECL steal_policy::steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank,
                                   double claim_s, double chunk_overhead_s)
     : planned_s_(std::isnan(plan.step_time) ? predict_step_time(plan, models) : plan.step_time),
       claim_s_(std::max(claim_s, 0.0)),
@@ -10767,21 +10800,21 @@ inline steal_policy::steal_policy(std::span<const worker_spec> models, const bat
   }
 }
 
-inline void steal_policy::observe_own(std::uint64_t items, double seconds) noexcept {
+EBBFLOW_DECL void steal_policy::observe_own(std::uint64_t items, double seconds) noexcept {
   if (items == 0 || !(seconds >= 0)) return;
   own_items_ += static_cast<double>(items);
   own_seconds_ += seconds;
 }
 
-inline double steal_policy::s_per_item() const noexcept {
+EBBFLOW_DECL double steal_policy::s_per_item() const noexcept {
   return own_items_ > 0 && own_seconds_ > 0 ? own_seconds_ / own_items_ : c_[rank_];
 }
 
-inline std::uint64_t steal_policy::own_cap(double elapsed_s) const noexcept {
+EBBFLOW_DECL std::uint64_t steal_policy::own_cap(double elapsed_s) const noexcept {
   return paced_owner_cap(planned_s_, elapsed_s, s_per_item());
 }
 
-inline steal_policy::choice steal_policy::choose(std::span<const slice_state> seen, double elapsed_s) const {
+EBBFLOW_DECL steal_policy::choice steal_policy::choose(std::span<const slice_state> seen, double elapsed_s) const {
   EBBFLOW_PLAN_ENFORCE(seen.size() == c_.size(), plan_errc::membership_mismatch,
                        seen.size() << " slice states for " << c_.size() << " workers");
   double worst = 0, victim_s = 0, all_rest = 0;
@@ -10801,18 +10834,20 @@ inline steal_policy::choice steal_policy::choose(std::span<const slice_state> se
   return {victim, g};
 }
 
-inline double steal_policy::time_left(std::size_t r, const slice_state& s, double elapsed_s) const noexcept {
+EBBFLOW_DECL double steal_policy::time_left(std::size_t r, const slice_state& s, double elapsed_s) const noexcept {
   double v = c_[r];
   if (s.front > 0 && elapsed_s > a_[r]) v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(s.front));
   return static_cast<double>(s.remaining()) * v;
 }
 
-inline double steal_policy::time_left_bound(std::size_t r, const slice_state& stale, double elapsed_s) const noexcept {
+EBBFLOW_DECL double steal_policy::time_left_bound(std::size_t r, const slice_state& stale, double elapsed_s) const noexcept {
   double v = c_[r];
   if (elapsed_s > a_[r])
     v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(std::max<std::uint64_t>(stale.front, 1)));
   return static_cast<double>(stale.remaining()) * v;
 }
+
+#endif  // EBBFLOW_HEADER_ONLY
 
 template <counter_store Store>
 steal_policy::choice steal_policy::scan(work_stealer<Store>& stealer, double elapsed_s) const {
@@ -10882,7 +10917,9 @@ steal_report run_stealing_step(work_stealer<Store>& stealer, Process&& process) 
   return rep;
 }
 
-inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c) {
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_DECL sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c) {
   sample_range s = slice_of(state, plan, c.rank);
   EBBFLOW_PLAN_ENFORCE(
       c.first <= c.last && c.last <= s.size(), plan_errc::bad_rank,
@@ -10891,6 +10928,8 @@ inline sample_range samples_of(const sampler_state& state, const batch_plan& pla
   s.first = s.first + c.first;
   return s;
 }
+
+#endif  // EBBFLOW_HEADER_ONLY
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
@@ -12337,6 +12376,8 @@ EBBFLOW_END_NAMESPACE
 #include <algorithm>
 #include <string>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -12534,6 +12575,7 @@ void group_impl<Store, Net>::fault_point(const char* point, Store& st, std::stop
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/elastic/impl/group/lifecycle.hpp>
 // #include <ebbflow/elastic/impl/group/heartbeat.hpp>  (inlined here)
 // ---- begin <ebbflow/elastic/impl/group/heartbeat.hpp>
@@ -12559,6 +12601,8 @@ EBBFLOW_END_NAMESPACE
 #include <sstream>
 #include <string>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -12844,6 +12888,7 @@ void group_impl<Store, Net>::note_store_unreachable(const char* why, steady_cloc
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/elastic/impl/group/heartbeat.hpp>
 // #include <ebbflow/elastic/impl/group/formation.hpp>  (inlined here)
 // ---- begin <ebbflow/elastic/impl/group/formation.hpp>
@@ -12863,6 +12908,8 @@ EBBFLOW_END_NAMESPACE
 #include <sstream>
 #include <string>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -13060,6 +13107,7 @@ void group_impl<Store, Net>::wait_admission() {
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/elastic/impl/group/formation.hpp>
 // #include <ebbflow/elastic/impl/group/generation.hpp>  (inlined here)
 // ---- begin <ebbflow/elastic/impl/group/generation.hpp>
@@ -13249,6 +13297,8 @@ EBBFLOW_END_NAMESPACE
 #include <string>
 #include <thread>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -13518,6 +13568,7 @@ void group_impl<Store, Net>::leave_now() {
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/elastic/impl/group/generation.hpp>
 // #include <ebbflow/elastic/impl/group/state_transfer.hpp>  (inlined here)
 // ---- begin <ebbflow/elastic/impl/group/state_transfer.hpp>
@@ -13539,6 +13590,8 @@ EBBFLOW_END_NAMESPACE
 #include <sstream>
 #include <string>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -13669,6 +13722,7 @@ void group_impl<Store, Net>::sync_state() {
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/elastic/impl/group/state_transfer.hpp>
 // #include <ebbflow/elastic/impl/group/step.hpp>  (inlined here)
 // ---- begin <ebbflow/elastic/impl/group/step.hpp>
@@ -13693,6 +13747,70 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
+// Member templates: instantiated in the user's translation unit in either mode.
+template <kv_store Store, network Net>
+template <class F>
+bool group_impl<Store, Net>::collective(F&& f) {
+  const inside busy(in_group_);
+  require_open_step("a collective");
+  try {
+    {
+      const auto w = enter_collective();
+      f(*comm_);
+    }
+    return true;
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    EBBFLOW_LOG_WARN("step " << step_ << " aborted: " << e.what());
+    phase_ = step_phase::aborted;
+    recover(gen_.generation, lost_peer_of(e));
+    return false;
+  }
+}
+
+
+template <kv_store Store, network Net>
+template <class Process>
+plan::steal_report group_impl<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
+  require_open_step("steal_step");
+  if (!steal_key_.empty() && steal_attempt_ == std::pair{gen_.generation, step_})
+    fail(error::invalid_state, "steal_step called twice in step " + std::to_string(step_));
+  release_steal_counter();  // an aborted attempt's
+  steal_attempt_ = {gen_.generation, step_};
+  const auto info = current_slice();
+  const std::vector<std::size_t> full(gen_.plan.begin(), gen_.plan.end());
+  const auto slices = scale_plan(full, info.global_batch);
+  std::vector<std::size_t> offset(slices.size(), 0);
+  for (std::size_t r = 1; r < slices.size(); ++r) offset[r] = offset[r - 1] + slices[r - 1];
+  plan::work_stealer<Store> stealer(
+      *store_, key("steal"), {static_cast<std::uint64_t>(gen_.generation), static_cast<std::uint64_t>(step_)},
+      std::span<const std::size_t>(slices), static_cast<std::size_t>(rank_), settings.chunks);
+  steal_key_ = stealer.key(static_cast<std::size_t>(rank_));
+  const auto run = [&](const plan::chunk& c) { process(offset[c.rank] + c.first, offset[c.rank] + c.last); };
+
+  std::vector<member_id> ids;
+  for (auto& m : gen_.members) ids.push_back(m.id);
+  const auto models = policy_->models(ids);
+  const bool paced = models.size() == ids.size() && std::all_of(models.begin(), models.end(), [](const auto& m) {
+                       return std::isfinite(m.fixed_seconds) && m.fixed_seconds >= 0 &&
+                              std::isfinite(m.seconds_per_sample) && m.seconds_per_sample > 0;
+                     });
+  if (paced && info.global_batch > 0) {
+    std::vector<plan::worker_spec> specs;
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      specs.push_back({static_cast<std::uint64_t>(ids[i]), models[i].fixed_seconds, models[i].seconds_per_sample,
+                       std::numeric_limits<std::size_t>::max(), 0, 0});
+    const auto bp = plan::make_plan(specs, slices, gen_.plan_version);
+    plan::steal_policy pacing(specs, bp, static_cast<std::size_t>(rank_), settings.claim_seconds,
+                              settings.chunk_overhead_seconds);
+    return plan::run_stealing_step(stealer, pacing, run);
+  }
+  return plan::run_stealing_step(stealer, run);  // no models yet: unpaced
+}
+
+
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 template <kv_store Store, network Net>
 step_info group_impl<Store, Net>::begin_step() {
   const inside busy(in_group_);
@@ -13736,26 +13854,6 @@ step_info group_impl<Store, Net>::current_slice() const {
   s.generation = gen_.generation;
   s.plan_version = gen_.plan_version;
   return s;
-}
-
-template <kv_store Store, network Net>
-template <class F>
-bool group_impl<Store, Net>::collective(F&& f) {
-  const inside busy(in_group_);
-  require_open_step("a collective");
-  try {
-    {
-      const auto w = enter_collective();
-      f(*comm_);
-    }
-    return true;
-  } catch (const system_error& e) {
-    if (!detail::recoverable(e.code())) throw;
-    EBBFLOW_LOG_WARN("step " << step_ << " aborted: " << e.what());
-    phase_ = step_phase::aborted;
-    recover(gen_.generation, lost_peer_of(e));
-    return false;
-  }
 }
 
 template <kv_store Store, network Net>
@@ -13833,45 +13931,6 @@ void group_impl<Store, Net>::notify(change_reason reason, int old_size, double s
       throw;
     }
   }
-}
-
-template <kv_store Store, network Net>
-template <class Process>
-plan::steal_report group_impl<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
-  require_open_step("steal_step");
-  if (!steal_key_.empty() && steal_attempt_ == std::pair{gen_.generation, step_})
-    fail(error::invalid_state, "steal_step called twice in step " + std::to_string(step_));
-  release_steal_counter();  // an aborted attempt's
-  steal_attempt_ = {gen_.generation, step_};
-  const auto info = current_slice();
-  const std::vector<std::size_t> full(gen_.plan.begin(), gen_.plan.end());
-  const auto slices = scale_plan(full, info.global_batch);
-  std::vector<std::size_t> offset(slices.size(), 0);
-  for (std::size_t r = 1; r < slices.size(); ++r) offset[r] = offset[r - 1] + slices[r - 1];
-  plan::work_stealer<Store> stealer(
-      *store_, key("steal"), {static_cast<std::uint64_t>(gen_.generation), static_cast<std::uint64_t>(step_)},
-      std::span<const std::size_t>(slices), static_cast<std::size_t>(rank_), settings.chunks);
-  steal_key_ = stealer.key(static_cast<std::size_t>(rank_));
-  const auto run = [&](const plan::chunk& c) { process(offset[c.rank] + c.first, offset[c.rank] + c.last); };
-
-  std::vector<member_id> ids;
-  for (auto& m : gen_.members) ids.push_back(m.id);
-  const auto models = policy_->models(ids);
-  const bool paced = models.size() == ids.size() && std::all_of(models.begin(), models.end(), [](const auto& m) {
-                       return std::isfinite(m.fixed_seconds) && m.fixed_seconds >= 0 &&
-                              std::isfinite(m.seconds_per_sample) && m.seconds_per_sample > 0;
-                     });
-  if (paced && info.global_batch > 0) {
-    std::vector<plan::worker_spec> specs;
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      specs.push_back({static_cast<std::uint64_t>(ids[i]), models[i].fixed_seconds, models[i].seconds_per_sample,
-                       std::numeric_limits<std::size_t>::max(), 0, 0});
-    const auto bp = plan::make_plan(specs, slices, gen_.plan_version);
-    plan::steal_policy pacing(specs, bp, static_cast<std::size_t>(rank_), settings.claim_seconds,
-                              settings.chunk_overhead_seconds);
-    return plan::run_stealing_step(stealer, pacing, run);
-  }
-  return plan::run_stealing_step(stealer, run);  // no models yet: unpaced
 }
 
 template <kv_store Store, network Net>
@@ -14021,6 +14080,8 @@ void group_impl<Store, Net>::commit(double compute_seconds, std::optional<std::s
   }
 }
 
+#endif  // EBBFLOW_HEADER_ONLY
+
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/elastic/impl/group/step.hpp>
@@ -14043,6 +14104,8 @@ EBBFLOW_END_NAMESPACE
 #include <algorithm>
 #include <string>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -14257,6 +14320,7 @@ void group_impl<Store, Net>::count_join_failures(const std::vector<detail::membe
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/elastic/impl/group/join_tickets.hpp>
 // #include <ebbflow/elastic/impl/group/membership_change.hpp>  (inlined here)
 // ---- begin <ebbflow/elastic/impl/group/membership_change.hpp>
@@ -14278,6 +14342,8 @@ EBBFLOW_END_NAMESPACE
 #include <string>
 #include <thread>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -14589,6 +14655,7 @@ int group_impl<Store, Net>::poll_next() {
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/elastic/impl/group/membership_change.hpp>
 // #include <ebbflow/elastic/impl/group/recovery.hpp>  (inlined here)
 // ---- begin <ebbflow/elastic/impl/group/recovery.hpp>
@@ -14609,6 +14676,8 @@ EBBFLOW_END_NAMESPACE
 #include <string>
 #include <thread>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -14894,6 +14963,7 @@ void group_impl<Store, Net>::take_own_initial_state() {
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/elastic/impl/group/recovery.hpp>
 // ---- end <ebbflow/elastic/detail/group_impl.hpp>
 // #include <ebbflow/elastic/group_options.hpp>  (inlined)
@@ -15434,17 +15504,7 @@ EBBFLOW_END_NAMESPACE
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
-
-inline cost_model::cost_model(cost_model_options opts) noexcept : opts_(opts) {
-  opts_.change_window = std::clamp(opts_.change_window, 1u, static_cast<unsigned>(max_window));
-  opts_.half_life_steps = std::max(opts_.half_life_steps, 1.0);
-  opts_.reject_k = std::max(opts_.reject_k, opts_.huber_k);
-  opts_.fast_half_life_steps = std::clamp(opts_.fast_half_life_steps, 1.0, opts_.half_life_steps);
-  opts_.change_k = std::clamp(opts_.change_k, opts_.huber_k, opts_.reject_k);
-  lambda_ = std::exp2(-1.0 / opts_.half_life_steps);
-  lambda_fast_ = std::exp2(-1.0 / opts_.fast_half_life_steps);
-}
-
+// The encoded model's fields (worker_models.hpp encodes sets of models with them too).
 namespace detail {
 inline constexpr std::uint32_t cost_model_magic = 0x4d434245;  // "EBCM"
 inline constexpr std::uint32_t cost_model_format = 1;
@@ -15471,8 +15531,26 @@ struct model_reader {
   double f64() { return std::bit_cast<double>(u64()); }
 };
 }  // namespace detail
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
 
-inline std::vector<std::byte> cost_model::encode() const {
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+EBBFLOW_DECL cost_model::cost_model(cost_model_options opts) noexcept : opts_(opts) {
+  opts_.change_window = std::clamp(opts_.change_window, 1u, static_cast<unsigned>(max_window));
+  opts_.half_life_steps = std::max(opts_.half_life_steps, 1.0);
+  opts_.reject_k = std::max(opts_.reject_k, opts_.huber_k);
+  opts_.fast_half_life_steps = std::clamp(opts_.fast_half_life_steps, 1.0, opts_.half_life_steps);
+  opts_.change_k = std::clamp(opts_.change_k, opts_.huber_k, opts_.reject_k);
+  lambda_ = std::exp2(-1.0 / opts_.half_life_steps);
+  lambda_fast_ = std::exp2(-1.0 / opts_.fast_half_life_steps);
+}
+
+
+EBBFLOW_DECL std::vector<std::byte> cost_model::encode() const {
   detail::model_writer w;
   w.u64(std::uint64_t{detail::cost_model_format} << 32 | detail::cost_model_magic);
   for (double v : {opts_.half_life_steps, opts_.huber_k, opts_.reject_k, opts_.change_k, opts_.fast_half_life_steps,
@@ -15496,7 +15574,7 @@ inline std::vector<std::byte> cost_model::encode() const {
   return std::move(w.out);
 }
 
-inline cost_model cost_model::decode(std::span<const std::byte> bytes) {
+EBBFLOW_DECL cost_model cost_model::decode(std::span<const std::byte> bytes) {
   detail::model_reader r{bytes};
   const std::uint64_t head = r.u64();
   EBBFLOW_PLAN_VERIFY(static_cast<std::uint32_t>(head) == detail::cost_model_magic, plan_errc::bad_state,
@@ -15550,7 +15628,7 @@ inline cost_model cost_model::decode(std::span<const std::byte> bytes) {
   return m;
 }
 
-inline cost_model cost_model::from_probe(std::span<const timing_sample> probe, cost_model_options opts) {
+EBBFLOW_DECL cost_model cost_model::from_probe(std::span<const timing_sample> probe, cost_model_options opts) {
   cost_model m(opts);
   for (const timing_sample& s : probe) {
     EBBFLOW_PLAN_ENFORCE(std::isfinite(s.seconds) && s.seconds > 0, plan_errc::bad_observation,
@@ -15573,7 +15651,7 @@ inline cost_model cost_model::from_probe(std::span<const timing_sample> probe, c
   return m;
 }
 
-inline void cost_model::add(double b, double t, double weight, double lambda) noexcept {
+EBBFLOW_DECL void cost_model::add(double b, double t, double weight, double lambda) noexcept {
   if (w_ == 0) b0_ = b;
   const double x = b - b0_;
   w_ = lambda * w_ + weight;
@@ -15583,7 +15661,7 @@ inline void cost_model::add(double b, double t, double weight, double lambda) no
   wbt_ = lambda * wbt_ + weight * x * t;
 }
 
-inline void cost_model::refit(double min_samples) noexcept {
+EBBFLOW_DECL void cost_model::refit(double min_samples) noexcept {
   const double mb = wb_ / w_, mt = wt_ / w_;
   const double var = std::max(wbb_ / w_ - mb * mb, 0.0);
   const double cov = wbt_ / w_ - mb * mt;
@@ -15620,7 +15698,7 @@ inline void cost_model::refit(double min_samples) noexcept {
   }
 }
 
-inline void cost_model::restart_from_recent() noexcept {
+EBBFLOW_DECL void cost_model::restart_from_recent() noexcept {
   const double rel = scale_ / std::max(wt_ / w_, std::numeric_limits<double>::min());
   w_ = wb_ = wbb_ = wt_ = wbt_ = 0;
   const std::size_t k = std::min<std::size_t>(opts_.change_window, recent_count_);
@@ -15634,7 +15712,7 @@ inline void cost_model::restart_from_recent() noexcept {
   ew_r_ = ew_abs_r_ = 0;
 }
 
-inline observation_kind cost_model::observe(std::size_t batch, double seconds) {
+EBBFLOW_DECL observation_kind cost_model::observe(std::size_t batch, double seconds) {
   EBBFLOW_PLAN_ENFORCE(std::isfinite(seconds) && seconds > 0, plan_errc::bad_observation,
                        "a step of batch " << batch << " took " << seconds << " s");
   recent_[recent_head_] = timing_sample{batch, seconds};
@@ -15687,13 +15765,13 @@ inline observation_kind cost_model::observe(std::size_t batch, double seconds) {
   return h == 1.0 ? observation_kind::accepted : observation_kind::downweighted;
 }
 
-inline double cost_model::relative_error() const noexcept {
+EBBFLOW_DECL double cost_model::relative_error() const noexcept {
   if (used_ == 0 || w_ <= 0) return std::numeric_limits<double>::infinity();
   const double mean_t = wt_ / w_;
   return 1.25 * scale_ / mean_t / std::sqrt(w_);
 }
 
-inline double cost_model::confidence() const noexcept {
+EBBFLOW_DECL double cost_model::confidence() const noexcept {
   const double e = relative_error();
   if (!std::isfinite(e)) return 0;
   const double q = e / 0.01;
@@ -15702,6 +15780,7 @@ inline double cost_model::confidence() const noexcept {
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/plan/impl/cost_model.hpp>
 // ---- end <ebbflow/plan/cost_model.hpp>
 // #include <ebbflow/plan/plan_error.hpp>  (inlined)
@@ -15942,10 +16021,12 @@ EBBFLOW_END_NAMESPACE
 #include <cmath>
 #include <utility>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
 
-inline const batch_plan& replanner::update(std::span<const worker_spec> workers, std::size_t global_batch) {
+EBBFLOW_DECL const batch_plan& replanner::update(std::span<const worker_spec> workers, std::size_t global_batch) {
   const std::uint64_t next = plan_.version + 1;
   bool same_members = plan_.version != 0 && plan_.size() == workers.size();
   for (std::size_t i = 0; same_members && i < workers.size(); ++i) same_members = plan_.worker_ids[i] == workers[i].id;
@@ -15986,6 +16067,7 @@ inline const batch_plan& replanner::update(std::span<const worker_spec> workers,
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/plan/impl/replanner.hpp>
 // ---- end <ebbflow/plan/replanner.hpp>
 
@@ -16012,40 +16094,11 @@ class planner_policy final : public planning_policy {
   //! A policy with no observations yet (plans uniformly until models fit).
   explicit planner_policy(planner_policy_options o = {}) : opts_(o), models_(o.model) {}
 
-  void observe(member_id m, std::size_t batch, double seconds) override {
-    (void)models_.observe(static_cast<std::uint64_t>(m), batch, seconds);
-  }
-
-  std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) override {
-    auto specs = specs_of(members);
-    if (specs.empty()) return uniform_policy{}.plan(members, global_batch);
-    return plan::solve(specs, global_batch).batch;
-  }
-
+  void observe(member_id m, std::size_t batch, double seconds) override;
+  std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) override;
   bool should_replan(std::span<const member_id> members, std::span<const std::size_t> current,
-                     std::size_t global_batch) override {
-    auto specs = specs_of(members);
-    if (specs.empty()) return false;
-    // The plan in force is the group's; let the replanner judge it against the best.
-    const auto in_force = plan::make_plan(specs, current, 1);
-    const double now = plan::predict_step_time(in_force, specs);
-    const double best = plan::solve(specs, global_batch).step_time;
-    if (now > best * (1 + opts_.replan.threshold)) {
-      if (++streak_ >= opts_.replan.persist) {
-        streak_ = 0;
-        return true;
-      }
-    } else {
-      streak_ = 0;
-    }
-    return false;
-  }
-
-  std::vector<member_model> models(std::span<const member_id> members) const override {
-    std::vector<member_model> out;
-    for (auto& s : specs_of(members)) out.push_back({s.a, s.c});
-    return out;
-  }
+                     std::size_t global_batch) override;
+  std::vector<member_model> models(std::span<const member_id> members) const override;
 
   //! The model of member `m`, or nullptr when it has no fitted one yet.
   [[nodiscard]] const plan::cost_model* model(member_id m) const {
@@ -16055,10 +16108,7 @@ class planner_policy final : public planning_policy {
  private:
   // Specs in rank order (newcomers: the others' mean model); empty when
   // nobody has a fitted model (then the caller plans uniformly).
-  std::vector<plan::worker_spec> specs_of(std::span<const member_id> members) const {
-    if (!models_.any_fitted(members)) return {};
-    return models_.specs(members, opts_.max_batch);
-  }
+  std::vector<plan::worker_spec> specs_of(std::span<const member_id> members) const;
 
   planner_policy_options opts_;
   plan::worker_models models_;
@@ -16067,6 +16117,67 @@ class planner_policy final : public planning_policy {
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/elastic/impl/planner_policy.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/planner_policy.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/planner_policy.hpp
+//! Definitions of elastic/planner_policy.hpp.
+
+
+// #include <ebbflow/elastic/planner_policy.hpp>  (inlined)
+
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+EBBFLOW_DECL void planner_policy::observe(member_id m, std::size_t batch, double seconds) {
+  (void)models_.observe(static_cast<std::uint64_t>(m), batch, seconds);
+}
+
+EBBFLOW_DECL std::vector<std::size_t> planner_policy::plan(std::span<const member_id> members,
+                                                           std::size_t global_batch) {
+  auto specs = specs_of(members);
+  if (specs.empty()) return uniform_policy{}.plan(members, global_batch);
+  return plan::solve(specs, global_batch).batch;
+}
+
+EBBFLOW_DECL bool planner_policy::should_replan(std::span<const member_id> members,
+                                                std::span<const std::size_t> current, std::size_t global_batch) {
+  auto specs = specs_of(members);
+  if (specs.empty()) return false;
+  // The plan in force is the group's; let the replanner judge it against the best.
+  const auto in_force = plan::make_plan(specs, current, 1);
+  const double now = plan::predict_step_time(in_force, specs);
+  const double best = plan::solve(specs, global_batch).step_time;
+  if (now > best * (1 + opts_.replan.threshold)) {
+    if (++streak_ >= opts_.replan.persist) {
+      streak_ = 0;
+      return true;
+    }
+  } else {
+    streak_ = 0;
+  }
+  return false;
+}
+
+EBBFLOW_DECL std::vector<planning_policy::member_model> planner_policy::models(
+    std::span<const member_id> members) const {
+  std::vector<member_model> out;
+  for (auto& s : specs_of(members)) out.push_back({s.a, s.c});
+  return out;
+}
+
+EBBFLOW_DECL std::vector<plan::worker_spec> planner_policy::specs_of(std::span<const member_id> members) const {
+  if (!models_.any_fitted(members)) return {};
+  return models_.specs(members, opts_.max_batch);
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
+// ---- end <ebbflow/elastic/impl/planner_policy.hpp>
 // ==== end <ebbflow/elastic/planner_policy.hpp>
 
 // ==== begin <ebbflow/elastic/policy.hpp> ==================================
@@ -16633,7 +16744,10 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
 // #include <ebbflow/elastic/store_options.hpp>  (inlined)
 
-#include <boost/asio/io_context.hpp>
+// Only named here; the definitions include it.
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
 
 #include <atomic>
 #include <chrono>
@@ -17481,11 +17595,13 @@ EBBFLOW_END_NAMESPACE
 #include <utility>
 #include <vector>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 namespace detail {
 
-inline void server_impl::accept() {
+EBBFLOW_DECL void server_impl::accept() {
   if (stopped_) return;
   auto sock = std::make_shared<tcp::socket>(strand_);
   acceptor_.async_accept(*sock, [self = shared_from_this(), sock](const boost::system::error_code& ec) {
@@ -17526,7 +17642,7 @@ inline void server_impl::accept() {
   });
 }
 
-inline void server_impl::stop() noexcept {
+EBBFLOW_DECL void server_impl::stop() noexcept {
   asio::post(strand_, [self = shared_from_this()] {
     if (self->stopped_) return;
     self->stopped_ = true;
@@ -17543,7 +17659,7 @@ inline void server_impl::stop() noexcept {
   });
 }
 
-inline void server_impl::notify(const std::string& key, proto::event_kind kind, std::string_view value) {
+EBBFLOW_DECL void server_impl::notify(const std::string& key, proto::event_kind kind, std::string_view value) {
   // The event goes out before any waiter completes: completing one runs the
   // requests its client pipelined behind the wait (`server_conn::complete`),
   // whose mutations send their own events, and a watcher must see those
@@ -17589,7 +17705,7 @@ inline void server_impl::notify(const std::string& key, proto::event_kind kind, 
   }
 }
 
-inline void server_impl::finish_waiter(const std::shared_ptr<store_waiter>& w, std::string frame) {
+EBBFLOW_DECL void server_impl::finish_waiter(const std::shared_ptr<store_waiter>& w, std::string frame) {
   w->done = true;
   w->timer.cancel();
   for (const auto& k : w->missing) {
@@ -17599,7 +17715,7 @@ inline void server_impl::finish_waiter(const std::shared_ptr<store_waiter>& w, s
   if (auto c = w->conn.lock()) c->complete(std::move(frame));
 }
 
-inline void server_impl::cancel_waiter(const std::shared_ptr<store_waiter>& w) noexcept {
+EBBFLOW_DECL void server_impl::cancel_waiter(const std::shared_ptr<store_waiter>& w) noexcept {
   if (w->done) return;
   w->done = true;
   w->timer.cancel();
@@ -17609,7 +17725,7 @@ inline void server_impl::cancel_waiter(const std::shared_ptr<store_waiter>& w) n
   }
 }
 
-inline std::string server_impl::register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m,
+EBBFLOW_DECL std::string server_impl::register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m,
                                                 store_waiter::kind what) {
   auto w = std::make_shared<store_waiter>(strand_);
   w->conn = conn;
@@ -17659,7 +17775,7 @@ inline std::string server_impl::register_waiter(const std::shared_ptr<server_con
   return {};
 }
 
-inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn, const proto::message& m) {
+EBBFLOW_DECL std::string server_impl::execute(const std::shared_ptr<server_conn>& conn, const proto::message& m) {
   using proto::frame_builder;
   using proto::op;
   switch (m.code) {
@@ -17756,13 +17872,13 @@ inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn
 
 // ------------------------------------------------------------------ store_server
 
-inline server_options server_options::from_environment() {
+EBBFLOW_DECL server_options server_options::from_environment() {
   server_options o;
   if (auto t = env::get("EBBFLOW_TOKEN")) o.token = *t;
   return o;
 }
 
-inline store_server::store_server(server_options opts) : own_ioc_(std::make_unique<boost::asio::io_context>(1)) {
+EBBFLOW_DECL store_server::store_server(server_options opts) : own_ioc_(std::make_unique<boost::asio::io_context>(1)) {
   impl_ = std::make_shared<detail::server_impl>(*own_ioc_, std::move(opts));
   host_ = impl_->opts().host;
   port_ = impl_->port();
@@ -17781,14 +17897,14 @@ inline store_server::store_server(server_options opts) : own_ioc_(std::make_uniq
   ::ebbflow::detail::name_thread(thread_, "ebbflow-store");
 }
 
-inline store_server::store_server(boost::asio::io_context& ioc, server_options opts) {
+EBBFLOW_DECL store_server::store_server(boost::asio::io_context& ioc, server_options opts) {
   impl_ = std::make_shared<detail::server_impl>(ioc, std::move(opts));
   host_ = impl_->opts().host;
   port_ = impl_->port();
   impl_->start();
 }
 
-inline store_server::~store_server() {
+EBBFLOW_DECL store_server::~store_server() {
   stop();
   if (own_ioc_) {
     // Let the stop handler run, then end the loop (pending handlers die with the io_context).
@@ -17799,17 +17915,17 @@ inline store_server::~store_server() {
   }
 }
 
-inline std::string store_server::address() const {
+EBBFLOW_DECL std::string store_server::address() const {
   return (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" + std::to_string(port_);
 }
 
-inline server_stats store_server::stats() const noexcept { return impl_->stats(); }
+EBBFLOW_DECL server_stats store_server::stats() const noexcept { return impl_->stats(); }
 
-inline void store_server::stop() noexcept {
+EBBFLOW_DECL void store_server::stop() noexcept {
   if (impl_) impl_->stop();
 }
 
-inline open_file_limit raise_open_file_limit() noexcept {
+EBBFLOW_DECL open_file_limit raise_open_file_limit() noexcept {
   rlimit l{};
   if (::getrlimit(RLIMIT_NOFILE, &l) != 0) return {};
   const open_file_limit before{static_cast<std::uint64_t>(l.rlim_cur), static_cast<std::uint64_t>(l.rlim_max)};
@@ -17822,6 +17938,7 @@ inline open_file_limit raise_open_file_limit() noexcept {
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/elastic/impl/store_server.hpp>
 // #include <ebbflow/elastic/impl/store_client.hpp>  (inlined here)
 // ---- begin <ebbflow/elastic/impl/store_client.hpp>
@@ -18122,11 +18239,13 @@ EBBFLOW_END_NAMESPACE
 #include <thread>
 #include <utility>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 // ------------------------------------------------------------------ options
 
-inline client_options client_options::from_environment() {
+EBBFLOW_DECL client_options client_options::from_environment() {
   client_options o;
   o.timeout = env::get_ms("EBBFLOW_STORE_TIMEOUT_MS", o.timeout, 1);
   return o;
@@ -18134,12 +18253,12 @@ inline client_options client_options::from_environment() {
 
 // ------------------------------------------------------------------ store_watcher
 
-inline store_watcher::store_watcher(std::unique_ptr<detail::client_connection> c) : conn_(std::move(c)) {}
-inline store_watcher::store_watcher(store_watcher&&) noexcept = default;
-inline store_watcher& store_watcher::operator=(store_watcher&&) noexcept = default;
-inline store_watcher::~store_watcher() = default;
+EBBFLOW_DECL store_watcher::store_watcher(std::unique_ptr<detail::client_connection> c) : conn_(std::move(c)) {}
+EBBFLOW_DECL store_watcher::store_watcher(store_watcher&&) noexcept = default;
+EBBFLOW_DECL store_watcher& store_watcher::operator=(store_watcher&&) noexcept = default;
+EBBFLOW_DECL store_watcher::~store_watcher() = default;
 
-inline store_event store_watcher::next(deadline d, std::error_code& ec) noexcept {
+EBBFLOW_DECL store_event store_watcher::next(deadline d, std::error_code& ec) noexcept {
   ec.clear();
   if (!conn_ || !conn_->connected()) {
     ec = make_error_code(error::peer_lost);
@@ -18165,7 +18284,7 @@ inline store_event store_watcher::next(deadline d, std::error_code& ec) noexcept
   return e;
 }
 
-inline store_event store_watcher::next(deadline d) {
+EBBFLOW_DECL store_event store_watcher::next(deadline d) {
   std::error_code ec;
   auto e = next(d, ec);
   if (ec) throw_if(ec, {-1, -1, -1, "store.watch", conn_ ? conn_->last_detail : std::string("moved-from watcher")});
@@ -18174,14 +18293,14 @@ inline store_event store_watcher::next(deadline d) {
 
 // ------------------------------------------------------------------ store_client
 
-inline store_client::store_client(std::string host, std::uint16_t port, std::string token, client_options opts)
+EBBFLOW_DECL store_client::store_client(std::string host, std::uint16_t port, std::string token, client_options opts)
     : host_(std::move(host)), port_(port), token_(std::move(token)), opts_(opts) {
   EBBFLOW_ENFORCE(!host_.empty(), "store_client: empty host");
   EBBFLOW_ENFORCE(port_ != 0, "store_client: port 0 (no store address given)");
   conn_ = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
 }
 
-inline store_client store_client::from_environment() {
+EBBFLOW_DECL store_client store_client::from_environment() {
   const launch_info li = launch_info::from_environment();
   EBBFLOW_ENFORCE(li.store_port != 0,
                   "store_client::from_environment: EBBFLOW_STORE (HOST:PORT) or "
@@ -18189,11 +18308,11 @@ inline store_client store_client::from_environment() {
   return store_client(li.store_host, li.store_port, li.token, client_options::from_environment());
 }
 
-inline store_client::store_client(store_client&&) noexcept = default;
-inline store_client& store_client::operator=(store_client&&) noexcept = default;
-inline store_client::~store_client() = default;
+EBBFLOW_DECL store_client::store_client(store_client&&) noexcept = default;
+EBBFLOW_DECL store_client& store_client::operator=(store_client&&) noexcept = default;
+EBBFLOW_DECL store_client::~store_client() = default;
 
-inline detail::proto::decode_result store_client::call(std::string frame, deadline d, bool waits,
+EBBFLOW_DECL detail::proto::decode_result store_client::call(std::string frame, deadline d, bool waits,
                                                        std::error_code& ec) noexcept {
   ec.clear();
   std::lock_guard lk(conn_->mu);
@@ -18213,7 +18332,7 @@ inline detail::proto::decode_result store_client::call(std::string frame, deadli
   return r;
 }
 
-inline void store_client::raise(const char* operation, std::string_view key, std::error_code ec) const {
+EBBFLOW_DECL void store_client::raise(const char* operation, std::string_view key, std::error_code ec) const {
   std::string detail;
   if (!key.empty()) detail = "key " + detail::quote_key(key) + ", ";
   detail += "store " + host_ + ":" + std::to_string(port_);
@@ -18222,23 +18341,23 @@ inline void store_client::raise(const char* operation, std::string_view key, std
   EBBFLOW_THROW((system_error(ec, {-1, -1, -1, operation, std::move(detail)})));
 }
 
-inline std::string store_client::last_error_detail() const {
+EBBFLOW_DECL std::string store_client::last_error_detail() const {
   std::lock_guard lk(conn_->mu);
   return conn_->last_detail;
 }
 
-inline void store_client::close() noexcept {
+EBBFLOW_DECL void store_client::close() noexcept {
   std::lock_guard lk(conn_->mu);
   conn_->close();
 }
 
-inline void store_client::connect(deadline d, std::error_code& ec) noexcept {
+EBBFLOW_DECL void store_client::connect(deadline d, std::error_code& ec) noexcept {
   ec.clear();
   std::lock_guard lk(conn_->mu);
   conn_->last_detail.clear();
   conn_->connect(d, ec);
 }
-inline void store_client::connect(deadline d) {
+EBBFLOW_DECL void store_client::connect(deadline d) {
   std::error_code ec;
   connect(d, ec);
   if (ec) raise("store.connect", {}, ec);
@@ -18246,7 +18365,7 @@ inline void store_client::connect(deadline d) {
 
 namespace detail {
 //! Checks the reply opcode; a mismatch is a protocol error.
-inline bool expect_reply(const proto::decode_result& r, proto::op want, std::error_code& ec, client_connection& c) {
+EBBFLOW_DECL bool expect_reply(const proto::decode_result& r, proto::op want, std::error_code& ec, client_connection& c) {
   if (ec) return false;
   if (r.msg.code == want) return true;
   c.fail(ec, error::bad_message,
@@ -18254,15 +18373,15 @@ inline bool expect_reply(const proto::decode_result& r, proto::op want, std::err
   return false;
 }
 //! The request frames of a non-waiting get and of an add, alone or pipelined.
-inline std::string try_get_frame(std::string_view key) {
+EBBFLOW_DECL std::string try_get_frame(std::string_view key) {
   return proto::frame_builder(proto::op::get, key.size() + 16).str(key).u32(0).u8(0).finish();
 }
-inline std::string add_frame(std::string_view key, std::int64_t delta) {
+EBBFLOW_DECL std::string add_frame(std::string_view key, std::int64_t delta) {
   return proto::frame_builder(proto::op::add, key.size() + 16).str(key).i64(delta).finish();
 }
 //! A get's reply into `out`: the value, or nullopt when the key is missing;
 //! false (with `ec` set) on an error or any other reply.
-inline bool take_value(const proto::decode_result& r, std::optional<std::string>& out, std::error_code& ec,
+EBBFLOW_DECL bool take_value(const proto::decode_result& r, std::optional<std::string>& out, std::error_code& ec,
                        client_connection& c) {
   out.reset();
   if (!ec && r.msg.code == proto::op::missing) return true;
@@ -18273,24 +18392,24 @@ inline bool take_value(const proto::decode_result& r, std::optional<std::string>
 }  // namespace detail
 
 // set
-inline void store_client::set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept {
+EBBFLOW_DECL void store_client::set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept {
   auto r = call(
       detail::proto::frame_builder(detail::proto::op::set, key.size() + value.size() + 8).str(key).str(value).finish(),
       d, false, ec);
   detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
 }
-inline void store_client::set(std::string_view key, std::string_view value, std::error_code& ec) noexcept {
+EBBFLOW_DECL void store_client::set(std::string_view key, std::string_view value, std::error_code& ec) noexcept {
   set(key, value, default_deadline(), ec);
 }
-inline void store_client::set(std::string_view key, std::string_view value, deadline d) {
+EBBFLOW_DECL void store_client::set(std::string_view key, std::string_view value, deadline d) {
   std::error_code ec;
   set(key, value, d, ec);
   if (ec) raise("store.set", key, ec);
 }
-inline void store_client::set(std::string_view key, std::string_view value) { set(key, value, default_deadline()); }
+EBBFLOW_DECL void store_client::set(std::string_view key, std::string_view value) { set(key, value, default_deadline()); }
 
 // get
-inline std::string store_client::get(std::string_view key, deadline d, std::error_code& ec) noexcept {
+EBBFLOW_DECL std::string store_client::get(std::string_view key, deadline d, std::error_code& ec) noexcept {
   auto r = call(detail::proto::frame_builder(detail::proto::op::get, key.size() + 16)
                     .str(key)
                     .u32(detail::timeout_ms_until(d))
@@ -18300,55 +18419,55 @@ inline std::string store_client::get(std::string_view key, deadline d, std::erro
   if (!detail::expect_reply(r, detail::proto::op::value, ec, *conn_)) return {};
   return std::string(r.msg.value);
 }
-inline std::string store_client::get(std::string_view key, std::error_code& ec) noexcept {
+EBBFLOW_DECL std::string store_client::get(std::string_view key, std::error_code& ec) noexcept {
   return get(key, default_deadline(), ec);
 }
-inline std::string store_client::get(std::string_view key, deadline d) {
+EBBFLOW_DECL std::string store_client::get(std::string_view key, deadline d) {
   std::error_code ec;
   auto v = get(key, d, ec);
   if (ec) raise("store.get", key, ec);
   return v;
 }
-inline std::string store_client::get(std::string_view key) { return get(key, default_deadline()); }
+EBBFLOW_DECL std::string store_client::get(std::string_view key) { return get(key, default_deadline()); }
 
 // try_get
-inline std::optional<std::string> store_client::try_get(std::string_view key, deadline d,
+EBBFLOW_DECL std::optional<std::string> store_client::try_get(std::string_view key, deadline d,
                                                         std::error_code& ec) noexcept {
   auto r = call(detail::try_get_frame(key), d, false, ec);
   std::optional<std::string> v;
   detail::take_value(r, v, ec, *conn_);
   return v;
 }
-inline std::optional<std::string> store_client::try_get(std::string_view key, std::error_code& ec) noexcept {
+EBBFLOW_DECL std::optional<std::string> store_client::try_get(std::string_view key, std::error_code& ec) noexcept {
   return try_get(key, default_deadline(), ec);
 }
-inline std::optional<std::string> store_client::try_get(std::string_view key, deadline d) {
+EBBFLOW_DECL std::optional<std::string> store_client::try_get(std::string_view key, deadline d) {
   std::error_code ec;
   auto v = try_get(key, d, ec);
   if (ec) raise("store.try_get", key, ec);
   return v;
 }
-inline std::optional<std::string> store_client::try_get(std::string_view key) {
+EBBFLOW_DECL std::optional<std::string> store_client::try_get(std::string_view key) {
   return try_get(key, default_deadline());
 }
 
 // add
-inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d,
+EBBFLOW_DECL std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d,
                                       std::error_code& ec) noexcept {
   auto r = call(detail::add_frame(key, delta), d, false, ec);
   if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
   return r.msg.integer;
 }
-inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept {
+EBBFLOW_DECL std::int64_t store_client::add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept {
   return add(key, delta, default_deadline(), ec);
 }
-inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d) {
+EBBFLOW_DECL std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d) {
   std::error_code ec;
   auto v = add(key, delta, d, ec);
   if (ec) raise("store.add", key, ec);
   return v;
 }
-inline std::int64_t store_client::add(std::string_view key, std::int64_t delta) {
+EBBFLOW_DECL std::int64_t store_client::add(std::string_view key, std::int64_t delta) {
   return add(key, delta, default_deadline());
 }
 
@@ -18394,7 +18513,7 @@ void store_client::pipelined(const char* what, std::span<const std::string> keys
 }
 
 // add_many: pipelined adds
-inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
+EBBFLOW_DECL std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
                                                         std::span<const std::int64_t> deltas, deadline d,
                                                         std::error_code& ec) {
   if (keys.size() != deltas.size())
@@ -18412,7 +18531,7 @@ inline std::vector<std::int64_t> store_client::add_many(std::span<const std::str
       d, ec);
   return out;
 }
-inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
+EBBFLOW_DECL std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
                                                         std::span<const std::int64_t> deltas, deadline d) {
   std::error_code ec;
   auto v = add_many(keys, deltas, d, ec);
@@ -18421,7 +18540,7 @@ inline std::vector<std::int64_t> store_client::add_many(std::span<const std::str
 }
 
 // try_get_many: pipelined try_get
-inline std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys, deadline d,
+EBBFLOW_DECL std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys, deadline d,
                                                                           std::error_code& ec) {
   std::vector<std::optional<std::string>> out;
   out.reserve(keys.size());
@@ -18436,7 +18555,7 @@ inline std::vector<std::optional<std::string>> store_client::try_get_many(std::s
       d, ec);
   return out;
 }
-inline std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys,
+EBBFLOW_DECL std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys,
                                                                           deadline d) {
   std::error_code ec;
   auto v = try_get_many(keys, d, ec);
@@ -18445,7 +18564,7 @@ inline std::vector<std::optional<std::string>> store_client::try_get_many(std::s
 }
 
 // compare_set
-inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+EBBFLOW_DECL compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
                                                     std::string_view desired, deadline d,
                                                     std::error_code& ec) noexcept {
   auto r = call(
@@ -18458,35 +18577,35 @@ inline compare_set_result store_client::compare_set(std::string_view key, std::s
   if (!detail::expect_reply(r, detail::proto::op::cas_result, ec, *conn_)) return {};
   return {r.msg.flag != 0, std::string(r.msg.value)};
 }
-inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+EBBFLOW_DECL compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
                                                     std::string_view desired, std::error_code& ec) noexcept {
   return compare_set(key, expected, desired, default_deadline(), ec);
 }
-inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+EBBFLOW_DECL compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
                                                     std::string_view desired, deadline d) {
   std::error_code ec;
   auto v = compare_set(key, expected, desired, d, ec);
   if (ec) raise("store.compare_set", key, ec);
   return v;
 }
-inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+EBBFLOW_DECL compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
                                                     std::string_view desired) {
   return compare_set(key, expected, desired, default_deadline());
 }
 
 // wait
-inline void store_client::wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept {
+EBBFLOW_DECL void store_client::wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept {
   auto r = call(detail::keys_frame(detail::proto::op::wait, keys, detail::timeout_ms_until(d), true), d, true, ec);
   detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
 }
-inline void store_client::wait(const std::vector<std::string>& keys, deadline d) {
+EBBFLOW_DECL void store_client::wait(const std::vector<std::string>& keys, deadline d) {
   std::error_code ec;
   wait(keys, d, ec);
   if (ec) raise("store.wait", keys.size() == 1 ? std::string_view(keys[0]) : std::string_view{}, ec);
 }
 
 // wait_any
-inline std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d,
+EBBFLOW_DECL std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d,
                                           std::error_code& ec) noexcept {
   auto r = call(detail::keys_frame(detail::proto::op::wait_any, keys, detail::timeout_ms_until(d), true), d, true, ec);
   if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
@@ -18496,7 +18615,7 @@ inline std::size_t store_client::wait_any(const std::vector<std::string>& keys, 
   }
   return static_cast<std::size_t>(r.msg.integer);
 }
-inline std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d) {
+EBBFLOW_DECL std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d) {
   if (keys.empty()) throw std::invalid_argument("store.wait_any: no keys to wait for");
   std::error_code ec;
   auto i = wait_any(keys, d, ec);
@@ -18505,12 +18624,12 @@ inline std::size_t store_client::wait_any(const std::vector<std::string>& keys, 
 }
 
 // check
-inline bool store_client::check(const std::vector<std::string>& keys, std::error_code& ec) noexcept {
+EBBFLOW_DECL bool store_client::check(const std::vector<std::string>& keys, std::error_code& ec) noexcept {
   auto r = call(detail::keys_frame(detail::proto::op::check, keys, 0, false), default_deadline(), false, ec);
   if (!detail::expect_reply(r, detail::proto::op::boolean, ec, *conn_)) return false;
   return r.msg.flag != 0;
 }
-inline bool store_client::check(const std::vector<std::string>& keys) {
+EBBFLOW_DECL bool store_client::check(const std::vector<std::string>& keys) {
   std::error_code ec;
   auto v = check(keys, ec);
   if (ec) raise("store.check", {}, ec);
@@ -18518,13 +18637,13 @@ inline bool store_client::check(const std::vector<std::string>& keys) {
 }
 
 // erase
-inline bool store_client::erase(std::string_view key, std::error_code& ec) noexcept {
+EBBFLOW_DECL bool store_client::erase(std::string_view key, std::error_code& ec) noexcept {
   auto r = call(detail::proto::frame_builder(detail::proto::op::erase, key.size() + 8).str(key).finish(),
                 default_deadline(), false, ec);
   if (!detail::expect_reply(r, detail::proto::op::boolean, ec, *conn_)) return false;
   return r.msg.flag != 0;
 }
-inline bool store_client::erase(std::string_view key) {
+EBBFLOW_DECL bool store_client::erase(std::string_view key) {
   std::error_code ec;
   auto v = erase(key, ec);
   if (ec) raise("store.erase", key, ec);
@@ -18532,12 +18651,12 @@ inline bool store_client::erase(std::string_view key) {
 }
 
 // num_keys
-inline std::int64_t store_client::num_keys(std::error_code& ec) noexcept {
+EBBFLOW_DECL std::int64_t store_client::num_keys(std::error_code& ec) noexcept {
   auto r = call(detail::proto::frame_builder(detail::proto::op::num_keys).finish(), default_deadline(), false, ec);
   if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
   return r.msg.integer;
 }
-inline std::int64_t store_client::num_keys() {
+EBBFLOW_DECL std::int64_t store_client::num_keys() {
   std::error_code ec;
   auto v = num_keys(ec);
   if (ec) raise("store.num_keys", {}, ec);
@@ -18545,18 +18664,18 @@ inline std::int64_t store_client::num_keys() {
 }
 
 // ping
-inline void store_client::ping(deadline d, std::error_code& ec) noexcept {
+EBBFLOW_DECL void store_client::ping(deadline d, std::error_code& ec) noexcept {
   auto r = call(detail::proto::frame_builder(detail::proto::op::ping).finish(), d, false, ec);
   detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
 }
-inline void store_client::ping(deadline d) {
+EBBFLOW_DECL void store_client::ping(deadline d) {
   std::error_code ec;
   ping(d, ec);
   if (ec) raise("store.ping", {}, ec);
 }
 
 // watch
-inline store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d,
+EBBFLOW_DECL store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d,
                                          std::error_code& ec) noexcept {
   ec.clear();
   auto c = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
@@ -18573,7 +18692,7 @@ inline store_watcher store_client::watch(std::string_view prefix, bool include_e
   }
   return store_watcher(std::move(c));
 }
-inline store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d) {
+EBBFLOW_DECL store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d) {
   std::error_code ec;
   auto w = watch(prefix, include_existing, d, ec);
   if (ec) raise("store.watch", prefix, ec);
@@ -18582,7 +18701,16 @@ inline store_watcher store_client::watch(std::string_view prefix, bool include_e
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/elastic/impl/store_client.hpp>
+
+#if !EBBFLOW_HEADER_ONLY
+// The library instantiates the work stealing the group does on this store.
+// #include <ebbflow/plan/work_stealing.hpp>  (inlined)
+EBBFLOW_BEGIN_NAMESPACE
+extern template class plan::work_stealer<elastic::store_client>;
+EBBFLOW_END_NAMESPACE
+#endif
 // ---- end <ebbflow/elastic/tcp_store.hpp>
 #endif  // EBBFLOW_HAS_ASIO
 // ==== end <ebbflow/elastic/store.hpp>
@@ -18694,14 +18822,9 @@ class ucx_network {
   //! Creates the process's UCP context and its one worker (UCX reads its
   //! configuration from the environment; see docs/comm.md for the defaults
   //! ebbflow sets). @throws system_error when UCX cannot initialise.
-  ucx_network() : ucx_network(comm::ucx::context::create()) {}
+  ucx_network();
   //! Shares an existing context.
-  explicit ucx_network(std::shared_ptr<comm::ucx::context> ctx) {
-    EBBFLOW_ENFORCE(ctx != nullptr, "ucx_network: null UCX context");
-    // Multi-threaded, so the group can build the next generation's
-    // endpoints on a helper thread while training progresses the worker.
-    worker_ = std::make_shared<comm::ucx::worker>(std::move(ctx), UCS_THREAD_MODE_MULTI);
-  }
+  explicit ucx_network(std::shared_ptr<comm::ucx::context> ctx);
 
   //! Whether `start_connect` may run on another thread while the current
   //! generation trains on the same worker (UCX built with thread support).
@@ -18738,6 +18861,34 @@ class ucx_network {
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/elastic/impl/ucx_network.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/ucx_network.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/ucx_network.hpp
+//! Definitions of elastic/ucx_network.hpp.
+
+
+// #include <ebbflow/elastic/ucx_network.hpp>  (inlined)
+
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+EBBFLOW_DECL ucx_network::ucx_network() : ucx_network(comm::ucx::context::create()) {}
+
+EBBFLOW_DECL ucx_network::ucx_network(std::shared_ptr<comm::ucx::context> ctx) {
+  EBBFLOW_ENFORCE(ctx != nullptr, "ucx_network: null UCX context");
+  // Multi-threaded, so the group can build the next generation's endpoints
+  // on a helper thread while training progresses the worker.
+  worker_ = std::make_shared<comm::ucx::worker>(std::move(ctx), UCS_THREAD_MODE_MULTI);
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
+// ---- end <ebbflow/elastic/impl/ucx_network.hpp>
 #endif  // EBBFLOW_HAS_UCX
 // ==== end <ebbflow/elastic/ucx_network.hpp>
 
@@ -20785,5 +20936,35 @@ const prefetch_options& prefetcher<Source, Load, Stage>::options() const noexcep
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/prefetch/impl/prefetcher.hpp>
 // ==== end <ebbflow/prefetch/prefetcher.hpp>
+
+// ==== begin <ebbflow/impl/compiled.hpp> ===================================
+#if EBBFLOW_HAS_ASIO && EBBFLOW_HAS_UCX
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/compiled.hpp
+//! The one translation unit of the `ebbflow::compiled` library (separate
+//! compilation, config.hpp): compiled with EBBFLOW_SEPARATE_COMPILATION and
+//! EBBFLOW_COMPILING_LIBRARY, it defines once what the headers then only
+//! declare: the TCP store's client and server, the planner's solver, cost
+//! models and samplers, the planner policy, the UCX network's construction,
+//! and the elastic group over the TCP store and UCX with its work stealing.
+//! Nothing else includes this file; elsewhere it declares nothing.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/elastic/group.hpp>  (inlined)
+// #include <ebbflow/elastic/planner_policy.hpp>  (inlined)
+// #include <ebbflow/elastic/tcp_store.hpp>  (inlined)
+// #include <ebbflow/elastic/ucx_network.hpp>  (inlined)
+// #include <ebbflow/plan.hpp>  (inlined)
+
+// Only the library's translation unit (EBBFLOW_COMPILING_LIBRARY) instantiates.
+#if defined(EBBFLOW_SEPARATE_COMPILATION) && defined(EBBFLOW_COMPILING_LIBRARY)
+EBBFLOW_BEGIN_NAMESPACE
+template class plan::work_stealer<elastic::store_client>;
+template class elastic::detail::group_impl<elastic::store_client, elastic::ucx_network>;
+EBBFLOW_END_NAMESPACE
+#endif
+#endif  // EBBFLOW_HAS_ASIO && EBBFLOW_HAS_UCX
+// ==== end <ebbflow/impl/compiled.hpp>
 
 #endif  // EBBFLOW_SINGLE_INCLUDE_HPP
