@@ -381,6 +381,11 @@ elseif(MODE STREQUAL "recipes")
       message(FATAL_ERROR "[${MODE}] the install exports ebbflow::${t}, not a known component (${known})")
     endif()
   endforeach()
+  # The recipes ship the header-only package: the compiled library is for
+  # builds from source (the port configures with EBBFLOW_BUILD_COMPILED=OFF,
+  # the Conan recipe is a header-library), so they name the backends only.
+  list(REMOVE_ITEM known compiled)
+  list(REMOVE_ITEM all_targets compiled)
   set(errors "")
   macro(same_set what got want)
     set(_g ${got})
@@ -444,7 +449,12 @@ elseif(MODE STREQUAL "recipes")
   # The port installs the config under share/cmake/ebbflow and fixes it up
   # from there; the CMake option it sets must exist.
   file(READ "${SOURCE_DIR}/CMakeLists.txt" top)
-  foreach(opt IN ITEMS EBBFLOW_INSTALL_CMAKEDIR EBBFLOW_BUILD_TOOLS EBBFLOW_BUILD_BENCH EBBFLOW_BUILD_EXAMPLES EBBFLOW_ENABLE_CUDA)
+  file(READ "${SOURCE_DIR}/cmake/EbbflowCompiled.cmake" compiled_options)
+  string(APPEND top "${compiled_options}")
+  if(NOT portfile MATCHES "-DEBBFLOW_BUILD_COMPILED=OFF")
+    string(APPEND errors "\n  portfile does not configure with -DEBBFLOW_BUILD_COMPILED=OFF (the port is header-only)")
+  endif()
+  foreach(opt IN ITEMS EBBFLOW_INSTALL_CMAKEDIR EBBFLOW_BUILD_COMPILED EBBFLOW_BUILD_TOOLS EBBFLOW_BUILD_BENCH EBBFLOW_BUILD_EXAMPLES EBBFLOW_ENABLE_CUDA)
     if(portfile MATCHES "-D${opt}=" AND NOT top MATCHES "${opt}")
       string(APPEND errors "\n  portfile sets ${opt}, which CMakeLists.txt does not know")
     endif()
