@@ -14,6 +14,8 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 namespace ef = ebbflow;
@@ -421,6 +423,67 @@ TEST(Cast, AnOverflowDoesNotPoisonTheResidual) {
     const auto d = decode(c, encode(c, {1.0f}, res.data()), 1);
     ASSERT_EQ(d[0], 1.0f) << k;
   }
+}
+
+// A power-of-two scale moves the cast's range: values beyond it (fp16: 65504)
+// keep its relative error, the residual stays unscaled, and values in the
+// normal range on both sides of the scale decode to the same bits as unscaled.
+TYPED_TEST(CastRoundTrip, APowerOfTwoScaleMovesTheRangeExactly) {
+  const TypeParam plain;
+  // Inputs in [lo, hi] that map into [2^-12, max_value / 4] (normal) scaled by s.
+  const auto inputs = [](std::size_t n, float lo, float hi) {
+    auto v = normal_vec(n, 9);
+    for (std::size_t i = 0; i < n; ++i) v[i] = std::clamp(std::fabs(v[i]) * hi / 4, lo, hi) * (i % 3 ? 1 : -1);
+    return v;
+  };
+  for (const float s : {0x1p-100f, 0x1p-20f, 0x1p-3f, 1.0f, 0x1p5f, 0x1p126f}) {
+    const TypeParam c = plain.with_scale(s);
+    EXPECT_EQ(c.scale(), s);
+    for (std::size_t n : {1u, 255u, 257u, 4099u}) {
+      const auto v = inputs(n, 0x1p-12f / s, static_cast<float>(std::min(TypeParam::max_value / 4 / double(s), 1e38)));
+      std::vector<float> res(n, 0.0f);
+      const auto d = decode(c, encode(c, v, res.data()), n);
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_LE(std::fabs(d[i] - v[i]), TypeParam::unit_roundoff * std::fabs(v[i])) << s << " i=" << i;
+        ASSERT_EQ(res[i], v[i] - d[i]) << s << " i=" << i;  // unscaled, exact
+      }
+    }
+  }
+  for (const float s : {0x1p-3f, 0x1p4f}) {
+    const auto v = inputs(1000, 0x1p-9f, 0x1p9f);  // normal with and without s
+    ASSERT_EQ(round_trip(plain.with_scale(s), v), round_trip(plain, v)) << s;
+  }
+  ASSERT_EQ(encode(plain.with_scale(1.0f), normal_vec(300, 3), nullptr), encode(plain, normal_vec(300, 3), nullptr));
+}
+
+TYPED_TEST(CastRoundTrip, ScalesThatAreNotExactPowersOfTwoAreRefused) {
+  const TypeParam c;
+  for (const float s :
+       {3.0f, 0.0f, -2.0f, 0x1p127f, 0x1p-127f, std::numeric_limits<float>::infinity(), std::nanf(""), 1e-45f})
+    EXPECT_THROW((void)c.with_scale(s), std::invalid_argument) << s;
+}
+
+// The range scan the allreduce scales by: largest finite |in + res| per
+// block, and whether a block holds an inf or NaN.
+TEST(Cast, FiniteAmaxScansInputPlusResidualPerBlock) {
+  const std::size_t n = 600;  // 3 blocks, the last short
+  std::vector<float> in(n, 1.0f), res(n, 0.5f);
+  in[10] = -7.0f;                                    // block 0: |-6.5|
+  in[300] = std::numeric_limits<float>::infinity();  // block 1: 1.5 and inf
+  in[520] = 3e38f, res[520] = 3e38f;                 // block 2: overflows to inf
+  in[530] = -2e38f;                                  // ... and |-2e38 + 0.5|
+  std::vector<std::uint32_t> out(6, 99);
+  const cx::kernels::finite_amax scan{in.data(), res.data(), out.data(), n};
+  for (std::size_t b = 0; b < 3; ++b) scan(b);
+  EXPECT_EQ(cx::detail::as_f32(out[0]), 6.5f);
+  EXPECT_EQ(out[1], 0u);
+  EXPECT_EQ(cx::detail::as_f32(out[2]), 1.5f);
+  EXPECT_EQ(out[3], 1u);
+  EXPECT_EQ(cx::detail::as_f32(out[4]), 2e38f);
+  EXPECT_EQ(out[5], 1u);
+  const cx::kernels::finite_amax no_res{in.data(), nullptr, out.data(), n};
+  no_res(0);
+  EXPECT_EQ(cx::detail::as_f32(out[0]), 7.0f);
 }
 
 // NaN is sent (it decoded as 0 and stayed in the residual before).

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file cast.hpp
-//! fp16 / bf16 cast kernels with optional error feedback. One functor call
-//! per block of `block_size` elements. Bit-identical on host and device.
+//! fp16 / bf16 cast kernels with optional error feedback and a power-of-two
+//! scale, and the range scan the scale is chosen from. One functor call per
+//! block of `block_size` elements. Bit-identical on host and device.
 #pragma once
 
 #include <ebbflow/config.hpp>
@@ -34,14 +35,21 @@ EBBFLOW_HD inline float from_bits(std::uint16_t b) noexcept {
     return detail::bf16_to_f32(b);
 }
 
-//! out[i] = cast(in[i] + res[i]); res[i] = (in[i] + res[i]) - float(out[i]).
-//! `res` may be null (no error feedback). Pointers in the executor's space.
+//! out[i] = cast(w), w = in[i] * in_scale + res[i] * res_scale;
+//! res[i] = (w - float(out[i])) * inv_scale.
+//! `res` may be null (no error feedback). The scales are powers of two, so
+//! every product is exact: 1, 1, 1 is the plain cast of in + res; s, s, 1/s
+//! the cast of (in + res) s with an unscaled residual; 1, s, 1/s takes `in`
+//! already scaled (the ring's running sums). Pointers in the executor's space.
 template <cast_format F>
 struct cast_encode {
-  const float* in;     //!< n input floats
-  float* res;          //!< n residual floats, or null
-  std::uint16_t* out;  //!< n codes (output)
-  std::size_t n;       //!< element count
+  const float* in;         //!< n input floats
+  float* res;              //!< n residual floats (unscaled), or null
+  std::uint16_t* out;      //!< n codes (output)
+  std::size_t n;           //!< element count
+  float in_scale = 1.0f;   //!< factor of `in`
+  float res_scale = 1.0f;  //!< factor of `res`
+  float inv_scale = 1.0f;  //!< 1 / res_scale
 
   //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
@@ -50,28 +58,33 @@ struct cast_encode {
     std::uint16_t* EBBFLOW_DETAIL_RESTRICT po = out + o;
     if (res == nullptr) {
       for_block(b, n, [&](auto cnt) {
-        for (std::uint32_t j = 0; j < cnt; ++j) po[j] = to_bits<F>(pi[j]);
+        for (std::uint32_t j = 0; j < cnt; ++j) po[j] = to_bits<F>(detail::fmul(pi[j], in_scale));
       });
     } else {
       float* EBBFLOW_DETAIL_RESTRICT pr = res + o;
       for_block(b, n, [&](auto cnt) {
         for (std::uint32_t j = 0; j < cnt; ++j) {
-          const float v = detail::fadd(pi[j], pr[j]);
-          const std::uint16_t q = to_bits<F>(v);
+          const float w = detail::fadd(detail::fmul(pi[j], in_scale), detail::fmul(pr[j], res_scale));
+          const std::uint16_t q = to_bits<F>(w);
           po[j] = q;
-          pr[j] = detail::finite_or_zero(detail::fsub(v, from_bits<F>(q)));
+          pr[j] = detail::finite_or_zero(detail::fmul(detail::fsub(w, from_bits<F>(q)), inv_scale));
         }
       });
     }
   }
 };
 
-//! out[i] = float(in[i]) (Add = false) or out[i] += float(in[i]) (Add = true).
+//! out[i] = float(in[i]) * scale (Add = false), or
+//! out[i] = out[i] * acc_scale + float(in[i]) * scale (Add = true). The
+//! scales are powers of two (exact): 1/s undoes an encoder's s; acc_scale s
+//! moves an accumulator of values into code units as the code is added.
 template <cast_format F, bool Add>
 struct cast_decode {
   const std::uint16_t* in;  //!< n codes
   float* out;               //!< n floats (output, or accumulated into when `Add`)
   std::size_t n;            //!< element count
+  float scale = 1.0f;       //!< factor of the decoded code
+  float acc_scale = 1.0f;   //!< factor of `out` before the add (`Add` only)
 
   //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
@@ -80,8 +93,47 @@ struct cast_decode {
     float* EBBFLOW_DETAIL_RESTRICT po = out + o;
     for_block(b, n, [&](auto cnt) {
       for (std::uint32_t j = 0; j < cnt; ++j) {
-        detail::store<Add>(po[j], from_bits<F>(pi[j]));
+        const float d = detail::fmul(from_bits<F>(pi[j]), scale);
+        if constexpr (Add)
+          po[j] = detail::fadd(detail::fmul(po[j], acc_scale), d);
+        else
+          po[j] = d;
       }
+    });
+  }
+};
+
+//! The range of v = in[i] + res[i] (`res` may be null) over block b, from
+//! which `compressed_allreduce` scales the cast codes: out[2 b] = the bits
+//! of the largest |v| among finite v (0 when there is none), out[2 b + 1] =
+//! 1 when some v is inf or NaN, else 0. Pointers in the executor's space.
+struct finite_amax {
+  const float* in;     //!< n floats
+  const float* res;    //!< n residual floats, or null
+  std::uint32_t* out;  //!< 2 words per block (output)
+  std::size_t n;       //!< element count
+
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    with_residual(res, [&](auto ef) {
+      constexpr bool EF = decltype(ef)::value;
+      const std::size_t o = b * block_size;
+      const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
+      const float* EBBFLOW_DETAIL_RESTRICT pr = EF ? res + o : nullptr;
+      for_block(b, n, [&](auto cnt) {
+        // On the integer image of |v| (monotone for non-negative floats),
+        // branch-free: the loop vectorises where a float max would not.
+        std::int32_t amax = 0, bad = 0;
+        for (std::uint32_t j = 0; j < cnt; ++j) {
+          const float v = EF ? detail::fadd(pi[j], pr[j]) : pi[j];
+          const auto a = static_cast<std::int32_t>(detail::as_u32(v) & 0x7FFFFFFFu);
+          const std::int32_t finite = a < 0x7F800000 ? a : 0;
+          amax = finite > amax ? finite : amax;
+          bad |= a >= 0x7F800000 ? 1 : 0;
+        }
+        out[2 * b] = static_cast<std::uint32_t>(amax);
+        out[2 * b + 1] = static_cast<std::uint32_t>(bad);
+      });
     });
   }
 };
