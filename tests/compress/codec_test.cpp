@@ -3,6 +3,7 @@
 // unbiasedness of stochastic rounding, error feedback, top-k selection,
 // PowerSGD reconstruction and convergence. All random inputs use fixed seeds.
 #include <ebbflow/compress.hpp>
+#include <ebbflow/compress/detail/collectives.hpp>
 #include <ebbflow/compress/detail/philox.hpp>
 #include <ebbflow/core/half.hpp>
 
@@ -484,6 +485,26 @@ TEST(Cast, FiniteAmaxScansInputPlusResidualPerBlock) {
   const cx::kernels::finite_amax no_res{in.data(), nullptr, out.data(), n};
   no_res(0);
   EXPECT_EQ(cx::detail::as_f32(out[0]), 7.0f);
+}
+
+// The ring's scale: the largest power of two that keeps p amax (grown by
+// the roundings) within the code's range; 1 for zeros; clamped.
+TEST(Cast, RingScaleKeepsTheRunningSumsInRange) {
+  using cx::detail::ring_scale;
+  const float u = cx::fp16_codec::unit_roundoff, top = cx::fp16_codec::max_value;
+  EXPECT_EQ(ring_scale(60000.0f, 4, top, u), 0x1p-2f);  // 4 x 60000 x 2^-2 = 60000 (grown: 60117)
+  EXPECT_EQ(ring_scale(65504.0f, 2, top, u), 0x1p-2f);  // 2 x 65504 x 2^-1 would round over 65504
+  EXPECT_EQ(ring_scale(1.0f, 4, top, u), 0x1p13f);      // up: 4 x 2^13 = 32768 <= 65504 < 65536
+  EXPECT_EQ(ring_scale(0.0f, 4, top, u), 1.0f);
+  EXPECT_EQ(ring_scale(1e-44f, 2, top, u), 0x1p126f);
+  EXPECT_EQ(ring_scale(3e38f, 5, top, u), 0x1p-115f);
+  for (int p : {2, 3, 5, 64, 1000, 32767})
+    for (const float amax : {1e-30f, 0.7f, 60000.0f, 1e30f}) {
+      const double s = ring_scale(amax, p, top, u), grown = amax * s * cx::detail::ring_growth(p, u);
+      if (s == 0x1p-126f) continue;  // clamped (a thousand ranks and more, near FLT_MAX)
+      EXPECT_LE(grown, top) << p << " " << amax;
+      EXPECT_GT(2 * grown, top) << p << " " << amax;
+    }
 }
 
 // NaN is sent (it decoded as 0 and stayed in the residual before).

@@ -4,6 +4,10 @@
 #pragma once
 
 #include <ebbflow/compress/compressed_allreduce.hpp>
+#include <ebbflow/compress/kernels/cast.hpp>
+
+#include <algorithm>
+#include <limits>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
@@ -82,6 +86,8 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
     run_low_rank(grad, st, shape, dl);
   } else {
     Transport& t = comm_->transport();
+    [[maybe_unused]] range rg;
+    if constexpr (detail::range_scaled<Codec>) rg = agree_range(grad, res, dl);
     detail::coll_ctx ctx;
     ctx.seg_elems = segment_elems(n);
     ctx.dl = dl;
@@ -89,7 +95,20 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
     ctx.stream_base = detail::mix64(detail::mix64(call) ^ detail::mix64(key + 0x1234567) ^
                                     detail::mix64(static_cast<std::uint64_t>(t.rank()) + 1));
     ctx.seq = comm_->next_sequence();
-    if constexpr (Codec::kind == codec_kind::linear) {
+    if constexpr (detail::range_scaled<Codec>) {
+      // The ring's running sums reach p amax (and its roundings a little
+      // more): scaled by a power of two, exact both ways, they stay in the
+      // code's range. Every rank agreed on amax, so on the scale.
+      const int p = comm_->size();
+      const float s = detail::ring_scale(rg.amax, p, Codec::max_value, Codec::unit_roundoff);
+      detail::ring_allreduce(t, codec_.with_scale(s), exec_, grad.data(), n, res, ctx, arenas_);
+      // What is left is float's own range: only a sum that may leave it is
+      // looked at (every rank has the same bits, so the same count).
+      if (rg.finite && static_cast<double>(rg.amax) * detail::ring_growth(p, Codec::unit_roundoff) >
+                           static_cast<double>(std::numeric_limits<float>::max()))
+        stats_.saturated += static_cast<std::size_t>(
+            std::count_if(grad.begin(), grad.end(), [](float x) { return !detail::is_finite(x); }));
+    } else if constexpr (Codec::kind == codec_kind::linear) {
       detail::ring_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
     } else if constexpr (Codec::kind == codec_kind::sparse) {
       detail::sparse_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
@@ -99,6 +118,21 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
     }
     stats_.wire_bytes_sent += ctx.wire_sent;
   }
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+auto compressed_allreduce<Codec, Transport, Executor>::agree_range(std::span<const float> grad, const float* res,
+                                                                   deadline d) -> range {
+  const std::size_t nb = kernels::blocks_of(grad.size());
+  auto* words = reinterpret_cast<std::uint32_t*>(detail::arenas::get(arenas_.ws, nb * 8));
+  detail::bulk(exec_, nb, kernels::finite_amax{grad.data(), res, words, grad.size()});
+  exec_.wait();
+  std::uint32_t amax = 0, bad = 0;
+  for (std::size_t b = 0; b < nb; ++b) amax = std::max(amax, words[2 * b]), bad |= words[2 * b + 1];
+  float v[2] = {detail::as_f32(amax), bad ? 1.0f : 0.0f};
+  stats_.wire_bytes_sent += comm_->allreduce_bytes_sent(2, dtype::f32);
+  comm_->allreduce(view(std::span<float>(v)), reduce_op::max, d);
+  return {v[0], v[1] == 0.0f};
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
@@ -182,7 +216,9 @@ std::size_t compressed_allreduce<Codec, Transport, Executor>::wire_bytes(std::si
       // linear: the reduce-scatter sends every chunk but (rank+1)'s, the allgather every chunk but (rank+2)'s;
       // sign: the all-to-all sends every chunk but mine, the allgather every chunk but (rank+1)'s.
       constexpr std::size_t skip = Codec::kind == codec_kind::linear ? 1 : 0;
-      return (total - chunk(skip)) + (total - chunk(skip + 1));
+      // The casts first agree on their range: an allreduce of 2 floats.
+      const std::size_t range = detail::range_scaled<Codec> ? comm_->allreduce_bytes_sent(2, dtype::f32) : 0;
+      return (total - chunk(skip)) + (total - chunk(skip + 1)) + range;
     }
   }
 }
