@@ -464,27 +464,24 @@ TYPED_TEST(CastRoundTrip, ScalesThatAreNotExactPowersOfTwoAreRefused) {
     EXPECT_THROW((void)c.with_scale(s), std::invalid_argument) << s;
 }
 
-// The range scan the allreduce scales by: largest finite |in + res| per
-// block, and whether a block holds an inf or NaN.
-TEST(Cast, FiniteAmaxScansInputPlusResidualPerBlock) {
+// The range scan the allreduce scales by: largest finite |in| per block,
+// and whether a block holds an inf or NaN.
+TEST(Cast, FiniteAmaxScansEachBlock) {
   const std::size_t n = 600;  // 3 blocks, the last short
-  std::vector<float> in(n, 1.0f), res(n, 0.5f);
-  in[10] = -7.0f;                                    // block 0: |-6.5|
-  in[300] = std::numeric_limits<float>::infinity();  // block 1: 1.5 and inf
-  in[520] = 3e38f, res[520] = 3e38f;                 // block 2: overflows to inf
-  in[530] = -2e38f;                                  // ... and |-2e38 + 0.5|
+  std::vector<float> in(n, 1.0f);
+  in[10] = -7.0f;                                    // block 0: 7
+  in[300] = std::numeric_limits<float>::infinity();  // block 1: 1 and inf
+  in[520] = std::nanf("");                           // block 2: NaN ...
+  in[599] = -2e38f;                                  // ... and 2e38, last element
   std::vector<std::uint32_t> out(6, 99);
-  const cx::kernels::finite_amax scan{in.data(), res.data(), out.data(), n};
+  const cx::kernels::finite_amax scan{in.data(), out.data(), n};
   for (std::size_t b = 0; b < 3; ++b) scan(b);
-  EXPECT_EQ(cx::detail::as_f32(out[0]), 6.5f);
+  EXPECT_EQ(cx::detail::as_f32(out[0]), 7.0f);
   EXPECT_EQ(out[1], 0u);
-  EXPECT_EQ(cx::detail::as_f32(out[2]), 1.5f);
+  EXPECT_EQ(cx::detail::as_f32(out[2]), 1.0f);
   EXPECT_EQ(out[3], 1u);
   EXPECT_EQ(cx::detail::as_f32(out[4]), 2e38f);
   EXPECT_EQ(out[5], 1u);
-  const cx::kernels::finite_amax no_res{in.data(), nullptr, out.data(), n};
-  no_res(0);
-  EXPECT_EQ(cx::detail::as_f32(out[0]), 7.0f);
 }
 
 // The ring's scale: the largest power of two that keeps p amax (grown by

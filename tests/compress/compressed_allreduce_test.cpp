@@ -212,6 +212,49 @@ TEST_P(AllreduceTest, CastCodecsKeepRunningSumsBeyondFloat) {
   check_cast_range<cx::bf16_codec>("bf16", p, n, pm);
 }
 
+// The scale follows the range from call to call, while each rank's
+// error-feedback residual, not scanned, is bounded from the last call's
+// scale: magnitudes jumping by 2^+-70 between calls stay finite, within the
+// error bound (with the residual that came in) and, summed over the calls,
+// within one rounding of the largest call of the sum of the exact sums.
+TEST_P(AllreduceTest, CastCodecsFollowTheRangeFromCallToCall) {
+  const int p = GetParam().ranks;
+  const std::size_t n = GetParam().n;
+  const float mags[] = {60000.0f, 1e-3f, 1e20f, 1e-20f, 60000.0f, 3e-5f};
+  const std::size_t calls = std::size(mags);
+  auto make = [&](int r, std::size_t k) {
+    auto v = normal_vec(n, 70 + static_cast<unsigned>(r) + 10 * static_cast<unsigned>(k));
+    for (auto& x : v) x *= mags[k];
+    return v;
+  };
+  const auto check = [&](auto codec) {
+    using codec_t = decltype(codec);
+    std::vector<cx::allreduce_stats> stats;
+    auto out = run_group(p, codec, calls, make, small_opts(), {}, &stats);
+    expect_same_on_all_ranks(out);
+    std::vector<double> acc(n, 0.0), ex(n, 0.0), mag(n, 0.0);
+    for (std::size_t k = 0; k < calls; ++k) {
+      const auto s = exact_sum(p, n, k, make);
+      for (int r = 0; r < p; ++r) {
+        const auto v = make(r, k);
+        for (std::size_t i = 0; i < n; ++i) mag[i] = std::max(mag[i], double(std::fabs(v[i])));
+      }
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_TRUE(std::isfinite(out[0][k][i])) << codec.name() << " call " << k << " i " << i;
+        acc[i] += out[0][k][i], ex[i] += s[i];
+      }
+    }
+    // Error feedback: what was not sent stays in the residuals, at most a
+    // rounding of the largest magnitude per rank.
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_LE(std::fabs(acc[i] - ex[i]), 2 * (p + 1) * p * codec_t::unit_roundoff * mag[i] + 1e-30)
+          << codec.name() << " i " << i;
+    for (const auto& st : stats) EXPECT_EQ(st.saturated, 0u);
+  };
+  check(cx::fp16_codec{});
+  check(cx::bf16_codec{});
+}
+
 // A sum beyond float's range cannot be represented: +-inf, counted.
 TEST_P(AllreduceTest, CastCodecsCountASumBeyondFloat) {
   const int p = GetParam().ranks;

@@ -135,13 +135,14 @@ class compressed_allreduce {
     int ranks = 0;
     matrix_shape shape{};  // PowerSGD: Q is cols x r of this shape
     std::vector<float> res, res2, q, p, q_local;
+    double res_bound = 0.0;  // the casts: every |res| is at most this
   };
   struct range {
-    float amax = 0.0f;   // largest finite |grad + residual| of all ranks
+    float amax = 0.0f;   // largest finite |grad| of all ranks
     bool finite = true;  // no rank holds an inf or NaN
   };
   tensor_state& state_for(std::size_t key, std::size_t n, matrix_shape shape);
-  range agree_range(std::span<const float> grad, const float* res, deadline d);
+  range agree_range(std::span<const float> grad, deadline d);
   [[nodiscard]] std::size_t segment_elems(std::size_t n) const noexcept;
   void run_impl(std::span<float> grad, std::size_t key, matrix_shape shape);
   void run_low_rank(std::span<float> grad, tensor_state& st, matrix_shape shape, deadline d);

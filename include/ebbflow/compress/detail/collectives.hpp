@@ -226,10 +226,10 @@ inline double ring_growth(int p, double u) noexcept {
 //! is 0. Up as well as down: small values move away from the code's
 //! subnormals. Exact arithmetic on the agreed inputs: every rank gets the
 //! same s.
-inline float ring_scale(float amax, int p, float max_value, float u) noexcept {
-  if (!(amax > 0.0f)) return 1.0f;
+inline float ring_scale(double amax, int p, float max_value, float u) noexcept {
+  if (!(amax > 0.0)) return 1.0f;
   int e = 0;
-  std::frexp(static_cast<double>(max_value) / (static_cast<double>(amax) * ring_growth(p, u)), &e);
+  std::frexp(static_cast<double>(max_value) / (amax * ring_growth(p, u)), &e);
   return std::ldexp(1.0f, std::clamp(e - 1, -126, 126));  // frexp: x = f 2^e, f in [0.5, 1)
 }
 

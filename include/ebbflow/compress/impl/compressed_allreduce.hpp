@@ -87,7 +87,7 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
   } else {
     Transport& t = comm_->transport();
     [[maybe_unused]] range rg;
-    if constexpr (detail::range_scaled<Codec>) rg = agree_range(grad, res, dl);
+    if constexpr (detail::range_scaled<Codec>) rg = agree_range(grad, dl);
     detail::coll_ctx ctx;
     ctx.seg_elems = segment_elems(n);
     ctx.dl = dl;
@@ -98,14 +98,20 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
     if constexpr (detail::range_scaled<Codec>) {
       // The ring's running sums reach p amax (and its roundings a little
       // more): scaled by a power of two, exact both ways, they stay in the
-      // code's range. Every rank agreed on amax, so on the scale.
+      // code's range. Every rank agreed on amax, so on the scale. The
+      // residuals are not scanned (half the memory traffic): each is at most
+      // the code's unit roundoff of its largest value at the last scale.
       const int p = comm_->size();
-      const float s = detail::ring_scale(rg.amax, p, Codec::max_value, Codec::unit_roundoff);
+      constexpr double rounding = double{Codec::unit_roundoff} * Codec::max_value;
+      const double amax = rg.amax + (res ? st.res_bound : 0.0);
+      const float s = detail::ring_scale(amax, p, Codec::max_value, Codec::unit_roundoff);
+      st.res_bound = std::max(st.res_bound, rounding / s);  // holds if the ring fails half-way, too
       detail::ring_allreduce(t, codec_.with_scale(s), exec_, grad.data(), n, res, ctx, arenas_);
+      st.res_bound = rounding / s;
       // What is left is float's own range: only a sum that may leave it is
       // looked at (every rank has the same bits, so the same count).
-      if (rg.finite && static_cast<double>(rg.amax) * detail::ring_growth(p, Codec::unit_roundoff) >
-                           static_cast<double>(std::numeric_limits<float>::max()))
+      if (rg.finite &&
+          amax * detail::ring_growth(p, Codec::unit_roundoff) > static_cast<double>(std::numeric_limits<float>::max()))
         stats_.saturated += static_cast<std::size_t>(
             std::count_if(grad.begin(), grad.end(), [](float x) { return !detail::is_finite(x); }));
     } else if constexpr (Codec::kind == codec_kind::linear) {
@@ -121,11 +127,10 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
-auto compressed_allreduce<Codec, Transport, Executor>::agree_range(std::span<const float> grad, const float* res,
-                                                                   deadline d) -> range {
+auto compressed_allreduce<Codec, Transport, Executor>::agree_range(std::span<const float> grad, deadline d) -> range {
   const std::size_t nb = kernels::blocks_of(grad.size());
   auto* words = reinterpret_cast<std::uint32_t*>(detail::arenas::get(arenas_.ws, nb * 8));
-  detail::bulk(exec_, nb, kernels::finite_amax{grad.data(), res, words, grad.size()});
+  detail::bulk(exec_, nb, kernels::finite_amax{grad.data(), words, grad.size()});
   exec_.wait();
   std::uint32_t amax = 0, bad = 0;
   for (std::size_t b = 0; b < nb; ++b) amax = std::max(amax, words[2 * b]), bad |= words[2 * b + 1];
