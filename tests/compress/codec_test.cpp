@@ -545,6 +545,35 @@ TEST(Sign, DecodeKeepsSignAndBlockL1Norm) {
   }
 }
 
+// The factors' columns scaled by powers of two to a largest |entry| in
+// [1, 2): exact (the ratios stay), zero and non-finite columns untouched.
+TEST(PowerSgd, NormalizeScalesEachColumnByAPowerOfTwo) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // 3 rows x 5 columns, row-major.
+  std::vector<float> f{3e-30f,  0.0f, 1e30f,  5.0f, 1e-44f,  //
+                       -1e-30f, 0.0f, 3e37f,  inf,  3e-45f,  //
+                       7e-31f,  0.0f, -2e36f, 1.0f, 0.0f};
+  const auto before = f;
+  ef::exec::cpu_executor ex;
+  cx::powersgd_codec(5).normalize(ex, f.data(), 3, cx::matrix_shape{8, 8});  // rank 5
+  for (std::size_t j : {0u, 2u, 4u}) {
+    float amax = 0;
+    for (std::size_t k = 0; k < 3; ++k) amax = std::max(amax, std::fabs(f[k * 5 + j]));
+    EXPECT_GE(amax, j == 4 ? 0x1p-21f : 1.0f) << j;  // subnormals: up by 2^126 at most
+    EXPECT_LT(amax, 2.0f) << j;
+    const float ratio = f[j] / before[j];
+    EXPECT_EQ(std::exp2(std::round(std::log2(ratio))), ratio) << j;
+    for (std::size_t k = 0; k < 3; ++k)
+      if (before[k * 5 + j] != 0) {
+        EXPECT_EQ(f[k * 5 + j] / before[k * 5 + j], ratio) << j << " " << k;
+      }
+  }
+  for (std::size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(f[k * 5 + 1], 0.0f);               // zero column
+    EXPECT_EQ(f[k * 5 + 3], before[k * 5 + 3]);  // a column holding inf
+  }
+}
+
 namespace {
 // One PowerSGD step on one rank: out = P Q^T with P = orth(M Q), Q = M^T P.
 std::vector<float> powersgd_step(const cx::powersgd_codec& c, const std::vector<float>& m, cx::matrix_shape s,
