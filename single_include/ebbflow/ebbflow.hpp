@@ -6108,7 +6108,11 @@ EBBFLOW_END_NAMESPACE
 //! with optional error feedback. Linear: the ring decodes, adds and re-encodes
 //! at every hop. Relative error per encode <= 2^-11 (fp16, inside its normal
 //! range |v| in [6.1e-5, 65504]; larger values become inf) or 2^-8 (bf16,
-//! full float range).
+//! up to its largest value, 2^-8 below FLT_MAX). A codec may carry a
+//! power-of-two scale (`with_scale`): it then encodes v * scale and decodes
+//! back to v, which moves that range wherever the values are;
+//! `compressed_allreduce` picks one per call so that no running sum of its
+//! ring leaves the range.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
@@ -6190,8 +6194,9 @@ EBBFLOW_END_NAMESPACE
 // ---- begin <ebbflow/compress/kernels/cast.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file cast.hpp
-//! fp16 / bf16 cast kernels with optional error feedback. One functor call
-//! per block of `block_size` elements. Bit-identical on host and device.
+//! fp16 / bf16 cast kernels with optional error feedback and a power-of-two
+//! scale, and the range scan the scale is chosen from. One functor call per
+//! block of `block_size` elements. Bit-identical on host and device.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
@@ -6391,14 +6396,21 @@ EBBFLOW_HD inline float from_bits(std::uint16_t b) noexcept {
     return detail::bf16_to_f32(b);
 }
 
-//! out[i] = cast(in[i] + res[i]); res[i] = (in[i] + res[i]) - float(out[i]).
-//! `res` may be null (no error feedback). Pointers in the executor's space.
+//! out[i] = cast(w), w = in[i] * in_scale + res[i] * res_scale;
+//! res[i] = (w - float(out[i])) * inv_scale.
+//! `res` may be null (no error feedback). The scales are powers of two, so
+//! every product is exact: 1, 1, 1 is the plain cast of in + res; s, s, 1/s
+//! the cast of (in + res) s with an unscaled residual; 1, s, 1/s takes `in`
+//! already scaled (the ring's running sums). Pointers in the executor's space.
 template <cast_format F>
 struct cast_encode {
-  const float* in;     //!< n input floats
-  float* res;          //!< n residual floats, or null
-  std::uint16_t* out;  //!< n codes (output)
-  std::size_t n;       //!< element count
+  const float* in;         //!< n input floats
+  float* res;              //!< n residual floats (unscaled), or null
+  std::uint16_t* out;      //!< n codes (output)
+  std::size_t n;           //!< element count
+  float in_scale = 1.0f;   //!< factor of `in`
+  float res_scale = 1.0f;  //!< factor of `res`
+  float inv_scale = 1.0f;  //!< 1 / res_scale
 
   //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
@@ -6407,28 +6419,33 @@ struct cast_encode {
     std::uint16_t* EBBFLOW_DETAIL_RESTRICT po = out + o;
     if (res == nullptr) {
       for_block(b, n, [&](auto cnt) {
-        for (std::uint32_t j = 0; j < cnt; ++j) po[j] = to_bits<F>(pi[j]);
+        for (std::uint32_t j = 0; j < cnt; ++j) po[j] = to_bits<F>(detail::fmul(pi[j], in_scale));
       });
     } else {
       float* EBBFLOW_DETAIL_RESTRICT pr = res + o;
       for_block(b, n, [&](auto cnt) {
         for (std::uint32_t j = 0; j < cnt; ++j) {
-          const float v = detail::fadd(pi[j], pr[j]);
-          const std::uint16_t q = to_bits<F>(v);
+          const float w = detail::fadd(detail::fmul(pi[j], in_scale), detail::fmul(pr[j], res_scale));
+          const std::uint16_t q = to_bits<F>(w);
           po[j] = q;
-          pr[j] = detail::finite_or_zero(detail::fsub(v, from_bits<F>(q)));
+          pr[j] = detail::finite_or_zero(detail::fmul(detail::fsub(w, from_bits<F>(q)), inv_scale));
         }
       });
     }
   }
 };
 
-//! out[i] = float(in[i]) (Add = false) or out[i] += float(in[i]) (Add = true).
+//! out[i] = float(in[i]) * scale (Add = false), or
+//! out[i] = out[i] * acc_scale + float(in[i]) * scale (Add = true). The
+//! scales are powers of two (exact): 1/s undoes an encoder's s; acc_scale s
+//! moves an accumulator of values into code units as the code is added.
 template <cast_format F, bool Add>
 struct cast_decode {
   const std::uint16_t* in;  //!< n codes
   float* out;               //!< n floats (output, or accumulated into when `Add`)
   std::size_t n;            //!< element count
+  float scale = 1.0f;       //!< factor of the decoded code
+  float acc_scale = 1.0f;   //!< factor of `out` before the add (`Add` only)
 
   //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
@@ -6437,8 +6454,42 @@ struct cast_decode {
     float* EBBFLOW_DETAIL_RESTRICT po = out + o;
     for_block(b, n, [&](auto cnt) {
       for (std::uint32_t j = 0; j < cnt; ++j) {
-        detail::store<Add>(po[j], from_bits<F>(pi[j]));
+        const float d = detail::fmul(from_bits<F>(pi[j]), scale);
+        if constexpr (Add)
+          po[j] = detail::fadd(detail::fmul(po[j], acc_scale), d);
+        else
+          po[j] = d;
       }
+    });
+  }
+};
+
+//! The range of `in` over block b, from which `compressed_allreduce` scales
+//! the cast codes: out[2 b] = the bits of the largest finite |in[i]| (0 when
+//! there is none), out[2 b + 1] = 1 when some in[i] is inf or NaN, else 0.
+//! Pointers in the executor's space.
+struct finite_amax {
+  const float* in;     //!< n floats
+  std::uint32_t* out;  //!< 2 words per block (output)
+  std::size_t n;       //!< element count
+
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    const float* EBBFLOW_DETAIL_RESTRICT pi = in + b * block_size;
+    for_block(b, n, [&](auto cnt) {
+      // Two max reductions on the integer image of |v| (monotone for
+      // non-negative floats; inf and NaN above every finite value),
+      // branch-free: the loop vectorises where a float max, or an or of
+      // flags, does not (measured: 7.6x).
+      std::int32_t amax = 0, all = 0;
+      for (std::uint32_t j = 0; j < cnt; ++j) {
+        const auto a = static_cast<std::int32_t>(detail::as_u32(pi[j]) & 0x7FFFFFFFu);
+        const std::int32_t finite = a < 0x7F800000 ? a : 0;
+        amax = finite > amax ? finite : amax;
+        all = a > all ? a : all;
+      }
+      out[2 * b] = static_cast<std::uint32_t>(amax);
+      out[2 * b + 1] = all >= 0x7F800000 ? 1u : 0u;
     });
   }
 };
@@ -6446,6 +6497,7 @@ struct cast_decode {
 }  // namespace compress::kernels
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/compress/kernels/cast.hpp>
+// #include <ebbflow/core/error.hpp>  (inlined)
 
 #include <cstddef>
 #include <cstdint>
@@ -6454,12 +6506,31 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
 
-//! Cast codec to the 16-bit format `F`. Stateless; thread-safe.
+//! Cast codec to the 16-bit format `F`, with its scale. Immutable; thread-safe.
 template <kernels::cast_format F>
 struct cast_codec : detail::decode_forms<cast_codec<F>> {
   static constexpr codec_kind kind = codec_kind::linear;  //!< decoded, added and re-encoded per ring hop
   //! Unit roundoff of one encode, relative to |v| (documented bound).
   static constexpr float unit_roundoff = F == kernels::cast_format::f16 ? 1.0f / 2048 : 1.0f / 256;
+  //! Largest finite value of the format, 65504 (fp16) or 0x1.FEp127
+  //! (bf16): |v * scale()| above it (by half a unit in the last place) encodes as inf.
+  static constexpr float max_value = F == kernels::cast_format::f16 ? 65504.0f : 0x1.FEp127f;
+
+  //! This code of v * `s` instead of v, decoded back to v (the residual,
+  //! too, stays unscaled). `s` must be a power of two in [2^-126, 2^126],
+  //! so that scaling is exact both ways (short of float's own over- and
+  //! underflow). @throws std::invalid_argument for any other `s`.
+  [[nodiscard]] cast_codec with_scale(float s) const {
+    const std::uint32_t bits = detail::as_u32(s), e = bits >> 23;
+    EBBFLOW_ENFORCE((bits & 0x807FFFFFu) == 0 && e >= 1 && e <= 253,
+                    name() << " scale " << s << " is not a power of two in [2^-126, 2^126]");
+    cast_codec c = *this;
+    c.scale_ = s;
+    c.inv_scale_ = detail::as_f32((254u - e) << 23);
+    return c;
+  }
+  //! The scale of `with_scale` (1: the plain cast).
+  [[nodiscard]] float scale() const noexcept { return scale_; }
 
   //! "fp16" or "bf16".
   [[nodiscard]] std::string_view name() const noexcept { return F == kernels::cast_format::f16 ? "fp16" : "bf16"; }
@@ -6473,8 +6544,9 @@ struct cast_codec : detail::decode_forms<cast_codec<F>> {
   //! Encodes n floats (+ residual) into `out`. Pointers in `Ex`'s space.
   template <class Ex>
   void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context = {}) const {
-    detail::bulk(ex, kernels::blocks_of(n),
-                 kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n});
+    detail::bulk(
+        ex, kernels::blocks_of(n),
+        kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n, scale_, scale_, inv_scale_});
   }
   //! Writes (`Add` false: decode) or adds (`Add` true: decode_add) the `n`
   //! floats decoded from `in` to `out` (both in `Ex`'s space; completes as
@@ -6482,8 +6554,11 @@ struct cast_codec : detail::decode_forms<cast_codec<F>> {
   template <bool Add, class Ex>
   void decode_into(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
     detail::bulk(ex, kernels::blocks_of(n),
-                 kernels::cast_decode<F, Add>{reinterpret_cast<const std::uint16_t*>(in), out, n});
+                 kernels::cast_decode<F, Add>{reinterpret_cast<const std::uint16_t*>(in), out, n, inv_scale_});
   }
+
+ private:
+  float scale_ = 1.0f, inv_scale_ = 1.0f;
 };
 
 //! IEEE binary16 cast codec.
@@ -6502,8 +6577,9 @@ EBBFLOW_END_NAMESPACE
 //! PowerSGD rank-r compression (Vogels et al., NeurIPS 2019) of a matrix
 //! gradient M (rows x cols, row-major): one power-iteration step per call with
 //! a warm-started Q. Not a flat codec: `compressed_allreduce` runs
-//!   M = grad + residual; P = M Q; allreduce(P); orthogonalise(P);
-//!   Q = M^T P; residual = M - P Q^T; allreduce(Q); grad = P Q^T,
+//!   M = grad + residual; P = M normalize(Q); allreduce(P);
+//!   orthogonalise(normalize(P)); Q = M^T P; residual = M - P Q^T;
+//!   allreduce(Q); grad = P Q^T,
 //! i.e. two dense allreduces of (rows + cols) r floats instead of rows cols.
 //! This type holds the rank and the per-step kernels; the per-tensor state
 //! (Q, residual) lives in the allreduce. A matrix of rank <= r is reproduced
@@ -6915,6 +6991,32 @@ struct reseed_zero_columns {
     for (std::size_t k = 0; k < cols; ++k) fill(k * rank + j);
   }
 };
+
+//! Column j of f (rows x rank, row-major) times the power of two that puts
+//! its largest |entry| in [1, 2) (within [2^-126, 2^126]; exact): the
+//! factors carry a direction, and their magnitude would otherwise follow
+//! the gradient's, squared (P = M Q with the warm start Q = M^T P), out of
+//! float's range (above about 1e18) or below the orthogonalisation's eps
+//! (below about 1e-9), silently zeroing the result. Zero and non-finite
+//! columns are left alone.
+struct normalize_columns {
+  float* f;          //!< rows x rank (executor's memory space)
+  std::size_t rows;  //!< rows of f
+  std::size_t rank;  //!< columns of f
+  //! Scales column `j`.
+  EBBFLOW_HD void operator()(std::size_t j) const noexcept {
+    std::uint32_t amax = 0;
+    for (std::size_t k = 0; k < rows; ++k) {
+      const std::uint32_t a = compress::detail::as_u32(f[k * rank + j]) & 0x7FFFFFFFu;
+      amax = a > amax ? a : amax;
+    }
+    if (amax == 0 || amax >= 0x7F800000u) return;
+    std::uint32_t e = amax >> 23;  // biased exponent of the largest entry
+    e = e < 1 ? 1 : e > 253 ? 253 : e;
+    const float factor = compress::detail::as_f32((254u - e) << 23);  // 2^(127 - e)
+    for (std::size_t k = 0; k < rows; ++k) f[k * rank + j] = compress::detail::fmul(f[k * rank + j], factor);
+  }
+};
 }  // namespace kernels
 
 //! Value type; thread-safe.
@@ -6954,6 +7056,14 @@ struct powersgd_codec {
   template <class Ex>
   void refresh_q(Ex& ex, float* q, matrix_shape s, std::uint64_t seed) const {
     ex.bulk(rank_for(s), kernels::reseed_zero_columns{q, s.cols, rank_for(s), {seed, 0x9051D}});
+  }
+  //! Scales each column of the factor f (`rows` x r, row-major) by a power
+  //! of two to a largest |entry| in [1, 2) (`kernels::normalize_columns`):
+  //! the warm-start Q before P = M Q, and P before its orthogonalisation.
+  //! Exact; the same on every rank for the same f.
+  template <class Ex>
+  void normalize(Ex& ex, float* f, std::size_t rows, matrix_shape s) const {
+    ex.bulk(rank_for(s), kernels::normalize_columns{f, rows, rank_for(s)});
   }
   //! p (rows x r) = m q, with m (rows x cols) and q (cols x r) row-major.
   //! Pointers in `Ex`'s space; completes as `ex.bulk` does.
@@ -7968,7 +8078,10 @@ EBBFLOW_END_NAMESPACE
 //!
 //! The algorithm follows the codec's `kind`:
 //! * `linear` (fp16, bf16, int8, int4): pipelined ring reduce-scatter with
-//!   decode-add-encode per hop, then a ring allgather of the encoded chunks;
+//!   decode-add-encode per hop, then a ring allgather of the encoded chunks.
+//!   The casts (fp16, bf16), whose range is bounded, first agree on the
+//!   largest |input| of all ranks (the communicator's allreduce of max) and
+//!   run scaled by a power of two that keeps every running sum in range;
 //! * `sparse` (top-k): ring allgather of every rank's encoded tensor, decoded
 //!   by everybody in rank order;
 //! * `sign` (1-bit): compressed reduce-scatter, sum, re-encode with a second
@@ -8025,12 +8138,17 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/config.hpp>  (inlined)
 // #include <ebbflow/comm/transport.hpp>  (inlined)
 // #include <ebbflow/compress/codec.hpp>  (inlined)
+// #include <ebbflow/compress/codecs/cast.hpp>  (inlined)
 // #include <ebbflow/compress/detail/philox.hpp>  (inlined)
+// #include <ebbflow/compress/detail/run.hpp>  (inlined)
+// #include <ebbflow/compress/kernels/cast.hpp>  (inlined)
 // #include <ebbflow/compress/kernels/topk.hpp>  (inlined)  // fill_zero
 // #include <ebbflow/core/deadline.hpp>  (inlined)
 // #include <ebbflow/core/error.hpp>  (inlined)
 
 #include <algorithm>
+#include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -8201,13 +8319,84 @@ inline encode_context seg_ctx(const coll_ctx& ctx, std::uint64_t phase, std::siz
   return {ctx.seed, mix64(ctx.stream_base ^ mix64((phase << 56) ^ begin)), ws};
 }
 
+//! A linear code of bounded range (the casts: `max_value`, `with_scale`),
+//! which the ring runs scaled so that its running sums stay in range.
+template <class Codec>
+concept range_scaled = requires(const Codec& c) {
+  { Codec::max_value } -> std::convertible_to<float>;
+  { Codec::unit_roundoff } -> std::convertible_to<float>;
+  { c.with_scale(1.0f) } -> std::same_as<Codec>;
+};
+
+//! Sum of (1 + 2u)^k for k = 1..p: a running sum of the ring over p ranks
+//! whose values are at most 1 in magnitude stays below this, with u the
+//! code's unit roundoff. Hop k adds a value and rounds in float (2^-24 < u)
+//! and in the code (u), so value j is rounded p - j + 1 times (about p,
+//! p (1 + (p + 1) u), for p u << 1). By multiplication: the same on every host.
+inline double ring_growth(int p, double u) noexcept {
+  double g = 0.0, f = 1.0;
+  for (int k = 0; k < p; ++k) g += (f *= 1.0 + 2.0 * u);
+  return g;
+}
+
+//! The scale of a range-scaled code for a ring over p ranks whose inputs
+//! (with residuals) are at most `amax` in magnitude: the largest power of two
+//! s with amax s ring_growth(p, u) <= max_value, so that no value the ring
+//! encodes leaves the code's range, clamped to [2^-126, 2^126]; 1 when amax
+//! is 0. Up as well as down: small values move away from the code's
+//! subnormals. Exact arithmetic on the agreed inputs: every rank gets the
+//! same s.
+inline float ring_scale(double amax, int p, float max_value, float u) noexcept {
+  if (!(amax > 0.0)) return 1.0f;
+  int e = 0;
+  std::frexp(static_cast<double>(max_value) / (amax * ring_growth(p, u)), &e);
+  return std::ldexp(1.0f, std::clamp(e - 1, -126, 126));  // frexp: x = f 2^e, f in [0.5, 1)
+}
+
+//! How the ring carries a scaled cast code between hops: running sums stay
+//! in code units (v s), never unscaled, so that a running sum that fits the
+//! code but not float after unscaling (bf16 rounds up to 2^128 there) or a
+//! float running sum beyond FLT_MAX cannot overflow. `decode_add` scales the
+//! values it adds to (this rank's own) into code units as it adds the code;
+//! `encode` takes code units, its residual unscaled. Same bits as unscaled
+//! wherever nothing over- or underflows (powers of two are exact).
+template <kernels::cast_format F>
+struct cast_hop {
+  float scale, inv_scale;
+  //! Encodes the running sums `in` (code units) + residual * scale.
+  template <class Ex>
+  void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context) const {
+    bulk(ex, kernels::blocks_of(n),
+         kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n, 1.0f, scale, inv_scale});
+  }
+  //! out = out * scale + code: this rank's values join the running sum.
+  template <class Ex>
+  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    bulk(ex, kernels::blocks_of(n),
+         kernels::cast_decode<F, true>{reinterpret_cast<const std::uint16_t*>(in), out, n, 1.0f, scale});
+  }
+};
+//! The codec the ring encodes and adds running sums with: itself, or for a
+//! cast code its `cast_hop`.
+template <class Codec>
+const Codec& ring_hop(const Codec& c) noexcept {
+  return c;
+}
+template <kernels::cast_format F>
+cast_hop<F> ring_hop(const cast_codec<F>& c) noexcept {
+  return {c.scale(), 1.0f / c.scale()};
+}
+
 //! Ring allreduce (sum) of `data[0, n)` with decode-add-encode per hop.
 //! `res` (nullable) is the error-feedback residual of this rank, n floats:
 //! every rank encodes every region exactly once per call, so the residual of
 //! each region carries exactly that encode's error into the next call.
+//! `codec` encodes this rank's values (step 0) and decodes the results;
+//! `ring_hop(codec)` decode-adds and re-encodes the running sums.
 template <class Codec, class T, class Ex>
 void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n, float* res, coll_ctx& ctx,
                     arenas& ar) {
+  const auto& hop = ring_hop(codec);
   const int p = t.size(), r = t.rank();
   if (p == 1 || n == 0) return;
   const auto L = make_layout(codec, n, p, ctx.seg_elems);
@@ -8229,13 +8418,13 @@ void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n
   gather.post();
 
   float* no_res = nullptr;
-  const auto encode_seg = [&](const chunk& c, const segment& sg, std::byte* area) {
-    codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, area + c.area_off + sg.off, sg.len,
-                 seg_ctx(ctx, 0, sg.begin, ws));
+  const auto encode_seg = [&](const auto& with, const chunk& c, const segment& sg, std::byte* area) {
+    with.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, area + c.area_off + sg.off, sg.len,
+                seg_ctx(ctx, 0, sg.begin, ws));
     ex.wait();
   };
   for (const auto& sg : ch(r).segs) {  // reduce-scatter step 0: my own chunk, local data
-    encode_seg(ch(r), sg, rs_out);
+    encode_seg(codec, ch(r), sg, rs_out);
     rq.send(right, tag_rs(0), rs_out + ch(r).area_off + sg.off, sg.bytes);
   }
   std::size_t k = 0;
@@ -8243,12 +8432,12 @@ void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n
     const chunk& c = ch(mod(r - s - 1, p));
     for (const auto& sg : c.segs) {
       rq.wait_recv(rs_ids[k++]);
-      codec.decode_add(ex, rs_in + c.area_off + sg.off, data + sg.begin, sg.len);
+      hop.decode_add(ex, rs_in + c.area_off + sg.off, data + sg.begin, sg.len);
       if (s < p - 2) {
-        encode_seg(c, sg, rs_out);
+        encode_seg(hop, c, sg, rs_out);
         rq.send(right, tag_rs(s + 1), rs_out + c.area_off + sg.off, sg.bytes);
       } else {  // complete: encode once for the allgather, keep exactly what the others will decode
-        encode_seg(c, sg, ag);
+        encode_seg(hop, c, sg, ag);
         codec.decode(ex, ag + c.area_off + sg.off, data + sg.begin, sg.len);
         rq.send(right, gather.tag(0), ag + c.area_off + sg.off, sg.bytes);
       }
@@ -8451,6 +8640,11 @@ struct allreduce_stats {
   std::size_t calls = 0;            //!< `run` calls
   std::size_t wire_bytes_sent = 0;  //!< bytes handed to the transport (dense: as the communicator's algorithm sends)
   std::size_t dense_calls = 0;      //!< calls that took the dense path
+  //! Elements that came out +-inf or NaN although every rank's input (and
+  //! residual) was finite: the sum left float's range. Counted by the cast
+  //! codecs (fp16, bf16) on the compressed path, which agree on their
+  //! inputs' range every call; the same on every rank.
+  std::size_t saturated = 0;
 };
 
 //! An error-feedback compressed allreduce bound to one communicator over a
@@ -8479,7 +8673,8 @@ class compressed_allreduce {
   void run(std::span<float> grad, std::size_t key, matrix_shape shape);
 
   //! Bytes this rank sends for one call on n elements (no dense threshold;
-  //! PowerSGD's factors as the communicator's allreduce sends them).
+  //! PowerSGD's factors, and the casts' agreement on their range, as the
+  //! communicator's allreduce sends them).
   //! @throws std::invalid_argument where the communicator's allreduce would (a forced algorithm it cannot run).
   [[nodiscard]] std::size_t wire_bytes(std::size_t n) const;
   //! Counters since construction.
@@ -8495,8 +8690,14 @@ class compressed_allreduce {
     int ranks = 0;
     matrix_shape shape{};  // PowerSGD: Q is cols x r of this shape
     std::vector<float> res, res2, q, p, q_local;
+    double res_bound = 0.0;  // the casts: every |res| is at most this
+  };
+  struct range {
+    float amax = 0.0f;   // largest finite |grad| of all ranks
+    bool finite = true;  // no rank holds an inf or NaN
   };
   tensor_state& state_for(std::size_t key, std::size_t n, matrix_shape shape);
+  range agree_range(std::span<const float> grad, deadline d);
   [[nodiscard]] std::size_t segment_elems(std::size_t n) const noexcept;
   void run_impl(std::span<float> grad, std::size_t key, matrix_shape shape);
   void run_low_rank(std::span<float> grad, tensor_state& st, matrix_shape shape, deadline d);
@@ -8523,6 +8724,10 @@ EBBFLOW_END_NAMESPACE
 
 
 // #include <ebbflow/compress/compressed_allreduce.hpp>  (inlined)
+// #include <ebbflow/compress/kernels/cast.hpp>  (inlined)
+
+#include <algorithm>
+#include <limits>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
@@ -8601,6 +8806,8 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
     run_low_rank(grad, st, shape, dl);
   } else {
     Transport& t = comm_->transport();
+    [[maybe_unused]] range rg;
+    if constexpr (detail::range_scaled<Codec>) rg = agree_range(grad, dl);
     detail::coll_ctx ctx;
     ctx.seg_elems = segment_elems(n);
     ctx.dl = dl;
@@ -8608,7 +8815,26 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
     ctx.stream_base = detail::mix64(detail::mix64(call) ^ detail::mix64(key + 0x1234567) ^
                                     detail::mix64(static_cast<std::uint64_t>(t.rank()) + 1));
     ctx.seq = comm_->next_sequence();
-    if constexpr (Codec::kind == codec_kind::linear) {
+    if constexpr (detail::range_scaled<Codec>) {
+      // The ring's running sums reach p amax (and its roundings a little
+      // more): scaled by a power of two, exact both ways, they stay in the
+      // code's range. Every rank agreed on amax, so on the scale. The
+      // residuals are not scanned (half the memory traffic): each is at most
+      // the code's unit roundoff of its largest value at the last scale.
+      const int p = comm_->size();
+      constexpr double rounding = double{Codec::unit_roundoff} * Codec::max_value;
+      const double amax = rg.amax + (res ? st.res_bound : 0.0);
+      const float s = detail::ring_scale(amax, p, Codec::max_value, Codec::unit_roundoff);
+      st.res_bound = std::max(st.res_bound, rounding / s);  // holds if the ring fails half-way, too
+      detail::ring_allreduce(t, codec_.with_scale(s), exec_, grad.data(), n, res, ctx, arenas_);
+      st.res_bound = rounding / s;
+      // What is left is float's own range: only a sum that may leave it is
+      // looked at (every rank has the same bits, so the same count).
+      if (rg.finite &&
+          amax * detail::ring_growth(p, Codec::unit_roundoff) > static_cast<double>(std::numeric_limits<float>::max()))
+        stats_.saturated += static_cast<std::size_t>(
+            std::count_if(grad.begin(), grad.end(), [](float x) { return !detail::is_finite(x); }));
+    } else if constexpr (Codec::kind == codec_kind::linear) {
       detail::ring_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
     } else if constexpr (Codec::kind == codec_kind::sparse) {
       detail::sparse_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
@@ -8618,6 +8844,20 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
     }
     stats_.wire_bytes_sent += ctx.wire_sent;
   }
+}
+
+template <class Codec, comm::transport Transport, exec::executor Executor>
+auto compressed_allreduce<Codec, Transport, Executor>::agree_range(std::span<const float> grad, deadline d) -> range {
+  const std::size_t nb = kernels::blocks_of(grad.size());
+  auto* words = reinterpret_cast<std::uint32_t*>(detail::arenas::get(arenas_.ws, nb * 8));
+  detail::bulk(exec_, nb, kernels::finite_amax{grad.data(), words, grad.size()});
+  exec_.wait();
+  std::uint32_t amax = 0, bad = 0;
+  for (std::size_t b = 0; b < nb; ++b) amax = std::max(amax, words[2 * b]), bad |= words[2 * b + 1];
+  float v[2] = {detail::as_f32(amax), bad ? 1.0f : 0.0f};
+  stats_.wire_bytes_sent += comm_->allreduce_bytes_sent(2, dtype::f32);
+  comm_->allreduce(view(std::span<float>(v)), reduce_op::max, d);
+  return {v[0], v[1] == 0.0f};
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
@@ -8641,9 +8881,16 @@ void compressed_allreduce<Codec, Transport, Executor>::run_low_rank(std::span<fl
       }
       st.p.resize(shape.rows * r);
       st.q_local.resize(shape.cols * r);
+      // The factors are directions: powers of two keep their entries near 1,
+      // so that neither P = M Q (Q, the last sum, has M's magnitude) nor the
+      // orthogonalisation (squares) leaves float's range or falls below its
+      // eps at the gradient's magnitude. Q and the summed P are the same on
+      // every rank, so are their scales.
+      codec_.normalize(exec_, st.q.data(), shape.cols, shape);
       codec_.compute_p(exec_, m, st.q.data(), st.p.data(), shape);
       exec_.wait();
       dense(st.p, d);
+      codec_.normalize(exec_, st.p.data(), shape.rows, shape);
       codec_.orthogonalize(exec_, st.p.data(), shape);
       codec_.compute_q(exec_, m, st.p.data(), st.q_local.data(), shape);
       if (opts_.error_feedback) codec_.residual(exec_, m, st.p.data(), st.q_local.data(), st.res.data(), shape);
@@ -8701,7 +8948,9 @@ std::size_t compressed_allreduce<Codec, Transport, Executor>::wire_bytes(std::si
       // linear: the reduce-scatter sends every chunk but (rank+1)'s, the allgather every chunk but (rank+2)'s;
       // sign: the all-to-all sends every chunk but mine, the allgather every chunk but (rank+1)'s.
       constexpr std::size_t skip = Codec::kind == codec_kind::linear ? 1 : 0;
-      return (total - chunk(skip)) + (total - chunk(skip + 1));
+      // The casts first agree on their range: an allreduce of 2 floats.
+      const std::size_t range = detail::range_scaled<Codec> ? comm_->allreduce_bytes_sent(2, dtype::f32) : 0;
+      return (total - chunk(skip)) + (total - chunk(skip + 1)) + range;
     }
   }
 }
