@@ -5,10 +5,9 @@
 //!
 //! The algorithm follows the codec's `kind`:
 //! * `linear` (fp16, bf16, int8, int4): pipelined ring reduce-scatter with
-//!   decode-add-encode per hop, then a ring allgather of the encoded chunks.
-//!   The casts (fp16, bf16), whose range is bounded, first agree on the
-//!   largest |input| of all ranks (the communicator's allreduce of max) and
-//!   run scaled by a power of two that keeps every running sum in range;
+//!   decode-add-encode per hop, then a ring allgather of the encoded chunks
+//!   (the casts scale each block of 256 by its own power of two, at every
+//!   hop, so no running sum leaves their range);
 //! * `sparse` (top-k): ring allgather of every rank's encoded tensor, decoded
 //!   by everybody in rank order;
 //! * `sign` (1-bit): compressed reduce-scatter, sum, re-encode with a second
@@ -85,10 +84,9 @@ struct allreduce_stats {
   std::size_t calls = 0;            //!< `run` calls
   std::size_t wire_bytes_sent = 0;  //!< bytes handed to the transport (dense: as the communicator's algorithm sends)
   std::size_t dense_calls = 0;      //!< calls that took the dense path
-  //! Elements that came out +-inf or NaN although every rank's input (and
-  //! residual) was finite: the sum left float's range. Counted by the cast
-  //! codecs (fp16, bf16) on the compressed path, which agree on their
-  //! inputs' range every call; the same on every rank.
+  //! Elements that came out +-inf or NaN from finite codes: the sum left
+  //! float's range (above about 3.4e38). Counted by the cast codecs (fp16,
+  //! bf16) on the compressed path; the same on every rank.
   std::size_t saturated = 0;
 };
 
@@ -118,8 +116,7 @@ class compressed_allreduce {
   void run(std::span<float> grad, std::size_t key, matrix_shape shape);
 
   //! Bytes this rank sends for one call on n elements (no dense threshold;
-  //! PowerSGD's factors, and the casts' agreement on their range, as the
-  //! communicator's allreduce sends them).
+  //! PowerSGD's factors as the communicator's allreduce sends them).
   //! @throws std::invalid_argument where the communicator's allreduce would (a forced algorithm it cannot run).
   [[nodiscard]] std::size_t wire_bytes(std::size_t n) const;
   //! Counters since construction.
@@ -135,14 +132,8 @@ class compressed_allreduce {
     int ranks = 0;
     matrix_shape shape{};  // PowerSGD: Q is cols x r of this shape
     std::vector<float> res, res2, q, p, q_local;
-    double res_bound = 0.0;  // the casts: every |res| is at most this
-  };
-  struct range {
-    float amax = 0.0f;   // largest finite |grad| of all ranks
-    bool finite = true;  // no rank holds an inf or NaN
   };
   tensor_state& state_for(std::size_t key, std::size_t n, matrix_shape shape);
-  range agree_range(std::span<const float> grad, deadline d);
   [[nodiscard]] std::size_t segment_elems(std::size_t n) const noexcept;
   void run_impl(std::span<float> grad, std::size_t key, matrix_shape shape);
   void run_low_rank(std::span<float> grad, tensor_state& st, matrix_shape shape, deadline d);

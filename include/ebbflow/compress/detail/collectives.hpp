@@ -18,17 +18,12 @@
 #include <ebbflow/config.hpp>
 #include <ebbflow/comm/transport.hpp>
 #include <ebbflow/compress/codec.hpp>
-#include <ebbflow/compress/codecs/cast.hpp>
 #include <ebbflow/compress/detail/philox.hpp>
-#include <ebbflow/compress/detail/run.hpp>
-#include <ebbflow/compress/kernels/cast.hpp>
 #include <ebbflow/compress/kernels/topk.hpp>  // fill_zero
 #include <ebbflow/core/deadline.hpp>
 #include <ebbflow/core/error.hpp>
 
 #include <algorithm>
-#include <cmath>
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -83,6 +78,7 @@ struct coll_ctx {
   std::uint64_t stream_base = 0;  //!< unique per (rank, call, tensor)
   std::uint64_t seq = 0;          //!< tag sequence number of this collective
   std::size_t wire_sent = 0;      //!< bytes this rank sent (accumulated)
+  std::size_t saturated = 0;      //!< result elements beyond float's range from finite codes (accumulated)
   const char* op = "compressed_allreduce";
 };
 
@@ -199,84 +195,30 @@ inline encode_context seg_ctx(const coll_ctx& ctx, std::uint64_t phase, std::siz
   return {ctx.seed, mix64(ctx.stream_base ^ mix64((phase << 56) ^ begin)), ws};
 }
 
-//! A linear code of bounded range (the casts: `max_value`, `with_scale`),
-//! which the ring runs scaled so that its running sums stay in range.
-template <class Codec>
-concept range_scaled = requires(const Codec& c) {
-  { Codec::max_value } -> std::convertible_to<float>;
-  { Codec::unit_roundoff } -> std::convertible_to<float>;
-  { c.with_scale(1.0f) } -> std::same_as<Codec>;
-};
-
-//! Sum of (1 + 2u)^k for k = 1..p: a running sum of the ring over p ranks
-//! whose values are at most 1 in magnitude stays below this, with u the
-//! code's unit roundoff. Hop k adds a value and rounds in float (2^-24 < u)
-//! and in the code (u), so value j is rounded p - j + 1 times (about p,
-//! p (1 + (p + 1) u), for p u << 1). By multiplication: the same on every host.
-inline double ring_growth(int p, double u) noexcept {
-  double g = 0.0, f = 1.0;
-  for (int k = 0; k < p; ++k) g += (f *= 1.0 + 2.0 * u);
-  return g;
-}
-
-//! The scale of a range-scaled code for a ring over p ranks whose inputs
-//! (with residuals) are at most `amax` in magnitude: the largest power of two
-//! s with amax s ring_growth(p, u) <= max_value, so that no value the ring
-//! encodes leaves the code's range, clamped to [2^-126, 2^126]; 1 when amax
-//! is 0. Up as well as down: small values move away from the code's
-//! subnormals. Exact arithmetic on the agreed inputs: every rank gets the
-//! same s.
-inline float ring_scale(double amax, int p, float max_value, float u) noexcept {
-  if (!(amax > 0.0)) return 1.0f;
-  int e = 0;
-  std::frexp(static_cast<double>(max_value) / (amax * ring_growth(p, u)), &e);
-  return std::ldexp(1.0f, std::clamp(e - 1, -126, 126));  // frexp: x = f 2^e, f in [0.5, 1)
-}
-
-//! How the ring carries a scaled cast code between hops: running sums stay
-//! in code units (v s), never unscaled, so that a running sum that fits the
-//! code but not float after unscaling (bf16 rounds up to 2^128 there) or a
-//! float running sum beyond FLT_MAX cannot overflow. `decode_add` scales the
-//! values it adds to (this rank's own) into code units as it adds the code;
-//! `encode` takes code units, its residual unscaled. Same bits as unscaled
-//! wherever nothing over- or underflows (powers of two are exact).
-template <kernels::cast_format F>
-struct cast_hop {
-  float scale, inv_scale;
-  //! Encodes the running sums `in` (code units) + residual * scale.
-  template <class Ex>
-  void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context) const {
-    bulk(ex, kernels::blocks_of(n),
-         kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n, 1.0f, scale, inv_scale});
+//! The ring's hop: encodes decode(`in`) + `data` (+ `res`) into `out`.
+//! Codecs that can do it in one pass (`decode_add_encode`: the casts, which
+//! keep the running sum in their scaled units) leave `data` as it is; the
+//! others decode-add into `data` and encode that.
+template <class Codec, class Ex>
+void add_encode(const Codec& c, Ex& ex, const std::byte* in, float* data, float* res, std::byte* out, std::size_t n,
+                const encode_context& ctx) {
+  if constexpr (requires { c.decode_add_encode(ex, in, data, res, out, n); }) {
+    c.decode_add_encode(ex, in, data, res, out, n);
+  } else {
+    c.decode_add(ex, in, data, n);
+    c.encode(ex, data, res, out, n, ctx);
   }
-  //! out = out * scale + code: this rank's values join the running sum.
-  template <class Ex>
-  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    bulk(ex, kernels::blocks_of(n),
-         kernels::cast_decode<F, true>{reinterpret_cast<const std::uint16_t*>(in), out, n, 1.0f, scale});
-  }
-};
-//! The codec the ring encodes and adds running sums with: itself, or for a
-//! cast code its `cast_hop`.
-template <class Codec>
-const Codec& ring_hop(const Codec& c) noexcept {
-  return c;
-}
-template <kernels::cast_format F>
-cast_hop<F> ring_hop(const cast_codec<F>& c) noexcept {
-  return {c.scale(), 1.0f / c.scale()};
 }
 
 //! Ring allreduce (sum) of `data[0, n)` with decode-add-encode per hop.
 //! `res` (nullable) is the error-feedback residual of this rank, n floats:
 //! every rank encodes every region exactly once per call, so the residual of
 //! each region carries exactly that encode's error into the next call.
-//! `codec` encodes this rank's values (step 0) and decodes the results;
-//! `ring_hop(codec)` decode-adds and re-encodes the running sums.
+//! Each hop is `add_encode`. `ctx.saturated` counts the results beyond
+//! float's range, for codecs that can tell (`saturated`: the casts).
 template <class Codec, class T, class Ex>
 void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n, float* res, coll_ctx& ctx,
                     arenas& ar) {
-  const auto& hop = ring_hop(codec);
   const int p = t.size(), r = t.rank();
   if (p == 1 || n == 0) return;
   const auto L = make_layout(codec, n, p, ctx.seg_elems);
@@ -298,13 +240,10 @@ void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n
   gather.post();
 
   float* no_res = nullptr;
-  const auto encode_seg = [&](const auto& with, const chunk& c, const segment& sg, std::byte* area) {
-    with.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, area + c.area_off + sg.off, sg.len,
-                seg_ctx(ctx, 0, sg.begin, ws));
-    ex.wait();
-  };
   for (const auto& sg : ch(r).segs) {  // reduce-scatter step 0: my own chunk, local data
-    encode_seg(codec, ch(r), sg, rs_out);
+    codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, rs_out + ch(r).area_off + sg.off, sg.len,
+                 seg_ctx(ctx, 0, sg.begin, ws));
+    ex.wait();
     rq.send(right, tag_rs(0), rs_out + ch(r).area_off + sg.off, sg.bytes);
   }
   std::size_t k = 0;
@@ -312,19 +251,28 @@ void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n
     const chunk& c = ch(mod(r - s - 1, p));
     for (const auto& sg : c.segs) {
       rq.wait_recv(rs_ids[k++]);
-      hop.decode_add(ex, rs_in + c.area_off + sg.off, data + sg.begin, sg.len);
+      // The last step completes the chunk: encode it once for the allgather
+      // and keep exactly what the others will decode.
+      std::byte* out = (s < p - 2 ? rs_out : ag) + c.area_off + sg.off;
+      add_encode(codec, ex, rs_in + c.area_off + sg.off, data + sg.begin, res ? res + sg.begin : no_res, out, sg.len,
+                 seg_ctx(ctx, 0, sg.begin, ws));
       if (s < p - 2) {
-        encode_seg(hop, c, sg, rs_out);
-        rq.send(right, tag_rs(s + 1), rs_out + c.area_off + sg.off, sg.bytes);
-      } else {  // complete: encode once for the allgather, keep exactly what the others will decode
-        encode_seg(hop, c, sg, ag);
-        codec.decode(ex, ag + c.area_off + sg.off, data + sg.begin, sg.len);
-        rq.send(right, gather.tag(0), ag + c.area_off + sg.off, sg.bytes);
+        ex.wait();
+        rq.send(right, tag_rs(s + 1), out, sg.bytes);
+      } else {
+        codec.decode(ex, out, data + sg.begin, sg.len);
+        ex.wait();
+        rq.send(right, gather.tag(0), out, sg.bytes);
       }
     }
   }
   gather.finish(codec, ex, data);
   ex.wait();
+  // Every chunk's final encoding is in `ag` now, on every rank: codes that
+  // decode beyond float's range are counted the same everywhere.
+  if constexpr (requires(const std::byte* e) { codec.saturated(e, data, n); })
+    for (const auto& c : L)
+      for (const auto& sg : c.segs) ctx.saturated += codec.saturated(ag + c.area_off + sg.off, data + sg.begin, sg.len);
   rq.wait_sends();
 }
 

@@ -4,10 +4,6 @@
 #pragma once
 
 #include <ebbflow/compress/compressed_allreduce.hpp>
-#include <ebbflow/compress/kernels/cast.hpp>
-
-#include <algorithm>
-#include <limits>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
@@ -86,8 +82,6 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
     run_low_rank(grad, st, shape, dl);
   } else {
     Transport& t = comm_->transport();
-    [[maybe_unused]] range rg;
-    if constexpr (detail::range_scaled<Codec>) rg = agree_range(grad, dl);
     detail::coll_ctx ctx;
     ctx.seg_elems = segment_elems(n);
     ctx.dl = dl;
@@ -95,26 +89,7 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
     ctx.stream_base = detail::mix64(detail::mix64(call) ^ detail::mix64(key + 0x1234567) ^
                                     detail::mix64(static_cast<std::uint64_t>(t.rank()) + 1));
     ctx.seq = comm_->next_sequence();
-    if constexpr (detail::range_scaled<Codec>) {
-      // The ring's running sums reach p amax (and its roundings a little
-      // more): scaled by a power of two, exact both ways, they stay in the
-      // code's range. Every rank agreed on amax, so on the scale. The
-      // residuals are not scanned (half the memory traffic): each is at most
-      // the code's unit roundoff of its largest value at the last scale.
-      const int p = comm_->size();
-      constexpr double rounding = double{Codec::unit_roundoff} * Codec::max_value;
-      const double amax = rg.amax + (res ? st.res_bound : 0.0);
-      const float s = detail::ring_scale(amax, p, Codec::max_value, Codec::unit_roundoff);
-      st.res_bound = std::max(st.res_bound, rounding / s);  // holds if the ring fails half-way, too
-      detail::ring_allreduce(t, codec_.with_scale(s), exec_, grad.data(), n, res, ctx, arenas_);
-      st.res_bound = rounding / s;
-      // What is left is float's own range: only a sum that may leave it is
-      // looked at (every rank has the same bits, so the same count).
-      if (rg.finite &&
-          amax * detail::ring_growth(p, Codec::unit_roundoff) > static_cast<double>(std::numeric_limits<float>::max()))
-        stats_.saturated += static_cast<std::size_t>(
-            std::count_if(grad.begin(), grad.end(), [](float x) { return !detail::is_finite(x); }));
-    } else if constexpr (Codec::kind == codec_kind::linear) {
+    if constexpr (Codec::kind == codec_kind::linear) {
       detail::ring_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
     } else if constexpr (Codec::kind == codec_kind::sparse) {
       detail::sparse_allreduce(t, codec_, exec_, grad.data(), n, res, ctx, arenas_);
@@ -123,21 +98,8 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
       detail::two_phase_allreduce(t, codec_, exec_, grad.data(), n, res, st.res2.data(), ctx, arenas_);
     }
     stats_.wire_bytes_sent += ctx.wire_sent;
+    stats_.saturated += ctx.saturated;
   }
-}
-
-template <class Codec, comm::transport Transport, exec::executor Executor>
-auto compressed_allreduce<Codec, Transport, Executor>::agree_range(std::span<const float> grad, deadline d) -> range {
-  const std::size_t nb = kernels::blocks_of(grad.size());
-  auto* words = reinterpret_cast<std::uint32_t*>(detail::arenas::get(arenas_.ws, nb * 8));
-  detail::bulk(exec_, nb, kernels::finite_amax{grad.data(), words, grad.size()});
-  exec_.wait();
-  std::uint32_t amax = 0, bad = 0;
-  for (std::size_t b = 0; b < nb; ++b) amax = std::max(amax, words[2 * b]), bad |= words[2 * b + 1];
-  float v[2] = {detail::as_f32(amax), bad ? 1.0f : 0.0f};
-  stats_.wire_bytes_sent += comm_->allreduce_bytes_sent(2, dtype::f32);
-  comm_->allreduce(view(std::span<float>(v)), reduce_op::max, d);
-  return {v[0], v[1] == 0.0f};
 }
 
 template <class Codec, comm::transport Transport, exec::executor Executor>
@@ -228,9 +190,7 @@ std::size_t compressed_allreduce<Codec, Transport, Executor>::wire_bytes(std::si
       // linear: the reduce-scatter sends every chunk but (rank+1)'s, the allgather every chunk but (rank+2)'s;
       // sign: the all-to-all sends every chunk but mine, the allgather every chunk but (rank+1)'s.
       constexpr std::size_t skip = Codec::kind == codec_kind::linear ? 1 : 0;
-      // The casts first agree on their range: an allreduce of 2 floats.
-      const std::size_t range = detail::range_scaled<Codec> ? comm_->allreduce_bytes_sent(2, dtype::f32) : 0;
-      return (total - chunk(skip)) + (total - chunk(skip + 1)) + range;
+      return (total - chunk(skip)) + (total - chunk(skip + 1));
     }
   }
 }
