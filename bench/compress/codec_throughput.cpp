@@ -2,7 +2,10 @@
 // Codec encode/decode throughput on the CPU executor, one core, in GB/s of
 // uncompressed input (float bytes / time), against memcpy of the same buffer.
 // Contestants run interleaved (round robin), after a warm-up, and each
-// codec's round trip is checked before timing.
+// codec's round trip is checked before timing. The linear codecs' "ring hop"
+// (decode a running sum, add this rank's values, encode) is the ring's inner
+// step. Compiles against older headers too, for before/after runs of two
+// builds (docs/benchmarks/compress.md).
 //
 //   codec_throughput [--mib 64] [--rounds 9] [--json FILE]
 #include <ebbflow/compress.hpp>
@@ -13,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -49,6 +53,26 @@ void add_codec(std::vector<contestant>& cs, const C& c, const std::vector<float>
                 },
                 {}});
   cs.push_back({nm + " decode", [&, c, ex]() mutable { c.decode(ex, enc.data(), out.data(), in.size()); }, {}});
+  if constexpr (C::kind == cx::codec_kind::linear) {
+    // The ring's hop: a running sum's code decoded, this rank's values added,
+    // the sum encoded. In one pass where the codec has one (the casts'
+    // decode_add_encode, which reads this rank's values only), else as the
+    // ring does it: decode_add into this rank's values, then encode them.
+    auto code = std::make_shared<std::vector<std::byte>>(c.max_encoded_bytes(n));
+    c.encode(ex, in.data(), nullptr, code->data(), n, {1, 2, ws.data()});
+    cs.push_back({nm + " ring hop",
+                  [&, c, ex, code]() mutable {
+                    if constexpr (requires(ef::exec::cpu_executor & e) {
+                                    c.decode_add_encode(e, code->data(), in.data(), nullptr, enc.data(), n);
+                                  }) {
+                      c.decode_add_encode(ex, code->data(), in.data(), nullptr, enc.data(), in.size());
+                    } else {
+                      c.decode_add(ex, code->data(), out.data(), in.size());
+                      c.encode(ex, out.data(), nullptr, enc.data(), in.size(), {1, 2, ws.data()});
+                    }
+                  },
+                  {}});
+  }
 }
 }  // namespace
 

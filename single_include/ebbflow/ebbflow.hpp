@@ -6125,97 +6125,18 @@ EBBFLOW_END_NAMESPACE
 // ---- begin <ebbflow/compress/codecs/cast.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file cast.hpp
-//! fp16 and bf16 cast codecs: 2 bytes per element, round to nearest even,
-//! with optional error feedback. Linear: the ring decodes, adds and re-encodes
-//! at every hop. Relative error per encode <= 2^-11 (fp16, inside its normal
-//! range |v| in [6.1e-5, 65504]; larger values become inf) or 2^-8 (bf16,
-//! full float range).
+//! fp16 and bf16 cast codecs: 2 bytes per element plus one exponent byte per
+//! block of 256 (block floating point), round to nearest even, with optional
+//! error feedback. Each block is scaled by its own power of two, so any
+//! finite float is encoded (fp16's own range ends at 65504) with relative
+//! error <= 2^-11 (fp16) or 2^-8 (bf16) for every element within 2^-28
+//! (fp16) of its block's largest |value|. Linear: the ring decodes, adds and
+//! re-encodes at every hop, in one pass (`decode_add_encode`) that never
+//! unscales the running sum, so the ring's sums cannot overflow either.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
 // #include <ebbflow/compress/codec.hpp>  (inlined)
-// #include <ebbflow/compress/detail/run.hpp>  (inlined here)
-// ---- begin <ebbflow/compress/detail/run.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file run.hpp
-//! How codecs launch their block functors. On a single-threaded
-//! `exec::cpu_executor` compiled by GCC for x86-64, the host loop is built
-//! twice (baseline SSE2 and AVX2, picked at load time through an ifunc:
-//! `target_clones`), because the codec loops are compute-bound at SSE2 width
-//! on fast memory. AVX2 without FMA is chosen on purpose: with no fused
-//! multiply-add available, GCC cannot contract a * b + c, so both clones, and
-//! the GPU, produce the same bits. `flatten` inlines the functor into each
-//! clone (otherwise it stays a baseline-ISA call). Everything else goes to
-//! `ex.bulk`.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/exec/executor.hpp>  (inlined)
-
-#include <cstddef>
-#include <type_traits>
-
-// Not under TSan/ASan: an ifunc resolver runs before the sanitizer runtime is
-// initialised and crashes in instrumented code.
-#if !defined(__CUDACC__) && defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    !defined(EBBFLOW_NO_TARGET_CLONES) && !EBBFLOW_SANITIZE_THREAD && !EBBFLOW_SANITIZE_ADDRESS
-#define EBBFLOW_DETAIL_CLONES __attribute__((target_clones("avx2", "default"), flatten))
-#else
-#define EBBFLOW_DETAIL_CLONES
-#endif
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace compress::detail {
-
-template <class F>
-EBBFLOW_DETAIL_CLONES void host_loop(std::size_t n, const F& f) {
-  for (std::size_t i = 0; i < n; ++i) f(i);
-}
-
-//! A codec's decode and decode_add, from its `decode_into<Add>(ex, in,
-//! out, n)` (with `Add`, accumulate into `out`). Codecs derive from it.
-template <class Codec>
-struct decode_forms {
-  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    static_cast<const Codec&>(*this).template decode_into<false>(ex, in, out, n);
-  }
-  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
-  //! completes as `ex.bulk` does).
-  template <class Ex>
-  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
-    static_cast<const Codec&>(*this).template decode_into<true>(ex, in, out, n);
-  }
-};
-
-//! Runs f(i) for i in [0, n) on `ex`.
-template <class Ex, class F>
-void bulk(Ex& ex, std::size_t n, const F& f) {
-  if constexpr (std::is_same_v<std::remove_cv_t<Ex>, exec::cpu_executor>) {
-    if (ex.threads() <= 1) {
-      host_loop(n, f);
-      return;
-    }
-  }
-  ex.bulk(n, f);
-}
-
-}  // namespace compress::detail
-EBBFLOW_END_NAMESPACE
-
-#undef EBBFLOW_DETAIL_CLONES
-// ---- end <ebbflow/compress/detail/run.hpp>
-// #include <ebbflow/compress/kernels/cast.hpp>  (inlined here)
-// ---- begin <ebbflow/compress/kernels/cast.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file cast.hpp
-//! fp16 / bf16 cast kernels with optional error feedback. One functor call
-//! per block of `block_size` elements. Bit-identical on host and device.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
 // #include <ebbflow/compress/detail/fp.hpp>  (inlined here)
 // ---- begin <ebbflow/compress/detail/fp.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -6326,6 +6247,99 @@ EBBFLOW_HD inline float bf16_to_f32(std::uint16_t b) noexcept { return as_f32(st
 }  // namespace compress::detail
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/compress/detail/fp.hpp>
+// #include <ebbflow/compress/detail/run.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/detail/run.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file run.hpp
+//! How codecs launch their block functors. On a single-threaded
+//! `exec::cpu_executor` compiled by GCC for x86-64, the host loop is built
+//! twice (baseline SSE2 and AVX2, picked at load time through an ifunc:
+//! `target_clones`), because the codec loops are compute-bound at SSE2 width
+//! on fast memory. AVX2 without FMA is chosen on purpose: with no fused
+//! multiply-add available, GCC cannot contract a * b + c, so both clones, and
+//! the GPU, produce the same bits. `flatten` inlines the functor into each
+//! clone (otherwise it stays a baseline-ISA call). Everything else goes to
+//! `ex.bulk`.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/exec/executor.hpp>  (inlined)
+
+#include <cstddef>
+#include <type_traits>
+
+// Not under TSan/ASan: an ifunc resolver runs before the sanitizer runtime is
+// initialised and crashes in instrumented code.
+#if !defined(__CUDACC__) && defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
+    !defined(EBBFLOW_NO_TARGET_CLONES) && !EBBFLOW_SANITIZE_THREAD && !EBBFLOW_SANITIZE_ADDRESS
+#define EBBFLOW_DETAIL_CLONES __attribute__((target_clones("avx2", "default"), flatten))
+#else
+#define EBBFLOW_DETAIL_CLONES
+#endif
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace compress::detail {
+
+template <class F>
+EBBFLOW_DETAIL_CLONES void host_loop(std::size_t n, const F& f) {
+  for (std::size_t i = 0; i < n; ++i) f(i);
+}
+
+//! A codec's decode and decode_add, from its `decode_into<Add>(ex, in,
+//! out, n)` (with `Add`, accumulate into `out`). Codecs derive from it.
+template <class Codec>
+struct decode_forms {
+  //! Writes the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
+  template <class Ex>
+  void decode(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    static_cast<const Codec&>(*this).template decode_into<false>(ex, in, out, n);
+  }
+  //! Adds the `n` floats decoded from `in` to `out` (both in `Ex`'s space;
+  //! completes as `ex.bulk` does).
+  template <class Ex>
+  void decode_add(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    static_cast<const Codec&>(*this).template decode_into<true>(ex, in, out, n);
+  }
+};
+
+//! Runs f(i) for i in [0, n) on `ex`.
+template <class Ex, class F>
+void bulk(Ex& ex, std::size_t n, const F& f) {
+  if constexpr (std::is_same_v<std::remove_cv_t<Ex>, exec::cpu_executor>) {
+    if (ex.threads() <= 1) {
+      host_loop(n, f);
+      return;
+    }
+  }
+  ex.bulk(n, f);
+}
+
+}  // namespace compress::detail
+EBBFLOW_END_NAMESPACE
+
+#undef EBBFLOW_DETAIL_CLONES
+// ---- end <ebbflow/compress/detail/run.hpp>
+// #include <ebbflow/compress/kernels/cast.hpp>  (inlined here)
+// ---- begin <ebbflow/compress/kernels/cast.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file cast.hpp
+//! fp16 / bf16 cast kernels with optional error feedback, in block floating
+//! point: each block of `block_size` elements is scaled by its own power of
+//! two 2^e (e in [-126, 126], one signed byte per block) so that its largest
+//! |value| lands in [2^15, 65504] (fp16; just below 2^15 where it would round
+//! beyond 65504) or [2^125, 2^126) (bf16). The codes
+//! then hold any finite float and keep the format's relative precision for
+//! every element within 2^-28 (fp16) of its block's largest, and the ring's hop
+//! (`cast_add_encode`) adds a running sum to this rank's values without
+//! ever unscaling the sum. Powers of two are exact: where a value is in the
+//! format's normal range with and without the scale, its code decodes to the
+//! plain cast's value. One functor call per block. Bit-identical on host
+//! and device.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/compress/detail/fp.hpp>  (inlined)
 // #include <ebbflow/compress/kernels/block.hpp>  (inlined here)
 // ---- begin <ebbflow/compress/kernels/block.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -6412,42 +6426,88 @@ EBBFLOW_HD inline float from_bits(std::uint16_t b) noexcept {
     return detail::bf16_to_f32(b);
 }
 
-//! out[i] = cast(in[i] + res[i]); res[i] = (in[i] + res[i]) - float(out[i]).
-//! `res` may be null (no error feedback). Pointers in the executor's space.
+//! log2 of the bound H that a block's scaled values are kept below: 16 for
+//! fp16 (and at most 65504, its largest value, after rounding), 126 for
+//! bf16 (so that the hop's sum of two such values, below 2H, is still a
+//! finite float).
+template <cast_format F>
+inline constexpr int block_top_log2 = F == cast_format::f16 ? 16 : 126;
+
+//! 2^e as a float, for e in [-126, 127] (exact).
+EBBFLOW_HD inline float pow2(int e) noexcept { return detail::as_f32(static_cast<std::uint32_t>(e + 127) << 23); }
+//! x 2^d for d in [-252, 252], in two exact steps (one rounding at most,
+//! where the result is subnormal).
+EBBFLOW_HD inline float scale_pow2(float x, int d) noexcept {
+  const int h = d / 2;
+  return detail::fmul(detail::fmul(x, pow2(h)), pow2(d - h));
+}
+//! The block exponent e for a block whose largest finite |value| has the
+//! bits `amax`: amax 2^e in [H / 2, H), clamped to [-126, 126] (126 for an
+//! all-zero block). fp16: one binade lower where amax 2^e would round
+//! beyond 65504 (a significand of 2 - 2^-11 or more, 65520 and up); so a
+//! block whose largest value is in fp16's range gets e >= 0, and each of its
+//! values in fp16's normal range the plain cast's bits.
+template <cast_format F>
+EBBFLOW_HD inline int block_exponent(std::uint32_t amax) noexcept {
+  int e = block_top_log2<F> + 126 - static_cast<int>(amax >> 23);
+  if constexpr (F == cast_format::f16) e -= (amax & 0x7FFFFFu) >= 0x7FF000u ? 1 : 0;
+  return e < -126 ? -126 : e > 126 ? 126 : e;
+}
+//! The bits of the largest finite |v| of a block, on the integer image of
+//! |v| (monotone for non-negative floats; inf and NaN are skipped),
+//! branch-free so that the loop vectorises. `v(j)` gives element j.
+template <class V>
+EBBFLOW_HD inline std::uint32_t finite_amax(std::uint32_t cnt, V&& v) noexcept {
+  std::int32_t amax = 0;
+  for (std::uint32_t j = 0; j < cnt; ++j) {
+    const auto a = static_cast<std::int32_t>(detail::as_u32(v(j)) & 0x7FFFFFFFu);
+    const std::int32_t finite = a < 0x7F800000 ? a : 0;
+    amax = finite > amax ? finite : amax;
+  }
+  return static_cast<std::uint32_t>(amax);
+}
+
+//! Encodes block b of v = in + res (`res` may be null: no error feedback):
+//! exps[b] = e = block_exponent(max |v|), out[i] = cast(v 2^e), and
+//! res = v - float(out[i]) 2^-e. Non-finite values pass as inf or NaN.
+//! Pointers in the executor's space.
 template <cast_format F>
 struct cast_encode {
   const float* in;     //!< n input floats
   float* res;          //!< n residual floats, or null
   std::uint16_t* out;  //!< n codes (output)
+  std::int8_t* exps;   //!< one exponent per block (output)
   std::size_t n;       //!< element count
 
   //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
   EBBFLOW_HD void operator()(std::size_t b) const noexcept {
-    const std::size_t o = b * block_size;
-    const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
-    std::uint16_t* EBBFLOW_DETAIL_RESTRICT po = out + o;
-    if (res == nullptr) {
+    with_residual(res, [&](auto ef) {
+      constexpr bool EF = decltype(ef)::value;
+      const std::size_t o = b * block_size;
+      const float* EBBFLOW_DETAIL_RESTRICT pi = in + o;
+      float* EBBFLOW_DETAIL_RESTRICT pr = EF ? res + o : nullptr;
+      std::uint16_t* EBBFLOW_DETAIL_RESTRICT po = out + o;
       for_block(b, n, [&](auto cnt) {
-        for (std::uint32_t j = 0; j < cnt; ++j) po[j] = to_bits<F>(pi[j]);
-      });
-    } else {
-      float* EBBFLOW_DETAIL_RESTRICT pr = res + o;
-      for_block(b, n, [&](auto cnt) {
+        const auto v = [&](std::uint32_t j) { return EF ? detail::fadd(pi[j], pr[j]) : pi[j]; };
+        const int e = block_exponent<F>(finite_amax(cnt, v));
+        exps[b] = static_cast<std::int8_t>(e);
+        const float s = pow2(e), inv = pow2(-e);
         for (std::uint32_t j = 0; j < cnt; ++j) {
-          const float v = detail::fadd(pi[j], pr[j]);
-          const std::uint16_t q = to_bits<F>(v);
+          const float w = detail::fmul(v(j), s);
+          const std::uint16_t q = to_bits<F>(w);
           po[j] = q;
-          pr[j] = detail::finite_or_zero(detail::fsub(v, from_bits<F>(q)));
+          if constexpr (EF) pr[j] = detail::finite_or_zero(detail::fmul(detail::fsub(w, from_bits<F>(q)), inv));
         }
       });
-    }
+    });
   }
 };
 
-//! out[i] = float(in[i]) (Add = false) or out[i] += float(in[i]) (Add = true).
+//! out[i] = float(in[i]) 2^-exps[b] (Add = false) or out[i] += that (Add = true).
 template <cast_format F, bool Add>
 struct cast_decode {
   const std::uint16_t* in;  //!< n codes
+  const std::int8_t* exps;  //!< one exponent per block
   float* out;               //!< n floats (output, or accumulated into when `Add`)
   std::size_t n;            //!< element count
 
@@ -6456,10 +6516,73 @@ struct cast_decode {
     const std::size_t o = b * block_size;
     const std::uint16_t* EBBFLOW_DETAIL_RESTRICT pi = in + o;
     float* EBBFLOW_DETAIL_RESTRICT po = out + o;
+    const float inv = pow2(-exps[b]);
     for_block(b, n, [&](auto cnt) {
-      for (std::uint32_t j = 0; j < cnt; ++j) {
-        detail::store<Add>(po[j], from_bits<F>(pi[j]));
-      }
+      for (std::uint32_t j = 0; j < cnt; ++j) detail::store<Add>(po[j], detail::fmul(from_bits<F>(pi[j]), inv));
+    });
+  }
+};
+
+//! The ring's hop on block b: encodes t = decode(in) + v, v = own + res
+//! (`res` may be null), without unscaling the running sum decode(in): both
+//! terms are brought to the smaller of their two block exponents (each then
+//! below H, their sum below 2H, a finite float), then t to its own block
+//! exponent (`out_exps`), and res = t - decoded, unscaled. `own` is read
+//! only. Pointers in the executor's space.
+template <cast_format F>
+struct cast_add_encode {
+  const std::uint16_t* in;     //!< n codes of the running sum
+  const std::int8_t* in_exps;  //!< its exponents, one per block
+  const float* own;            //!< n floats of this rank
+  float* res;                  //!< n residual floats, or null
+  std::uint16_t* out;          //!< n codes (output)
+  std::int8_t* out_exps;       //!< one exponent per block (output)
+  std::size_t n;               //!< element count
+
+  //! Processes block `b` (elements [256 b, min(256 (b + 1), n))).
+  EBBFLOW_HD void operator()(std::size_t b) const noexcept {
+    with_residual(res, [&](auto ef) {
+      constexpr bool EF = decltype(ef)::value;
+      const std::size_t o = b * block_size;
+      const std::uint16_t* EBBFLOW_DETAIL_RESTRICT pi = in + o;
+      const float* EBBFLOW_DETAIL_RESTRICT px = own + o;
+      float* EBBFLOW_DETAIL_RESTRICT pr = EF ? res + o : nullptr;
+      std::uint16_t* EBBFLOW_DETAIL_RESTRICT po = out + o;
+      for_block(b, n, [&](auto cnt) {
+        const auto v = [&](std::uint32_t j) { return EF ? detail::fadd(px[j], pr[j]) : px[j]; };
+        const int e_in = in_exps[b], e_v = block_exponent<F>(finite_amax(cnt, v));
+        const int e_w = e_in < e_v ? e_in : e_v;
+        const float sv = pow2(e_w);
+        float t[block_size];
+        // 2^d in one multiply where it is a normal float (nearly always);
+        // the choice is per block, so each loop stays branch-free.
+        const auto sum = [&](auto scale) {
+          for (std::uint32_t j = 0; j < cnt; ++j)
+            t[j] = detail::fadd(scale(from_bits<F>(pi[j])), detail::fmul(v(j), sv));
+        };
+        const int d = e_w - e_in;
+        if (d >= -126)
+          sum([f = pow2(d)](float x) { return detail::fmul(x, f); });
+        else
+          sum([d](float x) { return scale_pow2(x, d); });
+        int e_adj = block_exponent<F>(finite_amax(cnt, [&](std::uint32_t j) { return t[j]; }));
+        e_adj = e_adj < -126 - e_w ? -126 - e_w : e_adj > 126 - e_w ? 126 - e_w : e_adj;
+        const int e_out = e_w + e_adj;
+        out_exps[b] = static_cast<std::int8_t>(e_out);
+        const float inv = pow2(-e_out);
+        const auto encode = [&](auto scale) {
+          for (std::uint32_t j = 0; j < cnt; ++j) {
+            const float w = scale(t[j]);
+            const std::uint16_t q = to_bits<F>(w);
+            po[j] = q;
+            if constexpr (EF) pr[j] = detail::finite_or_zero(detail::fmul(detail::fsub(w, from_bits<F>(q)), inv));
+          }
+        };
+        if (e_adj >= -126 && e_adj <= 126)
+          encode([f = pow2(e_adj)](float x) { return detail::fmul(x, f); });
+        else
+          encode([e_adj](float x) { return scale_pow2(x, e_adj); });
+      });
     });
   }
 };
@@ -6476,6 +6599,10 @@ EBBFLOW_BEGIN_NAMESPACE
 namespace compress {
 
 //! Cast codec to the 16-bit format `F`. Stateless; thread-safe.
+//!
+//! Encoded layout of n elements, nb = blocks_of(n): n codes (2 bytes each,
+//! padded to a multiple of 8), then nb signed exponent bytes e (the block's
+//! values were scaled by 2^e before the cast; padded to a multiple of 8).
 template <kernels::cast_format F>
 struct cast_codec : detail::decode_forms<cast_codec<F>> {
   static constexpr codec_kind kind = codec_kind::linear;  //!< decoded, added and re-encoded per ring hop
@@ -6484,8 +6611,10 @@ struct cast_codec : detail::decode_forms<cast_codec<F>> {
 
   //! "fp16" or "bf16".
   [[nodiscard]] std::string_view name() const noexcept { return F == kernels::cast_format::f16 ? "fp16" : "bf16"; }
-  //! Encoded size of `n` elements: 2 bytes each, rounded up to 8.
-  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept { return align8(2 * n); }
+  //! Encoded size of `n` elements: 2 bytes each and one per block, each part rounded up to 8.
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const noexcept {
+    return align8(2 * n) + align8(kernels::blocks_of(n));
+  }
   //! No workspace needed: 0.
   [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
   //! Segment granularity: `kernels::block_size` (256) elements.
@@ -6494,22 +6623,60 @@ struct cast_codec : detail::decode_forms<cast_codec<F>> {
   //! Encodes n floats (+ residual) into `out`. Pointers in `Ex`'s space.
   template <class Ex>
   void encode(Ex& ex, const float* in, float* residual, std::byte* out, std::size_t n, encode_context = {}) const {
-    detail::bulk(ex, kernels::blocks_of(n),
-                 kernels::cast_encode<F>{in, residual, reinterpret_cast<std::uint16_t*>(out), n});
+    detail::bulk(ex, kernels::blocks_of(n), kernels::cast_encode<F>{in, residual, codes(out), exps(out, n), n});
   }
   //! Writes (`Add` false: decode) or adds (`Add` true: decode_add) the `n`
   //! floats decoded from `in` to `out` (both in `Ex`'s space; completes as
   //! `ex.bulk` does).
   template <bool Add, class Ex>
   void decode_into(Ex& ex, const std::byte* in, float* out, std::size_t n) const {
+    detail::bulk(ex, kernels::blocks_of(n), kernels::cast_decode<F, Add>{codes(in), exps(in, n), out, n});
+  }
+  //! The ring's hop: encodes decode(`in`) + `own` (+ `residual`) into `out`
+  //! in one pass, without unscaling the running sum decode(`in`) (a sum
+  //! that fits the code but not float after rounding, or beyond float on
+  //! the way, stays finite). `own` is only read; with a residual, it holds
+  //! this encode's error afterwards, as `encode`'s does. Pointers in `Ex`'s
+  //! space; `in` and `out` do not overlap.
+  template <class Ex>
+  void decode_add_encode(Ex& ex, const std::byte* in, const float* own, float* residual, std::byte* out,
+                         std::size_t n) const {
     detail::bulk(ex, kernels::blocks_of(n),
-                 kernels::cast_decode<F, Add>{reinterpret_cast<const std::uint16_t*>(in), out, n});
+                 kernels::cast_add_encode<F>{codes(in), exps(in, n), own, residual, codes(out), exps(out, n), n});
+  }
+  //! Of the `n` floats `decoded` from `in` (host memory), how many are
+  //! +-inf or NaN although their codes are finite: values beyond float's
+  //! range (above about 3.4e38) after the block's scale is undone.
+  [[nodiscard]] std::size_t saturated(const std::byte* in, const float* decoded, std::size_t n) const noexcept {
+    // Codes stay below 2^top (with a rounding); only blocks scaled down far
+    // enough can leave float's range when decoded.
+    constexpr int lowest_safe = kernels::block_top_log2<F> - 127;
+    std::size_t k = 0;
+    const std::int8_t* e = exps(in, n);
+    const std::uint16_t* c = codes(in);
+    for (std::size_t b = 0; b < kernels::blocks_of(n); ++b) {
+      if (e[b] >= lowest_safe) continue;
+      const std::size_t end = b * kernels::block_size + kernels::block_size < n ? (b + 1) * kernels::block_size : n;
+      for (std::size_t i = b * kernels::block_size; i < end; ++i)
+        k += !detail::is_finite(decoded[i]) && detail::is_finite(kernels::from_bits<F>(c[i]));
+    }
+    return k;
+  }
+
+ private:
+  static std::uint16_t* codes(std::byte* p) noexcept { return reinterpret_cast<std::uint16_t*>(p); }
+  static const std::uint16_t* codes(const std::byte* p) noexcept { return reinterpret_cast<const std::uint16_t*>(p); }
+  static std::int8_t* exps(std::byte* p, std::size_t n) noexcept {
+    return reinterpret_cast<std::int8_t*>(p + align8(2 * n));
+  }
+  static const std::int8_t* exps(const std::byte* p, std::size_t n) noexcept {
+    return reinterpret_cast<const std::int8_t*>(p + align8(2 * n));
   }
 };
 
-//! IEEE binary16 cast codec.
+//! IEEE binary16 cast codec (block floating point).
 using fp16_codec = cast_codec<kernels::cast_format::f16>;
-//! bfloat16 cast codec.
+//! bfloat16 cast codec (block floating point).
 using bf16_codec = cast_codec<kernels::cast_format::bf16>;
 static_assert(codec<fp16_codec> && codec<bf16_codec>);
 
@@ -6523,8 +6690,9 @@ EBBFLOW_END_NAMESPACE
 //! PowerSGD rank-r compression (Vogels et al., NeurIPS 2019) of a matrix
 //! gradient M (rows x cols, row-major): one power-iteration step per call with
 //! a warm-started Q. Not a flat codec: `compressed_allreduce` runs
-//!   M = grad + residual; P = M Q; allreduce(P); orthogonalise(P);
-//!   Q = M^T P; residual = M - P Q^T; allreduce(Q); grad = P Q^T,
+//!   M = grad + residual; P = M normalize(Q); allreduce(P);
+//!   orthogonalise(normalize(P)); Q = M^T P; residual = M - P Q^T;
+//!   allreduce(Q); grad = P Q^T,
 //! i.e. two dense allreduces of (rows + cols) r floats instead of rows cols.
 //! This type holds the rank and the per-step kernels; the per-tensor state
 //! (Q, residual) lives in the allreduce. A matrix of rank <= r is reproduced
@@ -6936,6 +7104,32 @@ struct reseed_zero_columns {
     for (std::size_t k = 0; k < cols; ++k) fill(k * rank + j);
   }
 };
+
+//! Column j of f (rows x rank, row-major) times the power of two that puts
+//! its largest |entry| in [1, 2) (within [2^-126, 2^126]; exact): the
+//! factors carry a direction, and their magnitude would otherwise follow
+//! the gradient's, squared (P = M Q with the warm start Q = M^T P), out of
+//! float's range (above about 1e18) or below the orthogonalisation's eps
+//! (below about 1e-9), silently zeroing the result. Zero and non-finite
+//! columns are left alone.
+struct normalize_columns {
+  float* f;          //!< rows x rank (executor's memory space)
+  std::size_t rows;  //!< rows of f
+  std::size_t rank;  //!< columns of f
+  //! Scales column `j`.
+  EBBFLOW_HD void operator()(std::size_t j) const noexcept {
+    std::uint32_t amax = 0;
+    for (std::size_t k = 0; k < rows; ++k) {
+      const std::uint32_t a = compress::detail::as_u32(f[k * rank + j]) & 0x7FFFFFFFu;
+      amax = a > amax ? a : amax;
+    }
+    if (amax == 0 || amax >= 0x7F800000u) return;
+    std::uint32_t e = amax >> 23;  // biased exponent of the largest entry
+    e = e < 1 ? 1 : e > 253 ? 253 : e;
+    const float factor = compress::detail::as_f32((254u - e) << 23);  // 2^(127 - e)
+    for (std::size_t k = 0; k < rows; ++k) f[k * rank + j] = compress::detail::fmul(f[k * rank + j], factor);
+  }
+};
 }  // namespace kernels
 
 //! Value type; thread-safe.
@@ -6975,6 +7169,14 @@ struct powersgd_codec {
   template <class Ex>
   void refresh_q(Ex& ex, float* q, matrix_shape s, std::uint64_t seed) const {
     ex.bulk(rank_for(s), kernels::reseed_zero_columns{q, s.cols, rank_for(s), {seed, 0x9051D}});
+  }
+  //! Scales each column of the factor f (`rows` x r, row-major) by a power
+  //! of two to a largest |entry| in [1, 2) (`kernels::normalize_columns`):
+  //! the warm-start Q before P = M Q, and P before its orthogonalisation.
+  //! Exact; the same on every rank for the same f.
+  template <class Ex>
+  void normalize(Ex& ex, float* f, std::size_t rows, matrix_shape s) const {
+    ex.bulk(rank_for(s), kernels::normalize_columns{f, rows, rank_for(s)});
   }
   //! p (rows x r) = m q, with m (rows x cols) and q (cols x r) row-major.
   //! Pointers in `Ex`'s space; completes as `ex.bulk` does.
@@ -7989,7 +8191,9 @@ EBBFLOW_END_NAMESPACE
 //!
 //! The algorithm follows the codec's `kind`:
 //! * `linear` (fp16, bf16, int8, int4): pipelined ring reduce-scatter with
-//!   decode-add-encode per hop, then a ring allgather of the encoded chunks;
+//!   decode-add-encode per hop, then a ring allgather of the encoded chunks
+//!   (the casts scale each block of 256 by its own power of two, at every
+//!   hop, so no running sum leaves their range);
 //! * `sparse` (top-k): ring allgather of every rank's encoded tensor, decoded
 //!   by everybody in rank order;
 //! * `sign` (1-bit): compressed reduce-scatter, sum, re-encode with a second
@@ -8106,6 +8310,7 @@ struct coll_ctx {
   std::uint64_t stream_base = 0;  //!< unique per (rank, call, tensor)
   std::uint64_t seq = 0;          //!< tag sequence number of this collective
   std::size_t wire_sent = 0;      //!< bytes this rank sent (accumulated)
+  std::size_t saturated = 0;      //!< result elements beyond float's range from finite codes (accumulated)
   const char* op = "compressed_allreduce";
 };
 
@@ -8222,10 +8427,27 @@ inline encode_context seg_ctx(const coll_ctx& ctx, std::uint64_t phase, std::siz
   return {ctx.seed, mix64(ctx.stream_base ^ mix64((phase << 56) ^ begin)), ws};
 }
 
+//! The ring's hop: encodes decode(`in`) + `data` (+ `res`) into `out`.
+//! Codecs that can do it in one pass (`decode_add_encode`: the casts, which
+//! keep the running sum in their scaled units) leave `data` as it is; the
+//! others decode-add into `data` and encode that.
+template <class Codec, class Ex>
+void add_encode(const Codec& c, Ex& ex, const std::byte* in, float* data, float* res, std::byte* out, std::size_t n,
+                const encode_context& ctx) {
+  if constexpr (requires { c.decode_add_encode(ex, in, data, res, out, n); }) {
+    c.decode_add_encode(ex, in, data, res, out, n);
+  } else {
+    c.decode_add(ex, in, data, n);
+    c.encode(ex, data, res, out, n, ctx);
+  }
+}
+
 //! Ring allreduce (sum) of `data[0, n)` with decode-add-encode per hop.
 //! `res` (nullable) is the error-feedback residual of this rank, n floats:
 //! every rank encodes every region exactly once per call, so the residual of
 //! each region carries exactly that encode's error into the next call.
+//! Each hop is `add_encode`. `ctx.saturated` counts the results beyond
+//! float's range, for codecs that can tell (`saturated`: the casts).
 template <class Codec, class T, class Ex>
 void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n, float* res, coll_ctx& ctx,
                     arenas& ar) {
@@ -8250,13 +8472,10 @@ void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n
   gather.post();
 
   float* no_res = nullptr;
-  const auto encode_seg = [&](const chunk& c, const segment& sg, std::byte* area) {
-    codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, area + c.area_off + sg.off, sg.len,
+  for (const auto& sg : ch(r).segs) {  // reduce-scatter step 0: my own chunk, local data
+    codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, rs_out + ch(r).area_off + sg.off, sg.len,
                  seg_ctx(ctx, 0, sg.begin, ws));
     ex.wait();
-  };
-  for (const auto& sg : ch(r).segs) {  // reduce-scatter step 0: my own chunk, local data
-    encode_seg(ch(r), sg, rs_out);
     rq.send(right, tag_rs(0), rs_out + ch(r).area_off + sg.off, sg.bytes);
   }
   std::size_t k = 0;
@@ -8264,19 +8483,28 @@ void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n
     const chunk& c = ch(mod(r - s - 1, p));
     for (const auto& sg : c.segs) {
       rq.wait_recv(rs_ids[k++]);
-      codec.decode_add(ex, rs_in + c.area_off + sg.off, data + sg.begin, sg.len);
+      // The last step completes the chunk: encode it once for the allgather
+      // and keep exactly what the others will decode.
+      std::byte* out = (s < p - 2 ? rs_out : ag) + c.area_off + sg.off;
+      add_encode(codec, ex, rs_in + c.area_off + sg.off, data + sg.begin, res ? res + sg.begin : no_res, out, sg.len,
+                 seg_ctx(ctx, 0, sg.begin, ws));
       if (s < p - 2) {
-        encode_seg(c, sg, rs_out);
-        rq.send(right, tag_rs(s + 1), rs_out + c.area_off + sg.off, sg.bytes);
-      } else {  // complete: encode once for the allgather, keep exactly what the others will decode
-        encode_seg(c, sg, ag);
-        codec.decode(ex, ag + c.area_off + sg.off, data + sg.begin, sg.len);
-        rq.send(right, gather.tag(0), ag + c.area_off + sg.off, sg.bytes);
+        ex.wait();
+        rq.send(right, tag_rs(s + 1), out, sg.bytes);
+      } else {
+        codec.decode(ex, out, data + sg.begin, sg.len);
+        ex.wait();
+        rq.send(right, gather.tag(0), out, sg.bytes);
       }
     }
   }
   gather.finish(codec, ex, data);
   ex.wait();
+  // Every chunk's final encoding is in `ag` now, on every rank: codes that
+  // decode beyond float's range are counted the same everywhere.
+  if constexpr (requires(const std::byte* e) { codec.saturated(e, data, n); })
+    for (const auto& c : L)
+      for (const auto& sg : c.segs) ctx.saturated += codec.saturated(ag + c.area_off + sg.off, data + sg.begin, sg.len);
   rq.wait_sends();
 }
 
@@ -8472,6 +8700,10 @@ struct allreduce_stats {
   std::size_t calls = 0;            //!< `run` calls
   std::size_t wire_bytes_sent = 0;  //!< bytes handed to the transport (dense: as the communicator's algorithm sends)
   std::size_t dense_calls = 0;      //!< calls that took the dense path
+  //! Elements that came out +-inf or NaN from finite codes: the sum left
+  //! float's range (above about 3.4e38). Counted by the cast codecs (fp16,
+  //! bf16) on the compressed path; the same on every rank.
+  std::size_t saturated = 0;
 };
 
 //! An error-feedback compressed allreduce bound to one communicator over a
@@ -8638,6 +8870,7 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
       detail::two_phase_allreduce(t, codec_, exec_, grad.data(), n, res, st.res2.data(), ctx, arenas_);
     }
     stats_.wire_bytes_sent += ctx.wire_sent;
+    stats_.saturated += ctx.saturated;
   }
 }
 
@@ -8662,9 +8895,16 @@ void compressed_allreduce<Codec, Transport, Executor>::run_low_rank(std::span<fl
       }
       st.p.resize(shape.rows * r);
       st.q_local.resize(shape.cols * r);
+      // The factors are directions: powers of two keep their entries near 1,
+      // so that neither P = M Q (Q, the last sum, has M's magnitude) nor the
+      // orthogonalisation (squares) leaves float's range or falls below its
+      // eps at the gradient's magnitude. Q and the summed P are the same on
+      // every rank, so are their scales.
+      codec_.normalize(exec_, st.q.data(), shape.cols, shape);
       codec_.compute_p(exec_, m, st.q.data(), st.p.data(), shape);
       exec_.wait();
       dense(st.p, d);
+      codec_.normalize(exec_, st.p.data(), shape.rows, shape);
       codec_.orthogonalize(exec_, st.p.data(), shape);
       codec_.compute_q(exec_, m, st.p.data(), st.q_local.data(), shape);
       if (opts_.error_feedback) codec_.residual(exec_, m, st.p.data(), st.q_local.data(), st.res.data(), shape);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// CPU tests of the codecs: bit-exactness of the casts, error bounds,
+// CPU tests of the codecs: bit-exactness of the casts, their block scales, error bounds,
 // unbiasedness of stochastic rounding, error feedback, top-k selection,
 // PowerSGD reconstruction and convergence. All random inputs use fixed seeds.
 #include <ebbflow/compress.hpp>
@@ -14,6 +14,8 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 namespace ef = ebbflow;
@@ -409,18 +411,112 @@ TEST(TopK, DecodeSumMatchesDecodeThenDecodeAddInOrder) {
     }
 }
 
-// A finite value beyond fp16's range encodes as inf; the residual (v - inf)
-// must not carry -inf into the next step (it decoded -inf, then NaN for good).
-TEST(Cast, AnOverflowDoesNotPoisonTheResidual) {
-  cx::fp16_codec c;
-  std::vector<float> res(1, 0.0f);
-  const auto d0 = decode(c, encode(c, {70000.0f}, res.data()), 1);
-  EXPECT_TRUE(std::isinf(d0[0]));
-  EXPECT_EQ(res[0], 0.0f);
-  for (int k = 0; k < 3; ++k) {
-    const auto d = decode(c, encode(c, {1.0f}, res.data()), 1);
-    ASSERT_EQ(d[0], 1.0f) << k;
+// Block floating point: each block of 256 has its own power-of-two scale,
+// so values far beyond fp16's 65504 (they encoded as inf) and far below its
+// normal range (6.1e-5) keep the format's relative error, the residual is
+// exact and unscaled, and the scale is exact: values in the format's normal
+// range with and without it decode to the plain cast's bits.
+TYPED_TEST(CastRoundTrip, EachBlockIsScaledToTheFormatsRange) {
+  const TypeParam c;
+  for (const float mag : {1e-38f, 1e-20f, 1e-7f, 1.0f, 6e4f, 1e20f, 3e38f})
+    for (std::size_t n : {1u, 255u, 257u, 4099u}) {
+      auto v = normal_vec(n, 9);
+      for (auto& x : v) x = std::clamp(x, -3.0f, 3.0f) * (mag / 3);
+      std::vector<float> res(n, 0.0f);
+      const auto d = decode(c, encode(c, v, res.data()), n);
+      for (std::size_t i = 0; i < n; ++i) {
+        // Within 2^-28 of the block's largest (at most mag): the relative
+        // bound; below, fp16's subnormals: at most 2^-39 of that largest.
+        const float floor = mag * 0x1p-39f;
+        ASSERT_LE(std::fabs(d[i] - v[i]), TypeParam::unit_roundoff * std::fabs(v[i]) + floor)
+            << mag << " n=" << n << " i=" << i;
+        ASSERT_EQ(res[i], v[i] - d[i]) << mag << " i=" << i;
+      }
+    }
+  // Normal range (fp16: 2^-14 to 65504) with and without the scale: the plain cast's value.
+  auto v = normal_vec(1000, 3);
+  for (auto& x : v) x = std::clamp(std::fabs(x), 0.05f, 3.0f) * (x < 0 ? -1.0f : 1.0f);
+  const auto d = round_trip(c, v);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const float plain = std::is_same_v<TypeParam, cx::fp16_codec>
+                            ? ef::half::to_float(ef::half::from_float(v[i]))
+                            : ef::bfloat16::to_float(ef::bfloat16::from_float(v[i]));
+    ASSERT_EQ(d[i], plain) << i;
   }
+}
+
+// fp16 before block scaling guaranteed 2^-11 for every value in its normal
+// range, 2^-14 to 65504. That still holds, bit for bit: a block whose
+// largest |value| is in fp16's range is scaled by 2^e >= 1 (e = 0 from
+// 2^15 up to 65504, and for values that round to 65504), so each of its
+// values in the normal range decodes to the plain cast's value, whatever
+// else the block holds.
+TEST(Fp16Codec, BlocksWithinItsRangeKeepThePlainCastOfEveryNormalValue) {
+  const cx::fp16_codec c;
+  for (const float top : {65504.0f, 65519.0f, 60000.0f, 32768.0f, 32767.0f, 1.0f, 0x1p-14f}) {
+    std::vector<float> v(512);
+    for (std::size_t i = 0; i < v.size(); ++i)  // 2^-14 .. top, both signs, spread over the binades
+      v[i] = std::clamp(top * std::ldexp(1.0f - static_cast<float>(i % 7) / 16, -static_cast<int>(i % 31)), 0x1p-14f,
+                        top) *
+             (i % 2 ? -1.0f : 1.0f);
+    v[0] = top, v[300] = -top;
+    const auto d = round_trip(c, v);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      ASSERT_EQ(d[i], ef::half::to_float(ef::half::from_float(v[i]))) << top << " i=" << i << " v=" << v[i];
+    }
+  }
+}
+
+// A block's inf or NaN passes as itself and does not change the scale of
+// the block's finite values; the residual stays finite.
+TYPED_TEST(CastRoundTrip, NonFiniteValuesPassAndLeaveAFiniteResidual) {
+  const TypeParam c;
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> v{1.0f, inf, -inf, std::nanf(""), 1e30f, -2.5f};
+  std::vector<float> res(v.size(), 0.0f);
+  const auto d = decode(c, encode(c, v, res.data()), v.size());
+  EXPECT_EQ(d[1], inf);
+  EXPECT_EQ(d[2], -inf);
+  EXPECT_TRUE(std::isnan(d[3]));
+  EXPECT_NEAR(d[4], 1e30f, 1e30f * TypeParam::unit_roundoff);
+  for (const float x : res) EXPECT_TRUE(std::isfinite(x));
+}
+
+// The ring's hop: decode(in) + own + residual, encoded, equals decoding,
+// adding and encoding in float where nothing overflows, and where the
+// running sum is beyond float's range on the way (2e38 + 2e38 - 3e38) it
+// stays finite: the sum is never unscaled.
+TYPED_TEST(CastRoundTrip, DecodeAddEncodeNeverUnscalesTheRunningSum) {
+  const TypeParam c;
+  ef::exec::cpu_executor ex;
+  const std::size_t n = 700;
+  for (const float mag : {1.0f, 1e-30f, 1e30f}) {
+    auto run = normal_vec(n, 21), own = normal_vec(n, 22), r0 = normal_vec(n, 23);
+    for (std::size_t i = 0; i < n; ++i) run[i] *= mag, own[i] *= mag * (i % 300 ? 1.0f : 1e3f), r0[i] *= mag / 4096;
+    const auto in = encode(c, run, nullptr);
+    std::vector<float> res = r0;
+    std::vector<std::byte> out(c.max_encoded_bytes(n));
+    const auto own_before = own;
+    c.decode_add_encode(ex, in.data(), own.data(), res.data(), out.data(), n);
+    ASSERT_EQ(own, own_before);
+    const auto d = decode(c, out, n), dec_in = decode(c, in, n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const double want = double(dec_in[i]) + own[i] + r0[i];
+      const double mags = std::fabs(dec_in[i]) + std::fabs(own[i]) + std::fabs(r0[i]);  // float roundings of the adds
+      ASSERT_LE(std::fabs(d[i] - want), 2 * TypeParam::unit_roundoff * std::fabs(want) + mags * 1e-6 + mag * 1e-8)
+          << mag << " " << i;
+      ASSERT_NEAR(d[i] + res[i], want, mags * 1e-6 + mag * 1e-9) << mag << " " << i;  // error feedback
+    }
+  }
+  std::vector<float> run(300, 2e38f), own(300, 2e38f), res(300, 0.0f);
+  std::vector<std::byte> out(c.max_encoded_bytes(300)), out2(c.max_encoded_bytes(300));
+  c.decode_add_encode(ex, encode(c, run, nullptr).data(), own.data(), res.data(), out.data(), 300);  // 4e38
+  std::vector<float> minus(300, -3e38f);
+  c.decode_add_encode(ex, out.data(), minus.data(), res.data(), out2.data(), 300);  // 1e38
+  for (const float x : decode(c, out2, 300)) ASSERT_NEAR(x, 1e38f, 1e38f * 3 * TypeParam::unit_roundoff);
+  for (const float x : decode(c, out, 300)) ASSERT_TRUE(std::isinf(x));  // 4e38 itself is beyond float
+  EXPECT_EQ(c.saturated(out.data(), decode(c, out, 300).data(), 300), 300u);
+  EXPECT_EQ(c.saturated(out2.data(), decode(c, out2, 300).data(), 300), 0u);
 }
 
 // NaN is sent (it decoded as 0 and stayed in the residual before).
@@ -461,6 +557,35 @@ TEST(Sign, DecodeKeepsSignAndBlockL1Norm) {
       ASSERT_EQ(v[i] >= 0, d[i] >= 0);
     }
     EXPECT_NEAR(l1v, l1d, 1e-3 * l1v);
+  }
+}
+
+// The factors' columns scaled by powers of two to a largest |entry| in
+// [1, 2): exact (the ratios stay), zero and non-finite columns untouched.
+TEST(PowerSgd, NormalizeScalesEachColumnByAPowerOfTwo) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // 3 rows x 5 columns, row-major.
+  std::vector<float> f{3e-30f,  0.0f, 1e30f,  5.0f, 1e-44f,  //
+                       -1e-30f, 0.0f, 3e37f,  inf,  3e-45f,  //
+                       7e-31f,  0.0f, -2e36f, 1.0f, 0.0f};
+  const auto before = f;
+  ef::exec::cpu_executor ex;
+  cx::powersgd_codec(5).normalize(ex, f.data(), 3, cx::matrix_shape{8, 8});  // rank 5
+  for (std::size_t j : {0u, 2u, 4u}) {
+    float amax = 0;
+    for (std::size_t k = 0; k < 3; ++k) amax = std::max(amax, std::fabs(f[k * 5 + j]));
+    EXPECT_GE(amax, j == 4 ? 0x1p-21f : 1.0f) << j;  // subnormals: up by 2^126 at most
+    EXPECT_LT(amax, 2.0f) << j;
+    const float ratio = f[j] / before[j];
+    EXPECT_EQ(std::exp2(std::round(std::log2(ratio))), ratio) << j;
+    for (std::size_t k = 0; k < 3; ++k)
+      if (before[k * 5 + j] != 0) {
+        EXPECT_EQ(f[k * 5 + j] / before[k * 5 + j], ratio) << j << " " << k;
+      }
+  }
+  for (std::size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(f[k * 5 + 1], 0.0f);               // zero column
+    EXPECT_EQ(f[k * 5 + 3], before[k * 5 + 3]);  // a column holding inf
   }
 }
 

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -39,11 +40,14 @@ cx::allreduce_options small_opts() {
 
 // Runs `calls` allreduces of per-rank inputs make(rank, call) on p ranks;
 // returns each rank's result of every call.
+// With `stats`, each rank's counters after the last call.
 template <class Codec, class Make>
 std::vector<std::vector<std::vector<float>>> run_group(int p, Codec c, std::size_t calls, Make make,
                                                        cx::allreduce_options o = small_opts(),
-                                                       cx::matrix_shape shape = {}) {
+                                                       cx::matrix_shape shape = {},
+                                                       std::vector<cx::allreduce_stats>* stats = nullptr) {
   std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(p));
+  if (stats) stats->assign(static_cast<std::size_t>(p), {});
   ef::comm::spawn_loopback(p, [&](ef::comm::loopback_transport& t) {
     comm_t comm(t);
     cx::compressed_allreduce<Codec, ef::comm::loopback_transport> ar(comm, c, {}, o);
@@ -55,6 +59,7 @@ std::vector<std::vector<std::vector<float>>> run_group(int p, Codec c, std::size
         ar.run(g, 7);
       out[static_cast<std::size_t>(t.rank())].push_back(std::move(g));
     }
+    if (stats) (*stats)[static_cast<std::size_t>(t.rank())] = ar.stats();
   });
   return out;
 }
@@ -115,6 +120,188 @@ void check_cast(int p, std::size_t n) {
 }
 TEST_P(AllreduceTest, Fp16WithinRoundoffOfExactSum) { check_cast<cx::fp16_codec>(GetParam().ranks, GetParam().n); }
 TEST_P(AllreduceTest, Bf16WithinRoundoffOfExactSum) { check_cast<cx::bf16_codec>(GetParam().ranks, GetParam().n); }
+
+// The range of the cast codecs. The ring decodes, adds and re-encodes at
+// every hop, so its running sums, not only the inputs, must fit the code:
+// they did not (fp16: 4 ranks of 60000 gave inf). Each case runs `Codec` on
+// p ranks over make(rank, i) and wants every element finite and within
+// (p + 1) unit roundoffs of the sum of magnitudes, or, with `saturate`,
+// +-inf (the exact sum's sign) and counted in `stats().saturated` on every
+// rank; the same bits on every rank.
+template <class Codec, class Make>
+void check_cast_range(const char* what, int p, std::size_t n, Make make, bool saturate = false) {
+  SCOPED_TRACE(what);
+  std::vector<cx::allreduce_stats> stats;
+  auto out = run_group(
+      p, Codec{}, 1,
+      [&](int r, std::size_t) {
+        std::vector<float> v(n);
+        for (std::size_t i = 0; i < n; ++i) v[i] = make(r, i);
+        return v;
+      },
+      small_opts(), {}, &stats);
+  expect_same_on_all_ranks(out);
+  const bool dense = n * 4 < small_opts().dense_threshold_bytes;
+  for (std::size_t i = 0; i < n; ++i) {
+    double sum = 0, mag = 0;
+    for (int r = 0; r < p; ++r) sum += make(r, i), mag += std::fabs(make(r, i));
+    const float got = out[0][0][i];
+    if (saturate) {
+      ASSERT_TRUE(std::isinf(got) && (got > 0) == (sum > 0)) << i << ": " << got;
+    } else {
+      ASSERT_TRUE(std::isfinite(got)) << i << ": " << got << ", exact " << sum;
+      ASSERT_LE(std::fabs(got - sum), (p + 1) * Codec::unit_roundoff * mag) << i << ": " << got << ", exact " << sum;
+    }
+  }
+  for (const auto& s : stats) EXPECT_EQ(s.saturated, saturate && !dense ? n : 0u);
+}
+
+// A small spread, so that not every element rounds alike.
+float spread(std::size_t i) { return 1.0f - static_cast<float>(i % 5) / 8192.0f; }
+
+TEST_P(AllreduceTest, Fp16KeepsAMeanInRangeWhoseSumIsNot) {
+  const int p = GetParam().ranks;
+  const std::size_t n = GetParam().n;
+  // The numbers: every rank 60000 (30000); the sum is beyond 65504.
+  for (const float v : {60000.0f, 30000.0f, 65504.0f})
+    check_cast_range<cx::fp16_codec>("every rank alike", p, n, [&](int, std::size_t) { return v; });
+  check_cast_range<cx::fp16_codec>("every rank different", p, n, [&](int r, std::size_t i) {
+    return 65000.0f * spread(i + static_cast<std::size_t>(r)) * (r % 2 ? 0.5f : 1.0f);
+  });
+}
+
+// Half the ranks +a, the others -a: the sum is a or 0, but the ring's
+// running sums reach ceil(p/2) a. fp16: a = 60000, and 100000, beyond fp16
+// on its own.
+TEST_P(AllreduceTest, Fp16KeepsRunningSumsBeyondItsRange) {
+  const int p = GetParam().ranks;
+  const std::size_t n = GetParam().n;
+  const int k = (p + 1) / 2;  // ranks with +a
+  for (const float a : {60000.0f, 100000.0f})
+    check_cast_range<cx::fp16_codec>("+-a", p, n, [&](int r, std::size_t i) { return (r < k ? a : -a) * spread(i); });
+}
+
+// bf16's largest value is 2^-8 below FLT_MAX; between it and FLT_MAX, bf16
+// rounds to inf. Two ranks: +-w, each alone in that window. More: the ring
+// starting at rank 0 (b, bf16-exact) adds rank 1's w - b: a running sum in
+// the window; rank 2 takes b away again (the sum is w - b).
+TEST_P(AllreduceTest, Bf16KeepsRunningSumsBetweenItsLargestValueAndFloats) {
+  const int p = GetParam().ranks;
+  const std::size_t n = GetParam().n;
+  const float bf16_max = 0x1.FEp127f, flt_max = std::numeric_limits<float>::max();
+  const float w = (bf16_max + 0x1p119f) / 2 + flt_max / 2,
+              b = 0x1.1p127f;  // w: halfway from rounding to inf to FLT_MAX
+  ASSERT_GT(w - (w - b) * (1 - spread(4)), bf16_max + 0x1p119f);
+  check_cast_range<cx::bf16_codec>("window", p, n, [&](int r, std::size_t i) {
+    if (p == 2) return (r == 0 ? w : -w) * spread(i);
+    return r == 0 ? b : r == 1 ? (w - b) * spread(i) : r == 2 ? -b : 1.0f;
+  });
+}
+
+// The ring's hop never unscales its running sums: +-2e38
+// on every rank, running sums up to ceil(p/2) 2e38, beyond FLT_MAX, the sum
+// 2e38 or 0. (The dense path, tensors below the threshold, is float's
+// arithmetic: such running sums overflow there, as in any float allreduce.)
+TEST_P(AllreduceTest, CastCodecsKeepRunningSumsBeyondFloat) {
+  const int p = GetParam().ranks;
+  const std::size_t n = GetParam().n;
+  if (n * 4 < small_opts().dense_threshold_bytes) return;  // dense: float's arithmetic
+  const int k = (p + 1) / 2;
+  const auto pm = [&](int r, std::size_t i) { return (r < k ? 2e38f : -2e38f) * spread(i); };
+  check_cast_range<cx::fp16_codec>("fp16", p, n, pm);
+  check_cast_range<cx::bf16_codec>("bf16", p, n, pm);
+}
+
+// The block scales follow the values from call to call, with the
+// error-feedback residual of the last call (at another magnitude) added in:
+// magnitudes jumping by 2^+-70 between calls stay finite and, summed over
+// the calls, within a few roundings of the largest call of the sum of the
+// exact sums.
+TEST_P(AllreduceTest, CastCodecsFollowTheRangeFromCallToCall) {
+  const int p = GetParam().ranks;
+  const std::size_t n = GetParam().n;
+  const float mags[] = {60000.0f, 1e-3f, 1e20f, 1e-20f, 60000.0f, 3e-5f};
+  const std::size_t calls = std::size(mags);
+  auto make = [&](int r, std::size_t k) {
+    auto v = normal_vec(n, 70 + static_cast<unsigned>(r) + 10 * static_cast<unsigned>(k));
+    for (auto& x : v) x *= mags[k];
+    return v;
+  };
+  const auto check = [&](auto codec) {
+    using codec_t = decltype(codec);
+    std::vector<cx::allreduce_stats> stats;
+    auto out = run_group(p, codec, calls, make, small_opts(), {}, &stats);
+    expect_same_on_all_ranks(out);
+    std::vector<double> acc(n, 0.0), ex(n, 0.0), mag(n, 0.0);
+    for (std::size_t k = 0; k < calls; ++k) {
+      const auto s = exact_sum(p, n, k, make);
+      for (int r = 0; r < p; ++r) {
+        const auto v = make(r, k);
+        for (std::size_t i = 0; i < n; ++i) mag[i] = std::max(mag[i], double(std::fabs(v[i])));
+      }
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_TRUE(std::isfinite(out[0][k][i])) << codec.name() << " call " << k << " i " << i;
+        acc[i] += out[0][k][i], ex[i] += s[i];
+      }
+    }
+    // Error feedback: what was not sent stays in the residuals, at most a
+    // rounding of the largest magnitude per rank.
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_LE(std::fabs(acc[i] - ex[i]), 2 * (p + 1) * p * codec_t::unit_roundoff * mag[i] + 1e-30)
+          << codec.name() << " i " << i;
+    for (const auto& st : stats) EXPECT_EQ(st.saturated, 0u);
+  };
+  check(cx::fp16_codec{});
+  check(cx::bf16_codec{});
+}
+
+// A sum beyond float's range cannot be represented: +-inf, counted.
+TEST_P(AllreduceTest, CastCodecsCountASumBeyondFloat) {
+  const int p = GetParam().ranks;
+  const std::size_t n = GetParam().n;
+  const auto big = [](int, std::size_t i) { return (i % 2 ? 2e38f : -2e38f) * spread(i); };
+  check_cast_range<cx::fp16_codec>("fp16", p, n, big, true);
+  check_cast_range<cx::bf16_codec>("bf16", p, n, big, true);
+}
+
+// The block scales go up as well as down: gradients far below fp16's
+// normal range (6.1e-5) keep its relative precision instead of rounding to
+// multiples of 2^-24 (or to 0).
+TEST_P(AllreduceTest, Fp16KeepsItsPrecisionOnTinyValues) {
+  const int p = GetParam().ranks;
+  const std::size_t n = GetParam().n;
+  for (const float v : {1e-7f, 1e-20f, 1e-38f})
+    check_cast_range<cx::fp16_codec>("tiny", p, n, [&](int r, std::size_t i) {
+      return v * static_cast<float>(1 + (i + static_cast<std::size_t>(r)) % 7) * (r % 3 == 1 ? -1.0f : 1.0f);
+    });
+}
+
+// A non-finite input is not a saturation: the element comes out non-finite
+// (infinities with their sign) and nothing is counted; the other elements
+// are as usual.
+TEST_P(AllreduceTest, CastCodecsPassANonFiniteInputOnUncounted) {
+  const int p = GetParam().ranks;
+  const std::size_t n = GetParam().n;
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<cx::allreduce_stats> stats;
+  auto make = [&](int r, std::size_t) {
+    auto v = normal_vec(n, 40 + static_cast<unsigned>(r));
+    if (r == p - 1) v[0] = inf;
+    return v;
+  };
+  auto out = run_group(p, cx::fp16_codec{}, 1, make, small_opts(), {}, &stats);
+  expect_same_on_all_ranks(out);
+  EXPECT_EQ(out[0][0][0], inf);
+  const auto s = exact_sum(p, n, 0, make);
+  std::vector<double> mag(n, 0.0);
+  for (int r = 0; r < p; ++r) {
+    const auto v = make(r, 0);
+    for (std::size_t i = 0; i < n; ++i) mag[i] += std::fabs(v[i]);
+  }
+  for (std::size_t i = 1; i < n; ++i)
+    ASSERT_LE(std::fabs(out[0][0][i] - s[i]), (p + 1) * cx::fp16_codec::unit_roundoff * mag[i]) << i;
+  for (const auto& st : stats) EXPECT_EQ(st.saturated, 0u);
+}
 
 template <class Codec>
 void check_quant(int p, std::size_t n) {
@@ -216,6 +403,35 @@ TEST_P(AllreduceTest, PowerSgdDefaultShapeTracksTheSum) {
   check_tracking(GetParam().ranks, GetParam().n, cx::powersgd_codec(2), 0.5);
 }
 
+// PowerSGD at any magnitude: the factors are kept near 1 by powers of two,
+// so a rank-1 sum is reproduced from 1e-30 to 1e30 over calls with a warm
+// start. It came out 0 (rel. error 1) below about 1e-9, where P = M Q with
+// Q ~ M fell under the orthogonalisation's eps, and above about 1e18, where
+// its squares overflowed.
+TEST(Allreduce, PowerSgdReconstructsALowRankSumAtAnyMagnitude) {
+  const cx::matrix_shape s{64, 48};
+  for (int p : {2, 3, 5})
+    for (const float a : {1e-30f, 1e-9f, 1e18f, 1e30f}) {
+      auto make = [&](int r, std::size_t) {
+        std::vector<float> m(s.size());
+        for (std::size_t i = 0; i < s.rows; ++i)
+          for (std::size_t j = 0; j < s.cols; ++j)
+            m[i * s.cols + j] = a * (1.0f + 0.01f * static_cast<float>(i % 7) + static_cast<float>(r)) *
+                                (1.0f - 0.02f * static_cast<float>(j % 5));
+        return m;
+      };
+      auto out = run_group(p, cx::powersgd_codec(4), 3, make, small_opts(), s);
+      expect_same_on_all_ranks(out);
+      const auto ex = exact_sum(p, s.size(), 0, make);
+      for (std::size_t k = 0; k < 3; ++k) {
+        double e = 0, d = 0;
+        for (std::size_t i = 0; i < s.size(); ++i)
+          e += (out[0][k][i] - ex[i]) * (out[0][k][i] - ex[i]), d += ex[i] * ex[i];
+        EXPECT_LT(std::sqrt(e / d), 1e-5) << p << " ranks, magnitude " << a << ", call " << k;
+      }
+    }
+}
+
 // One key, one size, another matrix shape: the warm-start Q of the first
 // shape (cols x r) must not be read as the second's (out of bounds before).
 TEST(Allreduce, PowerSgdStartsAfreshWhenTheMatrixShapeChanges) {
@@ -312,6 +528,11 @@ TEST(Allreduce, WireBytesMatchThePrediction) {
     auto g = normal_vec(n, 1);
     ar.run(g);
     EXPECT_EQ(ar.stats().wire_bytes_sent, ar.wire_bytes(n));
+    // fp16: 2 (p-1)/p x (2 bytes per element + 1 per block of 256).
+    cx::compressed_allreduce<cx::fp16_codec, ef::comm::loopback_transport> half(comm, {});
+    half.run(g);
+    EXPECT_EQ(half.stats().wire_bytes_sent, half.wire_bytes(n));
+    EXPECT_NEAR(static_cast<double>(half.wire_bytes(n)), 2.0 * 3 / 4 * n * (2 + 1.0 / 256), 1024.0);
     // ~ 2 (p-1)/p n (1 + 4/256) bytes: about 4x fewer than dense floats.
     EXPECT_LT(ar.wire_bytes(n), 2 * 3 * n * 4 / 4 / 3.8);
     // PowerSGD's factors and tail are the communicator's allreduces: counted as they are sent.

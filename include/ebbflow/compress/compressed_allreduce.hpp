@@ -5,7 +5,9 @@
 //!
 //! The algorithm follows the codec's `kind`:
 //! * `linear` (fp16, bf16, int8, int4): pipelined ring reduce-scatter with
-//!   decode-add-encode per hop, then a ring allgather of the encoded chunks;
+//!   decode-add-encode per hop, then a ring allgather of the encoded chunks
+//!   (the casts scale each block of 256 by its own power of two, at every
+//!   hop, so no running sum leaves their range);
 //! * `sparse` (top-k): ring allgather of every rank's encoded tensor, decoded
 //!   by everybody in rank order;
 //! * `sign` (1-bit): compressed reduce-scatter, sum, re-encode with a second
@@ -82,6 +84,10 @@ struct allreduce_stats {
   std::size_t calls = 0;            //!< `run` calls
   std::size_t wire_bytes_sent = 0;  //!< bytes handed to the transport (dense: as the communicator's algorithm sends)
   std::size_t dense_calls = 0;      //!< calls that took the dense path
+  //! Elements that came out +-inf or NaN from finite codes: the sum left
+  //! float's range (above about 3.4e38). Counted by the cast codecs (fp16,
+  //! bf16) on the compressed path; the same on every rank.
+  std::size_t saturated = 0;
 };
 
 //! An error-feedback compressed allreduce bound to one communicator over a

@@ -3,8 +3,9 @@
 //! PowerSGD rank-r compression (Vogels et al., NeurIPS 2019) of a matrix
 //! gradient M (rows x cols, row-major): one power-iteration step per call with
 //! a warm-started Q. Not a flat codec: `compressed_allreduce` runs
-//!   M = grad + residual; P = M Q; allreduce(P); orthogonalise(P);
-//!   Q = M^T P; residual = M - P Q^T; allreduce(Q); grad = P Q^T,
+//!   M = grad + residual; P = M normalize(Q); allreduce(P);
+//!   orthogonalise(normalize(P)); Q = M^T P; residual = M - P Q^T;
+//!   allreduce(Q); grad = P Q^T,
 //! i.e. two dense allreduces of (rows + cols) r floats instead of rows cols.
 //! This type holds the rank and the per-step kernels; the per-tensor state
 //! (Q, residual) lives in the allreduce. A matrix of rank <= r is reproduced
@@ -75,6 +76,32 @@ struct reseed_zero_columns {
     for (std::size_t k = 0; k < cols; ++k) fill(k * rank + j);
   }
 };
+
+//! Column j of f (rows x rank, row-major) times the power of two that puts
+//! its largest |entry| in [1, 2) (within [2^-126, 2^126]; exact): the
+//! factors carry a direction, and their magnitude would otherwise follow
+//! the gradient's, squared (P = M Q with the warm start Q = M^T P), out of
+//! float's range (above about 1e18) or below the orthogonalisation's eps
+//! (below about 1e-9), silently zeroing the result. Zero and non-finite
+//! columns are left alone.
+struct normalize_columns {
+  float* f;          //!< rows x rank (executor's memory space)
+  std::size_t rows;  //!< rows of f
+  std::size_t rank;  //!< columns of f
+  //! Scales column `j`.
+  EBBFLOW_HD void operator()(std::size_t j) const noexcept {
+    std::uint32_t amax = 0;
+    for (std::size_t k = 0; k < rows; ++k) {
+      const std::uint32_t a = compress::detail::as_u32(f[k * rank + j]) & 0x7FFFFFFFu;
+      amax = a > amax ? a : amax;
+    }
+    if (amax == 0 || amax >= 0x7F800000u) return;
+    std::uint32_t e = amax >> 23;  // biased exponent of the largest entry
+    e = e < 1 ? 1 : e > 253 ? 253 : e;
+    const float factor = compress::detail::as_f32((254u - e) << 23);  // 2^(127 - e)
+    for (std::size_t k = 0; k < rows; ++k) f[k * rank + j] = compress::detail::fmul(f[k * rank + j], factor);
+  }
+};
 }  // namespace kernels
 
 //! Value type; thread-safe.
@@ -114,6 +141,14 @@ struct powersgd_codec {
   template <class Ex>
   void refresh_q(Ex& ex, float* q, matrix_shape s, std::uint64_t seed) const {
     ex.bulk(rank_for(s), kernels::reseed_zero_columns{q, s.cols, rank_for(s), {seed, 0x9051D}});
+  }
+  //! Scales each column of the factor f (`rows` x r, row-major) by a power
+  //! of two to a largest |entry| in [1, 2) (`kernels::normalize_columns`):
+  //! the warm-start Q before P = M Q, and P before its orthogonalisation.
+  //! Exact; the same on every rank for the same f.
+  template <class Ex>
+  void normalize(Ex& ex, float* f, std::size_t rows, matrix_shape s) const {
+    ex.bulk(rank_for(s), kernels::normalize_columns{f, rows, rank_for(s)});
   }
   //! p (rows x r) = m q, with m (rows x cols) and q (cols x r) row-major.
   //! Pointers in `Ex`'s space; completes as `ex.bulk` does.

@@ -78,6 +78,7 @@ struct coll_ctx {
   std::uint64_t stream_base = 0;  //!< unique per (rank, call, tensor)
   std::uint64_t seq = 0;          //!< tag sequence number of this collective
   std::size_t wire_sent = 0;      //!< bytes this rank sent (accumulated)
+  std::size_t saturated = 0;      //!< result elements beyond float's range from finite codes (accumulated)
   const char* op = "compressed_allreduce";
 };
 
@@ -194,10 +195,27 @@ inline encode_context seg_ctx(const coll_ctx& ctx, std::uint64_t phase, std::siz
   return {ctx.seed, mix64(ctx.stream_base ^ mix64((phase << 56) ^ begin)), ws};
 }
 
+//! The ring's hop: encodes decode(`in`) + `data` (+ `res`) into `out`.
+//! Codecs that can do it in one pass (`decode_add_encode`: the casts, which
+//! keep the running sum in their scaled units) leave `data` as it is; the
+//! others decode-add into `data` and encode that.
+template <class Codec, class Ex>
+void add_encode(const Codec& c, Ex& ex, const std::byte* in, float* data, float* res, std::byte* out, std::size_t n,
+                const encode_context& ctx) {
+  if constexpr (requires { c.decode_add_encode(ex, in, data, res, out, n); }) {
+    c.decode_add_encode(ex, in, data, res, out, n);
+  } else {
+    c.decode_add(ex, in, data, n);
+    c.encode(ex, data, res, out, n, ctx);
+  }
+}
+
 //! Ring allreduce (sum) of `data[0, n)` with decode-add-encode per hop.
 //! `res` (nullable) is the error-feedback residual of this rank, n floats:
 //! every rank encodes every region exactly once per call, so the residual of
 //! each region carries exactly that encode's error into the next call.
+//! Each hop is `add_encode`. `ctx.saturated` counts the results beyond
+//! float's range, for codecs that can tell (`saturated`: the casts).
 template <class Codec, class T, class Ex>
 void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n, float* res, coll_ctx& ctx,
                     arenas& ar) {
@@ -222,13 +240,10 @@ void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n
   gather.post();
 
   float* no_res = nullptr;
-  const auto encode_seg = [&](const chunk& c, const segment& sg, std::byte* area) {
-    codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, area + c.area_off + sg.off, sg.len,
+  for (const auto& sg : ch(r).segs) {  // reduce-scatter step 0: my own chunk, local data
+    codec.encode(ex, data + sg.begin, res ? res + sg.begin : no_res, rs_out + ch(r).area_off + sg.off, sg.len,
                  seg_ctx(ctx, 0, sg.begin, ws));
     ex.wait();
-  };
-  for (const auto& sg : ch(r).segs) {  // reduce-scatter step 0: my own chunk, local data
-    encode_seg(ch(r), sg, rs_out);
     rq.send(right, tag_rs(0), rs_out + ch(r).area_off + sg.off, sg.bytes);
   }
   std::size_t k = 0;
@@ -236,19 +251,28 @@ void ring_allreduce(T& t, const Codec& codec, Ex& ex, float* data, std::size_t n
     const chunk& c = ch(mod(r - s - 1, p));
     for (const auto& sg : c.segs) {
       rq.wait_recv(rs_ids[k++]);
-      codec.decode_add(ex, rs_in + c.area_off + sg.off, data + sg.begin, sg.len);
+      // The last step completes the chunk: encode it once for the allgather
+      // and keep exactly what the others will decode.
+      std::byte* out = (s < p - 2 ? rs_out : ag) + c.area_off + sg.off;
+      add_encode(codec, ex, rs_in + c.area_off + sg.off, data + sg.begin, res ? res + sg.begin : no_res, out, sg.len,
+                 seg_ctx(ctx, 0, sg.begin, ws));
       if (s < p - 2) {
-        encode_seg(c, sg, rs_out);
-        rq.send(right, tag_rs(s + 1), rs_out + c.area_off + sg.off, sg.bytes);
-      } else {  // complete: encode once for the allgather, keep exactly what the others will decode
-        encode_seg(c, sg, ag);
-        codec.decode(ex, ag + c.area_off + sg.off, data + sg.begin, sg.len);
-        rq.send(right, gather.tag(0), ag + c.area_off + sg.off, sg.bytes);
+        ex.wait();
+        rq.send(right, tag_rs(s + 1), out, sg.bytes);
+      } else {
+        codec.decode(ex, out, data + sg.begin, sg.len);
+        ex.wait();
+        rq.send(right, gather.tag(0), out, sg.bytes);
       }
     }
   }
   gather.finish(codec, ex, data);
   ex.wait();
+  // Every chunk's final encoding is in `ag` now, on every rank: codes that
+  // decode beyond float's range are counted the same everywhere.
+  if constexpr (requires(const std::byte* e) { codec.saturated(e, data, n); })
+    for (const auto& c : L)
+      for (const auto& sg : c.segs) ctx.saturated += codec.saturated(ag + c.area_off + sg.off, data + sg.begin, sg.len);
   rq.wait_sends();
 }
 

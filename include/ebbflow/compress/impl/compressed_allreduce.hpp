@@ -98,6 +98,7 @@ void compressed_allreduce<Codec, Transport, Executor>::run_impl(std::span<float>
       detail::two_phase_allreduce(t, codec_, exec_, grad.data(), n, res, st.res2.data(), ctx, arenas_);
     }
     stats_.wire_bytes_sent += ctx.wire_sent;
+    stats_.saturated += ctx.saturated;
   }
 }
 
@@ -122,9 +123,16 @@ void compressed_allreduce<Codec, Transport, Executor>::run_low_rank(std::span<fl
       }
       st.p.resize(shape.rows * r);
       st.q_local.resize(shape.cols * r);
+      // The factors are directions: powers of two keep their entries near 1,
+      // so that neither P = M Q (Q, the last sum, has M's magnitude) nor the
+      // orthogonalisation (squares) leaves float's range or falls below its
+      // eps at the gradient's magnitude. Q and the summed P are the same on
+      // every rank, so are their scales.
+      codec_.normalize(exec_, st.q.data(), shape.cols, shape);
       codec_.compute_p(exec_, m, st.q.data(), st.p.data(), shape);
       exec_.wait();
       dense(st.p, d);
+      codec_.normalize(exec_, st.p.data(), shape.rows, shape);
       codec_.orthogonalize(exec_, st.p.data(), shape);
       codec_.compute_q(exec_, m, st.p.data(), st.q_local.data(), shape);
       if (opts_.error_feedback) codec_.residual(exec_, m, st.p.data(), st.q_local.data(), st.res.data(), shape);
