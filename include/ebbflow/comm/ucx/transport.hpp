@@ -21,10 +21,14 @@
 //! wire-up); the last user closes it.
 //!
 //! Failure: every endpoint uses `UCP_ERR_HANDLING_MODE_PEER`. When UCX
-//! reports a peer's endpoint failed, the peer is marked lost, sends to it
-//! fail, and every receive pending at that moment (from any peer) is
-//! cancelled and fails with `errc::peer_lost` (UCX owns posted receives on the
-//! worker and would never fail them). `lost_peer()` names the first lost peer.
+//! reports a peer's endpoint failed, or a wait finds the process of a peer
+//! on this host gone (`probe_peers`, every 50 ms of waiting: UCX's keepalive
+//! alone has been seen to miss a dead peer for seconds), the peer is marked
+//! lost and the group is broken: every request pending then or posted later
+//! fails with `errc::peer_lost`, receives from any peer (cancelled: UCX owns
+//! posted receives on the worker and would never fail them) and sends to any
+//! peer (abandoned: a live peer's receive for it was cancelled too).
+//! `lost_peer()` names the first lost peer.
 //!
 //! Thread safety: one thread drives a transport and its requests.
 #pragma once
@@ -284,14 +288,24 @@ class transport {
   //! Marks `peer` lost (e.g. a single-copy read found its process gone):
   //! from now on it behaves as if UCX had reported the failure.
   void mark_lost(int peer) noexcept { on_peer_error(st_.get(), peer, UCS_ERR_CONNECTION_RESET); }
+  //! Asks every peer on this host not yet known lost whether its process
+  //! is gone (`peer_gone`), and marks those that are lost. Returns whether
+  //! it found one. No UCX call; one `process_vm_readv` per such peer.
+  //! `wait` does it every `probe_interval` of waiting (and `test`, polled
+  //! for as long); the communicator again before it reports a timeout.
+  bool probe_peers() noexcept;
+  //! How often a waiting (or polling) transport probes its peers on this host.
+  static constexpr std::chrono::milliseconds probe_interval{50};
 
   //! Posts a send of `out` (host memory, valid until the request completed)
-  //! to `peer`; never blocks. A send to a lost peer completes at once with
-  //! `errc::peer_lost`. @throws std::invalid_argument for a bad `peer`.
+  //! to `peer`; never blocks. Once a peer was lost (any peer: the group is
+  //! broken), it completes at once with `errc::peer_lost`.
+  //! @throws std::invalid_argument for a bad `peer`.
   request isend(int peer, tag_t tag, std::span<const std::byte> out);
   //! Posts a receive into `in` (host memory, valid until the request
   //! completed) from `peer`; never blocks. A size mismatch completes it with
-  //! `errc::bad_message` (sizes in `request::error_detail`).
+  //! `errc::bad_message` (sizes in `request::error_detail`). Once a peer was
+  //! lost, it completes at once with `errc::peer_lost`.
   //! @throws std::invalid_argument for a bad `peer`.
   request irecv(int peer, tag_t tag, std::span<std::byte> in);
   //! Drives UCX once; true once `r` completed (then `ec` holds its outcome).
@@ -316,6 +330,8 @@ class transport {
     // one thread while another progresses (see `start`).
     std::atomic<int> lost{-1};
     std::atomic<bool> cancel_pending{false};
+    steady_clock::time_point next_probe{};  // when a waiting or polling caller probes local peers next
+    unsigned idle_tests = 0;                // tests that found their request pending
     std::vector<std::uint8_t> abandoned;  // by peer: sends it will never answer
     std::vector<std::uint8_t> undrained;  // by peer: an abandoned receive still written after 1 s
     std::vector<ucp_ep_h> eps;
@@ -346,7 +362,11 @@ class transport {
   transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
             const std::vector<std::vector<std::byte>>& addresses, deferred_t);
   void fail_connect(std::error_code ec, int peer);
+  // Moves the handshake to its second round; true once it had (see the definition).
+  bool next_handshake_round();
   void finish_handshake() noexcept;
+  // `isend`; with `sync` a synchronous send (complete once the peer matched it).
+  request post_send(int peer, tag_t tag, std::span<const std::byte> out, bool sync);
 
   // The endpoint pool's error callback (ctx: this transport's state).
   static void on_peer_error(void* ctx, int peer, ucs_status_t status) noexcept {
@@ -380,10 +400,12 @@ class transport {
     EBBFLOW_ENFORCE(peer >= 0 && peer < st_->size && peer != st_->rank,
                     "ucx transport: peer " << peer << " invalid for rank " << st_->rank << " of " << st_->size);
   }
-  // Sends and receives on closed endpoints (a failed connect, `start_close`)
-  // never reach UCX: they complete at once with why the endpoints are gone.
-  [[nodiscard]] std::error_code unusable(int peer) const noexcept {
-    if (st_->dead[static_cast<std::size_t>(peer)]) return make_error_code(error::peer_lost);
+  // Sends and receives in a broken group (a peer lost: its receives were
+  // cancelled, so a later one would wait for a peer that gave up) or on
+  // closed endpoints (a failed connect, `start_close`) never reach UCX: they
+  // complete at once with why.
+  [[nodiscard]] std::error_code unusable() const noexcept {
+    if (st_->lost >= 0) return make_error_code(error::peer_lost);
     if (st_->connect_failed) return st_->connect_failed;
     if (st_->close_started) return make_error_code(error::invalid_state);
     return {};
@@ -395,6 +417,12 @@ class transport {
                                    .operation = "ucx connect",
                                    .detail = "the connect failed earlier; the transport is unusable"});
     std::abort();  // unreachable: connect_failed is set
+  }
+  // `probe_peers` when `probe_interval` passed since the last time.
+  bool probe_if_due(steady_clock::time_point now) noexcept {
+    if (now < st_->next_probe) return false;
+    st_->next_probe = now + probe_interval;
+    return probe_peers();
   }
   void cancel_all_receives() noexcept {
     st_->cancel_pending = false;
@@ -448,8 +476,9 @@ inline transport::transport(worker w, std::int64_t generation, int rank, int siz
 struct transport::state::handshake {
   detail::hello mine{};               //!< what this rank tells every peer
   std::vector<detail::hello> theirs;  //!< what each peer told (by rank)
-  std::vector<request> reqs;          //!< the posted hello sends and receives
+  std::vector<request> reqs;          //!< the posted sends and receives of this round
   std::vector<int> peers;             //!< the peer of each request
+  int round = 0;                      //!< 0: hellos (synchronous sends), 1: ready
 };
 inline transport::state::~state() = default;
 
@@ -516,9 +545,10 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
     st_->eps[static_cast<std::size_t>(p)] = ref.ep;
     st_->reused += ref.reused;
   }
-  // Wire-up handshake on a tag collectives never use (step 0xfffe). Each
-  // rank also tells its pid, boot id and the address of a probe word, so
-  // peers on the same host can use single-copy reads (see `local_peer`).
+  // Wire-up handshake on tags collectives never use (step 0xfffe), in two
+  // rounds (see `next_handshake_round`). Each rank also tells its pid, boot
+  // id and the address of a probe word, so peers on the same host can use
+  // single-copy reads (see `local_peer`).
   const tag_t hello = make_tag(0xffffffffu, 0xfffe);
   st_->connecting = std::make_unique<state::handshake>();
   auto& hs = *st_->connecting;
@@ -533,9 +563,40 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
     if (p == rank) continue;
     hs.reqs.push_back(irecv(p, hello, std::as_writable_bytes(std::span(&hs.theirs[static_cast<std::size_t>(p)], 1))));
     hs.peers.push_back(p);
-    hs.reqs.push_back(isend(p, hello, std::as_bytes(std::span(&hs.mine, 1))));
+    hs.reqs.push_back(post_send(p, hello, std::as_bytes(std::span(&hs.mine, 1)), true));
     hs.peers.push_back(p);
   }
+}
+
+inline bool transport::next_handshake_round() {
+  // UCX 1.13 wires an endpoint up lazily: the first send that needs the
+  // peer's endpoint id (a rendezvous, i.e. the first large message, or a
+  // synchronous send) puts a proxy on the endpoint and sends a wire-up
+  // request, which the peer answers. Two hazards follow when that happens
+  // in the middle of a collective (the first large allreduce). An answer
+  // queued behind a full shared-memory FIFO (a peer busy with a burst of
+  // rendezvous headers, or dead) is still queued when the endpoint is
+  // failed or closed by force, and UCX 1.13.1 aborts purging it
+  // (ucp_request.c:684 "got REP message"; removed upstream later). And a
+  // survivor whose endpoint to a peer that died was still being wired up
+  // was seen to learn nothing of the death until its deadline. So the
+  // hellos are synchronous sends, which wire every endpoint up now, and a
+  // second round of empty messages tells each rank that its peers' hellos
+  // completed: every answer it owed them has left, none stays queued.
+  auto& hs = *st_->connecting;
+  if (hs.round == 1) return true;
+  hs.round = 1;
+  hs.reqs.clear();
+  hs.peers.clear();
+  const tag_t ready = make_tag(0xfffffffeu, 0xfffe);
+  for (int p = 0; p < st_->size; ++p) {
+    if (p == st_->rank) continue;
+    hs.reqs.push_back(irecv(p, ready, {}));
+    hs.peers.push_back(p);
+    hs.reqs.push_back(isend(p, ready, {}));
+    hs.peers.push_back(p);
+  }
+  return false;
 }
 
 inline void transport::fail_connect(std::error_code ec, int peer) {
@@ -553,28 +614,34 @@ inline bool transport::poll_connect() {
   if (st_->connect_failed) throw_connect_failed();
   if (!st_->connecting) return true;
   auto& hs = *st_->connecting;
-  bool all = true;
-  for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
-    std::error_code ec;
-    if (!test(hs.reqs[i], ec)) {
-      all = false;
-      continue;
+  for (;;) {
+    bool all = true;
+    for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
+      std::error_code ec;
+      if (!test(hs.reqs[i], ec)) {
+        all = false;
+        continue;
+      }
+      if (ec) fail_connect(ec, hs.peers[i]);
     }
-    if (ec) fail_connect(ec, hs.peers[i]);
+    if (!all) return false;
+    if (next_handshake_round()) break;
   }
-  if (all) finish_handshake();
-  return all;
+  finish_handshake();
+  return true;
 }
 
 inline void transport::finish_connect(deadline d) {
   if (st_->connect_failed) throw_connect_failed();
   if (!st_->connecting) return;
   auto& hs = *st_->connecting;
-  for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
-    std::error_code ec;
-    wait(hs.reqs[i], d, ec);
-    if (ec) fail_connect(ec, hs.peers[i]);
-  }
+  do {
+    for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
+      std::error_code ec;
+      wait(hs.reqs[i], d, ec);
+      if (ec) fail_connect(ec, hs.peers[i]);
+    }
+  } while (!next_handshake_round());
   finish_handshake();
 }
 
@@ -606,6 +673,18 @@ inline bool transport::peer_gone(int peer) const noexcept {
   if (local_peer(peer) == 0) return false;
   const auto& l = st_->locals[static_cast<std::size_t>(peer)];
   return detail::probe_process(l.pid, l.address, l.nonce) == detail::probe_result::gone;
+}
+
+inline bool transport::probe_peers() noexcept {
+  bool found = false;
+  for (int p = 0; p < st_->size; ++p) {
+    if (p == st_->rank || st_->dead[static_cast<std::size_t>(p)] || !peer_gone(p)) continue;
+    EBBFLOW_LOG_DEBUG("ucx: the process of peer " << p << " is gone, UCX has not reported it [rank " << st_->rank
+                                                  << ", generation " << st_->generation << "]");
+    mark_lost(p);
+    found = true;
+  }
+  return found;
 }
 
 inline transport::~transport() {
@@ -669,18 +748,23 @@ inline void transport::close_endpoints() noexcept {
 }
 
 inline transport::request transport::isend(int peer, tag_t tag, std::span<const std::byte> out) {
+  return post_send(peer, tag, out, false);
+}
+
+inline transport::request transport::post_send(int peer, tag_t tag, std::span<const std::byte> out, bool sync) {
   check_peer(peer);
   request r;
   r.st_ = st_.get();
   r.peer_ = peer;
   r.len_ = out.size();
-  if (const auto ec = unusable(peer)) {
+  if (const auto ec = unusable()) {
     r.ec_ = ec;
     return r;
   }
   ucp_request_param_t prm{};
-  ucs_status_ptr_t p = ucp_tag_send_nbx(st_->eps[static_cast<std::size_t>(peer)], out.data(), out.size(),
-                                        wire_tag(st_->rank, tag), &prm);
+  const auto send = sync ? &ucp_tag_send_sync_nbx : &ucp_tag_send_nbx;
+  ucs_status_ptr_t p =
+      send(st_->eps[static_cast<std::size_t>(peer)], out.data(), out.size(), wire_tag(st_->rank, tag), &prm);
   if (UCS_PTR_IS_ERR(p)) {
     r.ec_ = make_error(UCS_PTR_STATUS(p));
   } else if (p != nullptr) {
@@ -697,7 +781,7 @@ inline transport::request transport::irecv(int peer, tag_t tag, std::span<std::b
   r.peer_ = peer;
   r.len_ = in.size();
   r.recv_ = true;
-  if (const auto ec = unusable(peer)) {
+  if (const auto ec = unusable()) {
     r.ec_ = ec;
     return r;
   }
@@ -754,12 +838,17 @@ inline bool transport::test(request& r, std::error_code& ec) {
   if (!r.done_) {
     progress();
     complete(r);
-    if (!r.done_ && r.peer_ >= 0 && st_->dead[static_cast<std::size_t>(r.peer_)] && !r.recv_) {
-      // A send to a lost peer that UCX has not failed yet: fail it now.
+    if (!r.done_ && !r.recv_ && st_->lost >= 0) {
+      // A send in a broken group that UCX has not failed yet: to the lost
+      // peer, or to a live one whose receive for it was cancelled (a
+      // rendezvous that nobody will ever fetch). Abandoned: its endpoint is
+      // closed by force.
       r.release();
       r.done_ = true;
       r.ec_ = make_error_code(error::peer_lost);
     }
+    // Polled without `wait` (a caller overlapping work): probe now and then too.
+    if (!r.done_ && (++st_->idle_tests & 1023) == 0) (void)probe_if_due(steady_clock::now());
   }
   if (r.done_) ec = r.ec_;
   return r.done_;
@@ -781,6 +870,8 @@ inline void transport::wait(request& r, deadline d, std::error_code& ec) {
   while (!test(r, ec)) {
     if (spin && (++spins & 63) != 0) continue;
     const auto now = steady_clock::now();
+    // Past the busy-poll: a peer found gone fails `r` at the next test.
+    if (spin_until != steady_clock::time_point{} && now >= spin_until && probe_if_due(now)) continue;
     if (now >= d.at()) {
       ec = make_error_code(error::timeout);
       return;
