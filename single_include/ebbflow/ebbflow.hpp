@@ -167,12 +167,16 @@
 //! text names both sizes).
 //!
 //! Ranks that disagree on sizes get `bad_message` only when they run the
-//! same algorithm. The choice depends on the size (`small_bytes`, the element
-//! count against the rank count): sizes on both sides of it make ranks run
-//! different algorithms whose messages never match, and each rank gets
-//! `errc::timeout` at its deadline instead, its text naming its own byte
-//! count and this possible cause. Detecting it sooner would need the size on
-//! the wire or an extra round trip per collective; ebbflow does neither.
+//! same algorithm, and then only the ranks that receive a message of the
+//! wrong size (single_copy: every rank, which compares sizes first; the
+//! ring: those whose chunks differ); its text names both sizes and the
+//! cause. The others, waiting for a peer that gave up, get `errc::timeout`
+//! at their deadline, as do all ranks when sizes on both sides of the
+//! algorithm choice (`small_bytes`, the element count against the rank
+//! count) make them run different algorithms whose messages never match;
+//! the timeout's text names this rank's byte count and this possible cause.
+//! Detecting it sooner would need the size on the wire or an extra round
+//! trip per collective; ebbflow does neither.
 //!
 //! All ranks must call the same collectives in the same order with matching
 //! sizes, dtypes and roots (MPI semantics). Buffers are host memory
@@ -189,7 +193,13 @@
 //!
 //! A transport that also offers `int lost_peer() const` (the UCX transport
 //! does) lets errors name the peer that died rather than the neighbour whose
-//! transfer reported it.
+//! transfer reported it (in a ring, often a live rank stuck behind the dead
+//! one). One that offers `bool probe_peers()` (UCX: is the process of a peer
+//! on this host gone?) is asked before a timeout is reported, so a peer that
+//! died unnoticed is reported lost, not the live peer this rank waited for.
+//! The single-copy allreduce reports a peer's memory that vanished the same
+//! way: the peer lost is the one whose process is gone (the peer read from
+//! may only have left the collective after its own error).
 //!
 //! Thread safety: a communicator and its requests are driven by one thread at
 //! a time (the thread that drives its transport).
@@ -2672,6 +2682,46 @@ concept single_copy_transport = requires(const T& t, int q) {
   { t.local_peer(q) } -> std::convertible_to<long>;
 };
 
+//! The peer a transport that offers `int lost_peer() const` (UCX) knows
+//! lost, or -1.
+template <class T>
+int lost_peer_of(const T& t) noexcept {
+  if constexpr (requires {
+                  { t.lost_peer() } -> std::convertible_to<int>;
+                })
+    return t.lost_peer();
+  else
+    return -1;
+}
+//! As `lost_peer_of`, but a transport that can probe its peers' processes
+//! (`probe_peers()`, UCX) looks first, so a dead peer that no transfer
+//! reported yet is found. Used where a failure must be explained (a
+//! deadline passed, a peer's memory vanished).
+template <class T>
+int find_lost_peer(T& t) noexcept {
+  if constexpr (requires { t.probe_peers(); }) (void)t.probe_peers();
+  return lost_peer_of(t);
+}
+
+//! What a failed single-copy read of peer `q`'s memory (errno `err`) means.
+//! ESRCH: `q`'s process is gone, `q` is lost. EFAULT: `q`'s buffer is gone,
+//! which also happens when `q` left the collective after an error of its
+//! own, caused by another peer that died: the peer lost is whichever one
+//! whose process is gone (`find_lost_peer`), `q` only if it is. When no
+//! process is gone, `q` gave up for another reason (its deadline): the
+//! result is empty, and the caller waits for the transport to report a loss
+//! or for its deadline. Any other errno is reported as it is.
+template <class T>
+std::error_code read_failure(T& t, int err, int q) noexcept {
+  if constexpr (requires { t.mark_lost(q); }) {
+    if (err == ESRCH) t.mark_lost(q);
+    if (err == ESRCH || err == EFAULT)
+      return find_lost_peer(t) >= 0 ? make_error_code(error::peer_lost) : std::error_code{};
+  }
+  if (err == ESRCH) return make_error_code(error::peer_lost);
+  return {err, std::system_category()};
+}
+
 //! Reads `bytes` at `remote` in process `pid` into `dst` (Linux CMA, one
 //! copy, no intermediate buffer). Returns 0 or errno.
 inline int cma_read(long pid, std::uint64_t remote, std::byte* dst, std::size_t bytes) noexcept {
@@ -2732,25 +2782,26 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
     }
   };
   auto seg_begin = [&](int s) { return allreduce_segment(count, n, s).first; };
-  auto fail = [&](int err, int q) -> std::error_code {
-    if constexpr (requires { t.mark_lost(q); }) {
-      if (err == ESRCH) t.mark_lost(q);
-    }
-    (void)q;
-    return err == ESRCH ? make_error_code(error::peer_lost) : std::error_code(err, std::system_category());
-  };
   std::error_code failed;
   int failed_peer = -1;
+  int left = -1;  // a live peer whose memory vanished: it left the collective (see read_failure)
+  auto fail = [&](int err, int q) {
+    failed = read_failure(t, err, q);
+    failed_peer = q;
+    if (!failed) left = q;
+  };
 
   all_to_all(0, true);
   for (std::size_t i = 0; i < recvs.size(); ++i) co_await awaiting<T>{t, recvs[i], peers[i]};
   for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
   // Ranks that disagree on the size would read past a peer's buffer: refuse
   // (every rank sees the disagreement with at least one peer).
+  std::string failed_detail;
   for (int q : peers) {
-    if (theirs[static_cast<std::size_t>(q)].bytes != mine.bytes) {
+    if (const auto b = theirs[static_cast<std::size_t>(q)].bytes; b != mine.bytes) {
       failed = make_error_code(error::bad_message);
       failed_peer = q;
+      failed_detail = "; peer " + std::to_string(q) + "'s is " + std::to_string(b) + " bytes";
     }
   }
 
@@ -2768,7 +2819,7 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
     bool any_cma = false;
     for (int q : peers) any_cma |= !peer_in[static_cast<std::size_t>(q)];
     auto lease = scratch_pool::take(pool, any_cma ? std::min(chunk, std::max<std::size_t>(e - b, 1)) * es : 0);
-    for (std::size_t off = b; off < e && !failed; off += chunk) {
+    for (std::size_t off = b; off < e && !failed && left < 0; off += chunk) {
       const std::size_t len = std::min(chunk, e - off);
       const std::byte* acc = in + off * es;
       for (int i = 1; i < n; ++i) {
@@ -2777,16 +2828,24 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
         const std::byte* theirs_now = peer_in[u] ? peer_in[u].data() + off * es : lease.data();
         if (!peer_in[u]) {
           if (int err = cma_read(t.local_peer(q), theirs[u].in + off * es, lease.data(), len * es)) {
-            failed = fail(err, q);
-            failed_peer = q;
+            fail(err, q);
             break;
           }
         }
         reduce(ty, op, out + off * es, acc, theirs_now, len);
         acc = out + off * es;
       }
-      if (!failed && op == reduce_op::avg) finish_avg(ty, out + off * es, len, n);
+      if (!failed && left < 0 && op == reduce_op::avg) finish_avg(ty, out + off * es, len, n);
     }
+  }
+  if (left >= 0) {
+    // A live peer left the collective: something made it give up that this
+    // rank has not seen yet. Wait, on a message nobody sends, until the
+    // transport reports a lost peer or the deadline passes (timeout).
+    auto never = t.irecv(left, make_tag(seq, 3), {});
+    co_await awaiting<T>{t, never, left};
+    failed = make_error_code(error::invalid_state);  // not reached: step 3 is never sent
+    failed_peer = left;
   }
   if (!failed) {
     all_to_all(1, false);  // my segment is final; I no longer read your input
@@ -2798,26 +2857,32 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
       if (peer_out[u]) {
         if (e > b) std::memcpy(out + b * es, peer_out[u].data() + b * es, (e - b) * es);
       } else if (int err = cma_read(t.local_peer(q), theirs[u].out + b * es, out + b * es, (e - b) * es)) {
-        failed = fail(err, q);
-        failed_peer = q;
+        fail(err, q);
+        if (!failed) {
+          auto never = t.irecv(q, make_tag(seq, 3), {});  // as above
+          co_await awaiting<T>{t, never, q};
+          failed = make_error_code(error::invalid_state);
+        }
       }
     }
-    for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
+    for (std::size_t i = 0; i < sends.size() && !failed; ++i) co_await awaiting<T>{t, sends[i], peers[i]};
   }
   if (failed) {
     // Report through the promise: the driver finishes the request with it.
     struct set_failed {
       std::error_code ec;
       int peer;
+      std::string* detail;
       bool await_ready() const noexcept { return false; }
       bool await_suspend(std::coroutine_handle<promise<T>> h) const noexcept {
         h.promise().failed = ec;
         h.promise().failed_peer = peer;
+        h.promise().failed_detail.swap(*detail);
         return false;  // continue to co_return
       }
       void await_resume() const noexcept {}
     };
-    co_await set_failed{failed, failed_peer};
+    co_await set_failed{failed, failed_peer, &failed_detail};
     co_return;
   }
   all_to_all(2, false);  // I finished reading your output: you may reuse it
@@ -2980,11 +3045,7 @@ template <transport T>
 void request<T>::finish(std::error_code ec, int peer, std::string_view why) {
   // A transport that knows which peer died (UCX: `lost_peer()`) names it,
   // whichever transfer happened to report the loss.
-  if constexpr (requires(const T& t) {
-                  { t.lost_peer() } -> std::convertible_to<int>;
-                }) {
-    if (ec == errc::peer_lost && t_->lost_peer() >= 0) peer = t_->lost_peer();
-  }
+  if (const int lost = detail::lost_peer_of(*t_); ec == errc::peer_lost && lost >= 0) peer = lost;
   finished_ = true;
   ec_ = ec;
   if (ec) ctx_.peer = peer;
@@ -3062,14 +3123,12 @@ void request<T>::wait(deadline d, std::error_code& ec) {
     std::error_code e;
     t_->wait(*p.awaited, slice, e);
     if (e == errc::timeout) {
-      if constexpr (requires(const T& t) {
-                      { t.lost_peer() } -> std::convertible_to<int>;
-                    }) {
-        // The deadline passed because the group broke: report the loss.
-        if (t_->lost_peer() >= 0) {
-          finish(make_error_code(error::peer_lost), t_->lost_peer());
-          break;
-        }
+      // The group broke (a peer died, perhaps one whose loss no transfer
+      // reported yet: look at the deadline): report the loss, naming the
+      // peer that died, not the live one this rank waits for.
+      if (const int lost = d.expired() ? detail::find_lost_peer(*t_) : detail::lost_peer_of(*t_); lost >= 0) {
+        finish(make_error_code(error::peer_lost), lost);
+        break;
       }
       if (d.expired()) {
         ctx_.peer = p.peer;  // still pending: the caller may wait again
@@ -3096,8 +3155,14 @@ const error_context& request<T>::context() const {
       // The deadline passed with the collective pending. Besides a slow or
       // stopped peer, ranks that disagree on the size end here: they may
       // choose different algorithms (small_bytes, ring vs recursive
-      // doubling), whose messages never match, so no size is ever compared.
-      ctx_.detail += "; the peer is slow or stopped, or ranks may disagree on the size";
+      // doubling), whose messages never match, so no size is ever compared;
+      // or a peer saw a message of the wrong size first and gave up (the
+      // ring: only the ranks whose chunks differ see one).
+      ctx_.detail += "; the peer is slow or stopped, or the ranks disagree on the size (a peer may have failed "
+                     "with bad message)";
+    } else if (ec_ == errc::bad_message) {
+      // why_: both sizes of the message that did not fit, or the peer's size.
+      ctx_.detail += why_ + (why_.empty() ? "; " : ": ") + "the ranks disagree on the size";
     } else {
       ctx_.detail += why_;
     }
@@ -4223,6 +4288,12 @@ class revocable {
   //! Forwarded when the inner transport can be told that a peer died.
   void mark_lost(int q) noexcept requires requires(T& t) { t.mark_lost(q); }
   { inner_.mark_lost(q); }
+  //! Forwarded when the inner transport can probe its peers' processes
+  //! (returns whether it found one gone; safe after a revoke).
+  bool probe_peers() noexcept requires requires(T& t) {
+    { t.probe_peers() } -> std::convertible_to<bool>;
+  }
+  { return inner_.probe_peers(); }
 
   //! Posts a send on the inner transport (not checked against the flag; never blocks).
   //! `out` (host memory) must stay valid until the request completed.
@@ -4896,10 +4967,14 @@ EBBFLOW_END_NAMESPACE
 //! wire-up); the last user closes it.
 //!
 //! Failure: every endpoint uses `UCP_ERR_HANDLING_MODE_PEER`. When UCX
-//! reports a peer's endpoint failed, the peer is marked lost, sends to it
-//! fail, and every receive pending at that moment (from any peer) is
-//! cancelled and fails with `errc::peer_lost` (UCX owns posted receives on the
-//! worker and would never fail them). `lost_peer()` names the first lost peer.
+//! reports a peer's endpoint failed, or a wait finds the process of a peer
+//! on this host gone (`probe_peers`, every 50 ms of waiting: UCX's keepalive
+//! alone has been seen to miss a dead peer for seconds), the peer is marked
+//! lost and the group is broken: every request pending then or posted later
+//! fails with `errc::peer_lost`, receives from any peer (cancelled: UCX owns
+//! posted receives on the worker and would never fail them) and sends to any
+//! peer (abandoned: a live peer's receive for it was cancelled too).
+//! `lost_peer()` names the first lost peer.
 //!
 //! Thread safety: one thread drives a transport and its requests.
 
@@ -5159,14 +5234,24 @@ class transport {
   //! Marks `peer` lost (e.g. a single-copy read found its process gone):
   //! from now on it behaves as if UCX had reported the failure.
   void mark_lost(int peer) noexcept { on_peer_error(st_.get(), peer, UCS_ERR_CONNECTION_RESET); }
+  //! Asks every peer on this host not yet known lost whether its process
+  //! is gone (`peer_gone`), and marks those that are lost. Returns whether
+  //! it found one. No UCX call; one `process_vm_readv` per such peer.
+  //! `wait` does it every `probe_interval` of waiting (and `test`, polled
+  //! for as long); the communicator again before it reports a timeout.
+  bool probe_peers() noexcept;
+  //! How often a waiting (or polling) transport probes its peers on this host.
+  static constexpr std::chrono::milliseconds probe_interval{50};
 
   //! Posts a send of `out` (host memory, valid until the request completed)
-  //! to `peer`; never blocks. A send to a lost peer completes at once with
-  //! `errc::peer_lost`. @throws std::invalid_argument for a bad `peer`.
+  //! to `peer`; never blocks. Once a peer was lost (any peer: the group is
+  //! broken), it completes at once with `errc::peer_lost`.
+  //! @throws std::invalid_argument for a bad `peer`.
   request isend(int peer, tag_t tag, std::span<const std::byte> out);
   //! Posts a receive into `in` (host memory, valid until the request
   //! completed) from `peer`; never blocks. A size mismatch completes it with
-  //! `errc::bad_message` (sizes in `request::error_detail`).
+  //! `errc::bad_message` (sizes in `request::error_detail`). Once a peer was
+  //! lost, it completes at once with `errc::peer_lost`.
   //! @throws std::invalid_argument for a bad `peer`.
   request irecv(int peer, tag_t tag, std::span<std::byte> in);
   //! Drives UCX once; true once `r` completed (then `ec` holds its outcome).
@@ -5191,6 +5276,8 @@ class transport {
     // one thread while another progresses (see `start`).
     std::atomic<int> lost{-1};
     std::atomic<bool> cancel_pending{false};
+    steady_clock::time_point next_probe{};  // when a waiting or polling caller probes local peers next
+    unsigned idle_tests = 0;                // tests that found their request pending
     std::vector<std::uint8_t> abandoned;  // by peer: sends it will never answer
     std::vector<std::uint8_t> undrained;  // by peer: an abandoned receive still written after 1 s
     std::vector<ucp_ep_h> eps;
@@ -5221,7 +5308,11 @@ class transport {
   transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
             const std::vector<std::vector<std::byte>>& addresses, deferred_t);
   void fail_connect(std::error_code ec, int peer);
+  // Moves the handshake to its second round; true once it had (see the definition).
+  bool next_handshake_round();
   void finish_handshake() noexcept;
+  // `isend`; with `sync` a synchronous send (complete once the peer matched it).
+  request post_send(int peer, tag_t tag, std::span<const std::byte> out, bool sync);
 
   // The endpoint pool's error callback (ctx: this transport's state).
   static void on_peer_error(void* ctx, int peer, ucs_status_t status) noexcept {
@@ -5255,10 +5346,12 @@ class transport {
     EBBFLOW_ENFORCE(peer >= 0 && peer < st_->size && peer != st_->rank,
                     "ucx transport: peer " << peer << " invalid for rank " << st_->rank << " of " << st_->size);
   }
-  // Sends and receives on closed endpoints (a failed connect, `start_close`)
-  // never reach UCX: they complete at once with why the endpoints are gone.
-  [[nodiscard]] std::error_code unusable(int peer) const noexcept {
-    if (st_->dead[static_cast<std::size_t>(peer)]) return make_error_code(error::peer_lost);
+  // Sends and receives in a broken group (a peer lost: its receives were
+  // cancelled, so a later one would wait for a peer that gave up) or on
+  // closed endpoints (a failed connect, `start_close`) never reach UCX: they
+  // complete at once with why.
+  [[nodiscard]] std::error_code unusable() const noexcept {
+    if (st_->lost >= 0) return make_error_code(error::peer_lost);
     if (st_->connect_failed) return st_->connect_failed;
     if (st_->close_started) return make_error_code(error::invalid_state);
     return {};
@@ -5270,6 +5363,12 @@ class transport {
                                    .operation = "ucx connect",
                                    .detail = "the connect failed earlier; the transport is unusable"});
     std::abort();  // unreachable: connect_failed is set
+  }
+  // `probe_peers` when `probe_interval` passed since the last time.
+  bool probe_if_due(steady_clock::time_point now) noexcept {
+    if (now < st_->next_probe) return false;
+    st_->next_probe = now + probe_interval;
+    return probe_peers();
   }
   void cancel_all_receives() noexcept {
     st_->cancel_pending = false;
@@ -5323,8 +5422,9 @@ inline transport::transport(worker w, std::int64_t generation, int rank, int siz
 struct transport::state::handshake {
   detail::hello mine{};               //!< what this rank tells every peer
   std::vector<detail::hello> theirs;  //!< what each peer told (by rank)
-  std::vector<request> reqs;          //!< the posted hello sends and receives
+  std::vector<request> reqs;          //!< the posted sends and receives of this round
   std::vector<int> peers;             //!< the peer of each request
+  int round = 0;                      //!< 0: hellos (synchronous sends), 1: ready
 };
 inline transport::state::~state() = default;
 
@@ -5391,9 +5491,10 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
     st_->eps[static_cast<std::size_t>(p)] = ref.ep;
     st_->reused += ref.reused;
   }
-  // Wire-up handshake on a tag collectives never use (step 0xfffe). Each
-  // rank also tells its pid, boot id and the address of a probe word, so
-  // peers on the same host can use single-copy reads (see `local_peer`).
+  // Wire-up handshake on tags collectives never use (step 0xfffe), in two
+  // rounds (see `next_handshake_round`). Each rank also tells its pid, boot
+  // id and the address of a probe word, so peers on the same host can use
+  // single-copy reads (see `local_peer`).
   const tag_t hello = make_tag(0xffffffffu, 0xfffe);
   st_->connecting = std::make_unique<state::handshake>();
   auto& hs = *st_->connecting;
@@ -5408,9 +5509,40 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
     if (p == rank) continue;
     hs.reqs.push_back(irecv(p, hello, std::as_writable_bytes(std::span(&hs.theirs[static_cast<std::size_t>(p)], 1))));
     hs.peers.push_back(p);
-    hs.reqs.push_back(isend(p, hello, std::as_bytes(std::span(&hs.mine, 1))));
+    hs.reqs.push_back(post_send(p, hello, std::as_bytes(std::span(&hs.mine, 1)), true));
     hs.peers.push_back(p);
   }
+}
+
+inline bool transport::next_handshake_round() {
+  // UCX 1.13 wires an endpoint up lazily: the first send that needs the
+  // peer's endpoint id (a rendezvous, i.e. the first large message, or a
+  // synchronous send) puts a proxy on the endpoint and sends a wire-up
+  // request, which the peer answers. Two hazards follow when that happens
+  // in the middle of a collective (the first large allreduce). An answer
+  // queued behind a full shared-memory FIFO (a peer busy with a burst of
+  // rendezvous headers, or dead) is still queued when the endpoint is
+  // failed or closed by force, and UCX 1.13.1 aborts purging it
+  // (ucp_request.c:684 "got REP message"; removed upstream later). And a
+  // survivor whose endpoint to a peer that died was still being wired up
+  // was seen to learn nothing of the death until its deadline. So the
+  // hellos are synchronous sends, which wire every endpoint up now, and a
+  // second round of empty messages tells each rank that its peers' hellos
+  // completed: every answer it owed them has left, none stays queued.
+  auto& hs = *st_->connecting;
+  if (hs.round == 1) return true;
+  hs.round = 1;
+  hs.reqs.clear();
+  hs.peers.clear();
+  const tag_t ready = make_tag(0xfffffffeu, 0xfffe);
+  for (int p = 0; p < st_->size; ++p) {
+    if (p == st_->rank) continue;
+    hs.reqs.push_back(irecv(p, ready, {}));
+    hs.peers.push_back(p);
+    hs.reqs.push_back(isend(p, ready, {}));
+    hs.peers.push_back(p);
+  }
+  return false;
 }
 
 inline void transport::fail_connect(std::error_code ec, int peer) {
@@ -5428,28 +5560,34 @@ inline bool transport::poll_connect() {
   if (st_->connect_failed) throw_connect_failed();
   if (!st_->connecting) return true;
   auto& hs = *st_->connecting;
-  bool all = true;
-  for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
-    std::error_code ec;
-    if (!test(hs.reqs[i], ec)) {
-      all = false;
-      continue;
+  for (;;) {
+    bool all = true;
+    for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
+      std::error_code ec;
+      if (!test(hs.reqs[i], ec)) {
+        all = false;
+        continue;
+      }
+      if (ec) fail_connect(ec, hs.peers[i]);
     }
-    if (ec) fail_connect(ec, hs.peers[i]);
+    if (!all) return false;
+    if (next_handshake_round()) break;
   }
-  if (all) finish_handshake();
-  return all;
+  finish_handshake();
+  return true;
 }
 
 inline void transport::finish_connect(deadline d) {
   if (st_->connect_failed) throw_connect_failed();
   if (!st_->connecting) return;
   auto& hs = *st_->connecting;
-  for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
-    std::error_code ec;
-    wait(hs.reqs[i], d, ec);
-    if (ec) fail_connect(ec, hs.peers[i]);
-  }
+  do {
+    for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
+      std::error_code ec;
+      wait(hs.reqs[i], d, ec);
+      if (ec) fail_connect(ec, hs.peers[i]);
+    }
+  } while (!next_handshake_round());
   finish_handshake();
 }
 
@@ -5481,6 +5619,18 @@ inline bool transport::peer_gone(int peer) const noexcept {
   if (local_peer(peer) == 0) return false;
   const auto& l = st_->locals[static_cast<std::size_t>(peer)];
   return detail::probe_process(l.pid, l.address, l.nonce) == detail::probe_result::gone;
+}
+
+inline bool transport::probe_peers() noexcept {
+  bool found = false;
+  for (int p = 0; p < st_->size; ++p) {
+    if (p == st_->rank || st_->dead[static_cast<std::size_t>(p)] || !peer_gone(p)) continue;
+    EBBFLOW_LOG_DEBUG("ucx: the process of peer " << p << " is gone, UCX has not reported it [rank " << st_->rank
+                                                  << ", generation " << st_->generation << "]");
+    mark_lost(p);
+    found = true;
+  }
+  return found;
 }
 
 inline transport::~transport() {
@@ -5544,18 +5694,23 @@ inline void transport::close_endpoints() noexcept {
 }
 
 inline transport::request transport::isend(int peer, tag_t tag, std::span<const std::byte> out) {
+  return post_send(peer, tag, out, false);
+}
+
+inline transport::request transport::post_send(int peer, tag_t tag, std::span<const std::byte> out, bool sync) {
   check_peer(peer);
   request r;
   r.st_ = st_.get();
   r.peer_ = peer;
   r.len_ = out.size();
-  if (const auto ec = unusable(peer)) {
+  if (const auto ec = unusable()) {
     r.ec_ = ec;
     return r;
   }
   ucp_request_param_t prm{};
-  ucs_status_ptr_t p = ucp_tag_send_nbx(st_->eps[static_cast<std::size_t>(peer)], out.data(), out.size(),
-                                        wire_tag(st_->rank, tag), &prm);
+  const auto send = sync ? &ucp_tag_send_sync_nbx : &ucp_tag_send_nbx;
+  ucs_status_ptr_t p =
+      send(st_->eps[static_cast<std::size_t>(peer)], out.data(), out.size(), wire_tag(st_->rank, tag), &prm);
   if (UCS_PTR_IS_ERR(p)) {
     r.ec_ = make_error(UCS_PTR_STATUS(p));
   } else if (p != nullptr) {
@@ -5572,7 +5727,7 @@ inline transport::request transport::irecv(int peer, tag_t tag, std::span<std::b
   r.peer_ = peer;
   r.len_ = in.size();
   r.recv_ = true;
-  if (const auto ec = unusable(peer)) {
+  if (const auto ec = unusable()) {
     r.ec_ = ec;
     return r;
   }
@@ -5629,12 +5784,17 @@ inline bool transport::test(request& r, std::error_code& ec) {
   if (!r.done_) {
     progress();
     complete(r);
-    if (!r.done_ && r.peer_ >= 0 && st_->dead[static_cast<std::size_t>(r.peer_)] && !r.recv_) {
-      // A send to a lost peer that UCX has not failed yet: fail it now.
+    if (!r.done_ && !r.recv_ && st_->lost >= 0) {
+      // A send in a broken group that UCX has not failed yet: to the lost
+      // peer, or to a live one whose receive for it was cancelled (a
+      // rendezvous that nobody will ever fetch). Abandoned: its endpoint is
+      // closed by force.
       r.release();
       r.done_ = true;
       r.ec_ = make_error_code(error::peer_lost);
     }
+    // Polled without `wait` (a caller overlapping work): probe now and then too.
+    if (!r.done_ && (++st_->idle_tests & 1023) == 0) (void)probe_if_due(steady_clock::now());
   }
   if (r.done_) ec = r.ec_;
   return r.done_;
@@ -5656,6 +5816,8 @@ inline void transport::wait(request& r, deadline d, std::error_code& ec) {
   while (!test(r, ec)) {
     if (spin && (++spins & 63) != 0) continue;
     const auto now = steady_clock::now();
+    // Past the busy-poll: a peer found gone fails `r` at the next test.
+    if (spin_until != steady_clock::time_point{} && now >= spin_until && probe_if_due(now)) continue;
     if (now >= d.at()) {
       ec = make_error_code(error::timeout);
       return;

@@ -391,20 +391,40 @@ int run_shared(bool mixed) {
   return bad ? 1 : 0;
 }
 
-int run_mismatch() {
-  // Rank 1 passes one element more: every rank must get bad_message (or
-  // peer_lost when the other side already gave up), never a wrong result.
+// mismatch [ALGO COUNT]: the last rank passes one element fewer than COUNT
+// (default: one more than 100000, on the default algorithm). Every rank
+// must get an error, never a wrong result; with the default algorithm
+// (single_copy here) bad_message, which names both sizes. Prints
+//   MISMATCH rank=R cond=C ms=M: <the error's text>
+int run_mismatch(char** argv) {
   worker_env w;
   auto t = w.connect();
-  comm_t c(t);
-  std::vector<float> v(100000 + static_cast<std::size_t>(t.rank() == 1), 1.0f);
+  ef::comm::collective_options o;
+  std::size_t count = 100000;
+  int extra = 1;
+  if (argv[0] != nullptr) {
+    o.allreduce = std::string(argv[0]) == "ring" ? ef::comm::allreduce_algorithm::ring
+                                                 : ef::comm::allreduce_algorithm::recursive_doubling;
+    count = std::stoull(argv[1]);
+    extra = -1;
+  }
+  comm_t c(t, o);
+  const bool odd = t.rank() == t.size() - 1;
+  std::vector<float> v(count + static_cast<std::size_t>(odd ? extra : 0), 1.0f);
+  const auto start = ef::steady_clock::now();
   try {
-    c.allreduce(ef::view(std::span(v)), ef::reduce_op::sum, ef::deadline::after(5s));
+    c.allreduce(ef::view(std::span(v)), ef::reduce_op::sum, ef::deadline::after(argv[0] ? 2s : 5s));
     return fail("mismatched sizes accepted");
   } catch (const ef::system_error& e) {
-    std::cerr << "[worker " << t.rank() << "] " << e.what() << std::endl;
-    if (e.code() != ef::errc::bad_message) return fail("expected bad_message");
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(ef::steady_clock::now() - start).count();
+    std::cerr << "MISMATCH rank=" << t.rank() << " cond="
+              << (e.code() == ef::errc::bad_message ? "bad_message"
+                  : e.code() == ef::errc::timeout   ? "timeout"
+                                                    : e.code().message())
+              << " ms=" << ms << ": " << e.what() << std::endl;
+    if (argv[0] == nullptr && e.code() != ef::errc::bad_message) return fail("expected bad_message");
   }
+  et::reach("reported", t.size());  // no rank exits (a lost peer to the others) before all have their error
   return 0;
 }
 
@@ -570,7 +590,7 @@ int worker_main(char** argv) {
     if (scenario == "generation") return run_generation();
     if (scenario == "reuse") return run_reuse();
     if (scenario == "wrap") return run_wrap();
-    if (scenario == "mismatch") return run_mismatch();
+    if (scenario == "mismatch") return run_mismatch(argv + 3);
     if (scenario == "idle") return run_idle();
     if (scenario == "compressed") return run_compressed();
   } catch (const std::exception& e) {
@@ -697,6 +717,30 @@ TEST(UcxErrors, MismatchedSizesGiveBadMessage) {
   auto res = launch(2, {"mismatch"}, 60s);
   ASSERT_FALSE(res.timed_out);
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+}
+
+// The ring with 10^6 and 10^6 - 1 elements: only a rank whose chunks differ
+// sees a message of the wrong size (bad_message, both sizes and the cause
+// named); a rank whose chunks match waits for a peer that gave up, and its
+// timeout names the cause too.
+TEST(UcxErrors, RingSizeMismatchNamesTheCauseOnEveryRank) {
+  const auto err = std::filesystem::temp_directory_path() / ("ebbflow-ucx-mismatch-" + std::to_string(::getpid()) + "-");
+  auto res = launch(2, {"mismatch", "ring", "1000000"}, 60s, err.string());
+  ASSERT_FALSE(res.timed_out);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+    std::ifstream f(err.string() + std::to_string(r));
+    const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    std::filesystem::remove(err.string() + std::to_string(r));
+    EXPECT_NE(text.find("the ranks disagree on the size"), std::string::npos) << "rank " << r << ":\n" << text;
+    if (r == 0) {
+      EXPECT_NE(text.find("cond=bad_message"), std::string::npos) << text;
+      EXPECT_NE(text.find("message of 124996 bytes for a 125000-byte receive buffer"), std::string::npos) << text;
+    } else {
+      EXPECT_NE(text.find("cond=timeout"), std::string::npos) << text;
+      EXPECT_NE(text.find("3999996 bytes"), std::string::npos) << text;
+    }
+  }
 }
 
 TEST(UcxErrors, AddressExchangeTimesOutNamingTheMissingRank) {

@@ -386,6 +386,46 @@ concept single_copy_transport = requires(const T& t, int q) {
   { t.local_peer(q) } -> std::convertible_to<long>;
 };
 
+//! The peer a transport that offers `int lost_peer() const` (UCX) knows
+//! lost, or -1.
+template <class T>
+int lost_peer_of(const T& t) noexcept {
+  if constexpr (requires {
+                  { t.lost_peer() } -> std::convertible_to<int>;
+                })
+    return t.lost_peer();
+  else
+    return -1;
+}
+//! As `lost_peer_of`, but a transport that can probe its peers' processes
+//! (`probe_peers()`, UCX) looks first, so a dead peer that no transfer
+//! reported yet is found. Used where a failure must be explained (a
+//! deadline passed, a peer's memory vanished).
+template <class T>
+int find_lost_peer(T& t) noexcept {
+  if constexpr (requires { t.probe_peers(); }) (void)t.probe_peers();
+  return lost_peer_of(t);
+}
+
+//! What a failed single-copy read of peer `q`'s memory (errno `err`) means.
+//! ESRCH: `q`'s process is gone, `q` is lost. EFAULT: `q`'s buffer is gone,
+//! which also happens when `q` left the collective after an error of its
+//! own, caused by another peer that died: the peer lost is whichever one
+//! whose process is gone (`find_lost_peer`), `q` only if it is. When no
+//! process is gone, `q` gave up for another reason (its deadline): the
+//! result is empty, and the caller waits for the transport to report a loss
+//! or for its deadline. Any other errno is reported as it is.
+template <class T>
+std::error_code read_failure(T& t, int err, int q) noexcept {
+  if constexpr (requires { t.mark_lost(q); }) {
+    if (err == ESRCH) t.mark_lost(q);
+    if (err == ESRCH || err == EFAULT)
+      return find_lost_peer(t) >= 0 ? make_error_code(error::peer_lost) : std::error_code{};
+  }
+  if (err == ESRCH) return make_error_code(error::peer_lost);
+  return {err, std::system_category()};
+}
+
 //! Reads `bytes` at `remote` in process `pid` into `dst` (Linux CMA, one
 //! copy, no intermediate buffer). Returns 0 or errno.
 inline int cma_read(long pid, std::uint64_t remote, std::byte* dst, std::size_t bytes) noexcept {
@@ -446,25 +486,26 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
     }
   };
   auto seg_begin = [&](int s) { return allreduce_segment(count, n, s).first; };
-  auto fail = [&](int err, int q) -> std::error_code {
-    if constexpr (requires { t.mark_lost(q); }) {
-      if (err == ESRCH) t.mark_lost(q);
-    }
-    (void)q;
-    return err == ESRCH ? make_error_code(error::peer_lost) : std::error_code(err, std::system_category());
-  };
   std::error_code failed;
   int failed_peer = -1;
+  int left = -1;  // a live peer whose memory vanished: it left the collective (see read_failure)
+  auto fail = [&](int err, int q) {
+    failed = read_failure(t, err, q);
+    failed_peer = q;
+    if (!failed) left = q;
+  };
 
   all_to_all(0, true);
   for (std::size_t i = 0; i < recvs.size(); ++i) co_await awaiting<T>{t, recvs[i], peers[i]};
   for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
   // Ranks that disagree on the size would read past a peer's buffer: refuse
   // (every rank sees the disagreement with at least one peer).
+  std::string failed_detail;
   for (int q : peers) {
-    if (theirs[static_cast<std::size_t>(q)].bytes != mine.bytes) {
+    if (const auto b = theirs[static_cast<std::size_t>(q)].bytes; b != mine.bytes) {
       failed = make_error_code(error::bad_message);
       failed_peer = q;
+      failed_detail = "; peer " + std::to_string(q) + "'s is " + std::to_string(b) + " bytes";
     }
   }
 
@@ -482,7 +523,7 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
     bool any_cma = false;
     for (int q : peers) any_cma |= !peer_in[static_cast<std::size_t>(q)];
     auto lease = scratch_pool::take(pool, any_cma ? std::min(chunk, std::max<std::size_t>(e - b, 1)) * es : 0);
-    for (std::size_t off = b; off < e && !failed; off += chunk) {
+    for (std::size_t off = b; off < e && !failed && left < 0; off += chunk) {
       const std::size_t len = std::min(chunk, e - off);
       const std::byte* acc = in + off * es;
       for (int i = 1; i < n; ++i) {
@@ -491,16 +532,24 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
         const std::byte* theirs_now = peer_in[u] ? peer_in[u].data() + off * es : lease.data();
         if (!peer_in[u]) {
           if (int err = cma_read(t.local_peer(q), theirs[u].in + off * es, lease.data(), len * es)) {
-            failed = fail(err, q);
-            failed_peer = q;
+            fail(err, q);
             break;
           }
         }
         reduce(ty, op, out + off * es, acc, theirs_now, len);
         acc = out + off * es;
       }
-      if (!failed && op == reduce_op::avg) finish_avg(ty, out + off * es, len, n);
+      if (!failed && left < 0 && op == reduce_op::avg) finish_avg(ty, out + off * es, len, n);
     }
+  }
+  if (left >= 0) {
+    // A live peer left the collective: something made it give up that this
+    // rank has not seen yet. Wait, on a message nobody sends, until the
+    // transport reports a lost peer or the deadline passes (timeout).
+    auto never = t.irecv(left, make_tag(seq, 3), {});
+    co_await awaiting<T>{t, never, left};
+    failed = make_error_code(error::invalid_state);  // not reached: step 3 is never sent
+    failed_peer = left;
   }
   if (!failed) {
     all_to_all(1, false);  // my segment is final; I no longer read your input
@@ -512,26 +561,32 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
       if (peer_out[u]) {
         if (e > b) std::memcpy(out + b * es, peer_out[u].data() + b * es, (e - b) * es);
       } else if (int err = cma_read(t.local_peer(q), theirs[u].out + b * es, out + b * es, (e - b) * es)) {
-        failed = fail(err, q);
-        failed_peer = q;
+        fail(err, q);
+        if (!failed) {
+          auto never = t.irecv(q, make_tag(seq, 3), {});  // as above
+          co_await awaiting<T>{t, never, q};
+          failed = make_error_code(error::invalid_state);
+        }
       }
     }
-    for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
+    for (std::size_t i = 0; i < sends.size() && !failed; ++i) co_await awaiting<T>{t, sends[i], peers[i]};
   }
   if (failed) {
     // Report through the promise: the driver finishes the request with it.
     struct set_failed {
       std::error_code ec;
       int peer;
+      std::string* detail;
       bool await_ready() const noexcept { return false; }
       bool await_suspend(std::coroutine_handle<promise<T>> h) const noexcept {
         h.promise().failed = ec;
         h.promise().failed_peer = peer;
+        h.promise().failed_detail.swap(*detail);
         return false;  // continue to co_return
       }
       void await_resume() const noexcept {}
     };
-    co_await set_failed{failed, failed_peer};
+    co_await set_failed{failed, failed_peer, &failed_detail};
     co_return;
   }
   all_to_all(2, false);  // I finished reading your output: you may reuse it
@@ -694,11 +749,7 @@ template <transport T>
 void request<T>::finish(std::error_code ec, int peer, std::string_view why) {
   // A transport that knows which peer died (UCX: `lost_peer()`) names it,
   // whichever transfer happened to report the loss.
-  if constexpr (requires(const T& t) {
-                  { t.lost_peer() } -> std::convertible_to<int>;
-                }) {
-    if (ec == errc::peer_lost && t_->lost_peer() >= 0) peer = t_->lost_peer();
-  }
+  if (const int lost = detail::lost_peer_of(*t_); ec == errc::peer_lost && lost >= 0) peer = lost;
   finished_ = true;
   ec_ = ec;
   if (ec) ctx_.peer = peer;
@@ -776,14 +827,12 @@ void request<T>::wait(deadline d, std::error_code& ec) {
     std::error_code e;
     t_->wait(*p.awaited, slice, e);
     if (e == errc::timeout) {
-      if constexpr (requires(const T& t) {
-                      { t.lost_peer() } -> std::convertible_to<int>;
-                    }) {
-        // The deadline passed because the group broke: report the loss.
-        if (t_->lost_peer() >= 0) {
-          finish(make_error_code(error::peer_lost), t_->lost_peer());
-          break;
-        }
+      // The group broke (a peer died, perhaps one whose loss no transfer
+      // reported yet: look at the deadline): report the loss, naming the
+      // peer that died, not the live one this rank waits for.
+      if (const int lost = d.expired() ? detail::find_lost_peer(*t_) : detail::lost_peer_of(*t_); lost >= 0) {
+        finish(make_error_code(error::peer_lost), lost);
+        break;
       }
       if (d.expired()) {
         ctx_.peer = p.peer;  // still pending: the caller may wait again
@@ -810,8 +859,14 @@ const error_context& request<T>::context() const {
       // The deadline passed with the collective pending. Besides a slow or
       // stopped peer, ranks that disagree on the size end here: they may
       // choose different algorithms (small_bytes, ring vs recursive
-      // doubling), whose messages never match, so no size is ever compared.
-      ctx_.detail += "; the peer is slow or stopped, or ranks may disagree on the size";
+      // doubling), whose messages never match, so no size is ever compared;
+      // or a peer saw a message of the wrong size first and gave up (the
+      // ring: only the ranks whose chunks differ see one).
+      ctx_.detail += "; the peer is slow or stopped, or the ranks disagree on the size (a peer may have failed "
+                     "with bad message)";
+    } else if (ec_ == errc::bad_message) {
+      // why_: both sizes of the message that did not fit, or the peer's size.
+      ctx_.detail += why_ + (why_.empty() ? "; " : ": ") + "the ranks disagree on the size";
     } else {
       ctx_.detail += why_;
     }
