@@ -12,7 +12,7 @@
 //
 // UcxFault runs a few cases per algorithm (label ucx). UcxFaultSlow runs 50
 // per algorithm on 3 and 4 ranks and prints the counts (label slow; the
-// ctest entry ucx_fault_slow; about 10 minutes).
+// ctest entry ucx_fault_slow; about 2.5 minutes).
 #include <ebbflow/comm/communicator.hpp>
 #include <ebbflow/comm/ucx/transport.hpp>
 #include <ebbflow/core/env.hpp>
