@@ -287,7 +287,7 @@ class transport {
   [[nodiscard]] bool peer_gone(int peer) const noexcept;
   //! Marks `peer` lost (e.g. a single-copy read found its process gone):
   //! from now on it behaves as if UCX had reported the failure.
-  void mark_lost(int peer) noexcept { on_peer_error(st_.get(), peer, UCS_ERR_CONNECTION_RESET); }
+  void mark_lost(int peer) noexcept { lose(st_.get(), peer, "its process is gone"); }
   //! Asks every peer on this host not yet known lost whether its process
   //! is gone (`peer_gone`), and marks those that are lost. Returns whether
   //! it found one. No UCX call; one `process_vm_readv` per such peer.
@@ -370,14 +370,17 @@ class transport {
 
   // The endpoint pool's error callback (ctx: this transport's state).
   static void on_peer_error(void* ctx, int peer, ucs_status_t status) noexcept {
-    auto* st = static_cast<state*>(ctx);
+    lose(static_cast<state*>(ctx), peer, ucs_status_string(status));
+  }
+  // Marks `peer` lost (the first one is `lost`); `why` goes to the log.
+  static void lose(state* st, int peer, const char* why) noexcept {
     if (!st->dead[static_cast<std::size_t>(peer)].exchange(1)) {
       int none = -1;
       st->lost.compare_exchange_strong(none, peer);
       // Cancelling from inside progress is avoided: done on the next test/wait.
       st->cancel_pending = true;
-      EBBFLOW_LOG_WARN("ucx: peer " << peer << " lost (" << ucs_status_string(status) << ") [rank " << st->rank
-                                    << ", generation " << st->generation << "]");
+      EBBFLOW_LOG_WARN("ucx: peer " << peer << " lost (" << why << ") [rank " << st->rank << ", generation "
+                                    << st->generation << "]");
     }
   }
   // Generation g+256 has the wire tag bits of g. A message of g that nobody
@@ -679,9 +682,7 @@ inline bool transport::probe_peers() noexcept {
   bool found = false;
   for (int p = 0; p < st_->size; ++p) {
     if (p == st_->rank || st_->dead[static_cast<std::size_t>(p)] || !peer_gone(p)) continue;
-    EBBFLOW_LOG_DEBUG("ucx: the process of peer " << p << " is gone, UCX has not reported it [rank " << st_->rank
-                                                  << ", generation " << st_->generation << "]");
-    mark_lost(p);
+    lose(st_.get(), p, "its process is gone; found by probe, UCX had not reported it");
     found = true;
   }
   return found;
