@@ -5512,7 +5512,9 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
     if (p == rank) continue;
     hs.reqs.push_back(irecv(p, hello, std::as_writable_bytes(std::span(&hs.theirs[static_cast<std::size_t>(p)], 1))));
     hs.peers.push_back(p);
-    hs.reqs.push_back(post_send(p, hello, std::as_bytes(std::span(&hs.mine, 1)), true));
+    // Synchronous on a new endpoint only (see `next_handshake_round`).
+    const bool fresh = !st_->refs[static_cast<std::size_t>(p)].reused;
+    hs.reqs.push_back(post_send(p, hello, std::as_bytes(std::span(&hs.mine, 1)), fresh));
     hs.peers.push_back(p);
   }
 }
@@ -5529,9 +5531,16 @@ inline bool transport::next_handshake_round() {
   // (ucp_request.c:684 "got REP message"; removed upstream later). And a
   // survivor whose endpoint to a peer that died was still being wired up
   // was seen to learn nothing of the death until its deadline. So the
-  // hellos are synchronous sends, which wire every endpoint up now, and a
-  // second round of empty messages tells each rank that its peers' hellos
-  // completed: every answer it owed them has left, none stays queued.
+  // hellos on new endpoints are synchronous sends, which wire them up now,
+  // and a second round of empty messages tells each rank that its peers'
+  // hellos completed: every answer it owed them has left, none stays
+  // queued. An endpoint taken over from an earlier transport on this worker
+  // was wired up by that one's handshake; its hello goes as before, since
+  // the peer's end of it may belong to a transport the peer has closed
+  // since (the elastic group's blocking switch: one side keeps its
+  // endpoints, the other opens new ones), where a synchronous send would
+  // wait for an answer that never comes. A message needs no endpoint at the
+  // receiving side; an answer (a synchronous send's, a rendezvous's) does.
   auto& hs = *st_->connecting;
   if (hs.round == 1) return true;
   hs.round = 1;
