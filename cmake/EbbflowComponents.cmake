@@ -6,22 +6,46 @@
 #   ebbflow::cuda  CUDA runtime (device executors, pinned memory)
 #   ebbflow::nccl  NCCL (device collectives)
 # EBBFLOW_WITH_<ASIO|UCX|CUDA|NCCL> = AUTO (default: defined when its
-# dependency is found), ON (required: configuring fails without it) or OFF
-# (never defined). Package recipes (Conan options, vcpkg features) set these.
+# dependency is found, else left out with a line that names the missing
+# packages), ON (required: configuring fails without it, naming the Debian
+# packages that provide it) or OFF (never defined). Package recipes (Conan
+# options, vcpkg features) set these; so does a user who wants a component
+# rather than a build without it.
 set(EBBFLOW_INSTALL_TARGETS ebbflow)
 foreach(_c ASIO UCX CUDA NCCL)
   set(EBBFLOW_WITH_${_c} AUTO CACHE STRING "ebbflow::${_c} component: AUTO, ON (required) or OFF")
   set_property(CACHE EBBFLOW_WITH_${_c} PROPERTY STRINGS AUTO ON OFF)
   string(TOUPPER "${EBBFLOW_WITH_${_c}}" _v)
   if(_v MATCHES "^(ON|TRUE|YES|Y|1|REQUIRED)$")
-    set(_ebbflow_req_${_c} REQUIRED)
+    set(_ebbflow_want_${_c} REQUIRED)
   elseif(_v MATCHES "^(OFF|FALSE|NO|N|0)$")
-    set(_ebbflow_req_${_c} "")
+    set(_ebbflow_want_${_c} "")
   else()
-    set(_ebbflow_req_${_c} QUIET)
+    set(_ebbflow_want_${_c} AUTO)
   endif()
 endforeach()
 set(EBBFLOW_COMPONENTS "")
+# What each component needs, and where Debian 12 / Ubuntu have it (the same
+# words in ebbflow-config.cmake.in, for an install used where one is missing).
+set(_ebbflow_needs_ASIO "Boost >= 1.74 (headers) and OpenSSL (libcrypto): apt-get install libboost-dev libssl-dev")
+set(_ebbflow_needs_UCX "UCX (ucx-config.cmake): apt-get install libucx-dev")
+set(_ebbflow_needs_CUDA "the CUDA toolkit: NVIDIA's cuda-toolkit package (Debian non-free: nvidia-cuda-toolkit)")
+set(_ebbflow_needs_NCCL "NCCL 2.28 or newer: libnccl-dev from NVIDIA's CUDA repository (NCCL_ROOT may point to it)")
+
+# Called when component C's dependency is missing: an error when it was
+# asked for (EBBFLOW_WITH_C=ON), else a line saying what is left out.
+function(_ebbflow_missing c)
+  string(TOLOWER "${c}" _lc)
+  if(_ebbflow_want_${c} STREQUAL "REQUIRED")
+    message(FATAL_ERROR "ebbflow: EBBFLOW_WITH_${c}=ON, but the ${_lc} component needs ${_ebbflow_needs_${c}}")
+  endif()
+  set(_level STATUS)
+  if(EBBFLOW_MASTER_PROJECT AND (c STREQUAL "ASIO" OR c STREQUAL "UCX"))
+    set(_level WARNING)  # without them: no launcher, no elastic group, no host collectives
+  endif()
+  message(${_level} "ebbflow: the ${_lc} component is left out: it needs ${_ebbflow_needs_${c}} "
+                    "(-DEBBFLOW_WITH_${c}=ON makes this an error, OFF silences it)")
+endfunction()
 
 macro(_ebbflow_component name)
   add_library(ebbflow_${name} INTERFACE)
@@ -32,37 +56,51 @@ macro(_ebbflow_component name)
   list(APPEND EBBFLOW_COMPONENTS ${name})
 endmacro()
 
-if(_ebbflow_req_ASIO)
-  find_package(Boost 1.74 ${_ebbflow_req_ASIO} CONFIG)
-  find_package(OpenSSL ${_ebbflow_req_ASIO} COMPONENTS Crypto)
+# QUIET always: a missing dependency is reported by _ebbflow_missing, in
+# words that name the packages (and CMAKE_DISABLE_FIND_PACKAGE_<P>, with
+# which the tests hide one, refuses a REQUIRED find_package outright).
+if(_ebbflow_want_ASIO)
+  find_package(Boost 1.74 QUIET CONFIG)
+  find_package(OpenSSL QUIET COMPONENTS Crypto)
   if(Boost_FOUND AND OPENSSL_FOUND)
     _ebbflow_component(asio)
     target_link_libraries(ebbflow_asio INTERFACE Boost::headers OpenSSL::Crypto)
+  else()
+    _ebbflow_missing(ASIO)
   endif()
 endif()
 
-if(_ebbflow_req_UCX)
-  find_package(ucx ${_ebbflow_req_UCX} CONFIG)
+if(_ebbflow_want_UCX)
+  find_package(ucx QUIET CONFIG)
   if(ucx_FOUND)
     _ebbflow_component(ucx)
     target_link_libraries(ebbflow_ucx INTERFACE ucx::ucp ucx::ucs)
+  else()
+    _ebbflow_missing(UCX)
   endif()
 endif()
 
-if(_ebbflow_req_NCCL STREQUAL "REQUIRED" AND NOT _ebbflow_req_CUDA)
-  message(FATAL_ERROR "ebbflow: EBBFLOW_WITH_NCCL needs EBBFLOW_WITH_CUDA")
+if(_ebbflow_want_NCCL STREQUAL "REQUIRED" AND NOT _ebbflow_want_CUDA)
+  message(FATAL_ERROR "ebbflow: EBBFLOW_WITH_NCCL=ON needs the cuda component: EBBFLOW_WITH_CUDA=OFF leaves it out")
 endif()
-if(_ebbflow_req_CUDA)
-  find_package(CUDAToolkit ${_ebbflow_req_CUDA})
+if(_ebbflow_want_CUDA)
+  find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND)
     _ebbflow_component(cuda)
     target_link_libraries(ebbflow_cuda INTERFACE CUDA::cudart)
-    if(_ebbflow_req_NCCL)
-      find_package(NCCL ${_ebbflow_req_NCCL})
+    if(_ebbflow_want_NCCL)
+      find_package(NCCL QUIET)
       if(NCCL_FOUND)
         _ebbflow_component(nccl)
         target_link_libraries(ebbflow_nccl INTERFACE ebbflow_cuda NCCL::nccl)
+      else()
+        _ebbflow_missing(NCCL)
       endif()
+    endif()
+  else()
+    _ebbflow_missing(CUDA)
+    if(_ebbflow_want_NCCL)
+      _ebbflow_missing(NCCL)
     endif()
   endif()
 endif()

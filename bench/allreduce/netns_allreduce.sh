@@ -9,6 +9,9 @@ set -euo pipefail
 build=${1:-build/release}
 shift || true
 a=ebbflow-bench-a b=ebbflow-bench-b
+# shellcheck source=scripts/netns.sh
+source "$(dirname "$0")/../../scripts/netns.sh"
+netns_require
 cleanup() { ip netns del "$a" 2>/dev/null || true; ip netns del "$b" 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 cleanup

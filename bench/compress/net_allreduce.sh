@@ -10,6 +10,9 @@
 #   bench/compress/net_allreduce.sh [BUILD_DIR=build/release] [OUT=.]
 #   env: RATES="1gbit 10gbit" MIB=32 ITERS=5
 set -euo pipefail
+# shellcheck source=scripts/netns.sh
+source "$(dirname "$0")/../../scripts/netns.sh"
+netns_require
 build=${1:-build/release}
 out=${2:-.}
 bin=$(realpath "$build/bench/compress/compress_net_allreduce")

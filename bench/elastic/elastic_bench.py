@@ -226,6 +226,84 @@ def add_job_args(ap, steps, n_help):
     ap.add_argument("--sample-us", type=float, default=400, help="emulated device time per sample")
 
 
+def set_build(args, build):
+    args.run = os.path.abspath(os.path.join(build, "tools/ebbflow-run/ebbflow-run"))
+    args.train = os.path.abspath(os.path.join(build, "examples/elastic_train/elastic_train"))
+
+
+def measure_round(args, res, scen, rnd):
+    """One round of every scenario in `scen` with the build in args.run / args.train, into `res`."""
+    n, ev = args.n, args.event_at
+    # steady
+    rows, _, _ = run_job(args, ["-n", str(n)], [], "steady")
+    res["steady"].append(steady(rows))
+    steady_rows = rows
+    # scale-out N -> 2N
+    nice = ["--join-nice", str(args.join_nice)] if args.join_nice else []
+    rows, out, _ = run_job(args, ["-n", str(n), "--add", f"{ev}:{n}"] + nice, [], "scaleout")
+    t_add = stamp(out, "started worker")
+    switch = next(r for r in rows if r["world"] == 2 * n)
+    last_small = max(r["t"] for r in rows if r["world"] == n)
+    ref, base = baseline(rows, t_add)
+    res["scale_share"].append(window_share(rows, t_add, last_small, ref, base))
+    # The same measure on the steady run, in windows as long as this one
+    # from as far into that job as the newcomers started in this one.
+    ctl = control_shares(steady_rows, steady_rows[0]["t"] + (t_add - rows[0]["t"]), last_small - t_add)
+    res["control_share"].append(statistics.median(ctl) if ctl else float("nan"))
+    res["control_windows"].extend(ctl)
+    # Time the survivors lost, from the newcomers' start to the first step
+    # with 2N workers: every step interval beyond the steady one counts.
+    res["scale_lost_ms"].append(time_lost(rows, t_add, switch["t"], ref, base) * 1e3)
+    if args.detail:
+        print(f"round {rnd + 1} scale-out window (step: ms over steady; | = switch):", " ".join(
+            f"{'|' if b['world'] == 2 * n and a['world'] == n else ''}{b['step']}:"
+            f"{((b['t'] - a['t']) - expected(ref, base, a, b)) * 1e3:+.2f}"
+            for a, b in zip(rows, rows[1:]) if t_add < b["t"] <= switch["t"]), flush=True)
+    st = stalls(out, "join")
+    res["scale_stall_max"].append(max(st) if st else float("nan"))
+    res["scale_done"].append(switch["t"] - t_add)
+    after = [r for r in rows if r["world"] == 2 * n]
+    res["steady_2n"].append(throughput(rows, after[len(after) // 5]["t"], after[-1]["t"]))
+    if "start" in scen:  # the newcomers' start-up alone, in a window as long as the scale-out's
+        srows, sout, _ = run_job(args, ["-n", str(n), "--add", f"{ev}:{n}"] + nice, ["--joiners-start-only"],
+                                 "start")
+        s_add = stamp(sout, "started worker")
+        s_to = s_add + (last_small - t_add)
+        s_ref, s_base = baseline(srows, s_add)
+        res["start_share"].append(window_share(srows, s_add, s_to, s_ref, s_base))
+        res["start_lost_ms"].append(time_lost(srows, s_add, s_to, s_ref, s_base) * 1e3)
+    if "leave" in scen:  # graceful leave
+        rows, out, _ = run_job(args, ["-n", str(n), "--leave", f"{ev}:{n - 1}"], [], "leave")
+        st = stalls(out, "leave")
+        res["leave_stall_max"].append(max(st) if st else float("nan"))
+    if "kill" in scen:  # SIGKILL
+        rows, out, _ = run_job(args, ["-n", str(n), "--kill", f"{ev}:{n - 1}"], [], "kill")
+        t_kill = stamp(out, "killing worker")
+        first = next(r for r in rows if r["t"] > t_kill and r["world"] == n - 1)
+        res["kill_to_step"].append(first["t"] - t_kill)
+    if "hang" in scen:  # SIGSTOP: a hung worker, noticed by its lease alone
+        rows, out, _ = run_job(args, ["-n", str(n), "--stop", f"{ev}:{n - 1}:{args.hang_for}"], [], "hang")
+        t_stop = stamp(out, "stopping worker")
+        first = next(r for r in rows if r["t"] > t_stop and r["world"] == n - 1)
+        res["hang_to_step"].append(first["t"] - t_stop)
+    if "restart" not in scen:
+        return
+    # checkpoint-restart baseline: stop N at the step the scale-out switched at, restart 2N
+    ck = os.path.join(args.tmp, "ckpt.bin")
+    mpath = os.path.join(args.tmp, "restart.csv")
+    if os.path.exists(mpath):
+        os.remove(mpath)
+    rows1, _, _ = run_job(args, ["-n", str(n)], ["--checkpoint", ck, "--checkpoint-at", str(switch["step"])],
+                          "restart", metrics=mpath)
+    t_stop = max(r["t"] for r in rows1)
+    rows2, _, _ = run_job(args, ["-n", str(2 * n)], ["--checkpoint", ck, "--resume"], "restart", metrics=mpath)
+    first2_row = min((r for r in rows2 if r["t"] > t_stop), key=lambda r: r["t"])
+    first2 = first2_row["t"]
+    step_time = first2_row["samples"] / res["steady"][-1]
+    res["restart_down"].append(first2 - t_stop - step_time)
+    res["restart_done"].append(first2 - t_stop)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_job_args(ap, 500, "workers before scale-out (default 4 -> 8)")
@@ -255,6 +333,9 @@ def main():
     ap.add_argument("--store-cpu", default="",
                     help="ebbflow-run --store-cpu with --cpu-bind: the launcher and its store on this CPU (default: "
                          "worker 0's, with the running workers)")
+    ap.add_argument("--baseline", default="",
+                    help="another build (e.g. the commit before a change) measured in the same rounds, alternating "
+                         "which goes first; prints both and this build over the baseline")
     ap.add_argument("--detail", action="store_true",
                     help="print each scale-out window step by step: its interval over the steady one (ms)")
     args = ap.parse_args()
@@ -265,8 +346,6 @@ def main():
         args.launcher_extra += ["--rt-priority", str(args.rt_priority)]
     if args.store_cpu:
         args.launcher_extra += ["--store-cpu", args.store_cpu]
-    args.run = os.path.abspath(os.path.join(args.build, "tools/ebbflow-run/ebbflow-run"))
-    args.train = os.path.abspath(os.path.join(args.build, "examples/elastic_train/elastic_train"))
     args.wrap = args.wrap.split() if args.wrap else []
     args.tmp = tempfile.mkdtemp(prefix="ebbflow-elastic-bench-")
     atexit.register(shutil.rmtree, args.tmp, ignore_errors=True)  # the jobs' metrics and checkpoint
@@ -278,78 +357,15 @@ def main():
     unknown = scen - {"scaleout", "start", "leave", "kill", "hang", "restart"}
     if unknown or "scaleout" not in scen:
         raise SystemExit(f"--scenarios: scaleout is always measured; unknown: {', '.join(sorted(unknown)) or '-'}")
+    builds = [("this build", args.build)] + ([("baseline", args.baseline)] if args.baseline else [])
+    results = {label: {k: [] for k in res} for label, _ in builds}
     for rnd in range(args.rounds):
-        # steady
-        rows, _, _ = run_job(args, ["-n", str(n)], [], "steady")
-        res["steady"].append(steady(rows))
-        steady_rows = rows
-        # scale-out N -> 2N
-        nice = ["--join-nice", str(args.join_nice)] if args.join_nice else []
-        rows, out, _ = run_job(args, ["-n", str(n), "--add", f"{ev}:{n}"] + nice, [], "scaleout")
-        t_add = stamp(out, "started worker")
-        switch = next(r for r in rows if r["world"] == 2 * n)
-        last_small = max(r["t"] for r in rows if r["world"] == n)
-        ref, base = baseline(rows, t_add)
-        res["scale_share"].append(window_share(rows, t_add, last_small, ref, base))
-        # The same measure on the steady run, in windows as long as this one
-        # from as far into that job as the newcomers started in this one.
-        ctl = control_shares(steady_rows, steady_rows[0]["t"] + (t_add - rows[0]["t"]), last_small - t_add)
-        res["control_share"].append(statistics.median(ctl) if ctl else float("nan"))
-        res["control_windows"].extend(ctl)
-        # Time the survivors lost, from the newcomers' start to the first step
-        # with 2N workers: every step interval beyond the steady one counts.
-        res["scale_lost_ms"].append(time_lost(rows, t_add, switch["t"], ref, base) * 1e3)
-        if args.detail:
-            print(f"round {rnd + 1} scale-out window (step: ms over steady; | = switch):", " ".join(
-                f"{'|' if b['world'] == 2 * n and a['world'] == n else ''}{b['step']}:"
-                f"{((b['t'] - a['t']) - expected(ref, base, a, b)) * 1e3:+.2f}"
-                for a, b in zip(rows, rows[1:]) if t_add < b["t"] <= switch["t"]), flush=True)
-        st = stalls(out, "join")
-        res["scale_stall_max"].append(max(st) if st else float("nan"))
-        res["scale_done"].append(switch["t"] - t_add)
-        after = [r for r in rows if r["world"] == 2 * n]
-        res["steady_2n"].append(throughput(rows, after[len(after) // 5]["t"], after[-1]["t"]))
-        if "start" in scen:  # the newcomers' start-up alone, in a window as long as the scale-out's
-            srows, sout, _ = run_job(args, ["-n", str(n), "--add", f"{ev}:{n}"] + nice, ["--joiners-start-only"],
-                                     "start")
-            s_add = stamp(sout, "started worker")
-            s_to = s_add + (last_small - t_add)
-            s_ref, s_base = baseline(srows, s_add)
-            res["start_share"].append(window_share(srows, s_add, s_to, s_ref, s_base))
-            res["start_lost_ms"].append(time_lost(srows, s_add, s_to, s_ref, s_base) * 1e3)
-        if "leave" in scen:  # graceful leave
-            rows, out, _ = run_job(args, ["-n", str(n), "--leave", f"{ev}:{n - 1}"], [], "leave")
-            st = stalls(out, "leave")
-            res["leave_stall_max"].append(max(st) if st else float("nan"))
-        if "kill" in scen:  # SIGKILL
-            rows, out, _ = run_job(args, ["-n", str(n), "--kill", f"{ev}:{n - 1}"], [], "kill")
-            t_kill = stamp(out, "killing worker")
-            first = next(r for r in rows if r["t"] > t_kill and r["world"] == n - 1)
-            res["kill_to_step"].append(first["t"] - t_kill)
-        if "hang" in scen:  # SIGSTOP: a hung worker, noticed by its lease alone
-            rows, out, _ = run_job(args, ["-n", str(n), "--stop", f"{ev}:{n - 1}:{args.hang_for}"], [], "hang")
-            t_stop = stamp(out, "stopping worker")
-            first = next(r for r in rows if r["t"] > t_stop and r["world"] == n - 1)
-            res["hang_to_step"].append(first["t"] - t_stop)
-        if "restart" not in scen:
-            print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
-            continue
-        # checkpoint-restart baseline: stop N at the step the scale-out switched at, restart 2N
-        ck = os.path.join(args.tmp, "ckpt.bin")
-        mpath = os.path.join(args.tmp, "restart.csv")
-        if os.path.exists(mpath):
-            os.remove(mpath)
-        rows1, _, _ = run_job(args, ["-n", str(n)], ["--checkpoint", ck, "--checkpoint-at", str(switch["step"])],
-                              "restart", metrics=mpath)
-        t_stop = max(r["t"] for r in rows1)
-        rows2, _, _ = run_job(args, ["-n", str(2 * n)], ["--checkpoint", ck, "--resume"], "restart", metrics=mpath)
-        first2_row = min((r for r in rows2 if r["t"] > t_stop), key=lambda r: r["t"])
-        first2 = first2_row["t"]
-        step_time = first2_row["samples"] / res["steady"][-1]
-        res["restart_down"].append(first2 - t_stop - step_time)
-        res["restart_done"].append(first2 - t_stop)
+        # With a baseline, the two builds alternate which goes first.
+        for label, build in (builds if rnd % 2 == 0 else builds[::-1]):
+            set_build(args, build)
+            measure_round(args, results[label], scen, rnd)
         print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
-
+    res = results["this build"]
     med = {k: statistics.median(v) for k, v in res.items() if v}
     print(f"# elastic scale events: {n} -> {2 * n} workers, B={args.batch}, emulated device "
           f"{args.step_us:.0f} us/step + {args.sample_us:.0f} us/sample, {args.rounds} round(s), medians"
@@ -388,11 +404,33 @@ def main():
         print(f"{'checkpoint-restart downtime (s)':48s} {med['restart_down']:12.2f}")
         print(f"{'ratio restart downtime / ebbflow scale-out stall':48s} {med['restart_down'] / (med['scale_stall_max'] / 1e3):11.1f}x")
     meter.report(48)
+    if args.baseline:
+        compare(results, args)
     if args.json:
         with open(args.json, "w") as f:
             for k, v in res.items():
                 for i, x in enumerate(v):
                     f.write(json.dumps({"metric": k, "round": i, "value": x}) + "\n")
+
+
+def compare(results, args):
+    """This build against the baseline measured in the same rounds: median, range over rounds, ratio."""
+    this, base = results["this build"], results["baseline"]
+    rows = [("steady throughput, N workers (samples/s)", "steady", 1), ("survivors during scale-out (%)", "scale_share", 100),
+            ("survivors time lost, start -> 2N step (ms)", "scale_lost_ms", 1),
+            ("scale-out stall, worst survivor (ms)", "scale_stall_max", 1),
+            ("graceful leave stall, worst member (ms)", "leave_stall_max", 1),
+            ("SIGKILL -> first completed step (s)", "kill_to_step", 1), ("SIGSTOP -> first completed step (s)", "hang_to_step", 1),
+            ("checkpoint-restart downtime (s)", "restart_down", 1)]
+    print(f"\n# this build ({args.build}) against the baseline ({args.baseline}), {args.rounds} round(s) each, alternated")
+    print(f"{'metric':44s} {'this: median (min-max)':>28s} {'baseline: median (min-max)':>28s} {'this/base':>9s}")
+    for title, k, f in rows:
+        if not this[k] or not base[k]:
+            continue
+        num = lambda x: f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+        fmt = lambda v: f"{num(statistics.median(v) * f)} ({num(min(v) * f)}-{num(max(v) * f)})"
+        ratio = statistics.median(this[k]) / statistics.median(base[k]) if statistics.median(base[k]) else float("nan")
+        print(f"{title:44s} {fmt(this[k]):>28s} {fmt(base[k]):>28s} {ratio:9.3f}")
 
 
 if __name__ == "__main__":

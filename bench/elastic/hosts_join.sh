@@ -11,6 +11,7 @@
 set -euo pipefail
 # shellcheck source=scripts/netns.sh
 source "$(dirname "$0")/../../scripts/netns.sh"
+netns_require
 build=${1:-build/release}
 n=${2:-4}
 rate=${3:-400mbit}

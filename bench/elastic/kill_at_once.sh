@@ -18,6 +18,11 @@ lease=${2:-1000}
 shift 2 || true
 builds=()
 for b in "${@:-build/release}"; do builds+=("$(realpath "$b")"); done
+if [[ ${NETNS:-0} == 1 ]]; then
+  # shellcheck source=scripts/netns.sh
+  source "$(dirname "$0")/../../scripts/netns.sh"
+  netns_require  # before anything is made
+fi
 work=$(mktemp -d /tmp/ebbflow-kill-at-once.XXXXXX)
 prefix=() wrap=() store=()
 if [[ ${NETNS:-0} == 1 ]]; then
@@ -25,8 +30,6 @@ if [[ ${NETNS:-0} == 1 ]]; then
   id=$$
   ns_a=ebbflow-ko$id-a ns_b=ebbflow-ko$id-b
   trap 'ip netns del "$ns_a" 2>/dev/null; ip netns del "$ns_b" 2>/dev/null; rm -rf "$work"' EXIT INT TERM
-  # shellcheck source=scripts/netns.sh
-  source "$(dirname "$0")/../../scripts/netns.sh"
   netns_pair "$ns_a" "$ns_b" "eko${id}a" "eko${id}b" "10.236.$((id % 250))."
   netns_wrapper "$work/wrap" "$ns_a" "$ns_b"
   prefix=(ip netns exec "$ns_a") wrap=("$work/wrap") store=(--store "10.236.$((id % 250)).1:0")

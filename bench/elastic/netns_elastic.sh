@@ -12,6 +12,7 @@ a=ebbflow-el-a b=ebbflow-el-b
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/netns.sh
 source "$here/../../scripts/netns.sh"
+netns_require
 wrap=$(mktemp /tmp/ebbflow-netns-wrap.XXXXXX)
 cleanup() { ip netns del "$a" 2>/dev/null || true; ip netns del "$b" 2>/dev/null || true; rm -f "$wrap"; }
 trap cleanup EXIT INT TERM

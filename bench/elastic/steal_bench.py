@@ -39,8 +39,7 @@ def main():
     ap.add_argument("--cpu-bind", default="", help="ebbflow-run --cpu-bind for every run")
     args = ap.parse_args()
     args.launcher_extra = ["--cpu-bind", args.cpu_bind] if args.cpu_bind else []
-    args.run = os.path.abspath(os.path.join(args.build, "tools/ebbflow-run/ebbflow-run"))
-    args.train = os.path.abspath(os.path.join(args.build, "examples/elastic_train/elastic_train"))
+    eb.set_build(args, args.build)
     args.wrap = []
     args.store = "127.0.0.1:0"
     args.hidden = 0

@@ -213,13 +213,13 @@ int main(int argc, char** argv) try {
   opts.global_batch = a.batch;
   opts.dataset_size = train.size();
   el::ucx_network net;
-  el::group<el::store_client, el::ucx_network> group(
+  el::group<el::store_client, el::ucx_network> g(
       [] { return std::make_unique<el::store_client>(el::store_client::from_environment()); }, net, opts,
       ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
   // ebbflow: the training state joiners receive.
-  group.register_state("params", std::as_writable_bytes(std::span(params)));
-  group.register_state("velocity", std::as_writable_bytes(std::span(velocity)));
-  group.on_world_changed([&](const el::world_change& w) {
+  g.register_state("params", std::as_writable_bytes(std::span(params)));
+  g.register_state("velocity", std::as_writable_bytes(std::span(velocity)));
+  g.on_world_changed([&](const el::world_change& w) {
     std::fprintf(stderr, "world changed (%s): %d -> %d workers at step %lld, ready after %.1f ms\n",
                  std::string(el::name(w.reason)).c_str(), w.old_size, w.new_size, static_cast<long long>(w.step),
                  w.stall_seconds * 1e3);
@@ -227,7 +227,7 @@ int main(int argc, char** argv) try {
 
   if (a.resume) {
     const auto h = load_checkpoint(a.checkpoint, params, velocity);
-    group.restore_position(h.step, h.epoch, h.cursor);
+    g.restore_position(h.step, h.epoch, h.cursor);
   }
 
   std::FILE* metrics = nullptr;
@@ -253,8 +253,12 @@ int main(int argc, char** argv) try {
   std::string ranges;
   const auto t0 = clk::now();
   auto last = t0;
-  while (group.active() && group.step() < a.steps) {
-    const auto s = group.begin_step();  // ebbflow: my slice of the global batch
+  const std::int64_t steps = a.steps;
+  bool stopped_for_checkpoint = false;
+  // ebbflow: the documented loop (docs/snippets/training_loop.cpp): runs on while a join finishes, and
+  // marks the job finished once the steps are done.
+  while (g.keep_training(steps)) {
+    const auto s = g.begin_step();  // ebbflow: my slice of the global batch
     if (!a.metrics.empty() && s.rank == 0 && !metrics) {
       // Appended to: after a failure another member may become rank 0 and go on writing.
       metrics = std::fopen(a.metrics.c_str(), "a");
@@ -280,7 +284,7 @@ int main(int argc, char** argv) try {
     if (a.steal) {
       emulate_device(a, 0, slow);  // the step's fixed part
       // ebbflow: my slice in chunks, then the tails of members that fall behind.
-      const auto rep = group.steal_step([&](std::size_t first, std::size_t last) {
+      const auto rep = g.steal_step([&](std::size_t first, std::size_t last) {
         train_on(first, last);
         emulate_device(a, last - first, slow, false);
       });
@@ -320,7 +324,7 @@ int main(int argc, char** argv) try {
     if (trace)
       std::fprintf(trace, "P %lld %lld%s\n", static_cast<long long>(s.generation), static_cast<long long>(s.step),
                    segment_sums().c_str());
-    if (!group.allreduce(grad)) continue;  // ebbflow: a member failed; the step is redone
+    if (!g.allreduce(grad)) continue;  // ebbflow: a member failed; the step is redone
     mlp::sgd_step(params, velocity, std::span(grad).first(params.size()), static_cast<float>(a.lr),
                   static_cast<float>(a.momentum));
     if (trace) {
@@ -332,35 +336,39 @@ int main(int argc, char** argv) try {
                    ebbflow::wall_seconds());
       std::fflush(trace);
     }
-    group.end_step(compute_s, processed);  // ebbflow: commit; joins, leaves and re-plans happen here
-    const bool stop_for_checkpoint = a.checkpoint_at >= 0 && group.step() == a.checkpoint_at;
-    if (stop_for_checkpoint && group.rank() == 0)
-      save_checkpoint(a.checkpoint, {group.step(), group.epoch(), group.cursor(), params.size()}, params, velocity);
+    g.end_step(compute_s, processed);  // ebbflow: commit; joins, leaves and re-plans happen here
+    const bool stop_for_checkpoint = a.checkpoint_at >= 0 && g.step() == a.checkpoint_at;
+    if (stop_for_checkpoint && g.rank() == 0)
+      save_checkpoint(a.checkpoint, {g.step(), g.epoch(), g.cursor(), params.size()}, params, velocity);
 
     if (metrics && s.rank == 0) {
       const auto now = clk::now();
       const double dt = std::chrono::duration<double>(now - last).count();
       last = now;
-      const bool eval = s.step % 10 == 0 || group.step() == a.steps;
+      const bool eval = s.step % 10 == 0 || g.step() == steps;
       // Stamped before the evaluation: its time falls in the next step's
       // interval, whichever order a compiler evaluates arguments in.
       const double stamp = ebbflow::wall_seconds();
       std::string plan;
-      for (auto b : group.plan()) plan += (plan.empty() ? "" : ";") + std::to_string(b);
+      for (auto b : g.plan()) plan += (plan.empty() ? "" : ";") + std::to_string(b);
       std::fprintf(metrics, "%lld,%.6f,%lld,%d,%.6f,%s,%.1f,%s,%zu\n", static_cast<long long>(s.step), stamp,
                    static_cast<long long>(s.generation), s.world_size, grad.back(),
                    eval ? std::to_string(mlp::accuracy(sh, params, test.x, test.y)).c_str() : "",
                    dt > 0 ? static_cast<double>(s.global_batch) / dt : 0.0, plan.c_str(), s.global_batch);
       std::fflush(metrics);
     }
-    if (stop_for_checkpoint) break;
+    if (stop_for_checkpoint) {
+      stopped_for_checkpoint = true;
+      break;
+    }
   }
-  if (group.active() && group.rank() == 0) {
+  // A loop that ends before keep_training does marks the job finished itself.
+  if (stopped_for_checkpoint) g.finish();
+  if (g.active() && g.rank() == 0) {
     std::printf("finished %lld steps in %.2f s: world size %d, test accuracy %.4f\n",
-                static_cast<long long>(group.step()), std::chrono::duration<double>(clk::now() - t0).count(),
-                group.size(), mlp::accuracy(sh, params, test.x, test.y));
+                static_cast<long long>(g.step()), std::chrono::duration<double>(clk::now() - t0).count(), g.size(),
+                mlp::accuracy(sh, params, test.x, test.y));
     write_params(a.params_out, params);
-    group.finish();
   }
   if (metrics) std::fclose(metrics);
   if (trace) std::fclose(trace);

@@ -340,16 +340,16 @@ int main(int argc, char** argv) try {
   opts.global_batch = a.batch;
   opts.dataset_size = train.size();
   el::ucx_network net;
-  el::group<el::store_client, el::ucx_network> group(
+  el::group<el::store_client, el::ucx_network> g(
       [] { return std::make_unique<el::store_client>(el::store_client::from_environment()); }, net, opts,
       ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
   // ebbflow: the training state that joiners (and members behind after a failure) receive.
-  group.register_state("params", std::as_writable_bytes(floats_of(h_params)));
-  group.register_state("momentum", std::as_writable_bytes(floats_of(h_momentum)));
-  gradient_sum sum_gradients(group, a.codec);  // ebbflow: dense allreduce, or --codec fp16|int8|topk
+  g.register_state("params", std::as_writable_bytes(floats_of(h_params)));
+  g.register_state("momentum", std::as_writable_bytes(floats_of(h_momentum)));
+  gradient_sum sum_gradients(g, a.codec);  // ebbflow: dense allreduce, or --codec fp16|int8|topk
   bool state_changed = true;                   // the state may have arrived from another member
   demo::report report(a.report_dir, a.progress, a.log_every, a.steps);
-  group.on_world_changed([&](const el::world_change& w) {
+  g.on_world_changed([&](const el::world_change& w) {
     state_changed = true;
     std::fprintf(stderr, "world changed (%s): %d -> %d workers at step %lld, ready after %.1f ms\n",
                  std::string(el::name(w.reason)).c_str(), w.old_size, w.new_size, static_cast<long long>(w.step),
@@ -372,11 +372,14 @@ int main(int argc, char** argv) try {
 
   demo::sample_log samples(a.report_dir, worker);
   const auto t0 = clk::now();
-  while (group.active() && group.step() < a.steps) {
-    const auto s = group.begin_step();  // ebbflow: my slice of the global batch (applies joins and state transfers)
+  const std::int64_t steps = a.steps;
+  // ebbflow: the documented loop (docs/snippets/training_loop.cpp): runs on while a join finishes, and
+  // marks the job finished once the steps are done.
+  while (g.keep_training(steps)) {
+    const auto s = g.begin_step();  // ebbflow: my slice of the global batch (applies joins and state transfers)
     if (state_changed && !h_params.is_same(flat.params)) flat.params.copy_(h_params), flat.momentum.copy_(h_momentum);
     state_changed = false;
-    const std::vector<std::size_t> plan(group.plan().begin(), group.plan().end());
+    const std::vector<std::size_t> plan(g.plan().begin(), g.plan().end());
     const slice_source from_here{train.size(), a.batch, a.seed, plan, s.rank, s.epoch, s.cursor};
     slice_source(from_here).plan_step(mine);  // the samples this step must train on
     auto batch = loader ? loader->next(std::chrono::seconds(30)) : prefetcher::batch{};
@@ -412,13 +415,13 @@ int main(int argc, char** argv) try {
     if (!h_grads.is_same(flat.grads)) flat.grads.copy_(h_grads);
     optimizer.step();
     if (!h_params.is_same(flat.params)) h_params.copy_(flat.params), h_momentum.copy_(flat.momentum);
-    group.end_step(compute_s);  // ebbflow: commit; joins, leaves and re-plans happen here
+    g.end_step(compute_s);  // ebbflow: commit; joins, leaves and re-plans happen here
     samples.commit(s.step, s.generation);
 
-    if (group.active() && group.rank() == 0) {
-      const bool eval = group.step() % a.eval_every == 0 || group.step() == a.steps;
+    if (g.active() && g.rank() == 0) {
+      const bool eval = g.step() % a.eval_every == 0 || g.step() == steps;
       const std::size_t done = s.cursor + s.global_batch;
-      report.step({.step = group.step(),
+      report.step({.step = g.step(),
                    .epoch = s.epoch,
                    .epoch_progress = static_cast<double>(done) / static_cast<double>(train.size()),
                    .generation = s.generation,
@@ -429,14 +432,13 @@ int main(int argc, char** argv) try {
                    .batches = el::scale_plan(plan, s.global_batch)});
     }
   }
-  if (group.active() && group.rank() == 0) {
+  if (g.active() && g.rank() == 0) {
     const double wall = std::chrono::duration<double>(clk::now() - t0).count();
     const double acc = accuracy(model, test_x.to(device), test_y.to(device));
     std::printf("finished %lld steps in %.2f s: world size %d, test accuracy %.4f, %lld prefetcher restarts\n",
-                static_cast<long long>(group.step()), wall, group.size(), acc, static_cast<long long>(restarts));
+                static_cast<long long>(g.step()), wall, g.size(), acc, static_cast<long long>(restarts));
     write_params(a.params_out, flat.params);
-    write_result(a, "result.json", group.step(), wall, acc, group.size());
-    group.finish();
+    write_result(a, "result.json", g.step(), wall, acc, g.size());
   }
   return 0;
 } catch (const std::exception& e) {

@@ -94,5 +94,26 @@
 #define EBBFLOW_THROW(ex) (std::fprintf(stderr, "ebbflow: fatal error (exceptions disabled)\n"), std::abort())
 #endif
 
+//! Separate compilation (the `ebbflow::compiled` CMake target, which defines
+//! EBBFLOW_SEPARATE_COMPILATION for its users): the elastic group over the
+//! TCP store and UCX, the store itself and the planner's solver are compiled
+//! once, into that library (its one translation unit includes
+//! <ebbflow/impl/compiled.hpp>), and the headers declare them only, so a
+//! training loop's translation unit parses and generates far less. Every
+//! translation unit of a program uses the same mode. Without the macro,
+//! ebbflow is header-only (the default). docs/packaging.md, "Faster rebuilds".
+#if defined(EBBFLOW_SEPARATE_COMPILATION) && !defined(EBBFLOW_COMPILING_LIBRARY)
+#define EBBFLOW_HEADER_ONLY 0
+#else
+#define EBBFLOW_HEADER_ONLY 1
+#endif
+//! The linkage of a function that the compiled library defines: `inline`
+//! when header-only, an ordinary (external) definition in separate mode.
+#if defined(EBBFLOW_SEPARATE_COMPILATION)
+#define EBBFLOW_DECL
+#else
+#define EBBFLOW_DECL inline
+#endif
+
 #define EBBFLOW_DETAIL_STR2(x) #x
 #define EBBFLOW_DETAIL_STR(x) EBBFLOW_DETAIL_STR2(x)

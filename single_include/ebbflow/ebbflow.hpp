@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 110 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 113 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -125,6 +125,27 @@
 #include <cstdio>
 #include <cstdlib>
 #define EBBFLOW_THROW(ex) (std::fprintf(stderr, "ebbflow: fatal error (exceptions disabled)\n"), std::abort())
+#endif
+
+//! Separate compilation (the `ebbflow::compiled` CMake target, which defines
+//! EBBFLOW_SEPARATE_COMPILATION for its users): the elastic group over the
+//! TCP store and UCX, the store itself and the planner's solver are compiled
+//! once, into that library (its one translation unit includes
+//! <ebbflow/impl/compiled.hpp>), and the headers declare them only, so a
+//! training loop's translation unit parses and generates far less. Every
+//! translation unit of a program uses the same mode. Without the macro,
+//! ebbflow is header-only (the default). docs/packaging.md, "Faster rebuilds".
+#if defined(EBBFLOW_SEPARATE_COMPILATION) && !defined(EBBFLOW_COMPILING_LIBRARY)
+#define EBBFLOW_HEADER_ONLY 0
+#else
+#define EBBFLOW_HEADER_ONLY 1
+#endif
+//! The linkage of a function that the compiled library defines: `inline`
+//! when header-only, an ordinary (external) definition in separate mode.
+#if defined(EBBFLOW_SEPARATE_COMPILATION)
+#define EBBFLOW_DECL
+#else
+#define EBBFLOW_DECL inline
 #endif
 
 #define EBBFLOW_DETAIL_STR2(x) #x
@@ -8999,251 +9020,522 @@ struct cooldown {
 EBBFLOW_END_NAMESPACE
 // ==== end <ebbflow/elastic/cooldown.hpp>
 
-// ==== begin <ebbflow/elastic/group.hpp> ===================================
+// ==== begin <ebbflow/elastic/detail/store_protocol.hpp> ===================
 // SPDX-License-Identifier: Apache-2.0
-//! @file group.hpp
-//! The elastic group: data-parallel training whose workers join, leave and
-//! fail while training goes on, with no restart and no lost or repeated
-//! sample.
+//! @file store_protocol.hpp
+//! Wire protocol of the rendezvous store (no API promise).
 //!
-//! A training loop uses it like this (see examples/elastic_train/elastic_train.cpp):
-//! @code
-//!   elastic::group g(connect_store, net, elastic::group_options::from_environment(opts),
-//!                    launch_info::from_environment(), std::make_unique<elastic::planner_policy>());
-//!   g.register_state("params", std::as_writable_bytes(std::span(params)));
-//!   while (g.active() && (g.step() < total_steps || g.changing())) {
-//!     auto s = g.begin_step();                           // my slice and weight
-//!     compute gradients over samples [s.cursor + s.offset, + s.batch) of s.epoch,
-//!       scaled by s.weight (mean loss over my slice × b_i / B)
-//!     if (!g.allreduce(grads)) continue;                 // a member failed: redo the step
-//!     optimizer step
-//!     g.end_step(compute_seconds);                       // commit; membership changes happen here
-//!   }
-//!   g.finish();                                          // workers still waiting to join stop waiting
-//! @endcode
+//! Every message is a frame: `u32 length` (little endian, bytes that follow),
+//! then `u8 opcode`, then the opcode's fields. Field types: `u8`, `u32`,
+//! `i64` (little endian) and `str` (`u32 length` + bytes, binary-safe).
+//! Frames longer than a configurable limit are rejected before any allocation.
 //!
-//! Guarantees (docs/elastic.md gives the protocol and the argument for each):
-//! * Every member applies the same update every step: the gradient of the
-//!   step's global batch, each sample of an epoch used exactly once across
-//!   joins, leaves and failures, so the parameters equal a single-process
-//!   run over the same global batches.
-//! * A failure (a peer's death or hang) makes a collective return false on
-//!   every survivor: the step was rolled back (no update applied, the cursor
-//!   did not advance) and the group re-formed; the caller redoes it.
-//! * Joins and leaves take effect at step boundaries; newcomers connect in
-//!   the background while the members train, and receive the committed state
-//!   from the members holding it.
-//! * Every wait has a deadline (group_options); what the group cannot
-//!   recover from throws `group_error` naming the rank, generation and cause.
-//!
-//! Thread safety: one thread drives a group; `request_leave` may be called
-//! from any thread or a signal handler (through `leave_on_signal`).
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/env.hpp>  (inlined)    // launch_info
-// #include <ebbflow/core/error.hpp>  (inlined)  // system_error
-// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/detail/group_impl.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file detail/group_impl.hpp
-//! The state of an elastic group and the operations on it, behind the public
-//! `elastic::group` (elastic/group.hpp, the contract). One class, because
-//! every part works on the same generation; its definitions are split by
-//! concern, one file each, under elastic/impl/group/:
-//!
-//! | file                  | owns                                                           |
-//! |-----------------------|----------------------------------------------------------------|
-//! | lifecycle.hpp         | construction, the end of a member, registered state, finish    |
-//! | formation.hpp         | generation 0 and waiting to be admitted as a newcomer          |
-//! | generation.hpp        | entering a generation: addresses, wire-up, install, leaving    |
-//! | step.hpp              | the user's step: begin, collectives, work stealing, commit     |
-//! | join_tickets.hpp      | the coordinator's queue of newcomers and their cool-downs      |
-//! | membership_change.hpp | joins and leaves decided at a step boundary, connected in the  |
-//! |                       | background by the admission helper thread                      |
-//! | state_transfer.hpp    | streaming the committed state to members that lack it          |
-//! | recovery.hpp          | re-forming the group after a failure                           |
-//! | heartbeat.hpp         | the heartbeat thread: leases, exit reports, aborts, stalls     |
-//!
-//! Threads: the training thread (the user's, calling the group) owns
-//! everything not marked otherwise. The heartbeat thread touches only the
-//! `hb_*` members (under `hb_mutex_` or atomic), the atomics it shares with
-//! the training thread, and its own store client. The admission helper
-//! thread touches only what `start_admission` hands it and its
-//! `admission_result`. The protocol is described in docs/elastic.md.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/comm/communicator.hpp>  (inlined)
-// #include <ebbflow/comm/revocable.hpp>  (inlined)
-// #include <ebbflow/comm/transport.hpp>  (inlined)
-// #include <ebbflow/core/deadline.hpp>  (inlined)
-// #include <ebbflow/core/env.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-// #include <ebbflow/core/log.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/progress.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/detail/progress.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file progress.hpp
-//! Where a member's training thread is, as one store counter: the stall
-//! warning's heartbeat publishes it and the waiting members read it.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-
-#include <algorithm>
-#include <cstdint>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-/// Step, generation and the number of the collective within the step, packed
-/// as `step * 2^24 + generation * 2^8 + collective` so that a member behind
-/// another reads a lower counter. The generation saturates at 2^16 - 1 and
-/// the collective at 255 and the step at 2^39 - 1; a negative step reads
-/// as 0. Collective 0 is the
-/// control exchange after step `step - 1` (it runs after the commit).
-struct progress {
-  static constexpr std::int64_t max_generation = 0xffff;
-  static constexpr int max_collective = 0xff;
-  static constexpr std::int64_t max_step = (std::int64_t{1} << 39) - 1;
-
-  std::int64_t step = 0;
-  std::int64_t generation = 0;
-  int collective = 0;
-
-  /// The generation as the counter holds it (saturated).
-  [[nodiscard]] static constexpr std::int64_t stored_generation(std::int64_t g) noexcept {
-    return std::clamp<std::int64_t>(g, 0, max_generation);
-  }
-
-  [[nodiscard]] constexpr std::int64_t encode() const noexcept {
-    return (std::clamp<std::int64_t>(step, 0, max_step) << 24) + (stored_generation(generation) << 8) +
-           std::clamp(collective, 0, max_collective);
-  }
-
-  [[nodiscard]] static constexpr progress decode(std::int64_t word) noexcept {
-    return {word >> 24, (word >> 8) & max_generation, static_cast<int>(word & max_collective)};
-  }
-};
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/detail/progress.hpp>
-// #include <ebbflow/elastic/detail/records.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/detail/records.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file detail/records.hpp
-//! The values the elastic group keeps in the store, and their formats: the
-//! record of a generation (binary, `generation_record`), join tickets and a
-//! worker's join failures (text), and integers (decimal text). Owned by no
-//! one part of the group: every part that reads or writes these keys uses
-//! these types, so a format lives in one place.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/wire.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/detail/wire.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file wire.hpp
-//! Little-endian byte writer/reader for the elastic group's records. The
-//! reader checks every length, so a truncated or corrupted record becomes
-//! `errc::bad_message`, never an out-of-bounds read.
+//! Handshake (the secret never crosses the wire):
+//!   server -> challenge{u8 version, nonce[32] server_nonce}
+//!   client -> auth{u8 version, nonce[32] client_nonce, mac[32]}
+//!             mac = HMAC-SHA256(token, "ebbflow-store client" | server_nonce | client_nonce)
+//!   server -> welcome{mac[32]}  (HMAC over "ebbflow-store server" | ...: the server proves it too)
+//!          or error{unauthorized} and closes.
+//! Requests and their replies (one reply per request, in order):
+//!   set{str key, str value}                    -> ok
+//!   get{str key, u32 timeout_ms, u8 wait}      -> value{str} | missing | error{timeout}
+//!   add{str key, i64 delta}                    -> integer{i64}
+//!   compare_set{str key, str expected, str desired} -> cas_result{u8 swapped, str current}
+//!   wait{u32 timeout_ms, u32 n, str key * n}   -> ok | error{timeout}
+//!   wait_any{u32 timeout_ms, u32 n, str key * n} -> integer{index of the first key set} | error{timeout}
+//!   erase{str key}                             -> boolean{u8 existed}
+//!   num_keys{}                                 -> integer{i64}
+//!   check{u32 n, str key * n}                  -> boolean{u8 all present}
+//!   watch{str prefix, u8 include_existing}     -> ok, then event{u8 kind, str key, str value} forever
+//!   ping{}                                     -> ok
+//!   any                                        -> error{u8 errc, str reason}
+//! A malformed frame gets an error reply (when the socket still allows one)
+//! and the connection is closed, since the byte stream cannot be resynchronised.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
 // #include <ebbflow/core/error.hpp>  (inlined)
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
-#include <type_traits>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
+namespace elastic::detail::proto {
 
-class writer {
- public:
-  template <class T>
-  requires std::is_trivially_copyable_v<T> writer& put(const T& v) {
-    const auto* p = reinterpret_cast<const std::byte*>(&v);
-    out_.insert(out_.end(), p, p + sizeof v);
-    return *this;
-  }
-  writer& put_bytes(std::span<const std::byte> b) {
-    put<std::uint64_t>(b.size());
-    out_.insert(out_.end(), b.begin(), b.end());
-    return *this;
-  }
-  [[nodiscard]] std::vector<std::byte> take() { return std::move(out_); }
+inline constexpr std::uint8_t version = 1;
+inline constexpr std::size_t header_bytes = 4;
+inline constexpr std::size_t nonce_bytes = 32;
+inline constexpr std::size_t mac_bytes = 32;
+//! Default limit on a frame's length (bytes after the length prefix).
+inline constexpr std::size_t default_max_message_bytes = std::size_t{16} << 20;
+//! Limit before authentication: an unauthenticated peer cannot make the
+//! server allocate more than this.
+inline constexpr std::size_t preauth_max_message_bytes = 1024;
+//! `timeout_ms` value meaning "no limit".
+inline constexpr std::uint32_t no_timeout = 0xffffffffu;
 
- private:
-  std::vector<std::byte> out_;
+enum class op : std::uint8_t {
+  // client -> server
+  auth = 0x01,
+  set = 0x02,
+  get = 0x03,
+  add = 0x04,
+  compare_set = 0x05,
+  wait = 0x06,
+  erase = 0x07,
+  num_keys = 0x08,
+  check = 0x09,
+  watch = 0x0a,
+  ping = 0x0b,
+  wait_any = 0x0c,
+  // server -> client
+  ok = 0x80,
+  challenge = 0x81,
+  welcome = 0x82,
+  value = 0x83,
+  missing = 0x84,
+  integer = 0x85,
+  cas_result = 0x86,
+  boolean = 0x87,
+  event = 0x88,
+  error = 0x89,
 };
 
+//! Kinds of `event` frames.
+enum class event_kind : std::uint8_t { set = 1, erase = 2 };
+
+//! A decoded frame. Views point into the decoded buffer and live as long as it.
+struct message {
+  op code{};
+  std::string_view key;                //!< set/get/add/compare_set/erase/event; watch: prefix
+  std::string_view value;              //!< set/value/event; compare_set: desired; cas_result: current; error: reason
+  std::string_view expected;           //!< compare_set
+  std::vector<std::string_view> keys;  //!< wait/check
+  std::int64_t integer = 0;            //!< add: delta; integer reply
+  std::uint32_t timeout_ms = 0;        //!< get/wait
+  std::uint8_t flag = 0;               //!< get: wait; watch: include existing; cas_result: swapped; boolean;
+                                       //!< event: kind; error: errc value; challenge/auth: version
+  std::string_view nonce;              //!< challenge/auth (nonce_bytes)
+  std::string_view mac;                //!< auth/welcome (mac_bytes)
+};
+
+//! The members of `message` that frames carry, each with its wire type:
+//! flag u8, timeout_ms u32, integer i64, key/value/expected str, keys
+//! `u32 n, str * n`, nonce nonce_bytes and mac mac_bytes raw bytes.
+enum class slot : std::uint8_t { flag, timeout_ms, integer, key, value, expected, keys, nonce, mac };
+
+//! One field of a frame: the member it fills, and its name in errors.
+struct field {
+  slot where{};
+  const char* name = nullptr;
+};
+
+//! An opcode's name and the fields after it, in wire order: the one
+//! description of the frames that decoding (and anything that re-encodes a
+//! message) follows.
+struct layout {
+  op code{};
+  const char* name = "?";
+  std::array<field, 3> fields{};
+  std::uint8_t count = 0;
+  [[nodiscard]] constexpr std::span<const field> list() const noexcept { return {fields.data(), count}; }
+};
+
+namespace detail {
+constexpr layout frame(op o, const char* name) noexcept { return {o, name, {}, 0}; }
+constexpr layout frame(op o, const char* name, field a) noexcept { return {o, name, {a}, 1}; }
+constexpr layout frame(op o, const char* name, field a, field b) noexcept { return {o, name, {a, b}, 2}; }
+constexpr layout frame(op o, const char* name, field a, field b, field c) noexcept { return {o, name, {a, b, c}, 3}; }
+}  // namespace detail
+
+inline constexpr layout layouts[] = {
+    detail::frame(op::auth, "auth", {slot::flag, "version"}, {slot::nonce, "client nonce"}, {slot::mac, "mac"}),
+    detail::frame(op::set, "set", {slot::key, "key"}, {slot::value, "value"}),
+    detail::frame(op::get, "get", {slot::key, "key"}, {slot::timeout_ms, "timeout"}, {slot::flag, "wait flag"}),
+    detail::frame(op::add, "add", {slot::key, "key"}, {slot::integer, "delta"}),
+    detail::frame(op::compare_set, "compare_set", {slot::key, "key"}, {slot::expected, "expected value"},
+                  {slot::value, "desired value"}),
+    detail::frame(op::wait, "wait", {slot::timeout_ms, "timeout"}, {slot::keys, "key"}),
+    detail::frame(op::erase, "erase", {slot::key, "key"}),
+    detail::frame(op::num_keys, "num_keys"),
+    detail::frame(op::check, "check", {slot::keys, "key"}),
+    detail::frame(op::watch, "watch", {slot::key, "prefix"}, {slot::flag, "include-existing flag"}),
+    detail::frame(op::ping, "ping"),
+    detail::frame(op::wait_any, "wait_any", {slot::timeout_ms, "timeout"}, {slot::keys, "key"}),
+    detail::frame(op::ok, "ok"),
+    detail::frame(op::challenge, "challenge", {slot::flag, "version"}, {slot::nonce, "server nonce"}),
+    detail::frame(op::welcome, "welcome", {slot::mac, "mac"}),
+    detail::frame(op::value, "value", {slot::value, "value"}),
+    detail::frame(op::missing, "missing"),
+    detail::frame(op::integer, "integer", {slot::integer, "integer"}),
+    detail::frame(op::cas_result, "cas_result", {slot::flag, "swapped flag"}, {slot::value, "current value"}),
+    detail::frame(op::boolean, "boolean", {slot::flag, "boolean"}),
+    detail::frame(op::event, "event", {slot::flag, "event kind"}, {slot::key, "key"}, {slot::value, "value"}),
+    detail::frame(op::error, "error", {slot::flag, "error code"}, {slot::value, "reason"}),
+};
+
+//! The layout of opcode `raw`; nullptr when no opcode has that value.
+constexpr const layout* find_layout(std::uint8_t raw) noexcept {
+  for (const auto& l : layouts)
+    if (static_cast<std::uint8_t>(l.code) == raw) return &l;
+  return nullptr;
+}
+
+inline constexpr const char* op_name(op o) noexcept {
+  const layout* l = find_layout(static_cast<std::uint8_t>(o));
+  return l ? l->name : "?";
+}
+
+//! Result of `decode`: a message, or `errc::bad_message` with a reason.
+struct decode_result {
+  message msg;
+  std::error_code ec;
+  std::string reason;  //!< empty on success
+  explicit operator bool() const noexcept { return !ec; }
+};
+
+//! Checks a frame's announced length; returns an empty string when acceptable.
+inline std::string check_length(std::uint32_t length, std::size_t max_bytes) {
+  if (length == 0) return "empty frame (length 0, no opcode)";
+  if (length > max_bytes)
+    return "frame length " + std::to_string(length) + " exceeds the limit of " + std::to_string(max_bytes) + " bytes";
+  return {};
+}
+
+inline std::uint32_t load_u32(const char* p) noexcept {
+  unsigned char b[4];
+  std::memcpy(b, p, 4);
+  return std::uint32_t(b[0]) | std::uint32_t(b[1]) << 8 | std::uint32_t(b[2]) << 16 | std::uint32_t(b[3]) << 24;
+}
+
+namespace detail {
+//! Bounds-checked reader over a body; the first failure sticks.
 class reader {
  public:
-  reader(std::span<const std::byte> in, const char* what) : in_(in), what_(what) {}
-  template <class T>
-  requires std::is_trivially_copyable_v<T> T get() {
-    need(sizeof(T));
-    T v;
-    std::memcpy(&v, in_.data() + pos_, sizeof v);
-    pos_ += sizeof v;
+  explicit reader(std::string_view s) noexcept : s_(s) {}
+  bool failed() const noexcept { return !why_.empty(); }
+  const std::string& why() const noexcept { return why_; }
+  std::size_t left() const noexcept { return s_.size() - pos_; }
+
+  std::uint8_t u8(const char* field) {
+    if (!need(1, field)) return 0;
+    return static_cast<std::uint8_t>(s_[pos_++]);
+  }
+  std::uint32_t u32(const char* field) {
+    if (!need(4, field)) return 0;
+    auto v = load_u32(s_.data() + pos_);
+    pos_ += 4;
     return v;
   }
-  std::vector<std::byte> get_bytes() {
-    const auto n = get<std::uint64_t>();
-    need(n);
-    std::vector<std::byte> b(in_.begin() + static_cast<std::ptrdiff_t>(pos_),
-                             in_.begin() + static_cast<std::ptrdiff_t>(pos_ + n));
+  std::int64_t i64(const char* field) {
+    if (!need(8, field)) return 0;
+    std::uint64_t v = 0;
+    for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s_[pos_ + static_cast<std::size_t>(i)]);
+    pos_ += 8;
+    return static_cast<std::int64_t>(v);
+  }
+  std::string_view fixed(std::size_t n, const char* field) {
+    if (!need(n, field)) return {};
+    auto v = s_.substr(pos_, n);
     pos_ += n;
-    return b;
+    return v;
   }
-  //! Elements of a length-prefixed array, bounded by what is left.
-  std::uint64_t get_count(std::size_t elem_size) {
-    const auto n = get<std::uint64_t>();
-    if (elem_size && n > (in_.size() - pos_) / elem_size) fail();
-    return n;
+  std::string_view str(const char* field) {
+    const std::uint32_t n = u32(field);
+    if (failed()) return {};
+    if (n > left()) {
+      fail(std::string(field) + " length " + std::to_string(n) + " exceeds the " + std::to_string(left()) +
+           " bytes left in the frame");
+      return {};
+    }
+    auto v = s_.substr(pos_, n);
+    pos_ += n;
+    return v;
   }
-  void expect_end() const {
-    if (pos_ != in_.size()) fail();
+  void fail(std::string why) {
+    if (why_.empty()) why_ = std::move(why);
   }
 
  private:
-  void need(std::uint64_t n) const {
-    if (n > in_.size() - pos_) fail();
+  bool need(std::size_t n, const char* field) {
+    if (failed()) return false;
+    if (left() < n) {
+      fail(std::string("truncated: ") + field + " needs " + std::to_string(n) + " bytes, " + std::to_string(left()) +
+           " left");
+      return false;
+    }
+    return true;
   }
-  [[noreturn]] void fail() const {
-    throw system_error(
-        make_error_code(error::bad_message),
-        {.operation = "decode", .detail = std::string(what_) + " of " + std::to_string(in_.size()) + " bytes"});
-  }
-  std::span<const std::byte> in_;
+  std::string_view s_;
   std::size_t pos_ = 0;
-  const char* what_;
+  std::string why_;
 };
 
+inline void read_keys(reader& r, std::vector<std::string_view>& out) {
+  const std::uint32_t n = r.u32("key count");
+  if (r.failed()) return;
+  // Every key takes at least its 4-byte length: never trust `n` for the reservation.
+  if (n > r.left() / 4) {
+    r.fail("key count " + std::to_string(n) + " cannot fit in the " + std::to_string(r.left()) +
+           " bytes left in the frame");
+    return;
+  }
+  out.reserve(n);
+  for (std::uint32_t i = 0; i < n && !r.failed(); ++i) out.push_back(r.str("key"));
+}
+
+//! Reads field `f` into its member of `m`.
+inline void read_field(reader& r, const field& f, message& m) {
+  switch (f.where) {
+    case slot::flag:
+      m.flag = r.u8(f.name);
+      break;
+    case slot::timeout_ms:
+      m.timeout_ms = r.u32(f.name);
+      break;
+    case slot::integer:
+      m.integer = r.i64(f.name);
+      break;
+    case slot::key:
+      m.key = r.str(f.name);
+      break;
+    case slot::value:
+      m.value = r.str(f.name);
+      break;
+    case slot::expected:
+      m.expected = r.str(f.name);
+      break;
+    case slot::keys:
+      read_keys(r, m.keys);
+      break;
+    case slot::nonce:
+      m.nonce = r.fixed(nonce_bytes, f.name);
+      break;
+    case slot::mac:
+      m.mac = r.fixed(mac_bytes, f.name);
+      break;
+  }
+}
+}  // namespace detail
+
+//! Decodes a frame body (opcode and fields, without the length prefix).
+//! Never throws for bad input (only std::bad_alloc); never reads out of bounds.
+inline decode_result decode_body(std::string_view body) {
+  decode_result res;
+  auto bad = [&](std::string why) {
+    res.ec = make_error_code(ebbflow::error::bad_message);
+    res.reason = std::move(why);
+    return std::move(res);
+  };
+  if (body.empty()) return bad("empty frame (no opcode)");
+  detail::reader r(body.substr(1));
+  message& m = res.msg;
+  const auto raw = static_cast<std::uint8_t>(body[0]);
+  m.code = static_cast<op>(raw);
+  const layout* l = find_layout(raw);
+  if (!l) {
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string h = "0x";
+    h += hex[raw >> 4];
+    h += hex[raw & 15];
+    return bad("unknown opcode " + h);
+  }
+  for (const field& f : l->list()) detail::read_field(r, f, m);
+  if (m.code == op::event && !r.failed() && m.flag != 1 && m.flag != 2)
+    r.fail("unknown event kind " + std::to_string(m.flag));
+  if (r.failed()) return bad(std::string(op_name(m.code)) + ": " + r.why());
+  if (r.left() != 0)
+    return bad(std::string(op_name(m.code)) + ": " + std::to_string(r.left()) + " trailing bytes after the last field");
+  return res;
+}
+
+//! Decodes one whole frame (length prefix included). The length must match
+//! the bytes given exactly and not exceed `max_bytes`. This is the fuzzed entry point.
+inline decode_result decode(std::span<const std::byte> frame, std::size_t max_bytes = default_max_message_bytes) {
+  const std::string_view s(reinterpret_cast<const char*>(frame.data()), frame.size());
+  if (s.size() < header_bytes) {
+    decode_result res;
+    res.ec = make_error_code(ebbflow::error::bad_message);
+    res.reason = "truncated header: " + std::to_string(s.size()) + " of 4 length bytes";
+    return res;
+  }
+  const std::uint32_t len = load_u32(s.data());
+  std::string why = check_length(len, max_bytes);
+  if (why.empty() && len != s.size() - header_bytes)
+    why = "frame length " + std::to_string(len) + " does not match the " + std::to_string(s.size() - header_bytes) +
+          " bytes that follow";
+  if (!why.empty()) {
+    decode_result res;
+    res.ec = make_error_code(ebbflow::error::bad_message);
+    res.reason = std::move(why);
+    return res;
+  }
+  return decode_body(s.substr(header_bytes));
+}
+
+//! Builds one frame in a std::string (the length is patched by `finish`).
+class frame_builder {
+ public:
+  explicit frame_builder(op o, std::size_t reserve = 64) {
+    buf_.reserve(reserve + header_bytes + 1);
+    buf_.append(header_bytes, '\0');
+    buf_.push_back(static_cast<char>(o));
+  }
+  frame_builder& u8(std::uint8_t v) {
+    buf_.push_back(static_cast<char>(v));
+    return *this;
+  }
+  frame_builder& u32(std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) buf_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+    return *this;
+  }
+  frame_builder& i64(std::int64_t s) {
+    auto v = static_cast<std::uint64_t>(s);
+    for (int i = 0; i < 8; ++i) buf_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+    return *this;
+  }
+  frame_builder& raw(std::string_view s) {
+    buf_.append(s);
+    return *this;
+  }
+  frame_builder& str(std::string_view s) {
+    u32(static_cast<std::uint32_t>(s.size()));
+    buf_.append(s);
+    return *this;
+  }
+  //! The finished frame (moves the buffer out); `size() - 4` must fit in u32.
+  std::string finish() {
+    const auto len = static_cast<std::uint32_t>(buf_.size() - header_bytes);
+    for (int i = 0; i < 4; ++i) buf_[static_cast<std::size_t>(i)] = static_cast<char>((len >> (8 * i)) & 0xff);
+    return std::move(buf_);
+  }
+
+ private:
+  std::string buf_;
+};
+
+//! An `error` frame.
+inline std::string error_frame(errc code, std::string_view reason) {
+  return frame_builder(op::error, reason.size() + 8).u8(static_cast<std::uint8_t>(code)).str(reason).finish();
+}
+
+//! Maps an `error` frame's code to ebbflow's error code (unknown codes: bad_message).
+inline std::error_code error_from_wire(std::uint8_t v) noexcept {
+  if (v >= 1 && v <= static_cast<std::uint8_t>(ebbflow::error::job_finished))
+    return make_error_code(static_cast<ebbflow::error>(v));
+  return make_error_code(ebbflow::error::bad_message);
+}
+
+}  // namespace elastic::detail::proto
+
+namespace elastic::detail {
+//! A key for messages: quoted, non-printable bytes as \xNN, cut after 64 bytes.
+inline std::string quote_key(std::string_view k) {
+  std::string out = "'";
+  const std::size_t n = std::min<std::size_t>(k.size(), 64);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(k[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      static constexpr char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out.push_back(hex[c >> 4]);
+      out.push_back(hex[c & 15]);
+    }
+  }
+  if (k.size() > n) out += "...";
+  return out + "'";
+}
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/detail/wire.hpp>
-// #include <ebbflow/elastic/group_types.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/group_types.hpp>
+// ==== end <ebbflow/elastic/detail/store_protocol.hpp>
+
+// ==== begin <ebbflow/elastic/store_options.hpp> ===========================
 // SPDX-License-Identifier: Apache-2.0
-//! @file group_types.hpp
-//! What the elastic group hands a training loop: this member's share of a
-//! step (`step_info`), a membership change (`world_change`, `change_reason`),
-//! and the settings of in-step work stealing (`steal_settings`).
+//! @file store_options.hpp
+//! The value types of the TCP rendezvous store (elastic/tcp_store.hpp): the
+//! server's and the client's options, the server's counters, and the results
+//! a client returns. Needs no Boost.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/enum_names.hpp>  (inlined)
-// #include <ebbflow/plan/work_stealing.hpp>  (inlined here)
-// ---- begin <ebbflow/plan/work_stealing.hpp>
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)  // default_max_message_bytes
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! Configuration of a `store_server`.
+struct server_options {
+  std::string host = "127.0.0.1";  //!< address to bind ("0.0.0.0" / "::" for any)
+  std::uint16_t port = 0;          //!< 0: pick a free port (see `store_server::port()`)
+  std::string token;               //!< job secret clients must prove; empty: the empty token
+  std::size_t max_message_bytes = detail::proto::default_max_message_bytes;  //!< frame limit
+  //! A frame whose first byte arrived must be complete within this time
+  //! (slow-loris defence); idle authenticated connections are kept.
+  std::chrono::milliseconds frame_timeout{10000};
+  //! A new connection must authenticate within this time.
+  std::chrono::milliseconds auth_timeout{10000};
+  std::size_t max_connections = 4096;  //!< further connections get an error and are closed
+  //! Per connection: unsent replies/events beyond this close the connection
+  //! (a watcher that does not read).
+  std::size_t max_pending_output_bytes = std::size_t{64} << 20;
+
+  //! Defaults plus `token` from `EBBFLOW_TOKEN`.
+  static server_options from_environment();
+};
+
+//! Counters of a running server (read with relaxed atomics; for tests and logs).
+struct server_stats {
+  std::uint64_t accepted = 0;         //!< connections accepted
+  std::uint64_t unauthorized = 0;     //!< connections refused for a bad token
+  std::uint64_t protocol_errors = 0;  //!< connections closed for a malformed frame or a stall
+  std::uint64_t open = 0;             //!< connections open now
+};
+
+//! Configuration of a `store_client`.
+struct client_options {
+  //! Deadline of calls that are not given one.
+  std::chrono::milliseconds timeout{30000};
+  //! Largest reply accepted.
+  std::size_t max_message_bytes = detail::proto::default_max_message_bytes;
+  //! Defaults plus `timeout` from `EBBFLOW_STORE_TIMEOUT_MS`.
+  //! @throws std::invalid_argument for a malformed value.
+  static client_options from_environment();
+};
+
+//! Result of `compare_set`.
+struct compare_set_result {
+  bool swapped = false;  //!< the desired value was stored
+  std::string current;   //!< the value stored now
+};
+
+//! A change seen by a `store_watcher`.
+struct store_event {
+  //! What happened to the key.
+  enum class kind { set, erase };
+  kind type = kind::set;  //!< set (or initial report) or erase
+  std::string key;        //!< the key that changed
+  std::string value;      //!< the new value (empty for erase)
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ==== end <ebbflow/elastic/store_options.hpp>
+
+// ==== begin <ebbflow/plan/work_stealing.hpp> ==============================
 // SPDX-License-Identifier: Apache-2.0
 //! @file work_stealing.hpp
 //! In-step work stealing with exactly-once claims: a transient straggler's
@@ -9566,6 +9858,10 @@ struct worker_spec {
   std::size_t max_batch = 0;  //!< m_i: largest batch that fits in memory
   std::size_t min_batch = 0;  //!< lo_i: smallest batch this worker must take
   double comm_s = 0;          //!< hook: per-worker communication seconds added to every step (>= 0)
+  //! No measured model behind a and c (worker_models' a = 0, c = 1 while
+  //! no worker has a fitted one): they still give the uniform split, but a
+  //! plan made from them predicts no step time (NaN).
+  bool placeholder = false;
 
   //! Predicted seconds of one step on `b` samples: (a + comm_s) + c·b,
   //! evaluated with one fused multiply-add so every call site and every rank
@@ -9582,7 +9878,9 @@ struct batch_plan {
   std::vector<std::uint64_t> worker_ids;  //!< members in rank order
   std::vector<std::size_t> batch;         //!< b_i per rank
   std::vector<std::size_t> offsets;       //!< prefix sums: offsets[r] = Σ_{j<r} b_j, offsets[n] = B
-  double step_time = 0;                   //!< predicted max_i t_i(b_i) under the models it was made from
+  //! Predicted max_i t_i(b_i) under the models it was made from; NaN ("not
+  //! known": print it as "-") when any of them was a placeholder.
+  double step_time = 0;
 
   //! Number of members.
   [[nodiscard]] std::size_t size() const noexcept { return batch.size(); }
@@ -9598,26 +9896,26 @@ struct batch_plan {
 //! Checks a membership: non-empty, unique ids, finite non-negative a and
 //! comm_s, finite positive c, min_batch <= max_batch. Does not look at B.
 //! @throws plan_error(empty_membership | duplicate_worker | bad_cost | bad_bounds)
-inline void validate(std::span<const worker_spec> workers);
+EBBFLOW_DECL void validate(std::span<const worker_spec> workers);
 
 //! The exact optimal canonical split of `global_batch` (see the file comment).
 //! O(n log n) worst case, O(n) typical; no allocation beyond the result and
 //! O(n) scratch. `version` is stored in the result.
 //! @throws plan_error: validate()'s causes, zero_batch when global_batch == 0,
 //!         infeasible when Σ max_batch < B or Σ min_batch > B.
-[[nodiscard]] inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch,
+[[nodiscard]] EBBFLOW_DECL batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch,
                                       std::uint64_t version = 1);
 
 //! Predicted step time of an existing `plan` under (possibly newer) models:
 //! max_r workers[r].step_time(plan.batch[r]).
 //! @throws plan_error(membership_mismatch) when the ids differ in value or order.
-[[nodiscard]] inline double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers);
+[[nodiscard]] EBBFLOW_DECL double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers);
 
 //! Builds a plan from explicit per-rank sizes (for baselines, tests, or a plan
 //! received from another rank). step_time is computed from `workers`.
 //! @throws plan_error: validate()'s causes; zero_batch when the sizes sum to 0;
 //!         infeasible when a size is outside [min_batch, max_batch].
-[[nodiscard]] inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
+[[nodiscard]] EBBFLOW_DECL batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
                                           std::uint64_t version);
 
 }  // namespace plan
@@ -9657,28 +9955,30 @@ EBBFLOW_END_NAMESPACE
 #include <span>
 #include <vector>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
 
-inline double batch_plan::weight(std::size_t rank) const {
+EBBFLOW_DECL double batch_plan::weight(std::size_t rank) const {
   EBBFLOW_PLAN_ENFORCE(rank < batch.size(), plan_errc::bad_rank,
                        "rank " << rank << " outside a plan of " << batch.size() << " workers");
   return static_cast<double>(batch[rank]) / static_cast<double>(global_batch);
 }
 
-inline std::vector<double> batch_plan::weights() const {
+EBBFLOW_DECL std::vector<double> batch_plan::weights() const {
   std::vector<double> w(batch.size());
   for (std::size_t r = 0; r < batch.size(); ++r)
     w[r] = static_cast<double>(batch[r]) / static_cast<double>(global_batch);
   return w;
 }
 
-inline std::size_t batch_plan::rank_of(std::uint64_t id) const noexcept {
+EBBFLOW_DECL std::size_t batch_plan::rank_of(std::uint64_t id) const noexcept {
   auto it = std::find(worker_ids.begin(), worker_ids.end(), id);
   return static_cast<std::size_t>(it - worker_ids.begin());
 }
 
-inline void validate(std::span<const worker_spec> workers) {
+EBBFLOW_DECL void validate(std::span<const worker_spec> workers) {
   EBBFLOW_PLAN_ENFORCE(!workers.empty(), plan_errc::empty_membership, "the membership has no workers");
   for (const worker_spec& w : workers) {
     // 1 / c must be finite too: the solver divides by c (a subnormal c gave a
@@ -9705,12 +10005,19 @@ inline void validate(std::span<const worker_spec> workers) {
 }
 
 namespace detail {
-inline std::size_t saturating_add(std::size_t x, std::size_t y) noexcept {
+EBBFLOW_DECL std::size_t saturating_add(std::size_t x, std::size_t y) noexcept {
   return x > std::numeric_limits<std::size_t>::max() - y ? std::numeric_limits<std::size_t>::max() : x + y;
 }
 
+//! A plan's step time `t`, or NaN when a placeholder model made it.
+inline double known_step_time(std::span<const worker_spec> workers, double t) noexcept {
+  for (const auto& w : workers)
+    if (w.placeholder) return std::numeric_limits<double>::quiet_NaN();
+  return t;
+}
+
 //! Largest b in [lo, m] with w.step_time(b) <= s; requires w.step_time(lo) <= s.
-inline std::size_t level_count(const worker_spec& w, double inv_c, std::size_t lo, std::size_t m, double s) noexcept {
+EBBFLOW_DECL std::size_t level_count(const worker_spec& w, double inv_c, std::size_t lo, std::size_t m, double s) noexcept {
   double x = (s - (w.a + w.comm_s)) * inv_c;
   std::size_t g = !(x > static_cast<double>(lo)) ? lo : x >= static_cast<double>(m) ? m : static_cast<std::size_t>(x);
   // The division above is within an ulp or two of the truth; step towards
@@ -9763,7 +10070,7 @@ struct level_sums {
 //! that level fall short of it by the fractional parts (about n/2 in
 //! total), and a few secant steps on the whole counts shrink that gap, so
 //! the repair after it does O(few log n) work instead of O(n log n).
-inline double search_level(const level_sums& sums, double B, double lo_s, double hi_s, double start) noexcept {
+EBBFLOW_DECL double search_level(const level_sums& sums, double B, double lo_s, double hi_s, double start) noexcept {
   const double bracket_lo = lo_s, bracket_hi = hi_s;
   double s = std::clamp(start, lo_s, hi_s), slope = 0;
   for (int it = 0; it < 200; ++it) {
@@ -9819,7 +10126,7 @@ void take_exactly(std::span<const worker_spec> workers, std::span<const std::siz
 }
 }  // namespace detail
 
-inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch, std::uint64_t version) {
+EBBFLOW_DECL batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch, std::uint64_t version) {
   validate(workers);
   EBBFLOW_PLAN_ENFORCE(global_batch > 0, plan_errc::zero_batch, "global batch must be at least 1");
   // Counts and levels go through doubles: beyond 2^53 samples they are no
@@ -9892,11 +10199,11 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
     p.offsets[i + 1] = p.offsets[i] + p.batch[i];
     t = std::max(t, workers[i].step_time(p.batch[i]));
   }
-  p.step_time = t;
+  p.step_time = detail::known_step_time(workers, t);
   return p;
 }
 
-inline double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers) {
+EBBFLOW_DECL double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers) {
   EBBFLOW_PLAN_ENFORCE(
       plan.size() == workers.size(), plan_errc::membership_mismatch,
       "plan v" << plan.version << " has " << plan.size() << " workers, models have " << workers.size());
@@ -9910,7 +10217,7 @@ inline double predict_step_time(const batch_plan& plan, std::span<const worker_s
   return t;
 }
 
-inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
+EBBFLOW_DECL batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
                             std::uint64_t version) {
   validate(workers);
   EBBFLOW_PLAN_ENFORCE(sizes.size() == workers.size(), plan_errc::membership_mismatch,
@@ -9932,12 +10239,13 @@ inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<cons
   }
   p.global_batch = p.offsets.back();
   EBBFLOW_PLAN_ENFORCE(p.global_batch > 0, plan_errc::zero_batch, "the sizes sum to 0");
-  p.step_time = t;
+  p.step_time = detail::known_step_time(workers, t);
   return p;
 }
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/plan/impl/batch_planner.hpp>
 // ---- end <ebbflow/plan/batch_planner.hpp>
 // #include <ebbflow/plan/plan_error.hpp>  (inlined)
@@ -10065,7 +10373,7 @@ struct sampler_state {
 //! The samples of `rank` in the next step under `plan`, computed from the
 //! state alone (what every worker does; `epoch_sampler::slice` calls this).
 //! @throws plan_error(bad_rank | batch_exceeds_epoch | stale_plan)
-[[nodiscard]] inline sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank);
+[[nodiscard]] EBBFLOW_DECL sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank);
 
 //! Exactly-once sampler over one data set. Value type.
 class epoch_sampler {
@@ -10120,6 +10428,8 @@ EBBFLOW_END_NAMESPACE
 #include <bit>
 #include <cstring>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
 namespace detail {
@@ -10139,7 +10449,7 @@ struct position {
 };
 
 //! Where a step of `batch` samples starts, under the state's policy.
-inline position step_position(const sampler_state& s, std::size_t batch) {
+EBBFLOW_DECL position step_position(const sampler_state& s, std::size_t batch) {
   const std::uint64_t left = s.dataset_size - s.cursor;
   if (s.policy == last_batch::short_batch) {
     EBBFLOW_PLAN_ENFORCE(
@@ -10153,7 +10463,7 @@ inline position step_position(const sampler_state& s, std::size_t batch) {
   return {s.epoch, s.cursor};
 }
 
-inline void check_plan(const sampler_state& s, const batch_plan& plan) {
+EBBFLOW_DECL void check_plan(const sampler_state& s, const batch_plan& plan) {
   EBBFLOW_PLAN_ENFORCE(plan.version >= s.plan_version, plan_errc::stale_plan,
                        "plan v" << plan.version << " is older than the committed plan v" << s.plan_version);
   EBBFLOW_PLAN_ENFORCE(plan.offsets.size() == plan.batch.size() + 1 && plan.offsets.back() == plan.global_batch,
@@ -10161,18 +10471,18 @@ inline void check_plan(const sampler_state& s, const batch_plan& plan) {
                        "plan v" << plan.version << " has inconsistent offsets (build plans with solve or make_plan)");
 }
 
-inline void put_u64(std::byte* p, std::uint64_t v) noexcept {
+EBBFLOW_DECL void put_u64(std::byte* p, std::uint64_t v) noexcept {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
 }
-inline void put_u32(std::byte* p, std::uint32_t v) noexcept {
+EBBFLOW_DECL void put_u32(std::byte* p, std::uint32_t v) noexcept {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
 }
-inline std::uint64_t get_u64(const std::byte* p) noexcept {
+EBBFLOW_DECL std::uint64_t get_u64(const std::byte* p) noexcept {
   std::uint64_t v = 0;
   for (int i = 0; i < 8; ++i) v |= std::uint64_t(std::to_integer<std::uint8_t>(p[i])) << (8 * i);
   return v;
 }
-inline std::uint32_t get_u32(const std::byte* p) noexcept {
+EBBFLOW_DECL std::uint32_t get_u32(const std::byte* p) noexcept {
   std::uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= std::uint32_t(std::to_integer<std::uint8_t>(p[i])) << (8 * i);
   return v;
@@ -10181,7 +10491,7 @@ inline constexpr std::uint32_t sampler_magic = 0x53464245;  // "EBFS" little end
 inline constexpr std::uint32_t sampler_format = 1;
 }  // namespace detail
 
-inline epoch_permutation::epoch_permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch) : n_(n) {
+EBBFLOW_DECL epoch_permutation::epoch_permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch) : n_(n) {
   EBBFLOW_PLAN_ENFORCE(n > 0, plan_errc::bad_dataset, "the data set is empty");
   // Smallest h >= 1 with 2^(2h) >= n: the Feistel domain is < 4n, so cycle
   // walking needs fewer than 4 encryptions on average.
@@ -10192,7 +10502,7 @@ inline epoch_permutation::epoch_permutation(std::uint64_t n, std::uint64_t seed,
   for (int r = 0; r < rounds; ++r) keys_[r] = detail::mix64(base + 0x9e3779b97f4a7c15ULL * std::uint64_t(r + 1));
 }
 
-inline std::uint64_t epoch_permutation::encrypt(std::uint64_t x) const noexcept {
+EBBFLOW_DECL std::uint64_t epoch_permutation::encrypt(std::uint64_t x) const noexcept {
   std::uint64_t left = x >> half_bits_, right = x & mask_;
   for (int r = 0; r < rounds; ++r) {
     const std::uint64_t f = detail::mix64(right ^ keys_[r]) & mask_;
@@ -10203,7 +10513,7 @@ inline std::uint64_t epoch_permutation::encrypt(std::uint64_t x) const noexcept 
   return (left << half_bits_) | right;
 }
 
-inline std::uint64_t epoch_permutation::operator()(std::uint64_t pos) const noexcept {
+EBBFLOW_DECL std::uint64_t epoch_permutation::operator()(std::uint64_t pos) const noexcept {
   // Beyond [0, n) the walk below may never come back (it would spin): a
   // precondition violation ends the program with a message instead.
   EBBFLOW_EXPECTS(pos < n_);
@@ -10212,7 +10522,7 @@ inline std::uint64_t epoch_permutation::operator()(std::uint64_t pos) const noex
   return y;
 }
 
-inline std::array<std::byte, sampler_state::encoded_size> sampler_state::encode() const noexcept {
+EBBFLOW_DECL std::array<std::byte, sampler_state::encoded_size> sampler_state::encode() const noexcept {
   std::array<std::byte, encoded_size> out{};
   std::byte* p = out.data();
   detail::put_u32(p, detail::sampler_magic);
@@ -10226,7 +10536,7 @@ inline std::array<std::byte, sampler_state::encoded_size> sampler_state::encode(
   return out;
 }
 
-inline sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
+EBBFLOW_DECL sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
   EBBFLOW_PLAN_VERIFY(bytes.size() == encoded_size, plan_errc::bad_state,
                        "sampler state of " << bytes.size() << " bytes, expected " << encoded_size);
   const std::byte* p = bytes.data();
@@ -10248,7 +10558,7 @@ inline sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
   return s;
 }
 
-inline sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank) {
+EBBFLOW_DECL sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank) {
   detail::check_plan(state, plan);
   EBBFLOW_PLAN_ENFORCE(rank < plan.size(), plan_errc::bad_rank,
                        "rank " << rank << " outside plan v" << plan.version << " of " << plan.size() << " workers");
@@ -10257,14 +10567,14 @@ inline sample_range slice_of(const sampler_state& state, const batch_plan& plan,
                       at.cursor + plan.offsets[rank], at.cursor + plan.offsets[rank + 1]};
 }
 
-inline epoch_sampler::epoch_sampler(std::uint64_t dataset_size, std::uint64_t seed, last_batch policy) {
+EBBFLOW_DECL epoch_sampler::epoch_sampler(std::uint64_t dataset_size, std::uint64_t seed, last_batch policy) {
   EBBFLOW_PLAN_ENFORCE(dataset_size > 0, plan_errc::bad_dataset, "the data set is empty");
   s_.dataset_size = dataset_size;
   s_.seed = seed;
   s_.policy = policy;
 }
 
-inline epoch_sampler::epoch_sampler(const sampler_state& state) : s_(state) {
+EBBFLOW_DECL epoch_sampler::epoch_sampler(const sampler_state& state) : s_(state) {
   EBBFLOW_PLAN_VERIFY(s_.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
   EBBFLOW_PLAN_VERIFY(s_.cursor < s_.dataset_size, plan_errc::bad_state,
                        "cursor " << s_.cursor << " not below the data-set size " << s_.dataset_size);
@@ -10272,19 +10582,19 @@ inline epoch_sampler::epoch_sampler(const sampler_state& state) : s_(state) {
                        "unknown last_batch policy");
 }
 
-inline std::size_t epoch_sampler::step_size(std::size_t nominal_batch) const noexcept {
+EBBFLOW_DECL std::size_t epoch_sampler::step_size(std::size_t nominal_batch) const noexcept {
   const std::uint64_t cap = s_.policy == last_batch::short_batch ? remaining() : s_.dataset_size;
   return static_cast<std::size_t>(std::min<std::uint64_t>(nominal_batch, cap));
 }
 
-inline sample_range epoch_sampler::step(const batch_plan& plan) const {
+EBBFLOW_DECL sample_range epoch_sampler::step(const batch_plan& plan) const {
   detail::check_plan(s_, plan);
   const detail::position at = detail::step_position(s_, plan.global_batch);
   return sample_range{epoch_permutation(s_.dataset_size, s_.seed, at.epoch), at.epoch, at.cursor,
                       at.cursor + plan.global_batch};
 }
 
-inline void epoch_sampler::commit(const batch_plan& plan) {
+EBBFLOW_DECL void epoch_sampler::commit(const batch_plan& plan) {
   detail::check_plan(s_, plan);
   const detail::position at = detail::step_position(s_, plan.global_batch);
   s_.epoch = at.epoch;
@@ -10298,6 +10608,7 @@ inline void epoch_sampler::commit(const batch_plan& plan) {
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/plan/impl/sampler.hpp>
 // ---- end <ebbflow/plan/sampler.hpp>
 
@@ -10376,7 +10687,7 @@ struct steal_options {
 };
 
 //! Checks `o`. @throws plan_error(bad_steal_request) naming the bad field.
-inline void validate(const steal_options& o);
+EBBFLOW_DECL void validate(const steal_options& o);
 
 //! The owner's next request on a slice of `size` items of which it has
 //! requested `front` so far: the first chunk, then all but the tail reserve,
@@ -10384,13 +10695,13 @@ inline void validate(const steal_options& o);
 //! it is the smallest chunk worth its overhead); the whole rest when less than
 //! min_chunk would be left behind and `cap` is short of the rest by less
 //! than min_chunk. 0 when front >= size. Pure.
-[[nodiscard]] inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front,
+[[nodiscard]] EBBFLOW_DECL std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front,
                                                  std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
 
 //! A thief's request on a victim with `remaining` unclaimed items:
 //! ceil(remaining / thief_divisor), at most `cap` but at least min_chunk, and
 //! at most `remaining`. 0 when remaining == 0. Pure.
-[[nodiscard]] inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining,
+[[nodiscard]] EBBFLOW_DECL std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining,
                                                  std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
 
 //! The most a thief may request in one claim on a slice of `size` items when
@@ -10407,7 +10718,7 @@ inline void validate(const steal_options& o);
 //! detected by its own progress) claims little, leaving its tail to thieves.
 //! `s_per_item` > 0: seconds per item measured in this step (or the model's
 //! estimate before the first chunk). Pure.
-[[nodiscard]] inline std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept;
+[[nodiscard]] EBBFLOW_DECL std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept;
 
 //! How many of a victim's `remaining` items a thief should take so that both
 //! finish together: the g with overhead_s + g·thief_s = (remaining − g)·victim_s,
@@ -10415,7 +10726,7 @@ inline void validate(const steal_options& o);
 //! `victim_s`, `thief_s`: seconds per item (estimates; use the larger of the
 //! victim's planned and progress-observed time); `overhead_s`: the thief's
 //! cost of one claim plus one extra chunk. Pure.
-[[nodiscard]] inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
+[[nodiscard]] EBBFLOW_DECL std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
                                                   double overhead_s) noexcept;
 
 //! The most a thief should take so that it does not become the new straggler
@@ -10425,7 +10736,7 @@ inline void validate(const steal_options& o);
 //! is left. `total_remaining`: unclaimed items over all slices it read;
 //! `fleet_items_per_s`: Σ_j 1 / (seconds per item of worker j); `thief_s`:
 //! its own seconds per item. Pure.
-[[nodiscard]] inline std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s,
+[[nodiscard]] EBBFLOW_DECL std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s,
                                                   double thief_s) noexcept;
 
 //! One worker's claims in one step. Not thread-safe (one per worker per step);
@@ -10519,7 +10830,7 @@ class work_stealer {
 //! finishing apart by about half a chunk, and halving the smallest chunk adds
 //! one more chunk's overhead, so the expected loss is least when a smallest
 //! chunk computes for about 4× its overhead. Pure.
-[[nodiscard]] inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item,
+[[nodiscard]] EBBFLOW_DECL std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item,
                                                          double share = 0.25) noexcept;
 
 //! The decisions of one worker in one step, free of clocks and stores so that
@@ -10607,7 +10918,7 @@ steal_report run_stealing_step(work_stealer<Store>& stealer, Process&& process);
 //! The samples of chunk `c` of the step that `plan` makes from `state`: the
 //! positions [first, last) of rank c.rank's slice (`slice_of`).
 //! @throws plan_error as `slice_of`, and bad_rank when c lies beyond the slice.
-[[nodiscard]] inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c);
+[[nodiscard]] EBBFLOW_DECL sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c);
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
@@ -10645,7 +10956,9 @@ inline chunk grant(std::size_t rank, const slice_state& before, std::uint64_t re
 }
 }  // namespace detail
 
-inline void validate(const steal_options& o) {
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_DECL void validate(const steal_options& o) {
   EBBFLOW_PLAN_ENFORCE(std::isfinite(o.first_fraction) && o.first_fraction > 0 && o.first_fraction <= 1,
                        plan_errc::bad_steal_request, "first_fraction " << o.first_fraction << " outside (0, 1]");
   EBBFLOW_PLAN_ENFORCE(o.owner_divisor >= 1, plan_errc::bad_steal_request, "owner_divisor 0");
@@ -10657,7 +10970,7 @@ inline void validate(const steal_options& o) {
                        "timeout " << o.timeout.count() << " ms is not positive");
 }
 
-inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front, std::uint64_t cap) {
+EBBFLOW_DECL std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front, std::uint64_t cap) {
   if (front >= size) return 0;
   const std::uint64_t rest = size - front;
   // The tail reserve is at least one smallest chunk (a smaller one could not be split).
@@ -10678,13 +10991,13 @@ inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, s
   return q;
 }
 
-inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining, std::uint64_t cap) {
+EBBFLOW_DECL std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining, std::uint64_t cap) {
   if (remaining == 0) return 0;
   const std::uint64_t q = std::max(std::min(detail::ceil_div(remaining, o.thief_divisor), cap), o.min_chunk);
   return std::min(q, remaining);
 }
 
-inline std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept {
+EBBFLOW_DECL std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept {
   if (!(s_per_item > 0) || !std::isfinite(s_per_item)) return std::numeric_limits<std::uint64_t>::max();
   const double left = (planned_s - elapsed_s) / s_per_item;
   if (!(left >= 1)) return 1;
@@ -10692,7 +11005,7 @@ inline std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double 
   return static_cast<std::uint64_t>(left);
 }
 
-inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
+EBBFLOW_DECL std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
                                     double overhead_s) noexcept {
   if (remaining == 0 || !(victim_s > 0) || !(thief_s > 0)) return 0;
   const double g = (static_cast<double>(remaining) * victim_s - std::max(overhead_s, 0.0)) / (thief_s + victim_s);
@@ -10700,13 +11013,15 @@ inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, do
   return std::min(remaining, static_cast<std::uint64_t>(g));
 }
 
-inline std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s, double thief_s) noexcept {
+EBBFLOW_DECL std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s, double thief_s) noexcept {
   if (total_remaining == 0) return 0;
   if (!(fleet_items_per_s > 0) || !(thief_s > 0)) return total_remaining;
   const double g = static_cast<double>(total_remaining) / fleet_items_per_s / thief_s;
   if (!(g >= 1)) return 1;
   return std::min(total_remaining, static_cast<std::uint64_t>(g));
 }
+
+#endif  // EBBFLOW_HEADER_ONLY
 
 template <counter_store Store>
 work_stealer<Store>::work_stealer(Store& store, std::string prefix, step_id id,
@@ -10883,16 +11198,18 @@ void work_stealer<Store>::release() {
   }
 }
 
-inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item, double share) noexcept {
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_DECL std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item, double share) noexcept {
   if (!(overhead_s > 0) || !(s_per_item > 0) || !(share > 0)) return 1;
   const double k = std::ceil(overhead_s / (share * s_per_item));
   if (!(k >= 1)) return 1;
   return k >= 9e18 ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(k);
 }
 
-inline steal_policy::steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank,
+EBBFLOW_DECL steal_policy::steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank,
                                   double claim_s, double chunk_overhead_s)
-    : planned_s_(plan.step_time),
+    : planned_s_(std::isnan(plan.step_time) ? predict_step_time(plan, models) : plan.step_time),
       claim_s_(std::max(claim_s, 0.0)),
       overhead_s_(std::max(chunk_overhead_s, 0.0)),
       rank_(rank) {
@@ -10910,21 +11227,21 @@ inline steal_policy::steal_policy(std::span<const worker_spec> models, const bat
   }
 }
 
-inline void steal_policy::observe_own(std::uint64_t items, double seconds) noexcept {
+EBBFLOW_DECL void steal_policy::observe_own(std::uint64_t items, double seconds) noexcept {
   if (items == 0 || !(seconds >= 0)) return;
   own_items_ += static_cast<double>(items);
   own_seconds_ += seconds;
 }
 
-inline double steal_policy::s_per_item() const noexcept {
+EBBFLOW_DECL double steal_policy::s_per_item() const noexcept {
   return own_items_ > 0 && own_seconds_ > 0 ? own_seconds_ / own_items_ : c_[rank_];
 }
 
-inline std::uint64_t steal_policy::own_cap(double elapsed_s) const noexcept {
+EBBFLOW_DECL std::uint64_t steal_policy::own_cap(double elapsed_s) const noexcept {
   return paced_owner_cap(planned_s_, elapsed_s, s_per_item());
 }
 
-inline steal_policy::choice steal_policy::choose(std::span<const slice_state> seen, double elapsed_s) const {
+EBBFLOW_DECL steal_policy::choice steal_policy::choose(std::span<const slice_state> seen, double elapsed_s) const {
   EBBFLOW_PLAN_ENFORCE(seen.size() == c_.size(), plan_errc::membership_mismatch,
                        seen.size() << " slice states for " << c_.size() << " workers");
   double worst = 0, victim_s = 0, all_rest = 0;
@@ -10944,18 +11261,20 @@ inline steal_policy::choice steal_policy::choose(std::span<const slice_state> se
   return {victim, g};
 }
 
-inline double steal_policy::time_left(std::size_t r, const slice_state& s, double elapsed_s) const noexcept {
+EBBFLOW_DECL double steal_policy::time_left(std::size_t r, const slice_state& s, double elapsed_s) const noexcept {
   double v = c_[r];
   if (s.front > 0 && elapsed_s > a_[r]) v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(s.front));
   return static_cast<double>(s.remaining()) * v;
 }
 
-inline double steal_policy::time_left_bound(std::size_t r, const slice_state& stale, double elapsed_s) const noexcept {
+EBBFLOW_DECL double steal_policy::time_left_bound(std::size_t r, const slice_state& stale, double elapsed_s) const noexcept {
   double v = c_[r];
   if (elapsed_s > a_[r])
     v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(std::max<std::uint64_t>(stale.front, 1)));
   return static_cast<double>(stale.remaining()) * v;
 }
+
+#endif  // EBBFLOW_HEADER_ONLY
 
 template <counter_store Store>
 steal_policy::choice steal_policy::scan(work_stealer<Store>& stealer, double elapsed_s) const {
@@ -11025,7 +11344,9 @@ steal_report run_stealing_step(work_stealer<Store>& stealer, Process&& process) 
   return rep;
 }
 
-inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c) {
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_DECL sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c) {
   sample_range s = slice_of(state, plan, c.rank);
   EBBFLOW_PLAN_ENFORCE(
       c.first <= c.last && c.last <= s.size(), plan_errc::bad_rank,
@@ -11035,68 +11356,14 @@ inline sample_range samples_of(const sampler_state& state, const batch_plan& pla
   return s;
 }
 
+#endif  // EBBFLOW_HEADER_ONLY
+
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/plan/impl/work_stealing.hpp>
-// ---- end <ebbflow/plan/work_stealing.hpp>
+// ==== end <ebbflow/plan/work_stealing.hpp>
 
-#include <cstddef>
-#include <cstdint>
-#include <string_view>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-
-//! What this member does in the current step.
-struct step_info {
-  std::int64_t step = 0;           //!< committed steps so far (this step's number)
-  std::int64_t epoch = 0;          //!< epoch of this step
-  std::size_t cursor = 0;          //!< position in the epoch's sample order where this step's global batch starts
-  std::size_t global_batch = 0;    //!< B_t (B, or less for an epoch's short last batch)
-  std::size_t offset = 0;          //!< start of this member's slice inside the global batch
-  std::size_t batch = 0;           //!< b_i, this member's slice length (may be 0)
-  double weight = 0;               //!< b_i / B_t: scale of this member's mean-loss gradient
-  int rank = 0;                    //!< rank in the current generation
-  int world_size = 1;              //!< members in the current generation
-  std::int64_t generation = 0;     //!< current generation
-  std::uint64_t plan_version = 0;  //!< identifies the plan (same on every member)
-};
-
-//! Settings of `group::steal_step`.
-struct steal_settings {
-  plan::steal_options chunks{};       //!< chunk sizes (and the deadline of each claim)
-  double claim_seconds = 60e-6;       //!< one store round trip (what a claim costs a thief)
-  double chunk_overhead_seconds = 0;  //!< this member's cost of processing one more chunk
-};
-
-//! Why the membership changed (passed to world-changed callbacks).
-enum class change_reason : std::uint8_t { initial, join, leave, failure };
-
-namespace detail {
-inline constexpr auto change_reason_names =
-    make_enum_names(change_reason::initial, "initial", "join", "leave", "failure");
-static_assert(change_reason_names.last() == change_reason::failure);
-}  // namespace detail
-
-//! The reason as a lower-case word ("initial", "join", "leave", "failure"), for logs.
-constexpr std::string_view name(change_reason r) noexcept { return detail::change_reason_names(r); }
-
-//! A membership change as seen by callbacks and the event log.
-struct world_change {
-  std::int64_t generation = 0;                    //!< the generation that the change created
-  change_reason reason = change_reason::initial;  //!< why it changed
-  int old_size = 0;                               //!< members before the change (0 for the initial formation)
-  int new_size = 0;                               //!< members after the change
-  int rank = 0;                                   //!< this member's new rank
-  std::int64_t step = 0;                          //!< committed step at which the change took effect
-  double stall_seconds = 0;                       //!< time from the change's start to this member being ready again
-};
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/group_types.hpp>
-// #include <ebbflow/elastic/kv_store.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/kv_store.hpp>
+// ==== begin <ebbflow/elastic/kv_store.hpp> ================================
 // SPDX-License-Identifier: Apache-2.0
 //! @file kv_store.hpp
 //! The `kv_store` concept the elastic group coordinates through, and
@@ -11347,7 +11614,2433 @@ static_assert(kv_store<memory_store>);
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/kv_store.hpp>
+// ==== end <ebbflow/elastic/kv_store.hpp>
+
+// ==== begin <ebbflow/elastic/tcp_store.hpp> ===============================
+#if EBBFLOW_HAS_ASIO
+// SPDX-License-Identifier: Apache-2.0
+//! @file tcp_store.hpp
+//! The rendezvous store: a small key-value server over Boost.Asio that a job
+//! embeds (or runs standalone with `ebbflow-store`), and its client. In the
+//! spirit of PyTorch's c10d TCPStore. It holds membership, UCX worker
+//! addresses and heartbeats of an elastic job.
+//!
+//! Keys and values are arbitrary byte strings (`std::string` is binary-safe).
+//! Counters made by `add` are stored as decimal text.
+//!
+//! Security: every connection proves the job token (a shared secret, from
+//! `EBBFLOW_TOKEN` or passed in) with an HMAC-SHA256 challenge-response; the
+//! secret never crosses the wire and the server proves it too. A client with
+//! a wrong or missing token gets `errc::unauthorized` and is disconnected.
+//! Frames are length-prefixed with a maximum size; malformed, truncated or
+//! oversized frames, unknown opcodes and clients that stall mid-frame are
+//! answered with an error naming the problem, logged, and disconnected
+//! without affecting other clients. Traffic is not encrypted.
+//!
+//! Requires the `ebbflow::asio` CMake component (Boost headers + OpenSSL::Crypto).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+// #include <ebbflow/elastic/store_options.hpp>  (inlined)
+
+// Only named here; the definitions include it.
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+namespace detail {
+class server_impl;
+class client_connection;
+}  // namespace detail
+
+//! The store's server. Owns the key-value map; all state lives on one
+//! strand, so handlers never race. Server-side `wait`/`get` block no thread:
+//! they complete when a `set`/`add`/`compare_set` provides the last key or
+//! their timeout passes.
+//!
+//! Thread safety: the member functions may be called from any thread.
+class store_server {
+ public:
+  //! Binds and starts serving on a thread of its own.
+  //! @throws system_error when the address cannot be bound; std::invalid_argument for bad options.
+  explicit store_server(server_options opts = {});
+  //! Binds and serves on `ioc`, which the caller runs (any number of threads).
+  //! `ioc` must outlive this object.
+  store_server(boost::asio::io_context& ioc, server_options opts);
+  //! Stops serving and closes every connection (clients see `errc::peer_lost`). Blocks until
+  //! the own thread, if any, has exited.
+  ~store_server();
+  store_server(const store_server&) = delete;
+  store_server& operator=(const store_server&) = delete;
+
+  //! The bound port (the chosen one when `port` was 0).
+  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+  //! The bound address as given in the options.
+  [[nodiscard]] const std::string& host() const noexcept { return host_; }
+  //! "host:port", suitable for `EBBFLOW_STORE`.
+  [[nodiscard]] std::string address() const;
+  //! A snapshot of the counters (relaxed reads; never blocks).
+  [[nodiscard]] server_stats stats() const noexcept;
+  //! Stops accepting and closes all connections; idempotent, non-blocking.
+  void stop() noexcept;
+
+ private:
+  std::unique_ptr<boost::asio::io_context> own_ioc_;
+  std::shared_ptr<detail::server_impl> impl_;
+  std::thread thread_;
+  std::string host_;
+  std::uint16_t port_ = 0;
+};
+
+//! A stream of changes to keys under a prefix, on its own connection.
+//! Not thread-safe: use one watcher from one thread at a time.
+class store_watcher {
+ public:
+  //! Takes over the connection of the source, which must not be used afterwards.
+  store_watcher(store_watcher&&) noexcept;
+  //! Closes this watcher's connection and takes over the source's.
+  store_watcher& operator=(store_watcher&&) noexcept;
+  ~store_watcher();
+
+  //! Blocks until the next change or `d`. A timeout leaves the watcher usable.
+  //! @throws system_error: errc::timeout, errc::peer_lost (server gone), errc::bad_message.
+  store_event next(deadline d);
+  //! As above; on error returns an empty event and sets `ec`.
+  store_event next(deadline d, std::error_code& ec) noexcept;
+
+ private:
+  friend class store_client;
+  explicit store_watcher(std::unique_ptr<detail::client_connection> c);
+  std::unique_ptr<detail::client_connection> conn_;
+};
+
+//! A connection to a `store_server`. Connects lazily (retrying a refused
+//! connection until the call's deadline, so ranks may start before the
+//! store), and reconnects on the next call after the connection broke.
+//! A call whose deadline passes closes the connection, so a late reply can
+//! never be taken for the reply of a later call.
+//!
+//! Every call has a deadline: the one given, or now + `client_options::timeout`.
+//! Errors (`ec` forms; the throwing forms raise `ebbflow::system_error` with
+//! operation "store.<call>"): `errc::timeout`, `errc::unauthorized` (wrong
+//! token), `errc::peer_lost` (server gone or connection lost mid-call),
+//! `errc::bad_message` (a malformed or oversized frame), `errc::invalid_state`
+//! (`add` on a non-integer value).
+//!
+//! Thread safety: all calls may be made from any thread; they are serialised
+//! on the one connection (use one client per thread for parallel calls).
+class store_client {
+ public:
+  //! Does not connect yet. @throws std::invalid_argument for an empty host.
+  store_client(std::string host, std::uint16_t port, std::string token, client_options opts = {});
+  //! From `EBBFLOW_STORE` (or `MASTER_ADDR`/`MASTER_PORT`), `EBBFLOW_TOKEN` and
+  //! `EBBFLOW_STORE_TIMEOUT_MS` (see `launch_info`).
+  //! @throws std::invalid_argument when no store address is set or values are malformed.
+  static store_client from_environment();
+  //! Takes over the connection of the source, which must not be used afterwards.
+  store_client(store_client&&) noexcept;
+  //! Closes this client's connection and takes over the source's.
+  store_client& operator=(store_client&&) noexcept;
+  ~store_client();
+
+  //! Connects and authenticates now (otherwise the first call does).
+  void connect(deadline d);
+  //! As above; errors in `ec`.
+  void connect(deadline d, std::error_code& ec) noexcept;
+
+  //! Stores `value` under `key`, waking waiters and watchers.
+  void set(std::string_view key, std::string_view value);
+  //! As above, by deadline `d`.
+  void set(std::string_view key, std::string_view value, deadline d);
+  //! As above; errors in `ec`.
+  void set(std::string_view key, std::string_view value, std::error_code& ec) noexcept;
+  //! As above, by deadline `d`; errors in `ec`.
+  void set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept;
+
+  //! The value of `key`, waiting (server-side) until it is set or `d` passes (errc::timeout).
+  std::string get(std::string_view key);
+  //! As above, by deadline `d`.
+  std::string get(std::string_view key, deadline d);
+  //! As above; on error sets `ec` and returns an empty string.
+  std::string get(std::string_view key, std::error_code& ec) noexcept;
+  //! As above, by deadline `d`; on error sets `ec` and returns an empty string.
+  std::string get(std::string_view key, deadline d, std::error_code& ec) noexcept;
+
+  //! The value of `key`, or nullopt when it is not set. Does not wait.
+  std::optional<std::string> try_get(std::string_view key);
+  //! As above, by deadline `d`.
+  std::optional<std::string> try_get(std::string_view key, deadline d);
+  //! As above; on error sets `ec` and returns nullopt.
+  std::optional<std::string> try_get(std::string_view key, std::error_code& ec) noexcept;
+  //! As above, by deadline `d`; on error sets `ec` and returns nullopt.
+  std::optional<std::string> try_get(std::string_view key, deadline d, std::error_code& ec) noexcept;
+
+  //! Atomically adds `delta` to the integer at `key` (missing: 0) and returns the result.
+  std::int64_t add(std::string_view key, std::int64_t delta);
+  //! As above, by deadline `d`.
+  std::int64_t add(std::string_view key, std::int64_t delta, deadline d);
+  //! As above; on error sets `ec` and returns 0.
+  std::int64_t add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept;
+  //! As above, by deadline `d`; on error sets `ec` and returns 0.
+  std::int64_t add(std::string_view key, std::int64_t delta, deadline d, std::error_code& ec) noexcept;
+
+  //! `add(keys[i], deltas[i])` for every i, pipelined: all requests leave in
+  //! one write and the replies come back in order, so a batch costs about one
+  //! round trip. Each add is atomic; the batch as a whole is not (other
+  //! clients' calls may interleave). Returns the values after each add.
+  //! @throws std::invalid_argument when the spans differ in length; a
+  //! system_error as `add` (naming the first key that failed).
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     deadline d);
+  //! As above; on error sets `ec` and returns the values of the adds that
+  //! completed before it (the rest may or may not have been applied).
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     deadline d, std::error_code& ec);
+
+  //! `try_get(keys[i])` for every i, pipelined as `add_many`: about one
+  //! round trip for the batch. @throws system_error as `try_get` (naming the
+  //! first key that failed).
+  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d);
+  //! As above; on error sets `ec` and returns the values read before it.
+  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d,
+                                                       std::error_code& ec);
+
+  //! Atomically stores `desired` if the value is `expected` (a missing key
+  //! matches an empty `expected`), and returns what is stored now.
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired);
+  //! As above, by deadline `d`.
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired, deadline d);
+  //! As above; on error sets `ec` and returns an empty result.
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
+                                 std::error_code& ec) noexcept;
+  //! As above, by deadline `d`; on error sets `ec` and returns an empty result.
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired, deadline d,
+                                 std::error_code& ec) noexcept;
+
+  //! Blocks until every key in `keys` is set, or `d` passes (errc::timeout).
+  //! The server waits; the client does not poll.
+  void wait(const std::vector<std::string>& keys, deadline d);
+  //! As above; errors in `ec`.
+  void wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept;
+
+  //! Blocks until any key in `keys` is set, or `d` passes (errc::timeout);
+  //! returns the index of the first one set, in the order of `keys`. The
+  //! server waits; the client does not poll.
+  //! @throws std::invalid_argument when `keys` is empty.
+  std::size_t wait_any(const std::vector<std::string>& keys, deadline d);
+  //! As above; errors in `ec` (an empty `keys` is the server's bad_message).
+  std::size_t wait_any(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept;
+
+  //! True when every key in `keys` is set. Does not wait.
+  bool check(const std::vector<std::string>& keys);
+  //! As above; on error sets `ec` and returns false.
+  bool check(const std::vector<std::string>& keys, std::error_code& ec) noexcept;
+
+  //! Removes `key`; returns whether it existed.
+  bool erase(std::string_view key);
+  //! As above; on error sets `ec` and returns false.
+  bool erase(std::string_view key, std::error_code& ec) noexcept;
+
+  //! Number of keys stored.
+  std::int64_t num_keys();
+  //! As above; on error sets `ec` and returns 0.
+  std::int64_t num_keys(std::error_code& ec) noexcept;
+
+  //! One round trip (liveness, latency).
+  void ping(deadline d);
+  //! As above; errors in `ec`.
+  void ping(deadline d, std::error_code& ec) noexcept;
+
+  //! Opens a new connection that streams every change to keys starting with
+  //! `prefix`; with `include_existing` it first reports the keys already set
+  //! (as `set` events, in unspecified order).
+  store_watcher watch(std::string_view prefix, bool include_existing, deadline d);
+  //! As above; on error sets `ec` and returns a watcher whose connection is
+  //! closed (do not use it).
+  store_watcher watch(std::string_view prefix, bool include_existing, deadline d, std::error_code& ec) noexcept;
+
+  //! Drops the connection (the next call reconnects).
+  void close() noexcept;
+
+  //! The server's reason for the last failed call (e.g. "wait: 1 of 3 keys still
+  //! missing after 100 ms: 'b'"), or the local one; empty after a success.
+  [[nodiscard]] std::string last_error_detail() const;
+  //! The server host given at construction.
+  [[nodiscard]] const std::string& host() const noexcept { return host_; }
+  //! The server port given at construction.
+  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+
+ private:
+  [[nodiscard]] deadline default_deadline() const noexcept { return deadline::after(opts_.timeout); }
+  //! One request/reply exchange; `waits`: the server may hold the reply until `d`.
+  detail::proto::decode_result call(std::string frame, deadline d, bool waits, std::error_code& ec) noexcept;
+  template <class Frame, class Reply>
+  void pipelined(const char* what, std::span<const std::string> keys, Frame&& frame, Reply&& reply, deadline d,
+                 std::error_code& ec);
+  [[noreturn]] void raise(const char* operation, std::string_view key, std::error_code ec) const;
+  std::string host_;
+  std::uint16_t port_ = 0;
+  std::string token_;
+  client_options opts_;
+  std::unique_ptr<detail::client_connection> conn_;
+};
+
+//! A process's open-file limits (RLIMIT_NOFILE).
+struct open_file_limit {
+  std::uint64_t soft = 0;  //!< the limit in force
+  std::uint64_t hard = 0;  //!< how far an unprivileged process may raise it
+};
+//! Raises this process's soft open-file limit to its hard limit and returns
+//! the limits from before (zeros if they cannot be read). A store
+//! serving N workers holds about 3 N sockets, and the usual soft limit (1024)
+//! stops it near 340 workers. `ebbflow-run` and `ebbflow-store` call it at
+//! start; `ebbflow-run` starts its workers with the old soft limit.
+open_file_limit raise_open_file_limit() noexcept;
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/elastic/impl/store_server.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/store_server.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/store_server.hpp
+//! Definitions of `store_server` (included by elastic/tcp_store.hpp).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/core/thread_name.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/hmac.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/hmac.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file hmac.hpp
+//! HMAC-SHA256 challenge-response helpers for the store handshake (no API
+//! promise). Uses OpenSSL's libcrypto (link `ebbflow::asio`).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <sys/random.h>
+
+#include <array>
+#include <cerrno>
+#include <random>
+#include <string>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+//! `n` cryptographically random bytes: the kernel's CSPRNG (`getrandom`),
+//! else OpenSSL's RAND_bytes, else std::random_device (/dev/urandom on
+//! Linux). `getrandom` first: RAND_bytes instantiates OpenSSL's DRBG on its
+//! first call, 1.3-1.6 ms of CPU in every process that joins a job.
+inline std::string random_bytes(std::size_t n) {
+  std::string out(n, '\0');
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::getrandom(out.data() + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<std::size_t>(r);
+    } else if (r < 0 && errno != EINTR) {
+      break;  // ENOSYS (an old kernel or a seccomp filter): try OpenSSL
+    }
+  }
+  if (got == n) return out;
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) != 1) {
+    std::random_device rd;
+    for (auto& c : out) c = static_cast<char>(rd() & 0xff);
+  }
+  return out;
+}
+
+//! Lower-case hex of `n` random bytes (for generated job tokens).
+inline std::string random_hex(std::size_t n) {
+  static constexpr char hex[] = "0123456789abcdef";
+  const std::string b = random_bytes(n);
+  std::string out;
+  out.reserve(2 * n);
+  for (unsigned char c : b) {
+    out.push_back(hex[c >> 4]);
+    out.push_back(hex[c & 15]);
+  }
+  return out;
+}
+
+//! HMAC-SHA256(key, label | a | b).
+inline std::string handshake_mac(std::string_view key, std::string_view label, std::string_view a, std::string_view b) {
+  std::string msg;
+  msg.reserve(label.size() + a.size() + b.size());
+  msg.append(label).append(a).append(b);
+  std::array<unsigned char, EVP_MAX_MD_SIZE> out{};
+  unsigned int out_len = 0;
+  static const unsigned char empty_key = 0;  // HMAC wants a non-null key pointer even for length 0
+  const void* k = key.empty() ? static_cast<const void*>(&empty_key) : static_cast<const void*>(key.data());
+  if (!HMAC(EVP_sha256(), k, static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(msg.data()),
+            msg.size(), out.data(), &out_len) ||
+      out_len != proto::mac_bytes) {
+    return {};  // empty: mac_equal() never accepts it
+  }
+  return std::string(reinterpret_cast<const char*>(out.data()), out_len);
+}
+
+inline constexpr std::string_view client_label = "ebbflow-store client";
+inline constexpr std::string_view server_label = "ebbflow-store server";
+
+//! Constant-time comparison of two MACs.
+inline bool mac_equal(std::string_view a, std::string_view b) noexcept {
+  return a.size() == b.size() && a.size() == proto::mac_bytes && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/hmac.hpp>
+// #include <ebbflow/elastic/detail/server_connection.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/server_connection.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/server_connection.hpp
+//! The store server's state (`server_impl`: keys, waiters, watchers,
+//! connections; touched only on its strand) and one client connection
+//! (`server_conn`): the HMAC handshake, frames in, replies and events out,
+//! with a bound on what it buffers for a slow reader.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/core/thread_name.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/hmac.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+// #include <ebbflow/elastic/store_options.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <sys/resource.h>
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <deque>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+namespace detail {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+class server_conn;
+
+//! A server-side `wait`, `wait_any` or waiting `get`.
+struct store_waiter {
+  enum class kind { all, any, get };
+  explicit store_waiter(const asio::any_io_executor& ex) : timer(ex) {}
+  std::weak_ptr<server_conn> conn;
+  std::set<std::string> missing;  // keys not yet set
+  std::size_t total = 0;
+  kind what = kind::all;
+  std::string get_key;
+  std::vector<std::string> any_keys;  // wait_any: the keys in request order (the reply is an index)
+  std::uint32_t timeout_ms = 0;
+  bool done = false;
+  asio::steady_timer timer;
+};
+
+//! All store state. Every member is touched only on `strand_`.
+class server_impl : public std::enable_shared_from_this<server_impl> {
+ public:
+  using strand_t = asio::strand<asio::io_context::executor_type>;
+
+  server_impl(asio::io_context& ioc, server_options opts)
+      : strand_(asio::make_strand(ioc)), acceptor_(strand_), retry_(strand_), opts_(std::move(opts)) {
+    EBBFLOW_ENFORCE(!opts_.host.empty(), "store_server: empty host");
+    EBBFLOW_ENFORCE(opts_.max_message_bytes >= 64 && opts_.max_message_bytes <= 0xffffffffu,
+                    "store_server: max_message_bytes " << opts_.max_message_bytes << " not in [64, 2^32)");
+    EBBFLOW_ENFORCE(opts_.frame_timeout.count() > 0 && opts_.auth_timeout.count() > 0,
+                    "store_server: timeouts must be positive");
+    EBBFLOW_ENFORCE(opts_.max_connections > 0, "store_server: max_connections must be positive");
+    error_context ctx{-1, -1, -1, "store.listen", opts_.host + ":" + std::to_string(opts_.port)};
+    boost::system::error_code ec;
+    tcp::resolver res(ioc);
+    auto eps = res.resolve(opts_.host, std::to_string(opts_.port), tcp::resolver::passive, ec);
+    if (ec || eps.empty()) throw_if(ec ? std::error_code(ec) : make_error_code(std::errc::address_not_available), ctx);
+    const tcp::endpoint ep = eps.begin()->endpoint();
+    acceptor_.open(ep.protocol(), ec);
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(ep, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    throw_if(ec, ctx);
+    port_ = acceptor_.local_endpoint().port();
+    if (opts_.token.empty())
+      EBBFLOW_LOG_WARN("store: serving on " << opts_.host << ":" << port_
+                                            << " without a job token (EBBFLOW_TOKEN unset): any local client can join");
+    EBBFLOW_LOG_INFO("store: listening on " << opts_.host << ":" << port_);
+  }
+
+  void start() {
+    asio::post(strand_, [self = shared_from_this()] { self->accept(); });
+  }
+  void stop() noexcept;
+
+  std::uint16_t port() const noexcept { return port_; }
+  server_stats stats() const noexcept {
+    return {accepted_.load(std::memory_order_relaxed), unauthorized_.load(std::memory_order_relaxed),
+            protocol_errors_.load(std::memory_order_relaxed), open_.load(std::memory_order_relaxed)};
+  }
+
+  // ---- used by server_conn (on the strand)
+  const server_options& opts() const noexcept { return opts_; }
+  strand_t& strand() noexcept { return strand_; }
+  void count_unauthorized() noexcept { unauthorized_.fetch_add(1, std::memory_order_relaxed); }
+  void count_protocol_error() noexcept { protocol_errors_.fetch_add(1, std::memory_order_relaxed); }
+  void forget(std::uint64_t id) noexcept {
+    if (conns_.erase(id)) open_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  //! Executes one authenticated request; returns the reply frame, or an
+  //! empty string when the reply comes later (a registered waiter).
+  std::string execute(const std::shared_ptr<server_conn>& conn, const proto::message& m);
+  void cancel_waiter(const std::shared_ptr<store_waiter>& w) noexcept;
+  void remove_watcher(const server_conn* c) noexcept {
+    std::erase_if(watchers_, [c](const auto& w) { return w.first.expired() || w.first.lock().get() == c; });
+  }
+
+ private:
+  void accept();
+  void notify(const std::string& key, proto::event_kind kind, std::string_view value);
+  void finish_waiter(const std::shared_ptr<store_waiter>& w, std::string frame);
+  std::string register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m,
+                              store_waiter::kind what);
+
+  strand_t strand_;
+  tcp::acceptor acceptor_;
+  asio::steady_timer retry_;
+  server_options opts_;
+  std::uint16_t port_ = 0;
+  bool stopped_ = false;
+  bool accept_failing_ = false;  // an accept error was logged; cleared by the next accepted connection
+  std::uint64_t next_id_ = 0;
+  std::unordered_map<std::string, std::string> data_;
+  std::unordered_multimap<std::string, std::shared_ptr<store_waiter>> waiters_;
+  std::vector<std::pair<std::weak_ptr<server_conn>, std::string>> watchers_;  // (conn, prefix)
+  std::unordered_map<std::uint64_t, std::weak_ptr<server_conn>> conns_;
+  std::atomic<std::uint64_t> accepted_{0}, unauthorized_{0}, protocol_errors_{0}, open_{0};
+};
+
+//! One client connection: frames in, replies and events out.
+class server_conn : public std::enable_shared_from_this<server_conn> {
+ public:
+  server_conn(std::shared_ptr<server_impl> srv, tcp::socket s, std::uint64_t id)
+      : srv_(std::move(srv)), sock_(std::move(s)), timer_(srv_->strand()), id_(id) {
+    boost::system::error_code ec;
+    auto ep = sock_.remote_endpoint(ec);
+    peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+    sock_.set_option(tcp::no_delay(true), ec);
+  }
+
+  void start() {
+    server_nonce_ = random_bytes(proto::nonce_bytes);
+    send(proto::frame_builder(proto::op::challenge).u8(proto::version).raw(server_nonce_).finish());
+    arm_timer(srv_->opts().auth_timeout);
+    read();
+  }
+
+  //! Rejects the connection (e.g. too many connections) with an error frame.
+  void reject(errc code, std::string reason) { fail(code, std::move(reason), false); }
+
+  void send(std::string frame) {
+    if (closed_) return;
+    out_bytes_ += frame.size();
+    outq_.push_back(std::move(frame));
+    if (out_bytes_ > srv_->opts().max_pending_output_bytes) {
+      EBBFLOW_LOG_WARN("store: closing connection from " << peer_ << ": " << out_bytes_
+                                                         << " bytes of replies/events unsent (client not reading)");
+      srv_->count_protocol_error();
+      close();
+      return;
+    }
+    if (!writing_) write();
+  }
+
+  //! The reply of a request that waited.
+  void complete(std::string frame) {
+    busy_ = false;
+    waiter_.reset();
+    send(std::move(frame));
+    while (!busy_ && !closed_ && !pending_.empty()) {
+      std::string body = std::move(pending_.front());
+      pending_.pop_front();
+      handle(body);
+    }
+  }
+
+  void set_watching() noexcept { watching_ = true; }
+  bool watching() const noexcept { return watching_; }
+  const std::string& peer() const noexcept { return peer_; }
+
+  //! Closes at once (server stop, slow watcher).
+  void close() noexcept {
+    if (closed_) return;
+    closed_ = true;
+    boost::system::error_code ec;
+    timer_.cancel();
+    if (waiter_) srv_->cancel_waiter(waiter_);
+    waiter_.reset();
+    if (watching_) srv_->remove_watcher(this);
+    sock_.close(ec);
+    srv_->forget(id_);
+  }
+
+ private:
+  void arm_timer(std::chrono::milliseconds after) {
+    timer_.expires_after(after);
+    const std::uint64_t seq = frame_seq_;
+    armed_seq_ = seq;
+    timer_armed_ = true;
+    timer_.async_wait([self = shared_from_this(), seq](const boost::system::error_code& ec) {
+      if (ec || self->closed_ || self->draining_) return;
+      if (!self->authed_) {
+        self->fail(errc::timeout,
+                   "no authentication within " + std::to_string(self->srv_->opts().auth_timeout.count()) + " ms");
+      } else if (seq == self->frame_seq_ && !self->in_.empty()) {
+        std::string why = "read deadline: frame incomplete after " +
+                          std::to_string(self->srv_->opts().frame_timeout.count()) + " ms (" +
+                          std::to_string(self->in_.size()) + " bytes received";
+        if (self->in_.size() >= proto::header_bytes)
+          why += " of " + std::to_string(proto::load_u32(self->in_.data()) + proto::header_bytes);
+        self->fail(errc::timeout, why + ")");
+      }
+    });
+  }
+
+  void read() {
+    if (closed_ || failing_) return;
+    sock_.async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](const boost::system::error_code& ec,
+                                                                           std::size_t n) { self->on_read(ec, n); });
+  }
+
+  void on_read(const boost::system::error_code& ec, std::size_t n) {
+    if (closed_ || failing_) return;
+    if (ec) {
+      if (!in_.empty()) {
+        std::string why = "truncated frame: connection closed after " + std::to_string(in_.size()) + " of ";
+        why += in_.size() >= proto::header_bytes ? std::to_string(proto::load_u32(in_.data()) + proto::header_bytes)
+                                                 : std::string("4 header");
+        fail(errc::bad_message, why + " bytes");
+      } else {
+        EBBFLOW_LOG_DEBUG("store: " << peer_ << " disconnected (" << ec.message() << ")");
+        close();
+      }
+      return;
+    }
+    in_.append(rbuf_.data(), n);
+    // Extract every complete frame.
+    std::size_t pos = 0;
+    while (!closed_ && !failing_ && in_.size() - pos >= proto::header_bytes) {
+      const std::uint32_t len = proto::load_u32(in_.data() + pos);
+      const std::size_t limit = authed_ ? srv_->opts().max_message_bytes : proto::preauth_max_message_bytes;
+      if (auto why = proto::check_length(len, limit); !why.empty()) {
+        if (!authed_) why += " before authentication";
+        fail(errc::bad_message, why);
+        return;
+      }
+      if (in_.size() - pos < proto::header_bytes + len) break;
+      std::string body = in_.substr(pos + proto::header_bytes, len);
+      pos += proto::header_bytes + len;
+      ++frame_seq_;
+      on_frame(std::move(body));
+    }
+    if (closed_ || failing_) return;
+    in_.erase(0, pos);
+    if (authed_) {
+      if (in_.empty()) {
+        if (timer_armed_) timer_.cancel();
+        timer_armed_ = false;
+      } else if (!timer_armed_ || armed_seq_ != frame_seq_) {
+        arm_timer(srv_->opts().frame_timeout);  // the first bytes of a frame: start its deadline
+      }
+    }
+    read();
+  }
+
+  void on_frame(std::string body) {
+    if (!authed_) {
+      authenticate(body);
+      return;
+    }
+    if (busy_) {
+      if (pending_.size() >= 16) {
+        fail(errc::bad_message, "more than 16 requests pipelined behind a waiting request");
+        return;
+      }
+      pending_.push_back(std::move(body));
+      return;
+    }
+    handle(body);
+  }
+
+  void authenticate(const std::string& body) {
+    auto r = proto::decode_body(body);
+    if (!r) {
+      fail(errc::bad_message, "handshake: " + r.reason);
+      return;
+    }
+    if (r.msg.code != proto::op::auth) {
+      fail(errc::unauthorized, std::string("expected auth, got ") + proto::op_name(r.msg.code));
+      srv_->count_unauthorized();
+      return;
+    }
+    if (r.msg.flag != proto::version) {
+      fail(errc::bad_message, "protocol version " + std::to_string(r.msg.flag) + " not supported (server speaks " +
+                                  std::to_string(proto::version) + ")");
+      return;
+    }
+    const std::string& token = srv_->opts().token;
+    if (!mac_equal(r.msg.mac, handshake_mac(token, client_label, server_nonce_, r.msg.nonce))) {
+      srv_->count_unauthorized();
+      fail(errc::unauthorized, "job token does not match", false);
+      return;
+    }
+    authed_ = true;
+    timer_.cancel();
+    timer_armed_ = false;
+    send(proto::frame_builder(proto::op::welcome)
+             .raw(handshake_mac(token, server_label, server_nonce_, r.msg.nonce))
+             .finish());
+    EBBFLOW_LOG_DEBUG("store: " << peer_ << " authenticated");
+  }
+
+  void handle(const std::string& body) {
+    auto r = proto::decode_body(body);
+    if (!r) {
+      fail(errc::bad_message, r.reason);
+      return;
+    }
+    if (watching_) {
+      fail(errc::bad_message,
+           std::string("a watch connection takes no requests (got ") + proto::op_name(r.msg.code) + ")");
+      return;
+    }
+    if (static_cast<std::uint8_t>(r.msg.code) >= 0x80 || r.msg.code == proto::op::auth) {
+      fail(errc::bad_message, std::string("unexpected opcode ") + proto::op_name(r.msg.code) + " from a client");
+      return;
+    }
+    std::string reply = srv_->execute(shared_from_this(), r.msg);
+    if (reply.empty()) return;  // waiting; `complete` sends the reply
+    send(std::move(reply));
+  }
+
+ public:
+  void set_waiter(std::shared_ptr<store_waiter> w) {
+    waiter_ = std::move(w);
+    busy_ = true;
+  }
+
+ private:
+  //! Logs, replies with an error frame and closes once it is sent.
+  void fail(errc code, std::string reason, bool count = true) {
+    if (closed_ || failing_) return;
+    failing_ = true;
+    if (count && code != errc::unauthorized) srv_->count_protocol_error();
+    if (code == errc::unauthorized)
+      EBBFLOW_LOG_WARN("store: refused client " << peer_ << ": " << reason);
+    else
+      EBBFLOW_LOG_WARN("store: closing connection from " << peer_ << ": " << reason);
+    if (waiter_) srv_->cancel_waiter(waiter_);
+    waiter_.reset();
+    if (watching_) srv_->remove_watcher(this);
+    watching_ = false;
+    pending_.clear();
+    outq_.push_back(proto::error_frame(code, reason));
+    out_bytes_ += outq_.back().size();  // the write's completion subtracts it again
+    // A client that does not read cannot hold the error reply (and us) forever.
+    timer_armed_ = false;
+    timer_.expires_after(srv_->opts().frame_timeout);
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
+      if (!e && !self->draining_) self->close();
+    });
+    if (!writing_) write();
+  }
+
+  void write() {
+    if (closed_) return;
+    if (outq_.empty()) {
+      if (failing_) linger();
+      return;
+    }
+    writing_ = true;
+    asio::async_write(sock_, asio::buffer(outq_.front()),
+                      [self = shared_from_this()](const boost::system::error_code& ec, std::size_t) {
+                        self->writing_ = false;
+                        if (self->closed_) return;
+                        if (ec) {
+                          EBBFLOW_LOG_DEBUG("store: write to " << self->peer_ << " failed: " << ec.message());
+                          self->close();
+                          return;
+                        }
+                        self->out_bytes_ -= self->outq_.front().size();
+                        self->outq_.pop_front();
+                        self->write();
+                      });
+  }
+
+  //! After an error reply: send FIN, then discard input until the peer closes
+  //! (or a short deadline), so that unread input does not turn our close into
+  //! a reset that destroys the error reply before the client reads it.
+  void linger() {
+    if (draining_ || closed_) return;
+    draining_ = true;
+    boost::system::error_code ec;
+    sock_.shutdown(tcp::socket::shutdown_send, ec);
+    timer_.expires_after(std::min<std::chrono::milliseconds>(srv_->opts().frame_timeout, std::chrono::seconds(1)));
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
+      if (!e) self->close();
+    });
+    drain();
+  }
+  void drain() {
+    sock_.async_read_some(asio::buffer(rbuf_),
+                          [self = shared_from_this()](const boost::system::error_code& ec, std::size_t) {
+                            if (self->closed_) return;
+                            if (ec) {
+                              self->close();
+                              return;
+                            }
+                            self->drain();
+                          });
+  }
+
+  std::shared_ptr<server_impl> srv_;
+  tcp::socket sock_;
+  asio::steady_timer timer_;
+  std::uint64_t id_;
+  std::string peer_;
+  std::string server_nonce_;
+  std::array<char, 65536> rbuf_{};
+  std::string in_;
+  std::deque<std::string> outq_;
+  std::deque<std::string> pending_;
+  std::size_t out_bytes_ = 0;
+  std::uint64_t frame_seq_ = 0, armed_seq_ = 0;
+  std::shared_ptr<store_waiter> waiter_;
+  bool authed_ = false, busy_ = false, watching_ = false, writing_ = false;
+  bool failing_ = false, draining_ = false, closed_ = false, timer_armed_ = false;
+};
+
+}  // namespace detail
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/server_connection.hpp>
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
+// #include <ebbflow/elastic/tcp_store.hpp>  (inlined)
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <deque>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+namespace detail {
+
+EBBFLOW_DECL void server_impl::accept() {
+  if (stopped_) return;
+  auto sock = std::make_shared<tcp::socket>(strand_);
+  acceptor_.async_accept(*sock, [self = shared_from_this(), sock](const boost::system::error_code& ec) {
+    if (self->stopped_) return;
+    if (ec) {
+      // EMFILE and friends: log once and retry shortly rather than spin.
+      if (!self->accept_failing_) {
+        std::string hint;
+        if (ec == boost::system::errc::too_many_files_open) {
+          rlimit l{};
+          ::getrlimit(RLIMIT_NOFILE, &l);
+          hint = " (open-file limit " + std::to_string(l.rlim_cur) + ", " + std::to_string(self->conns_.size()) +
+                 " connections open; every worker holds 3: raise `ulimit -n`, or call "
+                 "elastic::raise_open_file_limit() in the process that serves the store)";
+        }
+        EBBFLOW_LOG_WARN("store: accept failed: " << ec.message() << hint << "; retrying every 50 ms");
+        self->accept_failing_ = true;
+      }
+      self->retry_.expires_after(std::chrono::milliseconds(50));
+      self->retry_.async_wait([self](const boost::system::error_code& e) {
+        if (!e) self->accept();
+      });
+      return;
+    }
+    self->accepted_.fetch_add(1, std::memory_order_relaxed);
+    self->accept_failing_ = false;
+    const std::uint64_t id = self->next_id_++;
+    auto conn = std::make_shared<server_conn>(self, std::move(*sock), id);
+    self->conns_.emplace(id, conn);
+    self->open_.fetch_add(1, std::memory_order_relaxed);
+    if (self->conns_.size() > self->opts_.max_connections) {
+      conn->reject(errc::invalid_state,
+                   "too many connections (limit " + std::to_string(self->opts_.max_connections) + ")");
+    } else {
+      conn->start();
+    }
+    self->accept();
+  });
+}
+
+EBBFLOW_DECL void server_impl::stop() noexcept {
+  asio::post(strand_, [self = shared_from_this()] {
+    if (self->stopped_) return;
+    self->stopped_ = true;
+    boost::system::error_code ec;
+    self->acceptor_.close(ec);
+    self->retry_.cancel();
+    std::vector<std::shared_ptr<server_conn>> live;
+    for (auto& [id, w] : self->conns_)
+      if (auto c = w.lock()) live.push_back(std::move(c));
+    for (auto& c : live) c->close();
+    self->conns_.clear();
+    self->open_.store(0, std::memory_order_relaxed);
+    EBBFLOW_LOG_INFO("store: stopped");
+  });
+}
+
+EBBFLOW_DECL void server_impl::notify(const std::string& key, proto::event_kind kind, std::string_view value) {
+  // The event goes out before any waiter completes: completing one runs the
+  // requests its client pipelined behind the wait (`server_conn::complete`),
+  // whose mutations send their own events, and a watcher must see those
+  // after this one (events follow the order of the mutations).
+  if (!watchers_.empty()) {
+    std::string frame;
+    std::vector<std::shared_ptr<server_conn>> targets;
+    for (auto& [w, prefix] : watchers_)
+      if (key.starts_with(prefix))
+        if (auto c = w.lock()) targets.push_back(std::move(c));
+    if (!targets.empty()) {
+      frame = proto::frame_builder(proto::op::event, key.size() + value.size() + 16)
+                  .u8(static_cast<std::uint8_t>(kind))
+                  .str(key)
+                  .str(value)
+                  .finish();
+      for (auto& c : targets) c->send(frame);
+    }
+  }
+  if (kind == proto::event_kind::set) {
+    auto [b, e] = waiters_.equal_range(key);
+    if (b != e) {
+      std::vector<std::shared_ptr<store_waiter>> hit;
+      for (auto it = b; it != e; ++it) hit.push_back(it->second);
+      waiters_.erase(b, e);
+      // `value` stays valid: it is the setter's frame or a local of
+      // `execute`, never the map entry a released request may reassign.
+      for (auto& w : hit) {
+        if (w->done) continue;
+        w->missing.erase(key);
+        if (w->what == store_waiter::kind::any) {
+          const auto at = std::find(w->any_keys.begin(), w->any_keys.end(), key) - w->any_keys.begin();
+          finish_waiter(w, proto::frame_builder(proto::op::integer).i64(at).finish());
+          continue;
+        }
+        if (!w->missing.empty()) continue;
+        if (w->what == store_waiter::kind::get)
+          finish_waiter(w, proto::frame_builder(proto::op::value, value.size() + 8).str(value).finish());
+        else
+          finish_waiter(w, proto::frame_builder(proto::op::ok).finish());
+      }
+    }
+  }
+}
+
+EBBFLOW_DECL void server_impl::finish_waiter(const std::shared_ptr<store_waiter>& w, std::string frame) {
+  w->done = true;
+  w->timer.cancel();
+  for (const auto& k : w->missing) {
+    auto [b, e] = waiters_.equal_range(k);
+    for (auto it = b; it != e;) it = it->second == w ? waiters_.erase(it) : std::next(it);
+  }
+  if (auto c = w->conn.lock()) c->complete(std::move(frame));
+}
+
+EBBFLOW_DECL void server_impl::cancel_waiter(const std::shared_ptr<store_waiter>& w) noexcept {
+  if (w->done) return;
+  w->done = true;
+  w->timer.cancel();
+  for (const auto& k : w->missing) {
+    auto [b, e] = waiters_.equal_range(k);
+    for (auto it = b; it != e;) it = it->second == w ? waiters_.erase(it) : std::next(it);
+  }
+}
+
+EBBFLOW_DECL std::string server_impl::register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m,
+                                                store_waiter::kind what) {
+  auto w = std::make_shared<store_waiter>(strand_);
+  w->conn = conn;
+  w->what = what;
+  w->timeout_ms = m.timeout_ms;
+  if (what == store_waiter::kind::get) {
+    w->get_key = std::string(m.key);
+    w->missing.insert(w->get_key);
+    w->total = 1;
+  } else {
+    w->total = m.keys.size();
+    for (auto k : m.keys)
+      if (!data_.contains(std::string(k))) w->missing.emplace(k);
+    if (what == store_waiter::kind::any) w->any_keys.assign(m.keys.begin(), m.keys.end());
+  }
+  auto timeout_reply = [w] {
+    std::ostringstream os;
+    if (w->what == store_waiter::kind::get) {
+      os << "get: key " << quote_key(w->get_key) << " not set within " << w->timeout_ms << " ms";
+    } else {
+      if (w->what == store_waiter::kind::any)
+        os << "wait_any: none of " << w->total << " keys set within " << w->timeout_ms << " ms:";
+      else
+        os << "wait: " << w->missing.size() << " of " << w->total << " keys still missing after " << w->timeout_ms
+           << " ms:";
+      int n = 0;
+      for (const auto& k : w->missing) {
+        if (n++ == 5) {
+          os << " ...";
+          break;
+        }
+        os << ' ' << quote_key(k);
+      }
+    }
+    return proto::error_frame(errc::timeout, os.str());
+  };
+  if (m.timeout_ms == 0) return timeout_reply();
+  for (const auto& k : w->missing) waiters_.emplace(k, w);
+  conn->set_waiter(w);
+  if (m.timeout_ms != proto::no_timeout) {
+    w->timer.expires_after(std::chrono::milliseconds(m.timeout_ms));
+    w->timer.async_wait([self = shared_from_this(), w, timeout_reply](const boost::system::error_code& ec) {
+      if (ec || w->done) return;
+      self->finish_waiter(w, timeout_reply());
+    });
+  }
+  return {};
+}
+
+EBBFLOW_DECL std::string server_impl::execute(const std::shared_ptr<server_conn>& conn, const proto::message& m) {
+  using proto::frame_builder;
+  using proto::op;
+  switch (m.code) {
+    case op::set: {
+      std::string key(m.key);
+      auto& slot = data_[key];
+      slot.assign(m.value);
+      notify(key, proto::event_kind::set, m.value);
+      return frame_builder(op::ok).finish();
+    }
+    case op::get: {
+      if (auto it = data_.find(std::string(m.key)); it != data_.end())
+        return frame_builder(op::value, it->second.size() + 8).str(it->second).finish();
+      if (!m.flag) return frame_builder(op::missing).finish();
+      return register_waiter(conn, m, store_waiter::kind::get);
+    }
+    case op::add: {
+      std::string key(m.key);
+      auto it = data_.find(key);
+      std::string why;
+      const auto sum =
+          add_to_counter(it == data_.end() ? std::string_view() : std::string_view(it->second), m.integer, why);
+      if (!sum) return proto::error_frame(errc::invalid_state, "add: value of " + quote_key(key) + " " + why);
+      const std::int64_t next = *sum;
+      std::string text = std::to_string(next);
+      data_[key] = text;
+      notify(key, proto::event_kind::set, text);
+      return frame_builder(op::integer).i64(next).finish();
+    }
+    case op::compare_set: {
+      std::string key(m.key);
+      auto it = data_.find(key);
+      const bool match = it == data_.end() ? m.expected.empty() : it->second == m.expected;
+      if (match) {
+        data_[key].assign(m.value);
+        notify(key, proto::event_kind::set, m.value);
+        return frame_builder(op::cas_result, m.value.size() + 8).u8(1).str(m.value).finish();
+      }
+      std::string_view cur = it == data_.end() ? std::string_view{} : std::string_view(it->second);
+      return frame_builder(op::cas_result, cur.size() + 8).u8(0).str(cur).finish();
+    }
+    case op::wait: {
+      bool all = true;
+      for (auto k : m.keys)
+        if (!data_.contains(std::string(k))) {
+          all = false;
+          break;
+        }
+      if (all) return frame_builder(op::ok).finish();
+      return register_waiter(conn, m, store_waiter::kind::all);
+    }
+    case op::wait_any: {
+      if (m.keys.empty()) return proto::error_frame(errc::bad_message, "wait_any: no keys to wait for");
+      for (std::size_t i = 0; i < m.keys.size(); ++i)
+        if (data_.contains(std::string(m.keys[i]))) return frame_builder(op::integer).i64(std::int64_t(i)).finish();
+      return register_waiter(conn, m, store_waiter::kind::any);
+    }
+    case op::erase: {
+      const bool existed = data_.erase(std::string(m.key)) > 0;
+      if (existed) notify(std::string(m.key), proto::event_kind::erase, {});
+      return frame_builder(op::boolean).u8(existed ? 1 : 0).finish();
+    }
+    case op::num_keys:
+      return frame_builder(op::integer).i64(static_cast<std::int64_t>(data_.size())).finish();
+    case op::check: {
+      bool all = true;
+      for (auto k : m.keys) all = all && data_.contains(std::string(k));
+      return frame_builder(op::boolean).u8(all ? 1 : 0).finish();
+    }
+    case op::watch: {
+      std::string prefix(m.key);
+      watchers_.emplace_back(conn, prefix);
+      conn->set_watching();
+      conn->send(frame_builder(op::ok).finish());
+      if (m.flag)
+        for (const auto& [k, v] : data_)
+          if (k.starts_with(prefix))
+            conn->send(frame_builder(op::event, k.size() + v.size() + 16)
+                           .u8(static_cast<std::uint8_t>(proto::event_kind::set))
+                           .str(k)
+                           .str(v)
+                           .finish());
+      return {};
+    }
+    case op::ping:
+      return frame_builder(op::ok).finish();
+    default:
+      return proto::error_frame(errc::bad_message,
+                                std::string("unexpected opcode ") + proto::op_name(m.code) + " from a client");
+  }
+}
+
+}  // namespace detail
+
+// ------------------------------------------------------------------ store_server
+
+EBBFLOW_DECL server_options server_options::from_environment() {
+  server_options o;
+  if (auto t = env::get("EBBFLOW_TOKEN")) o.token = *t;
+  return o;
+}
+
+EBBFLOW_DECL store_server::store_server(server_options opts) : own_ioc_(std::make_unique<boost::asio::io_context>(1)) {
+  impl_ = std::make_shared<detail::server_impl>(*own_ioc_, std::move(opts));
+  host_ = impl_->opts().host;
+  port_ = impl_->port();
+  impl_->start();
+  thread_ = std::thread([ioc = own_ioc_.get()] {
+    for (;;) {
+      try {
+        ioc->run();
+        return;
+      } catch (const std::exception& e) {
+        // A handler should never throw (only std::bad_alloc can); keep serving.
+        EBBFLOW_LOG_ERROR("store: handler threw: " << e.what());
+      }
+    }
+  });
+  ::ebbflow::detail::name_thread(thread_, "ebbflow-store");
+}
+
+EBBFLOW_DECL store_server::store_server(boost::asio::io_context& ioc, server_options opts) {
+  impl_ = std::make_shared<detail::server_impl>(ioc, std::move(opts));
+  host_ = impl_->opts().host;
+  port_ = impl_->port();
+  impl_->start();
+}
+
+EBBFLOW_DECL store_server::~store_server() {
+  stop();
+  if (own_ioc_) {
+    // Let the stop handler run, then end the loop (pending handlers die with the io_context).
+    boost::asio::post(impl_->strand(), [ioc = own_ioc_.get()] { ioc->stop(); });
+    if (thread_.joinable()) thread_.join();
+    impl_.reset();
+    own_ioc_.reset();
+  }
+}
+
+EBBFLOW_DECL std::string store_server::address() const {
+  return (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" + std::to_string(port_);
+}
+
+EBBFLOW_DECL server_stats store_server::stats() const noexcept { return impl_->stats(); }
+
+EBBFLOW_DECL void store_server::stop() noexcept {
+  if (impl_) impl_->stop();
+}
+
+EBBFLOW_DECL open_file_limit raise_open_file_limit() noexcept {
+  rlimit l{};
+  if (::getrlimit(RLIMIT_NOFILE, &l) != 0) return {};
+  const open_file_limit before{static_cast<std::uint64_t>(l.rlim_cur), static_cast<std::uint64_t>(l.rlim_max)};
+  if (l.rlim_cur < l.rlim_max) {  // never infinite for open files (fs.nr_open bounds both)
+    l.rlim_cur = l.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &l);
+  }
+  return before;
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
+// ---- end <ebbflow/elastic/impl/store_server.hpp>
+// #include <ebbflow/elastic/impl/store_client.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/store_client.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/store_client.hpp
+//! Definitions of `store_client` and `store_watcher` (included by elastic/tcp_store.hpp).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/hmac.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/client_connection.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/client_connection.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/client_connection.hpp
+//! The store client's side of one TCP connection to a store server: a
+//! blocking connection whose every operation has a deadline (started
+//! asynchronously; the private io_context runs until it completes or the
+//! deadline passes, then it is cancelled), the HMAC handshake, and the
+//! request frames the client builds.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/hmac.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+// #include <ebbflow/elastic/store_options.hpp>  (inlined)
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+namespace detail {
+
+namespace asio = boost::asio;
+
+//! A blocking connection with deadlines: each operation is started
+//! asynchronously and the private io_context is run until it completes or
+//! the deadline passes (then the operation is cancelled).
+class client_connection {
+ public:
+  client_connection(std::string host, std::uint16_t port, std::string token, std::size_t max_bytes)
+      : host_(std::move(host)), port_(port), token_(std::move(token)), max_bytes_(max_bytes) {}
+
+  std::mutex mu;            //!< serialises calls of a store_client
+  std::string last_detail;  //!< reason of the last failure
+
+  [[nodiscard]] bool connected() const noexcept { return connected_; }
+  [[nodiscard]] std::string address() const { return host_ + ":" + std::to_string(port_); }
+
+  void close() noexcept {
+    boost::system::error_code ec;
+    sock_.close(ec);
+    in_.clear();
+    connected_ = false;
+  }
+
+  //! Connects (retrying refused connections until `d`) and runs the handshake.
+  void connect(deadline d, std::error_code& ec) {
+    close();
+    ec.clear();
+    boost::system::error_code bec;
+    std::vector<tcp::endpoint> eps;
+    if (auto a = asio::ip::make_address(host_, bec); !bec) {
+      eps.emplace_back(a, port_);
+    } else {
+      tcp::resolver res(ioc_);
+      std::optional<boost::system::error_code> done;
+      res.async_resolve(host_, std::to_string(port_),
+                        [&](const boost::system::error_code& e, const tcp::resolver::results_type& r) {
+                          done = e;
+                          for (const auto& x : r) eps.push_back(x.endpoint());
+                        });
+      if (!run_until(d, done, [&] { res.cancel(); })) return fail(ec, error::timeout, "resolving " + host_);
+      if (*done || eps.empty()) return fail(ec, error::peer_lost, "cannot resolve " + host_ + ": " + done->message());
+    }
+    auto backoff = std::chrono::milliseconds(5);
+    for (;;) {
+      std::optional<boost::system::error_code> done;
+      sock_ = tcp::socket(ioc_);
+      asio::async_connect(sock_, eps, [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
+      if (!run_until(d, done, [&] { sock_.close(bec); })) return fail(ec, error::timeout, "connecting to " + address());
+      if (!*done) break;
+      const bool retry = *done == asio::error::connection_refused || *done == asio::error::timed_out ||
+                         *done == asio::error::network_unreachable || *done == asio::error::host_unreachable;
+      // The store may not be up yet (ranks can start before it): retry until the deadline.
+      if (!retry || d.remaining() <= backoff)
+        return fail(ec, error::peer_lost, "cannot connect to " + address() + ": " + done->message());
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+    }
+    sock_.set_option(tcp::no_delay(true), bec);
+    connected_ = true;
+    // Handshake.
+    // A refusal during the handshake ends the connection whatever its code:
+    // the next call connects anew.
+    auto r = read_frame(d, ec, false);
+    if (ec) return;
+    if (r.msg.code == proto::op::error) return server_error(ec, r.msg, true);
+    if (r.msg.code != proto::op::challenge || r.msg.flag != proto::version)
+      return fail(ec, error::bad_message,
+                  std::string("handshake: expected challenge v") + std::to_string(proto::version) + ", got " +
+                      proto::op_name(r.msg.code) + " v" + std::to_string(r.msg.flag));
+    const std::string server_nonce(r.msg.nonce);
+    const std::string client_nonce = random_bytes(proto::nonce_bytes);
+    write_frame(proto::frame_builder(proto::op::auth, 80)
+                    .u8(proto::version)
+                    .raw(client_nonce)
+                    .raw(handshake_mac(token_, client_label, server_nonce, client_nonce))
+                    .finish(),
+                d, ec);
+    if (ec) return;
+    r = read_frame(d, ec, false);
+    if (ec) return;
+    if (r.msg.code == proto::op::error) return server_error(ec, r.msg, true);
+    if (r.msg.code != proto::op::welcome)
+      return fail(ec, error::bad_message,
+                  std::string("handshake: expected welcome, got ") + proto::op_name(r.msg.code));
+    if (!mac_equal(r.msg.mac, handshake_mac(token_, server_label, server_nonce, client_nonce)))
+      return fail(ec, error::unauthorized, "the server at " + address() + " could not prove the job token");
+  }
+
+  //! False, with `ec` and `last_detail` set, when a request frame is over
+  //! the message limit: the server would reject it and drop the connection.
+  //! The reason reads "of N bytes exceeds ..."; callers name the request before it.
+  bool fits(std::size_t frame_bytes, std::error_code& ec) {
+    if (frame_bytes - proto::header_bytes <= max_bytes_) return true;
+    ec = make_error_code(error::bad_message);
+    last_detail =
+        "of " + std::to_string(frame_bytes) + " bytes exceeds max_message_bytes " + std::to_string(max_bytes_);
+    return false;
+  }
+
+  //! Connects when not connected, then writes `frames` (one request or several).
+  void send(const std::string& frames, deadline d, std::error_code& ec) {
+    if (!connected_) {
+      connect(d, ec);
+      if (ec) return;
+    }
+    write_frame(frames, d, ec);
+  }
+
+  //! Reads one reply; an `error` reply from the server becomes `ec`.
+  proto::decode_result receive(deadline d, std::error_code& ec) {
+    auto r = read_frame(d, ec, false);
+    if (!ec && r.msg.code == proto::op::error) server_error(ec, r.msg);
+    return r;
+  }
+
+  void write_frame(const std::string& frame, deadline d, std::error_code& ec) {
+    std::optional<boost::system::error_code> done;
+    asio::async_write(sock_, asio::buffer(frame), [&](const boost::system::error_code& e, std::size_t) { done = e; });
+    if (!run_until(d, done, [&] { sock_.cancel(); })) return fail(ec, error::timeout, "sending to " + address());
+    if (*done) return fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
+  }
+
+  //! Reads one frame. Views in the result point into this object until the
+  //! next read. On timeout the connection is closed unless `keep_on_timeout`.
+  proto::decode_result read_frame(deadline d, std::error_code& ec, bool keep_on_timeout) {
+    for (;;) {
+      if (in_.size() >= proto::header_bytes) {
+        const std::uint32_t len = proto::load_u32(in_.data());
+        if (auto why = proto::check_length(len, max_bytes_); !why.empty()) {
+          fail(ec, error::bad_message, "reply from " + address() + ": " + why);
+          return {};
+        }
+        if (in_.size() >= proto::header_bytes + len) {
+          body_.assign(in_, proto::header_bytes, len);
+          in_.erase(0, proto::header_bytes + len);
+          auto r = proto::decode_body(body_);
+          if (!r) fail(ec, error::bad_message, "reply from " + address() + ": " + r.reason);
+          return r;
+        }
+      }
+      std::optional<boost::system::error_code> done;
+      std::size_t got = 0;
+      sock_.async_read_some(asio::buffer(chunk_), [&](const boost::system::error_code& e, std::size_t n) {
+        done = e;
+        got = n;
+      });
+      if (!run_until(d, done, [&] { sock_.cancel(); })) {
+        if (keep_on_timeout) {
+          ec = make_error_code(error::timeout);
+          last_detail = "no message from " + address() + " before the deadline";
+        } else {
+          fail(ec, error::timeout, "no reply from " + address() + " before the deadline");
+        }
+        return {};
+      }
+      if (*done) {
+        fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
+        return {};
+      }
+      in_.append(chunk_.data(), got);
+    }
+  }
+
+  //! Sets `ec` from an `error` frame. The server closes the connection after
+  //! framing and authentication errors, and after any refusal of the
+  //! handshake (`in_handshake`: too many connections, a bad token): so do we.
+  void server_error(std::error_code& ec, const proto::message& m, bool in_handshake = false) {
+    ec = proto::error_from_wire(m.flag);
+    last_detail = std::string(m.value);
+    if (in_handshake || (ec != errc::timeout && ec != errc::invalid_state)) close();
+  }
+
+  void fail(std::error_code& ec, error e, std::string why) {
+    ec = make_error_code(e);
+    last_detail = std::move(why);
+    close();
+  }
+
+ private:
+  template <class Cancel>
+  bool run_until(deadline d, std::optional<boost::system::error_code>& done, Cancel cancel) {
+    // run_until with time_point::max() would overflow inside Asio.
+    const auto cap = steady_clock::now() + std::chrono::hours(24 * 365);
+    ioc_.restart();
+    ioc_.run_until(std::min(d.at(), cap));
+    if (done) return true;
+    cancel();
+    ioc_.restart();
+    ioc_.run();  // let the cancelled handler run
+    return done && *done != asio::error::operation_aborted ? true : false;
+  }
+
+  using tcp = asio::ip::tcp;
+  std::string host_;
+  std::uint16_t port_;
+  std::string token_;
+  std::size_t max_bytes_;
+  asio::io_context ioc_{1};
+  tcp::socket sock_{ioc_};
+  bool connected_ = false;
+  std::string in_, body_;
+  std::array<char, 16384> chunk_{};
+};
+
+// The server's wait for `d`, in whole milliseconds rounded up: rounded
+// down, less than one left would be 0 (answer at once), and a caller that
+// waits in slices would spin through that rest in round trips. The reply
+// may come up to a millisecond after `d`, well within call()'s allowance.
+inline std::uint32_t timeout_ms_until(deadline d) noexcept {
+  if (d.at() == steady_clock::time_point::max()) return proto::no_timeout;
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(d.remaining()).count();
+  return static_cast<std::uint32_t>(std::min<std::int64_t>(ms, proto::no_timeout - 1));
+}
+
+inline std::string keys_frame(proto::op o, const std::vector<std::string>& keys, std::uint32_t timeout_ms,
+                              bool with_timeout) {
+  std::size_t n = 16;
+  for (const auto& k : keys) n += k.size() + 4;
+  proto::frame_builder b(o, n);
+  if (with_timeout) b.u32(timeout_ms);
+  b.u32(static_cast<std::uint32_t>(keys.size()));
+  for (const auto& k : keys) b.str(k);
+  return b.finish();
+}
+
+}  // namespace detail
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/client_connection.hpp>
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+// #include <ebbflow/elastic/tcp_store.hpp>  (inlined)
+
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+// ------------------------------------------------------------------ options
+
+EBBFLOW_DECL client_options client_options::from_environment() {
+  client_options o;
+  o.timeout = env::get_ms("EBBFLOW_STORE_TIMEOUT_MS", o.timeout, 1);
+  return o;
+}
+
+// ------------------------------------------------------------------ store_watcher
+
+EBBFLOW_DECL store_watcher::store_watcher(std::unique_ptr<detail::client_connection> c) : conn_(std::move(c)) {}
+EBBFLOW_DECL store_watcher::store_watcher(store_watcher&&) noexcept = default;
+EBBFLOW_DECL store_watcher& store_watcher::operator=(store_watcher&&) noexcept = default;
+EBBFLOW_DECL store_watcher::~store_watcher() = default;
+
+EBBFLOW_DECL store_event store_watcher::next(deadline d, std::error_code& ec) noexcept {
+  ec.clear();
+  if (!conn_ || !conn_->connected()) {
+    ec = make_error_code(error::peer_lost);
+    return {};
+  }
+  auto r = conn_->read_frame(d, ec, true);
+  if (ec) return {};
+  if (r.msg.code == detail::proto::op::error) {
+    conn_->server_error(ec, r.msg);
+    conn_->close();
+    return {};
+  }
+  if (r.msg.code != detail::proto::op::event) {
+    conn_->fail(ec, error::bad_message,
+                std::string("watch: expected event, got ") + detail::proto::op_name(r.msg.code));
+    return {};
+  }
+  store_event e;
+  e.type = r.msg.flag == static_cast<std::uint8_t>(detail::proto::event_kind::erase) ? store_event::kind::erase
+                                                                                     : store_event::kind::set;
+  e.key = std::string(r.msg.key);
+  e.value = std::string(r.msg.value);
+  return e;
+}
+
+EBBFLOW_DECL store_event store_watcher::next(deadline d) {
+  std::error_code ec;
+  auto e = next(d, ec);
+  if (ec) throw_if(ec, {-1, -1, -1, "store.watch", conn_ ? conn_->last_detail : std::string("moved-from watcher")});
+  return e;
+}
+
+// ------------------------------------------------------------------ store_client
+
+EBBFLOW_DECL store_client::store_client(std::string host, std::uint16_t port, std::string token, client_options opts)
+    : host_(std::move(host)), port_(port), token_(std::move(token)), opts_(opts) {
+  EBBFLOW_ENFORCE(!host_.empty(), "store_client: empty host");
+  EBBFLOW_ENFORCE(port_ != 0, "store_client: port 0 (no store address given)");
+  conn_ = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
+}
+
+EBBFLOW_DECL store_client store_client::from_environment() {
+  const launch_info li = launch_info::from_environment();
+  EBBFLOW_ENFORCE(li.store_port != 0,
+                  "store_client::from_environment: EBBFLOW_STORE (HOST:PORT) or "
+                  "MASTER_ADDR/MASTER_PORT is not set");
+  return store_client(li.store_host, li.store_port, li.token, client_options::from_environment());
+}
+
+EBBFLOW_DECL store_client::store_client(store_client&&) noexcept = default;
+EBBFLOW_DECL store_client& store_client::operator=(store_client&&) noexcept = default;
+EBBFLOW_DECL store_client::~store_client() = default;
+
+EBBFLOW_DECL detail::proto::decode_result store_client::call(std::string frame, deadline d, bool waits,
+                                                       std::error_code& ec) noexcept {
+  ec.clear();
+  std::lock_guard lk(conn_->mu);
+  conn_->last_detail.clear();
+  if (!conn_->fits(frame.size(), ec)) {
+    conn_->last_detail = "request " + conn_->last_detail;
+    return {};
+  }
+  conn_->send(frame, d, ec);
+  if (ec) return {};
+  // A waiting request times out on the server, which names the missing keys;
+  // allow its reply a little time to arrive before giving up locally.
+  const deadline local =
+      waits && d.at() != steady_clock::time_point::max() ? deadline(d.at() + std::chrono::milliseconds(250)) : d;
+  auto r = conn_->receive(local, ec);
+  if (ec) return {};
+  return r;
+}
+
+EBBFLOW_DECL void store_client::raise(const char* operation, std::string_view key, std::error_code ec) const {
+  std::string detail;
+  if (!key.empty()) detail = "key " + detail::quote_key(key) + ", ";
+  detail += "store " + host_ + ":" + std::to_string(port_);
+  std::string why = last_error_detail();
+  if (!why.empty()) detail += ": " + why;
+  EBBFLOW_THROW((system_error(ec, {-1, -1, -1, operation, std::move(detail)})));
+}
+
+EBBFLOW_DECL std::string store_client::last_error_detail() const {
+  std::lock_guard lk(conn_->mu);
+  return conn_->last_detail;
+}
+
+EBBFLOW_DECL void store_client::close() noexcept {
+  std::lock_guard lk(conn_->mu);
+  conn_->close();
+}
+
+EBBFLOW_DECL void store_client::connect(deadline d, std::error_code& ec) noexcept {
+  ec.clear();
+  std::lock_guard lk(conn_->mu);
+  conn_->last_detail.clear();
+  conn_->connect(d, ec);
+}
+EBBFLOW_DECL void store_client::connect(deadline d) {
+  std::error_code ec;
+  connect(d, ec);
+  if (ec) raise("store.connect", {}, ec);
+}
+
+namespace detail {
+//! Checks the reply opcode; a mismatch is a protocol error.
+EBBFLOW_DECL bool expect_reply(const proto::decode_result& r, proto::op want, std::error_code& ec, client_connection& c) {
+  if (ec) return false;
+  if (r.msg.code == want) return true;
+  c.fail(ec, error::bad_message,
+         std::string("expected reply ") + proto::op_name(want) + ", got " + proto::op_name(r.msg.code));
+  return false;
+}
+//! The request frames of a non-waiting get and of an add, alone or pipelined.
+EBBFLOW_DECL std::string try_get_frame(std::string_view key) {
+  return proto::frame_builder(proto::op::get, key.size() + 16).str(key).u32(0).u8(0).finish();
+}
+EBBFLOW_DECL std::string add_frame(std::string_view key, std::int64_t delta) {
+  return proto::frame_builder(proto::op::add, key.size() + 16).str(key).i64(delta).finish();
+}
+//! A get's reply into `out`: the value, or nullopt when the key is missing;
+//! false (with `ec` set) on an error or any other reply.
+EBBFLOW_DECL bool take_value(const proto::decode_result& r, std::optional<std::string>& out, std::error_code& ec,
+                       client_connection& c) {
+  out.reset();
+  if (!ec && r.msg.code == proto::op::missing) return true;
+  if (!expect_reply(r, proto::op::value, ec, c)) return false;
+  out.emplace(r.msg.value);
+  return true;
+}
+}  // namespace detail
+
+// set
+EBBFLOW_DECL void store_client::set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept {
+  auto r = call(
+      detail::proto::frame_builder(detail::proto::op::set, key.size() + value.size() + 8).str(key).str(value).finish(),
+      d, false, ec);
+  detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
+}
+EBBFLOW_DECL void store_client::set(std::string_view key, std::string_view value, std::error_code& ec) noexcept {
+  set(key, value, default_deadline(), ec);
+}
+EBBFLOW_DECL void store_client::set(std::string_view key, std::string_view value, deadline d) {
+  std::error_code ec;
+  set(key, value, d, ec);
+  if (ec) raise("store.set", key, ec);
+}
+EBBFLOW_DECL void store_client::set(std::string_view key, std::string_view value) { set(key, value, default_deadline()); }
+
+// get
+EBBFLOW_DECL std::string store_client::get(std::string_view key, deadline d, std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::get, key.size() + 16)
+                    .str(key)
+                    .u32(detail::timeout_ms_until(d))
+                    .u8(1)
+                    .finish(),
+                d, true, ec);
+  if (!detail::expect_reply(r, detail::proto::op::value, ec, *conn_)) return {};
+  return std::string(r.msg.value);
+}
+EBBFLOW_DECL std::string store_client::get(std::string_view key, std::error_code& ec) noexcept {
+  return get(key, default_deadline(), ec);
+}
+EBBFLOW_DECL std::string store_client::get(std::string_view key, deadline d) {
+  std::error_code ec;
+  auto v = get(key, d, ec);
+  if (ec) raise("store.get", key, ec);
+  return v;
+}
+EBBFLOW_DECL std::string store_client::get(std::string_view key) { return get(key, default_deadline()); }
+
+// try_get
+EBBFLOW_DECL std::optional<std::string> store_client::try_get(std::string_view key, deadline d,
+                                                        std::error_code& ec) noexcept {
+  auto r = call(detail::try_get_frame(key), d, false, ec);
+  std::optional<std::string> v;
+  detail::take_value(r, v, ec, *conn_);
+  return v;
+}
+EBBFLOW_DECL std::optional<std::string> store_client::try_get(std::string_view key, std::error_code& ec) noexcept {
+  return try_get(key, default_deadline(), ec);
+}
+EBBFLOW_DECL std::optional<std::string> store_client::try_get(std::string_view key, deadline d) {
+  std::error_code ec;
+  auto v = try_get(key, d, ec);
+  if (ec) raise("store.try_get", key, ec);
+  return v;
+}
+EBBFLOW_DECL std::optional<std::string> store_client::try_get(std::string_view key) {
+  return try_get(key, default_deadline());
+}
+
+// add
+EBBFLOW_DECL std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d,
+                                      std::error_code& ec) noexcept {
+  auto r = call(detail::add_frame(key, delta), d, false, ec);
+  if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
+  return r.msg.integer;
+}
+EBBFLOW_DECL std::int64_t store_client::add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept {
+  return add(key, delta, default_deadline(), ec);
+}
+EBBFLOW_DECL std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d) {
+  std::error_code ec;
+  auto v = add(key, delta, d, ec);
+  if (ec) raise("store.add", key, ec);
+  return v;
+}
+EBBFLOW_DECL std::int64_t store_client::add(std::string_view key, std::int64_t delta) {
+  return add(key, delta, default_deadline());
+}
+
+// pipelined: requests for `keys` leave in batches and the replies come back
+// in order (the server answers the frames of one connection in turn).
+// `frame(i)` builds request i; `reply(i, r)` takes its reply and returns
+// false (with `ec` set) when it is not what was asked for.
+template <class Frame, class Reply>
+void store_client::pipelined(const char* what, std::span<const std::string> keys, Frame&& frame, Reply&& reply,
+                             deadline d, std::error_code& ec) {
+  ec.clear();
+  // Batches small enough for the server's output budget and the socket buffers.
+  constexpr std::size_t batch = 64;
+  std::lock_guard lk(conn_->mu);
+  conn_->last_detail.clear();
+  for (std::size_t first = 0; first < keys.size(); first += batch) {
+    const std::size_t last = std::min(keys.size(), first + batch);
+    std::string frames;
+    for (std::size_t i = first; i < last; ++i) {
+      std::string f = frame(i);
+      if (!conn_->fits(f.size(), ec)) {
+        conn_->last_detail =
+            std::string(what) + ": request for key " + detail::quote_key(keys[i]) + " " + conn_->last_detail;
+        return;
+      }
+      frames += f;
+    }
+    conn_->send(frames, d, ec);
+    if (ec) return;
+    for (std::size_t i = first; i < last; ++i) {
+      auto r = conn_->receive(d, ec);
+      if (ec || !reply(i, r)) {
+        conn_->last_detail = std::string(what) + ": reply " + std::to_string(i + 1) + " of " +
+                             std::to_string(keys.size()) + " (key " + detail::quote_key(keys[i]) +
+                             "): " + conn_->last_detail;
+        // Replies to the rest of this batch may still be in flight: the
+        // connection cannot be reused in step with its requests.
+        conn_->close();
+        return;
+      }
+    }
+  }
+}
+
+// add_many: pipelined adds
+EBBFLOW_DECL std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
+                                                        std::span<const std::int64_t> deltas, deadline d,
+                                                        std::error_code& ec) {
+  if (keys.size() != deltas.size())
+    throw std::invalid_argument("store.add_many: " + std::to_string(keys.size()) + " keys but " +
+                                std::to_string(deltas.size()) + " deltas");
+  std::vector<std::int64_t> out;
+  out.reserve(keys.size());
+  pipelined(
+      "add_many", keys, [&](std::size_t i) { return detail::add_frame(keys[i], deltas[i]); },
+      [&](std::size_t, const detail::proto::decode_result& r) {
+        if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return false;
+        out.push_back(r.msg.integer);
+        return true;
+      },
+      d, ec);
+  return out;
+}
+EBBFLOW_DECL std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
+                                                        std::span<const std::int64_t> deltas, deadline d) {
+  std::error_code ec;
+  auto v = add_many(keys, deltas, d, ec);
+  if (ec) raise("store.add_many", {}, ec);
+  return v;
+}
+
+// try_get_many: pipelined try_get
+EBBFLOW_DECL std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys, deadline d,
+                                                                          std::error_code& ec) {
+  std::vector<std::optional<std::string>> out;
+  out.reserve(keys.size());
+  pipelined(
+      "try_get_many", keys, [&](std::size_t i) { return detail::try_get_frame(keys[i]); },
+      [&](std::size_t, const detail::proto::decode_result& r) {
+        std::optional<std::string> v;
+        if (!detail::take_value(r, v, ec, *conn_)) return false;
+        out.push_back(std::move(v));
+        return true;
+      },
+      d, ec);
+  return out;
+}
+EBBFLOW_DECL std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys,
+                                                                          deadline d) {
+  std::error_code ec;
+  auto v = try_get_many(keys, d, ec);
+  if (ec) raise("store.try_get_many", {}, ec);
+  return v;
+}
+
+// compare_set
+EBBFLOW_DECL compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+                                                    std::string_view desired, deadline d,
+                                                    std::error_code& ec) noexcept {
+  auto r = call(
+      detail::proto::frame_builder(detail::proto::op::compare_set, key.size() + expected.size() + desired.size() + 16)
+          .str(key)
+          .str(expected)
+          .str(desired)
+          .finish(),
+      d, false, ec);
+  if (!detail::expect_reply(r, detail::proto::op::cas_result, ec, *conn_)) return {};
+  return {r.msg.flag != 0, std::string(r.msg.value)};
+}
+EBBFLOW_DECL compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+                                                    std::string_view desired, std::error_code& ec) noexcept {
+  return compare_set(key, expected, desired, default_deadline(), ec);
+}
+EBBFLOW_DECL compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+                                                    std::string_view desired, deadline d) {
+  std::error_code ec;
+  auto v = compare_set(key, expected, desired, d, ec);
+  if (ec) raise("store.compare_set", key, ec);
+  return v;
+}
+EBBFLOW_DECL compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+                                                    std::string_view desired) {
+  return compare_set(key, expected, desired, default_deadline());
+}
+
+// wait
+EBBFLOW_DECL void store_client::wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept {
+  auto r = call(detail::keys_frame(detail::proto::op::wait, keys, detail::timeout_ms_until(d), true), d, true, ec);
+  detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
+}
+EBBFLOW_DECL void store_client::wait(const std::vector<std::string>& keys, deadline d) {
+  std::error_code ec;
+  wait(keys, d, ec);
+  if (ec) raise("store.wait", keys.size() == 1 ? std::string_view(keys[0]) : std::string_view{}, ec);
+}
+
+// wait_any
+EBBFLOW_DECL std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d,
+                                          std::error_code& ec) noexcept {
+  auto r = call(detail::keys_frame(detail::proto::op::wait_any, keys, detail::timeout_ms_until(d), true), d, true, ec);
+  if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
+  if (r.msg.integer < 0 || static_cast<std::uint64_t>(r.msg.integer) >= keys.size()) {
+    ec = make_error_code(error::bad_message);
+    return 0;
+  }
+  return static_cast<std::size_t>(r.msg.integer);
+}
+EBBFLOW_DECL std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d) {
+  if (keys.empty()) throw std::invalid_argument("store.wait_any: no keys to wait for");
+  std::error_code ec;
+  auto i = wait_any(keys, d, ec);
+  if (ec) raise("store.wait_any", keys.size() == 1 ? std::string_view(keys[0]) : std::string_view{}, ec);
+  return i;
+}
+
+// check
+EBBFLOW_DECL bool store_client::check(const std::vector<std::string>& keys, std::error_code& ec) noexcept {
+  auto r = call(detail::keys_frame(detail::proto::op::check, keys, 0, false), default_deadline(), false, ec);
+  if (!detail::expect_reply(r, detail::proto::op::boolean, ec, *conn_)) return false;
+  return r.msg.flag != 0;
+}
+EBBFLOW_DECL bool store_client::check(const std::vector<std::string>& keys) {
+  std::error_code ec;
+  auto v = check(keys, ec);
+  if (ec) raise("store.check", {}, ec);
+  return v;
+}
+
+// erase
+EBBFLOW_DECL bool store_client::erase(std::string_view key, std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::erase, key.size() + 8).str(key).finish(),
+                default_deadline(), false, ec);
+  if (!detail::expect_reply(r, detail::proto::op::boolean, ec, *conn_)) return false;
+  return r.msg.flag != 0;
+}
+EBBFLOW_DECL bool store_client::erase(std::string_view key) {
+  std::error_code ec;
+  auto v = erase(key, ec);
+  if (ec) raise("store.erase", key, ec);
+  return v;
+}
+
+// num_keys
+EBBFLOW_DECL std::int64_t store_client::num_keys(std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::num_keys).finish(), default_deadline(), false, ec);
+  if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
+  return r.msg.integer;
+}
+EBBFLOW_DECL std::int64_t store_client::num_keys() {
+  std::error_code ec;
+  auto v = num_keys(ec);
+  if (ec) raise("store.num_keys", {}, ec);
+  return v;
+}
+
+// ping
+EBBFLOW_DECL void store_client::ping(deadline d, std::error_code& ec) noexcept {
+  auto r = call(detail::proto::frame_builder(detail::proto::op::ping).finish(), d, false, ec);
+  detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
+}
+EBBFLOW_DECL void store_client::ping(deadline d) {
+  std::error_code ec;
+  ping(d, ec);
+  if (ec) raise("store.ping", {}, ec);
+}
+
+// watch
+EBBFLOW_DECL store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d,
+                                         std::error_code& ec) noexcept {
+  ec.clear();
+  auto c = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
+  c->send(detail::proto::frame_builder(detail::proto::op::watch, prefix.size() + 8)
+              .str(prefix)
+              .u8(include_existing ? 1 : 0)
+              .finish(),
+          d, ec);
+  if (!ec) detail::expect_reply(c->receive(d, ec), detail::proto::op::ok, ec, *c);
+  if (ec) {
+    std::lock_guard lk(conn_->mu);
+    conn_->last_detail = c->last_detail;
+    c->close();
+  }
+  return store_watcher(std::move(c));
+}
+EBBFLOW_DECL store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d) {
+  std::error_code ec;
+  auto w = watch(prefix, include_existing, d, ec);
+  if (ec) raise("store.watch", prefix, ec);
+  return w;
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
+// ---- end <ebbflow/elastic/impl/store_client.hpp>
+
+#if !EBBFLOW_HEADER_ONLY
+// The library instantiates the work stealing the group does on this store.
+// #include <ebbflow/plan/work_stealing.hpp>  (inlined)
+EBBFLOW_BEGIN_NAMESPACE
+extern template class plan::work_stealer<elastic::store_client>;
+EBBFLOW_END_NAMESPACE
+#endif
+#endif  // EBBFLOW_HAS_ASIO
+// ==== end <ebbflow/elastic/tcp_store.hpp>
+
+// ==== begin <ebbflow/elastic/ucx_network.hpp> =============================
+#if EBBFLOW_HAS_UCX
+// SPDX-License-Identifier: Apache-2.0
+//! @file ucx_network.hpp
+//! `ucx_network`: the elastic group's `network` over UCX. One UCX worker
+//! (one address) serves the whole job; each generation builds its transport
+//! on it, reusing the endpoints between members that stay, and the
+//! generation bits of every wire tag keep late messages of an older
+//! generation from matching. Requires the `ebbflow::ucx` component.
+//!
+//! Thread safety: used by the group's training thread, except
+//! `start_connect`, which the group's admission helper may call while the
+//! training thread uses the current generation (`concurrent_connect()`).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/ucx/handles.hpp>  (inlined)
+// #include <ebbflow/comm/ucx/transport.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
+
+#include <memory>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! The elastic group's `network` over UCX: one context and one worker for
+//! the whole job, a `comm::ucx::transport` per generation. `start_connect`
+//! may be called from a helper thread when `concurrent_connect()`; nothing
+//! else is thread-safe.
+class ucx_network {
+ public:
+  using transport_type = comm::ucx::transport;  //!< what `connect` builds per generation
+
+  //! Creates the process's UCP context and its one worker (UCX reads its
+  //! configuration from the environment; see docs/comm.md for the defaults
+  //! ebbflow sets). @throws system_error when UCX cannot initialise.
+  ucx_network();
+  //! Shares an existing context.
+  explicit ucx_network(std::shared_ptr<comm::ucx::context> ctx);
+
+  //! Whether `start_connect` may run on another thread while the current
+  //! generation trains on the same worker (UCX built with thread support).
+  [[nodiscard]] bool concurrent_connect() const noexcept { return worker_->multi_threaded(); }
+
+  //! One worker serves every generation, so its address never changes: the
+  //! group publishes it once, and a membership change only builds endpoints.
+  [[nodiscard]] static constexpr bool stable_address() noexcept { return true; }
+
+  //! This process's worker address (the same for every generation).
+  bytes prepare(std::int64_t) const { return bytes(worker_->address().begin(), worker_->address().end()); }
+
+  //! Connects to every member of generation `g` (addresses in rank order) on
+  //! the shared worker. Blocks until every endpoint is wired up or `d` passes.
+  //! @throws system_error (peer_lost / timeout naming the peer), std::invalid_argument.
+  transport_type connect(std::int64_t g, int rank, const std::vector<bytes>& addresses, deadline d) {
+    return transport_type(worker_, g, rank, static_cast<int>(addresses.size()), addresses, d);
+  }
+  //! As `connect`, without blocking: the endpoints wire up while the current
+  //! generation keeps training on the same worker (see
+  //! `comm::ucx::transport::start`); the group finishes it at the switch.
+  transport_type start_connect(std::int64_t g, int rank, const std::vector<bytes>& addresses) {
+    return transport_type::start(worker_, g, rank, static_cast<int>(addresses.size()), addresses);
+  }
+  //! After a failure: the next generation opens new endpoints rather than
+  //! reuse those of the failed one, which may carry its abandoned traffic
+  //! (a membership change without failure reuses the endpoints between the
+  //! members that stay; see `comm::ucx::endpoint_pool`).
+  void discard_endpoints() noexcept { worker_->endpoints().retire(); }
+
+ private:
+  std::shared_ptr<comm::ucx::worker> worker_;
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/elastic/impl/ucx_network.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/ucx_network.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/ucx_network.hpp
+//! Definitions of elastic/ucx_network.hpp.
+
+
+// #include <ebbflow/elastic/ucx_network.hpp>  (inlined)
+
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+EBBFLOW_DECL ucx_network::ucx_network() : ucx_network(comm::ucx::context::create()) {}
+
+EBBFLOW_DECL ucx_network::ucx_network(std::shared_ptr<comm::ucx::context> ctx) {
+  EBBFLOW_ENFORCE(ctx != nullptr, "ucx_network: null UCX context");
+  // Multi-threaded, so the group can build the next generation's endpoints
+  // on a helper thread while training progresses the worker.
+  worker_ = std::make_shared<comm::ucx::worker>(std::move(ctx), UCS_THREAD_MODE_MULTI);
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
+// ---- end <ebbflow/elastic/impl/ucx_network.hpp>
+#endif  // EBBFLOW_HAS_UCX
+// ==== end <ebbflow/elastic/ucx_network.hpp>
+
+// ==== begin <ebbflow/elastic/group.hpp> ===================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file group.hpp
+//! The elastic group: data-parallel training whose workers join, leave and
+//! fail while training goes on, with no restart and no lost or repeated
+//! sample.
+//!
+//! A training loop joins the job and trains like this (docs/elastic.md
+//! explains each line; docs/snippets/training_loop.cpp is the whole program,
+//! which the tests build and run):
+//! <!-- snippet: docs/snippets/training_loop.cpp#join -->
+//! @code
+//!   el::leave_on_signal(SIGTERM);                                    // SIGTERM: leave at the next step boundary
+//!   el::group_options opts = el::group_options::from_environment();  // EBBFLOW_* settings (docs/elastic.md)
+//!   opts.global_batch = 128;                                         // required: B, samples per step
+//!   opts.dataset_size = dataset_size;                                // required: N, samples per epoch
+//!   el::ucx_network net;
+//!   el::group g([] { return std::make_unique<el::store_client>(el::store_client::from_environment()); }, net, opts,
+//!               ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
+//!   g.register_state("params", std::as_writable_bytes(std::span(params)));      // what must be equal on every
+//!   g.register_state("velocity", std::as_writable_bytes(std::span(velocity)));  // member: model and optimizer
+//! @endcode
+//! <!-- snippet: docs/snippets/training_loop.cpp#loop -->
+//! @code
+//!   while (g.keep_training(steps)) {
+//!     const el::step_info s = g.begin_step();  // my slice: positions [s.cursor + s.offset, + s.batch) of epoch s.epoch
+//!     const auto t0 = std::chrono::steady_clock::now();
+//!     compute_gradients(s, params, grads);
+//!     const std::chrono::duration<double> compute = std::chrono::steady_clock::now() - t0;
+//!     if (!g.allreduce(grads)) continue;  // a member failed: the step was rolled back; redo it
+//!     sgd_step(params, velocity, grads);
+//!     g.end_step(compute.count());  // commit; joins, leaves and re-plans take effect here
+//!   }
+//! @endcode
+//! `keep_training` ends the loop once `total_steps` steps are committed and
+//! no membership change is unfinished, and then marks the job finished
+//! (`finish`); a loop that ends otherwise calls `finish` itself.
+//!
+//! Guarantees (docs/elastic.md gives the protocol and the argument for each):
+//! * Every member applies the same update every step: the gradient of the
+//!   step's global batch, each sample of an epoch used exactly once across
+//!   joins, leaves and failures, so the parameters equal a single-process
+//!   run over the same global batches.
+//! * A failure (a peer's death or hang) makes a collective return false on
+//!   every survivor: the step was rolled back (no update applied, the cursor
+//!   did not advance) and the group re-formed; the caller redoes it.
+//! * Joins and leaves take effect at step boundaries; newcomers connect in
+//!   the background while the members train, and receive the committed state
+//!   from the members holding it.
+//! * Every wait has a deadline (group_options); what the group cannot
+//!   recover from throws `group_error` naming the rank, generation and cause.
+//!
+//! Thread safety: one thread drives a group; `request_leave` may be called
+//! from any thread or a signal handler (through `leave_on_signal`).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)    // launch_info
+// #include <ebbflow/core/error.hpp>  (inlined)  // system_error
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/group_impl.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/group_impl.hpp
+//! The state of an elastic group and the operations on it, behind the public
+//! `elastic::group` (elastic/group.hpp, the contract). One class, because
+//! every part works on the same generation; its definitions are split by
+//! concern, one file each, under elastic/impl/group/:
+//!
+//! | file                  | owns                                                           |
+//! |-----------------------|----------------------------------------------------------------|
+//! | lifecycle.hpp         | construction, the end of a member, registered state, finish,   |
+//! |                       | keep_training                                                  |
+//! | formation.hpp         | generation 0 and waiting to be admitted as a newcomer          |
+//! | generation.hpp        | entering a generation: addresses, wire-up, install, leaving    |
+//! | step.hpp              | the user's step: begin, collectives, work stealing, commit     |
+//! | join_tickets.hpp      | the coordinator's queue of newcomers and their cool-downs      |
+//! | membership_change.hpp | joins and leaves decided at a step boundary, connected in the  |
+//! |                       | background by the admission helper thread                      |
+//! | state_transfer.hpp    | streaming the committed state to members that lack it          |
+//! | recovery.hpp          | re-forming the group after a failure                           |
+//! | heartbeat.hpp         | the heartbeat thread: leases, exit reports, aborts, stalls     |
+//!
+//! Threads: the training thread (the user's, calling the group) owns
+//! everything not marked otherwise. The heartbeat thread touches only the
+//! `hb_*` members (under `hb_mutex_` or atomic), the atomics it shares with
+//! the training thread, and its own store client. The admission helper
+//! thread touches only what `start_admission` hands it and its
+//! `admission_result`. The protocol is described in docs/elastic.md.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/communicator.hpp>  (inlined)
+// #include <ebbflow/comm/revocable.hpp>  (inlined)
+// #include <ebbflow/comm/transport.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/progress.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/progress.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file progress.hpp
+//! Where a member's training thread is, as one store counter: the stall
+//! warning's heartbeat publishes it and the waiting members read it.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <algorithm>
+#include <cstdint>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+/// Step, generation and the number of the collective within the step, packed
+/// as `step * 2^24 + generation * 2^8 + collective` so that a member behind
+/// another reads a lower counter. The generation saturates at 2^16 - 1 and
+/// the collective at 255 and the step at 2^39 - 1; a negative step reads
+/// as 0. Collective 0 is the
+/// control exchange after step `step - 1` (it runs after the commit).
+struct progress {
+  static constexpr std::int64_t max_generation = 0xffff;
+  static constexpr int max_collective = 0xff;
+  static constexpr std::int64_t max_step = (std::int64_t{1} << 39) - 1;
+
+  std::int64_t step = 0;
+  std::int64_t generation = 0;
+  int collective = 0;
+
+  /// The generation as the counter holds it (saturated).
+  [[nodiscard]] static constexpr std::int64_t stored_generation(std::int64_t g) noexcept {
+    return std::clamp<std::int64_t>(g, 0, max_generation);
+  }
+
+  [[nodiscard]] constexpr std::int64_t encode() const noexcept {
+    return (std::clamp<std::int64_t>(step, 0, max_step) << 24) + (stored_generation(generation) << 8) +
+           std::clamp(collective, 0, max_collective);
+  }
+
+  [[nodiscard]] static constexpr progress decode(std::int64_t word) noexcept {
+    return {word >> 24, (word >> 8) & max_generation, static_cast<int>(word & max_collective)};
+  }
+};
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/progress.hpp>
+// #include <ebbflow/elastic/detail/records.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/records.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/records.hpp
+//! The values the elastic group keeps in the store, and their formats: the
+//! record of a generation (binary, `generation_record`), join tickets and a
+//! worker's join failures (text), and integers (decimal text). Owned by no
+//! one part of the group: every part that reads or writes these keys uses
+//! these types, so a format lives in one place.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/wire.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/wire.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file wire.hpp
+//! Little-endian byte writer/reader for the elastic group's records. The
+//! reader checks every length, so a truncated or corrupted record becomes
+//! `errc::bad_message`, never an out-of-bounds read.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+class writer {
+ public:
+  template <class T>
+  requires std::is_trivially_copyable_v<T> writer& put(const T& v) {
+    const auto* p = reinterpret_cast<const std::byte*>(&v);
+    out_.insert(out_.end(), p, p + sizeof v);
+    return *this;
+  }
+  writer& put_bytes(std::span<const std::byte> b) {
+    put<std::uint64_t>(b.size());
+    out_.insert(out_.end(), b.begin(), b.end());
+    return *this;
+  }
+  [[nodiscard]] std::vector<std::byte> take() { return std::move(out_); }
+
+ private:
+  std::vector<std::byte> out_;
+};
+
+class reader {
+ public:
+  reader(std::span<const std::byte> in, const char* what) : in_(in), what_(what) {}
+  template <class T>
+  requires std::is_trivially_copyable_v<T> T get() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, in_.data() + pos_, sizeof v);
+    pos_ += sizeof v;
+    return v;
+  }
+  std::vector<std::byte> get_bytes() {
+    const auto n = get<std::uint64_t>();
+    need(n);
+    std::vector<std::byte> b(in_.begin() + static_cast<std::ptrdiff_t>(pos_),
+                             in_.begin() + static_cast<std::ptrdiff_t>(pos_ + n));
+    pos_ += n;
+    return b;
+  }
+  //! Elements of a length-prefixed array, bounded by what is left.
+  std::uint64_t get_count(std::size_t elem_size) {
+    const auto n = get<std::uint64_t>();
+    if (elem_size && n > (in_.size() - pos_) / elem_size) fail();
+    return n;
+  }
+  void expect_end() const {
+    if (pos_ != in_.size()) fail();
+  }
+
+ private:
+  void need(std::uint64_t n) const {
+    if (n > in_.size() - pos_) fail();
+  }
+  [[noreturn]] void fail() const {
+    throw system_error(
+        make_error_code(error::bad_message),
+        {.operation = "decode", .detail = std::string(what_) + " of " + std::to_string(in_.size()) + " bytes"});
+  }
+  std::span<const std::byte> in_;
+  std::size_t pos_ = 0;
+  const char* what_;
+};
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/wire.hpp>
+// #include <ebbflow/elastic/group_types.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/group_types.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file group_types.hpp
+//! What the elastic group hands a training loop: this member's share of a
+//! step (`step_info`), a membership change (`world_change`, `change_reason`),
+//! and the settings of in-step work stealing (`steal_settings`).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
+// #include <ebbflow/plan/work_stealing.hpp>  (inlined)  // plan::steal_options
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! What this member does in the current step.
+struct step_info {
+  std::int64_t step = 0;           //!< committed steps so far (this step's number)
+  std::int64_t epoch = 0;          //!< epoch of this step
+  std::size_t cursor = 0;          //!< position in the epoch's sample order where this step's global batch starts
+  std::size_t global_batch = 0;    //!< B_t (B, or less for an epoch's short last batch)
+  std::size_t offset = 0;          //!< start of this member's slice inside the global batch
+  std::size_t batch = 0;           //!< b_i, this member's slice length (may be 0)
+  double weight = 0;               //!< b_i / B_t: scale of this member's mean-loss gradient
+  int rank = 0;                    //!< rank in the current generation
+  int world_size = 1;              //!< members in the current generation
+  std::int64_t generation = 0;     //!< current generation
+  std::uint64_t plan_version = 0;  //!< identifies the plan (same on every member)
+};
+
+//! Settings of `group::steal_step`.
+struct steal_settings {
+  plan::steal_options chunks{};       //!< chunk sizes (and the deadline of each claim)
+  double claim_seconds = 60e-6;       //!< one store round trip (what a claim costs a thief)
+  double chunk_overhead_seconds = 0;  //!< this member's cost of processing one more chunk
+};
+
+//! Why the membership changed (passed to world-changed callbacks).
+enum class change_reason : std::uint8_t { initial, join, leave, failure };
+
+namespace detail {
+inline constexpr auto change_reason_names =
+    make_enum_names(change_reason::initial, "initial", "join", "leave", "failure");
+static_assert(change_reason_names.last() == change_reason::failure);
+}  // namespace detail
+
+//! The reason as a lower-case word ("initial", "join", "leave", "failure"), for logs.
+constexpr std::string_view name(change_reason r) noexcept { return detail::change_reason_names(r); }
+
+//! A membership change as seen by callbacks and the event log.
+struct world_change {
+  std::int64_t generation = 0;                    //!< the generation that the change created
+  change_reason reason = change_reason::initial;  //!< why it changed
+  int old_size = 0;                               //!< members before the change (0 for the initial formation)
+  int new_size = 0;                               //!< members after the change
+  int rank = 0;                                   //!< this member's new rank
+  std::int64_t step = 0;                          //!< committed step at which the change took effect
+  double stall_seconds = 0;                       //!< time from the change's start to this member being ready again
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/group_types.hpp>
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)         // bytes
 // #include <ebbflow/elastic/planning_policy.hpp>  (inlined here)
 // ---- begin <ebbflow/elastic/planning_policy.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -11917,6 +14610,9 @@ class group_impl {
   void commit(double compute_seconds, std::optional<std::size_t> processed);
   void restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor);
   void finish();
+  bool keep_training(std::int64_t total_steps);
+  // A membership change is unfinished (group::changing).
+  bool changing() const noexcept { return next_.has_value() || pending_.has_value(); }
 
  private:
   friend class elastic::group<Store, Net>;  // reads the state its accessors return
@@ -12105,6 +14801,7 @@ class group_impl {
   bool became_member_ = false;      // became_member() ran: once per process
   bool member_scheduling_ = false;  // take_member_scheduling() ran: once per process
   bool started_ = false;            // begin_step was called
+  bool finished_ = false;           // keep_training found the job's steps done and called finish()
   // Where the user's step is: begin_step opens it, end_step closes it, a
   // collective that returns false aborts it (redo from begin_step).
   enum class step_phase : unsigned char { closed, open, aborted };
@@ -12268,7 +14965,8 @@ EBBFLOW_END_NAMESPACE
 //! @file impl/group/lifecycle.hpp
 //! Construction and the end of a member: the checks of the options, the
 //! store connections, registration with the job, the end-of-job wait, the
-//! registered state and a restored position, `finish`, and the fault points.
+//! registered state and a restored position, `finish` and `keep_training`,
+//! and the fault points.
 //! May touch any member: it runs before and after the other threads.
 
 
@@ -12640,6 +15338,24 @@ void group_impl<Store, Net>::finish() {
                      << e.what() << "): workers still waiting to join it are not told, and wait until "
                      << "EBBFLOW_JOIN_TIMEOUT_MS");
   }
+}
+
+template <kv_store Store, network Net>
+bool group_impl<Store, Net>::keep_training(std::int64_t total_steps) {
+  EBBFLOW_ENFORCE(total_steps >= 0 && total_steps <= max_step,
+                  "keep_training: total_steps " << total_steps << " (expected 0 to 2^62)");
+  if (!active_ || finished_) return false;
+  // A joiner (step_ -1 until its state arrives) and a change still in flight
+  // keep the loop going: the members that admitted a newcomer wait for it
+  // rather than leave it stranded. Every member sees the same step_ and the
+  // same change after end_step, so they all stop at the same boundary.
+  if (step_ < total_steps || changing()) return true;
+  // Marked once, on every member (the same key: the calls after the first
+  // change nothing): a worker started later under this job is refused at
+  // once (job_finished) instead of waiting out its join timeout.
+  finished_ = true;
+  finish();
+  return false;
 }
 
 template <kv_store Store, network Net>
@@ -13813,6 +16529,68 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
+// Member templates: instantiated in the user's translation unit in either mode.
+template <kv_store Store, network Net>
+template <class F>
+bool group_impl<Store, Net>::collective(F&& f) {
+  const inside busy(in_group_);
+  require_open_step("a collective");
+  try {
+    {
+      const auto w = enter_collective();
+      f(*comm_);
+    }
+    return true;
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    EBBFLOW_LOG_WARN("step " << step_ << " aborted: " << e.what());
+    phase_ = step_phase::aborted;
+    recover(gen_.generation, lost_peer_of(e));
+    return false;
+  }
+}
+
+
+template <kv_store Store, network Net>
+template <class Process>
+plan::steal_report group_impl<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
+  require_open_step("steal_step");
+  if (!steal_key_.empty() && steal_attempt_ == std::pair{gen_.generation, step_})
+    fail(error::invalid_state, "steal_step called twice in step " + std::to_string(step_));
+  release_steal_counter();  // an aborted attempt's
+  steal_attempt_ = {gen_.generation, step_};
+  const auto info = current_slice();
+  const std::vector<std::size_t> full(gen_.plan.begin(), gen_.plan.end());
+  const auto slices = scale_plan(full, info.global_batch);
+  std::vector<std::size_t> offset(slices.size(), 0);
+  for (std::size_t r = 1; r < slices.size(); ++r) offset[r] = offset[r - 1] + slices[r - 1];
+  plan::work_stealer<Store> stealer(
+      *store_, key("steal"), {static_cast<std::uint64_t>(gen_.generation), static_cast<std::uint64_t>(step_)},
+      std::span<const std::size_t>(slices), static_cast<std::size_t>(rank_), settings.chunks);
+  steal_key_ = stealer.key(static_cast<std::size_t>(rank_));
+  const auto run = [&](const plan::chunk& c) { process(offset[c.rank] + c.first, offset[c.rank] + c.last); };
+
+  std::vector<member_id> ids;
+  for (auto& m : gen_.members) ids.push_back(m.id);
+  const auto models = policy_->models(ids);
+  const bool paced = models.size() == ids.size() && std::all_of(models.begin(), models.end(), [](const auto& m) {
+                       return std::isfinite(m.fixed_seconds) && m.fixed_seconds >= 0 &&
+                              std::isfinite(m.seconds_per_sample) && m.seconds_per_sample > 0;
+                     });
+  if (paced && info.global_batch > 0) {
+    std::vector<plan::worker_spec> specs;
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      specs.push_back({static_cast<std::uint64_t>(ids[i]), models[i].fixed_seconds, models[i].seconds_per_sample,
+                       std::numeric_limits<std::size_t>::max(), 0, 0});
+    const auto bp = plan::make_plan(specs, slices, gen_.plan_version);
+    plan::steal_policy pacing(specs, bp, static_cast<std::size_t>(rank_), settings.claim_seconds,
+                              settings.chunk_overhead_seconds);
+    return plan::run_stealing_step(stealer, pacing, run);
+  }
+  return plan::run_stealing_step(stealer, run);  // no models yet: unpaced
+}
+
+
 template <kv_store Store, network Net>
 step_info group_impl<Store, Net>::begin_step() {
   const inside busy(in_group_);
@@ -13856,26 +16634,6 @@ step_info group_impl<Store, Net>::current_slice() const {
   s.generation = gen_.generation;
   s.plan_version = gen_.plan_version;
   return s;
-}
-
-template <kv_store Store, network Net>
-template <class F>
-bool group_impl<Store, Net>::collective(F&& f) {
-  const inside busy(in_group_);
-  require_open_step("a collective");
-  try {
-    {
-      const auto w = enter_collective();
-      f(*comm_);
-    }
-    return true;
-  } catch (const system_error& e) {
-    if (!detail::recoverable(e.code())) throw;
-    EBBFLOW_LOG_WARN("step " << step_ << " aborted: " << e.what());
-    phase_ = step_phase::aborted;
-    recover(gen_.generation, lost_peer_of(e));
-    return false;
-  }
 }
 
 template <kv_store Store, network Net>
@@ -13953,45 +16711,6 @@ void group_impl<Store, Net>::notify(change_reason reason, int old_size, double s
       throw;
     }
   }
-}
-
-template <kv_store Store, network Net>
-template <class Process>
-plan::steal_report group_impl<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
-  require_open_step("steal_step");
-  if (!steal_key_.empty() && steal_attempt_ == std::pair{gen_.generation, step_})
-    fail(error::invalid_state, "steal_step called twice in step " + std::to_string(step_));
-  release_steal_counter();  // an aborted attempt's
-  steal_attempt_ = {gen_.generation, step_};
-  const auto info = current_slice();
-  const std::vector<std::size_t> full(gen_.plan.begin(), gen_.plan.end());
-  const auto slices = scale_plan(full, info.global_batch);
-  std::vector<std::size_t> offset(slices.size(), 0);
-  for (std::size_t r = 1; r < slices.size(); ++r) offset[r] = offset[r - 1] + slices[r - 1];
-  plan::work_stealer<Store> stealer(
-      *store_, key("steal"), {static_cast<std::uint64_t>(gen_.generation), static_cast<std::uint64_t>(step_)},
-      std::span<const std::size_t>(slices), static_cast<std::size_t>(rank_), settings.chunks);
-  steal_key_ = stealer.key(static_cast<std::size_t>(rank_));
-  const auto run = [&](const plan::chunk& c) { process(offset[c.rank] + c.first, offset[c.rank] + c.last); };
-
-  std::vector<member_id> ids;
-  for (auto& m : gen_.members) ids.push_back(m.id);
-  const auto models = policy_->models(ids);
-  const bool paced = models.size() == ids.size() && std::all_of(models.begin(), models.end(), [](const auto& m) {
-                       return std::isfinite(m.fixed_seconds) && m.fixed_seconds >= 0 &&
-                              std::isfinite(m.seconds_per_sample) && m.seconds_per_sample > 0;
-                     });
-  if (paced && info.global_batch > 0) {
-    std::vector<plan::worker_spec> specs;
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      specs.push_back({static_cast<std::uint64_t>(ids[i]), models[i].fixed_seconds, models[i].seconds_per_sample,
-                       std::numeric_limits<std::size_t>::max(), 0, 0});
-    const auto bp = plan::make_plan(specs, slices, gen_.plan_version);
-    plan::steal_policy pacing(specs, bp, static_cast<std::size_t>(rank_), settings.claim_seconds,
-                              settings.chunk_overhead_seconds);
-    return plan::run_stealing_step(stealer, pacing, run);
-  }
-  return plan::run_stealing_step(stealer, run);  // no models yet: unpaced
 }
 
 template <kv_store Store, network Net>
@@ -14140,6 +16859,7 @@ void group_impl<Store, Net>::commit(double compute_seconds, std::optional<std::s
     change_membership(leaves, n);
   }
 }
+
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
@@ -15152,7 +17872,10 @@ class group {
   void request_leave() noexcept { impl_.leave_requested_.store(true); }
   //! Marks the job finished: workers still waiting to join stop waiting, and
   //! joiners admitted to a change still in flight (see `changing`) stop
-  //! waiting for the state with a clear error (job_finished).
+  //! waiting for the state with a clear error (job_finished); a worker
+  //! started later under this job is refused at once. `keep_training` calls
+  //! it when the steps are done; a loop that ends otherwise calls it after
+  //! its last step (on one member or on all: the same mark).
   //! @throws system_error from the store.
   void finish() { impl_.finish(); }
   //! True while a membership change is unfinished: decided at an earlier
@@ -15160,7 +17883,21 @@ class group {
   //! to with the state still to move at the next `begin_step`. Every member
   //! sees the same value after `end_step` returns, so a loop that must not
   //! end with a joiner stranded can run on while it is true.
-  [[nodiscard]] bool changing() const noexcept { return impl_.next_.has_value() || impl_.pending_.has_value(); }
+  [[nodiscard]] bool changing() const noexcept { return impl_.changing(); }
+
+  //! The condition of the training loop, `while (g.keep_training(total_steps))`:
+  //! true while this member should run another step, that is while it is
+  //! `active()` and either fewer than `total_steps` steps are committed or a
+  //! membership change is unfinished (`changing()`: a joiner admitted near
+  //! the end is taken in rather than stranded, so the job may commit a few
+  //! steps more than `total_steps`). Every member gets the same answer after
+  //! `end_step`. The first time it returns false because the steps are done,
+  //! it calls `finish()`, so a worker started later under this job is refused
+  //! at once (job_finished); a member that left returns false without it.
+  //! Once false, it stays false. A loop that ends otherwise (on a loss
+  //! target, a time limit, a signal) calls `finish()` itself.
+  //! @throws std::invalid_argument when total_steps is negative; what `finish` throws.
+  [[nodiscard]] bool keep_training(std::int64_t total_steps) { return impl_.keep_training(total_steps); }
 
   //! False once this member left the group (after `request_leave` took effect).
   [[nodiscard]] bool active() const noexcept { return impl_.active_; }
@@ -15206,6 +17943,18 @@ inline void leave_on_signal(int sig = SIGTERM) { std::signal(sig, detail::on_lea
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
+
+// Separate compilation (config.hpp): the group over the TCP store and UCX is
+// instantiated once, in ebbflow::compiled; a translation unit here only
+// declares that instantiation. The member definitions stay visible, so a
+// group over another store or network instantiates as in header-only mode.
+#if !EBBFLOW_HEADER_ONLY && EBBFLOW_HAS_ASIO && EBBFLOW_HAS_UCX
+// #include <ebbflow/elastic/tcp_store.hpp>  (inlined)
+// #include <ebbflow/elastic/ucx_network.hpp>  (inlined)
+EBBFLOW_BEGIN_NAMESPACE
+extern template class elastic::detail::group_impl<elastic::store_client, elastic::ucx_network>;
+EBBFLOW_END_NAMESPACE
+#endif
 // ==== end <ebbflow/elastic/group.hpp>
 
 // ==== begin <ebbflow/elastic/loopback_network.hpp> ========================
@@ -15537,17 +18286,7 @@ EBBFLOW_END_NAMESPACE
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
-
-inline cost_model::cost_model(cost_model_options opts) noexcept : opts_(opts) {
-  opts_.change_window = std::clamp(opts_.change_window, 1u, static_cast<unsigned>(max_window));
-  opts_.half_life_steps = std::max(opts_.half_life_steps, 1.0);
-  opts_.reject_k = std::max(opts_.reject_k, opts_.huber_k);
-  opts_.fast_half_life_steps = std::clamp(opts_.fast_half_life_steps, 1.0, opts_.half_life_steps);
-  opts_.change_k = std::clamp(opts_.change_k, opts_.huber_k, opts_.reject_k);
-  lambda_ = std::exp2(-1.0 / opts_.half_life_steps);
-  lambda_fast_ = std::exp2(-1.0 / opts_.fast_half_life_steps);
-}
-
+// The encoded model's fields (worker_models.hpp encodes sets of models with them too).
 namespace detail {
 inline constexpr std::uint32_t cost_model_magic = 0x4d434245;  // "EBCM"
 inline constexpr std::uint32_t cost_model_format = 1;
@@ -15574,8 +18313,26 @@ struct model_reader {
   double f64() { return std::bit_cast<double>(u64()); }
 };
 }  // namespace detail
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
 
-inline std::vector<std::byte> cost_model::encode() const {
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+EBBFLOW_DECL cost_model::cost_model(cost_model_options opts) noexcept : opts_(opts) {
+  opts_.change_window = std::clamp(opts_.change_window, 1u, static_cast<unsigned>(max_window));
+  opts_.half_life_steps = std::max(opts_.half_life_steps, 1.0);
+  opts_.reject_k = std::max(opts_.reject_k, opts_.huber_k);
+  opts_.fast_half_life_steps = std::clamp(opts_.fast_half_life_steps, 1.0, opts_.half_life_steps);
+  opts_.change_k = std::clamp(opts_.change_k, opts_.huber_k, opts_.reject_k);
+  lambda_ = std::exp2(-1.0 / opts_.half_life_steps);
+  lambda_fast_ = std::exp2(-1.0 / opts_.fast_half_life_steps);
+}
+
+
+EBBFLOW_DECL std::vector<std::byte> cost_model::encode() const {
   detail::model_writer w;
   w.u64(std::uint64_t{detail::cost_model_format} << 32 | detail::cost_model_magic);
   for (double v : {opts_.half_life_steps, opts_.huber_k, opts_.reject_k, opts_.change_k, opts_.fast_half_life_steps,
@@ -15599,7 +18356,7 @@ inline std::vector<std::byte> cost_model::encode() const {
   return std::move(w.out);
 }
 
-inline cost_model cost_model::decode(std::span<const std::byte> bytes) {
+EBBFLOW_DECL cost_model cost_model::decode(std::span<const std::byte> bytes) {
   detail::model_reader r{bytes};
   const std::uint64_t head = r.u64();
   EBBFLOW_PLAN_VERIFY(static_cast<std::uint32_t>(head) == detail::cost_model_magic, plan_errc::bad_state,
@@ -15653,7 +18410,7 @@ inline cost_model cost_model::decode(std::span<const std::byte> bytes) {
   return m;
 }
 
-inline cost_model cost_model::from_probe(std::span<const timing_sample> probe, cost_model_options opts) {
+EBBFLOW_DECL cost_model cost_model::from_probe(std::span<const timing_sample> probe, cost_model_options opts) {
   cost_model m(opts);
   for (const timing_sample& s : probe) {
     EBBFLOW_PLAN_ENFORCE(std::isfinite(s.seconds) && s.seconds > 0, plan_errc::bad_observation,
@@ -15676,7 +18433,7 @@ inline cost_model cost_model::from_probe(std::span<const timing_sample> probe, c
   return m;
 }
 
-inline void cost_model::add(double b, double t, double weight, double lambda) noexcept {
+EBBFLOW_DECL void cost_model::add(double b, double t, double weight, double lambda) noexcept {
   if (w_ == 0) b0_ = b;
   const double x = b - b0_;
   w_ = lambda * w_ + weight;
@@ -15686,7 +18443,7 @@ inline void cost_model::add(double b, double t, double weight, double lambda) no
   wbt_ = lambda * wbt_ + weight * x * t;
 }
 
-inline void cost_model::refit(double min_samples) noexcept {
+EBBFLOW_DECL void cost_model::refit(double min_samples) noexcept {
   const double mb = wb_ / w_, mt = wt_ / w_;
   const double var = std::max(wbb_ / w_ - mb * mb, 0.0);
   const double cov = wbt_ / w_ - mb * mt;
@@ -15723,7 +18480,7 @@ inline void cost_model::refit(double min_samples) noexcept {
   }
 }
 
-inline void cost_model::restart_from_recent() noexcept {
+EBBFLOW_DECL void cost_model::restart_from_recent() noexcept {
   const double rel = scale_ / std::max(wt_ / w_, std::numeric_limits<double>::min());
   w_ = wb_ = wbb_ = wt_ = wbt_ = 0;
   const std::size_t k = std::min<std::size_t>(opts_.change_window, recent_count_);
@@ -15737,7 +18494,7 @@ inline void cost_model::restart_from_recent() noexcept {
   ew_r_ = ew_abs_r_ = 0;
 }
 
-inline observation_kind cost_model::observe(std::size_t batch, double seconds) {
+EBBFLOW_DECL observation_kind cost_model::observe(std::size_t batch, double seconds) {
   EBBFLOW_PLAN_ENFORCE(std::isfinite(seconds) && seconds > 0, plan_errc::bad_observation,
                        "a step of batch " << batch << " took " << seconds << " s");
   recent_[recent_head_] = timing_sample{batch, seconds};
@@ -15790,13 +18547,13 @@ inline observation_kind cost_model::observe(std::size_t batch, double seconds) {
   return h == 1.0 ? observation_kind::accepted : observation_kind::downweighted;
 }
 
-inline double cost_model::relative_error() const noexcept {
+EBBFLOW_DECL double cost_model::relative_error() const noexcept {
   if (used_ == 0 || w_ <= 0) return std::numeric_limits<double>::infinity();
   const double mean_t = wt_ / w_;
   return 1.25 * scale_ / mean_t / std::sqrt(w_);
 }
 
-inline double cost_model::confidence() const noexcept {
+EBBFLOW_DECL double cost_model::confidence() const noexcept {
   const double e = relative_error();
   if (!std::isfinite(e)) return 0;
   const double q = e / 0.01;
@@ -15805,6 +18562,7 @@ inline double cost_model::confidence() const noexcept {
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/plan/impl/cost_model.hpp>
 // ---- end <ebbflow/plan/cost_model.hpp>
 // #include <ebbflow/plan/plan_error.hpp>  (inlined)
@@ -15862,7 +18620,8 @@ class worker_models {
   //! The specs of `ids`, in that order (rank order), each capped at
   //! `max_batch`. A worker without a fitted model gets the mean a and c of
   //! the fitted ones among `ids`; when none is fitted, every worker gets
-  //! a = 0, c = 1, whose optimal plan is the uniform split.
+  //! a = 0, c = 1 marked `placeholder`, whose optimal plan is the uniform
+  //! split and whose predicted step time is NaN (not known).
   template <id_range Ids>
   [[nodiscard]] std::vector<worker_spec> specs(const Ids& ids, std::size_t max_batch) const {
     double sa = 0, sc = 0;
@@ -15874,7 +18633,7 @@ class worker_models {
     for (auto id : ids) {
       const auto u = static_cast<std::uint64_t>(id);
       const auto* m = fitted(u);
-      out.push_back({u, m ? m->a() : mean_a, m ? m->c() : mean_c, max_batch, 0, 0});
+      out.push_back({u, m ? m->a() : mean_a, m ? m->c() : mean_c, max_batch, 0, 0, k == 0});
     }
     return out;
   }
@@ -16041,12 +18800,15 @@ EBBFLOW_END_NAMESPACE
 
 // #include <ebbflow/plan/replanner.hpp>  (inlined)
 
+#include <cmath>
 #include <utility>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
 
-inline const batch_plan& replanner::update(std::span<const worker_spec> workers, std::size_t global_batch) {
+EBBFLOW_DECL const batch_plan& replanner::update(std::span<const worker_spec> workers, std::size_t global_batch) {
   const std::uint64_t next = plan_.version + 1;
   bool same_members = plan_.version != 0 && plan_.size() == workers.size();
   for (std::size_t i = 0; same_members && i < workers.size(); ++i) same_members = plan_.worker_ids[i] == workers[i].id;
@@ -16069,6 +18831,7 @@ inline const batch_plan& replanner::update(std::span<const worker_spec> workers,
   batch_plan best = solve(workers, global_batch, next);
   const double cur = predict_step_time(plan_, workers);
   gap_ = cur / best.step_time - 1.0;
+  if (std::isnan(gap_)) gap_ = 0;  // placeholder models: the uniform split, nothing to compare
   if (gap_ > opts_.threshold) {
     if (++streak_ >= opts_.persist) {
       plan_ = std::move(best);
@@ -16086,6 +18849,7 @@ inline const batch_plan& replanner::update(std::span<const worker_spec> workers,
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
 // ---- end <ebbflow/plan/impl/replanner.hpp>
 // ---- end <ebbflow/plan/replanner.hpp>
 
@@ -16112,40 +18876,11 @@ class planner_policy final : public planning_policy {
   //! A policy with no observations yet (plans uniformly until models fit).
   explicit planner_policy(planner_policy_options o = {}) : opts_(o), models_(o.model) {}
 
-  void observe(member_id m, std::size_t batch, double seconds) override {
-    (void)models_.observe(static_cast<std::uint64_t>(m), batch, seconds);
-  }
-
-  std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) override {
-    auto specs = specs_of(members);
-    if (specs.empty()) return uniform_policy{}.plan(members, global_batch);
-    return plan::solve(specs, global_batch).batch;
-  }
-
+  void observe(member_id m, std::size_t batch, double seconds) override;
+  std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) override;
   bool should_replan(std::span<const member_id> members, std::span<const std::size_t> current,
-                     std::size_t global_batch) override {
-    auto specs = specs_of(members);
-    if (specs.empty()) return false;
-    // The plan in force is the group's; let the replanner judge it against the best.
-    const auto in_force = plan::make_plan(specs, current, 1);
-    const double now = plan::predict_step_time(in_force, specs);
-    const double best = plan::solve(specs, global_batch).step_time;
-    if (now > best * (1 + opts_.replan.threshold)) {
-      if (++streak_ >= opts_.replan.persist) {
-        streak_ = 0;
-        return true;
-      }
-    } else {
-      streak_ = 0;
-    }
-    return false;
-  }
-
-  std::vector<member_model> models(std::span<const member_id> members) const override {
-    std::vector<member_model> out;
-    for (auto& s : specs_of(members)) out.push_back({s.a, s.c});
-    return out;
-  }
+                     std::size_t global_batch) override;
+  std::vector<member_model> models(std::span<const member_id> members) const override;
 
   //! The model of member `m`, or nullptr when it has no fitted one yet.
   [[nodiscard]] const plan::cost_model* model(member_id m) const {
@@ -16155,10 +18890,7 @@ class planner_policy final : public planning_policy {
  private:
   // Specs in rank order (newcomers: the others' mean model); empty when
   // nobody has a fitted model (then the caller plans uniformly).
-  std::vector<plan::worker_spec> specs_of(std::span<const member_id> members) const {
-    if (!models_.any_fitted(members)) return {};
-    return models_.specs(members, opts_.max_batch);
-  }
+  std::vector<plan::worker_spec> specs_of(std::span<const member_id> members) const;
 
   planner_policy_options opts_;
   plan::worker_models models_;
@@ -16167,6 +18899,67 @@ class planner_policy final : public planning_policy {
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/elastic/impl/planner_policy.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/planner_policy.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/planner_policy.hpp
+//! Definitions of elastic/planner_policy.hpp.
+
+
+// #include <ebbflow/elastic/planner_policy.hpp>  (inlined)
+
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+EBBFLOW_DECL void planner_policy::observe(member_id m, std::size_t batch, double seconds) {
+  (void)models_.observe(static_cast<std::uint64_t>(m), batch, seconds);
+}
+
+EBBFLOW_DECL std::vector<std::size_t> planner_policy::plan(std::span<const member_id> members,
+                                                           std::size_t global_batch) {
+  auto specs = specs_of(members);
+  if (specs.empty()) return uniform_policy{}.plan(members, global_batch);
+  return plan::solve(specs, global_batch).batch;
+}
+
+EBBFLOW_DECL bool planner_policy::should_replan(std::span<const member_id> members,
+                                                std::span<const std::size_t> current, std::size_t global_batch) {
+  auto specs = specs_of(members);
+  if (specs.empty()) return false;
+  // The plan in force is the group's; let the replanner judge it against the best.
+  const auto in_force = plan::make_plan(specs, current, 1);
+  const double now = plan::predict_step_time(in_force, specs);
+  const double best = plan::solve(specs, global_batch).step_time;
+  if (now > best * (1 + opts_.replan.threshold)) {
+    if (++streak_ >= opts_.replan.persist) {
+      streak_ = 0;
+      return true;
+    }
+  } else {
+    streak_ = 0;
+  }
+  return false;
+}
+
+EBBFLOW_DECL std::vector<planning_policy::member_model> planner_policy::models(
+    std::span<const member_id> members) const {
+  std::vector<member_model> out;
+  for (auto& s : specs_of(members)) out.push_back({s.a, s.c});
+  return out;
+}
+
+EBBFLOW_DECL std::vector<plan::worker_spec> planner_policy::specs_of(std::span<const member_id> members) const {
+  if (!models_.any_fitted(members)) return {};
+  return models_.specs(members, opts_.max_batch);
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
+// ---- end <ebbflow/elastic/impl/planner_policy.hpp>
 // ==== end <ebbflow/elastic/planner_policy.hpp>
 
 // ==== begin <ebbflow/elastic/policy.hpp> ==================================
@@ -16180,521 +18973,6 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/elastic/planning_policy.hpp>  (inlined)
 // ==== end <ebbflow/elastic/policy.hpp>
 
-// ==== begin <ebbflow/elastic/detail/store_protocol.hpp> ===================
-// SPDX-License-Identifier: Apache-2.0
-//! @file store_protocol.hpp
-//! Wire protocol of the rendezvous store (no API promise).
-//!
-//! Every message is a frame: `u32 length` (little endian, bytes that follow),
-//! then `u8 opcode`, then the opcode's fields. Field types: `u8`, `u32`,
-//! `i64` (little endian) and `str` (`u32 length` + bytes, binary-safe).
-//! Frames longer than a configurable limit are rejected before any allocation.
-//!
-//! Handshake (the secret never crosses the wire):
-//!   server -> challenge{u8 version, nonce[32] server_nonce}
-//!   client -> auth{u8 version, nonce[32] client_nonce, mac[32]}
-//!             mac = HMAC-SHA256(token, "ebbflow-store client" | server_nonce | client_nonce)
-//!   server -> welcome{mac[32]}  (HMAC over "ebbflow-store server" | ...: the server proves it too)
-//!          or error{unauthorized} and closes.
-//! Requests and their replies (one reply per request, in order):
-//!   set{str key, str value}                    -> ok
-//!   get{str key, u32 timeout_ms, u8 wait}      -> value{str} | missing | error{timeout}
-//!   add{str key, i64 delta}                    -> integer{i64}
-//!   compare_set{str key, str expected, str desired} -> cas_result{u8 swapped, str current}
-//!   wait{u32 timeout_ms, u32 n, str key * n}   -> ok | error{timeout}
-//!   wait_any{u32 timeout_ms, u32 n, str key * n} -> integer{index of the first key set} | error{timeout}
-//!   erase{str key}                             -> boolean{u8 existed}
-//!   num_keys{}                                 -> integer{i64}
-//!   check{u32 n, str key * n}                  -> boolean{u8 all present}
-//!   watch{str prefix, u8 include_existing}     -> ok, then event{u8 kind, str key, str value} forever
-//!   ping{}                                     -> ok
-//!   any                                        -> error{u8 errc, str reason}
-//! A malformed frame gets an error reply (when the socket still allows one)
-//! and the connection is closed, since the byte stream cannot be resynchronised.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <span>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail::proto {
-
-inline constexpr std::uint8_t version = 1;
-inline constexpr std::size_t header_bytes = 4;
-inline constexpr std::size_t nonce_bytes = 32;
-inline constexpr std::size_t mac_bytes = 32;
-//! Default limit on a frame's length (bytes after the length prefix).
-inline constexpr std::size_t default_max_message_bytes = std::size_t{16} << 20;
-//! Limit before authentication: an unauthenticated peer cannot make the
-//! server allocate more than this.
-inline constexpr std::size_t preauth_max_message_bytes = 1024;
-//! `timeout_ms` value meaning "no limit".
-inline constexpr std::uint32_t no_timeout = 0xffffffffu;
-
-enum class op : std::uint8_t {
-  // client -> server
-  auth = 0x01,
-  set = 0x02,
-  get = 0x03,
-  add = 0x04,
-  compare_set = 0x05,
-  wait = 0x06,
-  erase = 0x07,
-  num_keys = 0x08,
-  check = 0x09,
-  watch = 0x0a,
-  ping = 0x0b,
-  wait_any = 0x0c,
-  // server -> client
-  ok = 0x80,
-  challenge = 0x81,
-  welcome = 0x82,
-  value = 0x83,
-  missing = 0x84,
-  integer = 0x85,
-  cas_result = 0x86,
-  boolean = 0x87,
-  event = 0x88,
-  error = 0x89,
-};
-
-//! Kinds of `event` frames.
-enum class event_kind : std::uint8_t { set = 1, erase = 2 };
-
-//! A decoded frame. Views point into the decoded buffer and live as long as it.
-struct message {
-  op code{};
-  std::string_view key;                //!< set/get/add/compare_set/erase/event; watch: prefix
-  std::string_view value;              //!< set/value/event; compare_set: desired; cas_result: current; error: reason
-  std::string_view expected;           //!< compare_set
-  std::vector<std::string_view> keys;  //!< wait/check
-  std::int64_t integer = 0;            //!< add: delta; integer reply
-  std::uint32_t timeout_ms = 0;        //!< get/wait
-  std::uint8_t flag = 0;               //!< get: wait; watch: include existing; cas_result: swapped; boolean;
-                                       //!< event: kind; error: errc value; challenge/auth: version
-  std::string_view nonce;              //!< challenge/auth (nonce_bytes)
-  std::string_view mac;                //!< auth/welcome (mac_bytes)
-};
-
-//! The members of `message` that frames carry, each with its wire type:
-//! flag u8, timeout_ms u32, integer i64, key/value/expected str, keys
-//! `u32 n, str * n`, nonce nonce_bytes and mac mac_bytes raw bytes.
-enum class slot : std::uint8_t { flag, timeout_ms, integer, key, value, expected, keys, nonce, mac };
-
-//! One field of a frame: the member it fills, and its name in errors.
-struct field {
-  slot where{};
-  const char* name = nullptr;
-};
-
-//! An opcode's name and the fields after it, in wire order: the one
-//! description of the frames that decoding (and anything that re-encodes a
-//! message) follows.
-struct layout {
-  op code{};
-  const char* name = "?";
-  std::array<field, 3> fields{};
-  std::uint8_t count = 0;
-  [[nodiscard]] constexpr std::span<const field> list() const noexcept { return {fields.data(), count}; }
-};
-
-namespace detail {
-constexpr layout frame(op o, const char* name) noexcept { return {o, name, {}, 0}; }
-constexpr layout frame(op o, const char* name, field a) noexcept { return {o, name, {a}, 1}; }
-constexpr layout frame(op o, const char* name, field a, field b) noexcept { return {o, name, {a, b}, 2}; }
-constexpr layout frame(op o, const char* name, field a, field b, field c) noexcept { return {o, name, {a, b, c}, 3}; }
-}  // namespace detail
-
-inline constexpr layout layouts[] = {
-    detail::frame(op::auth, "auth", {slot::flag, "version"}, {slot::nonce, "client nonce"}, {slot::mac, "mac"}),
-    detail::frame(op::set, "set", {slot::key, "key"}, {slot::value, "value"}),
-    detail::frame(op::get, "get", {slot::key, "key"}, {slot::timeout_ms, "timeout"}, {slot::flag, "wait flag"}),
-    detail::frame(op::add, "add", {slot::key, "key"}, {slot::integer, "delta"}),
-    detail::frame(op::compare_set, "compare_set", {slot::key, "key"}, {slot::expected, "expected value"},
-                  {slot::value, "desired value"}),
-    detail::frame(op::wait, "wait", {slot::timeout_ms, "timeout"}, {slot::keys, "key"}),
-    detail::frame(op::erase, "erase", {slot::key, "key"}),
-    detail::frame(op::num_keys, "num_keys"),
-    detail::frame(op::check, "check", {slot::keys, "key"}),
-    detail::frame(op::watch, "watch", {slot::key, "prefix"}, {slot::flag, "include-existing flag"}),
-    detail::frame(op::ping, "ping"),
-    detail::frame(op::wait_any, "wait_any", {slot::timeout_ms, "timeout"}, {slot::keys, "key"}),
-    detail::frame(op::ok, "ok"),
-    detail::frame(op::challenge, "challenge", {slot::flag, "version"}, {slot::nonce, "server nonce"}),
-    detail::frame(op::welcome, "welcome", {slot::mac, "mac"}),
-    detail::frame(op::value, "value", {slot::value, "value"}),
-    detail::frame(op::missing, "missing"),
-    detail::frame(op::integer, "integer", {slot::integer, "integer"}),
-    detail::frame(op::cas_result, "cas_result", {slot::flag, "swapped flag"}, {slot::value, "current value"}),
-    detail::frame(op::boolean, "boolean", {slot::flag, "boolean"}),
-    detail::frame(op::event, "event", {slot::flag, "event kind"}, {slot::key, "key"}, {slot::value, "value"}),
-    detail::frame(op::error, "error", {slot::flag, "error code"}, {slot::value, "reason"}),
-};
-
-//! The layout of opcode `raw`; nullptr when no opcode has that value.
-constexpr const layout* find_layout(std::uint8_t raw) noexcept {
-  for (const auto& l : layouts)
-    if (static_cast<std::uint8_t>(l.code) == raw) return &l;
-  return nullptr;
-}
-
-inline constexpr const char* op_name(op o) noexcept {
-  const layout* l = find_layout(static_cast<std::uint8_t>(o));
-  return l ? l->name : "?";
-}
-
-//! Result of `decode`: a message, or `errc::bad_message` with a reason.
-struct decode_result {
-  message msg;
-  std::error_code ec;
-  std::string reason;  //!< empty on success
-  explicit operator bool() const noexcept { return !ec; }
-};
-
-//! Checks a frame's announced length; returns an empty string when acceptable.
-inline std::string check_length(std::uint32_t length, std::size_t max_bytes) {
-  if (length == 0) return "empty frame (length 0, no opcode)";
-  if (length > max_bytes)
-    return "frame length " + std::to_string(length) + " exceeds the limit of " + std::to_string(max_bytes) + " bytes";
-  return {};
-}
-
-inline std::uint32_t load_u32(const char* p) noexcept {
-  unsigned char b[4];
-  std::memcpy(b, p, 4);
-  return std::uint32_t(b[0]) | std::uint32_t(b[1]) << 8 | std::uint32_t(b[2]) << 16 | std::uint32_t(b[3]) << 24;
-}
-
-namespace detail {
-//! Bounds-checked reader over a body; the first failure sticks.
-class reader {
- public:
-  explicit reader(std::string_view s) noexcept : s_(s) {}
-  bool failed() const noexcept { return !why_.empty(); }
-  const std::string& why() const noexcept { return why_; }
-  std::size_t left() const noexcept { return s_.size() - pos_; }
-
-  std::uint8_t u8(const char* field) {
-    if (!need(1, field)) return 0;
-    return static_cast<std::uint8_t>(s_[pos_++]);
-  }
-  std::uint32_t u32(const char* field) {
-    if (!need(4, field)) return 0;
-    auto v = load_u32(s_.data() + pos_);
-    pos_ += 4;
-    return v;
-  }
-  std::int64_t i64(const char* field) {
-    if (!need(8, field)) return 0;
-    std::uint64_t v = 0;
-    for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s_[pos_ + static_cast<std::size_t>(i)]);
-    pos_ += 8;
-    return static_cast<std::int64_t>(v);
-  }
-  std::string_view fixed(std::size_t n, const char* field) {
-    if (!need(n, field)) return {};
-    auto v = s_.substr(pos_, n);
-    pos_ += n;
-    return v;
-  }
-  std::string_view str(const char* field) {
-    const std::uint32_t n = u32(field);
-    if (failed()) return {};
-    if (n > left()) {
-      fail(std::string(field) + " length " + std::to_string(n) + " exceeds the " + std::to_string(left()) +
-           " bytes left in the frame");
-      return {};
-    }
-    auto v = s_.substr(pos_, n);
-    pos_ += n;
-    return v;
-  }
-  void fail(std::string why) {
-    if (why_.empty()) why_ = std::move(why);
-  }
-
- private:
-  bool need(std::size_t n, const char* field) {
-    if (failed()) return false;
-    if (left() < n) {
-      fail(std::string("truncated: ") + field + " needs " + std::to_string(n) + " bytes, " + std::to_string(left()) +
-           " left");
-      return false;
-    }
-    return true;
-  }
-  std::string_view s_;
-  std::size_t pos_ = 0;
-  std::string why_;
-};
-
-inline void read_keys(reader& r, std::vector<std::string_view>& out) {
-  const std::uint32_t n = r.u32("key count");
-  if (r.failed()) return;
-  // Every key takes at least its 4-byte length: never trust `n` for the reservation.
-  if (n > r.left() / 4) {
-    r.fail("key count " + std::to_string(n) + " cannot fit in the " + std::to_string(r.left()) +
-           " bytes left in the frame");
-    return;
-  }
-  out.reserve(n);
-  for (std::uint32_t i = 0; i < n && !r.failed(); ++i) out.push_back(r.str("key"));
-}
-
-//! Reads field `f` into its member of `m`.
-inline void read_field(reader& r, const field& f, message& m) {
-  switch (f.where) {
-    case slot::flag:
-      m.flag = r.u8(f.name);
-      break;
-    case slot::timeout_ms:
-      m.timeout_ms = r.u32(f.name);
-      break;
-    case slot::integer:
-      m.integer = r.i64(f.name);
-      break;
-    case slot::key:
-      m.key = r.str(f.name);
-      break;
-    case slot::value:
-      m.value = r.str(f.name);
-      break;
-    case slot::expected:
-      m.expected = r.str(f.name);
-      break;
-    case slot::keys:
-      read_keys(r, m.keys);
-      break;
-    case slot::nonce:
-      m.nonce = r.fixed(nonce_bytes, f.name);
-      break;
-    case slot::mac:
-      m.mac = r.fixed(mac_bytes, f.name);
-      break;
-  }
-}
-}  // namespace detail
-
-//! Decodes a frame body (opcode and fields, without the length prefix).
-//! Never throws for bad input (only std::bad_alloc); never reads out of bounds.
-inline decode_result decode_body(std::string_view body) {
-  decode_result res;
-  auto bad = [&](std::string why) {
-    res.ec = make_error_code(ebbflow::error::bad_message);
-    res.reason = std::move(why);
-    return std::move(res);
-  };
-  if (body.empty()) return bad("empty frame (no opcode)");
-  detail::reader r(body.substr(1));
-  message& m = res.msg;
-  const auto raw = static_cast<std::uint8_t>(body[0]);
-  m.code = static_cast<op>(raw);
-  const layout* l = find_layout(raw);
-  if (!l) {
-    static constexpr char hex[] = "0123456789abcdef";
-    std::string h = "0x";
-    h += hex[raw >> 4];
-    h += hex[raw & 15];
-    return bad("unknown opcode " + h);
-  }
-  for (const field& f : l->list()) detail::read_field(r, f, m);
-  if (m.code == op::event && !r.failed() && m.flag != 1 && m.flag != 2)
-    r.fail("unknown event kind " + std::to_string(m.flag));
-  if (r.failed()) return bad(std::string(op_name(m.code)) + ": " + r.why());
-  if (r.left() != 0)
-    return bad(std::string(op_name(m.code)) + ": " + std::to_string(r.left()) + " trailing bytes after the last field");
-  return res;
-}
-
-//! Decodes one whole frame (length prefix included). The length must match
-//! the bytes given exactly and not exceed `max_bytes`. This is the fuzzed entry point.
-inline decode_result decode(std::span<const std::byte> frame, std::size_t max_bytes = default_max_message_bytes) {
-  const std::string_view s(reinterpret_cast<const char*>(frame.data()), frame.size());
-  if (s.size() < header_bytes) {
-    decode_result res;
-    res.ec = make_error_code(ebbflow::error::bad_message);
-    res.reason = "truncated header: " + std::to_string(s.size()) + " of 4 length bytes";
-    return res;
-  }
-  const std::uint32_t len = load_u32(s.data());
-  std::string why = check_length(len, max_bytes);
-  if (why.empty() && len != s.size() - header_bytes)
-    why = "frame length " + std::to_string(len) + " does not match the " + std::to_string(s.size() - header_bytes) +
-          " bytes that follow";
-  if (!why.empty()) {
-    decode_result res;
-    res.ec = make_error_code(ebbflow::error::bad_message);
-    res.reason = std::move(why);
-    return res;
-  }
-  return decode_body(s.substr(header_bytes));
-}
-
-//! Builds one frame in a std::string (the length is patched by `finish`).
-class frame_builder {
- public:
-  explicit frame_builder(op o, std::size_t reserve = 64) {
-    buf_.reserve(reserve + header_bytes + 1);
-    buf_.append(header_bytes, '\0');
-    buf_.push_back(static_cast<char>(o));
-  }
-  frame_builder& u8(std::uint8_t v) {
-    buf_.push_back(static_cast<char>(v));
-    return *this;
-  }
-  frame_builder& u32(std::uint32_t v) {
-    for (int i = 0; i < 4; ++i) buf_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-    return *this;
-  }
-  frame_builder& i64(std::int64_t s) {
-    auto v = static_cast<std::uint64_t>(s);
-    for (int i = 0; i < 8; ++i) buf_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-    return *this;
-  }
-  frame_builder& raw(std::string_view s) {
-    buf_.append(s);
-    return *this;
-  }
-  frame_builder& str(std::string_view s) {
-    u32(static_cast<std::uint32_t>(s.size()));
-    buf_.append(s);
-    return *this;
-  }
-  //! The finished frame (moves the buffer out); `size() - 4` must fit in u32.
-  std::string finish() {
-    const auto len = static_cast<std::uint32_t>(buf_.size() - header_bytes);
-    for (int i = 0; i < 4; ++i) buf_[static_cast<std::size_t>(i)] = static_cast<char>((len >> (8 * i)) & 0xff);
-    return std::move(buf_);
-  }
-
- private:
-  std::string buf_;
-};
-
-//! An `error` frame.
-inline std::string error_frame(errc code, std::string_view reason) {
-  return frame_builder(op::error, reason.size() + 8).u8(static_cast<std::uint8_t>(code)).str(reason).finish();
-}
-
-//! Maps an `error` frame's code to ebbflow's error code (unknown codes: bad_message).
-inline std::error_code error_from_wire(std::uint8_t v) noexcept {
-  if (v >= 1 && v <= static_cast<std::uint8_t>(ebbflow::error::job_finished))
-    return make_error_code(static_cast<ebbflow::error>(v));
-  return make_error_code(ebbflow::error::bad_message);
-}
-
-}  // namespace elastic::detail::proto
-
-namespace elastic::detail {
-//! A key for messages: quoted, non-printable bytes as \xNN, cut after 64 bytes.
-inline std::string quote_key(std::string_view k) {
-  std::string out = "'";
-  const std::size_t n = std::min<std::size_t>(k.size(), 64);
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto c = static_cast<unsigned char>(k[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out.push_back(static_cast<char>(c));
-    } else {
-      static constexpr char hex[] = "0123456789abcdef";
-      out += "\\x";
-      out.push_back(hex[c >> 4]);
-      out.push_back(hex[c & 15]);
-    }
-  }
-  if (k.size() > n) out += "...";
-  return out + "'";
-}
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ==== end <ebbflow/elastic/detail/store_protocol.hpp>
-
-// ==== begin <ebbflow/elastic/store_options.hpp> ===========================
-// SPDX-License-Identifier: Apache-2.0
-//! @file store_options.hpp
-//! The value types of the TCP rendezvous store (elastic/tcp_store.hpp): the
-//! server's and the client's options, the server's counters, and the results
-//! a client returns. Needs no Boost.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)  // default_max_message_bytes
-
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <string>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-
-//! Configuration of a `store_server`.
-struct server_options {
-  std::string host = "127.0.0.1";  //!< address to bind ("0.0.0.0" / "::" for any)
-  std::uint16_t port = 0;          //!< 0: pick a free port (see `store_server::port()`)
-  std::string token;               //!< job secret clients must prove; empty: the empty token
-  std::size_t max_message_bytes = detail::proto::default_max_message_bytes;  //!< frame limit
-  //! A frame whose first byte arrived must be complete within this time
-  //! (slow-loris defence); idle authenticated connections are kept.
-  std::chrono::milliseconds frame_timeout{10000};
-  //! A new connection must authenticate within this time.
-  std::chrono::milliseconds auth_timeout{10000};
-  std::size_t max_connections = 4096;  //!< further connections get an error and are closed
-  //! Per connection: unsent replies/events beyond this close the connection
-  //! (a watcher that does not read).
-  std::size_t max_pending_output_bytes = std::size_t{64} << 20;
-
-  //! Defaults plus `token` from `EBBFLOW_TOKEN`.
-  static server_options from_environment();
-};
-
-//! Counters of a running server (read with relaxed atomics; for tests and logs).
-struct server_stats {
-  std::uint64_t accepted = 0;         //!< connections accepted
-  std::uint64_t unauthorized = 0;     //!< connections refused for a bad token
-  std::uint64_t protocol_errors = 0;  //!< connections closed for a malformed frame or a stall
-  std::uint64_t open = 0;             //!< connections open now
-};
-
-//! Configuration of a `store_client`.
-struct client_options {
-  //! Deadline of calls that are not given one.
-  std::chrono::milliseconds timeout{30000};
-  //! Largest reply accepted.
-  std::size_t max_message_bytes = detail::proto::default_max_message_bytes;
-  //! Defaults plus `timeout` from `EBBFLOW_STORE_TIMEOUT_MS`.
-  //! @throws std::invalid_argument for a malformed value.
-  static client_options from_environment();
-};
-
-//! Result of `compare_set`.
-struct compare_set_result {
-  bool swapped = false;  //!< the desired value was stored
-  std::string current;   //!< the value stored now
-};
-
-//! A change seen by a `store_watcher`.
-struct store_event {
-  //! What happened to the key.
-  enum class kind { set, erase };
-  kind type = kind::set;  //!< set (or initial report) or erase
-  std::string key;        //!< the key that changed
-  std::string value;      //!< the new value (empty for erase)
-};
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-// ==== end <ebbflow/elastic/store_options.hpp>
-
 // ==== begin <ebbflow/elastic/store.hpp> ===================================
 #if EBBFLOW_HAS_ASIO
 // SPDX-License-Identifier: Apache-2.0
@@ -16703,1987 +18981,7 @@ EBBFLOW_END_NAMESPACE
 //! client); this compatibility include goes in the next release.
 
 
-// #include <ebbflow/elastic/tcp_store.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/tcp_store.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file tcp_store.hpp
-//! The rendezvous store: a small key-value server over Boost.Asio that a job
-//! embeds (or runs standalone with `ebbflow-store`), and its client. In the
-//! spirit of PyTorch's c10d TCPStore. It holds membership, UCX worker
-//! addresses and heartbeats of an elastic job.
-//!
-//! Keys and values are arbitrary byte strings (`std::string` is binary-safe).
-//! Counters made by `add` are stored as decimal text.
-//!
-//! Security: every connection proves the job token (a shared secret, from
-//! `EBBFLOW_TOKEN` or passed in) with an HMAC-SHA256 challenge-response; the
-//! secret never crosses the wire and the server proves it too. A client with
-//! a wrong or missing token gets `errc::unauthorized` and is disconnected.
-//! Frames are length-prefixed with a maximum size; malformed, truncated or
-//! oversized frames, unknown opcodes and clients that stall mid-frame are
-//! answered with an error naming the problem, logged, and disconnected
-//! without affecting other clients. Traffic is not encrypted.
-//!
-//! Requires the `ebbflow::asio` CMake component (Boost headers + OpenSSL::Crypto).
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/deadline.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
-// #include <ebbflow/elastic/store_options.hpp>  (inlined)
-
-#include <boost/asio/io_context.hpp>
-
-#include <atomic>
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <memory>
-#include <optional>
-#include <span>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <thread>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-
-namespace detail {
-class server_impl;
-class client_connection;
-}  // namespace detail
-
-//! The store's server. Owns the key-value map; all state lives on one
-//! strand, so handlers never race. Server-side `wait`/`get` block no thread:
-//! they complete when a `set`/`add`/`compare_set` provides the last key or
-//! their timeout passes.
-//!
-//! Thread safety: the member functions may be called from any thread.
-class store_server {
- public:
-  //! Binds and starts serving on a thread of its own.
-  //! @throws system_error when the address cannot be bound; std::invalid_argument for bad options.
-  explicit store_server(server_options opts = {});
-  //! Binds and serves on `ioc`, which the caller runs (any number of threads).
-  //! `ioc` must outlive this object.
-  store_server(boost::asio::io_context& ioc, server_options opts);
-  //! Stops serving and closes every connection (clients see `errc::peer_lost`). Blocks until
-  //! the own thread, if any, has exited.
-  ~store_server();
-  store_server(const store_server&) = delete;
-  store_server& operator=(const store_server&) = delete;
-
-  //! The bound port (the chosen one when `port` was 0).
-  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
-  //! The bound address as given in the options.
-  [[nodiscard]] const std::string& host() const noexcept { return host_; }
-  //! "host:port", suitable for `EBBFLOW_STORE`.
-  [[nodiscard]] std::string address() const;
-  //! A snapshot of the counters (relaxed reads; never blocks).
-  [[nodiscard]] server_stats stats() const noexcept;
-  //! Stops accepting and closes all connections; idempotent, non-blocking.
-  void stop() noexcept;
-
- private:
-  std::unique_ptr<boost::asio::io_context> own_ioc_;
-  std::shared_ptr<detail::server_impl> impl_;
-  std::thread thread_;
-  std::string host_;
-  std::uint16_t port_ = 0;
-};
-
-//! A stream of changes to keys under a prefix, on its own connection.
-//! Not thread-safe: use one watcher from one thread at a time.
-class store_watcher {
- public:
-  //! Takes over the connection of the source, which must not be used afterwards.
-  store_watcher(store_watcher&&) noexcept;
-  //! Closes this watcher's connection and takes over the source's.
-  store_watcher& operator=(store_watcher&&) noexcept;
-  ~store_watcher();
-
-  //! Blocks until the next change or `d`. A timeout leaves the watcher usable.
-  //! @throws system_error: errc::timeout, errc::peer_lost (server gone), errc::bad_message.
-  store_event next(deadline d);
-  //! As above; on error returns an empty event and sets `ec`.
-  store_event next(deadline d, std::error_code& ec) noexcept;
-
- private:
-  friend class store_client;
-  explicit store_watcher(std::unique_ptr<detail::client_connection> c);
-  std::unique_ptr<detail::client_connection> conn_;
-};
-
-//! A connection to a `store_server`. Connects lazily (retrying a refused
-//! connection until the call's deadline, so ranks may start before the
-//! store), and reconnects on the next call after the connection broke.
-//! A call whose deadline passes closes the connection, so a late reply can
-//! never be taken for the reply of a later call.
-//!
-//! Every call has a deadline: the one given, or now + `client_options::timeout`.
-//! Errors (`ec` forms; the throwing forms raise `ebbflow::system_error` with
-//! operation "store.<call>"): `errc::timeout`, `errc::unauthorized` (wrong
-//! token), `errc::peer_lost` (server gone or connection lost mid-call),
-//! `errc::bad_message` (a malformed or oversized frame), `errc::invalid_state`
-//! (`add` on a non-integer value).
-//!
-//! Thread safety: all calls may be made from any thread; they are serialised
-//! on the one connection (use one client per thread for parallel calls).
-class store_client {
- public:
-  //! Does not connect yet. @throws std::invalid_argument for an empty host.
-  store_client(std::string host, std::uint16_t port, std::string token, client_options opts = {});
-  //! From `EBBFLOW_STORE` (or `MASTER_ADDR`/`MASTER_PORT`), `EBBFLOW_TOKEN` and
-  //! `EBBFLOW_STORE_TIMEOUT_MS` (see `launch_info`).
-  //! @throws std::invalid_argument when no store address is set or values are malformed.
-  static store_client from_environment();
-  //! Takes over the connection of the source, which must not be used afterwards.
-  store_client(store_client&&) noexcept;
-  //! Closes this client's connection and takes over the source's.
-  store_client& operator=(store_client&&) noexcept;
-  ~store_client();
-
-  //! Connects and authenticates now (otherwise the first call does).
-  void connect(deadline d);
-  //! As above; errors in `ec`.
-  void connect(deadline d, std::error_code& ec) noexcept;
-
-  //! Stores `value` under `key`, waking waiters and watchers.
-  void set(std::string_view key, std::string_view value);
-  //! As above, by deadline `d`.
-  void set(std::string_view key, std::string_view value, deadline d);
-  //! As above; errors in `ec`.
-  void set(std::string_view key, std::string_view value, std::error_code& ec) noexcept;
-  //! As above, by deadline `d`; errors in `ec`.
-  void set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept;
-
-  //! The value of `key`, waiting (server-side) until it is set or `d` passes (errc::timeout).
-  std::string get(std::string_view key);
-  //! As above, by deadline `d`.
-  std::string get(std::string_view key, deadline d);
-  //! As above; on error sets `ec` and returns an empty string.
-  std::string get(std::string_view key, std::error_code& ec) noexcept;
-  //! As above, by deadline `d`; on error sets `ec` and returns an empty string.
-  std::string get(std::string_view key, deadline d, std::error_code& ec) noexcept;
-
-  //! The value of `key`, or nullopt when it is not set. Does not wait.
-  std::optional<std::string> try_get(std::string_view key);
-  //! As above, by deadline `d`.
-  std::optional<std::string> try_get(std::string_view key, deadline d);
-  //! As above; on error sets `ec` and returns nullopt.
-  std::optional<std::string> try_get(std::string_view key, std::error_code& ec) noexcept;
-  //! As above, by deadline `d`; on error sets `ec` and returns nullopt.
-  std::optional<std::string> try_get(std::string_view key, deadline d, std::error_code& ec) noexcept;
-
-  //! Atomically adds `delta` to the integer at `key` (missing: 0) and returns the result.
-  std::int64_t add(std::string_view key, std::int64_t delta);
-  //! As above, by deadline `d`.
-  std::int64_t add(std::string_view key, std::int64_t delta, deadline d);
-  //! As above; on error sets `ec` and returns 0.
-  std::int64_t add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept;
-  //! As above, by deadline `d`; on error sets `ec` and returns 0.
-  std::int64_t add(std::string_view key, std::int64_t delta, deadline d, std::error_code& ec) noexcept;
-
-  //! `add(keys[i], deltas[i])` for every i, pipelined: all requests leave in
-  //! one write and the replies come back in order, so a batch costs about one
-  //! round trip. Each add is atomic; the batch as a whole is not (other
-  //! clients' calls may interleave). Returns the values after each add.
-  //! @throws std::invalid_argument when the spans differ in length; a
-  //! system_error as `add` (naming the first key that failed).
-  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
-                                     deadline d);
-  //! As above; on error sets `ec` and returns the values of the adds that
-  //! completed before it (the rest may or may not have been applied).
-  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
-                                     deadline d, std::error_code& ec);
-
-  //! `try_get(keys[i])` for every i, pipelined as `add_many`: about one
-  //! round trip for the batch. @throws system_error as `try_get` (naming the
-  //! first key that failed).
-  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d);
-  //! As above; on error sets `ec` and returns the values read before it.
-  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d,
-                                                       std::error_code& ec);
-
-  //! Atomically stores `desired` if the value is `expected` (a missing key
-  //! matches an empty `expected`), and returns what is stored now.
-  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired);
-  //! As above, by deadline `d`.
-  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired, deadline d);
-  //! As above; on error sets `ec` and returns an empty result.
-  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
-                                 std::error_code& ec) noexcept;
-  //! As above, by deadline `d`; on error sets `ec` and returns an empty result.
-  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired, deadline d,
-                                 std::error_code& ec) noexcept;
-
-  //! Blocks until every key in `keys` is set, or `d` passes (errc::timeout).
-  //! The server waits; the client does not poll.
-  void wait(const std::vector<std::string>& keys, deadline d);
-  //! As above; errors in `ec`.
-  void wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept;
-
-  //! Blocks until any key in `keys` is set, or `d` passes (errc::timeout);
-  //! returns the index of the first one set, in the order of `keys`. The
-  //! server waits; the client does not poll.
-  //! @throws std::invalid_argument when `keys` is empty.
-  std::size_t wait_any(const std::vector<std::string>& keys, deadline d);
-  //! As above; errors in `ec` (an empty `keys` is the server's bad_message).
-  std::size_t wait_any(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept;
-
-  //! True when every key in `keys` is set. Does not wait.
-  bool check(const std::vector<std::string>& keys);
-  //! As above; on error sets `ec` and returns false.
-  bool check(const std::vector<std::string>& keys, std::error_code& ec) noexcept;
-
-  //! Removes `key`; returns whether it existed.
-  bool erase(std::string_view key);
-  //! As above; on error sets `ec` and returns false.
-  bool erase(std::string_view key, std::error_code& ec) noexcept;
-
-  //! Number of keys stored.
-  std::int64_t num_keys();
-  //! As above; on error sets `ec` and returns 0.
-  std::int64_t num_keys(std::error_code& ec) noexcept;
-
-  //! One round trip (liveness, latency).
-  void ping(deadline d);
-  //! As above; errors in `ec`.
-  void ping(deadline d, std::error_code& ec) noexcept;
-
-  //! Opens a new connection that streams every change to keys starting with
-  //! `prefix`; with `include_existing` it first reports the keys already set
-  //! (as `set` events, in unspecified order).
-  store_watcher watch(std::string_view prefix, bool include_existing, deadline d);
-  //! As above; on error sets `ec` and returns a watcher whose connection is
-  //! closed (do not use it).
-  store_watcher watch(std::string_view prefix, bool include_existing, deadline d, std::error_code& ec) noexcept;
-
-  //! Drops the connection (the next call reconnects).
-  void close() noexcept;
-
-  //! The server's reason for the last failed call (e.g. "wait: 1 of 3 keys still
-  //! missing after 100 ms: 'b'"), or the local one; empty after a success.
-  [[nodiscard]] std::string last_error_detail() const;
-  //! The server host given at construction.
-  [[nodiscard]] const std::string& host() const noexcept { return host_; }
-  //! The server port given at construction.
-  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
-
- private:
-  [[nodiscard]] deadline default_deadline() const noexcept { return deadline::after(opts_.timeout); }
-  //! One request/reply exchange; `waits`: the server may hold the reply until `d`.
-  detail::proto::decode_result call(std::string frame, deadline d, bool waits, std::error_code& ec) noexcept;
-  template <class Frame, class Reply>
-  void pipelined(const char* what, std::span<const std::string> keys, Frame&& frame, Reply&& reply, deadline d,
-                 std::error_code& ec);
-  [[noreturn]] void raise(const char* operation, std::string_view key, std::error_code ec) const;
-  std::string host_;
-  std::uint16_t port_ = 0;
-  std::string token_;
-  client_options opts_;
-  std::unique_ptr<detail::client_connection> conn_;
-};
-
-//! A process's open-file limits (RLIMIT_NOFILE).
-struct open_file_limit {
-  std::uint64_t soft = 0;  //!< the limit in force
-  std::uint64_t hard = 0;  //!< how far an unprivileged process may raise it
-};
-//! Raises this process's soft open-file limit to its hard limit and returns
-//! the limits from before (zeros if they cannot be read). A store
-//! serving N workers holds about 3 N sockets, and the usual soft limit (1024)
-//! stops it near 340 workers. `ebbflow-run` and `ebbflow-store` call it at
-//! start; `ebbflow-run` starts its workers with the old soft limit.
-open_file_limit raise_open_file_limit() noexcept;
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-
-// #include <ebbflow/elastic/impl/store_server.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/impl/store_server.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/store_server.hpp
-//! Definitions of `store_server` (included by elastic/tcp_store.hpp).
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/env.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-// #include <ebbflow/core/log.hpp>  (inlined)
-// #include <ebbflow/core/thread_name.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/hmac.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/detail/hmac.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file hmac.hpp
-//! HMAC-SHA256 challenge-response helpers for the store handshake (no API
-//! promise). Uses OpenSSL's libcrypto (link `ebbflow::asio`).
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
-
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
-#include <sys/random.h>
-
-#include <array>
-#include <cerrno>
-#include <random>
-#include <string>
-#include <string_view>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-//! `n` cryptographically random bytes: the kernel's CSPRNG (`getrandom`),
-//! else OpenSSL's RAND_bytes, else std::random_device (/dev/urandom on
-//! Linux). `getrandom` first: RAND_bytes instantiates OpenSSL's DRBG on its
-//! first call, 1.3-1.6 ms of CPU in every process that joins a job.
-inline std::string random_bytes(std::size_t n) {
-  std::string out(n, '\0');
-  std::size_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::getrandom(out.data() + got, n - got, 0);
-    if (r > 0) {
-      got += static_cast<std::size_t>(r);
-    } else if (r < 0 && errno != EINTR) {
-      break;  // ENOSYS (an old kernel or a seccomp filter): try OpenSSL
-    }
-  }
-  if (got == n) return out;
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) != 1) {
-    std::random_device rd;
-    for (auto& c : out) c = static_cast<char>(rd() & 0xff);
-  }
-  return out;
-}
-
-//! Lower-case hex of `n` random bytes (for generated job tokens).
-inline std::string random_hex(std::size_t n) {
-  static constexpr char hex[] = "0123456789abcdef";
-  const std::string b = random_bytes(n);
-  std::string out;
-  out.reserve(2 * n);
-  for (unsigned char c : b) {
-    out.push_back(hex[c >> 4]);
-    out.push_back(hex[c & 15]);
-  }
-  return out;
-}
-
-//! HMAC-SHA256(key, label | a | b).
-inline std::string handshake_mac(std::string_view key, std::string_view label, std::string_view a, std::string_view b) {
-  std::string msg;
-  msg.reserve(label.size() + a.size() + b.size());
-  msg.append(label).append(a).append(b);
-  std::array<unsigned char, EVP_MAX_MD_SIZE> out{};
-  unsigned int out_len = 0;
-  static const unsigned char empty_key = 0;  // HMAC wants a non-null key pointer even for length 0
-  const void* k = key.empty() ? static_cast<const void*>(&empty_key) : static_cast<const void*>(key.data());
-  if (!HMAC(EVP_sha256(), k, static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(msg.data()),
-            msg.size(), out.data(), &out_len) ||
-      out_len != proto::mac_bytes) {
-    return {};  // empty: mac_equal() never accepts it
-  }
-  return std::string(reinterpret_cast<const char*>(out.data()), out_len);
-}
-
-inline constexpr std::string_view client_label = "ebbflow-store client";
-inline constexpr std::string_view server_label = "ebbflow-store server";
-
-//! Constant-time comparison of two MACs.
-inline bool mac_equal(std::string_view a, std::string_view b) noexcept {
-  return a.size() == b.size() && a.size() == proto::mac_bytes && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
-}
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/detail/hmac.hpp>
-// #include <ebbflow/elastic/detail/server_connection.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/detail/server_connection.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file detail/server_connection.hpp
-//! The store server's state (`server_impl`: keys, waiters, watchers,
-//! connections; touched only on its strand) and one client connection
-//! (`server_conn`): the HMAC handshake, frames in, replies and events out,
-//! with a bound on what it buffers for a slow reader.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/env.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-// #include <ebbflow/core/log.hpp>  (inlined)
-// #include <ebbflow/core/thread_name.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/hmac.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
-// #include <ebbflow/elastic/store_options.hpp>  (inlined)
-// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
-#include <boost/asio/bind_executor.hpp>
-#include <boost/asio/buffer.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/strand.hpp>
-#include <boost/asio/write.hpp>
-#include <sys/resource.h>
-#include <algorithm>
-#include <array>
-#include <charconv>
-#include <deque>
-#include <memory>
-#include <set>
-#include <sstream>
-#include <string>
-#include <unordered_map>
-#include <utility>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-namespace detail {
-
-namespace asio = boost::asio;
-using tcp = asio::ip::tcp;
-
-class server_conn;
-
-//! A server-side `wait`, `wait_any` or waiting `get`.
-struct store_waiter {
-  enum class kind { all, any, get };
-  explicit store_waiter(const asio::any_io_executor& ex) : timer(ex) {}
-  std::weak_ptr<server_conn> conn;
-  std::set<std::string> missing;  // keys not yet set
-  std::size_t total = 0;
-  kind what = kind::all;
-  std::string get_key;
-  std::vector<std::string> any_keys;  // wait_any: the keys in request order (the reply is an index)
-  std::uint32_t timeout_ms = 0;
-  bool done = false;
-  asio::steady_timer timer;
-};
-
-//! All store state. Every member is touched only on `strand_`.
-class server_impl : public std::enable_shared_from_this<server_impl> {
- public:
-  using strand_t = asio::strand<asio::io_context::executor_type>;
-
-  server_impl(asio::io_context& ioc, server_options opts)
-      : strand_(asio::make_strand(ioc)), acceptor_(strand_), retry_(strand_), opts_(std::move(opts)) {
-    EBBFLOW_ENFORCE(!opts_.host.empty(), "store_server: empty host");
-    EBBFLOW_ENFORCE(opts_.max_message_bytes >= 64 && opts_.max_message_bytes <= 0xffffffffu,
-                    "store_server: max_message_bytes " << opts_.max_message_bytes << " not in [64, 2^32)");
-    EBBFLOW_ENFORCE(opts_.frame_timeout.count() > 0 && opts_.auth_timeout.count() > 0,
-                    "store_server: timeouts must be positive");
-    EBBFLOW_ENFORCE(opts_.max_connections > 0, "store_server: max_connections must be positive");
-    error_context ctx{-1, -1, -1, "store.listen", opts_.host + ":" + std::to_string(opts_.port)};
-    boost::system::error_code ec;
-    tcp::resolver res(ioc);
-    auto eps = res.resolve(opts_.host, std::to_string(opts_.port), tcp::resolver::passive, ec);
-    if (ec || eps.empty()) throw_if(ec ? std::error_code(ec) : make_error_code(std::errc::address_not_available), ctx);
-    const tcp::endpoint ep = eps.begin()->endpoint();
-    acceptor_.open(ep.protocol(), ec);
-    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec) acceptor_.bind(ep, ec);
-    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    throw_if(ec, ctx);
-    port_ = acceptor_.local_endpoint().port();
-    if (opts_.token.empty())
-      EBBFLOW_LOG_WARN("store: serving on " << opts_.host << ":" << port_
-                                            << " without a job token (EBBFLOW_TOKEN unset): any local client can join");
-    EBBFLOW_LOG_INFO("store: listening on " << opts_.host << ":" << port_);
-  }
-
-  void start() {
-    asio::post(strand_, [self = shared_from_this()] { self->accept(); });
-  }
-  void stop() noexcept;
-
-  std::uint16_t port() const noexcept { return port_; }
-  server_stats stats() const noexcept {
-    return {accepted_.load(std::memory_order_relaxed), unauthorized_.load(std::memory_order_relaxed),
-            protocol_errors_.load(std::memory_order_relaxed), open_.load(std::memory_order_relaxed)};
-  }
-
-  // ---- used by server_conn (on the strand)
-  const server_options& opts() const noexcept { return opts_; }
-  strand_t& strand() noexcept { return strand_; }
-  void count_unauthorized() noexcept { unauthorized_.fetch_add(1, std::memory_order_relaxed); }
-  void count_protocol_error() noexcept { protocol_errors_.fetch_add(1, std::memory_order_relaxed); }
-  void forget(std::uint64_t id) noexcept {
-    if (conns_.erase(id)) open_.fetch_sub(1, std::memory_order_relaxed);
-  }
-
-  //! Executes one authenticated request; returns the reply frame, or an
-  //! empty string when the reply comes later (a registered waiter).
-  std::string execute(const std::shared_ptr<server_conn>& conn, const proto::message& m);
-  void cancel_waiter(const std::shared_ptr<store_waiter>& w) noexcept;
-  void remove_watcher(const server_conn* c) noexcept {
-    std::erase_if(watchers_, [c](const auto& w) { return w.first.expired() || w.first.lock().get() == c; });
-  }
-
- private:
-  void accept();
-  void notify(const std::string& key, proto::event_kind kind, std::string_view value);
-  void finish_waiter(const std::shared_ptr<store_waiter>& w, std::string frame);
-  std::string register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m,
-                              store_waiter::kind what);
-
-  strand_t strand_;
-  tcp::acceptor acceptor_;
-  asio::steady_timer retry_;
-  server_options opts_;
-  std::uint16_t port_ = 0;
-  bool stopped_ = false;
-  bool accept_failing_ = false;  // an accept error was logged; cleared by the next accepted connection
-  std::uint64_t next_id_ = 0;
-  std::unordered_map<std::string, std::string> data_;
-  std::unordered_multimap<std::string, std::shared_ptr<store_waiter>> waiters_;
-  std::vector<std::pair<std::weak_ptr<server_conn>, std::string>> watchers_;  // (conn, prefix)
-  std::unordered_map<std::uint64_t, std::weak_ptr<server_conn>> conns_;
-  std::atomic<std::uint64_t> accepted_{0}, unauthorized_{0}, protocol_errors_{0}, open_{0};
-};
-
-//! One client connection: frames in, replies and events out.
-class server_conn : public std::enable_shared_from_this<server_conn> {
- public:
-  server_conn(std::shared_ptr<server_impl> srv, tcp::socket s, std::uint64_t id)
-      : srv_(std::move(srv)), sock_(std::move(s)), timer_(srv_->strand()), id_(id) {
-    boost::system::error_code ec;
-    auto ep = sock_.remote_endpoint(ec);
-    peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
-    sock_.set_option(tcp::no_delay(true), ec);
-  }
-
-  void start() {
-    server_nonce_ = random_bytes(proto::nonce_bytes);
-    send(proto::frame_builder(proto::op::challenge).u8(proto::version).raw(server_nonce_).finish());
-    arm_timer(srv_->opts().auth_timeout);
-    read();
-  }
-
-  //! Rejects the connection (e.g. too many connections) with an error frame.
-  void reject(errc code, std::string reason) { fail(code, std::move(reason), false); }
-
-  void send(std::string frame) {
-    if (closed_) return;
-    out_bytes_ += frame.size();
-    outq_.push_back(std::move(frame));
-    if (out_bytes_ > srv_->opts().max_pending_output_bytes) {
-      EBBFLOW_LOG_WARN("store: closing connection from " << peer_ << ": " << out_bytes_
-                                                         << " bytes of replies/events unsent (client not reading)");
-      srv_->count_protocol_error();
-      close();
-      return;
-    }
-    if (!writing_) write();
-  }
-
-  //! The reply of a request that waited.
-  void complete(std::string frame) {
-    busy_ = false;
-    waiter_.reset();
-    send(std::move(frame));
-    while (!busy_ && !closed_ && !pending_.empty()) {
-      std::string body = std::move(pending_.front());
-      pending_.pop_front();
-      handle(body);
-    }
-  }
-
-  void set_watching() noexcept { watching_ = true; }
-  bool watching() const noexcept { return watching_; }
-  const std::string& peer() const noexcept { return peer_; }
-
-  //! Closes at once (server stop, slow watcher).
-  void close() noexcept {
-    if (closed_) return;
-    closed_ = true;
-    boost::system::error_code ec;
-    timer_.cancel();
-    if (waiter_) srv_->cancel_waiter(waiter_);
-    waiter_.reset();
-    if (watching_) srv_->remove_watcher(this);
-    sock_.close(ec);
-    srv_->forget(id_);
-  }
-
- private:
-  void arm_timer(std::chrono::milliseconds after) {
-    timer_.expires_after(after);
-    const std::uint64_t seq = frame_seq_;
-    armed_seq_ = seq;
-    timer_armed_ = true;
-    timer_.async_wait([self = shared_from_this(), seq](const boost::system::error_code& ec) {
-      if (ec || self->closed_ || self->draining_) return;
-      if (!self->authed_) {
-        self->fail(errc::timeout,
-                   "no authentication within " + std::to_string(self->srv_->opts().auth_timeout.count()) + " ms");
-      } else if (seq == self->frame_seq_ && !self->in_.empty()) {
-        std::string why = "read deadline: frame incomplete after " +
-                          std::to_string(self->srv_->opts().frame_timeout.count()) + " ms (" +
-                          std::to_string(self->in_.size()) + " bytes received";
-        if (self->in_.size() >= proto::header_bytes)
-          why += " of " + std::to_string(proto::load_u32(self->in_.data()) + proto::header_bytes);
-        self->fail(errc::timeout, why + ")");
-      }
-    });
-  }
-
-  void read() {
-    if (closed_ || failing_) return;
-    sock_.async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](const boost::system::error_code& ec,
-                                                                           std::size_t n) { self->on_read(ec, n); });
-  }
-
-  void on_read(const boost::system::error_code& ec, std::size_t n) {
-    if (closed_ || failing_) return;
-    if (ec) {
-      if (!in_.empty()) {
-        std::string why = "truncated frame: connection closed after " + std::to_string(in_.size()) + " of ";
-        why += in_.size() >= proto::header_bytes ? std::to_string(proto::load_u32(in_.data()) + proto::header_bytes)
-                                                 : std::string("4 header");
-        fail(errc::bad_message, why + " bytes");
-      } else {
-        EBBFLOW_LOG_DEBUG("store: " << peer_ << " disconnected (" << ec.message() << ")");
-        close();
-      }
-      return;
-    }
-    in_.append(rbuf_.data(), n);
-    // Extract every complete frame.
-    std::size_t pos = 0;
-    while (!closed_ && !failing_ && in_.size() - pos >= proto::header_bytes) {
-      const std::uint32_t len = proto::load_u32(in_.data() + pos);
-      const std::size_t limit = authed_ ? srv_->opts().max_message_bytes : proto::preauth_max_message_bytes;
-      if (auto why = proto::check_length(len, limit); !why.empty()) {
-        if (!authed_) why += " before authentication";
-        fail(errc::bad_message, why);
-        return;
-      }
-      if (in_.size() - pos < proto::header_bytes + len) break;
-      std::string body = in_.substr(pos + proto::header_bytes, len);
-      pos += proto::header_bytes + len;
-      ++frame_seq_;
-      on_frame(std::move(body));
-    }
-    if (closed_ || failing_) return;
-    in_.erase(0, pos);
-    if (authed_) {
-      if (in_.empty()) {
-        if (timer_armed_) timer_.cancel();
-        timer_armed_ = false;
-      } else if (!timer_armed_ || armed_seq_ != frame_seq_) {
-        arm_timer(srv_->opts().frame_timeout);  // the first bytes of a frame: start its deadline
-      }
-    }
-    read();
-  }
-
-  void on_frame(std::string body) {
-    if (!authed_) {
-      authenticate(body);
-      return;
-    }
-    if (busy_) {
-      if (pending_.size() >= 16) {
-        fail(errc::bad_message, "more than 16 requests pipelined behind a waiting request");
-        return;
-      }
-      pending_.push_back(std::move(body));
-      return;
-    }
-    handle(body);
-  }
-
-  void authenticate(const std::string& body) {
-    auto r = proto::decode_body(body);
-    if (!r) {
-      fail(errc::bad_message, "handshake: " + r.reason);
-      return;
-    }
-    if (r.msg.code != proto::op::auth) {
-      fail(errc::unauthorized, std::string("expected auth, got ") + proto::op_name(r.msg.code));
-      srv_->count_unauthorized();
-      return;
-    }
-    if (r.msg.flag != proto::version) {
-      fail(errc::bad_message, "protocol version " + std::to_string(r.msg.flag) + " not supported (server speaks " +
-                                  std::to_string(proto::version) + ")");
-      return;
-    }
-    const std::string& token = srv_->opts().token;
-    if (!mac_equal(r.msg.mac, handshake_mac(token, client_label, server_nonce_, r.msg.nonce))) {
-      srv_->count_unauthorized();
-      fail(errc::unauthorized, "job token does not match", false);
-      return;
-    }
-    authed_ = true;
-    timer_.cancel();
-    timer_armed_ = false;
-    send(proto::frame_builder(proto::op::welcome)
-             .raw(handshake_mac(token, server_label, server_nonce_, r.msg.nonce))
-             .finish());
-    EBBFLOW_LOG_DEBUG("store: " << peer_ << " authenticated");
-  }
-
-  void handle(const std::string& body) {
-    auto r = proto::decode_body(body);
-    if (!r) {
-      fail(errc::bad_message, r.reason);
-      return;
-    }
-    if (watching_) {
-      fail(errc::bad_message,
-           std::string("a watch connection takes no requests (got ") + proto::op_name(r.msg.code) + ")");
-      return;
-    }
-    if (static_cast<std::uint8_t>(r.msg.code) >= 0x80 || r.msg.code == proto::op::auth) {
-      fail(errc::bad_message, std::string("unexpected opcode ") + proto::op_name(r.msg.code) + " from a client");
-      return;
-    }
-    std::string reply = srv_->execute(shared_from_this(), r.msg);
-    if (reply.empty()) return;  // waiting; `complete` sends the reply
-    send(std::move(reply));
-  }
-
- public:
-  void set_waiter(std::shared_ptr<store_waiter> w) {
-    waiter_ = std::move(w);
-    busy_ = true;
-  }
-
- private:
-  //! Logs, replies with an error frame and closes once it is sent.
-  void fail(errc code, std::string reason, bool count = true) {
-    if (closed_ || failing_) return;
-    failing_ = true;
-    if (count && code != errc::unauthorized) srv_->count_protocol_error();
-    if (code == errc::unauthorized)
-      EBBFLOW_LOG_WARN("store: refused client " << peer_ << ": " << reason);
-    else
-      EBBFLOW_LOG_WARN("store: closing connection from " << peer_ << ": " << reason);
-    if (waiter_) srv_->cancel_waiter(waiter_);
-    waiter_.reset();
-    if (watching_) srv_->remove_watcher(this);
-    watching_ = false;
-    pending_.clear();
-    outq_.push_back(proto::error_frame(code, reason));
-    out_bytes_ += outq_.back().size();  // the write's completion subtracts it again
-    // A client that does not read cannot hold the error reply (and us) forever.
-    timer_armed_ = false;
-    timer_.expires_after(srv_->opts().frame_timeout);
-    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
-      if (!e && !self->draining_) self->close();
-    });
-    if (!writing_) write();
-  }
-
-  void write() {
-    if (closed_) return;
-    if (outq_.empty()) {
-      if (failing_) linger();
-      return;
-    }
-    writing_ = true;
-    asio::async_write(sock_, asio::buffer(outq_.front()),
-                      [self = shared_from_this()](const boost::system::error_code& ec, std::size_t) {
-                        self->writing_ = false;
-                        if (self->closed_) return;
-                        if (ec) {
-                          EBBFLOW_LOG_DEBUG("store: write to " << self->peer_ << " failed: " << ec.message());
-                          self->close();
-                          return;
-                        }
-                        self->out_bytes_ -= self->outq_.front().size();
-                        self->outq_.pop_front();
-                        self->write();
-                      });
-  }
-
-  //! After an error reply: send FIN, then discard input until the peer closes
-  //! (or a short deadline), so that unread input does not turn our close into
-  //! a reset that destroys the error reply before the client reads it.
-  void linger() {
-    if (draining_ || closed_) return;
-    draining_ = true;
-    boost::system::error_code ec;
-    sock_.shutdown(tcp::socket::shutdown_send, ec);
-    timer_.expires_after(std::min<std::chrono::milliseconds>(srv_->opts().frame_timeout, std::chrono::seconds(1)));
-    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
-      if (!e) self->close();
-    });
-    drain();
-  }
-  void drain() {
-    sock_.async_read_some(asio::buffer(rbuf_),
-                          [self = shared_from_this()](const boost::system::error_code& ec, std::size_t) {
-                            if (self->closed_) return;
-                            if (ec) {
-                              self->close();
-                              return;
-                            }
-                            self->drain();
-                          });
-  }
-
-  std::shared_ptr<server_impl> srv_;
-  tcp::socket sock_;
-  asio::steady_timer timer_;
-  std::uint64_t id_;
-  std::string peer_;
-  std::string server_nonce_;
-  std::array<char, 65536> rbuf_{};
-  std::string in_;
-  std::deque<std::string> outq_;
-  std::deque<std::string> pending_;
-  std::size_t out_bytes_ = 0;
-  std::uint64_t frame_seq_ = 0, armed_seq_ = 0;
-  std::shared_ptr<store_waiter> waiter_;
-  bool authed_ = false, busy_ = false, watching_ = false, writing_ = false;
-  bool failing_ = false, draining_ = false, closed_ = false, timer_armed_ = false;
-};
-
-}  // namespace detail
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/detail/server_connection.hpp>
-// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
-// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
 // #include <ebbflow/elastic/tcp_store.hpp>  (inlined)
-
-#include <boost/asio/bind_executor.hpp>
-#include <boost/asio/buffer.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/strand.hpp>
-#include <boost/asio/write.hpp>
-
-#include <sys/resource.h>
-
-#include <algorithm>
-#include <array>
-#include <charconv>
-#include <deque>
-#include <memory>
-#include <set>
-#include <sstream>
-#include <string>
-#include <unordered_map>
-#include <utility>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-namespace detail {
-
-inline void server_impl::accept() {
-  if (stopped_) return;
-  auto sock = std::make_shared<tcp::socket>(strand_);
-  acceptor_.async_accept(*sock, [self = shared_from_this(), sock](const boost::system::error_code& ec) {
-    if (self->stopped_) return;
-    if (ec) {
-      // EMFILE and friends: log once and retry shortly rather than spin.
-      if (!self->accept_failing_) {
-        std::string hint;
-        if (ec == boost::system::errc::too_many_files_open) {
-          rlimit l{};
-          ::getrlimit(RLIMIT_NOFILE, &l);
-          hint = " (open-file limit " + std::to_string(l.rlim_cur) + ", " + std::to_string(self->conns_.size()) +
-                 " connections open; every worker holds 3: raise `ulimit -n`, or call "
-                 "elastic::raise_open_file_limit() in the process that serves the store)";
-        }
-        EBBFLOW_LOG_WARN("store: accept failed: " << ec.message() << hint << "; retrying every 50 ms");
-        self->accept_failing_ = true;
-      }
-      self->retry_.expires_after(std::chrono::milliseconds(50));
-      self->retry_.async_wait([self](const boost::system::error_code& e) {
-        if (!e) self->accept();
-      });
-      return;
-    }
-    self->accepted_.fetch_add(1, std::memory_order_relaxed);
-    self->accept_failing_ = false;
-    const std::uint64_t id = self->next_id_++;
-    auto conn = std::make_shared<server_conn>(self, std::move(*sock), id);
-    self->conns_.emplace(id, conn);
-    self->open_.fetch_add(1, std::memory_order_relaxed);
-    if (self->conns_.size() > self->opts_.max_connections) {
-      conn->reject(errc::invalid_state,
-                   "too many connections (limit " + std::to_string(self->opts_.max_connections) + ")");
-    } else {
-      conn->start();
-    }
-    self->accept();
-  });
-}
-
-inline void server_impl::stop() noexcept {
-  asio::post(strand_, [self = shared_from_this()] {
-    if (self->stopped_) return;
-    self->stopped_ = true;
-    boost::system::error_code ec;
-    self->acceptor_.close(ec);
-    self->retry_.cancel();
-    std::vector<std::shared_ptr<server_conn>> live;
-    for (auto& [id, w] : self->conns_)
-      if (auto c = w.lock()) live.push_back(std::move(c));
-    for (auto& c : live) c->close();
-    self->conns_.clear();
-    self->open_.store(0, std::memory_order_relaxed);
-    EBBFLOW_LOG_INFO("store: stopped");
-  });
-}
-
-inline void server_impl::notify(const std::string& key, proto::event_kind kind, std::string_view value) {
-  // The event goes out before any waiter completes: completing one runs the
-  // requests its client pipelined behind the wait (`server_conn::complete`),
-  // whose mutations send their own events, and a watcher must see those
-  // after this one (events follow the order of the mutations).
-  if (!watchers_.empty()) {
-    std::string frame;
-    std::vector<std::shared_ptr<server_conn>> targets;
-    for (auto& [w, prefix] : watchers_)
-      if (key.starts_with(prefix))
-        if (auto c = w.lock()) targets.push_back(std::move(c));
-    if (!targets.empty()) {
-      frame = proto::frame_builder(proto::op::event, key.size() + value.size() + 16)
-                  .u8(static_cast<std::uint8_t>(kind))
-                  .str(key)
-                  .str(value)
-                  .finish();
-      for (auto& c : targets) c->send(frame);
-    }
-  }
-  if (kind == proto::event_kind::set) {
-    auto [b, e] = waiters_.equal_range(key);
-    if (b != e) {
-      std::vector<std::shared_ptr<store_waiter>> hit;
-      for (auto it = b; it != e; ++it) hit.push_back(it->second);
-      waiters_.erase(b, e);
-      // `value` stays valid: it is the setter's frame or a local of
-      // `execute`, never the map entry a released request may reassign.
-      for (auto& w : hit) {
-        if (w->done) continue;
-        w->missing.erase(key);
-        if (w->what == store_waiter::kind::any) {
-          const auto at = std::find(w->any_keys.begin(), w->any_keys.end(), key) - w->any_keys.begin();
-          finish_waiter(w, proto::frame_builder(proto::op::integer).i64(at).finish());
-          continue;
-        }
-        if (!w->missing.empty()) continue;
-        if (w->what == store_waiter::kind::get)
-          finish_waiter(w, proto::frame_builder(proto::op::value, value.size() + 8).str(value).finish());
-        else
-          finish_waiter(w, proto::frame_builder(proto::op::ok).finish());
-      }
-    }
-  }
-}
-
-inline void server_impl::finish_waiter(const std::shared_ptr<store_waiter>& w, std::string frame) {
-  w->done = true;
-  w->timer.cancel();
-  for (const auto& k : w->missing) {
-    auto [b, e] = waiters_.equal_range(k);
-    for (auto it = b; it != e;) it = it->second == w ? waiters_.erase(it) : std::next(it);
-  }
-  if (auto c = w->conn.lock()) c->complete(std::move(frame));
-}
-
-inline void server_impl::cancel_waiter(const std::shared_ptr<store_waiter>& w) noexcept {
-  if (w->done) return;
-  w->done = true;
-  w->timer.cancel();
-  for (const auto& k : w->missing) {
-    auto [b, e] = waiters_.equal_range(k);
-    for (auto it = b; it != e;) it = it->second == w ? waiters_.erase(it) : std::next(it);
-  }
-}
-
-inline std::string server_impl::register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m,
-                                                store_waiter::kind what) {
-  auto w = std::make_shared<store_waiter>(strand_);
-  w->conn = conn;
-  w->what = what;
-  w->timeout_ms = m.timeout_ms;
-  if (what == store_waiter::kind::get) {
-    w->get_key = std::string(m.key);
-    w->missing.insert(w->get_key);
-    w->total = 1;
-  } else {
-    w->total = m.keys.size();
-    for (auto k : m.keys)
-      if (!data_.contains(std::string(k))) w->missing.emplace(k);
-    if (what == store_waiter::kind::any) w->any_keys.assign(m.keys.begin(), m.keys.end());
-  }
-  auto timeout_reply = [w] {
-    std::ostringstream os;
-    if (w->what == store_waiter::kind::get) {
-      os << "get: key " << quote_key(w->get_key) << " not set within " << w->timeout_ms << " ms";
-    } else {
-      if (w->what == store_waiter::kind::any)
-        os << "wait_any: none of " << w->total << " keys set within " << w->timeout_ms << " ms:";
-      else
-        os << "wait: " << w->missing.size() << " of " << w->total << " keys still missing after " << w->timeout_ms
-           << " ms:";
-      int n = 0;
-      for (const auto& k : w->missing) {
-        if (n++ == 5) {
-          os << " ...";
-          break;
-        }
-        os << ' ' << quote_key(k);
-      }
-    }
-    return proto::error_frame(errc::timeout, os.str());
-  };
-  if (m.timeout_ms == 0) return timeout_reply();
-  for (const auto& k : w->missing) waiters_.emplace(k, w);
-  conn->set_waiter(w);
-  if (m.timeout_ms != proto::no_timeout) {
-    w->timer.expires_after(std::chrono::milliseconds(m.timeout_ms));
-    w->timer.async_wait([self = shared_from_this(), w, timeout_reply](const boost::system::error_code& ec) {
-      if (ec || w->done) return;
-      self->finish_waiter(w, timeout_reply());
-    });
-  }
-  return {};
-}
-
-inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn, const proto::message& m) {
-  using proto::frame_builder;
-  using proto::op;
-  switch (m.code) {
-    case op::set: {
-      std::string key(m.key);
-      auto& slot = data_[key];
-      slot.assign(m.value);
-      notify(key, proto::event_kind::set, m.value);
-      return frame_builder(op::ok).finish();
-    }
-    case op::get: {
-      if (auto it = data_.find(std::string(m.key)); it != data_.end())
-        return frame_builder(op::value, it->second.size() + 8).str(it->second).finish();
-      if (!m.flag) return frame_builder(op::missing).finish();
-      return register_waiter(conn, m, store_waiter::kind::get);
-    }
-    case op::add: {
-      std::string key(m.key);
-      auto it = data_.find(key);
-      std::string why;
-      const auto sum =
-          add_to_counter(it == data_.end() ? std::string_view() : std::string_view(it->second), m.integer, why);
-      if (!sum) return proto::error_frame(errc::invalid_state, "add: value of " + quote_key(key) + " " + why);
-      const std::int64_t next = *sum;
-      std::string text = std::to_string(next);
-      data_[key] = text;
-      notify(key, proto::event_kind::set, text);
-      return frame_builder(op::integer).i64(next).finish();
-    }
-    case op::compare_set: {
-      std::string key(m.key);
-      auto it = data_.find(key);
-      const bool match = it == data_.end() ? m.expected.empty() : it->second == m.expected;
-      if (match) {
-        data_[key].assign(m.value);
-        notify(key, proto::event_kind::set, m.value);
-        return frame_builder(op::cas_result, m.value.size() + 8).u8(1).str(m.value).finish();
-      }
-      std::string_view cur = it == data_.end() ? std::string_view{} : std::string_view(it->second);
-      return frame_builder(op::cas_result, cur.size() + 8).u8(0).str(cur).finish();
-    }
-    case op::wait: {
-      bool all = true;
-      for (auto k : m.keys)
-        if (!data_.contains(std::string(k))) {
-          all = false;
-          break;
-        }
-      if (all) return frame_builder(op::ok).finish();
-      return register_waiter(conn, m, store_waiter::kind::all);
-    }
-    case op::wait_any: {
-      if (m.keys.empty()) return proto::error_frame(errc::bad_message, "wait_any: no keys to wait for");
-      for (std::size_t i = 0; i < m.keys.size(); ++i)
-        if (data_.contains(std::string(m.keys[i]))) return frame_builder(op::integer).i64(std::int64_t(i)).finish();
-      return register_waiter(conn, m, store_waiter::kind::any);
-    }
-    case op::erase: {
-      const bool existed = data_.erase(std::string(m.key)) > 0;
-      if (existed) notify(std::string(m.key), proto::event_kind::erase, {});
-      return frame_builder(op::boolean).u8(existed ? 1 : 0).finish();
-    }
-    case op::num_keys:
-      return frame_builder(op::integer).i64(static_cast<std::int64_t>(data_.size())).finish();
-    case op::check: {
-      bool all = true;
-      for (auto k : m.keys) all = all && data_.contains(std::string(k));
-      return frame_builder(op::boolean).u8(all ? 1 : 0).finish();
-    }
-    case op::watch: {
-      std::string prefix(m.key);
-      watchers_.emplace_back(conn, prefix);
-      conn->set_watching();
-      conn->send(frame_builder(op::ok).finish());
-      if (m.flag)
-        for (const auto& [k, v] : data_)
-          if (k.starts_with(prefix))
-            conn->send(frame_builder(op::event, k.size() + v.size() + 16)
-                           .u8(static_cast<std::uint8_t>(proto::event_kind::set))
-                           .str(k)
-                           .str(v)
-                           .finish());
-      return {};
-    }
-    case op::ping:
-      return frame_builder(op::ok).finish();
-    default:
-      return proto::error_frame(errc::bad_message,
-                                std::string("unexpected opcode ") + proto::op_name(m.code) + " from a client");
-  }
-}
-
-}  // namespace detail
-
-// ------------------------------------------------------------------ store_server
-
-inline server_options server_options::from_environment() {
-  server_options o;
-  if (auto t = env::get("EBBFLOW_TOKEN")) o.token = *t;
-  return o;
-}
-
-inline store_server::store_server(server_options opts) : own_ioc_(std::make_unique<boost::asio::io_context>(1)) {
-  impl_ = std::make_shared<detail::server_impl>(*own_ioc_, std::move(opts));
-  host_ = impl_->opts().host;
-  port_ = impl_->port();
-  impl_->start();
-  thread_ = std::thread([ioc = own_ioc_.get()] {
-    for (;;) {
-      try {
-        ioc->run();
-        return;
-      } catch (const std::exception& e) {
-        // A handler should never throw (only std::bad_alloc can); keep serving.
-        EBBFLOW_LOG_ERROR("store: handler threw: " << e.what());
-      }
-    }
-  });
-  ::ebbflow::detail::name_thread(thread_, "ebbflow-store");
-}
-
-inline store_server::store_server(boost::asio::io_context& ioc, server_options opts) {
-  impl_ = std::make_shared<detail::server_impl>(ioc, std::move(opts));
-  host_ = impl_->opts().host;
-  port_ = impl_->port();
-  impl_->start();
-}
-
-inline store_server::~store_server() {
-  stop();
-  if (own_ioc_) {
-    // Let the stop handler run, then end the loop (pending handlers die with the io_context).
-    boost::asio::post(impl_->strand(), [ioc = own_ioc_.get()] { ioc->stop(); });
-    if (thread_.joinable()) thread_.join();
-    impl_.reset();
-    own_ioc_.reset();
-  }
-}
-
-inline std::string store_server::address() const {
-  return (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" + std::to_string(port_);
-}
-
-inline server_stats store_server::stats() const noexcept { return impl_->stats(); }
-
-inline void store_server::stop() noexcept {
-  if (impl_) impl_->stop();
-}
-
-inline open_file_limit raise_open_file_limit() noexcept {
-  rlimit l{};
-  if (::getrlimit(RLIMIT_NOFILE, &l) != 0) return {};
-  const open_file_limit before{static_cast<std::uint64_t>(l.rlim_cur), static_cast<std::uint64_t>(l.rlim_max)};
-  if (l.rlim_cur < l.rlim_max) {  // never infinite for open files (fs.nr_open bounds both)
-    l.rlim_cur = l.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &l);
-  }
-  return before;
-}
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/impl/store_server.hpp>
-// #include <ebbflow/elastic/impl/store_client.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/impl/store_client.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/store_client.hpp
-//! Definitions of `store_client` and `store_watcher` (included by elastic/tcp_store.hpp).
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/deadline.hpp>  (inlined)
-// #include <ebbflow/core/env.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-// #include <ebbflow/core/log.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/hmac.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/client_connection.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/detail/client_connection.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file detail/client_connection.hpp
-//! The store client's side of one TCP connection to a store server: a
-//! blocking connection whose every operation has a deadline (started
-//! asynchronously; the private io_context runs until it completes or the
-//! deadline passes, then it is cancelled), the HMAC handshake, and the
-//! request frames the client builds.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/deadline.hpp>  (inlined)
-// #include <ebbflow/core/env.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-// #include <ebbflow/core/log.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/hmac.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
-// #include <ebbflow/elastic/store_options.hpp>  (inlined)
-#include <boost/asio/buffer.hpp>
-#include <boost/asio/connect.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/write.hpp>
-#include <algorithm>
-#include <array>
-#include <chrono>
-#include <mutex>
-#include <optional>
-#include <string>
-#include <thread>
-#include <utility>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-namespace detail {
-
-namespace asio = boost::asio;
-
-//! A blocking connection with deadlines: each operation is started
-//! asynchronously and the private io_context is run until it completes or
-//! the deadline passes (then the operation is cancelled).
-class client_connection {
- public:
-  client_connection(std::string host, std::uint16_t port, std::string token, std::size_t max_bytes)
-      : host_(std::move(host)), port_(port), token_(std::move(token)), max_bytes_(max_bytes) {}
-
-  std::mutex mu;            //!< serialises calls of a store_client
-  std::string last_detail;  //!< reason of the last failure
-
-  [[nodiscard]] bool connected() const noexcept { return connected_; }
-  [[nodiscard]] std::string address() const { return host_ + ":" + std::to_string(port_); }
-
-  void close() noexcept {
-    boost::system::error_code ec;
-    sock_.close(ec);
-    in_.clear();
-    connected_ = false;
-  }
-
-  //! Connects (retrying refused connections until `d`) and runs the handshake.
-  void connect(deadline d, std::error_code& ec) {
-    close();
-    ec.clear();
-    boost::system::error_code bec;
-    std::vector<tcp::endpoint> eps;
-    if (auto a = asio::ip::make_address(host_, bec); !bec) {
-      eps.emplace_back(a, port_);
-    } else {
-      tcp::resolver res(ioc_);
-      std::optional<boost::system::error_code> done;
-      res.async_resolve(host_, std::to_string(port_),
-                        [&](const boost::system::error_code& e, const tcp::resolver::results_type& r) {
-                          done = e;
-                          for (const auto& x : r) eps.push_back(x.endpoint());
-                        });
-      if (!run_until(d, done, [&] { res.cancel(); })) return fail(ec, error::timeout, "resolving " + host_);
-      if (*done || eps.empty()) return fail(ec, error::peer_lost, "cannot resolve " + host_ + ": " + done->message());
-    }
-    auto backoff = std::chrono::milliseconds(5);
-    for (;;) {
-      std::optional<boost::system::error_code> done;
-      sock_ = tcp::socket(ioc_);
-      asio::async_connect(sock_, eps, [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
-      if (!run_until(d, done, [&] { sock_.close(bec); })) return fail(ec, error::timeout, "connecting to " + address());
-      if (!*done) break;
-      const bool retry = *done == asio::error::connection_refused || *done == asio::error::timed_out ||
-                         *done == asio::error::network_unreachable || *done == asio::error::host_unreachable;
-      // The store may not be up yet (ranks can start before it): retry until the deadline.
-      if (!retry || d.remaining() <= backoff)
-        return fail(ec, error::peer_lost, "cannot connect to " + address() + ": " + done->message());
-      std::this_thread::sleep_for(backoff);
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
-    }
-    sock_.set_option(tcp::no_delay(true), bec);
-    connected_ = true;
-    // Handshake.
-    // A refusal during the handshake ends the connection whatever its code:
-    // the next call connects anew.
-    auto r = read_frame(d, ec, false);
-    if (ec) return;
-    if (r.msg.code == proto::op::error) return server_error(ec, r.msg, true);
-    if (r.msg.code != proto::op::challenge || r.msg.flag != proto::version)
-      return fail(ec, error::bad_message,
-                  std::string("handshake: expected challenge v") + std::to_string(proto::version) + ", got " +
-                      proto::op_name(r.msg.code) + " v" + std::to_string(r.msg.flag));
-    const std::string server_nonce(r.msg.nonce);
-    const std::string client_nonce = random_bytes(proto::nonce_bytes);
-    write_frame(proto::frame_builder(proto::op::auth, 80)
-                    .u8(proto::version)
-                    .raw(client_nonce)
-                    .raw(handshake_mac(token_, client_label, server_nonce, client_nonce))
-                    .finish(),
-                d, ec);
-    if (ec) return;
-    r = read_frame(d, ec, false);
-    if (ec) return;
-    if (r.msg.code == proto::op::error) return server_error(ec, r.msg, true);
-    if (r.msg.code != proto::op::welcome)
-      return fail(ec, error::bad_message,
-                  std::string("handshake: expected welcome, got ") + proto::op_name(r.msg.code));
-    if (!mac_equal(r.msg.mac, handshake_mac(token_, server_label, server_nonce, client_nonce)))
-      return fail(ec, error::unauthorized, "the server at " + address() + " could not prove the job token");
-  }
-
-  //! False, with `ec` and `last_detail` set, when a request frame is over
-  //! the message limit: the server would reject it and drop the connection.
-  //! The reason reads "of N bytes exceeds ..."; callers name the request before it.
-  bool fits(std::size_t frame_bytes, std::error_code& ec) {
-    if (frame_bytes - proto::header_bytes <= max_bytes_) return true;
-    ec = make_error_code(error::bad_message);
-    last_detail =
-        "of " + std::to_string(frame_bytes) + " bytes exceeds max_message_bytes " + std::to_string(max_bytes_);
-    return false;
-  }
-
-  //! Connects when not connected, then writes `frames` (one request or several).
-  void send(const std::string& frames, deadline d, std::error_code& ec) {
-    if (!connected_) {
-      connect(d, ec);
-      if (ec) return;
-    }
-    write_frame(frames, d, ec);
-  }
-
-  //! Reads one reply; an `error` reply from the server becomes `ec`.
-  proto::decode_result receive(deadline d, std::error_code& ec) {
-    auto r = read_frame(d, ec, false);
-    if (!ec && r.msg.code == proto::op::error) server_error(ec, r.msg);
-    return r;
-  }
-
-  void write_frame(const std::string& frame, deadline d, std::error_code& ec) {
-    std::optional<boost::system::error_code> done;
-    asio::async_write(sock_, asio::buffer(frame), [&](const boost::system::error_code& e, std::size_t) { done = e; });
-    if (!run_until(d, done, [&] { sock_.cancel(); })) return fail(ec, error::timeout, "sending to " + address());
-    if (*done) return fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
-  }
-
-  //! Reads one frame. Views in the result point into this object until the
-  //! next read. On timeout the connection is closed unless `keep_on_timeout`.
-  proto::decode_result read_frame(deadline d, std::error_code& ec, bool keep_on_timeout) {
-    for (;;) {
-      if (in_.size() >= proto::header_bytes) {
-        const std::uint32_t len = proto::load_u32(in_.data());
-        if (auto why = proto::check_length(len, max_bytes_); !why.empty()) {
-          fail(ec, error::bad_message, "reply from " + address() + ": " + why);
-          return {};
-        }
-        if (in_.size() >= proto::header_bytes + len) {
-          body_.assign(in_, proto::header_bytes, len);
-          in_.erase(0, proto::header_bytes + len);
-          auto r = proto::decode_body(body_);
-          if (!r) fail(ec, error::bad_message, "reply from " + address() + ": " + r.reason);
-          return r;
-        }
-      }
-      std::optional<boost::system::error_code> done;
-      std::size_t got = 0;
-      sock_.async_read_some(asio::buffer(chunk_), [&](const boost::system::error_code& e, std::size_t n) {
-        done = e;
-        got = n;
-      });
-      if (!run_until(d, done, [&] { sock_.cancel(); })) {
-        if (keep_on_timeout) {
-          ec = make_error_code(error::timeout);
-          last_detail = "no message from " + address() + " before the deadline";
-        } else {
-          fail(ec, error::timeout, "no reply from " + address() + " before the deadline");
-        }
-        return {};
-      }
-      if (*done) {
-        fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
-        return {};
-      }
-      in_.append(chunk_.data(), got);
-    }
-  }
-
-  //! Sets `ec` from an `error` frame. The server closes the connection after
-  //! framing and authentication errors, and after any refusal of the
-  //! handshake (`in_handshake`: too many connections, a bad token): so do we.
-  void server_error(std::error_code& ec, const proto::message& m, bool in_handshake = false) {
-    ec = proto::error_from_wire(m.flag);
-    last_detail = std::string(m.value);
-    if (in_handshake || (ec != errc::timeout && ec != errc::invalid_state)) close();
-  }
-
-  void fail(std::error_code& ec, error e, std::string why) {
-    ec = make_error_code(e);
-    last_detail = std::move(why);
-    close();
-  }
-
- private:
-  template <class Cancel>
-  bool run_until(deadline d, std::optional<boost::system::error_code>& done, Cancel cancel) {
-    // run_until with time_point::max() would overflow inside Asio.
-    const auto cap = steady_clock::now() + std::chrono::hours(24 * 365);
-    ioc_.restart();
-    ioc_.run_until(std::min(d.at(), cap));
-    if (done) return true;
-    cancel();
-    ioc_.restart();
-    ioc_.run();  // let the cancelled handler run
-    return done && *done != asio::error::operation_aborted ? true : false;
-  }
-
-  using tcp = asio::ip::tcp;
-  std::string host_;
-  std::uint16_t port_;
-  std::string token_;
-  std::size_t max_bytes_;
-  asio::io_context ioc_{1};
-  tcp::socket sock_{ioc_};
-  bool connected_ = false;
-  std::string in_, body_;
-  std::array<char, 16384> chunk_{};
-};
-
-// The server's wait for `d`, in whole milliseconds rounded up: rounded
-// down, less than one left would be 0 (answer at once), and a caller that
-// waits in slices would spin through that rest in round trips. The reply
-// may come up to a millisecond after `d`, well within call()'s allowance.
-inline std::uint32_t timeout_ms_until(deadline d) noexcept {
-  if (d.at() == steady_clock::time_point::max()) return proto::no_timeout;
-  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(d.remaining()).count();
-  return static_cast<std::uint32_t>(std::min<std::int64_t>(ms, proto::no_timeout - 1));
-}
-
-inline std::string keys_frame(proto::op o, const std::vector<std::string>& keys, std::uint32_t timeout_ms,
-                              bool with_timeout) {
-  std::size_t n = 16;
-  for (const auto& k : keys) n += k.size() + 4;
-  proto::frame_builder b(o, n);
-  if (with_timeout) b.u32(timeout_ms);
-  b.u32(static_cast<std::uint32_t>(keys.size()));
-  for (const auto& k : keys) b.str(k);
-  return b.finish();
-}
-
-}  // namespace detail
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/detail/client_connection.hpp>
-// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
-// #include <ebbflow/elastic/tcp_store.hpp>  (inlined)
-
-#include <boost/asio/buffer.hpp>
-#include <boost/asio/connect.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/write.hpp>
-
-#include <algorithm>
-#include <array>
-#include <chrono>
-#include <mutex>
-#include <optional>
-#include <string>
-#include <thread>
-#include <utility>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-// ------------------------------------------------------------------ options
-
-inline client_options client_options::from_environment() {
-  client_options o;
-  o.timeout = env::get_ms("EBBFLOW_STORE_TIMEOUT_MS", o.timeout, 1);
-  return o;
-}
-
-// ------------------------------------------------------------------ store_watcher
-
-inline store_watcher::store_watcher(std::unique_ptr<detail::client_connection> c) : conn_(std::move(c)) {}
-inline store_watcher::store_watcher(store_watcher&&) noexcept = default;
-inline store_watcher& store_watcher::operator=(store_watcher&&) noexcept = default;
-inline store_watcher::~store_watcher() = default;
-
-inline store_event store_watcher::next(deadline d, std::error_code& ec) noexcept {
-  ec.clear();
-  if (!conn_ || !conn_->connected()) {
-    ec = make_error_code(error::peer_lost);
-    return {};
-  }
-  auto r = conn_->read_frame(d, ec, true);
-  if (ec) return {};
-  if (r.msg.code == detail::proto::op::error) {
-    conn_->server_error(ec, r.msg);
-    conn_->close();
-    return {};
-  }
-  if (r.msg.code != detail::proto::op::event) {
-    conn_->fail(ec, error::bad_message,
-                std::string("watch: expected event, got ") + detail::proto::op_name(r.msg.code));
-    return {};
-  }
-  store_event e;
-  e.type = r.msg.flag == static_cast<std::uint8_t>(detail::proto::event_kind::erase) ? store_event::kind::erase
-                                                                                     : store_event::kind::set;
-  e.key = std::string(r.msg.key);
-  e.value = std::string(r.msg.value);
-  return e;
-}
-
-inline store_event store_watcher::next(deadline d) {
-  std::error_code ec;
-  auto e = next(d, ec);
-  if (ec) throw_if(ec, {-1, -1, -1, "store.watch", conn_ ? conn_->last_detail : std::string("moved-from watcher")});
-  return e;
-}
-
-// ------------------------------------------------------------------ store_client
-
-inline store_client::store_client(std::string host, std::uint16_t port, std::string token, client_options opts)
-    : host_(std::move(host)), port_(port), token_(std::move(token)), opts_(opts) {
-  EBBFLOW_ENFORCE(!host_.empty(), "store_client: empty host");
-  EBBFLOW_ENFORCE(port_ != 0, "store_client: port 0 (no store address given)");
-  conn_ = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
-}
-
-inline store_client store_client::from_environment() {
-  const launch_info li = launch_info::from_environment();
-  EBBFLOW_ENFORCE(li.store_port != 0,
-                  "store_client::from_environment: EBBFLOW_STORE (HOST:PORT) or "
-                  "MASTER_ADDR/MASTER_PORT is not set");
-  return store_client(li.store_host, li.store_port, li.token, client_options::from_environment());
-}
-
-inline store_client::store_client(store_client&&) noexcept = default;
-inline store_client& store_client::operator=(store_client&&) noexcept = default;
-inline store_client::~store_client() = default;
-
-inline detail::proto::decode_result store_client::call(std::string frame, deadline d, bool waits,
-                                                       std::error_code& ec) noexcept {
-  ec.clear();
-  std::lock_guard lk(conn_->mu);
-  conn_->last_detail.clear();
-  if (!conn_->fits(frame.size(), ec)) {
-    conn_->last_detail = "request " + conn_->last_detail;
-    return {};
-  }
-  conn_->send(frame, d, ec);
-  if (ec) return {};
-  // A waiting request times out on the server, which names the missing keys;
-  // allow its reply a little time to arrive before giving up locally.
-  const deadline local =
-      waits && d.at() != steady_clock::time_point::max() ? deadline(d.at() + std::chrono::milliseconds(250)) : d;
-  auto r = conn_->receive(local, ec);
-  if (ec) return {};
-  return r;
-}
-
-inline void store_client::raise(const char* operation, std::string_view key, std::error_code ec) const {
-  std::string detail;
-  if (!key.empty()) detail = "key " + detail::quote_key(key) + ", ";
-  detail += "store " + host_ + ":" + std::to_string(port_);
-  std::string why = last_error_detail();
-  if (!why.empty()) detail += ": " + why;
-  EBBFLOW_THROW((system_error(ec, {-1, -1, -1, operation, std::move(detail)})));
-}
-
-inline std::string store_client::last_error_detail() const {
-  std::lock_guard lk(conn_->mu);
-  return conn_->last_detail;
-}
-
-inline void store_client::close() noexcept {
-  std::lock_guard lk(conn_->mu);
-  conn_->close();
-}
-
-inline void store_client::connect(deadline d, std::error_code& ec) noexcept {
-  ec.clear();
-  std::lock_guard lk(conn_->mu);
-  conn_->last_detail.clear();
-  conn_->connect(d, ec);
-}
-inline void store_client::connect(deadline d) {
-  std::error_code ec;
-  connect(d, ec);
-  if (ec) raise("store.connect", {}, ec);
-}
-
-namespace detail {
-//! Checks the reply opcode; a mismatch is a protocol error.
-inline bool expect_reply(const proto::decode_result& r, proto::op want, std::error_code& ec, client_connection& c) {
-  if (ec) return false;
-  if (r.msg.code == want) return true;
-  c.fail(ec, error::bad_message,
-         std::string("expected reply ") + proto::op_name(want) + ", got " + proto::op_name(r.msg.code));
-  return false;
-}
-//! The request frames of a non-waiting get and of an add, alone or pipelined.
-inline std::string try_get_frame(std::string_view key) {
-  return proto::frame_builder(proto::op::get, key.size() + 16).str(key).u32(0).u8(0).finish();
-}
-inline std::string add_frame(std::string_view key, std::int64_t delta) {
-  return proto::frame_builder(proto::op::add, key.size() + 16).str(key).i64(delta).finish();
-}
-//! A get's reply into `out`: the value, or nullopt when the key is missing;
-//! false (with `ec` set) on an error or any other reply.
-inline bool take_value(const proto::decode_result& r, std::optional<std::string>& out, std::error_code& ec,
-                       client_connection& c) {
-  out.reset();
-  if (!ec && r.msg.code == proto::op::missing) return true;
-  if (!expect_reply(r, proto::op::value, ec, c)) return false;
-  out.emplace(r.msg.value);
-  return true;
-}
-}  // namespace detail
-
-// set
-inline void store_client::set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept {
-  auto r = call(
-      detail::proto::frame_builder(detail::proto::op::set, key.size() + value.size() + 8).str(key).str(value).finish(),
-      d, false, ec);
-  detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
-}
-inline void store_client::set(std::string_view key, std::string_view value, std::error_code& ec) noexcept {
-  set(key, value, default_deadline(), ec);
-}
-inline void store_client::set(std::string_view key, std::string_view value, deadline d) {
-  std::error_code ec;
-  set(key, value, d, ec);
-  if (ec) raise("store.set", key, ec);
-}
-inline void store_client::set(std::string_view key, std::string_view value) { set(key, value, default_deadline()); }
-
-// get
-inline std::string store_client::get(std::string_view key, deadline d, std::error_code& ec) noexcept {
-  auto r = call(detail::proto::frame_builder(detail::proto::op::get, key.size() + 16)
-                    .str(key)
-                    .u32(detail::timeout_ms_until(d))
-                    .u8(1)
-                    .finish(),
-                d, true, ec);
-  if (!detail::expect_reply(r, detail::proto::op::value, ec, *conn_)) return {};
-  return std::string(r.msg.value);
-}
-inline std::string store_client::get(std::string_view key, std::error_code& ec) noexcept {
-  return get(key, default_deadline(), ec);
-}
-inline std::string store_client::get(std::string_view key, deadline d) {
-  std::error_code ec;
-  auto v = get(key, d, ec);
-  if (ec) raise("store.get", key, ec);
-  return v;
-}
-inline std::string store_client::get(std::string_view key) { return get(key, default_deadline()); }
-
-// try_get
-inline std::optional<std::string> store_client::try_get(std::string_view key, deadline d,
-                                                        std::error_code& ec) noexcept {
-  auto r = call(detail::try_get_frame(key), d, false, ec);
-  std::optional<std::string> v;
-  detail::take_value(r, v, ec, *conn_);
-  return v;
-}
-inline std::optional<std::string> store_client::try_get(std::string_view key, std::error_code& ec) noexcept {
-  return try_get(key, default_deadline(), ec);
-}
-inline std::optional<std::string> store_client::try_get(std::string_view key, deadline d) {
-  std::error_code ec;
-  auto v = try_get(key, d, ec);
-  if (ec) raise("store.try_get", key, ec);
-  return v;
-}
-inline std::optional<std::string> store_client::try_get(std::string_view key) {
-  return try_get(key, default_deadline());
-}
-
-// add
-inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d,
-                                      std::error_code& ec) noexcept {
-  auto r = call(detail::add_frame(key, delta), d, false, ec);
-  if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
-  return r.msg.integer;
-}
-inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept {
-  return add(key, delta, default_deadline(), ec);
-}
-inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d) {
-  std::error_code ec;
-  auto v = add(key, delta, d, ec);
-  if (ec) raise("store.add", key, ec);
-  return v;
-}
-inline std::int64_t store_client::add(std::string_view key, std::int64_t delta) {
-  return add(key, delta, default_deadline());
-}
-
-// pipelined: requests for `keys` leave in batches and the replies come back
-// in order (the server answers the frames of one connection in turn).
-// `frame(i)` builds request i; `reply(i, r)` takes its reply and returns
-// false (with `ec` set) when it is not what was asked for.
-template <class Frame, class Reply>
-void store_client::pipelined(const char* what, std::span<const std::string> keys, Frame&& frame, Reply&& reply,
-                             deadline d, std::error_code& ec) {
-  ec.clear();
-  // Batches small enough for the server's output budget and the socket buffers.
-  constexpr std::size_t batch = 64;
-  std::lock_guard lk(conn_->mu);
-  conn_->last_detail.clear();
-  for (std::size_t first = 0; first < keys.size(); first += batch) {
-    const std::size_t last = std::min(keys.size(), first + batch);
-    std::string frames;
-    for (std::size_t i = first; i < last; ++i) {
-      std::string f = frame(i);
-      if (!conn_->fits(f.size(), ec)) {
-        conn_->last_detail =
-            std::string(what) + ": request for key " + detail::quote_key(keys[i]) + " " + conn_->last_detail;
-        return;
-      }
-      frames += f;
-    }
-    conn_->send(frames, d, ec);
-    if (ec) return;
-    for (std::size_t i = first; i < last; ++i) {
-      auto r = conn_->receive(d, ec);
-      if (ec || !reply(i, r)) {
-        conn_->last_detail = std::string(what) + ": reply " + std::to_string(i + 1) + " of " +
-                             std::to_string(keys.size()) + " (key " + detail::quote_key(keys[i]) +
-                             "): " + conn_->last_detail;
-        // Replies to the rest of this batch may still be in flight: the
-        // connection cannot be reused in step with its requests.
-        conn_->close();
-        return;
-      }
-    }
-  }
-}
-
-// add_many: pipelined adds
-inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
-                                                        std::span<const std::int64_t> deltas, deadline d,
-                                                        std::error_code& ec) {
-  if (keys.size() != deltas.size())
-    throw std::invalid_argument("store.add_many: " + std::to_string(keys.size()) + " keys but " +
-                                std::to_string(deltas.size()) + " deltas");
-  std::vector<std::int64_t> out;
-  out.reserve(keys.size());
-  pipelined(
-      "add_many", keys, [&](std::size_t i) { return detail::add_frame(keys[i], deltas[i]); },
-      [&](std::size_t, const detail::proto::decode_result& r) {
-        if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return false;
-        out.push_back(r.msg.integer);
-        return true;
-      },
-      d, ec);
-  return out;
-}
-inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
-                                                        std::span<const std::int64_t> deltas, deadline d) {
-  std::error_code ec;
-  auto v = add_many(keys, deltas, d, ec);
-  if (ec) raise("store.add_many", {}, ec);
-  return v;
-}
-
-// try_get_many: pipelined try_get
-inline std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys, deadline d,
-                                                                          std::error_code& ec) {
-  std::vector<std::optional<std::string>> out;
-  out.reserve(keys.size());
-  pipelined(
-      "try_get_many", keys, [&](std::size_t i) { return detail::try_get_frame(keys[i]); },
-      [&](std::size_t, const detail::proto::decode_result& r) {
-        std::optional<std::string> v;
-        if (!detail::take_value(r, v, ec, *conn_)) return false;
-        out.push_back(std::move(v));
-        return true;
-      },
-      d, ec);
-  return out;
-}
-inline std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys,
-                                                                          deadline d) {
-  std::error_code ec;
-  auto v = try_get_many(keys, d, ec);
-  if (ec) raise("store.try_get_many", {}, ec);
-  return v;
-}
-
-// compare_set
-inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
-                                                    std::string_view desired, deadline d,
-                                                    std::error_code& ec) noexcept {
-  auto r = call(
-      detail::proto::frame_builder(detail::proto::op::compare_set, key.size() + expected.size() + desired.size() + 16)
-          .str(key)
-          .str(expected)
-          .str(desired)
-          .finish(),
-      d, false, ec);
-  if (!detail::expect_reply(r, detail::proto::op::cas_result, ec, *conn_)) return {};
-  return {r.msg.flag != 0, std::string(r.msg.value)};
-}
-inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
-                                                    std::string_view desired, std::error_code& ec) noexcept {
-  return compare_set(key, expected, desired, default_deadline(), ec);
-}
-inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
-                                                    std::string_view desired, deadline d) {
-  std::error_code ec;
-  auto v = compare_set(key, expected, desired, d, ec);
-  if (ec) raise("store.compare_set", key, ec);
-  return v;
-}
-inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
-                                                    std::string_view desired) {
-  return compare_set(key, expected, desired, default_deadline());
-}
-
-// wait
-inline void store_client::wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept {
-  auto r = call(detail::keys_frame(detail::proto::op::wait, keys, detail::timeout_ms_until(d), true), d, true, ec);
-  detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
-}
-inline void store_client::wait(const std::vector<std::string>& keys, deadline d) {
-  std::error_code ec;
-  wait(keys, d, ec);
-  if (ec) raise("store.wait", keys.size() == 1 ? std::string_view(keys[0]) : std::string_view{}, ec);
-}
-
-// wait_any
-inline std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d,
-                                          std::error_code& ec) noexcept {
-  auto r = call(detail::keys_frame(detail::proto::op::wait_any, keys, detail::timeout_ms_until(d), true), d, true, ec);
-  if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
-  if (r.msg.integer < 0 || static_cast<std::uint64_t>(r.msg.integer) >= keys.size()) {
-    ec = make_error_code(error::bad_message);
-    return 0;
-  }
-  return static_cast<std::size_t>(r.msg.integer);
-}
-inline std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d) {
-  if (keys.empty()) throw std::invalid_argument("store.wait_any: no keys to wait for");
-  std::error_code ec;
-  auto i = wait_any(keys, d, ec);
-  if (ec) raise("store.wait_any", keys.size() == 1 ? std::string_view(keys[0]) : std::string_view{}, ec);
-  return i;
-}
-
-// check
-inline bool store_client::check(const std::vector<std::string>& keys, std::error_code& ec) noexcept {
-  auto r = call(detail::keys_frame(detail::proto::op::check, keys, 0, false), default_deadline(), false, ec);
-  if (!detail::expect_reply(r, detail::proto::op::boolean, ec, *conn_)) return false;
-  return r.msg.flag != 0;
-}
-inline bool store_client::check(const std::vector<std::string>& keys) {
-  std::error_code ec;
-  auto v = check(keys, ec);
-  if (ec) raise("store.check", {}, ec);
-  return v;
-}
-
-// erase
-inline bool store_client::erase(std::string_view key, std::error_code& ec) noexcept {
-  auto r = call(detail::proto::frame_builder(detail::proto::op::erase, key.size() + 8).str(key).finish(),
-                default_deadline(), false, ec);
-  if (!detail::expect_reply(r, detail::proto::op::boolean, ec, *conn_)) return false;
-  return r.msg.flag != 0;
-}
-inline bool store_client::erase(std::string_view key) {
-  std::error_code ec;
-  auto v = erase(key, ec);
-  if (ec) raise("store.erase", key, ec);
-  return v;
-}
-
-// num_keys
-inline std::int64_t store_client::num_keys(std::error_code& ec) noexcept {
-  auto r = call(detail::proto::frame_builder(detail::proto::op::num_keys).finish(), default_deadline(), false, ec);
-  if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
-  return r.msg.integer;
-}
-inline std::int64_t store_client::num_keys() {
-  std::error_code ec;
-  auto v = num_keys(ec);
-  if (ec) raise("store.num_keys", {}, ec);
-  return v;
-}
-
-// ping
-inline void store_client::ping(deadline d, std::error_code& ec) noexcept {
-  auto r = call(detail::proto::frame_builder(detail::proto::op::ping).finish(), d, false, ec);
-  detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
-}
-inline void store_client::ping(deadline d) {
-  std::error_code ec;
-  ping(d, ec);
-  if (ec) raise("store.ping", {}, ec);
-}
-
-// watch
-inline store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d,
-                                         std::error_code& ec) noexcept {
-  ec.clear();
-  auto c = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
-  c->send(detail::proto::frame_builder(detail::proto::op::watch, prefix.size() + 8)
-              .str(prefix)
-              .u8(include_existing ? 1 : 0)
-              .finish(),
-          d, ec);
-  if (!ec) detail::expect_reply(c->receive(d, ec), detail::proto::op::ok, ec, *c);
-  if (ec) {
-    std::lock_guard lk(conn_->mu);
-    conn_->last_detail = c->last_detail;
-    c->close();
-  }
-  return store_watcher(std::move(c));
-}
-inline store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d) {
-  std::error_code ec;
-  auto w = watch(prefix, include_existing, d, ec);
-  if (ec) raise("store.watch", prefix, ec);
-  return w;
-}
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/impl/store_client.hpp>
-// ---- end <ebbflow/elastic/tcp_store.hpp>
 #endif  // EBBFLOW_HAS_ASIO
 // ==== end <ebbflow/elastic/store.hpp>
 
@@ -18755,91 +19053,6 @@ class store_address_exchange {
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
 // ==== end <ebbflow/elastic/store_address_exchange.hpp>
-
-// ==== begin <ebbflow/elastic/ucx_network.hpp> =============================
-#if EBBFLOW_HAS_UCX
-// SPDX-License-Identifier: Apache-2.0
-//! @file ucx_network.hpp
-//! `ucx_network`: the elastic group's `network` over UCX. One UCX worker
-//! (one address) serves the whole job; each generation builds its transport
-//! on it, reusing the endpoints between members that stay, and the
-//! generation bits of every wire tag keep late messages of an older
-//! generation from matching. Requires the `ebbflow::ucx` component.
-//!
-//! Thread safety: used by the group's training thread, except
-//! `start_connect`, which the group's admission helper may call while the
-//! training thread uses the current generation (`concurrent_connect()`).
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/comm/ucx/handles.hpp>  (inlined)
-// #include <ebbflow/comm/ucx/transport.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
-
-#include <memory>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-
-//! The elastic group's `network` over UCX: one context and one worker for
-//! the whole job, a `comm::ucx::transport` per generation. `start_connect`
-//! may be called from a helper thread when `concurrent_connect()`; nothing
-//! else is thread-safe.
-class ucx_network {
- public:
-  using transport_type = comm::ucx::transport;  //!< what `connect` builds per generation
-
-  //! Creates the process's UCP context and its one worker (UCX reads its
-  //! configuration from the environment; see docs/comm.md for the defaults
-  //! ebbflow sets). @throws system_error when UCX cannot initialise.
-  ucx_network() : ucx_network(comm::ucx::context::create()) {}
-  //! Shares an existing context.
-  explicit ucx_network(std::shared_ptr<comm::ucx::context> ctx) {
-    EBBFLOW_ENFORCE(ctx != nullptr, "ucx_network: null UCX context");
-    // Multi-threaded, so the group can build the next generation's
-    // endpoints on a helper thread while training progresses the worker.
-    worker_ = std::make_shared<comm::ucx::worker>(std::move(ctx), UCS_THREAD_MODE_MULTI);
-  }
-
-  //! Whether `start_connect` may run on another thread while the current
-  //! generation trains on the same worker (UCX built with thread support).
-  [[nodiscard]] bool concurrent_connect() const noexcept { return worker_->multi_threaded(); }
-
-  //! One worker serves every generation, so its address never changes: the
-  //! group publishes it once, and a membership change only builds endpoints.
-  [[nodiscard]] static constexpr bool stable_address() noexcept { return true; }
-
-  //! This process's worker address (the same for every generation).
-  bytes prepare(std::int64_t) const { return bytes(worker_->address().begin(), worker_->address().end()); }
-
-  //! Connects to every member of generation `g` (addresses in rank order) on
-  //! the shared worker. Blocks until every endpoint is wired up or `d` passes.
-  //! @throws system_error (peer_lost / timeout naming the peer), std::invalid_argument.
-  transport_type connect(std::int64_t g, int rank, const std::vector<bytes>& addresses, deadline d) {
-    return transport_type(worker_, g, rank, static_cast<int>(addresses.size()), addresses, d);
-  }
-  //! As `connect`, without blocking: the endpoints wire up while the current
-  //! generation keeps training on the same worker (see
-  //! `comm::ucx::transport::start`); the group finishes it at the switch.
-  transport_type start_connect(std::int64_t g, int rank, const std::vector<bytes>& addresses) {
-    return transport_type::start(worker_, g, rank, static_cast<int>(addresses.size()), addresses);
-  }
-  //! After a failure: the next generation opens new endpoints rather than
-  //! reuse those of the failed one, which may carry its abandoned traffic
-  //! (a membership change without failure reuses the endpoints between the
-  //! members that stay; see `comm::ucx::endpoint_pool`).
-  void discard_endpoints() noexcept { worker_->endpoints().retire(); }
-
- private:
-  std::shared_ptr<comm::ucx::worker> worker_;
-};
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-#endif  // EBBFLOW_HAS_UCX
-// ==== end <ebbflow/elastic/ucx_network.hpp>
 
 // ==== begin <ebbflow/plan.hpp> ============================================
 // SPDX-License-Identifier: Apache-2.0
@@ -20885,5 +21098,35 @@ const prefetch_options& prefetcher<Source, Load, Stage>::options() const noexcep
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/prefetch/impl/prefetcher.hpp>
 // ==== end <ebbflow/prefetch/prefetcher.hpp>
+
+// ==== begin <ebbflow/impl/compiled.hpp> ===================================
+#if EBBFLOW_HAS_ASIO && EBBFLOW_HAS_UCX
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/compiled.hpp
+//! The one translation unit of the `ebbflow::compiled` library (separate
+//! compilation, config.hpp): compiled with EBBFLOW_SEPARATE_COMPILATION and
+//! EBBFLOW_COMPILING_LIBRARY, it defines once what the headers then only
+//! declare: the TCP store's client and server, the planner's solver, cost
+//! models and samplers, the planner policy, the UCX network's construction,
+//! and the elastic group over the TCP store and UCX with its work stealing.
+//! Nothing else includes this file; elsewhere it declares nothing.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/elastic/group.hpp>  (inlined)
+// #include <ebbflow/elastic/planner_policy.hpp>  (inlined)
+// #include <ebbflow/elastic/tcp_store.hpp>  (inlined)
+// #include <ebbflow/elastic/ucx_network.hpp>  (inlined)
+// #include <ebbflow/plan.hpp>  (inlined)
+
+// Only the library's translation unit (EBBFLOW_COMPILING_LIBRARY) instantiates.
+#if defined(EBBFLOW_SEPARATE_COMPILATION) && defined(EBBFLOW_COMPILING_LIBRARY)
+EBBFLOW_BEGIN_NAMESPACE
+template class plan::work_stealer<elastic::store_client>;
+template class elastic::detail::group_impl<elastic::store_client, elastic::ucx_network>;
+EBBFLOW_END_NAMESPACE
+#endif
+#endif  // EBBFLOW_HAS_ASIO && EBBFLOW_HAS_UCX
+// ==== end <ebbflow/impl/compiled.hpp>
 
 #endif  // EBBFLOW_SINGLE_INCLUDE_HPP

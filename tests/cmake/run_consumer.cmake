@@ -15,6 +15,13 @@
 #                     and runs with every backend and with none
 #   recipes           the vcpkg port and the Conan recipe name the same
 #                     targets, components and version as the CMake install
+#   readme_install    the README's install block, run as written (sh) in a
+#                     copy of SOURCE_DIR with HOME in WORK_DIR, then
+#                     find_package from the prefix it installed to
+#   missing_deps      a requested component whose dependency is missing
+#                     (hidden with CMAKE_DISABLE_FIND_PACKAGE_<P>) fails
+#                     configure, naming the Debian packages: in the build
+#                     tree (EBBFLOW_WITH_<C>=ON) and in find_package
 # Inputs: MODE SOURCE_DIR BINARY_DIR WORK_DIR GENERATOR CXX_COMPILER BUILD_TYPE
 cmake_minimum_required(VERSION 3.21)
 foreach(v MODE SOURCE_DIR WORK_DIR)
@@ -44,8 +51,9 @@ endif()
 # takes a fraction of the time of -O3 (the library's own tests cover -O3).
 list(APPEND common_args -DCMAKE_BUILD_TYPE=${BUILD_TYPE})
 
-# step(<name> [EXPECT_FAIL] [MATCH <regex>] COMMAND ...): runs a command, shows
-# its output when it does not end as expected, and checks MATCH on the output.
+# step(<name> [EXPECT_FAIL] [MATCH <regex>] [TIMEOUT s] COMMAND ...): runs a
+# command, shows its output when it does not end as expected, and checks
+# MATCH on the output.
 function(step name)
   cmake_parse_arguments(S "EXPECT_FAIL" "MATCH;TIMEOUT" "COMMAND" ${ARGN})
   if(NOT S_TIMEOUT)
@@ -55,13 +63,16 @@ function(step name)
   execute_process(COMMAND ${S_COMMAND} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out
                   TIMEOUT ${S_TIMEOUT})
   set(ok TRUE)
+  # CMake wraps the messages it prints: MATCH may also hold on the output
+  # with its runs of white space made one space.
+  string(REGEX REPLACE "[ \t\n]+" " " flat "${out}")
   if(S_EXPECT_FAIL AND rc EQUAL 0)
     set(ok FALSE)
     set(why "succeeded but was expected to fail")
   elseif(NOT S_EXPECT_FAIL AND NOT rc EQUAL 0)
     set(ok FALSE)
     set(why "failed (${rc})")
-  elseif(S_MATCH AND NOT out MATCHES "${S_MATCH}")
+  elseif(S_MATCH AND NOT out MATCHES "${S_MATCH}" AND NOT flat MATCHES "${S_MATCH}")
     set(ok FALSE)
     set(why "output does not match '${S_MATCH}'")
   endif()
@@ -75,6 +86,11 @@ endfunction()
 function(consumer project)
   set(b "${WORK_DIR}/consumer")
   step("configure ${project}" COMMAND ${CMAKE_COMMAND} -S "${here}/${project}" -B "${b}" ${common_args} ${ARGN})
+  # An install built with the compiled library (the default) links it too.
+  if(project STREQUAL "find_package" AND EXISTS "${BINARY_DIR}/libebbflow.a"
+     AND NOT step_output MATCHES "ebbflow_compiled_FOUND=TRUE")
+    message(FATAL_ERROR "[${MODE}] the build has libebbflow.a but the installed package's compiled component was not found")
+  endif()
   step("build ${project}" COMMAND ${CMAKE_COMMAND} --build "${b}" -j 2)
   file(STRINGS "${b}/consumer-programs.txt" programs)
   # Every CMake route builds all three: the core with the planner (no
@@ -88,6 +104,26 @@ function(consumer project)
     get_filename_component(n "${p}" NAME)
     step("run ${n}" COMMAND "${p}" MATCH "${n} OK" TIMEOUT 60)
     message(STATUS "[${MODE}]   ${step_output}")
+  endforeach()
+endfunction()
+
+# Copies the source tree as a release would ship it into `dest`: tracked
+# and untracked-but-not-ignored files when SOURCE_DIR is a git checkout,
+# else the tree without the usual build folders.
+function(copy_source_tree dest)
+  execute_process(COMMAND git -C "${SOURCE_DIR}" ls-files -co --exclude-standard
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE files ERROR_QUIET)
+  if(rc EQUAL 0 AND files)
+    string(REPLACE "\n" ";" files "${files}")
+  else()
+    file(GLOB_RECURSE files RELATIVE "${SOURCE_DIR}" "${SOURCE_DIR}/*")
+    list(FILTER files EXCLUDE REGEX "^(build|\\.git|\\.whl|\\.gl|report)(/|$)")
+  endif()
+  foreach(f IN LISTS files)
+    if(f AND EXISTS "${SOURCE_DIR}/${f}")
+      get_filename_component(d "${dest}/${f}" DIRECTORY)
+      file(COPY "${SOURCE_DIR}/${f}" DESTINATION "${d}")
+    endif()
   endforeach()
 endfunction()
 
@@ -129,6 +165,14 @@ elseif(MODE STREQUAL "install_checks")
   probe()
   step("ARCH_INDEPENDENT: found from a 32-bit project" MATCH "found ebbflow ${version}"
        COMMAND ${CMAKE_COMMAND} ${probe_args} -B ${WORK_DIR}/probe${n} -DPROBE_VERSION=${major}.0 -DPROBE_SIZEOF_VOID_P=4)
+  if(EXISTS "${BINARY_DIR}/libebbflow.a")
+    # ...but the compiled archive is not: asked for from there, a clear error.
+    probe()
+    step("the compiled component from a 32-bit project is refused" EXPECT_FAIL
+         MATCH "ebbflow component 'compiled' needs the asio and ucx components and a 8-byte-pointer target"
+         COMMAND ${CMAKE_COMMAND} ${probe_args} -B ${WORK_DIR}/probe${n} -DPROBE_VERSION=${major}.0 -DPROBE_SIZEOF_VOID_P=4
+                 -DPROBE_COMPONENTS=compiled)
+  endif()
   # SameMajorVersion: the next major is refused.
   math(EXPR next "${major} + 1")
   probe()
@@ -153,33 +197,99 @@ elseif(MODE STREQUAL "install_checks")
   install_into("${WORK_DIR}/noucx" "${WORK_DIR}/noucx-build")
   probe()
   step("component not built into the install is a clear error" EXPECT_FAIL
-       MATCH "ebbflow component 'ucx' was not built into this install"
+       MATCH "ebbflow component 'ucx' was not built into this install.*apt-get install libucx-dev"
        COMMAND ${CMAKE_COMMAND} -S "${here}/probe" -B ${WORK_DIR}/probe${n} ${common_args}
                -DCMAKE_PREFIX_PATH=${WORK_DIR}/noucx -DPROBE_COMPONENTS=ucx)
   foreach(d IN LISTS probe_dirs)
     file(REMOVE_RECURSE "${d}")
   endforeach()
 
+elseif(MODE STREQUAL "missing_deps")
+  # Configure-only. The build tree: a component asked for (ON) whose
+  # dependency is hidden fails, naming the packages; left at AUTO it is left
+  # out with a warning that names them.
+  # Configure-only installs: nothing is built, so the compiled library (which
+  # an install would need built) is left out.
+  set(lean -DBUILD_TESTING=OFF -DEBBFLOW_BUILD_TOOLS=OFF -DEBBFLOW_WITH_CUDA=OFF -DEBBFLOW_BUILD_COMPILED=OFF)
+  step("build tree: EBBFLOW_WITH_ASIO=ON without Boost" EXPECT_FAIL
+       MATCH "EBBFLOW_WITH_ASIO=ON, but the asio component needs Boost >= 1.74 \\(headers\\) and OpenSSL \\(libcrypto\\): apt-get install libboost-dev libssl-dev"
+       COMMAND ${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/noboost" ${common_args} ${lean}
+               -DEBBFLOW_WITH_ASIO=ON -DCMAKE_DISABLE_FIND_PACKAGE_Boost=ON)
+  step("build tree: EBBFLOW_WITH_UCX=ON without UCX" EXPECT_FAIL
+       MATCH "EBBFLOW_WITH_UCX=ON, but the ucx component needs UCX \\(ucx-config.cmake\\): apt-get install libucx-dev"
+       COMMAND ${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/nolibucx" ${common_args} ${lean}
+               -DEBBFLOW_WITH_UCX=ON -DCMAKE_DISABLE_FIND_PACKAGE_ucx=ON)
+  step("build tree: AUTO without UCX leaves it out, saying so"
+       MATCH "the ucx component is left out: it needs UCX \\(ucx-config.cmake\\): apt-get install libucx-dev"
+       COMMAND ${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/autoucx" ${common_args} ${lean}
+               -DCMAKE_DISABLE_FIND_PACKAGE_ucx=ON)
+  # An install with every component, used where a dependency is missing.
+  step("configure ebbflow with asio and ucx"
+       COMMAND ${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/full-build" ${common_args} ${lean}
+               -DEBBFLOW_WITH_ASIO=ON -DEBBFLOW_WITH_UCX=ON)
+  install_into("${WORK_DIR}/prefix" "${WORK_DIR}/full-build")
+  set(probe_args -S "${here}/probe" -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix ${common_args})
+  step("find_package COMPONENTS asio without Boost" EXPECT_FAIL
+       MATCH "ebbflow component 'asio' needs Boost >= 1.74 \\(headers\\) and OpenSSL \\(libcrypto\\): apt-get install libboost-dev libssl-dev"
+       COMMAND ${CMAKE_COMMAND} ${probe_args} -B "${WORK_DIR}/probe-noboost" -DPROBE_COMPONENTS=asio
+               -DCMAKE_DISABLE_FIND_PACKAGE_Boost=ON)
+  step("find_package COMPONENTS ucx without UCX" EXPECT_FAIL
+       MATCH "ebbflow component 'ucx' needs UCX \\(ucx-config.cmake\\): apt-get install libucx-dev"
+       COMMAND ${CMAKE_COMMAND} ${probe_args} -B "${WORK_DIR}/probe-noucx" -DPROBE_COMPONENTS=ucx
+               -DCMAKE_DISABLE_FIND_PACKAGE_ucx=ON)
+  step("find_package OPTIONAL_COMPONENTS ucx without UCX is only not found" MATCH "ebbflow_ucx_FOUND=FALSE"
+       COMMAND ${CMAKE_COMMAND} ${probe_args} -B "${WORK_DIR}/probe-optional" -DPROBE_OPTIONAL=ucx
+               -DCMAKE_DISABLE_FIND_PACKAGE_ucx=ON)
+
+elseif(MODE STREQUAL "readme_install")
+  # The block between the README's readme-install markers, as a user copies
+  # it: run by sh in a fresh copy of the tree, with HOME in WORK_DIR (the
+  # block installs to ~/.local).
+  file(READ "${SOURCE_DIR}/README.md" readme)
+  if(NOT readme MATCHES "<!-- readme-install:begin -->\n```sh\n(.*)\n```\n<!-- readme-install:end -->")
+    message(FATAL_ERROR "[${MODE}] README.md has no ```sh block between <!-- readme-install:begin --> and <!-- readme-install:end -->")
+  endif()
+  set(block "${CMAKE_MATCH_1}")
+  file(WRITE "${WORK_DIR}/install.sh" "${block}\n")
+  message(STATUS "[${MODE}] the README's install block:\n${block}")
+  set(src "${WORK_DIR}/ebbflow")
+  set(home "${WORK_DIR}/home")
+  file(MAKE_DIRECTORY "${home}")
+  copy_source_tree("${src}")
+  string(TIMESTAMP t0 "%s")
+  step("run the README's install block" TIMEOUT 1200
+       COMMAND ${CMAKE_COMMAND} -E chdir "${src}" env "HOME=${home}" sh -e "${WORK_DIR}/install.sh")
+  string(TIMESTAMP t1 "%s")
+  math(EXPR took "${t1} - ${t0}")
+  message(STATUS "[${MODE}] the install block took ${took} s")
+  set(prefix "${home}/.local")
+  foreach(want bin/ebbflow-run bin/ebbflow-store include/ebbflow/ebbflow.hpp share/cmake/ebbflow/ebbflow-config.cmake)
+    if(NOT EXISTS "${prefix}/${want}")
+      message(FATAL_ERROR "[${MODE}] the install lacks ${want}")
+    endif()
+  endforeach()
+  step("the installed launcher runs" MATCH "usage: ebbflow-run" COMMAND "${prefix}/bin/ebbflow-run" --help)
+  # What the block's configure chose: Release, and none of the parts for
+  # working on ebbflow.
+  file(GLOB cache "${src}/build/*/CMakeCache.txt")
+  file(STRINGS "${cache}" build_type REGEX "^CMAKE_BUILD_TYPE:")
+  if(NOT build_type MATCHES "=Release$")
+    message(FATAL_ERROR "[${MODE}] the README's build is not Release: ${build_type}")
+  endif()
+  get_filename_component(bdir "${cache}" DIRECTORY)
+  foreach(part tests bench examples)
+    if(EXISTS "${bdir}/${part}")
+      message(FATAL_ERROR "[${MODE}] -DBUILD_TESTING=OFF still configured ${part}/")
+    endif()
+  endforeach()
+  file(REMOVE_RECURSE "${src}")
+  consumer(find_package -DCMAKE_PREFIX_PATH=${prefix})
+
 elseif(MODE STREQUAL "fetch_content")
   # A source tarball as a release would ship it: the tree without build
   # outputs or VCS metadata.
   set(src "${WORK_DIR}/ebbflow-${version}")
-  # Tracked and untracked-but-not-ignored files when this is a git checkout,
-  # else the tree without the usual build folders.
-  execute_process(COMMAND git -C "${SOURCE_DIR}" ls-files -co --exclude-standard
-                  RESULT_VARIABLE rc OUTPUT_VARIABLE files ERROR_QUIET)
-  if(rc EQUAL 0 AND files)
-    string(REPLACE "\n" ";" files "${files}")
-  else()
-    file(GLOB_RECURSE files RELATIVE "${SOURCE_DIR}" "${SOURCE_DIR}/*")
-    list(FILTER files EXCLUDE REGEX "^(build|\\.git|\\.whl|\\.gl|report)(/|$)")
-  endif()
-  foreach(f IN LISTS files)
-    if(f AND EXISTS "${SOURCE_DIR}/${f}")
-      get_filename_component(d "${src}/${f}" DIRECTORY)
-      file(COPY "${SOURCE_DIR}/${f}" DESTINATION "${d}")
-    endif()
-  endforeach()
+  copy_source_tree("${src}")
   step("tar the source tree" COMMAND ${CMAKE_COMMAND} -E chdir "${WORK_DIR}"
        ${CMAKE_COMMAND} -E tar czf "${WORK_DIR}/ebbflow-${version}.tar.gz" "ebbflow-${version}")
   file(REMOVE_RECURSE "${src}")

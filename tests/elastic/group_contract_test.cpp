@@ -71,6 +71,18 @@ void on_threads(int n, const Body& body) {
   for (int r = 0; r < n; ++r) ts.emplace_back(body, r);
 }
 
+// Runs `run(rank, false)` for `members` launched members, each on a thread
+// of its own, and `run(-1, true)` for a newcomer on another once `start` is
+// set (by a member); returns when all have ended.
+template <class Run>
+void with_late_joiner(int members, const std::atomic<bool>& start, const Run& run) {
+  std::jthread joiner([&] {
+    while (!start) std::this_thread::sleep_for(1ms);
+    run(-1, true);
+  });
+  on_threads(members, [&](int r) { run(r, false); });
+}
+
 // group_options::from_environment refuses each of `bad` for `variable`,
 // with an error that names the variable.
 void expect_refused(const char* variable, std::initializer_list<const char*> bad) {
@@ -194,12 +206,7 @@ TEST(ElasticGroupContract, ALeaveBelowMinSizeWaitsForANewcomer) {
       ADD_FAILURE() << (join ? "joiner" : "rank " + std::to_string(r)) << ": " << e.what();
     }
   };
-  std::jthread joiner([&] {
-    while (!start_joiner) std::this_thread::sleep_for(1ms);
-    run(-1, true);
-  });
-  on_threads(2, [&](int r) { run(r, false); });
-  joiner.join();
+  with_late_joiner(2, start_joiner, run);
   EXPECT_EQ(min_seen.load(), 2) << "a member trained with world_size " << min_seen << " < EBBFLOW_MIN_SIZE=2";
   EXPECT_GT(left_after.load(), 15) << "the leaver left before the newcomer came";
   EXPECT_LT(left_after.load(), 200) << "the leaver never left";
@@ -665,4 +672,102 @@ TEST(ElasticGroupContract, TheStoreTypeIsDeducedFromALambda) {
   el::group g([store] { return std::make_unique<store_ref>(store_ref{store}); }, net, options(), launch(0, 1));
   static_assert(std::is_same_v<decltype(g), test_group>);
   EXPECT_EQ(g.begin_step().step, 0);
+}
+
+// The documented loop, `while (g.keep_training(total))`: a newcomer whose
+// admission is decided at the last step boundary is taken in (the members
+// run on while the change finishes) instead of being stranded with
+// job_finished, and every member, the newcomer too, ends the loop at the
+// same step. Rank 0 holds its last step until the newcomer's ticket is in
+// the store, so that the admission falls on the last boundary.
+TEST(ElasticGroupContract, KeepTrainingTakesInANewcomerAdmittedAtTheEnd) {
+  const job j;
+  constexpr std::int64_t total = 6;
+  std::atomic<bool> start_joiner{false};
+  std::atomic<int> joiner_steps{0}, max_seen{0};
+  std::atomic<std::int64_t> ended_at[3] = {-1, -1, -1};
+  const auto run = [&](int r, bool join) {
+    try {
+      auto o = options();
+      o.join = join;
+      member m(j, o, join ? 2 : r, 2);
+      auto& g = m.g;
+      while (g.keep_training(total)) {
+        const auto s = g.begin_step();
+        max_seen = std::max(max_seen.load(), s.world_size);
+        if (join) ++joiner_steps;
+        if (!join && r == 0 && s.step == total - 1 && s.world_size == 2) {
+          start_joiner = true;
+          while (!j.store->try_get("ebbflow/join/1", ef::deadline::after(1s)))
+            std::this_thread::sleep_for(1ms);
+          std::this_thread::sleep_for(200ms);  // twenty heartbeats: the coordinator has read the ticket
+        }
+        std::vector<float> grad(3, 0.f);
+        if (!g.allreduce(grad)) continue;
+        g.end_step(0.001);
+      }
+      ended_at[join ? 2 : r] = g.step();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << (join ? "joiner" : "rank " + std::to_string(r)) << ": " << e.what();
+    }
+  };
+  with_late_joiner(2, start_joiner, run);
+  EXPECT_EQ(max_seen.load(), 3) << "the newcomer admitted at the last boundary never trained";
+  EXPECT_GE(joiner_steps.load(), 1);
+  EXPECT_GT(ended_at[0].load(), total) << "the members did not run on while the change finished";
+  EXPECT_EQ(ended_at[0].load(), ended_at[1].load());
+  EXPECT_EQ(ended_at[0].load(), ended_at[2].load()) << "the newcomer ended at another step";
+  EXPECT_TRUE(j.store->try_get("ebbflow/done", ef::deadline::after(1s))) << "keep_training did not call finish()";
+}
+
+// Once keep_training found the steps done it marked the job finished: a
+// worker started afterwards under the same job, on the still-running
+// store, is refused at once with job_finished instead of waiting out its
+// join timeout (here 5 s) as a newcomer.
+TEST(ElasticGroupContract, AWorkerStartedAfterKeepTrainingEndedIsRefusedAtOnce) {
+  const job j;
+  {
+    member m(j, options());
+    auto& g = m.g;
+    int steps = 0;
+    while (g.keep_training(3)) {
+      (void)g.begin_step();
+      std::vector<float> grad(3, 0.f);
+      if (!g.allreduce(grad)) continue;
+      g.end_step(0.001);
+      ++steps;
+    }
+    EXPECT_EQ(steps, 3);
+    EXPECT_FALSE(g.keep_training(3)) << "keep_training turned true again";
+  }
+  for (bool join : {true, false}) {
+    auto o = options();
+    o.join = join;
+    const auto t0 = ef::steady_clock::now();
+    try {
+      member m(job{j.store}, o);
+      ADD_FAILURE() << "a worker (join " << join << ") started after the end was admitted";
+    } catch (const ef::system_error& e) {
+      EXPECT_EQ(e.code(), ef::errc::job_finished) << e.what();
+    }
+    EXPECT_LT(ef::steady_clock::now() - t0, 1s) << "refused only after waiting (join " << join << ")";
+  }
+}
+
+// A member that left (request_leave) ends its loop without marking the job
+// finished: the others train on, and a newcomer may still join them.
+TEST(ElasticGroupContract, KeepTrainingAfterLeavingDoesNotFinishTheJob) {
+  const job j;
+  auto o = options();
+  o.preconnect = false;  // leave at the first boundary
+  member m(j, o);
+  auto& g = m.g;
+  (void)g.begin_step();
+  g.request_leave();
+  std::vector<float> grad(3, 0.f);
+  ASSERT_TRUE(g.allreduce(grad));
+  g.end_step(0.001);
+  EXPECT_FALSE(g.keep_training(100));
+  EXPECT_FALSE(j.store->try_get("ebbflow/done", ef::deadline::after(1s))) << "a leaver marked the job finished";
+  EXPECT_THROW((void)g.keep_training(-1), std::invalid_argument);
 }

@@ -731,6 +731,50 @@ TEST(Launcher, ReportsToAStoreThatStoppedAnsweringHoldUpNothing) {
   EXPECT_EQ(r.exit.code, 124) << r.exit.describe() << "\n" << r.err;
   EXPECT_LT(r.seconds, 4.0) << "the reports held up the launcher's loop\n" << r.err;
   EXPECT_NE(r.err.find("could not tell the store that worker"), std::string::npos) << r.err;
-  // Six reports of 1 s each cannot all be tried by the end: the rest are dropped, and said to be.
-  EXPECT_NE(r.err.find("did not tell the store that worker"), std::string::npos) << r.err;
+  // Six reports of 1 s each cannot all be tried by the end: the rest are dropped, and said to be, in one line.
+  const auto dropped = r.err.find("did not tell the store that worker(s) ");
+  EXPECT_NE(dropped, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("did not tell the store", dropped + 1), std::string::npos) << r.err;
+}
+
+// A job whose workers all failed has nobody left to tell: the launcher adds
+// no report lines. It used to try once the store was gone and add "could not
+// tell the store that worker 0 exited (... connection reset ...)" and a "did
+// not tell" line for each other worker.
+TEST(Launcher, WorkersThatAllFailedAddNoReportLines) {
+  for (const char* worker : {"exit 1", "sleep 0.$EBBFLOW_WORKER_ID; exit 3"}) {
+    auto r = run({EBBFLOW_RUN, "--elastic", "-n", "3", "--", "sh", "-c", worker});
+    EXPECT_NE(r.exit.code, 0) << r.err;
+    EXPECT_NE(r.err.find("job failed: no worker finished successfully"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("tell the store"), std::string::npos) << r.err;
+  }
+}
+
+// A timed event whose time never comes is said, one line each, not dropped
+// silently (an --add after the job ended exited 0 with nothing said).
+TEST(Launcher, AnEventDueAfterTheJobEndedIsSaid) {
+  auto r = run({EBBFLOW_RUN, "-n", "2", "--add", "30", "--kill", "40:1", "--stop", "50:0:2", "--", "sleep", "0.3"});
+  EXPECT_TRUE(r.exit.ok()) << r.exit.describe() << "\n" << r.err;
+  for (const char* ev : {"--add 30:1", "--kill 40:1", "--stop 50:0:2"})
+    EXPECT_NE(r.err.find(std::string("ebbflow-run: ") + ev + " not done: the job ended first (at 0.3"),
+              std::string::npos)
+        << ev << "\n"
+        << r.err;
+  auto stopped = run({EBBFLOW_RUN, "-n", "1", "--timeout", "0.3", "--leave", "20:0", "--", "sleep", "30"});
+  EXPECT_EQ(stopped.exit.code, 124) << stopped.err;
+  EXPECT_NE(stopped.err.find("--leave 20:0 not done: the job was stopped first"), std::string::npos) << stopped.err;
+}
+
+// One prefix per line: the launcher's and the library's log prefix ("[worker
+// 2] [ebbflow rank 1] warn: ...") become one, "[worker 2, ebbflow rank 1]".
+TEST(Launcher, ALibraryLogLineCarriesOnePrefix) {
+  const char* script = "echo '[ebbflow rank 5] warn: from the library' >&2; echo plain";
+  auto elastic = run({EBBFLOW_RUN, "--elastic", "-n", "1", "--", "sh", "-c", script});
+  EXPECT_NE(elastic.err.find("[worker 0, ebbflow rank 5] warn: from the library\n"), std::string::npos) << elastic.err;
+  EXPECT_NE(elastic.out.find("[worker 0] plain\n"), std::string::npos) << elastic.out;
+  auto fixed = run({EBBFLOW_RUN, "-n", "1", "--", "sh", "-c", script});
+  EXPECT_NE(fixed.err.find("[rank 0, ebbflow rank 5] warn: from the library\n"), std::string::npos) << fixed.err;
+  auto bare = run({EBBFLOW_RUN, "--no-prefix", "-n", "1", "--", "sh", "-c", script});
+  EXPECT_NE(bare.err.find("[ebbflow rank 5] warn: from the library\n"), std::string::npos) << bare.err;
+  EXPECT_EQ(elastic.err.find("] ["), std::string::npos) << elastic.err;
 }

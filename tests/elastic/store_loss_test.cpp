@@ -30,7 +30,9 @@ class StoreLoss : public ebbflow_test::job_test {
   // store 0.3 s after the first generation formed (stamp `store_killed`),
   // then runs `then` (shell; `$job` is the launcher's pid) and waits for the
   // job (stamp `job_end`). Returns the job's output; its exit status is the
-  // result's.
+  // result's. when(pattern, stamp) is a `then` that stamps the moment the
+  // job's output first shows `pattern`: times are taken from events the job
+  // reports, so a loaded machine's slow training does not count.
   ebbflow_test::shell_result run_losing_the_store(const std::string& flags, int steps, const std::string& then) {
     const std::string script = "{ " EBBFLOW_STORE_TOOL
                                " --port 0 --token tok > store.out 2>&1 & echo $! > store.pid; }"
@@ -41,10 +43,13 @@ class StoreLoss : public ebbflow_test::job_test {
                                flags + " -- " ELASTIC_TRAIN " --steps " + std::to_string(steps) +
                                " --step-us 2000 > job.out 2>&1 & job=$!; }"
                                " && for i in $(seq 600); do grep -q '(initial)' job.out && break; sleep 0.05; done"
-                               " && sleep 0.3 && kill -9 $(cat store.pid) && date +%s.%N > store_killed"
-                               " && " +
-                               then + "; wait $job; rc=$?; date +%s.%N > job_end; cat job.out; exit $rc";
+                               " && sleep 0.3 && kill -9 $(cat store.pid) && date +%s.%N > store_killed\n" +
+                               then + "\nwait $job; rc=$?; date +%s.%N > job_end; cat job.out; exit $rc";
     return run_here("timeout 120 bash -c \"" + escape(script) + "\"");
+  }
+
+  static std::string when(const std::string& pattern, const std::string& stamp) {
+    return "{ until grep -q '" + pattern + "' job.out; do sleep 0.02; done; date +%s.%N > " + stamp + "; } &";
   }
 
   static std::string escape(const std::string& s) {
@@ -61,14 +66,14 @@ class StoreLoss : public ebbflow_test::job_test {
 // exits 0 (finish() says it could not record the end instead of throwing),
 // soon after the last step, not a store timeout (10 s) later.
 TEST_F(StoreLoss, AJobThatCompletesItsStepsExitsZeroSoonAfterItsStoreDied) {
-  const auto r = run_losing_the_store("", 1500, "true");
+  const auto r = run_losing_the_store("", 1500, when("could not record it", "finished"));
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("the store cannot be reached"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("the job finished, but the store could not record it"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("finished 1500 steps"), std::string::npos) << r.output;
-  // 1500 steps of 2 ms from a start 0.3 s before the store died: about 3 s
-  // of training left, and no 10 s store timeout at the end.
-  EXPECT_LT(seconds_between(dir_.path(), "store_killed", "job_end"), 8.0) << r.output;
+  // From the last step's finish() to the end of the job: no store timeout
+  // (10 s) on the way out.
+  EXPECT_LT(seconds_between(dir_.path(), "finished", "job_end"), 2.0) << r.output;
 }
 
 // SIGTERM without a store: the members leave at the next step boundary
@@ -83,13 +88,13 @@ TEST_F(StoreLoss, SigtermWithoutAStoreEndsTheJobAtOnce) {
 
 // A worker dies after the store did (SIGKILLed by the launcher 1 s into
 // training, 0.7 s after the store): the survivor cannot re-form the group and
-// says so at once, instead of failing on a store key.
+// says so, within a lease or so of the kill, instead of failing on a store key.
 TEST_F(StoreLoss, AFailureWithoutAStoreStopsTheSurvivorWithAClearError) {
-  const auto r = run_losing_the_store("--event-clock training --kill 1:1", 100000, "true");
+  const auto r = run_losing_the_store("--event-clock training --kill 1:1", 100000, when("killing worker 1", "killed"));
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("generation 0 failed and the store cannot be reached"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("the group cannot re-form without its store"), std::string::npos) << r.output;
-  EXPECT_LT(seconds_between(dir_.path(), "store_killed", "job_end"), 4.0) << r.output;
+  EXPECT_LT(seconds_between(dir_.path(), "killed", "job_end"), 3.0) << r.output;
 }
 
 // Below EBBFLOW_MIN_SIZE with nobody to join: the survivor gives up once it
@@ -105,8 +110,9 @@ TEST_F(StoreLoss, BelowTheMinimumTheSurvivorGivesUpAtTheMinimumWaitNamingIt) {
                           "joined within EBBFLOW_MIN_WAIT_MS=2000 ms"),
             std::string::npos)
       << r.output;
-  // The kill 0.4 s into training, then 2 s: far from the 30 s operation deadline on top.
-  EXPECT_LT(took, 15s) << r.output;
+  // The kill 0.4 s into training, then 2 s (and a loaded machine's start-up): far from the 32 s
+  // of the operation deadline on top.
+  EXPECT_LT(took, 20s) << r.output;
 }
 
 }  // namespace

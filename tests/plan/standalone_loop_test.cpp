@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 #include <set>
 #include <type_traits>
@@ -61,6 +62,35 @@ TEST(StandalonePlanner, TheDocumentedLoopPlansFromTheFirstStep) {
 
 // A newcomer without a fitted model is planned with the others' mean model,
 // so it gets a share at once.
+// Before any worker has a fitted model the plan is the uniform split, made
+// from placeholder specs (a = 0, c = 1 s a sample): its step_time said 22 s
+// for 22 samples a worker (users printed "22000 ms"). It is NaN, "not
+// known", until a model fits; then it is a prediction again.
+TEST(StandalonePlanner, TheUniformPlanBeforeAnyModelHasNoStepTime) {
+  const std::vector<std::uint64_t> ids = {10, 11, 12, 13};
+  pl::worker_models models;
+  pl::replanner planner;
+  const auto specs = models.specs(ids, 1 << 20);
+  for (const auto& s : specs) EXPECT_TRUE(s.placeholder);
+  const pl::batch_plan& first = planner.update(specs, 88);
+  EXPECT_EQ(first.batch, (std::vector<std::size_t>{22, 22, 22, 22}));
+  EXPECT_TRUE(std::isnan(first.step_time)) << first.step_time;
+  EXPECT_TRUE(std::isnan(pl::solve(specs, 88).step_time));
+  const std::vector<std::size_t> sizes = {22, 22, 22, 22};
+  EXPECT_TRUE(std::isnan(pl::make_plan(specs, sizes, 1).step_time));
+  EXPECT_EQ(planner.last_gap(), 0.0) << "no drift between placeholders";
+  // The uniform plan stays in force (no re-plan on a gap that is not a number).
+  EXPECT_EQ(&planner.update(specs, 88), &first);
+  EXPECT_EQ(planner.last_reason(), pl::replan_reason::kept);
+  // One fitted model: the others are planned with its model, a real prediction.
+  for (int k = 0; k < 20; ++k) models.observe(ids[0], 10 + k % 5, 0.01 + 1e-3 * (10 + k % 5));
+  const auto fitted = models.specs(ids, 1 << 20);
+  for (const auto& s : fitted) EXPECT_FALSE(s.placeholder);
+  const auto p = pl::solve(fitted, 88);
+  EXPECT_FALSE(std::isnan(p.step_time));
+  EXPECT_NEAR(p.step_time, 0.01 + 1e-3 * 22, 1e-3);
+}
+
 TEST(StandalonePlanner, ANewcomerGetsTheMeanModelOfTheOthers) {
   pl::worker_models models;
   for (int k = 0; k < 5; ++k) {

@@ -292,34 +292,36 @@ std::string seconds_text(double s) {
   return b;
 }
 
+// A timed event as it was given: "--add 30:1", "--kill 5:2", "--stop 3:1:2".
+std::string event_text(const options::event& ev) {
+  constexpr const char* names[] = {"--add ", "--kill ", "--leave ", "--stop "};
+  std::string t = names[ev.what] + seconds_text(ev.at) + ":" + std::to_string(ev.arg);
+  if (ev.what == options::event::stop) t += ":" + seconds_text(ev.for_s);
+  return t;
+}
+
 
 // Tells the store which failed worker's process exited (report_process_exit),
 // on a thread and a connection of its own: a store that is slow or stopped
 // answering holds up none of the launcher's loop (exits, signals, --timeout,
-// restarts). Each report has `limit`. Reports still queued when the launcher
-// ends are dropped, with a line each: the job is over.
+// restarts). Each report has `limit`. `close` ends it when the job is over.
 class exit_reporter {
  public:
   exit_reporter(ef::env::host_port at, std::string token, el::group_options job, std::chrono::milliseconds limit)
       : at_(std::move(at)), token_(std::move(token)), job_(std::move(job)), limit_(limit) {}
   exit_reporter(const exit_reporter&) = delete;
   exit_reporter& operator=(const exit_reporter&) = delete;
-  ~exit_reporter() {
-    if (!thread_.joinable()) return;
-    thread_.request_stop();
-    thread_.join();
-    for (const auto& r : queue_)
-      say("did not tell the store that worker " + std::to_string(r.id) + " exited: the launcher ended first");
-  }
+  ~exit_reporter() { close(false); }
 
   void report(int id, std::string process_key, std::string how) {
     {
       std::lock_guard lk(m_);
+      if (closing_) return;
       queue_.push_back({id, std::move(process_key), std::move(how)});
     }
     if (!thread_.joinable()) {
       try {
-        thread_ = std::jthread([this](std::stop_token st) { run(st); });
+        thread_ = std::jthread([this] { run(); });
       } catch (const std::system_error& e) {  // no thread to be had: the leases decide
         std::lock_guard lk(m_);
         queue_.clear();
@@ -331,28 +333,62 @@ class exit_reporter {
     cv_.notify_one();
   }
 
+  // Ends the reports, before the store goes. With `drain` (other launchers'
+  // workers may still be in the job), those still queued are sent first,
+  // within one limit in all, and one line names those that could not be;
+  // without, they are dropped with nothing said: the job is over and the
+  // store goes with it, so nobody is left to tell.
+  void close(bool drain) {
+    {
+      std::lock_guard lk(m_);
+      if (closing_) return;
+      closing_ = true;
+      drain_by_ = ef::deadline::after(limit_);
+      if (!drain) queue_.clear();
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+    if (!unsent_.empty())
+      say("did not tell the store that worker(s) " + unsent_ + " exited: the job ended first" +
+          (unsent_why_.empty() ? "" : " (" + unsent_why_ + ")"));
+  }
+
  private:
   struct item {
     int id;
     std::string key, how;
   };
-  void run(std::stop_token st) {
+  void run() {
     std::unique_ptr<el::store_client> client;
     for (;;) {
       item r;
+      bool closing = false;
+      ef::deadline d = ef::deadline::after(limit_);
       {
         std::unique_lock lk(m_);
-        if (!cv_.wait(lk, st, [&] { return !queue_.empty(); }) || st.stop_requested()) return;
+        cv_.wait(lk, [&] { return !queue_.empty() || closing_; });
+        if (queue_.empty()) return;  // closing, nothing left
+        if (closing_ && drain_by_.expired()) {
+          for (const auto& left : queue_) unsent_ += (unsent_.empty() ? "" : ", ") + std::to_string(left.id);
+          return;
+        }
         r = std::move(queue_.front());
         queue_.pop_front();
+        closing = closing_;
+        if (closing) d = min(d, drain_by_);
       }
       try {
         if (!client) client = std::make_unique<el::store_client>(at_.host, at_.port, token_);
-        el::report_process_exit(*client, job_, r.key, r.how, ef::deadline::after(limit_));
+        el::report_process_exit(*client, job_, r.key, r.how, d);
       } catch (const std::exception& x) {
         client.reset();  // a reply that did not come would be taken for the next request's
-        say("could not tell the store that worker " + std::to_string(r.id) + " exited (" + x.what() +
-            "): the others find out from their transports or its lease");
+        if (closing) {   // said once, by close()
+          unsent_ += (unsent_.empty() ? "" : ", ") + std::to_string(r.id);
+          if (unsent_why_.empty()) unsent_why_ = x.what();
+        } else {
+          say("could not tell the store that worker " + std::to_string(r.id) + " exited (" + x.what() +
+              "): the others find out from their transports or its lease");
+        }
       }
     }
   }
@@ -361,9 +397,12 @@ class exit_reporter {
   el::group_options job_;
   std::chrono::milliseconds limit_;
   std::mutex m_;
-  std::condition_variable_any cv_;
+  std::condition_variable cv_;
   std::deque<item> queue_;
-  std::jthread thread_;  // last: it stops and joins before the queue goes
+  bool closing_ = false;             // under m_
+  ef::deadline drain_by_ = ef::deadline::never();  // under m_: when close() stops sending
+  std::string unsent_, unsent_why_;  // the reporter thread's, read after it joined
+  std::jthread thread_;              // last: it stops and joins before the queue goes
 };
 
 // `s` without the white space around it.
@@ -533,7 +572,17 @@ int main(int argc, char** argv) {
   ebbflow_run::child_processes group([&](int id, int stream, std::string_view line) {
     std::string out;
     // Elastic jobs renumber ranks as workers come and go: name the worker.
-    if (opt.prefix) out = (opt.elastic ? "[worker " : "[rank ") + std::to_string(id) + "] ";
+    // A line of the library's log carries a prefix of its own, "[ebbflow
+    // rank R]": one prefix holds both, "[worker 2, ebbflow rank 1] warn: ...".
+    if (opt.prefix) {
+      out = (opt.elastic ? "[worker " : "[rank ") + std::to_string(id);
+      if (line.starts_with("[ebbflow")) {
+        out += ", ";
+        line.remove_prefix(1);
+      } else {
+        out += "] ";
+      }
+    }
     out.append(line);
     out.push_back('\n');
     write_all(stream == 1 ? 1 : 2, out);
@@ -638,6 +687,9 @@ int main(int argc, char** argv) {
   exit_reporter reporter(store_at, token, job, 1s);
   auto report_exit = [&](const ebbflow_run::child_exit& e) {
     group.signal_left_group(e.pid, SIGKILL);
+    // With a store of our own, the job is ours alone: once no worker runs,
+    // nobody is left to tell (the store goes when the launcher ends).
+    if (group.running() == 0 && !opt.attach) return;
     reporter.report(e.id, process_key(e.id), e.describe());
   };
   due_list<int> stopped;           // workers stopped by --stop, by when to SIGCONT them
@@ -874,6 +926,21 @@ int main(int argc, char** argv) {
   }
   if (!pending_restarts.items.empty())
     say(std::to_string(pending_restarts.items.size()) + " restart(s) in cool-down not done: no worker left to join");
+  // A timed event whose time never came (the job ended, or was stopped,
+  // first) is said, one line each, not dropped silently.
+  const double ended_at =
+      events_zero ? std::chrono::duration<double>(ef::steady_clock::now() - *events_zero).count() : -1;
+  for (std::size_t k = 0; k < opt.events.size(); ++k) {
+    if (event_done[k]) continue;
+    const char* why = kill_deadline ? "the job was stopped first"
+                      : events_zero ? "the job ended first"
+                                    : "the job ended before its first generation formed (--event-clock training)";
+    say(event_text(opt.events[k]) + " not done: " + why +
+        (ended_at >= 0 ? " (at " + seconds_text(ended_at) + " s of its clock)" : std::string()));
+  }
+  // The store goes with the launcher: reports still queued are sent first
+  // only where other launchers' workers may be in the job (--attach).
+  reporter.close(opt.attach);
   // A worker's exit does not end its process group: kill what it left behind.
   if (const std::size_t left = group.signal_leftovers(SIGKILL))
     say("killed what " + std::to_string(left) + " exited worker(s) left running in their process group(s)");

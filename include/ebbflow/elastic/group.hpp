@@ -4,21 +4,36 @@
 //! fail while training goes on, with no restart and no lost or repeated
 //! sample.
 //!
-//! A training loop uses it like this (see examples/elastic_train/elastic_train.cpp):
+//! A training loop joins the job and trains like this (docs/elastic.md
+//! explains each line; docs/snippets/training_loop.cpp is the whole program,
+//! which the tests build and run):
+//! <!-- snippet: docs/snippets/training_loop.cpp#join -->
 //! @code
-//!   elastic::group g(connect_store, net, elastic::group_options::from_environment(opts),
-//!                    launch_info::from_environment(), std::make_unique<elastic::planner_policy>());
-//!   g.register_state("params", std::as_writable_bytes(std::span(params)));
-//!   while (g.active() && (g.step() < total_steps || g.changing())) {
-//!     auto s = g.begin_step();                           // my slice and weight
-//!     compute gradients over samples [s.cursor + s.offset, + s.batch) of s.epoch,
-//!       scaled by s.weight (mean loss over my slice × b_i / B)
-//!     if (!g.allreduce(grads)) continue;                 // a member failed: redo the step
-//!     optimizer step
-//!     g.end_step(compute_seconds);                       // commit; membership changes happen here
-//!   }
-//!   g.finish();                                          // workers still waiting to join stop waiting
+//!   el::leave_on_signal(SIGTERM);                                    // SIGTERM: leave at the next step boundary
+//!   el::group_options opts = el::group_options::from_environment();  // EBBFLOW_* settings (docs/elastic.md)
+//!   opts.global_batch = 128;                                         // required: B, samples per step
+//!   opts.dataset_size = dataset_size;                                // required: N, samples per epoch
+//!   el::ucx_network net;
+//!   el::group g([] { return std::make_unique<el::store_client>(el::store_client::from_environment()); }, net, opts,
+//!               ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
+//!   g.register_state("params", std::as_writable_bytes(std::span(params)));      // what must be equal on every
+//!   g.register_state("velocity", std::as_writable_bytes(std::span(velocity)));  // member: model and optimizer
 //! @endcode
+//! <!-- snippet: docs/snippets/training_loop.cpp#loop -->
+//! @code
+//!   while (g.keep_training(steps)) {
+//!     const el::step_info s = g.begin_step();  // my slice: positions [s.cursor + s.offset, + s.batch) of epoch s.epoch
+//!     const auto t0 = std::chrono::steady_clock::now();
+//!     compute_gradients(s, params, grads);
+//!     const std::chrono::duration<double> compute = std::chrono::steady_clock::now() - t0;
+//!     if (!g.allreduce(grads)) continue;  // a member failed: the step was rolled back; redo it
+//!     sgd_step(params, velocity, grads);
+//!     g.end_step(compute.count());  // commit; joins, leaves and re-plans take effect here
+//!   }
+//! @endcode
+//! `keep_training` ends the loop once `total_steps` steps are committed and
+//! no membership change is unfinished, and then marks the job finished
+//! (`finish`); a loop that ends otherwise calls `finish` itself.
 //!
 //! Guarantees (docs/elastic.md gives the protocol and the argument for each):
 //! * Every member applies the same update every step: the gradient of the
@@ -178,7 +193,10 @@ class group {
   void request_leave() noexcept { impl_.leave_requested_.store(true); }
   //! Marks the job finished: workers still waiting to join stop waiting, and
   //! joiners admitted to a change still in flight (see `changing`) stop
-  //! waiting for the state with a clear error (job_finished).
+  //! waiting for the state with a clear error (job_finished); a worker
+  //! started later under this job is refused at once. `keep_training` calls
+  //! it when the steps are done; a loop that ends otherwise calls it after
+  //! its last step (on one member or on all: the same mark).
   //! @throws system_error from the store.
   void finish() { impl_.finish(); }
   //! True while a membership change is unfinished: decided at an earlier
@@ -186,7 +204,21 @@ class group {
   //! to with the state still to move at the next `begin_step`. Every member
   //! sees the same value after `end_step` returns, so a loop that must not
   //! end with a joiner stranded can run on while it is true.
-  [[nodiscard]] bool changing() const noexcept { return impl_.next_.has_value() || impl_.pending_.has_value(); }
+  [[nodiscard]] bool changing() const noexcept { return impl_.changing(); }
+
+  //! The condition of the training loop, `while (g.keep_training(total_steps))`:
+  //! true while this member should run another step, that is while it is
+  //! `active()` and either fewer than `total_steps` steps are committed or a
+  //! membership change is unfinished (`changing()`: a joiner admitted near
+  //! the end is taken in rather than stranded, so the job may commit a few
+  //! steps more than `total_steps`). Every member gets the same answer after
+  //! `end_step`. The first time it returns false because the steps are done,
+  //! it calls `finish()`, so a worker started later under this job is refused
+  //! at once (job_finished); a member that left returns false without it.
+  //! Once false, it stays false. A loop that ends otherwise (on a loss
+  //! target, a time limit, a signal) calls `finish()` itself.
+  //! @throws std::invalid_argument when total_steps is negative; what `finish` throws.
+  [[nodiscard]] bool keep_training(std::int64_t total_steps) { return impl_.keep_training(total_steps); }
 
   //! False once this member left the group (after `request_leave` took effect).
   [[nodiscard]] bool active() const noexcept { return impl_.active_; }
@@ -232,3 +264,15 @@ inline void leave_on_signal(int sig = SIGTERM) { std::signal(sig, detail::on_lea
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
+
+// Separate compilation (config.hpp): the group over the TCP store and UCX is
+// instantiated once, in ebbflow::compiled; a translation unit here only
+// declares that instantiation. The member definitions stay visible, so a
+// group over another store or network instantiates as in header-only mode.
+#if !EBBFLOW_HEADER_ONLY && EBBFLOW_HAS_ASIO && EBBFLOW_HAS_UCX
+#include <ebbflow/elastic/tcp_store.hpp>
+#include <ebbflow/elastic/ucx_network.hpp>
+EBBFLOW_BEGIN_NAMESPACE
+extern template class elastic::detail::group_impl<elastic::store_client, elastic::ucx_network>;
+EBBFLOW_END_NAMESPACE
+#endif

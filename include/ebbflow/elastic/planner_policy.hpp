@@ -37,40 +37,11 @@ class planner_policy final : public planning_policy {
   //! A policy with no observations yet (plans uniformly until models fit).
   explicit planner_policy(planner_policy_options o = {}) : opts_(o), models_(o.model) {}
 
-  void observe(member_id m, std::size_t batch, double seconds) override {
-    (void)models_.observe(static_cast<std::uint64_t>(m), batch, seconds);
-  }
-
-  std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) override {
-    auto specs = specs_of(members);
-    if (specs.empty()) return uniform_policy{}.plan(members, global_batch);
-    return plan::solve(specs, global_batch).batch;
-  }
-
+  void observe(member_id m, std::size_t batch, double seconds) override;
+  std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) override;
   bool should_replan(std::span<const member_id> members, std::span<const std::size_t> current,
-                     std::size_t global_batch) override {
-    auto specs = specs_of(members);
-    if (specs.empty()) return false;
-    // The plan in force is the group's; let the replanner judge it against the best.
-    const auto in_force = plan::make_plan(specs, current, 1);
-    const double now = plan::predict_step_time(in_force, specs);
-    const double best = plan::solve(specs, global_batch).step_time;
-    if (now > best * (1 + opts_.replan.threshold)) {
-      if (++streak_ >= opts_.replan.persist) {
-        streak_ = 0;
-        return true;
-      }
-    } else {
-      streak_ = 0;
-    }
-    return false;
-  }
-
-  std::vector<member_model> models(std::span<const member_id> members) const override {
-    std::vector<member_model> out;
-    for (auto& s : specs_of(members)) out.push_back({s.a, s.c});
-    return out;
-  }
+                     std::size_t global_batch) override;
+  std::vector<member_model> models(std::span<const member_id> members) const override;
 
   //! The model of member `m`, or nullptr when it has no fitted one yet.
   [[nodiscard]] const plan::cost_model* model(member_id m) const {
@@ -80,10 +51,7 @@ class planner_policy final : public planning_policy {
  private:
   // Specs in rank order (newcomers: the others' mean model); empty when
   // nobody has a fitted model (then the caller plans uniformly).
-  std::vector<plan::worker_spec> specs_of(std::span<const member_id> members) const {
-    if (!models_.any_fitted(members)) return {};
-    return models_.specs(members, opts_.max_batch);
-  }
+  std::vector<plan::worker_spec> specs_of(std::span<const member_id> members) const;
 
   planner_policy_options opts_;
   plan::worker_models models_;
@@ -92,3 +60,5 @@ class planner_policy final : public planning_policy {
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
+
+#include <ebbflow/elastic/impl/planner_policy.hpp>

@@ -26,7 +26,10 @@
 #include <ebbflow/elastic/detail/store_protocol.hpp>
 #include <ebbflow/elastic/store_options.hpp>
 
-#include <boost/asio/io_context.hpp>
+// Only named here; the definitions include it.
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
 
 #include <atomic>
 #include <chrono>
@@ -298,3 +301,11 @@ EBBFLOW_END_NAMESPACE
 
 #include <ebbflow/elastic/impl/store_server.hpp>
 #include <ebbflow/elastic/impl/store_client.hpp>
+
+#if !EBBFLOW_HEADER_ONLY
+// The library instantiates the work stealing the group does on this store.
+#include <ebbflow/plan/work_stealing.hpp>
+EBBFLOW_BEGIN_NAMESPACE
+extern template class plan::work_stealer<elastic::store_client>;
+EBBFLOW_END_NAMESPACE
+#endif

@@ -34,14 +34,9 @@ class ucx_network {
   //! Creates the process's UCP context and its one worker (UCX reads its
   //! configuration from the environment; see docs/comm.md for the defaults
   //! ebbflow sets). @throws system_error when UCX cannot initialise.
-  ucx_network() : ucx_network(comm::ucx::context::create()) {}
+  ucx_network();
   //! Shares an existing context.
-  explicit ucx_network(std::shared_ptr<comm::ucx::context> ctx) {
-    EBBFLOW_ENFORCE(ctx != nullptr, "ucx_network: null UCX context");
-    // Multi-threaded, so the group can build the next generation's
-    // endpoints on a helper thread while training progresses the worker.
-    worker_ = std::make_shared<comm::ucx::worker>(std::move(ctx), UCS_THREAD_MODE_MULTI);
-  }
+  explicit ucx_network(std::shared_ptr<comm::ucx::context> ctx);
 
   //! Whether `start_connect` may run on another thread while the current
   //! generation trains on the same worker (UCX built with thread support).
@@ -78,3 +73,5 @@ class ucx_network {
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
+
+#include <ebbflow/elastic/impl/ucx_network.hpp>

@@ -46,6 +46,10 @@ struct worker_spec {
   std::size_t max_batch = 0;  //!< m_i: largest batch that fits in memory
   std::size_t min_batch = 0;  //!< lo_i: smallest batch this worker must take
   double comm_s = 0;          //!< hook: per-worker communication seconds added to every step (>= 0)
+  //! No measured model behind a and c (worker_models' a = 0, c = 1 while
+  //! no worker has a fitted one): they still give the uniform split, but a
+  //! plan made from them predicts no step time (NaN).
+  bool placeholder = false;
 
   //! Predicted seconds of one step on `b` samples: (a + comm_s) + c·b,
   //! evaluated with one fused multiply-add so every call site and every rank
@@ -62,7 +66,9 @@ struct batch_plan {
   std::vector<std::uint64_t> worker_ids;  //!< members in rank order
   std::vector<std::size_t> batch;         //!< b_i per rank
   std::vector<std::size_t> offsets;       //!< prefix sums: offsets[r] = Σ_{j<r} b_j, offsets[n] = B
-  double step_time = 0;                   //!< predicted max_i t_i(b_i) under the models it was made from
+  //! Predicted max_i t_i(b_i) under the models it was made from; NaN ("not
+  //! known": print it as "-") when any of them was a placeholder.
+  double step_time = 0;
 
   //! Number of members.
   [[nodiscard]] std::size_t size() const noexcept { return batch.size(); }
@@ -78,26 +84,26 @@ struct batch_plan {
 //! Checks a membership: non-empty, unique ids, finite non-negative a and
 //! comm_s, finite positive c, min_batch <= max_batch. Does not look at B.
 //! @throws plan_error(empty_membership | duplicate_worker | bad_cost | bad_bounds)
-inline void validate(std::span<const worker_spec> workers);
+EBBFLOW_DECL void validate(std::span<const worker_spec> workers);
 
 //! The exact optimal canonical split of `global_batch` (see the file comment).
 //! O(n log n) worst case, O(n) typical; no allocation beyond the result and
 //! O(n) scratch. `version` is stored in the result.
 //! @throws plan_error: validate()'s causes, zero_batch when global_batch == 0,
 //!         infeasible when Σ max_batch < B or Σ min_batch > B.
-[[nodiscard]] inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch,
+[[nodiscard]] EBBFLOW_DECL batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch,
                                       std::uint64_t version = 1);
 
 //! Predicted step time of an existing `plan` under (possibly newer) models:
 //! max_r workers[r].step_time(plan.batch[r]).
 //! @throws plan_error(membership_mismatch) when the ids differ in value or order.
-[[nodiscard]] inline double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers);
+[[nodiscard]] EBBFLOW_DECL double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers);
 
 //! Builds a plan from explicit per-rank sizes (for baselines, tests, or a plan
 //! received from another rank). step_time is computed from `workers`.
 //! @throws plan_error: validate()'s causes; zero_batch when the sizes sum to 0;
 //!         infeasible when a size is outside [min_batch, max_batch].
-[[nodiscard]] inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
+[[nodiscard]] EBBFLOW_DECL batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
                                           std::uint64_t version);
 
 }  // namespace plan

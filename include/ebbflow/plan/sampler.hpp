@@ -120,7 +120,7 @@ struct sampler_state {
 //! The samples of `rank` in the next step under `plan`, computed from the
 //! state alone (what every worker does; `epoch_sampler::slice` calls this).
 //! @throws plan_error(bad_rank | batch_exceeds_epoch | stale_plan)
-[[nodiscard]] inline sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank);
+[[nodiscard]] EBBFLOW_DECL sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank);
 
 //! Exactly-once sampler over one data set. Value type.
 class epoch_sampler {

@@ -162,7 +162,7 @@ struct steal_options {
 };
 
 //! Checks `o`. @throws plan_error(bad_steal_request) naming the bad field.
-inline void validate(const steal_options& o);
+EBBFLOW_DECL void validate(const steal_options& o);
 
 //! The owner's next request on a slice of `size` items of which it has
 //! requested `front` so far: the first chunk, then all but the tail reserve,
@@ -170,13 +170,13 @@ inline void validate(const steal_options& o);
 //! it is the smallest chunk worth its overhead); the whole rest when less than
 //! min_chunk would be left behind and `cap` is short of the rest by less
 //! than min_chunk. 0 when front >= size. Pure.
-[[nodiscard]] inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front,
+[[nodiscard]] EBBFLOW_DECL std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front,
                                                  std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
 
 //! A thief's request on a victim with `remaining` unclaimed items:
 //! ceil(remaining / thief_divisor), at most `cap` but at least min_chunk, and
 //! at most `remaining`. 0 when remaining == 0. Pure.
-[[nodiscard]] inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining,
+[[nodiscard]] EBBFLOW_DECL std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining,
                                                  std::uint64_t cap = std::numeric_limits<std::uint64_t>::max());
 
 //! The most a thief may request in one claim on a slice of `size` items when
@@ -193,7 +193,7 @@ inline void validate(const steal_options& o);
 //! detected by its own progress) claims little, leaving its tail to thieves.
 //! `s_per_item` > 0: seconds per item measured in this step (or the model's
 //! estimate before the first chunk). Pure.
-[[nodiscard]] inline std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept;
+[[nodiscard]] EBBFLOW_DECL std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept;
 
 //! How many of a victim's `remaining` items a thief should take so that both
 //! finish together: the g with overhead_s + g·thief_s = (remaining − g)·victim_s,
@@ -201,7 +201,7 @@ inline void validate(const steal_options& o);
 //! `victim_s`, `thief_s`: seconds per item (estimates; use the larger of the
 //! victim's planned and progress-observed time); `overhead_s`: the thief's
 //! cost of one claim plus one extra chunk. Pure.
-[[nodiscard]] inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
+[[nodiscard]] EBBFLOW_DECL std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
                                                   double overhead_s) noexcept;
 
 //! The most a thief should take so that it does not become the new straggler
@@ -211,7 +211,7 @@ inline void validate(const steal_options& o);
 //! is left. `total_remaining`: unclaimed items over all slices it read;
 //! `fleet_items_per_s`: Σ_j 1 / (seconds per item of worker j); `thief_s`:
 //! its own seconds per item. Pure.
-[[nodiscard]] inline std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s,
+[[nodiscard]] EBBFLOW_DECL std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s,
                                                   double thief_s) noexcept;
 
 //! One worker's claims in one step. Not thread-safe (one per worker per step);
@@ -305,7 +305,7 @@ class work_stealer {
 //! finishing apart by about half a chunk, and halving the smallest chunk adds
 //! one more chunk's overhead, so the expected loss is least when a smallest
 //! chunk computes for about 4× its overhead. Pure.
-[[nodiscard]] inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item,
+[[nodiscard]] EBBFLOW_DECL std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item,
                                                          double share = 0.25) noexcept;
 
 //! The decisions of one worker in one step, free of clocks and stores so that
@@ -393,7 +393,7 @@ steal_report run_stealing_step(work_stealer<Store>& stealer, Process&& process);
 //! The samples of chunk `c` of the step that `plan` makes from `state`: the
 //! positions [first, last) of rank c.rank's slice (`slice_of`).
 //! @throws plan_error as `slice_of`, and bad_rank when c lies beyond the slice.
-[[nodiscard]] inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c);
+[[nodiscard]] EBBFLOW_DECL sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c);
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE

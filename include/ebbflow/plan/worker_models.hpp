@@ -68,7 +68,8 @@ class worker_models {
   //! The specs of `ids`, in that order (rank order), each capped at
   //! `max_batch`. A worker without a fitted model gets the mean a and c of
   //! the fitted ones among `ids`; when none is fitted, every worker gets
-  //! a = 0, c = 1, whose optimal plan is the uniform split.
+  //! a = 0, c = 1 marked `placeholder`, whose optimal plan is the uniform
+  //! split and whose predicted step time is NaN (not known).
   template <id_range Ids>
   [[nodiscard]] std::vector<worker_spec> specs(const Ids& ids, std::size_t max_batch) const {
     double sa = 0, sc = 0;
@@ -80,7 +81,7 @@ class worker_models {
     for (auto id : ids) {
       const auto u = static_cast<std::uint64_t>(id);
       const auto* m = fitted(u);
-      out.push_back({u, m ? m->a() : mean_a, m ? m->c() : mean_c, max_batch, 0, 0});
+      out.push_back({u, m ? m->a() : mean_a, m ? m->c() : mean_c, max_batch, 0, 0, k == 0});
     }
     return out;
   }

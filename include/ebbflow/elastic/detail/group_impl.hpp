@@ -7,7 +7,8 @@
 //!
 //! | file                  | owns                                                           |
 //! |-----------------------|----------------------------------------------------------------|
-//! | lifecycle.hpp         | construction, the end of a member, registered state, finish    |
+//! | lifecycle.hpp         | construction, the end of a member, registered state, finish,   |
+//! |                       | keep_training                                                  |
 //! | formation.hpp         | generation 0 and waiting to be admitted as a newcomer          |
 //! | generation.hpp        | entering a generation: addresses, wire-up, install, leaving    |
 //! | step.hpp              | the user's step: begin, collectives, work stealing, commit     |
@@ -109,6 +110,9 @@ class group_impl {
   void commit(double compute_seconds, std::optional<std::size_t> processed);
   void restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor);
   void finish();
+  bool keep_training(std::int64_t total_steps);
+  // A membership change is unfinished (group::changing).
+  bool changing() const noexcept { return next_.has_value() || pending_.has_value(); }
 
  private:
   friend class elastic::group<Store, Net>;  // reads the state its accessors return
@@ -297,6 +301,7 @@ class group_impl {
   bool became_member_ = false;      // became_member() ran: once per process
   bool member_scheduling_ = false;  // take_member_scheduling() ran: once per process
   bool started_ = false;            // begin_step was called
+  bool finished_ = false;           // keep_training found the job's steps done and called finish()
   // Where the user's step is: begin_step opens it, end_step closes it, a
   // collective that returns false aborts it (redo from begin_step).
   enum class step_phase : unsigned char { closed, open, aborted };

@@ -29,11 +29,13 @@
 #include <thread>
 #include <utility>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 // ------------------------------------------------------------------ options
 
-inline client_options client_options::from_environment() {
+EBBFLOW_DECL client_options client_options::from_environment() {
   client_options o;
   o.timeout = env::get_ms("EBBFLOW_STORE_TIMEOUT_MS", o.timeout, 1);
   return o;
@@ -41,12 +43,12 @@ inline client_options client_options::from_environment() {
 
 // ------------------------------------------------------------------ store_watcher
 
-inline store_watcher::store_watcher(std::unique_ptr<detail::client_connection> c) : conn_(std::move(c)) {}
-inline store_watcher::store_watcher(store_watcher&&) noexcept = default;
-inline store_watcher& store_watcher::operator=(store_watcher&&) noexcept = default;
-inline store_watcher::~store_watcher() = default;
+EBBFLOW_DECL store_watcher::store_watcher(std::unique_ptr<detail::client_connection> c) : conn_(std::move(c)) {}
+EBBFLOW_DECL store_watcher::store_watcher(store_watcher&&) noexcept = default;
+EBBFLOW_DECL store_watcher& store_watcher::operator=(store_watcher&&) noexcept = default;
+EBBFLOW_DECL store_watcher::~store_watcher() = default;
 
-inline store_event store_watcher::next(deadline d, std::error_code& ec) noexcept {
+EBBFLOW_DECL store_event store_watcher::next(deadline d, std::error_code& ec) noexcept {
   ec.clear();
   if (!conn_ || !conn_->connected()) {
     ec = make_error_code(error::peer_lost);
@@ -72,7 +74,7 @@ inline store_event store_watcher::next(deadline d, std::error_code& ec) noexcept
   return e;
 }
 
-inline store_event store_watcher::next(deadline d) {
+EBBFLOW_DECL store_event store_watcher::next(deadline d) {
   std::error_code ec;
   auto e = next(d, ec);
   if (ec) throw_if(ec, {-1, -1, -1, "store.watch", conn_ ? conn_->last_detail : std::string("moved-from watcher")});
@@ -81,14 +83,14 @@ inline store_event store_watcher::next(deadline d) {
 
 // ------------------------------------------------------------------ store_client
 
-inline store_client::store_client(std::string host, std::uint16_t port, std::string token, client_options opts)
+EBBFLOW_DECL store_client::store_client(std::string host, std::uint16_t port, std::string token, client_options opts)
     : host_(std::move(host)), port_(port), token_(std::move(token)), opts_(opts) {
   EBBFLOW_ENFORCE(!host_.empty(), "store_client: empty host");
   EBBFLOW_ENFORCE(port_ != 0, "store_client: port 0 (no store address given)");
   conn_ = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
 }
 
-inline store_client store_client::from_environment() {
+EBBFLOW_DECL store_client store_client::from_environment() {
   const launch_info li = launch_info::from_environment();
   EBBFLOW_ENFORCE(li.store_port != 0,
                   "store_client::from_environment: EBBFLOW_STORE (HOST:PORT) or "
@@ -96,11 +98,11 @@ inline store_client store_client::from_environment() {
   return store_client(li.store_host, li.store_port, li.token, client_options::from_environment());
 }
 
-inline store_client::store_client(store_client&&) noexcept = default;
-inline store_client& store_client::operator=(store_client&&) noexcept = default;
-inline store_client::~store_client() = default;
+EBBFLOW_DECL store_client::store_client(store_client&&) noexcept = default;
+EBBFLOW_DECL store_client& store_client::operator=(store_client&&) noexcept = default;
+EBBFLOW_DECL store_client::~store_client() = default;
 
-inline detail::proto::decode_result store_client::call(std::string frame, deadline d, bool waits,
+EBBFLOW_DECL detail::proto::decode_result store_client::call(std::string frame, deadline d, bool waits,
                                                        std::error_code& ec) noexcept {
   ec.clear();
   std::lock_guard lk(conn_->mu);
@@ -120,7 +122,7 @@ inline detail::proto::decode_result store_client::call(std::string frame, deadli
   return r;
 }
 
-inline void store_client::raise(const char* operation, std::string_view key, std::error_code ec) const {
+EBBFLOW_DECL void store_client::raise(const char* operation, std::string_view key, std::error_code ec) const {
   std::string detail;
   if (!key.empty()) detail = "key " + detail::quote_key(key) + ", ";
   detail += "store " + host_ + ":" + std::to_string(port_);
@@ -129,23 +131,23 @@ inline void store_client::raise(const char* operation, std::string_view key, std
   EBBFLOW_THROW((system_error(ec, {-1, -1, -1, operation, std::move(detail)})));
 }
 
-inline std::string store_client::last_error_detail() const {
+EBBFLOW_DECL std::string store_client::last_error_detail() const {
   std::lock_guard lk(conn_->mu);
   return conn_->last_detail;
 }
 
-inline void store_client::close() noexcept {
+EBBFLOW_DECL void store_client::close() noexcept {
   std::lock_guard lk(conn_->mu);
   conn_->close();
 }
 
-inline void store_client::connect(deadline d, std::error_code& ec) noexcept {
+EBBFLOW_DECL void store_client::connect(deadline d, std::error_code& ec) noexcept {
   ec.clear();
   std::lock_guard lk(conn_->mu);
   conn_->last_detail.clear();
   conn_->connect(d, ec);
 }
-inline void store_client::connect(deadline d) {
+EBBFLOW_DECL void store_client::connect(deadline d) {
   std::error_code ec;
   connect(d, ec);
   if (ec) raise("store.connect", {}, ec);
@@ -153,7 +155,7 @@ inline void store_client::connect(deadline d) {
 
 namespace detail {
 //! Checks the reply opcode; a mismatch is a protocol error.
-inline bool expect_reply(const proto::decode_result& r, proto::op want, std::error_code& ec, client_connection& c) {
+EBBFLOW_DECL bool expect_reply(const proto::decode_result& r, proto::op want, std::error_code& ec, client_connection& c) {
   if (ec) return false;
   if (r.msg.code == want) return true;
   c.fail(ec, error::bad_message,
@@ -161,15 +163,15 @@ inline bool expect_reply(const proto::decode_result& r, proto::op want, std::err
   return false;
 }
 //! The request frames of a non-waiting get and of an add, alone or pipelined.
-inline std::string try_get_frame(std::string_view key) {
+EBBFLOW_DECL std::string try_get_frame(std::string_view key) {
   return proto::frame_builder(proto::op::get, key.size() + 16).str(key).u32(0).u8(0).finish();
 }
-inline std::string add_frame(std::string_view key, std::int64_t delta) {
+EBBFLOW_DECL std::string add_frame(std::string_view key, std::int64_t delta) {
   return proto::frame_builder(proto::op::add, key.size() + 16).str(key).i64(delta).finish();
 }
 //! A get's reply into `out`: the value, or nullopt when the key is missing;
 //! false (with `ec` set) on an error or any other reply.
-inline bool take_value(const proto::decode_result& r, std::optional<std::string>& out, std::error_code& ec,
+EBBFLOW_DECL bool take_value(const proto::decode_result& r, std::optional<std::string>& out, std::error_code& ec,
                        client_connection& c) {
   out.reset();
   if (!ec && r.msg.code == proto::op::missing) return true;
@@ -180,24 +182,24 @@ inline bool take_value(const proto::decode_result& r, std::optional<std::string>
 }  // namespace detail
 
 // set
-inline void store_client::set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept {
+EBBFLOW_DECL void store_client::set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept {
   auto r = call(
       detail::proto::frame_builder(detail::proto::op::set, key.size() + value.size() + 8).str(key).str(value).finish(),
       d, false, ec);
   detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
 }
-inline void store_client::set(std::string_view key, std::string_view value, std::error_code& ec) noexcept {
+EBBFLOW_DECL void store_client::set(std::string_view key, std::string_view value, std::error_code& ec) noexcept {
   set(key, value, default_deadline(), ec);
 }
-inline void store_client::set(std::string_view key, std::string_view value, deadline d) {
+EBBFLOW_DECL void store_client::set(std::string_view key, std::string_view value, deadline d) {
   std::error_code ec;
   set(key, value, d, ec);
   if (ec) raise("store.set", key, ec);
 }
-inline void store_client::set(std::string_view key, std::string_view value) { set(key, value, default_deadline()); }
+EBBFLOW_DECL void store_client::set(std::string_view key, std::string_view value) { set(key, value, default_deadline()); }
 
 // get
-inline std::string store_client::get(std::string_view key, deadline d, std::error_code& ec) noexcept {
+EBBFLOW_DECL std::string store_client::get(std::string_view key, deadline d, std::error_code& ec) noexcept {
   auto r = call(detail::proto::frame_builder(detail::proto::op::get, key.size() + 16)
                     .str(key)
                     .u32(detail::timeout_ms_until(d))
@@ -207,55 +209,55 @@ inline std::string store_client::get(std::string_view key, deadline d, std::erro
   if (!detail::expect_reply(r, detail::proto::op::value, ec, *conn_)) return {};
   return std::string(r.msg.value);
 }
-inline std::string store_client::get(std::string_view key, std::error_code& ec) noexcept {
+EBBFLOW_DECL std::string store_client::get(std::string_view key, std::error_code& ec) noexcept {
   return get(key, default_deadline(), ec);
 }
-inline std::string store_client::get(std::string_view key, deadline d) {
+EBBFLOW_DECL std::string store_client::get(std::string_view key, deadline d) {
   std::error_code ec;
   auto v = get(key, d, ec);
   if (ec) raise("store.get", key, ec);
   return v;
 }
-inline std::string store_client::get(std::string_view key) { return get(key, default_deadline()); }
+EBBFLOW_DECL std::string store_client::get(std::string_view key) { return get(key, default_deadline()); }
 
 // try_get
-inline std::optional<std::string> store_client::try_get(std::string_view key, deadline d,
+EBBFLOW_DECL std::optional<std::string> store_client::try_get(std::string_view key, deadline d,
                                                         std::error_code& ec) noexcept {
   auto r = call(detail::try_get_frame(key), d, false, ec);
   std::optional<std::string> v;
   detail::take_value(r, v, ec, *conn_);
   return v;
 }
-inline std::optional<std::string> store_client::try_get(std::string_view key, std::error_code& ec) noexcept {
+EBBFLOW_DECL std::optional<std::string> store_client::try_get(std::string_view key, std::error_code& ec) noexcept {
   return try_get(key, default_deadline(), ec);
 }
-inline std::optional<std::string> store_client::try_get(std::string_view key, deadline d) {
+EBBFLOW_DECL std::optional<std::string> store_client::try_get(std::string_view key, deadline d) {
   std::error_code ec;
   auto v = try_get(key, d, ec);
   if (ec) raise("store.try_get", key, ec);
   return v;
 }
-inline std::optional<std::string> store_client::try_get(std::string_view key) {
+EBBFLOW_DECL std::optional<std::string> store_client::try_get(std::string_view key) {
   return try_get(key, default_deadline());
 }
 
 // add
-inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d,
+EBBFLOW_DECL std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d,
                                       std::error_code& ec) noexcept {
   auto r = call(detail::add_frame(key, delta), d, false, ec);
   if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
   return r.msg.integer;
 }
-inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept {
+EBBFLOW_DECL std::int64_t store_client::add(std::string_view key, std::int64_t delta, std::error_code& ec) noexcept {
   return add(key, delta, default_deadline(), ec);
 }
-inline std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d) {
+EBBFLOW_DECL std::int64_t store_client::add(std::string_view key, std::int64_t delta, deadline d) {
   std::error_code ec;
   auto v = add(key, delta, d, ec);
   if (ec) raise("store.add", key, ec);
   return v;
 }
-inline std::int64_t store_client::add(std::string_view key, std::int64_t delta) {
+EBBFLOW_DECL std::int64_t store_client::add(std::string_view key, std::int64_t delta) {
   return add(key, delta, default_deadline());
 }
 
@@ -301,7 +303,7 @@ void store_client::pipelined(const char* what, std::span<const std::string> keys
 }
 
 // add_many: pipelined adds
-inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
+EBBFLOW_DECL std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
                                                         std::span<const std::int64_t> deltas, deadline d,
                                                         std::error_code& ec) {
   if (keys.size() != deltas.size())
@@ -319,7 +321,7 @@ inline std::vector<std::int64_t> store_client::add_many(std::span<const std::str
       d, ec);
   return out;
 }
-inline std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
+EBBFLOW_DECL std::vector<std::int64_t> store_client::add_many(std::span<const std::string> keys,
                                                         std::span<const std::int64_t> deltas, deadline d) {
   std::error_code ec;
   auto v = add_many(keys, deltas, d, ec);
@@ -328,7 +330,7 @@ inline std::vector<std::int64_t> store_client::add_many(std::span<const std::str
 }
 
 // try_get_many: pipelined try_get
-inline std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys, deadline d,
+EBBFLOW_DECL std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys, deadline d,
                                                                           std::error_code& ec) {
   std::vector<std::optional<std::string>> out;
   out.reserve(keys.size());
@@ -343,7 +345,7 @@ inline std::vector<std::optional<std::string>> store_client::try_get_many(std::s
       d, ec);
   return out;
 }
-inline std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys,
+EBBFLOW_DECL std::vector<std::optional<std::string>> store_client::try_get_many(std::span<const std::string> keys,
                                                                           deadline d) {
   std::error_code ec;
   auto v = try_get_many(keys, d, ec);
@@ -352,7 +354,7 @@ inline std::vector<std::optional<std::string>> store_client::try_get_many(std::s
 }
 
 // compare_set
-inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+EBBFLOW_DECL compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
                                                     std::string_view desired, deadline d,
                                                     std::error_code& ec) noexcept {
   auto r = call(
@@ -365,35 +367,35 @@ inline compare_set_result store_client::compare_set(std::string_view key, std::s
   if (!detail::expect_reply(r, detail::proto::op::cas_result, ec, *conn_)) return {};
   return {r.msg.flag != 0, std::string(r.msg.value)};
 }
-inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+EBBFLOW_DECL compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
                                                     std::string_view desired, std::error_code& ec) noexcept {
   return compare_set(key, expected, desired, default_deadline(), ec);
 }
-inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+EBBFLOW_DECL compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
                                                     std::string_view desired, deadline d) {
   std::error_code ec;
   auto v = compare_set(key, expected, desired, d, ec);
   if (ec) raise("store.compare_set", key, ec);
   return v;
 }
-inline compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
+EBBFLOW_DECL compare_set_result store_client::compare_set(std::string_view key, std::string_view expected,
                                                     std::string_view desired) {
   return compare_set(key, expected, desired, default_deadline());
 }
 
 // wait
-inline void store_client::wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept {
+EBBFLOW_DECL void store_client::wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept {
   auto r = call(detail::keys_frame(detail::proto::op::wait, keys, detail::timeout_ms_until(d), true), d, true, ec);
   detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
 }
-inline void store_client::wait(const std::vector<std::string>& keys, deadline d) {
+EBBFLOW_DECL void store_client::wait(const std::vector<std::string>& keys, deadline d) {
   std::error_code ec;
   wait(keys, d, ec);
   if (ec) raise("store.wait", keys.size() == 1 ? std::string_view(keys[0]) : std::string_view{}, ec);
 }
 
 // wait_any
-inline std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d,
+EBBFLOW_DECL std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d,
                                           std::error_code& ec) noexcept {
   auto r = call(detail::keys_frame(detail::proto::op::wait_any, keys, detail::timeout_ms_until(d), true), d, true, ec);
   if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
@@ -403,7 +405,7 @@ inline std::size_t store_client::wait_any(const std::vector<std::string>& keys, 
   }
   return static_cast<std::size_t>(r.msg.integer);
 }
-inline std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d) {
+EBBFLOW_DECL std::size_t store_client::wait_any(const std::vector<std::string>& keys, deadline d) {
   if (keys.empty()) throw std::invalid_argument("store.wait_any: no keys to wait for");
   std::error_code ec;
   auto i = wait_any(keys, d, ec);
@@ -412,12 +414,12 @@ inline std::size_t store_client::wait_any(const std::vector<std::string>& keys, 
 }
 
 // check
-inline bool store_client::check(const std::vector<std::string>& keys, std::error_code& ec) noexcept {
+EBBFLOW_DECL bool store_client::check(const std::vector<std::string>& keys, std::error_code& ec) noexcept {
   auto r = call(detail::keys_frame(detail::proto::op::check, keys, 0, false), default_deadline(), false, ec);
   if (!detail::expect_reply(r, detail::proto::op::boolean, ec, *conn_)) return false;
   return r.msg.flag != 0;
 }
-inline bool store_client::check(const std::vector<std::string>& keys) {
+EBBFLOW_DECL bool store_client::check(const std::vector<std::string>& keys) {
   std::error_code ec;
   auto v = check(keys, ec);
   if (ec) raise("store.check", {}, ec);
@@ -425,13 +427,13 @@ inline bool store_client::check(const std::vector<std::string>& keys) {
 }
 
 // erase
-inline bool store_client::erase(std::string_view key, std::error_code& ec) noexcept {
+EBBFLOW_DECL bool store_client::erase(std::string_view key, std::error_code& ec) noexcept {
   auto r = call(detail::proto::frame_builder(detail::proto::op::erase, key.size() + 8).str(key).finish(),
                 default_deadline(), false, ec);
   if (!detail::expect_reply(r, detail::proto::op::boolean, ec, *conn_)) return false;
   return r.msg.flag != 0;
 }
-inline bool store_client::erase(std::string_view key) {
+EBBFLOW_DECL bool store_client::erase(std::string_view key) {
   std::error_code ec;
   auto v = erase(key, ec);
   if (ec) raise("store.erase", key, ec);
@@ -439,12 +441,12 @@ inline bool store_client::erase(std::string_view key) {
 }
 
 // num_keys
-inline std::int64_t store_client::num_keys(std::error_code& ec) noexcept {
+EBBFLOW_DECL std::int64_t store_client::num_keys(std::error_code& ec) noexcept {
   auto r = call(detail::proto::frame_builder(detail::proto::op::num_keys).finish(), default_deadline(), false, ec);
   if (!detail::expect_reply(r, detail::proto::op::integer, ec, *conn_)) return 0;
   return r.msg.integer;
 }
-inline std::int64_t store_client::num_keys() {
+EBBFLOW_DECL std::int64_t store_client::num_keys() {
   std::error_code ec;
   auto v = num_keys(ec);
   if (ec) raise("store.num_keys", {}, ec);
@@ -452,18 +454,18 @@ inline std::int64_t store_client::num_keys() {
 }
 
 // ping
-inline void store_client::ping(deadline d, std::error_code& ec) noexcept {
+EBBFLOW_DECL void store_client::ping(deadline d, std::error_code& ec) noexcept {
   auto r = call(detail::proto::frame_builder(detail::proto::op::ping).finish(), d, false, ec);
   detail::expect_reply(r, detail::proto::op::ok, ec, *conn_);
 }
-inline void store_client::ping(deadline d) {
+EBBFLOW_DECL void store_client::ping(deadline d) {
   std::error_code ec;
   ping(d, ec);
   if (ec) raise("store.ping", {}, ec);
 }
 
 // watch
-inline store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d,
+EBBFLOW_DECL store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d,
                                          std::error_code& ec) noexcept {
   ec.clear();
   auto c = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
@@ -480,7 +482,7 @@ inline store_watcher store_client::watch(std::string_view prefix, bool include_e
   }
   return store_watcher(std::move(c));
 }
-inline store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d) {
+EBBFLOW_DECL store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d) {
   std::error_code ec;
   auto w = watch(prefix, include_existing, d, ec);
   if (ec) raise("store.watch", prefix, ec);
@@ -489,3 +491,4 @@ inline store_watcher store_client::watch(std::string_view prefix, bool include_e
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY

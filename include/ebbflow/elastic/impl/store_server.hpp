@@ -37,11 +37,13 @@
 #include <utility>
 #include <vector>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
 namespace detail {
 
-inline void server_impl::accept() {
+EBBFLOW_DECL void server_impl::accept() {
   if (stopped_) return;
   auto sock = std::make_shared<tcp::socket>(strand_);
   acceptor_.async_accept(*sock, [self = shared_from_this(), sock](const boost::system::error_code& ec) {
@@ -82,7 +84,7 @@ inline void server_impl::accept() {
   });
 }
 
-inline void server_impl::stop() noexcept {
+EBBFLOW_DECL void server_impl::stop() noexcept {
   asio::post(strand_, [self = shared_from_this()] {
     if (self->stopped_) return;
     self->stopped_ = true;
@@ -99,7 +101,7 @@ inline void server_impl::stop() noexcept {
   });
 }
 
-inline void server_impl::notify(const std::string& key, proto::event_kind kind, std::string_view value) {
+EBBFLOW_DECL void server_impl::notify(const std::string& key, proto::event_kind kind, std::string_view value) {
   // The event goes out before any waiter completes: completing one runs the
   // requests its client pipelined behind the wait (`server_conn::complete`),
   // whose mutations send their own events, and a watcher must see those
@@ -145,7 +147,7 @@ inline void server_impl::notify(const std::string& key, proto::event_kind kind, 
   }
 }
 
-inline void server_impl::finish_waiter(const std::shared_ptr<store_waiter>& w, std::string frame) {
+EBBFLOW_DECL void server_impl::finish_waiter(const std::shared_ptr<store_waiter>& w, std::string frame) {
   w->done = true;
   w->timer.cancel();
   for (const auto& k : w->missing) {
@@ -155,7 +157,7 @@ inline void server_impl::finish_waiter(const std::shared_ptr<store_waiter>& w, s
   if (auto c = w->conn.lock()) c->complete(std::move(frame));
 }
 
-inline void server_impl::cancel_waiter(const std::shared_ptr<store_waiter>& w) noexcept {
+EBBFLOW_DECL void server_impl::cancel_waiter(const std::shared_ptr<store_waiter>& w) noexcept {
   if (w->done) return;
   w->done = true;
   w->timer.cancel();
@@ -165,7 +167,7 @@ inline void server_impl::cancel_waiter(const std::shared_ptr<store_waiter>& w) n
   }
 }
 
-inline std::string server_impl::register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m,
+EBBFLOW_DECL std::string server_impl::register_waiter(const std::shared_ptr<server_conn>& conn, const proto::message& m,
                                                 store_waiter::kind what) {
   auto w = std::make_shared<store_waiter>(strand_);
   w->conn = conn;
@@ -215,7 +217,7 @@ inline std::string server_impl::register_waiter(const std::shared_ptr<server_con
   return {};
 }
 
-inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn, const proto::message& m) {
+EBBFLOW_DECL std::string server_impl::execute(const std::shared_ptr<server_conn>& conn, const proto::message& m) {
   using proto::frame_builder;
   using proto::op;
   switch (m.code) {
@@ -312,13 +314,13 @@ inline std::string server_impl::execute(const std::shared_ptr<server_conn>& conn
 
 // ------------------------------------------------------------------ store_server
 
-inline server_options server_options::from_environment() {
+EBBFLOW_DECL server_options server_options::from_environment() {
   server_options o;
   if (auto t = env::get("EBBFLOW_TOKEN")) o.token = *t;
   return o;
 }
 
-inline store_server::store_server(server_options opts) : own_ioc_(std::make_unique<boost::asio::io_context>(1)) {
+EBBFLOW_DECL store_server::store_server(server_options opts) : own_ioc_(std::make_unique<boost::asio::io_context>(1)) {
   impl_ = std::make_shared<detail::server_impl>(*own_ioc_, std::move(opts));
   host_ = impl_->opts().host;
   port_ = impl_->port();
@@ -337,14 +339,14 @@ inline store_server::store_server(server_options opts) : own_ioc_(std::make_uniq
   ::ebbflow::detail::name_thread(thread_, "ebbflow-store");
 }
 
-inline store_server::store_server(boost::asio::io_context& ioc, server_options opts) {
+EBBFLOW_DECL store_server::store_server(boost::asio::io_context& ioc, server_options opts) {
   impl_ = std::make_shared<detail::server_impl>(ioc, std::move(opts));
   host_ = impl_->opts().host;
   port_ = impl_->port();
   impl_->start();
 }
 
-inline store_server::~store_server() {
+EBBFLOW_DECL store_server::~store_server() {
   stop();
   if (own_ioc_) {
     // Let the stop handler run, then end the loop (pending handlers die with the io_context).
@@ -355,17 +357,17 @@ inline store_server::~store_server() {
   }
 }
 
-inline std::string store_server::address() const {
+EBBFLOW_DECL std::string store_server::address() const {
   return (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" + std::to_string(port_);
 }
 
-inline server_stats store_server::stats() const noexcept { return impl_->stats(); }
+EBBFLOW_DECL server_stats store_server::stats() const noexcept { return impl_->stats(); }
 
-inline void store_server::stop() noexcept {
+EBBFLOW_DECL void store_server::stop() noexcept {
   if (impl_) impl_->stop();
 }
 
-inline open_file_limit raise_open_file_limit() noexcept {
+EBBFLOW_DECL open_file_limit raise_open_file_limit() noexcept {
   rlimit l{};
   if (::getrlimit(RLIMIT_NOFILE, &l) != 0) return {};
   const open_file_limit before{static_cast<std::uint64_t>(l.rlim_cur), static_cast<std::uint64_t>(l.rlim_max)};
@@ -378,3 +380,4 @@ inline open_file_limit raise_open_file_limit() noexcept {
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY

@@ -30,28 +30,30 @@
 #include <span>
 #include <vector>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
 
-inline double batch_plan::weight(std::size_t rank) const {
+EBBFLOW_DECL double batch_plan::weight(std::size_t rank) const {
   EBBFLOW_PLAN_ENFORCE(rank < batch.size(), plan_errc::bad_rank,
                        "rank " << rank << " outside a plan of " << batch.size() << " workers");
   return static_cast<double>(batch[rank]) / static_cast<double>(global_batch);
 }
 
-inline std::vector<double> batch_plan::weights() const {
+EBBFLOW_DECL std::vector<double> batch_plan::weights() const {
   std::vector<double> w(batch.size());
   for (std::size_t r = 0; r < batch.size(); ++r)
     w[r] = static_cast<double>(batch[r]) / static_cast<double>(global_batch);
   return w;
 }
 
-inline std::size_t batch_plan::rank_of(std::uint64_t id) const noexcept {
+EBBFLOW_DECL std::size_t batch_plan::rank_of(std::uint64_t id) const noexcept {
   auto it = std::find(worker_ids.begin(), worker_ids.end(), id);
   return static_cast<std::size_t>(it - worker_ids.begin());
 }
 
-inline void validate(std::span<const worker_spec> workers) {
+EBBFLOW_DECL void validate(std::span<const worker_spec> workers) {
   EBBFLOW_PLAN_ENFORCE(!workers.empty(), plan_errc::empty_membership, "the membership has no workers");
   for (const worker_spec& w : workers) {
     // 1 / c must be finite too: the solver divides by c (a subnormal c gave a
@@ -78,12 +80,19 @@ inline void validate(std::span<const worker_spec> workers) {
 }
 
 namespace detail {
-inline std::size_t saturating_add(std::size_t x, std::size_t y) noexcept {
+EBBFLOW_DECL std::size_t saturating_add(std::size_t x, std::size_t y) noexcept {
   return x > std::numeric_limits<std::size_t>::max() - y ? std::numeric_limits<std::size_t>::max() : x + y;
 }
 
+//! A plan's step time `t`, or NaN when a placeholder model made it.
+inline double known_step_time(std::span<const worker_spec> workers, double t) noexcept {
+  for (const auto& w : workers)
+    if (w.placeholder) return std::numeric_limits<double>::quiet_NaN();
+  return t;
+}
+
 //! Largest b in [lo, m] with w.step_time(b) <= s; requires w.step_time(lo) <= s.
-inline std::size_t level_count(const worker_spec& w, double inv_c, std::size_t lo, std::size_t m, double s) noexcept {
+EBBFLOW_DECL std::size_t level_count(const worker_spec& w, double inv_c, std::size_t lo, std::size_t m, double s) noexcept {
   double x = (s - (w.a + w.comm_s)) * inv_c;
   std::size_t g = !(x > static_cast<double>(lo)) ? lo : x >= static_cast<double>(m) ? m : static_cast<std::size_t>(x);
   // The division above is within an ulp or two of the truth; step towards
@@ -136,7 +145,7 @@ struct level_sums {
 //! that level fall short of it by the fractional parts (about n/2 in
 //! total), and a few secant steps on the whole counts shrink that gap, so
 //! the repair after it does O(few log n) work instead of O(n log n).
-inline double search_level(const level_sums& sums, double B, double lo_s, double hi_s, double start) noexcept {
+EBBFLOW_DECL double search_level(const level_sums& sums, double B, double lo_s, double hi_s, double start) noexcept {
   const double bracket_lo = lo_s, bracket_hi = hi_s;
   double s = std::clamp(start, lo_s, hi_s), slope = 0;
   for (int it = 0; it < 200; ++it) {
@@ -192,7 +201,7 @@ void take_exactly(std::span<const worker_spec> workers, std::span<const std::siz
 }
 }  // namespace detail
 
-inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch, std::uint64_t version) {
+EBBFLOW_DECL batch_plan solve(std::span<const worker_spec> workers, std::size_t global_batch, std::uint64_t version) {
   validate(workers);
   EBBFLOW_PLAN_ENFORCE(global_batch > 0, plan_errc::zero_batch, "global batch must be at least 1");
   // Counts and levels go through doubles: beyond 2^53 samples they are no
@@ -265,11 +274,11 @@ inline batch_plan solve(std::span<const worker_spec> workers, std::size_t global
     p.offsets[i + 1] = p.offsets[i] + p.batch[i];
     t = std::max(t, workers[i].step_time(p.batch[i]));
   }
-  p.step_time = t;
+  p.step_time = detail::known_step_time(workers, t);
   return p;
 }
 
-inline double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers) {
+EBBFLOW_DECL double predict_step_time(const batch_plan& plan, std::span<const worker_spec> workers) {
   EBBFLOW_PLAN_ENFORCE(
       plan.size() == workers.size(), plan_errc::membership_mismatch,
       "plan v" << plan.version << " has " << plan.size() << " workers, models have " << workers.size());
@@ -283,7 +292,7 @@ inline double predict_step_time(const batch_plan& plan, std::span<const worker_s
   return t;
 }
 
-inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
+EBBFLOW_DECL batch_plan make_plan(std::span<const worker_spec> workers, std::span<const std::size_t> sizes,
                             std::uint64_t version) {
   validate(workers);
   EBBFLOW_PLAN_ENFORCE(sizes.size() == workers.size(), plan_errc::membership_mismatch,
@@ -305,9 +314,10 @@ inline batch_plan make_plan(std::span<const worker_spec> workers, std::span<cons
   }
   p.global_batch = p.offsets.back();
   EBBFLOW_PLAN_ENFORCE(p.global_batch > 0, plan_errc::zero_batch, "the sizes sum to 0");
-  p.step_time = t;
+  p.step_time = detail::known_step_time(workers, t);
   return p;
 }
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY

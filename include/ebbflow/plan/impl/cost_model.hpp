@@ -12,17 +12,7 @@
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
-
-inline cost_model::cost_model(cost_model_options opts) noexcept : opts_(opts) {
-  opts_.change_window = std::clamp(opts_.change_window, 1u, static_cast<unsigned>(max_window));
-  opts_.half_life_steps = std::max(opts_.half_life_steps, 1.0);
-  opts_.reject_k = std::max(opts_.reject_k, opts_.huber_k);
-  opts_.fast_half_life_steps = std::clamp(opts_.fast_half_life_steps, 1.0, opts_.half_life_steps);
-  opts_.change_k = std::clamp(opts_.change_k, opts_.huber_k, opts_.reject_k);
-  lambda_ = std::exp2(-1.0 / opts_.half_life_steps);
-  lambda_fast_ = std::exp2(-1.0 / opts_.fast_half_life_steps);
-}
-
+// The encoded model's fields (worker_models.hpp encodes sets of models with them too).
 namespace detail {
 inline constexpr std::uint32_t cost_model_magic = 0x4d434245;  // "EBCM"
 inline constexpr std::uint32_t cost_model_format = 1;
@@ -49,8 +39,26 @@ struct model_reader {
   double f64() { return std::bit_cast<double>(u64()); }
 };
 }  // namespace detail
+}  // namespace plan
+EBBFLOW_END_NAMESPACE
 
-inline std::vector<std::byte> cost_model::encode() const {
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_BEGIN_NAMESPACE
+namespace plan {
+
+EBBFLOW_DECL cost_model::cost_model(cost_model_options opts) noexcept : opts_(opts) {
+  opts_.change_window = std::clamp(opts_.change_window, 1u, static_cast<unsigned>(max_window));
+  opts_.half_life_steps = std::max(opts_.half_life_steps, 1.0);
+  opts_.reject_k = std::max(opts_.reject_k, opts_.huber_k);
+  opts_.fast_half_life_steps = std::clamp(opts_.fast_half_life_steps, 1.0, opts_.half_life_steps);
+  opts_.change_k = std::clamp(opts_.change_k, opts_.huber_k, opts_.reject_k);
+  lambda_ = std::exp2(-1.0 / opts_.half_life_steps);
+  lambda_fast_ = std::exp2(-1.0 / opts_.fast_half_life_steps);
+}
+
+
+EBBFLOW_DECL std::vector<std::byte> cost_model::encode() const {
   detail::model_writer w;
   w.u64(std::uint64_t{detail::cost_model_format} << 32 | detail::cost_model_magic);
   for (double v : {opts_.half_life_steps, opts_.huber_k, opts_.reject_k, opts_.change_k, opts_.fast_half_life_steps,
@@ -74,7 +82,7 @@ inline std::vector<std::byte> cost_model::encode() const {
   return std::move(w.out);
 }
 
-inline cost_model cost_model::decode(std::span<const std::byte> bytes) {
+EBBFLOW_DECL cost_model cost_model::decode(std::span<const std::byte> bytes) {
   detail::model_reader r{bytes};
   const std::uint64_t head = r.u64();
   EBBFLOW_PLAN_VERIFY(static_cast<std::uint32_t>(head) == detail::cost_model_magic, plan_errc::bad_state,
@@ -128,7 +136,7 @@ inline cost_model cost_model::decode(std::span<const std::byte> bytes) {
   return m;
 }
 
-inline cost_model cost_model::from_probe(std::span<const timing_sample> probe, cost_model_options opts) {
+EBBFLOW_DECL cost_model cost_model::from_probe(std::span<const timing_sample> probe, cost_model_options opts) {
   cost_model m(opts);
   for (const timing_sample& s : probe) {
     EBBFLOW_PLAN_ENFORCE(std::isfinite(s.seconds) && s.seconds > 0, plan_errc::bad_observation,
@@ -151,7 +159,7 @@ inline cost_model cost_model::from_probe(std::span<const timing_sample> probe, c
   return m;
 }
 
-inline void cost_model::add(double b, double t, double weight, double lambda) noexcept {
+EBBFLOW_DECL void cost_model::add(double b, double t, double weight, double lambda) noexcept {
   if (w_ == 0) b0_ = b;
   const double x = b - b0_;
   w_ = lambda * w_ + weight;
@@ -161,7 +169,7 @@ inline void cost_model::add(double b, double t, double weight, double lambda) no
   wbt_ = lambda * wbt_ + weight * x * t;
 }
 
-inline void cost_model::refit(double min_samples) noexcept {
+EBBFLOW_DECL void cost_model::refit(double min_samples) noexcept {
   const double mb = wb_ / w_, mt = wt_ / w_;
   const double var = std::max(wbb_ / w_ - mb * mb, 0.0);
   const double cov = wbt_ / w_ - mb * mt;
@@ -198,7 +206,7 @@ inline void cost_model::refit(double min_samples) noexcept {
   }
 }
 
-inline void cost_model::restart_from_recent() noexcept {
+EBBFLOW_DECL void cost_model::restart_from_recent() noexcept {
   const double rel = scale_ / std::max(wt_ / w_, std::numeric_limits<double>::min());
   w_ = wb_ = wbb_ = wt_ = wbt_ = 0;
   const std::size_t k = std::min<std::size_t>(opts_.change_window, recent_count_);
@@ -212,7 +220,7 @@ inline void cost_model::restart_from_recent() noexcept {
   ew_r_ = ew_abs_r_ = 0;
 }
 
-inline observation_kind cost_model::observe(std::size_t batch, double seconds) {
+EBBFLOW_DECL observation_kind cost_model::observe(std::size_t batch, double seconds) {
   EBBFLOW_PLAN_ENFORCE(std::isfinite(seconds) && seconds > 0, plan_errc::bad_observation,
                        "a step of batch " << batch << " took " << seconds << " s");
   recent_[recent_head_] = timing_sample{batch, seconds};
@@ -265,13 +273,13 @@ inline observation_kind cost_model::observe(std::size_t batch, double seconds) {
   return h == 1.0 ? observation_kind::accepted : observation_kind::downweighted;
 }
 
-inline double cost_model::relative_error() const noexcept {
+EBBFLOW_DECL double cost_model::relative_error() const noexcept {
   if (used_ == 0 || w_ <= 0) return std::numeric_limits<double>::infinity();
   const double mean_t = wt_ / w_;
   return 1.25 * scale_ / mean_t / std::sqrt(w_);
 }
 
-inline double cost_model::confidence() const noexcept {
+EBBFLOW_DECL double cost_model::confidence() const noexcept {
   const double e = relative_error();
   if (!std::isfinite(e)) return 0;
   const double q = e / 0.01;
@@ -280,3 +288,4 @@ inline double cost_model::confidence() const noexcept {
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY

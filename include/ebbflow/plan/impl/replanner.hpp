@@ -5,12 +5,15 @@
 
 #include <ebbflow/plan/replanner.hpp>
 
+#include <cmath>
 #include <utility>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
 
-inline const batch_plan& replanner::update(std::span<const worker_spec> workers, std::size_t global_batch) {
+EBBFLOW_DECL const batch_plan& replanner::update(std::span<const worker_spec> workers, std::size_t global_batch) {
   const std::uint64_t next = plan_.version + 1;
   bool same_members = plan_.version != 0 && plan_.size() == workers.size();
   for (std::size_t i = 0; same_members && i < workers.size(); ++i) same_members = plan_.worker_ids[i] == workers[i].id;
@@ -33,6 +36,7 @@ inline const batch_plan& replanner::update(std::span<const worker_spec> workers,
   batch_plan best = solve(workers, global_batch, next);
   const double cur = predict_step_time(plan_, workers);
   gap_ = cur / best.step_time - 1.0;
+  if (std::isnan(gap_)) gap_ = 0;  // placeholder models: the uniform split, nothing to compare
   if (gap_ > opts_.threshold) {
     if (++streak_ >= opts_.persist) {
       plan_ = std::move(best);
@@ -50,3 +54,4 @@ inline const batch_plan& replanner::update(std::span<const worker_spec> workers,
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY

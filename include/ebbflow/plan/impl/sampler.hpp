@@ -10,6 +10,8 @@
 #include <bit>
 #include <cstring>
 
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace plan {
 namespace detail {
@@ -29,7 +31,7 @@ struct position {
 };
 
 //! Where a step of `batch` samples starts, under the state's policy.
-inline position step_position(const sampler_state& s, std::size_t batch) {
+EBBFLOW_DECL position step_position(const sampler_state& s, std::size_t batch) {
   const std::uint64_t left = s.dataset_size - s.cursor;
   if (s.policy == last_batch::short_batch) {
     EBBFLOW_PLAN_ENFORCE(
@@ -43,7 +45,7 @@ inline position step_position(const sampler_state& s, std::size_t batch) {
   return {s.epoch, s.cursor};
 }
 
-inline void check_plan(const sampler_state& s, const batch_plan& plan) {
+EBBFLOW_DECL void check_plan(const sampler_state& s, const batch_plan& plan) {
   EBBFLOW_PLAN_ENFORCE(plan.version >= s.plan_version, plan_errc::stale_plan,
                        "plan v" << plan.version << " is older than the committed plan v" << s.plan_version);
   EBBFLOW_PLAN_ENFORCE(plan.offsets.size() == plan.batch.size() + 1 && plan.offsets.back() == plan.global_batch,
@@ -51,18 +53,18 @@ inline void check_plan(const sampler_state& s, const batch_plan& plan) {
                        "plan v" << plan.version << " has inconsistent offsets (build plans with solve or make_plan)");
 }
 
-inline void put_u64(std::byte* p, std::uint64_t v) noexcept {
+EBBFLOW_DECL void put_u64(std::byte* p, std::uint64_t v) noexcept {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
 }
-inline void put_u32(std::byte* p, std::uint32_t v) noexcept {
+EBBFLOW_DECL void put_u32(std::byte* p, std::uint32_t v) noexcept {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
 }
-inline std::uint64_t get_u64(const std::byte* p) noexcept {
+EBBFLOW_DECL std::uint64_t get_u64(const std::byte* p) noexcept {
   std::uint64_t v = 0;
   for (int i = 0; i < 8; ++i) v |= std::uint64_t(std::to_integer<std::uint8_t>(p[i])) << (8 * i);
   return v;
 }
-inline std::uint32_t get_u32(const std::byte* p) noexcept {
+EBBFLOW_DECL std::uint32_t get_u32(const std::byte* p) noexcept {
   std::uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= std::uint32_t(std::to_integer<std::uint8_t>(p[i])) << (8 * i);
   return v;
@@ -71,7 +73,7 @@ inline constexpr std::uint32_t sampler_magic = 0x53464245;  // "EBFS" little end
 inline constexpr std::uint32_t sampler_format = 1;
 }  // namespace detail
 
-inline epoch_permutation::epoch_permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch) : n_(n) {
+EBBFLOW_DECL epoch_permutation::epoch_permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch) : n_(n) {
   EBBFLOW_PLAN_ENFORCE(n > 0, plan_errc::bad_dataset, "the data set is empty");
   // Smallest h >= 1 with 2^(2h) >= n: the Feistel domain is < 4n, so cycle
   // walking needs fewer than 4 encryptions on average.
@@ -82,7 +84,7 @@ inline epoch_permutation::epoch_permutation(std::uint64_t n, std::uint64_t seed,
   for (int r = 0; r < rounds; ++r) keys_[r] = detail::mix64(base + 0x9e3779b97f4a7c15ULL * std::uint64_t(r + 1));
 }
 
-inline std::uint64_t epoch_permutation::encrypt(std::uint64_t x) const noexcept {
+EBBFLOW_DECL std::uint64_t epoch_permutation::encrypt(std::uint64_t x) const noexcept {
   std::uint64_t left = x >> half_bits_, right = x & mask_;
   for (int r = 0; r < rounds; ++r) {
     const std::uint64_t f = detail::mix64(right ^ keys_[r]) & mask_;
@@ -93,7 +95,7 @@ inline std::uint64_t epoch_permutation::encrypt(std::uint64_t x) const noexcept 
   return (left << half_bits_) | right;
 }
 
-inline std::uint64_t epoch_permutation::operator()(std::uint64_t pos) const noexcept {
+EBBFLOW_DECL std::uint64_t epoch_permutation::operator()(std::uint64_t pos) const noexcept {
   // Beyond [0, n) the walk below may never come back (it would spin): a
   // precondition violation ends the program with a message instead.
   EBBFLOW_EXPECTS(pos < n_);
@@ -102,7 +104,7 @@ inline std::uint64_t epoch_permutation::operator()(std::uint64_t pos) const noex
   return y;
 }
 
-inline std::array<std::byte, sampler_state::encoded_size> sampler_state::encode() const noexcept {
+EBBFLOW_DECL std::array<std::byte, sampler_state::encoded_size> sampler_state::encode() const noexcept {
   std::array<std::byte, encoded_size> out{};
   std::byte* p = out.data();
   detail::put_u32(p, detail::sampler_magic);
@@ -116,7 +118,7 @@ inline std::array<std::byte, sampler_state::encoded_size> sampler_state::encode(
   return out;
 }
 
-inline sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
+EBBFLOW_DECL sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
   EBBFLOW_PLAN_VERIFY(bytes.size() == encoded_size, plan_errc::bad_state,
                        "sampler state of " << bytes.size() << " bytes, expected " << encoded_size);
   const std::byte* p = bytes.data();
@@ -138,7 +140,7 @@ inline sampler_state sampler_state::decode(std::span<const std::byte> bytes) {
   return s;
 }
 
-inline sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank) {
+EBBFLOW_DECL sample_range slice_of(const sampler_state& state, const batch_plan& plan, std::size_t rank) {
   detail::check_plan(state, plan);
   EBBFLOW_PLAN_ENFORCE(rank < plan.size(), plan_errc::bad_rank,
                        "rank " << rank << " outside plan v" << plan.version << " of " << plan.size() << " workers");
@@ -147,14 +149,14 @@ inline sample_range slice_of(const sampler_state& state, const batch_plan& plan,
                       at.cursor + plan.offsets[rank], at.cursor + plan.offsets[rank + 1]};
 }
 
-inline epoch_sampler::epoch_sampler(std::uint64_t dataset_size, std::uint64_t seed, last_batch policy) {
+EBBFLOW_DECL epoch_sampler::epoch_sampler(std::uint64_t dataset_size, std::uint64_t seed, last_batch policy) {
   EBBFLOW_PLAN_ENFORCE(dataset_size > 0, plan_errc::bad_dataset, "the data set is empty");
   s_.dataset_size = dataset_size;
   s_.seed = seed;
   s_.policy = policy;
 }
 
-inline epoch_sampler::epoch_sampler(const sampler_state& state) : s_(state) {
+EBBFLOW_DECL epoch_sampler::epoch_sampler(const sampler_state& state) : s_(state) {
   EBBFLOW_PLAN_VERIFY(s_.dataset_size > 0, plan_errc::bad_state, "data-set size 0");
   EBBFLOW_PLAN_VERIFY(s_.cursor < s_.dataset_size, plan_errc::bad_state,
                        "cursor " << s_.cursor << " not below the data-set size " << s_.dataset_size);
@@ -162,19 +164,19 @@ inline epoch_sampler::epoch_sampler(const sampler_state& state) : s_(state) {
                        "unknown last_batch policy");
 }
 
-inline std::size_t epoch_sampler::step_size(std::size_t nominal_batch) const noexcept {
+EBBFLOW_DECL std::size_t epoch_sampler::step_size(std::size_t nominal_batch) const noexcept {
   const std::uint64_t cap = s_.policy == last_batch::short_batch ? remaining() : s_.dataset_size;
   return static_cast<std::size_t>(std::min<std::uint64_t>(nominal_batch, cap));
 }
 
-inline sample_range epoch_sampler::step(const batch_plan& plan) const {
+EBBFLOW_DECL sample_range epoch_sampler::step(const batch_plan& plan) const {
   detail::check_plan(s_, plan);
   const detail::position at = detail::step_position(s_, plan.global_batch);
   return sample_range{epoch_permutation(s_.dataset_size, s_.seed, at.epoch), at.epoch, at.cursor,
                       at.cursor + plan.global_batch};
 }
 
-inline void epoch_sampler::commit(const batch_plan& plan) {
+EBBFLOW_DECL void epoch_sampler::commit(const batch_plan& plan) {
   detail::check_plan(s_, plan);
   const detail::position at = detail::step_position(s_, plan.global_batch);
   s_.epoch = at.epoch;
@@ -188,3 +190,4 @@ inline void epoch_sampler::commit(const batch_plan& plan) {
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY

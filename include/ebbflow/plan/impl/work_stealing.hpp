@@ -29,7 +29,9 @@ inline chunk grant(std::size_t rank, const slice_state& before, std::uint64_t re
 }
 }  // namespace detail
 
-inline void validate(const steal_options& o) {
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_DECL void validate(const steal_options& o) {
   EBBFLOW_PLAN_ENFORCE(std::isfinite(o.first_fraction) && o.first_fraction > 0 && o.first_fraction <= 1,
                        plan_errc::bad_steal_request, "first_fraction " << o.first_fraction << " outside (0, 1]");
   EBBFLOW_PLAN_ENFORCE(o.owner_divisor >= 1, plan_errc::bad_steal_request, "owner_divisor 0");
@@ -41,7 +43,7 @@ inline void validate(const steal_options& o) {
                        "timeout " << o.timeout.count() << " ms is not positive");
 }
 
-inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front, std::uint64_t cap) {
+EBBFLOW_DECL std::uint64_t owner_request(const steal_options& o, std::uint64_t size, std::uint64_t front, std::uint64_t cap) {
   if (front >= size) return 0;
   const std::uint64_t rest = size - front;
   // The tail reserve is at least one smallest chunk (a smaller one could not be split).
@@ -62,13 +64,13 @@ inline std::uint64_t owner_request(const steal_options& o, std::uint64_t size, s
   return q;
 }
 
-inline std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining, std::uint64_t cap) {
+EBBFLOW_DECL std::uint64_t thief_request(const steal_options& o, std::uint64_t remaining, std::uint64_t cap) {
   if (remaining == 0) return 0;
   const std::uint64_t q = std::max(std::min(detail::ceil_div(remaining, o.thief_divisor), cap), o.min_chunk);
   return std::min(q, remaining);
 }
 
-inline std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept {
+EBBFLOW_DECL std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double s_per_item) noexcept {
   if (!(s_per_item > 0) || !std::isfinite(s_per_item)) return std::numeric_limits<std::uint64_t>::max();
   const double left = (planned_s - elapsed_s) / s_per_item;
   if (!(left >= 1)) return 1;
@@ -76,7 +78,7 @@ inline std::uint64_t paced_owner_cap(double planned_s, double elapsed_s, double 
   return static_cast<std::uint64_t>(left);
 }
 
-inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
+EBBFLOW_DECL std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, double thief_s,
                                     double overhead_s) noexcept {
   if (remaining == 0 || !(victim_s > 0) || !(thief_s > 0)) return 0;
   const double g = (static_cast<double>(remaining) * victim_s - std::max(overhead_s, 0.0)) / (thief_s + victim_s);
@@ -84,13 +86,15 @@ inline std::uint64_t balanced_steal(std::uint64_t remaining, double victim_s, do
   return std::min(remaining, static_cast<std::uint64_t>(g));
 }
 
-inline std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s, double thief_s) noexcept {
+EBBFLOW_DECL std::uint64_t fair_steal_cap(std::uint64_t total_remaining, double fleet_items_per_s, double thief_s) noexcept {
   if (total_remaining == 0) return 0;
   if (!(fleet_items_per_s > 0) || !(thief_s > 0)) return total_remaining;
   const double g = static_cast<double>(total_remaining) / fleet_items_per_s / thief_s;
   if (!(g >= 1)) return 1;
   return std::min(total_remaining, static_cast<std::uint64_t>(g));
 }
+
+#endif  // EBBFLOW_HEADER_ONLY
 
 template <counter_store Store>
 work_stealer<Store>::work_stealer(Store& store, std::string prefix, step_id id,
@@ -267,16 +271,18 @@ void work_stealer<Store>::release() {
   }
 }
 
-inline std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item, double share) noexcept {
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_DECL std::uint64_t recommended_min_chunk(double overhead_s, double s_per_item, double share) noexcept {
   if (!(overhead_s > 0) || !(s_per_item > 0) || !(share > 0)) return 1;
   const double k = std::ceil(overhead_s / (share * s_per_item));
   if (!(k >= 1)) return 1;
   return k >= 9e18 ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(k);
 }
 
-inline steal_policy::steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank,
+EBBFLOW_DECL steal_policy::steal_policy(std::span<const worker_spec> models, const batch_plan& plan, std::size_t rank,
                                   double claim_s, double chunk_overhead_s)
-    : planned_s_(plan.step_time),
+    : planned_s_(std::isnan(plan.step_time) ? predict_step_time(plan, models) : plan.step_time),
       claim_s_(std::max(claim_s, 0.0)),
       overhead_s_(std::max(chunk_overhead_s, 0.0)),
       rank_(rank) {
@@ -294,21 +300,21 @@ inline steal_policy::steal_policy(std::span<const worker_spec> models, const bat
   }
 }
 
-inline void steal_policy::observe_own(std::uint64_t items, double seconds) noexcept {
+EBBFLOW_DECL void steal_policy::observe_own(std::uint64_t items, double seconds) noexcept {
   if (items == 0 || !(seconds >= 0)) return;
   own_items_ += static_cast<double>(items);
   own_seconds_ += seconds;
 }
 
-inline double steal_policy::s_per_item() const noexcept {
+EBBFLOW_DECL double steal_policy::s_per_item() const noexcept {
   return own_items_ > 0 && own_seconds_ > 0 ? own_seconds_ / own_items_ : c_[rank_];
 }
 
-inline std::uint64_t steal_policy::own_cap(double elapsed_s) const noexcept {
+EBBFLOW_DECL std::uint64_t steal_policy::own_cap(double elapsed_s) const noexcept {
   return paced_owner_cap(planned_s_, elapsed_s, s_per_item());
 }
 
-inline steal_policy::choice steal_policy::choose(std::span<const slice_state> seen, double elapsed_s) const {
+EBBFLOW_DECL steal_policy::choice steal_policy::choose(std::span<const slice_state> seen, double elapsed_s) const {
   EBBFLOW_PLAN_ENFORCE(seen.size() == c_.size(), plan_errc::membership_mismatch,
                        seen.size() << " slice states for " << c_.size() << " workers");
   double worst = 0, victim_s = 0, all_rest = 0;
@@ -328,18 +334,20 @@ inline steal_policy::choice steal_policy::choose(std::span<const slice_state> se
   return {victim, g};
 }
 
-inline double steal_policy::time_left(std::size_t r, const slice_state& s, double elapsed_s) const noexcept {
+EBBFLOW_DECL double steal_policy::time_left(std::size_t r, const slice_state& s, double elapsed_s) const noexcept {
   double v = c_[r];
   if (s.front > 0 && elapsed_s > a_[r]) v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(s.front));
   return static_cast<double>(s.remaining()) * v;
 }
 
-inline double steal_policy::time_left_bound(std::size_t r, const slice_state& stale, double elapsed_s) const noexcept {
+EBBFLOW_DECL double steal_policy::time_left_bound(std::size_t r, const slice_state& stale, double elapsed_s) const noexcept {
   double v = c_[r];
   if (elapsed_s > a_[r])
     v = std::max(v, (elapsed_s - a_[r]) / static_cast<double>(std::max<std::uint64_t>(stale.front, 1)));
   return static_cast<double>(stale.remaining()) * v;
 }
+
+#endif  // EBBFLOW_HEADER_ONLY
 
 template <counter_store Store>
 steal_policy::choice steal_policy::scan(work_stealer<Store>& stealer, double elapsed_s) const {
@@ -409,7 +417,9 @@ steal_report run_stealing_step(work_stealer<Store>& stealer, Process&& process) 
   return rep;
 }
 
-inline sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c) {
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_DECL sample_range samples_of(const sampler_state& state, const batch_plan& plan, const chunk& c) {
   sample_range s = slice_of(state, plan, c.rank);
   EBBFLOW_PLAN_ENFORCE(
       c.first <= c.last && c.last <= s.size(), plan_errc::bad_rank,
@@ -418,6 +428,8 @@ inline sample_range samples_of(const sampler_state& state, const batch_plan& pla
   s.first = s.first + c.first;
   return s;
 }
+
+#endif  // EBBFLOW_HEADER_ONLY
 
 }  // namespace plan
 EBBFLOW_END_NAMESPACE

@@ -2,7 +2,8 @@
 //! @file impl/group/lifecycle.hpp
 //! Construction and the end of a member: the checks of the options, the
 //! store connections, registration with the job, the end-of-job wait, the
-//! registered state and a restored position, `finish`, and the fault points.
+//! registered state and a restored position, `finish` and `keep_training`,
+//! and the fault points.
 //! May touch any member: it runs before and after the other threads.
 #pragma once
 
@@ -178,6 +179,24 @@ void group_impl<Store, Net>::finish() {
                      << e.what() << "): workers still waiting to join it are not told, and wait until "
                      << "EBBFLOW_JOIN_TIMEOUT_MS");
   }
+}
+
+template <kv_store Store, network Net>
+bool group_impl<Store, Net>::keep_training(std::int64_t total_steps) {
+  EBBFLOW_ENFORCE(total_steps >= 0 && total_steps <= max_step,
+                  "keep_training: total_steps " << total_steps << " (expected 0 to 2^62)");
+  if (!active_ || finished_) return false;
+  // A joiner (step_ -1 until its state arrives) and a change still in flight
+  // keep the loop going: the members that admitted a newcomer wait for it
+  // rather than leave it stranded. Every member sees the same step_ and the
+  // same change after end_step, so they all stop at the same boundary.
+  if (step_ < total_steps || changing()) return true;
+  // Marked once, on every member (the same key: the calls after the first
+  // change nothing): a worker started later under this job is refused at
+  // once (job_finished) instead of waiting out its join timeout.
+  finished_ = true;
+  finish();
+  return false;
 }
 
 template <kv_store Store, network Net>

@@ -19,6 +19,68 @@
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
+// Member templates: instantiated in the user's translation unit in either mode.
+template <kv_store Store, network Net>
+template <class F>
+bool group_impl<Store, Net>::collective(F&& f) {
+  const inside busy(in_group_);
+  require_open_step("a collective");
+  try {
+    {
+      const auto w = enter_collective();
+      f(*comm_);
+    }
+    return true;
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    EBBFLOW_LOG_WARN("step " << step_ << " aborted: " << e.what());
+    phase_ = step_phase::aborted;
+    recover(gen_.generation, lost_peer_of(e));
+    return false;
+  }
+}
+
+
+template <kv_store Store, network Net>
+template <class Process>
+plan::steal_report group_impl<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
+  require_open_step("steal_step");
+  if (!steal_key_.empty() && steal_attempt_ == std::pair{gen_.generation, step_})
+    fail(error::invalid_state, "steal_step called twice in step " + std::to_string(step_));
+  release_steal_counter();  // an aborted attempt's
+  steal_attempt_ = {gen_.generation, step_};
+  const auto info = current_slice();
+  const std::vector<std::size_t> full(gen_.plan.begin(), gen_.plan.end());
+  const auto slices = scale_plan(full, info.global_batch);
+  std::vector<std::size_t> offset(slices.size(), 0);
+  for (std::size_t r = 1; r < slices.size(); ++r) offset[r] = offset[r - 1] + slices[r - 1];
+  plan::work_stealer<Store> stealer(
+      *store_, key("steal"), {static_cast<std::uint64_t>(gen_.generation), static_cast<std::uint64_t>(step_)},
+      std::span<const std::size_t>(slices), static_cast<std::size_t>(rank_), settings.chunks);
+  steal_key_ = stealer.key(static_cast<std::size_t>(rank_));
+  const auto run = [&](const plan::chunk& c) { process(offset[c.rank] + c.first, offset[c.rank] + c.last); };
+
+  std::vector<member_id> ids;
+  for (auto& m : gen_.members) ids.push_back(m.id);
+  const auto models = policy_->models(ids);
+  const bool paced = models.size() == ids.size() && std::all_of(models.begin(), models.end(), [](const auto& m) {
+                       return std::isfinite(m.fixed_seconds) && m.fixed_seconds >= 0 &&
+                              std::isfinite(m.seconds_per_sample) && m.seconds_per_sample > 0;
+                     });
+  if (paced && info.global_batch > 0) {
+    std::vector<plan::worker_spec> specs;
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      specs.push_back({static_cast<std::uint64_t>(ids[i]), models[i].fixed_seconds, models[i].seconds_per_sample,
+                       std::numeric_limits<std::size_t>::max(), 0, 0});
+    const auto bp = plan::make_plan(specs, slices, gen_.plan_version);
+    plan::steal_policy pacing(specs, bp, static_cast<std::size_t>(rank_), settings.claim_seconds,
+                              settings.chunk_overhead_seconds);
+    return plan::run_stealing_step(stealer, pacing, run);
+  }
+  return plan::run_stealing_step(stealer, run);  // no models yet: unpaced
+}
+
+
 template <kv_store Store, network Net>
 step_info group_impl<Store, Net>::begin_step() {
   const inside busy(in_group_);
@@ -62,26 +124,6 @@ step_info group_impl<Store, Net>::current_slice() const {
   s.generation = gen_.generation;
   s.plan_version = gen_.plan_version;
   return s;
-}
-
-template <kv_store Store, network Net>
-template <class F>
-bool group_impl<Store, Net>::collective(F&& f) {
-  const inside busy(in_group_);
-  require_open_step("a collective");
-  try {
-    {
-      const auto w = enter_collective();
-      f(*comm_);
-    }
-    return true;
-  } catch (const system_error& e) {
-    if (!detail::recoverable(e.code())) throw;
-    EBBFLOW_LOG_WARN("step " << step_ << " aborted: " << e.what());
-    phase_ = step_phase::aborted;
-    recover(gen_.generation, lost_peer_of(e));
-    return false;
-  }
 }
 
 template <kv_store Store, network Net>
@@ -159,45 +201,6 @@ void group_impl<Store, Net>::notify(change_reason reason, int old_size, double s
       throw;
     }
   }
-}
-
-template <kv_store Store, network Net>
-template <class Process>
-plan::steal_report group_impl<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
-  require_open_step("steal_step");
-  if (!steal_key_.empty() && steal_attempt_ == std::pair{gen_.generation, step_})
-    fail(error::invalid_state, "steal_step called twice in step " + std::to_string(step_));
-  release_steal_counter();  // an aborted attempt's
-  steal_attempt_ = {gen_.generation, step_};
-  const auto info = current_slice();
-  const std::vector<std::size_t> full(gen_.plan.begin(), gen_.plan.end());
-  const auto slices = scale_plan(full, info.global_batch);
-  std::vector<std::size_t> offset(slices.size(), 0);
-  for (std::size_t r = 1; r < slices.size(); ++r) offset[r] = offset[r - 1] + slices[r - 1];
-  plan::work_stealer<Store> stealer(
-      *store_, key("steal"), {static_cast<std::uint64_t>(gen_.generation), static_cast<std::uint64_t>(step_)},
-      std::span<const std::size_t>(slices), static_cast<std::size_t>(rank_), settings.chunks);
-  steal_key_ = stealer.key(static_cast<std::size_t>(rank_));
-  const auto run = [&](const plan::chunk& c) { process(offset[c.rank] + c.first, offset[c.rank] + c.last); };
-
-  std::vector<member_id> ids;
-  for (auto& m : gen_.members) ids.push_back(m.id);
-  const auto models = policy_->models(ids);
-  const bool paced = models.size() == ids.size() && std::all_of(models.begin(), models.end(), [](const auto& m) {
-                       return std::isfinite(m.fixed_seconds) && m.fixed_seconds >= 0 &&
-                              std::isfinite(m.seconds_per_sample) && m.seconds_per_sample > 0;
-                     });
-  if (paced && info.global_batch > 0) {
-    std::vector<plan::worker_spec> specs;
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      specs.push_back({static_cast<std::uint64_t>(ids[i]), models[i].fixed_seconds, models[i].seconds_per_sample,
-                       std::numeric_limits<std::size_t>::max(), 0, 0});
-    const auto bp = plan::make_plan(specs, slices, gen_.plan_version);
-    plan::steal_policy pacing(specs, bp, static_cast<std::size_t>(rank_), settings.claim_seconds,
-                              settings.chunk_overhead_seconds);
-    return plan::run_stealing_step(stealer, pacing, run);
-  }
-  return plan::run_stealing_step(stealer, run);  // no models yet: unpaced
 }
 
 template <kv_store Store, network Net>
@@ -346,6 +349,7 @@ void group_impl<Store, Net>::commit(double compute_seconds, std::optional<std::s
     change_membership(leaves, n);
   }
 }
+
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
