@@ -72,6 +72,7 @@
 #pragma once
 
 #include <ebbflow/config.hpp>
+#include <ebbflow/comm/detail/collective_task.hpp>
 #include <ebbflow/comm/reduce.hpp>
 #include <ebbflow/comm/transport.hpp>
 #include <ebbflow/core/deadline.hpp>
@@ -102,8 +103,7 @@ namespace comm {
 //! rank's partial sums.
 [[nodiscard]] constexpr std::pair<std::size_t, std::size_t> allreduce_segment(std::size_t count, int n,
                                                                               int r) noexcept {
-  const auto un = static_cast<std::size_t>(n), ur = static_cast<std::size_t>(r);
-  return {count * ur / un, count * (ur + 1) / un};
+  return detail::segment_of(count, n, r);
 }
 
 //! Allreduce algorithm selection.
@@ -148,26 +148,6 @@ struct collective_options {
     return o;
   }
 };
-
-namespace detail {
-template <transport T>
-struct promise;
-template <transport T>
-struct task;
-template <transport T>
-struct active_set;
-class scratch_pool;
-//! Where a request runs; seq/bytes become the error detail only on failure.
-struct op_context {
-  error_context ctx;
-  std::uint64_t seq = 0;
-  std::size_t bytes = 0;
-  bool describe = false;
-  op_context(error_context c) : ctx(std::move(c)) {}  // NOLINT: implicit on purpose
-  op_context(error_context c, std::uint64_t s, std::size_t b, bool d)
-      : ctx(std::move(c)), seq(s), bytes(b), describe(d) {}
-};
-}  // namespace detail
 
 //! A non-blocking collective in flight. Move-only. Progresses when `test`
 //! or `wait` is called on it or on any other request of the same
