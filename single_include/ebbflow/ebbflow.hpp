@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 113 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 118 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -188,12 +188,16 @@
 //! text names both sizes).
 //!
 //! Ranks that disagree on sizes get `bad_message` only when they run the
-//! same algorithm. The choice depends on the size (`small_bytes`, the element
-//! count against the rank count): sizes on both sides of it make ranks run
-//! different algorithms whose messages never match, and each rank gets
-//! `errc::timeout` at its deadline instead, its text naming its own byte
-//! count and this possible cause. Detecting it sooner would need the size on
-//! the wire or an extra round trip per collective; ebbflow does neither.
+//! same algorithm, and then only the ranks that receive a message of the
+//! wrong size (single_copy: every rank, which compares sizes first; the
+//! ring: those whose chunks differ); its text names both sizes and the
+//! cause. The others, waiting for a peer that gave up, get `errc::timeout`
+//! at their deadline, as do all ranks when sizes on both sides of the
+//! algorithm choice (`small_bytes`, the element count against the rank
+//! count) make them run different algorithms whose messages never match;
+//! the timeout's text names this rank's byte count and this possible cause.
+//! Detecting it sooner would need the size on the wire or an extra round
+//! trip per collective; ebbflow does neither.
 //!
 //! All ranks must call the same collectives in the same order with matching
 //! sizes, dtypes and roots (MPI semantics). Buffers are host memory
@@ -210,35 +214,137 @@
 //!
 //! A transport that also offers `int lost_peer() const` (the UCX transport
 //! does) lets errors name the peer that died rather than the neighbour whose
-//! transfer reported it.
+//! transfer reported it (in a ring, often a live rank stuck behind the dead
+//! one). One that offers `bool probe_peers()` (UCX: is the process of a peer
+//! on this host gone?) is asked before a timeout is reported, so a peer that
+//! died unnoticed is reported lost, not the live peer this rank waited for.
+//! The single-copy allreduce reports a peer's memory that vanished the same
+//! way: the peer lost is the one whose process is gone (the peer read from
+//! may only have left the collective after its own error).
 //!
 //! Thread safety: a communicator and its requests are driven by one thread at
 //! a time (the thread that drives its transport).
 
 
 // #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/comm/reduce.hpp>  (inlined here)
-// ---- begin <ebbflow/comm/reduce.hpp>
+// #include <ebbflow/comm/detail/collective_task.hpp>  (inlined here)
+// ---- begin <ebbflow/comm/detail/collective_task.hpp>
 // SPDX-License-Identifier: Apache-2.0
-//! @file reduce.hpp
-//! Element-wise reduction kernels on host memory, used by every collective:
-//! `dst[i] = op(a[i], b[i])` for each dtype and `reduce_op`, and the final
-//! division of `avg`. f16/bf16 are widened to f32, combined and rounded back
-//! (round to nearest even) at every step.
-//!
-//! The kernels are written as explicit 16-element blocks over GCC/Clang vector
-//! extensions, so they vectorise at -O2 (GCC 12 does not vectorise the plain
-//! `a[i] += b[i]` loop at -O2). `dst` may equal `a` exactly (in-place); no
-//! other overlap is allowed. All pointers are host memory. Never blocks,
-//! never throws; thread-safe (no shared state).
+//! @file comm/detail/collective_task.hpp
+//! What every collective of comm/communicator.hpp runs on: the coroutine
+//! task a collective is (`promise`, `task`, `awaiting` one transport
+//! request), the set in flight on one communicator, the scratch pool, and
+//! the context an error reports.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/dtype.hpp>  (inlined here)
-// ---- begin <ebbflow/core/dtype.hpp>
+// #include <ebbflow/comm/transport.hpp>  (inlined here)
+// ---- begin <ebbflow/comm/transport.hpp>
 // SPDX-License-Identifier: Apache-2.0
-//! @file dtype.hpp
-//! Element types and reduction operators that collectives and codecs accept.
+//! @file transport.hpp
+//! The point-to-point `transport` concept every collective algorithm is
+//! written over: tagged, non-blocking byte messages between the ranks of one
+//! generation, completed by `test` or by `wait` with a deadline.
+//!
+//! Semantics every model guarantees:
+//! * Messages between one (source, destination, tag) triple are matched in
+//!   the order they were posted (MPI-style non-overtaking).
+//! * A receive matches only a message of the same generation: the transport
+//!   folds `generation()` into the wire tag, so late traffic of an older
+//!   generation can never be consumed by a newer one.
+//! * The received message must have exactly the posted size; otherwise the
+//!   request fails with `errc::bad_message`. A model's request may offer
+//!   `std::string error_detail() const`, naming both sizes after such a
+//!   failure (both models here do); `send`/`recv` below and the communicator
+//!   add it to the error's text.
+//! * A peer that died makes its pending and future requests fail with
+//!   `errc::peer_lost` (never a hang); `wait` returns `errc::timeout` when
+//!   its deadline passes, and the request stays pending (it may be waited on
+//!   again, or cancelled by destroying the transport).
+//! * Buffers must stay valid until the request completed.
+//! * Thread safety: one thread drives a transport at a time.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined here)
+// ---- begin <ebbflow/core/deadline.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file deadline.hpp
+//! Clocks, and deadlines for blocking calls. Every blocking call in ebbflow takes one
+//! (or a timeout that is turned into one) and reports `errc::timeout` when it
+//! passes.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <chrono>
+
+EBBFLOW_BEGIN_NAMESPACE
+
+//! The clock of every deadline and timeout in ebbflow.
+using steady_clock = std::chrono::steady_clock;
+
+//! Seconds since the Unix epoch on the system clock: the stamp of event and
+//! log lines, comparable across processes and hosts (never used for
+//! deadlines, which take the steady clock).
+[[nodiscard]] inline double wall_seconds() noexcept {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+//! A point in time on the steady clock after which a blocking call gives up.
+class deadline {
+ public:
+  //! A deadline `timeout` from now; saturates (a timeout beyond the clock's
+  //! range, e.g. `seconds::max()`, never passes).
+  template <class Rep, class Period>
+  static deadline after(std::chrono::duration<Rep, Period> timeout) noexcept {
+    using seconds = std::chrono::duration<double>;
+    const auto now = steady_clock::now();
+    const double at = seconds(now.time_since_epoch()).count() + seconds(timeout).count();
+    if (at >= seconds(steady_clock::duration::max()).count() - 1) return never();  // 1 s: double rounding
+    if (at <= seconds(steady_clock::duration::min()).count() + 1) return deadline(steady_clock::time_point::min());
+    return deadline(now + std::chrono::duration_cast<steady_clock::duration>(timeout));
+  }
+  //! A deadline that never passes (use sparingly: prefer a bound).
+  static deadline never() noexcept { return deadline(steady_clock::time_point::max()); }
+
+  //! A deadline at the time point `t`.
+  explicit deadline(steady_clock::time_point t) noexcept : at_(t) {}
+
+  //! When it passes.
+  [[nodiscard]] steady_clock::time_point at() const noexcept { return at_; }
+  //! True once the deadline has passed.
+  [[nodiscard]] bool expired() const noexcept { return steady_clock::now() >= at_; }
+  //! Time left, zero once expired.
+  [[nodiscard]] steady_clock::duration remaining() const noexcept {
+    const auto now = steady_clock::now();
+    return now >= at_ ? steady_clock::duration::zero() : at_ - now;
+  }
+  //! The earlier of two deadlines.
+  [[nodiscard]] friend deadline min(deadline a, deadline b) noexcept { return a.at_ < b.at_ ? a : b; }
+
+ private:
+  steady_clock::time_point at_;
+};
+
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/core/deadline.hpp>
+// #include <ebbflow/core/error.hpp>  (inlined here)
+// ---- begin <ebbflow/core/error.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file error.hpp
+//! Error reporting: `std::error_code` categories for ebbflow itself and for
+//! each vendor's status type (UCX, CUDA, NCCL), portable conditions the
+//! elasticity logic tests against, and `ebbflow::system_error`, whose message
+//! names the rank, generation, peer and operation that failed.
+//!
+//! The convention (docs/architecture.md, "Errors"): a precondition the caller
+//! could have checked raises `std::invalid_argument` naming the value and file
+//! and line (`EBBFLOW_ENFORCE`); a condition found at run time raises
+//! `ebbflow::system_error` (or a type derived from it) with a code comparable
+//! to an `errc`. Synchronous calls of the communication and store layers come
+//! in pairs, a throwing form and a `noexcept` form taking `std::error_code&`.
+//! Nothing throws from destructors, device code or transport callbacks.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
@@ -313,6 +419,625 @@ requires std::is_enum_v<E> &&(sizeof...(Names) > 0) &&
 
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/core/enum_names.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+EBBFLOW_BEGIN_NAMESPACE
+
+//! Portable error conditions. Compare any `std::error_code` against these:
+//! `if (ec == ebbflow::errc::peer_lost) ...` holds for a UCX connection reset,
+//! an NCCL remote error and ebbflow's own `error::peer_lost` alike.
+enum class errc {
+  peer_lost = 1,  //!< a peer died or became unreachable
+  timeout,        //!< a deadline passed
+  revoked,        //!< the generation/communicator was revoked (membership changed)
+  bad_message,    //!< malformed, truncated or oversized message
+  unauthorized,   //!< missing or wrong job token
+  cancelled,      //!< the operation was cancelled (shutdown)
+  invalid_state,  //!< an operation was used in a state that does not allow it
+  job_finished,   //!< the elastic job ended before this worker joined it (nothing left to do)
+  load_failed,    //!< a data loader failed (the exception that carries this code holds the cause)
+};
+
+//! Error codes raised by ebbflow itself (category `ebbflow_category()`); each
+//! maps onto the `errc` condition of the same name.
+enum class error {
+  peer_lost = 1,
+  timeout,
+  revoked,
+  bad_message,
+  unauthorized,
+  cancelled,
+  invalid_state,
+  job_finished,
+  load_failed,
+};
+
+namespace detail {
+inline constexpr auto errc_names =
+    make_enum_names(errc::peer_lost, "peer lost", "timed out", "revoked", "bad message", "unauthorized", "cancelled",
+                    "invalid state", "job finished", "data load failed");
+static_assert(errc_names.last() == errc::load_failed &&
+              static_cast<int>(error::load_failed) == static_cast<int>(errc::load_failed));
+inline constexpr std::string_view errc_name(int v) noexcept {
+  return errc_names(static_cast<errc>(v), "unknown ebbflow error");
+}
+
+class condition_category_impl final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "ebbflow.condition"; }
+  std::string message(int v) const override { return std::string(errc_name(v)); }
+};
+
+class ebbflow_category_impl final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "ebbflow"; }
+  std::string message(int v) const override { return std::string(errc_name(v)); }
+  std::error_condition default_error_condition(int v) const noexcept override;
+};
+}  // namespace detail
+
+//! Category of the portable conditions (`errc`).
+inline const std::error_category& condition_category() noexcept {
+  static const detail::condition_category_impl c;
+  return c;
+}
+//! Category of ebbflow's own error codes (`error`).
+inline const std::error_category& ebbflow_category() noexcept {
+  static const detail::ebbflow_category_impl c;
+  return c;
+}
+inline std::error_condition detail::ebbflow_category_impl::default_error_condition(int v) const noexcept {
+  return {v, condition_category()};
+}
+
+//! Makes `errc` values comparable with any `std::error_code` (found by ADL).
+inline std::error_condition make_error_condition(errc e) noexcept {
+  return {static_cast<int>(e), condition_category()};
+}
+//! Makes `error` values convertible to `std::error_code` (found by ADL).
+inline std::error_code make_error_code(error e) noexcept { return {static_cast<int>(e), ebbflow_category()}; }
+
+namespace detail {
+// The messages of vendor statuses this header knows without the vendor's
+// headers (a few dozen numbers each, stable ABI values).
+struct status_text {
+  int code;
+  std::string_view text;
+};
+template <std::size_t N>
+constexpr std::optional<std::string_view> status_text_of(const status_text (&table)[N], int v) noexcept {
+  for (const status_text& t : table)
+    if (t.code == v) return t.text;
+  return std::nullopt;
+}
+// ucs/type/status.h
+inline constexpr status_text ucs_texts[] = {{0, "success"},
+                                            {-1, "no pending message"},
+                                            {-2, "no resources are available to initiate the operation"},
+                                            {-3, "input/output error"},
+                                            {-4, "out of memory"},
+                                            {-5, "invalid parameter"},
+                                            {-6, "destination is unreachable"},
+                                            {-7, "address not valid"},
+                                            {-8, "function not implemented"},
+                                            {-9, "message truncated"},
+                                            {-10, "no progress"},
+                                            {-11, "provided buffer is too small"},
+                                            {-12, "no such element"},
+                                            {-14, "no such device"},
+                                            {-15, "device is busy"},
+                                            {-16, "request canceled"},
+                                            {-20, "operation timed out"},
+                                            {-21, "user-defined limit was reached"},
+                                            {-22, "unsupported operation"},
+                                            {-23, "operation rejected by remote peer"},
+                                            {-24, "endpoint is not connected"},
+                                            {-25, "connection reset by remote peer"},
+                                            {-80, "endpoint timeout"}};
+// cuda_runtime_api.h (cudaError_t)
+inline constexpr status_text cuda_texts[] = {{0, "no error"},
+                                             {1, "invalid argument"},
+                                             {2, "out of memory"},
+                                             {35, "CUDA driver version is insufficient for CUDA runtime version"},
+                                             {100, "no CUDA-capable device is detected"}};
+// nccl.h (ncclResult_t)
+inline constexpr status_text nccl_texts[] = {{0, "no error"},
+                                             {1, "unhandled cuda error"},
+                                             {2, "unhandled system error"},
+                                             {3, "internal error"},
+                                             {4, "invalid argument"},
+                                             {5, "invalid usage"},
+                                             {6, "remote process exited or there was a network error"},
+                                             {7, "NCCL operation in progress"}};
+
+//! UCX `ucs_status_t` values (stable ABI numbers from ucs/type/status.h), so
+//! this header needs no UCX include.
+class ucs_category_impl final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "ucs"; }
+  std::string message(int v) const override {
+    if (const auto text = status_text_of(ucs_texts, v)) return std::string(*text);
+    if (v <= -40 && v >= -59) return "link failure";
+    if (v <= -60 && v >= -89) return "endpoint failure";
+    return "UCX status " + std::to_string(v);
+  }
+  std::error_condition default_error_condition(int v) const noexcept override {
+    switch (v) {
+      case -16:
+        return make_error_condition(errc::cancelled);
+      case -20:
+        return make_error_condition(errc::timeout);
+      case -9:
+        return make_error_condition(errc::bad_message);
+      // Any failure of a peer's operation means the peer is gone: UCX reports
+      // a killed process as reset, unreachable, i/o error or endpoint timeout
+      // depending on the transport (ENVIRONMENT-FACTS.md).
+      case -3:
+      case -6:
+      case -23:
+      case -24:
+      case -25:
+        return make_error_condition(errc::peer_lost);
+      default:
+        if (v <= -40 && v >= -89) return make_error_condition(errc::peer_lost);
+        return {v, *this};
+    }
+  }
+};
+
+//! CUDA runtime `cudaError_t` values; messages come from the runtime when
+//! the CUDA headers are available, otherwise the number.
+class cuda_category_impl final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "cuda"; }
+  std::string message(int v) const override {
+    const auto text = status_text_of(cuda_texts, v);
+    return text ? std::string(*text) : "CUDA error " + std::to_string(v);
+  }
+};
+
+//! NCCL `ncclResult_t` values.
+class nccl_category_impl final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "nccl"; }
+  std::string message(int v) const override {
+    const auto text = status_text_of(nccl_texts, v);
+    return text ? std::string(*text) : "NCCL result " + std::to_string(v);
+  }
+  std::error_condition default_error_condition(int v) const noexcept override {
+    if (v == 6) return make_error_condition(errc::peer_lost);
+    return {v, *this};
+  }
+};
+}  // namespace detail
+
+//! Category for UCX `ucs_status_t` values. Peer failures map to `errc::peer_lost`.
+inline const std::error_category& ucs_category() noexcept {
+  static const detail::ucs_category_impl c;
+  return c;
+}
+//! Category for CUDA runtime `cudaError_t` values.
+inline const std::error_category& cuda_category() noexcept {
+  static const detail::cuda_category_impl c;
+  return c;
+}
+//! Category for NCCL `ncclResult_t` values. `ncclRemoteError` maps to `errc::peer_lost`.
+inline const std::error_category& nccl_category() noexcept {
+  static const detail::nccl_category_impl c;
+  return c;
+}
+
+//! Where an error happened. Any field may be unknown (-1 / empty).
+struct error_context {
+  int rank = -1;                 //!< rank that observed the error
+  std::int64_t generation = -1;  //!< membership generation
+  int peer = -1;                 //!< peer involved, if any
+  std::string operation = {};    //!< e.g. "allreduce", "store.get"
+  std::string detail = {};       //!< free text (sizes, keys, ...)
+};
+
+//! Exception carrying an `std::error_code` plus where it happened.
+//! `what()` reads e.g. "allreduce: peer lost [rank 2, generation 3, peer 1]".
+class system_error : public std::system_error {
+ public:
+  //! An error `ec` that happened in `ctx`.
+  system_error(std::error_code ec, error_context ctx)
+      : std::system_error(ec), what_(format(ec, ctx)), ctx_(std::move(ctx)) {}
+  //! An error `ec` without context.
+  explicit system_error(std::error_code ec) : system_error(ec, error_context{}) {}
+
+  //! "operation: message (detail) [rank r, generation g, peer p]".
+  const char* what() const noexcept override { return what_.c_str(); }
+  //! Rank that observed the error, or -1.
+  [[nodiscard]] int rank() const noexcept { return ctx_.rank; }
+  //! Membership generation, or -1.
+  [[nodiscard]] std::int64_t generation() const noexcept { return ctx_.generation; }
+  //! Peer involved, or -1.
+  [[nodiscard]] int peer() const noexcept { return ctx_.peer; }
+  //! Operation that failed (e.g. "allreduce"), or empty.
+  [[nodiscard]] std::string_view operation() const noexcept { return ctx_.operation; }
+  //! Everything known about where it happened.
+  [[nodiscard]] const error_context& context() const noexcept { return ctx_; }
+
+  //! The text `what()` returns for `ec` in context `c`.
+  static std::string format(const std::error_code& ec, const error_context& c) {
+    std::ostringstream os;
+    if (!c.operation.empty()) os << c.operation << ": ";
+    os << ec.message();
+    if (!c.detail.empty()) os << " (" << c.detail << ")";
+    bool any = c.rank >= 0 || c.generation >= 0 || c.peer >= 0;
+    if (any) {
+      os << " [";
+      const char* sep = "";
+      if (c.rank >= 0) {
+        os << "rank " << c.rank;
+        sep = ", ";
+      }
+      if (c.generation >= 0) {
+        os << sep << "generation " << c.generation;
+        sep = ", ";
+      }
+      if (c.peer >= 0) {
+        os << sep << "peer " << c.peer;
+      }
+      os << "]";
+    }
+    return os.str();
+  }
+
+ private:
+  std::string what_;
+  error_context ctx_;
+};
+
+//! Throws `system_error(ec, ctx)` when `ec` holds an error.
+inline void throw_if(const std::error_code& ec, error_context ctx = {}) {
+  if (ec) EBBFLOW_THROW((system_error(ec, std::move(ctx))));
+}
+
+namespace detail {
+[[noreturn]] inline void throw_invalid_argument(const char* file, int line, const std::string& what) {
+  std::ostringstream os;
+  os << what << " (" << file << ":" << line << ")";
+#if EBBFLOW_EXCEPTIONS
+  throw std::invalid_argument(os.str());
+#else
+  std::fprintf(stderr, "ebbflow: invalid argument: %s\n", os.str().c_str());
+  std::abort();
+#endif
+}
+[[noreturn]] inline void expects_failed(const char* cond, const char* file, int line) {
+  std::ostringstream os;
+  os << "ebbflow internal invariant violated: " << cond << " (" << file << ":" << line << ")";
+#if EBBFLOW_EXCEPTIONS
+  throw std::logic_error(os.str());
+#else
+  std::fprintf(stderr, "%s\n", os.str().c_str());
+  std::abort();
+#endif
+}
+}  // namespace detail
+
+EBBFLOW_END_NAMESPACE
+
+// Standard-library opt-ins, not part of the documented API.
+//! @cond
+template <>
+struct std::is_error_condition_enum<ebbflow::errc> : std::true_type {};
+template <>
+struct std::is_error_code_enum<ebbflow::error> : std::true_type {};
+//! @endcond
+
+//! Rejects bad user input: throws `std::invalid_argument` with `msg` (an
+//! ostream expression) plus file and line, when `cond` is false.
+#define EBBFLOW_ENFORCE(cond, msg)                                                              \
+  do {                                                                                          \
+    if (!(cond)) {                                                                              \
+      std::ostringstream ebbflow_enforce_os_;                                                   \
+      ebbflow_enforce_os_ << msg;                                                               \
+      ::ebbflow::detail::throw_invalid_argument(__FILE__, __LINE__, ebbflow_enforce_os_.str()); \
+    }                                                                                           \
+  } while (0)
+
+//! Internal invariant; a failure is a bug in ebbflow.
+#define EBBFLOW_EXPECTS(cond) ((cond) ? void(0) : ::ebbflow::detail::expects_failed(#cond, __FILE__, __LINE__))
+// ---- end <ebbflow/core/error.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm {
+
+//! A user tag: 48 bits are available to collectives (the transport reserves
+//! the rest for the generation). Collectives compose it from an operation
+//! sequence number and a step (see `make_tag`).
+using tag_t = std::uint64_t;
+//! Bits of a tag available to collectives.
+inline constexpr int tag_bits = 48;
+//! Mask of the bits available to collectives.
+inline constexpr tag_t tag_mask = (tag_t{1} << tag_bits) - 1;
+
+//! Sequence numbers of collectives wrap at 2^24: the UCX wire keeps 24 bits
+//! of one (only collectives in flight at the same time must differ). Every
+//! collective on a transport takes its number from the one communicator that
+//! drives it (`transport_communicator`), which also hands numbers to
+//! collectives written outside it (`next_sequence`), so no two ever share one.
+inline constexpr std::uint64_t seq_mask = (std::uint64_t{1} << 24) - 1;
+
+//! Tag for step `step` (< 2^16) of collective number `seq` (wraps at 2^32).
+constexpr tag_t make_tag(std::uint64_t seq, std::uint32_t step) noexcept {
+  return ((seq & 0xffffffffu) << 16 | (step & 0xffffu)) & tag_mask;
+}
+
+//! The highest step a collective may give `make_tag`: steps 0xfffe and
+//! 0xffff are reserved (a transport's wire-up handshake, point-to-point
+//! messages).
+inline constexpr std::uint32_t max_collective_step = 0xfffd;
+//! Most ranks the collectives support: a ring allreduce numbers its
+//! 2 (n − 1) reduce-scatter and allgather steps apart, all at most
+//! `max_collective_step`, so that no two steps of one collective, and no
+//! reserved step, share a tag.
+inline constexpr int max_collective_ranks = 0x7fff;
+static_assert(2 * (max_collective_ranks - 1) <= static_cast<int>(max_collective_step));
+
+//! Refuses a transport of more ranks than the collectives support (or
+//! none), naming `who` (the collective's owner) in the error.
+//! @throws std::invalid_argument when `size` is outside [1, max_collective_ranks].
+inline void check_rank_count(int size, std::string_view who) {
+  EBBFLOW_ENFORCE(size >= 1 && size <= max_collective_ranks,
+                  who << ": " << size << " ranks; the collectives support 1 to " << max_collective_ranks);
+}
+
+template <class T>
+concept transport = requires(T& t, const T& ct, int peer, tag_t tag, std::span<const std::byte> out,
+                             std::span<std::byte> in, typename T::request& req, deadline d, std::error_code& ec) {
+  typename T::request;
+  { ct.rank() } -> std::convertible_to<int>;
+  { ct.size() } -> std::convertible_to<int>;
+  { ct.generation() } -> std::convertible_to<std::int64_t>;
+  //! Posts a send / receive; never blocks.
+  { t.isend(peer, tag, out) } -> std::same_as<typename T::request>;
+  { t.irecv(peer, tag, in) } -> std::same_as<typename T::request>;
+  //! Progresses; true once `req` completed (then `ec` holds its outcome).
+  { t.test(req, ec) } -> std::same_as<bool>;
+  //! Blocks until `req` completed or `d` passed (`errc::timeout`).
+  t.wait(req, d, ec);
+};
+
+namespace detail {
+//! `base`, followed by what failed request `r` says about its failure (see
+//! `error_detail` above), when its transport tells.
+template <class Request>
+std::string describe(const Request& r, std::string base) {
+  if constexpr (requires {
+                  { r.error_detail() } -> std::convertible_to<std::string>;
+                }) {
+    if (std::string why = r.error_detail(); !why.empty()) base += "; " + why;
+  }
+  return base;
+}
+
+//! Waits for `r` until `d`. @throws system_error naming rank, peer,
+//! generation, `operation` and the size of the transfer.
+template <transport T>
+void finish(T& t, typename T::request& r, int peer, const char* operation, std::size_t bytes, deadline d) {
+  std::error_code ec;
+  t.wait(r, d, ec);
+  if (ec)
+    throw_if(ec, {.rank = t.rank(),
+                  .generation = t.generation(),
+                  .peer = peer,
+                  .operation = operation,
+                  .detail = describe(r, std::to_string(bytes) + " bytes")});
+}
+}  // namespace detail
+
+//! Blocking send with a deadline. @throws system_error naming rank, peer, generation.
+template <transport T>
+void send(T& t, int peer, tag_t tag, std::span<const std::byte> data, deadline d) {
+  auto r = t.isend(peer, tag, data);
+  detail::finish(t, r, peer, "send", data.size(), d);
+}
+
+//! Blocking receive with a deadline. @throws system_error naming rank, peer, generation.
+template <transport T>
+void recv(T& t, int peer, tag_t tag, std::span<std::byte> data, deadline d) {
+  auto r = t.irecv(peer, tag, data);
+  detail::finish(t, r, peer, "recv", data.size(), d);
+}
+
+}  // namespace comm
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/comm/transport.hpp>
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <algorithm>
+#include <coroutine>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm::detail {
+
+//! Where a request runs; seq/bytes become the error detail only on failure.
+struct op_context {
+  error_context ctx;
+  std::uint64_t seq = 0;
+  std::size_t bytes = 0;
+  bool describe = false;
+  op_context(error_context c) : ctx(std::move(c)) {}  // NOLINT: implicit on purpose
+  op_context(error_context c, std::uint64_t s, std::size_t b, bool d)
+      : ctx(std::move(c)), seq(s), bytes(b), describe(d) {}
+};
+
+//! The elements [first, second) of a `count`-element buffer that rank `r` of
+//! `n` reduces (`comm::allreduce_segment`).
+[[nodiscard]] constexpr std::pair<std::size_t, std::size_t> segment_of(std::size_t count, int n, int r) noexcept {
+  const auto un = static_cast<std::size_t>(n), ur = static_cast<std::size_t>(r);
+  return {count * ur / un, count * (ur + 1) / un};
+}
+
+//! Reusable scratch buffers (uninitialised), so a collective does not pay
+//! page faults for fresh allocations on every call. Single-threaded, like the
+//! communicator that owns it.
+class scratch_pool {
+ public:
+  struct lease {
+    std::shared_ptr<scratch_pool> pool;
+    std::unique_ptr<std::byte[]> buf;
+    std::size_t cap = 0;
+    lease() = default;
+    lease(std::shared_ptr<scratch_pool> p, std::unique_ptr<std::byte[]> b, std::size_t c) noexcept
+        : pool(std::move(p)), buf(std::move(b)), cap(c) {}
+    lease(lease&&) noexcept = default;
+    lease& operator=(lease&&) noexcept = default;
+    ~lease() {
+      if (pool && buf) pool->give_back(std::move(buf), cap);
+    }
+    [[nodiscard]] std::byte* data() const noexcept { return buf.get(); }
+  };
+
+  static lease take(const std::shared_ptr<scratch_pool>& self, std::size_t bytes) {
+    auto& f = self->free_;
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      if (f[i].cap >= bytes) {
+        lease l(self, std::move(f[i].buf), f[i].cap);
+        f.erase(f.begin() + static_cast<std::ptrdiff_t>(i));
+        return l;
+      }
+    }
+    const std::size_t cap = std::max<std::size_t>(bytes, 64);
+    return lease(self, std::unique_ptr<std::byte[]>(new std::byte[cap]), cap);
+  }
+
+ private:
+  static constexpr std::size_t max_cached = 4;
+  struct entry {
+    std::size_t cap;
+    std::unique_ptr<std::byte[]> buf;
+  };
+  void give_back(std::unique_ptr<std::byte[]> b, std::size_t cap) noexcept {
+    try {
+      if (free_.size() >= max_cached) {
+        // Keep the largest buffers: they are the expensive ones to fault in.
+        auto smallest =
+            std::min_element(free_.begin(), free_.end(), [](const entry& x, const entry& y) { return x.cap < y.cap; });
+        if (smallest->cap >= cap) return;
+        free_.erase(smallest);
+      }
+      free_.push_back({cap, std::move(b)});
+    } catch (...) {
+    }
+  }
+  std::vector<entry> free_;
+};
+
+template <transport T>
+struct task;
+
+template <transport T>
+struct promise {
+  typename T::request* awaited = nullptr;  // the transfer the coroutine waits for
+  int peer = -1;                           // its peer, for error messages
+  std::error_code failed{};                // set by the coroutine before co_return on error
+  int failed_peer = -1;
+  std::string failed_detail;  // what the failed transfer said (sizes), if anything
+  std::exception_ptr exc;
+  task<T> get_return_object() noexcept;
+  std::suspend_always initial_suspend() const noexcept { return {}; }
+  std::suspend_always final_suspend() const noexcept { return {}; }
+  void return_void() const noexcept {}
+  void unhandled_exception() noexcept { exc = std::current_exception(); }
+};
+
+template <transport T>
+struct task {
+  using promise_type = promise<T>;
+  std::coroutine_handle<promise<T>> h;
+};
+
+//! The collectives in flight on one communicator.
+template <transport T>
+struct active_set {
+  std::vector<std::coroutine_handle<promise<T>>> hs;
+};
+
+template <transport T>
+task<T> promise<T>::get_return_object() noexcept {
+  return task<T>{std::coroutine_handle<promise<T>>::from_promise(*this)};
+}
+
+//! `co_await awaiting(t, req, peer)`: continues at once when `req` already
+//! completed successfully, otherwise suspends until the driver saw it complete.
+template <transport T>
+struct awaiting {
+  T& t;
+  typename T::request& req;
+  int peer;
+  bool await_ready() const {
+    std::error_code ec;
+    return t.test(req, ec) && !ec;
+  }
+  void await_suspend(std::coroutine_handle<promise<T>> h) const noexcept {
+    h.promise().awaited = &req;
+    h.promise().peer = peer;
+  }
+  void await_resume() const noexcept {}
+};
+
+inline std::span<const std::byte> cbytes(const std::byte* p, std::size_t n) noexcept { return {p, n}; }
+inline std::span<std::byte> mbytes(std::byte* p, std::size_t n) noexcept { return {p, n}; }
+inline int mod(long long a, int n) noexcept { return static_cast<int>(((a % n) + n) % n); }
+
+}  // namespace comm::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/comm/detail/collective_task.hpp>
+// #include <ebbflow/comm/reduce.hpp>  (inlined here)
+// ---- begin <ebbflow/comm/reduce.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file reduce.hpp
+//! Element-wise reduction kernels on host memory, used by every collective:
+//! `dst[i] = op(a[i], b[i])` for each dtype and `reduce_op`, and the final
+//! division of `avg`. f16/bf16 are widened to f32, combined and rounded back
+//! (round to nearest even) at every step.
+//!
+//! The kernels are written as explicit 16-element blocks over GCC/Clang vector
+//! extensions, so they vectorise at -O2 (GCC 12 does not vectorise the plain
+//! `a[i] += b[i]` loop at -O2). `dst` may equal `a` exactly (in-place); no
+//! other overlap is allowed. All pointers are host memory. Never blocks,
+//! never throws; thread-safe (no shared state).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/dtype.hpp>  (inlined here)
+// ---- begin <ebbflow/core/dtype.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file dtype.hpp
+//! Element types and reduction operators that collectives and codecs accept.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
 // #include <ebbflow/core/half.hpp>  (inlined here)
 // ---- begin <ebbflow/core/half.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -814,560 +1539,7 @@ inline void finish_avg(dtype type, void* dst, std::size_t count, int divisor) no
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/comm/impl/reduce.hpp>
 // ---- end <ebbflow/comm/reduce.hpp>
-// #include <ebbflow/comm/transport.hpp>  (inlined here)
-// ---- begin <ebbflow/comm/transport.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file transport.hpp
-//! The point-to-point `transport` concept every collective algorithm is
-//! written over: tagged, non-blocking byte messages between the ranks of one
-//! generation, completed by `test` or by `wait` with a deadline.
-//!
-//! Semantics every model guarantees:
-//! * Messages between one (source, destination, tag) triple are matched in
-//!   the order they were posted (MPI-style non-overtaking).
-//! * A receive matches only a message of the same generation: the transport
-//!   folds `generation()` into the wire tag, so late traffic of an older
-//!   generation can never be consumed by a newer one.
-//! * The received message must have exactly the posted size; otherwise the
-//!   request fails with `errc::bad_message`. A model's request may offer
-//!   `std::string error_detail() const`, naming both sizes after such a
-//!   failure (both models here do); `send`/`recv` below and the communicator
-//!   add it to the error's text.
-//! * A peer that died makes its pending and future requests fail with
-//!   `errc::peer_lost` (never a hang); `wait` returns `errc::timeout` when
-//!   its deadline passes, and the request stays pending (it may be waited on
-//!   again, or cancelled by destroying the transport).
-//! * Buffers must stay valid until the request completed.
-//! * Thread safety: one thread drives a transport at a time.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/deadline.hpp>  (inlined here)
-// ---- begin <ebbflow/core/deadline.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file deadline.hpp
-//! Clocks, and deadlines for blocking calls. Every blocking call in ebbflow takes one
-//! (or a timeout that is turned into one) and reports `errc::timeout` when it
-//! passes.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-
-#include <chrono>
-
-EBBFLOW_BEGIN_NAMESPACE
-
-//! The clock of every deadline and timeout in ebbflow.
-using steady_clock = std::chrono::steady_clock;
-
-//! Seconds since the Unix epoch on the system clock: the stamp of event and
-//! log lines, comparable across processes and hosts (never used for
-//! deadlines, which take the steady clock).
-[[nodiscard]] inline double wall_seconds() noexcept {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-//! A point in time on the steady clock after which a blocking call gives up.
-class deadline {
- public:
-  //! A deadline `timeout` from now; saturates (a timeout beyond the clock's
-  //! range, e.g. `seconds::max()`, never passes).
-  template <class Rep, class Period>
-  static deadline after(std::chrono::duration<Rep, Period> timeout) noexcept {
-    using seconds = std::chrono::duration<double>;
-    const auto now = steady_clock::now();
-    const double at = seconds(now.time_since_epoch()).count() + seconds(timeout).count();
-    if (at >= seconds(steady_clock::duration::max()).count() - 1) return never();  // 1 s: double rounding
-    if (at <= seconds(steady_clock::duration::min()).count() + 1) return deadline(steady_clock::time_point::min());
-    return deadline(now + std::chrono::duration_cast<steady_clock::duration>(timeout));
-  }
-  //! A deadline that never passes (use sparingly: prefer a bound).
-  static deadline never() noexcept { return deadline(steady_clock::time_point::max()); }
-
-  //! A deadline at the time point `t`.
-  explicit deadline(steady_clock::time_point t) noexcept : at_(t) {}
-
-  //! When it passes.
-  [[nodiscard]] steady_clock::time_point at() const noexcept { return at_; }
-  //! True once the deadline has passed.
-  [[nodiscard]] bool expired() const noexcept { return steady_clock::now() >= at_; }
-  //! Time left, zero once expired.
-  [[nodiscard]] steady_clock::duration remaining() const noexcept {
-    const auto now = steady_clock::now();
-    return now >= at_ ? steady_clock::duration::zero() : at_ - now;
-  }
-  //! The earlier of two deadlines.
-  [[nodiscard]] friend deadline min(deadline a, deadline b) noexcept { return a.at_ < b.at_ ? a : b; }
-
- private:
-  steady_clock::time_point at_;
-};
-
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/core/deadline.hpp>
-// #include <ebbflow/core/error.hpp>  (inlined here)
-// ---- begin <ebbflow/core/error.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file error.hpp
-//! Error reporting: `std::error_code` categories for ebbflow itself and for
-//! each vendor's status type (UCX, CUDA, NCCL), portable conditions the
-//! elasticity logic tests against, and `ebbflow::system_error`, whose message
-//! names the rank, generation, peer and operation that failed.
-//!
-//! The convention (docs/architecture.md, "Errors"): a precondition the caller
-//! could have checked raises `std::invalid_argument` naming the value and file
-//! and line (`EBBFLOW_ENFORCE`); a condition found at run time raises
-//! `ebbflow::system_error` (or a type derived from it) with a code comparable
-//! to an `errc`. Synchronous calls of the communication and store layers come
-//! in pairs, a throwing form and a `noexcept` form taking `std::error_code&`.
-//! Nothing throws from destructors, device code or transport callbacks.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/enum_names.hpp>  (inlined)
-
-#include <cstdint>
-#include <optional>
-#include <sstream>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-#include <system_error>
-
-EBBFLOW_BEGIN_NAMESPACE
-
-//! Portable error conditions. Compare any `std::error_code` against these:
-//! `if (ec == ebbflow::errc::peer_lost) ...` holds for a UCX connection reset,
-//! an NCCL remote error and ebbflow's own `error::peer_lost` alike.
-enum class errc {
-  peer_lost = 1,  //!< a peer died or became unreachable
-  timeout,        //!< a deadline passed
-  revoked,        //!< the generation/communicator was revoked (membership changed)
-  bad_message,    //!< malformed, truncated or oversized message
-  unauthorized,   //!< missing or wrong job token
-  cancelled,      //!< the operation was cancelled (shutdown)
-  invalid_state,  //!< an operation was used in a state that does not allow it
-  job_finished,   //!< the elastic job ended before this worker joined it (nothing left to do)
-  load_failed,    //!< a data loader failed (the exception that carries this code holds the cause)
-};
-
-//! Error codes raised by ebbflow itself (category `ebbflow_category()`); each
-//! maps onto the `errc` condition of the same name.
-enum class error {
-  peer_lost = 1,
-  timeout,
-  revoked,
-  bad_message,
-  unauthorized,
-  cancelled,
-  invalid_state,
-  job_finished,
-  load_failed,
-};
-
-namespace detail {
-inline constexpr auto errc_names =
-    make_enum_names(errc::peer_lost, "peer lost", "timed out", "revoked", "bad message", "unauthorized", "cancelled",
-                    "invalid state", "job finished", "data load failed");
-static_assert(errc_names.last() == errc::load_failed &&
-              static_cast<int>(error::load_failed) == static_cast<int>(errc::load_failed));
-inline constexpr std::string_view errc_name(int v) noexcept {
-  return errc_names(static_cast<errc>(v), "unknown ebbflow error");
-}
-
-class condition_category_impl final : public std::error_category {
- public:
-  const char* name() const noexcept override { return "ebbflow.condition"; }
-  std::string message(int v) const override { return std::string(errc_name(v)); }
-};
-
-class ebbflow_category_impl final : public std::error_category {
- public:
-  const char* name() const noexcept override { return "ebbflow"; }
-  std::string message(int v) const override { return std::string(errc_name(v)); }
-  std::error_condition default_error_condition(int v) const noexcept override;
-};
-}  // namespace detail
-
-//! Category of the portable conditions (`errc`).
-inline const std::error_category& condition_category() noexcept {
-  static const detail::condition_category_impl c;
-  return c;
-}
-//! Category of ebbflow's own error codes (`error`).
-inline const std::error_category& ebbflow_category() noexcept {
-  static const detail::ebbflow_category_impl c;
-  return c;
-}
-inline std::error_condition detail::ebbflow_category_impl::default_error_condition(int v) const noexcept {
-  return {v, condition_category()};
-}
-
-//! Makes `errc` values comparable with any `std::error_code` (found by ADL).
-inline std::error_condition make_error_condition(errc e) noexcept {
-  return {static_cast<int>(e), condition_category()};
-}
-//! Makes `error` values convertible to `std::error_code` (found by ADL).
-inline std::error_code make_error_code(error e) noexcept { return {static_cast<int>(e), ebbflow_category()}; }
-
-namespace detail {
-// The messages of vendor statuses this header knows without the vendor's
-// headers (a few dozen numbers each, stable ABI values).
-struct status_text {
-  int code;
-  std::string_view text;
-};
-template <std::size_t N>
-constexpr std::optional<std::string_view> status_text_of(const status_text (&table)[N], int v) noexcept {
-  for (const status_text& t : table)
-    if (t.code == v) return t.text;
-  return std::nullopt;
-}
-// ucs/type/status.h
-inline constexpr status_text ucs_texts[] = {{0, "success"},
-                                            {-1, "no pending message"},
-                                            {-2, "no resources are available to initiate the operation"},
-                                            {-3, "input/output error"},
-                                            {-4, "out of memory"},
-                                            {-5, "invalid parameter"},
-                                            {-6, "destination is unreachable"},
-                                            {-7, "address not valid"},
-                                            {-8, "function not implemented"},
-                                            {-9, "message truncated"},
-                                            {-10, "no progress"},
-                                            {-11, "provided buffer is too small"},
-                                            {-12, "no such element"},
-                                            {-14, "no such device"},
-                                            {-15, "device is busy"},
-                                            {-16, "request canceled"},
-                                            {-20, "operation timed out"},
-                                            {-21, "user-defined limit was reached"},
-                                            {-22, "unsupported operation"},
-                                            {-23, "operation rejected by remote peer"},
-                                            {-24, "endpoint is not connected"},
-                                            {-25, "connection reset by remote peer"},
-                                            {-80, "endpoint timeout"}};
-// cuda_runtime_api.h (cudaError_t)
-inline constexpr status_text cuda_texts[] = {{0, "no error"},
-                                             {1, "invalid argument"},
-                                             {2, "out of memory"},
-                                             {35, "CUDA driver version is insufficient for CUDA runtime version"},
-                                             {100, "no CUDA-capable device is detected"}};
-// nccl.h (ncclResult_t)
-inline constexpr status_text nccl_texts[] = {{0, "no error"},
-                                             {1, "unhandled cuda error"},
-                                             {2, "unhandled system error"},
-                                             {3, "internal error"},
-                                             {4, "invalid argument"},
-                                             {5, "invalid usage"},
-                                             {6, "remote process exited or there was a network error"},
-                                             {7, "NCCL operation in progress"}};
-
-//! UCX `ucs_status_t` values (stable ABI numbers from ucs/type/status.h), so
-//! this header needs no UCX include.
-class ucs_category_impl final : public std::error_category {
- public:
-  const char* name() const noexcept override { return "ucs"; }
-  std::string message(int v) const override {
-    if (const auto text = status_text_of(ucs_texts, v)) return std::string(*text);
-    if (v <= -40 && v >= -59) return "link failure";
-    if (v <= -60 && v >= -89) return "endpoint failure";
-    return "UCX status " + std::to_string(v);
-  }
-  std::error_condition default_error_condition(int v) const noexcept override {
-    switch (v) {
-      case -16:
-        return make_error_condition(errc::cancelled);
-      case -20:
-        return make_error_condition(errc::timeout);
-      case -9:
-        return make_error_condition(errc::bad_message);
-      // Any failure of a peer's operation means the peer is gone: UCX reports
-      // a killed process as reset, unreachable, i/o error or endpoint timeout
-      // depending on the transport (ENVIRONMENT-FACTS.md).
-      case -3:
-      case -6:
-      case -23:
-      case -24:
-      case -25:
-        return make_error_condition(errc::peer_lost);
-      default:
-        if (v <= -40 && v >= -89) return make_error_condition(errc::peer_lost);
-        return {v, *this};
-    }
-  }
-};
-
-//! CUDA runtime `cudaError_t` values; messages come from the runtime when
-//! the CUDA headers are available, otherwise the number.
-class cuda_category_impl final : public std::error_category {
- public:
-  const char* name() const noexcept override { return "cuda"; }
-  std::string message(int v) const override {
-    const auto text = status_text_of(cuda_texts, v);
-    return text ? std::string(*text) : "CUDA error " + std::to_string(v);
-  }
-};
-
-//! NCCL `ncclResult_t` values.
-class nccl_category_impl final : public std::error_category {
- public:
-  const char* name() const noexcept override { return "nccl"; }
-  std::string message(int v) const override {
-    const auto text = status_text_of(nccl_texts, v);
-    return text ? std::string(*text) : "NCCL result " + std::to_string(v);
-  }
-  std::error_condition default_error_condition(int v) const noexcept override {
-    if (v == 6) return make_error_condition(errc::peer_lost);
-    return {v, *this};
-  }
-};
-}  // namespace detail
-
-//! Category for UCX `ucs_status_t` values. Peer failures map to `errc::peer_lost`.
-inline const std::error_category& ucs_category() noexcept {
-  static const detail::ucs_category_impl c;
-  return c;
-}
-//! Category for CUDA runtime `cudaError_t` values.
-inline const std::error_category& cuda_category() noexcept {
-  static const detail::cuda_category_impl c;
-  return c;
-}
-//! Category for NCCL `ncclResult_t` values. `ncclRemoteError` maps to `errc::peer_lost`.
-inline const std::error_category& nccl_category() noexcept {
-  static const detail::nccl_category_impl c;
-  return c;
-}
-
-//! Where an error happened. Any field may be unknown (-1 / empty).
-struct error_context {
-  int rank = -1;                 //!< rank that observed the error
-  std::int64_t generation = -1;  //!< membership generation
-  int peer = -1;                 //!< peer involved, if any
-  std::string operation = {};    //!< e.g. "allreduce", "store.get"
-  std::string detail = {};       //!< free text (sizes, keys, ...)
-};
-
-//! Exception carrying an `std::error_code` plus where it happened.
-//! `what()` reads e.g. "allreduce: peer lost [rank 2, generation 3, peer 1]".
-class system_error : public std::system_error {
- public:
-  //! An error `ec` that happened in `ctx`.
-  system_error(std::error_code ec, error_context ctx)
-      : std::system_error(ec), what_(format(ec, ctx)), ctx_(std::move(ctx)) {}
-  //! An error `ec` without context.
-  explicit system_error(std::error_code ec) : system_error(ec, error_context{}) {}
-
-  //! "operation: message (detail) [rank r, generation g, peer p]".
-  const char* what() const noexcept override { return what_.c_str(); }
-  //! Rank that observed the error, or -1.
-  [[nodiscard]] int rank() const noexcept { return ctx_.rank; }
-  //! Membership generation, or -1.
-  [[nodiscard]] std::int64_t generation() const noexcept { return ctx_.generation; }
-  //! Peer involved, or -1.
-  [[nodiscard]] int peer() const noexcept { return ctx_.peer; }
-  //! Operation that failed (e.g. "allreduce"), or empty.
-  [[nodiscard]] std::string_view operation() const noexcept { return ctx_.operation; }
-  //! Everything known about where it happened.
-  [[nodiscard]] const error_context& context() const noexcept { return ctx_; }
-
-  //! The text `what()` returns for `ec` in context `c`.
-  static std::string format(const std::error_code& ec, const error_context& c) {
-    std::ostringstream os;
-    if (!c.operation.empty()) os << c.operation << ": ";
-    os << ec.message();
-    if (!c.detail.empty()) os << " (" << c.detail << ")";
-    bool any = c.rank >= 0 || c.generation >= 0 || c.peer >= 0;
-    if (any) {
-      os << " [";
-      const char* sep = "";
-      if (c.rank >= 0) {
-        os << "rank " << c.rank;
-        sep = ", ";
-      }
-      if (c.generation >= 0) {
-        os << sep << "generation " << c.generation;
-        sep = ", ";
-      }
-      if (c.peer >= 0) {
-        os << sep << "peer " << c.peer;
-      }
-      os << "]";
-    }
-    return os.str();
-  }
-
- private:
-  std::string what_;
-  error_context ctx_;
-};
-
-//! Throws `system_error(ec, ctx)` when `ec` holds an error.
-inline void throw_if(const std::error_code& ec, error_context ctx = {}) {
-  if (ec) EBBFLOW_THROW((system_error(ec, std::move(ctx))));
-}
-
-namespace detail {
-[[noreturn]] inline void throw_invalid_argument(const char* file, int line, const std::string& what) {
-  std::ostringstream os;
-  os << what << " (" << file << ":" << line << ")";
-#if EBBFLOW_EXCEPTIONS
-  throw std::invalid_argument(os.str());
-#else
-  std::fprintf(stderr, "ebbflow: invalid argument: %s\n", os.str().c_str());
-  std::abort();
-#endif
-}
-[[noreturn]] inline void expects_failed(const char* cond, const char* file, int line) {
-  std::ostringstream os;
-  os << "ebbflow internal invariant violated: " << cond << " (" << file << ":" << line << ")";
-#if EBBFLOW_EXCEPTIONS
-  throw std::logic_error(os.str());
-#else
-  std::fprintf(stderr, "%s\n", os.str().c_str());
-  std::abort();
-#endif
-}
-}  // namespace detail
-
-EBBFLOW_END_NAMESPACE
-
-// Standard-library opt-ins, not part of the documented API.
-//! @cond
-template <>
-struct std::is_error_condition_enum<ebbflow::errc> : std::true_type {};
-template <>
-struct std::is_error_code_enum<ebbflow::error> : std::true_type {};
-//! @endcond
-
-//! Rejects bad user input: throws `std::invalid_argument` with `msg` (an
-//! ostream expression) plus file and line, when `cond` is false.
-#define EBBFLOW_ENFORCE(cond, msg)                                                              \
-  do {                                                                                          \
-    if (!(cond)) {                                                                              \
-      std::ostringstream ebbflow_enforce_os_;                                                   \
-      ebbflow_enforce_os_ << msg;                                                               \
-      ::ebbflow::detail::throw_invalid_argument(__FILE__, __LINE__, ebbflow_enforce_os_.str()); \
-    }                                                                                           \
-  } while (0)
-
-//! Internal invariant; a failure is a bug in ebbflow.
-#define EBBFLOW_EXPECTS(cond) ((cond) ? void(0) : ::ebbflow::detail::expects_failed(#cond, __FILE__, __LINE__))
-// ---- end <ebbflow/core/error.hpp>
-
-#include <concepts>
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <string>
-#include <string_view>
-#include <system_error>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace comm {
-
-//! A user tag: 48 bits are available to collectives (the transport reserves
-//! the rest for the generation). Collectives compose it from an operation
-//! sequence number and a step (see `make_tag`).
-using tag_t = std::uint64_t;
-//! Bits of a tag available to collectives.
-inline constexpr int tag_bits = 48;
-//! Mask of the bits available to collectives.
-inline constexpr tag_t tag_mask = (tag_t{1} << tag_bits) - 1;
-
-//! Sequence numbers of collectives wrap at 2^24: the UCX wire keeps 24 bits
-//! of one (only collectives in flight at the same time must differ). Every
-//! collective on a transport takes its number from the one communicator that
-//! drives it (`transport_communicator`), which also hands numbers to
-//! collectives written outside it (`next_sequence`), so no two ever share one.
-inline constexpr std::uint64_t seq_mask = (std::uint64_t{1} << 24) - 1;
-
-//! Tag for step `step` (< 2^16) of collective number `seq` (wraps at 2^32).
-constexpr tag_t make_tag(std::uint64_t seq, std::uint32_t step) noexcept {
-  return ((seq & 0xffffffffu) << 16 | (step & 0xffffu)) & tag_mask;
-}
-
-//! The highest step a collective may give `make_tag`: steps 0xfffe and
-//! 0xffff are reserved (a transport's wire-up handshake, point-to-point
-//! messages).
-inline constexpr std::uint32_t max_collective_step = 0xfffd;
-//! Most ranks the collectives support: a ring allreduce numbers its
-//! 2 (n − 1) reduce-scatter and allgather steps apart, all at most
-//! `max_collective_step`, so that no two steps of one collective, and no
-//! reserved step, share a tag.
-inline constexpr int max_collective_ranks = 0x7fff;
-static_assert(2 * (max_collective_ranks - 1) <= static_cast<int>(max_collective_step));
-
-//! Refuses a transport of more ranks than the collectives support (or
-//! none), naming `who` (the collective's owner) in the error.
-//! @throws std::invalid_argument when `size` is outside [1, max_collective_ranks].
-inline void check_rank_count(int size, std::string_view who) {
-  EBBFLOW_ENFORCE(size >= 1 && size <= max_collective_ranks,
-                  who << ": " << size << " ranks; the collectives support 1 to " << max_collective_ranks);
-}
-
-template <class T>
-concept transport = requires(T& t, const T& ct, int peer, tag_t tag, std::span<const std::byte> out,
-                             std::span<std::byte> in, typename T::request& req, deadline d, std::error_code& ec) {
-  typename T::request;
-  { ct.rank() } -> std::convertible_to<int>;
-  { ct.size() } -> std::convertible_to<int>;
-  { ct.generation() } -> std::convertible_to<std::int64_t>;
-  //! Posts a send / receive; never blocks.
-  { t.isend(peer, tag, out) } -> std::same_as<typename T::request>;
-  { t.irecv(peer, tag, in) } -> std::same_as<typename T::request>;
-  //! Progresses; true once `req` completed (then `ec` holds its outcome).
-  { t.test(req, ec) } -> std::same_as<bool>;
-  //! Blocks until `req` completed or `d` passed (`errc::timeout`).
-  t.wait(req, d, ec);
-};
-
-namespace detail {
-//! `base`, followed by what failed request `r` says about its failure (see
-//! `error_detail` above), when its transport tells.
-template <class Request>
-std::string describe(const Request& r, std::string base) {
-  if constexpr (requires {
-                  { r.error_detail() } -> std::convertible_to<std::string>;
-                }) {
-    if (std::string why = r.error_detail(); !why.empty()) base += "; " + why;
-  }
-  return base;
-}
-
-//! Waits for `r` until `d`. @throws system_error naming rank, peer,
-//! generation, `operation` and the size of the transfer.
-template <transport T>
-void finish(T& t, typename T::request& r, int peer, const char* operation, std::size_t bytes, deadline d) {
-  std::error_code ec;
-  t.wait(r, d, ec);
-  if (ec)
-    throw_if(ec, {.rank = t.rank(),
-                  .generation = t.generation(),
-                  .peer = peer,
-                  .operation = operation,
-                  .detail = describe(r, std::to_string(bytes) + " bytes")});
-}
-}  // namespace detail
-
-//! Blocking send with a deadline. @throws system_error naming rank, peer, generation.
-template <transport T>
-void send(T& t, int peer, tag_t tag, std::span<const std::byte> data, deadline d) {
-  auto r = t.isend(peer, tag, data);
-  detail::finish(t, r, peer, "send", data.size(), d);
-}
-
-//! Blocking receive with a deadline. @throws system_error naming rank, peer, generation.
-template <transport T>
-void recv(T& t, int peer, tag_t tag, std::span<std::byte> data, deadline d) {
-  auto r = t.irecv(peer, tag, data);
-  detail::finish(t, r, peer, "recv", data.size(), d);
-}
-
-}  // namespace comm
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/comm/transport.hpp>
+// #include <ebbflow/comm/transport.hpp>  (inlined)
 // #include <ebbflow/core/deadline.hpp>  (inlined)
 // #include <ebbflow/core/dtype.hpp>  (inlined)
 // #include <ebbflow/core/env.hpp>  (inlined here)
@@ -1687,8 +1859,7 @@ namespace comm {
 //! rank's partial sums.
 [[nodiscard]] constexpr std::pair<std::size_t, std::size_t> allreduce_segment(std::size_t count, int n,
                                                                               int r) noexcept {
-  const auto un = static_cast<std::size_t>(n), ur = static_cast<std::size_t>(r);
-  return {count * ur / un, count * (ur + 1) / un};
+  return detail::segment_of(count, n, r);
 }
 
 //! Allreduce algorithm selection.
@@ -1733,26 +1904,6 @@ struct collective_options {
     return o;
   }
 };
-
-namespace detail {
-template <transport T>
-struct promise;
-template <transport T>
-struct task;
-template <transport T>
-struct active_set;
-class scratch_pool;
-//! Where a request runs; seq/bytes become the error detail only on failure.
-struct op_context {
-  error_context ctx;
-  std::uint64_t seq = 0;
-  std::size_t bytes = 0;
-  bool describe = false;
-  op_context(error_context c) : ctx(std::move(c)) {}  // NOLINT: implicit on purpose
-  op_context(error_context c, std::uint64_t s, std::size_t b, bool d)
-      : ctx(std::move(c)), seq(s), bytes(b), describe(d) {}
-};
-}  // namespace detail
 
 //! A non-blocking collective in flight. Move-only. Progresses when `test`
 //! or `wait` is called on it or on any other request of the same
@@ -1978,6 +2129,399 @@ EBBFLOW_END_NAMESPACE
 
 
 // #include <ebbflow/comm/communicator.hpp>  (inlined)
+// #include <ebbflow/comm/detail/argument_checks.hpp>  (inlined here)
+// ---- begin <ebbflow/comm/detail/argument_checks.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file comm/detail/argument_checks.hpp
+//! The argument checks every collective makes before it starts (memory
+//! space, overlap, sizes, root), and the body of the `std::error_code&`
+//! twins.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/memory.hpp>  (inlined)
+
+#include <cstddef>
+#include <exception>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm::detail {
+
+//! Refuses `op`'s buffer `role` ("input", ...) when it is in the wrong
+//! memory space (host-accessible memory, or with `device` device memory), or
+//! null with elements.
+inline void check_buffer(const buffer_view& v, const char* op, const char* role, bool device = false) {
+  if (device)
+    EBBFLOW_ENFORCE(v.space == memory_space::device,
+                    op << " " << role << " must be device memory, got " << name(v.space));
+  else
+    EBBFLOW_ENFORCE(host_accessible(v.space), op << " " << role << " must be host memory, got " << name(v.space));
+  EBBFLOW_ENFORCE(v.count == 0 || v.data != nullptr, op << " " << role << " is null with count " << v.count);
+}
+
+//! Input and output must not overlap, except with the input at `in_place`
+//! (the documented in-place form): a partial overlap would be read after it
+//! was overwritten.
+inline void check_overlap(const buffer_view& in, const buffer_view& out, const std::byte* in_place, const char* what) {
+  const auto i0 = reinterpret_cast<std::uintptr_t>(in.data), o0 = reinterpret_cast<std::uintptr_t>(out.data);
+  const bool disjoint = in.bytes() == 0 || out.bytes() == 0 || i0 + in.bytes() <= o0 || o0 + out.bytes() <= i0;
+  EBBFLOW_ENFORCE(disjoint || in.data == in_place, what << ": input [" << in.data << ", +" << in.bytes()
+                                                        << " bytes) overlaps output [" << out.data << ", +"
+                                                        << out.bytes() << " bytes) other than in place (input at "
+                                                        << static_cast<const void*>(in_place) << ")");
+}
+
+// What every communicator checks before a collective of `n` ranks starts
+// (`device`: its buffers are device memory). @throws std::invalid_argument.
+inline void check_allreduce(const buffer_view& in, const buffer_view& out, bool device = false) {
+  check_buffer(in, "allreduce", "input", device);
+  check_buffer(out, "allreduce", "output", device);
+  EBBFLOW_ENFORCE(in.count == out.count && in.type == out.type,
+                  "allreduce: input (" << in.count << " " << name(in.type) << ") and output (" << out.count << " "
+                                       << name(out.type) << ") differ");
+  check_overlap(in, out, static_cast<const std::byte*>(out.data), "allreduce");
+}
+inline void check_broadcast(const buffer_view& buf, int root, int n, bool device = false) {
+  check_buffer(buf, "broadcast", "buffer", device);
+  EBBFLOW_ENFORCE(root >= 0 && root < n, "broadcast root " << root << " outside [0, " << n << ")");
+}
+// allgather (`gather`: out holds n x in) and reduce_scatter (in holds n x out).
+inline void check_parts(const char* op, const buffer_view& in, const buffer_view& out, int n, bool gather,
+                        const std::byte* in_place, bool device) {
+  check_buffer(in, op, "input", device);
+  check_buffer(out, op, "output", device);
+  const auto un = static_cast<std::size_t>(n);
+  const buffer_view &whole = gather ? out : in, &part = gather ? in : out;
+  EBBFLOW_ENFORCE(in.type == out.type && whole.count == part.count * un,
+                  op << ": " << (gather ? "output" : "input") << " count " << whole.count << " must be " << un << " x "
+                     << (gather ? "input" : "output") << " count " << part.count << " of the same dtype");
+  check_overlap(in, out, in_place, op);
+}
+inline void check_allgather(const buffer_view& in, const buffer_view& out, int n, int rank, bool device = false) {
+  check_parts("allgather", in, out, n, true,
+              static_cast<const std::byte*>(out.data) + static_cast<std::size_t>(rank) * in.bytes(), device);
+}
+inline void check_reduce_scatter(const buffer_view& in, const buffer_view& out, int n, bool device = false) {
+  // One rank: the output may be the input (a copy to itself).
+  check_parts("reduce_scatter", in, out, n, false, n == 1 ? static_cast<const std::byte*>(out.data) : nullptr, device);
+}
+
+//! The body of an `std::error_code&` twin: runs `f` (the throwing form) and
+//! reports what it throws in `ec` instead: a run-time failure with its code,
+//! a refused argument as `std::errc::invalid_argument`, exhausted memory as
+//! `std::errc::not_enough_memory`.
+template <class F>
+void into_error_code(std::error_code& ec, F&& f) noexcept {
+  ec.clear();
+  try {
+    std::forward<F>(f)();
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (const std::invalid_argument&) {
+    ec = std::make_error_code(std::errc::invalid_argument);
+  } catch (const std::bad_alloc&) {
+    ec = std::make_error_code(std::errc::not_enough_memory);
+  } catch (...) {
+    ec = make_error_code(error::invalid_state);
+  }
+}
+
+}  // namespace comm::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/comm/detail/argument_checks.hpp>
+// #include <ebbflow/comm/detail/collective_algorithms.hpp>  (inlined here)
+// ---- begin <ebbflow/comm/detail/collective_algorithms.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file comm/detail/collective_algorithms.hpp
+//! The collectives over any `comm::transport`, each a coroutine of
+//! comm/detail/collective_task.hpp: ring and recursive-doubling allreduce,
+//! binomial-tree and chain broadcast, ring allgather, barrier, point to
+//! point. comm/impl/communicator.hpp picks one per call.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/detail/collective_task.hpp>  (inlined)
+// #include <ebbflow/comm/reduce.hpp>  (inlined)
+// #include <ebbflow/comm/transport.hpp>  (inlined)
+// #include <ebbflow/core/dtype.hpp>  (inlined)
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm::detail {
+
+//! Ring reduce-scatter (+ allgather when `gather`). Segment s holds elements
+//! [count*s/n, count*(s+1)/n); each is cut into `chunks` pieces that travel
+//! independently, so the reduction of piece j overlaps the transfer of j+1.
+//! Rank r ends the reduce-scatter owning segment r (written to `final_dst`).
+template <transport T>
+task<T> ring_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* work, std::byte* final_dst,
+                       std::size_t count, dtype ty, reduce_op op, std::size_t chunk_bytes, int window, bool gather,
+                       std::shared_ptr<scratch_pool> pool, scratch_pool::lease keep_alive = {}) {
+  using req_t = typename T::request;
+  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  const std::size_t es = size_of(ty);
+  const std::size_t nn = static_cast<std::size_t>(n);
+  const std::size_t maxseg = (count + nn - 1) / nn;
+  const std::size_t chunk_elems = std::max<std::size_t>(1, chunk_bytes / es);
+  const std::size_t chunks = std::max<std::size_t>(1, (maxseg + chunk_elems - 1) / chunk_elems);
+  const std::size_t slot_bytes = std::max<std::size_t>(1, (maxseg + chunks - 1) / chunks) * es;
+  const std::size_t items = (nn - 1) * chunks;
+  const std::size_t w = std::min<std::size_t>(static_cast<std::size_t>(std::max(window, 1)), items);
+  auto seg_begin = [&](int s) { return segment_of(count, n, s).first; };
+  auto chunk = [&](long long s_raw, std::size_t j) {
+    const int s = mod(s_raw, n);
+    const std::size_t b = seg_begin(s), len = seg_begin(s + 1) - b;
+    return std::pair{b + len * j / chunks, b + len * (j + 1) / chunks};
+  };
+  auto lease = scratch_pool::take(pool, w * slot_bytes);
+  auto slot = [&](std::size_t k) { return lease.data() + (k % w) * slot_bytes; };
+
+  std::vector<req_t> sends, recvs;
+  sends.reserve(items + chunks);
+  recvs.reserve(items);
+  // Reduce-scatter. Step s: send segment r-s-1, receive segment r-s-2 and reduce it.
+  for (std::size_t j = 0; j < chunks; ++j) {
+    auto [b, e] = chunk(r - 1, j);
+    sends.push_back(t.isend(right, make_tag(seq, 0), cbytes(in + b * es, (e - b) * es)));
+  }
+  auto post = [&](std::size_t k) {
+    const auto s = static_cast<long long>(k / chunks);
+    auto [b, e] = chunk(r - s - 2, k % chunks);
+    recvs.push_back(t.irecv(left, make_tag(seq, static_cast<std::uint32_t>(s)), mbytes(slot(k), (e - b) * es)));
+  };
+  for (std::size_t k = 0; k < w; ++k) post(k);
+  const std::size_t own_begin = seg_begin(r);
+  for (std::size_t k = 0; k < items; ++k) {
+    co_await awaiting<T>{t, recvs[k], left};
+    const auto s = static_cast<long long>(k / chunks);
+    auto [b, e] = chunk(r - s - 2, k % chunks);
+    const bool last = s == n - 2;
+    std::byte* dst = last ? final_dst + (b - own_begin) * es : work + b * es;
+    reduce(ty, op, dst, in + b * es, slot(k), e - b);
+    if (last) {
+      if (op == reduce_op::avg) finish_avg(ty, dst, e - b, n);
+    } else {
+      sends.push_back(t.isend(right, make_tag(seq, static_cast<std::uint32_t>(s + 1)), cbytes(dst, (e - b) * es)));
+    }
+    if (k + w < items) post(k + w);
+  }
+  // All reduce-scatter sends must be done before the allgather overwrites
+  // segments they may still read (in-place: segment r-1 was sent from `in`).
+  for (auto& q : sends) co_await awaiting<T>{t, q, right};
+  if (!gather) co_return;
+  (void)keep_alive;
+
+  sends.clear();
+  recvs.clear();
+  const auto ag = static_cast<std::uint32_t>(n);  // allgather steps follow the reduce-scatter's
+  for (std::size_t k = 0; k < items; ++k) {
+    const auto s = static_cast<long long>(k / chunks);
+    auto [b, e] = chunk(r - s - 1, k % chunks);
+    recvs.push_back(
+        t.irecv(left, make_tag(seq, ag + static_cast<std::uint32_t>(s)), mbytes(work + b * es, (e - b) * es)));
+  }
+  for (std::size_t j = 0; j < chunks; ++j) {
+    auto [b, e] = chunk(r, j);
+    sends.push_back(t.isend(right, make_tag(seq, ag), cbytes(work + b * es, (e - b) * es)));
+  }
+  for (std::size_t k = 0; k < items; ++k) {
+    co_await awaiting<T>{t, recvs[k], left};
+    const auto s = static_cast<long long>(k / chunks);
+    if (s < n - 2) {
+      auto [b, e] = chunk(r - s - 1, k % chunks);
+      sends.push_back(
+          t.isend(right, make_tag(seq, ag + static_cast<std::uint32_t>(s + 1)), cbytes(work + b * es, (e - b) * es)));
+    }
+  }
+  for (auto& q : sends) co_await awaiting<T>{t, q, right};
+}
+
+//! Recursive doubling; ranks beyond the largest power of two p first fold
+//! into a partner (MPICH), which hands the result back at the end.
+template <transport T>
+task<T> rd_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* out, std::size_t count, dtype ty,
+                     reduce_op op, std::shared_ptr<scratch_pool> pool) {
+  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
+  const std::size_t bytes = count * size_of(ty);
+  if (out != in) std::memcpy(out, in, bytes);
+  auto lease = scratch_pool::take(pool, bytes);
+  std::byte* tmp = lease.data();
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  const int rem = n - p;
+  constexpr std::uint32_t final_step = 0xff00;
+  int vr = -1;
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      auto s = t.isend(r + 1, make_tag(seq, 0), cbytes(out, bytes));
+      co_await awaiting<T>{t, s, r + 1};
+    } else {
+      auto q = t.irecv(r - 1, make_tag(seq, 0), mbytes(tmp, bytes));
+      co_await awaiting<T>{t, q, r - 1};
+      reduce(ty, op, out, out, tmp, count);
+      vr = r / 2;
+    }
+  } else {
+    vr = r - rem;
+  }
+  if (vr >= 0) {
+    std::uint32_t step = 1;
+    for (int mask = 1; mask < p; mask <<= 1, ++step) {
+      const int vp = vr ^ mask;
+      const int peer = vp < rem ? vp * 2 + 1 : vp + rem;
+      auto q = t.irecv(peer, make_tag(seq, step), mbytes(tmp, bytes));
+      auto s = t.isend(peer, make_tag(seq, step), cbytes(out, bytes));
+      co_await awaiting<T>{t, q, peer};
+      co_await awaiting<T>{t, s, peer};
+      reduce(ty, op, out, out, tmp, count);
+    }
+    if (op == reduce_op::avg) finish_avg(ty, out, count, n);
+  }
+  if (r < 2 * rem) {
+    if (r % 2 == 1) {
+      auto s = t.isend(r - 1, make_tag(seq, final_step), cbytes(out, bytes));
+      co_await awaiting<T>{t, s, r - 1};
+    } else {
+      auto q = t.irecv(r + 1, make_tag(seq, final_step), mbytes(out, bytes));
+      co_await awaiting<T>{t, q, r + 1};
+    }
+  }
+}
+
+//! Binomial tree (small) or a chunk-pipelined chain root -> root+1 -> ... (large).
+template <transport T>
+task<T> broadcast(T& t, std::uint64_t seq, std::byte* buf, std::size_t bytes, int root, bool chain,
+                  std::size_t chunk_bytes) {
+  using req_t = typename T::request;
+  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
+  const int vr = mod(r - root, n);
+  std::vector<req_t> sends;
+  if (!chain) {
+    int mask = 1;
+    while (mask < n) {
+      if (vr & mask) {
+        const int src = mod(vr - mask + root, n);
+        auto q = t.irecv(src, make_tag(seq, 0), mbytes(buf, bytes));
+        co_await awaiting<T>{t, q, src};
+        break;
+      }
+      mask <<= 1;
+    }
+    mask >>= 1;
+    std::vector<int> peers;
+    while (mask > 0) {
+      if (vr + mask < n) {
+        peers.push_back(mod(vr + mask + root, n));
+        sends.push_back(t.isend(peers.back(), make_tag(seq, 0), cbytes(buf, bytes)));
+      }
+      mask >>= 1;
+    }
+    for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
+    co_return;
+  }
+  const std::size_t chunks = n == 2 ? 1 : std::max<std::size_t>(1, (bytes + chunk_bytes - 1) / chunk_bytes);
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  auto piece = [&](std::size_t j) { return std::pair{bytes * j / chunks, bytes * (j + 1) / chunks}; };
+  sends.reserve(chunks);
+  if (vr == 0) {
+    for (std::size_t j = 0; j < chunks; ++j) {
+      auto [b, e] = piece(j);
+      sends.push_back(t.isend(next, make_tag(seq, 1), cbytes(buf + b, e - b)));
+    }
+  } else {
+    std::vector<req_t> recvs;
+    recvs.reserve(chunks);
+    for (std::size_t j = 0; j < chunks; ++j) {
+      auto [b, e] = piece(j);
+      recvs.push_back(t.irecv(prev, make_tag(seq, 1), mbytes(buf + b, e - b)));
+    }
+    for (std::size_t j = 0; j < chunks; ++j) {
+      co_await awaiting<T>{t, recvs[j], prev};
+      if (vr < n - 1) {
+        auto [b, e] = piece(j);
+        sends.push_back(t.isend(next, make_tag(seq, 1), cbytes(buf + b, e - b)));
+      }
+    }
+  }
+  for (auto& q : sends) co_await awaiting<T>{t, q, next};
+}
+
+//! Ring allgather of equal blocks of `bb` bytes.
+template <transport T>
+task<T> allgather(T& t, std::uint64_t seq, const std::byte* in, std::byte* out, std::size_t bb) {
+  using req_t = typename T::request;
+  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
+  const int right = mod(r + 1, n), left = mod(r - 1, n);
+  auto block = [&](long long i) { return out + static_cast<std::size_t>(mod(i, n)) * bb; };
+  if (block(r) != in && bb) std::memcpy(block(r), in, bb);
+  std::vector<req_t> recvs, sends;
+  recvs.reserve(static_cast<std::size_t>(n));
+  sends.reserve(static_cast<std::size_t>(n));
+  for (int s = 0; s < n - 1; ++s)
+    recvs.push_back(t.irecv(left, make_tag(seq, static_cast<std::uint32_t>(s)), mbytes(block(r - s - 1), bb)));
+  sends.push_back(t.isend(right, make_tag(seq, 0), cbytes(block(r), bb)));
+  for (int s = 0; s < n - 1; ++s) {
+    co_await awaiting<T>{t, recvs[static_cast<std::size_t>(s)], left};
+    if (s < n - 2)
+      sends.push_back(t.isend(right, make_tag(seq, static_cast<std::uint32_t>(s + 1)), cbytes(block(r - s - 1), bb)));
+  }
+  for (auto& q : sends) co_await awaiting<T>{t, q, right};
+}
+
+//! Dissemination barrier: ceil(log2 n) rounds of empty messages.
+template <transport T>
+task<T> barrier(T& t, std::uint64_t seq) {
+  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
+  std::uint32_t step = 0;
+  for (int d = 1; d < n; d <<= 1, ++step) {
+    const int to = mod(r + d, n), from = mod(r - d, n);
+    auto q = t.irecv(from, make_tag(seq, step), {});
+    auto s = t.isend(to, make_tag(seq, step), {});
+    co_await awaiting<T>{t, q, from};
+    co_await awaiting<T>{t, s, to};
+  }
+}
+
+template <transport T>
+task<T> p2p(T& t, bool is_send, std::byte* buf, std::size_t bytes, int peer, tag_t tag) {
+  auto q = is_send ? t.isend(peer, tag, cbytes(buf, bytes)) : t.irecv(peer, tag, mbytes(buf, bytes));
+  co_await awaiting<T>{t, q, peer};
+}
+
+template <transport T>
+task<T> copy_only(const std::byte* in, std::byte* out, std::size_t bytes) {
+  if (in != out && bytes) std::memmove(out, in, bytes);
+  co_return;
+}
+
+}  // namespace comm::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/comm/detail/collective_algorithms.hpp>
+// #include <ebbflow/comm/detail/collective_task.hpp>  (inlined)
+// #include <ebbflow/comm/detail/single_copy.hpp>  (inlined here)
+// ---- begin <ebbflow/comm/detail/single_copy.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file comm/detail/single_copy.hpp
+//! The single-copy allreduce (all ranks on one host: each reads its peers'
+//! buffers directly, Linux CMA `process_vm_readv`) and how a failed read or
+//! a lost peer is attributed to the peer that went away.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/detail/collective_task.hpp>  (inlined)
+// #include <ebbflow/comm/reduce.hpp>  (inlined)
 // #include <ebbflow/comm/shared_memory.hpp>  (inlined here)
 // ---- begin <ebbflow/comm/shared_memory.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -2316,375 +2860,24 @@ inline void shared_buffer::reset() noexcept {
 EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/comm/impl/shared_memory.hpp>
 // ---- end <ebbflow/comm/shared_memory.hpp>
+// #include <ebbflow/comm/transport.hpp>  (inlined)
+// #include <ebbflow/core/dtype.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
 
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
-#include <exception>
-#include <new>
-#include <stdexcept>
-#include <type_traits>
-#include <utility>
+#include <memory>
+#include <system_error>
+#include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace comm::detail {
-
-//! Reusable scratch buffers (uninitialised), so a collective does not pay
-//! page faults for fresh allocations on every call. Single-threaded, like the
-//! communicator that owns it.
-class scratch_pool {
- public:
-  struct lease {
-    std::shared_ptr<scratch_pool> pool;
-    std::unique_ptr<std::byte[]> buf;
-    std::size_t cap = 0;
-    lease() = default;
-    lease(std::shared_ptr<scratch_pool> p, std::unique_ptr<std::byte[]> b, std::size_t c) noexcept
-        : pool(std::move(p)), buf(std::move(b)), cap(c) {}
-    lease(lease&&) noexcept = default;
-    lease& operator=(lease&&) noexcept = default;
-    ~lease() {
-      if (pool && buf) pool->give_back(std::move(buf), cap);
-    }
-    [[nodiscard]] std::byte* data() const noexcept { return buf.get(); }
-  };
-
-  static lease take(const std::shared_ptr<scratch_pool>& self, std::size_t bytes) {
-    auto& f = self->free_;
-    for (std::size_t i = 0; i < f.size(); ++i) {
-      if (f[i].cap >= bytes) {
-        lease l(self, std::move(f[i].buf), f[i].cap);
-        f.erase(f.begin() + static_cast<std::ptrdiff_t>(i));
-        return l;
-      }
-    }
-    const std::size_t cap = std::max<std::size_t>(bytes, 64);
-    return lease(self, std::unique_ptr<std::byte[]>(new std::byte[cap]), cap);
-  }
-
- private:
-  static constexpr std::size_t max_cached = 4;
-  struct entry {
-    std::size_t cap;
-    std::unique_ptr<std::byte[]> buf;
-  };
-  void give_back(std::unique_ptr<std::byte[]> b, std::size_t cap) noexcept {
-    try {
-      if (free_.size() >= max_cached) {
-        // Keep the largest buffers: they are the expensive ones to fault in.
-        auto smallest =
-            std::min_element(free_.begin(), free_.end(), [](const entry& x, const entry& y) { return x.cap < y.cap; });
-        if (smallest->cap >= cap) return;
-        free_.erase(smallest);
-      }
-      free_.push_back({cap, std::move(b)});
-    } catch (...) {
-    }
-  }
-  std::vector<entry> free_;
-};
-
-template <transport T>
-struct promise {
-  typename T::request* awaited = nullptr;  // the transfer the coroutine waits for
-  int peer = -1;                           // its peer, for error messages
-  std::error_code failed{};                // set by the coroutine before co_return on error
-  int failed_peer = -1;
-  std::string failed_detail;  // what the failed transfer said (sizes), if anything
-  std::exception_ptr exc;
-  task<T> get_return_object() noexcept;
-  std::suspend_always initial_suspend() const noexcept { return {}; }
-  std::suspend_always final_suspend() const noexcept { return {}; }
-  void return_void() const noexcept {}
-  void unhandled_exception() noexcept { exc = std::current_exception(); }
-};
-
-template <transport T>
-struct task {
-  using promise_type = promise<T>;
-  std::coroutine_handle<promise<T>> h;
-};
-
-//! The collectives in flight on one communicator.
-template <transport T>
-struct active_set {
-  std::vector<std::coroutine_handle<promise<T>>> hs;
-};
-
-template <transport T>
-task<T> promise<T>::get_return_object() noexcept {
-  return task<T>{std::coroutine_handle<promise<T>>::from_promise(*this)};
-}
-
-//! `co_await awaiting(t, req, peer)`: continues at once when `req` already
-//! completed successfully, otherwise suspends until the driver saw it complete.
-template <transport T>
-struct awaiting {
-  T& t;
-  typename T::request& req;
-  int peer;
-  bool await_ready() const {
-    std::error_code ec;
-    return t.test(req, ec) && !ec;
-  }
-  void await_suspend(std::coroutine_handle<promise<T>> h) const noexcept {
-    h.promise().awaited = &req;
-    h.promise().peer = peer;
-  }
-  void await_resume() const noexcept {}
-};
-
-inline std::span<const std::byte> cbytes(const std::byte* p, std::size_t n) noexcept { return {p, n}; }
-inline std::span<std::byte> mbytes(std::byte* p, std::size_t n) noexcept { return {p, n}; }
-inline int mod(long long a, int n) noexcept { return static_cast<int>(((a % n) + n) % n); }
-
-//! Ring reduce-scatter (+ allgather when `gather`). Segment s holds elements
-//! [count*s/n, count*(s+1)/n); each is cut into `chunks` pieces that travel
-//! independently, so the reduction of piece j overlaps the transfer of j+1.
-//! Rank r ends the reduce-scatter owning segment r (written to `final_dst`).
-template <transport T>
-task<T> ring_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* work, std::byte* final_dst,
-                       std::size_t count, dtype ty, reduce_op op, std::size_t chunk_bytes, int window, bool gather,
-                       std::shared_ptr<scratch_pool> pool, scratch_pool::lease keep_alive = {}) {
-  using req_t = typename T::request;
-  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
-  const int right = (r + 1) % n, left = (r + n - 1) % n;
-  const std::size_t es = size_of(ty);
-  const std::size_t nn = static_cast<std::size_t>(n);
-  const std::size_t maxseg = (count + nn - 1) / nn;
-  const std::size_t chunk_elems = std::max<std::size_t>(1, chunk_bytes / es);
-  const std::size_t chunks = std::max<std::size_t>(1, (maxseg + chunk_elems - 1) / chunk_elems);
-  const std::size_t slot_bytes = std::max<std::size_t>(1, (maxseg + chunks - 1) / chunks) * es;
-  const std::size_t items = (nn - 1) * chunks;
-  const std::size_t w = std::min<std::size_t>(static_cast<std::size_t>(std::max(window, 1)), items);
-  auto seg_begin = [&](int s) { return allreduce_segment(count, n, s).first; };
-  auto chunk = [&](long long s_raw, std::size_t j) {
-    const int s = mod(s_raw, n);
-    const std::size_t b = seg_begin(s), len = seg_begin(s + 1) - b;
-    return std::pair{b + len * j / chunks, b + len * (j + 1) / chunks};
-  };
-  auto lease = scratch_pool::take(pool, w * slot_bytes);
-  auto slot = [&](std::size_t k) { return lease.data() + (k % w) * slot_bytes; };
-
-  std::vector<req_t> sends, recvs;
-  sends.reserve(items + chunks);
-  recvs.reserve(items);
-  // Reduce-scatter. Step s: send segment r-s-1, receive segment r-s-2 and reduce it.
-  for (std::size_t j = 0; j < chunks; ++j) {
-    auto [b, e] = chunk(r - 1, j);
-    sends.push_back(t.isend(right, make_tag(seq, 0), cbytes(in + b * es, (e - b) * es)));
-  }
-  auto post = [&](std::size_t k) {
-    const auto s = static_cast<long long>(k / chunks);
-    auto [b, e] = chunk(r - s - 2, k % chunks);
-    recvs.push_back(t.irecv(left, make_tag(seq, static_cast<std::uint32_t>(s)), mbytes(slot(k), (e - b) * es)));
-  };
-  for (std::size_t k = 0; k < w; ++k) post(k);
-  const std::size_t own_begin = seg_begin(r);
-  for (std::size_t k = 0; k < items; ++k) {
-    co_await awaiting<T>{t, recvs[k], left};
-    const auto s = static_cast<long long>(k / chunks);
-    auto [b, e] = chunk(r - s - 2, k % chunks);
-    const bool last = s == n - 2;
-    std::byte* dst = last ? final_dst + (b - own_begin) * es : work + b * es;
-    reduce(ty, op, dst, in + b * es, slot(k), e - b);
-    if (last) {
-      if (op == reduce_op::avg) finish_avg(ty, dst, e - b, n);
-    } else {
-      sends.push_back(t.isend(right, make_tag(seq, static_cast<std::uint32_t>(s + 1)), cbytes(dst, (e - b) * es)));
-    }
-    if (k + w < items) post(k + w);
-  }
-  // All reduce-scatter sends must be done before the allgather overwrites
-  // segments they may still read (in-place: segment r-1 was sent from `in`).
-  for (auto& q : sends) co_await awaiting<T>{t, q, right};
-  if (!gather) co_return;
-  (void)keep_alive;
-
-  sends.clear();
-  recvs.clear();
-  const auto ag = static_cast<std::uint32_t>(n);  // allgather steps follow the reduce-scatter's
-  for (std::size_t k = 0; k < items; ++k) {
-    const auto s = static_cast<long long>(k / chunks);
-    auto [b, e] = chunk(r - s - 1, k % chunks);
-    recvs.push_back(
-        t.irecv(left, make_tag(seq, ag + static_cast<std::uint32_t>(s)), mbytes(work + b * es, (e - b) * es)));
-  }
-  for (std::size_t j = 0; j < chunks; ++j) {
-    auto [b, e] = chunk(r, j);
-    sends.push_back(t.isend(right, make_tag(seq, ag), cbytes(work + b * es, (e - b) * es)));
-  }
-  for (std::size_t k = 0; k < items; ++k) {
-    co_await awaiting<T>{t, recvs[k], left};
-    const auto s = static_cast<long long>(k / chunks);
-    if (s < n - 2) {
-      auto [b, e] = chunk(r - s - 1, k % chunks);
-      sends.push_back(
-          t.isend(right, make_tag(seq, ag + static_cast<std::uint32_t>(s + 1)), cbytes(work + b * es, (e - b) * es)));
-    }
-  }
-  for (auto& q : sends) co_await awaiting<T>{t, q, right};
-}
-
-//! Recursive doubling; ranks beyond the largest power of two p first fold
-//! into a partner (MPICH), which hands the result back at the end.
-template <transport T>
-task<T> rd_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* out, std::size_t count, dtype ty,
-                     reduce_op op, std::shared_ptr<scratch_pool> pool) {
-  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
-  const std::size_t bytes = count * size_of(ty);
-  if (out != in) std::memcpy(out, in, bytes);
-  auto lease = scratch_pool::take(pool, bytes);
-  std::byte* tmp = lease.data();
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  const int rem = n - p;
-  constexpr std::uint32_t final_step = 0xff00;
-  int vr = -1;
-  if (r < 2 * rem) {
-    if (r % 2 == 0) {
-      auto s = t.isend(r + 1, make_tag(seq, 0), cbytes(out, bytes));
-      co_await awaiting<T>{t, s, r + 1};
-    } else {
-      auto q = t.irecv(r - 1, make_tag(seq, 0), mbytes(tmp, bytes));
-      co_await awaiting<T>{t, q, r - 1};
-      reduce(ty, op, out, out, tmp, count);
-      vr = r / 2;
-    }
-  } else {
-    vr = r - rem;
-  }
-  if (vr >= 0) {
-    std::uint32_t step = 1;
-    for (int mask = 1; mask < p; mask <<= 1, ++step) {
-      const int vp = vr ^ mask;
-      const int peer = vp < rem ? vp * 2 + 1 : vp + rem;
-      auto q = t.irecv(peer, make_tag(seq, step), mbytes(tmp, bytes));
-      auto s = t.isend(peer, make_tag(seq, step), cbytes(out, bytes));
-      co_await awaiting<T>{t, q, peer};
-      co_await awaiting<T>{t, s, peer};
-      reduce(ty, op, out, out, tmp, count);
-    }
-    if (op == reduce_op::avg) finish_avg(ty, out, count, n);
-  }
-  if (r < 2 * rem) {
-    if (r % 2 == 1) {
-      auto s = t.isend(r - 1, make_tag(seq, final_step), cbytes(out, bytes));
-      co_await awaiting<T>{t, s, r - 1};
-    } else {
-      auto q = t.irecv(r + 1, make_tag(seq, final_step), mbytes(out, bytes));
-      co_await awaiting<T>{t, q, r + 1};
-    }
-  }
-}
-
-//! Binomial tree (small) or a chunk-pipelined chain root -> root+1 -> ... (large).
-template <transport T>
-task<T> broadcast(T& t, std::uint64_t seq, std::byte* buf, std::size_t bytes, int root, bool chain,
-                  std::size_t chunk_bytes) {
-  using req_t = typename T::request;
-  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
-  const int vr = mod(r - root, n);
-  std::vector<req_t> sends;
-  if (!chain) {
-    int mask = 1;
-    while (mask < n) {
-      if (vr & mask) {
-        const int src = mod(vr - mask + root, n);
-        auto q = t.irecv(src, make_tag(seq, 0), mbytes(buf, bytes));
-        co_await awaiting<T>{t, q, src};
-        break;
-      }
-      mask <<= 1;
-    }
-    mask >>= 1;
-    std::vector<int> peers;
-    while (mask > 0) {
-      if (vr + mask < n) {
-        peers.push_back(mod(vr + mask + root, n));
-        sends.push_back(t.isend(peers.back(), make_tag(seq, 0), cbytes(buf, bytes)));
-      }
-      mask >>= 1;
-    }
-    for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
-    co_return;
-  }
-  const std::size_t chunks = n == 2 ? 1 : std::max<std::size_t>(1, (bytes + chunk_bytes - 1) / chunk_bytes);
-  const int next = mod(r + 1, n), prev = mod(r - 1, n);
-  auto piece = [&](std::size_t j) { return std::pair{bytes * j / chunks, bytes * (j + 1) / chunks}; };
-  sends.reserve(chunks);
-  if (vr == 0) {
-    for (std::size_t j = 0; j < chunks; ++j) {
-      auto [b, e] = piece(j);
-      sends.push_back(t.isend(next, make_tag(seq, 1), cbytes(buf + b, e - b)));
-    }
-  } else {
-    std::vector<req_t> recvs;
-    recvs.reserve(chunks);
-    for (std::size_t j = 0; j < chunks; ++j) {
-      auto [b, e] = piece(j);
-      recvs.push_back(t.irecv(prev, make_tag(seq, 1), mbytes(buf + b, e - b)));
-    }
-    for (std::size_t j = 0; j < chunks; ++j) {
-      co_await awaiting<T>{t, recvs[j], prev};
-      if (vr < n - 1) {
-        auto [b, e] = piece(j);
-        sends.push_back(t.isend(next, make_tag(seq, 1), cbytes(buf + b, e - b)));
-      }
-    }
-  }
-  for (auto& q : sends) co_await awaiting<T>{t, q, next};
-}
-
-//! Ring allgather of equal blocks of `bb` bytes.
-template <transport T>
-task<T> allgather(T& t, std::uint64_t seq, const std::byte* in, std::byte* out, std::size_t bb) {
-  using req_t = typename T::request;
-  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
-  const int right = mod(r + 1, n), left = mod(r - 1, n);
-  auto block = [&](long long i) { return out + static_cast<std::size_t>(mod(i, n)) * bb; };
-  if (block(r) != in && bb) std::memcpy(block(r), in, bb);
-  std::vector<req_t> recvs, sends;
-  recvs.reserve(static_cast<std::size_t>(n));
-  sends.reserve(static_cast<std::size_t>(n));
-  for (int s = 0; s < n - 1; ++s)
-    recvs.push_back(t.irecv(left, make_tag(seq, static_cast<std::uint32_t>(s)), mbytes(block(r - s - 1), bb)));
-  sends.push_back(t.isend(right, make_tag(seq, 0), cbytes(block(r), bb)));
-  for (int s = 0; s < n - 1; ++s) {
-    co_await awaiting<T>{t, recvs[static_cast<std::size_t>(s)], left};
-    if (s < n - 2)
-      sends.push_back(t.isend(right, make_tag(seq, static_cast<std::uint32_t>(s + 1)), cbytes(block(r - s - 1), bb)));
-  }
-  for (auto& q : sends) co_await awaiting<T>{t, q, right};
-}
-
-//! Dissemination barrier: ceil(log2 n) rounds of empty messages.
-template <transport T>
-task<T> barrier(T& t, std::uint64_t seq) {
-  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
-  std::uint32_t step = 0;
-  for (int d = 1; d < n; d <<= 1, ++step) {
-    const int to = mod(r + d, n), from = mod(r - d, n);
-    auto q = t.irecv(from, make_tag(seq, step), {});
-    auto s = t.isend(to, make_tag(seq, step), {});
-    co_await awaiting<T>{t, q, from};
-    co_await awaiting<T>{t, s, to};
-  }
-}
-
-template <transport T>
-task<T> p2p(T& t, bool is_send, std::byte* buf, std::size_t bytes, int peer, tag_t tag) {
-  auto q = is_send ? t.isend(peer, tag, cbytes(buf, bytes)) : t.irecv(peer, tag, mbytes(buf, bytes));
-  co_await awaiting<T>{t, q, peer};
-}
-
-template <transport T>
-task<T> copy_only(const std::byte* in, std::byte* out, std::size_t bytes) {
-  if (in != out && bytes) std::memmove(out, in, bytes);
-  co_return;
-}
 
 //! Transports that know which peers share this host and allow
 //! `process_vm_readv` on them (the UCX transport) offer `local_peer(q)`.
@@ -2692,6 +2885,46 @@ template <class T>
 concept single_copy_transport = requires(const T& t, int q) {
   { t.local_peer(q) } -> std::convertible_to<long>;
 };
+
+//! The peer a transport that offers `int lost_peer() const` (UCX) knows
+//! lost, or -1.
+template <class T>
+int lost_peer_of(const T& t) noexcept {
+  if constexpr (requires {
+                  { t.lost_peer() } -> std::convertible_to<int>;
+                })
+    return t.lost_peer();
+  else
+    return -1;
+}
+//! As `lost_peer_of`, but a transport that can probe its peers' processes
+//! (`probe_peers()`, UCX) looks first, so a dead peer that no transfer
+//! reported yet is found. Used where a failure must be explained (a
+//! deadline passed, a peer's memory vanished).
+template <class T>
+int find_lost_peer(T& t) noexcept {
+  if constexpr (requires { t.probe_peers(); }) (void)t.probe_peers();
+  return lost_peer_of(t);
+}
+
+//! What a failed single-copy read of peer `q`'s memory (errno `err`) means.
+//! ESRCH: `q`'s process is gone, `q` is lost. EFAULT: `q`'s buffer is gone,
+//! which also happens when `q` left the collective after an error of its
+//! own, caused by another peer that died: the peer lost is whichever one
+//! whose process is gone (`find_lost_peer`), `q` only if it is. When no
+//! process is gone, `q` gave up for another reason (its deadline): the
+//! result is empty, and the caller waits for the transport to report a loss
+//! or for its deadline. Any other errno is reported as it is.
+template <class T>
+std::error_code read_failure(T& t, int err, int q) noexcept {
+  if constexpr (requires { t.mark_lost(q); }) {
+    if (err == ESRCH) t.mark_lost(q);
+    if (err == ESRCH || err == EFAULT)
+      return find_lost_peer(t) >= 0 ? make_error_code(error::peer_lost) : std::error_code{};
+  }
+  if (err == ESRCH) return make_error_code(error::peer_lost);
+  return {err, std::system_category()};
+}
 
 //! Reads `bytes` at `remote` in process `pid` into `dst` (Linux CMA, one
 //! copy, no intermediate buffer). Returns 0 or errno.
@@ -2752,26 +2985,27 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
                               with_addrs ? std::as_bytes(std::span(&mine, 1)) : std::span<const std::byte>{}));
     }
   };
-  auto seg_begin = [&](int s) { return allreduce_segment(count, n, s).first; };
-  auto fail = [&](int err, int q) -> std::error_code {
-    if constexpr (requires { t.mark_lost(q); }) {
-      if (err == ESRCH) t.mark_lost(q);
-    }
-    (void)q;
-    return err == ESRCH ? make_error_code(error::peer_lost) : std::error_code(err, std::system_category());
-  };
+  auto seg_begin = [&](int s) { return segment_of(count, n, s).first; };
   std::error_code failed;
   int failed_peer = -1;
+  int left = -1;  // a live peer whose memory vanished: it left the collective (see read_failure)
+  auto fail = [&](int err, int q) {
+    failed = read_failure(t, err, q);
+    failed_peer = q;
+    if (!failed) left = q;
+  };
 
   all_to_all(0, true);
   for (std::size_t i = 0; i < recvs.size(); ++i) co_await awaiting<T>{t, recvs[i], peers[i]};
   for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
   // Ranks that disagree on the size would read past a peer's buffer: refuse
   // (every rank sees the disagreement with at least one peer).
+  std::string failed_detail;
   for (int q : peers) {
-    if (theirs[static_cast<std::size_t>(q)].bytes != mine.bytes) {
+    if (const auto b = theirs[static_cast<std::size_t>(q)].bytes; b != mine.bytes) {
       failed = make_error_code(error::bad_message);
       failed_peer = q;
+      failed_detail = "; peer " + std::to_string(q) + "'s is " + std::to_string(b) + " bytes";
     }
   }
 
@@ -2789,7 +3023,7 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
     bool any_cma = false;
     for (int q : peers) any_cma |= !peer_in[static_cast<std::size_t>(q)];
     auto lease = scratch_pool::take(pool, any_cma ? std::min(chunk, std::max<std::size_t>(e - b, 1)) * es : 0);
-    for (std::size_t off = b; off < e && !failed; off += chunk) {
+    for (std::size_t off = b; off < e && !failed && left < 0; off += chunk) {
       const std::size_t len = std::min(chunk, e - off);
       const std::byte* acc = in + off * es;
       for (int i = 1; i < n; ++i) {
@@ -2798,16 +3032,24 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
         const std::byte* theirs_now = peer_in[u] ? peer_in[u].data() + off * es : lease.data();
         if (!peer_in[u]) {
           if (int err = cma_read(t.local_peer(q), theirs[u].in + off * es, lease.data(), len * es)) {
-            failed = fail(err, q);
-            failed_peer = q;
+            fail(err, q);
             break;
           }
         }
         reduce(ty, op, out + off * es, acc, theirs_now, len);
         acc = out + off * es;
       }
-      if (!failed && op == reduce_op::avg) finish_avg(ty, out + off * es, len, n);
+      if (!failed && left < 0 && op == reduce_op::avg) finish_avg(ty, out + off * es, len, n);
     }
+  }
+  if (left >= 0) {
+    // A live peer left the collective: something made it give up that this
+    // rank has not seen yet. Wait, on a message nobody sends, until the
+    // transport reports a lost peer or the deadline passes (timeout).
+    auto never = t.irecv(left, make_tag(seq, 3), {});
+    co_await awaiting<T>{t, never, left};
+    failed = make_error_code(error::invalid_state);  // not reached: step 3 is never sent
+    failed_peer = left;
   }
   if (!failed) {
     all_to_all(1, false);  // my segment is final; I no longer read your input
@@ -2819,26 +3061,32 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
       if (peer_out[u]) {
         if (e > b) std::memcpy(out + b * es, peer_out[u].data() + b * es, (e - b) * es);
       } else if (int err = cma_read(t.local_peer(q), theirs[u].out + b * es, out + b * es, (e - b) * es)) {
-        failed = fail(err, q);
-        failed_peer = q;
+        fail(err, q);
+        if (!failed) {
+          auto never = t.irecv(q, make_tag(seq, 3), {});  // as above
+          co_await awaiting<T>{t, never, q};
+          failed = make_error_code(error::invalid_state);
+        }
       }
     }
-    for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
+    for (std::size_t i = 0; i < sends.size() && !failed; ++i) co_await awaiting<T>{t, sends[i], peers[i]};
   }
   if (failed) {
     // Report through the promise: the driver finishes the request with it.
     struct set_failed {
       std::error_code ec;
       int peer;
+      std::string* detail;
       bool await_ready() const noexcept { return false; }
       bool await_suspend(std::coroutine_handle<promise<T>> h) const noexcept {
         h.promise().failed = ec;
         h.promise().failed_peer = peer;
+        h.promise().failed_detail.swap(*detail);
         return false;  // continue to co_return
       }
       void await_resume() const noexcept {}
     };
-    co_await set_failed{failed, failed_peer};
+    co_await set_failed{failed, failed_peer, &failed_detail};
     co_return;
   }
   all_to_all(2, false);  // I finished reading your output: you may reuse it
@@ -2846,86 +3094,21 @@ task<T> cma_allreduce(T& t, std::uint64_t seq, const std::byte* in, std::byte* o
   for (std::size_t i = 0; i < sends.size(); ++i) co_await awaiting<T>{t, sends[i], peers[i]};
 }
 
-//! Refuses `op`'s buffer `role` ("input", ...) when it is in the wrong
-//! memory space (host-accessible memory, or with `device` device memory), or
-//! null with elements.
-inline void check_buffer(const buffer_view& v, const char* op, const char* role, bool device = false) {
-  if (device)
-    EBBFLOW_ENFORCE(v.space == memory_space::device,
-                    op << " " << role << " must be device memory, got " << name(v.space));
-  else
-    EBBFLOW_ENFORCE(host_accessible(v.space), op << " " << role << " must be host memory, got " << name(v.space));
-  EBBFLOW_ENFORCE(v.count == 0 || v.data != nullptr, op << " " << role << " is null with count " << v.count);
-}
-
-//! Input and output must not overlap, except with the input at `in_place`
-//! (the documented in-place form): a partial overlap would be read after it
-//! was overwritten.
-inline void check_overlap(const buffer_view& in, const buffer_view& out, const std::byte* in_place, const char* what) {
-  const auto i0 = reinterpret_cast<std::uintptr_t>(in.data), o0 = reinterpret_cast<std::uintptr_t>(out.data);
-  const bool disjoint = in.bytes() == 0 || out.bytes() == 0 || i0 + in.bytes() <= o0 || o0 + out.bytes() <= i0;
-  EBBFLOW_ENFORCE(disjoint || in.data == in_place, what << ": input [" << in.data << ", +" << in.bytes()
-                                                        << " bytes) overlaps output [" << out.data << ", +"
-                                                        << out.bytes() << " bytes) other than in place (input at "
-                                                        << static_cast<const void*>(in_place) << ")");
-}
-
-// What every communicator checks before a collective of `n` ranks starts
-// (`device`: its buffers are device memory). @throws std::invalid_argument.
-inline void check_allreduce(const buffer_view& in, const buffer_view& out, bool device = false) {
-  check_buffer(in, "allreduce", "input", device);
-  check_buffer(out, "allreduce", "output", device);
-  EBBFLOW_ENFORCE(in.count == out.count && in.type == out.type,
-                  "allreduce: input (" << in.count << " " << name(in.type) << ") and output (" << out.count << " "
-                                       << name(out.type) << ") differ");
-  check_overlap(in, out, static_cast<const std::byte*>(out.data), "allreduce");
-}
-inline void check_broadcast(const buffer_view& buf, int root, int n, bool device = false) {
-  check_buffer(buf, "broadcast", "buffer", device);
-  EBBFLOW_ENFORCE(root >= 0 && root < n, "broadcast root " << root << " outside [0, " << n << ")");
-}
-// allgather (`gather`: out holds n x in) and reduce_scatter (in holds n x out).
-inline void check_parts(const char* op, const buffer_view& in, const buffer_view& out, int n, bool gather,
-                        const std::byte* in_place, bool device) {
-  check_buffer(in, op, "input", device);
-  check_buffer(out, op, "output", device);
-  const auto un = static_cast<std::size_t>(n);
-  const buffer_view &whole = gather ? out : in, &part = gather ? in : out;
-  EBBFLOW_ENFORCE(in.type == out.type && whole.count == part.count * un,
-                  op << ": " << (gather ? "output" : "input") << " count " << whole.count << " must be " << un << " x "
-                     << (gather ? "input" : "output") << " count " << part.count << " of the same dtype");
-  check_overlap(in, out, in_place, op);
-}
-inline void check_allgather(const buffer_view& in, const buffer_view& out, int n, int rank, bool device = false) {
-  check_parts("allgather", in, out, n, true,
-              static_cast<const std::byte*>(out.data) + static_cast<std::size_t>(rank) * in.bytes(), device);
-}
-inline void check_reduce_scatter(const buffer_view& in, const buffer_view& out, int n, bool device = false) {
-  // One rank: the output may be the input (a copy to itself).
-  check_parts("reduce_scatter", in, out, n, false, n == 1 ? static_cast<const std::byte*>(out.data) : nullptr, device);
-}
-
-//! The body of an `std::error_code&` twin: runs `f` (the throwing form) and
-//! reports what it throws in `ec` instead: a run-time failure with its code,
-//! a refused argument as `std::errc::invalid_argument`, exhausted memory as
-//! `std::errc::not_enough_memory`.
-template <class F>
-void into_error_code(std::error_code& ec, F&& f) noexcept {
-  ec.clear();
-  try {
-    std::forward<F>(f)();
-  } catch (const std::system_error& e) {
-    ec = e.code();
-  } catch (const std::invalid_argument&) {
-    ec = std::make_error_code(std::errc::invalid_argument);
-  } catch (const std::bad_alloc&) {
-    ec = std::make_error_code(std::errc::not_enough_memory);
-  } catch (...) {
-    ec = make_error_code(error::invalid_state);
-  }
-}
-
 }  // namespace comm::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/comm/detail/single_copy.hpp>
+// #include <ebbflow/comm/shared_memory.hpp>  (inlined)
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
 
 namespace comm {
 
@@ -3001,11 +3184,7 @@ template <transport T>
 void request<T>::finish(std::error_code ec, int peer, std::string_view why) {
   // A transport that knows which peer died (UCX: `lost_peer()`) names it,
   // whichever transfer happened to report the loss.
-  if constexpr (requires(const T& t) {
-                  { t.lost_peer() } -> std::convertible_to<int>;
-                }) {
-    if (ec == errc::peer_lost && t_->lost_peer() >= 0) peer = t_->lost_peer();
-  }
+  if (const int lost = detail::lost_peer_of(*t_); ec == errc::peer_lost && lost >= 0) peer = lost;
   finished_ = true;
   ec_ = ec;
   if (ec) ctx_.peer = peer;
@@ -3083,14 +3262,12 @@ void request<T>::wait(deadline d, std::error_code& ec) {
     std::error_code e;
     t_->wait(*p.awaited, slice, e);
     if (e == errc::timeout) {
-      if constexpr (requires(const T& t) {
-                      { t.lost_peer() } -> std::convertible_to<int>;
-                    }) {
-        // The deadline passed because the group broke: report the loss.
-        if (t_->lost_peer() >= 0) {
-          finish(make_error_code(error::peer_lost), t_->lost_peer());
-          break;
-        }
+      // The group broke (a peer died, perhaps one whose loss no transfer
+      // reported yet: look at the deadline): report the loss, naming the
+      // peer that died, not the live one this rank waits for.
+      if (const int lost = d.expired() ? detail::find_lost_peer(*t_) : detail::lost_peer_of(*t_); lost >= 0) {
+        finish(make_error_code(error::peer_lost), lost);
+        break;
       }
       if (d.expired()) {
         ctx_.peer = p.peer;  // still pending: the caller may wait again
@@ -3117,8 +3294,14 @@ const error_context& request<T>::context() const {
       // The deadline passed with the collective pending. Besides a slow or
       // stopped peer, ranks that disagree on the size end here: they may
       // choose different algorithms (small_bytes, ring vs recursive
-      // doubling), whose messages never match, so no size is ever compared.
-      ctx_.detail += "; the peer is slow or stopped, or ranks may disagree on the size";
+      // doubling), whose messages never match, so no size is ever compared;
+      // or a peer saw a message of the wrong size first and gave up (the
+      // ring: only the ranks whose chunks differ see one).
+      ctx_.detail += "; the peer is slow or stopped, or the ranks disagree on the size (a peer may have failed "
+                     "with bad message)";
+    } else if (ec_ == errc::bad_message) {
+      // why_: both sizes of the message that did not fit, or the peer's size.
+      ctx_.detail += why_ + (why_.empty() ? "; " : ": ") + "the ranks disagree on the size";
     } else {
       ctx_.detail += why_;
     }
@@ -4244,6 +4427,12 @@ class revocable {
   //! Forwarded when the inner transport can be told that a peer died.
   void mark_lost(int q) noexcept requires requires(T& t) { t.mark_lost(q); }
   { inner_.mark_lost(q); }
+  //! Forwarded when the inner transport can probe its peers' processes
+  //! (returns whether it found one gone; safe after a revoke).
+  bool probe_peers() noexcept requires requires(T& t) {
+    { t.probe_peers() } -> std::convertible_to<bool>;
+  }
+  { return inner_.probe_peers(); }
 
   //! Posts a send on the inner transport (not checked against the flag; never blocks).
   //! `out` (host memory) must stay valid until the request completed.
@@ -4917,10 +5106,14 @@ EBBFLOW_END_NAMESPACE
 //! wire-up); the last user closes it.
 //!
 //! Failure: every endpoint uses `UCP_ERR_HANDLING_MODE_PEER`. When UCX
-//! reports a peer's endpoint failed, the peer is marked lost, sends to it
-//! fail, and every receive pending at that moment (from any peer) is
-//! cancelled and fails with `errc::peer_lost` (UCX owns posted receives on the
-//! worker and would never fail them). `lost_peer()` names the first lost peer.
+//! reports a peer's endpoint failed, or a wait finds the process of a peer
+//! on this host gone (`probe_peers`, every 50 ms of waiting: UCX's keepalive
+//! alone has been seen to miss a dead peer for seconds), the peer is marked
+//! lost and the group is broken: every request pending then or posted later
+//! fails with `errc::peer_lost`, receives from any peer (cancelled: UCX owns
+//! posted receives on the worker and would never fail them) and sends to any
+//! peer (abandoned: a live peer's receive for it was cancelled too).
+//! `lost_peer()` names the first lost peer.
 //!
 //! Thread safety: one thread drives a transport and its requests.
 
@@ -5179,15 +5372,25 @@ class transport {
   [[nodiscard]] bool peer_gone(int peer) const noexcept;
   //! Marks `peer` lost (e.g. a single-copy read found its process gone):
   //! from now on it behaves as if UCX had reported the failure.
-  void mark_lost(int peer) noexcept { on_peer_error(st_.get(), peer, UCS_ERR_CONNECTION_RESET); }
+  void mark_lost(int peer) noexcept { lose(st_.get(), peer, "its process is gone"); }
+  //! Asks every peer on this host not yet known lost whether its process
+  //! is gone (`peer_gone`), and marks those that are lost. Returns whether
+  //! it found one. No UCX call; one `process_vm_readv` per such peer.
+  //! `wait` does it every `probe_interval` of waiting (and `test`, polled
+  //! for as long); the communicator again before it reports a timeout.
+  bool probe_peers() noexcept;
+  //! How often a waiting (or polling) transport probes its peers on this host.
+  static constexpr std::chrono::milliseconds probe_interval{50};
 
   //! Posts a send of `out` (host memory, valid until the request completed)
-  //! to `peer`; never blocks. A send to a lost peer completes at once with
-  //! `errc::peer_lost`. @throws std::invalid_argument for a bad `peer`.
+  //! to `peer`; never blocks. Once a peer was lost (any peer: the group is
+  //! broken), it completes at once with `errc::peer_lost`.
+  //! @throws std::invalid_argument for a bad `peer`.
   request isend(int peer, tag_t tag, std::span<const std::byte> out);
   //! Posts a receive into `in` (host memory, valid until the request
   //! completed) from `peer`; never blocks. A size mismatch completes it with
-  //! `errc::bad_message` (sizes in `request::error_detail`).
+  //! `errc::bad_message` (sizes in `request::error_detail`). Once a peer was
+  //! lost, it completes at once with `errc::peer_lost`.
   //! @throws std::invalid_argument for a bad `peer`.
   request irecv(int peer, tag_t tag, std::span<std::byte> in);
   //! Drives UCX once; true once `r` completed (then `ec` holds its outcome).
@@ -5212,6 +5415,8 @@ class transport {
     // one thread while another progresses (see `start`).
     std::atomic<int> lost{-1};
     std::atomic<bool> cancel_pending{false};
+    steady_clock::time_point next_probe{};  // when a waiting or polling caller probes local peers next
+    unsigned idle_tests = 0;                // tests that found their request pending
     std::vector<std::uint8_t> abandoned;  // by peer: sends it will never answer
     std::vector<std::uint8_t> undrained;  // by peer: an abandoned receive still written after 1 s
     std::vector<ucp_ep_h> eps;
@@ -5242,18 +5447,25 @@ class transport {
   transport(std::shared_ptr<worker> w, std::int64_t generation, int rank, int size,
             const std::vector<std::vector<std::byte>>& addresses, deferred_t);
   void fail_connect(std::error_code ec, int peer);
+  // Moves the handshake to its second round; true once it had (see the definition).
+  bool next_handshake_round();
   void finish_handshake() noexcept;
+  // `isend`; with `sync` a synchronous send (complete once the peer matched it).
+  request post_send(int peer, tag_t tag, std::span<const std::byte> out, bool sync);
 
   // The endpoint pool's error callback (ctx: this transport's state).
   static void on_peer_error(void* ctx, int peer, ucs_status_t status) noexcept {
-    auto* st = static_cast<state*>(ctx);
+    lose(static_cast<state*>(ctx), peer, ucs_status_string(status));
+  }
+  // Marks `peer` lost (the first one is `lost`); `why` goes to the log.
+  static void lose(state* st, int peer, const char* why) noexcept {
     if (!st->dead[static_cast<std::size_t>(peer)].exchange(1)) {
       int none = -1;
       st->lost.compare_exchange_strong(none, peer);
       // Cancelling from inside progress is avoided: done on the next test/wait.
       st->cancel_pending = true;
-      EBBFLOW_LOG_WARN("ucx: peer " << peer << " lost (" << ucs_status_string(status) << ") [rank " << st->rank
-                                    << ", generation " << st->generation << "]");
+      EBBFLOW_LOG_WARN("ucx: peer " << peer << " lost (" << why << ") [rank " << st->rank << ", generation "
+                                    << st->generation << "]");
     }
   }
   // Generation g+256 has the wire tag bits of g. A message of g that nobody
@@ -5276,10 +5488,12 @@ class transport {
     EBBFLOW_ENFORCE(peer >= 0 && peer < st_->size && peer != st_->rank,
                     "ucx transport: peer " << peer << " invalid for rank " << st_->rank << " of " << st_->size);
   }
-  // Sends and receives on closed endpoints (a failed connect, `start_close`)
-  // never reach UCX: they complete at once with why the endpoints are gone.
-  [[nodiscard]] std::error_code unusable(int peer) const noexcept {
-    if (st_->dead[static_cast<std::size_t>(peer)]) return make_error_code(error::peer_lost);
+  // Sends and receives in a broken group (a peer lost: its receives were
+  // cancelled, so a later one would wait for a peer that gave up) or on
+  // closed endpoints (a failed connect, `start_close`) never reach UCX: they
+  // complete at once with why.
+  [[nodiscard]] std::error_code unusable() const noexcept {
+    if (st_->lost >= 0) return make_error_code(error::peer_lost);
     if (st_->connect_failed) return st_->connect_failed;
     if (st_->close_started) return make_error_code(error::invalid_state);
     return {};
@@ -5292,6 +5506,12 @@ class transport {
                                    .detail = "the connect failed earlier; the transport is unusable"});
     std::abort();  // unreachable: connect_failed is set
   }
+  // `probe_peers` when `probe_interval` passed since the last time.
+  bool probe_if_due(steady_clock::time_point now) noexcept {
+    if (now < st_->next_probe) return false;
+    st_->next_probe = now + probe_interval;
+    return probe_peers();
+  }
   void cancel_all_receives() noexcept {
     st_->cancel_pending = false;
     for (void* r : st_->pending_recvs) ucp_request_cancel(st_->w->get(), r);
@@ -5303,7 +5523,23 @@ class transport {
 };
 static_assert(comm::transport<transport>);
 
-// ------------------------------------------------------------------ definitions
+}  // namespace comm::ucx
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/comm/ucx/impl/transport.hpp>  (inlined here)
+// ---- begin <ebbflow/comm/ucx/impl/transport.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file ucx/impl/transport.hpp
+//! Definitions of comm/ucx/transport.hpp: requests, the connect handshake
+//! (wire-up and single-copy access), close, peer probing and loss, send,
+//! receive, progress and wait.
+
+
+// #include <ebbflow/comm/ucx/transport.hpp>  (inlined)
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace comm::ucx {
+
 inline void transport::request::release() noexcept {
   if (!ucx_) return;
   if (recv_) {
@@ -5344,8 +5580,9 @@ inline transport::transport(worker w, std::int64_t generation, int rank, int siz
 struct transport::state::handshake {
   detail::hello mine{};               //!< what this rank tells every peer
   std::vector<detail::hello> theirs;  //!< what each peer told (by rank)
-  std::vector<request> reqs;          //!< the posted hello sends and receives
+  std::vector<request> reqs;          //!< the posted sends and receives of this round
   std::vector<int> peers;             //!< the peer of each request
+  int round = 0;                      //!< 0: hellos (synchronous sends), 1: ready
 };
 inline transport::state::~state() = default;
 
@@ -5412,9 +5649,10 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
     st_->eps[static_cast<std::size_t>(p)] = ref.ep;
     st_->reused += ref.reused;
   }
-  // Wire-up handshake on a tag collectives never use (step 0xfffe). Each
-  // rank also tells its pid, boot id and the address of a probe word, so
-  // peers on the same host can use single-copy reads (see `local_peer`).
+  // Wire-up handshake on tags collectives never use (step 0xfffe), in two
+  // rounds (see `next_handshake_round`). Each rank also tells its pid, boot
+  // id and the address of a probe word, so peers on the same host can use
+  // single-copy reads (see `local_peer`).
   const tag_t hello = make_tag(0xffffffffu, 0xfffe);
   st_->connecting = std::make_unique<state::handshake>();
   auto& hs = *st_->connecting;
@@ -5429,9 +5667,49 @@ inline transport::transport(std::shared_ptr<worker> w, std::int64_t generation, 
     if (p == rank) continue;
     hs.reqs.push_back(irecv(p, hello, std::as_writable_bytes(std::span(&hs.theirs[static_cast<std::size_t>(p)], 1))));
     hs.peers.push_back(p);
-    hs.reqs.push_back(isend(p, hello, std::as_bytes(std::span(&hs.mine, 1))));
+    // Synchronous on a new endpoint only (see `next_handshake_round`).
+    const bool fresh = !st_->refs[static_cast<std::size_t>(p)].reused;
+    hs.reqs.push_back(post_send(p, hello, std::as_bytes(std::span(&hs.mine, 1)), fresh));
     hs.peers.push_back(p);
   }
+}
+
+inline bool transport::next_handshake_round() {
+  // UCX 1.13 wires an endpoint up lazily: the first send that needs the
+  // peer's endpoint id (a rendezvous, i.e. the first large message, or a
+  // synchronous send) puts a proxy on the endpoint and sends a wire-up
+  // request, which the peer answers. Two hazards follow when that happens
+  // in the middle of a collective (the first large allreduce). An answer
+  // queued behind a full shared-memory FIFO (a peer busy with a burst of
+  // rendezvous headers, or dead) is still queued when the endpoint is
+  // failed or closed by force, and UCX 1.13.1 aborts purging it
+  // (ucp_request.c:684 "got REP message"; removed upstream later). And a
+  // survivor whose endpoint to a peer that died was still being wired up
+  // was seen to learn nothing of the death until its deadline. So the
+  // hellos on new endpoints are synchronous sends, which wire them up now,
+  // and a second round of empty messages tells each rank that its peers'
+  // hellos completed: every answer it owed them has left, none stays
+  // queued. An endpoint taken over from an earlier transport on this worker
+  // was wired up by that one's handshake; its hello goes as before, since
+  // the peer's end of it may belong to a transport the peer has closed
+  // since (the elastic group's blocking switch: one side keeps its
+  // endpoints, the other opens new ones), where a synchronous send would
+  // wait for an answer that never comes. A message needs no endpoint at the
+  // receiving side; an answer (a synchronous send's, a rendezvous's) does.
+  auto& hs = *st_->connecting;
+  if (hs.round == 1) return true;
+  hs.round = 1;
+  hs.reqs.clear();
+  hs.peers.clear();
+  const tag_t ready = make_tag(0xfffffffeu, 0xfffe);
+  for (int p = 0; p < st_->size; ++p) {
+    if (p == st_->rank) continue;
+    hs.reqs.push_back(irecv(p, ready, {}));
+    hs.peers.push_back(p);
+    hs.reqs.push_back(isend(p, ready, {}));
+    hs.peers.push_back(p);
+  }
+  return false;
 }
 
 inline void transport::fail_connect(std::error_code ec, int peer) {
@@ -5449,28 +5727,34 @@ inline bool transport::poll_connect() {
   if (st_->connect_failed) throw_connect_failed();
   if (!st_->connecting) return true;
   auto& hs = *st_->connecting;
-  bool all = true;
-  for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
-    std::error_code ec;
-    if (!test(hs.reqs[i], ec)) {
-      all = false;
-      continue;
+  for (;;) {
+    bool all = true;
+    for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
+      std::error_code ec;
+      if (!test(hs.reqs[i], ec)) {
+        all = false;
+        continue;
+      }
+      if (ec) fail_connect(ec, hs.peers[i]);
     }
-    if (ec) fail_connect(ec, hs.peers[i]);
+    if (!all) return false;
+    if (next_handshake_round()) break;
   }
-  if (all) finish_handshake();
-  return all;
+  finish_handshake();
+  return true;
 }
 
 inline void transport::finish_connect(deadline d) {
   if (st_->connect_failed) throw_connect_failed();
   if (!st_->connecting) return;
   auto& hs = *st_->connecting;
-  for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
-    std::error_code ec;
-    wait(hs.reqs[i], d, ec);
-    if (ec) fail_connect(ec, hs.peers[i]);
-  }
+  do {
+    for (std::size_t i = 0; i < hs.reqs.size(); ++i) {
+      std::error_code ec;
+      wait(hs.reqs[i], d, ec);
+      if (ec) fail_connect(ec, hs.peers[i]);
+    }
+  } while (!next_handshake_round());
   finish_handshake();
 }
 
@@ -5502,6 +5786,16 @@ inline bool transport::peer_gone(int peer) const noexcept {
   if (local_peer(peer) == 0) return false;
   const auto& l = st_->locals[static_cast<std::size_t>(peer)];
   return detail::probe_process(l.pid, l.address, l.nonce) == detail::probe_result::gone;
+}
+
+inline bool transport::probe_peers() noexcept {
+  bool found = false;
+  for (int p = 0; p < st_->size; ++p) {
+    if (p == st_->rank || st_->dead[static_cast<std::size_t>(p)] || !peer_gone(p)) continue;
+    lose(st_.get(), p, "its process is gone; found by probe, UCX had not reported it");
+    found = true;
+  }
+  return found;
 }
 
 inline transport::~transport() {
@@ -5565,18 +5859,23 @@ inline void transport::close_endpoints() noexcept {
 }
 
 inline transport::request transport::isend(int peer, tag_t tag, std::span<const std::byte> out) {
+  return post_send(peer, tag, out, false);
+}
+
+inline transport::request transport::post_send(int peer, tag_t tag, std::span<const std::byte> out, bool sync) {
   check_peer(peer);
   request r;
   r.st_ = st_.get();
   r.peer_ = peer;
   r.len_ = out.size();
-  if (const auto ec = unusable(peer)) {
+  if (const auto ec = unusable()) {
     r.ec_ = ec;
     return r;
   }
   ucp_request_param_t prm{};
-  ucs_status_ptr_t p = ucp_tag_send_nbx(st_->eps[static_cast<std::size_t>(peer)], out.data(), out.size(),
-                                        wire_tag(st_->rank, tag), &prm);
+  const auto send = sync ? &ucp_tag_send_sync_nbx : &ucp_tag_send_nbx;
+  ucs_status_ptr_t p =
+      send(st_->eps[static_cast<std::size_t>(peer)], out.data(), out.size(), wire_tag(st_->rank, tag), &prm);
   if (UCS_PTR_IS_ERR(p)) {
     r.ec_ = make_error(UCS_PTR_STATUS(p));
   } else if (p != nullptr) {
@@ -5593,7 +5892,7 @@ inline transport::request transport::irecv(int peer, tag_t tag, std::span<std::b
   r.peer_ = peer;
   r.len_ = in.size();
   r.recv_ = true;
-  if (const auto ec = unusable(peer)) {
+  if (const auto ec = unusable()) {
     r.ec_ = ec;
     return r;
   }
@@ -5650,12 +5949,17 @@ inline bool transport::test(request& r, std::error_code& ec) {
   if (!r.done_) {
     progress();
     complete(r);
-    if (!r.done_ && r.peer_ >= 0 && st_->dead[static_cast<std::size_t>(r.peer_)] && !r.recv_) {
-      // A send to a lost peer that UCX has not failed yet: fail it now.
+    if (!r.done_ && !r.recv_ && st_->lost >= 0) {
+      // A send in a broken group that UCX has not failed yet: to the lost
+      // peer, or to a live one whose receive for it was cancelled (a
+      // rendezvous that nobody will ever fetch). Abandoned: its endpoint is
+      // closed by force.
       r.release();
       r.done_ = true;
       r.ec_ = make_error_code(error::peer_lost);
     }
+    // Polled without `wait` (a caller overlapping work): probe now and then too.
+    if (!r.done_ && (++st_->idle_tests & 1023) == 0) (void)probe_if_due(steady_clock::now());
   }
   if (r.done_) ec = r.ec_;
   return r.done_;
@@ -5677,6 +5981,8 @@ inline void transport::wait(request& r, deadline d, std::error_code& ec) {
   while (!test(r, ec)) {
     if (spin && (++spins & 63) != 0) continue;
     const auto now = steady_clock::now();
+    // Past the busy-poll: a peer found gone fails `r` at the next test.
+    if (spin_until != steady_clock::time_point{} && now >= spin_until && probe_if_due(now)) continue;
     if (now >= d.at()) {
       ec = make_error_code(error::timeout);
       return;
@@ -5697,6 +6003,7 @@ inline void transport::wait(request& r, deadline d, std::error_code& ec) {
 
 }  // namespace comm::ucx
 EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/comm/ucx/impl/transport.hpp>
 // ---- end <ebbflow/comm/ucx/transport.hpp>
 // #include <ebbflow/core/deadline.hpp>  (inlined)
 // #include <ebbflow/core/error.hpp>  (inlined)

@@ -1,10 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Collectives over real UCX between real processes. The test binary is its
-// own launcher: each TEST forks and execs N copies of itself in worker mode
-// (`--worker SCENARIO`, rank and size in EBBFLOW_RANK / EBBFLOW_WORLD_SIZE,
-// as ebbflow-run sets them), reaps them promptly (an unreaped dead peer is
-// invisible to UCX keepalive over shared memory) and kills all of them at the
-// test's deadline, so nothing can hang.
+// own launcher (ucx_processes.hpp): each TEST runs N copies of itself in
+// worker mode (`--worker SCENARIO`).
 //
 // Sizes are element counts. The full matrix (every collective x dtype x op)
 // runs at {0, 1, 7, 4099} and 1 MiB + 3 elements for 2, 3, 4 and 5 ranks, and
@@ -21,12 +18,8 @@
 #include <ebbflow/core/env.hpp>
 
 #include "collective_check.hpp"
+#include "ucx_processes.hpp"
 #include "../thread_cpu.hpp"
-
-#if EBBFLOW_HAS_ASIO
-#include <ebbflow/elastic/store.hpp>
-#include <ebbflow/elastic/store_address_exchange.hpp>
-#endif
 
 #include <gtest/gtest.h>
 
@@ -56,30 +49,12 @@ using comm_t = ef::comm::transport_communicator<ucx::transport>;
 namespace {
 
 // ------------------------------------------------------------------ workers
-// Addresses travel through files when this binary launches its own workers,
-// and through the rendezvous store when ebbflow-run started them.
-struct worker_env {
-  ef::launch_info li = ef::launch_info::from_environment();
-  std::shared_ptr<ucx::context> ctx = ucx::context::create();
-  ucx::transport connect(std::int64_t g = 0) {
-#if EBBFLOW_HAS_ASIO
-    if (li.store_port != 0) {
-      auto store = ebbflow::elastic::store_client::from_environment();
-      ebbflow::elastic::store_address_exchange<ebbflow::elastic::store_client> ex(store, "ucx-test");
-      return ucx::connect(ctx, ex, g, li.rank, li.world_size, ef::deadline::after(20s));
-    }
-#endif
-    ucx::file_address_exchange ex{std::filesystem::path(ef::env::get("EBBFLOW_TEST_DIR").value())};
-    return ucx::connect(ctx, ex, g, li.rank, li.world_size, ef::deadline::after(20s));
-  }
-};
+using et::exited_ok;
+using et::fail;
+using et::launch;
+using et::worker_env;
 
 std::vector<std::byte> buf(ef::dtype t, std::size_t count) { return std::vector<std::byte>(count * ef::size_of(t)); }
-
-int fail(const std::string& what) {
-  std::cerr << "[worker " << ef::env::get("EBBFLOW_RANK").value_or("?") << "] FAIL " << what << std::endl;
-  return 1;
-}
 
 // `sizes` are element counts, or with `in_bytes` byte sizes (each dtype gets
 // size / size_of(dtype) elements, so every buffer is that many bytes).
@@ -416,20 +391,40 @@ int run_shared(bool mixed) {
   return bad ? 1 : 0;
 }
 
-int run_mismatch() {
-  // Rank 1 passes one element more: every rank must get bad_message (or
-  // peer_lost when the other side already gave up), never a wrong result.
+// mismatch [ALGO COUNT]: the last rank passes one element fewer than COUNT
+// (default: one more than 100000, on the default algorithm). Every rank
+// must get an error, never a wrong result; with the default algorithm
+// (single_copy here) bad_message, which names both sizes. Prints
+//   MISMATCH rank=R cond=C ms=M: <the error's text>
+int run_mismatch(char** argv) {
   worker_env w;
   auto t = w.connect();
-  comm_t c(t);
-  std::vector<float> v(100000 + static_cast<std::size_t>(t.rank() == 1), 1.0f);
+  ef::comm::collective_options o;
+  std::size_t count = 100000;
+  int extra = 1;
+  if (argv[0] != nullptr) {
+    o.allreduce = std::string(argv[0]) == "ring" ? ef::comm::allreduce_algorithm::ring
+                                                 : ef::comm::allreduce_algorithm::recursive_doubling;
+    count = std::stoull(argv[1]);
+    extra = -1;
+  }
+  comm_t c(t, o);
+  const bool odd = t.rank() == t.size() - 1;
+  std::vector<float> v(count + static_cast<std::size_t>(odd ? extra : 0), 1.0f);
+  const auto start = ef::steady_clock::now();
   try {
-    c.allreduce(ef::view(std::span(v)), ef::reduce_op::sum, ef::deadline::after(5s));
+    c.allreduce(ef::view(std::span(v)), ef::reduce_op::sum, ef::deadline::after(argv[0] ? 2s : 5s));
     return fail("mismatched sizes accepted");
   } catch (const ef::system_error& e) {
-    std::cerr << "[worker " << t.rank() << "] " << e.what() << std::endl;
-    if (e.code() != ef::errc::bad_message) return fail("expected bad_message");
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(ef::steady_clock::now() - start).count();
+    std::cerr << "MISMATCH rank=" << t.rank() << " cond="
+              << (e.code() == ef::errc::bad_message ? "bad_message"
+                  : e.code() == ef::errc::timeout   ? "timeout"
+                                                    : e.code().message())
+              << " ms=" << ms << ": " << e.what() << std::endl;
+    if (argv[0] == nullptr && e.code() != ef::errc::bad_message) return fail("expected bad_message");
   }
+  et::reach("reported", t.size());  // no rank exits (a lost peer to the others) before all have their error
   return 0;
 }
 
@@ -595,7 +590,7 @@ int worker_main(char** argv) {
     if (scenario == "generation") return run_generation();
     if (scenario == "reuse") return run_reuse();
     if (scenario == "wrap") return run_wrap();
-    if (scenario == "mismatch") return run_mismatch();
+    if (scenario == "mismatch") return run_mismatch(argv + 3);
     if (scenario == "idle") return run_idle();
     if (scenario == "compressed") return run_compressed();
   } catch (const std::exception& e) {
@@ -605,66 +600,6 @@ int worker_main(char** argv) {
 }
 
 // ------------------------------------------------------------------ launcher
-struct group_result {
-  std::vector<int> status;  // wait status per rank
-  bool timed_out = false;
-};
-
-// With `err_prefix`, rank r's stderr goes to the file err_prefix + r.
-group_result launch(int n, const std::vector<std::string>& args, std::chrono::seconds limit,
-                    const std::string& err_prefix = {}) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("ebbflow-ucx-test-" + std::to_string(::getpid()) + "-" + std::to_string(std::rand()));
-  std::filesystem::create_directories(dir);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setenv("EBBFLOW_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("EBBFLOW_WORLD_SIZE", std::to_string(n).c_str(), 1);
-      ::setenv("EBBFLOW_LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("EBBFLOW_TEST_DIR", dir.c_str(), 1);
-      if (!err_prefix.empty()) (void)std::freopen((err_prefix + std::to_string(r)).c_str(), "w", stderr);
-      std::vector<std::string> a{"ucx_collectives_test", "--worker"};
-      a.insert(a.end(), args.begin(), args.end());
-      std::vector<char*> argv;
-      for (auto& s : a) argv.push_back(s.data());
-      argv.push_back(nullptr);
-      ::execv("/proc/self/exe", argv.data());
-      ::_exit(127);
-    }
-    pids.push_back(pid);
-  }
-  group_result res;
-  res.status.assign(static_cast<std::size_t>(n), -1);
-  std::size_t left = pids.size();
-  const auto until = ef::deadline::after(limit);
-  while (left) {
-    for (std::size_t i = 0; i < pids.size(); ++i) {
-      if (pids[i] <= 0) continue;
-      int st = 0;
-      if (::waitpid(pids[i], &st, WNOHANG) == pids[i]) {
-        res.status[i] = st;
-        pids[i] = -1;
-        --left;
-      }
-    }
-    if (left && until.expired()) {
-      res.timed_out = true;
-      for (pid_t p : pids)
-        if (p > 0) ::kill(p, SIGKILL);
-      for (std::size_t i = 0; i < pids.size(); ++i)
-        if (pids[i] > 0) ::waitpid(pids[i], &res.status[i], 0);
-      break;
-    }
-    std::this_thread::sleep_for(1ms);
-  }
-  std::filesystem::remove_all(dir);
-  return res;
-}
-
-bool exited_ok(int st) { return WIFEXITED(st) && WEXITSTATUS(st) == 0; }
-
 // Launches `n` workers of `scenario` and expects every one to exit 0 in time.
 void expect_group_ok(int n, const std::vector<std::string>& args, std::chrono::seconds limit) {
   auto res = launch(n, args, limit);
@@ -782,6 +717,30 @@ TEST(UcxErrors, MismatchedSizesGiveBadMessage) {
   auto res = launch(2, {"mismatch"}, 60s);
   ASSERT_FALSE(res.timed_out);
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+}
+
+// The ring with 10^6 and 10^6 - 1 elements: only a rank whose chunks differ
+// sees a message of the wrong size (bad_message, both sizes and the cause
+// named); a rank whose chunks match waits for a peer that gave up, and its
+// timeout names the cause too.
+TEST(UcxErrors, RingSizeMismatchNamesTheCauseOnEveryRank) {
+  const auto err = std::filesystem::temp_directory_path() / ("ebbflow-ucx-mismatch-" + std::to_string(::getpid()) + "-");
+  auto res = launch(2, {"mismatch", "ring", "1000000"}, 60s, err.string());
+  ASSERT_FALSE(res.timed_out);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(exited_ok(res.status[static_cast<std::size_t>(r)])) << "rank " << r;
+    std::ifstream f(err.string() + std::to_string(r));
+    const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    std::filesystem::remove(err.string() + std::to_string(r));
+    EXPECT_NE(text.find("the ranks disagree on the size"), std::string::npos) << "rank " << r << ":\n" << text;
+    if (r == 0) {
+      EXPECT_NE(text.find("cond=bad_message"), std::string::npos) << text;
+      EXPECT_NE(text.find("message of 124996 bytes for a 125000-byte receive buffer"), std::string::npos) << text;
+    } else {
+      EXPECT_NE(text.find("cond=timeout"), std::string::npos) << text;
+      EXPECT_NE(text.find("3999996 bytes"), std::string::npos) << text;
+    }
+  }
 }
 
 TEST(UcxErrors, AddressExchangeTimesOutNamingTheMissingRank) {

@@ -33,12 +33,16 @@
 //! text names both sizes).
 //!
 //! Ranks that disagree on sizes get `bad_message` only when they run the
-//! same algorithm. The choice depends on the size (`small_bytes`, the element
-//! count against the rank count): sizes on both sides of it make ranks run
-//! different algorithms whose messages never match, and each rank gets
-//! `errc::timeout` at its deadline instead, its text naming its own byte
-//! count and this possible cause. Detecting it sooner would need the size on
-//! the wire or an extra round trip per collective; ebbflow does neither.
+//! same algorithm, and then only the ranks that receive a message of the
+//! wrong size (single_copy: every rank, which compares sizes first; the
+//! ring: those whose chunks differ); its text names both sizes and the
+//! cause. The others, waiting for a peer that gave up, get `errc::timeout`
+//! at their deadline, as do all ranks when sizes on both sides of the
+//! algorithm choice (`small_bytes`, the element count against the rank
+//! count) make them run different algorithms whose messages never match;
+//! the timeout's text names this rank's byte count and this possible cause.
+//! Detecting it sooner would need the size on the wire or an extra round
+//! trip per collective; ebbflow does neither.
 //!
 //! All ranks must call the same collectives in the same order with matching
 //! sizes, dtypes and roots (MPI semantics). Buffers are host memory
@@ -55,13 +59,20 @@
 //!
 //! A transport that also offers `int lost_peer() const` (the UCX transport
 //! does) lets errors name the peer that died rather than the neighbour whose
-//! transfer reported it.
+//! transfer reported it (in a ring, often a live rank stuck behind the dead
+//! one). One that offers `bool probe_peers()` (UCX: is the process of a peer
+//! on this host gone?) is asked before a timeout is reported, so a peer that
+//! died unnoticed is reported lost, not the live peer this rank waited for.
+//! The single-copy allreduce reports a peer's memory that vanished the same
+//! way: the peer lost is the one whose process is gone (the peer read from
+//! may only have left the collective after its own error).
 //!
 //! Thread safety: a communicator and its requests are driven by one thread at
 //! a time (the thread that drives its transport).
 #pragma once
 
 #include <ebbflow/config.hpp>
+#include <ebbflow/comm/detail/collective_task.hpp>
 #include <ebbflow/comm/reduce.hpp>
 #include <ebbflow/comm/transport.hpp>
 #include <ebbflow/core/deadline.hpp>
@@ -92,8 +103,7 @@ namespace comm {
 //! rank's partial sums.
 [[nodiscard]] constexpr std::pair<std::size_t, std::size_t> allreduce_segment(std::size_t count, int n,
                                                                               int r) noexcept {
-  const auto un = static_cast<std::size_t>(n), ur = static_cast<std::size_t>(r);
-  return {count * ur / un, count * (ur + 1) / un};
+  return detail::segment_of(count, n, r);
 }
 
 //! Allreduce algorithm selection.
@@ -138,26 +148,6 @@ struct collective_options {
     return o;
   }
 };
-
-namespace detail {
-template <transport T>
-struct promise;
-template <transport T>
-struct task;
-template <transport T>
-struct active_set;
-class scratch_pool;
-//! Where a request runs; seq/bytes become the error detail only on failure.
-struct op_context {
-  error_context ctx;
-  std::uint64_t seq = 0;
-  std::size_t bytes = 0;
-  bool describe = false;
-  op_context(error_context c) : ctx(std::move(c)) {}  // NOLINT: implicit on purpose
-  op_context(error_context c, std::uint64_t s, std::size_t b, bool d)
-      : ctx(std::move(c)), seq(s), bytes(b), describe(d) {}
-};
-}  // namespace detail
 
 //! A non-blocking collective in flight. Move-only. Progresses when `test`
 //! or `wait` is called on it or on any other request of the same

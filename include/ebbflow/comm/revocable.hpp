@@ -70,6 +70,12 @@ class revocable {
   //! Forwarded when the inner transport can be told that a peer died.
   void mark_lost(int q) noexcept requires requires(T& t) { t.mark_lost(q); }
   { inner_.mark_lost(q); }
+  //! Forwarded when the inner transport can probe its peers' processes
+  //! (returns whether it found one gone; safe after a revoke).
+  bool probe_peers() noexcept requires requires(T& t) {
+    { t.probe_peers() } -> std::convertible_to<bool>;
+  }
+  { return inner_.probe_peers(); }
 
   //! Posts a send on the inner transport (not checked against the flag; never blocks).
   //! `out` (host memory) must stay valid until the request completed.
