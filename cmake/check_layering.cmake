@@ -38,24 +38,14 @@ if(NOT IS_DIRECTORY "${ROOT}/ebbflow")
   message(FATAL_ERROR "check_layering: ${ROOT} holds no ebbflow/ folder")
 endif()
 
-# Splits `text` into lines in `out`, one list element each (line numbers are
-# the index + 1). CMake's list syntax must not see the C++ text: `;` `[` `]`
-# and `\` are replaced first (nothing this script matches uses them).
-function(_lay_lines text out)
-  string(REPLACE "\\" "/" text "${text}")
-  string(REPLACE ";" "," text "${text}")
-  string(REPLACE "[" "(" text "${text}")
-  string(REPLACE "]" ")" text "${text}")
-  string(REPLACE "\n" ";" text "${text}")
-  set(${out} "${text}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/TextLines.cmake)
 
 # ---------------------------------------------------------------- the rules
 # _lay_keys: every key (`core/`, `comm/ucx/`, `config.hpp`, ...); for each key
 # k, _lay_module_<k> is its row's first key (the module's name) and
 # _lay_allow_<module> the keys that module may include (`*`: any).
 file(READ "${RULES}" _doc)
-_lay_lines("${_doc}" _doc_lines)
+ebbflow_text_lines("${_doc}" _doc_lines)
 set(_in_table FALSE)
 set(_lay_keys "")
 set(_rows 0)
@@ -159,7 +149,7 @@ foreach(_f IN LISTS _files)
   endif()
   get_filename_component(_dir "${_f}" DIRECTORY)
   file(READ "${ROOT}/ebbflow/${_f}" _text)
-  _lay_lines("${_text}" _lines)
+  ebbflow_text_lines("${_text}" _lines)
   set(_n 0)
   foreach(_line IN LISTS _lines)
     math(EXPR _n "${_n} + 1")
