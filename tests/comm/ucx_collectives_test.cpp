@@ -44,7 +44,7 @@ namespace ef = ebbflow;
 namespace et = ebbflow_test;
 namespace ucx = ebbflow::comm::ucx;
 using namespace std::chrono_literals;
-using comm_t = ef::comm::transport_communicator<ucx::transport>;
+using comm_t = et::ucx_communicator;
 
 namespace {
 

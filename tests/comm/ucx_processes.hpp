@@ -9,12 +9,13 @@
 // it, and through the rendezvous store when ebbflow-run did.
 #pragma once
 
+#include <ebbflow/comm/communicator.hpp>
 #include <ebbflow/comm/ucx/address_exchange.hpp>
 #include <ebbflow/comm/ucx/transport.hpp>
 #include <ebbflow/core/env.hpp>
 
 #if EBBFLOW_HAS_ASIO
-#include <ebbflow/elastic/store.hpp>
+#include <ebbflow/elastic/tcp_store.hpp>
 #include <ebbflow/elastic/store_address_exchange.hpp>
 #endif
 
@@ -33,6 +34,9 @@
 #include <vector>
 
 namespace ebbflow_test {
+
+//! The communicator these tests run over.
+using ucx_communicator = ebbflow::comm::transport_communicator<ebbflow::comm::ucx::transport>;
 
 //! A worker's UCX context and its way to its peers' addresses.
 struct worker_env {
