@@ -87,8 +87,12 @@ int device_allreduce(HostComm& host, const ef::launch_info& li, std::size_t n) {
 int main() try {
   const auto li = ef::launch_info::from_environment();
   auto ctx = ef::comm::ucx::context::create();
+  // How long to wait for every rank's address: EBBFLOW_STORE_TIMEOUT_MS, as
+  // for the store's own calls (30 s when unset).
+  const auto wait_for_peers = ef::env::get_ms("EBBFLOW_STORE_TIMEOUT_MS", std::chrono::milliseconds(30s), 1);
   const auto connect = [&](auto& exchange) {
-    return ef::comm::ucx::connect(ctx, exchange, /*generation=*/0, li.rank, li.world_size, ef::deadline::after(30s));
+    return ef::comm::ucx::connect(ctx, exchange, /*generation=*/0, li.rank, li.world_size,
+                                  ef::deadline::after(wait_for_peers));
   };
   std::optional<ef::comm::ucx::transport> transport;
 #if EBBFLOW_EXAMPLE_STORE
