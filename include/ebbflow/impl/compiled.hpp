@@ -3,13 +3,16 @@
 //! The one translation unit of the `ebbflow::compiled` library (separate
 //! compilation, config.hpp): compiled with EBBFLOW_SEPARATE_COMPILATION and
 //! EBBFLOW_COMPILING_LIBRARY, it defines once what the headers then only
-//! declare: the TCP store's client and server, the planner's solver, cost
+//! declare: the TCP store's client and server, the etcd client, any_store's
+//! construction from an address, the planner's solver, cost
 //! models and samplers, the planner policy, the UCX network's construction,
 //! and the elastic group over the TCP store and UCX with its work stealing.
 //! Nothing else includes this file; elsewhere it declares nothing.
 #pragma once
 
 #include <ebbflow/config.hpp>
+#include <ebbflow/elastic/any_store.hpp>
+#include <ebbflow/elastic/etcd_store.hpp>
 #include <ebbflow/elastic/group.hpp>
 #include <ebbflow/elastic/planner_policy.hpp>
 #include <ebbflow/elastic/tcp_store.hpp>

@@ -192,14 +192,17 @@ inline std::string client_tls_failure(const boost::system::error_code& e, tls_so
         return "the store at " + where + " refused this client's certificate: it has expired";
       case SSL_R_TLSV1_ALERT_UNKNOWN_CA:
       case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE:
-        return "the store at " + where +
-               " refused this client's certificate: it is not signed by a CA the store trusts";
+      case SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE:
 #ifdef SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED
       case SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED:
 #endif
-      case SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE:
+        // Servers answer a missing certificate with one of several alerts
+        // (OpenSSL: certificate required; Go, i.e. etcd: bad certificate).
+        if (o.cert_file.empty())
+          return "the store at " + where +
+                 " requires a client certificate (mutual TLS): set EBBFLOW_TLS_CERT and EBBFLOW_TLS_KEY";
         return "the store at " + where +
-               " requires a client certificate (mutual TLS): set EBBFLOW_TLS_CERT and EBBFLOW_TLS_KEY";
+               " refused this client's certificate: it is not signed by a CA the store trusts";
       case SSL_R_WRONG_VERSION_NUMBER:
       case SSL_R_PACKET_LENGTH_TOO_LONG:
         return "the store at " + where +
