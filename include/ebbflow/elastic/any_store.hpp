@@ -68,6 +68,7 @@ struct any_store_iface {
                                              deadline d) = 0;
   virtual std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d) = 0;
   virtual bool erase(const std::string& k) = 0;
+  virtual void ping(deadline d) = 0;
 };
 template <class S>
 struct any_store_model;
@@ -152,6 +153,8 @@ class any_store {
   }
   //! Removes `k`; whether it existed.
   bool erase(const std::string& k) { return impl_->erase(k); }
+  //! One round trip to the store (reachable, authenticated).
+  void ping(deadline d) { impl_->ping(d); }
 
  private:
   template <class F>
@@ -179,3 +182,11 @@ static_assert(kv_store<any_store>);
 EBBFLOW_END_NAMESPACE
 
 #include <ebbflow/elastic/impl/any_store.hpp>
+
+#if !EBBFLOW_HEADER_ONLY
+// The library instantiates the work stealing the group does on this store.
+#include <ebbflow/plan/work_stealing.hpp>
+EBBFLOW_BEGIN_NAMESPACE
+extern template class plan::work_stealer<elastic::any_store>;
+EBBFLOW_END_NAMESPACE
+#endif

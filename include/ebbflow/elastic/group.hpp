@@ -14,7 +14,7 @@
 //!   opts.global_batch = 128;                                         // required: B, samples per step
 //!   opts.dataset_size = dataset_size;                                // required: N, samples per epoch
 //!   el::ucx_network net;
-//!   el::group g([] { return std::make_unique<el::store_client>(el::store_client::from_environment()); }, net, opts,
+//!   el::group g([] { return std::make_unique<el::any_store>(el::any_store::from_environment()); }, net, opts,
 //!               ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
 //!   g.register_state("params", std::as_writable_bytes(std::span(params)));      // what must be equal on every
 //!   g.register_state("velocity", std::as_writable_bytes(std::span(velocity)));  // member: model and optimizer

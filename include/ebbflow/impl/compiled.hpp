@@ -6,7 +6,8 @@
 //! declare: the TCP store's client and server, the etcd client, any_store's
 //! construction from an address, the planner's solver, cost
 //! models and samplers, the planner policy, the UCX network's construction,
-//! and the elastic group over the TCP store and UCX with its work stealing.
+//! and the elastic group over UCX with its work stealing, on the TCP store
+//! and on `any_store`.
 //! Nothing else includes this file; elsewhere it declares nothing.
 #pragma once
 
@@ -24,5 +25,8 @@
 EBBFLOW_BEGIN_NAMESPACE
 template class plan::work_stealer<elastic::store_client>;
 template class elastic::detail::group_impl<elastic::store_client, elastic::ucx_network>;
+// The group over the store picked by the address (elastic/any_store.hpp).
+template class plan::work_stealer<elastic::any_store>;
+template class elastic::detail::group_impl<elastic::any_store, elastic::ucx_network>;
 EBBFLOW_END_NAMESPACE
 #endif

@@ -54,6 +54,12 @@ struct any_store_model final : any_store_iface {
       throw_if(make_error_code(error::invalid_state), {.operation = "store.erase", .detail = "this store cannot erase"});
     return false;
   }
+  void ping(deadline d) override {
+    if constexpr (requires { s_.ping(d); })
+      s_.ping(d);
+    else
+      s_.try_get(std::string("ebbflow/ping"), d);
+  }
   S s_;
 };
 
