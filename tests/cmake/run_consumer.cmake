@@ -86,6 +86,11 @@ endfunction()
 function(consumer project)
   set(b "${WORK_DIR}/consumer")
   step("configure ${project}" COMMAND ${CMAKE_COMMAND} -S "${here}/${project}" -B "${b}" ${common_args} ${ARGN})
+  # An install built with the compiled library (the default) links it too.
+  if(project STREQUAL "find_package" AND EXISTS "${BINARY_DIR}/libebbflow.a"
+     AND NOT step_output MATCHES "ebbflow_compiled_FOUND=TRUE")
+    message(FATAL_ERROR "[${MODE}] the build has libebbflow.a but the installed package's compiled component was not found")
+  endif()
   step("build ${project}" COMMAND ${CMAKE_COMMAND} --build "${b}" -j 2)
   file(STRINGS "${b}/consumer-programs.txt" programs)
   # Every CMake route builds all three: the core with the planner (no
@@ -160,6 +165,14 @@ elseif(MODE STREQUAL "install_checks")
   probe()
   step("ARCH_INDEPENDENT: found from a 32-bit project" MATCH "found ebbflow ${version}"
        COMMAND ${CMAKE_COMMAND} ${probe_args} -B ${WORK_DIR}/probe${n} -DPROBE_VERSION=${major}.0 -DPROBE_SIZEOF_VOID_P=4)
+  if(EXISTS "${BINARY_DIR}/libebbflow.a")
+    # ...but the compiled archive is not: asked for from there, a clear error.
+    probe()
+    step("the compiled component from a 32-bit project is refused" EXPECT_FAIL
+         MATCH "ebbflow component 'compiled' needs the asio and ucx components and a 8-byte-pointer target"
+         COMMAND ${CMAKE_COMMAND} ${probe_args} -B ${WORK_DIR}/probe${n} -DPROBE_VERSION=${major}.0 -DPROBE_SIZEOF_VOID_P=4
+                 -DPROBE_COMPONENTS=compiled)
+  endif()
   # SameMajorVersion: the next major is refused.
   math(EXPR next "${major} + 1")
   probe()
@@ -195,7 +208,9 @@ elseif(MODE STREQUAL "missing_deps")
   # Configure-only. The build tree: a component asked for (ON) whose
   # dependency is hidden fails, naming the packages; left at AUTO it is left
   # out with a warning that names them.
-  set(lean -DBUILD_TESTING=OFF -DEBBFLOW_BUILD_TOOLS=OFF -DEBBFLOW_WITH_CUDA=OFF)
+  # Configure-only installs: nothing is built, so the compiled library (which
+  # an install would need built) is left out.
+  set(lean -DBUILD_TESTING=OFF -DEBBFLOW_BUILD_TOOLS=OFF -DEBBFLOW_WITH_CUDA=OFF -DEBBFLOW_BUILD_COMPILED=OFF)
   step("build tree: EBBFLOW_WITH_ASIO=ON without Boost" EXPECT_FAIL
        MATCH "EBBFLOW_WITH_ASIO=ON, but the asio component needs Boost >= 1.74 \\(headers\\) and OpenSSL \\(libcrypto\\): apt-get install libboost-dev libssl-dev"
        COMMAND ${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/noboost" ${common_args} ${lean}

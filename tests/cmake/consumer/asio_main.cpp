@@ -22,6 +22,17 @@
 #include <string>
 #include <vector>
 
+// Built twice: as consumer_asio (header-only) and, against ebbflow::compiled,
+// as consumer_compiled, which must see separate compilation switched on.
+#ifndef CONSUMER_NAME
+#define CONSUMER_NAME "consumer_asio"
+#endif
+#ifdef CONSUMER_COMPILED
+#ifndef EBBFLOW_SEPARATE_COMPILATION
+#error "ebbflow::compiled must define EBBFLOW_SEPARATE_COMPILATION for its consumers"
+#endif
+#endif
+
 static_assert(EBBFLOW_HAS_ASIO == 1, "ebbflow::asio must put Boost.Asio and OpenSSL on the include path");
 
 int main() {
@@ -30,7 +41,7 @@ int main() {
   int failures = 0;
   auto check = [&](bool ok, const char* what) {
     if (!ok) {
-      std::fprintf(stderr, "consumer_asio: FAILED: %s\n", what);
+      std::fprintf(stderr, CONSUMER_NAME ": FAILED: %s\n", what);
       ++failures;
     }
   };
@@ -84,7 +95,7 @@ int main() {
     check(cl.get("consumer/key", d) == "value", "store set/get round trip");
     check(cl.add("consumer/counter", 2, d) == 2, "store add");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "consumer_asio: store: %s\n", e.what());
+    std::fprintf(stderr, CONSUMER_NAME ": store: %s\n", e.what());
     ++failures;
   }
 
@@ -122,11 +133,11 @@ int main() {
       check(e.code() == ebbflow::errc::job_finished, "a worker started after the end is refused with job_finished");
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "consumer_asio: training loop: %s\n", e.what());
+    std::fprintf(stderr, CONSUMER_NAME ": training loop: %s\n", e.what());
     ++failures;
   }
 
   if (failures) return EXIT_FAILURE;
-  std::printf("consumer_asio OK\n");
+  std::printf(CONSUMER_NAME " OK\n");
   return EXIT_SUCCESS;
 }

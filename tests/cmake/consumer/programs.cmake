@@ -1,14 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # The programs every consumer project builds; run_consumer.cmake runs each one
 # listed in <build>/consumer-programs.txt and expects exit code 0.
-#   ebbflow_consumer_programs(CORE <libs> [ASIO <libs>] [UCX <libs>] [DEFINES <defs>] [SET_STANDARD])
+#   ebbflow_consumer_programs(CORE <libs> [ASIO <libs>] [UCX <libs>] [COMPILED <libs>] [DEFINES <defs>] [SET_STANDARD])
 # CORE: what a program using only the core links (ebbflow::ebbflow, or nothing
 # but the single header); consumer_core (the core and the batch planner, which
 # needs no optional dependency) links it. ASIO / UCX: what a program using the asio /
 # ucx component links (consumer_asio; consumer_ucx, a two-process allreduce
-# over UCX); each is built only when given.
+# over UCX); each is built only when given. COMPILED: ebbflow::compiled, the
+# separately compiled library; consumer_compiled is the asio program (store,
+# group, keep_training) linked against it instead of the header-only bodies.
 function(ebbflow_consumer_programs)
-  cmake_parse_arguments(C "SET_STANDARD" "" "CORE;ASIO;UCX;DEFINES" ${ARGN})
+  cmake_parse_arguments(C "SET_STANDARD" "" "CORE;ASIO;UCX;COMPILED;DEFINES" ${ARGN})
   set(dir ${CMAKE_CURRENT_FUNCTION_LIST_DIR})
   add_executable(consumer_core ${dir}/core_main.cpp)
   target_link_libraries(consumer_core PRIVATE ${C_CORE})
@@ -22,6 +24,12 @@ function(ebbflow_consumer_programs)
     add_executable(consumer_ucx ${dir}/ucx_main.cpp)
     target_link_libraries(consumer_ucx PRIVATE ${C_UCX})
     list(APPEND programs consumer_ucx)
+  endif()
+  if(C_COMPILED)
+    add_executable(consumer_compiled ${dir}/asio_main.cpp)
+    target_link_libraries(consumer_compiled PRIVATE ${C_COMPILED})
+    target_compile_definitions(consumer_compiled PRIVATE CONSUMER_NAME="consumer_compiled" CONSUMER_COMPILED)
+    list(APPEND programs consumer_compiled)
   endif()
   set(list "")
   foreach(p IN LISTS programs)

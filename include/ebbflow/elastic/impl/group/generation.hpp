@@ -16,8 +16,6 @@
 #include <string>
 #include <thread>
 
-// Compiled into ebbflow::compiled in separate compilation (config.hpp).
-#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -287,4 +285,3 @@ void group_impl<Store, Net>::leave_now() {
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
-#endif  // EBBFLOW_HEADER_ONLY

@@ -20,8 +20,6 @@
 #include <sstream>
 #include <string>
 
-// Compiled into ebbflow::compiled in separate compilation (config.hpp).
-#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -307,4 +305,3 @@ void group_impl<Store, Net>::note_store_unreachable(const char* why, steady_cloc
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
-#endif  // EBBFLOW_HEADER_ONLY

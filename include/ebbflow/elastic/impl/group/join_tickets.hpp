@@ -15,8 +15,6 @@
 #include <algorithm>
 #include <string>
 
-// Compiled into ebbflow::compiled in separate compilation (config.hpp).
-#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -231,4 +229,3 @@ void group_impl<Store, Net>::count_join_failures(const std::vector<detail::membe
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
-#endif  // EBBFLOW_HEADER_ONLY

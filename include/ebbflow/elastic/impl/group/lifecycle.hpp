@@ -14,8 +14,6 @@
 #include <algorithm>
 #include <string>
 
-// Compiled into ebbflow::compiled in separate compilation (config.hpp).
-#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -213,4 +211,3 @@ void group_impl<Store, Net>::fault_point(const char* point, Store& st, std::stop
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
-#endif  // EBBFLOW_HEADER_ONLY

@@ -16,8 +16,6 @@
 #include <string>
 #include <thread>
 
-// Compiled into ebbflow::compiled in separate compilation (config.hpp).
-#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -329,4 +327,3 @@ int group_impl<Store, Net>::poll_next() {
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
-#endif  // EBBFLOW_HEADER_ONLY

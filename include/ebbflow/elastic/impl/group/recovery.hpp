@@ -15,8 +15,6 @@
 #include <string>
 #include <thread>
 
-// Compiled into ebbflow::compiled in separate compilation (config.hpp).
-#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -318,4 +316,3 @@ void group_impl<Store, Net>::take_own_initial_state() {
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
-#endif  // EBBFLOW_HEADER_ONLY

@@ -16,8 +16,6 @@
 #include <sstream>
 #include <string>
 
-// Compiled into ebbflow::compiled in separate compilation (config.hpp).
-#if EBBFLOW_HEADER_ONLY
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
 
@@ -148,4 +146,3 @@ void group_impl<Store, Net>::sync_state() {
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
-#endif  // EBBFLOW_HEADER_ONLY

@@ -81,8 +81,6 @@ plan::steal_report group_impl<Store, Net>::steal_step(Process&& process, const s
 }
 
 
-// Compiled into ebbflow::compiled in separate compilation (config.hpp).
-#if EBBFLOW_HEADER_ONLY
 template <kv_store Store, network Net>
 step_info group_impl<Store, Net>::begin_step() {
   const inside busy(in_group_);
@@ -352,7 +350,6 @@ void group_impl<Store, Net>::commit(double compute_seconds, std::optional<std::s
   }
 }
 
-#endif  // EBBFLOW_HEADER_ONLY
 
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
