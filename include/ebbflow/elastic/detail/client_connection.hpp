@@ -167,7 +167,7 @@ class client_connection {
   void write_frame(const std::string& frame, deadline d, std::error_code& ec) {
     std::optional<boost::system::error_code> done;
     asio::async_write(sock_, asio::buffer(frame), [&](const boost::system::error_code& e, std::size_t) { done = e; });
-    if (!run_until(d, done, [&] { sock_.lowest_layer().cancel(); })) return fail(ec, error::timeout, "sending to " + address());
+    if (!run_until(d, done, [&] { cancel_io(); })) return fail(ec, error::timeout, "sending to " + address());
     if (*done) return fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
   }
 
@@ -195,7 +195,7 @@ class client_connection {
         done = e;
         got = n;
       });
-      if (!run_until(d, done, [&] { sock_.lowest_layer().cancel(); })) {
+      if (!run_until(d, done, [&] { cancel_io(); })) {
         if (keep_on_timeout) {
           ec = make_error_code(error::timeout);
           last_detail = "no message from " + address() + " before the deadline";
@@ -243,6 +243,14 @@ class client_connection {
   }
 
  private:
+  // Cancels what is pending on the socket. Without throwing: the socket may
+  // be closed already (a broken connection, then a call whose deadline had
+  // passed before it ran).
+  void cancel_io() noexcept {
+    boost::system::error_code ignored;
+    sock_.lowest_layer().cancel(ignored);
+  }
+
   template <class Cancel>
   bool run_until(deadline d, std::optional<boost::system::error_code>& done, Cancel cancel) {
     // run_until with time_point::max() would overflow inside Asio.
