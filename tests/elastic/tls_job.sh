@@ -58,16 +58,5 @@ python3 "$here/check_trace.py" . --steps "$steps" || {
   echo "FAIL: the sample trace is not exactly-once"
   exit 1
 }
-python3 - <<'PY'
-import struct, sys
-a = open("elastic.bin", "rb").read()
-b = open("ref.bin", "rb").read()
-if len(a) != len(b) or not a:
-    sys.exit(f"FAIL: {len(a)} bytes of parameters against {len(b)} in the reference")
-x = struct.unpack(f"{len(a) // 4}f", a)
-y = struct.unpack(f"{len(b) // 4}f", b)
-worst = max(abs(p - q) / (1e-3 + abs(q)) for p, q in zip(x, y))
-print(f"{len(x)} parameters, worst relative difference {worst:.3g} (limit 1e-3)")
-sys.exit(0 if worst < 1e-3 else 1)
-PY
+python3 "$here/compare_params.py" elastic.bin ref.bin
 echo "PASS (an elastic job over the embedded store with mutual TLS)"
