@@ -276,7 +276,8 @@ class etcd_client {
   struct watch_state {
     std::unique_ptr<http_connection> conn;
     std::vector<std::string> keys;  // full keys, sorted, unique
-    std::set<std::string> present;  // those that exist now (read at R, then events from R+1)
+    std::set<std::string> present;  // those that exist now (read at R, then events after R)
+    std::int64_t read_revision = 0;  // R
   };
 
   std::string full(std::string_view key) const { return prefix_ + std::string(key); }
@@ -513,36 +514,15 @@ class etcd_client {
     watch_.reset();
   }
 
-  // Reads which of `set` exist (revision R) and opens a watch of them from R+1.
+  // Opens a watch of `set` from now, then reads which of them exist
+  // (revision R); events up to R only repeat the read and are skipped. The
+  // watch comes first so that it starts "synced": a watch from a past
+  // revision (R + 1 once anything else was written, e.g. a heartbeat) is
+  // caught up by etcd's background loop, every 100 ms.
   bool open_watch(const std::vector<std::string>& set, deadline d, std::error_code& ec) {
     drop_watch();
-    std::vector<std::string> plain;  // without the prefix: try_get_many adds it
-    for (const auto& k : set) plain.push_back(k.substr(prefix_.size()));
-    std::int64_t rev = 0;
-    std::set<std::string> present;
-    for (std::size_t first = 0; first < set.size(); first += etcd_max_txn_ops) {
-      const std::size_t last = std::min(set.size(), first + etcd_max_txn_ops);
-      std::string body = "{\"success\":[";
-      for (std::size_t i = first; i < last; ++i)
-        body += std::string(i == first ? "" : ",") + "{\"request_range\":{\"key\":\"" + json::base64(set[i]) +
-                "\",\"keys_only\":true}}";
-      body += "]}";
-      json::value r;
-      if (!call("/v3/kv/txn", body, d, retry::always, r, ec)) return false;
-      // Several transactions: watch from the first one's revision, so that
-      // nothing after it is missed (earlier events only repeat what is read).
-      if (first == 0) rev = revision(r);
-      const auto& rs = r.array("responses");
-      if (rs.size() != last - first) return bad_reply(ec, "txn", false);
-      for (std::size_t i = first; i < last; ++i) {
-        const json::value* rr = rs[i - first].find("response_range");
-        if (rr && !rr->array("kvs").empty()) present.insert(set[i]);
-      }
-    }
     std::string body;
-    for (const auto& k : set)
-      body += "{\"create_request\":{\"key\":\"" + json::base64(k) + "\",\"start_revision\":\"" +
-              std::to_string(rev + 1) + "\"}}";
+    for (const auto& k : set) body += "{\"create_request\":{\"key\":\"" + json::base64(k) + "\"}}";
     auto w = std::make_unique<watch_state>();
     const auto& ep = endpoints_[cur_];
     w->conn = std::make_unique<http_connection>(ep.host, ep.port, tls_, tls_ctx_.get());
@@ -554,9 +534,53 @@ class etcd_client {
       return fail(ec, o == http_outcome::unauthorized ? error::unauthorized : error::peer_lost,
                   "etcd watch: " + (why.empty() ? "HTTP " + std::to_string(status) : why));
     }
+    // One "created" answer per key; events that come meanwhile are kept.
+    std::vector<std::string> early;
+    for (std::size_t created = 0; created < set.size();) {
+      std::string line;
+      const auto got = w->conn->next_line(d, line, why);
+      if (got == http_outcome::timeout || d.expired())
+        return fail(ec, error::timeout, "etcd watch: not created before the deadline");
+      if (got != http_outcome::ok) {
+        rotate();
+        return fail(ec, error::peer_lost, "etcd watch: " + why);
+      }
+      auto j = json::parse(line);
+      const json::value* res = j ? j->find("result") : nullptr;
+      if (!res || res->flag("canceled")) return bad_reply(ec, "watch", false);
+      if (res->flag("created")) ++created;
+      if (!res->array("events").empty()) early.push_back(std::move(line));
+    }
+    std::int64_t rev = 0;
+    std::set<std::string> present;
+    for (std::size_t first = 0; first < set.size(); first += etcd_max_txn_ops) {
+      const std::size_t last = std::min(set.size(), first + etcd_max_txn_ops);
+      std::string txn = "{\"success\":[";
+      for (std::size_t i = first; i < last; ++i)
+        txn += std::string(i == first ? "" : ",") + "{\"request_range\":{\"key\":\"" + json::base64(set[i]) +
+               "\",\"keys_only\":true}}";
+      txn += "]}";
+      json::value r;
+      if (!call("/v3/kv/txn", txn, d, retry::always, r, ec)) return false;
+      // Several transactions: events after the first one's revision are
+      // applied (later reads only repeat them).
+      if (first == 0) rev = revision(r);
+      const auto& rs = r.array("responses");
+      if (rs.size() != last - first) return bad_reply(ec, "txn", false);
+      for (std::size_t i = first; i < last; ++i) {
+        const json::value* rr = rs[i - first].find("response_range");
+        if (rr && !rr->array("kvs").empty()) present.insert(set[i]);
+      }
+    }
     w->keys = set;
     w->present = std::move(present);
+    w->read_revision = rev;
     watch_ = std::move(w);
+    for (const auto& line : early)
+      if (!take_events(line)) {
+        drop_watch();
+        return bad_reply(ec, "watch", false);
+      }
     return true;
   }
 
@@ -571,6 +595,7 @@ class etcd_client {
     for (const auto& e : res->array("events")) {
       const json::value* kv = e.find("kv");
       if (!kv) continue;
+      if (kv->i64("mod_revision") <= watch_->read_revision) continue;  // the read saw it already
       auto k = json::unbase64(kv->str("key"));
       if (!k) return false;
       if (e.str("type") == "DELETE") {
