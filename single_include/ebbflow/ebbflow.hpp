@@ -11983,10 +11983,11 @@ EBBFLOW_END_NAMESPACE
 //!   key's absence).
 //! * `add_many`, `try_get_many`: one transaction per 128 keys (etcd's
 //!   default `--max-txn-ops`).
-//! * `wait`, `wait_any`, `get`: a read at revision R, then a watch of the
-//!   missing keys from R+1 (no event can slip in between); the watch stays
-//!   open while the same keys are waited for again, so a caller that waits
-//!   in slices costs no round trip per slice.
+//! * `wait`, `wait_any`, `get`: a watch of the keys from now, then a read
+//!   at revision R; events up to R are skipped (no event can slip in
+//!   between or count twice). The watch stays open while the same keys are
+//!   waited for again, so a caller that waits in slices costs no round trip
+//!   per slice.
 //! * Endpoints: any number (`etcd://h1:2379,h2:2379,h3:2379`); a call goes to
 //!   the current one and moves to the next when it cannot connect, the
 //!   connection breaks, etcd has no leader or an attempt takes longer than
@@ -12059,7 +12060,9 @@ class etcd_store {
   //! From `EBBFLOW_STORE` (etcd://... or etcds://...), `EBBFLOW_STORE_TIMEOUT_MS`, `EBBFLOW_TLS_*`.
   //! @throws std::invalid_argument when the address is not an etcd one.
   static etcd_store from_environment();
+  //! Takes over the source's connections; the source must not be used afterwards.
   etcd_store(etcd_store&&) noexcept;
+  //! Closes this store's connections and takes over the source's.
   etcd_store& operator=(etcd_store&&) noexcept;
   ~etcd_store();
 
@@ -12920,7 +12923,8 @@ class etcd_client {
   struct watch_state {
     std::unique_ptr<http_connection> conn;
     std::vector<std::string> keys;  // full keys, sorted, unique
-    std::set<std::string> present;  // those that exist now (read at R, then events from R+1)
+    std::set<std::string> present;  // those that exist now (read at R, then events after R)
+    std::int64_t read_revision = 0;  // R
   };
 
   std::string full(std::string_view key) const { return prefix_ + std::string(key); }
@@ -13157,36 +13161,15 @@ class etcd_client {
     watch_.reset();
   }
 
-  // Reads which of `set` exist (revision R) and opens a watch of them from R+1.
+  // Opens a watch of `set` from now, then reads which of them exist
+  // (revision R); events up to R only repeat the read and are skipped. The
+  // watch comes first so that it starts "synced": a watch from a past
+  // revision (R + 1 once anything else was written, e.g. a heartbeat) is
+  // caught up by etcd's background loop, every 100 ms.
   bool open_watch(const std::vector<std::string>& set, deadline d, std::error_code& ec) {
     drop_watch();
-    std::vector<std::string> plain;  // without the prefix: try_get_many adds it
-    for (const auto& k : set) plain.push_back(k.substr(prefix_.size()));
-    std::int64_t rev = 0;
-    std::set<std::string> present;
-    for (std::size_t first = 0; first < set.size(); first += etcd_max_txn_ops) {
-      const std::size_t last = std::min(set.size(), first + etcd_max_txn_ops);
-      std::string body = "{\"success\":[";
-      for (std::size_t i = first; i < last; ++i)
-        body += std::string(i == first ? "" : ",") + "{\"request_range\":{\"key\":\"" + json::base64(set[i]) +
-                "\",\"keys_only\":true}}";
-      body += "]}";
-      json::value r;
-      if (!call("/v3/kv/txn", body, d, retry::always, r, ec)) return false;
-      // Several transactions: watch from the first one's revision, so that
-      // nothing after it is missed (earlier events only repeat what is read).
-      if (first == 0) rev = revision(r);
-      const auto& rs = r.array("responses");
-      if (rs.size() != last - first) return bad_reply(ec, "txn", false);
-      for (std::size_t i = first; i < last; ++i) {
-        const json::value* rr = rs[i - first].find("response_range");
-        if (rr && !rr->array("kvs").empty()) present.insert(set[i]);
-      }
-    }
     std::string body;
-    for (const auto& k : set)
-      body += "{\"create_request\":{\"key\":\"" + json::base64(k) + "\",\"start_revision\":\"" +
-              std::to_string(rev + 1) + "\"}}";
+    for (const auto& k : set) body += "{\"create_request\":{\"key\":\"" + json::base64(k) + "\"}}";
     auto w = std::make_unique<watch_state>();
     const auto& ep = endpoints_[cur_];
     w->conn = std::make_unique<http_connection>(ep.host, ep.port, tls_, tls_ctx_.get());
@@ -13198,9 +13181,53 @@ class etcd_client {
       return fail(ec, o == http_outcome::unauthorized ? error::unauthorized : error::peer_lost,
                   "etcd watch: " + (why.empty() ? "HTTP " + std::to_string(status) : why));
     }
+    // One "created" answer per key; events that come meanwhile are kept.
+    std::vector<std::string> early;
+    for (std::size_t created = 0; created < set.size();) {
+      std::string line;
+      const auto got = w->conn->next_line(d, line, why);
+      if (got == http_outcome::timeout || d.expired())
+        return fail(ec, error::timeout, "etcd watch: not created before the deadline");
+      if (got != http_outcome::ok) {
+        rotate();
+        return fail(ec, error::peer_lost, "etcd watch: " + why);
+      }
+      auto j = json::parse(line);
+      const json::value* res = j ? j->find("result") : nullptr;
+      if (!res || res->flag("canceled")) return bad_reply(ec, "watch", false);
+      if (res->flag("created")) ++created;
+      if (!res->array("events").empty()) early.push_back(std::move(line));
+    }
+    std::int64_t rev = 0;
+    std::set<std::string> present;
+    for (std::size_t first = 0; first < set.size(); first += etcd_max_txn_ops) {
+      const std::size_t last = std::min(set.size(), first + etcd_max_txn_ops);
+      std::string txn = "{\"success\":[";
+      for (std::size_t i = first; i < last; ++i)
+        txn += std::string(i == first ? "" : ",") + "{\"request_range\":{\"key\":\"" + json::base64(set[i]) +
+               "\",\"keys_only\":true}}";
+      txn += "]}";
+      json::value r;
+      if (!call("/v3/kv/txn", txn, d, retry::always, r, ec)) return false;
+      // Several transactions: events after the first one's revision are
+      // applied (later reads only repeat them).
+      if (first == 0) rev = revision(r);
+      const auto& rs = r.array("responses");
+      if (rs.size() != last - first) return bad_reply(ec, "txn", false);
+      for (std::size_t i = first; i < last; ++i) {
+        const json::value* rr = rs[i - first].find("response_range");
+        if (rr && !rr->array("kvs").empty()) present.insert(set[i]);
+      }
+    }
     w->keys = set;
     w->present = std::move(present);
+    w->read_revision = rev;
     watch_ = std::move(w);
+    for (const auto& line : early)
+      if (!take_events(line)) {
+        drop_watch();
+        return bad_reply(ec, "watch", false);
+      }
     return true;
   }
 
@@ -13215,6 +13242,7 @@ class etcd_client {
     for (const auto& e : res->array("events")) {
       const json::value* kv = e.find("kv");
       if (!kv) continue;
+      if (kv->i64("mod_revision") <= watch_->read_revision) continue;  // the read saw it already
       auto k = json::unbase64(kv->str("key"));
       if (!k) return false;
       if (e.str("type") == "DELETE") {
@@ -14974,7 +15002,7 @@ class client_connection {
   void write_frame(const std::string& frame, deadline d, std::error_code& ec) {
     std::optional<boost::system::error_code> done;
     asio::async_write(sock_, asio::buffer(frame), [&](const boost::system::error_code& e, std::size_t) { done = e; });
-    if (!run_until(d, done, [&] { sock_.lowest_layer().cancel(); })) return fail(ec, error::timeout, "sending to " + address());
+    if (!run_until(d, done, [&] { cancel_io(); })) return fail(ec, error::timeout, "sending to " + address());
     if (*done) return fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
   }
 
@@ -15002,7 +15030,7 @@ class client_connection {
         done = e;
         got = n;
       });
-      if (!run_until(d, done, [&] { sock_.lowest_layer().cancel(); })) {
+      if (!run_until(d, done, [&] { cancel_io(); })) {
         if (keep_on_timeout) {
           ec = make_error_code(error::timeout);
           last_detail = "no message from " + address() + " before the deadline";
@@ -15050,6 +15078,14 @@ class client_connection {
   }
 
  private:
+  // Cancels what is pending on the socket. Without throwing: the socket may
+  // be closed already (a broken connection, then a call whose deadline had
+  // passed before it ran).
+  void cancel_io() noexcept {
+    boost::system::error_code ignored;
+    sock_.lowest_layer().cancel(ignored);
+  }
+
   template <class Cancel>
   bool run_until(deadline d, std::optional<boost::system::error_code>& done, Cancel cancel) {
     // run_until with time_point::max() would overflow inside Asio.
@@ -16654,12 +16690,12 @@ struct group_options {
   std::chrono::milliseconds min_size_wait{600'000};  //!< EBBFLOW_MIN_WAIT_MS: below min_size before giving up
   std::chrono::milliseconds initial_wait{30'000};    //!< EBBFLOW_INITIAL_WAIT_MS: for all launched workers
   std::chrono::milliseconds store_timeout{10'000};   //!< EBBFLOW_STORE_TIMEOUT_MS: deadline of each store call
+  std::chrono::milliseconds admit_delay{50};         //!< EBBFLOW_ADMIT_DELAY_MS: batch join tickets this close
+  std::chrono::milliseconds stall_warning{10'000};   //!< EBBFLOW_STALL_WARN_MS: name who is behind (0: off)
   //! EBBFLOW_STORE_OUTAGE_MS: a failure found while the store cannot be
   //! reached waits this long for the store (a replicated store regaining its
   //! quorum) before the group gives up; 0: gives up at once.
   std::chrono::milliseconds store_outage_wait{0};
-  std::chrono::milliseconds admit_delay{50};         //!< EBBFLOW_ADMIT_DELAY_MS: batch join tickets this close
-  std::chrono::milliseconds stall_warning{10'000};   //!< EBBFLOW_STALL_WARN_MS: name who is behind (0: off)
   std::chrono::microseconds sched_slice{0};          //!< EBBFLOW_SCHED_SLICE_US: members' scheduler slice (0: off)
   static constexpr std::chrono::microseconds min_sched_slice{100};     //!< the kernel's shortest slice
   static constexpr std::chrono::microseconds max_sched_slice{100000};  //!< the kernel's longest slice

@@ -14,10 +14,11 @@
 //!   key's absence).
 //! * `add_many`, `try_get_many`: one transaction per 128 keys (etcd's
 //!   default `--max-txn-ops`).
-//! * `wait`, `wait_any`, `get`: a read at revision R, then a watch of the
-//!   missing keys from R+1 (no event can slip in between); the watch stays
-//!   open while the same keys are waited for again, so a caller that waits
-//!   in slices costs no round trip per slice.
+//! * `wait`, `wait_any`, `get`: a watch of the keys from now, then a read
+//!   at revision R; events up to R are skipped (no event can slip in
+//!   between or count twice). The watch stays open while the same keys are
+//!   waited for again, so a caller that waits in slices costs no round trip
+//!   per slice.
 //! * Endpoints: any number (`etcd://h1:2379,h2:2379,h3:2379`); a call goes to
 //!   the current one and moves to the next when it cannot connect, the
 //!   connection breaks, etcd has no leader or an attempt takes longer than
@@ -90,7 +91,9 @@ class etcd_store {
   //! From `EBBFLOW_STORE` (etcd://... or etcds://...), `EBBFLOW_STORE_TIMEOUT_MS`, `EBBFLOW_TLS_*`.
   //! @throws std::invalid_argument when the address is not an etcd one.
   static etcd_store from_environment();
+  //! Takes over the source's connections; the source must not be used afterwards.
   etcd_store(etcd_store&&) noexcept;
+  //! Closes this store's connections and takes over the source's.
   etcd_store& operator=(etcd_store&&) noexcept;
   ~etcd_store();
 
