@@ -98,7 +98,7 @@ class EbbflowConan(ConanFile):
             core.system_libs = ["pthread"]
 
         if self.options.asio:
-            self._component("ebbflow::asio", ["core"], ["crypto"])  # Boost.Asio is header-only; HMAC from OpenSSL
+            self._component("ebbflow::asio", ["core"], ["ssl", "crypto"])  # Boost.Asio is header-only; TLS and HMAC from OpenSSL
         if self.options.ucx:
             self._component("ebbflow::ucx", ["core"], ["ucp", "uct", "ucs"])
         if self.options.cuda:

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Optional component targets. Each carries the link dependencies of one
 # optional piece; a consumer links the ones it uses:
-#   ebbflow::asio  Boost.Asio + OpenSSL (rendezvous store, elastic control plane)
+#   ebbflow::asio  Boost.Asio + OpenSSL (rendezvous store with TLS, etcd client, elastic control plane)
 #   ebbflow::ucx   UCX (host collectives)
 #   ebbflow::cuda  CUDA runtime (device executors, pinned memory)
 #   ebbflow::nccl  NCCL (device collectives)
@@ -61,10 +61,11 @@ endmacro()
 # which the tests hide one, refuses a REQUIRED find_package outright).
 if(_ebbflow_want_ASIO)
   find_package(Boost 1.74 QUIET CONFIG)
-  find_package(OpenSSL QUIET COMPONENTS Crypto)
+  find_package(OpenSSL QUIET COMPONENTS Crypto SSL)
   if(Boost_FOUND AND OPENSSL_FOUND)
     _ebbflow_component(asio)
-    target_link_libraries(ebbflow_asio INTERFACE Boost::headers OpenSSL::Crypto)
+    # SSL: TLS for the store and for etcd (elastic/detail/tls.hpp).
+    target_link_libraries(ebbflow_asio INTERFACE Boost::headers OpenSSL::SSL OpenSSL::Crypto)
   else()
     _ebbflow_missing(ASIO)
   endif()

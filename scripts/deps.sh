@@ -8,9 +8,11 @@ pkgs=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-de
       libboost-dev libssl-dev libucx-dev ucx-utils librange-v3-dev iproute2 procps)
 case $what in
   build) ;;
-  test) pkgs+=(clang libclang-rt-14-dev libopenmpi-dev openmpi-bin libgloo-dev doxygen python3-venv libtorch-dev python3-sklearn) ;;
+  test) pkgs+=(clang libclang-rt-14-dev libopenmpi-dev openmpi-bin libgloo-dev doxygen python3-venv libtorch-dev python3-sklearn
+             etcd-server etcd-client openssl) ;;
   demo) pkgs+=(libtorch-dev python3-sklearn gnuplot-nox) ;;
-  all) pkgs+=(clang libclang-rt-14-dev libopenmpi-dev openmpi-bin libgloo-dev libtorch-dev python3-sklearn gnuplot-nox doxygen python3-venv) ;;
+  all) pkgs+=(clang libclang-rt-14-dev libopenmpi-dev openmpi-bin libgloo-dev libtorch-dev python3-sklearn gnuplot-nox doxygen python3-venv
+            etcd-server etcd-client openssl) ;;
   *) echo "usage: $0 [build|test|demo|all]" >&2; exit 2 ;;
 esac
 if [[ -n ${EBBFLOW_EXTRA_PACKAGES:-} ]]; then read -r -a extra <<<"$EBBFLOW_EXTRA_PACKAGES"; pkgs+=("${extra[@]}"); fi

@@ -6,9 +6,9 @@
 // the quotes still equal these lines (tests/docs). A complete program: a
 // linear model fitted by SGD with momentum to a synthetic data set.
 // [includes]
+#include <ebbflow/elastic/any_store.hpp>       // elastic::any_store: the job's store, picked by EBBFLOW_STORE
 #include <ebbflow/elastic/group.hpp>           // elastic::group, group_options, step_info, leave_on_signal
 #include <ebbflow/elastic/planner_policy.hpp>  // elastic::planner_policy: batch sizes by measured speed
-#include <ebbflow/elastic/tcp_store.hpp>       // elastic::store_client: the job's rendezvous store
 #include <ebbflow/elastic/ucx_network.hpp>     // elastic::ucx_network: collectives over UCX
 #include <ebbflow/plan/sampler.hpp>            // plan::epoch_permutation: each epoch's sample order
 namespace ef = ebbflow;
@@ -113,7 +113,7 @@ void run(std::int64_t steps, bool steal) {
   opts.global_batch = 128;                                         // required: B, samples per step
   opts.dataset_size = dataset_size;                                // required: N, samples per epoch
   el::ucx_network net;
-  el::group g([] { return std::make_unique<el::store_client>(el::store_client::from_environment()); }, net, opts,
+  el::group g([] { return std::make_unique<el::any_store>(el::any_store::from_environment()); }, net, opts,
               ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
   g.register_state("params", std::as_writable_bytes(std::span(params)));      // what must be equal on every
   g.register_state("velocity", std::as_writable_bytes(std::span(velocity)));  // member: model and optimizer

@@ -22,7 +22,7 @@
 // flags; those both examples take are in ../common/training_args.hpp.
 #include <ebbflow/elastic/group.hpp>
 #include <ebbflow/elastic/planner_policy.hpp>
-#include <ebbflow/elastic/tcp_store.hpp>
+#include <ebbflow/elastic/any_store.hpp>  // the job's store, picked by EBBFLOW_STORE (embedded, TLS, etcd)
 #include <ebbflow/elastic/ucx_network.hpp>
 #include <ebbflow/plan/sampler.hpp>
 
@@ -213,8 +213,8 @@ int main(int argc, char** argv) try {
   opts.global_batch = a.batch;
   opts.dataset_size = train.size();
   el::ucx_network net;
-  el::group<el::store_client, el::ucx_network> g(
-      [] { return std::make_unique<el::store_client>(el::store_client::from_environment()); }, net, opts,
+  el::group<el::any_store, el::ucx_network> g(
+      [] { return std::make_unique<el::any_store>(el::any_store::from_environment()); }, net, opts,
       ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
   // ebbflow: the training state joiners receive.
   g.register_state("params", std::as_writable_bytes(std::span(params)));

@@ -14,7 +14,7 @@
 
 #include <ebbflow/elastic/group.hpp>           // elastic::group
 #include <ebbflow/elastic/planner_policy.hpp>  // the exact batch planner as the group's policy
-#include <ebbflow/elastic/tcp_store.hpp>           // the rendezvous store client
+#include <ebbflow/elastic/any_store.hpp>           // the job's store, picked by EBBFLOW_STORE
 #include <ebbflow/elastic/ucx_network.hpp>     // collectives over UCX
 #include <ebbflow/plan/sampler.hpp>            // plan::epoch_permutation
 #include <ebbflow/prefetch/prefetcher.hpp>     // prefetch::prefetcher
@@ -340,8 +340,8 @@ int main(int argc, char** argv) try {
   opts.global_batch = a.batch;
   opts.dataset_size = train.size();
   el::ucx_network net;
-  el::group<el::store_client, el::ucx_network> g(
-      [] { return std::make_unique<el::store_client>(el::store_client::from_environment()); }, net, opts,
+  el::group<el::any_store, el::ucx_network> g(
+      [] { return std::make_unique<el::any_store>(el::any_store::from_environment()); }, net, opts,
       ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
   // ebbflow: the training state that joiners (and members behind after a failure) receive.
   g.register_state("params", std::as_writable_bytes(floats_of(h_params)));

@@ -75,6 +75,8 @@
 #include <ebbflow/version.hpp>
 
 #if EBBFLOW_HAS_ASIO
+#include <ebbflow/elastic/any_store.hpp>
+#include <ebbflow/elastic/etcd_store.hpp>
 #include <ebbflow/elastic/store.hpp>
 #include <ebbflow/elastic/tcp_store.hpp>
 #endif  // EBBFLOW_HAS_ASIO

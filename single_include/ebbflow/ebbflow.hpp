@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 118 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 127 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -1696,7 +1696,11 @@ struct launch_info {
   int world_size = 1;                    //!< processes in the initial world
   int local_rank = 0;                    //!< rank among processes on this host
   std::string store_host = "127.0.0.1";  //!< rendezvous store address
-  std::uint16_t store_port = 0;          //!< 0: no store given
+  std::uint16_t store_port = 0;          //!< 0: no store given (or not a host:port store)
+  //! `EBBFLOW_STORE` as given: host:port, tcp+tls://host:port,
+  //! etcd://h1:p1,h2:p2[/prefix] or etcds://... (elastic/any_store.hpp picks
+  //! the backend from it); empty when only MASTER_ADDR/MASTER_PORT are set.
+  std::string store_address;
   std::string token;                     //!< job secret (EBBFLOW_TOKEN); never logged
   std::string source = "default";        //!< which launcher's variables were used
 
@@ -1723,9 +1727,15 @@ struct launch_info {
         pick("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "openmpi") ||
         pick("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "slurm");
     if (auto s = env::get("EBBFLOW_STORE")) {
-      auto hp = env::parse_host_port(*s, "EBBFLOW_STORE");
-      li.store_host = hp.host;
-      li.store_port = hp.port;
+      li.store_address = *s;
+      std::string_view hp_text = *s;
+      if (hp_text.starts_with("tcp://")) hp_text.remove_prefix(6);
+      if (hp_text.starts_with("tcp+tls://")) hp_text.remove_prefix(10);
+      if (hp_text.find("://") == std::string_view::npos) {  // other schemes: elastic/any_store.hpp parses them
+        auto hp = env::parse_host_port(hp_text, "EBBFLOW_STORE");
+        li.store_host = hp.host;
+        li.store_port = hp.port;
+      }
     } else if (auto a = env::get("MASTER_ADDR")) {
       li.store_host = *a;
       li.store_port = static_cast<std::uint16_t>(env::get_int("MASTER_PORT", 29500, 1, 65535));
@@ -9333,69 +9343,371 @@ void name_thread(Thread& t, std::string_view name) noexcept {
 EBBFLOW_END_NAMESPACE
 // ==== end <ebbflow/core/thread_name.hpp>
 
-// ==== begin <ebbflow/elastic/cooldown.hpp> ================================
+// ==== begin <ebbflow/elastic/detail/store_ops.hpp> ========================
 // SPDX-License-Identifier: Apache-2.0
-//! @file cooldown.hpp
-//! The back-off shared by the elastic group's join cool-down
-//! (`EBBFLOW_JOIN_COOLDOWN`) and `ebbflow-run --restart-cooldown`: nothing
-//! after a first failure, then SEC, doubling with every further failure in
-//! a row, at most MAX. Written "SEC[:MAX]" in seconds; SEC 0 turns it off.
+//! @file detail/store_ops.hpp
+//! Store operations the elastic group builds on any `kv_store`: batched reads
+//! and adds (one pipelined round trip where the store offers it), waits for
+//! keys in slices that notice a stop request, and a stoppable sleep.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
-#include <cstdlib>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+// Sleeps until `until` or until `stop` is requested, whichever comes first
+// (in slices of at most 10 ms, so a stop is seen soon).
+inline void sleep_until(steady_clock::time_point until, const std::stop_token& stop) {
+  while (!stop.stop_requested() && steady_clock::now() < until)
+    std::this_thread::sleep_for(
+        std::min<steady_clock::duration>(until - steady_clock::now(), std::chrono::milliseconds(10)));
+}
+
+// The values of `keys`: in one pipelined batch where the store offers
+// try_get_many, else one by one.
+template <class S>
+std::vector<std::optional<std::string>> try_get_all(S& st, const std::vector<std::string>& keys, deadline d) {
+  if (keys.empty()) return {};  // no round trip for nothing
+  if constexpr (requires { st.try_get_many(std::span<const std::string>(keys), d); }) {
+    return st.try_get_many(std::span<const std::string>(keys), d);
+  } else {
+    std::vector<std::optional<std::string>> out;
+    for (const auto& k : keys) out.push_back(st.try_get(k, d));
+    return out;
+  }
+}
+
+// `add(keys[i], deltas[i])` for every i: in one pipelined batch where the
+// store offers add_many, else one by one.
+template <class S>
+std::vector<std::int64_t> add_all(S& st, const std::vector<std::string>& keys, const std::vector<std::int64_t>& deltas,
+                                  deadline d) {
+  if constexpr (requires {
+                  st.add_many(std::span<const std::string>(keys), std::span<const std::int64_t>(deltas), d);
+                }) {
+    return st.add_many(std::span<const std::string>(keys), std::span<const std::int64_t>(deltas), d);
+  } else {
+    std::vector<std::int64_t> out;
+    for (std::size_t i = 0; i < keys.size(); ++i) out.push_back(st.add(keys[i], deltas[i], d));
+    return out;
+  }
+}
+
+// Waits on the server until any of `keys` exists, in 50 ms slices so that a
+// stop request is noticed: the index of one that does, or nullopt when
+// stopped or past `d`. A store without wait_any waits for the first key and
+// looks for the others at the end of each slice.
+template <class S>
+std::optional<std::size_t> wait_any_key(S& st, const std::vector<std::string>& keys, deadline d,
+                                        const std::stop_token& stop) {
+  constexpr bool has_wait_any = requires { st.wait_any(keys, d); };
+  while (!stop.stop_requested() && !d.expired()) {
+    try {
+      const auto slice = min(d, deadline::after(std::chrono::milliseconds(50)));
+      if constexpr (has_wait_any) {
+        return st.wait_any(keys, slice);
+      } else {
+        st.wait({keys.front()}, slice);
+        return 0;
+      }
+    } catch (const system_error& e) {
+      if (e.code() != errc::timeout) throw;
+    }
+    if constexpr (!has_wait_any)
+      for (std::size_t i = 1; i < keys.size() && !d.expired(); ++i)
+        if (st.try_get(keys[i], d)) return i;
+  }
+  return std::nullopt;
+}
+
+// The same for one key: true once it exists.
+template <class S>
+bool wait_key(S& st, const std::string& k, deadline d, const std::stop_token& stop) {
+  return wait_any_key(st, {k}, d, stop).has_value();
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ==== end <ebbflow/elastic/detail/store_ops.hpp>
+
+// ==== begin <ebbflow/elastic/kv_store.hpp> ================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file kv_store.hpp
+//! The `kv_store` concept the elastic group coordinates through, and
+//! `memory_store`, an in-process model of it for unit tests.
+//!
+//! Semantics: keys and values are strings (values binary-safe). Every call takes a deadline and
+//! throws `ebbflow::system_error` (`errc::timeout`, `errc::peer_lost` when the
+//! store is unreachable, `errc::unauthorized`) on failure.
+//! * `set(k, v, d)` stores v under k.
+//! * `try_get(k, d)` returns the value, or nullopt when k is absent (never blocks on absence).
+//! * `add(k, delta, d)` atomically adds to the 64-bit integer under k (absent = 0), returns the new value.
+//! * `compare_set(k, expected, desired, d)` stores desired when the current value
+//!   equals expected (an empty expected matches an absent key); the result's `swapped` tells whether it did,
+//!   `current` is the value now stored.
+//! * `wait(keys, d)` blocks until every key exists, or throws `errc::timeout`.
+//! Optional, used when present: `add_many(keys, deltas, d)` and
+//! `try_get_many(keys, d)`, the same operations for several keys in about one
+//! round trip (the group batches its reads of join tickets and addresses);
+//! `wait_any(keys, d)`, which blocks until any key exists and returns the
+//! index of the first one that does (the coordinator waits for the next join
+//! ticket and for an abort at once; without it, an abort reaches it at its
+//! next heartbeat).
+//! The Boost.Asio store client (elastic/tcp_store.hpp) models this concept.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <charconv>
+#include <condition_variable>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+//! `stored + delta` for a counter kept as decimal text (empty: 0), or the
+//! reason it cannot be: the text is not a whole int64, or the sum
+//! overflows. The store server and `memory_store` share it, so the two
+//! agree on every value.
+inline std::optional<std::int64_t> add_to_counter(std::string_view stored, std::int64_t delta, std::string& why) {
+  std::int64_t cur = 0;
+  if (!stored.empty()) {
+    const auto [p, ec] = std::from_chars(stored.data(), stored.data() + stored.size(), cur);
+    if (ec != std::errc{} || p != stored.data() + stored.size()) {
+      why = "is not an integer";
+      return std::nullopt;
+    }
+  }
+  std::int64_t next = 0;
+  if (__builtin_add_overflow(cur, delta, &next)) {
+    why = "would overflow int64";
+    return std::nullopt;
+  }
+  return next;
+}
+}  // namespace elastic::detail
+
 namespace elastic {
 
-//! SEC and MAX of a cool-down. Value type.
-struct cooldown {
-  std::chrono::milliseconds sec{1'000};   //!< the wait after the second failure in a row (0: never wait)
-  std::chrono::milliseconds max{60'000};  //!< the longest wait
+//! Owned binary data (transport addresses, encoded records); host memory.
+using bytes = std::vector<std::byte>;
 
-  //! The wait after `failures` failures in a row: 0 for fewer than 2 (or
-  //! when SEC is 0), else SEC·2^(failures−2), at most MAX.
-  [[nodiscard]] std::chrono::milliseconds after(std::int64_t failures) const noexcept {
-    if (failures < 2 || sec.count() <= 0) return std::chrono::milliseconds(0);
-    return std::min(max, sec * (std::int64_t{1} << std::min<std::int64_t>(failures - 2, 20)));
-  }
-
-  //! Parses "SEC[:MAX]" (seconds in [0, 86400]; MAX defaults to `defaults.max`).
-  //! @throws std::invalid_argument "<what>='<text>': ..." on a malformed value.
-  static cooldown parse(std::string_view text, std::string_view what, cooldown defaults) {
-    const std::string t(text);
-    // No source location in the message: a command line shows it to its user.
-    const auto bad = [&](const char* why) { throw std::invalid_argument(std::string(what) + "='" + t + "': " + why); };
-    const auto seconds = [&](const std::string& s) {
-      char* end = nullptr;
-      const double x = std::strtod(s.c_str(), &end);
-      if (s.empty() || end != s.c_str() + s.size() || !(x >= 0 && x <= 86'400))
-        bad("expected SEC[:MAX], seconds in [0, 86400]");
-      return std::chrono::milliseconds(static_cast<std::int64_t>(x * 1000 + 0.5));
-    };
-    cooldown c = defaults;
-    const auto colon = t.find(':');
-    c.sec = seconds(t.substr(0, colon));
-    if (colon != std::string::npos) c.max = seconds(t.substr(colon + 1));
-    if (c.max < c.sec) bad("MAX is below SEC");
-    return c;
-  }
-  //! As above, MAX defaulting to 60 s.
-  static cooldown parse(std::string_view text, std::string_view what) { return parse(text, what, cooldown{}); }
+template <class S>
+concept kv_store = requires(S& s, const std::string& k, std::string_view v, std::int64_t delta, deadline d,
+                            const std::vector<std::string>& keys) {
+  s.set(k, v, d);
+  { s.try_get(k, d) } -> std::same_as<std::optional<std::string>>;
+  { s.add(k, delta, d) } -> std::same_as<std::int64_t>;
+  { s.compare_set(k, v, v, d).current } -> std::convertible_to<std::string>;
+  { s.compare_set(k, v, v, d).swapped } -> std::convertible_to<bool>;
+  s.wait(keys, d);
 };
+
+//! Bytes as a string value (values are binary-safe).
+inline std::string to_value(std::span<const std::byte> b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+//! A string value as bytes.
+inline bytes to_bytes(std::string_view s) {
+  bytes b(s.size());
+  if (!s.empty()) std::memcpy(b.data(), s.data(), s.size());
+  return b;
+}
+
+//! A thread-safe in-process store. Can be made unreachable (`fail()`) to test
+//! how clients react to a lost store.
+class memory_store {
+ public:
+  //! Outcome of `compare_set`.
+  struct cas_result {
+    bool swapped = false;  //!< true when `desired` was stored
+    std::string current;   //!< the value now stored under the key ("" when absent)
+  };
+  //! Stores `v` under `k` and wakes waiters. Never blocks beyond the lock.
+  //! @throws system_error: peer_lost after `fail()`, timeout when `d` already expired.
+  void set(const std::string& k, std::string_view v, deadline d) {
+    std::lock_guard lk(m_);
+    check(d, "store.set");
+    kv_[k] = std::string(v);
+    cv_.notify_all();
+  }
+  //! The value under `k`, or nullopt when absent. Errors as for `set`.
+  std::optional<std::string> try_get(const std::string& k, deadline d) {
+    std::lock_guard lk(m_);
+    check(d, "store.get");
+    auto it = kv_.find(k);
+    if (it == kv_.end()) return std::nullopt;
+    return it->second;
+  }
+  //! Removes `k`; returns whether it existed. @throws system_error: peer_lost after `fail()`.
+  bool erase(std::string_view k) {
+    std::lock_guard lk(m_);
+    check(deadline::never(), "store.erase");
+    auto it = kv_.find(std::string(k));
+    if (it == kv_.end()) return false;
+    kv_.erase(it);
+    return true;
+  }
+  //! The keys that start with `prefix`, in order (for tests and diagnostics).
+  std::vector<std::string> keys(std::string_view prefix = {}) const {
+    std::lock_guard lk(m_);
+    std::vector<std::string> out;
+    for (auto it = kv_.lower_bound(std::string(prefix)); it != kv_.end() && it->first.starts_with(prefix); ++it)
+      out.push_back(it->first);
+    return out;
+  }
+  //! `try_get(keys[i])` for every i, under one lock. Errors as `try_get`.
+  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d) {
+    std::vector<std::optional<std::string>> out;
+    out.reserve(keys.size());
+    std::lock_guard lk(m_);
+    check(d, "store.try_get_many");
+    for (const auto& k : keys) {
+      auto it = kv_.find(k);
+      out.push_back(it == kv_.end() ? std::nullopt : std::optional<std::string>(it->second));
+    }
+    return out;
+  }
+  //! Adds `delta` to the decimal integer under `k` (absent = 0) and returns
+  //! the new value. Errors as for `set`; `errc::invalid_state` when the
+  //! stored value is not a whole int64 or the sum would overflow (as the
+  //! server: the value is left as it was).
+  std::int64_t add(const std::string& k, std::int64_t delta, deadline d) {
+    std::lock_guard lk(m_);
+    check(d, "store.add");
+    return add_locked(k, delta);
+  }
+  //! `add(keys[i], deltas[i])` for every i, under one lock. Errors as `add`;
+  //! std::invalid_argument when the spans differ in length.
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     deadline d) {
+    if (keys.size() != deltas.size())
+      throw std::invalid_argument("store.add_many: " + std::to_string(keys.size()) + " keys but " +
+                                  std::to_string(deltas.size()) + " deltas");
+    std::vector<std::int64_t> out;
+    out.reserve(keys.size());
+    std::lock_guard lk(m_);
+    check(d, "store.add_many");
+    for (std::size_t i = 0; i < keys.size(); ++i) out.push_back(add_locked(keys[i], deltas[i]));
+    return out;
+  }
+  //! Stores `desired` when the value under `k` equals `expected` (an empty
+  //! `expected` matches an absent key). Errors as for `set`.
+  cas_result compare_set(const std::string& k, std::string_view expected, std::string_view desired, deadline d) {
+    std::lock_guard lk(m_);
+    check(d, "store.compare_set");
+    auto it = kv_.find(k);
+    const bool match = it == kv_.end() ? expected.empty() : it->second == expected;
+    if (match) {
+      kv_[k] = std::string(desired);
+      cv_.notify_all();
+      return {true, std::string(desired)};
+    }
+    return {false, it == kv_.end() ? std::string() : it->second};
+  }
+  //! Blocks until every key in `keys` exists.
+  //! @throws system_error: timeout when `d` passes first (naming the first key),
+  //! peer_lost after `fail()`.
+  void wait(const std::vector<std::string>& keys, deadline d) {
+    wait_until_found("store.wait", keys, d, [&]() -> std::optional<std::size_t> {
+      for (auto& k : keys)
+        if (kv_.count(k) == 0) return std::nullopt;
+      return 0;
+    });
+  }
+  //! Blocks until any key in `keys` exists; returns the index of the first
+  //! one that does. Errors as for `wait`.
+  std::size_t wait_any(const std::vector<std::string>& keys, deadline d) {
+    if (keys.empty()) throw std::invalid_argument("store.wait_any: no keys to wait for");
+    return wait_until_found("store.wait_any", keys, d, [&]() -> std::optional<std::size_t> {
+      for (std::size_t i = 0; i < keys.size(); ++i)
+        if (kv_.count(keys[i]) > 0) return i;
+      return std::nullopt;
+    });
+  }
+  //! Makes every later call fail with `peer_lost` (the store went away).
+  void fail() {
+    std::lock_guard lk(m_);
+    failed_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::int64_t add_locked(const std::string& k, std::int64_t delta) {
+    auto it = kv_.find(k);
+    std::string why;
+    const auto x =
+        detail::add_to_counter(it == kv_.end() ? std::string_view() : std::string_view(it->second), delta, why);
+    if (!x) throw_if(make_error_code(error::invalid_state), {.operation = "store.add", .detail = "'" + k + "' " + why});
+    if (it == kv_.end()) it = kv_.emplace(k, std::string()).first;
+    it->second = std::to_string(*x);
+    cv_.notify_all();
+    return *x;
+  }
+  // Waits under the lock until `found()` gives an index, or `d` passes.
+  template <class Found>
+  std::size_t wait_until_found(const char* op, const std::vector<std::string>& keys, deadline d, Found found) {
+    std::unique_lock lk(m_);
+    for (;;) {
+      check(deadline::never(), op);
+      if (const auto i = found()) return *i;
+      if (d.expired())
+        throw_if(make_error_code(error::timeout), {.operation = op, .detail = keys.empty() ? "" : keys.front()});
+      cv_.wait_until(lk, std::min(d.at(), steady_clock::now() + std::chrono::milliseconds(50)));
+    }
+  }
+  void check(deadline d, const char* op) const {
+    if (failed_) throw_if(make_error_code(error::peer_lost), {.operation = op});
+    if (d.expired()) throw_if(make_error_code(error::timeout), {.operation = op});
+  }
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> kv_;
+  bool failed_ = false;
+};
+static_assert(kv_store<memory_store>);
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
-// ==== end <ebbflow/elastic/cooldown.hpp>
+// ==== end <ebbflow/elastic/kv_store.hpp>
 
-// ==== begin <ebbflow/elastic/detail/store_protocol.hpp> ===================
+// ==== begin <ebbflow/elastic/store_options.hpp> ===========================
+// SPDX-License-Identifier: Apache-2.0
+//! @file store_options.hpp
+//! The value types of the TCP rendezvous store (elastic/tcp_store.hpp): the
+//! server's and the client's options, the server's counters, and the results
+//! a client returns. Needs no Boost.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/store_protocol.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file store_protocol.hpp
 //! Wire protocol of the rendezvous store (no API promise).
@@ -9831,26 +10143,42 @@ inline std::string quote_key(std::string_view k) {
 }
 }  // namespace elastic::detail
 EBBFLOW_END_NAMESPACE
-// ==== end <ebbflow/elastic/detail/store_protocol.hpp>
-
-// ==== begin <ebbflow/elastic/store_options.hpp> ===========================
-// SPDX-License-Identifier: Apache-2.0
-//! @file store_options.hpp
-//! The value types of the TCP rendezvous store (elastic/tcp_store.hpp): the
-//! server's and the client's options, the server's counters, and the results
-//! a client returns. Needs no Boost.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)  // default_max_message_bytes
+// ---- end <ebbflow/elastic/detail/store_protocol.hpp>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic {
+
+//! TLS on the server side (`server_options::tls`): enabled when `cert_file`
+//! is set. A TLS store refuses plaintext clients with an error that says so.
+struct server_tls_options {
+  std::string cert_file;  //!< PEM certificate chain the store presents; empty: plaintext
+  std::string key_file;   //!< PEM private key of `cert_file`
+  //! PEM CA that signs client certificates: with it, a client certificate
+  //! that is presented must verify; empty: client certificates are not asked for.
+  std::string ca_file;
+  bool require_client_cert = false;  //!< mutual TLS: refuse clients without a certificate (needs `ca_file`)
+  //! True when TLS is configured.
+  [[nodiscard]] bool enabled() const noexcept { return !cert_file.empty(); }
+};
+
+//! TLS on the client side (`client_options::tls`, and the etcd backend's).
+//! The job token's HMAC challenge still runs on top of it.
+struct tls_options {
+  bool enabled = false;     //!< talk TLS (tcp+tls:// and etcds:// addresses set it)
+  std::string ca_file;      //!< EBBFLOW_TLS_CA: PEM CA that signs the server's certificate; empty: the system's
+  std::string cert_file;    //!< EBBFLOW_TLS_CERT: client certificate for mutual TLS (with `key_file`)
+  std::string key_file;     //!< EBBFLOW_TLS_KEY: its private key
+  std::string server_name;  //!< EBBFLOW_TLS_SERVER_NAME: the name the server's certificate must carry; empty: the host
+  //! `enabled` as given, the files and name from the variables above.
+  static tls_options from_environment(bool enabled);
+};
 
 //! Configuration of a `store_server`.
 struct server_options {
@@ -9867,6 +10195,12 @@ struct server_options {
   //! Per connection: unsent replies/events beyond this close the connection
   //! (a watcher that does not read).
   std::size_t max_pending_output_bytes = std::size_t{64} << 20;
+  //! TLS (off unless `tls.cert_file` is set).
+  server_tls_options tls;
+  //! With TLS: a client that sends nothing for this long after connecting is
+  //! taken for a plaintext client (which waits for the server to speak
+  //! first) and gets a plaintext error frame saying that the store needs TLS.
+  std::chrono::milliseconds tls_hello_timeout{2000};
 
   //! Defaults plus `token` from `EBBFLOW_TOKEN`.
   static server_options from_environment();
@@ -9886,9 +10220,42 @@ struct client_options {
   std::chrono::milliseconds timeout{30000};
   //! Largest reply accepted.
   std::size_t max_message_bytes = detail::proto::default_max_message_bytes;
+  //! TLS to the server (off by default; a tcp+tls:// address turns it on).
+  tls_options tls;
   //! Defaults plus `timeout` from `EBBFLOW_STORE_TIMEOUT_MS`.
   //! @throws std::invalid_argument for a malformed value.
   static client_options from_environment();
+};
+
+//! A store address, as `EBBFLOW_STORE` gives it; the scheme picks the backend:
+//! | address | backend |
+//! |---|---|
+//! | `host:port`, `tcp://host:port` | the embedded store (`store_client`), plaintext |
+//! | `tcp+tls://host:port` | the embedded store over TLS |
+//! | `etcd://h1:p1,h2:p2[/prefix]` | etcd (`etcd_store`), plaintext, any of the endpoints |
+//! | `etcds://h1:p1,...[/prefix]` | etcd over TLS |
+//! An IPv6 host is written in brackets (`[::1]:2379`). The etcd prefix, when
+//! given, is put before every key (several jobs can share one etcd).
+struct store_address {
+  //! Which backend and whether TLS.
+  enum class kind { tcp, tcp_tls, etcd, etcds };
+  //! One host and port.
+  struct endpoint {
+    std::string host;        //!< name or address, without brackets
+    std::uint16_t port = 0;  //!< TCP port
+  };
+  kind scheme = kind::tcp;           //!< the backend
+  std::vector<endpoint> endpoints;   //!< one for tcp, one or more for etcd
+  std::string prefix;                //!< etcd only: key prefix from the path ("" or "job/")
+  //! True for tcp+tls:// and etcds://.
+  [[nodiscard]] bool tls() const noexcept { return scheme == kind::tcp_tls || scheme == kind::etcds; }
+  //! True for etcd:// and etcds://.
+  [[nodiscard]] bool etcd() const noexcept { return scheme == kind::etcd || scheme == kind::etcds; }
+  //! The address written back (tcp+tls://h:p, etcd://a:1,b:2/prefix).
+  [[nodiscard]] std::string str() const;
+  //! Parses `text`. @throws std::invalid_argument naming `what` and the text
+  //! for an unknown scheme, a missing or bad port, or no endpoint.
+  static store_address parse(std::string_view text, std::string_view what = "EBBFLOW_STORE");
 };
 
 //! Result of `compare_set`.
@@ -9908,6 +10275,93 @@ struct store_event {
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/elastic/impl/store_options.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/store_options.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/store_options.hpp
+//! Definitions of elastic/store_options.hpp: the store address's parser and
+//! the TLS settings from the environment.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/elastic/store_options.hpp>  (inlined)
+
+#include <string>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+inline tls_options tls_options::from_environment(bool enabled) {
+  tls_options o;
+  o.enabled = enabled;
+  if (auto v = env::get("EBBFLOW_TLS_CA")) o.ca_file = *v;
+  if (auto v = env::get("EBBFLOW_TLS_CERT")) o.cert_file = *v;
+  if (auto v = env::get("EBBFLOW_TLS_KEY")) o.key_file = *v;
+  if (auto v = env::get("EBBFLOW_TLS_SERVER_NAME")) o.server_name = *v;
+  return o;
+}
+
+inline store_address store_address::parse(std::string_view text, std::string_view what) {
+  store_address a;
+  std::string_view rest = text;
+  const auto sep = rest.find("://");
+  if (sep != std::string_view::npos) {
+    const std::string_view scheme = rest.substr(0, sep);
+    if (scheme == "tcp")
+      a.scheme = kind::tcp;
+    else if (scheme == "tcp+tls")
+      a.scheme = kind::tcp_tls;
+    else if (scheme == "etcd")
+      a.scheme = kind::etcd;
+    else if (scheme == "etcds")
+      a.scheme = kind::etcds;
+    else
+      EBBFLOW_ENFORCE(false, what << "='" << text << "': unknown scheme '" << scheme
+                                  << "://' (host:port, tcp+tls://, etcd:// or etcds://)");
+    rest.remove_prefix(sep + 3);
+  }
+  if (a.etcd()) {
+    if (const auto slash = rest.find('/'); slash != std::string_view::npos) {
+      a.prefix = std::string(rest.substr(slash + 1));
+      rest = rest.substr(0, slash);
+      if (!a.prefix.empty() && a.prefix.back() != '/') a.prefix += '/';
+    }
+  }
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const std::string_view one = rest.substr(0, comma);
+    EBBFLOW_ENFORCE(!one.empty(), what << "='" << text << "': empty endpoint");
+    auto hp = env::parse_host_port(one, what);
+    EBBFLOW_ENFORCE(hp.port != 0, what << "='" << text << "': port 0 in '" << one << "'");
+    a.endpoints.push_back({std::move(hp.host), hp.port});
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  EBBFLOW_ENFORCE(!a.endpoints.empty(), what << "='" << text << "': no host:port");
+  EBBFLOW_ENFORCE(a.etcd() || a.endpoints.size() == 1,
+                  what << "='" << text << "': the embedded store has one address (several are for etcd://)");
+  return a;
+}
+
+inline std::string store_address::str() const {
+  static constexpr const char* schemes[] = {"", "tcp+tls://", "etcd://", "etcds://"};
+  std::string s = schemes[static_cast<int>(scheme)];
+  for (std::size_t i = 0; i < endpoints.size(); ++i) {
+    if (i) s += ',';
+    const bool v6 = endpoints[i].host.find(':') != std::string::npos;
+    s += (v6 ? "[" + endpoints[i].host + "]" : endpoints[i].host) + ":" + std::to_string(endpoints[i].port);
+  }
+  if (!prefix.empty()) s += "/" + prefix;
+  return s;
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/store_options.hpp>
 // ==== end <ebbflow/elastic/store_options.hpp>
 
 // ==== begin <ebbflow/plan/work_stealing.hpp> ==============================
@@ -11738,261 +12192,1874 @@ EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/plan/impl/work_stealing.hpp>
 // ==== end <ebbflow/plan/work_stealing.hpp>
 
-// ==== begin <ebbflow/elastic/kv_store.hpp> ================================
+// ==== begin <ebbflow/elastic/detail/json.hpp> =============================
 // SPDX-License-Identifier: Apache-2.0
-//! @file kv_store.hpp
-//! The `kv_store` concept the elastic group coordinates through, and
-//! `memory_store`, an in-process model of it for unit tests.
+//! @file detail/json.hpp
+//! The little JSON the etcd backend reads: etcd's v3 gateway answers in
+//! proto3 JSON (objects, arrays, strings, booleans; 64-bit integers as
+//! strings; fields at their default value left out). A small parser into a
+//! tree, and base64 for keys and values (the gateway's `bytes` fields).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <cstddef>
+#include <cstdint>
+#include <charconv>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail::json {
+
+//! A parsed value. Numbers keep their text; proto3 JSON writes int64 as strings anyway.
+struct value {
+  enum class kind { null, boolean, number, string, array, object };
+  kind type = kind::null;
+  bool b = false;
+  std::string text;  // string contents, or a number's text
+  std::vector<value> items;
+  std::vector<std::pair<std::string, value>> fields;
+
+  //! The field `name` of an object, or nullptr (also when this is not an object).
+  [[nodiscard]] const value* find(std::string_view name) const noexcept {
+    if (type != kind::object) return nullptr;
+    for (const auto& [k, v] : fields)
+      if (k == name) return &v;
+    return nullptr;
+  }
+  //! An int64 field (written as a string or a number); `fallback` when absent (proto3 leaves out zeros).
+  [[nodiscard]] std::int64_t i64(std::string_view name, std::int64_t fallback = 0) const noexcept {
+    const value* v = find(name);
+    if (!v || (v->type != kind::string && v->type != kind::number)) return fallback;
+    std::int64_t x = fallback;
+    std::from_chars(v->text.data(), v->text.data() + v->text.size(), x);
+    return x;
+  }
+  //! A boolean field; false when absent.
+  [[nodiscard]] bool flag(std::string_view name) const noexcept {
+    const value* v = find(name);
+    return v && v->type == kind::boolean && v->b;
+  }
+  //! A string field; empty when absent.
+  [[nodiscard]] std::string str(std::string_view name) const {
+    const value* v = find(name);
+    return v && v->type == kind::string ? v->text : std::string();
+  }
+  //! The items of an array field; empty when absent.
+  [[nodiscard]] const std::vector<value>& array(std::string_view name) const noexcept {
+    static const std::vector<value> none;
+    const value* v = find(name);
+    return v && v->type == kind::array ? v->items : none;
+  }
+};
+
+namespace impl {
+struct parser {
+  std::string_view s;
+  std::size_t i = 0;
+  int depth = 0;
+  void ws() noexcept {
+    while (i < s.size() && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) ++i;
+  }
+  bool lit(std::string_view w) noexcept {
+    if (s.substr(i, w.size()) != w) return false;
+    i += w.size();
+    return true;
+  }
+  static void put_utf8(std::string& out, std::uint32_t c) {
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+    } else if (c < 0x800) {
+      out += static_cast<char>(0xc0 | (c >> 6));
+      out += static_cast<char>(0x80 | (c & 0x3f));
+    } else if (c < 0x10000) {
+      out += static_cast<char>(0xe0 | (c >> 12));
+      out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
+      out += static_cast<char>(0x80 | (c & 0x3f));
+    } else {
+      out += static_cast<char>(0xf0 | (c >> 18));
+      out += static_cast<char>(0x80 | ((c >> 12) & 0x3f));
+      out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
+      out += static_cast<char>(0x80 | (c & 0x3f));
+    }
+  }
+  bool hex4(std::uint32_t& c) noexcept {
+    if (i + 4 > s.size()) return false;
+    c = 0;
+    for (int k = 0; k < 4; ++k) {
+      const char h = s[i++];
+      c <<= 4;
+      if (h >= '0' && h <= '9') c |= static_cast<std::uint32_t>(h - '0');
+      else if (h >= 'a' && h <= 'f') c |= static_cast<std::uint32_t>(h - 'a' + 10);
+      else if (h >= 'A' && h <= 'F') c |= static_cast<std::uint32_t>(h - 'A' + 10);
+      else return false;
+    }
+    return true;
+  }
+  bool string(std::string& out) {
+    if (i >= s.size() || s[i] != '"') return false;
+    ++i;
+    while (i < s.size()) {
+      const char c = s[i++];
+      if (c == '"') return true;
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (i >= s.size()) return false;
+      const char e = s[i++];
+      switch (e) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          std::uint32_t c1 = 0;
+          if (!hex4(c1)) return false;
+          if (c1 >= 0xd800 && c1 < 0xdc00 && lit("\\u")) {
+            std::uint32_t c2 = 0;
+            if (!hex4(c2)) return false;
+            c1 = 0x10000 + ((c1 - 0xd800) << 10) + (c2 - 0xdc00);
+          }
+          put_utf8(out, c1);
+          break;
+        }
+        default: return false;
+      }
+    }
+    return false;
+  }
+  bool parse(value& v) {
+    if (++depth > 64) return false;  // etcd's answers are shallow; anything deeper is not etcd
+    ws();
+    if (i >= s.size()) return false;
+    const char c = s[i];
+    bool ok = true;
+    if (c == '{') {
+      v.type = value::kind::object;
+      ++i;
+      ws();
+      if (i < s.size() && s[i] == '}') {
+        ++i;
+      } else {
+        for (;;) {
+          ws();
+          std::string k;
+          if (!string(k)) return false;
+          ws();
+          if (!lit(":")) return false;
+          value x;
+          if (!parse(x)) return false;
+          v.fields.emplace_back(std::move(k), std::move(x));
+          ws();
+          if (lit(",")) continue;
+          if (lit("}")) break;
+          return false;
+        }
+      }
+    } else if (c == '[') {
+      v.type = value::kind::array;
+      ++i;
+      ws();
+      if (i < s.size() && s[i] == ']') {
+        ++i;
+      } else {
+        for (;;) {
+          value x;
+          if (!parse(x)) return false;
+          v.items.push_back(std::move(x));
+          ws();
+          if (lit(",")) continue;
+          if (lit("]")) break;
+          return false;
+        }
+      }
+    } else if (c == '"') {
+      v.type = value::kind::string;
+      ok = string(v.text);
+    } else if (lit("true")) {
+      v.type = value::kind::boolean;
+      v.b = true;
+    } else if (lit("false")) {
+      v.type = value::kind::boolean;
+    } else if (lit("null")) {
+      v.type = value::kind::null;
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      v.type = value::kind::number;
+      const std::size_t b = i;
+      while (i < s.size() && (s[i] == '-' || s[i] == '+' || s[i] == '.' || s[i] == 'e' || s[i] == 'E' ||
+                              (s[i] >= '0' && s[i] <= '9')))
+        ++i;
+      v.text = std::string(s.substr(b, i - b));
+    } else {
+      ok = false;
+    }
+    --depth;
+    return ok;
+  }
+};
+}  // namespace impl
+
+//! Parses one JSON text (surrounding white space allowed); nullopt when it is not valid JSON.
+inline std::optional<value> parse(std::string_view text) {
+  impl::parser p{text};
+  value v;
+  if (!p.parse(v)) return std::nullopt;
+  p.ws();
+  if (p.i != text.size()) return std::nullopt;
+  return v;
+}
+
+//! Standard base64 (with padding), as proto3 JSON writes `bytes`.
+inline std::string base64(std::string_view in) {
+  static constexpr char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  std::size_t i = 0;
+  for (; i + 3 <= in.size(); i += 3) {
+    const auto n = (std::uint32_t(std::uint8_t(in[i])) << 16) | (std::uint32_t(std::uint8_t(in[i + 1])) << 8) |
+                   std::uint8_t(in[i + 2]);
+    out += t[n >> 18];
+    out += t[(n >> 12) & 63];
+    out += t[(n >> 6) & 63];
+    out += t[n & 63];
+  }
+  if (const auto rest = in.size() - i; rest != 0) {
+    std::uint32_t n = std::uint32_t(std::uint8_t(in[i])) << 16;
+    if (rest == 2) n |= std::uint32_t(std::uint8_t(in[i + 1])) << 8;
+    out += t[n >> 18];
+    out += t[(n >> 12) & 63];
+    out += rest == 2 ? t[(n >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+//! Decodes base64 (standard or URL alphabet, padding optional); nullopt when malformed.
+inline std::optional<std::string> unbase64(std::string_view in) {
+  auto val = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+' || c == '-') return 62;
+    if (c == '/' || c == '_') return 63;
+    return -1;
+  };
+  while (!in.empty() && in.back() == '=') in.remove_suffix(1);
+  std::string out;
+  out.reserve(in.size() * 3 / 4);
+  std::uint32_t acc = 0;
+  int bits = 0;
+  for (char c : in) {
+    const int v = val(c);
+    if (v < 0) return std::nullopt;
+    acc = (acc << 6) | static_cast<std::uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((acc >> bits) & 0xff);
+    }
+  }
+  return out;
+}
+
+}  // namespace elastic::detail::json
+EBBFLOW_END_NAMESPACE
+// ==== end <ebbflow/elastic/detail/json.hpp>
+
+// ==== begin <ebbflow/elastic/any_store.hpp> ===============================
+#if EBBFLOW_HAS_ASIO
+// SPDX-License-Identifier: Apache-2.0
+//! @file any_store.hpp
+//! `any_store`: a rendezvous store whose backend is chosen at run time from
+//! the store address, so that one program runs on every backend unchanged:
 //!
-//! Semantics: keys and values are strings (values binary-safe). Every call takes a deadline and
-//! throws `ebbflow::system_error` (`errc::timeout`, `errc::peer_lost` when the
-//! store is unreachable, `errc::unauthorized`) on failure.
-//! * `set(k, v, d)` stores v under k.
-//! * `try_get(k, d)` returns the value, or nullopt when k is absent (never blocks on absence).
-//! * `add(k, delta, d)` atomically adds to the 64-bit integer under k (absent = 0), returns the new value.
-//! * `compare_set(k, expected, desired, d)` stores desired when the current value
-//!   equals expected (an empty expected matches an absent key); the result's `swapped` tells whether it did,
-//!   `current` is the value now stored.
-//! * `wait(keys, d)` blocks until every key exists, or throws `errc::timeout`.
-//! Optional, used when present: `add_many(keys, deltas, d)` and
-//! `try_get_many(keys, d)`, the same operations for several keys in about one
-//! round trip (the group batches its reads of join tickets and addresses);
-//! `wait_any(keys, d)`, which blocks until any key exists and returns the
-//! index of the first one that does (the coordinator waits for the next join
-//! ticket and for an abort at once; without it, an abort reaches it at its
-//! next heartbeat).
-//! The Boost.Asio store client (elastic/tcp_store.hpp) models this concept.
+//! | `EBBFLOW_STORE` | backend |
+//! |---|---|
+//! | `host:port` | the embedded store (`store_client`, elastic/tcp_store.hpp) |
+//! | `tcp+tls://host:port` | the embedded store over TLS (`EBBFLOW_TLS_CA`, `_CERT`, `_KEY`) |
+//! | `etcd://h1:2379,h2:2379,h3:2379[/prefix]` | etcd (`etcd_store`, elastic/etcd_store.hpp) |
+//! | `etcds://...` | etcd over TLS |
+//!
+//! @code
+//!   el::group<el::any_store, el::ucx_network> g(
+//!       [] { return std::make_unique<el::any_store>(el::any_store::from_environment()); }, net, opts,
+//!       ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
+//! @endcode
+//!
+//! It models `kv_store` and offers the optional operations the group uses
+//! (`add_many`, `try_get_many`, `wait_any`, `erase`), with one virtual call
+//! per operation (the store is the control path: a call costs a network
+//! round trip, the virtual call nothing by comparison). Any other model of
+//! `kv_store` can be wrapped too (`any_store(memory_store{})`); operations
+//! it lacks are done one key at a time.
+//! Errors: as the backend's (`ebbflow::system_error` with errc::timeout,
+//! peer_lost, unauthorized, bad_message, invalid_state); each call has a
+//! throwing form and an `std::error_code&` form.
+//! Thread safety: as the backend's (one client per thread for parallel calls).
 
 
 // #include <ebbflow/config.hpp>  (inlined)
 // #include <ebbflow/core/deadline.hpp>  (inlined)
 // #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
+// #include <ebbflow/elastic/etcd_store.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/etcd_store.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file etcd_store.hpp
+//! `etcd_store`: the rendezvous store on etcd v3 (a replicated store for jobs
+//! across machines), through etcd's v3 JSON gateway over HTTP (Boost.Beast;
+//! docs/store.md says why this route). Models `kv_store` with the optional
+//! batched operations and `wait_any`, like `store_client`.
+//!
+//! Every operation maps to etcd's own primitives; there is no consensus of
+//! ebbflow's own:
+//! * `set`, `try_get`, `erase`: put, range, delete-range (linearizable).
+//! * `add`: a transaction that compares the key's mod_revision with the one
+//!   last seen and puts the sum (retried on a lost race); `compare_set`: a
+//!   transaction comparing the value (an empty `expected` compares the
+//!   key's absence).
+//! * `add_many`, `try_get_many`: one transaction per 128 keys (etcd's
+//!   default `--max-txn-ops`).
+//! * `wait`, `wait_any`, `get`: a watch of the keys from now, then a read
+//!   at revision R; events up to R are skipped (no event can slip in
+//!   between or count twice). The watch stays open while the same keys are
+//!   waited for again, so a caller that waits in slices costs no round trip
+//!   per slice.
+//! * Endpoints: any number (`etcd://h1:2379,h2:2379,h3:2379`); a call goes to
+//!   the current one and moves to the next when it cannot connect, the
+//!   connection breaks, etcd has no leader or an attempt takes longer than
+//!   `attempt_timeout`. Reads, `set`, `erase` and waits are retried there
+//!   until the call's deadline. An `add` whose answer was
+//!   lost is not retried (it may have been applied): `errc::peer_lost`, as
+//!   the embedded store. A `compare_set` whose answer was lost is retried and
+//!   reports `swapped` when the key then holds `desired`.
+//! * TLS (`etcds://`): the server is verified against `tls.ca_file`; a client
+//!   certificate is presented when set (etcd's `--client-cert-auth`).
+//! Errors: `errc::timeout` (the deadline passed, e.g. while etcd has lost its
+//! quorum), `errc::peer_lost` (no endpoint answered), `errc::unauthorized`
+//! (TLS refused, in words), `errc::bad_message` (an answer that is not
+//! etcd's), `errc::invalid_state` (`add` on a non-integer value).
+//! Thread safety: as `store_client`: calls are serialised on one client.
 
-#include <charconv>
-#include <condition_variable>
-#include <concepts>
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/elastic/store_options.hpp>  (inlined)
+
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <map>
-#include <mutex>
+#include <memory>
 #include <optional>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+namespace detail {
+class etcd_client;
+}  // namespace detail
+
+//! Configuration of an `etcd_store`.
+struct etcd_options {
+  std::vector<store_address::endpoint> endpoints;  //!< etcd client URLs' hosts and ports (one or more)
+  std::string prefix;                              //!< put before every key ("job7/"); several jobs can share etcd
+  tls_options tls;                                 //!< etcds://: TLS to etcd
+  std::chrono::milliseconds timeout{30000};        //!< deadline of calls that are not given one
+  //! A connection attempt to one endpoint gives up after this (then the next
+  //! endpoint is tried), so an endpoint that does not answer cannot eat a
+  //! whole deadline.
+  std::chrono::milliseconds connect_timeout{1000};
+  //! One request to one endpoint waits at most this long before it is sent
+  //! to the next (reads, `set`, waits) or reported as a timeout whose
+  //! outcome is unknown (`add`): an election after the leader's death takes
+  //! about etcd's election timeout (default 1 s), while a proposal held by a
+  //! follower during it waits for etcd's request timeout (7 s).
+  std::chrono::milliseconds attempt_timeout{1500};
+  //! From an etcd:// or etcds:// address; `tls` from EBBFLOW_TLS_* for etcds://.
+  //! @throws std::invalid_argument for an address of another backend.
+  static etcd_options from_address(const store_address& a);
+};
+
+//! The etcd backend; see the file comment.
+class etcd_store {
+ public:
+  //! Outcome of `compare_set`.
+  using cas_result = compare_set_result;
+
+  //! Does not connect yet. @throws std::invalid_argument for no endpoints or bad TLS files.
+  explicit etcd_store(etcd_options opts);
+  //! From `EBBFLOW_STORE` (etcd://... or etcds://...), `EBBFLOW_STORE_TIMEOUT_MS`, `EBBFLOW_TLS_*`.
+  //! @throws std::invalid_argument when the address is not an etcd one.
+  static etcd_store from_environment();
+  //! Takes over the source's connections; the source must not be used afterwards.
+  etcd_store(etcd_store&&) noexcept;
+  //! Closes this store's connections and takes over the source's.
+  etcd_store& operator=(etcd_store&&) noexcept;
+  ~etcd_store();
+
+  //! Stores `value` under `key`.
+  void set(std::string_view key, std::string_view value, deadline d);
+  //! As above; errors in `ec`.
+  void set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) noexcept;
+  //! The value of `key`, waiting (by a watch) until it is set or `d` passes.
+  std::string get(std::string_view key, deadline d);
+  //! As above; on error sets `ec` and returns "".
+  std::string get(std::string_view key, deadline d, std::error_code& ec) noexcept;
+  //! The value of `key`, or nullopt. Does not wait for it.
+  std::optional<std::string> try_get(std::string_view key, deadline d);
+  //! As above; on error sets `ec` and returns nullopt.
+  std::optional<std::string> try_get(std::string_view key, deadline d, std::error_code& ec) noexcept;
+  //! Atomically adds `delta` to the decimal integer under `key` (absent: 0); returns the sum.
+  std::int64_t add(std::string_view key, std::int64_t delta, deadline d);
+  //! As above; on error sets `ec` and returns 0.
+  std::int64_t add(std::string_view key, std::int64_t delta, deadline d, std::error_code& ec) noexcept;
+  //! `add` for each key, one transaction per 128 keys (each transaction is atomic).
+  //! @throws std::invalid_argument when the spans differ in length.
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     deadline d);
+  //! As above; errors in `ec` (the values of the transactions that completed).
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     deadline d, std::error_code& ec);
+  //! `try_get` for each key, one transaction per 128 keys.
+  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d);
+  //! As above; errors in `ec`.
+  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d,
+                                                       std::error_code& ec);
+  //! Stores `desired` if the value is `expected` (an empty `expected` matches an absent key).
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
+                                 deadline d);
+  //! As above; errors in `ec`.
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
+                                 deadline d, std::error_code& ec) noexcept;
+  //! Blocks until every key in `keys` is set, or `d` passes (errc::timeout).
+  void wait(const std::vector<std::string>& keys, deadline d);
+  //! As above; errors in `ec`.
+  void wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept;
+  //! Blocks until any key is set; the index of the first set, in the order of `keys`.
+  //! @throws std::invalid_argument when `keys` is empty.
+  std::size_t wait_any(const std::vector<std::string>& keys, deadline d);
+  //! As above; errors in `ec`.
+  std::size_t wait_any(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept;
+  //! True when every key is set. Does not wait.
+  bool check(const std::vector<std::string>& keys, deadline d);
+  //! Removes `key`; whether it existed.
+  bool erase(std::string_view key);
+  //! As above, by `d`; errors in `ec`.
+  bool erase(std::string_view key, deadline d, std::error_code& ec) noexcept;
+  //! Number of keys under the prefix.
+  std::int64_t num_keys(deadline d);
+  //! One round trip to the current endpoint (its status).
+  void ping(deadline d);
+  //! As above; errors in `ec`.
+  void ping(deadline d, std::error_code& ec) noexcept;
+  //! Drops the connections (the next call connects anew).
+  void close() noexcept;
+
+  //! Why the last call failed, in words; empty after a success.
+  [[nodiscard]] std::string last_error_detail() const;
+  //! The endpoint calls go to now ("host:port").
+  [[nodiscard]] std::string current_endpoint() const;
+  //! The options given.
+  [[nodiscard]] const etcd_options& options() const noexcept;
+
+ private:
+  [[noreturn]] void raise(const char* operation, std::string_view key, std::error_code ec) const;
+  std::unique_ptr<detail::etcd_client> c_;
+  etcd_options opts_;
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/elastic/impl/etcd_store.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/etcd_store.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/etcd_store.hpp
+//! Definitions of `etcd_store` (included by elastic/etcd_store.hpp).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/etcd_client.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/etcd_client.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/etcd_client.hpp
+//! The workings of `etcd_store` (elastic/etcd_store.hpp): requests to etcd's
+//! v3 JSON gateway with failover between endpoints, the transactions behind
+//! `add` and `compare_set`, and the watch behind the waits. Every function
+//! sets `ec` and `last_detail` instead of throwing.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/etcd_http.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/etcd_http.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/etcd_http.hpp
+//! One HTTP/1.1 connection to one etcd endpoint (Boost.Beast over a plain or
+//! TLS socket), blocking with a deadline on every operation: the private
+//! io_context runs until the operation completes or the deadline passes,
+//! then the operation is cancelled and the connection closed. Serves unary
+//! calls of etcd's v3 JSON gateway (`POST /v3/kv/range` ...) and the one
+//! streaming call the store uses (`POST /v3/watch`, newline-separated JSON).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/tls.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/tls.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/tls.hpp
+//! TLS for the store's connections (Boost.Asio ssl over OpenSSL): a socket
+//! that is plain TCP or TLS over TCP behind one stream interface, the
+//! contexts made from `tls_options` / `server_tls_options`, and the reason,
+//! in words, why a handshake failed (wrong CA, expired certificate, missing
+//! client certificate, a peer that does not speak TLS).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/elastic/store_options.hpp>  (inlined)
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/error.hpp>
+#include <boost/asio/ssl/host_name_verification.hpp>
+#include <boost/asio/ssl/stream.hpp>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
+
+#include <fstream>
+#include <memory>
+#include <string>
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+namespace asio = boost::asio;
+
+//! A TCP socket, or TLS over one: the same async stream interface either
+//! way (AsyncReadStream, AsyncWriteStream), so the store's framing code and
+//! Beast's HTTP code run over both. Not thread-safe (as Asio's sockets).
+class tls_socket {
+ public:
+  using tcp = asio::ip::tcp;
+  using executor_type = tcp::socket::executor_type;
+  using lowest_layer_type = tcp::socket;
+
+  //! A plain socket on `ex`.
+  template <class Executor>
+  explicit tls_socket(const Executor& ex) : plain_(ex) {}
+  //! Takes over a connected socket (the server's accepted ones).
+  explicit tls_socket(tcp::socket s) : plain_(std::move(s)) {}
+  tls_socket(tls_socket&&) = default;
+  tls_socket& operator=(tls_socket&&) = default;
+
+  //! From now on traffic goes through TLS with `ctx` (call before the
+  //! handshake, on a connected socket). `ctx` must outlive the socket.
+  void enable_tls(asio::ssl::context& ctx) {
+    tls_ = std::make_unique<asio::ssl::stream<tcp::socket>>(std::move(plain_), ctx);
+    plain_ = tcp::socket(tls_->get_executor());
+  }
+  [[nodiscard]] bool is_tls() const noexcept { return tls_ != nullptr; }
+  [[nodiscard]] asio::ssl::stream<tcp::socket>& tls() noexcept { return *tls_; }
+
+  executor_type get_executor() noexcept { return tls_ ? tls_->get_executor() : plain_.get_executor(); }
+  tcp::socket& lowest_layer() noexcept { return tls_ ? tls_->next_layer() : plain_; }
+  tcp::socket& next_layer() noexcept { return lowest_layer(); }
+
+  template <class MutableBuffers, class Handler>
+  void async_read_some(const MutableBuffers& b, Handler&& h) {
+    if (tls_)
+      tls_->async_read_some(b, std::forward<Handler>(h));
+    else
+      plain_.async_read_some(b, std::forward<Handler>(h));
+  }
+  template <class ConstBuffers, class Handler>
+  void async_write_some(const ConstBuffers& b, Handler&& h) {
+    if (tls_)
+      tls_->async_write_some(b, std::forward<Handler>(h));
+    else
+      plain_.async_write_some(b, std::forward<Handler>(h));
+  }
+
+  //! Closes the TCP socket (no TLS close_notify: the store's peers take a
+  //! closed connection as the end of it either way).
+  void close(boost::system::error_code& ec) noexcept { lowest_layer().close(ec); }
+
+ private:
+  tcp::socket plain_;
+  std::unique_ptr<asio::ssl::stream<tcp::socket>> tls_;
+};
+
+//! Throws std::invalid_argument naming `what` when `path` cannot be read.
+inline void require_readable(const std::string& path, const char* what) {
+  EBBFLOW_ENFORCE(std::ifstream(path).good(), what << " '" << path << "' cannot be read");
+}
+
+//! The client's TLS context: verifies the server against `o.ca_file` (the
+//! system's CAs when empty) and presents `o.cert_file`/`o.key_file` when set.
+//! @throws std::invalid_argument naming a file that cannot be read or loaded.
+inline std::unique_ptr<asio::ssl::context> client_tls_context(const tls_options& o) {
+  auto ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_client);
+  ctx->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                   asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 | asio::ssl::context::no_tlsv1_1);
+  boost::system::error_code ec;
+  if (o.ca_file.empty()) {
+    ctx->set_default_verify_paths(ec);
+  } else {
+    require_readable(o.ca_file, "TLS CA file (EBBFLOW_TLS_CA)");
+    ctx->load_verify_file(o.ca_file, ec);
+    EBBFLOW_ENFORCE(!ec, "TLS CA file '" << o.ca_file << "': " << ec.message());
+  }
+  ctx->set_verify_mode(asio::ssl::verify_peer);
+  EBBFLOW_ENFORCE(o.cert_file.empty() == o.key_file.empty(),
+                  "TLS client certificate and key go together (EBBFLOW_TLS_CERT='"
+                      << o.cert_file << "', EBBFLOW_TLS_KEY='" << o.key_file << "')");
+  if (!o.cert_file.empty()) {
+    require_readable(o.cert_file, "TLS client certificate (EBBFLOW_TLS_CERT)");
+    require_readable(o.key_file, "TLS client key (EBBFLOW_TLS_KEY)");
+    ctx->use_certificate_chain_file(o.cert_file, ec);
+    EBBFLOW_ENFORCE(!ec, "TLS client certificate '" << o.cert_file << "': " << ec.message());
+    ctx->use_private_key_file(o.key_file, asio::ssl::context::pem, ec);
+    EBBFLOW_ENFORCE(!ec, "TLS client key '" << o.key_file << "': " << ec.message());
+  }
+  return ctx;
+}
+
+//! The server's TLS context: presents `o.cert_file`/`o.key_file`; with
+//! `o.ca_file`, verifies client certificates (required with
+//! `o.require_client_cert`). @throws std::invalid_argument as above.
+inline std::unique_ptr<asio::ssl::context> server_tls_context(const server_tls_options& o) {
+  auto ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+  ctx->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                   asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 | asio::ssl::context::no_tlsv1_1 |
+                   asio::ssl::context::single_dh_use);
+  boost::system::error_code ec;
+  require_readable(o.cert_file, "store TLS certificate (--tls-cert)");
+  require_readable(o.key_file, "store TLS key (--tls-key)");
+  ctx->use_certificate_chain_file(o.cert_file, ec);
+  EBBFLOW_ENFORCE(!ec, "store TLS certificate '" << o.cert_file << "': " << ec.message());
+  ctx->use_private_key_file(o.key_file, asio::ssl::context::pem, ec);
+  EBBFLOW_ENFORCE(!ec, "store TLS key '" << o.key_file << "': " << ec.message());
+  EBBFLOW_ENFORCE(!o.require_client_cert || !o.ca_file.empty(),
+                  "store: require_client_cert needs ca_file, the CA that signs the client certificates");
+  if (!o.ca_file.empty()) {
+    require_readable(o.ca_file, "store TLS client CA (--tls-client-ca)");
+    ctx->load_verify_file(o.ca_file, ec);
+    EBBFLOW_ENFORCE(!ec, "store TLS client CA '" << o.ca_file << "': " << ec.message());
+    ctx->set_verify_mode(o.require_client_cert ? asio::ssl::verify_peer | asio::ssl::verify_fail_if_no_peer_cert
+                                               : asio::ssl::verify_peer);
+  }
+  return ctx;
+}
+
+//! Prepares a connected client socket for TLS to `host` (SNI, and the name
+//! the server's certificate must carry: `o.server_name`, else `host`).
+inline void start_client_tls(tls_socket& s, asio::ssl::context& ctx, const tls_options& o, const std::string& host) {
+  s.enable_tls(ctx);
+  const std::string& name = o.server_name.empty() ? host : o.server_name;
+  boost::system::error_code ec;
+  if (asio::ip::make_address(name, ec); ec)  // SNI carries names, not addresses
+    SSL_set_tlsext_host_name(s.tls().native_handle(), name.c_str());
+  s.tls().set_verify_callback(asio::ssl::host_name_verification(name));
+}
+
+//! Why a TLS handshake or the first read after it failed, in words, from the
+//! client's side; `ca_file` is named when the server's certificate did not
+//! verify. The code to report with it is errc::unauthorized, except for a
+//! connection that merely broke (peer_lost: `broken` set).
+inline std::string client_tls_failure(const boost::system::error_code& e, tls_socket& s, const tls_options& o,
+                                      const std::string& where, bool& broken) {
+  broken = false;
+  if (s.is_tls()) {
+    const long v = SSL_get_verify_result(s.tls().native_handle());
+    const std::string ca = o.ca_file.empty() ? std::string("the system's CAs") : "'" + o.ca_file + "'";
+    switch (v) {
+      case X509_V_OK:
+        break;
+      case X509_V_ERR_CERT_HAS_EXPIRED:
+        return "the certificate of the store at " + where + " has expired (X509: " +
+               X509_verify_cert_error_string(v) + ")";
+      case X509_V_ERR_CERT_NOT_YET_VALID:
+        return "the certificate of the store at " + where + " is not valid yet";
+      case X509_V_ERR_HOSTNAME_MISMATCH:
+      case X509_V_ERR_IP_ADDRESS_MISMATCH:
+        return "the certificate of the store at " + where + " is for another host name (set tls server_name, "
+               "EBBFLOW_TLS_SERVER_NAME, to the name it carries)";
+      default:
+        return "the certificate of the store at " + where + " is not signed by the CA in " + ca +
+               " (wrong CA? X509: " + X509_verify_cert_error_string(v) + ")";
+    }
+  }
+  if (e.category() == asio::error::get_ssl_category()) {
+    const int reason = ERR_GET_REASON(static_cast<unsigned long>(e.value()));
+    switch (reason) {
+      case SSL_R_SSLV3_ALERT_CERTIFICATE_EXPIRED:
+        return "the store at " + where + " refused this client's certificate: it has expired";
+      case SSL_R_TLSV1_ALERT_UNKNOWN_CA:
+      case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE:
+      case SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE:
+#ifdef SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED
+      case SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED:
+#endif
+        // Servers answer a missing certificate with one of several alerts
+        // (OpenSSL: certificate required; Go, i.e. etcd: bad certificate).
+        if (o.cert_file.empty())
+          return "the store at " + where +
+                 " requires a client certificate (mutual TLS): set EBBFLOW_TLS_CERT and EBBFLOW_TLS_KEY";
+        return "the store at " + where +
+               " refused this client's certificate: it is not signed by a CA the store trusts";
+      case SSL_R_WRONG_VERSION_NUMBER:
+      case SSL_R_PACKET_LENGTH_TOO_LONG:
+        return "the store at " + where +
+               " does not speak TLS: it is a plaintext store (give its address as host:port, not tcp+tls://)";
+      default:
+        return "TLS with the store at " + where + " failed: " + e.message();
+    }
+  }
+  if (e == asio::error::eof || e == asio::ssl::error::stream_truncated) {
+    // TLS 1.3: a server that rejects the client's certificate closes after
+    // the client finished its side of the handshake.
+    broken = false;
+    return "the store at " + where +
+           " closed the TLS connection during the handshake (a client certificate it requires is missing or "
+           "not trusted, or it is not a TLS store)";
+  }
+  broken = true;
+  return "connection to " + where + " lost during the TLS handshake: " + e.message();
+}
+
+//! The server's words for a failed TLS handshake with a client.
+inline std::string server_tls_failure(const boost::system::error_code& e, tls_socket& s) {
+  const long v = s.is_tls() ? SSL_get_verify_result(s.tls().native_handle()) : X509_V_OK;
+  if (v == X509_V_ERR_CERT_HAS_EXPIRED) return "the client's certificate has expired";
+  if (v != X509_V_OK)
+    return std::string("the client's certificate did not verify (") + X509_verify_cert_error_string(v) + ")";
+  if (e.category() == asio::error::get_ssl_category()) {
+    const int reason = ERR_GET_REASON(static_cast<unsigned long>(e.value()));
+    if (reason == SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE)
+      return "the client presented no certificate, and this store requires one (mutual TLS)";
+    if (reason == SSL_R_TLSV1_ALERT_UNKNOWN_CA || reason == SSL_R_SSLV3_ALERT_BAD_CERTIFICATE)
+      return "the client does not trust this store's certificate (it has another CA)";
+    if (reason == SSL_R_SSLV3_ALERT_CERTIFICATE_EXPIRED)
+      return "the client refused this store's certificate: it has expired";
+    if (reason == SSL_R_WRONG_VERSION_NUMBER || reason == SSL_R_HTTP_REQUEST || reason == SSL_R_HTTPS_PROXY_REQUEST)
+      return "the client does not speak TLS";
+  }
+  return "TLS handshake failed: " + e.message();
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/tls.hpp>
+// #include <ebbflow/elastic/store_options.hpp>  (inlined)
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <boost/beast/http/write.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 EBBFLOW_BEGIN_NAMESPACE
 namespace elastic::detail {
-//! `stored + delta` for a counter kept as decimal text (empty: 0), or the
-//! reason it cannot be: the text is not a whole int64, or the sum
-//! overflows. The store server and `memory_store` share it, so the two
-//! agree on every value.
-inline std::optional<std::int64_t> add_to_counter(std::string_view stored, std::int64_t delta, std::string& why) {
-  std::int64_t cur = 0;
-  if (!stored.empty()) {
-    const auto [p, ec] = std::from_chars(stored.data(), stored.data() + stored.size(), cur);
-    if (ec != std::errc{} || p != stored.data() + stored.size()) {
-      why = "is not an integer";
-      return std::nullopt;
-    }
-  }
-  std::int64_t next = 0;
-  if (__builtin_add_overflow(cur, delta, &next)) {
-    why = "would overflow int64";
-    return std::nullopt;
-  }
-  return next;
-}
-}  // namespace elastic::detail
 
-namespace elastic {
+namespace http = boost::beast::http;
 
-//! Owned binary data (transport addresses, encoded records); host memory.
-using bytes = std::vector<std::byte>;
-
-template <class S>
-concept kv_store = requires(S& s, const std::string& k, std::string_view v, std::int64_t delta, deadline d,
-                            const std::vector<std::string>& keys) {
-  s.set(k, v, d);
-  { s.try_get(k, d) } -> std::same_as<std::optional<std::string>>;
-  { s.add(k, delta, d) } -> std::same_as<std::int64_t>;
-  { s.compare_set(k, v, v, d).current } -> std::convertible_to<std::string>;
-  { s.compare_set(k, v, v, d).swapped } -> std::convertible_to<bool>;
-  s.wait(keys, d);
+//! How an HTTP exchange ended.
+enum class http_outcome {
+  ok,            //!< a response arrived (any status)
+  not_sent,      //!< nothing reached the server (connect failed): safe to retry elsewhere
+  lost,          //!< the request may have reached the server, the response did not come back
+  timeout,       //!< the deadline passed (the request may have reached the server)
+  unauthorized,  //!< TLS refused (`why` says how)
 };
 
-//! Bytes as a string value (values are binary-safe).
-inline std::string to_value(std::span<const std::byte> b) {
-  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
-}
-//! A string value as bytes.
-inline bytes to_bytes(std::string_view s) {
-  bytes b(s.size());
-  if (!s.empty()) std::memcpy(b.data(), s.data(), s.size());
-  return b;
-}
-
-//! A thread-safe in-process store. Can be made unreachable (`fail()`) to test
-//! how clients react to a lost store.
-class memory_store {
+//! A connection to one endpoint; see the file comment. Not thread-safe.
+class http_connection {
  public:
-  //! Outcome of `compare_set`.
-  struct cas_result {
-    bool swapped = false;  //!< true when `desired` was stored
-    std::string current;   //!< the value now stored under the key ("" when absent)
-  };
-  //! Stores `v` under `k` and wakes waiters. Never blocks beyond the lock.
-  //! @throws system_error: peer_lost after `fail()`, timeout when `d` already expired.
-  void set(const std::string& k, std::string_view v, deadline d) {
-    std::lock_guard lk(m_);
-    check(d, "store.set");
-    kv_[k] = std::string(v);
-    cv_.notify_all();
+  http_connection(std::string host, std::uint16_t port, const tls_options& tls, asio::ssl::context* tls_ctx)
+      : host_(std::move(host)), port_(port), tls_(tls), tls_ctx_(tls_ctx) {}
+
+  [[nodiscard]] std::string address() const {
+    return (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" + std::to_string(port_);
   }
-  //! The value under `k`, or nullopt when absent. Errors as for `set`.
-  std::optional<std::string> try_get(const std::string& k, deadline d) {
-    std::lock_guard lk(m_);
-    check(d, "store.get");
-    auto it = kv_.find(k);
-    if (it == kv_.end()) return std::nullopt;
-    return it->second;
+  [[nodiscard]] bool connected() const noexcept { return connected_; }
+
+  void close() noexcept {
+    boost::system::error_code ec;
+    sock_.close(ec);
+    connected_ = false;
+    buf_.clear();
+    stream_.reset();
   }
-  //! Removes `k`; returns whether it existed. @throws system_error: peer_lost after `fail()`.
-  bool erase(std::string_view k) {
-    std::lock_guard lk(m_);
-    check(deadline::never(), "store.erase");
-    auto it = kv_.find(std::string(k));
-    if (it == kv_.end()) return false;
-    kv_.erase(it);
-    return true;
+
+  //! POSTs `body` to `target`; the response's status and body in `status`/`out`.
+  http_outcome post(const std::string& target, std::string body, deadline d, unsigned& status, std::string& out,
+                    std::string& why) {
+    if (const auto c = ensure_connected(d, why); c != http_outcome::ok) return c;
+    if (const auto w = write_request(target, std::move(body), d, why); w != http_outcome::ok) return w;
+    http::response<http::string_body> res;
+    std::optional<boost::system::error_code> done;
+    http::async_read(sock_, buf_, res, [&](const boost::system::error_code& e, std::size_t) { done = e; });
+    if (!run_until(d, done)) return fail(http_outcome::timeout, "no response from " + address() + " in time", why);
+    if (*done) return read_failed(*done, why);
+    fresh_ = false;
+    status = res.result_int();
+    out = std::move(res.body());
+    if (!res.keep_alive()) close();
+    return http_outcome::ok;
   }
-  //! The keys that start with `prefix`, in order (for tests and diagnostics).
-  std::vector<std::string> keys(std::string_view prefix = {}) const {
-    std::lock_guard lk(m_);
-    std::vector<std::string> out;
-    for (auto it = kv_.lower_bound(std::string(prefix)); it != kv_.end() && it->first.starts_with(prefix); ++it)
-      out.push_back(it->first);
-    return out;
+
+  //! Starts a streaming POST (a watch): sends the request and reads the
+  //! response header. Then `next_line` returns the messages. The connection
+  //! serves nothing else until closed.
+  http_outcome open_stream(const std::string& target, std::string body, deadline d, unsigned& status,
+                           std::string& why) {
+    if (const auto c = ensure_connected(d, why); c != http_outcome::ok) return c;
+    if (const auto w = write_request(target, std::move(body), d, why); w != http_outcome::ok) return w;
+    stream_ = std::make_unique<http::response_parser<http::string_body>>();
+    stream_->body_limit(boost::none);
+    std::optional<boost::system::error_code> done;
+    http::async_read_header(sock_, buf_, *stream_, [&](const boost::system::error_code& e, std::size_t) { done = e; });
+    if (!run_until(d, done)) return fail(http_outcome::timeout, "no watch response from " + address(), why);
+    if (*done) return read_failed(*done, why);
+    status = stream_->get().result_int();
+    return http_outcome::ok;
   }
-  //! `try_get(keys[i])` for every i, under one lock. Errors as `try_get`.
-  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d) {
-    std::vector<std::optional<std::string>> out;
-    out.reserve(keys.size());
-    std::lock_guard lk(m_);
-    check(d, "store.try_get_many");
-    for (const auto& k : keys) {
-      auto it = kv_.find(k);
-      out.push_back(it == kv_.end() ? std::nullopt : std::optional<std::string>(it->second));
+
+  //! The next newline-terminated message of the stream, by `d`. A timeout
+  //! leaves the stream usable (`timeout`, nothing read); `lost` when it ended.
+  http_outcome next_line(deadline d, std::string& line, std::string& why) {
+    for (;;) {
+      auto& body = stream_->get().body();
+      if (const auto nl = body.find('\n'); nl != std::string::npos) {
+        line.assign(body, 0, nl);
+        body.erase(0, nl + 1);
+        return http_outcome::ok;
+      }
+      if (stream_->is_done()) return fail(http_outcome::lost, "the watch stream from " + address() + " ended", why);
+      std::optional<boost::system::error_code> done;
+      http::async_read_some(sock_, buf_, *stream_, [&](const boost::system::error_code& e, std::size_t) { done = e; });
+      if (!run_until(d, done)) {
+        // Cancelling a read leaves a TLS stream in an unknown state: start afresh next time.
+        if (sock_.is_tls()) return fail(http_outcome::timeout, "no watch event from " + address() + " in time", why);
+        why = "no watch event from " + address() + " in time";
+        return http_outcome::timeout;
+      }
+      if (*done && *done != http::error::need_buffer)
+        return fail(http_outcome::lost, "watch on " + address() + " lost: " + done->message(), why);
     }
-    return out;
-  }
-  //! Adds `delta` to the decimal integer under `k` (absent = 0) and returns
-  //! the new value. Errors as for `set`; `errc::invalid_state` when the
-  //! stored value is not a whole int64 or the sum would overflow (as the
-  //! server: the value is left as it was).
-  std::int64_t add(const std::string& k, std::int64_t delta, deadline d) {
-    std::lock_guard lk(m_);
-    check(d, "store.add");
-    return add_locked(k, delta);
-  }
-  //! `add(keys[i], deltas[i])` for every i, under one lock. Errors as `add`;
-  //! std::invalid_argument when the spans differ in length.
-  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
-                                     deadline d) {
-    if (keys.size() != deltas.size())
-      throw std::invalid_argument("store.add_many: " + std::to_string(keys.size()) + " keys but " +
-                                  std::to_string(deltas.size()) + " deltas");
-    std::vector<std::int64_t> out;
-    out.reserve(keys.size());
-    std::lock_guard lk(m_);
-    check(d, "store.add_many");
-    for (std::size_t i = 0; i < keys.size(); ++i) out.push_back(add_locked(keys[i], deltas[i]));
-    return out;
-  }
-  //! Stores `desired` when the value under `k` equals `expected` (an empty
-  //! `expected` matches an absent key). Errors as for `set`.
-  cas_result compare_set(const std::string& k, std::string_view expected, std::string_view desired, deadline d) {
-    std::lock_guard lk(m_);
-    check(d, "store.compare_set");
-    auto it = kv_.find(k);
-    const bool match = it == kv_.end() ? expected.empty() : it->second == expected;
-    if (match) {
-      kv_[k] = std::string(desired);
-      cv_.notify_all();
-      return {true, std::string(desired)};
-    }
-    return {false, it == kv_.end() ? std::string() : it->second};
-  }
-  //! Blocks until every key in `keys` exists.
-  //! @throws system_error: timeout when `d` passes first (naming the first key),
-  //! peer_lost after `fail()`.
-  void wait(const std::vector<std::string>& keys, deadline d) {
-    wait_until_found("store.wait", keys, d, [&]() -> std::optional<std::size_t> {
-      for (auto& k : keys)
-        if (kv_.count(k) == 0) return std::nullopt;
-      return 0;
-    });
-  }
-  //! Blocks until any key in `keys` exists; returns the index of the first
-  //! one that does. Errors as for `wait`.
-  std::size_t wait_any(const std::vector<std::string>& keys, deadline d) {
-    if (keys.empty()) throw std::invalid_argument("store.wait_any: no keys to wait for");
-    return wait_until_found("store.wait_any", keys, d, [&]() -> std::optional<std::size_t> {
-      for (std::size_t i = 0; i < keys.size(); ++i)
-        if (kv_.count(keys[i]) > 0) return i;
-      return std::nullopt;
-    });
-  }
-  //! Makes every later call fail with `peer_lost` (the store went away).
-  void fail() {
-    std::lock_guard lk(m_);
-    failed_ = true;
-    cv_.notify_all();
   }
 
  private:
-  std::int64_t add_locked(const std::string& k, std::int64_t delta) {
-    auto it = kv_.find(k);
-    std::string why;
-    const auto x =
-        detail::add_to_counter(it == kv_.end() ? std::string_view() : std::string_view(it->second), delta, why);
-    if (!x) throw_if(make_error_code(error::invalid_state), {.operation = "store.add", .detail = "'" + k + "' " + why});
-    if (it == kv_.end()) it = kv_.emplace(k, std::string()).first;
-    it->second = std::to_string(*x);
-    cv_.notify_all();
-    return *x;
+  http_outcome fail(http_outcome o, std::string what, std::string& why) {
+    why = std::move(what);
+    close();
+    return o;
   }
-  // Waits under the lock until `found()` gives an index, or `d` passes.
-  template <class Found>
-  std::size_t wait_until_found(const char* op, const std::vector<std::string>& keys, deadline d, Found found) {
-    std::unique_lock lk(m_);
+
+  // TLS 1.3: a server that refuses the client's certificate says so after
+  // the client's side of the handshake, on the first read.
+  http_outcome read_failed(const boost::system::error_code& e, std::string& why) {
+    if (sock_.is_tls() && e.category() == asio::error::get_ssl_category()) {
+      bool broken = false;
+      std::string reason = client_tls_failure(e, sock_, tls_, address(), broken);
+      return fail(broken ? http_outcome::lost : http_outcome::unauthorized, "etcd: " + reason, why);
+    }
+    if (e == http::error::end_of_stream && !sock_.is_tls() && fresh_)
+      return fail(http_outcome::unauthorized,
+                  "etcd at " + address() +
+                      " closed a new connection without answering: it serves TLS? give its address as etcds://",
+                  why);
+    return fail(http_outcome::lost, "connection to " + address() + " lost: " + e.message(), why);
+  }
+
+  http_outcome ensure_connected(deadline d, std::string& why) {
+    if (connected_) return http_outcome::ok;
+    close();
+    boost::system::error_code bec;
+    std::vector<tcp::endpoint> eps;
+    if (auto a = asio::ip::make_address(host_, bec); !bec) {
+      eps.emplace_back(a, port_);
+    } else {
+      tcp::resolver res(ioc_);
+      std::optional<boost::system::error_code> done;
+      res.async_resolve(host_, std::to_string(port_),
+                        [&](const boost::system::error_code& e, const tcp::resolver::results_type& r) {
+                          done = e;
+                          for (const auto& x : r) eps.push_back(x.endpoint());
+                        });
+      if (!run_until(d, done, [&] { res.cancel(); }))
+        return fail(http_outcome::not_sent, "resolving " + host_ + " took too long", why);
+      if (*done || eps.empty())
+        return fail(http_outcome::not_sent, "cannot resolve " + host_ + ": " + done->message(), why);
+    }
+    sock_ = tls_socket(ioc_.get_executor());
+    std::optional<boost::system::error_code> done;
+    asio::async_connect(sock_.lowest_layer(), eps, [&](const boost::system::error_code& e, const tcp::endpoint&) {
+      done = e;
+    });
+    if (!run_until(d, done)) return fail(http_outcome::not_sent, "connecting to " + address() + " took too long", why);
+    if (*done) return fail(http_outcome::not_sent, "cannot connect to " + address() + ": " + done->message(), why);
+    sock_.lowest_layer().set_option(tcp::no_delay(true), bec);
+    if (tls_ctx_) {
+      start_client_tls(sock_, *tls_ctx_, tls_, host_);
+      std::optional<boost::system::error_code> hs;
+      sock_.tls().async_handshake(asio::ssl::stream_base::client, [&](const boost::system::error_code& e) { hs = e; });
+      if (!run_until(d, hs)) return fail(http_outcome::not_sent, "TLS handshake with " + address() + " too slow", why);
+      if (*hs) {
+        bool broken = false;
+        std::string reason = client_tls_failure(*hs, sock_, tls_, address(), broken);
+        // client_tls_failure speaks of "the store": here the store is etcd.
+        return fail(broken ? http_outcome::not_sent : http_outcome::unauthorized, "etcd: " + reason, why);
+      }
+    }
+    connected_ = true;
+    fresh_ = true;
+    return http_outcome::ok;
+  }
+
+  http_outcome write_request(const std::string& target, std::string body, deadline d, std::string& why) {
+    http::request<http::string_body> req{http::verb::post, target, 11};
+    req.set(http::field::host, address());
+    req.set(http::field::content_type, "application/json");
+    req.keep_alive(true);
+    req.body() = std::move(body);
+    req.prepare_payload();
+    std::optional<boost::system::error_code> done;
+    http::async_write(sock_, req, [&](const boost::system::error_code& e, std::size_t) { done = e; });
+    if (!run_until(d, done)) return fail(http_outcome::timeout, "sending to " + address() + " took too long", why);
+    if (*done) {
+      // A kept-alive connection the server closed meanwhile: nothing was taken.
+      return fail(http_outcome::not_sent, "connection to " + address() + " lost: " + done->message(), why);
+    }
+    return http_outcome::ok;
+  }
+
+  bool run_until(deadline d, std::optional<boost::system::error_code>& done) {
+    return run_until(d, done, [this] {
+      boost::system::error_code e;
+      sock_.lowest_layer().cancel(e);
+    });
+  }
+  template <class Cancel>
+  bool run_until(deadline d, std::optional<boost::system::error_code>& done, Cancel cancel) {
+    const auto cap = steady_clock::now() + std::chrono::hours(24 * 365);
+    ioc_.restart();
+    ioc_.run_until(std::min(d.at(), cap));
+    if (done) return true;
+    cancel();
+    ioc_.restart();
+    ioc_.run();
+    return done && *done != asio::error::operation_aborted;
+  }
+
+  using tcp = asio::ip::tcp;
+  std::string host_;
+  std::uint16_t port_;
+  tls_options tls_;
+  asio::ssl::context* tls_ctx_;
+  asio::io_context ioc_{1};
+  tls_socket sock_{ioc_.get_executor()};
+  boost::beast::flat_buffer buf_;
+  std::unique_ptr<http::response_parser<http::string_body>> stream_;
+  bool connected_ = false;
+  bool fresh_ = false;  // connected, nothing answered yet
+};
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/etcd_http.hpp>
+// #include <ebbflow/elastic/detail/json.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)  // quote_key
+// #include <ebbflow/elastic/detail/tls.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)               // add_to_counter
+// #include <ebbflow/elastic/store_options.hpp>  (inlined)
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+struct etcd_options;
+
+namespace detail {
+
+//! Most operations in one etcd transaction (etcd's default --max-txn-ops).
+inline constexpr std::size_t etcd_max_txn_ops = 128;
+
+//! See the file comment. Not thread-safe: `etcd_store` holds `mu` around each call.
+class etcd_client {
+ public:
+  etcd_client(std::vector<store_address::endpoint> eps, std::string prefix, tls_options tls,
+              std::chrono::milliseconds timeout, std::chrono::milliseconds connect_timeout,
+              std::chrono::milliseconds attempt_timeout)
+      : endpoints_(std::move(eps)),
+        prefix_(std::move(prefix)),
+        tls_(std::move(tls)),
+        timeout_(timeout),
+        connect_timeout_(connect_timeout),
+        attempt_timeout_(attempt_timeout) {
+    EBBFLOW_ENFORCE(!endpoints_.empty(), "etcd_store: no endpoints");
+    if (tls_.enabled) tls_ctx_ = client_tls_context(tls_);
+    for (const auto& e : endpoints_)
+      conns_.push_back(std::make_unique<http_connection>(e.host, e.port, tls_, tls_ctx_.get()));
+  }
+
+  std::mutex mu;            //!< serialises the calls of one etcd_store
+  std::string last_detail;  //!< why the last call failed
+
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  [[nodiscard]] std::string current() const { return conns_[cur_]->address(); }
+  [[nodiscard]] std::string all_endpoints() const {
+    std::string s;
+    for (const auto& c : conns_) s += (s.empty() ? "" : ",") + c->address();
+    return s;
+  }
+
+  void close() noexcept {
+    for (auto& c : conns_) c->close();
+    drop_watch();
+  }
+
+  // ---------------------------------------------------------------- operations
+
+  void set(std::string_view key, std::string_view value, deadline d, std::error_code& ec) {
+    const std::string k = full(key);
+    json::value r;
+    if (!call("/v3/kv/put", "{\"key\":\"" + json::base64(k) + "\",\"value\":\"" + json::base64(value) + "\"}", d,
+              retry::always, r, ec))
+      return;
+    remember(k, std::string(value), revision(r));
+  }
+
+  std::optional<std::string> try_get(std::string_view key, deadline d, std::error_code& ec) {
+    const std::string one[] = {std::string(key)};
+    auto v = try_get_many(one, d, ec);
+    if (ec || v.empty()) return std::nullopt;
+    return std::move(v[0]);
+  }
+
+  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d,
+                                                       std::error_code& ec) {
+    std::vector<std::optional<std::string>> out;
+    out.reserve(keys.size());
+    if (keys.size() == 1) {  // one range, no transaction
+      const std::string k = full(keys[0]);
+      json::value r;
+      if (!call("/v3/kv/range", "{\"key\":\"" + json::base64(k) + "\"}", d, retry::always, r, ec)) return out;
+      out.push_back(take_range(k, r, ec));
+      return out;
+    }
+    for (std::size_t first = 0; first < keys.size(); first += etcd_max_txn_ops) {
+      const std::size_t last = std::min(keys.size(), first + etcd_max_txn_ops);
+      std::string body = "{\"success\":[";
+      for (std::size_t i = first; i < last; ++i)
+        body += std::string(i == first ? "" : ",") + "{\"request_range\":" + range_req(full(keys[i])) + "}";
+      body += "]}";
+      json::value r;
+      if (!call("/v3/kv/txn", body, d, retry::always, r, ec)) return out;
+      const auto& rs = r.array("responses");
+      if (rs.size() != last - first) return bad_reply(ec, "txn", out);
+      for (std::size_t i = first; i < last; ++i) {
+        const json::value* rr = rs[i - first].find("response_range");
+        if (!rr) return bad_reply(ec, "txn range", out);
+        out.push_back(take_range(full(keys[i]), *rr, ec));
+        if (ec) return out;
+      }
+    }
+    return out;
+  }
+
+  std::int64_t add(std::string_view key, std::int64_t delta, deadline d, std::error_code& ec) {
+    const std::vector<std::string> keys{std::string(key)};
+    const std::vector<std::int64_t> deltas{delta};
+    auto v = add_many(keys, deltas, d, ec);
+    return ec || v.empty() ? 0 : v[0];
+  }
+
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     deadline d, std::error_code& ec) {
+    std::vector<std::int64_t> out;
+    out.reserve(keys.size());
+    // etcd refuses a transaction that puts one key twice: a batch that
+    // repeats a key goes key by key.
+    std::set<std::string_view> seen;
+    bool repeats = false;
+    for (std::size_t i = 0; i < keys.size() && !repeats; ++i) repeats = !seen.insert(keys[i]).second;
+    const std::size_t step = repeats ? 1 : etcd_max_txn_ops;
+    for (std::size_t first = 0; first < keys.size(); first += step) {
+      const std::size_t last = std::min(keys.size(), first + step);
+      if (!add_chunk(keys.subspan(first, last - first), deltas.subspan(first, last - first), d, out, ec)) return out;
+    }
+    return out;
+  }
+
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
+                                 deadline d, std::error_code& ec) {
+    const std::string k = full(key);
+    // An empty `expected` matches an absent key, and a key holding "" (as
+    // the embedded store): first the absence, then the empty value.
+    for (int pass = 0; pass < (expected.empty() ? 2 : 1); ++pass) {
+      const std::string cmp =
+          pass == 0 && expected.empty()
+              ? "{\"key\":\"" + json::base64(k) + "\",\"target\":\"CREATE\",\"result\":\"EQUAL\",\"create_revision\":\"0\"}"
+              : "{\"key\":\"" + json::base64(k) + "\",\"target\":\"VALUE\",\"result\":\"EQUAL\",\"value\":\"" +
+                    json::base64(expected) + "\"}";
+      const std::string body = "{\"compare\":[" + cmp + "],\"success\":[{\"request_put\":{\"key\":\"" +
+                               json::base64(k) + "\",\"value\":\"" + json::base64(desired) +
+                               "\"}}],\"failure\":[{\"request_range\":" + range_req(k) + "}]}";
+      json::value r;
+      bool retried = false;
+      if (!call("/v3/kv/txn", body, d, retry::always, r, ec, &retried)) return {};
+      if (r.flag("succeeded")) {
+        remember(k, std::string(desired), revision(r));
+        return {true, std::string(desired)};
+      }
+      const auto& rs = r.array("responses");
+      const json::value* rr = rs.empty() ? nullptr : rs[0].find("response_range");
+      if (!rr) return bad_reply(ec, "compare_set", compare_set_result{});
+      auto cur = take_range(k, *rr, ec);
+      if (ec) return {};
+      // A retry after an answer was lost finds the first attempt's value:
+      // the key holds `desired`, which is what this call was to achieve.
+      if (retried && cur && *cur == desired) return {true, *cur};
+      if (pass == 0 && expected.empty() && cur && cur->empty()) continue;
+      return {false, cur.value_or(std::string())};
+    }
+    return {};
+  }
+
+  bool erase(std::string_view key, deadline d, std::error_code& ec) {
+    const std::string k = full(key);
+    json::value r;
+    if (!call("/v3/kv/deleterange", "{\"key\":\"" + json::base64(k) + "\"}", d, retry::always, r, ec)) return false;
+    cache_.erase(k);
+    return r.i64("deleted") > 0;
+  }
+
+  std::int64_t num_keys(deadline d, std::error_code& ec) {
+    std::string from = prefix_.empty() ? std::string(1, '\0') : prefix_;
+    std::string to = prefix_.empty() ? std::string(1, '\0') : prefix_end(prefix_);
+    json::value r;
+    if (!call("/v3/kv/range",
+              "{\"key\":\"" + json::base64(from) + "\",\"range_end\":\"" + json::base64(to) + "\",\"count_only\":true}",
+              d, retry::always, r, ec))
+      return 0;
+    return r.i64("count");
+  }
+
+  void ping(deadline d, std::error_code& ec) {
+    json::value r;
+    call("/v3/maintenance/status", "{}", d, retry::always, r, ec);
+  }
+
+  //! Waits until all (`any` false) or any of `keys` exist; the index of the
+  //! first that does (any), 0 (all).
+  std::size_t wait(const std::vector<std::string>& keys, bool any, deadline d, std::error_code& ec) {
+    ec.clear();
+    std::vector<std::string> fk;
+    fk.reserve(keys.size());
+    for (const auto& k : keys) fk.push_back(full(k));
+    std::vector<std::string> set = fk;
+    std::sort(set.begin(), set.end());
+    set.erase(std::unique(set.begin(), set.end()), set.end());
+    const auto started = steady_clock::now();
     for (;;) {
-      check(deadline::never(), op);
-      if (const auto i = found()) return *i;
-      if (d.expired())
-        throw_if(make_error_code(error::timeout), {.operation = op, .detail = keys.empty() ? "" : keys.front()});
-      cv_.wait_until(lk, std::min(d.at(), steady_clock::now() + std::chrono::milliseconds(50)));
+      if (!watch_ || watch_->keys != set) {
+        if (!open_watch(set, d, ec)) return 0;
+      }
+      // What the read and the events since say.
+      std::size_t missing = 0;
+      for (std::size_t i = 0; i < fk.size(); ++i) {
+        if (watch_->present.contains(fk[i])) {
+          if (any) return i;
+        } else {
+          ++missing;
+        }
+      }
+      if (!any && missing == 0) return 0;
+      std::string line, why;
+      const auto o = watch_->conn->next_line(d, line, why);
+      if (o == http_outcome::timeout || d.expired()) {
+        if (!watch_->conn->connected()) drop_watch();
+        ec = make_error_code(error::timeout);
+        std::ostringstream os;
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(steady_clock::now() - started).count();
+        if (any)
+          os << "wait_any: none of " << keys.size() << " keys set within " << ms << " ms:";
+        else
+          os << "wait: " << missing << " of " << keys.size() << " keys still missing after " << ms << " ms:";
+        int n = 0;
+        for (std::size_t i = 0; i < fk.size(); ++i) {
+          if (watch_ && watch_->present.contains(fk[i])) continue;
+          if (n++ == 5) {
+            os << " ...";
+            break;
+          }
+          os << " " << quote_key(keys[i]);
+        }
+        last_detail = os.str();
+        return 0;
+      }
+      if (o != http_outcome::ok) {  // the watch broke (its endpoint died): read again and watch elsewhere
+        EBBFLOW_LOG_DEBUG("etcd: " << why << "; watching again");
+        drop_watch();
+        rotate();
+        continue;
+      }
+      if (!take_events(line)) {
+        drop_watch();
+        continue;
+      }
     }
   }
-  void check(deadline d, const char* op) const {
-    if (failed_) throw_if(make_error_code(error::peer_lost), {.operation = op});
-    if (d.expired()) throw_if(make_error_code(error::timeout), {.operation = op});
+
+ private:
+  enum class retry { always, unapplied };
+  struct watch_state {
+    std::unique_ptr<http_connection> conn;
+    std::vector<std::string> keys;  // full keys, sorted, unique
+    std::set<std::string> present;  // those that exist now (read at R, then events after R)
+    std::int64_t read_revision = 0;  // R
+  };
+
+  std::string full(std::string_view key) const { return prefix_ + std::string(key); }
+
+  static std::string prefix_end(std::string p) {
+    while (!p.empty()) {
+      if (static_cast<unsigned char>(p.back()) != 0xff) {
+        p.back() = static_cast<char>(static_cast<unsigned char>(p.back()) + 1);
+        return p;
+      }
+      p.pop_back();
+    }
+    return std::string(1, '\0');
   }
-  mutable std::mutex m_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> kv_;
-  bool failed_ = false;
+
+  static std::string range_req(const std::string& k) { return "{\"key\":\"" + json::base64(k) + "\"}"; }
+
+  static std::int64_t revision(const json::value& r) {
+    const json::value* h = r.find("header");
+    return h ? h->i64("revision") : 0;
+  }
+
+  void remember(const std::string& k, std::string v, std::int64_t rev) {
+    if (cache_.size() > 65536) cache_.clear();  // the group's keys are far fewer; this only bounds a misuse
+    cache_[k] = {std::move(v), rev};
+  }
+
+  // The value in a range response (and the key's revision into the cache).
+  std::optional<std::string> take_range(const std::string& k, const json::value& rr, std::error_code& ec) {
+    const auto& kvs = rr.array("kvs");
+    if (kvs.empty()) {
+      cache_[k] = {std::string(), 0};
+      return std::nullopt;
+    }
+    auto v = json::unbase64(kvs[0].str("value"));
+    if (!v) {
+      ec = make_error_code(error::bad_message);
+      last_detail = "etcd: a value that is not base64";
+      return std::nullopt;
+    }
+    remember(k, *v, kvs[0].i64("mod_revision"));
+    return v;
+  }
+
+  template <class T>
+  T bad_reply(std::error_code& ec, const char* what, T out) {
+    ec = make_error_code(error::bad_message);
+    last_detail = std::string("etcd: unexpected answer to ") + what;
+    return out;
+  }
+
+  void rotate() noexcept { cur_ = (cur_ + 1) % conns_.size(); }
+
+  // One gateway call with failover: true with `out` on success. `retried`,
+  // when given, says whether the request was sent again after an attempt
+  // whose outcome is unknown.
+  bool call(const char* path, const std::string& body, deadline d, retry policy, json::value& out,
+            std::error_code& ec, bool* retried = nullptr) {
+    ec.clear();
+    last_detail.clear();
+    auto backoff = std::chrono::milliseconds(5);
+    std::size_t failures_in_row = 0;
+    std::string why;
+    bool unknown = false;
+    for (;;) {
+      if (d.expired()) {
+        ec = make_error_code(error::timeout);
+        last_detail = std::string("etcd (") + all_endpoints() + ") did not answer " + path + " in time" +
+                      (why.empty() ? std::string() : ": " + why);
+        return false;
+      }
+      auto& c = *conns_[cur_];
+      http_outcome o = http_outcome::ok;
+      unsigned status = 0;
+      std::string text;
+      if (!c.connected()) {
+        const deadline cd = min(d, deadline::after(connect_timeout_));
+        std::string cwhy;
+        unsigned st = 0;
+        std::string tx;
+        // Connecting alone: a dead endpoint costs connect_timeout, not the call's deadline.
+        o = c.post("/v3/maintenance/status", "{}", cd, st, tx, cwhy);
+        if (o == http_outcome::ok && tx.find("HTTPS server") != std::string::npos)
+          return fail(ec, error::unauthorized,
+                      "etcd at " + c.address() + " serves TLS: give its address as etcds://, with EBBFLOW_TLS_CA");
+        if (o != http_outcome::ok) {
+          why = cwhy;
+          if (o == http_outcome::unauthorized) return fail(ec, error::unauthorized, why);
+          o = http_outcome::not_sent;
+        }
+      }
+      if (o == http_outcome::ok) {
+        if (unknown && retried) *retried = true;
+        // One attempt waits at most attempt_timeout: a follower whose leader
+        // died holds a proposal until etcd's own request timeout (5 s + two
+        // election timeouts), long after another member could have served it.
+        o = c.post(path, body, min(d, deadline::after(attempt_timeout_)), status, text, why);
+      }
+      if (o == http_outcome::unauthorized) return fail(ec, error::unauthorized, why);
+      if (o == http_outcome::ok) {
+        auto j = json::parse(text);
+        if (!j && text.find("HTTPS server") != std::string::npos)
+          return fail(ec, error::unauthorized,
+                      "etcd at " + c.address() + " serves TLS: give its address as etcds://, with EBBFLOW_TLS_CA");
+        if (!j) return fail(ec, error::bad_message, "etcd " + c.address() + ": an answer that is not JSON");
+        if (status == 200) {
+          out = std::move(*j);
+          return true;
+        }
+        const std::string msg = j->str("error").empty() ? j->str("message") : j->str("error");
+        const std::int64_t code = j->i64("code");
+        // etcd's gRPC codes: 14 unavailable (no leader, leader changed,
+        // request timed out), 8 resource exhausted (too many requests).
+        const bool unapplied = msg.find("no leader") != std::string::npos ||
+                               msg.find("too many requests") != std::string::npos ||
+                               msg.find("not capable") != std::string::npos;
+        if (code == 14 || code == 8 || unapplied) {
+          why = c.address() + ": " + msg;
+          if (!unapplied) unknown = true;
+          if (!unapplied && policy == retry::unapplied)
+            return fail(ec, error::peer_lost, "etcd " + why + " (the request may or may not have been applied)");
+          c.close();
+          rotate();
+        } else if (code == 16 || code == 7) {  // unauthenticated, permission denied
+          return fail(ec, error::unauthorized, "etcd " + c.address() + ": " + msg);
+        } else {
+          return fail(ec, error::bad_message,
+                      "etcd " + c.address() + " refused " + path + " (HTTP " + std::to_string(status) + "): " + msg);
+        }
+      } else if (o == http_outcome::not_sent) {
+        rotate();
+      } else {  // lost or timed out after sending
+        if (o == http_outcome::timeout && d.expired()) continue;  // reported above
+        unknown = true;
+        if (policy == retry::unapplied)
+          return fail(ec, o == http_outcome::timeout ? error::timeout : error::peer_lost,
+                      why + " (the request may or may not have been applied)");
+        rotate();
+      }
+      // Every endpoint tried once: wait a little (an election takes about a second).
+      if (++failures_in_row % conns_.size() == 0) {
+        std::this_thread::sleep_for(std::min<steady_clock::duration>(backoff, d.remaining()));
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+      }
+    }
+  }
+
+  bool fail(std::error_code& ec, error e, std::string why) {
+    ec = make_error_code(e);
+    last_detail = std::move(why);
+    return false;
+  }
+
+  // One transaction of adds: compares the mod_revision of each changed key
+  // with the one last seen, puts the sums and reads the unchanged ones; a
+  // lost race reads them all and goes again.
+  bool add_chunk(std::span<const std::string> keys, std::span<const std::int64_t> deltas, deadline d,
+                 std::vector<std::int64_t>& out, std::error_code& ec) {
+    std::vector<std::string> fk;
+    for (const auto& k : keys) fk.push_back(full(k));
+    bool writes = false;
+    for (auto x : deltas) writes = writes || x != 0;
+    for (;;) {
+      std::string compare, success, failure;
+      std::vector<std::int64_t> sums(keys.size(), 0);
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        const auto b64 = json::base64(fk[i]);
+        if (!failure.empty()) failure += ",";
+        failure += "{\"request_range\":{\"key\":\"" + b64 + "\"}}";
+        if (!success.empty()) success += ",";
+        if (deltas[i] == 0) {
+          success += "{\"request_range\":{\"key\":\"" + b64 + "\"}}";
+          continue;
+        }
+        auto it = cache_.find(fk[i]);
+        std::string why;
+        auto next = add_to_counter(it == cache_.end() ? std::string() : it->second.first, deltas[i], why);
+        if (!next && it != cache_.end()) {  // the cached value may be stale: read it before refusing
+          const std::string one[] = {keys[i]};
+          try_get_many(one, d, ec);
+          if (ec) return false;
+          it = cache_.find(fk[i]);
+          next = add_to_counter(it == cache_.end() ? std::string() : it->second.first, deltas[i], why);
+        }
+        if (!next) return fail(ec, error::invalid_state, "add: " + quote_key(keys[i]) + " " + why);
+        const std::int64_t rev = it == cache_.end() ? 0 : it->second.second;
+        sums[i] = *next;
+        if (!compare.empty()) compare += ",";
+        compare += "{\"key\":\"" + b64 + "\",\"target\":\"MOD\",\"result\":\"EQUAL\",\"mod_revision\":\"" +
+                   std::to_string(rev) + "\"}";
+        success += "{\"request_put\":{\"key\":\"" + b64 + "\",\"value\":\"" + json::base64(std::to_string(*next)) +
+                   "\"}}";
+      }
+      json::value r;
+      const std::string body =
+          "{\"compare\":[" + compare + "],\"success\":[" + success + "],\"failure\":[" + failure + "]}";
+      // Reads alone may be retried anywhere; a transaction that writes, only
+      // where it surely was not applied.
+      if (!call("/v3/kv/txn", body, d, writes ? retry::unapplied : retry::always, r, ec)) return false;
+      const auto& rs = r.array("responses");
+      if (rs.size() != keys.size()) return bad_reply(ec, "add", false);
+      if (r.flag("succeeded") || !writes) {
+        const std::int64_t rev = revision(r);
+        for (std::size_t i = 0; i < keys.size(); ++i) {
+          if (deltas[i] != 0) {
+            remember(fk[i], std::to_string(sums[i]), rev);
+            out.push_back(sums[i]);
+            continue;
+          }
+          const json::value* rr = rs[i].find("response_range");
+          if (!rr) return bad_reply(ec, "add", false);
+          auto v = take_range(fk[i], *rr, ec);
+          if (ec) return false;
+          std::string why;
+          const auto x = add_to_counter(v.value_or(std::string()), 0, why);
+          if (!x) return fail(ec, error::invalid_state, "add: " + quote_key(keys[i]) + " " + why);
+          out.push_back(*x);
+        }
+        return true;
+      }
+      // Lost a race (or the cache was cold): take the current values, again.
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        const json::value* rr = rs[i].find("response_range");
+        if (!rr) return bad_reply(ec, "add", false);
+        take_range(fk[i], *rr, ec);
+        if (ec) return false;
+      }
+      if (d.expired()) return fail(ec, error::timeout, "add: still contended at the deadline");
+    }
+  }
+
+  void drop_watch() noexcept {
+    if (watch_ && watch_->conn) watch_->conn->close();
+    watch_.reset();
+  }
+
+  // Opens a watch of `set` from now, then reads which of them exist
+  // (revision R); events up to R only repeat the read and are skipped. The
+  // watch comes first so that it starts "synced": a watch from a past
+  // revision (R + 1 once anything else was written, e.g. a heartbeat) is
+  // caught up by etcd's background loop, every 100 ms.
+  bool open_watch(const std::vector<std::string>& set, deadline d, std::error_code& ec) {
+    drop_watch();
+    std::string body;
+    for (const auto& k : set) body += "{\"create_request\":{\"key\":\"" + json::base64(k) + "\"}}";
+    auto w = std::make_unique<watch_state>();
+    const auto& ep = endpoints_[cur_];
+    w->conn = std::make_unique<http_connection>(ep.host, ep.port, tls_, tls_ctx_.get());
+    std::string why;
+    unsigned status = 0;
+    const auto o = w->conn->open_stream("/v3/watch", body, d, status, why);
+    if (o != http_outcome::ok || status != 200) {
+      rotate();
+      return fail(ec, o == http_outcome::unauthorized ? error::unauthorized : error::peer_lost,
+                  "etcd watch: " + (why.empty() ? "HTTP " + std::to_string(status) : why));
+    }
+    // One "created" answer per key; events that come meanwhile are kept.
+    std::vector<std::string> early;
+    for (std::size_t created = 0; created < set.size();) {
+      std::string line;
+      const auto got = w->conn->next_line(d, line, why);
+      if (got == http_outcome::timeout || d.expired())
+        return fail(ec, error::timeout, "etcd watch: not created before the deadline");
+      if (got != http_outcome::ok) {
+        rotate();
+        return fail(ec, error::peer_lost, "etcd watch: " + why);
+      }
+      auto j = json::parse(line);
+      const json::value* res = j ? j->find("result") : nullptr;
+      if (!res || res->flag("canceled")) return bad_reply(ec, "watch", false);
+      if (res->flag("created")) ++created;
+      if (!res->array("events").empty()) early.push_back(std::move(line));
+    }
+    std::int64_t rev = 0;
+    std::set<std::string> present;
+    for (std::size_t first = 0; first < set.size(); first += etcd_max_txn_ops) {
+      const std::size_t last = std::min(set.size(), first + etcd_max_txn_ops);
+      std::string txn = "{\"success\":[";
+      for (std::size_t i = first; i < last; ++i)
+        txn += std::string(i == first ? "" : ",") + "{\"request_range\":{\"key\":\"" + json::base64(set[i]) +
+               "\",\"keys_only\":true}}";
+      txn += "]}";
+      json::value r;
+      if (!call("/v3/kv/txn", txn, d, retry::always, r, ec)) return false;
+      // Several transactions: events after the first one's revision are
+      // applied (later reads only repeat them).
+      if (first == 0) rev = revision(r);
+      const auto& rs = r.array("responses");
+      if (rs.size() != last - first) return bad_reply(ec, "txn", false);
+      for (std::size_t i = first; i < last; ++i) {
+        const json::value* rr = rs[i - first].find("response_range");
+        if (rr && !rr->array("kvs").empty()) present.insert(set[i]);
+      }
+    }
+    w->keys = set;
+    w->present = std::move(present);
+    w->read_revision = rev;
+    watch_ = std::move(w);
+    for (const auto& line : early)
+      if (!take_events(line)) {
+        drop_watch();
+        return bad_reply(ec, "watch", false);
+      }
+    return true;
+  }
+
+  // Applies one message of the watch stream; false when the watch must be
+  // made again (cancelled, compacted, an error, or not etcd's JSON).
+  bool take_events(const std::string& line) {
+    auto j = json::parse(line);
+    if (!j) return false;
+    const json::value* res = j->find("result");
+    if (!res) return false;  // {"error": ...}
+    if (res->flag("canceled") || res->i64("compact_revision") != 0) return false;
+    for (const auto& e : res->array("events")) {
+      const json::value* kv = e.find("kv");
+      if (!kv) continue;
+      if (kv->i64("mod_revision") <= watch_->read_revision) continue;  // the read saw it already
+      auto k = json::unbase64(kv->str("key"));
+      if (!k) return false;
+      if (e.str("type") == "DELETE") {
+        watch_->present.erase(*k);
+      } else {
+        watch_->present.insert(*k);
+        if (auto v = json::unbase64(kv->str("value"))) remember(*k, std::move(*v), kv->i64("mod_revision"));
+      }
+    }
+    return true;
+  }
+
+  std::vector<store_address::endpoint> endpoints_;
+  std::string prefix_;
+  tls_options tls_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds connect_timeout_;
+  std::chrono::milliseconds attempt_timeout_;
+  std::unique_ptr<asio::ssl::context> tls_ctx_;  // before the connections that use it
+  std::vector<std::unique_ptr<http_connection>> conns_;
+  std::size_t cur_ = 0;
+  std::unique_ptr<watch_state> watch_;
+  // key -> (value, mod_revision) as last seen: `add` compares the revision and
+  // puts the sum in one round trip while no one else wrote the key.
+  std::unordered_map<std::string, std::pair<std::string, std::int64_t>> cache_;
 };
-static_assert(kv_store<memory_store>);
+
+}  // namespace detail
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/etcd_client.hpp>
+// #include <ebbflow/elastic/etcd_store.hpp>  (inlined)
+
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+EBBFLOW_DECL etcd_options etcd_options::from_address(const store_address& a) {
+  EBBFLOW_ENFORCE(a.etcd(), "etcd_options: '" << a.str() << "' is not an etcd:// or etcds:// address");
+  etcd_options o;
+  o.endpoints = a.endpoints;
+  o.prefix = a.prefix;
+  o.tls = tls_options::from_environment(a.tls());
+  return o;
+}
+
+EBBFLOW_DECL etcd_store::etcd_store(etcd_options o)
+    : c_(std::make_unique<detail::etcd_client>(o.endpoints, o.prefix, o.tls, o.timeout, o.connect_timeout,
+                                               o.attempt_timeout)),
+      opts_(std::move(o)) {}
+
+EBBFLOW_DECL etcd_store etcd_store::from_environment() {
+  const auto s = env::get("EBBFLOW_STORE");
+  EBBFLOW_ENFORCE(s.has_value(), "etcd_store::from_environment: EBBFLOW_STORE is not set");
+  etcd_options o = etcd_options::from_address(store_address::parse(*s));
+  o.timeout = env::get_ms("EBBFLOW_STORE_TIMEOUT_MS", o.timeout, 1);
+  return etcd_store(std::move(o));
+}
+
+EBBFLOW_DECL etcd_store::etcd_store(etcd_store&&) noexcept = default;
+EBBFLOW_DECL etcd_store& etcd_store::operator=(etcd_store&&) noexcept = default;
+EBBFLOW_DECL etcd_store::~etcd_store() = default;
+
+EBBFLOW_DECL void etcd_store::raise(const char* operation, std::string_view key, std::error_code ec) const {
+  std::string detail;
+  if (!key.empty()) detail = "key " + detail::quote_key(key) + ", ";
+  detail += "etcd " + c_->all_endpoints();
+  if (const auto why = last_error_detail(); !why.empty()) detail += ": " + why;
+  EBBFLOW_THROW((system_error(ec, {-1, -1, -1, operation, std::move(detail)})));
+}
+
+EBBFLOW_DECL std::string etcd_store::last_error_detail() const {
+  std::lock_guard lk(c_->mu);
+  return c_->last_detail;
+}
+EBBFLOW_DECL std::string etcd_store::current_endpoint() const {
+  std::lock_guard lk(c_->mu);
+  return c_->current();
+}
+EBBFLOW_DECL const etcd_options& etcd_store::options() const noexcept { return opts_; }
+EBBFLOW_DECL void etcd_store::close() noexcept {
+  std::lock_guard lk(c_->mu);
+  c_->close();
+}
+
+// Each call: the ec form holds the lock and never throws (bad_alloc aside,
+// which the noexcept forms turn into terminate, as the embedded store's).
+#define EBBFLOW_DETAIL_ETCD_CALL(expr) \
+  std::lock_guard lk(c_->mu);          \
+  return c_->expr
+
+EBBFLOW_DECL void etcd_store::set(std::string_view key, std::string_view value, deadline d,
+                                  std::error_code& ec) noexcept {
+  EBBFLOW_DETAIL_ETCD_CALL(set(key, value, d, ec));
+}
+EBBFLOW_DECL void etcd_store::set(std::string_view key, std::string_view value, deadline d) {
+  std::error_code ec;
+  set(key, value, d, ec);
+  if (ec) raise("store.set", key, ec);
+}
+
+EBBFLOW_DECL std::optional<std::string> etcd_store::try_get(std::string_view key, deadline d,
+                                                           std::error_code& ec) noexcept {
+  EBBFLOW_DETAIL_ETCD_CALL(try_get(key, d, ec));
+}
+EBBFLOW_DECL std::optional<std::string> etcd_store::try_get(std::string_view key, deadline d) {
+  std::error_code ec;
+  auto v = try_get(key, d, ec);
+  if (ec) raise("store.try_get", key, ec);
+  return v;
+}
+
+EBBFLOW_DECL std::string etcd_store::get(std::string_view key, deadline d, std::error_code& ec) noexcept {
+  std::lock_guard lk(c_->mu);
+  const std::vector<std::string> keys{std::string(key)};
+  for (;;) {
+    c_->wait(keys, true, d, ec);
+    if (ec) return {};
+    auto v = c_->try_get(key, d, ec);
+    if (ec) return {};
+    if (v) return std::move(*v);  // else erased again in between: wait on
+  }
+}
+EBBFLOW_DECL std::string etcd_store::get(std::string_view key, deadline d) {
+  std::error_code ec;
+  auto v = get(key, d, ec);
+  if (ec) raise("store.get", key, ec);
+  return v;
+}
+
+EBBFLOW_DECL std::int64_t etcd_store::add(std::string_view key, std::int64_t delta, deadline d,
+                                          std::error_code& ec) noexcept {
+  EBBFLOW_DETAIL_ETCD_CALL(add(key, delta, d, ec));
+}
+EBBFLOW_DECL std::int64_t etcd_store::add(std::string_view key, std::int64_t delta, deadline d) {
+  std::error_code ec;
+  auto v = add(key, delta, d, ec);
+  if (ec) raise("store.add", key, ec);
+  return v;
+}
+
+EBBFLOW_DECL std::vector<std::int64_t> etcd_store::add_many(std::span<const std::string> keys,
+                                                           std::span<const std::int64_t> deltas, deadline d,
+                                                           std::error_code& ec) {
+  if (keys.size() != deltas.size())
+    throw std::invalid_argument("store.add_many: " + std::to_string(keys.size()) + " keys but " +
+                                std::to_string(deltas.size()) + " deltas");
+  EBBFLOW_DETAIL_ETCD_CALL(add_many(keys, deltas, d, ec));
+}
+EBBFLOW_DECL std::vector<std::int64_t> etcd_store::add_many(std::span<const std::string> keys,
+                                                           std::span<const std::int64_t> deltas, deadline d) {
+  std::error_code ec;
+  auto v = add_many(keys, deltas, d, ec);
+  if (ec) raise("store.add_many", {}, ec);
+  return v;
+}
+
+EBBFLOW_DECL std::vector<std::optional<std::string>> etcd_store::try_get_many(std::span<const std::string> keys,
+                                                                             deadline d, std::error_code& ec) {
+  EBBFLOW_DETAIL_ETCD_CALL(try_get_many(keys, d, ec));
+}
+EBBFLOW_DECL std::vector<std::optional<std::string>> etcd_store::try_get_many(std::span<const std::string> keys,
+                                                                             deadline d) {
+  std::error_code ec;
+  auto v = try_get_many(keys, d, ec);
+  if (ec) raise("store.try_get_many", {}, ec);
+  return v;
+}
+
+EBBFLOW_DECL compare_set_result etcd_store::compare_set(std::string_view key, std::string_view expected,
+                                                       std::string_view desired, deadline d,
+                                                       std::error_code& ec) noexcept {
+  EBBFLOW_DETAIL_ETCD_CALL(compare_set(key, expected, desired, d, ec));
+}
+EBBFLOW_DECL compare_set_result etcd_store::compare_set(std::string_view key, std::string_view expected,
+                                                       std::string_view desired, deadline d) {
+  std::error_code ec;
+  auto v = compare_set(key, expected, desired, d, ec);
+  if (ec) raise("store.compare_set", key, ec);
+  return v;
+}
+
+EBBFLOW_DECL void etcd_store::wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept {
+  std::lock_guard lk(c_->mu);
+  ec.clear();
+  if (keys.empty()) return;
+  c_->wait(keys, false, d, ec);
+}
+EBBFLOW_DECL void etcd_store::wait(const std::vector<std::string>& keys, deadline d) {
+  std::error_code ec;
+  wait(keys, d, ec);
+  if (ec) raise("store.wait", keys.size() == 1 ? std::string_view(keys[0]) : std::string_view{}, ec);
+}
+
+EBBFLOW_DECL std::size_t etcd_store::wait_any(const std::vector<std::string>& keys, deadline d,
+                                              std::error_code& ec) noexcept {
+  std::lock_guard lk(c_->mu);
+  if (keys.empty()) {
+    ec = make_error_code(error::bad_message);
+    c_->last_detail = "wait_any: no keys to wait for";
+    return 0;
+  }
+  return c_->wait(keys, true, d, ec);
+}
+EBBFLOW_DECL std::size_t etcd_store::wait_any(const std::vector<std::string>& keys, deadline d) {
+  if (keys.empty()) throw std::invalid_argument("store.wait_any: no keys to wait for");
+  std::error_code ec;
+  auto i = wait_any(keys, d, ec);
+  if (ec) raise("store.wait_any", keys.size() == 1 ? std::string_view(keys[0]) : std::string_view{}, ec);
+  return i;
+}
+
+EBBFLOW_DECL bool etcd_store::check(const std::vector<std::string>& keys, deadline d) {
+  std::error_code ec;
+  std::vector<std::optional<std::string>> v;
+  {
+    std::lock_guard lk(c_->mu);
+    v = c_->try_get_many(keys, d, ec);
+  }
+  if (ec) raise("store.check", {}, ec);
+  for (const auto& x : v)
+    if (!x) return false;
+  return true;
+}
+
+EBBFLOW_DECL bool etcd_store::erase(std::string_view key, deadline d, std::error_code& ec) noexcept {
+  EBBFLOW_DETAIL_ETCD_CALL(erase(key, d, ec));
+}
+EBBFLOW_DECL bool etcd_store::erase(std::string_view key) {
+  std::error_code ec;
+  auto v = erase(key, deadline::after(c_->timeout()), ec);
+  if (ec) raise("store.erase", key, ec);
+  return v;
+}
+
+EBBFLOW_DECL std::int64_t etcd_store::num_keys(deadline d) {
+  std::error_code ec;
+  std::int64_t n = 0;
+  {
+    std::lock_guard lk(c_->mu);
+    n = c_->num_keys(d, ec);
+  }
+  if (ec) raise("store.num_keys", {}, ec);
+  return n;
+}
+
+EBBFLOW_DECL void etcd_store::ping(deadline d, std::error_code& ec) noexcept { EBBFLOW_DETAIL_ETCD_CALL(ping(d, ec)); }
+EBBFLOW_DECL void etcd_store::ping(deadline d) {
+  std::error_code ec;
+  ping(d, ec);
+  if (ec) raise("store.ping", {}, ec);
+}
+
+#undef EBBFLOW_DETAIL_ETCD_CALL
 
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
-// ==== end <ebbflow/elastic/kv_store.hpp>
-
-// ==== begin <ebbflow/elastic/tcp_store.hpp> ===============================
-#if EBBFLOW_HAS_ASIO
+#endif  // EBBFLOW_HEADER_ONLY
+// ---- end <ebbflow/elastic/impl/etcd_store.hpp>
+// ---- end <ebbflow/elastic/etcd_store.hpp>
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
+// #include <ebbflow/elastic/store_options.hpp>  (inlined)
+// #include <ebbflow/elastic/tcp_store.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/tcp_store.hpp>
 // SPDX-License-Identifier: Apache-2.0
 //! @file tcp_store.hpp
 //! The rendezvous store: a small key-value server over Boost.Asio that a job
@@ -12010,9 +14077,13 @@ EBBFLOW_END_NAMESPACE
 //! Frames are length-prefixed with a maximum size; malformed, truncated or
 //! oversized frames, unknown opcodes and clients that stall mid-frame are
 //! answered with an error naming the problem, logged, and disconnected
-//! without affecting other clients. Traffic is not encrypted.
+//! without affecting other clients. Traffic is plaintext unless the server
+//! has a certificate (`server_options::tls`): then it is TLS (Boost.Asio ssl
+//! over OpenSSL), optionally with client certificates (mutual TLS), the HMAC
+//! challenge still on top; such a store refuses plaintext clients with an
+//! error that says it needs TLS.
 //!
-//! Requires the `ebbflow::asio` CMake component (Boost headers + OpenSSL::Crypto).
+//! Requires the `ebbflow::asio` CMake component (Boost headers + OpenSSL).
 
 
 // #include <ebbflow/config.hpp>  (inlined)
@@ -12071,7 +14142,7 @@ class store_server {
   [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
   //! The bound address as given in the options.
   [[nodiscard]] const std::string& host() const noexcept { return host_; }
-  //! "host:port", suitable for `EBBFLOW_STORE`.
+  //! "host:port" ("tcp+tls://host:port" with TLS), suitable for `EBBFLOW_STORE`.
   [[nodiscard]] std::string address() const;
   //! A snapshot of the counters (relaxed reads; never blocks).
   [[nodiscard]] server_stats stats() const noexcept;
@@ -12128,8 +14199,10 @@ class store_client {
   //! Does not connect yet. @throws std::invalid_argument for an empty host.
   store_client(std::string host, std::uint16_t port, std::string token, client_options opts = {});
   //! From `EBBFLOW_STORE` (or `MASTER_ADDR`/`MASTER_PORT`), `EBBFLOW_TOKEN` and
-  //! `EBBFLOW_STORE_TIMEOUT_MS` (see `launch_info`).
-  //! @throws std::invalid_argument when no store address is set or values are malformed.
+  //! `EBBFLOW_STORE_TIMEOUT_MS` (see `launch_info`); a `tcp+tls://` address
+  //! turns TLS on with `EBBFLOW_TLS_CA`, `EBBFLOW_TLS_CERT`, `EBBFLOW_TLS_KEY`.
+  //! @throws std::invalid_argument when no store address is set, it is an
+  //! etcd address (see elastic/any_store.hpp), or values are malformed.
   static store_client from_environment();
   //! Takes over the connection of the source, which must not be used afterwards.
   store_client(store_client&&) noexcept;
@@ -12413,6 +14486,7 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/core/thread_name.hpp>  (inlined)
 // #include <ebbflow/elastic/detail/hmac.hpp>  (inlined)
 // #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/tls.hpp>  (inlined)
 // #include <ebbflow/elastic/store_options.hpp>  (inlined)
 // #include <ebbflow/elastic/kv_store.hpp>  (inlined)
 #include <boost/asio/bind_executor.hpp>
@@ -12485,6 +14559,7 @@ class server_impl : public std::enable_shared_from_this<server_impl> {
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     throw_if(ec, ctx);
     port_ = acceptor_.local_endpoint().port();
+    if (opts_.tls.enabled()) tls_ctx_ = server_tls_context(opts_.tls);
     if (opts_.token.empty())
       EBBFLOW_LOG_WARN("store: serving on " << opts_.host << ":" << port_
                                             << " without a job token (EBBFLOW_TOKEN unset): any local client can join");
@@ -12504,6 +14579,8 @@ class server_impl : public std::enable_shared_from_this<server_impl> {
 
   // ---- used by server_conn (on the strand)
   const server_options& opts() const noexcept { return opts_; }
+  //! The TLS context, or nullptr for a plaintext store.
+  asio::ssl::context* tls() const noexcept { return tls_ctx_.get(); }
   strand_t& strand() noexcept { return strand_; }
   void count_unauthorized() noexcept { unauthorized_.fetch_add(1, std::memory_order_relaxed); }
   void count_protocol_error() noexcept { protocol_errors_.fetch_add(1, std::memory_order_relaxed); }
@@ -12530,6 +14607,7 @@ class server_impl : public std::enable_shared_from_this<server_impl> {
   tcp::acceptor acceptor_;
   asio::steady_timer retry_;
   server_options opts_;
+  std::unique_ptr<asio::ssl::context> tls_ctx_;
   std::uint16_t port_ = 0;
   bool stopped_ = false;
   bool accept_failing_ = false;  // an accept error was logged; cleared by the next accepted connection
@@ -12547,12 +14625,16 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
   server_conn(std::shared_ptr<server_impl> srv, tcp::socket s, std::uint64_t id)
       : srv_(std::move(srv)), sock_(std::move(s)), timer_(srv_->strand()), id_(id) {
     boost::system::error_code ec;
-    auto ep = sock_.remote_endpoint(ec);
+    auto ep = sock_.lowest_layer().remote_endpoint(ec);
     peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
-    sock_.set_option(tcp::no_delay(true), ec);
+    sock_.lowest_layer().set_option(tcp::no_delay(true), ec);
   }
 
   void start() {
+    if (srv_->tls() && !sock_.is_tls()) {
+      start_tls();
+      return;
+    }
     server_nonce_ = random_bytes(proto::nonce_bytes);
     send(proto::frame_builder(proto::op::challenge).u8(proto::version).raw(server_nonce_).finish());
     arm_timer(srv_->opts().auth_timeout);
@@ -12606,6 +14688,63 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
   }
 
  private:
+  // A TLS store: a TLS client speaks first (its ClientHello); a plaintext
+  // client of this protocol waits for the server's challenge. So the first
+  // bytes, or their absence for tls_hello_timeout, tell which it is; a
+  // plaintext client is told in plaintext that the store needs TLS.
+  void start_tls() {
+    timer_.expires_after(srv_->opts().tls_hello_timeout);
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (ec || self->closed_ || self->hello_seen_) return;
+      self->refuse_plaintext("sent nothing for " + std::to_string(self->srv_->opts().tls_hello_timeout.count()) +
+                             " ms (a plaintext client waiting for the server)");
+    });
+    sock_.lowest_layer().async_wait(tcp::socket::wait_read, [self = shared_from_this()](
+                                                                 const boost::system::error_code& ec) {
+      if (self->closed_ || self->failing_) return;
+      if (ec) {
+        self->close();
+        return;
+      }
+      self->hello_seen_ = true;
+      std::array<unsigned char, 1> first{};
+      boost::system::error_code pe;
+      const auto n = self->sock_.lowest_layer().receive(asio::buffer(first), tcp::socket::message_peek, pe);
+      if (pe || n == 0) {
+        self->close();
+        return;
+      }
+      if (first[0] != 0x16) {  // not a TLS handshake record
+        self->timer_.cancel();
+        self->refuse_plaintext("sent a plaintext frame");
+        return;
+      }
+      self->sock_.enable_tls(*self->srv_->tls());
+      self->sock_.tls().async_handshake(asio::ssl::stream_base::server,
+                                        [self](const boost::system::error_code& e) {
+                                          if (self->closed_) return;
+                                          self->timer_.cancel();
+                                          if (e) {
+                                            self->srv_->count_unauthorized();
+                                            EBBFLOW_LOG_WARN("store: refused client " << self->peer_ << ": "
+                                                                                      << server_tls_failure(e, self->sock_));
+                                            self->close();
+                                            return;
+                                          }
+                                          EBBFLOW_LOG_DEBUG("store: TLS with " << self->peer_);
+                                          self->start();
+                                        });
+    });
+  }
+  void refuse_plaintext(const std::string& what) {
+    srv_->count_unauthorized();
+    // Plaintext on purpose: this client does not speak TLS.
+    fail(errc::unauthorized,
+         "this store requires TLS: connect with a tcp+tls:// address and the job's CA (EBBFLOW_TLS_CA); the "
+         "client " + what,
+         false);
+  }
+
   void arm_timer(std::chrono::milliseconds after) {
     timer_.expires_after(after);
     const std::uint64_t seq = frame_seq_;
@@ -12655,6 +14794,9 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
       const std::size_t limit = authed_ ? srv_->opts().max_message_bytes : proto::preauth_max_message_bytes;
       if (auto why = proto::check_length(len, limit); !why.empty()) {
         if (!authed_) why += " before authentication";
+        if (!authed_ && pos == 0 && static_cast<unsigned char>(in_[0]) == 0x16 && !sock_.is_tls())
+          why += " (it looks like a TLS ClientHello: this store is plaintext; a TLS client needs a store started "
+                 "with a certificate)";
         fail(errc::bad_message, why);
         return;
       }
@@ -12805,7 +14947,7 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
     if (draining_ || closed_) return;
     draining_ = true;
     boost::system::error_code ec;
-    sock_.shutdown(tcp::socket::shutdown_send, ec);
+    sock_.lowest_layer().shutdown(tcp::socket::shutdown_send, ec);
     timer_.expires_after(std::min<std::chrono::milliseconds>(srv_->opts().frame_timeout, std::chrono::seconds(1)));
     timer_.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
       if (!e) self->close();
@@ -12825,7 +14967,7 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
   }
 
   std::shared_ptr<server_impl> srv_;
-  tcp::socket sock_;
+  tls_socket sock_;
   asio::steady_timer timer_;
   std::uint64_t id_;
   std::string peer_;
@@ -12839,6 +14981,7 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
   std::shared_ptr<store_waiter> waiter_;
   bool authed_ = false, busy_ = false, watching_ = false, writing_ = false;
   bool failing_ = false, draining_ = false, closed_ = false, timer_armed_ = false;
+  bool hello_seen_ = false;
 };
 
 }  // namespace detail
@@ -13152,6 +15295,10 @@ EBBFLOW_DECL std::string server_impl::execute(const std::shared_ptr<server_conn>
 EBBFLOW_DECL server_options server_options::from_environment() {
   server_options o;
   if (auto t = env::get("EBBFLOW_TOKEN")) o.token = *t;
+  if (auto v = env::get("EBBFLOW_STORE_TLS_CERT")) o.tls.cert_file = *v;
+  if (auto v = env::get("EBBFLOW_STORE_TLS_KEY")) o.tls.key_file = *v;
+  if (auto v = env::get("EBBFLOW_STORE_TLS_CLIENT_CA")) o.tls.ca_file = *v;
+  o.tls.require_client_cert = env::get_bool("EBBFLOW_STORE_TLS_REQUIRE_CLIENT_CERT", false);
   return o;
 }
 
@@ -13193,7 +15340,8 @@ EBBFLOW_DECL store_server::~store_server() {
 }
 
 EBBFLOW_DECL std::string store_server::address() const {
-  return (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" + std::to_string(port_);
+  return std::string(impl_ && impl_->opts().tls.enabled() ? "tcp+tls://" : "") +
+         (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" + std::to_string(port_);
 }
 
 EBBFLOW_DECL server_stats store_server::stats() const noexcept { return impl_->stats(); }
@@ -13248,6 +15396,7 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/core/log.hpp>  (inlined)
 // #include <ebbflow/elastic/detail/hmac.hpp>  (inlined)
 // #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/tls.hpp>  (inlined)
 // #include <ebbflow/elastic/store_options.hpp>  (inlined)
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/connect.hpp>
@@ -13275,8 +15424,11 @@ namespace asio = boost::asio;
 //! the deadline passes (then the operation is cancelled).
 class client_connection {
  public:
-  client_connection(std::string host, std::uint16_t port, std::string token, std::size_t max_bytes)
-      : host_(std::move(host)), port_(port), token_(std::move(token)), max_bytes_(max_bytes) {}
+  client_connection(std::string host, std::uint16_t port, std::string token, std::size_t max_bytes,
+                    tls_options tls = {})
+      : host_(std::move(host)), port_(port), token_(std::move(token)), max_bytes_(max_bytes), tls_(std::move(tls)) {
+    if (tls_.enabled) tls_ctx_ = client_tls_context(tls_);
+  }
 
   std::mutex mu;            //!< serialises calls of a store_client
   std::string last_detail;  //!< reason of the last failure
@@ -13289,6 +15441,7 @@ class client_connection {
     sock_.close(ec);
     in_.clear();
     connected_ = false;
+    authenticated_ = false;
   }
 
   //! Connects (retrying refused connections until `d`) and runs the handshake.
@@ -13313,8 +15466,8 @@ class client_connection {
     auto backoff = std::chrono::milliseconds(5);
     for (;;) {
       std::optional<boost::system::error_code> done;
-      sock_ = tcp::socket(ioc_);
-      asio::async_connect(sock_, eps, [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
+      sock_ = tls_socket(ioc_.get_executor());
+      asio::async_connect(sock_.lowest_layer(), eps, [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
       if (!run_until(d, done, [&] { sock_.close(bec); })) return fail(ec, error::timeout, "connecting to " + address());
       if (!*done) break;
       const bool retry = *done == asio::error::connection_refused || *done == asio::error::timed_out ||
@@ -13325,8 +15478,17 @@ class client_connection {
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
     }
-    sock_.set_option(tcp::no_delay(true), bec);
+    sock_.lowest_layer().set_option(tcp::no_delay(true), bec);
     connected_ = true;
+    if (tls_ctx_) {
+      start_client_tls(sock_, *tls_ctx_, tls_, host_);
+      std::optional<boost::system::error_code> done;
+      sock_.tls().async_handshake(asio::ssl::stream_base::client,
+                                  [&](const boost::system::error_code& e) { done = e; });
+      if (!run_until(d, done, [&] { sock_.close(bec); }))
+        return fail(ec, error::timeout, "TLS handshake with " + address() + " not done before the deadline");
+      if (*done) return tls_fail(ec, *done);
+    }
     // Handshake.
     // A refusal during the handshake ends the connection whatever its code:
     // the next call connects anew.
@@ -13354,6 +15516,7 @@ class client_connection {
                   std::string("handshake: expected welcome, got ") + proto::op_name(r.msg.code));
     if (!mac_equal(r.msg.mac, handshake_mac(token_, server_label, server_nonce, client_nonce)))
       return fail(ec, error::unauthorized, "the server at " + address() + " could not prove the job token");
+    authenticated_ = true;
   }
 
   //! False, with `ec` and `last_detail` set, when a request frame is over
@@ -13386,7 +15549,7 @@ class client_connection {
   void write_frame(const std::string& frame, deadline d, std::error_code& ec) {
     std::optional<boost::system::error_code> done;
     asio::async_write(sock_, asio::buffer(frame), [&](const boost::system::error_code& e, std::size_t) { done = e; });
-    if (!run_until(d, done, [&] { sock_.cancel(); })) return fail(ec, error::timeout, "sending to " + address());
+    if (!run_until(d, done, [&] { cancel_io(); })) return fail(ec, error::timeout, "sending to " + address());
     if (*done) return fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
   }
 
@@ -13414,7 +15577,7 @@ class client_connection {
         done = e;
         got = n;
       });
-      if (!run_until(d, done, [&] { sock_.cancel(); })) {
+      if (!run_until(d, done, [&] { cancel_io(); })) {
         if (keep_on_timeout) {
           ec = make_error_code(error::timeout);
           last_detail = "no message from " + address() + " before the deadline";
@@ -13424,6 +15587,14 @@ class client_connection {
         return {};
       }
       if (*done) {
+        // TLS 1.3 sends the server's verdict on the client's certificate
+        // after the client's handshake completed: it arrives on this read.
+        if (sock_.is_tls() && !authenticated_ &&
+            (done->category() == asio::error::get_ssl_category() || *done == asio::error::eof ||
+             *done == asio::ssl::error::stream_truncated)) {
+          tls_fail(ec, *done);
+          return {};
+        }
         fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
         return {};
       }
@@ -13440,6 +15611,13 @@ class client_connection {
     if (in_handshake || (ec != errc::timeout && ec != errc::invalid_state)) close();
   }
 
+  //! A TLS failure: its reason in words (errc::unauthorized), or a broken connection (peer_lost).
+  void tls_fail(std::error_code& ec, const boost::system::error_code& e) {
+    bool broken = false;
+    std::string why = client_tls_failure(e, sock_, tls_, address(), broken);
+    fail(ec, broken ? error::peer_lost : error::unauthorized, std::move(why));
+  }
+
   void fail(std::error_code& ec, error e, std::string why) {
     ec = make_error_code(e);
     last_detail = std::move(why);
@@ -13447,6 +15625,14 @@ class client_connection {
   }
 
  private:
+  // Cancels what is pending on the socket. Without throwing: the socket may
+  // be closed already (a broken connection, then a call whose deadline had
+  // passed before it ran).
+  void cancel_io() noexcept {
+    boost::system::error_code ignored;
+    sock_.lowest_layer().cancel(ignored);
+  }
+
   template <class Cancel>
   bool run_until(deadline d, std::optional<boost::system::error_code>& done, Cancel cancel) {
     // run_until with time_point::max() would overflow inside Asio.
@@ -13465,9 +15651,12 @@ class client_connection {
   std::uint16_t port_;
   std::string token_;
   std::size_t max_bytes_;
+  tls_options tls_;
+  std::unique_ptr<asio::ssl::context> tls_ctx_;  // before sock_, which may refer to it
   asio::io_context ioc_{1};
-  tcp::socket sock_{ioc_};
+  tls_socket sock_{ioc_.get_executor()};
   bool connected_ = false;
+  bool authenticated_ = false;
   std::string in_, body_;
   std::array<char, 16384> chunk_{};
 };
@@ -13574,15 +15763,24 @@ EBBFLOW_DECL store_client::store_client(std::string host, std::uint16_t port, st
     : host_(std::move(host)), port_(port), token_(std::move(token)), opts_(opts) {
   EBBFLOW_ENFORCE(!host_.empty(), "store_client: empty host");
   EBBFLOW_ENFORCE(port_ != 0, "store_client: port 0 (no store address given)");
-  conn_ = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
+  conn_ = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes, opts_.tls);
 }
 
 EBBFLOW_DECL store_client store_client::from_environment() {
   const launch_info li = launch_info::from_environment();
+  client_options o = client_options::from_environment();
+  if (!li.store_address.empty()) {
+    const store_address a = store_address::parse(li.store_address);
+    EBBFLOW_ENFORCE(!a.etcd(), "store_client::from_environment: EBBFLOW_STORE='"
+                                   << li.store_address
+                                   << "' is an etcd address: make the store with any_store::from_environment() "
+                                      "(elastic/any_store.hpp) or etcd_store");
+    o.tls = tls_options::from_environment(a.tls());
+  }
   EBBFLOW_ENFORCE(li.store_port != 0,
                   "store_client::from_environment: EBBFLOW_STORE (HOST:PORT) or "
                   "MASTER_ADDR/MASTER_PORT is not set");
-  return store_client(li.store_host, li.store_port, li.token, client_options::from_environment());
+  return store_client(li.store_host, li.store_port, li.token, o);
 }
 
 EBBFLOW_DECL store_client::store_client(store_client&&) noexcept = default;
@@ -13955,7 +16153,7 @@ EBBFLOW_DECL void store_client::ping(deadline d) {
 EBBFLOW_DECL store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d,
                                          std::error_code& ec) noexcept {
   ec.clear();
-  auto c = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
+  auto c = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes, opts_.tls);
   c->send(detail::proto::frame_builder(detail::proto::op::watch, prefix.size() + 8)
               .str(prefix)
               .u8(include_existing ? 1 : 0)
@@ -13988,8 +16186,332 @@ EBBFLOW_BEGIN_NAMESPACE
 extern template class plan::work_stealer<elastic::store_client>;
 EBBFLOW_END_NAMESPACE
 #endif
+// ---- end <ebbflow/elastic/tcp_store.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+namespace detail {
+//! The operations `any_store` forwards (one virtual call each).
+struct any_store_iface {
+  virtual ~any_store_iface() = default;
+  virtual void set(const std::string& k, std::string_view v, deadline d) = 0;
+  virtual std::optional<std::string> try_get(const std::string& k, deadline d) = 0;
+  virtual std::int64_t add(const std::string& k, std::int64_t delta, deadline d) = 0;
+  virtual compare_set_result compare_set(const std::string& k, std::string_view expected, std::string_view desired,
+                                         deadline d) = 0;
+  virtual void wait(const std::vector<std::string>& keys, deadline d) = 0;
+  virtual std::size_t wait_any(const std::vector<std::string>& keys, deadline d) = 0;
+  virtual std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                             deadline d) = 0;
+  virtual std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d) = 0;
+  virtual bool erase(const std::string& k) = 0;
+  virtual void ping(deadline d) = 0;
+};
+template <class S>
+struct any_store_model;
+}  // namespace detail
+
+//! A store chosen at run time; see the file comment. Move-only.
+class any_store {
+ public:
+  //! Wraps `s`, any model of `kv_store` (moved in). `name` is what `backend()` says.
+  template <kv_store S>
+    requires(!std::is_same_v<std::remove_cvref_t<S>, any_store>)
+  explicit any_store(S s, std::string name = "custom");
+
+  //! The store at `address` (any form in the file comment): the embedded
+  //! store's client with `token` and `timeout` as its default deadline, or
+  //! an etcd client (etcd's own access control is TLS; `token` is not used).
+  //! TLS settings come from `EBBFLOW_TLS_*`. Does not connect yet.
+  //! @throws std::invalid_argument for a malformed address or unreadable TLS files.
+  static any_store connect(const std::string& address, const std::string& token,
+                           std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
+  //! From `EBBFLOW_STORE` (or `MASTER_ADDR`/`MASTER_PORT`), `EBBFLOW_TOKEN`,
+  //! `EBBFLOW_STORE_TIMEOUT_MS` and `EBBFLOW_TLS_*`.
+  //! @throws std::invalid_argument when no store address is set or it is malformed.
+  static any_store from_environment();
+
+  //! "tcp", "tcp+tls", "etcd", "etcds", or the name given to the wrapping constructor.
+  [[nodiscard]] const std::string& backend() const noexcept { return name_; }
+
+  //! Stores `v` under `k`.
+  void set(const std::string& k, std::string_view v, deadline d) { impl_->set(k, v, d); }
+  //! As above; errors in `ec`.
+  void set(const std::string& k, std::string_view v, deadline d, std::error_code& ec) noexcept {
+    guard(ec, [&] { impl_->set(k, v, d); });
+  }
+  //! The value of `k`, or nullopt.
+  std::optional<std::string> try_get(const std::string& k, deadline d) { return impl_->try_get(k, d); }
+  //! As above; errors in `ec`.
+  std::optional<std::string> try_get(const std::string& k, deadline d, std::error_code& ec) noexcept {
+    return guard(ec, [&] { return impl_->try_get(k, d); });
+  }
+  //! Atomically adds `delta` to the integer under `k`; the sum.
+  std::int64_t add(const std::string& k, std::int64_t delta, deadline d) { return impl_->add(k, delta, d); }
+  //! As above; errors in `ec`.
+  std::int64_t add(const std::string& k, std::int64_t delta, deadline d, std::error_code& ec) noexcept {
+    return guard(ec, [&] { return impl_->add(k, delta, d); });
+  }
+  //! Stores `desired` when the value is `expected` (empty: absent).
+  compare_set_result compare_set(const std::string& k, std::string_view expected, std::string_view desired,
+                                 deadline d) {
+    return impl_->compare_set(k, expected, desired, d);
+  }
+  //! As above; errors in `ec`.
+  compare_set_result compare_set(const std::string& k, std::string_view expected, std::string_view desired, deadline d,
+                                 std::error_code& ec) noexcept {
+    return guard(ec, [&] { return impl_->compare_set(k, expected, desired, d); });
+  }
+  //! Blocks until every key exists, or `d` passes (errc::timeout).
+  void wait(const std::vector<std::string>& keys, deadline d) { impl_->wait(keys, d); }
+  //! As above; errors in `ec`.
+  void wait(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept {
+    guard(ec, [&] { impl_->wait(keys, d); });
+  }
+  //! Blocks until any key exists; its index. @throws std::invalid_argument for no keys.
+  std::size_t wait_any(const std::vector<std::string>& keys, deadline d) {
+    EBBFLOW_ENFORCE(!keys.empty(), "store.wait_any: no keys to wait for");
+    return impl_->wait_any(keys, d);
+  }
+  //! As above; errors in `ec`.
+  std::size_t wait_any(const std::vector<std::string>& keys, deadline d, std::error_code& ec) noexcept {
+    return guard(ec, [&] { return wait_any(keys, d); });
+  }
+  //! `add` for each key, batched where the backend can.
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     deadline d) {
+    EBBFLOW_ENFORCE(keys.size() == deltas.size(),
+                    "store.add_many: " << keys.size() << " keys but " << deltas.size() << " deltas");
+    return impl_->add_many(keys, deltas, d);
+  }
+  //! `try_get` for each key, batched where the backend can.
+  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d) {
+    return impl_->try_get_many(keys, d);
+  }
+  //! Removes `k`; whether it existed.
+  bool erase(const std::string& k) { return impl_->erase(k); }
+  //! One round trip to the store (reachable, authenticated).
+  void ping(deadline d) { impl_->ping(d); }
+
+ private:
+  template <class F>
+  static auto guard(std::error_code& ec, F&& f) noexcept -> decltype(f()) {
+    ec.clear();
+    try {
+      return f();
+    } catch (const std::system_error& e) {
+      ec = e.code();
+    } catch (const std::invalid_argument&) {
+      ec = make_error_code(error::bad_message);
+    } catch (...) {
+      ec = make_error_code(error::invalid_state);
+    }
+    if constexpr (!std::is_void_v<decltype(f())>) return {};
+  }
+
+  std::unique_ptr<detail::any_store_iface> impl_;
+  std::string name_;
+};
+
+static_assert(kv_store<any_store>);
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/elastic/impl/any_store.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/any_store.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/any_store.hpp
+//! Definitions of `any_store` (included by elastic/any_store.hpp).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/elastic/any_store.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
+
+#include <memory>
+#include <string>
+#include <utility>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+namespace detail {
+
+//! `any_store_iface` over a model `S`: the optional operations S lacks are
+//! done key by key (store_ops.hpp).
+template <class S>
+struct any_store_model final : any_store_iface {
+  explicit any_store_model(S s) : s_(std::move(s)) {}
+  void set(const std::string& k, std::string_view v, deadline d) override { s_.set(k, v, d); }
+  std::optional<std::string> try_get(const std::string& k, deadline d) override { return s_.try_get(k, d); }
+  std::int64_t add(const std::string& k, std::int64_t delta, deadline d) override { return s_.add(k, delta, d); }
+  compare_set_result compare_set(const std::string& k, std::string_view expected, std::string_view desired,
+                                 deadline d) override {
+    auto r = s_.compare_set(k, expected, desired, d);
+    return {static_cast<bool>(r.swapped), std::string(r.current)};
+  }
+  void wait(const std::vector<std::string>& keys, deadline d) override { s_.wait(keys, d); }
+  std::size_t wait_any(const std::vector<std::string>& keys, deadline d) override {
+    if constexpr (requires { s_.wait_any(keys, d); }) {
+      return s_.wait_any(keys, d);
+    } else {
+      const auto i = wait_any_key(s_, keys, d, std::stop_token{});
+      if (!i) throw_if(make_error_code(error::timeout), {.operation = "store.wait_any"});
+      return *i;
+    }
+  }
+  std::vector<std::int64_t> add_many(std::span<const std::string> keys, std::span<const std::int64_t> deltas,
+                                     deadline d) override {
+    return add_all(s_, std::vector<std::string>(keys.begin(), keys.end()),
+                   std::vector<std::int64_t>(deltas.begin(), deltas.end()), d);
+  }
+  std::vector<std::optional<std::string>> try_get_many(std::span<const std::string> keys, deadline d) override {
+    return try_get_all(s_, std::vector<std::string>(keys.begin(), keys.end()), d);
+  }
+  bool erase(const std::string& k) override {
+    if constexpr (requires { s_.erase(k); })
+      return static_cast<bool>(s_.erase(k));
+    else
+      throw_if(make_error_code(error::invalid_state), {.operation = "store.erase", .detail = "this store cannot erase"});
+    return false;
+  }
+  void ping(deadline d) override {
+    if constexpr (requires { s_.ping(d); })
+      s_.ping(d);
+    else
+      s_.try_get(std::string("ebbflow/ping"), d);
+  }
+  S s_;
+};
+
+}  // namespace detail
+
+template <kv_store S>
+  requires(!std::is_same_v<std::remove_cvref_t<S>, any_store>)
+any_store::any_store(S s, std::string name)
+    : impl_(std::make_unique<detail::any_store_model<S>>(std::move(s))), name_(std::move(name)) {}
+
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_DECL any_store any_store::connect(const std::string& address, const std::string& token,
+                                          std::chrono::milliseconds timeout) {
+  const store_address a = store_address::parse(address);
+  if (a.etcd()) {
+    etcd_options o = etcd_options::from_address(a);
+    o.timeout = timeout;
+    return any_store(etcd_store(std::move(o)), a.tls() ? "etcds" : "etcd");
+  }
+  client_options o;
+  o.timeout = timeout;
+  o.tls = tls_options::from_environment(a.tls());
+  return any_store(store_client(a.endpoints[0].host, a.endpoints[0].port, token, o), a.tls() ? "tcp+tls" : "tcp");
+}
+
+EBBFLOW_DECL any_store any_store::from_environment() {
+  const launch_info li = launch_info::from_environment();
+  const std::string address = !li.store_address.empty() ? li.store_address
+                              : li.store_port != 0
+                                  ? (li.store_host.find(':') != std::string::npos ? "[" + li.store_host + "]"
+                                                                                  : li.store_host) +
+                                        ":" + std::to_string(li.store_port)
+                                  : std::string();
+  EBBFLOW_ENFORCE(!address.empty(),
+                  "any_store::from_environment: EBBFLOW_STORE (host:port, tcp+tls://, etcd://, etcds://) or "
+                  "MASTER_ADDR/MASTER_PORT is not set");
+  return connect(address, li.token, client_options::from_environment().timeout);
+}
+#endif  // EBBFLOW_HEADER_ONLY
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/any_store.hpp>
+
+#if !EBBFLOW_HEADER_ONLY
+// The library instantiates the work stealing the group does on this store.
+// #include <ebbflow/plan/work_stealing.hpp>  (inlined)
+EBBFLOW_BEGIN_NAMESPACE
+extern template class plan::work_stealer<elastic::any_store>;
+EBBFLOW_END_NAMESPACE
+#endif
 #endif  // EBBFLOW_HAS_ASIO
-// ==== end <ebbflow/elastic/tcp_store.hpp>
+// ==== end <ebbflow/elastic/any_store.hpp>
+
+// ==== begin <ebbflow/elastic/cooldown.hpp> ================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file cooldown.hpp
+//! The back-off shared by the elastic group's join cool-down
+//! (`EBBFLOW_JOIN_COOLDOWN`) and `ebbflow-run --restart-cooldown`: nothing
+//! after a first failure, then SEC, doubling with every further failure in
+//! a row, at most MAX. Written "SEC[:MAX]" in seconds; SEC 0 turns it off.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! SEC and MAX of a cool-down. Value type.
+struct cooldown {
+  std::chrono::milliseconds sec{1'000};   //!< the wait after the second failure in a row (0: never wait)
+  std::chrono::milliseconds max{60'000};  //!< the longest wait
+
+  //! The wait after `failures` failures in a row: 0 for fewer than 2 (or
+  //! when SEC is 0), else SEC·2^(failures−2), at most MAX.
+  [[nodiscard]] std::chrono::milliseconds after(std::int64_t failures) const noexcept {
+    if (failures < 2 || sec.count() <= 0) return std::chrono::milliseconds(0);
+    return std::min(max, sec * (std::int64_t{1} << std::min<std::int64_t>(failures - 2, 20)));
+  }
+
+  //! Parses "SEC[:MAX]" (seconds in [0, 86400]; MAX defaults to `defaults.max`).
+  //! @throws std::invalid_argument "<what>='<text>': ..." on a malformed value.
+  static cooldown parse(std::string_view text, std::string_view what, cooldown defaults) {
+    const std::string t(text);
+    // No source location in the message: a command line shows it to its user.
+    const auto bad = [&](const char* why) { throw std::invalid_argument(std::string(what) + "='" + t + "': " + why); };
+    const auto seconds = [&](const std::string& s) {
+      char* end = nullptr;
+      const double x = std::strtod(s.c_str(), &end);
+      if (s.empty() || end != s.c_str() + s.size() || !(x >= 0 && x <= 86'400))
+        bad("expected SEC[:MAX], seconds in [0, 86400]");
+      return std::chrono::milliseconds(static_cast<std::int64_t>(x * 1000 + 0.5));
+    };
+    cooldown c = defaults;
+    const auto colon = t.find(':');
+    c.sec = seconds(t.substr(0, colon));
+    if (colon != std::string::npos) c.max = seconds(t.substr(colon + 1));
+    if (c.max < c.sec) bad("MAX is below SEC");
+    return c;
+  }
+  //! As above, MAX defaulting to 60 s.
+  static cooldown parse(std::string_view text, std::string_view what) { return parse(text, what, cooldown{}); }
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ==== end <ebbflow/elastic/cooldown.hpp>
 
 // ==== begin <ebbflow/elastic/ucx_network.hpp> =============================
 #if EBBFLOW_HAS_UCX
@@ -14116,7 +16638,7 @@ EBBFLOW_END_NAMESPACE
 //!   opts.global_batch = 128;                                         // required: B, samples per step
 //!   opts.dataset_size = dataset_size;                                // required: N, samples per epoch
 //!   el::ucx_network net;
-//!   el::group g([] { return std::make_unique<el::store_client>(el::store_client::from_environment()); }, net, opts,
+//!   el::group g([] { return std::make_unique<el::any_store>(el::any_store::from_environment()); }, net, opts,
 //!               ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
 //!   g.register_state("params", std::as_writable_bytes(std::span(params)));      // what must be equal on every
 //!   g.register_state("velocity", std::as_writable_bytes(std::span(velocity)));  // member: model and optimizer
@@ -14717,6 +17239,10 @@ struct group_options {
   std::chrono::milliseconds store_timeout{10'000};   //!< EBBFLOW_STORE_TIMEOUT_MS: deadline of each store call
   std::chrono::milliseconds admit_delay{50};         //!< EBBFLOW_ADMIT_DELAY_MS: batch join tickets this close
   std::chrono::milliseconds stall_warning{10'000};   //!< EBBFLOW_STALL_WARN_MS: name who is behind (0: off)
+  //! EBBFLOW_STORE_OUTAGE_MS: a failure found while the store cannot be
+  //! reached waits this long for the store (a replicated store regaining its
+  //! quorum) before the group gives up; 0: gives up at once.
+  std::chrono::milliseconds store_outage_wait{0};
   std::chrono::microseconds sched_slice{0};          //!< EBBFLOW_SCHED_SLICE_US: members' scheduler slice (0: off)
   static constexpr std::chrono::microseconds min_sched_slice{100};     //!< the kernel's shortest slice
   static constexpr std::chrono::microseconds max_sched_slice{100000};  //!< the kernel's longest slice
@@ -14790,6 +17316,7 @@ inline group_options group_options::from_environment(group_options o) {
   o.join = env::get_bool("EBBFLOW_JOIN", o.join);
   o.heartbeat = env::get_ms("EBBFLOW_HEARTBEAT_MS", o.heartbeat, 1, 60'000);
   o.store_timeout = env::get_ms("EBBFLOW_STORE_TIMEOUT_MS", o.store_timeout, 1);
+  o.store_outage_wait = env::get_ms("EBBFLOW_STORE_OUTAGE_MS", o.store_outage_wait, 0, day_ms);
   o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
   o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, day_ms);
   o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, day_ms);
@@ -15365,107 +17892,7 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/core/env.hpp>  (inlined)
 // #include <ebbflow/core/log.hpp>  (inlined)
 // #include <ebbflow/elastic/detail/records.hpp>  (inlined)    // parse_i64
-// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/detail/store_ops.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file detail/store_ops.hpp
-//! Store operations the elastic group builds on any `kv_store`: batched reads
-//! and adds (one pipelined round trip where the store offers it), waits for
-//! keys in slices that notice a stop request, and a stoppable sleep.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/deadline.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-
-#include <algorithm>
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <span>
-#include <stop_token>
-#include <string>
-#include <thread>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-// Sleeps until `until` or until `stop` is requested, whichever comes first
-// (in slices of at most 10 ms, so a stop is seen soon).
-inline void sleep_until(steady_clock::time_point until, const std::stop_token& stop) {
-  while (!stop.stop_requested() && steady_clock::now() < until)
-    std::this_thread::sleep_for(
-        std::min<steady_clock::duration>(until - steady_clock::now(), std::chrono::milliseconds(10)));
-}
-
-// The values of `keys`: in one pipelined batch where the store offers
-// try_get_many, else one by one.
-template <class S>
-std::vector<std::optional<std::string>> try_get_all(S& st, const std::vector<std::string>& keys, deadline d) {
-  if (keys.empty()) return {};  // no round trip for nothing
-  if constexpr (requires { st.try_get_many(std::span<const std::string>(keys), d); }) {
-    return st.try_get_many(std::span<const std::string>(keys), d);
-  } else {
-    std::vector<std::optional<std::string>> out;
-    for (const auto& k : keys) out.push_back(st.try_get(k, d));
-    return out;
-  }
-}
-
-// `add(keys[i], deltas[i])` for every i: in one pipelined batch where the
-// store offers add_many, else one by one.
-template <class S>
-std::vector<std::int64_t> add_all(S& st, const std::vector<std::string>& keys, const std::vector<std::int64_t>& deltas,
-                                  deadline d) {
-  if constexpr (requires {
-                  st.add_many(std::span<const std::string>(keys), std::span<const std::int64_t>(deltas), d);
-                }) {
-    return st.add_many(std::span<const std::string>(keys), std::span<const std::int64_t>(deltas), d);
-  } else {
-    std::vector<std::int64_t> out;
-    for (std::size_t i = 0; i < keys.size(); ++i) out.push_back(st.add(keys[i], deltas[i], d));
-    return out;
-  }
-}
-
-// Waits on the server until any of `keys` exists, in 50 ms slices so that a
-// stop request is noticed: the index of one that does, or nullopt when
-// stopped or past `d`. A store without wait_any waits for the first key and
-// looks for the others at the end of each slice.
-template <class S>
-std::optional<std::size_t> wait_any_key(S& st, const std::vector<std::string>& keys, deadline d,
-                                        const std::stop_token& stop) {
-  constexpr bool has_wait_any = requires { st.wait_any(keys, d); };
-  while (!stop.stop_requested() && !d.expired()) {
-    try {
-      const auto slice = min(d, deadline::after(std::chrono::milliseconds(50)));
-      if constexpr (has_wait_any) {
-        return st.wait_any(keys, slice);
-      } else {
-        st.wait({keys.front()}, slice);
-        return 0;
-      }
-    } catch (const system_error& e) {
-      if (e.code() != errc::timeout) throw;
-    }
-    if constexpr (!has_wait_any)
-      for (std::size_t i = 1; i < keys.size() && !d.expired(); ++i)
-        if (st.try_get(keys[i], d)) return i;
-  }
-  return std::nullopt;
-}
-
-// The same for one key: true once it exists.
-template <class S>
-bool wait_key(S& st, const std::string& k, deadline d, const std::stop_token& stop) {
-  return wait_any_key(st, {k}, d, stop).has_value();
-}
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/detail/store_ops.hpp>
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)  // sleep_until
 // #include <ebbflow/elastic/planning_policy.hpp>  (inlined)   // member_id
 
 #include <sys/wait.h>
@@ -17829,15 +20256,31 @@ namespace elastic::detail {
 
 template <kv_store Store, network Net>
 void group_impl<Store, Net>::recover(std::int64_t g, int lost_peer) {
-  try {
-    reform(g, lost_peer);
-  } catch (const system_error& e) {
-    // Everything a recovery decides goes through the store: without it
-    // the survivors cannot agree on the next generation.
-    if (!store_failure(e) || !recoverable(e.code())) throw;
-    fail(error::peer_lost, "generation " + std::to_string(g) + " failed and the store cannot be reached (" + e.what() +
-                               "): the group cannot re-form without its store (docs/elastic.md, \"When the store "
-                               "dies\")");
+  // Everything a recovery decides goes through the store: without it the
+  // survivors cannot agree on the next generation, so none is decided. A
+  // replicated store that lost its quorum comes back: with
+  // store_outage_wait the recovery waits for it (its steps are idempotent:
+  // sets, and a compare-and-set whose first proposal wins), then goes on.
+  const auto give_up = deadline::after(opts_.store_outage_wait);
+  for (bool said = false;; said = true) {
+    try {
+      reform(g, lost_peer);
+      if (said) EBBFLOW_LOG_WARN("the store is back: generation " << g << "'s failure was handled");
+      return;
+    } catch (const system_error& e) {
+      if (!store_failure(e) || !recoverable(e.code())) throw;
+      if (give_up.expired())
+        fail(error::peer_lost, "generation " + std::to_string(g) + " failed and the store cannot be reached (" +
+                                   e.what() +
+                                   "): the group cannot re-form without its store (docs/elastic.md, \"When the "
+                                   "store dies\")");
+      if (!said)
+        EBBFLOW_LOG_WARN("generation " << g << " failed and the store cannot be reached (" << e.what()
+                                       << "): no membership decision until it is back; waiting up to "
+                                          "EBBFLOW_STORE_OUTAGE_MS="
+                                       << opts_.store_outage_wait.count() << " ms");
+      std::this_thread::sleep_for(std::min<steady_clock::duration>(opts_.heartbeat * 4, give_up.remaining()));
+    }
   }
 }
 
@@ -18319,15 +20762,17 @@ inline void leave_on_signal(int sig = SIGTERM) { std::signal(sig, detail::on_lea
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
 
-// Separate compilation (config.hpp): the group over the TCP store and UCX is
-// instantiated once, in ebbflow::compiled; a translation unit here only
-// declares that instantiation. The member definitions stay visible, so a
+// Separate compilation (config.hpp): the group over UCX and the TCP store or
+// any_store is instantiated once, in ebbflow::compiled; a translation unit
+// here only declares that instantiation. The member definitions stay visible, so a
 // group over another store or network instantiates as in header-only mode.
 #if !EBBFLOW_HEADER_ONLY && EBBFLOW_HAS_ASIO && EBBFLOW_HAS_UCX
+// #include <ebbflow/elastic/any_store.hpp>  (inlined)
 // #include <ebbflow/elastic/tcp_store.hpp>  (inlined)
 // #include <ebbflow/elastic/ucx_network.hpp>  (inlined)
 EBBFLOW_BEGIN_NAMESPACE
 extern template class elastic::detail::group_impl<elastic::store_client, elastic::ucx_network>;
+extern template class elastic::detail::group_impl<elastic::any_store, elastic::ucx_network>;
 EBBFLOW_END_NAMESPACE
 #endif
 // ==== end <ebbflow/elastic/group.hpp>
@@ -21481,13 +23926,17 @@ EBBFLOW_END_NAMESPACE
 //! The one translation unit of the `ebbflow::compiled` library (separate
 //! compilation, config.hpp): compiled with EBBFLOW_SEPARATE_COMPILATION and
 //! EBBFLOW_COMPILING_LIBRARY, it defines once what the headers then only
-//! declare: the TCP store's client and server, the planner's solver, cost
+//! declare: the TCP store's client and server, the etcd client, any_store's
+//! construction from an address, the planner's solver, cost
 //! models and samplers, the planner policy, the UCX network's construction,
-//! and the elastic group over the TCP store and UCX with its work stealing.
+//! and the elastic group over UCX with its work stealing, on the TCP store
+//! and on `any_store`.
 //! Nothing else includes this file; elsewhere it declares nothing.
 
 
 // #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/elastic/any_store.hpp>  (inlined)
+// #include <ebbflow/elastic/etcd_store.hpp>  (inlined)
 // #include <ebbflow/elastic/group.hpp>  (inlined)
 // #include <ebbflow/elastic/planner_policy.hpp>  (inlined)
 // #include <ebbflow/elastic/tcp_store.hpp>  (inlined)
@@ -21499,6 +23948,9 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 template class plan::work_stealer<elastic::store_client>;
 template class elastic::detail::group_impl<elastic::store_client, elastic::ucx_network>;
+// The group over the store picked by the address (elastic/any_store.hpp).
+template class plan::work_stealer<elastic::any_store>;
+template class elastic::detail::group_impl<elastic::any_store, elastic::ucx_network>;
 EBBFLOW_END_NAMESPACE
 #endif
 #endif  // EBBFLOW_HAS_ASIO && EBBFLOW_HAS_UCX

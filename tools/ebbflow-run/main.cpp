@@ -6,6 +6,7 @@
 #include <ebbflow/elastic/cooldown.hpp>
 #include <ebbflow/elastic/detail/hmac.hpp>
 #include <ebbflow/elastic/group.hpp>
+#include <ebbflow/elastic/any_store.hpp>
 #include <ebbflow/elastic/tcp_store.hpp>
 
 #include "../../examples/common/args.hpp"  // the command line
@@ -67,6 +68,7 @@ struct options {
   std::string store = "127.0.0.1:0";
   ef::env::host_port store_at{"127.0.0.1", 0};  // --store, parsed
   bool attach = false;
+  bool store_remote = false;  // --store is a TLS or etcd address (implies --attach)
   std::optional<std::string> token;
   std::optional<double> timeout_s;
   double kill_after_s = 5;
@@ -150,17 +152,22 @@ options parse(int argc, char** argv) {
   using ev = options::event;
   cli::parser p("ebbflow-run", synopsis, epilogue);
   p.number("-n, --nproc", "N", o.n, 1, max_workers, "number of ranks (1..4096)")
-      .value("--store", "HOST:PORT", "HOST:PORT",
+      .value("--store", "ADDR", "HOST:PORT, tcp+tls://HOST:PORT, etcd://H:P,... or etcds://H:P,...",
              [&](const std::string& v) {
                o.store = v;
                try {
-                 o.store_at = ef::env::parse_host_port(v, "--store");
+                 const auto a = ge::store_address::parse(v, "--store");
+                 o.store_remote = a.scheme != ge::store_address::kind::tcp;
+                 o.store_at = {a.endpoints[0].host, a.endpoints[0].port};
                } catch (const std::invalid_argument&) {
                  return false;
                }
                return true;
              },
-             "address the embedded store binds (default 127.0.0.1:0 = free port)")
+             "address the embedded store binds (default 127.0.0.1:0 = free port); with\n"
+             "--attach, the store to use: an ebbflow-store (HOST:PORT, or tcp+tls://\n"
+             "with EBBFLOW_TLS_CA...) or etcd (etcd://H1:P1,H2:P2[/prefix], etcds://),\n"
+             "which imply --attach")
       .flag("--attach", o.attach,
             "use an existing store at --store instead of starting one; the job gets\n"
             "a fresh EBBFLOW_JOB (store key prefix) unless one is set")
@@ -269,6 +276,7 @@ options parse(int argc, char** argv) {
   if (o.min_size > o.n)
     p.error("--min " + std::to_string(o.min_size) + " is larger than -n " + std::to_string(o.n) +
             ": the first generation is formed from the launched workers");
+  if (o.store_remote) o.attach = true;  // a TLS or etcd address names a store that runs elsewhere
   if (o.attach && o.store_at.port == 0) p.error("--attach needs --store HOST:PORT with a port");
   if (o.store_cpu >= 0 && !o.cpu_bind) p.error("--store-cpu needs --cpu-bind (else the workers would inherit it)");
   return o;
@@ -307,7 +315,7 @@ std::string event_text(const options::event& ev) {
 // restarts). Each report has `limit`. `close` ends it when the job is over.
 class exit_reporter {
  public:
-  exit_reporter(ef::env::host_port at, std::string token, el::group_options job, std::chrono::milliseconds limit)
+  exit_reporter(std::string at, std::string token, el::group_options job, std::chrono::milliseconds limit)
       : at_(std::move(at)), token_(std::move(token)), job_(std::move(job)), limit_(limit) {}
   exit_reporter(const exit_reporter&) = delete;
   exit_reporter& operator=(const exit_reporter&) = delete;
@@ -359,7 +367,7 @@ class exit_reporter {
     std::string key, how;
   };
   void run() {
-    std::unique_ptr<el::store_client> client;
+    std::unique_ptr<el::any_store> client;
     for (;;) {
       item r;
       bool closing = false;
@@ -378,7 +386,7 @@ class exit_reporter {
         if (closing) d = min(d, drain_by_);
       }
       try {
-        if (!client) client = std::make_unique<el::store_client>(at_.host, at_.port, token_);
+        if (!client) client = std::make_unique<el::any_store>(el::any_store::connect(at_, token_));
         el::report_process_exit(*client, job_, r.key, r.how, d);
       } catch (const std::exception& x) {
         client.reset();  // a reply that did not come would be taken for the next request's
@@ -392,7 +400,7 @@ class exit_reporter {
       }
     }
   }
-  ef::env::host_port at_;
+  std::string at_;  // the store's address (any backend)
   std::string token_;
   el::group_options job_;
   std::chrono::milliseconds limit_;
@@ -519,11 +527,13 @@ int main(int argc, char** argv) {
       so.host = hp.host;
       so.port = hp.port;
       so.token = token;
+      so.tls = el::server_options::from_environment().tls;  // EBBFLOW_STORE_TLS_CERT/_KEY: a TLS store
       server = std::make_unique<el::store_server>(so);
       // Ranks connect to loopback when the store listens on every address.
       std::string host = hp.host == "0.0.0.0" ? "127.0.0.1" : hp.host == "::" ? "::1" : hp.host;
-      store_addr =
-          (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(server->port());
+      store_addr = std::string(so.tls.enabled() ? "tcp+tls://" : "") +
+                   (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+                   std::to_string(server->port());
       store_at = {host, server->port()};
     }
   } catch (const std::exception& e) {
@@ -537,10 +547,10 @@ int main(int argc, char** argv) {
   // still running there is joined: its workers become newcomers.
   // The launcher's own store client: this check, then --event-clock
   // training's probe for the first generation.
-  std::unique_ptr<el::store_client> launcher_client;
+  std::unique_ptr<el::any_store> launcher_client;
   if (opt.attach) {
     try {
-      launcher_client = std::make_unique<el::store_client>(store_at.host, store_at.port, token);
+      launcher_client = std::make_unique<el::any_store>(el::any_store::connect(store_addr, token));
       auto& probe = *launcher_client;
       probe.ping(ef::deadline::after(std::chrono::seconds(10)));
       if (auto named = ef::env::get("EBBFLOW_JOB")) {
@@ -640,6 +650,10 @@ int main(int argc, char** argv) {
     spec.env.push_back({"EBBFLOW_WORKER_KEY", host + "/" + std::to_string(slot_of[spec.id])});
     if (opt.elastic) spec.env.push_back({"EBBFLOW_PROCESS_KEY", process_key(spec.id)});
     spec.env.push_back({"EBBFLOW_STORE", store_addr});
+    // A replicated store that lost its quorum comes back: a failure meanwhile
+    // waits for it (docs/store.md) rather than ending the job.
+    if (store_addr.starts_with("etcd") && !ef::env::get("EBBFLOW_STORE_OUTAGE_MS"))
+      spec.env.push_back({"EBBFLOW_STORE_OUTAGE_MS", "60000"});
     spec.env.push_back({"EBBFLOW_TOKEN", token});
     if (opt.min_size) spec.env.push_back({"EBBFLOW_MIN_SIZE", std::to_string(opt.min_size)});
     if (opt.max_size) spec.env.push_back({"EBBFLOW_MAX_SIZE", std::to_string(opt.max_size)});
@@ -678,13 +692,13 @@ int main(int argc, char** argv) {
     events_zero = started;
   } else if (!opt.events.empty()) {
     gen0_key = job.generation_key(0);
-    if (!launcher_client) launcher_client = std::make_unique<el::store_client>(store_at.host, store_at.port, token);
+    if (!launcher_client) launcher_client = std::make_unique<el::any_store>(el::any_store::connect(store_addr, token));
   }
   if (!opt.elastic) launcher_client.reset();  // no further use: the store need not hold it
   // A worker that failed: what it started goes with it (its process group),
   // then the members hear at once which member it was, instead of waiting
   // for its lease where no transport of theirs saw it die.
-  exit_reporter reporter(store_at, token, job, 1s);
+  exit_reporter reporter(store_addr, token, job, 1s);
   auto report_exit = [&](const ebbflow_run::child_exit& e) {
     group.signal_left_group(e.pid, SIGKILL);
     // With a store of our own, the job is ours alone: once no worker runs,

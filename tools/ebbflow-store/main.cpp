@@ -33,8 +33,17 @@ int main(int argc, char** argv) {
       .number("--max-message-bytes", "N", o.max_message_bytes, decltype(o.max_message_bytes){64},
               decltype(o.max_message_bytes){0xffffffffu}, "largest frame accepted")
       .number("--frame-timeout-ms", "MS", frame_timeout_ms, std::uint64_t{1}, std::uint64_t{3600000},
-              "a started frame must be complete within MS (default 10000)");
+              "a started frame must be complete within MS (default 10000)")
+      .text("--tls-cert", "PEM", o.tls.cert_file,
+            "serve TLS with this certificate chain (default EBBFLOW_STORE_TLS_CERT);\n"
+            "clients then use tcp+tls://HOST:PORT and EBBFLOW_TLS_CA")
+      .text("--tls-key", "PEM", o.tls.key_file, "private key of --tls-cert (default EBBFLOW_STORE_TLS_KEY)")
+      .text("--tls-client-ca", "PEM", o.tls.ca_file,
+            "verify client certificates against this CA (default EBBFLOW_STORE_TLS_CLIENT_CA)")
+      .flag("--require-client-cert", o.tls.require_client_cert,
+            "mutual TLS: refuse clients without a certificate signed by --tls-client-ca");
   p.parse(argc, argv);
+  if (!o.tls.cert_file.empty() && o.tls.key_file.empty()) p.error("--tls-cert needs --tls-key");
   o.frame_timeout = std::chrono::milliseconds(frame_timeout_ms);
   // Three connections per worker: lift the open-file limit (usually 1024 soft).
   el::raise_open_file_limit();

@@ -150,7 +150,11 @@ struct launch_info {
   int world_size = 1;                    //!< processes in the initial world
   int local_rank = 0;                    //!< rank among processes on this host
   std::string store_host = "127.0.0.1";  //!< rendezvous store address
-  std::uint16_t store_port = 0;          //!< 0: no store given
+  std::uint16_t store_port = 0;          //!< 0: no store given (or not a host:port store)
+  //! `EBBFLOW_STORE` as given: host:port, tcp+tls://host:port,
+  //! etcd://h1:p1,h2:p2[/prefix] or etcds://... (elastic/any_store.hpp picks
+  //! the backend from it); empty when only MASTER_ADDR/MASTER_PORT are set.
+  std::string store_address;
   std::string token;                     //!< job secret (EBBFLOW_TOKEN); never logged
   std::string source = "default";        //!< which launcher's variables were used
 
@@ -177,9 +181,15 @@ struct launch_info {
         pick("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "openmpi") ||
         pick("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "slurm");
     if (auto s = env::get("EBBFLOW_STORE")) {
-      auto hp = env::parse_host_port(*s, "EBBFLOW_STORE");
-      li.store_host = hp.host;
-      li.store_port = hp.port;
+      li.store_address = *s;
+      std::string_view hp_text = *s;
+      if (hp_text.starts_with("tcp://")) hp_text.remove_prefix(6);
+      if (hp_text.starts_with("tcp+tls://")) hp_text.remove_prefix(10);
+      if (hp_text.find("://") == std::string_view::npos) {  // other schemes: elastic/any_store.hpp parses them
+        auto hp = env::parse_host_port(hp_text, "EBBFLOW_STORE");
+        li.store_host = hp.host;
+        li.store_port = hp.port;
+      }
     } else if (auto a = env::get("MASTER_ADDR")) {
       li.store_host = *a;
       li.store_port = static_cast<std::uint16_t>(env::get_int("MASTER_PORT", 29500, 1, 65535));

@@ -14,7 +14,7 @@
 //!   opts.global_batch = 128;                                         // required: B, samples per step
 //!   opts.dataset_size = dataset_size;                                // required: N, samples per epoch
 //!   el::ucx_network net;
-//!   el::group g([] { return std::make_unique<el::store_client>(el::store_client::from_environment()); }, net, opts,
+//!   el::group g([] { return std::make_unique<el::any_store>(el::any_store::from_environment()); }, net, opts,
 //!               ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
 //!   g.register_state("params", std::as_writable_bytes(std::span(params)));      // what must be equal on every
 //!   g.register_state("velocity", std::as_writable_bytes(std::span(velocity)));  // member: model and optimizer
@@ -265,14 +265,16 @@ inline void leave_on_signal(int sig = SIGTERM) { std::signal(sig, detail::on_lea
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
 
-// Separate compilation (config.hpp): the group over the TCP store and UCX is
-// instantiated once, in ebbflow::compiled; a translation unit here only
-// declares that instantiation. The member definitions stay visible, so a
+// Separate compilation (config.hpp): the group over UCX and the TCP store or
+// any_store is instantiated once, in ebbflow::compiled; a translation unit
+// here only declares that instantiation. The member definitions stay visible, so a
 // group over another store or network instantiates as in header-only mode.
 #if !EBBFLOW_HEADER_ONLY && EBBFLOW_HAS_ASIO && EBBFLOW_HAS_UCX
+#include <ebbflow/elastic/any_store.hpp>
 #include <ebbflow/elastic/tcp_store.hpp>
 #include <ebbflow/elastic/ucx_network.hpp>
 EBBFLOW_BEGIN_NAMESPACE
 extern template class elastic::detail::group_impl<elastic::store_client, elastic::ucx_network>;
+extern template class elastic::detail::group_impl<elastic::any_store, elastic::ucx_network>;
 EBBFLOW_END_NAMESPACE
 #endif

@@ -46,6 +46,10 @@ struct group_options {
   std::chrono::milliseconds store_timeout{10'000};   //!< EBBFLOW_STORE_TIMEOUT_MS: deadline of each store call
   std::chrono::milliseconds admit_delay{50};         //!< EBBFLOW_ADMIT_DELAY_MS: batch join tickets this close
   std::chrono::milliseconds stall_warning{10'000};   //!< EBBFLOW_STALL_WARN_MS: name who is behind (0: off)
+  //! EBBFLOW_STORE_OUTAGE_MS: a failure found while the store cannot be
+  //! reached waits this long for the store (a replicated store regaining its
+  //! quorum) before the group gives up; 0: gives up at once.
+  std::chrono::milliseconds store_outage_wait{0};
   std::chrono::microseconds sched_slice{0};          //!< EBBFLOW_SCHED_SLICE_US: members' scheduler slice (0: off)
   static constexpr std::chrono::microseconds min_sched_slice{100};     //!< the kernel's shortest slice
   static constexpr std::chrono::microseconds max_sched_slice{100000};  //!< the kernel's longest slice

@@ -15,9 +15,13 @@
 //! Frames are length-prefixed with a maximum size; malformed, truncated or
 //! oversized frames, unknown opcodes and clients that stall mid-frame are
 //! answered with an error naming the problem, logged, and disconnected
-//! without affecting other clients. Traffic is not encrypted.
+//! without affecting other clients. Traffic is plaintext unless the server
+//! has a certificate (`server_options::tls`): then it is TLS (Boost.Asio ssl
+//! over OpenSSL), optionally with client certificates (mutual TLS), the HMAC
+//! challenge still on top; such a store refuses plaintext clients with an
+//! error that says it needs TLS.
 //!
-//! Requires the `ebbflow::asio` CMake component (Boost headers + OpenSSL::Crypto).
+//! Requires the `ebbflow::asio` CMake component (Boost headers + OpenSSL).
 #pragma once
 
 #include <ebbflow/config.hpp>
@@ -76,7 +80,7 @@ class store_server {
   [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
   //! The bound address as given in the options.
   [[nodiscard]] const std::string& host() const noexcept { return host_; }
-  //! "host:port", suitable for `EBBFLOW_STORE`.
+  //! "host:port" ("tcp+tls://host:port" with TLS), suitable for `EBBFLOW_STORE`.
   [[nodiscard]] std::string address() const;
   //! A snapshot of the counters (relaxed reads; never blocks).
   [[nodiscard]] server_stats stats() const noexcept;
@@ -133,8 +137,10 @@ class store_client {
   //! Does not connect yet. @throws std::invalid_argument for an empty host.
   store_client(std::string host, std::uint16_t port, std::string token, client_options opts = {});
   //! From `EBBFLOW_STORE` (or `MASTER_ADDR`/`MASTER_PORT`), `EBBFLOW_TOKEN` and
-  //! `EBBFLOW_STORE_TIMEOUT_MS` (see `launch_info`).
-  //! @throws std::invalid_argument when no store address is set or values are malformed.
+  //! `EBBFLOW_STORE_TIMEOUT_MS` (see `launch_info`); a `tcp+tls://` address
+  //! turns TLS on with `EBBFLOW_TLS_CA`, `EBBFLOW_TLS_CERT`, `EBBFLOW_TLS_KEY`.
+  //! @throws std::invalid_argument when no store address is set, it is an
+  //! etcd address (see elastic/any_store.hpp), or values are malformed.
   static store_client from_environment();
   //! Takes over the connection of the source, which must not be used afterwards.
   store_client(store_client&&) noexcept;

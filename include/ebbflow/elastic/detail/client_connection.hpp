@@ -14,6 +14,7 @@
 #include <ebbflow/core/log.hpp>
 #include <ebbflow/elastic/detail/hmac.hpp>
 #include <ebbflow/elastic/detail/store_protocol.hpp>
+#include <ebbflow/elastic/detail/tls.hpp>
 #include <ebbflow/elastic/store_options.hpp>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/connect.hpp>
@@ -41,8 +42,11 @@ namespace asio = boost::asio;
 //! the deadline passes (then the operation is cancelled).
 class client_connection {
  public:
-  client_connection(std::string host, std::uint16_t port, std::string token, std::size_t max_bytes)
-      : host_(std::move(host)), port_(port), token_(std::move(token)), max_bytes_(max_bytes) {}
+  client_connection(std::string host, std::uint16_t port, std::string token, std::size_t max_bytes,
+                    tls_options tls = {})
+      : host_(std::move(host)), port_(port), token_(std::move(token)), max_bytes_(max_bytes), tls_(std::move(tls)) {
+    if (tls_.enabled) tls_ctx_ = client_tls_context(tls_);
+  }
 
   std::mutex mu;            //!< serialises calls of a store_client
   std::string last_detail;  //!< reason of the last failure
@@ -55,6 +59,7 @@ class client_connection {
     sock_.close(ec);
     in_.clear();
     connected_ = false;
+    authenticated_ = false;
   }
 
   //! Connects (retrying refused connections until `d`) and runs the handshake.
@@ -79,8 +84,8 @@ class client_connection {
     auto backoff = std::chrono::milliseconds(5);
     for (;;) {
       std::optional<boost::system::error_code> done;
-      sock_ = tcp::socket(ioc_);
-      asio::async_connect(sock_, eps, [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
+      sock_ = tls_socket(ioc_.get_executor());
+      asio::async_connect(sock_.lowest_layer(), eps, [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
       if (!run_until(d, done, [&] { sock_.close(bec); })) return fail(ec, error::timeout, "connecting to " + address());
       if (!*done) break;
       const bool retry = *done == asio::error::connection_refused || *done == asio::error::timed_out ||
@@ -91,8 +96,17 @@ class client_connection {
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
     }
-    sock_.set_option(tcp::no_delay(true), bec);
+    sock_.lowest_layer().set_option(tcp::no_delay(true), bec);
     connected_ = true;
+    if (tls_ctx_) {
+      start_client_tls(sock_, *tls_ctx_, tls_, host_);
+      std::optional<boost::system::error_code> done;
+      sock_.tls().async_handshake(asio::ssl::stream_base::client,
+                                  [&](const boost::system::error_code& e) { done = e; });
+      if (!run_until(d, done, [&] { sock_.close(bec); }))
+        return fail(ec, error::timeout, "TLS handshake with " + address() + " not done before the deadline");
+      if (*done) return tls_fail(ec, *done);
+    }
     // Handshake.
     // A refusal during the handshake ends the connection whatever its code:
     // the next call connects anew.
@@ -120,6 +134,7 @@ class client_connection {
                   std::string("handshake: expected welcome, got ") + proto::op_name(r.msg.code));
     if (!mac_equal(r.msg.mac, handshake_mac(token_, server_label, server_nonce, client_nonce)))
       return fail(ec, error::unauthorized, "the server at " + address() + " could not prove the job token");
+    authenticated_ = true;
   }
 
   //! False, with `ec` and `last_detail` set, when a request frame is over
@@ -152,7 +167,7 @@ class client_connection {
   void write_frame(const std::string& frame, deadline d, std::error_code& ec) {
     std::optional<boost::system::error_code> done;
     asio::async_write(sock_, asio::buffer(frame), [&](const boost::system::error_code& e, std::size_t) { done = e; });
-    if (!run_until(d, done, [&] { sock_.cancel(); })) return fail(ec, error::timeout, "sending to " + address());
+    if (!run_until(d, done, [&] { cancel_io(); })) return fail(ec, error::timeout, "sending to " + address());
     if (*done) return fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
   }
 
@@ -180,7 +195,7 @@ class client_connection {
         done = e;
         got = n;
       });
-      if (!run_until(d, done, [&] { sock_.cancel(); })) {
+      if (!run_until(d, done, [&] { cancel_io(); })) {
         if (keep_on_timeout) {
           ec = make_error_code(error::timeout);
           last_detail = "no message from " + address() + " before the deadline";
@@ -190,6 +205,14 @@ class client_connection {
         return {};
       }
       if (*done) {
+        // TLS 1.3 sends the server's verdict on the client's certificate
+        // after the client's handshake completed: it arrives on this read.
+        if (sock_.is_tls() && !authenticated_ &&
+            (done->category() == asio::error::get_ssl_category() || *done == asio::error::eof ||
+             *done == asio::ssl::error::stream_truncated)) {
+          tls_fail(ec, *done);
+          return {};
+        }
         fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
         return {};
       }
@@ -206,6 +229,13 @@ class client_connection {
     if (in_handshake || (ec != errc::timeout && ec != errc::invalid_state)) close();
   }
 
+  //! A TLS failure: its reason in words (errc::unauthorized), or a broken connection (peer_lost).
+  void tls_fail(std::error_code& ec, const boost::system::error_code& e) {
+    bool broken = false;
+    std::string why = client_tls_failure(e, sock_, tls_, address(), broken);
+    fail(ec, broken ? error::peer_lost : error::unauthorized, std::move(why));
+  }
+
   void fail(std::error_code& ec, error e, std::string why) {
     ec = make_error_code(e);
     last_detail = std::move(why);
@@ -213,6 +243,14 @@ class client_connection {
   }
 
  private:
+  // Cancels what is pending on the socket. Without throwing: the socket may
+  // be closed already (a broken connection, then a call whose deadline had
+  // passed before it ran).
+  void cancel_io() noexcept {
+    boost::system::error_code ignored;
+    sock_.lowest_layer().cancel(ignored);
+  }
+
   template <class Cancel>
   bool run_until(deadline d, std::optional<boost::system::error_code>& done, Cancel cancel) {
     // run_until with time_point::max() would overflow inside Asio.
@@ -231,9 +269,12 @@ class client_connection {
   std::uint16_t port_;
   std::string token_;
   std::size_t max_bytes_;
+  tls_options tls_;
+  std::unique_ptr<asio::ssl::context> tls_ctx_;  // before sock_, which may refer to it
   asio::io_context ioc_{1};
-  tcp::socket sock_{ioc_};
+  tls_socket sock_{ioc_.get_executor()};
   bool connected_ = false;
+  bool authenticated_ = false;
   std::string in_, body_;
   std::array<char, 16384> chunk_{};
 };

@@ -13,6 +13,7 @@
 #include <ebbflow/core/thread_name.hpp>
 #include <ebbflow/elastic/detail/hmac.hpp>
 #include <ebbflow/elastic/detail/store_protocol.hpp>
+#include <ebbflow/elastic/detail/tls.hpp>
 #include <ebbflow/elastic/store_options.hpp>
 #include <ebbflow/elastic/kv_store.hpp>
 #include <boost/asio/bind_executor.hpp>
@@ -85,6 +86,7 @@ class server_impl : public std::enable_shared_from_this<server_impl> {
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     throw_if(ec, ctx);
     port_ = acceptor_.local_endpoint().port();
+    if (opts_.tls.enabled()) tls_ctx_ = server_tls_context(opts_.tls);
     if (opts_.token.empty())
       EBBFLOW_LOG_WARN("store: serving on " << opts_.host << ":" << port_
                                             << " without a job token (EBBFLOW_TOKEN unset): any local client can join");
@@ -104,6 +106,8 @@ class server_impl : public std::enable_shared_from_this<server_impl> {
 
   // ---- used by server_conn (on the strand)
   const server_options& opts() const noexcept { return opts_; }
+  //! The TLS context, or nullptr for a plaintext store.
+  asio::ssl::context* tls() const noexcept { return tls_ctx_.get(); }
   strand_t& strand() noexcept { return strand_; }
   void count_unauthorized() noexcept { unauthorized_.fetch_add(1, std::memory_order_relaxed); }
   void count_protocol_error() noexcept { protocol_errors_.fetch_add(1, std::memory_order_relaxed); }
@@ -130,6 +134,7 @@ class server_impl : public std::enable_shared_from_this<server_impl> {
   tcp::acceptor acceptor_;
   asio::steady_timer retry_;
   server_options opts_;
+  std::unique_ptr<asio::ssl::context> tls_ctx_;
   std::uint16_t port_ = 0;
   bool stopped_ = false;
   bool accept_failing_ = false;  // an accept error was logged; cleared by the next accepted connection
@@ -147,12 +152,16 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
   server_conn(std::shared_ptr<server_impl> srv, tcp::socket s, std::uint64_t id)
       : srv_(std::move(srv)), sock_(std::move(s)), timer_(srv_->strand()), id_(id) {
     boost::system::error_code ec;
-    auto ep = sock_.remote_endpoint(ec);
+    auto ep = sock_.lowest_layer().remote_endpoint(ec);
     peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
-    sock_.set_option(tcp::no_delay(true), ec);
+    sock_.lowest_layer().set_option(tcp::no_delay(true), ec);
   }
 
   void start() {
+    if (srv_->tls() && !sock_.is_tls()) {
+      start_tls();
+      return;
+    }
     server_nonce_ = random_bytes(proto::nonce_bytes);
     send(proto::frame_builder(proto::op::challenge).u8(proto::version).raw(server_nonce_).finish());
     arm_timer(srv_->opts().auth_timeout);
@@ -206,6 +215,63 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
   }
 
  private:
+  // A TLS store: a TLS client speaks first (its ClientHello); a plaintext
+  // client of this protocol waits for the server's challenge. So the first
+  // bytes, or their absence for tls_hello_timeout, tell which it is; a
+  // plaintext client is told in plaintext that the store needs TLS.
+  void start_tls() {
+    timer_.expires_after(srv_->opts().tls_hello_timeout);
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (ec || self->closed_ || self->hello_seen_) return;
+      self->refuse_plaintext("sent nothing for " + std::to_string(self->srv_->opts().tls_hello_timeout.count()) +
+                             " ms (a plaintext client waiting for the server)");
+    });
+    sock_.lowest_layer().async_wait(tcp::socket::wait_read, [self = shared_from_this()](
+                                                                 const boost::system::error_code& ec) {
+      if (self->closed_ || self->failing_) return;
+      if (ec) {
+        self->close();
+        return;
+      }
+      self->hello_seen_ = true;
+      std::array<unsigned char, 1> first{};
+      boost::system::error_code pe;
+      const auto n = self->sock_.lowest_layer().receive(asio::buffer(first), tcp::socket::message_peek, pe);
+      if (pe || n == 0) {
+        self->close();
+        return;
+      }
+      if (first[0] != 0x16) {  // not a TLS handshake record
+        self->timer_.cancel();
+        self->refuse_plaintext("sent a plaintext frame");
+        return;
+      }
+      self->sock_.enable_tls(*self->srv_->tls());
+      self->sock_.tls().async_handshake(asio::ssl::stream_base::server,
+                                        [self](const boost::system::error_code& e) {
+                                          if (self->closed_) return;
+                                          self->timer_.cancel();
+                                          if (e) {
+                                            self->srv_->count_unauthorized();
+                                            EBBFLOW_LOG_WARN("store: refused client " << self->peer_ << ": "
+                                                                                      << server_tls_failure(e, self->sock_));
+                                            self->close();
+                                            return;
+                                          }
+                                          EBBFLOW_LOG_DEBUG("store: TLS with " << self->peer_);
+                                          self->start();
+                                        });
+    });
+  }
+  void refuse_plaintext(const std::string& what) {
+    srv_->count_unauthorized();
+    // Plaintext on purpose: this client does not speak TLS.
+    fail(errc::unauthorized,
+         "this store requires TLS: connect with a tcp+tls:// address and the job's CA (EBBFLOW_TLS_CA); the "
+         "client " + what,
+         false);
+  }
+
   void arm_timer(std::chrono::milliseconds after) {
     timer_.expires_after(after);
     const std::uint64_t seq = frame_seq_;
@@ -255,6 +321,9 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
       const std::size_t limit = authed_ ? srv_->opts().max_message_bytes : proto::preauth_max_message_bytes;
       if (auto why = proto::check_length(len, limit); !why.empty()) {
         if (!authed_) why += " before authentication";
+        if (!authed_ && pos == 0 && static_cast<unsigned char>(in_[0]) == 0x16 && !sock_.is_tls())
+          why += " (it looks like a TLS ClientHello: this store is plaintext; a TLS client needs a store started "
+                 "with a certificate)";
         fail(errc::bad_message, why);
         return;
       }
@@ -405,7 +474,7 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
     if (draining_ || closed_) return;
     draining_ = true;
     boost::system::error_code ec;
-    sock_.shutdown(tcp::socket::shutdown_send, ec);
+    sock_.lowest_layer().shutdown(tcp::socket::shutdown_send, ec);
     timer_.expires_after(std::min<std::chrono::milliseconds>(srv_->opts().frame_timeout, std::chrono::seconds(1)));
     timer_.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
       if (!e) self->close();
@@ -425,7 +494,7 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
   }
 
   std::shared_ptr<server_impl> srv_;
-  tcp::socket sock_;
+  tls_socket sock_;
   asio::steady_timer timer_;
   std::uint64_t id_;
   std::string peer_;
@@ -439,6 +508,7 @@ class server_conn : public std::enable_shared_from_this<server_conn> {
   std::shared_ptr<store_waiter> waiter_;
   bool authed_ = false, busy_ = false, watching_ = false, writing_ = false;
   bool failing_ = false, draining_ = false, closed_ = false, timer_armed_ = false;
+  bool hello_seen_ = false;
 };
 
 }  // namespace detail

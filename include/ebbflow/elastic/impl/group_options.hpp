@@ -19,6 +19,7 @@ inline group_options group_options::from_environment(group_options o) {
   o.join = env::get_bool("EBBFLOW_JOIN", o.join);
   o.heartbeat = env::get_ms("EBBFLOW_HEARTBEAT_MS", o.heartbeat, 1, 60'000);
   o.store_timeout = env::get_ms("EBBFLOW_STORE_TIMEOUT_MS", o.store_timeout, 1);
+  o.store_outage_wait = env::get_ms("EBBFLOW_STORE_OUTAGE_MS", o.store_outage_wait, 0, day_ms);
   o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
   o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, day_ms);
   o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, day_ms);

@@ -87,15 +87,24 @@ EBBFLOW_DECL store_client::store_client(std::string host, std::uint16_t port, st
     : host_(std::move(host)), port_(port), token_(std::move(token)), opts_(opts) {
   EBBFLOW_ENFORCE(!host_.empty(), "store_client: empty host");
   EBBFLOW_ENFORCE(port_ != 0, "store_client: port 0 (no store address given)");
-  conn_ = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
+  conn_ = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes, opts_.tls);
 }
 
 EBBFLOW_DECL store_client store_client::from_environment() {
   const launch_info li = launch_info::from_environment();
+  client_options o = client_options::from_environment();
+  if (!li.store_address.empty()) {
+    const store_address a = store_address::parse(li.store_address);
+    EBBFLOW_ENFORCE(!a.etcd(), "store_client::from_environment: EBBFLOW_STORE='"
+                                   << li.store_address
+                                   << "' is an etcd address: make the store with any_store::from_environment() "
+                                      "(elastic/any_store.hpp) or etcd_store");
+    o.tls = tls_options::from_environment(a.tls());
+  }
   EBBFLOW_ENFORCE(li.store_port != 0,
                   "store_client::from_environment: EBBFLOW_STORE (HOST:PORT) or "
                   "MASTER_ADDR/MASTER_PORT is not set");
-  return store_client(li.store_host, li.store_port, li.token, client_options::from_environment());
+  return store_client(li.store_host, li.store_port, li.token, o);
 }
 
 EBBFLOW_DECL store_client::store_client(store_client&&) noexcept = default;
@@ -468,7 +477,7 @@ EBBFLOW_DECL void store_client::ping(deadline d) {
 EBBFLOW_DECL store_watcher store_client::watch(std::string_view prefix, bool include_existing, deadline d,
                                          std::error_code& ec) noexcept {
   ec.clear();
-  auto c = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes);
+  auto c = std::make_unique<detail::client_connection>(host_, port_, token_, opts_.max_message_bytes, opts_.tls);
   c->send(detail::proto::frame_builder(detail::proto::op::watch, prefix.size() + 8)
               .str(prefix)
               .u8(include_existing ? 1 : 0)

@@ -317,6 +317,10 @@ EBBFLOW_DECL std::string server_impl::execute(const std::shared_ptr<server_conn>
 EBBFLOW_DECL server_options server_options::from_environment() {
   server_options o;
   if (auto t = env::get("EBBFLOW_TOKEN")) o.token = *t;
+  if (auto v = env::get("EBBFLOW_STORE_TLS_CERT")) o.tls.cert_file = *v;
+  if (auto v = env::get("EBBFLOW_STORE_TLS_KEY")) o.tls.key_file = *v;
+  if (auto v = env::get("EBBFLOW_STORE_TLS_CLIENT_CA")) o.tls.ca_file = *v;
+  o.tls.require_client_cert = env::get_bool("EBBFLOW_STORE_TLS_REQUIRE_CLIENT_CERT", false);
   return o;
 }
 
@@ -358,7 +362,8 @@ EBBFLOW_DECL store_server::~store_server() {
 }
 
 EBBFLOW_DECL std::string store_server::address() const {
-  return (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" + std::to_string(port_);
+  return std::string(impl_ && impl_->opts().tls.enabled() ? "tcp+tls://" : "") +
+         (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" + std::to_string(port_);
 }
 
 EBBFLOW_DECL server_stats store_server::stats() const noexcept { return impl_->stats(); }

@@ -20,15 +20,31 @@ namespace elastic::detail {
 
 template <kv_store Store, network Net>
 void group_impl<Store, Net>::recover(std::int64_t g, int lost_peer) {
-  try {
-    reform(g, lost_peer);
-  } catch (const system_error& e) {
-    // Everything a recovery decides goes through the store: without it
-    // the survivors cannot agree on the next generation.
-    if (!store_failure(e) || !recoverable(e.code())) throw;
-    fail(error::peer_lost, "generation " + std::to_string(g) + " failed and the store cannot be reached (" + e.what() +
-                               "): the group cannot re-form without its store (docs/elastic.md, \"When the store "
-                               "dies\")");
+  // Everything a recovery decides goes through the store: without it the
+  // survivors cannot agree on the next generation, so none is decided. A
+  // replicated store that lost its quorum comes back: with
+  // store_outage_wait the recovery waits for it (its steps are idempotent:
+  // sets, and a compare-and-set whose first proposal wins), then goes on.
+  const auto give_up = deadline::after(opts_.store_outage_wait);
+  for (bool said = false;; said = true) {
+    try {
+      reform(g, lost_peer);
+      if (said) EBBFLOW_LOG_WARN("the store is back: generation " << g << "'s failure was handled");
+      return;
+    } catch (const system_error& e) {
+      if (!store_failure(e) || !recoverable(e.code())) throw;
+      if (give_up.expired())
+        fail(error::peer_lost, "generation " + std::to_string(g) + " failed and the store cannot be reached (" +
+                                   e.what() +
+                                   "): the group cannot re-form without its store (docs/elastic.md, \"When the "
+                                   "store dies\")");
+      if (!said)
+        EBBFLOW_LOG_WARN("generation " << g << " failed and the store cannot be reached (" << e.what()
+                                       << "): no membership decision until it is back; waiting up to "
+                                          "EBBFLOW_STORE_OUTAGE_MS="
+                                       << opts_.store_outage_wait.count() << " ms");
+      std::this_thread::sleep_for(std::min<steady_clock::duration>(opts_.heartbeat * 4, give_up.remaining()));
+    }
   }
 }
 
