@@ -28,6 +28,7 @@
 
 #include "../common/digits.hpp"
 #include "../common/exit_status.hpp"
+#include "../common/join.hpp"
 #include "../common/factors.hpp"
 #include "../common/mlp.hpp"
 #include "../common/training_args.hpp"
@@ -207,15 +208,9 @@ int main(int argc, char** argv) try {
 
   if (a.joiners_start_only && ef::env::get_bool("EBBFLOW_JOIN", false)) return 0;
 
-  // ebbflow: join the job (initial worker or newcomer), with the exact batch planner.
-  el::leave_on_signal(SIGTERM);
-  el::group_options opts = el::group_options::from_environment();
-  opts.global_batch = a.batch;
-  opts.dataset_size = train.size();
+  // ebbflow: join the job (initial worker or newcomer) with the exact batch planner (../common/join.hpp).
   el::ucx_network net;
-  el::group<el::any_store, el::ucx_network> g(
-      [] { return std::make_unique<el::any_store>(el::any_store::from_environment()); }, net, opts,
-      ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
+  auto g = examples::join_job(net, a.batch, train.size());
   // ebbflow: the training state joiners receive.
   g.register_state("params", std::as_writable_bytes(std::span(params)));
   g.register_state("velocity", std::as_writable_bytes(std::span(velocity)));

@@ -30,6 +30,7 @@
 #include "../common/digits.hpp"
 #include "../common/exit_status.hpp"
 #include "../common/factors.hpp"
+#include "../common/join.hpp"
 #include "../common/training_args.hpp"
 #include "report.hpp"
 
@@ -334,15 +335,10 @@ int main(int argc, char** argv) try {
   const torch::Tensor h_params = host_of(flat.params), h_momentum = host_of(flat.momentum),
                       h_grads = host_of(flat.grads);
 
-  // ebbflow: join the job (an initial worker, or a newcomer with EBBFLOW_JOIN=1), with the exact batch planner.
-  el::leave_on_signal(SIGTERM);
-  el::group_options opts = el::group_options::from_environment();
-  opts.global_batch = a.batch;
-  opts.dataset_size = train.size();
+  // ebbflow: join the job (an initial worker, or a newcomer with EBBFLOW_JOIN=1) with the exact batch
+  // planner, as the documented loop does (../common/join.hpp).
   el::ucx_network net;
-  el::group<el::any_store, el::ucx_network> g(
-      [] { return std::make_unique<el::any_store>(el::any_store::from_environment()); }, net, opts,
-      ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
+  auto g = examples::join_job(net, a.batch, train.size());
   // ebbflow: the training state that joiners (and members behind after a failure) receive.
   g.register_state("params", std::as_writable_bytes(floats_of(h_params)));
   g.register_state("momentum", std::as_writable_bytes(floats_of(h_momentum)));

@@ -19,6 +19,7 @@
 # Usage: netns_equivalence.sh EBBFLOW_RUN ELASTIC_TRAIN [SCENARIO]
 set -euo pipefail
 run=$(realpath "$1") train=$(realpath "$2") scenario=${3:-mixed} here=$(cd "$(dirname "$0")" && pwd)
+. "$here/job_checks.sh"
 case $scenario in
   mixed) steps=1000 lease=500 events=(-n 3 --add 0.5:2 --leave 1.0:1 --kill 1.5:2 --add 2.0 --stop 2.5:0:1.5) ;;
   kill-at-once) steps=400 lease=20000 events=(-n 8 --kill 0.5:1 --kill 0.5:3 --kill 0.5:5 --kill 0.5:7) ;;
@@ -97,20 +98,4 @@ else
     exit 1
   fi
 fi
-if ! python3 "$here/check_trace.py" . --steps "$steps" --min-spread 3; then  # with reference.txt: also the first drift
-  echo "FAIL: the sample trace is not exactly-once"
-  exit 1
-fi
-python3 - <<'PY'
-import struct, sys
-a = open("elastic.bin", "rb").read()
-b = open("ref.bin", "rb").read()
-if len(a) != len(b) or not a:
-    sys.exit(f"FAIL: {len(a)} bytes of parameters against {len(b)} in the reference")
-x = struct.unpack(f"{len(a) // 4}f", a)
-y = struct.unpack(f"{len(b) // 4}f", b)
-worst = max(abs(p - q) / (1e-3 + abs(q)) for p, q in zip(x, y))
-# Sums in a different order only: float rounding, a few ulps per step.
-print(f"{len(x)} parameters, worst relative difference {worst:.3g} (limit 1e-3)")
-sys.exit(0 if worst < 1e-3 else 1)
-PY
+check_job "$steps" --min-spread 3  # with reference.txt: also the first drift

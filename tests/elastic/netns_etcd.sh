@@ -20,6 +20,7 @@
 # Usage: netns_etcd.sh EBBFLOW_RUN ELASTIC_TRAIN [SCENARIO]
 set -euo pipefail
 run=$(realpath "$1") train=$(realpath "$2") scenario=${3:-leader-kill} here=$(cd "$(dirname "$0")" && pwd)
+. "$here/job_checks.sh"
 case $scenario in leader-kill | quorum | tls) ;; *)
   echo "unknown scenario '$scenario' (leader-kill, quorum, tls)" >&2
   exit 2
@@ -114,12 +115,7 @@ stamp() { date +%s.%N; }
   echo $? >job.rc
 ) &
 job=$!
-for _ in $(seq 600); do grep -q '(initial)' job.log 2>/dev/null && break; sleep 0.05; done
-grep -q '(initial)' job.log || {
-  echo "FAIL: the job did not form its first generation"
-  tail -20 job.log
-  exit 1
-}
+wait_formed job.log
 sleep 1.5
 case $scenario in
   leader-kill | tls)
@@ -234,9 +230,5 @@ if sys.argv[1] != "quorum":
     if stall > goal:
         sys.exit("FAIL: the survivors stalled longer than etcd's election time + 0.5 s")
 PY
-if ! python3 "$here/check_trace.py" . --steps "$steps"; then
-  echo "FAIL: the sample trace is not exactly-once"
-  exit 1
-fi
-python3 "$here/compare_params.py" elastic.bin ref.bin
+check_job "$steps"
 echo "PASS ($scenario)"

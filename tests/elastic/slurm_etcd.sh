@@ -14,6 +14,7 @@
 # Usage: slurm_etcd.sh ELASTIC_TRAIN
 set -euo pipefail
 train=$(realpath "$1") here=$(cd "$(dirname "$0")" && pwd)
+. "$here/job_checks.sh"
 for tool in slurmctld slurmd srun sinfo etcd; do
   if ! command -v "$tool" >/dev/null && ! [[ -x /usr/sbin/$tool ]]; then
     echo "skipped: $tool is not installed (Debian: apt-get install slurm-wlm etcd-server etcd-client)"
@@ -111,12 +112,7 @@ chmod +x task
   echo "$rc" >job.rc
 ) &
 job=$!
-for _ in $(seq 600); do grep -q '(initial)' job.log 2>/dev/null && break; sleep 0.05; done
-grep -q '(initial)' job.log || {
-  echo "FAIL: the job did not form its first generation"
-  tail -20 job.log
-  exit 1
-}
+wait_formed job.log
 sleep 1
 victim=$(cat pid.1)
 kill -9 "$victim"
@@ -136,9 +132,5 @@ done_steps=$(sed -n 's/.*finished \([0-9]*\) steps.*/\1/p' job.log | head -1)
   exit 1
 }
 "$train" "${common[@]}" --reference --params-out ref.bin --trace . >ref.log 2>&1
-python3 "$here/check_trace.py" . --steps "$steps" || {
-  echo "FAIL: the sample trace is not exactly-once"
-  exit 1
-}
-python3 "$here/compare_params.py" elastic.bin ref.bin
+check_job "$steps"
 echo "PASS (an elastic job under srun on the etcd store, one task killed)"

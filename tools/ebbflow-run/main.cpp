@@ -156,6 +156,11 @@ options parse(int argc, char** argv) {
              [&](const std::string& v) {
                o.store = v;
                try {
+                 if (v.find("://") == std::string::npos) {  // the embedded store's bind address: port 0 = free port
+                   o.store_remote = false;
+                   o.store_at = ef::env::parse_host_port(v, "--store");
+                   return true;
+                 }
                  const auto a = ge::store_address::parse(v, "--store");
                  o.store_remote = a.scheme != ge::store_address::kind::tcp;
                  o.store_at = {a.endpoints[0].host, a.endpoints[0].port};

@@ -13,6 +13,7 @@
 #include <ebbflow/core/error.hpp>
 #include <ebbflow/core/log.hpp>
 #include <ebbflow/elastic/detail/hmac.hpp>
+#include <ebbflow/elastic/detail/io_deadline.hpp>
 #include <ebbflow/elastic/detail/store_protocol.hpp>
 #include <ebbflow/elastic/detail/tls.hpp>
 #include <ebbflow/elastic/store_options.hpp>
@@ -253,15 +254,7 @@ class client_connection {
 
   template <class Cancel>
   bool run_until(deadline d, std::optional<boost::system::error_code>& done, Cancel cancel) {
-    // run_until with time_point::max() would overflow inside Asio.
-    const auto cap = steady_clock::now() + std::chrono::hours(24 * 365);
-    ioc_.restart();
-    ioc_.run_until(std::min(d.at(), cap));
-    if (done) return true;
-    cancel();
-    ioc_.restart();
-    ioc_.run();  // let the cancelled handler run
-    return done && *done != asio::error::operation_aborted ? true : false;
+    return run_io_until(ioc_, d, done, cancel);
   }
 
   using tcp = asio::ip::tcp;

@@ -11,6 +11,7 @@
 #include <ebbflow/config.hpp>
 #include <ebbflow/core/deadline.hpp>
 #include <ebbflow/core/error.hpp>
+#include <ebbflow/elastic/detail/io_deadline.hpp>
 #include <ebbflow/elastic/detail/tls.hpp>
 #include <ebbflow/elastic/store_options.hpp>
 
@@ -214,14 +215,7 @@ class http_connection {
   }
   template <class Cancel>
   bool run_until(deadline d, std::optional<boost::system::error_code>& done, Cancel cancel) {
-    const auto cap = steady_clock::now() + std::chrono::hours(24 * 365);
-    ioc_.restart();
-    ioc_.run_until(std::min(d.at(), cap));
-    if (done) return true;
-    cancel();
-    ioc_.restart();
-    ioc_.run();
-    return done && *done != asio::error::operation_aborted;
+    return run_io_until(ioc_, d, done, cancel);
   }
 
   using tcp = asio::ip::tcp;
