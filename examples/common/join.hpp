@@ -25,8 +25,7 @@ using elastic_group = ebbflow::elastic::group<ebbflow::elastic::any_store, ebbfl
 
 //! Joins the job over `net` (which must outlive the group) with `global_batch`
 //! samples per step out of `dataset_size` per epoch.
-inline elastic_group join_job(ebbflow::elastic::ucx_network& net, std::size_t global_batch,
-                              std::size_t dataset_size) {
+inline elastic_group join_job(ebbflow::elastic::ucx_network& net, std::size_t global_batch, std::size_t dataset_size) {
   namespace el = ebbflow::elastic;
   el::leave_on_signal(SIGTERM);
   auto opts = el::group_options::from_environment();

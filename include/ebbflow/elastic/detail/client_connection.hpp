@@ -79,15 +79,17 @@ class client_connection {
                           done = e;
                           for (const auto& x : r) eps.push_back(x.endpoint());
                         });
-      if (!run_until(d, done, [&] { res.cancel(); })) return fail(ec, error::timeout, "resolving " + host_);
+      if (!run_io_until(ioc_, d, done, [&] { res.cancel(); })) return fail(ec, error::timeout, "resolving " + host_);
       if (*done || eps.empty()) return fail(ec, error::peer_lost, "cannot resolve " + host_ + ": " + done->message());
     }
     auto backoff = std::chrono::milliseconds(5);
     for (;;) {
       std::optional<boost::system::error_code> done;
       sock_ = tls_socket(ioc_.get_executor());
-      asio::async_connect(sock_.lowest_layer(), eps, [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
-      if (!run_until(d, done, [&] { sock_.close(bec); })) return fail(ec, error::timeout, "connecting to " + address());
+      asio::async_connect(sock_.lowest_layer(), eps,
+                          [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
+      if (!run_io_until(ioc_, d, done, [&] { sock_.close(bec); }))
+        return fail(ec, error::timeout, "connecting to " + address());
       if (!*done) break;
       const bool retry = *done == asio::error::connection_refused || *done == asio::error::timed_out ||
                          *done == asio::error::network_unreachable || *done == asio::error::host_unreachable;
@@ -104,7 +106,7 @@ class client_connection {
       std::optional<boost::system::error_code> done;
       sock_.tls().async_handshake(asio::ssl::stream_base::client,
                                   [&](const boost::system::error_code& e) { done = e; });
-      if (!run_until(d, done, [&] { sock_.close(bec); }))
+      if (!run_io_until(ioc_, d, done, [&] { sock_.close(bec); }))
         return fail(ec, error::timeout, "TLS handshake with " + address() + " not done before the deadline");
       if (*done) return tls_fail(ec, *done);
     }
@@ -168,7 +170,7 @@ class client_connection {
   void write_frame(const std::string& frame, deadline d, std::error_code& ec) {
     std::optional<boost::system::error_code> done;
     asio::async_write(sock_, asio::buffer(frame), [&](const boost::system::error_code& e, std::size_t) { done = e; });
-    if (!run_until(d, done, [&] { cancel_io(); })) return fail(ec, error::timeout, "sending to " + address());
+    if (!run_io_until(ioc_, d, done, [&] { cancel_io(); })) return fail(ec, error::timeout, "sending to " + address());
     if (*done) return fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
   }
 
@@ -196,7 +198,7 @@ class client_connection {
         done = e;
         got = n;
       });
-      if (!run_until(d, done, [&] { cancel_io(); })) {
+      if (!run_io_until(ioc_, d, done, [&] { cancel_io(); })) {
         if (keep_on_timeout) {
           ec = make_error_code(error::timeout);
           last_detail = "no message from " + address() + " before the deadline";
@@ -250,11 +252,6 @@ class client_connection {
   void cancel_io() noexcept {
     boost::system::error_code ignored;
     sock_.lowest_layer().cancel(ignored);
-  }
-
-  template <class Cancel>
-  bool run_until(deadline d, std::optional<boost::system::error_code>& done, Cancel cancel) {
-    return run_io_until(ioc_, d, done, cancel);
   }
 
   using tcp = asio::ip::tcp;

@@ -160,16 +160,15 @@ class http_connection {
                           done = e;
                           for (const auto& x : r) eps.push_back(x.endpoint());
                         });
-      if (!run_until(d, done, [&] { res.cancel(); }))
+      if (!run_io_until(ioc_, d, done, [&] { res.cancel(); }))
         return fail(http_outcome::not_sent, "resolving " + host_ + " took too long", why);
       if (*done || eps.empty())
         return fail(http_outcome::not_sent, "cannot resolve " + host_ + ": " + done->message(), why);
     }
     sock_ = tls_socket(ioc_.get_executor());
     std::optional<boost::system::error_code> done;
-    asio::async_connect(sock_.lowest_layer(), eps, [&](const boost::system::error_code& e, const tcp::endpoint&) {
-      done = e;
-    });
+    asio::async_connect(sock_.lowest_layer(), eps,
+                        [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
     if (!run_until(d, done)) return fail(http_outcome::not_sent, "connecting to " + address() + " took too long", why);
     if (*done) return fail(http_outcome::not_sent, "cannot connect to " + address() + ": " + done->message(), why);
     sock_.lowest_layer().set_option(tcp::no_delay(true), bec);
@@ -208,14 +207,10 @@ class http_connection {
   }
 
   bool run_until(deadline d, std::optional<boost::system::error_code>& done) {
-    return run_until(d, done, [this] {
+    return run_io_until(ioc_, d, done, [this] {
       boost::system::error_code e;
       sock_.lowest_layer().cancel(e);
     });
-  }
-  template <class Cancel>
-  bool run_until(deadline d, std::optional<boost::system::error_code>& done, Cancel cancel) {
-    return run_io_until(ioc_, d, done, cancel);
   }
 
   using tcp = asio::ip::tcp;
