@@ -2,7 +2,7 @@
 // ebbflow 0.1.0: single-include header.
 //
 // GENERATED FILE, DO NOT EDIT. Made by cmake/amalgamate.cmake from the
-// 127 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
+// 128 headers under include/ebbflow/ (regenerate: cmake -P cmake/amalgamate.cmake).
 // Each ebbflow header appears once, in dependency order. Headers that need an
 // optional backend are compiled only when its headers are on the include path
 // (EBBFLOW_HAS_ASIO / _UCX / _CUDA / _NCCL, see config.hpp); define
@@ -12727,6 +12727,50 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/config.hpp>  (inlined)
 // #include <ebbflow/core/deadline.hpp>  (inlined)
 // #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/io_deadline.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/io_deadline.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file elastic/detail/io_deadline.hpp
+//! One blocking Asio operation under a deadline, as the store clients run
+//! theirs (the embedded store's connection and the etcd gateway's): the
+//! caller starts the asynchronous operation, whose handler sets `done`,
+//! then runs the io_context until it finished or the deadline passed.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+
+#include <boost/asio/error.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/system/error_code.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+//! Runs `ioc` until `done` is set or `d` passes; past `d` it calls `cancel`
+//! and runs the cancelled handler. True when the operation finished in time
+//! (`*done` holds its result); false at the deadline.
+template <class Cancel>
+bool run_io_until(boost::asio::io_context& ioc, deadline d, std::optional<boost::system::error_code>& done,
+                  Cancel cancel) {
+  // run_until with time_point::max() would overflow inside Asio.
+  const auto cap = std::chrono::steady_clock::now() + std::chrono::hours(24 * 365);
+  ioc.restart();
+  ioc.run_until(std::min(d.at(), cap));
+  if (done) return true;
+  cancel();
+  ioc.restart();
+  ioc.run();  // let the cancelled handler run
+  return done && *done != boost::asio::error::operation_aborted;
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/io_deadline.hpp>
 // #include <ebbflow/elastic/detail/tls.hpp>  (inlined here)
 // ---- begin <ebbflow/elastic/detail/tls.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -13124,16 +13168,15 @@ class http_connection {
                           done = e;
                           for (const auto& x : r) eps.push_back(x.endpoint());
                         });
-      if (!run_until(d, done, [&] { res.cancel(); }))
+      if (!run_io_until(ioc_, d, done, [&] { res.cancel(); }))
         return fail(http_outcome::not_sent, "resolving " + host_ + " took too long", why);
       if (*done || eps.empty())
         return fail(http_outcome::not_sent, "cannot resolve " + host_ + ": " + done->message(), why);
     }
     sock_ = tls_socket(ioc_.get_executor());
     std::optional<boost::system::error_code> done;
-    asio::async_connect(sock_.lowest_layer(), eps, [&](const boost::system::error_code& e, const tcp::endpoint&) {
-      done = e;
-    });
+    asio::async_connect(sock_.lowest_layer(), eps,
+                        [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
     if (!run_until(d, done)) return fail(http_outcome::not_sent, "connecting to " + address() + " took too long", why);
     if (*done) return fail(http_outcome::not_sent, "cannot connect to " + address() + ": " + done->message(), why);
     sock_.lowest_layer().set_option(tcp::no_delay(true), bec);
@@ -13172,21 +13215,10 @@ class http_connection {
   }
 
   bool run_until(deadline d, std::optional<boost::system::error_code>& done) {
-    return run_until(d, done, [this] {
+    return run_io_until(ioc_, d, done, [this] {
       boost::system::error_code e;
       sock_.lowest_layer().cancel(e);
     });
-  }
-  template <class Cancel>
-  bool run_until(deadline d, std::optional<boost::system::error_code>& done, Cancel cancel) {
-    const auto cap = steady_clock::now() + std::chrono::hours(24 * 365);
-    ioc_.restart();
-    ioc_.run_until(std::min(d.at(), cap));
-    if (done) return true;
-    cancel();
-    ioc_.restart();
-    ioc_.run();
-    return done && *done != asio::error::operation_aborted;
   }
 
   using tcp = asio::ip::tcp;
@@ -15395,6 +15427,7 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/core/error.hpp>  (inlined)
 // #include <ebbflow/core/log.hpp>  (inlined)
 // #include <ebbflow/elastic/detail/hmac.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/io_deadline.hpp>  (inlined)
 // #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)
 // #include <ebbflow/elastic/detail/tls.hpp>  (inlined)
 // #include <ebbflow/elastic/store_options.hpp>  (inlined)
@@ -15460,15 +15493,17 @@ class client_connection {
                           done = e;
                           for (const auto& x : r) eps.push_back(x.endpoint());
                         });
-      if (!run_until(d, done, [&] { res.cancel(); })) return fail(ec, error::timeout, "resolving " + host_);
+      if (!run_io_until(ioc_, d, done, [&] { res.cancel(); })) return fail(ec, error::timeout, "resolving " + host_);
       if (*done || eps.empty()) return fail(ec, error::peer_lost, "cannot resolve " + host_ + ": " + done->message());
     }
     auto backoff = std::chrono::milliseconds(5);
     for (;;) {
       std::optional<boost::system::error_code> done;
       sock_ = tls_socket(ioc_.get_executor());
-      asio::async_connect(sock_.lowest_layer(), eps, [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
-      if (!run_until(d, done, [&] { sock_.close(bec); })) return fail(ec, error::timeout, "connecting to " + address());
+      asio::async_connect(sock_.lowest_layer(), eps,
+                          [&](const boost::system::error_code& e, const tcp::endpoint&) { done = e; });
+      if (!run_io_until(ioc_, d, done, [&] { sock_.close(bec); }))
+        return fail(ec, error::timeout, "connecting to " + address());
       if (!*done) break;
       const bool retry = *done == asio::error::connection_refused || *done == asio::error::timed_out ||
                          *done == asio::error::network_unreachable || *done == asio::error::host_unreachable;
@@ -15485,7 +15520,7 @@ class client_connection {
       std::optional<boost::system::error_code> done;
       sock_.tls().async_handshake(asio::ssl::stream_base::client,
                                   [&](const boost::system::error_code& e) { done = e; });
-      if (!run_until(d, done, [&] { sock_.close(bec); }))
+      if (!run_io_until(ioc_, d, done, [&] { sock_.close(bec); }))
         return fail(ec, error::timeout, "TLS handshake with " + address() + " not done before the deadline");
       if (*done) return tls_fail(ec, *done);
     }
@@ -15549,7 +15584,7 @@ class client_connection {
   void write_frame(const std::string& frame, deadline d, std::error_code& ec) {
     std::optional<boost::system::error_code> done;
     asio::async_write(sock_, asio::buffer(frame), [&](const boost::system::error_code& e, std::size_t) { done = e; });
-    if (!run_until(d, done, [&] { cancel_io(); })) return fail(ec, error::timeout, "sending to " + address());
+    if (!run_io_until(ioc_, d, done, [&] { cancel_io(); })) return fail(ec, error::timeout, "sending to " + address());
     if (*done) return fail(ec, error::peer_lost, "connection to " + address() + " lost: " + done->message());
   }
 
@@ -15577,7 +15612,7 @@ class client_connection {
         done = e;
         got = n;
       });
-      if (!run_until(d, done, [&] { cancel_io(); })) {
+      if (!run_io_until(ioc_, d, done, [&] { cancel_io(); })) {
         if (keep_on_timeout) {
           ec = make_error_code(error::timeout);
           last_detail = "no message from " + address() + " before the deadline";
@@ -15631,19 +15666,6 @@ class client_connection {
   void cancel_io() noexcept {
     boost::system::error_code ignored;
     sock_.lowest_layer().cancel(ignored);
-  }
-
-  template <class Cancel>
-  bool run_until(deadline d, std::optional<boost::system::error_code>& done, Cancel cancel) {
-    // run_until with time_point::max() would overflow inside Asio.
-    const auto cap = steady_clock::now() + std::chrono::hours(24 * 365);
-    ioc_.restart();
-    ioc_.run_until(std::min(d.at(), cap));
-    if (done) return true;
-    cancel();
-    ioc_.restart();
-    ioc_.run();  // let the cancelled handler run
-    return done && *done != asio::error::operation_aborted ? true : false;
   }
 
   using tcp = asio::ip::tcp;

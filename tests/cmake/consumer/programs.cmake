@@ -12,8 +12,13 @@
 function(ebbflow_consumer_programs)
   cmake_parse_arguments(C "SET_STANDARD" "" "CORE;ASIO;UCX;COMPILED;DEFINES" ${ARGN})
   set(dir ${CMAKE_CURRENT_FUNCTION_LIST_DIR})
+  # The programs that do not link the asio component say so (EBBFLOW_NO_ASIO):
+  # with Boost.Asio and OpenSSL on the machine the umbrella includes the
+  # store, whose TLS (Boost.Asio's ssl) needs libssl linked
+  # (docs/packaging.md, "Configuration macros").
   add_executable(consumer_core ${dir}/core_main.cpp)
   target_link_libraries(consumer_core PRIVATE ${C_CORE})
+  target_compile_definitions(consumer_core PRIVATE EBBFLOW_NO_ASIO)
   set(programs consumer_core)
   if(C_ASIO)  # only the Conan test_package built without its asio option omits it
     add_executable(consumer_asio ${dir}/asio_main.cpp)
@@ -23,6 +28,7 @@ function(ebbflow_consumer_programs)
   if(C_UCX)  # the Conan test_package built without its ucx option omits it
     add_executable(consumer_ucx ${dir}/ucx_main.cpp)
     target_link_libraries(consumer_ucx PRIVATE ${C_UCX})
+    target_compile_definitions(consumer_ucx PRIVATE EBBFLOW_NO_ASIO)
     list(APPEND programs consumer_ucx)
   endif()
   if(C_COMPILED)
