@@ -12192,6 +12192,4324 @@ EBBFLOW_END_NAMESPACE
 // ---- end <ebbflow/plan/impl/work_stealing.hpp>
 // ==== end <ebbflow/plan/work_stealing.hpp>
 
+// ==== begin <ebbflow/elastic/group.hpp> ===================================
+// SPDX-License-Identifier: Apache-2.0
+//! @file group.hpp
+//! The elastic group: data-parallel training whose workers join, leave and
+//! fail while training goes on, with no restart and no lost or repeated
+//! sample.
+//!
+//! A training loop joins the job and trains like this (docs/elastic.md
+//! explains each line; docs/snippets/training_loop.cpp is the whole program,
+//! which the tests build and run):
+//! <!-- snippet: docs/snippets/training_loop.cpp#join -->
+//! @code
+//!   el::leave_on_signal(SIGTERM);                                    // SIGTERM: leave at the next step boundary
+//!   el::group_options opts = el::group_options::from_environment();  // EBBFLOW_* settings (docs/elastic.md)
+//!   opts.global_batch = 128;                                         // required: B, samples per step
+//!   opts.dataset_size = dataset_size;                                // required: N, samples per epoch
+//!   el::ucx_network net;
+//!   el::group g([] { return std::make_unique<el::any_store>(el::any_store::from_environment()); }, net, opts,
+//!               ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
+//!   g.register_state("params", std::as_writable_bytes(std::span(params)));      // what must be equal on every
+//!   g.register_state("velocity", std::as_writable_bytes(std::span(velocity)));  // member: model and optimizer
+//! @endcode
+//! <!-- snippet: docs/snippets/training_loop.cpp#loop -->
+//! @code
+//!   while (g.keep_training(steps)) {
+//!     const el::step_info s = g.begin_step();  // my slice: positions [s.cursor + s.offset, + s.batch) of epoch s.epoch
+//!     const auto t0 = std::chrono::steady_clock::now();
+//!     compute_gradients(s, params, grads);
+//!     const std::chrono::duration<double> compute = std::chrono::steady_clock::now() - t0;
+//!     if (!g.allreduce(grads)) continue;  // a member failed: the step was rolled back; redo it
+//!     sgd_step(params, velocity, grads);
+//!     g.end_step(compute.count());  // commit; joins, leaves and re-plans take effect here
+//!   }
+//! @endcode
+//! `keep_training` ends the loop once `total_steps` steps are committed and
+//! no membership change is unfinished, and then marks the job finished
+//! (`finish`); a loop that ends otherwise calls `finish` itself.
+//!
+//! Guarantees (docs/elastic.md gives the protocol and the argument for each):
+//! * Every member applies the same update every step: the gradient of the
+//!   step's global batch, each sample of an epoch used exactly once across
+//!   joins, leaves and failures, so the parameters equal a single-process
+//!   run over the same global batches.
+//! * A failure (a peer's death or hang) makes a collective return false on
+//!   every survivor: the step was rolled back (no update applied, the cursor
+//!   did not advance) and the group re-formed; the caller redoes it.
+//! * Joins and leaves take effect at step boundaries; newcomers connect in
+//!   the background while the members train, and receive the committed state
+//!   from the members holding it.
+//! * Every wait has a deadline (group_options); what the group cannot
+//!   recover from throws `group_error` naming the rank, generation and cause.
+//!
+//! Thread safety: one thread drives a group; `request_leave` may be called
+//! from any thread or a signal handler (through `leave_on_signal`).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)    // launch_info
+// #include <ebbflow/core/error.hpp>  (inlined)  // system_error
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/group_impl.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/group_impl.hpp
+//! The state of an elastic group and the operations on it, behind the public
+//! `elastic::group` (elastic/group.hpp, the contract). One class, because
+//! every part works on the same generation; its definitions are split by
+//! concern, one file each, under elastic/impl/group/:
+//!
+//! | file                  | owns                                                           |
+//! |-----------------------|----------------------------------------------------------------|
+//! | lifecycle.hpp         | construction, the end of a member, registered state, finish,   |
+//! |                       | keep_training                                                  |
+//! | formation.hpp         | generation 0 and waiting to be admitted as a newcomer          |
+//! | generation.hpp        | entering a generation: addresses, wire-up, install, leaving    |
+//! | step.hpp              | the user's step: begin, collectives, work stealing, commit     |
+//! | join_tickets.hpp      | the coordinator's queue of newcomers and their cool-downs      |
+//! | membership_change.hpp | joins and leaves decided at a step boundary, connected in the  |
+//! |                       | background by the admission helper thread                      |
+//! | state_transfer.hpp    | streaming the committed state to members that lack it          |
+//! | recovery.hpp          | re-forming the group after a failure                           |
+//! | heartbeat.hpp         | the heartbeat thread: leases, exit reports, aborts, stalls     |
+//!
+//! Threads: the training thread (the user's, calling the group) owns
+//! everything not marked otherwise. The heartbeat thread touches only the
+//! `hb_*` members (under `hb_mutex_` or atomic), the atomics it shares with
+//! the training thread, and its own store client. The admission helper
+//! thread touches only what `start_admission` hands it and its
+//! `admission_result`. The protocol is described in docs/elastic.md.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/communicator.hpp>  (inlined)
+// #include <ebbflow/comm/revocable.hpp>  (inlined)
+// #include <ebbflow/comm/transport.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/progress.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/progress.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file progress.hpp
+//! Where a member's training thread is, as one store counter: the stall
+//! warning's heartbeat publishes it and the waiting members read it.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <algorithm>
+#include <cstdint>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+/// Step, generation and the number of the collective within the step, packed
+/// as `step * 2^24 + generation * 2^8 + collective` so that a member behind
+/// another reads a lower counter. The generation saturates at 2^16 - 1 and
+/// the collective at 255 and the step at 2^39 - 1; a negative step reads
+/// as 0. Collective 0 is the
+/// control exchange after step `step - 1` (it runs after the commit).
+struct progress {
+  static constexpr std::int64_t max_generation = 0xffff;
+  static constexpr int max_collective = 0xff;
+  static constexpr std::int64_t max_step = (std::int64_t{1} << 39) - 1;
+
+  std::int64_t step = 0;
+  std::int64_t generation = 0;
+  int collective = 0;
+
+  /// The generation as the counter holds it (saturated).
+  [[nodiscard]] static constexpr std::int64_t stored_generation(std::int64_t g) noexcept {
+    return std::clamp<std::int64_t>(g, 0, max_generation);
+  }
+
+  [[nodiscard]] constexpr std::int64_t encode() const noexcept {
+    return (std::clamp<std::int64_t>(step, 0, max_step) << 24) + (stored_generation(generation) << 8) +
+           std::clamp(collective, 0, max_collective);
+  }
+
+  [[nodiscard]] static constexpr progress decode(std::int64_t word) noexcept {
+    return {word >> 24, (word >> 8) & max_generation, static_cast<int>(word & max_collective)};
+  }
+};
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/progress.hpp>
+// #include <ebbflow/elastic/detail/records.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/records.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/records.hpp
+//! The values the elastic group keeps in the store, and their formats: the
+//! record of a generation (binary, `generation_record`), join tickets and a
+//! worker's join failures (text), and integers (decimal text). Owned by no
+//! one part of the group: every part that reads or writes these keys uses
+//! these types, so a format lives in one place.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/wire.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/wire.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file wire.hpp
+//! Little-endian byte writer/reader for the elastic group's records. The
+//! reader checks every length, so a truncated or corrupted record becomes
+//! `errc::bad_message`, never an out-of-bounds read.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+class writer {
+ public:
+  template <class T>
+  requires std::is_trivially_copyable_v<T> writer& put(const T& v) {
+    const auto* p = reinterpret_cast<const std::byte*>(&v);
+    out_.insert(out_.end(), p, p + sizeof v);
+    return *this;
+  }
+  writer& put_bytes(std::span<const std::byte> b) {
+    put<std::uint64_t>(b.size());
+    out_.insert(out_.end(), b.begin(), b.end());
+    return *this;
+  }
+  [[nodiscard]] std::vector<std::byte> take() { return std::move(out_); }
+
+ private:
+  std::vector<std::byte> out_;
+};
+
+class reader {
+ public:
+  reader(std::span<const std::byte> in, const char* what) : in_(in), what_(what) {}
+  template <class T>
+  requires std::is_trivially_copyable_v<T> T get() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, in_.data() + pos_, sizeof v);
+    pos_ += sizeof v;
+    return v;
+  }
+  std::vector<std::byte> get_bytes() {
+    const auto n = get<std::uint64_t>();
+    need(n);
+    std::vector<std::byte> b(in_.begin() + static_cast<std::ptrdiff_t>(pos_),
+                             in_.begin() + static_cast<std::ptrdiff_t>(pos_ + n));
+    pos_ += n;
+    return b;
+  }
+  //! Elements of a length-prefixed array, bounded by what is left.
+  std::uint64_t get_count(std::size_t elem_size) {
+    const auto n = get<std::uint64_t>();
+    if (elem_size && n > (in_.size() - pos_) / elem_size) fail();
+    return n;
+  }
+  void expect_end() const {
+    if (pos_ != in_.size()) fail();
+  }
+
+ private:
+  void need(std::uint64_t n) const {
+    if (n > in_.size() - pos_) fail();
+  }
+  [[noreturn]] void fail() const {
+    throw system_error(
+        make_error_code(error::bad_message),
+        {.operation = "decode", .detail = std::string(what_) + " of " + std::to_string(in_.size()) + " bytes"});
+  }
+  std::span<const std::byte> in_;
+  std::size_t pos_ = 0;
+  const char* what_;
+};
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/wire.hpp>
+// #include <ebbflow/elastic/group_types.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/group_types.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file group_types.hpp
+//! What the elastic group hands a training loop: this member's share of a
+//! step (`step_info`), a membership change (`world_change`, `change_reason`),
+//! and the settings of in-step work stealing (`steal_settings`).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/enum_names.hpp>  (inlined)
+// #include <ebbflow/plan/work_stealing.hpp>  (inlined)  // plan::steal_options
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! What this member does in the current step.
+struct step_info {
+  std::int64_t step = 0;           //!< committed steps so far (this step's number)
+  std::int64_t epoch = 0;          //!< epoch of this step
+  std::size_t cursor = 0;          //!< position in the epoch's sample order where this step's global batch starts
+  std::size_t global_batch = 0;    //!< B_t (B, or less for an epoch's short last batch)
+  std::size_t offset = 0;          //!< start of this member's slice inside the global batch
+  std::size_t batch = 0;           //!< b_i, this member's slice length (may be 0)
+  double weight = 0;               //!< b_i / B_t: scale of this member's mean-loss gradient
+  int rank = 0;                    //!< rank in the current generation
+  int world_size = 1;              //!< members in the current generation
+  std::int64_t generation = 0;     //!< current generation
+  std::uint64_t plan_version = 0;  //!< identifies the plan (same on every member)
+};
+
+//! Settings of `group::steal_step`.
+struct steal_settings {
+  plan::steal_options chunks{};       //!< chunk sizes (and the deadline of each claim)
+  double claim_seconds = 60e-6;       //!< one store round trip (what a claim costs a thief)
+  double chunk_overhead_seconds = 0;  //!< this member's cost of processing one more chunk
+};
+
+//! Why the membership changed (passed to world-changed callbacks).
+enum class change_reason : std::uint8_t { initial, join, leave, failure };
+
+namespace detail {
+inline constexpr auto change_reason_names =
+    make_enum_names(change_reason::initial, "initial", "join", "leave", "failure");
+static_assert(change_reason_names.last() == change_reason::failure);
+}  // namespace detail
+
+//! The reason as a lower-case word ("initial", "join", "leave", "failure"), for logs.
+constexpr std::string_view name(change_reason r) noexcept { return detail::change_reason_names(r); }
+
+//! A membership change as seen by callbacks and the event log.
+struct world_change {
+  std::int64_t generation = 0;                    //!< the generation that the change created
+  change_reason reason = change_reason::initial;  //!< why it changed
+  int old_size = 0;                               //!< members before the change (0 for the initial formation)
+  int new_size = 0;                               //!< members after the change
+  int rank = 0;                                   //!< this member's new rank
+  std::int64_t step = 0;                          //!< committed step at which the change took effect
+  double stall_seconds = 0;                       //!< time from the change's start to this member being ready again
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/group_types.hpp>
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)         // bytes
+// #include <ebbflow/elastic/planning_policy.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/planning_policy.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file planning_policy.hpp
+//! How the elastic group sizes each member's share of the global batch.
+//! The coordinator asks its policy for a plan; every member feeds its policy
+//! the same observations (the per-step control exchange carries every
+//! member's batch and compute time), so a newly elected coordinator plans
+//! from the same history. Plans are for the full global batch; a short last
+//! batch of an epoch is split with `scale_plan`.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! Identifies a worker for the whole job (assigned by the store; never reused).
+using member_id = std::int64_t;
+
+//! Decides the members' batch sizes. Called only from the group's training
+//! thread (need not be thread-safe); exceptions propagate out of the group
+//! call that asked for the plan.
+class planning_policy {
+ public:
+  virtual ~planning_policy() = default;
+  //! One measured step of `member`: `batch` samples took `seconds` of compute.
+  virtual void observe(member_id member, std::size_t batch, double seconds) = 0;
+  //! Batch sizes (rank order of `members`) that sum to `global_batch`.
+  virtual std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) = 0;
+  //! What the policy knows of a member's speed: seconds per step and per
+  //! sample (the inputs of its plan). Paces in-step work stealing.
+  struct member_model {
+    double fixed_seconds = 0;       //!< a_i
+    double seconds_per_sample = 0;  //!< c_i (> 0 when known)
+  };
+  //! The models of `members` (rank order), or empty when the policy has
+  //! none for them yet (then `group::steal_step` steals unpaced).
+  [[nodiscard]] virtual std::vector<member_model> models(std::span<const member_id> members) const {
+    (void)members;
+    return {};
+  }
+  //! Whether `current` should be replaced (checked by the coordinator each step).
+  virtual bool should_replan(std::span<const member_id> members, std::span<const std::size_t> current,
+                             std::size_t global_batch) {
+    (void)members, (void)current, (void)global_batch;
+    return false;
+  }
+};
+
+//! Equal shares (the remainder goes to the lowest ranks). The default when no
+//! planner is given; ignores timings.
+class uniform_policy final : public planning_policy {
+ public:
+  void observe(member_id, std::size_t, double) override {}
+  std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) override {
+    EBBFLOW_ENFORCE(!members.empty(), "uniform_policy: empty membership");
+    const std::size_t n = members.size();
+    std::vector<std::size_t> b(n, global_batch / n);
+    for (std::size_t i = 0; i < global_batch % n; ++i) ++b[i];
+    return b;
+  }
+};
+
+//! Splits `total` (≤ the plan's sum) in proportion to `plan`, deterministically:
+//! floor shares, then the remainder to the largest fractional parts (ties to
+//! the lower rank). Every rank computes the same result.
+inline std::vector<std::size_t> scale_plan(std::span<const std::size_t> plan, std::size_t total) {
+  const std::size_t sum = std::accumulate(plan.begin(), plan.end(), std::size_t{0});
+  std::vector<std::size_t> out(plan.size(), 0);
+  if (sum == total) {
+    out.assign(plan.begin(), plan.end());
+    return out;
+  }
+  if (sum == 0 || total == 0) {
+    for (std::size_t i = 0; i < total; ++i) ++out[i % out.size()];
+    return out;
+  }
+  std::vector<std::pair<std::size_t, std::size_t>> rem;  // (remainder numerator, rank)
+  std::size_t given = 0;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    __extension__ using u128 = unsigned __int128;
+    const u128 num = static_cast<u128>(plan[i]) * total;
+    out[i] = static_cast<std::size_t>(num / sum);
+    rem.emplace_back(static_cast<std::size_t>(num % sum), i);
+    given += out[i];
+  }
+  std::stable_sort(rem.begin(), rem.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  for (std::size_t k = 0; given < total; ++k, ++given) ++out[rem[k].second];
+  return out;
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/planning_policy.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+// Integers the group stores as decimal text; anything else is a corrupt store.
+inline std::int64_t parse_i64(const std::string& v) {
+  std::int64_t x = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc{} || p != v.data() + v.size())
+    throw system_error(
+        make_error_code(error::bad_message),
+        {.operation = "elastic group", .detail = "store value '" + v.substr(0, 32) + "' is not an integer"});
+  return x;
+}
+
+// Appends `item` to a list for a message: "1", then "1, 4".
+inline void append_listed(std::string& list, const std::string& item) {
+  if (!list.empty()) list += ", ";
+  list += item;
+}
+
+// A member of a generation and the newest step it committed.
+struct member_entry {
+  member_id id = -1;
+  std::int64_t committed = -1;  // newest committed step the member holds; -1: no state
+};
+// What a member with no step reports to a recovery when its buffers still
+// hold its own launch-time initial state (never in a generation record).
+inline constexpr std::int64_t own_initial_state = -2;
+
+// The record of generation g under `<prefix>/gen/<g>`, written once
+// (compare-and-set) by whoever forms it: its members in rank order, which
+// member holds the newest committed state, the plan, and how many join
+// tickets were handled. Binary, versioned by its magic number.
+struct generation_record {
+  std::int64_t generation = 0;
+  change_reason reason = change_reason::initial;
+  std::vector<member_entry> members;
+  member_id source = -1;  // holds the newest committed state
+  std::int64_t source_step = 0;
+  std::vector<std::uint64_t> plan;  // full-B plan, rank order
+  std::uint64_t plan_version = 0;
+  std::int64_t joins_seen = 0;  // join tickets handled so far
+
+  [[nodiscard]] bytes encode() const {
+    writer w;
+    w.put<std::uint32_t>(0xEBBF1001u).put(generation).put(static_cast<std::uint8_t>(reason));
+    w.put<std::uint64_t>(members.size());
+    for (auto& m : members) w.put(m.id).put(m.committed);
+    w.put(source).put(source_step).put<std::uint64_t>(plan.size());
+    for (auto b : plan) w.put(b);
+    w.put(plan_version).put(joins_seen);
+    return w.take();
+  }
+  static generation_record decode(std::span<const std::byte> in) {
+    reader r(in, "generation record");
+    generation_record g;
+    if (r.get<std::uint32_t>() != 0xEBBF1001u)
+      throw system_error(make_error_code(error::bad_message),
+                         {.operation = "decode", .detail = "generation record magic"});
+    g.generation = r.get<std::int64_t>();
+    g.reason = static_cast<change_reason>(r.get<std::uint8_t>());
+    const auto n = r.get_count(16);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      member_entry m;
+      m.id = r.get<member_id>();
+      m.committed = r.get<std::int64_t>();
+      g.members.push_back(m);
+    }
+    g.source = r.get<member_id>();
+    g.source_step = r.get<std::int64_t>();
+    const auto p = r.get_count(8);
+    for (std::uint64_t i = 0; i < p; ++i) g.plan.push_back(r.get<std::uint64_t>());
+    g.plan_version = r.get<std::uint64_t>();
+    g.joins_seen = r.get<std::int64_t>();
+    r.expect_end();
+    return g;
+  }
+  [[nodiscard]] int rank_of(member_id id) const noexcept {
+    for (std::size_t i = 0; i < members.size(); ++i)
+      if (members[i].id == id) return static_cast<int>(i);
+    return -1;
+  }
+};
+
+// A join ticket reads "<member> <failures whose cool-down it waited out>
+// <worker key>"; the member id is parsed (and checked) by its reader.
+struct join_ticket {
+  std::string id;
+  std::int64_t held_for = 0;
+  std::string worker;
+  static join_ticket parse(const std::string& v) {
+    join_ticket t;
+    std::istringstream in(v);
+    in >> t.id >> t.held_for >> std::ws;
+    std::getline(in, t.worker);
+    return t;
+  }
+};
+
+// A worker's join failures in a row, as stored: "<count>" (after a reset),
+// or "<count> <generation> <member>,<member>,..." naming the members of the
+// failed generation already counted, so every recovering member can apply
+// the same failure and only the first one counts it.
+struct join_failures {
+  std::int64_t count = 0;
+  std::int64_t generation = -1;
+  std::vector<member_id> members;
+
+  static join_failures parse(const std::optional<std::string>& v) {
+    join_failures f;
+    if (!v || v->empty()) return f;
+    std::istringstream in(*v);
+    in >> f.count;
+    if (in >> f.generation) {
+      std::string ids;
+      in >> ids;
+      for (std::size_t at = 0; at < ids.size();) {
+        const auto comma = std::min(ids.find(',', at), ids.size());
+        f.members.push_back(parse_i64(ids.substr(at, comma - at)));
+        at = comma + 1;
+      }
+    }
+    if (in.fail() && !in.eof()) f = {};
+    return f;
+  }
+  std::string str() const {
+    std::string s = std::to_string(count) + " " + std::to_string(generation) + " ";
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      if (i) s += ',';
+      s += std::to_string(members[i]);
+    }
+    return s;
+  }
+};
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/records.hpp>
+// #include <ebbflow/elastic/group_options.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/group_options.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file group_options.hpp
+//! Settings of an elastic group (`group_options`), the store keys a launcher
+//! reads, and `report_process_exit`, with which a launcher tells a job that a
+//! worker's process exited. Each field names its environment variable;
+//! docs/elastic.md ("Configuration") says what each one is for and when to
+//! change it.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/transport.hpp>  (inlined)  // comm::max_collective_ranks
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/elastic/cooldown.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/cooldown.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file cooldown.hpp
+//! The back-off shared by the elastic group's join cool-down
+//! (`EBBFLOW_JOIN_COOLDOWN`) and `ebbflow-run --restart-cooldown`: nothing
+//! after a first failure, then SEC, doubling with every further failure in
+//! a row, at most MAX. Written "SEC[:MAX]" in seconds; SEC 0 turns it off.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! SEC and MAX of a cool-down. Value type.
+struct cooldown {
+  std::chrono::milliseconds sec{1'000};   //!< the wait after the second failure in a row (0: never wait)
+  std::chrono::milliseconds max{60'000};  //!< the longest wait
+
+  //! The wait after `failures` failures in a row: 0 for fewer than 2 (or
+  //! when SEC is 0), else SEC·2^(failures−2), at most MAX.
+  [[nodiscard]] std::chrono::milliseconds after(std::int64_t failures) const noexcept {
+    if (failures < 2 || sec.count() <= 0) return std::chrono::milliseconds(0);
+    return std::min(max, sec * (std::int64_t{1} << std::min<std::int64_t>(failures - 2, 20)));
+  }
+
+  //! Parses "SEC[:MAX]" (seconds in [0, 86400]; MAX defaults to `defaults.max`).
+  //! @throws std::invalid_argument "<what>='<text>': ..." on a malformed value.
+  static cooldown parse(std::string_view text, std::string_view what, cooldown defaults) {
+    const std::string t(text);
+    // No source location in the message: a command line shows it to its user.
+    const auto bad = [&](const char* why) { throw std::invalid_argument(std::string(what) + "='" + t + "': " + why); };
+    const auto seconds = [&](const std::string& s) {
+      char* end = nullptr;
+      const double x = std::strtod(s.c_str(), &end);
+      if (s.empty() || end != s.c_str() + s.size() || !(x >= 0 && x <= 86'400))
+        bad("expected SEC[:MAX], seconds in [0, 86400]");
+      return std::chrono::milliseconds(static_cast<std::int64_t>(x * 1000 + 0.5));
+    };
+    cooldown c = defaults;
+    const auto colon = t.find(':');
+    c.sec = seconds(t.substr(0, colon));
+    if (colon != std::string::npos) c.max = seconds(t.substr(colon + 1));
+    if (c.max < c.sec) bad("MAX is below SEC");
+    return c;
+  }
+  //! As above, MAX defaulting to 60 s.
+  static cooldown parse(std::string_view text, std::string_view what) { return parse(text, what, cooldown{}); }
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/cooldown.hpp>
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
+// #include <ebbflow/elastic/planning_policy.hpp>  (inlined)  // member_id
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! Settings of an elastic group. `from_environment()` reads the `EBBFLOW_*`
+//! variables named beside each field (validated; a bad value throws
+//! std::invalid_argument naming the variable). `global_batch` and
+//! `dataset_size` have no default: set them in code.
+struct group_options {
+  std::string prefix = "ebbflow";                    //!< EBBFLOW_JOB: store key prefix of this job
+  int min_size = 1;                                  //!< EBBFLOW_MIN_SIZE: below it the group waits
+  int max_size = comm::max_collective_ranks;         //!< EBBFLOW_MAX_SIZE: joiners beyond it wait
+  std::size_t global_batch = 0;                      //!< B, samples per step over all members (required)
+  std::size_t dataset_size = 0;                      //!< N, samples per epoch (required)
+  bool drop_last = false;                            //!< drop an epoch's short last batch
+  bool join = false;                                 //!< EBBFLOW_JOIN=1: join a running job as a newcomer
+  std::chrono::milliseconds heartbeat{50};           //!< EBBFLOW_HEARTBEAT_MS
+  std::chrono::milliseconds lease{1000};             //!< EBBFLOW_LEASE_MS: silence after which a member is dead
+  std::chrono::milliseconds op_timeout{30'000};      //!< EBBFLOW_OP_TIMEOUT_MS: deadline of each collective
+  std::chrono::milliseconds join_timeout{120'000};   //!< EBBFLOW_JOIN_TIMEOUT_MS: admission, initial formation
+  std::chrono::milliseconds min_size_wait{600'000};  //!< EBBFLOW_MIN_WAIT_MS: below min_size before giving up
+  std::chrono::milliseconds initial_wait{30'000};    //!< EBBFLOW_INITIAL_WAIT_MS: for all launched workers
+  std::chrono::milliseconds store_timeout{10'000};   //!< EBBFLOW_STORE_TIMEOUT_MS: deadline of each store call
+  std::chrono::milliseconds admit_delay{50};         //!< EBBFLOW_ADMIT_DELAY_MS: batch join tickets this close
+  std::chrono::milliseconds stall_warning{10'000};   //!< EBBFLOW_STALL_WARN_MS: name who is behind (0: off)
+  //! EBBFLOW_STORE_OUTAGE_MS: a failure found while the store cannot be
+  //! reached waits this long for the store (a replicated store regaining its
+  //! quorum) before the group gives up; 0: gives up at once.
+  std::chrono::milliseconds store_outage_wait{0};
+  std::chrono::microseconds sched_slice{0};          //!< EBBFLOW_SCHED_SLICE_US: members' scheduler slice (0: off)
+  static constexpr std::chrono::microseconds min_sched_slice{100};     //!< the kernel's shortest slice
+  static constexpr std::chrono::microseconds max_sched_slice{100000};  //!< the kernel's longest slice
+  //! EBBFLOW_RT_PRIORITY (0: off, else 1 to 99): the group's threads run
+  //! under `SCHED_RR` once this process is a member. Opt-in; needs
+  //! `CAP_SYS_NICE` or `RLIMIT_RTPRIO` (refused: logged, training goes on).
+  int rt_priority = 0;
+  static constexpr int max_rt_priority = 99;  //!< the highest `SCHED_RR` priority on Linux
+  bool preconnect = true;                     //!< EBBFLOW_PRECONNECT: connect to joiners while training
+  //! EBBFLOW_INITIAL_STAGING_MB (0: off): a launched worker receives the
+  //! initial state into a copy of at most this size, so a sender's death
+  //! midway leaves its own initial state whole.
+  std::size_t initial_staging = std::size_t{1024} << 20;
+  std::chrono::milliseconds join_cooldown{1'000};       //!< SEC of EBBFLOW_JOIN_COOLDOWN=SEC[:MAX] (0: off)
+  std::chrono::milliseconds join_cooldown_max{60'000};  //!< MAX of EBBFLOW_JOIN_COOLDOWN
+  std::string worker_key;   //!< EBBFLOW_WORKER_KEY: whose join failures count together (default: host name)
+  std::string process_key;  //!< EBBFLOW_PROCESS_KEY: this process's name with its launcher (empty: none)
+
+  //! The store key of generation `g`'s record, written when it forms (a
+  //! launcher waits for generation 0 to know that training began).
+  [[nodiscard]] std::string generation_key(std::int64_t g) const { return prefix + "/gen/" + std::to_string(g); }
+  //! The store key under which the member that process `name` (its
+  //! EBBFLOW_PROCESS_KEY) became records its member id.
+  [[nodiscard]] std::string process_record_key(std::string_view name) const {
+    return prefix + "/proc/" + std::string(name);
+  }
+  //! The store key that says member `m`'s process exited (`report_process_exit`).
+  [[nodiscard]] std::string gone_key(member_id m) const { return prefix + "/gone/" + std::to_string(m); }
+  //! The counter `report_process_exit` adds one to after each report.
+  [[nodiscard]] std::string gone_count_key() const { return prefix + "/gone_count"; }
+
+  //! The defaults, overridden by the environment. @throws std::invalid_argument naming the variable.
+  static group_options from_environment() { return from_environment(group_options{}); }
+  //! `o`, overridden by the environment. @throws std::invalid_argument naming the variable.
+  static group_options from_environment(group_options o);
+};
+
+//! For a launcher: the process it started as `process_key` (the
+//! EBBFLOW_PROCESS_KEY it gave it) exited, `how` (e.g. "killed by SIGKILL").
+//! If that process became a member of the job, the members drop it at once
+//! instead of waiting for its lease. Call it once the process and whatever it
+//! started are gone. Returns the member id the process was, or nullopt when
+//! it never registered. @throws system_error from the store (deadline `d`).
+template <kv_store Store>
+std::optional<member_id> report_process_exit(Store& st, const group_options& o, std::string_view process_key,
+                                             std::string_view how, deadline d);
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/elastic/impl/group_options.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group_options.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group_options.hpp
+//! Definitions of elastic/group_options.hpp.
+
+
+// #include <ebbflow/elastic/group_options.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/records.hpp>  (inlined)  // parse_i64
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+inline group_options group_options::from_environment(group_options o) {
+  constexpr std::int64_t day_ms = 24LL * 3'600'000;
+  if (auto j = env::get("EBBFLOW_JOB")) o.prefix = *j;
+  // Both bounds within the collectives' most ranks, so a minimum above it
+  // is refused naming EBBFLOW_MIN_SIZE rather than the maximum's default.
+  o.min_size = static_cast<int>(env::get_int("EBBFLOW_MIN_SIZE", o.min_size, 1, comm::max_collective_ranks));
+  o.max_size = static_cast<int>(env::get_int("EBBFLOW_MAX_SIZE", o.max_size, o.min_size, comm::max_collective_ranks));
+  o.join = env::get_bool("EBBFLOW_JOIN", o.join);
+  o.heartbeat = env::get_ms("EBBFLOW_HEARTBEAT_MS", o.heartbeat, 1, 60'000);
+  o.store_timeout = env::get_ms("EBBFLOW_STORE_TIMEOUT_MS", o.store_timeout, 1);
+  o.store_outage_wait = env::get_ms("EBBFLOW_STORE_OUTAGE_MS", o.store_outage_wait, 0, day_ms);
+  o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
+  o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, day_ms);
+  o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, day_ms);
+  o.sched_slice = std::chrono::microseconds(env::get_int_or_zero("EBBFLOW_SCHED_SLICE_US", o.sched_slice.count(),
+                                                                 min_sched_slice.count(), max_sched_slice.count()));
+  o.rt_priority = static_cast<int>(env::get_int_or_zero("EBBFLOW_RT_PRIORITY", o.rt_priority, 1, max_rt_priority));
+  o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, day_ms);
+  o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, day_ms);
+  o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, day_ms);
+  o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
+  o.preconnect = env::get_bool("EBBFLOW_PRECONNECT", o.preconnect);
+  o.initial_staging =
+      static_cast<std::size_t>(env::get_int(
+          "EBBFLOW_INITIAL_STAGING_MB", static_cast<std::int64_t>(o.initial_staging >> 20), 0, std::int64_t{1} << 30))
+      << 20;
+  if (auto c = env::get("EBBFLOW_JOIN_COOLDOWN")) {
+    const auto cd = cooldown::parse(*c, "EBBFLOW_JOIN_COOLDOWN", {o.join_cooldown, o.join_cooldown_max});
+    o.join_cooldown = cd.sec;
+    o.join_cooldown_max = cd.max;
+  }
+  if (auto k = env::get("EBBFLOW_WORKER_KEY")) o.worker_key = *k;
+  if (auto k = env::get("EBBFLOW_PROCESS_KEY")) o.process_key = *k;
+  return o;
+}
+
+template <kv_store Store>
+std::optional<member_id> report_process_exit(Store& st, const group_options& o, std::string_view process_key,
+                                             std::string_view how, deadline d) {
+  const auto v = st.try_get(o.process_record_key(process_key), d);
+  if (!v) return std::nullopt;
+  const member_id m = detail::parse_i64(*v);
+  st.set(o.gone_key(m), how, d);
+  st.add(o.gone_count_key(), 1, d);  // after the report: who reads the new count finds it
+  return m;
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group_options.hpp>
+// ---- end <ebbflow/elastic/group_options.hpp>
+// #include <ebbflow/elastic/group_types.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
+// #include <ebbflow/elastic/network.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/network.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file network.hpp
+//! The `network` concept: what builds the transport of each generation of an
+//! elastic group. The UCX network (elastic/ucx_network.hpp) and the loopback
+//! network (elastic/loopback_network.hpp) model it.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/transport.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)  // bytes
+
+#include <concepts>
+#include <cstdint>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! A network builds the transport of each generation. `prepare(g)` creates
+//! this process's endpoint for generation g and returns its address (the
+//! group publishes it in the store); `connect(g, rank, addresses, d)` returns
+//! the transport of generation g given every member's address in rank order.
+//!
+//! Optional members, found by the group when present:
+//! * `static bool stable_address()`: true when `prepare` returns the same
+//!   address for every generation; the group publishes it once.
+//! * `start_connect(g, rank, addresses)` returning a transport whose wire-up
+//!   completes in the background (its `poll_connect()`): the group then
+//!   connects to joiners while it keeps training and switches once every
+//!   member is wired up (docs/elastic.md, "Join without suspension").
+//! * `bool concurrent_connect()`: true when `start_connect` may run on the
+//!   group's admission helper thread while the training thread uses the
+//!   current generation's transport on the same network.
+//! * `discard_endpoints()`: for a network whose consecutive generations
+//!   share connections; called when a generation failed, so the recovered
+//!   one opens its own.
+template <class N>
+concept network = requires(N& n, std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline d) {
+  typename N::transport_type;
+  requires comm::transport<typename N::transport_type>;
+  { n.prepare(g) } -> std::convertible_to<bytes>;
+  { n.connect(g, rank, addrs, d) } -> std::same_as<typename N::transport_type>;
+};
+
+namespace detail {
+//! Whether `N` publishes one address for every generation.
+template <class N>
+constexpr bool stable_address() {
+  if constexpr (requires {
+                  { N::stable_address() } -> std::convertible_to<bool>;
+                })
+    return N::stable_address();
+  else
+    return false;
+}
+
+//! Whether `N` can wire up a generation's transport in the background.
+template <class N>
+constexpr bool can_preconnect() {
+  return requires(N & n, std::int64_t g, int rank, const std::vector<bytes>& addrs, typename N::transport_type& t) {
+    { n.start_connect(g, rank, addrs) } -> std::same_as<typename N::transport_type>;
+    { t.poll_connect() } -> std::convertible_to<bool>;
+  };
+}
+
+//! Whether `n`'s start_connect may run on a helper thread while the current
+//! generation trains on the same network (ucx_network on a UCX with threads).
+template <class N>
+bool concurrent_connect(const N& n) {
+  if constexpr (requires {
+                  { n.concurrent_connect() } -> std::convertible_to<bool>;
+                })
+    return n.concurrent_connect();
+  else
+    return false;
+}
+}  // namespace detail
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/network.hpp>
+// #include <ebbflow/elastic/planning_policy.hpp>  (inlined)
+// #include <ebbflow/plan/work_stealing.hpp>  (inlined)
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+template <kv_store Store, network Net>
+class group;
+
+namespace detail {
+
+// Set by `leave_on_signal`'s handler: every group of the process leaves at
+// its next step boundary.
+inline std::atomic<bool>& signal_leave_flag() noexcept {
+  static std::atomic<bool> f{false};
+  return f;
+}
+extern "C" inline void on_leave_signal(int) { signal_leave_flag().store(true); }
+
+// Errors after which the group re-forms instead of giving up.
+inline bool recoverable(const std::error_code& ec) noexcept {
+  return ec == errc::peer_lost || ec == errc::timeout || ec == errc::revoked;
+}
+
+template <kv_store Store, network Net>
+class group_impl {
+ public:
+  using transport_type = comm::revocable<typename Net::transport_type>;
+  using communicator_type = comm::transport_communicator<transport_type>;
+  using store_factory = std::function<std::unique_ptr<Store>()>;
+
+  // The public operations (elastic/group.hpp documents each).
+  group_impl(store_factory connect_store, Net& net, group_options opts, launch_info launch,
+             std::unique_ptr<planning_policy> policy);
+  group_impl(const group_impl&) = delete;
+  group_impl& operator=(const group_impl&) = delete;
+  ~group_impl();
+  void register_state(std::string name, std::span<std::byte> host_bytes);
+  step_info begin_step();
+  template <class F>
+  bool collective(F&& f);
+  bool allreduce(std::span<float> data);
+  bool allreduce(std::span<double> data);
+  template <class Process>
+  plan::steal_report steal_step(Process&& process, const steal_settings& settings);
+  // end_step: `processed` samples (the own slice when nullopt).
+  void commit(double compute_seconds, std::optional<std::size_t> processed);
+  void restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor);
+  void finish();
+  bool keep_training(std::int64_t total_steps);
+  // A membership change is unfinished (group::changing).
+  bool changing() const noexcept { return next_.has_value() || pending_.has_value(); }
+
+ private:
+  friend class elastic::group<Store, Net>;  // reads the state its accessors return
+
+  // ---- store keys and failures (lifecycle.hpp)
+  std::string key(const std::string& k) const { return opts_.prefix + "/" + k; }
+  // The store key of generation g's record.
+  std::string gen_key(std::int64_t g) const { return opts_.generation_key(g); }
+  // The store key that marks member m dead in generation g (a recovery leaves it out).
+  std::string dead_key(std::int64_t g, member_id m) const {
+    return key("dead/" + std::to_string(g) + "/" + std::to_string(m));
+  }
+  // Whether the job was marked finished (`finish`).
+  bool job_done() { return store_->try_get(key("done"), store_deadline()).has_value(); }
+  // The deadline of a store call: store_timeout, or at most a lease while
+  // the heartbeat finds the store unreachable (a call then fails fast).
+  deadline store_deadline() const {
+    return deadline::after(store_unreachable() ? std::min<std::chrono::milliseconds>(opts_.store_timeout, opts_.lease)
+                                               : opts_.store_timeout);
+  }
+  bool store_unreachable() const noexcept { return store_down_since_.load(std::memory_order_relaxed) != 0; }
+  // Whether `e` came from a store call (its operation is "store.<op>").
+  static bool store_failure(const system_error& e) noexcept { return e.operation().starts_with("store"); }
+  static constexpr std::chrono::seconds store_warning_period{10};
+  [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
+  // Fails with job_finished: "the job EBBFLOW_JOB='<prefix>' <what>".
+  [[noreturn]] void fail_job_finished(std::string_view what) const;
+  // EBBFLOW_FAULT (detail/fault_injection.hpp), claimed on the training
+  // thread's store connection, or on `st` from another thread.
+  void fault_point(const char* point);
+  void fault_point(const char* point, Store& st, std::stop_token stop);
+  // The end of the job: see ~group.
+  void wait_for_peers_to_end() noexcept;
+  static constexpr std::chrono::seconds end_wait_max{2};
+
+  // ---- generation 0 and newcomers (formation.hpp)
+  void form_initial();
+  // Writes generation 0 of the registered workers (compare-and-set: the first proposal wins).
+  void propose_initial(const std::vector<std::optional<std::string>>& registered);
+  void wait_admission();
+
+  // ---- entering a generation (generation.hpp)
+  int size() const noexcept { return static_cast<int>(gen_.members.size()); }  // members of gen_
+  // `begun`: a transport this member already started for rec (the
+  // background connect of a join that now goes the blocking way).
+  void adopt(generation_record rec, steady_clock::time_point started,
+             std::optional<typename Net::transport_type> begun = {});
+  // adopt(), and on a recoverable error the recovery of rec's generation.
+  void adopt_or_recover(generation_record rec, steady_clock::time_point started,
+                        std::optional<typename Net::transport_type> begun = {});
+  void enter(generation_record rec);
+  void became_member();
+  void take_member_scheduling();
+  void install(generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
+               double prepared_seconds);
+  typename Net::transport_type connect_watched(const generation_record& rec, const std::vector<bytes>& addrs,
+                                               std::optional<typename Net::transport_type> begun = {});
+  std::vector<bytes> gather_addresses(const generation_record& rec);
+  // As above, on `st` with `cache`: callable from the admission helper.
+  std::vector<bytes> gather_addresses(const generation_record& rec, Store& st, std::map<member_id, bytes>& cache,
+                                      int rank, const std::shared_ptr<comm::revoke_flag>& revoke, std::stop_token stop);
+  void leave_now();
+
+  // ---- the user's step (step.hpp)
+  step_info current_slice() const;
+  // Throws group_error (invalid_state) unless a step is open on an active member.
+  void require_open_step(const char* what) const;
+  // The policy's plan for `ids`, checked: one entry each, summing to the global batch.
+  std::vector<std::size_t> plan_of(const std::vector<member_id>& ids) const;
+  void control_allreduce(std::span<double> v);
+  void notify(change_reason reason, int old_size, double stall);
+  void release_steal_counter();
+
+  // ---- state transfer (state_transfer.hpp)
+  void sync_state();
+
+  // ---- the coordinator's join tickets (join_tickets.hpp)
+  // A join ticket answered with a cool-down instead of an admission.
+  struct join_hold {
+    std::int64_t ticket = 0;
+    std::int64_t ms = 0;        // how long the joiner waits before it files a new ticket
+    std::int64_t failures = 0;  // its worker's join failures in a row
+    std::string worker;         // its worker key
+  };
+  // The join tickets after `seen` (advanced past those handled), at most
+  // `room` of them admitted; tickets of workers in a cool-down go to `holds`.
+  std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room, bool settle,
+                                         std::vector<join_hold>& holds);
+  void answer_holds(Store& st, const std::vector<join_hold>& holds) const;
+  // The recovery's winner: the members lost from gen_ that were still in their
+  // probation as newcomers count one join failure for their worker key.
+  void count_join_failures(const std::vector<member_entry>& alive, std::set<member_id>& counted);
+  // The heartbeat thread's read-ahead of new tickets (see hb_tickets_).
+  std::int64_t prefetch_tickets(Store& st, std::int64_t total);
+
+  // ---- joins and leaves at a step boundary (membership_change.hpp)
+  // Forms generation g+1 without the members `leaving` marks (1 per rank of
+  // the `n`) and with the joiners being admitted.
+  void change_membership(const std::vector<char>& leaving, int n);
+  // The leaves the control exchange `ctl` applies (1 per rank): a leave that
+  // would take the group below min_size, or leave newcomers without a state
+  // holder, waits (the lowest-ranked leavers stay one more generation).
+  std::vector<char> leaves_applied(const std::vector<double>& ctl, int n);
+  bool deferral_logged_ = false;  // the coordinator said why leaves wait
+  void write_record(Store& st, const std::string& gkey, const std::string& rec, const std::vector<member_id>& joiners,
+                    std::int64_t g1) const;
+  void start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
+                       std::vector<member_id> leavers, steady_clock::time_point started);
+  void take_admission();
+  void adopt_announced(std::int64_t g1, steady_clock::time_point started,
+                       std::optional<typename Net::transport_type> begun = {});
+  int poll_next();
+
+  // ---- recovery after a failure (recovery.hpp)
+  // Re-forms the group after generation `failed_generation` failed (its
+  // rank `lost_peer` seen dead, or -1); a store that cannot be reached makes
+  // it fail with a clear group_error.
+  void recover(std::int64_t failed_generation, int lost_peer);
+  void reform(std::int64_t failed_generation, int lost_peer);
+  int lost_peer_of(const system_error& e) const noexcept;
+  static int lost_in_adopt(const system_error& e) noexcept;
+  // This member takes its own buffers as the job's initial state (recover() chose it).
+  void take_own_initial_state();
+
+  // ---- leases (heartbeat.hpp)
+  // Each member's heartbeat counter as last read, and when it last changed.
+  using lease_seen = std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>;
+  // Lease checks of a connect in progress: at most one round per heartbeat.
+  struct lease_watch {
+    lease_seen seen;
+    steady_clock::time_point next_check{};
+  };
+  bool fresh(Store& st, member_id m, lease_seen& seen) const;
+  // Whether member m, whose heartbeat counter reads `hb` at `now`, counted on
+  // within the lease (its first reading counts as fresh).
+  bool fresh(member_id m, std::int64_t hb, steady_clock::time_point now, lease_seen& seen) const;
+  // The rank in `rec` of a member whose lease expired (with `joiners_only`,
+  // a joiner), else -1; reads the store at most once a heartbeat.
+  int stale_member(const generation_record& rec, lease_watch& w, bool joiners_only);
+  void heartbeat_loop(std::stop_token st);
+  // The heartbeat thread's watch of the current generation's leases.
+  struct peer_watch {
+    std::int64_t generation = -1;
+    lease_seen seen;
+    steady_clock::time_point last_round{};
+    std::int64_t aborted = -1;  // the generation this thread aborted, or saw aborted
+  };
+  // After a heartbeat round that read `ids`' counters `hb` for generation g:
+  // a member silent for a lease is marked dead in g and g is aborted.
+  void check_leases(Store& st, std::int64_t g, const std::vector<member_id>& ids, std::span<const std::int64_t> hb,
+                    peer_watch& w);
+  // The same for a launcher's report (report_process_exit) that one of
+  // `ids` (ranks `ranks` in g) exited: it is marked dead and g aborted.
+  void check_gone(Store& st, std::int64_t g, const std::vector<member_id>& ids, const std::vector<int>& ranks,
+                  peer_watch& w);
+  // Whether a heartbeat thread that found a member of g dead should still
+  // abort g: the job has not finished and g is still this member's.
+  bool abort_due(Store& st, std::int64_t g);
+  // Marks m dead in g, posts abort/<g> and revokes this member's transport.
+  void abort_without(Store& st, std::int64_t g, member_id m, peer_watch& w);
+  // A heartbeat round could not reach the store: marks it unreachable and
+  // warns (at once, then every store_warning_period).
+  void note_store_unreachable(const char* why, steady_clock::time_point& next_warning);
+  // Whole seconds from steady_clock tick `since` to now.
+  static long long seconds_since(steady_clock::rep since) noexcept {
+    return std::chrono::duration_cast<std::chrono::seconds>(steady_clock::now().time_since_epoch() -
+                                                            steady_clock::duration(since))
+        .count();
+  }
+
+  // ---- the state, in declaration order (which is destruction order)
+
+  group_options opts_;
+  launch_info launch_;
+  store_factory connect_store_;
+  std::unique_ptr<Store> store_;
+  Net* net_;
+  std::unique_ptr<planning_policy> policy_;
+  member_id id_ = -1;
+  comm::collective_options coll_opts_;
+  std::map<member_id, bytes> address_cache_;  // stable-address networks only
+
+  generation_record gen_;
+  int rank_ = -1;
+  bool active_ = true;
+  bool became_member_ = false;      // became_member() ran: once per process
+  bool member_scheduling_ = false;  // take_member_scheduling() ran: once per process
+  bool started_ = false;            // begin_step was called
+  bool finished_ = false;           // keep_training found the job's steps done and called finish()
+  // Where the user's step is: begin_step opens it, end_step closes it, a
+  // collective that returns false aborts it (redo from begin_step).
+  enum class step_phase : unsigned char { closed, open, aborted };
+  step_phase phase_ = step_phase::closed;
+  bool callback_threw_ = false;  // a world-changed callback's exception is passing through
+  static constexpr std::int64_t max_step = std::int64_t{1} << 62;
+  std::int64_t step_ = -1;  // committed steps; -1 until state arrives
+  std::int64_t epoch_ = 0;
+  std::size_t cursor_ = 0;
+  // The job's initial state is the registered buffers of the member that
+  // formed generation 0. Should it die before that state moved, another
+  // launched worker's own buffers serve instead, as if it had formed it:
+  // only while no transfer has written them and the member was never left
+  // out (a newcomer's buffers are never the job's state). See recover().
+  bool own_initial_state_ = false;
+  struct position {
+    std::int64_t step, epoch;
+    std::size_t cursor;
+  };
+  std::optional<position> restored_;  // restore_position's, kept by every member
+  struct pending_change {
+    change_reason reason;
+    int old_size;
+    steady_clock::time_point started;
+    double prepared_seconds = 0;  // spent before the switch connecting in the background (counted as stall)
+  };
+  std::optional<pending_change> pending_;  // state transfer and notification still to do
+  // What the admission helper thread hands back: the store work of a
+  // membership change (the coordinator's record, the next generation's
+  // record and addresses) and, where the network allows it from another
+  // thread, the endpoints, done while this member's training thread goes on.
+  struct admission_result {
+    std::atomic<bool> done{false};  // release: everything below is written
+    std::exception_ptr error;
+    std::optional<generation_record> rec;
+    std::vector<bytes> addrs;
+    std::optional<typename Net::transport_type> transport;
+    std::map<member_id, bytes> cache;  // the address cache, updated, handed back
+    bool excluded = false;             // rec leaves this member out (a concurrent recovery): rejoin
+    bool blocking = false;             // rec leaves a current member out: the blocking way sorts it out
+  };
+  // A join whose transport is wiring up while the current generation trains.
+  struct next_generation {
+    generation_record rec;
+    std::int64_t g1 = -1;               // the generation being prepared
+    std::optional<std::string> record;  // the coordinator's record (the helper writes it)
+    std::vector<member_id> admitted;    // the joiners that record admits
+    std::optional<typename Net::transport_type> transport;
+    steady_clock::time_point since;               // connect started
+    double prepared_seconds = 0;                  // this member's training-thread time spent starting it
+    bool leaving = false;                         // this member leaves at the switch (no transport)
+    bool failed = false;                          // starting the connect failed here: fall back at the next exchange
+    bool excluded = false;                        // the next generation leaves this member out: it rejoins
+    lease_watch joiners;                          // joiners' leases
+    std::shared_ptr<admission_result> admission;  // the helper's result while it runs
+    std::jthread helper;                          // declared last: joined first
+  };
+  std::unique_ptr<Store> aux_store_;  // the admission helper's own connection (store clients are not thread-safe)
+  std::optional<next_generation> next_;
+  std::optional<transport_type> transport_;
+  std::optional<typename Net::transport_type> retiring_;  // the replaced generation's, closing in the background
+  std::optional<communicator_type> comm_;
+  std::shared_ptr<comm::revoke_flag> revoke_;
+  std::atomic<std::int64_t> hb_generation_{-1};
+  // Since when the heartbeat finds the store unreachable (steady_clock ticks; 0: it is reachable).
+  std::atomic<steady_clock::rep> store_down_since_{0};
+  std::mutex hb_wake_m_;                 // with hb_wake_: the heartbeat thread's sleep between beats,
+  std::condition_variable_any hb_wake_;  // cut short when this process becomes a member
+  std::mutex hb_mutex_;
+  std::shared_ptr<comm::revoke_flag> hb_revoke_;
+  std::vector<std::string> hb_erase_;  // store keys the heartbeat thread erases (under hb_mutex_)
+  // The members of generation hb_watched_gen_ whose leases the heartbeat
+  // thread watches (under hb_mutex_): the coordinator watches every other
+  // member, the others the coordinator.
+  std::int64_t hb_watched_gen_ = -1;
+  std::vector<member_id> hb_watched_;
+  std::vector<int> hb_watched_ranks_;  // their ranks in that generation
+  std::atomic<bool> leave_requested_{false};
+  // Nonzero while the training thread is inside begin_step, allreduce or
+  // end_step (where it progresses the network itself): the admission helper
+  // drives a background wire-up only while it is zero.
+  std::atomic<int> in_group_{0};
+  // Where the training thread is, published with its heartbeat for the
+  // stall warning (an encoded progress: a member behind another
+  // reads lower); and since when the training thread waits inside a
+  // collective (steady_clock ticks; 0: it does not).
+  std::atomic<std::int64_t> progress_{0};
+  std::atomic<steady_clock::rep> waiting_since_{0};
+  std::pair<std::int64_t, std::int64_t> progress_at_{-1, -1};  // (generation, step) progress_k_ counts in
+  int progress_k_ = 0;
+  struct waiting {
+    std::atomic<steady_clock::rep>& since;
+    explicit waiting(std::atomic<steady_clock::rep>& s) noexcept : since(s) {}
+    ~waiting() { since.store(0, std::memory_order_relaxed); }
+    waiting(const waiting&) = delete;
+    waiting& operator=(const waiting&) = delete;
+  };
+  // The training thread enters a collective: counts it and marks the wait.
+  [[nodiscard]] waiting enter_collective(bool control = false) noexcept;
+  // After a heartbeat round that found this member waiting for
+  // stall_warning: names the watched members whose progress is behind.
+  void report_stall(std::int64_t mine, steady_clock::duration waited, const std::vector<member_id>& ids,
+                    const std::vector<int>& ranks, std::span<const std::int64_t> progress, bool coordinator) const;
+  struct inside {
+    std::atomic<int>& n;
+    explicit inside(std::atomic<int>& c) noexcept : n(c) { n.fetch_add(1, std::memory_order_relaxed); }
+    ~inside() { n.fetch_sub(1, std::memory_order_relaxed); }
+    inside(const inside&) = delete;
+    inside& operator=(const inside&) = delete;
+  };
+  // A newcomer until its probation ends (steady_clock ticks; 0: not one):
+  // then the heartbeat thread clears its join-failure marks.
+  std::atomic<steady_clock::rep> probation_end_{0};
+  std::pair<std::int64_t, std::int64_t> steal_attempt_{-1, -1};  // (generation, step) of the last steal_step
+  std::string steal_key_;             // this step's work-stealing counter of the own slice (erased when the step ends)
+  std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
+  steady_clock::time_point last_commit_{};  // the previous end_step
+  steady_clock::duration step_interval_{};  // from the previous end_step to this one
+  // The coordinator's heartbeat thread reads the join-ticket counter into
+  // join_seq_hint_, so that a coordinator's step reads the store only
+  // while join tickets wait: a steady step makes no store call.
+  std::atomic<bool> hb_watch_joins_{false};
+  std::atomic<std::int64_t> join_seq_hint_{0};
+  // It also reads the tickets themselves as they appear, and their workers'
+  // join-failure counts, so that the step that admits them makes no store
+  // call either (under hb_mutex_, by ticket number; tickets up to
+  // hb_tickets_floor_ are handled). A ticket never changes once written; a
+  // count only in a recovery (count_join_failures), which bumps
+  // failures_epoch_ after it: a count read before that is read again.
+  struct prefetched_ticket {
+    std::string value;
+    std::int64_t failures_epoch = -1;  // failures_epoch_ when `failures` was read (-1: not read)
+    std::optional<std::string> failures;
+  };
+  std::map<std::int64_t, prefetched_ticket> hb_tickets_;
+  std::atomic<std::int64_t> hb_tickets_floor_{0};
+  std::atomic<std::int64_t> failures_epoch_{0};
+  std::int64_t ticket_seen_until_ = 0;  // coordinator: newest join ticket seen
+  std::int64_t ticket_hole_ = 0;        // coordinator: a ticket taken but not written, since:
+  steady_clock::time_point ticket_hole_since_;
+  steady_clock::time_point ticket_first_seen_;   // when the oldest waiting ticket was seen
+  steady_clock::time_point ticket_last_change_;  // when the newest ticket was seen
+
+  struct state_entry {
+    std::string name;
+    std::span<std::byte> data;
+  };
+  std::vector<state_entry> state_;
+  std::vector<std::function<void(const world_change&)>> callbacks_;
+  std::vector<world_change> history_;
+  std::jthread heartbeat_;
+};
+
+}  // namespace detail
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/elastic/impl/group/lifecycle.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/lifecycle.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/lifecycle.hpp
+//! Construction and the end of a member: the checks of the options, the
+//! store connections, registration with the job, the end-of-job wait, the
+//! registered state and a restored position, `finish` and `keep_training`,
+//! and the fault points.
+//! May touch any member: it runs before and after the other threads.
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+// #include <ebbflow/core/thread_name.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/fault_injection.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/fault_injection.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/fault_injection.hpp
+//! Fault injection for the multi-process tests: EBBFLOW_FAULT=<point>[*N]
+//! [:hang=MS|:sleep=MS] makes the first member of the job (the first N) that
+//! reaches `point` die there as a crashed process would (SIGKILL), hang
+//! there as a SIGSTOPped one would, or sleep on the calling thread only.
+//! Claims go through the job's store, so exactly N members fire. The points
+//! are listed in docs/elastic.md ("Testing aids"). Unset, a point costs one
+//! comparison.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/deadline.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/records.hpp>  (inlined)    // parse_i64
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)  // sleep_until
+// #include <ebbflow/elastic/planning_policy.hpp>  (inlined)   // member_id
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <ctime>
+#include <iomanip>
+#include <optional>
+#include <stdexcept>
+#include <stop_token>
+#include <string>
+#include <string_view>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+//! Fires EBBFLOW_FAULT at `point` when it names that point and this member
+//! (`id`, of the job under `prefix` in `st`) is among the first N to get
+//! there. `stop` cuts a `:sleep` short.
+//! @throws std::invalid_argument for a malformed EBBFLOW_FAULT.
+template <class Store>
+void fault_point(std::string_view point, Store& st, const std::string& prefix, member_id id, deadline d,
+                 const std::stop_token& stop) {
+  static const std::optional<std::string> fault = env::get("EBBFLOW_FAULT");
+  if (!fault) return;
+  std::string_view f = *fault;
+  enum class mode { die, hang, sleep } how = mode::die;
+  std::int64_t ms = 0;
+  if (const auto colon = f.find(':'); colon != std::string_view::npos) {
+    const std::string_view m = f.substr(colon + 1);
+    if (m.starts_with("hang="))
+      how = mode::hang;
+    else if (m.starts_with("sleep="))
+      how = mode::sleep;
+    else
+      throw std::invalid_argument("EBBFLOW_FAULT='" + *fault + "': expected <point>[*N][:hang=MS|:sleep=MS]");
+    ms = parse_i64(std::string(m.substr(m.find('=') + 1)));
+    f = f.substr(0, colon);
+  }
+  const auto star = f.find('*');
+  if (f.substr(0, star) != point) return;
+  const std::int64_t times = star == std::string_view::npos ? 1 : parse_i64(std::string(f.substr(star + 1)));
+  if (st.add(prefix + "/fault/" + std::string(point), 1, d) > times) return;
+  switch (how) {
+    case mode::die:
+      EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id << " dies here");
+      std::raise(SIGKILL);
+      return;
+    case mode::sleep:
+      EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id << "'s thread sleeps here for " << ms << " ms");
+      sleep_until(std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), stop);
+      return;
+    case mode::hang:
+      break;
+  }
+  EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id << " hangs here for " << ms << " ms");
+  // A child continues this process: fork() leaves it one thread, which
+  // calls only async-signal-safe functions.
+  const pid_t self = ::getpid();
+  if (const pid_t waker = ::fork(); waker == 0) {
+    const timespec t{static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1'000'000};
+    ::nanosleep(&t, nullptr);
+    ::kill(self, SIGCONT);
+    ::_exit(0);
+  } else if (waker > 0) {
+    ::kill(self, SIGSTOP);
+    ::waitpid(waker, nullptr, 0);
+    EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id << " goes on after its hang [t=" << std::fixed
+                                      << std::setprecision(3) << wall_seconds() << "]");
+  }
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/fault_injection.hpp>
+
+#include <algorithm>
+#include <string>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+template <kv_store Store, network Net>
+group_impl<Store, Net>::group_impl(store_factory connect_store, Net& net, group_options opts, launch_info launch,
+                                   std::unique_ptr<planning_policy> policy)
+    : opts_(std::move(opts)),
+      launch_(std::move(launch)),
+      connect_store_(std::move(connect_store)),
+      net_(&net),
+      policy_(std::move(policy)) {
+  EBBFLOW_ENFORCE(opts_.global_batch > 0, "elastic group: global_batch must be > 0");
+  EBBFLOW_ENFORCE(opts_.dataset_size > 0, "elastic group: dataset_size must be > 0");
+  EBBFLOW_ENFORCE(!opts_.drop_last || opts_.global_batch <= opts_.dataset_size,
+                  "elastic group: drop_last with global_batch " << opts_.global_batch << " > dataset_size "
+                                                                << opts_.dataset_size << " leaves no step");
+  EBBFLOW_ENFORCE(
+      opts_.min_size >= 1 && opts_.max_size >= opts_.min_size && opts_.max_size <= comm::max_collective_ranks,
+      "elastic group: need 1 <= min_size (" << opts_.min_size << ") <= max_size (" << opts_.max_size << ") <= "
+                                            << comm::max_collective_ranks << " (the collectives' most ranks)");
+  EBBFLOW_ENFORCE(opts_.join_cooldown.count() >= 0 && opts_.join_cooldown_max >= opts_.join_cooldown,
+                  "elastic group: need 0 <= join_cooldown ("
+                      << opts_.join_cooldown.count() << " ms) <= join_cooldown_max (" << opts_.join_cooldown_max.count()
+                      << " ms)");
+  // A lease spans at least two heartbeats: a member whose counter moves only
+  // once per lease would be judged dead for one late beat.
+  EBBFLOW_ENFORCE(opts_.heartbeat.count() > 0 && opts_.lease >= 2 * opts_.heartbeat,
+                  "elastic group: EBBFLOW_LEASE_MS=" << opts_.lease.count() << " must be at least twice "
+                                                     << "EBBFLOW_HEARTBEAT_MS=" << opts_.heartbeat.count());
+  EBBFLOW_ENFORCE(opts_.sched_slice.count() == 0 || (opts_.sched_slice >= group_options::min_sched_slice &&
+                                                     opts_.sched_slice <= group_options::max_sched_slice),
+                  "elastic group: EBBFLOW_SCHED_SLICE_US="
+                      << opts_.sched_slice.count() << ": expected 0 or " << group_options::min_sched_slice.count()
+                      << " to " << group_options::max_sched_slice.count() << " (the kernel's range)");
+  EBBFLOW_ENFORCE(opts_.rt_priority >= 0 && opts_.rt_priority <= group_options::max_rt_priority,
+                  "elastic group: EBBFLOW_RT_PRIORITY=" << opts_.rt_priority << ": expected 0 (off) or 1 to "
+                                                        << group_options::max_rt_priority);
+  // The first generation is formed from the launched workers alone (a
+  // newcomer joins a running group): fewer than min_size could never start.
+  EBBFLOW_ENFORCE(opts_.join || launch_.world_size >= opts_.min_size,
+                  "elastic group: EBBFLOW_MIN_SIZE=" << opts_.min_size << " but this launch starts "
+                                                     << launch_.world_size
+                                                     << " workers; the first generation is formed from the "
+                                                        "launched workers, so launch at least min_size of them");
+  EBBFLOW_ENFORCE(policy_ != nullptr, "elastic group: null planning policy");
+  EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
+  if (opts_.worker_key.empty()) opts_.worker_key = env::host_name();
+  store_ = connect_store_();
+  // A store that outlives its jobs keeps a finished job's keys under its
+  // prefix: this worker would take that job's generations for its own.
+  if (job_done())
+    fail_job_finished(
+        "on this store has finished: a worker started now cannot join it, and a new job needs a prefix of its own "
+        "(EBBFLOW_JOB; ebbflow-run --attach picks a fresh one) or a fresh store");
+  // The admission helper's own connection, made now rather than in the
+  // middle of a membership change (a joiner makes it later, when needed:
+  // its start-up is already part of one).
+  if (detail::can_preconnect<Net>() && opts_.preconnect && !opts_.join) aux_store_ = connect_store_();
+  coll_opts_ = comm::collective_options::from_environment();
+  coll_opts_.timeout = opts_.op_timeout;
+  id_ = store_->add(key("next_id"), 1, store_deadline());
+  // Which member this process is, for its launcher's report of its exit.
+  if (!opts_.process_key.empty())
+    store_->set(opts_.process_record_key(opts_.process_key), std::to_string(id_), store_deadline());
+  if constexpr (detail::stable_address<Net>()) {
+    const bytes mine = net_->prepare(0);
+    store_->set(key("addr/" + std::to_string(id_)), to_value(mine), store_deadline());
+  }
+  heartbeat_ = std::jthread([this](std::stop_token st) { heartbeat_loop(st); });
+  ::ebbflow::detail::name_thread(heartbeat_, "ebbflow-beat");
+  if (!opts_.join && launch_.rank < launch_.world_size) {
+    own_initial_state_ = true;
+    form_initial();
+  } else {
+    wait_admission();  // a newcomer keeps a lowered priority (--join-nice) until the state moves (sync_state)
+  }
+}
+
+template <kv_store Store, network Net>
+group_impl<Store, Net>::~group_impl() {
+  wait_for_peers_to_end();
+  heartbeat_.request_stop();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  next_.reset();  // stops and joins an admission helper first
+  retiring_.reset();
+  comm_.reset();
+  transport_.reset();
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::wait_for_peers_to_end() noexcept {
+  // A member that ends between steps (its training done) keeps its
+  // transport until every member of its generation has ended too: a peer
+  // still inside the last control exchange would take this one's closing
+  // endpoints for a death (over tcp a close can reset what the peer has
+  // not read yet) and fail the step it has in fact finished. A store
+  // barrier, not a collective: its own last message cannot race a close.
+  // Without a store there is nothing to wait on: the peers then see this
+  // member's close at worst (a lease at most, as before this wait existed).
+  if (!active_ || !transport_ || phase_ != step_phase::closed || step_ <= 0 || !store_ || store_unreachable()) return;
+  try {
+    const std::string prefix = "ended/" + std::to_string(gen_.generation) + "/";
+    store_->set(key(prefix + std::to_string(id_)), std::to_string(step_), store_deadline());
+    std::vector<std::string> keys;
+    for (const auto& m : gen_.members)
+      if (m.id != id_) keys.push_back(key(prefix + std::to_string(m.id)));
+    if (!keys.empty()) store_->wait(keys, deadline::after(std::min<steady_clock::duration>(opts_.lease, end_wait_max)));
+  } catch (const std::exception&) {
+    // A member that is gone, or one that trains on: it was waited for long enough.
+  }
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::register_state(std::string name, std::span<std::byte> host_bytes) {
+  if (started_)
+    fail(error::invalid_state, "register_state('" + name +
+                                   "') after the first begin_step: the state moved to the other members without it "
+                                   "(register every buffer before training)");
+  for (auto& s : state_) EBBFLOW_ENFORCE(s.name != name, "elastic group: state '" << name << "' registered twice");
+  state_.push_back({std::move(name), host_bytes});
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::fail(std::error_code ec, const std::string& what) const {
+  throw system_error(ec, {.rank = rank_, .generation = gen_.generation, .operation = "elastic group", .detail = what});
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::fail_job_finished(std::string_view what) const {
+  fail(error::job_finished, "the job EBBFLOW_JOB='" + opts_.prefix + "' " + std::string(what));
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor) {
+  if (started_) fail(error::invalid_state, "restore_position after the first begin_step");
+  EBBFLOW_ENFORCE(step >= 0 && step <= max_step && epoch >= 0 && epoch <= max_step && cursor < opts_.dataset_size,
+                  "restore_position: step " << step << ", epoch " << epoch << ", cursor " << cursor << " (dataset_size "
+                                            << opts_.dataset_size << ", steps and epochs up to 2^62)");
+  // With drop_last an epoch ends before a short last batch.
+  EBBFLOW_ENFORCE(!opts_.drop_last || opts_.dataset_size - cursor >= opts_.global_batch,
+                  "restore_position: cursor " << cursor << " is inside the short last batch of an epoch of "
+                                              << opts_.dataset_size << " with global_batch " << opts_.global_batch
+                                              << " and drop_last (that batch is never trained on)");
+  // The source's position reaches everybody with the state. Every member
+  // keeps it: should the source die before the state moved, another member
+  // may become the source with its own initial state (take_own_initial_state).
+  restored_ = position{step, epoch, cursor};
+  if (gen_.source != id_) return;
+  step_ = step;
+  epoch_ = epoch;
+  cursor_ = cursor;
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::finish() {
+  // The training is complete whether or not the store can record it: a
+  // store that is gone is said, not thrown (the job exits as it should).
+  try {
+    store_->set(key("done"), "1", store_deadline());
+  } catch (const system_error& e) {
+    if (!store_failure(e) || !recoverable(e.code())) throw;
+    EBBFLOW_LOG_WARN("the job finished, but the store could not record it ("
+                     << e.what() << "): workers still waiting to join it are not told, and wait until "
+                     << "EBBFLOW_JOIN_TIMEOUT_MS");
+  }
+}
+
+template <kv_store Store, network Net>
+bool group_impl<Store, Net>::keep_training(std::int64_t total_steps) {
+  EBBFLOW_ENFORCE(total_steps >= 0 && total_steps <= max_step,
+                  "keep_training: total_steps " << total_steps << " (expected 0 to 2^62)");
+  if (!active_ || finished_) return false;
+  // A joiner (step_ -1 until its state arrives) and a change still in flight
+  // keep the loop going: the members that admitted a newcomer wait for it
+  // rather than leave it stranded. Every member sees the same step_ and the
+  // same change after end_step, so they all stop at the same boundary.
+  if (step_ < total_steps || changing()) return true;
+  // Marked once, on every member (the same key: the calls after the first
+  // change nothing): a worker started later under this job is refused at
+  // once (job_finished) instead of waiting out its join timeout.
+  finished_ = true;
+  finish();
+  return false;
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::fault_point(const char* point) {
+  fault_point(point, *store_, {});
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::fault_point(const char* point, Store& st, std::stop_token stop) {
+  detail::fault_point(point, st, opts_.prefix, id_, store_deadline(), stop);
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/lifecycle.hpp>
+// #include <ebbflow/elastic/impl/group/heartbeat.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/heartbeat.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/heartbeat.hpp
+//! The heartbeat thread and leases: each beat adds to this member's counter
+//! and reads, in one round trip, the counters of the members it watches (the
+//! coordinator watches all, the others the coordinator), the launchers'
+//! exit reports and, when stalled, the others' progress. A member silent
+//! for a lease or reported gone is marked dead and its generation aborted.
+//! Between beats it waits on the server for its generation's abort (and the
+//! coordinator for the next join ticket).
+//! Threads: heartbeat_loop, check_*, abort_* and report_stall run on the
+//! heartbeat thread, on its own store client; besides the settings they touch
+//! only the hb_* members (under hb_mutex_) and the atomics the training thread
+//! publishes (progress_, waiting_since_, probation_end_, join_seq_hint_).
+//! fresh and stale_member serve any thread, with its store and lease map.
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
+
+#include <sstream>
+#include <string>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::heartbeat_loop(std::stop_token st) {
+  std::unique_ptr<Store> s;
+  bool warned = false;                      // a failure other than the store's was logged
+  steady_clock::time_point next_warning{};  // while the store is unreachable: when to say so again
+  peer_watch peers;
+  std::vector<std::string> keys;
+  std::vector<std::int64_t> deltas;
+  std::vector<std::string> wake;  // the keys to wait for between beats
+  std::vector<member_id> watched;
+  std::vector<int> watched_ranks;
+  std::int64_t published = 0;          // this member's progress counter in the store, as last read
+  std::int64_t next_ticket = 1;        // coordinator: the first join ticket not read yet
+  steady_clock::rep stall_warned = 0;  // the wait (its start) last reported
+  struct {
+    std::int64_t reports = 0, generation = -1;
+  } gone;  // the count of exit reports last read, for the watched members of which generation
+  std::int64_t round_generation = -1;  // the generation this round was for
+  while (!st.stop_requested()) {
+    try {
+      if (!s) s = connect_store_();
+      const std::int64_t g = round_generation = hb_generation_.load();
+      const bool watch = hb_watch_joins_.load(std::memory_order_relaxed);
+      {
+        std::lock_guard lk(hb_mutex_);
+        if (g >= 0 && hb_watched_gen_ == g)
+          watched = hb_watched_, watched_ranks = hb_watched_ranks_;
+        else
+          watched.clear(), watched_ranks.clear();
+      }
+      // A wait in one collective longer than stall_warning: this round also
+      // reads the watched members' progress, to say who is behind.
+      const std::int64_t progress = progress_.load(std::memory_order_relaxed);
+      const auto since = waiting_since_.load(std::memory_order_relaxed);
+      const auto waited = steady_clock::now() - steady_clock::time_point(steady_clock::duration(since));
+      const bool stalled = opts_.stall_warning.count() > 0 && since != 0 && since != stall_warned &&
+                           waited >= opts_.stall_warning && !watched.empty();
+      // One round trip: this member's heartbeat and progress, the counters of
+      // the members whose leases it watches, (coordinator) the join-ticket
+      // counter and (stalled) the watched members' progress.
+      keys.assign({key("hb/" + std::to_string(id_))});
+      deltas.assign({1});
+      const bool publish = progress != published;
+      if (publish) keys.push_back(key("progress/" + std::to_string(id_))), deltas.push_back(progress - published);
+      const std::size_t hb_at = keys.size();
+      for (auto w : watched) keys.push_back(key("hb/" + std::to_string(w))), deltas.push_back(0);
+      const std::size_t join_at = keys.size();
+      if (watch) keys.push_back(key("join_seq")), deltas.push_back(0);
+      const std::size_t gone_at = keys.size();
+      keys.push_back(opts_.gone_count_key()), deltas.push_back(0);
+      const std::size_t progress_at = keys.size();
+      if (stalled)
+        for (auto w : watched) keys.push_back(key("progress/" + std::to_string(w))), deltas.push_back(0);
+      const auto counters =
+          detail::add_all(*s, keys, deltas, deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
+      if (publish) published = counters[1];
+      if (watch) {
+        // The new tickets first, then the hint: a step that sees the hint
+        // finds them read (prefetch_tickets makes no call while none is new).
+        next_ticket = prefetch_tickets(*s, counters[join_at]);
+        join_seq_hint_.store(counters[join_at], std::memory_order_relaxed);
+      }
+      if (const auto end = probation_end_.load(std::memory_order_relaxed);
+          end != 0 && steady_clock::now().time_since_epoch().count() >= end) {
+        // A newcomer that stayed: its worker's join failures no longer run in a row.
+        s->set(key("wkey/" + std::to_string(id_)), "", store_deadline());
+        s->set(key("joinfail/" + opts_.worker_key), "0", store_deadline());
+        probation_end_.store(0, std::memory_order_relaxed);
+      }
+      if constexpr (requires { s->erase(std::string()); }) {
+        std::vector<std::string> erase;
+        {
+          std::lock_guard lk(hb_mutex_);
+          erase.swap(hb_erase_);
+        }
+        for (auto& k : erase) s->erase(k);
+      }
+      if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
+        peers.aborted = g;
+        std::lock_guard lk(hb_mutex_);
+        if (hb_revoke_ && !hb_revoke_->revoked()) {
+          EBBFLOW_LOG_DEBUG("generation " << g << " aborted by a peer: revoking the transport");
+          hb_revoke_->revoke();
+        }
+      } else if (!watched.empty()) {
+        // A launcher's report of an exit (report_process_exit) is read once
+        // per new report, and once per generation (new members watched).
+        if (const auto reports = counters[gone_at];
+            g >= 0 && reports != 0 && (reports != gone.reports || g != gone.generation)) {
+          check_gone(*s, g, watched, watched_ranks, peers);
+          gone = {reports, g};
+        }
+        check_leases(*s, g, watched, std::span(counters).subspan(hb_at, watched.size()), peers);
+        if (stalled && detail::progress::decode(progress).generation == detail::progress::stored_generation(g)) {
+          stall_warned = since;
+          report_stall(progress, waited, watched, watched_ranks,
+                       std::span(counters).subspan(progress_at, watched.size()), watch);
+        }
+      }
+      warned = false;
+      if (const auto down = store_down_since_.exchange(0, std::memory_order_relaxed); down != 0)
+        EBBFLOW_LOG_WARN("the store is reachable again, after " << seconds_since(down) << " s");
+      // Between beats the thread waits on the server instead of sleeping:
+      // for its generation's abort, which then revokes this member's
+      // transport at once, not at its next beat (a survivor whose own peers
+      // are alive learns of a death only this way); and the coordinator for
+      // the next join ticket too, which then reaches the hint at once (one
+      // counted but not yet written is the next one to wait for).
+      wake.clear();
+      if (watch) wake.push_back(key("join/" + std::to_string(next_ticket)));
+      if (g >= 0 && g != peers.aborted) wake.push_back(key("abort/" + std::to_string(g)));
+      if (!wake.empty()) {
+        detail::wait_any_key(*s, wake, deadline::after(opts_.heartbeat), st);
+        continue;
+      }
+    } catch (const std::exception& e) {
+      const auto* se = dynamic_cast<const system_error*>(&e);
+      if (se && store_failure(*se) && (se->code() == errc::peer_lost || se->code() == errc::timeout)) {
+        note_store_unreachable(e.what(), next_warning);
+      } else if (!warned) {
+        EBBFLOW_LOG_WARN("heartbeat of member " << id_ << " failed: " << e.what());
+        warned = true;
+      }
+      s.reset();
+    }
+    // Not a member (yet): the next round comes at the next beat, or as soon
+    // as this process becomes one (it then waits for its generation's abort).
+    std::unique_lock lk(hb_wake_m_);
+    hb_wake_.wait_for(lk, st, opts_.heartbeat, [&] { return round_generation < 0 && hb_generation_.load() >= 0; });
+  }
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::check_gone(Store& st, std::int64_t g, const std::vector<member_id>& ids,
+                                        const std::vector<int>& ranks, peer_watch& w) {
+  if (w.aborted == g) return;
+  std::vector<std::string> keys;
+  for (auto m : ids) keys.push_back(opts_.gone_key(m));
+  const auto how = detail::try_get_all(st, keys, store_deadline());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (!how[i]) continue;
+    if (!abort_due(st, g)) return;
+    EBBFLOW_LOG_WARN("member " << ids[i] << " (rank " << ranks[i] << " of generation " << g
+                               << ") is gone: its launcher saw its process exit (" << *how[i]
+                               << "); aborting generation " << g << " without it");
+    abort_without(st, g, ids[i], w);
+    return;
+  }
+}
+
+template <kv_store Store, network Net>
+bool group_impl<Store, Net>::abort_due(Store& st, std::int64_t g) {
+  if (st.try_get(key("done"), store_deadline())) return false;  // the job finished: its members stop and exit
+  return hb_generation_.load() == g;                            // else the generation changed meanwhile
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::abort_without(Store& st, std::int64_t g, member_id m, peer_watch& w) {
+  st.set(dead_key(g, m), "1", store_deadline());
+  st.set(key("abort/" + std::to_string(g)), "1", store_deadline());
+  w.aborted = g;
+  std::lock_guard lk(hb_mutex_);
+  if (hb_revoke_ && !hb_revoke_->revoked()) hb_revoke_->revoke();
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::check_leases(Store& st, std::int64_t g, const std::vector<member_id>& ids,
+                                          std::span<const std::int64_t> hb, peer_watch& w) {
+  // A member that hangs inside a collective (a stopped process, a livelock)
+  // fails no transport operation: without this, its peers would wait for the
+  // collective's deadline (op_timeout). Its silent lease aborts the step.
+  const auto now = steady_clock::now();
+  if (w.generation != g || now - w.last_round > opts_.lease / 2) {
+    // A new generation, or a gap in this thread's own rounds (it was
+    // descheduled, the machine paused): that says nothing of the others, so
+    // their leases are timed afresh.
+    w.seen.clear();
+    w.generation = g;
+  }
+  w.last_round = now;
+  if (w.aborted == g) return;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (fresh(ids[i], hb[i], now, w.seen)) continue;
+    if (!abort_due(st, g)) return;
+    EBBFLOW_LOG_WARN("member " << ids[i] << " sent no heartbeat for EBBFLOW_LEASE_MS="
+                               << std::chrono::duration_cast<std::chrono::milliseconds>(opts_.lease).count()
+                               << " ms: aborting generation " << g << " without it");
+    abort_without(st, g, ids[i], w);
+    return;
+  }
+}
+
+template <kv_store Store, network Net>
+bool group_impl<Store, Net>::fresh(Store& st, member_id m, lease_seen& seen) const {
+  const std::int64_t hb = st.add(key("hb/" + std::to_string(m)), 0, store_deadline());
+  return fresh(m, hb, steady_clock::now(), seen);
+}
+
+template <kv_store Store, network Net>
+bool group_impl<Store, Net>::fresh(member_id m, std::int64_t hb, steady_clock::time_point now, lease_seen& seen) const {
+  auto it = seen.find(m);
+  if (it == seen.end()) {
+    seen.emplace(m, std::make_pair(hb, now));
+    return true;
+  }
+  if (it->second.first != hb) {
+    it->second = {hb, now};
+    return true;
+  }
+  return now - it->second.second < opts_.lease;
+}
+
+template <kv_store Store, network Net>
+int group_impl<Store, Net>::stale_member(const detail::generation_record& rec, lease_watch& w, bool joiners_only) {
+  // The rank in `rec` of a member (other than this one; with `joiners_only`,
+  // a joiner) whose lease expired, else -1. Reads the store at most once per
+  // heartbeat period.
+  const auto now = steady_clock::now();
+  if (now < w.next_check) return -1;
+  w.next_check = now + opts_.heartbeat;
+  for (std::size_t j = 0; j < rec.members.size(); ++j) {
+    const auto& m = rec.members[j];
+    if (m.id == id_ || (joiners_only && m.committed >= 0)) continue;
+    if (!fresh(*store_, m.id, w.seen)) return static_cast<int>(j);
+  }
+  return -1;
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::report_stall(std::int64_t mine, steady_clock::duration waited,
+                                          const std::vector<member_id>& ids, const std::vector<int>& ranks,
+                                          std::span<const std::int64_t> progress, bool coordinator) const {
+  std::string behind;
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (progress[i] < mine)
+      behind += (behind.empty() ? "" : ", ") + std::to_string(ids[i]) + " (rank " + std::to_string(ranks[i]) +
+                (coordinator ? ")" : ", the coordinator)");
+  const auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+  std::ostringstream where;
+  const auto at = detail::progress::decode(mine);
+  where << "generation " << at.generation << ": member " << id_ << " has waited " << ms(waited) << " ms in ";
+  if (at.collective == 0)
+    where << "the control exchange after step " << at.step - 1;
+  else
+    where << "collective " << at.collective << " of step " << at.step;
+  if (behind.empty()) {
+    // A member this one does not watch is behind: the coordinator names it.
+    EBBFLOW_LOG_DEBUG(where.str() << "; the members it watches have reached it");
+    return;
+  }
+  EBBFLOW_LOG_WARN(where.str() << "; member(s) " << behind
+                               << " have not reached it while their heartbeats go on (a training thread stuck "
+                                  "outside ebbflow, e.g. in a data loader or a lock, or a collective skipped); "
+                                  "EBBFLOW_OP_TIMEOUT_MS="
+                               << ms(opts_.op_timeout) << " ms after it began, the step aborts and the group "
+                               << "goes on without them");
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::note_store_unreachable(const char* why, steady_clock::time_point& next_warning) {
+  // Training goes on without the store (a steady step makes no store call),
+  // but nothing that needs it can happen: said at once, and again every
+  // store_warning_period while it lasts. Meanwhile every store call of this
+  // member fails within a lease (store_deadline).
+  const auto now = steady_clock::now();
+  steady_clock::rep since = 0;
+  if (store_down_since_.compare_exchange_strong(since, now.time_since_epoch().count(), std::memory_order_relaxed)) {
+    since = now.time_since_epoch().count();
+    next_warning = now;
+  }
+  if (now < next_warning) return;
+  next_warning = now + store_warning_period;
+  const auto down_s = seconds_since(since);
+  EBBFLOW_LOG_WARN("the store " << (down_s > 0 ? "has been unreachable for " + std::to_string(down_s) + " s"
+                                               : std::string("cannot be reached"))
+                                << " (" << why
+                                << "): training goes on, but no worker can join, leave or fail over until it is back "
+                                   "(docs/elastic.md, \"When the store dies\")");
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/heartbeat.hpp>
+// #include <ebbflow/elastic/impl/group/formation.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/formation.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/formation.hpp
+//! Becoming a member: generation 0 formed from the launched workers (launch
+//! rank 0 proposes it once all registered or after `initial_wait`; the
+//! others take over when it never came), and a newcomer's join ticket and
+//! its wait for admission (with the join cool-down).
+//! Training thread only.
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
+
+#include <algorithm>
+#include <sstream>
+#include <string>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::propose_initial(const std::vector<std::optional<std::string>>& registered) {
+  detail::generation_record rec;
+  rec.generation = 0;
+  rec.reason = change_reason::initial;
+  std::vector<member_id> ids;
+  std::string missing, over;
+  for (std::size_t r = 0; r < registered.size(); ++r) {
+    if (!registered[r]) {
+      detail::append_listed(missing, std::to_string(r));
+      continue;
+    }
+    const member_id m = detail::parse_i64(*registered[r]);
+    if (static_cast<int>(ids.size()) >= opts_.max_size && m != id_) {
+      detail::append_listed(over, std::to_string(r));
+      continue;
+    }
+    rec.members.push_back({m, m == id_ ? 0 : -1});  // the proposer holds the initial state
+    ids.push_back(m);
+  }
+  if (!over.empty())
+    EBBFLOW_LOG_WARN("launch rank(s) " << over << " above EBBFLOW_MAX_SIZE=" << opts_.max_size
+                                       << ": they wait to join as newcomers");
+  // Launch rank 0 names the workers it starts without; another launch rank
+  // proposes only when rank 0 is gone, and has said so (form_initial).
+  if (!missing.empty() && launch_.rank == 0)
+    EBBFLOW_LOG_WARN("initial worker(s) " << missing << " did not register within EBBFLOW_INITIAL_WAIT_MS="
+                                          << opts_.initial_wait.count() << " ms: starting with " << ids.size() << " of "
+                                          << registered.size() << "; a late one joins as a newcomer");
+  rec.source = id_;
+  rec.source_step = 0;
+  auto p = plan_of(ids);
+  rec.plan.assign(p.begin(), p.end());
+  rec.plan_version = 1;
+  rec.joins_seen = 0;
+  const std::string mine = to_value(rec.encode());
+  if (store_->compare_set(gen_key(0), "", mine, store_deadline()).current == mine) step_ = 0;
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::form_initial() {
+  const auto started = steady_clock::now();
+  store_->set(key("init/" + std::to_string(launch_.rank)), std::to_string(id_), store_deadline());
+  const std::string gkey = gen_key(0);
+  std::vector<std::string> keys;
+  for (int r = 0; r < launch_.world_size; ++r) keys.push_back(key("init/" + std::to_string(r)));
+  const auto overall = deadline::after(opts_.join_timeout);
+  const auto registered = [&] {
+    auto got = detail::try_get_all(*store_, keys, store_deadline());
+    return std::pair{got,
+                     static_cast<int>(std::count_if(got.begin(), got.end(), [](auto& v) { return v.has_value(); }))};
+  };
+  if (launch_.rank == 0) {
+    // Every launched worker, for up to initial_wait; then those registered,
+    // if at least min_size (a worker that died while starting must not stop
+    // the job), waiting on for min_size of them until join_timeout.
+    const auto all_by = std::min(deadline::after(opts_.initial_wait).at(), overall.at());
+    for (bool first = true;; first = false) {
+      try {
+        store_->wait(keys, first ? deadline(all_by) : deadline::after(std::chrono::milliseconds(100)));
+      } catch (const system_error& e) {
+        if (e.code() != errc::timeout) throw;
+      }
+      auto [got, present] = registered();
+      if (present == launch_.world_size || present >= opts_.min_size) {
+        propose_initial(got);
+        break;
+      }
+      if (overall.expired())
+        fail(error::timeout, "only " + std::to_string(present) + " of the " + std::to_string(launch_.world_size) +
+                                 " initial workers registered within EBBFLOW_JOIN_TIMEOUT_MS, fewer than "
+                                 "EBBFLOW_MIN_SIZE=" +
+                                 std::to_string(opts_.min_size));
+    }
+  } else {
+    // Launch rank 0 writes generation 0 within initial_wait. If it has not
+    // by then (plus a lease) and it never registered or its heartbeat has
+    // stopped, the registered workers propose generation 0 without it: the
+    // first compare-and-set wins.
+    const auto takeover_at = deadline::after(opts_.initial_wait + opts_.lease);
+    lease_seen seen;
+    for (;;) {
+      try {
+        const bool early = !takeover_at.expired();
+        store_->wait({gkey}, early ? deadline(std::min(takeover_at.at(), overall.at()))
+                                   : deadline::after(std::chrono::milliseconds(100)));
+        break;
+      } catch (const system_error& e) {
+        if (e.code() != errc::timeout) throw;
+      }
+      if (overall.expired())
+        fail(error::timeout, "the initial generation was not formed within EBBFLOW_JOIN_TIMEOUT_MS");
+      if (!takeover_at.expired()) continue;
+      auto [got, present] = registered();
+      if (got[0] && fresh(*store_, detail::parse_i64(*got[0]), seen)) continue;  // rank 0 lives: it decides
+      if (got[0]) got[0].reset(), --present;
+      if (present >= opts_.min_size) {
+        EBBFLOW_LOG_WARN("launch rank 0 did not form the initial generation within EBBFLOW_INITIAL_WAIT_MS="
+                         << opts_.initial_wait.count() << " ms ("
+                         << (seen.empty() ? "it never registered" : "its heartbeat stopped") << "): launch rank "
+                         << launch_.rank << " proposes it without rank 0");
+        propose_initial(got);
+        break;
+      }
+    }
+  }
+  auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline())));
+  if (rec.rank_of(id_) < 0) {  // registered after the initial generation was formed without it
+    EBBFLOW_LOG_WARN("the initial generation was formed without launch rank " << launch_.rank
+                                                                              << ": joining as a newcomer");
+    wait_admission();
+    return;
+  }
+  adopt_or_recover(std::move(rec), started);
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::wait_admission() {
+  const auto started = steady_clock::now();
+  step_ = -1;
+  own_initial_state_ = false;  // the group went on without this member: its buffers are not the job's
+  const bool cooldown = opts_.join_cooldown.count() > 0;
+  // Until its probation ends, a newcomer that dies counts as a join failure
+  // of its worker (count_join_failures).
+  if (cooldown) store_->set(key("wkey/" + std::to_string(id_)), opts_.worker_key, store_deadline());
+  const std::string jkey = key("joined/" + std::to_string(id_));
+  // A member left out of its generation rejoins here; its key still names
+  // the generation it was admitted to before, which it must not adopt again.
+  const std::int64_t left = gen_.generation;
+  const auto admitted = [&]() -> bool {
+    auto v = store_->try_get(jkey, store_deadline());
+    if (!v) return false;
+    const auto g = detail::parse_i64(*v);
+    if (g <= left) return false;
+    if (cooldown)
+      probation_end_.store((steady_clock::now() + opts_.join_cooldown_max).time_since_epoch().count(),
+                           std::memory_order_relaxed);
+    adopt_or_recover(detail::generation_record::decode(to_bytes(*store_->try_get(gen_key(g), store_deadline()))),
+                     started);
+    return true;
+  };
+  // A leave request (SIGTERM through leave_on_signal: the launcher retiring
+  // its newest worker) ends the wait: this worker leaves without joining.
+  // Were it admitted meanwhile, the others find its lease expired.
+  const auto asked_to_leave = [&] {
+    if (detail::signal_leave_flag().load()) leave_requested_.store(true);
+    if (!leave_requested_.load()) return false;
+    EBBFLOW_LOG_INFO("member " << id_ << " asked to leave while waiting to be admitted: leaving without joining");
+    leave_now();
+    return true;
+  };
+  // Waits on the server (no polling: waiting newcomers cost the running
+  // members nothing), in slices so the job's end is noticed.
+  const auto wait_slice = [&](const deadline& d) {
+    if (job_done()) fail_job_finished("finished before this worker was admitted");
+    try {
+      store_->wait({jkey}, min(d, deadline::after(std::chrono::milliseconds(200))));
+    } catch (const system_error& e) {
+      if (e.code() != errc::timeout) throw;
+    }
+  };
+  std::int64_t held_for = 0;  // join failures in a row whose cool-down this worker waited out
+  for (;;) {                  // one ticket per pass; a cool-down answer starts the next
+    const auto seq = store_->add(key("join_seq"), 1, store_deadline());
+    store_->set(key("join/" + std::to_string(seq)),
+                std::to_string(id_) + " " + std::to_string(held_for) + " " + opts_.worker_key, store_deadline());
+    EBBFLOW_LOG_INFO("member " << id_ << " waiting to be admitted (join ticket " << seq << ")");
+    const auto d = deadline::after(opts_.join_timeout);
+    const std::string hkey = key("held/" + std::to_string(seq));
+    std::optional<std::string> hold;
+    while (!hold) {
+      if (admitted() || asked_to_leave()) return;
+      if (cooldown) hold = store_->try_get(hkey, store_deadline());
+      if (hold) break;
+      if (d.expired())
+        fail(error::timeout, "not admitted within EBBFLOW_JOIN_TIMEOUT_MS (group at max size, or no coordinator)");
+      wait_slice(d);
+    }
+    std::istringstream in(*hold);
+    std::int64_t ms = 0;
+    in >> ms >> held_for;
+    EBBFLOW_LOG_WARN("worker '" << opts_.worker_key << "' failed " << held_for
+                                << " times in a row while joining: held back " << static_cast<double>(ms) / 1000
+                                << " s (EBBFLOW_JOIN_COOLDOWN)");
+    const auto until = deadline::after(std::chrono::milliseconds(ms));
+    while (!until.expired()) {
+      if (admitted() || asked_to_leave()) return;  // an older ticket of this member was admitted after all
+      wait_slice(until);
+    }
+  }
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/formation.hpp>
+// #include <ebbflow/elastic/impl/group/generation.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/generation.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/generation.hpp
+//! Entering a generation: publishing and gathering the members' addresses,
+//! wiring up its transport while watching leases, installing it (the old
+//! one closes in the background), handing the heartbeat thread what to
+//! watch, and the members' scheduling; leaving the group.
+//! Training thread, except gather_addresses(rec, st, ...), which the
+//! admission helper also calls with its own store.
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/scheduling.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/detail/scheduling.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file detail/scheduling.hpp
+//! Linux scheduling of the elastic group's threads: the priority a joiner
+//! started lower gets back (EBBFLOW_JOIN_NICE), the members' scheduler slice
+//! (EBBFLOW_SCHED_SLICE_US), their real-time class (EBBFLOW_RT_PRIORITY), and
+//! the lowest priority of the admission helper. docs/elastic.md says when each
+//! helps. Failures are logged, never thrown: training goes on without them.
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/core/env.hpp>  (inlined)
+// #include <ebbflow/core/log.hpp>  (inlined)
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <span>
+#include <system_error>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+// Calls f(tid) for every thread of this process (threads that end meanwhile
+// are the callee's to skip: their calls fail).
+template <class F>
+void for_each_thread(F&& f) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task", ec))
+    f(static_cast<pid_t>(std::strtol(e.path().filename().c_str(), nullptr, 10)));
+}
+
+// A joiner started with `ebbflow-run --join-nice N` runs N nice levels
+// lower until the members switch to the generation that includes it (its
+// start-up, connect and wait then do not slow the members on a shared host);
+// it gets its priority back here, when the state starts to move. Linux nice values are per
+// thread, so every thread of the process is raised again.
+inline void restore_join_priority() {
+  const auto n = env::get_int("EBBFLOW_JOIN_NICE", 0, 0, 19);
+  if (n == 0) return;
+  int failed = 0, err = 0;
+  for_each_thread([&](pid_t t) {
+    const auto tid = static_cast<id_t>(t);
+    errno = 0;
+    const int cur = ::getpriority(PRIO_PROCESS, tid);
+    if (errno != 0) return;
+    if (::setpriority(PRIO_PROCESS, tid, std::max(-20, cur - static_cast<int>(n))) != 0) {
+      ++failed;
+      err = errno;
+    }
+  });
+  if (failed)
+    EBBFLOW_LOG_WARN("admitted, but the CPU priority lowered by EBBFLOW_JOIN_NICE="
+                     << n << " could not be restored (" << std::strerror(err) << "; needs CAP_SYS_NICE)");
+  else
+    EBBFLOW_LOG_INFO("the members switched: CPU priority raised back by EBBFLOW_JOIN_NICE="
+                     << n << " (nice now " << ::getpriority(PRIO_PROCESS, 0) << ")");
+}
+
+// group_options::sched_slice: every thread of this process asks for a
+// scheduler slice of `slice` (Linux 6.12+ EEVDF custom slices: sched_setattr
+// with sched_runtime, keeping each thread's policy and nice; threads created
+// later inherit it). Real-time and deadline threads are left alone. A
+// kernel without per-task slices accepts and ignores the request: read
+// back, that is logged once.
+inline void request_sched_slice(std::chrono::microseconds slice) {
+  struct sched_attr_v0 {  // struct sched_attr, SCHED_ATTR_SIZE_VER0 (glibc 2.36 has no wrapper)
+    std::uint32_t size;
+    std::uint32_t sched_policy;
+    std::uint64_t sched_flags;
+    std::int32_t sched_nice;
+    std::uint32_t sched_priority;
+    std::uint64_t sched_runtime;
+    std::uint64_t sched_deadline;
+    std::uint64_t sched_period;
+  };
+  static_assert(sizeof(sched_attr_v0) == 48);
+  const auto ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(slice).count());
+  int failed = 0, err = 0, set = 0;
+  for_each_thread([&](pid_t tid) {
+    const int policy = ::sched_getscheduler(tid);
+    if (policy < 0) return;  // the thread ended
+    const int base = policy & ~SCHED_RESET_ON_FORK;
+    if (base != SCHED_OTHER && base != SCHED_BATCH && base != SCHED_IDLE) return;
+    errno = 0;
+    const int nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
+    if (errno != 0) return;
+    sched_attr_v0 a{};
+    a.size = sizeof a;
+    a.sched_policy = static_cast<std::uint32_t>(base);
+    a.sched_flags = (policy & SCHED_RESET_ON_FORK) ? 0x01 : 0;  // SCHED_FLAG_RESET_ON_FORK
+    a.sched_nice = nice;
+    a.sched_runtime = ns;
+    if (::syscall(SYS_sched_setattr, tid, &a, 0) != 0) {
+      ++failed;
+      err = errno;
+    } else {
+      ++set;
+    }
+  });
+  sched_attr_v0 back{};
+  const bool honoured =
+      set > 0 && ::syscall(SYS_sched_getattr, 0, &back, sizeof back, 0) == 0 && back.sched_runtime == ns;
+  if (failed)
+    EBBFLOW_LOG_WARN("EBBFLOW_SCHED_SLICE_US=" << slice.count() << ": " << failed << " thread(s) refused ("
+                                               << std::strerror(err) << ")");
+  else if (!honoured)
+    EBBFLOW_LOG_WARN("EBBFLOW_SCHED_SLICE_US=" << slice.count()
+                                               << " has no effect: this kernel keeps no per-task slice (Linux 6.12+)");
+  else
+    EBBFLOW_LOG_INFO("scheduler slice " << slice.count() << " us for " << set << " thread(s)");
+}
+
+// group_options::rt_priority: the given threads (the group's: the thread
+// that trains, its heartbeat) run under SCHED_RR at `priority`, with
+// SCHED_RESET_ON_FORK: threads and processes they start later (clone resets
+// it for both) are normal ones. Threads not named here stay normal: a
+// real-time thread that spins while a normal one holds what it waits for
+// keeps the core from it (UCX's progress thread at real-time priority kept
+// the admission helper off both cores over tcp until the kernel throttled
+// it).
+inline void request_rt_priority(int priority, std::span<const pthread_t> threads) {
+  int failed = 0, err = 0, set = 0;
+  sched_param p{};
+  p.sched_priority = priority;
+  for (const pthread_t t : threads) {
+    if (const int e = ::pthread_setschedparam(t, SCHED_RR | SCHED_RESET_ON_FORK, &p); e == 0) {
+      ++set;
+    } else {
+      ++failed;
+      err = e;
+    }
+  }
+  if (failed)
+    EBBFLOW_LOG_WARN("EBBFLOW_RT_PRIORITY=" << priority << ": " << failed << " thread(s) refused ("
+                                            << std::strerror(err) << "; needs CAP_SYS_NICE or RLIMIT_RTPRIO >= "
+                                            << priority << "), they stay normal threads");
+  else
+    EBBFLOW_LOG_INFO("SCHED_RR priority " << priority << " for " << set << " thread(s)");
+}
+
+// The calling thread at the lowest CPU priority of a normal thread: nice 19,
+// and out of the real-time class that group_options::rt_priority may have
+// handed down from the thread that started it.
+inline void lowest_cpu_priority() {
+  const int policy = ::sched_getscheduler(0) & ~SCHED_RESET_ON_FORK;
+  if (policy == SCHED_RR || policy == SCHED_FIFO) {
+    sched_param p{};
+    ::sched_setscheduler(0, SCHED_OTHER, &p);  // lowering needs no privilege
+  }
+  const auto tid = static_cast<id_t>(::gettid());
+  errno = 0;
+  if (const int cur = ::getpriority(PRIO_PROCESS, tid); errno == 0) ::setpriority(PRIO_PROCESS, tid, std::max(cur, 19));
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/detail/scheduling.hpp>
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
+
+#include <pthread.h>
+#include <string>
+#include <thread>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+template <kv_store Store, network Net>
+std::vector<bytes> group_impl<Store, Net>::gather_addresses(const detail::generation_record& rec) {
+  return gather_addresses(rec, *store_, address_cache_, rank_, revoke_, {});
+}
+
+template <kv_store Store, network Net>
+std::vector<bytes> group_impl<Store, Net>::gather_addresses(const detail::generation_record& rec, Store& st,
+                                                            std::map<member_id, bytes>& cache, int rank,
+                                                            const std::shared_ptr<comm::revoke_flag>& revoke,
+                                                            std::stop_token stop) {
+  // Every member publishes the address of its endpoint for this generation;
+  // a member that stops heartbeating before it published is reported lost,
+  // so the others fail over instead of waiting for the full deadline.
+  constexpr bool stable = detail::stable_address<Net>();
+  const std::string gs = std::to_string(rec.generation);
+  std::vector<std::optional<bytes>> found(rec.members.size());
+  if constexpr (stable)
+    for (std::size_t j = 0; j < found.size(); ++j)
+      if (auto it = cache.find(rec.members[j].id); it != cache.end()) found[j] = it->second;
+  std::size_t cached = 0;
+  for (auto& f : found) cached += f.has_value();
+  lease_seen hb;
+  const auto d = deadline::after(opts_.op_timeout);
+  for (std::size_t missing = found.size() - cached;;) {
+    std::vector<std::size_t> which;
+    std::vector<std::string> keys;
+    for (std::size_t j = 0; j < found.size(); ++j) {
+      if (found[j]) continue;
+      const member_id m = rec.members[j].id;
+      which.push_back(j);
+      keys.push_back(stable ? key("addr/" + std::to_string(m)) : key("addr/" + gs + "/" + std::to_string(m)));
+    }
+    auto values = detail::try_get_all(st, keys, store_deadline());
+    for (std::size_t i = 0; i < which.size(); ++i) {
+      const std::size_t j = which[i];
+      const member_id m = rec.members[j].id;
+      if (auto& v = values[i]) {
+        found[j] = to_bytes(*v);
+        if constexpr (stable) cache[m] = *found[j];
+        --missing;
+      } else if (!fresh(st, m, hb)) {
+        throw system_error(make_error_code(error::peer_lost),
+                           {.rank = rank,
+                            .generation = rec.generation,
+                            .peer = static_cast<int>(j),
+                            .operation = "connect",
+                            .detail = "member " + std::to_string(m) + " stopped before publishing its address"});
+      }
+    }
+    if (missing == 0) break;
+    if ((revoke && revoke->revoked()) || stop.stop_requested())
+      throw system_error(make_error_code(error::revoked),
+                         {.rank = rank, .generation = rec.generation, .operation = "connect"});
+    if (d.expired())
+      throw system_error(make_error_code(error::timeout),
+                         {.rank = rank,
+                          .generation = rec.generation,
+                          .operation = "connect",
+                          .detail = std::to_string(missing) + " members published no address"});
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  std::vector<bytes> out;
+  for (auto& f : found) out.push_back(std::move(*f));
+  return out;
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::enter(detail::generation_record rec) {
+  // Becomes a member of `rec`'s generation: rank, revocation flag watched by
+  // the heartbeat thread; the old transport is released.
+  const int r = rec.rank_of(id_);
+  EBBFLOW_EXPECTS(r >= 0);
+  if (!opts_.join) became_member();  // a newcomer becomes one at the switch (sync_state)
+  gen_ = std::move(rec);
+  rank_ = r;
+  log::set_rank(rank_);
+  revoke_ = std::make_shared<comm::revoke_flag>();
+  {
+    std::lock_guard lk(hb_mutex_);
+    hb_revoke_ = revoke_;
+    hb_watched_gen_ = gen_.generation;
+    hb_watched_.clear();
+    hb_watched_ranks_.clear();
+    for (std::size_t j = 0; j < gen_.members.size(); ++j)
+      if (gen_.members[j].id != id_ && (rank_ == 0 || j == 0)) {
+        hb_watched_.push_back(gen_.members[j].id);
+        hb_watched_ranks_.push_back(static_cast<int>(j));
+      }
+  }
+  hb_tickets_floor_.store(gen_.joins_seen, std::memory_order_relaxed);
+  // Join-failure counts the heartbeat thread read are kept only while this
+  // member stays the coordinator and no failure intervenes (the recovery's
+  // coordinator counted it before it wrote this generation's record).
+  if (gen_.reason == change_reason::failure || !hb_watch_joins_.load(std::memory_order_relaxed))
+    failures_epoch_.fetch_add(1, std::memory_order_acq_rel);
+  hb_generation_.store(gen_.generation);
+  hb_watch_joins_.store(rank_ == 0, std::memory_order_relaxed);
+  {
+    std::lock_guard lk(hb_wake_m_);  // the heartbeat thread sees the generation before it waits, or is woken
+  }
+  hb_wake_.notify_all();
+  comm_.reset();
+  transport_.reset();
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::became_member() {
+  // The one moment this process starts doing the members' work: a launched
+  // worker as it enters its first generation, a newcomer once the members
+  // switched to its generation and the state starts to move (until then its
+  // start-up and waits leave the CPU to them). It gets back the priority
+  // --join-nice took, and takes the members' scheduling.
+  if (became_member_) return;
+  became_member_ = true;
+  if (opts_.join) detail::restore_join_priority();
+  take_member_scheduling();
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::take_member_scheduling() {
+  // The scheduler slice, then the real-time class (a slice is asked for on
+  // a normal thread only). A newcomer with a real-time priority takes both
+  // as it starts to wait for the members' switch (sync_state): from there it
+  // only waits, and once they switch the members wait for it. As an equal
+  // real-time thread it then runs as soon as a member waiting for it yields,
+  // not only once that member's wait stops spinning and sleeps.
+  if (member_scheduling_) return;
+  member_scheduling_ = true;
+  if (opts_.sched_slice.count() > 0) detail::request_sched_slice(opts_.sched_slice);
+  if (opts_.rt_priority > 0) {
+    // The thread that trains (this one) and the heartbeat, which finds a
+    // dead member: the group's threads; the others stay normal.
+    const pthread_t mine[] = {::pthread_self(), heartbeat_.native_handle()};
+    detail::request_rt_priority(opts_.rt_priority, std::span<const pthread_t>(mine, heartbeat_.joinable() ? 2 : 1));
+  }
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_point started,
+                                   std::optional<typename Net::transport_type> begun) {
+  next_.reset();
+  const int old_size = static_cast<int>(gen_.members.size());
+  enter(std::move(rec));
+  const auto t0 = steady_clock::now();
+  if constexpr (!detail::stable_address<Net>()) {
+    if (!begun) {
+      const bytes mine = net_->prepare(gen_.generation);
+      store_->set(key("addr/" + std::to_string(gen_.generation) + "/" + std::to_string(id_)), to_value(mine),
+                  store_deadline());
+    }
+  }
+  const auto t1 = steady_clock::now();
+  if (opts_.join && step_ < 0) fault_point("join-connect");
+  auto addrs = begun ? std::vector<bytes>{} : gather_addresses(gen_);
+  const auto t2 = steady_clock::now();
+  transport_.emplace(connect_watched(gen_, addrs, std::move(begun)), revoke_);
+  comm_.emplace(*transport_, coll_opts_);
+  const auto t3 = steady_clock::now();
+  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  EBBFLOW_LOG_INFO("generation " << gen_.generation << " connect: prepare " << ms(t0, t1) << " ms, addresses "
+                                 << ms(t1, t2) << " ms, wire-up " << ms(t2, t3) << " ms");
+  // The state moves at the next begin_step: a newcomer registers its buffers
+  // after the constructor returned.
+  if (!pending_) pending_ = pending_change{gen_.reason, old_size, started};
+  pending_->reason = gen_.reason;
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::adopt_or_recover(detail::generation_record rec, steady_clock::time_point started,
+                                              std::optional<typename Net::transport_type> begun) {
+  const std::int64_t g = rec.generation;
+  try {
+    adopt(std::move(rec), started, std::move(begun));
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    recover(g, lost_in_adopt(e));
+  }
+}
+
+template <kv_store Store, network Net>
+typename Net::transport_type group_impl<Store, Net>::connect_watched(
+    const detail::generation_record& rec, const std::vector<bytes>& addrs,
+    std::optional<typename Net::transport_type> begun) {
+  const auto d = deadline::after(opts_.op_timeout);
+  if constexpr (detail::can_preconnect<Net>()) {
+    // Wire up while watching the members' leases: a member that died before
+    // it connected (UCX may only notice at its own timeout) is reported lost
+    // within about one lease, and the group fails over instead of waiting.
+    // A transport already started for this generation has taken its peers'
+    // wire-up messages: it must be the one that finishes (they come once).
+    auto t = begun ? std::move(*begun) : net_->start_connect(rec.generation, rank_, addrs);
+    lease_watch leases;
+    while (!t.poll_connect()) {
+      if (revoke_ && revoke_->revoked())
+        throw system_error(make_error_code(error::revoked),
+                           {.rank = rank_, .generation = rec.generation, .operation = "connect"});
+      if (d.expired())
+        throw system_error(make_error_code(error::timeout),
+                           {.rank = rank_, .generation = rec.generation, .operation = "connect"});
+      if (const int j = stale_member(rec, leases, false); j >= 0)
+        throw system_error(make_error_code(error::peer_lost),
+                           {.rank = rank_,
+                            .generation = rec.generation,
+                            .peer = j,
+                            .operation = "connect",
+                            .detail = "member " + std::to_string(rec.members[static_cast<std::size_t>(j)].id) +
+                                      " stopped heartbeating"});
+      // A newcomer connects while the members train: poll gently so its
+      // wait costs them no CPU (on a shared host it would take their cores).
+      // A real-time member sleeps between polls too: yielding, it would
+      // keep the core from the normal threads the wire-up may wait for.
+      if (opts_.join && step_ < 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      else if (member_scheduling_ && opts_.rt_priority > 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else
+        std::this_thread::yield();
+    }
+    return t;
+  } else {
+    (void)begun;
+    return net_->connect(rec.generation, rank_, addrs, d);
+  }
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::install(detail::generation_record rec, typename Net::transport_type t,
+                                     steady_clock::time_point started, double prepared_seconds) {
+  const int old_size = static_cast<int>(gen_.members.size());
+  comm_.reset();  // before its transport moves away (enter() resets the rest)
+  if constexpr (requires(typename Net::transport_type & x) {
+                  x.start_close();
+                  { x.poll_close() } -> std::convertible_to<bool>;
+                }) {
+    // Close the replaced generation's endpoints in the background: over tcp
+    // their flush takes round trips that would otherwise stall the switch.
+    if (transport_) {
+      retiring_.reset();  // an older one still closing: finish it (bounded)
+      retiring_.emplace(std::move(transport_->inner()));
+      transport_.reset();
+      retiring_->start_close();
+    }
+  }
+  if constexpr (requires { t.reused_endpoints(); })
+    EBBFLOW_LOG_INFO("generation " << rec.generation << ": " << t.reused_endpoints() << " of " << rec.members.size() - 1
+                                   << " endpoints kept from generation " << gen_.generation);
+  enter(std::move(rec));
+  transport_.emplace(std::move(t), revoke_);
+  comm_.emplace(*transport_, coll_opts_);
+  if (!pending_) pending_ = pending_change{gen_.reason, old_size, started, prepared_seconds};
+  pending_->reason = gen_.reason;
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::leave_now() {
+  active_ = false;
+  EBBFLOW_LOG_INFO("member " << id_ << " left the group after step " << step_);
+  hb_generation_.store(-1);
+  next_.reset();
+  comm_.reset();
+  transport_.reset();
+  heartbeat_.request_stop();
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/generation.hpp>
+// #include <ebbflow/elastic/impl/group/state_transfer.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/state_transfer.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/state_transfer.hpp
+//! Streaming the committed state (registered buffers plus step, epoch and
+//! cursor) from the members holding the newest step to those that lack it,
+//! over the new generation's point-to-point tags; a launched worker
+//! receives into a staging copy so a sender's death leaves its own state.
+//! Training thread only.
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/wire.hpp>  (inlined)
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::sync_state() {
+  if (gen_.source == id_ && step_ < 0) take_own_initial_state();
+  const auto d = deadline::after(opts_.op_timeout);
+  auto& c = *comm_;
+  auto raw = [](void* p, std::size_t n) { return buffer_view{p, n, dtype::u8, memory_space::host}; };
+  // Point-to-point tags of the state transfer (collectives never use p2p tags).
+  constexpr std::uint32_t tag_size = 1, tag_header = 2, tag_first = 3;
+  // Every member holding the newest state (they committed the same steps,
+  // so they hold the same bits) serves a share of those that lack it:
+  // receiver i (in rank order) gets it from holder i mod S, so k newcomers
+  // cost the members about k/S transfers' time, not k.
+  std::vector<std::size_t> holders, receivers;
+  for (std::size_t j = 0; j < gen_.members.size(); ++j)
+    (gen_.members[j].committed >= gen_.source_step ? holders : receivers).push_back(j);
+  if (holders.empty() && !receivers.empty())
+    fail(error::invalid_state, "no member of generation " + std::to_string(gen_.generation) + " holds the state");
+  auto sender_of = [&](std::size_t i) { return holders[i % holders.size()]; };
+  const auto me = static_cast<std::size_t>(rank_);
+  std::vector<std::size_t> to;  // the receivers this member serves
+  for (std::size_t i = 0; i < receivers.size(); ++i)
+    if (sender_of(i) == me) to.push_back(receivers[i]);
+  if (!to.empty()) {
+    if (gen_.generation == 0) fault_point("initial-sync");  // formed generation 0; nothing sent yet
+    detail::writer w;
+    w.put(step_).put(epoch_).put<std::uint64_t>(cursor_).put<std::uint64_t>(state_.size());
+    for (auto& s : state_) {
+      w.put_bytes(elastic::to_bytes(s.name));
+      w.put<std::uint64_t>(s.data.size());
+    }
+    bytes header = w.take();
+    std::uint64_t header_size = header.size();
+    // Post every send to every receiver first, then wait: the receivers
+    // are served in parallel, and a slow one does not hold up the others.
+    std::vector<comm::request<transport_type>> sends;
+    for (auto j : to) {
+      const int peer = static_cast<int>(j);
+      sends.push_back(c.isend(raw(&header_size, sizeof header_size), peer, tag_size));
+      sends.push_back(c.isend(raw(header.data(), header.size()), peer, tag_header));
+    }
+    if (step_ > 0) fault_point("sync-send");
+    for (std::size_t k = 0; k < state_.size(); ++k) {
+      for (auto j : to)
+        sends.push_back(c.isend(raw(state_[k].data.data(), state_[k].data.size()), static_cast<int>(j),
+                                tag_first + static_cast<std::uint32_t>(k)));
+      if (k == 0 && gen_.generation == 0) fault_point("initial-sync-part");  // headers and first buffers posted
+    }
+    for (auto& r : sends) r.wait(d);
+    for (auto j : to)
+      EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << j << ")");
+  } else if (const auto it = std::ranges::find(receivers, me); it != receivers.end()) {
+    const auto from = sender_of(static_cast<std::size_t>(it - receivers.begin()));
+    const int src = static_cast<int>(from);
+    const member_id source = gen_.members[from].id;
+    std::uint64_t header_size = 0;
+    {
+      // A newcomer waits here until the members switch, which may be many
+      // steps away: poll gently (the members' CPU is not ours to spin on),
+      // then take the state at full speed. If the job ends first (the
+      // members finished before they switched), `finish` said so: a clear
+      // error, not a timeout.
+      if (opts_.join && opts_.rt_priority > 0) take_member_scheduling();
+      auto first = c.irecv(raw(&header_size, sizeof header_size), src, tag_size);
+      std::error_code ec;
+      auto next_check = steady_clock::now() + opts_.heartbeat;
+      while (!first.test(ec) && !d.expired()) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        if (steady_clock::now() < next_check) continue;
+        next_check = steady_clock::now() + opts_.heartbeat;
+        if (job_done())
+          fail_job_finished("finished before the members switched to generation " + std::to_string(gen_.generation) +
+                            ": this worker never received the state");
+      }
+      first.wait(d);  // returns at once when done; throws naming the peer on an error or the deadline
+    }
+    if (opts_.join) became_member();  // the members switched: from here on this newcomer is one of them
+    if (header_size > (std::uint64_t{1} << 24))
+      fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");
+    bytes header(header_size);
+    c.recv(raw(header.data(), header.size()), src, tag_header, d);
+    if (opts_.join) fault_point("sync-recv");
+    detail::reader rd(header, "state header");
+    const auto step = rd.get<std::int64_t>();
+    const auto epoch = rd.get<std::int64_t>();
+    const auto cursor = rd.get<std::uint64_t>();
+    const auto n = rd.get<std::uint64_t>();
+    if (n != state_.size())
+      fail(error::invalid_state, "member " + std::to_string(source) + " has " + std::to_string(n) +
+                                     " registered state buffers, this member " + std::to_string(state_.size()));
+    for (std::size_t k = 0; k < state_.size(); ++k) {
+      auto nm = rd.get_bytes();
+      const auto sz = rd.get<std::uint64_t>();
+      const std::string name(reinterpret_cast<const char*>(nm.data()), nm.size());
+      if (name != state_[k].name || sz != state_[k].data.size()) {
+        std::ostringstream os;
+        os << "state buffer " << k << " is '" << name << "' of " << sz << " bytes on member " << source << " but '"
+           << state_[k].name << "' of " << state_[k].data.size() << " bytes here";
+        fail(error::invalid_state, os.str());
+      }
+    }
+    // A launched worker whose buffers still hold its own initial state
+    // receives into a copy first: should the sender die midway, its buffers
+    // stay a valid initial state (recover() may make it the source).
+    std::size_t total = 0;
+    for (auto& s : state_) total += s.data.size();
+    if (own_initial_state_ && total <= opts_.initial_staging) {
+      auto staged = std::make_unique_for_overwrite<std::byte[]>(total);
+      for (std::size_t k = 0, off = 0; k < state_.size(); off += state_[k++].data.size()) {
+        c.recv(raw(staged.get() + off, state_[k].data.size()), src, tag_first + static_cast<std::uint32_t>(k), d);
+      }
+      own_initial_state_ = false;
+      for (std::size_t k = 0, off = 0; k < state_.size(); off += state_[k++].data.size())
+        if (!state_[k].data.empty()) std::memcpy(state_[k].data.data(), staged.get() + off, state_[k].data.size());
+    } else {
+      own_initial_state_ = false;  // from here on a failure may leave the buffers part written
+      for (std::size_t k = 0; k < state_.size(); ++k)
+        c.recv(raw(state_[k].data.data(), state_[k].data.size()), src, tag_first + static_cast<std::uint32_t>(k), d);
+    }
+    step_ = step;
+    epoch_ = epoch;
+    cursor_ = cursor;
+    EBBFLOW_LOG_INFO("received state of step " << step_ << " from member " << source);
+  }
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/state_transfer.hpp>
+// #include <ebbflow/elastic/impl/group/step.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/step.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/step.hpp
+//! The user's step: begin_step (pending switch and state transfer first),
+//! the collectives (a failure aborts the step and recovers), in-step work
+//! stealing, and end_step: commit, then the control exchange that feeds the
+//! policy and decides re-plans, joins and leaves, and switches to a
+//! generation wired up in the background.
+//! Training thread only.
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+// Member templates: instantiated in the user's translation unit in either mode.
+template <kv_store Store, network Net>
+template <class F>
+bool group_impl<Store, Net>::collective(F&& f) {
+  const inside busy(in_group_);
+  require_open_step("a collective");
+  try {
+    {
+      const auto w = enter_collective();
+      f(*comm_);
+    }
+    return true;
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    EBBFLOW_LOG_WARN("step " << step_ << " aborted: " << e.what());
+    phase_ = step_phase::aborted;
+    recover(gen_.generation, lost_peer_of(e));
+    return false;
+  }
+}
+
+
+template <kv_store Store, network Net>
+template <class Process>
+plan::steal_report group_impl<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
+  require_open_step("steal_step");
+  if (!steal_key_.empty() && steal_attempt_ == std::pair{gen_.generation, step_})
+    fail(error::invalid_state, "steal_step called twice in step " + std::to_string(step_));
+  release_steal_counter();  // an aborted attempt's
+  steal_attempt_ = {gen_.generation, step_};
+  const auto info = current_slice();
+  const std::vector<std::size_t> full(gen_.plan.begin(), gen_.plan.end());
+  const auto slices = scale_plan(full, info.global_batch);
+  std::vector<std::size_t> offset(slices.size(), 0);
+  for (std::size_t r = 1; r < slices.size(); ++r) offset[r] = offset[r - 1] + slices[r - 1];
+  plan::work_stealer<Store> stealer(
+      *store_, key("steal"), {static_cast<std::uint64_t>(gen_.generation), static_cast<std::uint64_t>(step_)},
+      std::span<const std::size_t>(slices), static_cast<std::size_t>(rank_), settings.chunks);
+  steal_key_ = stealer.key(static_cast<std::size_t>(rank_));
+  const auto run = [&](const plan::chunk& c) { process(offset[c.rank] + c.first, offset[c.rank] + c.last); };
+
+  std::vector<member_id> ids;
+  for (auto& m : gen_.members) ids.push_back(m.id);
+  const auto models = policy_->models(ids);
+  const bool paced = models.size() == ids.size() && std::all_of(models.begin(), models.end(), [](const auto& m) {
+                       return std::isfinite(m.fixed_seconds) && m.fixed_seconds >= 0 &&
+                              std::isfinite(m.seconds_per_sample) && m.seconds_per_sample > 0;
+                     });
+  if (paced && info.global_batch > 0) {
+    std::vector<plan::worker_spec> specs;
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      specs.push_back({static_cast<std::uint64_t>(ids[i]), models[i].fixed_seconds, models[i].seconds_per_sample,
+                       std::numeric_limits<std::size_t>::max(), 0, 0});
+    const auto bp = plan::make_plan(specs, slices, gen_.plan_version);
+    plan::steal_policy pacing(specs, bp, static_cast<std::size_t>(rank_), settings.claim_seconds,
+                              settings.chunk_overhead_seconds);
+    return plan::run_stealing_step(stealer, pacing, run);
+  }
+  return plan::run_stealing_step(stealer, run);  // no models yet: unpaced
+}
+
+
+template <kv_store Store, network Net>
+step_info group_impl<Store, Net>::begin_step() {
+  const inside busy(in_group_);
+  if (!active_) fail(error::invalid_state, "begin_step after this member left the group");
+  if (detail::signal_leave_flag().load()) leave_requested_.store(true);
+  started_ = true;
+  while (pending_) {
+    try {
+      sync_state();
+      const auto p = *pending_;
+      pending_.reset();
+      const double at_switch = std::chrono::duration<double>(steady_clock::now() - p.started).count();
+      if (p.prepared_seconds > 0)
+        EBBFLOW_LOG_INFO("stall: " << p.prepared_seconds * 1e3 << " ms starting the connect at admission, "
+                                   << at_switch * 1e3 << " ms at the switch");
+      notify(p.reason, p.old_size, p.prepared_seconds + at_switch);
+    } catch (const system_error& e) {
+      if (!detail::recoverable(e.code()) || std::exchange(callback_threw_, false)) throw;
+      EBBFLOW_LOG_WARN("state transfer failed: " << e.what());
+      recover(gen_.generation, lost_peer_of(e));
+    }
+  }
+  phase_ = step_phase::open;
+  return current_slice();
+}
+
+template <kv_store Store, network Net>
+step_info group_impl<Store, Net>::current_slice() const {
+  step_info s;
+  s.step = step_;
+  s.epoch = epoch_;
+  s.cursor = cursor_;
+  s.global_batch = std::min(opts_.global_batch, opts_.dataset_size - cursor_);
+  std::vector<std::size_t> plan(gen_.plan.begin(), gen_.plan.end());
+  auto p = scale_plan(plan, s.global_batch);
+  s.offset = std::accumulate(p.begin(), p.begin() + rank_, std::size_t{0});
+  s.batch = p[static_cast<std::size_t>(rank_)];
+  s.weight = s.global_batch ? static_cast<double>(s.batch) / static_cast<double>(s.global_batch) : 0.0;
+  s.rank = rank_;
+  s.world_size = size();
+  s.generation = gen_.generation;
+  s.plan_version = gen_.plan_version;
+  return s;
+}
+
+template <kv_store Store, network Net>
+std::vector<std::size_t> group_impl<Store, Net>::plan_of(const std::vector<member_id>& ids) const {
+  auto p = policy_->plan(ids, opts_.global_batch);
+  std::size_t sum = 0;
+  bool wrapped = false;
+  for (auto b : p) wrapped = wrapped || __builtin_add_overflow(sum, b, &sum);
+  if (p.size() != ids.size() || wrapped || sum != opts_.global_batch)
+    fail(error::invalid_state, "the planning policy's plan has " + std::to_string(p.size()) + " entries summing to " +
+                                   (wrapped ? std::string("more than 2^64") : std::to_string(sum)) + " for " +
+                                   std::to_string(ids.size()) + " members and a global batch of " +
+                                   std::to_string(opts_.global_batch));
+  return p;
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::require_open_step(const char* what) const {
+  if (!active_) fail(error::invalid_state, std::string(what) + " after this member left the group");
+  if (phase_ == step_phase::closed)
+    fail(error::invalid_state,
+         std::string(what) + " outside a step: call begin_step first (step " + std::to_string(step_) + " is not open)");
+  if (phase_ == step_phase::aborted)
+    fail(error::invalid_state, std::string(what) + " after a collective of step " + std::to_string(step_) +
+                                   " returned false: the step was rolled back; redo it from begin_step");
+}
+
+template <kv_store Store, network Net>
+bool group_impl<Store, Net>::allreduce(std::span<float> data) {
+  return collective(
+      [&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
+}
+
+template <kv_store Store, network Net>
+bool group_impl<Store, Net>::allreduce(std::span<double> data) {
+  return collective(
+      [&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::control_allreduce(std::span<double> v) {
+  // The communicator's allreduce gives bitwise-identical results on every
+  // rank, so every member's policy observes exactly the same numbers.
+  const auto w = enter_collective(true);
+  comm_->allreduce(view(v), reduce_op::sum, deadline::after(opts_.op_timeout));
+}
+
+template <kv_store Store, network Net>
+typename group_impl<Store, Net>::waiting group_impl<Store, Net>::enter_collective(bool control) noexcept {
+  // The control exchange runs after the commit (step_ already advanced):
+  // it counts as collective 0 of the next step.
+  const std::pair<std::int64_t, std::int64_t> at{gen_.generation, step_};
+  if (at != progress_at_) progress_at_ = at, progress_k_ = 0;
+  if (!control) progress_k_ = std::min(progress_k_ + 1, detail::progress::max_collective);
+  progress_.store(detail::progress{step_, gen_.generation, progress_k_}.encode(), std::memory_order_relaxed);
+  waiting_since_.store(steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  return waiting{waiting_since_};
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::notify(change_reason reason, int old_size, double stall) {
+  world_change wc{gen_.generation, reason, old_size, size(), rank_, step_, stall};
+  history_.push_back(wc);
+  EBBFLOW_LOG_INFO("generation " << wc.generation << " (" << name(reason) << "): " << old_size << " -> " << wc.new_size
+                                 << " members, rank " << rank_ << ", step " << step_ << ", ready after " << stall * 1e3
+                                 << " ms");
+  // A callback's exception reaches the caller of begin_step as it is, even
+  // an ebbflow::system_error whose code a member failure would have: the
+  // change it announced stays in effect.
+  for (auto& cb : callbacks_) {
+    try {
+      cb(wc);
+    } catch (...) {
+      callback_threw_ = true;
+      throw;
+    }
+  }
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::release_steal_counter() {
+  if (steal_key_.empty()) return;
+  // Erased by the heartbeat thread, on its own connection: no round trip here.
+  if constexpr (requires(Store & s) { s.erase(steal_key_); }) {
+    std::lock_guard lk(hb_mutex_);
+    hb_erase_.push_back(std::move(steal_key_));
+  }
+  steal_key_.clear();
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::commit(double compute_seconds, std::optional<std::size_t> processed) {
+  const inside busy(in_group_);
+  // A second end_step would commit a step nobody computed (its samples
+  // lost); one after a failed collective, a rolled-back step.
+  require_open_step("end_step");
+  phase_ = step_phase::closed;
+  if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
+  const auto now = steady_clock::now();
+  if (last_commit_ != steady_clock::time_point{}) step_interval_ = now - last_commit_;
+  last_commit_ = now;
+  if constexpr (requires(typename Net::transport_type & x) { x.poll_close(); }) {
+    if (retiring_ && retiring_->poll_close()) retiring_.reset();
+  }
+  // Commit: the gradient collectives completed and the optimizer stepped.
+  const auto info = current_slice();
+  ++step_;
+  cursor_ += info.global_batch;
+  if (cursor_ >= opts_.dataset_size || (opts_.drop_last && opts_.dataset_size - cursor_ < opts_.global_batch)) {
+    ++epoch_;
+    cursor_ = 0;
+  }
+  if (detail::signal_leave_flag().load()) leave_requested_.store(true);
+
+  const int n = size();
+  const std::size_t un = static_cast<std::size_t>(n);
+  std::vector<double> v(4 + 4 * un, 0.0);
+  const std::size_t r = static_cast<std::size_t>(rank_);
+  v[3 + r] = compute_seconds;
+  v[3 + un + r] = static_cast<double>(processed.value_or(info.batch));
+  // Every member's claims ended before the gradient allreduce completed.
+  release_steal_counter();
+  v[3 + 2 * un + r] = leave_requested_.load() ? 1.0 : 0.0;
+  std::vector<member_id> ids;
+  for (auto& m : gen_.members) ids.push_back(m.id);
+  admitting_.clear();
+  std::int64_t seen = gen_.joins_seen;
+  // A join connecting in the background: every member says whether its
+  // side is wired up; nothing else changes the membership or the plan
+  // until the switch (plan versions stay unique).
+  if (next_) {
+    const int ready = poll_next();
+    v[2] = ready > 0 ? 1.0 : ready < 0 ? -1e6 : 0.0;
+  }
+  if (rank_ == 0 && !next_) {
+    // The join tickets are read only once the heartbeat thread saw a new
+    // one (or some still wait): a steady step waits on no store.
+    if (join_seq_hint_.load(std::memory_order_relaxed) > seen || ticket_seen_until_ > seen) {
+      try {
+        const std::size_t room = static_cast<std::size_t>(std::max(0, opts_.max_size - n));
+        std::vector<join_hold> holds;
+        admitting_ = pending_joiners(seen, room, true, holds);
+        if (!holds.empty()) answer_holds(*store_, holds);
+        // Tickets handled without an admission (held, malformed, or never
+        // written) are not read again; the next record carries the count.
+        if (admitting_.empty() && seen > gen_.joins_seen) {
+          gen_.joins_seen = seen;
+          hb_tickets_floor_.store(seen, std::memory_order_relaxed);
+        }
+      } catch (const system_error& e) {
+        EBBFLOW_LOG_WARN("coordinator could not read join tickets: " << e.what());
+      }
+    }
+    v[0] = static_cast<double>(admitting_.size());
+    std::vector<std::size_t> cur(gen_.plan.begin(), gen_.plan.end());
+    if (policy_->should_replan(ids, cur, opts_.global_batch)) {
+      auto p = plan_of(ids);
+      v[1] = 1;
+      for (std::size_t i = 0; i < un; ++i) v[3 + 3 * un + i] = static_cast<double>(p[i]);
+    }
+  }
+  try {
+    control_allreduce(v);
+  } catch (const system_error& e) {
+    if (!detail::recoverable(e.code())) throw;
+    EBBFLOW_LOG_WARN("control exchange after step " << step_ << " failed: " << e.what());
+    recover(gen_.generation, lost_peer_of(e));
+    return;
+  }
+  for (std::size_t i = 0; i < un; ++i)
+    if (v[3 + un + i] > 0) policy_->observe(ids[i], static_cast<std::size_t>(v[3 + un + i]), v[3 + i]);
+  if constexpr (detail::can_preconnect<Net>()) {
+    if (next_) {
+      if (v[2] >= static_cast<double>(n)) {  // everybody wired up: switch now, only the state moves
+        auto nx = std::move(*next_);
+        next_.reset();
+        if (nx.leaving)
+          leave_now();
+        else
+          install(std::move(nx.rec), std::move(*nx.transport), steady_clock::now(), nx.prepared_seconds);
+      } else if (v[2] < 0 && next_->leaving) {
+        leave_now();          // the others switch the blocking way
+      } else if (v[2] < 0) {  // somebody's connect failed or is overdue: the blocking way (and recovery)
+        auto nx = std::move(*next_);
+        next_.reset();
+        if (nx.helper.joinable()) {  // overdue: stop it before going on without it
+          nx.helper.request_stop();
+          nx.helper.join();
+        }
+        // A transport this member already started for g1 (here or by the
+        // helper) has taken wire-up messages its peers send only once: the
+        // blocking way finishes that one. A second transport for g1 would
+        // wait for them until the operation deadline (so would its peers).
+        auto begun = [&]() -> std::optional<typename Net::transport_type> {
+          if (nx.transport) return std::move(nx.transport);
+          if (nx.admission && nx.admission->transport) return std::move(nx.admission->transport);
+          return std::nullopt;
+        }();
+        nx.admission.reset();
+        if (nx.excluded) {  // a concurrent recovery excluded this member: rejoin
+          wait_admission();
+          return;
+        }
+        // The helper may have stopped anywhere: redo what it may not have
+        // done (writing the record twice is harmless), then the blocking way.
+        if (nx.record) write_record(*store_, gen_key(nx.g1), *nx.record, nx.admitted, nx.g1);
+        adopt_announced(nx.g1, steady_clock::now(), std::move(begun));
+      }
+      return;  // leave requests are taken at the first boundary after the switch
+    }
+  }
+  if (v[1] > 0) {
+    for (std::size_t i = 0; i < un; ++i) gen_.plan[i] = static_cast<std::uint64_t>(v[3 + 3 * un + i]);
+    ++gen_.plan_version;
+  }
+  const auto leaves = leaves_applied(v, n);
+  const bool leaving = std::find(leaves.begin(), leaves.end(), char{1}) != leaves.end();
+  if (v[0] > 0 || leaving) {
+    if (rank_ == 0) {
+      gen_.joins_seen = seen;
+      hb_tickets_floor_.store(seen, std::memory_order_relaxed);
+    }
+    change_membership(leaves, n);
+  }
+}
+
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/step.hpp>
+// #include <ebbflow/elastic/impl/group/join_tickets.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/join_tickets.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/join_tickets.hpp
+//! The coordinator's queue of newcomers: join tickets (read ahead by its
+//! heartbeat thread so a step that admits them makes no store call),
+//! admission once no new ticket came for `admit_delay`, tickets skipped
+//! when never written or malformed, and the join cool-down of workers whose
+//! newcomers kept failing (counted once per failure by the recovery).
+//! pending_joiners and count_join_failures: training thread;
+//! prefetch_tickets: heartbeat thread (hb_tickets_ under hb_mutex_).
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
+
+#include <algorithm>
+#include <string>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+template <kv_store Store, network Net>
+std::vector<member_id> group_impl<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room, bool settle,
+                                                               std::vector<join_hold>& holds) {
+  std::vector<member_id> out;
+  // At a step boundary the heartbeat thread's hint (fresh within a few store
+  // round trips of a ticket) stands in for the counter: while tickets keep
+  // arriving, the coordinator's steps then make no store call at all.
+  auto total =
+      settle ? join_seq_hint_.load(std::memory_order_relaxed) : store_->add(key("join_seq"), 0, store_deadline());
+  if (settle) {
+    // Admit once no new ticket appeared for admit_delay (bounded by 10×):
+    // workers started together register a few ms apart, and admitting them
+    // together costs the members one switch instead of several.
+    const auto now = steady_clock::now();
+    if (total > ticket_seen_until_) {
+      if (ticket_seen_until_ <= seen) ticket_first_seen_ = now;  // the oldest waiting ticket
+      ticket_seen_until_ = total;
+      ticket_last_change_ = now;
+    }
+    const bool quiet = now - ticket_last_change_ >= opts_.admit_delay;
+    const bool overdue = now - ticket_first_seen_ >= 10 * opts_.admit_delay;
+    if (!quiet && !overdue) total = seen;
+  }
+  std::vector<std::string> keys;
+  for (std::int64_t t = seen + 1; t <= total && keys.size() < room; ++t)
+    keys.push_back(key("join/" + std::to_string(t)));
+  const bool with_failures = opts_.join_cooldown.count() > 0;
+  // At a step boundary the heartbeat thread has read them (and their
+  // workers' failure counts) before it raised the hint: no store call then.
+  // Otherwise, or if any is missing, they are read here.
+  std::vector<std::optional<std::string>> values, failures;
+  bool cached = settle && !keys.empty();
+  if (cached) {
+    std::lock_guard lk(hb_mutex_);
+    for (std::size_t i = 0; i < keys.size() && cached; ++i) {
+      const auto it = hb_tickets_.find(seen + 1 + static_cast<std::int64_t>(i));
+      cached = it != hb_tickets_.end() &&
+               (!with_failures || it->second.failures_epoch == failures_epoch_.load(std::memory_order_acquire));
+      if (cached) values.emplace_back(it->second.value), failures.push_back(it->second.failures);
+    }
+  }
+  if (!cached) values = detail::try_get_all(*store_, keys, store_deadline());
+  struct ticket {
+    std::int64_t seq;
+    member_id id;
+    std::int64_t held_for = 0;
+    std::string worker;
+    std::optional<std::string> failures;
+  };
+  std::vector<ticket> tickets;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const auto& v = values[i];
+    if (!v) {
+      // Taken but not yet written: a newcomer writes its ticket right after
+      // it takes the number, so it is picked up next time. One that stays
+      // unwritten for a lease (its newcomer died in between) is skipped:
+      // kept, it would stop every later ticket.
+      const auto now = steady_clock::now();
+      if (ticket_hole_ != seen + 1) ticket_hole_ = seen + 1, ticket_hole_since_ = now;
+      if (now - ticket_hole_since_ < opts_.lease) break;
+      ++seen;
+      EBBFLOW_LOG_WARN(
+          "join ticket " << seen << " was taken but not written for "
+                         << std::chrono::duration_cast<std::chrono::milliseconds>(now - ticket_hole_since_).count()
+                         << " ms (EBBFLOW_LEASE_MS=" << opts_.lease.count()
+                         << "; did its newcomer die before writing it?): skipped");
+      continue;
+    }
+    ++seen;
+    auto p = detail::join_ticket::parse(*v);
+    ticket t{seen, -1, p.held_for, std::move(p.worker), cached ? failures[i] : std::nullopt};
+    try {
+      t.id = detail::parse_i64(p.id);
+    } catch (const system_error&) {
+      // Consumed and skipped: kept, it would stop every later ticket.
+      EBBFLOW_LOG_WARN("join ticket " << seen << " is malformed ('" << v->substr(0, 64) << "'): skipped");
+      continue;
+    }
+    tickets.push_back(std::move(t));
+  }
+  // The failure counts of the tickets' workers, in one batch (only when a
+  // ticket arrived and the heartbeat thread had not read them: this runs on
+  // the coordinator's training thread).
+  std::vector<std::optional<std::string>> counts(tickets.size());
+  if (with_failures && !tickets.empty()) {
+    if (cached) {
+      for (std::size_t i = 0; i < tickets.size(); ++i) counts[i] = tickets[i].failures;
+    } else {
+      std::vector<std::string> ckeys;
+      for (auto& t : tickets) ckeys.push_back(key("joinfail/" + t.worker));
+      counts = detail::try_get_all(*store_, ckeys, store_deadline());
+    }
+  }
+  for (std::size_t i = 0; i < tickets.size(); ++i) {
+    const auto& t = tickets[i];
+    // A member that filed a second ticket (after a cool-down) is admitted once.
+    if (gen_.rank_of(t.id) >= 0 || std::find(out.begin(), out.end(), t.id) != out.end()) continue;
+    const auto failures = detail::join_failures::parse(counts[i]).count;
+    if (!t.worker.empty() && failures >= 2 && t.held_for < failures) {
+      const auto wait = cooldown{opts_.join_cooldown, opts_.join_cooldown_max}.after(failures);
+      holds.push_back({t.seq, wait.count(), failures, t.worker});
+      continue;
+    }
+    out.push_back(t.id);
+  }
+  return out;
+}
+
+template <kv_store Store, network Net>
+std::int64_t group_impl<Store, Net>::prefetch_tickets(Store& st, std::int64_t total) {
+  // The coordinator's heartbeat thread: reads the tickets after those it
+  // holds, up to `total`, in one batch (64 at most a round), then the
+  // failure counts of their workers (and again those of held tickets read
+  // before a recovery) in a second. No call while nothing is new. Returns
+  // the number of the first ticket it does not hold.
+  const std::int64_t floor = hb_tickets_floor_.load(std::memory_order_relaxed);
+  const std::int64_t epoch = failures_epoch_.load(std::memory_order_acquire);
+  const bool with_failures = opts_.join_cooldown.count() > 0;
+  std::int64_t from = floor + 1;
+  std::vector<std::pair<std::int64_t, std::string>> stale;  // held tickets whose counts are older: (number, worker)
+  {
+    std::lock_guard lk(hb_mutex_);
+    std::erase_if(hb_tickets_, [&](const auto& e) { return e.first <= floor; });
+    for (auto it = hb_tickets_.find(from); it != hb_tickets_.end() && it->first == from; ++it, ++from)
+      if (with_failures && it->second.failures_epoch != epoch)
+        stale.emplace_back(it->first, detail::join_ticket::parse(it->second.value).worker);
+  }
+  std::vector<std::string> keys;
+  for (std::int64_t t = from; t <= total && t < from + 64; ++t) keys.push_back(key("join/" + std::to_string(t)));
+  std::vector<std::pair<std::int64_t, prefetched_ticket>> got;
+  for (auto& v : detail::try_get_all(st, keys, store_deadline())) {
+    if (!v) break;  // taken but not yet written: the next round
+    got.emplace_back(from + static_cast<std::int64_t>(got.size()), prefetched_ticket{std::move(*v), -1, std::nullopt});
+  }
+  std::map<std::int64_t, std::optional<std::string>> counts;  // by ticket number
+  if (with_failures) {
+    for (auto& [n, t] : got) stale.emplace_back(n, detail::join_ticket::parse(t.value).worker);
+    std::vector<std::string> ckeys;
+    std::vector<std::int64_t> of;
+    for (auto& [n, worker] : stale) {
+      if (worker.empty())
+        counts[n] = std::nullopt;  // no worker key: no count to read
+      else
+        ckeys.push_back(key("joinfail/" + worker)), of.push_back(n);
+    }
+    auto values = detail::try_get_all(st, ckeys, store_deadline());
+    for (std::size_t k = 0; k < of.size(); ++k) counts[of[k]] = std::move(values[k]);
+  }
+  std::lock_guard lk(hb_mutex_);
+  for (auto& [n, t] : got) hb_tickets_.emplace(n, std::move(t));
+  for (auto& [n, c] : counts)
+    if (const auto it = hb_tickets_.find(n); it != hb_tickets_.end()) {
+      it->second.failures = std::move(c);
+      it->second.failures_epoch = epoch;
+    }
+  return from + static_cast<std::int64_t>(got.size());
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::answer_holds(Store& st, const std::vector<join_hold>& holds) const {
+  for (auto& h : holds) {
+    EBBFLOW_LOG_WARN("holding back worker '" << h.worker << "' (join ticket " << h.ticket << ") for "
+                                             << static_cast<double>(h.ms) / 1000 << " s: it failed " << h.failures
+                                             << " times in a row while joining");
+    st.set(key("held/" + std::to_string(h.ticket)), std::to_string(h.ms) + " " + std::to_string(h.failures),
+           store_deadline());
+  }
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::count_join_failures(const std::vector<detail::member_entry>& alive,
+                                                 std::set<member_id>& counted) {
+  if (opts_.join_cooldown.count() <= 0) return;
+  std::vector<member_id> lost;
+  for (auto& m : gen_.members)
+    if (!counted.contains(m.id) &&
+        std::none_of(alive.begin(), alive.end(), [&](const auto& a) { return a.id == m.id; }))
+      lost.push_back(m.id);
+  if (lost.empty()) return;
+  counted.insert(lost.begin(), lost.end());  // a recovery waiting below min_size asks again every few ms
+  std::vector<std::string> keys;
+  for (auto m : lost) keys.push_back(key("wkey/" + std::to_string(m)));
+  const auto workers = detail::try_get_all(*store_, keys, store_deadline());
+  for (std::size_t i = 0; i < lost.size(); ++i) {
+    if (!workers[i] || workers[i]->empty()) continue;  // an initial member, or a newcomer past its probation
+    // Every recovering member applies the failure before it reads join
+    // tickets; the record of who was counted makes it count once.
+    const std::string fkey = key("joinfail/" + *workers[i]);
+    auto cur = store_->try_get(fkey, store_deadline()).value_or("");
+    for (;;) {
+      auto f = detail::join_failures::parse(cur);
+      if (f.generation == gen_.generation && std::find(f.members.begin(), f.members.end(), lost[i]) != f.members.end())
+        break;
+      if (f.generation != gen_.generation) f.members.clear();
+      ++f.count;
+      f.generation = gen_.generation;
+      f.members.push_back(lost[i]);
+      const auto next = f.str();
+      const auto r = store_->compare_set(fkey, cur, next, store_deadline());
+      if (r.swapped) {
+        EBBFLOW_LOG_WARN("member " << lost[i] << " of worker '" << *workers[i]
+                                   << "' died while joining: its join failures in a row: " << f.count);
+        break;
+      }
+      cur = r.current;
+    }
+  }
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/join_tickets.hpp>
+// #include <ebbflow/elastic/impl/group/membership_change.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/membership_change.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/membership_change.hpp
+//! Joins and leaves decided at a step boundary: which leaves apply, the
+//! next generation's record, and its wire-up in the background by the
+//! admission helper thread (lowest CPU priority, own store connection)
+//! while training goes on; or the blocking way, which falls back to
+//! recovery. The helper touches only what start_admission hands it.
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+// #include <ebbflow/core/thread_name.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/scheduling.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
+
+#include <algorithm>
+#include <string>
+#include <thread>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+template <kv_store Store, network Net>
+std::vector<char> group_impl<Store, Net>::leaves_applied(const std::vector<double>& v, int n) {
+  // Every member decides from the control exchange alone, so all agree.
+  const std::size_t un = static_cast<std::size_t>(n);
+  const int joiners = static_cast<int>(v[0]);
+  std::vector<char> out(un, 0);
+  int leaving = 0;
+  for (std::size_t i = 0; i < un; ++i) leaving += out[i] = v[3 + 2 * un + i] > 0 ? 1 : 0;
+  if (leaving == 0 || (leaving == n && joiners == 0)) {  // no leave, or everybody leaves: the job ends
+    deferral_logged_ = false;
+    return out;
+  }
+  // The members that stay and the newcomers admitted with them must number
+  // at least min_size, and one member holding the state must stay when
+  // newcomers come: the lowest-ranked leavers stay one more generation
+  // (their leave request stands; they leave once others take their place).
+  const int below = opts_.min_size - (n - leaving + joiners);
+  int keep = std::max(below, leaving == n ? 1 : 0);
+  std::string kept;
+  for (std::size_t i = 0; i < un && keep > 0; ++i)
+    if (out[i]) {
+      out[i] = 0;
+      --keep;
+      detail::append_listed(kept, std::to_string(gen_.members[i].id));
+    }
+  if (!kept.empty() && rank_ == 0 && !deferral_logged_) {
+    if (below > 0)
+      EBBFLOW_LOG_WARN("member(s) " << kept << " asked to leave after step " << step_ - 1
+                                    << ", but the group would fall below EBBFLOW_MIN_SIZE=" << opts_.min_size
+                                    << ": they keep training until newcomers take their place");
+    else
+      EBBFLOW_LOG_INFO("member " << kept << " stays one more generation to hand the newcomers the state");
+  }
+  deferral_logged_ = !kept.empty();
+  return out;
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::write_record(Store& st, const std::string& gkey, const std::string& rec,
+                                          const std::vector<member_id>& joiners, std::int64_t g1) const {
+  // The record must be written before the joiners are told, and before the
+  // coordinator itself leaves. A concurrent recovery may have written
+  // another one first: then the joiners are not told (that record does not
+  // have them; they stay in the queue).
+  if (st.compare_set(gkey, "", rec, store_deadline()).current == rec)
+    for (auto j : joiners) st.set(key("joined/" + std::to_string(j)), std::to_string(g1), store_deadline());
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::change_membership(const std::vector<char>& leaving, int n) {
+  const auto started = steady_clock::now();
+  const std::size_t un = static_cast<std::size_t>(n);
+  const std::int64_t g1 = gen_.generation + 1;
+  const std::string gkey = gen_key(g1);
+  const auto leaves = [&](std::size_t i) { return leaving[i] != 0; };
+  const bool me_leaving = leaves(static_cast<std::size_t>(rank_));
+  // With a network that connects in the background, the rest of the change
+  // is done by a helper thread while this member keeps training.
+  const bool background = detail::can_preconnect<Net>() && opts_.preconnect && !me_leaving;
+  std::optional<std::string> record;  // the coordinator's, to write
+  if (rank_ == 0) {
+    detail::generation_record rec;
+    rec.generation = g1;
+    rec.reason = admitting_.empty() ? change_reason::leave : change_reason::join;
+    std::vector<member_id> ids;
+    for (std::size_t i = 0; i < un; ++i)
+      if (!leaves(i)) {
+        rec.members.push_back({gen_.members[i].id, step_});
+        ids.push_back(gen_.members[i].id);
+      }
+    for (auto j : admitting_) {
+      rec.members.push_back({j, -1});
+      ids.push_back(j);
+    }
+    rec.source = rec.members.empty() ? -1 : rec.members.front().id;
+    rec.source_step = step_;
+    if (!ids.empty()) {
+      auto p = plan_of(ids);
+      rec.plan.assign(p.begin(), p.end());
+    }
+    rec.plan_version = gen_.plan_version + 1;
+    rec.joins_seen = gen_.joins_seen;
+    record = to_value(rec.encode());
+    if (!background) {
+      try {
+        write_record(*store_, gkey, *record, admitting_, g1);
+      } catch (const system_error& e) {
+        // A coordinator that leaves goes even when the store is gone (a
+        // SIGTERMed job whose store died): the others cannot switch without
+        // the record and fail over, or end too when they all leave.
+        if (!me_leaving || !store_failure(e)) throw;
+        EBBFLOW_LOG_WARN("could not write the record of generation " << g1 << " (" << e.what()
+                                                                     << "): leaving without it");
+      }
+    }
+  }
+  if (me_leaving) {
+    if (detail::can_preconnect<Net>() && opts_.preconnect) {
+      // The others connect among themselves in the background; this member
+      // keeps training with them until they switch, then leaves.
+      next_generation nx;
+      nx.leaving = true;
+      nx.since = steady_clock::now();
+      next_ = std::move(nx);
+      return;
+    }
+    leave_now();
+    return;
+  }
+  std::vector<member_id> leavers;
+  for (std::size_t i = 0; i < un; ++i)
+    if (leaves(i)) leavers.push_back(gen_.members[i].id);
+  if (background) {
+    start_admission(std::move(record), gkey, g1, std::move(leavers), started);
+    return;
+  }
+  adopt_announced(g1, started);
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::adopt_announced(std::int64_t g1, steady_clock::time_point started,
+                                             std::optional<typename Net::transport_type> begun) {
+  // The blocking way: wait for generation g1's record (the coordinator wrote
+  // it, or a concurrent recovery did) and connect to it.
+  const std::string gkey = gen_key(g1);
+  try {
+    store_->wait({gkey}, deadline::after(opts_.op_timeout));
+  } catch (const system_error& e) {
+    EBBFLOW_LOG_WARN("generation " << g1 << " was not announced: " << e.what() << "; re-forming");
+    recover(gen_.generation, -1);
+    return;
+  }
+  auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline())));
+  if (rec.rank_of(id_) < 0) {  // a concurrent recovery excluded this member: rejoin
+    wait_admission();
+    return;
+  }
+  adopt_or_recover(std::move(rec), started, std::move(begun));
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
+                                             std::vector<member_id> leavers, steady_clock::time_point started) {
+  // Joins and leaves without suspension: a helper thread writes the
+  // coordinator's record, reads the next generation's record and addresses
+  // and (where the network allows it) creates its endpoints, on a store
+  // connection of its own, while this member's training thread goes on; the
+  // members then connect to each other in the background, and end_step
+  // switches once all are wired up (poll_next).
+  if constexpr (detail::can_preconnect<Net>()) {
+    next_generation nx;
+    nx.since = started;
+    nx.g1 = g1;
+    nx.record = record;
+    nx.admitted = admitting_;
+    auto res = std::make_shared<admission_result>();
+    nx.admission = res;
+    std::vector<member_id> current;
+    for (auto& m : gen_.members) current.push_back(m.id);
+    // The helper starts a fifth of a step after the boundary (at most a
+    // quarter lease): right after a boundary every member needs its CPU (the
+    // control exchange completing, the next step's launches), and on a
+    // kernel without preemption even a lowest-priority thread's system calls
+    // (store requests, thread start-up) hold a shared core until they return.
+    const auto delay = std::min<steady_clock::duration>(step_interval_ / 5, opts_.lease / 4);
+    nx.helper = std::jthread([this, delay, res, record = std::move(record), joiners = admitting_,
+                              gkey = std::move(gkey), g1, leavers = std::move(leavers), current = std::move(current),
+                              rank = rank_, revoke = revoke_, cache = address_cache_,
+                              concurrent = detail::concurrent_connect(*net_)](std::stop_token stop) mutable {
+      // The lowest CPU priority: on a host whose cores the workers share,
+      // this work fills their idle time (their device time) and never delays
+      // a training thread that is ready to run.
+      detail::lowest_cpu_priority();
+      detail::sleep_until(steady_clock::now() + delay, stop);
+      try {
+        if (!aux_store_) aux_store_ = connect_store_();
+        Store& st = *aux_store_;
+        // The coordinator writes the record the others wait for. Tests make
+        // another member's helper late here (EBBFLOW_FAULT=admission-helper:
+        // sleep=MS) while the others' helpers start their transports.
+        if (record)
+          write_record(st, gkey, *record, joiners, g1);
+        else
+          fault_point("admission-helper", st, stop);
+        const auto d = deadline::after(opts_.op_timeout);
+        if (!detail::wait_key(st, gkey, d, stop))
+          throw system_error(make_error_code(stop.stop_requested() ? error::revoked : error::timeout),
+                             {.rank = rank,
+                              .generation = g1,
+                              .operation = "admission",
+                              .detail = "waiting for the record of generation " + std::to_string(g1)});
+        auto rec = detail::generation_record::decode(to_bytes(*st.try_get(gkey, store_deadline())));
+        const int r = rec.rank_of(id_);
+        if (r < 0) {
+          res->excluded = true;  // a concurrent recovery excluded this member
+        } else {
+          for (auto m : current)
+            if (rec.rank_of(m) < 0 && std::find(leavers.begin(), leavers.end(), m) == leavers.end())
+              res->blocking = true;  // excluded by a concurrent recovery: the blocking way sorts it out
+          if (!res->blocking) {
+            res->addrs = gather_addresses(rec, st, cache, rank, revoke, stop);
+            // The endpoints are made here, and their wire-up is driven from
+            // here while the training thread computes: the peers' connect
+            // messages are then handled in its compute (device) time rather
+            // than inside its collectives. Never while it is inside the group
+            // (in_group_), where it progresses the worker itself: this thread
+            // would hold the worker's lock at the lowest priority, and the
+            // training thread would wait for it. Bounded well below the lease
+            // (past which the members finish the change themselves); what
+            // is left completes as the training thread progresses the worker.
+            if (concurrent) {
+              res->transport.emplace(net_->start_connect(rec.generation, r, res->addrs));
+              const auto until =
+                  steady_clock::now() + std::min<steady_clock::duration>(4 * opts_.heartbeat, opts_.lease / 2);
+              while (!stop.stop_requested() && steady_clock::now() < until) {
+                if (in_group_.load(std::memory_order_relaxed) == 0 && res->transport->poll_connect()) break;
+                std::this_thread::sleep_for(std::chrono::microseconds(100));
+              }
+            }
+          }
+        }
+        res->cache = std::move(cache);
+        res->rec = std::move(rec);
+      } catch (...) {
+        res->error = std::current_exception();
+      }
+      res->done.store(true, std::memory_order_release);
+    });
+    ::ebbflow::detail::name_thread(nx.helper, "ebbflow-admit");
+    nx.prepared_seconds = std::chrono::duration<double>(steady_clock::now() - started).count();
+    next_ = std::move(nx);
+  } else {
+    (void)record, (void)gkey, (void)g1, (void)leavers, (void)started;
+  }
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::take_admission() {
+  // The helper is done: its result becomes this member's next generation.
+  auto res = std::move(next_->admission);
+  next_->helper.join();
+  if (res->rec) next_->rec = std::move(*res->rec);
+  if (res->error) {
+    next_->failed = true;
+    std::rethrow_exception(res->error);
+  }
+  address_cache_ = std::move(res->cache);
+  if (res->excluded || res->blocking) {
+    next_->excluded = res->excluded;
+    next_->failed = true;
+    return;
+  }
+  if (res->transport) {
+    next_->transport = std::move(res->transport);
+  } else {  // the network cannot connect from another thread: here, then
+    const auto t0 = steady_clock::now();
+    next_->transport.emplace(net_->start_connect(next_->rec.generation, next_->rec.rank_of(id_), res->addrs));
+    next_->prepared_seconds += std::chrono::duration<double>(steady_clock::now() - t0).count();
+  }
+  const double after_ms = std::chrono::duration<double>(steady_clock::now() - next_->since).count() * 1e3;
+  EBBFLOW_LOG_INFO("generation " << next_->rec.generation << ": connecting " << next_->rec.members.size()
+                                 << " members in the background (" << after_ms << " ms after the decision; "
+                                 << next_->prepared_seconds * 1e3 << " ms of it on the training thread)");
+}
+
+template <kv_store Store, network Net>
+int group_impl<Store, Net>::poll_next() {
+  // 1: wired up; 0: not yet; -1: failed or overdue (the group then switches
+  // the blocking way, which fails over to recovery).
+  if constexpr (detail::can_preconnect<Net>()) {
+    if (next_->leaving) return 1;  // nothing to connect: it leaves at the switch
+    if (next_->failed) return -1;
+    fault_point("preconnect");
+    try {
+      if (next_->admission) {
+        // The helper runs at the lowest CPU priority: on a host whose cores
+        // are all busy it may get no time at all. It has one lease; past
+        // that, the members finish the change on their training threads.
+        if (!next_->admission->done.load(std::memory_order_acquire)) {
+          if (steady_clock::now() - next_->since <= opts_.lease) return 0;
+          EBBFLOW_LOG_WARN("admission helper of generation "
+                           << next_->g1 << " not done after EBBFLOW_LEASE_MS=" << opts_.lease.count()
+                           << ": finishing the change on the training thread");
+          return -1;
+        }
+        take_admission();
+        if (next_->failed) return -1;
+      }
+      if (next_->transport->poll_connect()) return 1;
+      // A joiner that died before it wired up: noticed through its lease.
+      if (const int j = stale_member(next_->rec, next_->joiners, true); j >= 0) {
+        EBBFLOW_LOG_WARN("joiner " << next_->rec.members[static_cast<std::size_t>(j)].id
+                                   << " stopped heartbeating before it connected");
+        return -1;
+      }
+    } catch (const system_error& e) {
+      if (!detail::recoverable(e.code())) throw;
+      EBBFLOW_LOG_WARN("background connect of generation " << next_->rec.generation << " failed: " << e.what());
+      return -1;
+    }
+    return steady_clock::now() - next_->since > opts_.op_timeout ? -1 : 0;
+  } else {
+    return -1;
+  }
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/membership_change.hpp>
+// #include <ebbflow/elastic/impl/group/recovery.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/group/recovery.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/group/recovery.hpp
+//! Re-forming the group after a failure: abort the generation everywhere,
+//! report this member's committed step, decide who is alive (reported,
+//! marked dead, process gone on this host, lease), wait below min_size, and
+//! propose generation g+1 by compare-and-set (the first proposal wins);
+//! the newest committed step becomes the state's source.
+//! Training thread only.
+
+
+// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
+// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
+
+#include <set>
+#include <string>
+#include <thread>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic::detail {
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::recover(std::int64_t g, int lost_peer) {
+  // Everything a recovery decides goes through the store: without it the
+  // survivors cannot agree on the next generation, so none is decided. A
+  // replicated store that lost its quorum comes back: with
+  // store_outage_wait the recovery waits for it (its steps are idempotent:
+  // sets, and a compare-and-set whose first proposal wins), then goes on.
+  const auto give_up = deadline::after(opts_.store_outage_wait);
+  for (bool said = false;; said = true) {
+    try {
+      reform(g, lost_peer);
+      if (said) EBBFLOW_LOG_WARN("the store is back: generation " << g << "'s failure was handled");
+      return;
+    } catch (const system_error& e) {
+      if (!store_failure(e) || !recoverable(e.code())) throw;
+      if (give_up.expired())
+        fail(error::peer_lost, "generation " + std::to_string(g) + " failed and the store cannot be reached (" +
+                                   e.what() +
+                                   "): the group cannot re-form without its store (docs/elastic.md, \"When the "
+                                   "store dies\")");
+      if (!said)
+        EBBFLOW_LOG_WARN("generation " << g << " failed and the store cannot be reached (" << e.what()
+                                       << "): no membership decision until it is back; waiting up to "
+                                          "EBBFLOW_STORE_OUTAGE_MS="
+                                       << opts_.store_outage_wait.count() << " ms");
+      std::this_thread::sleep_for(std::min<steady_clock::duration>(opts_.heartbeat * 4, give_up.remaining()));
+    }
+  }
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::reform(std::int64_t g, int lost_peer) {
+  const auto started = steady_clock::now();
+  next_.reset();  // a join still connecting is redone by the recovery below
+  auto overall = deadline::after(opts_.op_timeout + opts_.min_size_wait);
+  for (;;) {
+    // 1. Stop every collective of g and tell the others. Its endpoints may
+    // hold traffic its peers will never answer: the next opens its own.
+    if (revoke_) revoke_->revoke();
+    if constexpr (requires { net_->discard_endpoints(); }) net_->discard_endpoints();
+    hb_generation_.store(-1);
+    const std::string gs = std::to_string(g);
+    store_->set(key("abort/" + gs), "1", store_deadline());
+    if (lost_peer >= 0 && lost_peer < size() && gen_.generation == g)
+      store_->set(dead_key(g, gen_.members[static_cast<std::size_t>(lost_peer)].id), "1", store_deadline());
+    // What this member holds: its committed step, or (no step yet) whether
+    // its buffers are still a launched worker's own initial state.
+    const std::int64_t holds = step_ >= 0 ? step_ : own_initial_state_ ? detail::own_initial_state : -1;
+    store_->set(key("recover/" + gs + "/" + std::to_string(id_)), std::to_string(holds), store_deadline());
+    EBBFLOW_LOG_WARN("generation " << g << " failed at step " << step_ << ": re-forming the group");
+
+    const std::string next_key = gen_key(g + 1);
+    std::set<member_id> failures_counted;  // lost members of g whose join failure this member applied
+    lease_seen hb_seen;
+    const auto unresolved_deadline = deadline::after(opts_.op_timeout);
+    const auto recovery_started = steady_clock::now();
+    bool waiting_logged = false, stuck_logged = false;
+    // Since when the members alive and the joiners waiting number fewer than
+    // min_size: the group gives up min_size_wait after that, not later.
+    std::optional<steady_clock::time_point> below_since;
+    std::optional<detail::generation_record> next;
+    // Each round asks the store in at most three pipelined batches, however
+    // large the group: the next record and who reported; of the others, who
+    // was reported lost; of the rest, their heartbeats.
+    std::vector<std::string> reported_keys{next_key};
+    for (auto& m : gen_.members)
+      if (m.id != id_) reported_keys.push_back(key("recover/" + gs + "/" + std::to_string(m.id)));
+    while (!next) {
+      const auto reported = detail::try_get_all(*store_, reported_keys, store_deadline());
+      if (const auto& cur = reported[0]) {
+        next = detail::generation_record::decode(to_bytes(*cur));
+        break;
+      }
+      // Who of g is alive (reported), dead (reported lost or lease expired), or undecided?
+      // Lost: marked dead in g by a peer, or its launcher saw its process exit.
+      std::vector<std::string> lost_keys, hb_keys;
+      std::vector<std::size_t> unreported, maybe_alive;  // indices into gen_.members
+      for (std::size_t i = 0, k = 1; i < gen_.members.size(); ++i) {
+        if (gen_.members[i].id == id_) continue;
+        if (!reported[k++]) {
+          unreported.push_back(i);
+          lost_keys.push_back(dead_key(g, gen_.members[i].id));
+          lost_keys.push_back(opts_.gone_key(gen_.members[i].id));
+        }
+      }
+      const auto lost_or_gone = detail::try_get_all(*store_, lost_keys, store_deadline());
+      std::vector<std::uint8_t> lost(unreported.size());
+      for (std::size_t j = 0; j < unreported.size(); ++j)
+        lost[j] = lost_or_gone[2 * j].has_value() || lost_or_gone[2 * j + 1].has_value();
+      // A member on this host whose process is gone is dead now, not only
+      // after its lease: when several die at once, a survivor revoked before
+      // its own transport saw a death reports none. Told to the others too
+      // (read back as lost in the next round).
+      std::vector<std::uint8_t> exited_here(unreported.size(), 0);
+      if constexpr (requires(const transport_type& t) {
+                      { t.peer_gone(0) } -> std::convertible_to<bool>;
+                    }) {
+        for (std::size_t j = 0; transport_ && gen_.generation == g && j < unreported.size(); ++j) {
+          const std::size_t i = unreported[j];
+          if (lost[j] || !transport_->peer_gone(static_cast<int>(i))) continue;
+          exited_here[j] = 1;
+          EBBFLOW_LOG_WARN("member " << gen_.members[i].id << " (rank " << i << " of generation " << g
+                                     << ") is gone: its process on this host exited");
+          store_->set(dead_key(g, gen_.members[i].id), "1", store_deadline());
+        }
+      }
+      for (std::size_t j = 0; j < unreported.size(); ++j) {
+        if (lost[j] || exited_here[j] || unresolved_deadline.expired())
+          continue;  // reported lost, or its process exited on this host, or too late
+        maybe_alive.push_back(unreported[j]);
+        hb_keys.push_back(key("hb/" + std::to_string(gen_.members[unreported[j]].id)));
+      }
+      std::vector<std::uint8_t> heartbeating(gen_.members.size(), 0);  // unreported, lease fresh
+      if (!hb_keys.empty()) {
+        const auto hbs =
+            detail::add_all(*store_, hb_keys, std::vector<std::int64_t>(hb_keys.size(), 0), store_deadline());
+        const auto now = steady_clock::now();
+        for (std::size_t j = 0; j < maybe_alive.size(); ++j)
+          heartbeating[maybe_alive[j]] = fresh(gen_.members[maybe_alive[j]].id, hbs[j], now, hb_seen);
+      }
+      std::vector<detail::member_entry> alive;
+      std::string undecided_ids;  // alive by their heartbeat, not yet in the recovery
+      bool undecided = false;
+      for (std::size_t i = 0, k = 1; i < gen_.members.size(); ++i) {
+        const member_id m = gen_.members[i].id;
+        if (m == id_) {
+          alive.push_back({id_, holds});
+        } else if (const auto& r = reported[k++]) {
+          alive.push_back({m, detail::parse_i64(*r)});
+        } else if (heartbeating[i]) {
+          undecided = true;
+          detail::append_listed(undecided_ids, std::to_string(m));
+        }
+      }
+      // A member whose heartbeat goes on but whose training thread does not
+      // come (stuck outside ebbflow: a data loader, a lock) is waited for
+      // until the operation deadline, then left out; say so once.
+      if (undecided && !stuck_logged && steady_clock::now() - recovery_started > opts_.lease) {
+        EBBFLOW_LOG_WARN(
+            "generation " << g << " failed; member(s) " << undecided_ids
+                          << " still send heartbeats but have not reached the recovery (a training "
+                             "thread stuck outside ebbflow?): waiting for them at most EBBFLOW_OP_TIMEOUT_MS="
+                          << std::chrono::duration_cast<std::chrono::milliseconds>(opts_.op_timeout).count()
+                          << " ms, then going on without them");
+        stuck_logged = true;
+      }
+      if (!undecided) {
+        count_join_failures(alive, failures_counted);  // before the tickets are read: a restarted newcomer's sees it
+        // Failure counts the heartbeat thread read before this are stale.
+        failures_epoch_.fetch_add(1, std::memory_order_acq_rel);
+        std::int64_t seen = gen_.joins_seen;
+        const std::size_t room =
+            static_cast<std::size_t>(std::max<std::int64_t>(0, opts_.max_size - static_cast<int>(alive.size())));
+        std::vector<join_hold> holds;
+        auto joiners = pending_joiners(seen, room, false, holds);
+        const int total = static_cast<int>(alive.size() + joiners.size());
+        if (total < opts_.min_size) {
+          const auto now = steady_clock::now();
+          if (!below_since) below_since = now;
+          if (!waiting_logged)
+            EBBFLOW_LOG_WARN("only " << total << " workers left, below EBBFLOW_MIN_SIZE=" << opts_.min_size
+                                     << ": waiting for workers to join (up to EBBFLOW_MIN_WAIT_MS="
+                                     << opts_.min_size_wait.count() << " ms)");
+          waiting_logged = true;
+          if (now - *below_since >= opts_.min_size_wait)
+            fail(error::timeout, "only " + std::to_string(total) + " worker(s) left after generation " + gs +
+                                     " failed, below EBBFLOW_MIN_SIZE=" + std::to_string(opts_.min_size) +
+                                     ", and none joined within EBBFLOW_MIN_WAIT_MS=" +
+                                     std::to_string(opts_.min_size_wait.count()) + " ms");
+        } else {
+          detail::generation_record rec;
+          rec.generation = g + 1;
+          rec.reason = change_reason::failure;
+          rec.members = alive;
+          for (auto j : joiners) rec.members.push_back({j, -1});
+          std::vector<member_id> ids;
+          for (auto& m : rec.members) ids.push_back(m.id);
+          rec.source = -1;
+          rec.source_step = -1;
+          for (auto& m : rec.members)
+            if (m.committed > rec.source_step) {
+              rec.source_step = m.committed;
+              rec.source = m.id;
+            }
+          // If nobody holds a step, none was ever trained: the member that
+          // formed generation 0 died before its state moved. A launched
+          // worker whose buffers no transfer wrote holds an initial state as
+          // valid as that one (as when launch rank 0 never registers): the
+          // first becomes the source, the others receive its state.
+          for (auto& m : rec.members) {
+            if (m.committed != detail::own_initial_state) continue;
+            m.committed = -1;
+            if (rec.source_step < 0) {
+              m.committed = rec.source_step = 0;
+              rec.source = m.id;
+            }
+          }
+          if (rec.source_step < 0) {  // only joiners that never got the state (and part-written members) are left
+            if (job_done()) fail_job_finished("finished before this worker received the training state");
+            fail(error::invalid_state, "no member holding the training state is left after generation " + gs +
+                                           " failed: the state is lost (restart from a checkpoint)");
+          }
+          auto p = plan_of(ids);
+          rec.plan.assign(p.begin(), p.end());
+          rec.plan_version = gen_.plan_version + 1;
+          rec.joins_seen = seen;
+          const std::string mine = to_value(rec.encode());
+          const std::string cur = store_->compare_set(next_key, "", mine, store_deadline()).current;
+          if (cur == mine) {
+            for (auto j : joiners)
+              store_->set(key("joined/" + std::to_string(j)), std::to_string(g + 1), store_deadline());
+            answer_holds(*store_, holds);
+          }
+          next = detail::generation_record::decode(to_bytes(cur));
+          break;
+        }
+      }
+      if (overall.expired())
+        fail(error::timeout, "could not re-form the group after generation " + gs +
+                                 " within EBBFLOW_OP_TIMEOUT_MS + EBBFLOW_MIN_WAIT_MS (" +
+                                 std::to_string((opts_.op_timeout + opts_.min_size_wait).count()) + " ms)" +
+                                 (undecided_ids.empty() ? "" : "; undecided: member(s) " + undecided_ids));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (next->rank_of(id_) < 0 && leave_requested_.load()) {
+      leave_now();  // it was leaving anyway
+      return;
+    }
+    if (next->rank_of(id_) < 0) {
+      EBBFLOW_LOG_WARN("member " << id_ << " was left out of generation " << next->generation << ": rejoining");
+      wait_admission();
+      return;
+    }
+    if (next->reason != change_reason::failure) {
+      // A join or leave decided before the failure, whose members were
+      // connecting in the background. Its committed steps date from that
+      // decision, and the survivors may now be a step apart (a failure can
+      // hit after some of them committed a step): adopting it could pair
+      // different steps' gradients. Never adopted by a recovery: every member
+      // fails it over in turn, so the next record holds the real steps.
+      EBBFLOW_LOG_WARN("generation " << next->generation << " (" << name(next->reason)
+                                     << ") was decided before generation " << gs << " failed: failing it over too");
+      enter(std::move(*next));
+      g = gen_.generation;
+      lost_peer = -1;
+      continue;
+    }
+    try {
+      adopt(std::move(*next), started);
+      return;
+    } catch (const system_error& e) {
+      if (!detail::recoverable(e.code())) throw;
+      g = gen_.generation;
+      lost_peer = lost_in_adopt(e);
+    }
+  }
+}
+
+template <kv_store Store, network Net>
+int group_impl<Store, Net>::lost_peer_of(const system_error& e) const noexcept {
+  // Only a transport that saw a peer die may name it: a collective's error
+  // names the neighbour whose transfer failed, which in a ring is often a
+  // live member stuck behind the dead one. Reporting it dead would exclude it.
+  if (e.code() != errc::peer_lost) return -1;
+  if constexpr (requires(const transport_type& t) {
+                  { t.lost_peer() } -> std::convertible_to<int>;
+                }) {
+    return transport_ ? transport_->lost_peer() : -1;
+  } else {
+    return e.peer();
+  }
+}
+
+template <kv_store Store, network Net>
+int group_impl<Store, Net>::lost_in_adopt(const system_error& e) noexcept {
+  // adopt() runs no collective: a member its error names stopped heartbeating
+  // or never published its address, or its endpoint could not be made; it
+  // is not a live neighbour stuck behind a dead one (lost_peer_of). Nor can
+  // lost_peer_of ask the transport: the new one is not made yet.
+  return e.code() == errc::peer_lost ? e.peer() : -1;
+}
+
+template <kv_store Store, network Net>
+void group_impl<Store, Net>::take_own_initial_state() {
+  if (!own_initial_state_)
+    fail(error::invalid_state, "member " + std::to_string(id_) + " was made the source of generation " +
+                                   std::to_string(gen_.generation) + " without the training state");
+  const auto p = restored_.value_or(position{0, 0, 0});
+  step_ = p.step;
+  epoch_ = p.epoch;
+  cursor_ = p.cursor;
+  EBBFLOW_LOG_WARN("the member that formed the first generation died before its state moved: member "
+                   << id_ << " (launch rank " << launch_.rank << ") serves its own initial state"
+                   << (restored_ ? " and restored position" : "") << " (step " << step_ << ")");
+}
+
+}  // namespace elastic::detail
+EBBFLOW_END_NAMESPACE
+// ---- end <ebbflow/elastic/impl/group/recovery.hpp>
+// ---- end <ebbflow/elastic/detail/group_impl.hpp>
+// #include <ebbflow/elastic/group_options.hpp>  (inlined)
+// #include <ebbflow/elastic/group_types.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
+// #include <ebbflow/elastic/network.hpp>  (inlined)
+// #include <ebbflow/elastic/planning_policy.hpp>  (inlined)
+// #include <ebbflow/plan/work_stealing.hpp>  (inlined)  // plan::steal_report
+
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! Raised by `group` when it cannot go on: the store is gone, the membership
+//! stayed below `min_size` for `min_size_wait`, or this worker was never
+//! admitted. Carries errc::timeout / peer_lost / invalid_state / job_finished.
+using group_error = system_error;
+
+//! The elastic group. `Store` models `kv_store`, `Net` models `network`.
+//! `connect_store` makes one store client per thread that talks to the store:
+//! the training thread, the heartbeat thread (again after a lost connection)
+//! and the admission helper. The heartbeat thread and the helper may call it
+//! at the same time, so it must be thread-safe; the clients it returns need
+//! not be.
+template <kv_store Store, network Net>
+class group {
+  using impl_type = detail::group_impl<Store, Net>;
+
+ public:
+  //! The transport handed to `collective`: `Net`'s, revocable by the heartbeat thread.
+  using transport_type = typename impl_type::transport_type;
+  //! Collectives over the current generation's transport.
+  using communicator_type = typename impl_type::communicator_type;
+  //! Connects a new store client (must not return nullptr; may throw, which the constructor passes on).
+  using store_factory = typename impl_type::store_factory;
+
+  //! Joins the job: as one of the initial `launch.world_size` workers (rank
+  //! `launch.rank`), or, with `opts.join`, as a newcomer admitted at a step
+  //! boundary. Blocks until this worker is a member (deadline
+  //! `opts.join_timeout`). Registered state is synchronised at the first
+  //! `begin_step`; register it before that.
+  //! @throws group_error, std::invalid_argument for bad options.
+  group(store_factory connect_store, Net& net, group_options opts, launch_info launch,
+        std::unique_ptr<planning_policy> policy = std::make_unique<uniform_policy>())
+      : impl_(std::move(connect_store), net, std::move(opts), std::move(launch), std::move(policy)) {}
+
+  group(const group&) = delete;
+  group& operator=(const group&) = delete;
+  //! Stops the heartbeat (the others see this worker as failed unless it left).
+  //! A member that ends between steps first waits, for at most a lease
+  //! (2 s at most), until every member of its generation ended too, so its
+  //! closing transport fails no peer still in the last step's exchange.
+  ~group() = default;
+
+  //! Registers a buffer that is part of the training state (parameters,
+  //! optimizer state, ...): streamed to joiners and to members behind after a
+  //! failure, each from one of the members holding the newest committed
+  //! step. Host memory; same name and size on every member; replicated
+  //! state (the same bits on members that committed the same steps).
+  //! @throws group_error (invalid_state) after the first `begin_step`.
+  void register_state(std::string name, std::span<std::byte> host_bytes) {
+    impl_.register_state(std::move(name), host_bytes);
+  }
+  //! Called after every membership change (e.g. to rescale the learning
+  //! rate). An exception it throws leaves `begin_step` as it is; the change
+  //! stays in effect.
+  void on_world_changed(std::function<void(const world_change&)> cb) { impl_.callbacks_.push_back(std::move(cb)); }
+
+  //! This member's share of the next step. Applies a pending switch or state
+  //! transfer first. @throws group_error when the group cannot go on.
+  step_info begin_step() { return impl_.begin_step(); }
+
+  //! Runs `f(communicator&)` (any collectives over this generation).
+  //! Returns false when a member failed: the step is aborted, the group
+  //! re-formed, and the caller must redo the step from `begin_step`.
+  //! Between `begin_step` and `end_step` only; after a false return, only
+  //! `begin_step` (@throws group_error, invalid_state, otherwise).
+  template <class F>
+  [[nodiscard]] bool collective(F&& f) {
+    return impl_.collective(std::forward<F>(f));
+  }
+  //! Sums `data` over all members (host memory). False: redo the step.
+  [[nodiscard]] bool allreduce(std::span<float> data) { return impl_.allreduce(data); }
+  //! As above, for doubles.
+  [[nodiscard]] bool allreduce(std::span<double> data) { return impl_.allreduce(data); }
+
+  //! In-step work stealing (plan/work_stealing.hpp) instead of processing
+  //! the own slice whole: calls `process(first, last)` for positions
+  //! [first, last) of this step's global batch (the sample at position p is
+  //! the one at `cursor + p` of the epoch's order), first for chunks of its
+  //! own slice, paced against its planned step time when the policy has
+  //! models, then for chunks taken from the ends of slices whose owners fall
+  //! behind. Each position is processed by exactly one member (atomic claims
+  //! on the job's store, keyed by generation and step). Call between
+  //! `begin_step` and the gradient allreduce on every member; weigh each
+  //! sample by 1 / global_batch (a member that processed nothing still
+  //! allreduces its zeros), and pass `processed` to `end_step`. `process`
+  //! must not call the group. Once per step attempt.
+  //! @throws group_error (invalid_state) when called twice, plan::plan_error
+  //! (bad settings), plan::plan_fault (a corrupt claim counter in the store),
+  //! the store's errors, and what `process` throws.
+  template <class Process>
+  plan::steal_report steal_step(Process&& process, const steal_settings& settings = {}) {
+    return impl_.steal_step(std::forward<Process>(process), settings);
+  }
+
+  //! Commits the step (call after the optimizer step) and runs the control
+  //! exchange: feeds every member's timing to the policy, applies new plans,
+  //! leaves and joins. `compute_seconds`: this member's compute time of the step.
+  void end_step(double compute_seconds) { impl_.commit(compute_seconds, std::nullopt); }
+  //! As above, after `steal_step`: `processed` samples (its report) took
+  //! `compute_seconds`, which is what the policy learns from.
+  void end_step(double compute_seconds, std::size_t processed) { impl_.commit(compute_seconds, processed); }
+
+  //! Resumes from a checkpoint: the step, epoch and cursor the job had
+  //! reached. Call before the first `begin_step` on every member (the
+  //! source's position travels with the initial state). Steps and epochs
+  //! up to 2^62; with `drop_last`, not a cursor inside the short last batch.
+  //! @throws group_error after the first begin_step, std::invalid_argument.
+  void restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor) {
+    impl_.restore_position(step, epoch, cursor);
+  }
+
+  //! Asks to leave at the next step boundary (thread-safe).
+  void request_leave() noexcept { impl_.leave_requested_.store(true); }
+  //! Marks the job finished: workers still waiting to join stop waiting, and
+  //! joiners admitted to a change still in flight (see `changing`) stop
+  //! waiting for the state with a clear error (job_finished); a worker
+  //! started later under this job is refused at once. `keep_training` calls
+  //! it when the steps are done; a loop that ends otherwise calls it after
+  //! its last step (on one member or on all: the same mark).
+  //! @throws system_error from the store.
+  void finish() { impl_.finish(); }
+  //! True while a membership change is unfinished: decided at an earlier
+  //! step boundary and still being prepared in the background, or switched
+  //! to with the state still to move at the next `begin_step`. Every member
+  //! sees the same value after `end_step` returns, so a loop that must not
+  //! end with a joiner stranded can run on while it is true.
+  [[nodiscard]] bool changing() const noexcept { return impl_.changing(); }
+
+  //! The condition of the training loop, `while (g.keep_training(total_steps))`:
+  //! true while this member should run another step, that is while it is
+  //! `active()` and either fewer than `total_steps` steps are committed or a
+  //! membership change is unfinished (`changing()`: a joiner admitted near
+  //! the end is taken in rather than stranded, so the job may commit a few
+  //! steps more than `total_steps`). Every member gets the same answer after
+  //! `end_step`. The first time it returns false because the steps are done,
+  //! it calls `finish()`, so a worker started later under this job is refused
+  //! at once (job_finished); a member that left returns false without it.
+  //! Once false, it stays false. A loop that ends otherwise (on a loss
+  //! target, a time limit, a signal) calls `finish()` itself.
+  //! @throws std::invalid_argument when total_steps is negative; what `finish` throws.
+  [[nodiscard]] bool keep_training(std::int64_t total_steps) { return impl_.keep_training(total_steps); }
+
+  //! False once this member left the group (after `request_leave` took effect).
+  [[nodiscard]] bool active() const noexcept { return impl_.active_; }
+  //! This member's rank in the current generation.
+  [[nodiscard]] int rank() const noexcept { return impl_.rank_; }
+  //! Members in the current generation.
+  [[nodiscard]] int size() const noexcept { return impl_.size(); }
+  //! The current generation (grows by one with every membership change).
+  [[nodiscard]] std::int64_t generation() const noexcept { return impl_.gen_.generation; }
+  //! Steps committed so far; -1 on a joiner until its state arrived at the first `begin_step`.
+  [[nodiscard]] std::int64_t step() const noexcept { return impl_.step_; }
+  //! The epoch of the next step.
+  [[nodiscard]] std::int64_t epoch() const noexcept { return impl_.epoch_; }
+  //! Position in the epoch's sample order where the next step's global batch starts.
+  [[nodiscard]] std::size_t cursor() const noexcept { return impl_.cursor_; }
+  //! This worker's job-wide id (from the store; never reused).
+  [[nodiscard]] member_id id() const noexcept { return impl_.id_; }
+  //! The plan in force: every member's batch for a full global batch, rank
+  //! order. Valid until the next membership change or re-plan.
+  [[nodiscard]] std::span<const std::uint64_t> plan() const noexcept { return impl_.gen_.plan; }
+  //! Every membership change this member saw, oldest first.
+  [[nodiscard]] const std::vector<world_change>& history() const noexcept { return impl_.history_; }
+  //! The transport of the current generation (valid until the next change).
+  [[nodiscard]] transport_type& transport() { return *impl_.transport_; }
+  //! The communicator of the current generation (valid until the next change).
+  [[nodiscard]] communicator_type& communicator() { return *impl_.comm_; }
+
+ private:
+  impl_type impl_;  // all state and the protocol: elastic/detail/group_impl.hpp
+};
+
+//! Deduces the store type from what `connect_store` returns, so that a
+//! lambda works as well as a `std::function`:
+//! `elastic::group g([] { return std::make_unique<store_client>(...); }, net, opts, launch);`
+template <class Connect, class Net, class... Policy>
+requires std::invocable<Connect&> && requires { typename std::invoke_result_t<Connect&>::element_type; }
+group(Connect, Net&, group_options, launch_info, Policy&&...)
+    ->group<typename std::invoke_result_t<Connect&>::element_type, Net>;
+
+//! Makes `sig` (e.g. SIGTERM) request a graceful leave of every group in this
+//! process at its next step boundary, instead of killing it.
+inline void leave_on_signal(int sig = SIGTERM) { std::signal(sig, detail::on_leave_signal); }
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+
+// Separate compilation (config.hpp): the group over UCX and store_client or
+// any_store is instantiated once, in ebbflow::compiled; tcp_store.hpp and
+// any_store.hpp declare that instantiation (extern template), so a
+// translation unit pays for no store it does not include. The member
+// definitions stay visible: a group over another store or network
+// instantiates as in header-only mode.
+// ==== end <ebbflow/elastic/group.hpp>
+
+// ==== begin <ebbflow/elastic/ucx_network.hpp> =============================
+#if EBBFLOW_HAS_UCX
+// SPDX-License-Identifier: Apache-2.0
+//! @file ucx_network.hpp
+//! `ucx_network`: the elastic group's `network` over UCX. One UCX worker
+//! (one address) serves the whole job; each generation builds its transport
+//! on it, reusing the endpoints between members that stay, and the
+//! generation bits of every wire tag keep late messages of an older
+//! generation from matching. Requires the `ebbflow::ucx` component.
+//!
+//! Thread safety: used by the group's training thread, except
+//! `start_connect`, which the group's admission helper may call while the
+//! training thread uses the current generation (`concurrent_connect()`).
+
+
+// #include <ebbflow/config.hpp>  (inlined)
+// #include <ebbflow/comm/ucx/handles.hpp>  (inlined)
+// #include <ebbflow/comm/ucx/transport.hpp>  (inlined)
+// #include <ebbflow/core/error.hpp>  (inlined)
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
+
+#include <memory>
+#include <vector>
+
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+//! The elastic group's `network` over UCX: one context and one worker for
+//! the whole job, a `comm::ucx::transport` per generation. `start_connect`
+//! may be called from a helper thread when `concurrent_connect()`; nothing
+//! else is thread-safe.
+class ucx_network {
+ public:
+  using transport_type = comm::ucx::transport;  //!< what `connect` builds per generation
+
+  //! Creates the process's UCP context and its one worker (UCX reads its
+  //! configuration from the environment; see docs/comm.md for the defaults
+  //! ebbflow sets). @throws system_error when UCX cannot initialise.
+  ucx_network();
+  //! Shares an existing context.
+  explicit ucx_network(std::shared_ptr<comm::ucx::context> ctx);
+
+  //! Whether `start_connect` may run on another thread while the current
+  //! generation trains on the same worker (UCX built with thread support).
+  [[nodiscard]] bool concurrent_connect() const noexcept { return worker_->multi_threaded(); }
+
+  //! One worker serves every generation, so its address never changes: the
+  //! group publishes it once, and a membership change only builds endpoints.
+  [[nodiscard]] static constexpr bool stable_address() noexcept { return true; }
+
+  //! This process's worker address (the same for every generation).
+  bytes prepare(std::int64_t) const { return bytes(worker_->address().begin(), worker_->address().end()); }
+
+  //! Connects to every member of generation `g` (addresses in rank order) on
+  //! the shared worker. Blocks until every endpoint is wired up or `d` passes.
+  //! @throws system_error (peer_lost / timeout naming the peer), std::invalid_argument.
+  transport_type connect(std::int64_t g, int rank, const std::vector<bytes>& addresses, deadline d) {
+    return transport_type(worker_, g, rank, static_cast<int>(addresses.size()), addresses, d);
+  }
+  //! As `connect`, without blocking: the endpoints wire up while the current
+  //! generation keeps training on the same worker (see
+  //! `comm::ucx::transport::start`); the group finishes it at the switch.
+  transport_type start_connect(std::int64_t g, int rank, const std::vector<bytes>& addresses) {
+    return transport_type::start(worker_, g, rank, static_cast<int>(addresses.size()), addresses);
+  }
+  //! After a failure: the next generation opens new endpoints rather than
+  //! reuse those of the failed one, which may carry its abandoned traffic
+  //! (a membership change without failure reuses the endpoints between the
+  //! members that stay; see `comm::ucx::endpoint_pool`).
+  void discard_endpoints() noexcept { worker_->endpoints().retire(); }
+
+ private:
+  std::shared_ptr<comm::ucx::worker> worker_;
+};
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+
+// #include <ebbflow/elastic/impl/ucx_network.hpp>  (inlined here)
+// ---- begin <ebbflow/elastic/impl/ucx_network.hpp>
+// SPDX-License-Identifier: Apache-2.0
+//! @file impl/ucx_network.hpp
+//! Definitions of elastic/ucx_network.hpp.
+
+
+// #include <ebbflow/elastic/ucx_network.hpp>  (inlined)
+
+// Compiled into ebbflow::compiled in separate compilation (config.hpp).
+#if EBBFLOW_HEADER_ONLY
+EBBFLOW_BEGIN_NAMESPACE
+namespace elastic {
+
+EBBFLOW_DECL ucx_network::ucx_network() : ucx_network(comm::ucx::context::create()) {}
+
+EBBFLOW_DECL ucx_network::ucx_network(std::shared_ptr<comm::ucx::context> ctx) {
+  EBBFLOW_ENFORCE(ctx != nullptr, "ucx_network: null UCX context");
+  // Multi-threaded, so the group can build the next generation's endpoints
+  // on a helper thread while training progresses the worker.
+  worker_ = std::make_shared<comm::ucx::worker>(std::move(ctx), UCS_THREAD_MODE_MULTI);
+}
+
+}  // namespace elastic
+EBBFLOW_END_NAMESPACE
+#endif  // EBBFLOW_HEADER_ONLY
+// ---- end <ebbflow/elastic/impl/ucx_network.hpp>
+#endif  // EBBFLOW_HAS_UCX
+// ==== end <ebbflow/elastic/ucx_network.hpp>
+
 // ==== begin <ebbflow/elastic/detail/json.hpp> =============================
 // SPDX-License-Identifier: Apache-2.0
 //! @file detail/json.hpp
@@ -16207,6 +20525,14 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 extern template class plan::work_stealer<elastic::store_client>;
 EBBFLOW_END_NAMESPACE
+// ...and the group over this store and UCX (elastic/group.hpp).
+#if EBBFLOW_HAS_UCX
+// #include <ebbflow/elastic/group.hpp>  (inlined)
+// #include <ebbflow/elastic/ucx_network.hpp>  (inlined)
+EBBFLOW_BEGIN_NAMESPACE
+extern template class elastic::detail::group_impl<elastic::store_client, elastic::ucx_network>;
+EBBFLOW_END_NAMESPACE
+#endif
 #endif
 // ---- end <ebbflow/elastic/tcp_store.hpp>
 
@@ -16469,4335 +20795,17 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 extern template class plan::work_stealer<elastic::any_store>;
 EBBFLOW_END_NAMESPACE
-#endif
-#endif  // EBBFLOW_HAS_ASIO
-// ==== end <ebbflow/elastic/any_store.hpp>
-
-// ==== begin <ebbflow/elastic/cooldown.hpp> ================================
-// SPDX-License-Identifier: Apache-2.0
-//! @file cooldown.hpp
-//! The back-off shared by the elastic group's join cool-down
-//! (`EBBFLOW_JOIN_COOLDOWN`) and `ebbflow-run --restart-cooldown`: nothing
-//! after a first failure, then SEC, doubling with every further failure in
-//! a row, at most MAX. Written "SEC[:MAX]" in seconds; SEC 0 turns it off.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <cstdlib>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-
-//! SEC and MAX of a cool-down. Value type.
-struct cooldown {
-  std::chrono::milliseconds sec{1'000};   //!< the wait after the second failure in a row (0: never wait)
-  std::chrono::milliseconds max{60'000};  //!< the longest wait
-
-  //! The wait after `failures` failures in a row: 0 for fewer than 2 (or
-  //! when SEC is 0), else SEC·2^(failures−2), at most MAX.
-  [[nodiscard]] std::chrono::milliseconds after(std::int64_t failures) const noexcept {
-    if (failures < 2 || sec.count() <= 0) return std::chrono::milliseconds(0);
-    return std::min(max, sec * (std::int64_t{1} << std::min<std::int64_t>(failures - 2, 20)));
-  }
-
-  //! Parses "SEC[:MAX]" (seconds in [0, 86400]; MAX defaults to `defaults.max`).
-  //! @throws std::invalid_argument "<what>='<text>': ..." on a malformed value.
-  static cooldown parse(std::string_view text, std::string_view what, cooldown defaults) {
-    const std::string t(text);
-    // No source location in the message: a command line shows it to its user.
-    const auto bad = [&](const char* why) { throw std::invalid_argument(std::string(what) + "='" + t + "': " + why); };
-    const auto seconds = [&](const std::string& s) {
-      char* end = nullptr;
-      const double x = std::strtod(s.c_str(), &end);
-      if (s.empty() || end != s.c_str() + s.size() || !(x >= 0 && x <= 86'400))
-        bad("expected SEC[:MAX], seconds in [0, 86400]");
-      return std::chrono::milliseconds(static_cast<std::int64_t>(x * 1000 + 0.5));
-    };
-    cooldown c = defaults;
-    const auto colon = t.find(':');
-    c.sec = seconds(t.substr(0, colon));
-    if (colon != std::string::npos) c.max = seconds(t.substr(colon + 1));
-    if (c.max < c.sec) bad("MAX is below SEC");
-    return c;
-  }
-  //! As above, MAX defaulting to 60 s.
-  static cooldown parse(std::string_view text, std::string_view what) { return parse(text, what, cooldown{}); }
-};
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-// ==== end <ebbflow/elastic/cooldown.hpp>
-
-// ==== begin <ebbflow/elastic/ucx_network.hpp> =============================
+// ...and the group over this store and UCX (elastic/group.hpp).
 #if EBBFLOW_HAS_UCX
-// SPDX-License-Identifier: Apache-2.0
-//! @file ucx_network.hpp
-//! `ucx_network`: the elastic group's `network` over UCX. One UCX worker
-//! (one address) serves the whole job; each generation builds its transport
-//! on it, reusing the endpoints between members that stay, and the
-//! generation bits of every wire tag keep late messages of an older
-//! generation from matching. Requires the `ebbflow::ucx` component.
-//!
-//! Thread safety: used by the group's training thread, except
-//! `start_connect`, which the group's admission helper may call while the
-//! training thread uses the current generation (`concurrent_connect()`).
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/comm/ucx/handles.hpp>  (inlined)
-// #include <ebbflow/comm/ucx/transport.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
-
-#include <memory>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-
-//! The elastic group's `network` over UCX: one context and one worker for
-//! the whole job, a `comm::ucx::transport` per generation. `start_connect`
-//! may be called from a helper thread when `concurrent_connect()`; nothing
-//! else is thread-safe.
-class ucx_network {
- public:
-  using transport_type = comm::ucx::transport;  //!< what `connect` builds per generation
-
-  //! Creates the process's UCP context and its one worker (UCX reads its
-  //! configuration from the environment; see docs/comm.md for the defaults
-  //! ebbflow sets). @throws system_error when UCX cannot initialise.
-  ucx_network();
-  //! Shares an existing context.
-  explicit ucx_network(std::shared_ptr<comm::ucx::context> ctx);
-
-  //! Whether `start_connect` may run on another thread while the current
-  //! generation trains on the same worker (UCX built with thread support).
-  [[nodiscard]] bool concurrent_connect() const noexcept { return worker_->multi_threaded(); }
-
-  //! One worker serves every generation, so its address never changes: the
-  //! group publishes it once, and a membership change only builds endpoints.
-  [[nodiscard]] static constexpr bool stable_address() noexcept { return true; }
-
-  //! This process's worker address (the same for every generation).
-  bytes prepare(std::int64_t) const { return bytes(worker_->address().begin(), worker_->address().end()); }
-
-  //! Connects to every member of generation `g` (addresses in rank order) on
-  //! the shared worker. Blocks until every endpoint is wired up or `d` passes.
-  //! @throws system_error (peer_lost / timeout naming the peer), std::invalid_argument.
-  transport_type connect(std::int64_t g, int rank, const std::vector<bytes>& addresses, deadline d) {
-    return transport_type(worker_, g, rank, static_cast<int>(addresses.size()), addresses, d);
-  }
-  //! As `connect`, without blocking: the endpoints wire up while the current
-  //! generation keeps training on the same worker (see
-  //! `comm::ucx::transport::start`); the group finishes it at the switch.
-  transport_type start_connect(std::int64_t g, int rank, const std::vector<bytes>& addresses) {
-    return transport_type::start(worker_, g, rank, static_cast<int>(addresses.size()), addresses);
-  }
-  //! After a failure: the next generation opens new endpoints rather than
-  //! reuse those of the failed one, which may carry its abandoned traffic
-  //! (a membership change without failure reuses the endpoints between the
-  //! members that stay; see `comm::ucx::endpoint_pool`).
-  void discard_endpoints() noexcept { worker_->endpoints().retire(); }
-
- private:
-  std::shared_ptr<comm::ucx::worker> worker_;
-};
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-
-// #include <ebbflow/elastic/impl/ucx_network.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/impl/ucx_network.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/ucx_network.hpp
-//! Definitions of elastic/ucx_network.hpp.
-
-
-// #include <ebbflow/elastic/ucx_network.hpp>  (inlined)
-
-// Compiled into ebbflow::compiled in separate compilation (config.hpp).
-#if EBBFLOW_HEADER_ONLY
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-
-EBBFLOW_DECL ucx_network::ucx_network() : ucx_network(comm::ucx::context::create()) {}
-
-EBBFLOW_DECL ucx_network::ucx_network(std::shared_ptr<comm::ucx::context> ctx) {
-  EBBFLOW_ENFORCE(ctx != nullptr, "ucx_network: null UCX context");
-  // Multi-threaded, so the group can build the next generation's endpoints
-  // on a helper thread while training progresses the worker.
-  worker_ = std::make_shared<comm::ucx::worker>(std::move(ctx), UCS_THREAD_MODE_MULTI);
-}
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-#endif  // EBBFLOW_HEADER_ONLY
-// ---- end <ebbflow/elastic/impl/ucx_network.hpp>
-#endif  // EBBFLOW_HAS_UCX
-// ==== end <ebbflow/elastic/ucx_network.hpp>
-
-// ==== begin <ebbflow/elastic/group.hpp> ===================================
-// SPDX-License-Identifier: Apache-2.0
-//! @file group.hpp
-//! The elastic group: data-parallel training whose workers join, leave and
-//! fail while training goes on, with no restart and no lost or repeated
-//! sample.
-//!
-//! A training loop joins the job and trains like this (docs/elastic.md
-//! explains each line; docs/snippets/training_loop.cpp is the whole program,
-//! which the tests build and run):
-//! <!-- snippet: docs/snippets/training_loop.cpp#join -->
-//! @code
-//!   el::leave_on_signal(SIGTERM);                                    // SIGTERM: leave at the next step boundary
-//!   el::group_options opts = el::group_options::from_environment();  // EBBFLOW_* settings (docs/elastic.md)
-//!   opts.global_batch = 128;                                         // required: B, samples per step
-//!   opts.dataset_size = dataset_size;                                // required: N, samples per epoch
-//!   el::ucx_network net;
-//!   el::group g([] { return std::make_unique<el::any_store>(el::any_store::from_environment()); }, net, opts,
-//!               ef::launch_info::from_environment(), std::make_unique<el::planner_policy>());
-//!   g.register_state("params", std::as_writable_bytes(std::span(params)));      // what must be equal on every
-//!   g.register_state("velocity", std::as_writable_bytes(std::span(velocity)));  // member: model and optimizer
-//! @endcode
-//! <!-- snippet: docs/snippets/training_loop.cpp#loop -->
-//! @code
-//!   while (g.keep_training(steps)) {
-//!     const el::step_info s = g.begin_step();  // my slice: positions [s.cursor + s.offset, + s.batch) of epoch s.epoch
-//!     const auto t0 = std::chrono::steady_clock::now();
-//!     compute_gradients(s, params, grads);
-//!     const std::chrono::duration<double> compute = std::chrono::steady_clock::now() - t0;
-//!     if (!g.allreduce(grads)) continue;  // a member failed: the step was rolled back; redo it
-//!     sgd_step(params, velocity, grads);
-//!     g.end_step(compute.count());  // commit; joins, leaves and re-plans take effect here
-//!   }
-//! @endcode
-//! `keep_training` ends the loop once `total_steps` steps are committed and
-//! no membership change is unfinished, and then marks the job finished
-//! (`finish`); a loop that ends otherwise calls `finish` itself.
-//!
-//! Guarantees (docs/elastic.md gives the protocol and the argument for each):
-//! * Every member applies the same update every step: the gradient of the
-//!   step's global batch, each sample of an epoch used exactly once across
-//!   joins, leaves and failures, so the parameters equal a single-process
-//!   run over the same global batches.
-//! * A failure (a peer's death or hang) makes a collective return false on
-//!   every survivor: the step was rolled back (no update applied, the cursor
-//!   did not advance) and the group re-formed; the caller redoes it.
-//! * Joins and leaves take effect at step boundaries; newcomers connect in
-//!   the background while the members train, and receive the committed state
-//!   from the members holding it.
-//! * Every wait has a deadline (group_options); what the group cannot
-//!   recover from throws `group_error` naming the rank, generation and cause.
-//!
-//! Thread safety: one thread drives a group; `request_leave` may be called
-//! from any thread or a signal handler (through `leave_on_signal`).
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/env.hpp>  (inlined)    // launch_info
-// #include <ebbflow/core/error.hpp>  (inlined)  // system_error
-// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/detail/group_impl.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file detail/group_impl.hpp
-//! The state of an elastic group and the operations on it, behind the public
-//! `elastic::group` (elastic/group.hpp, the contract). One class, because
-//! every part works on the same generation; its definitions are split by
-//! concern, one file each, under elastic/impl/group/:
-//!
-//! | file                  | owns                                                           |
-//! |-----------------------|----------------------------------------------------------------|
-//! | lifecycle.hpp         | construction, the end of a member, registered state, finish,   |
-//! |                       | keep_training                                                  |
-//! | formation.hpp         | generation 0 and waiting to be admitted as a newcomer          |
-//! | generation.hpp        | entering a generation: addresses, wire-up, install, leaving    |
-//! | step.hpp              | the user's step: begin, collectives, work stealing, commit     |
-//! | join_tickets.hpp      | the coordinator's queue of newcomers and their cool-downs      |
-//! | membership_change.hpp | joins and leaves decided at a step boundary, connected in the  |
-//! |                       | background by the admission helper thread                      |
-//! | state_transfer.hpp    | streaming the committed state to members that lack it          |
-//! | recovery.hpp          | re-forming the group after a failure                           |
-//! | heartbeat.hpp         | the heartbeat thread: leases, exit reports, aborts, stalls     |
-//!
-//! Threads: the training thread (the user's, calling the group) owns
-//! everything not marked otherwise. The heartbeat thread touches only the
-//! `hb_*` members (under `hb_mutex_` or atomic), the atomics it shares with
-//! the training thread, and its own store client. The admission helper
-//! thread touches only what `start_admission` hands it and its
-//! `admission_result`. The protocol is described in docs/elastic.md.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/comm/communicator.hpp>  (inlined)
-// #include <ebbflow/comm/revocable.hpp>  (inlined)
-// #include <ebbflow/comm/transport.hpp>  (inlined)
-// #include <ebbflow/core/deadline.hpp>  (inlined)
-// #include <ebbflow/core/env.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-// #include <ebbflow/core/log.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/progress.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/detail/progress.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file progress.hpp
-//! Where a member's training thread is, as one store counter: the stall
-//! warning's heartbeat publishes it and the waiting members read it.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-
-#include <algorithm>
-#include <cstdint>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-/// Step, generation and the number of the collective within the step, packed
-/// as `step * 2^24 + generation * 2^8 + collective` so that a member behind
-/// another reads a lower counter. The generation saturates at 2^16 - 1 and
-/// the collective at 255 and the step at 2^39 - 1; a negative step reads
-/// as 0. Collective 0 is the
-/// control exchange after step `step - 1` (it runs after the commit).
-struct progress {
-  static constexpr std::int64_t max_generation = 0xffff;
-  static constexpr int max_collective = 0xff;
-  static constexpr std::int64_t max_step = (std::int64_t{1} << 39) - 1;
-
-  std::int64_t step = 0;
-  std::int64_t generation = 0;
-  int collective = 0;
-
-  /// The generation as the counter holds it (saturated).
-  [[nodiscard]] static constexpr std::int64_t stored_generation(std::int64_t g) noexcept {
-    return std::clamp<std::int64_t>(g, 0, max_generation);
-  }
-
-  [[nodiscard]] constexpr std::int64_t encode() const noexcept {
-    return (std::clamp<std::int64_t>(step, 0, max_step) << 24) + (stored_generation(generation) << 8) +
-           std::clamp(collective, 0, max_collective);
-  }
-
-  [[nodiscard]] static constexpr progress decode(std::int64_t word) noexcept {
-    return {word >> 24, (word >> 8) & max_generation, static_cast<int>(word & max_collective)};
-  }
-};
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/detail/progress.hpp>
-// #include <ebbflow/elastic/detail/records.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/detail/records.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file detail/records.hpp
-//! The values the elastic group keeps in the store, and their formats: the
-//! record of a generation (binary, `generation_record`), join tickets and a
-//! worker's join failures (text), and integers (decimal text). Owned by no
-//! one part of the group: every part that reads or writes these keys uses
-//! these types, so a format lives in one place.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/wire.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/detail/wire.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file wire.hpp
-//! Little-endian byte writer/reader for the elastic group's records. The
-//! reader checks every length, so a truncated or corrupted record becomes
-//! `errc::bad_message`, never an out-of-bounds read.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-class writer {
- public:
-  template <class T>
-  requires std::is_trivially_copyable_v<T> writer& put(const T& v) {
-    const auto* p = reinterpret_cast<const std::byte*>(&v);
-    out_.insert(out_.end(), p, p + sizeof v);
-    return *this;
-  }
-  writer& put_bytes(std::span<const std::byte> b) {
-    put<std::uint64_t>(b.size());
-    out_.insert(out_.end(), b.begin(), b.end());
-    return *this;
-  }
-  [[nodiscard]] std::vector<std::byte> take() { return std::move(out_); }
-
- private:
-  std::vector<std::byte> out_;
-};
-
-class reader {
- public:
-  reader(std::span<const std::byte> in, const char* what) : in_(in), what_(what) {}
-  template <class T>
-  requires std::is_trivially_copyable_v<T> T get() {
-    need(sizeof(T));
-    T v;
-    std::memcpy(&v, in_.data() + pos_, sizeof v);
-    pos_ += sizeof v;
-    return v;
-  }
-  std::vector<std::byte> get_bytes() {
-    const auto n = get<std::uint64_t>();
-    need(n);
-    std::vector<std::byte> b(in_.begin() + static_cast<std::ptrdiff_t>(pos_),
-                             in_.begin() + static_cast<std::ptrdiff_t>(pos_ + n));
-    pos_ += n;
-    return b;
-  }
-  //! Elements of a length-prefixed array, bounded by what is left.
-  std::uint64_t get_count(std::size_t elem_size) {
-    const auto n = get<std::uint64_t>();
-    if (elem_size && n > (in_.size() - pos_) / elem_size) fail();
-    return n;
-  }
-  void expect_end() const {
-    if (pos_ != in_.size()) fail();
-  }
-
- private:
-  void need(std::uint64_t n) const {
-    if (n > in_.size() - pos_) fail();
-  }
-  [[noreturn]] void fail() const {
-    throw system_error(
-        make_error_code(error::bad_message),
-        {.operation = "decode", .detail = std::string(what_) + " of " + std::to_string(in_.size()) + " bytes"});
-  }
-  std::span<const std::byte> in_;
-  std::size_t pos_ = 0;
-  const char* what_;
-};
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/detail/wire.hpp>
-// #include <ebbflow/elastic/group_types.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/group_types.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file group_types.hpp
-//! What the elastic group hands a training loop: this member's share of a
-//! step (`step_info`), a membership change (`world_change`, `change_reason`),
-//! and the settings of in-step work stealing (`steal_settings`).
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/enum_names.hpp>  (inlined)
-// #include <ebbflow/plan/work_stealing.hpp>  (inlined)  // plan::steal_options
-
-#include <cstddef>
-#include <cstdint>
-#include <string_view>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-
-//! What this member does in the current step.
-struct step_info {
-  std::int64_t step = 0;           //!< committed steps so far (this step's number)
-  std::int64_t epoch = 0;          //!< epoch of this step
-  std::size_t cursor = 0;          //!< position in the epoch's sample order where this step's global batch starts
-  std::size_t global_batch = 0;    //!< B_t (B, or less for an epoch's short last batch)
-  std::size_t offset = 0;          //!< start of this member's slice inside the global batch
-  std::size_t batch = 0;           //!< b_i, this member's slice length (may be 0)
-  double weight = 0;               //!< b_i / B_t: scale of this member's mean-loss gradient
-  int rank = 0;                    //!< rank in the current generation
-  int world_size = 1;              //!< members in the current generation
-  std::int64_t generation = 0;     //!< current generation
-  std::uint64_t plan_version = 0;  //!< identifies the plan (same on every member)
-};
-
-//! Settings of `group::steal_step`.
-struct steal_settings {
-  plan::steal_options chunks{};       //!< chunk sizes (and the deadline of each claim)
-  double claim_seconds = 60e-6;       //!< one store round trip (what a claim costs a thief)
-  double chunk_overhead_seconds = 0;  //!< this member's cost of processing one more chunk
-};
-
-//! Why the membership changed (passed to world-changed callbacks).
-enum class change_reason : std::uint8_t { initial, join, leave, failure };
-
-namespace detail {
-inline constexpr auto change_reason_names =
-    make_enum_names(change_reason::initial, "initial", "join", "leave", "failure");
-static_assert(change_reason_names.last() == change_reason::failure);
-}  // namespace detail
-
-//! The reason as a lower-case word ("initial", "join", "leave", "failure"), for logs.
-constexpr std::string_view name(change_reason r) noexcept { return detail::change_reason_names(r); }
-
-//! A membership change as seen by callbacks and the event log.
-struct world_change {
-  std::int64_t generation = 0;                    //!< the generation that the change created
-  change_reason reason = change_reason::initial;  //!< why it changed
-  int old_size = 0;                               //!< members before the change (0 for the initial formation)
-  int new_size = 0;                               //!< members after the change
-  int rank = 0;                                   //!< this member's new rank
-  std::int64_t step = 0;                          //!< committed step at which the change took effect
-  double stall_seconds = 0;                       //!< time from the change's start to this member being ready again
-};
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/group_types.hpp>
-// #include <ebbflow/elastic/kv_store.hpp>  (inlined)         // bytes
-// #include <ebbflow/elastic/planning_policy.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/planning_policy.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file planning_policy.hpp
-//! How the elastic group sizes each member's share of the global batch.
-//! The coordinator asks its policy for a plan; every member feeds its policy
-//! the same observations (the per-step control exchange carries every
-//! member's batch and compute time), so a newly elected coordinator plans
-//! from the same history. Plans are for the full global batch; a short last
-//! batch of an epoch is split with `scale_plan`.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/error.hpp>  (inlined)
-
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <numeric>
-#include <span>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-
-//! Identifies a worker for the whole job (assigned by the store; never reused).
-using member_id = std::int64_t;
-
-//! Decides the members' batch sizes. Called only from the group's training
-//! thread (need not be thread-safe); exceptions propagate out of the group
-//! call that asked for the plan.
-class planning_policy {
- public:
-  virtual ~planning_policy() = default;
-  //! One measured step of `member`: `batch` samples took `seconds` of compute.
-  virtual void observe(member_id member, std::size_t batch, double seconds) = 0;
-  //! Batch sizes (rank order of `members`) that sum to `global_batch`.
-  virtual std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) = 0;
-  //! What the policy knows of a member's speed: seconds per step and per
-  //! sample (the inputs of its plan). Paces in-step work stealing.
-  struct member_model {
-    double fixed_seconds = 0;       //!< a_i
-    double seconds_per_sample = 0;  //!< c_i (> 0 when known)
-  };
-  //! The models of `members` (rank order), or empty when the policy has
-  //! none for them yet (then `group::steal_step` steals unpaced).
-  [[nodiscard]] virtual std::vector<member_model> models(std::span<const member_id> members) const {
-    (void)members;
-    return {};
-  }
-  //! Whether `current` should be replaced (checked by the coordinator each step).
-  virtual bool should_replan(std::span<const member_id> members, std::span<const std::size_t> current,
-                             std::size_t global_batch) {
-    (void)members, (void)current, (void)global_batch;
-    return false;
-  }
-};
-
-//! Equal shares (the remainder goes to the lowest ranks). The default when no
-//! planner is given; ignores timings.
-class uniform_policy final : public planning_policy {
- public:
-  void observe(member_id, std::size_t, double) override {}
-  std::vector<std::size_t> plan(std::span<const member_id> members, std::size_t global_batch) override {
-    EBBFLOW_ENFORCE(!members.empty(), "uniform_policy: empty membership");
-    const std::size_t n = members.size();
-    std::vector<std::size_t> b(n, global_batch / n);
-    for (std::size_t i = 0; i < global_batch % n; ++i) ++b[i];
-    return b;
-  }
-};
-
-//! Splits `total` (≤ the plan's sum) in proportion to `plan`, deterministically:
-//! floor shares, then the remainder to the largest fractional parts (ties to
-//! the lower rank). Every rank computes the same result.
-inline std::vector<std::size_t> scale_plan(std::span<const std::size_t> plan, std::size_t total) {
-  const std::size_t sum = std::accumulate(plan.begin(), plan.end(), std::size_t{0});
-  std::vector<std::size_t> out(plan.size(), 0);
-  if (sum == total) {
-    out.assign(plan.begin(), plan.end());
-    return out;
-  }
-  if (sum == 0 || total == 0) {
-    for (std::size_t i = 0; i < total; ++i) ++out[i % out.size()];
-    return out;
-  }
-  std::vector<std::pair<std::size_t, std::size_t>> rem;  // (remainder numerator, rank)
-  std::size_t given = 0;
-  for (std::size_t i = 0; i < plan.size(); ++i) {
-    __extension__ using u128 = unsigned __int128;
-    const u128 num = static_cast<u128>(plan[i]) * total;
-    out[i] = static_cast<std::size_t>(num / sum);
-    rem.emplace_back(static_cast<std::size_t>(num % sum), i);
-    given += out[i];
-  }
-  std::stable_sort(rem.begin(), rem.end(), [](auto& a, auto& b) { return a.first > b.first; });
-  for (std::size_t k = 0; given < total; ++k, ++given) ++out[rem[k].second];
-  return out;
-}
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/planning_policy.hpp>
-
-#include <algorithm>
-#include <charconv>
-#include <cstdint>
-#include <optional>
-#include <span>
-#include <sstream>
-#include <string>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-// Integers the group stores as decimal text; anything else is a corrupt store.
-inline std::int64_t parse_i64(const std::string& v) {
-  std::int64_t x = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc{} || p != v.data() + v.size())
-    throw system_error(
-        make_error_code(error::bad_message),
-        {.operation = "elastic group", .detail = "store value '" + v.substr(0, 32) + "' is not an integer"});
-  return x;
-}
-
-// Appends `item` to a list for a message: "1", then "1, 4".
-inline void append_listed(std::string& list, const std::string& item) {
-  if (!list.empty()) list += ", ";
-  list += item;
-}
-
-// A member of a generation and the newest step it committed.
-struct member_entry {
-  member_id id = -1;
-  std::int64_t committed = -1;  // newest committed step the member holds; -1: no state
-};
-// What a member with no step reports to a recovery when its buffers still
-// hold its own launch-time initial state (never in a generation record).
-inline constexpr std::int64_t own_initial_state = -2;
-
-// The record of generation g under `<prefix>/gen/<g>`, written once
-// (compare-and-set) by whoever forms it: its members in rank order, which
-// member holds the newest committed state, the plan, and how many join
-// tickets were handled. Binary, versioned by its magic number.
-struct generation_record {
-  std::int64_t generation = 0;
-  change_reason reason = change_reason::initial;
-  std::vector<member_entry> members;
-  member_id source = -1;  // holds the newest committed state
-  std::int64_t source_step = 0;
-  std::vector<std::uint64_t> plan;  // full-B plan, rank order
-  std::uint64_t plan_version = 0;
-  std::int64_t joins_seen = 0;  // join tickets handled so far
-
-  [[nodiscard]] bytes encode() const {
-    writer w;
-    w.put<std::uint32_t>(0xEBBF1001u).put(generation).put(static_cast<std::uint8_t>(reason));
-    w.put<std::uint64_t>(members.size());
-    for (auto& m : members) w.put(m.id).put(m.committed);
-    w.put(source).put(source_step).put<std::uint64_t>(plan.size());
-    for (auto b : plan) w.put(b);
-    w.put(plan_version).put(joins_seen);
-    return w.take();
-  }
-  static generation_record decode(std::span<const std::byte> in) {
-    reader r(in, "generation record");
-    generation_record g;
-    if (r.get<std::uint32_t>() != 0xEBBF1001u)
-      throw system_error(make_error_code(error::bad_message),
-                         {.operation = "decode", .detail = "generation record magic"});
-    g.generation = r.get<std::int64_t>();
-    g.reason = static_cast<change_reason>(r.get<std::uint8_t>());
-    const auto n = r.get_count(16);
-    for (std::uint64_t i = 0; i < n; ++i) {
-      member_entry m;
-      m.id = r.get<member_id>();
-      m.committed = r.get<std::int64_t>();
-      g.members.push_back(m);
-    }
-    g.source = r.get<member_id>();
-    g.source_step = r.get<std::int64_t>();
-    const auto p = r.get_count(8);
-    for (std::uint64_t i = 0; i < p; ++i) g.plan.push_back(r.get<std::uint64_t>());
-    g.plan_version = r.get<std::uint64_t>();
-    g.joins_seen = r.get<std::int64_t>();
-    r.expect_end();
-    return g;
-  }
-  [[nodiscard]] int rank_of(member_id id) const noexcept {
-    for (std::size_t i = 0; i < members.size(); ++i)
-      if (members[i].id == id) return static_cast<int>(i);
-    return -1;
-  }
-};
-
-// A join ticket reads "<member> <failures whose cool-down it waited out>
-// <worker key>"; the member id is parsed (and checked) by its reader.
-struct join_ticket {
-  std::string id;
-  std::int64_t held_for = 0;
-  std::string worker;
-  static join_ticket parse(const std::string& v) {
-    join_ticket t;
-    std::istringstream in(v);
-    in >> t.id >> t.held_for >> std::ws;
-    std::getline(in, t.worker);
-    return t;
-  }
-};
-
-// A worker's join failures in a row, as stored: "<count>" (after a reset),
-// or "<count> <generation> <member>,<member>,..." naming the members of the
-// failed generation already counted, so every recovering member can apply
-// the same failure and only the first one counts it.
-struct join_failures {
-  std::int64_t count = 0;
-  std::int64_t generation = -1;
-  std::vector<member_id> members;
-
-  static join_failures parse(const std::optional<std::string>& v) {
-    join_failures f;
-    if (!v || v->empty()) return f;
-    std::istringstream in(*v);
-    in >> f.count;
-    if (in >> f.generation) {
-      std::string ids;
-      in >> ids;
-      for (std::size_t at = 0; at < ids.size();) {
-        const auto comma = std::min(ids.find(',', at), ids.size());
-        f.members.push_back(parse_i64(ids.substr(at, comma - at)));
-        at = comma + 1;
-      }
-    }
-    if (in.fail() && !in.eof()) f = {};
-    return f;
-  }
-  std::string str() const {
-    std::string s = std::to_string(count) + " " + std::to_string(generation) + " ";
-    for (std::size_t i = 0; i < members.size(); ++i) {
-      if (i) s += ',';
-      s += std::to_string(members[i]);
-    }
-    return s;
-  }
-};
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/detail/records.hpp>
-// #include <ebbflow/elastic/group_options.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/group_options.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file group_options.hpp
-//! Settings of an elastic group (`group_options`), the store keys a launcher
-//! reads, and `report_process_exit`, with which a launcher tells a job that a
-//! worker's process exited. Each field names its environment variable;
-//! docs/elastic.md ("Configuration") says what each one is for and when to
-//! change it.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/comm/transport.hpp>  (inlined)  // comm::max_collective_ranks
-// #include <ebbflow/core/deadline.hpp>  (inlined)
-// #include <ebbflow/core/env.hpp>  (inlined)
-// #include <ebbflow/elastic/cooldown.hpp>  (inlined)
-// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
-// #include <ebbflow/elastic/planning_policy.hpp>  (inlined)  // member_id
-
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <string_view>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-
-//! Settings of an elastic group. `from_environment()` reads the `EBBFLOW_*`
-//! variables named beside each field (validated; a bad value throws
-//! std::invalid_argument naming the variable). `global_batch` and
-//! `dataset_size` have no default: set them in code.
-struct group_options {
-  std::string prefix = "ebbflow";                    //!< EBBFLOW_JOB: store key prefix of this job
-  int min_size = 1;                                  //!< EBBFLOW_MIN_SIZE: below it the group waits
-  int max_size = comm::max_collective_ranks;         //!< EBBFLOW_MAX_SIZE: joiners beyond it wait
-  std::size_t global_batch = 0;                      //!< B, samples per step over all members (required)
-  std::size_t dataset_size = 0;                      //!< N, samples per epoch (required)
-  bool drop_last = false;                            //!< drop an epoch's short last batch
-  bool join = false;                                 //!< EBBFLOW_JOIN=1: join a running job as a newcomer
-  std::chrono::milliseconds heartbeat{50};           //!< EBBFLOW_HEARTBEAT_MS
-  std::chrono::milliseconds lease{1000};             //!< EBBFLOW_LEASE_MS: silence after which a member is dead
-  std::chrono::milliseconds op_timeout{30'000};      //!< EBBFLOW_OP_TIMEOUT_MS: deadline of each collective
-  std::chrono::milliseconds join_timeout{120'000};   //!< EBBFLOW_JOIN_TIMEOUT_MS: admission, initial formation
-  std::chrono::milliseconds min_size_wait{600'000};  //!< EBBFLOW_MIN_WAIT_MS: below min_size before giving up
-  std::chrono::milliseconds initial_wait{30'000};    //!< EBBFLOW_INITIAL_WAIT_MS: for all launched workers
-  std::chrono::milliseconds store_timeout{10'000};   //!< EBBFLOW_STORE_TIMEOUT_MS: deadline of each store call
-  std::chrono::milliseconds admit_delay{50};         //!< EBBFLOW_ADMIT_DELAY_MS: batch join tickets this close
-  std::chrono::milliseconds stall_warning{10'000};   //!< EBBFLOW_STALL_WARN_MS: name who is behind (0: off)
-  //! EBBFLOW_STORE_OUTAGE_MS: a failure found while the store cannot be
-  //! reached waits this long for the store (a replicated store regaining its
-  //! quorum) before the group gives up; 0: gives up at once.
-  std::chrono::milliseconds store_outage_wait{0};
-  std::chrono::microseconds sched_slice{0};          //!< EBBFLOW_SCHED_SLICE_US: members' scheduler slice (0: off)
-  static constexpr std::chrono::microseconds min_sched_slice{100};     //!< the kernel's shortest slice
-  static constexpr std::chrono::microseconds max_sched_slice{100000};  //!< the kernel's longest slice
-  //! EBBFLOW_RT_PRIORITY (0: off, else 1 to 99): the group's threads run
-  //! under `SCHED_RR` once this process is a member. Opt-in; needs
-  //! `CAP_SYS_NICE` or `RLIMIT_RTPRIO` (refused: logged, training goes on).
-  int rt_priority = 0;
-  static constexpr int max_rt_priority = 99;  //!< the highest `SCHED_RR` priority on Linux
-  bool preconnect = true;                     //!< EBBFLOW_PRECONNECT: connect to joiners while training
-  //! EBBFLOW_INITIAL_STAGING_MB (0: off): a launched worker receives the
-  //! initial state into a copy of at most this size, so a sender's death
-  //! midway leaves its own initial state whole.
-  std::size_t initial_staging = std::size_t{1024} << 20;
-  std::chrono::milliseconds join_cooldown{1'000};       //!< SEC of EBBFLOW_JOIN_COOLDOWN=SEC[:MAX] (0: off)
-  std::chrono::milliseconds join_cooldown_max{60'000};  //!< MAX of EBBFLOW_JOIN_COOLDOWN
-  std::string worker_key;   //!< EBBFLOW_WORKER_KEY: whose join failures count together (default: host name)
-  std::string process_key;  //!< EBBFLOW_PROCESS_KEY: this process's name with its launcher (empty: none)
-
-  //! The store key of generation `g`'s record, written when it forms (a
-  //! launcher waits for generation 0 to know that training began).
-  [[nodiscard]] std::string generation_key(std::int64_t g) const { return prefix + "/gen/" + std::to_string(g); }
-  //! The store key under which the member that process `name` (its
-  //! EBBFLOW_PROCESS_KEY) became records its member id.
-  [[nodiscard]] std::string process_record_key(std::string_view name) const {
-    return prefix + "/proc/" + std::string(name);
-  }
-  //! The store key that says member `m`'s process exited (`report_process_exit`).
-  [[nodiscard]] std::string gone_key(member_id m) const { return prefix + "/gone/" + std::to_string(m); }
-  //! The counter `report_process_exit` adds one to after each report.
-  [[nodiscard]] std::string gone_count_key() const { return prefix + "/gone_count"; }
-
-  //! The defaults, overridden by the environment. @throws std::invalid_argument naming the variable.
-  static group_options from_environment() { return from_environment(group_options{}); }
-  //! `o`, overridden by the environment. @throws std::invalid_argument naming the variable.
-  static group_options from_environment(group_options o);
-};
-
-//! For a launcher: the process it started as `process_key` (the
-//! EBBFLOW_PROCESS_KEY it gave it) exited, `how` (e.g. "killed by SIGKILL").
-//! If that process became a member of the job, the members drop it at once
-//! instead of waiting for its lease. Call it once the process and whatever it
-//! started are gone. Returns the member id the process was, or nullopt when
-//! it never registered. @throws system_error from the store (deadline `d`).
-template <kv_store Store>
-std::optional<member_id> report_process_exit(Store& st, const group_options& o, std::string_view process_key,
-                                             std::string_view how, deadline d);
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-
-// #include <ebbflow/elastic/impl/group_options.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/impl/group_options.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/group_options.hpp
-//! Definitions of elastic/group_options.hpp.
-
-
-// #include <ebbflow/elastic/group_options.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/records.hpp>  (inlined)  // parse_i64
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-
-inline group_options group_options::from_environment(group_options o) {
-  constexpr std::int64_t day_ms = 24LL * 3'600'000;
-  if (auto j = env::get("EBBFLOW_JOB")) o.prefix = *j;
-  // Both bounds within the collectives' most ranks, so a minimum above it
-  // is refused naming EBBFLOW_MIN_SIZE rather than the maximum's default.
-  o.min_size = static_cast<int>(env::get_int("EBBFLOW_MIN_SIZE", o.min_size, 1, comm::max_collective_ranks));
-  o.max_size = static_cast<int>(env::get_int("EBBFLOW_MAX_SIZE", o.max_size, o.min_size, comm::max_collective_ranks));
-  o.join = env::get_bool("EBBFLOW_JOIN", o.join);
-  o.heartbeat = env::get_ms("EBBFLOW_HEARTBEAT_MS", o.heartbeat, 1, 60'000);
-  o.store_timeout = env::get_ms("EBBFLOW_STORE_TIMEOUT_MS", o.store_timeout, 1);
-  o.store_outage_wait = env::get_ms("EBBFLOW_STORE_OUTAGE_MS", o.store_outage_wait, 0, day_ms);
-  o.lease = env::get_ms("EBBFLOW_LEASE_MS", o.lease, 10, 3'600'000);
-  o.op_timeout = env::get_ms("EBBFLOW_OP_TIMEOUT_MS", o.op_timeout, 10, day_ms);
-  o.stall_warning = env::get_ms("EBBFLOW_STALL_WARN_MS", o.stall_warning, 0, day_ms);
-  o.sched_slice = std::chrono::microseconds(env::get_int_or_zero("EBBFLOW_SCHED_SLICE_US", o.sched_slice.count(),
-                                                                 min_sched_slice.count(), max_sched_slice.count()));
-  o.rt_priority = static_cast<int>(env::get_int_or_zero("EBBFLOW_RT_PRIORITY", o.rt_priority, 1, max_rt_priority));
-  o.join_timeout = env::get_ms("EBBFLOW_JOIN_TIMEOUT_MS", o.join_timeout, 10, day_ms);
-  o.min_size_wait = env::get_ms("EBBFLOW_MIN_WAIT_MS", o.min_size_wait, 10, day_ms);
-  o.initial_wait = env::get_ms("EBBFLOW_INITIAL_WAIT_MS", o.initial_wait, 0, day_ms);
-  o.admit_delay = env::get_ms("EBBFLOW_ADMIT_DELAY_MS", o.admit_delay, 0, 3'600'000);
-  o.preconnect = env::get_bool("EBBFLOW_PRECONNECT", o.preconnect);
-  o.initial_staging =
-      static_cast<std::size_t>(env::get_int(
-          "EBBFLOW_INITIAL_STAGING_MB", static_cast<std::int64_t>(o.initial_staging >> 20), 0, std::int64_t{1} << 30))
-      << 20;
-  if (auto c = env::get("EBBFLOW_JOIN_COOLDOWN")) {
-    const auto cd = cooldown::parse(*c, "EBBFLOW_JOIN_COOLDOWN", {o.join_cooldown, o.join_cooldown_max});
-    o.join_cooldown = cd.sec;
-    o.join_cooldown_max = cd.max;
-  }
-  if (auto k = env::get("EBBFLOW_WORKER_KEY")) o.worker_key = *k;
-  if (auto k = env::get("EBBFLOW_PROCESS_KEY")) o.process_key = *k;
-  return o;
-}
-
-template <kv_store Store>
-std::optional<member_id> report_process_exit(Store& st, const group_options& o, std::string_view process_key,
-                                             std::string_view how, deadline d) {
-  const auto v = st.try_get(o.process_record_key(process_key), d);
-  if (!v) return std::nullopt;
-  const member_id m = detail::parse_i64(*v);
-  st.set(o.gone_key(m), how, d);
-  st.add(o.gone_count_key(), 1, d);  // after the report: who reads the new count finds it
-  return m;
-}
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/impl/group_options.hpp>
-// ---- end <ebbflow/elastic/group_options.hpp>
-// #include <ebbflow/elastic/group_types.hpp>  (inlined)
-// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
-// #include <ebbflow/elastic/network.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/network.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file network.hpp
-//! The `network` concept: what builds the transport of each generation of an
-//! elastic group. The UCX network (elastic/ucx_network.hpp) and the loopback
-//! network (elastic/loopback_network.hpp) model it.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/comm/transport.hpp>  (inlined)
-// #include <ebbflow/core/deadline.hpp>  (inlined)
-// #include <ebbflow/elastic/kv_store.hpp>  (inlined)  // bytes
-
-#include <concepts>
-#include <cstdint>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-
-//! A network builds the transport of each generation. `prepare(g)` creates
-//! this process's endpoint for generation g and returns its address (the
-//! group publishes it in the store); `connect(g, rank, addresses, d)` returns
-//! the transport of generation g given every member's address in rank order.
-//!
-//! Optional members, found by the group when present:
-//! * `static bool stable_address()`: true when `prepare` returns the same
-//!   address for every generation; the group publishes it once.
-//! * `start_connect(g, rank, addresses)` returning a transport whose wire-up
-//!   completes in the background (its `poll_connect()`): the group then
-//!   connects to joiners while it keeps training and switches once every
-//!   member is wired up (docs/elastic.md, "Join without suspension").
-//! * `bool concurrent_connect()`: true when `start_connect` may run on the
-//!   group's admission helper thread while the training thread uses the
-//!   current generation's transport on the same network.
-//! * `discard_endpoints()`: for a network whose consecutive generations
-//!   share connections; called when a generation failed, so the recovered
-//!   one opens its own.
-template <class N>
-concept network = requires(N& n, std::int64_t g, int rank, const std::vector<bytes>& addrs, deadline d) {
-  typename N::transport_type;
-  requires comm::transport<typename N::transport_type>;
-  { n.prepare(g) } -> std::convertible_to<bytes>;
-  { n.connect(g, rank, addrs, d) } -> std::same_as<typename N::transport_type>;
-};
-
-namespace detail {
-//! Whether `N` publishes one address for every generation.
-template <class N>
-constexpr bool stable_address() {
-  if constexpr (requires {
-                  { N::stable_address() } -> std::convertible_to<bool>;
-                })
-    return N::stable_address();
-  else
-    return false;
-}
-
-//! Whether `N` can wire up a generation's transport in the background.
-template <class N>
-constexpr bool can_preconnect() {
-  return requires(N & n, std::int64_t g, int rank, const std::vector<bytes>& addrs, typename N::transport_type& t) {
-    { n.start_connect(g, rank, addrs) } -> std::same_as<typename N::transport_type>;
-    { t.poll_connect() } -> std::convertible_to<bool>;
-  };
-}
-
-//! Whether `n`'s start_connect may run on a helper thread while the current
-//! generation trains on the same network (ucx_network on a UCX with threads).
-template <class N>
-bool concurrent_connect(const N& n) {
-  if constexpr (requires {
-                  { n.concurrent_connect() } -> std::convertible_to<bool>;
-                })
-    return n.concurrent_connect();
-  else
-    return false;
-}
-}  // namespace detail
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/network.hpp>
-// #include <ebbflow/elastic/planning_policy.hpp>  (inlined)
-// #include <ebbflow/plan/work_stealing.hpp>  (inlined)
-
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <cstddef>
-#include <cstdint>
-#include <exception>
-#include <functional>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <set>
-#include <span>
-#include <stop_token>
-#include <string>
-#include <string_view>
-#include <thread>
-#include <utility>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-
-template <kv_store Store, network Net>
-class group;
-
-namespace detail {
-
-// Set by `leave_on_signal`'s handler: every group of the process leaves at
-// its next step boundary.
-inline std::atomic<bool>& signal_leave_flag() noexcept {
-  static std::atomic<bool> f{false};
-  return f;
-}
-extern "C" inline void on_leave_signal(int) { signal_leave_flag().store(true); }
-
-// Errors after which the group re-forms instead of giving up.
-inline bool recoverable(const std::error_code& ec) noexcept {
-  return ec == errc::peer_lost || ec == errc::timeout || ec == errc::revoked;
-}
-
-template <kv_store Store, network Net>
-class group_impl {
- public:
-  using transport_type = comm::revocable<typename Net::transport_type>;
-  using communicator_type = comm::transport_communicator<transport_type>;
-  using store_factory = std::function<std::unique_ptr<Store>()>;
-
-  // The public operations (elastic/group.hpp documents each).
-  group_impl(store_factory connect_store, Net& net, group_options opts, launch_info launch,
-             std::unique_ptr<planning_policy> policy);
-  group_impl(const group_impl&) = delete;
-  group_impl& operator=(const group_impl&) = delete;
-  ~group_impl();
-  void register_state(std::string name, std::span<std::byte> host_bytes);
-  step_info begin_step();
-  template <class F>
-  bool collective(F&& f);
-  bool allreduce(std::span<float> data);
-  bool allreduce(std::span<double> data);
-  template <class Process>
-  plan::steal_report steal_step(Process&& process, const steal_settings& settings);
-  // end_step: `processed` samples (the own slice when nullopt).
-  void commit(double compute_seconds, std::optional<std::size_t> processed);
-  void restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor);
-  void finish();
-  bool keep_training(std::int64_t total_steps);
-  // A membership change is unfinished (group::changing).
-  bool changing() const noexcept { return next_.has_value() || pending_.has_value(); }
-
- private:
-  friend class elastic::group<Store, Net>;  // reads the state its accessors return
-
-  // ---- store keys and failures (lifecycle.hpp)
-  std::string key(const std::string& k) const { return opts_.prefix + "/" + k; }
-  // The store key of generation g's record.
-  std::string gen_key(std::int64_t g) const { return opts_.generation_key(g); }
-  // The store key that marks member m dead in generation g (a recovery leaves it out).
-  std::string dead_key(std::int64_t g, member_id m) const {
-    return key("dead/" + std::to_string(g) + "/" + std::to_string(m));
-  }
-  // Whether the job was marked finished (`finish`).
-  bool job_done() { return store_->try_get(key("done"), store_deadline()).has_value(); }
-  // The deadline of a store call: store_timeout, or at most a lease while
-  // the heartbeat finds the store unreachable (a call then fails fast).
-  deadline store_deadline() const {
-    return deadline::after(store_unreachable() ? std::min<std::chrono::milliseconds>(opts_.store_timeout, opts_.lease)
-                                               : opts_.store_timeout);
-  }
-  bool store_unreachable() const noexcept { return store_down_since_.load(std::memory_order_relaxed) != 0; }
-  // Whether `e` came from a store call (its operation is "store.<op>").
-  static bool store_failure(const system_error& e) noexcept { return e.operation().starts_with("store"); }
-  static constexpr std::chrono::seconds store_warning_period{10};
-  [[noreturn]] void fail(std::error_code ec, const std::string& what) const;
-  // Fails with job_finished: "the job EBBFLOW_JOB='<prefix>' <what>".
-  [[noreturn]] void fail_job_finished(std::string_view what) const;
-  // EBBFLOW_FAULT (detail/fault_injection.hpp), claimed on the training
-  // thread's store connection, or on `st` from another thread.
-  void fault_point(const char* point);
-  void fault_point(const char* point, Store& st, std::stop_token stop);
-  // The end of the job: see ~group.
-  void wait_for_peers_to_end() noexcept;
-  static constexpr std::chrono::seconds end_wait_max{2};
-
-  // ---- generation 0 and newcomers (formation.hpp)
-  void form_initial();
-  // Writes generation 0 of the registered workers (compare-and-set: the first proposal wins).
-  void propose_initial(const std::vector<std::optional<std::string>>& registered);
-  void wait_admission();
-
-  // ---- entering a generation (generation.hpp)
-  int size() const noexcept { return static_cast<int>(gen_.members.size()); }  // members of gen_
-  // `begun`: a transport this member already started for rec (the
-  // background connect of a join that now goes the blocking way).
-  void adopt(generation_record rec, steady_clock::time_point started,
-             std::optional<typename Net::transport_type> begun = {});
-  // adopt(), and on a recoverable error the recovery of rec's generation.
-  void adopt_or_recover(generation_record rec, steady_clock::time_point started,
-                        std::optional<typename Net::transport_type> begun = {});
-  void enter(generation_record rec);
-  void became_member();
-  void take_member_scheduling();
-  void install(generation_record rec, typename Net::transport_type t, steady_clock::time_point started,
-               double prepared_seconds);
-  typename Net::transport_type connect_watched(const generation_record& rec, const std::vector<bytes>& addrs,
-                                               std::optional<typename Net::transport_type> begun = {});
-  std::vector<bytes> gather_addresses(const generation_record& rec);
-  // As above, on `st` with `cache`: callable from the admission helper.
-  std::vector<bytes> gather_addresses(const generation_record& rec, Store& st, std::map<member_id, bytes>& cache,
-                                      int rank, const std::shared_ptr<comm::revoke_flag>& revoke, std::stop_token stop);
-  void leave_now();
-
-  // ---- the user's step (step.hpp)
-  step_info current_slice() const;
-  // Throws group_error (invalid_state) unless a step is open on an active member.
-  void require_open_step(const char* what) const;
-  // The policy's plan for `ids`, checked: one entry each, summing to the global batch.
-  std::vector<std::size_t> plan_of(const std::vector<member_id>& ids) const;
-  void control_allreduce(std::span<double> v);
-  void notify(change_reason reason, int old_size, double stall);
-  void release_steal_counter();
-
-  // ---- state transfer (state_transfer.hpp)
-  void sync_state();
-
-  // ---- the coordinator's join tickets (join_tickets.hpp)
-  // A join ticket answered with a cool-down instead of an admission.
-  struct join_hold {
-    std::int64_t ticket = 0;
-    std::int64_t ms = 0;        // how long the joiner waits before it files a new ticket
-    std::int64_t failures = 0;  // its worker's join failures in a row
-    std::string worker;         // its worker key
-  };
-  // The join tickets after `seen` (advanced past those handled), at most
-  // `room` of them admitted; tickets of workers in a cool-down go to `holds`.
-  std::vector<member_id> pending_joiners(std::int64_t& seen, std::size_t room, bool settle,
-                                         std::vector<join_hold>& holds);
-  void answer_holds(Store& st, const std::vector<join_hold>& holds) const;
-  // The recovery's winner: the members lost from gen_ that were still in their
-  // probation as newcomers count one join failure for their worker key.
-  void count_join_failures(const std::vector<member_entry>& alive, std::set<member_id>& counted);
-  // The heartbeat thread's read-ahead of new tickets (see hb_tickets_).
-  std::int64_t prefetch_tickets(Store& st, std::int64_t total);
-
-  // ---- joins and leaves at a step boundary (membership_change.hpp)
-  // Forms generation g+1 without the members `leaving` marks (1 per rank of
-  // the `n`) and with the joiners being admitted.
-  void change_membership(const std::vector<char>& leaving, int n);
-  // The leaves the control exchange `ctl` applies (1 per rank): a leave that
-  // would take the group below min_size, or leave newcomers without a state
-  // holder, waits (the lowest-ranked leavers stay one more generation).
-  std::vector<char> leaves_applied(const std::vector<double>& ctl, int n);
-  bool deferral_logged_ = false;  // the coordinator said why leaves wait
-  void write_record(Store& st, const std::string& gkey, const std::string& rec, const std::vector<member_id>& joiners,
-                    std::int64_t g1) const;
-  void start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
-                       std::vector<member_id> leavers, steady_clock::time_point started);
-  void take_admission();
-  void adopt_announced(std::int64_t g1, steady_clock::time_point started,
-                       std::optional<typename Net::transport_type> begun = {});
-  int poll_next();
-
-  // ---- recovery after a failure (recovery.hpp)
-  // Re-forms the group after generation `failed_generation` failed (its
-  // rank `lost_peer` seen dead, or -1); a store that cannot be reached makes
-  // it fail with a clear group_error.
-  void recover(std::int64_t failed_generation, int lost_peer);
-  void reform(std::int64_t failed_generation, int lost_peer);
-  int lost_peer_of(const system_error& e) const noexcept;
-  static int lost_in_adopt(const system_error& e) noexcept;
-  // This member takes its own buffers as the job's initial state (recover() chose it).
-  void take_own_initial_state();
-
-  // ---- leases (heartbeat.hpp)
-  // Each member's heartbeat counter as last read, and when it last changed.
-  using lease_seen = std::map<member_id, std::pair<std::int64_t, steady_clock::time_point>>;
-  // Lease checks of a connect in progress: at most one round per heartbeat.
-  struct lease_watch {
-    lease_seen seen;
-    steady_clock::time_point next_check{};
-  };
-  bool fresh(Store& st, member_id m, lease_seen& seen) const;
-  // Whether member m, whose heartbeat counter reads `hb` at `now`, counted on
-  // within the lease (its first reading counts as fresh).
-  bool fresh(member_id m, std::int64_t hb, steady_clock::time_point now, lease_seen& seen) const;
-  // The rank in `rec` of a member whose lease expired (with `joiners_only`,
-  // a joiner), else -1; reads the store at most once a heartbeat.
-  int stale_member(const generation_record& rec, lease_watch& w, bool joiners_only);
-  void heartbeat_loop(std::stop_token st);
-  // The heartbeat thread's watch of the current generation's leases.
-  struct peer_watch {
-    std::int64_t generation = -1;
-    lease_seen seen;
-    steady_clock::time_point last_round{};
-    std::int64_t aborted = -1;  // the generation this thread aborted, or saw aborted
-  };
-  // After a heartbeat round that read `ids`' counters `hb` for generation g:
-  // a member silent for a lease is marked dead in g and g is aborted.
-  void check_leases(Store& st, std::int64_t g, const std::vector<member_id>& ids, std::span<const std::int64_t> hb,
-                    peer_watch& w);
-  // The same for a launcher's report (report_process_exit) that one of
-  // `ids` (ranks `ranks` in g) exited: it is marked dead and g aborted.
-  void check_gone(Store& st, std::int64_t g, const std::vector<member_id>& ids, const std::vector<int>& ranks,
-                  peer_watch& w);
-  // Whether a heartbeat thread that found a member of g dead should still
-  // abort g: the job has not finished and g is still this member's.
-  bool abort_due(Store& st, std::int64_t g);
-  // Marks m dead in g, posts abort/<g> and revokes this member's transport.
-  void abort_without(Store& st, std::int64_t g, member_id m, peer_watch& w);
-  // A heartbeat round could not reach the store: marks it unreachable and
-  // warns (at once, then every store_warning_period).
-  void note_store_unreachable(const char* why, steady_clock::time_point& next_warning);
-  // Whole seconds from steady_clock tick `since` to now.
-  static long long seconds_since(steady_clock::rep since) noexcept {
-    return std::chrono::duration_cast<std::chrono::seconds>(steady_clock::now().time_since_epoch() -
-                                                            steady_clock::duration(since))
-        .count();
-  }
-
-  // ---- the state, in declaration order (which is destruction order)
-
-  group_options opts_;
-  launch_info launch_;
-  store_factory connect_store_;
-  std::unique_ptr<Store> store_;
-  Net* net_;
-  std::unique_ptr<planning_policy> policy_;
-  member_id id_ = -1;
-  comm::collective_options coll_opts_;
-  std::map<member_id, bytes> address_cache_;  // stable-address networks only
-
-  generation_record gen_;
-  int rank_ = -1;
-  bool active_ = true;
-  bool became_member_ = false;      // became_member() ran: once per process
-  bool member_scheduling_ = false;  // take_member_scheduling() ran: once per process
-  bool started_ = false;            // begin_step was called
-  bool finished_ = false;           // keep_training found the job's steps done and called finish()
-  // Where the user's step is: begin_step opens it, end_step closes it, a
-  // collective that returns false aborts it (redo from begin_step).
-  enum class step_phase : unsigned char { closed, open, aborted };
-  step_phase phase_ = step_phase::closed;
-  bool callback_threw_ = false;  // a world-changed callback's exception is passing through
-  static constexpr std::int64_t max_step = std::int64_t{1} << 62;
-  std::int64_t step_ = -1;  // committed steps; -1 until state arrives
-  std::int64_t epoch_ = 0;
-  std::size_t cursor_ = 0;
-  // The job's initial state is the registered buffers of the member that
-  // formed generation 0. Should it die before that state moved, another
-  // launched worker's own buffers serve instead, as if it had formed it:
-  // only while no transfer has written them and the member was never left
-  // out (a newcomer's buffers are never the job's state). See recover().
-  bool own_initial_state_ = false;
-  struct position {
-    std::int64_t step, epoch;
-    std::size_t cursor;
-  };
-  std::optional<position> restored_;  // restore_position's, kept by every member
-  struct pending_change {
-    change_reason reason;
-    int old_size;
-    steady_clock::time_point started;
-    double prepared_seconds = 0;  // spent before the switch connecting in the background (counted as stall)
-  };
-  std::optional<pending_change> pending_;  // state transfer and notification still to do
-  // What the admission helper thread hands back: the store work of a
-  // membership change (the coordinator's record, the next generation's
-  // record and addresses) and, where the network allows it from another
-  // thread, the endpoints, done while this member's training thread goes on.
-  struct admission_result {
-    std::atomic<bool> done{false};  // release: everything below is written
-    std::exception_ptr error;
-    std::optional<generation_record> rec;
-    std::vector<bytes> addrs;
-    std::optional<typename Net::transport_type> transport;
-    std::map<member_id, bytes> cache;  // the address cache, updated, handed back
-    bool excluded = false;             // rec leaves this member out (a concurrent recovery): rejoin
-    bool blocking = false;             // rec leaves a current member out: the blocking way sorts it out
-  };
-  // A join whose transport is wiring up while the current generation trains.
-  struct next_generation {
-    generation_record rec;
-    std::int64_t g1 = -1;               // the generation being prepared
-    std::optional<std::string> record;  // the coordinator's record (the helper writes it)
-    std::vector<member_id> admitted;    // the joiners that record admits
-    std::optional<typename Net::transport_type> transport;
-    steady_clock::time_point since;               // connect started
-    double prepared_seconds = 0;                  // this member's training-thread time spent starting it
-    bool leaving = false;                         // this member leaves at the switch (no transport)
-    bool failed = false;                          // starting the connect failed here: fall back at the next exchange
-    bool excluded = false;                        // the next generation leaves this member out: it rejoins
-    lease_watch joiners;                          // joiners' leases
-    std::shared_ptr<admission_result> admission;  // the helper's result while it runs
-    std::jthread helper;                          // declared last: joined first
-  };
-  std::unique_ptr<Store> aux_store_;  // the admission helper's own connection (store clients are not thread-safe)
-  std::optional<next_generation> next_;
-  std::optional<transport_type> transport_;
-  std::optional<typename Net::transport_type> retiring_;  // the replaced generation's, closing in the background
-  std::optional<communicator_type> comm_;
-  std::shared_ptr<comm::revoke_flag> revoke_;
-  std::atomic<std::int64_t> hb_generation_{-1};
-  // Since when the heartbeat finds the store unreachable (steady_clock ticks; 0: it is reachable).
-  std::atomic<steady_clock::rep> store_down_since_{0};
-  std::mutex hb_wake_m_;                 // with hb_wake_: the heartbeat thread's sleep between beats,
-  std::condition_variable_any hb_wake_;  // cut short when this process becomes a member
-  std::mutex hb_mutex_;
-  std::shared_ptr<comm::revoke_flag> hb_revoke_;
-  std::vector<std::string> hb_erase_;  // store keys the heartbeat thread erases (under hb_mutex_)
-  // The members of generation hb_watched_gen_ whose leases the heartbeat
-  // thread watches (under hb_mutex_): the coordinator watches every other
-  // member, the others the coordinator.
-  std::int64_t hb_watched_gen_ = -1;
-  std::vector<member_id> hb_watched_;
-  std::vector<int> hb_watched_ranks_;  // their ranks in that generation
-  std::atomic<bool> leave_requested_{false};
-  // Nonzero while the training thread is inside begin_step, allreduce or
-  // end_step (where it progresses the network itself): the admission helper
-  // drives a background wire-up only while it is zero.
-  std::atomic<int> in_group_{0};
-  // Where the training thread is, published with its heartbeat for the
-  // stall warning (an encoded progress: a member behind another
-  // reads lower); and since when the training thread waits inside a
-  // collective (steady_clock ticks; 0: it does not).
-  std::atomic<std::int64_t> progress_{0};
-  std::atomic<steady_clock::rep> waiting_since_{0};
-  std::pair<std::int64_t, std::int64_t> progress_at_{-1, -1};  // (generation, step) progress_k_ counts in
-  int progress_k_ = 0;
-  struct waiting {
-    std::atomic<steady_clock::rep>& since;
-    explicit waiting(std::atomic<steady_clock::rep>& s) noexcept : since(s) {}
-    ~waiting() { since.store(0, std::memory_order_relaxed); }
-    waiting(const waiting&) = delete;
-    waiting& operator=(const waiting&) = delete;
-  };
-  // The training thread enters a collective: counts it and marks the wait.
-  [[nodiscard]] waiting enter_collective(bool control = false) noexcept;
-  // After a heartbeat round that found this member waiting for
-  // stall_warning: names the watched members whose progress is behind.
-  void report_stall(std::int64_t mine, steady_clock::duration waited, const std::vector<member_id>& ids,
-                    const std::vector<int>& ranks, std::span<const std::int64_t> progress, bool coordinator) const;
-  struct inside {
-    std::atomic<int>& n;
-    explicit inside(std::atomic<int>& c) noexcept : n(c) { n.fetch_add(1, std::memory_order_relaxed); }
-    ~inside() { n.fetch_sub(1, std::memory_order_relaxed); }
-    inside(const inside&) = delete;
-    inside& operator=(const inside&) = delete;
-  };
-  // A newcomer until its probation ends (steady_clock ticks; 0: not one):
-  // then the heartbeat thread clears its join-failure marks.
-  std::atomic<steady_clock::rep> probation_end_{0};
-  std::pair<std::int64_t, std::int64_t> steal_attempt_{-1, -1};  // (generation, step) of the last steal_step
-  std::string steal_key_;             // this step's work-stealing counter of the own slice (erased when the step ends)
-  std::vector<member_id> admitting_;  // joiners the coordinator flagged in this step's control exchange
-  steady_clock::time_point last_commit_{};  // the previous end_step
-  steady_clock::duration step_interval_{};  // from the previous end_step to this one
-  // The coordinator's heartbeat thread reads the join-ticket counter into
-  // join_seq_hint_, so that a coordinator's step reads the store only
-  // while join tickets wait: a steady step makes no store call.
-  std::atomic<bool> hb_watch_joins_{false};
-  std::atomic<std::int64_t> join_seq_hint_{0};
-  // It also reads the tickets themselves as they appear, and their workers'
-  // join-failure counts, so that the step that admits them makes no store
-  // call either (under hb_mutex_, by ticket number; tickets up to
-  // hb_tickets_floor_ are handled). A ticket never changes once written; a
-  // count only in a recovery (count_join_failures), which bumps
-  // failures_epoch_ after it: a count read before that is read again.
-  struct prefetched_ticket {
-    std::string value;
-    std::int64_t failures_epoch = -1;  // failures_epoch_ when `failures` was read (-1: not read)
-    std::optional<std::string> failures;
-  };
-  std::map<std::int64_t, prefetched_ticket> hb_tickets_;
-  std::atomic<std::int64_t> hb_tickets_floor_{0};
-  std::atomic<std::int64_t> failures_epoch_{0};
-  std::int64_t ticket_seen_until_ = 0;  // coordinator: newest join ticket seen
-  std::int64_t ticket_hole_ = 0;        // coordinator: a ticket taken but not written, since:
-  steady_clock::time_point ticket_hole_since_;
-  steady_clock::time_point ticket_first_seen_;   // when the oldest waiting ticket was seen
-  steady_clock::time_point ticket_last_change_;  // when the newest ticket was seen
-
-  struct state_entry {
-    std::string name;
-    std::span<std::byte> data;
-  };
-  std::vector<state_entry> state_;
-  std::vector<std::function<void(const world_change&)>> callbacks_;
-  std::vector<world_change> history_;
-  std::jthread heartbeat_;
-};
-
-}  // namespace detail
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-
-// #include <ebbflow/elastic/impl/group/lifecycle.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/impl/group/lifecycle.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/group/lifecycle.hpp
-//! Construction and the end of a member: the checks of the options, the
-//! store connections, registration with the job, the end-of-job wait, the
-//! registered state and a restored position, `finish` and `keep_training`,
-//! and the fault points.
-//! May touch any member: it runs before and after the other threads.
-
-
-// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
-// #include <ebbflow/core/thread_name.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/fault_injection.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/detail/fault_injection.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file detail/fault_injection.hpp
-//! Fault injection for the multi-process tests: EBBFLOW_FAULT=<point>[*N]
-//! [:hang=MS|:sleep=MS] makes the first member of the job (the first N) that
-//! reaches `point` die there as a crashed process would (SIGKILL), hang
-//! there as a SIGSTOPped one would, or sleep on the calling thread only.
-//! Claims go through the job's store, so exactly N members fire. The points
-//! are listed in docs/elastic.md ("Testing aids"). Unset, a point costs one
-//! comparison.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/deadline.hpp>  (inlined)
-// #include <ebbflow/core/env.hpp>  (inlined)
-// #include <ebbflow/core/log.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/records.hpp>  (inlined)    // parse_i64
-// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)  // sleep_until
-// #include <ebbflow/elastic/planning_policy.hpp>  (inlined)   // member_id
-
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <chrono>
-#include <csignal>
-#include <cstdint>
-#include <ctime>
-#include <iomanip>
-#include <optional>
-#include <stdexcept>
-#include <stop_token>
-#include <string>
-#include <string_view>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-//! Fires EBBFLOW_FAULT at `point` when it names that point and this member
-//! (`id`, of the job under `prefix` in `st`) is among the first N to get
-//! there. `stop` cuts a `:sleep` short.
-//! @throws std::invalid_argument for a malformed EBBFLOW_FAULT.
-template <class Store>
-void fault_point(std::string_view point, Store& st, const std::string& prefix, member_id id, deadline d,
-                 const std::stop_token& stop) {
-  static const std::optional<std::string> fault = env::get("EBBFLOW_FAULT");
-  if (!fault) return;
-  std::string_view f = *fault;
-  enum class mode { die, hang, sleep } how = mode::die;
-  std::int64_t ms = 0;
-  if (const auto colon = f.find(':'); colon != std::string_view::npos) {
-    const std::string_view m = f.substr(colon + 1);
-    if (m.starts_with("hang="))
-      how = mode::hang;
-    else if (m.starts_with("sleep="))
-      how = mode::sleep;
-    else
-      throw std::invalid_argument("EBBFLOW_FAULT='" + *fault + "': expected <point>[*N][:hang=MS|:sleep=MS]");
-    ms = parse_i64(std::string(m.substr(m.find('=') + 1)));
-    f = f.substr(0, colon);
-  }
-  const auto star = f.find('*');
-  if (f.substr(0, star) != point) return;
-  const std::int64_t times = star == std::string_view::npos ? 1 : parse_i64(std::string(f.substr(star + 1)));
-  if (st.add(prefix + "/fault/" + std::string(point), 1, d) > times) return;
-  switch (how) {
-    case mode::die:
-      EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id << " dies here");
-      std::raise(SIGKILL);
-      return;
-    case mode::sleep:
-      EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id << "'s thread sleeps here for " << ms << " ms");
-      sleep_until(std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), stop);
-      return;
-    case mode::hang:
-      break;
-  }
-  EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id << " hangs here for " << ms << " ms");
-  // A child continues this process: fork() leaves it one thread, which
-  // calls only async-signal-safe functions.
-  const pid_t self = ::getpid();
-  if (const pid_t waker = ::fork(); waker == 0) {
-    const timespec t{static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1'000'000};
-    ::nanosleep(&t, nullptr);
-    ::kill(self, SIGCONT);
-    ::_exit(0);
-  } else if (waker > 0) {
-    ::kill(self, SIGSTOP);
-    ::waitpid(waker, nullptr, 0);
-    EBBFLOW_LOG_WARN("EBBFLOW_FAULT=" << point << ": member " << id << " goes on after its hang [t=" << std::fixed
-                                      << std::setprecision(3) << wall_seconds() << "]");
-  }
-}
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/detail/fault_injection.hpp>
-
-#include <algorithm>
-#include <string>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-template <kv_store Store, network Net>
-group_impl<Store, Net>::group_impl(store_factory connect_store, Net& net, group_options opts, launch_info launch,
-                                   std::unique_ptr<planning_policy> policy)
-    : opts_(std::move(opts)),
-      launch_(std::move(launch)),
-      connect_store_(std::move(connect_store)),
-      net_(&net),
-      policy_(std::move(policy)) {
-  EBBFLOW_ENFORCE(opts_.global_batch > 0, "elastic group: global_batch must be > 0");
-  EBBFLOW_ENFORCE(opts_.dataset_size > 0, "elastic group: dataset_size must be > 0");
-  EBBFLOW_ENFORCE(!opts_.drop_last || opts_.global_batch <= opts_.dataset_size,
-                  "elastic group: drop_last with global_batch " << opts_.global_batch << " > dataset_size "
-                                                                << opts_.dataset_size << " leaves no step");
-  EBBFLOW_ENFORCE(
-      opts_.min_size >= 1 && opts_.max_size >= opts_.min_size && opts_.max_size <= comm::max_collective_ranks,
-      "elastic group: need 1 <= min_size (" << opts_.min_size << ") <= max_size (" << opts_.max_size << ") <= "
-                                            << comm::max_collective_ranks << " (the collectives' most ranks)");
-  EBBFLOW_ENFORCE(opts_.join_cooldown.count() >= 0 && opts_.join_cooldown_max >= opts_.join_cooldown,
-                  "elastic group: need 0 <= join_cooldown ("
-                      << opts_.join_cooldown.count() << " ms) <= join_cooldown_max (" << opts_.join_cooldown_max.count()
-                      << " ms)");
-  // A lease spans at least two heartbeats: a member whose counter moves only
-  // once per lease would be judged dead for one late beat.
-  EBBFLOW_ENFORCE(opts_.heartbeat.count() > 0 && opts_.lease >= 2 * opts_.heartbeat,
-                  "elastic group: EBBFLOW_LEASE_MS=" << opts_.lease.count() << " must be at least twice "
-                                                     << "EBBFLOW_HEARTBEAT_MS=" << opts_.heartbeat.count());
-  EBBFLOW_ENFORCE(opts_.sched_slice.count() == 0 || (opts_.sched_slice >= group_options::min_sched_slice &&
-                                                     opts_.sched_slice <= group_options::max_sched_slice),
-                  "elastic group: EBBFLOW_SCHED_SLICE_US="
-                      << opts_.sched_slice.count() << ": expected 0 or " << group_options::min_sched_slice.count()
-                      << " to " << group_options::max_sched_slice.count() << " (the kernel's range)");
-  EBBFLOW_ENFORCE(opts_.rt_priority >= 0 && opts_.rt_priority <= group_options::max_rt_priority,
-                  "elastic group: EBBFLOW_RT_PRIORITY=" << opts_.rt_priority << ": expected 0 (off) or 1 to "
-                                                        << group_options::max_rt_priority);
-  // The first generation is formed from the launched workers alone (a
-  // newcomer joins a running group): fewer than min_size could never start.
-  EBBFLOW_ENFORCE(opts_.join || launch_.world_size >= opts_.min_size,
-                  "elastic group: EBBFLOW_MIN_SIZE=" << opts_.min_size << " but this launch starts "
-                                                     << launch_.world_size
-                                                     << " workers; the first generation is formed from the "
-                                                        "launched workers, so launch at least min_size of them");
-  EBBFLOW_ENFORCE(policy_ != nullptr, "elastic group: null planning policy");
-  EBBFLOW_ENFORCE(connect_store_ != nullptr, "elastic group: null store factory");
-  if (opts_.worker_key.empty()) opts_.worker_key = env::host_name();
-  store_ = connect_store_();
-  // A store that outlives its jobs keeps a finished job's keys under its
-  // prefix: this worker would take that job's generations for its own.
-  if (job_done())
-    fail_job_finished(
-        "on this store has finished: a worker started now cannot join it, and a new job needs a prefix of its own "
-        "(EBBFLOW_JOB; ebbflow-run --attach picks a fresh one) or a fresh store");
-  // The admission helper's own connection, made now rather than in the
-  // middle of a membership change (a joiner makes it later, when needed:
-  // its start-up is already part of one).
-  if (detail::can_preconnect<Net>() && opts_.preconnect && !opts_.join) aux_store_ = connect_store_();
-  coll_opts_ = comm::collective_options::from_environment();
-  coll_opts_.timeout = opts_.op_timeout;
-  id_ = store_->add(key("next_id"), 1, store_deadline());
-  // Which member this process is, for its launcher's report of its exit.
-  if (!opts_.process_key.empty())
-    store_->set(opts_.process_record_key(opts_.process_key), std::to_string(id_), store_deadline());
-  if constexpr (detail::stable_address<Net>()) {
-    const bytes mine = net_->prepare(0);
-    store_->set(key("addr/" + std::to_string(id_)), to_value(mine), store_deadline());
-  }
-  heartbeat_ = std::jthread([this](std::stop_token st) { heartbeat_loop(st); });
-  ::ebbflow::detail::name_thread(heartbeat_, "ebbflow-beat");
-  if (!opts_.join && launch_.rank < launch_.world_size) {
-    own_initial_state_ = true;
-    form_initial();
-  } else {
-    wait_admission();  // a newcomer keeps a lowered priority (--join-nice) until the state moves (sync_state)
-  }
-}
-
-template <kv_store Store, network Net>
-group_impl<Store, Net>::~group_impl() {
-  wait_for_peers_to_end();
-  heartbeat_.request_stop();
-  if (heartbeat_.joinable()) heartbeat_.join();
-  next_.reset();  // stops and joins an admission helper first
-  retiring_.reset();
-  comm_.reset();
-  transport_.reset();
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::wait_for_peers_to_end() noexcept {
-  // A member that ends between steps (its training done) keeps its
-  // transport until every member of its generation has ended too: a peer
-  // still inside the last control exchange would take this one's closing
-  // endpoints for a death (over tcp a close can reset what the peer has
-  // not read yet) and fail the step it has in fact finished. A store
-  // barrier, not a collective: its own last message cannot race a close.
-  // Without a store there is nothing to wait on: the peers then see this
-  // member's close at worst (a lease at most, as before this wait existed).
-  if (!active_ || !transport_ || phase_ != step_phase::closed || step_ <= 0 || !store_ || store_unreachable()) return;
-  try {
-    const std::string prefix = "ended/" + std::to_string(gen_.generation) + "/";
-    store_->set(key(prefix + std::to_string(id_)), std::to_string(step_), store_deadline());
-    std::vector<std::string> keys;
-    for (const auto& m : gen_.members)
-      if (m.id != id_) keys.push_back(key(prefix + std::to_string(m.id)));
-    if (!keys.empty()) store_->wait(keys, deadline::after(std::min<steady_clock::duration>(opts_.lease, end_wait_max)));
-  } catch (const std::exception&) {
-    // A member that is gone, or one that trains on: it was waited for long enough.
-  }
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::register_state(std::string name, std::span<std::byte> host_bytes) {
-  if (started_)
-    fail(error::invalid_state, "register_state('" + name +
-                                   "') after the first begin_step: the state moved to the other members without it "
-                                   "(register every buffer before training)");
-  for (auto& s : state_) EBBFLOW_ENFORCE(s.name != name, "elastic group: state '" << name << "' registered twice");
-  state_.push_back({std::move(name), host_bytes});
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::fail(std::error_code ec, const std::string& what) const {
-  throw system_error(ec, {.rank = rank_, .generation = gen_.generation, .operation = "elastic group", .detail = what});
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::fail_job_finished(std::string_view what) const {
-  fail(error::job_finished, "the job EBBFLOW_JOB='" + opts_.prefix + "' " + std::string(what));
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor) {
-  if (started_) fail(error::invalid_state, "restore_position after the first begin_step");
-  EBBFLOW_ENFORCE(step >= 0 && step <= max_step && epoch >= 0 && epoch <= max_step && cursor < opts_.dataset_size,
-                  "restore_position: step " << step << ", epoch " << epoch << ", cursor " << cursor << " (dataset_size "
-                                            << opts_.dataset_size << ", steps and epochs up to 2^62)");
-  // With drop_last an epoch ends before a short last batch.
-  EBBFLOW_ENFORCE(!opts_.drop_last || opts_.dataset_size - cursor >= opts_.global_batch,
-                  "restore_position: cursor " << cursor << " is inside the short last batch of an epoch of "
-                                              << opts_.dataset_size << " with global_batch " << opts_.global_batch
-                                              << " and drop_last (that batch is never trained on)");
-  // The source's position reaches everybody with the state. Every member
-  // keeps it: should the source die before the state moved, another member
-  // may become the source with its own initial state (take_own_initial_state).
-  restored_ = position{step, epoch, cursor};
-  if (gen_.source != id_) return;
-  step_ = step;
-  epoch_ = epoch;
-  cursor_ = cursor;
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::finish() {
-  // The training is complete whether or not the store can record it: a
-  // store that is gone is said, not thrown (the job exits as it should).
-  try {
-    store_->set(key("done"), "1", store_deadline());
-  } catch (const system_error& e) {
-    if (!store_failure(e) || !recoverable(e.code())) throw;
-    EBBFLOW_LOG_WARN("the job finished, but the store could not record it ("
-                     << e.what() << "): workers still waiting to join it are not told, and wait until "
-                     << "EBBFLOW_JOIN_TIMEOUT_MS");
-  }
-}
-
-template <kv_store Store, network Net>
-bool group_impl<Store, Net>::keep_training(std::int64_t total_steps) {
-  EBBFLOW_ENFORCE(total_steps >= 0 && total_steps <= max_step,
-                  "keep_training: total_steps " << total_steps << " (expected 0 to 2^62)");
-  if (!active_ || finished_) return false;
-  // A joiner (step_ -1 until its state arrives) and a change still in flight
-  // keep the loop going: the members that admitted a newcomer wait for it
-  // rather than leave it stranded. Every member sees the same step_ and the
-  // same change after end_step, so they all stop at the same boundary.
-  if (step_ < total_steps || changing()) return true;
-  // Marked once, on every member (the same key: the calls after the first
-  // change nothing): a worker started later under this job is refused at
-  // once (job_finished) instead of waiting out its join timeout.
-  finished_ = true;
-  finish();
-  return false;
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::fault_point(const char* point) {
-  fault_point(point, *store_, {});
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::fault_point(const char* point, Store& st, std::stop_token stop) {
-  detail::fault_point(point, st, opts_.prefix, id_, store_deadline(), stop);
-}
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/impl/group/lifecycle.hpp>
-// #include <ebbflow/elastic/impl/group/heartbeat.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/impl/group/heartbeat.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/group/heartbeat.hpp
-//! The heartbeat thread and leases: each beat adds to this member's counter
-//! and reads, in one round trip, the counters of the members it watches (the
-//! coordinator watches all, the others the coordinator), the launchers'
-//! exit reports and, when stalled, the others' progress. A member silent
-//! for a lease or reported gone is marked dead and its generation aborted.
-//! Between beats it waits on the server for its generation's abort (and the
-//! coordinator for the next join ticket).
-//! Threads: heartbeat_loop, check_*, abort_* and report_stall run on the
-//! heartbeat thread, on its own store client; besides the settings they touch
-//! only the hb_* members (under hb_mutex_) and the atomics the training thread
-//! publishes (progress_, waiting_since_, probation_end_, join_seq_hint_).
-//! fresh and stale_member serve any thread, with its store and lease map.
-
-
-// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
-
-#include <sstream>
-#include <string>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::heartbeat_loop(std::stop_token st) {
-  std::unique_ptr<Store> s;
-  bool warned = false;                      // a failure other than the store's was logged
-  steady_clock::time_point next_warning{};  // while the store is unreachable: when to say so again
-  peer_watch peers;
-  std::vector<std::string> keys;
-  std::vector<std::int64_t> deltas;
-  std::vector<std::string> wake;  // the keys to wait for between beats
-  std::vector<member_id> watched;
-  std::vector<int> watched_ranks;
-  std::int64_t published = 0;          // this member's progress counter in the store, as last read
-  std::int64_t next_ticket = 1;        // coordinator: the first join ticket not read yet
-  steady_clock::rep stall_warned = 0;  // the wait (its start) last reported
-  struct {
-    std::int64_t reports = 0, generation = -1;
-  } gone;  // the count of exit reports last read, for the watched members of which generation
-  std::int64_t round_generation = -1;  // the generation this round was for
-  while (!st.stop_requested()) {
-    try {
-      if (!s) s = connect_store_();
-      const std::int64_t g = round_generation = hb_generation_.load();
-      const bool watch = hb_watch_joins_.load(std::memory_order_relaxed);
-      {
-        std::lock_guard lk(hb_mutex_);
-        if (g >= 0 && hb_watched_gen_ == g)
-          watched = hb_watched_, watched_ranks = hb_watched_ranks_;
-        else
-          watched.clear(), watched_ranks.clear();
-      }
-      // A wait in one collective longer than stall_warning: this round also
-      // reads the watched members' progress, to say who is behind.
-      const std::int64_t progress = progress_.load(std::memory_order_relaxed);
-      const auto since = waiting_since_.load(std::memory_order_relaxed);
-      const auto waited = steady_clock::now() - steady_clock::time_point(steady_clock::duration(since));
-      const bool stalled = opts_.stall_warning.count() > 0 && since != 0 && since != stall_warned &&
-                           waited >= opts_.stall_warning && !watched.empty();
-      // One round trip: this member's heartbeat and progress, the counters of
-      // the members whose leases it watches, (coordinator) the join-ticket
-      // counter and (stalled) the watched members' progress.
-      keys.assign({key("hb/" + std::to_string(id_))});
-      deltas.assign({1});
-      const bool publish = progress != published;
-      if (publish) keys.push_back(key("progress/" + std::to_string(id_))), deltas.push_back(progress - published);
-      const std::size_t hb_at = keys.size();
-      for (auto w : watched) keys.push_back(key("hb/" + std::to_string(w))), deltas.push_back(0);
-      const std::size_t join_at = keys.size();
-      if (watch) keys.push_back(key("join_seq")), deltas.push_back(0);
-      const std::size_t gone_at = keys.size();
-      keys.push_back(opts_.gone_count_key()), deltas.push_back(0);
-      const std::size_t progress_at = keys.size();
-      if (stalled)
-        for (auto w : watched) keys.push_back(key("progress/" + std::to_string(w))), deltas.push_back(0);
-      const auto counters =
-          detail::add_all(*s, keys, deltas, deadline::after(opts_.heartbeat * 4 + std::chrono::milliseconds(100)));
-      if (publish) published = counters[1];
-      if (watch) {
-        // The new tickets first, then the hint: a step that sees the hint
-        // finds them read (prefetch_tickets makes no call while none is new).
-        next_ticket = prefetch_tickets(*s, counters[join_at]);
-        join_seq_hint_.store(counters[join_at], std::memory_order_relaxed);
-      }
-      if (const auto end = probation_end_.load(std::memory_order_relaxed);
-          end != 0 && steady_clock::now().time_since_epoch().count() >= end) {
-        // A newcomer that stayed: its worker's join failures no longer run in a row.
-        s->set(key("wkey/" + std::to_string(id_)), "", store_deadline());
-        s->set(key("joinfail/" + opts_.worker_key), "0", store_deadline());
-        probation_end_.store(0, std::memory_order_relaxed);
-      }
-      if constexpr (requires { s->erase(std::string()); }) {
-        std::vector<std::string> erase;
-        {
-          std::lock_guard lk(hb_mutex_);
-          erase.swap(hb_erase_);
-        }
-        for (auto& k : erase) s->erase(k);
-      }
-      if (g >= 0 && s->try_get(key("abort/" + std::to_string(g)), store_deadline())) {
-        peers.aborted = g;
-        std::lock_guard lk(hb_mutex_);
-        if (hb_revoke_ && !hb_revoke_->revoked()) {
-          EBBFLOW_LOG_DEBUG("generation " << g << " aborted by a peer: revoking the transport");
-          hb_revoke_->revoke();
-        }
-      } else if (!watched.empty()) {
-        // A launcher's report of an exit (report_process_exit) is read once
-        // per new report, and once per generation (new members watched).
-        if (const auto reports = counters[gone_at];
-            g >= 0 && reports != 0 && (reports != gone.reports || g != gone.generation)) {
-          check_gone(*s, g, watched, watched_ranks, peers);
-          gone = {reports, g};
-        }
-        check_leases(*s, g, watched, std::span(counters).subspan(hb_at, watched.size()), peers);
-        if (stalled && detail::progress::decode(progress).generation == detail::progress::stored_generation(g)) {
-          stall_warned = since;
-          report_stall(progress, waited, watched, watched_ranks,
-                       std::span(counters).subspan(progress_at, watched.size()), watch);
-        }
-      }
-      warned = false;
-      if (const auto down = store_down_since_.exchange(0, std::memory_order_relaxed); down != 0)
-        EBBFLOW_LOG_WARN("the store is reachable again, after " << seconds_since(down) << " s");
-      // Between beats the thread waits on the server instead of sleeping:
-      // for its generation's abort, which then revokes this member's
-      // transport at once, not at its next beat (a survivor whose own peers
-      // are alive learns of a death only this way); and the coordinator for
-      // the next join ticket too, which then reaches the hint at once (one
-      // counted but not yet written is the next one to wait for).
-      wake.clear();
-      if (watch) wake.push_back(key("join/" + std::to_string(next_ticket)));
-      if (g >= 0 && g != peers.aborted) wake.push_back(key("abort/" + std::to_string(g)));
-      if (!wake.empty()) {
-        detail::wait_any_key(*s, wake, deadline::after(opts_.heartbeat), st);
-        continue;
-      }
-    } catch (const std::exception& e) {
-      const auto* se = dynamic_cast<const system_error*>(&e);
-      if (se && store_failure(*se) && (se->code() == errc::peer_lost || se->code() == errc::timeout)) {
-        note_store_unreachable(e.what(), next_warning);
-      } else if (!warned) {
-        EBBFLOW_LOG_WARN("heartbeat of member " << id_ << " failed: " << e.what());
-        warned = true;
-      }
-      s.reset();
-    }
-    // Not a member (yet): the next round comes at the next beat, or as soon
-    // as this process becomes one (it then waits for its generation's abort).
-    std::unique_lock lk(hb_wake_m_);
-    hb_wake_.wait_for(lk, st, opts_.heartbeat, [&] { return round_generation < 0 && hb_generation_.load() >= 0; });
-  }
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::check_gone(Store& st, std::int64_t g, const std::vector<member_id>& ids,
-                                        const std::vector<int>& ranks, peer_watch& w) {
-  if (w.aborted == g) return;
-  std::vector<std::string> keys;
-  for (auto m : ids) keys.push_back(opts_.gone_key(m));
-  const auto how = detail::try_get_all(st, keys, store_deadline());
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (!how[i]) continue;
-    if (!abort_due(st, g)) return;
-    EBBFLOW_LOG_WARN("member " << ids[i] << " (rank " << ranks[i] << " of generation " << g
-                               << ") is gone: its launcher saw its process exit (" << *how[i]
-                               << "); aborting generation " << g << " without it");
-    abort_without(st, g, ids[i], w);
-    return;
-  }
-}
-
-template <kv_store Store, network Net>
-bool group_impl<Store, Net>::abort_due(Store& st, std::int64_t g) {
-  if (st.try_get(key("done"), store_deadline())) return false;  // the job finished: its members stop and exit
-  return hb_generation_.load() == g;                            // else the generation changed meanwhile
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::abort_without(Store& st, std::int64_t g, member_id m, peer_watch& w) {
-  st.set(dead_key(g, m), "1", store_deadline());
-  st.set(key("abort/" + std::to_string(g)), "1", store_deadline());
-  w.aborted = g;
-  std::lock_guard lk(hb_mutex_);
-  if (hb_revoke_ && !hb_revoke_->revoked()) hb_revoke_->revoke();
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::check_leases(Store& st, std::int64_t g, const std::vector<member_id>& ids,
-                                          std::span<const std::int64_t> hb, peer_watch& w) {
-  // A member that hangs inside a collective (a stopped process, a livelock)
-  // fails no transport operation: without this, its peers would wait for the
-  // collective's deadline (op_timeout). Its silent lease aborts the step.
-  const auto now = steady_clock::now();
-  if (w.generation != g || now - w.last_round > opts_.lease / 2) {
-    // A new generation, or a gap in this thread's own rounds (it was
-    // descheduled, the machine paused): that says nothing of the others, so
-    // their leases are timed afresh.
-    w.seen.clear();
-    w.generation = g;
-  }
-  w.last_round = now;
-  if (w.aborted == g) return;
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (fresh(ids[i], hb[i], now, w.seen)) continue;
-    if (!abort_due(st, g)) return;
-    EBBFLOW_LOG_WARN("member " << ids[i] << " sent no heartbeat for EBBFLOW_LEASE_MS="
-                               << std::chrono::duration_cast<std::chrono::milliseconds>(opts_.lease).count()
-                               << " ms: aborting generation " << g << " without it");
-    abort_without(st, g, ids[i], w);
-    return;
-  }
-}
-
-template <kv_store Store, network Net>
-bool group_impl<Store, Net>::fresh(Store& st, member_id m, lease_seen& seen) const {
-  const std::int64_t hb = st.add(key("hb/" + std::to_string(m)), 0, store_deadline());
-  return fresh(m, hb, steady_clock::now(), seen);
-}
-
-template <kv_store Store, network Net>
-bool group_impl<Store, Net>::fresh(member_id m, std::int64_t hb, steady_clock::time_point now, lease_seen& seen) const {
-  auto it = seen.find(m);
-  if (it == seen.end()) {
-    seen.emplace(m, std::make_pair(hb, now));
-    return true;
-  }
-  if (it->second.first != hb) {
-    it->second = {hb, now};
-    return true;
-  }
-  return now - it->second.second < opts_.lease;
-}
-
-template <kv_store Store, network Net>
-int group_impl<Store, Net>::stale_member(const detail::generation_record& rec, lease_watch& w, bool joiners_only) {
-  // The rank in `rec` of a member (other than this one; with `joiners_only`,
-  // a joiner) whose lease expired, else -1. Reads the store at most once per
-  // heartbeat period.
-  const auto now = steady_clock::now();
-  if (now < w.next_check) return -1;
-  w.next_check = now + opts_.heartbeat;
-  for (std::size_t j = 0; j < rec.members.size(); ++j) {
-    const auto& m = rec.members[j];
-    if (m.id == id_ || (joiners_only && m.committed >= 0)) continue;
-    if (!fresh(*store_, m.id, w.seen)) return static_cast<int>(j);
-  }
-  return -1;
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::report_stall(std::int64_t mine, steady_clock::duration waited,
-                                          const std::vector<member_id>& ids, const std::vector<int>& ranks,
-                                          std::span<const std::int64_t> progress, bool coordinator) const {
-  std::string behind;
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    if (progress[i] < mine)
-      behind += (behind.empty() ? "" : ", ") + std::to_string(ids[i]) + " (rank " + std::to_string(ranks[i]) +
-                (coordinator ? ")" : ", the coordinator)");
-  const auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
-  std::ostringstream where;
-  const auto at = detail::progress::decode(mine);
-  where << "generation " << at.generation << ": member " << id_ << " has waited " << ms(waited) << " ms in ";
-  if (at.collective == 0)
-    where << "the control exchange after step " << at.step - 1;
-  else
-    where << "collective " << at.collective << " of step " << at.step;
-  if (behind.empty()) {
-    // A member this one does not watch is behind: the coordinator names it.
-    EBBFLOW_LOG_DEBUG(where.str() << "; the members it watches have reached it");
-    return;
-  }
-  EBBFLOW_LOG_WARN(where.str() << "; member(s) " << behind
-                               << " have not reached it while their heartbeats go on (a training thread stuck "
-                                  "outside ebbflow, e.g. in a data loader or a lock, or a collective skipped); "
-                                  "EBBFLOW_OP_TIMEOUT_MS="
-                               << ms(opts_.op_timeout) << " ms after it began, the step aborts and the group "
-                               << "goes on without them");
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::note_store_unreachable(const char* why, steady_clock::time_point& next_warning) {
-  // Training goes on without the store (a steady step makes no store call),
-  // but nothing that needs it can happen: said at once, and again every
-  // store_warning_period while it lasts. Meanwhile every store call of this
-  // member fails within a lease (store_deadline).
-  const auto now = steady_clock::now();
-  steady_clock::rep since = 0;
-  if (store_down_since_.compare_exchange_strong(since, now.time_since_epoch().count(), std::memory_order_relaxed)) {
-    since = now.time_since_epoch().count();
-    next_warning = now;
-  }
-  if (now < next_warning) return;
-  next_warning = now + store_warning_period;
-  const auto down_s = seconds_since(since);
-  EBBFLOW_LOG_WARN("the store " << (down_s > 0 ? "has been unreachable for " + std::to_string(down_s) + " s"
-                                               : std::string("cannot be reached"))
-                                << " (" << why
-                                << "): training goes on, but no worker can join, leave or fail over until it is back "
-                                   "(docs/elastic.md, \"When the store dies\")");
-}
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/impl/group/heartbeat.hpp>
-// #include <ebbflow/elastic/impl/group/formation.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/impl/group/formation.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/group/formation.hpp
-//! Becoming a member: generation 0 formed from the launched workers (launch
-//! rank 0 proposes it once all registered or after `initial_wait`; the
-//! others take over when it never came), and a newcomer's join ticket and
-//! its wait for admission (with the join cool-down).
-//! Training thread only.
-
-
-// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
-
-#include <algorithm>
-#include <sstream>
-#include <string>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::propose_initial(const std::vector<std::optional<std::string>>& registered) {
-  detail::generation_record rec;
-  rec.generation = 0;
-  rec.reason = change_reason::initial;
-  std::vector<member_id> ids;
-  std::string missing, over;
-  for (std::size_t r = 0; r < registered.size(); ++r) {
-    if (!registered[r]) {
-      detail::append_listed(missing, std::to_string(r));
-      continue;
-    }
-    const member_id m = detail::parse_i64(*registered[r]);
-    if (static_cast<int>(ids.size()) >= opts_.max_size && m != id_) {
-      detail::append_listed(over, std::to_string(r));
-      continue;
-    }
-    rec.members.push_back({m, m == id_ ? 0 : -1});  // the proposer holds the initial state
-    ids.push_back(m);
-  }
-  if (!over.empty())
-    EBBFLOW_LOG_WARN("launch rank(s) " << over << " above EBBFLOW_MAX_SIZE=" << opts_.max_size
-                                       << ": they wait to join as newcomers");
-  // Launch rank 0 names the workers it starts without; another launch rank
-  // proposes only when rank 0 is gone, and has said so (form_initial).
-  if (!missing.empty() && launch_.rank == 0)
-    EBBFLOW_LOG_WARN("initial worker(s) " << missing << " did not register within EBBFLOW_INITIAL_WAIT_MS="
-                                          << opts_.initial_wait.count() << " ms: starting with " << ids.size() << " of "
-                                          << registered.size() << "; a late one joins as a newcomer");
-  rec.source = id_;
-  rec.source_step = 0;
-  auto p = plan_of(ids);
-  rec.plan.assign(p.begin(), p.end());
-  rec.plan_version = 1;
-  rec.joins_seen = 0;
-  const std::string mine = to_value(rec.encode());
-  if (store_->compare_set(gen_key(0), "", mine, store_deadline()).current == mine) step_ = 0;
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::form_initial() {
-  const auto started = steady_clock::now();
-  store_->set(key("init/" + std::to_string(launch_.rank)), std::to_string(id_), store_deadline());
-  const std::string gkey = gen_key(0);
-  std::vector<std::string> keys;
-  for (int r = 0; r < launch_.world_size; ++r) keys.push_back(key("init/" + std::to_string(r)));
-  const auto overall = deadline::after(opts_.join_timeout);
-  const auto registered = [&] {
-    auto got = detail::try_get_all(*store_, keys, store_deadline());
-    return std::pair{got,
-                     static_cast<int>(std::count_if(got.begin(), got.end(), [](auto& v) { return v.has_value(); }))};
-  };
-  if (launch_.rank == 0) {
-    // Every launched worker, for up to initial_wait; then those registered,
-    // if at least min_size (a worker that died while starting must not stop
-    // the job), waiting on for min_size of them until join_timeout.
-    const auto all_by = std::min(deadline::after(opts_.initial_wait).at(), overall.at());
-    for (bool first = true;; first = false) {
-      try {
-        store_->wait(keys, first ? deadline(all_by) : deadline::after(std::chrono::milliseconds(100)));
-      } catch (const system_error& e) {
-        if (e.code() != errc::timeout) throw;
-      }
-      auto [got, present] = registered();
-      if (present == launch_.world_size || present >= opts_.min_size) {
-        propose_initial(got);
-        break;
-      }
-      if (overall.expired())
-        fail(error::timeout, "only " + std::to_string(present) + " of the " + std::to_string(launch_.world_size) +
-                                 " initial workers registered within EBBFLOW_JOIN_TIMEOUT_MS, fewer than "
-                                 "EBBFLOW_MIN_SIZE=" +
-                                 std::to_string(opts_.min_size));
-    }
-  } else {
-    // Launch rank 0 writes generation 0 within initial_wait. If it has not
-    // by then (plus a lease) and it never registered or its heartbeat has
-    // stopped, the registered workers propose generation 0 without it: the
-    // first compare-and-set wins.
-    const auto takeover_at = deadline::after(opts_.initial_wait + opts_.lease);
-    lease_seen seen;
-    for (;;) {
-      try {
-        const bool early = !takeover_at.expired();
-        store_->wait({gkey}, early ? deadline(std::min(takeover_at.at(), overall.at()))
-                                   : deadline::after(std::chrono::milliseconds(100)));
-        break;
-      } catch (const system_error& e) {
-        if (e.code() != errc::timeout) throw;
-      }
-      if (overall.expired())
-        fail(error::timeout, "the initial generation was not formed within EBBFLOW_JOIN_TIMEOUT_MS");
-      if (!takeover_at.expired()) continue;
-      auto [got, present] = registered();
-      if (got[0] && fresh(*store_, detail::parse_i64(*got[0]), seen)) continue;  // rank 0 lives: it decides
-      if (got[0]) got[0].reset(), --present;
-      if (present >= opts_.min_size) {
-        EBBFLOW_LOG_WARN("launch rank 0 did not form the initial generation within EBBFLOW_INITIAL_WAIT_MS="
-                         << opts_.initial_wait.count() << " ms ("
-                         << (seen.empty() ? "it never registered" : "its heartbeat stopped") << "): launch rank "
-                         << launch_.rank << " proposes it without rank 0");
-        propose_initial(got);
-        break;
-      }
-    }
-  }
-  auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline())));
-  if (rec.rank_of(id_) < 0) {  // registered after the initial generation was formed without it
-    EBBFLOW_LOG_WARN("the initial generation was formed without launch rank " << launch_.rank
-                                                                              << ": joining as a newcomer");
-    wait_admission();
-    return;
-  }
-  adopt_or_recover(std::move(rec), started);
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::wait_admission() {
-  const auto started = steady_clock::now();
-  step_ = -1;
-  own_initial_state_ = false;  // the group went on without this member: its buffers are not the job's
-  const bool cooldown = opts_.join_cooldown.count() > 0;
-  // Until its probation ends, a newcomer that dies counts as a join failure
-  // of its worker (count_join_failures).
-  if (cooldown) store_->set(key("wkey/" + std::to_string(id_)), opts_.worker_key, store_deadline());
-  const std::string jkey = key("joined/" + std::to_string(id_));
-  // A member left out of its generation rejoins here; its key still names
-  // the generation it was admitted to before, which it must not adopt again.
-  const std::int64_t left = gen_.generation;
-  const auto admitted = [&]() -> bool {
-    auto v = store_->try_get(jkey, store_deadline());
-    if (!v) return false;
-    const auto g = detail::parse_i64(*v);
-    if (g <= left) return false;
-    if (cooldown)
-      probation_end_.store((steady_clock::now() + opts_.join_cooldown_max).time_since_epoch().count(),
-                           std::memory_order_relaxed);
-    adopt_or_recover(detail::generation_record::decode(to_bytes(*store_->try_get(gen_key(g), store_deadline()))),
-                     started);
-    return true;
-  };
-  // A leave request (SIGTERM through leave_on_signal: the launcher retiring
-  // its newest worker) ends the wait: this worker leaves without joining.
-  // Were it admitted meanwhile, the others find its lease expired.
-  const auto asked_to_leave = [&] {
-    if (detail::signal_leave_flag().load()) leave_requested_.store(true);
-    if (!leave_requested_.load()) return false;
-    EBBFLOW_LOG_INFO("member " << id_ << " asked to leave while waiting to be admitted: leaving without joining");
-    leave_now();
-    return true;
-  };
-  // Waits on the server (no polling: waiting newcomers cost the running
-  // members nothing), in slices so the job's end is noticed.
-  const auto wait_slice = [&](const deadline& d) {
-    if (job_done()) fail_job_finished("finished before this worker was admitted");
-    try {
-      store_->wait({jkey}, min(d, deadline::after(std::chrono::milliseconds(200))));
-    } catch (const system_error& e) {
-      if (e.code() != errc::timeout) throw;
-    }
-  };
-  std::int64_t held_for = 0;  // join failures in a row whose cool-down this worker waited out
-  for (;;) {                  // one ticket per pass; a cool-down answer starts the next
-    const auto seq = store_->add(key("join_seq"), 1, store_deadline());
-    store_->set(key("join/" + std::to_string(seq)),
-                std::to_string(id_) + " " + std::to_string(held_for) + " " + opts_.worker_key, store_deadline());
-    EBBFLOW_LOG_INFO("member " << id_ << " waiting to be admitted (join ticket " << seq << ")");
-    const auto d = deadline::after(opts_.join_timeout);
-    const std::string hkey = key("held/" + std::to_string(seq));
-    std::optional<std::string> hold;
-    while (!hold) {
-      if (admitted() || asked_to_leave()) return;
-      if (cooldown) hold = store_->try_get(hkey, store_deadline());
-      if (hold) break;
-      if (d.expired())
-        fail(error::timeout, "not admitted within EBBFLOW_JOIN_TIMEOUT_MS (group at max size, or no coordinator)");
-      wait_slice(d);
-    }
-    std::istringstream in(*hold);
-    std::int64_t ms = 0;
-    in >> ms >> held_for;
-    EBBFLOW_LOG_WARN("worker '" << opts_.worker_key << "' failed " << held_for
-                                << " times in a row while joining: held back " << static_cast<double>(ms) / 1000
-                                << " s (EBBFLOW_JOIN_COOLDOWN)");
-    const auto until = deadline::after(std::chrono::milliseconds(ms));
-    while (!until.expired()) {
-      if (admitted() || asked_to_leave()) return;  // an older ticket of this member was admitted after all
-      wait_slice(until);
-    }
-  }
-}
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/impl/group/formation.hpp>
-// #include <ebbflow/elastic/impl/group/generation.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/impl/group/generation.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/group/generation.hpp
-//! Entering a generation: publishing and gathering the members' addresses,
-//! wiring up its transport while watching leases, installing it (the old
-//! one closes in the background), handing the heartbeat thread what to
-//! watch, and the members' scheduling; leaving the group.
-//! Training thread, except gather_addresses(rec, st, ...), which the
-//! admission helper also calls with its own store.
-
-
-// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/scheduling.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/detail/scheduling.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file detail/scheduling.hpp
-//! Linux scheduling of the elastic group's threads: the priority a joiner
-//! started lower gets back (EBBFLOW_JOIN_NICE), the members' scheduler slice
-//! (EBBFLOW_SCHED_SLICE_US), their real-time class (EBBFLOW_RT_PRIORITY), and
-//! the lowest priority of the admission helper. docs/elastic.md says when each
-//! helps. Failures are logged, never thrown: training goes on without them.
-
-
-// #include <ebbflow/config.hpp>  (inlined)
-// #include <ebbflow/core/env.hpp>  (inlined)
-// #include <ebbflow/core/log.hpp>  (inlined)
-
-#include <pthread.h>
-#include <sched.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <filesystem>
-#include <span>
-#include <system_error>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-// Calls f(tid) for every thread of this process (threads that end meanwhile
-// are the callee's to skip: their calls fail).
-template <class F>
-void for_each_thread(F&& f) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task", ec))
-    f(static_cast<pid_t>(std::strtol(e.path().filename().c_str(), nullptr, 10)));
-}
-
-// A joiner started with `ebbflow-run --join-nice N` runs N nice levels
-// lower until the members switch to the generation that includes it (its
-// start-up, connect and wait then do not slow the members on a shared host);
-// it gets its priority back here, when the state starts to move. Linux nice values are per
-// thread, so every thread of the process is raised again.
-inline void restore_join_priority() {
-  const auto n = env::get_int("EBBFLOW_JOIN_NICE", 0, 0, 19);
-  if (n == 0) return;
-  int failed = 0, err = 0;
-  for_each_thread([&](pid_t t) {
-    const auto tid = static_cast<id_t>(t);
-    errno = 0;
-    const int cur = ::getpriority(PRIO_PROCESS, tid);
-    if (errno != 0) return;
-    if (::setpriority(PRIO_PROCESS, tid, std::max(-20, cur - static_cast<int>(n))) != 0) {
-      ++failed;
-      err = errno;
-    }
-  });
-  if (failed)
-    EBBFLOW_LOG_WARN("admitted, but the CPU priority lowered by EBBFLOW_JOIN_NICE="
-                     << n << " could not be restored (" << std::strerror(err) << "; needs CAP_SYS_NICE)");
-  else
-    EBBFLOW_LOG_INFO("the members switched: CPU priority raised back by EBBFLOW_JOIN_NICE="
-                     << n << " (nice now " << ::getpriority(PRIO_PROCESS, 0) << ")");
-}
-
-// group_options::sched_slice: every thread of this process asks for a
-// scheduler slice of `slice` (Linux 6.12+ EEVDF custom slices: sched_setattr
-// with sched_runtime, keeping each thread's policy and nice; threads created
-// later inherit it). Real-time and deadline threads are left alone. A
-// kernel without per-task slices accepts and ignores the request: read
-// back, that is logged once.
-inline void request_sched_slice(std::chrono::microseconds slice) {
-  struct sched_attr_v0 {  // struct sched_attr, SCHED_ATTR_SIZE_VER0 (glibc 2.36 has no wrapper)
-    std::uint32_t size;
-    std::uint32_t sched_policy;
-    std::uint64_t sched_flags;
-    std::int32_t sched_nice;
-    std::uint32_t sched_priority;
-    std::uint64_t sched_runtime;
-    std::uint64_t sched_deadline;
-    std::uint64_t sched_period;
-  };
-  static_assert(sizeof(sched_attr_v0) == 48);
-  const auto ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(slice).count());
-  int failed = 0, err = 0, set = 0;
-  for_each_thread([&](pid_t tid) {
-    const int policy = ::sched_getscheduler(tid);
-    if (policy < 0) return;  // the thread ended
-    const int base = policy & ~SCHED_RESET_ON_FORK;
-    if (base != SCHED_OTHER && base != SCHED_BATCH && base != SCHED_IDLE) return;
-    errno = 0;
-    const int nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
-    if (errno != 0) return;
-    sched_attr_v0 a{};
-    a.size = sizeof a;
-    a.sched_policy = static_cast<std::uint32_t>(base);
-    a.sched_flags = (policy & SCHED_RESET_ON_FORK) ? 0x01 : 0;  // SCHED_FLAG_RESET_ON_FORK
-    a.sched_nice = nice;
-    a.sched_runtime = ns;
-    if (::syscall(SYS_sched_setattr, tid, &a, 0) != 0) {
-      ++failed;
-      err = errno;
-    } else {
-      ++set;
-    }
-  });
-  sched_attr_v0 back{};
-  const bool honoured =
-      set > 0 && ::syscall(SYS_sched_getattr, 0, &back, sizeof back, 0) == 0 && back.sched_runtime == ns;
-  if (failed)
-    EBBFLOW_LOG_WARN("EBBFLOW_SCHED_SLICE_US=" << slice.count() << ": " << failed << " thread(s) refused ("
-                                               << std::strerror(err) << ")");
-  else if (!honoured)
-    EBBFLOW_LOG_WARN("EBBFLOW_SCHED_SLICE_US=" << slice.count()
-                                               << " has no effect: this kernel keeps no per-task slice (Linux 6.12+)");
-  else
-    EBBFLOW_LOG_INFO("scheduler slice " << slice.count() << " us for " << set << " thread(s)");
-}
-
-// group_options::rt_priority: the given threads (the group's: the thread
-// that trains, its heartbeat) run under SCHED_RR at `priority`, with
-// SCHED_RESET_ON_FORK: threads and processes they start later (clone resets
-// it for both) are normal ones. Threads not named here stay normal: a
-// real-time thread that spins while a normal one holds what it waits for
-// keeps the core from it (UCX's progress thread at real-time priority kept
-// the admission helper off both cores over tcp until the kernel throttled
-// it).
-inline void request_rt_priority(int priority, std::span<const pthread_t> threads) {
-  int failed = 0, err = 0, set = 0;
-  sched_param p{};
-  p.sched_priority = priority;
-  for (const pthread_t t : threads) {
-    if (const int e = ::pthread_setschedparam(t, SCHED_RR | SCHED_RESET_ON_FORK, &p); e == 0) {
-      ++set;
-    } else {
-      ++failed;
-      err = e;
-    }
-  }
-  if (failed)
-    EBBFLOW_LOG_WARN("EBBFLOW_RT_PRIORITY=" << priority << ": " << failed << " thread(s) refused ("
-                                            << std::strerror(err) << "; needs CAP_SYS_NICE or RLIMIT_RTPRIO >= "
-                                            << priority << "), they stay normal threads");
-  else
-    EBBFLOW_LOG_INFO("SCHED_RR priority " << priority << " for " << set << " thread(s)");
-}
-
-// The calling thread at the lowest CPU priority of a normal thread: nice 19,
-// and out of the real-time class that group_options::rt_priority may have
-// handed down from the thread that started it.
-inline void lowest_cpu_priority() {
-  const int policy = ::sched_getscheduler(0) & ~SCHED_RESET_ON_FORK;
-  if (policy == SCHED_RR || policy == SCHED_FIFO) {
-    sched_param p{};
-    ::sched_setscheduler(0, SCHED_OTHER, &p);  // lowering needs no privilege
-  }
-  const auto tid = static_cast<id_t>(::gettid());
-  errno = 0;
-  if (const int cur = ::getpriority(PRIO_PROCESS, tid); errno == 0) ::setpriority(PRIO_PROCESS, tid, std::max(cur, 19));
-}
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/detail/scheduling.hpp>
-// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
-
-#include <pthread.h>
-#include <string>
-#include <thread>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-template <kv_store Store, network Net>
-std::vector<bytes> group_impl<Store, Net>::gather_addresses(const detail::generation_record& rec) {
-  return gather_addresses(rec, *store_, address_cache_, rank_, revoke_, {});
-}
-
-template <kv_store Store, network Net>
-std::vector<bytes> group_impl<Store, Net>::gather_addresses(const detail::generation_record& rec, Store& st,
-                                                            std::map<member_id, bytes>& cache, int rank,
-                                                            const std::shared_ptr<comm::revoke_flag>& revoke,
-                                                            std::stop_token stop) {
-  // Every member publishes the address of its endpoint for this generation;
-  // a member that stops heartbeating before it published is reported lost,
-  // so the others fail over instead of waiting for the full deadline.
-  constexpr bool stable = detail::stable_address<Net>();
-  const std::string gs = std::to_string(rec.generation);
-  std::vector<std::optional<bytes>> found(rec.members.size());
-  if constexpr (stable)
-    for (std::size_t j = 0; j < found.size(); ++j)
-      if (auto it = cache.find(rec.members[j].id); it != cache.end()) found[j] = it->second;
-  std::size_t cached = 0;
-  for (auto& f : found) cached += f.has_value();
-  lease_seen hb;
-  const auto d = deadline::after(opts_.op_timeout);
-  for (std::size_t missing = found.size() - cached;;) {
-    std::vector<std::size_t> which;
-    std::vector<std::string> keys;
-    for (std::size_t j = 0; j < found.size(); ++j) {
-      if (found[j]) continue;
-      const member_id m = rec.members[j].id;
-      which.push_back(j);
-      keys.push_back(stable ? key("addr/" + std::to_string(m)) : key("addr/" + gs + "/" + std::to_string(m)));
-    }
-    auto values = detail::try_get_all(st, keys, store_deadline());
-    for (std::size_t i = 0; i < which.size(); ++i) {
-      const std::size_t j = which[i];
-      const member_id m = rec.members[j].id;
-      if (auto& v = values[i]) {
-        found[j] = to_bytes(*v);
-        if constexpr (stable) cache[m] = *found[j];
-        --missing;
-      } else if (!fresh(st, m, hb)) {
-        throw system_error(make_error_code(error::peer_lost),
-                           {.rank = rank,
-                            .generation = rec.generation,
-                            .peer = static_cast<int>(j),
-                            .operation = "connect",
-                            .detail = "member " + std::to_string(m) + " stopped before publishing its address"});
-      }
-    }
-    if (missing == 0) break;
-    if ((revoke && revoke->revoked()) || stop.stop_requested())
-      throw system_error(make_error_code(error::revoked),
-                         {.rank = rank, .generation = rec.generation, .operation = "connect"});
-    if (d.expired())
-      throw system_error(make_error_code(error::timeout),
-                         {.rank = rank,
-                          .generation = rec.generation,
-                          .operation = "connect",
-                          .detail = std::to_string(missing) + " members published no address"});
-    std::this_thread::sleep_for(std::chrono::microseconds(500));
-  }
-  std::vector<bytes> out;
-  for (auto& f : found) out.push_back(std::move(*f));
-  return out;
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::enter(detail::generation_record rec) {
-  // Becomes a member of `rec`'s generation: rank, revocation flag watched by
-  // the heartbeat thread; the old transport is released.
-  const int r = rec.rank_of(id_);
-  EBBFLOW_EXPECTS(r >= 0);
-  if (!opts_.join) became_member();  // a newcomer becomes one at the switch (sync_state)
-  gen_ = std::move(rec);
-  rank_ = r;
-  log::set_rank(rank_);
-  revoke_ = std::make_shared<comm::revoke_flag>();
-  {
-    std::lock_guard lk(hb_mutex_);
-    hb_revoke_ = revoke_;
-    hb_watched_gen_ = gen_.generation;
-    hb_watched_.clear();
-    hb_watched_ranks_.clear();
-    for (std::size_t j = 0; j < gen_.members.size(); ++j)
-      if (gen_.members[j].id != id_ && (rank_ == 0 || j == 0)) {
-        hb_watched_.push_back(gen_.members[j].id);
-        hb_watched_ranks_.push_back(static_cast<int>(j));
-      }
-  }
-  hb_tickets_floor_.store(gen_.joins_seen, std::memory_order_relaxed);
-  // Join-failure counts the heartbeat thread read are kept only while this
-  // member stays the coordinator and no failure intervenes (the recovery's
-  // coordinator counted it before it wrote this generation's record).
-  if (gen_.reason == change_reason::failure || !hb_watch_joins_.load(std::memory_order_relaxed))
-    failures_epoch_.fetch_add(1, std::memory_order_acq_rel);
-  hb_generation_.store(gen_.generation);
-  hb_watch_joins_.store(rank_ == 0, std::memory_order_relaxed);
-  {
-    std::lock_guard lk(hb_wake_m_);  // the heartbeat thread sees the generation before it waits, or is woken
-  }
-  hb_wake_.notify_all();
-  comm_.reset();
-  transport_.reset();
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::became_member() {
-  // The one moment this process starts doing the members' work: a launched
-  // worker as it enters its first generation, a newcomer once the members
-  // switched to its generation and the state starts to move (until then its
-  // start-up and waits leave the CPU to them). It gets back the priority
-  // --join-nice took, and takes the members' scheduling.
-  if (became_member_) return;
-  became_member_ = true;
-  if (opts_.join) detail::restore_join_priority();
-  take_member_scheduling();
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::take_member_scheduling() {
-  // The scheduler slice, then the real-time class (a slice is asked for on
-  // a normal thread only). A newcomer with a real-time priority takes both
-  // as it starts to wait for the members' switch (sync_state): from there it
-  // only waits, and once they switch the members wait for it. As an equal
-  // real-time thread it then runs as soon as a member waiting for it yields,
-  // not only once that member's wait stops spinning and sleeps.
-  if (member_scheduling_) return;
-  member_scheduling_ = true;
-  if (opts_.sched_slice.count() > 0) detail::request_sched_slice(opts_.sched_slice);
-  if (opts_.rt_priority > 0) {
-    // The thread that trains (this one) and the heartbeat, which finds a
-    // dead member: the group's threads; the others stay normal.
-    const pthread_t mine[] = {::pthread_self(), heartbeat_.native_handle()};
-    detail::request_rt_priority(opts_.rt_priority, std::span<const pthread_t>(mine, heartbeat_.joinable() ? 2 : 1));
-  }
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::adopt(detail::generation_record rec, steady_clock::time_point started,
-                                   std::optional<typename Net::transport_type> begun) {
-  next_.reset();
-  const int old_size = static_cast<int>(gen_.members.size());
-  enter(std::move(rec));
-  const auto t0 = steady_clock::now();
-  if constexpr (!detail::stable_address<Net>()) {
-    if (!begun) {
-      const bytes mine = net_->prepare(gen_.generation);
-      store_->set(key("addr/" + std::to_string(gen_.generation) + "/" + std::to_string(id_)), to_value(mine),
-                  store_deadline());
-    }
-  }
-  const auto t1 = steady_clock::now();
-  if (opts_.join && step_ < 0) fault_point("join-connect");
-  auto addrs = begun ? std::vector<bytes>{} : gather_addresses(gen_);
-  const auto t2 = steady_clock::now();
-  transport_.emplace(connect_watched(gen_, addrs, std::move(begun)), revoke_);
-  comm_.emplace(*transport_, coll_opts_);
-  const auto t3 = steady_clock::now();
-  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
-  EBBFLOW_LOG_INFO("generation " << gen_.generation << " connect: prepare " << ms(t0, t1) << " ms, addresses "
-                                 << ms(t1, t2) << " ms, wire-up " << ms(t2, t3) << " ms");
-  // The state moves at the next begin_step: a newcomer registers its buffers
-  // after the constructor returned.
-  if (!pending_) pending_ = pending_change{gen_.reason, old_size, started};
-  pending_->reason = gen_.reason;
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::adopt_or_recover(detail::generation_record rec, steady_clock::time_point started,
-                                              std::optional<typename Net::transport_type> begun) {
-  const std::int64_t g = rec.generation;
-  try {
-    adopt(std::move(rec), started, std::move(begun));
-  } catch (const system_error& e) {
-    if (!detail::recoverable(e.code())) throw;
-    recover(g, lost_in_adopt(e));
-  }
-}
-
-template <kv_store Store, network Net>
-typename Net::transport_type group_impl<Store, Net>::connect_watched(
-    const detail::generation_record& rec, const std::vector<bytes>& addrs,
-    std::optional<typename Net::transport_type> begun) {
-  const auto d = deadline::after(opts_.op_timeout);
-  if constexpr (detail::can_preconnect<Net>()) {
-    // Wire up while watching the members' leases: a member that died before
-    // it connected (UCX may only notice at its own timeout) is reported lost
-    // within about one lease, and the group fails over instead of waiting.
-    // A transport already started for this generation has taken its peers'
-    // wire-up messages: it must be the one that finishes (they come once).
-    auto t = begun ? std::move(*begun) : net_->start_connect(rec.generation, rank_, addrs);
-    lease_watch leases;
-    while (!t.poll_connect()) {
-      if (revoke_ && revoke_->revoked())
-        throw system_error(make_error_code(error::revoked),
-                           {.rank = rank_, .generation = rec.generation, .operation = "connect"});
-      if (d.expired())
-        throw system_error(make_error_code(error::timeout),
-                           {.rank = rank_, .generation = rec.generation, .operation = "connect"});
-      if (const int j = stale_member(rec, leases, false); j >= 0)
-        throw system_error(make_error_code(error::peer_lost),
-                           {.rank = rank_,
-                            .generation = rec.generation,
-                            .peer = j,
-                            .operation = "connect",
-                            .detail = "member " + std::to_string(rec.members[static_cast<std::size_t>(j)].id) +
-                                      " stopped heartbeating"});
-      // A newcomer connects while the members train: poll gently so its
-      // wait costs them no CPU (on a shared host it would take their cores).
-      // A real-time member sleeps between polls too: yielding, it would
-      // keep the core from the normal threads the wire-up may wait for.
-      if (opts_.join && step_ < 0)
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      else if (member_scheduling_ && opts_.rt_priority > 0)
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      else
-        std::this_thread::yield();
-    }
-    return t;
-  } else {
-    (void)begun;
-    return net_->connect(rec.generation, rank_, addrs, d);
-  }
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::install(detail::generation_record rec, typename Net::transport_type t,
-                                     steady_clock::time_point started, double prepared_seconds) {
-  const int old_size = static_cast<int>(gen_.members.size());
-  comm_.reset();  // before its transport moves away (enter() resets the rest)
-  if constexpr (requires(typename Net::transport_type & x) {
-                  x.start_close();
-                  { x.poll_close() } -> std::convertible_to<bool>;
-                }) {
-    // Close the replaced generation's endpoints in the background: over tcp
-    // their flush takes round trips that would otherwise stall the switch.
-    if (transport_) {
-      retiring_.reset();  // an older one still closing: finish it (bounded)
-      retiring_.emplace(std::move(transport_->inner()));
-      transport_.reset();
-      retiring_->start_close();
-    }
-  }
-  if constexpr (requires { t.reused_endpoints(); })
-    EBBFLOW_LOG_INFO("generation " << rec.generation << ": " << t.reused_endpoints() << " of " << rec.members.size() - 1
-                                   << " endpoints kept from generation " << gen_.generation);
-  enter(std::move(rec));
-  transport_.emplace(std::move(t), revoke_);
-  comm_.emplace(*transport_, coll_opts_);
-  if (!pending_) pending_ = pending_change{gen_.reason, old_size, started, prepared_seconds};
-  pending_->reason = gen_.reason;
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::leave_now() {
-  active_ = false;
-  EBBFLOW_LOG_INFO("member " << id_ << " left the group after step " << step_);
-  hb_generation_.store(-1);
-  next_.reset();
-  comm_.reset();
-  transport_.reset();
-  heartbeat_.request_stop();
-}
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/impl/group/generation.hpp>
-// #include <ebbflow/elastic/impl/group/state_transfer.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/impl/group/state_transfer.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/group/state_transfer.hpp
-//! Streaming the committed state (registered buffers plus step, epoch and
-//! cursor) from the members holding the newest step to those that lack it,
-//! over the new generation's point-to-point tags; a launched worker
-//! receives into a staging copy so a sender's death leaves its own state.
-//! Training thread only.
-
-
-// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/wire.hpp>  (inlined)
-
-#include <algorithm>
-#include <cstring>
-#include <memory>
-#include <sstream>
-#include <string>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::sync_state() {
-  if (gen_.source == id_ && step_ < 0) take_own_initial_state();
-  const auto d = deadline::after(opts_.op_timeout);
-  auto& c = *comm_;
-  auto raw = [](void* p, std::size_t n) { return buffer_view{p, n, dtype::u8, memory_space::host}; };
-  // Point-to-point tags of the state transfer (collectives never use p2p tags).
-  constexpr std::uint32_t tag_size = 1, tag_header = 2, tag_first = 3;
-  // Every member holding the newest state (they committed the same steps,
-  // so they hold the same bits) serves a share of those that lack it:
-  // receiver i (in rank order) gets it from holder i mod S, so k newcomers
-  // cost the members about k/S transfers' time, not k.
-  std::vector<std::size_t> holders, receivers;
-  for (std::size_t j = 0; j < gen_.members.size(); ++j)
-    (gen_.members[j].committed >= gen_.source_step ? holders : receivers).push_back(j);
-  if (holders.empty() && !receivers.empty())
-    fail(error::invalid_state, "no member of generation " + std::to_string(gen_.generation) + " holds the state");
-  auto sender_of = [&](std::size_t i) { return holders[i % holders.size()]; };
-  const auto me = static_cast<std::size_t>(rank_);
-  std::vector<std::size_t> to;  // the receivers this member serves
-  for (std::size_t i = 0; i < receivers.size(); ++i)
-    if (sender_of(i) == me) to.push_back(receivers[i]);
-  if (!to.empty()) {
-    if (gen_.generation == 0) fault_point("initial-sync");  // formed generation 0; nothing sent yet
-    detail::writer w;
-    w.put(step_).put(epoch_).put<std::uint64_t>(cursor_).put<std::uint64_t>(state_.size());
-    for (auto& s : state_) {
-      w.put_bytes(elastic::to_bytes(s.name));
-      w.put<std::uint64_t>(s.data.size());
-    }
-    bytes header = w.take();
-    std::uint64_t header_size = header.size();
-    // Post every send to every receiver first, then wait: the receivers
-    // are served in parallel, and a slow one does not hold up the others.
-    std::vector<comm::request<transport_type>> sends;
-    for (auto j : to) {
-      const int peer = static_cast<int>(j);
-      sends.push_back(c.isend(raw(&header_size, sizeof header_size), peer, tag_size));
-      sends.push_back(c.isend(raw(header.data(), header.size()), peer, tag_header));
-    }
-    if (step_ > 0) fault_point("sync-send");
-    for (std::size_t k = 0; k < state_.size(); ++k) {
-      for (auto j : to)
-        sends.push_back(c.isend(raw(state_[k].data.data(), state_[k].data.size()), static_cast<int>(j),
-                                tag_first + static_cast<std::uint32_t>(k)));
-      if (k == 0 && gen_.generation == 0) fault_point("initial-sync-part");  // headers and first buffers posted
-    }
-    for (auto& r : sends) r.wait(d);
-    for (auto j : to)
-      EBBFLOW_LOG_INFO("sent state of step " << step_ << " to member " << gen_.members[j].id << " (rank " << j << ")");
-  } else if (const auto it = std::ranges::find(receivers, me); it != receivers.end()) {
-    const auto from = sender_of(static_cast<std::size_t>(it - receivers.begin()));
-    const int src = static_cast<int>(from);
-    const member_id source = gen_.members[from].id;
-    std::uint64_t header_size = 0;
-    {
-      // A newcomer waits here until the members switch, which may be many
-      // steps away: poll gently (the members' CPU is not ours to spin on),
-      // then take the state at full speed. If the job ends first (the
-      // members finished before they switched), `finish` said so: a clear
-      // error, not a timeout.
-      if (opts_.join && opts_.rt_priority > 0) take_member_scheduling();
-      auto first = c.irecv(raw(&header_size, sizeof header_size), src, tag_size);
-      std::error_code ec;
-      auto next_check = steady_clock::now() + opts_.heartbeat;
-      while (!first.test(ec) && !d.expired()) {
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-        if (steady_clock::now() < next_check) continue;
-        next_check = steady_clock::now() + opts_.heartbeat;
-        if (job_done())
-          fail_job_finished("finished before the members switched to generation " + std::to_string(gen_.generation) +
-                            ": this worker never received the state");
-      }
-      first.wait(d);  // returns at once when done; throws naming the peer on an error or the deadline
-    }
-    if (opts_.join) became_member();  // the members switched: from here on this newcomer is one of them
-    if (header_size > (std::uint64_t{1} << 24))
-      fail(error::bad_message, "state header of " + std::to_string(header_size) + " bytes");
-    bytes header(header_size);
-    c.recv(raw(header.data(), header.size()), src, tag_header, d);
-    if (opts_.join) fault_point("sync-recv");
-    detail::reader rd(header, "state header");
-    const auto step = rd.get<std::int64_t>();
-    const auto epoch = rd.get<std::int64_t>();
-    const auto cursor = rd.get<std::uint64_t>();
-    const auto n = rd.get<std::uint64_t>();
-    if (n != state_.size())
-      fail(error::invalid_state, "member " + std::to_string(source) + " has " + std::to_string(n) +
-                                     " registered state buffers, this member " + std::to_string(state_.size()));
-    for (std::size_t k = 0; k < state_.size(); ++k) {
-      auto nm = rd.get_bytes();
-      const auto sz = rd.get<std::uint64_t>();
-      const std::string name(reinterpret_cast<const char*>(nm.data()), nm.size());
-      if (name != state_[k].name || sz != state_[k].data.size()) {
-        std::ostringstream os;
-        os << "state buffer " << k << " is '" << name << "' of " << sz << " bytes on member " << source << " but '"
-           << state_[k].name << "' of " << state_[k].data.size() << " bytes here";
-        fail(error::invalid_state, os.str());
-      }
-    }
-    // A launched worker whose buffers still hold its own initial state
-    // receives into a copy first: should the sender die midway, its buffers
-    // stay a valid initial state (recover() may make it the source).
-    std::size_t total = 0;
-    for (auto& s : state_) total += s.data.size();
-    if (own_initial_state_ && total <= opts_.initial_staging) {
-      auto staged = std::make_unique_for_overwrite<std::byte[]>(total);
-      for (std::size_t k = 0, off = 0; k < state_.size(); off += state_[k++].data.size()) {
-        c.recv(raw(staged.get() + off, state_[k].data.size()), src, tag_first + static_cast<std::uint32_t>(k), d);
-      }
-      own_initial_state_ = false;
-      for (std::size_t k = 0, off = 0; k < state_.size(); off += state_[k++].data.size())
-        if (!state_[k].data.empty()) std::memcpy(state_[k].data.data(), staged.get() + off, state_[k].data.size());
-    } else {
-      own_initial_state_ = false;  // from here on a failure may leave the buffers part written
-      for (std::size_t k = 0; k < state_.size(); ++k)
-        c.recv(raw(state_[k].data.data(), state_[k].data.size()), src, tag_first + static_cast<std::uint32_t>(k), d);
-    }
-    step_ = step;
-    epoch_ = epoch;
-    cursor_ = cursor;
-    EBBFLOW_LOG_INFO("received state of step " << step_ << " from member " << source);
-  }
-}
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/impl/group/state_transfer.hpp>
-// #include <ebbflow/elastic/impl/group/step.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/impl/group/step.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/group/step.hpp
-//! The user's step: begin_step (pending switch and state transfer first),
-//! the collectives (a failure aborts the step and recovers), in-step work
-//! stealing, and end_step: commit, then the control exchange that feeds the
-//! policy and decides re-plans, joins and leaves, and switches to a
-//! generation wired up in the background.
-//! Training thread only.
-
-
-// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
-
-#include <algorithm>
-#include <cmath>
-#include <limits>
-#include <numeric>
-#include <string>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-// Member templates: instantiated in the user's translation unit in either mode.
-template <kv_store Store, network Net>
-template <class F>
-bool group_impl<Store, Net>::collective(F&& f) {
-  const inside busy(in_group_);
-  require_open_step("a collective");
-  try {
-    {
-      const auto w = enter_collective();
-      f(*comm_);
-    }
-    return true;
-  } catch (const system_error& e) {
-    if (!detail::recoverable(e.code())) throw;
-    EBBFLOW_LOG_WARN("step " << step_ << " aborted: " << e.what());
-    phase_ = step_phase::aborted;
-    recover(gen_.generation, lost_peer_of(e));
-    return false;
-  }
-}
-
-
-template <kv_store Store, network Net>
-template <class Process>
-plan::steal_report group_impl<Store, Net>::steal_step(Process&& process, const steal_settings& settings) {
-  require_open_step("steal_step");
-  if (!steal_key_.empty() && steal_attempt_ == std::pair{gen_.generation, step_})
-    fail(error::invalid_state, "steal_step called twice in step " + std::to_string(step_));
-  release_steal_counter();  // an aborted attempt's
-  steal_attempt_ = {gen_.generation, step_};
-  const auto info = current_slice();
-  const std::vector<std::size_t> full(gen_.plan.begin(), gen_.plan.end());
-  const auto slices = scale_plan(full, info.global_batch);
-  std::vector<std::size_t> offset(slices.size(), 0);
-  for (std::size_t r = 1; r < slices.size(); ++r) offset[r] = offset[r - 1] + slices[r - 1];
-  plan::work_stealer<Store> stealer(
-      *store_, key("steal"), {static_cast<std::uint64_t>(gen_.generation), static_cast<std::uint64_t>(step_)},
-      std::span<const std::size_t>(slices), static_cast<std::size_t>(rank_), settings.chunks);
-  steal_key_ = stealer.key(static_cast<std::size_t>(rank_));
-  const auto run = [&](const plan::chunk& c) { process(offset[c.rank] + c.first, offset[c.rank] + c.last); };
-
-  std::vector<member_id> ids;
-  for (auto& m : gen_.members) ids.push_back(m.id);
-  const auto models = policy_->models(ids);
-  const bool paced = models.size() == ids.size() && std::all_of(models.begin(), models.end(), [](const auto& m) {
-                       return std::isfinite(m.fixed_seconds) && m.fixed_seconds >= 0 &&
-                              std::isfinite(m.seconds_per_sample) && m.seconds_per_sample > 0;
-                     });
-  if (paced && info.global_batch > 0) {
-    std::vector<plan::worker_spec> specs;
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      specs.push_back({static_cast<std::uint64_t>(ids[i]), models[i].fixed_seconds, models[i].seconds_per_sample,
-                       std::numeric_limits<std::size_t>::max(), 0, 0});
-    const auto bp = plan::make_plan(specs, slices, gen_.plan_version);
-    plan::steal_policy pacing(specs, bp, static_cast<std::size_t>(rank_), settings.claim_seconds,
-                              settings.chunk_overhead_seconds);
-    return plan::run_stealing_step(stealer, pacing, run);
-  }
-  return plan::run_stealing_step(stealer, run);  // no models yet: unpaced
-}
-
-
-template <kv_store Store, network Net>
-step_info group_impl<Store, Net>::begin_step() {
-  const inside busy(in_group_);
-  if (!active_) fail(error::invalid_state, "begin_step after this member left the group");
-  if (detail::signal_leave_flag().load()) leave_requested_.store(true);
-  started_ = true;
-  while (pending_) {
-    try {
-      sync_state();
-      const auto p = *pending_;
-      pending_.reset();
-      const double at_switch = std::chrono::duration<double>(steady_clock::now() - p.started).count();
-      if (p.prepared_seconds > 0)
-        EBBFLOW_LOG_INFO("stall: " << p.prepared_seconds * 1e3 << " ms starting the connect at admission, "
-                                   << at_switch * 1e3 << " ms at the switch");
-      notify(p.reason, p.old_size, p.prepared_seconds + at_switch);
-    } catch (const system_error& e) {
-      if (!detail::recoverable(e.code()) || std::exchange(callback_threw_, false)) throw;
-      EBBFLOW_LOG_WARN("state transfer failed: " << e.what());
-      recover(gen_.generation, lost_peer_of(e));
-    }
-  }
-  phase_ = step_phase::open;
-  return current_slice();
-}
-
-template <kv_store Store, network Net>
-step_info group_impl<Store, Net>::current_slice() const {
-  step_info s;
-  s.step = step_;
-  s.epoch = epoch_;
-  s.cursor = cursor_;
-  s.global_batch = std::min(opts_.global_batch, opts_.dataset_size - cursor_);
-  std::vector<std::size_t> plan(gen_.plan.begin(), gen_.plan.end());
-  auto p = scale_plan(plan, s.global_batch);
-  s.offset = std::accumulate(p.begin(), p.begin() + rank_, std::size_t{0});
-  s.batch = p[static_cast<std::size_t>(rank_)];
-  s.weight = s.global_batch ? static_cast<double>(s.batch) / static_cast<double>(s.global_batch) : 0.0;
-  s.rank = rank_;
-  s.world_size = size();
-  s.generation = gen_.generation;
-  s.plan_version = gen_.plan_version;
-  return s;
-}
-
-template <kv_store Store, network Net>
-std::vector<std::size_t> group_impl<Store, Net>::plan_of(const std::vector<member_id>& ids) const {
-  auto p = policy_->plan(ids, opts_.global_batch);
-  std::size_t sum = 0;
-  bool wrapped = false;
-  for (auto b : p) wrapped = wrapped || __builtin_add_overflow(sum, b, &sum);
-  if (p.size() != ids.size() || wrapped || sum != opts_.global_batch)
-    fail(error::invalid_state, "the planning policy's plan has " + std::to_string(p.size()) + " entries summing to " +
-                                   (wrapped ? std::string("more than 2^64") : std::to_string(sum)) + " for " +
-                                   std::to_string(ids.size()) + " members and a global batch of " +
-                                   std::to_string(opts_.global_batch));
-  return p;
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::require_open_step(const char* what) const {
-  if (!active_) fail(error::invalid_state, std::string(what) + " after this member left the group");
-  if (phase_ == step_phase::closed)
-    fail(error::invalid_state,
-         std::string(what) + " outside a step: call begin_step first (step " + std::to_string(step_) + " is not open)");
-  if (phase_ == step_phase::aborted)
-    fail(error::invalid_state, std::string(what) + " after a collective of step " + std::to_string(step_) +
-                                   " returned false: the step was rolled back; redo it from begin_step");
-}
-
-template <kv_store Store, network Net>
-bool group_impl<Store, Net>::allreduce(std::span<float> data) {
-  return collective(
-      [&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
-}
-
-template <kv_store Store, network Net>
-bool group_impl<Store, Net>::allreduce(std::span<double> data) {
-  return collective(
-      [&](communicator_type& c) { c.allreduce(view(data), reduce_op::sum, deadline::after(opts_.op_timeout)); });
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::control_allreduce(std::span<double> v) {
-  // The communicator's allreduce gives bitwise-identical results on every
-  // rank, so every member's policy observes exactly the same numbers.
-  const auto w = enter_collective(true);
-  comm_->allreduce(view(v), reduce_op::sum, deadline::after(opts_.op_timeout));
-}
-
-template <kv_store Store, network Net>
-typename group_impl<Store, Net>::waiting group_impl<Store, Net>::enter_collective(bool control) noexcept {
-  // The control exchange runs after the commit (step_ already advanced):
-  // it counts as collective 0 of the next step.
-  const std::pair<std::int64_t, std::int64_t> at{gen_.generation, step_};
-  if (at != progress_at_) progress_at_ = at, progress_k_ = 0;
-  if (!control) progress_k_ = std::min(progress_k_ + 1, detail::progress::max_collective);
-  progress_.store(detail::progress{step_, gen_.generation, progress_k_}.encode(), std::memory_order_relaxed);
-  waiting_since_.store(steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-  return waiting{waiting_since_};
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::notify(change_reason reason, int old_size, double stall) {
-  world_change wc{gen_.generation, reason, old_size, size(), rank_, step_, stall};
-  history_.push_back(wc);
-  EBBFLOW_LOG_INFO("generation " << wc.generation << " (" << name(reason) << "): " << old_size << " -> " << wc.new_size
-                                 << " members, rank " << rank_ << ", step " << step_ << ", ready after " << stall * 1e3
-                                 << " ms");
-  // A callback's exception reaches the caller of begin_step as it is, even
-  // an ebbflow::system_error whose code a member failure would have: the
-  // change it announced stays in effect.
-  for (auto& cb : callbacks_) {
-    try {
-      cb(wc);
-    } catch (...) {
-      callback_threw_ = true;
-      throw;
-    }
-  }
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::release_steal_counter() {
-  if (steal_key_.empty()) return;
-  // Erased by the heartbeat thread, on its own connection: no round trip here.
-  if constexpr (requires(Store & s) { s.erase(steal_key_); }) {
-    std::lock_guard lk(hb_mutex_);
-    hb_erase_.push_back(std::move(steal_key_));
-  }
-  steal_key_.clear();
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::commit(double compute_seconds, std::optional<std::size_t> processed) {
-  const inside busy(in_group_);
-  // A second end_step would commit a step nobody computed (its samples
-  // lost); one after a failed collective, a rolled-back step.
-  require_open_step("end_step");
-  phase_ = step_phase::closed;
-  if (!std::isfinite(compute_seconds) || compute_seconds < 0) compute_seconds = 0;
-  const auto now = steady_clock::now();
-  if (last_commit_ != steady_clock::time_point{}) step_interval_ = now - last_commit_;
-  last_commit_ = now;
-  if constexpr (requires(typename Net::transport_type & x) { x.poll_close(); }) {
-    if (retiring_ && retiring_->poll_close()) retiring_.reset();
-  }
-  // Commit: the gradient collectives completed and the optimizer stepped.
-  const auto info = current_slice();
-  ++step_;
-  cursor_ += info.global_batch;
-  if (cursor_ >= opts_.dataset_size || (opts_.drop_last && opts_.dataset_size - cursor_ < opts_.global_batch)) {
-    ++epoch_;
-    cursor_ = 0;
-  }
-  if (detail::signal_leave_flag().load()) leave_requested_.store(true);
-
-  const int n = size();
-  const std::size_t un = static_cast<std::size_t>(n);
-  std::vector<double> v(4 + 4 * un, 0.0);
-  const std::size_t r = static_cast<std::size_t>(rank_);
-  v[3 + r] = compute_seconds;
-  v[3 + un + r] = static_cast<double>(processed.value_or(info.batch));
-  // Every member's claims ended before the gradient allreduce completed.
-  release_steal_counter();
-  v[3 + 2 * un + r] = leave_requested_.load() ? 1.0 : 0.0;
-  std::vector<member_id> ids;
-  for (auto& m : gen_.members) ids.push_back(m.id);
-  admitting_.clear();
-  std::int64_t seen = gen_.joins_seen;
-  // A join connecting in the background: every member says whether its
-  // side is wired up; nothing else changes the membership or the plan
-  // until the switch (plan versions stay unique).
-  if (next_) {
-    const int ready = poll_next();
-    v[2] = ready > 0 ? 1.0 : ready < 0 ? -1e6 : 0.0;
-  }
-  if (rank_ == 0 && !next_) {
-    // The join tickets are read only once the heartbeat thread saw a new
-    // one (or some still wait): a steady step waits on no store.
-    if (join_seq_hint_.load(std::memory_order_relaxed) > seen || ticket_seen_until_ > seen) {
-      try {
-        const std::size_t room = static_cast<std::size_t>(std::max(0, opts_.max_size - n));
-        std::vector<join_hold> holds;
-        admitting_ = pending_joiners(seen, room, true, holds);
-        if (!holds.empty()) answer_holds(*store_, holds);
-        // Tickets handled without an admission (held, malformed, or never
-        // written) are not read again; the next record carries the count.
-        if (admitting_.empty() && seen > gen_.joins_seen) {
-          gen_.joins_seen = seen;
-          hb_tickets_floor_.store(seen, std::memory_order_relaxed);
-        }
-      } catch (const system_error& e) {
-        EBBFLOW_LOG_WARN("coordinator could not read join tickets: " << e.what());
-      }
-    }
-    v[0] = static_cast<double>(admitting_.size());
-    std::vector<std::size_t> cur(gen_.plan.begin(), gen_.plan.end());
-    if (policy_->should_replan(ids, cur, opts_.global_batch)) {
-      auto p = plan_of(ids);
-      v[1] = 1;
-      for (std::size_t i = 0; i < un; ++i) v[3 + 3 * un + i] = static_cast<double>(p[i]);
-    }
-  }
-  try {
-    control_allreduce(v);
-  } catch (const system_error& e) {
-    if (!detail::recoverable(e.code())) throw;
-    EBBFLOW_LOG_WARN("control exchange after step " << step_ << " failed: " << e.what());
-    recover(gen_.generation, lost_peer_of(e));
-    return;
-  }
-  for (std::size_t i = 0; i < un; ++i)
-    if (v[3 + un + i] > 0) policy_->observe(ids[i], static_cast<std::size_t>(v[3 + un + i]), v[3 + i]);
-  if constexpr (detail::can_preconnect<Net>()) {
-    if (next_) {
-      if (v[2] >= static_cast<double>(n)) {  // everybody wired up: switch now, only the state moves
-        auto nx = std::move(*next_);
-        next_.reset();
-        if (nx.leaving)
-          leave_now();
-        else
-          install(std::move(nx.rec), std::move(*nx.transport), steady_clock::now(), nx.prepared_seconds);
-      } else if (v[2] < 0 && next_->leaving) {
-        leave_now();          // the others switch the blocking way
-      } else if (v[2] < 0) {  // somebody's connect failed or is overdue: the blocking way (and recovery)
-        auto nx = std::move(*next_);
-        next_.reset();
-        if (nx.helper.joinable()) {  // overdue: stop it before going on without it
-          nx.helper.request_stop();
-          nx.helper.join();
-        }
-        // A transport this member already started for g1 (here or by the
-        // helper) has taken wire-up messages its peers send only once: the
-        // blocking way finishes that one. A second transport for g1 would
-        // wait for them until the operation deadline (so would its peers).
-        auto begun = [&]() -> std::optional<typename Net::transport_type> {
-          if (nx.transport) return std::move(nx.transport);
-          if (nx.admission && nx.admission->transport) return std::move(nx.admission->transport);
-          return std::nullopt;
-        }();
-        nx.admission.reset();
-        if (nx.excluded) {  // a concurrent recovery excluded this member: rejoin
-          wait_admission();
-          return;
-        }
-        // The helper may have stopped anywhere: redo what it may not have
-        // done (writing the record twice is harmless), then the blocking way.
-        if (nx.record) write_record(*store_, gen_key(nx.g1), *nx.record, nx.admitted, nx.g1);
-        adopt_announced(nx.g1, steady_clock::now(), std::move(begun));
-      }
-      return;  // leave requests are taken at the first boundary after the switch
-    }
-  }
-  if (v[1] > 0) {
-    for (std::size_t i = 0; i < un; ++i) gen_.plan[i] = static_cast<std::uint64_t>(v[3 + 3 * un + i]);
-    ++gen_.plan_version;
-  }
-  const auto leaves = leaves_applied(v, n);
-  const bool leaving = std::find(leaves.begin(), leaves.end(), char{1}) != leaves.end();
-  if (v[0] > 0 || leaving) {
-    if (rank_ == 0) {
-      gen_.joins_seen = seen;
-      hb_tickets_floor_.store(seen, std::memory_order_relaxed);
-    }
-    change_membership(leaves, n);
-  }
-}
-
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/impl/group/step.hpp>
-// #include <ebbflow/elastic/impl/group/join_tickets.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/impl/group/join_tickets.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/group/join_tickets.hpp
-//! The coordinator's queue of newcomers: join tickets (read ahead by its
-//! heartbeat thread so a step that admits them makes no store call),
-//! admission once no new ticket came for `admit_delay`, tickets skipped
-//! when never written or malformed, and the join cool-down of workers whose
-//! newcomers kept failing (counted once per failure by the recovery).
-//! pending_joiners and count_join_failures: training thread;
-//! prefetch_tickets: heartbeat thread (hb_tickets_ under hb_mutex_).
-
-
-// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
-
-#include <algorithm>
-#include <string>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-template <kv_store Store, network Net>
-std::vector<member_id> group_impl<Store, Net>::pending_joiners(std::int64_t& seen, std::size_t room, bool settle,
-                                                               std::vector<join_hold>& holds) {
-  std::vector<member_id> out;
-  // At a step boundary the heartbeat thread's hint (fresh within a few store
-  // round trips of a ticket) stands in for the counter: while tickets keep
-  // arriving, the coordinator's steps then make no store call at all.
-  auto total =
-      settle ? join_seq_hint_.load(std::memory_order_relaxed) : store_->add(key("join_seq"), 0, store_deadline());
-  if (settle) {
-    // Admit once no new ticket appeared for admit_delay (bounded by 10×):
-    // workers started together register a few ms apart, and admitting them
-    // together costs the members one switch instead of several.
-    const auto now = steady_clock::now();
-    if (total > ticket_seen_until_) {
-      if (ticket_seen_until_ <= seen) ticket_first_seen_ = now;  // the oldest waiting ticket
-      ticket_seen_until_ = total;
-      ticket_last_change_ = now;
-    }
-    const bool quiet = now - ticket_last_change_ >= opts_.admit_delay;
-    const bool overdue = now - ticket_first_seen_ >= 10 * opts_.admit_delay;
-    if (!quiet && !overdue) total = seen;
-  }
-  std::vector<std::string> keys;
-  for (std::int64_t t = seen + 1; t <= total && keys.size() < room; ++t)
-    keys.push_back(key("join/" + std::to_string(t)));
-  const bool with_failures = opts_.join_cooldown.count() > 0;
-  // At a step boundary the heartbeat thread has read them (and their
-  // workers' failure counts) before it raised the hint: no store call then.
-  // Otherwise, or if any is missing, they are read here.
-  std::vector<std::optional<std::string>> values, failures;
-  bool cached = settle && !keys.empty();
-  if (cached) {
-    std::lock_guard lk(hb_mutex_);
-    for (std::size_t i = 0; i < keys.size() && cached; ++i) {
-      const auto it = hb_tickets_.find(seen + 1 + static_cast<std::int64_t>(i));
-      cached = it != hb_tickets_.end() &&
-               (!with_failures || it->second.failures_epoch == failures_epoch_.load(std::memory_order_acquire));
-      if (cached) values.emplace_back(it->second.value), failures.push_back(it->second.failures);
-    }
-  }
-  if (!cached) values = detail::try_get_all(*store_, keys, store_deadline());
-  struct ticket {
-    std::int64_t seq;
-    member_id id;
-    std::int64_t held_for = 0;
-    std::string worker;
-    std::optional<std::string> failures;
-  };
-  std::vector<ticket> tickets;
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const auto& v = values[i];
-    if (!v) {
-      // Taken but not yet written: a newcomer writes its ticket right after
-      // it takes the number, so it is picked up next time. One that stays
-      // unwritten for a lease (its newcomer died in between) is skipped:
-      // kept, it would stop every later ticket.
-      const auto now = steady_clock::now();
-      if (ticket_hole_ != seen + 1) ticket_hole_ = seen + 1, ticket_hole_since_ = now;
-      if (now - ticket_hole_since_ < opts_.lease) break;
-      ++seen;
-      EBBFLOW_LOG_WARN(
-          "join ticket " << seen << " was taken but not written for "
-                         << std::chrono::duration_cast<std::chrono::milliseconds>(now - ticket_hole_since_).count()
-                         << " ms (EBBFLOW_LEASE_MS=" << opts_.lease.count()
-                         << "; did its newcomer die before writing it?): skipped");
-      continue;
-    }
-    ++seen;
-    auto p = detail::join_ticket::parse(*v);
-    ticket t{seen, -1, p.held_for, std::move(p.worker), cached ? failures[i] : std::nullopt};
-    try {
-      t.id = detail::parse_i64(p.id);
-    } catch (const system_error&) {
-      // Consumed and skipped: kept, it would stop every later ticket.
-      EBBFLOW_LOG_WARN("join ticket " << seen << " is malformed ('" << v->substr(0, 64) << "'): skipped");
-      continue;
-    }
-    tickets.push_back(std::move(t));
-  }
-  // The failure counts of the tickets' workers, in one batch (only when a
-  // ticket arrived and the heartbeat thread had not read them: this runs on
-  // the coordinator's training thread).
-  std::vector<std::optional<std::string>> counts(tickets.size());
-  if (with_failures && !tickets.empty()) {
-    if (cached) {
-      for (std::size_t i = 0; i < tickets.size(); ++i) counts[i] = tickets[i].failures;
-    } else {
-      std::vector<std::string> ckeys;
-      for (auto& t : tickets) ckeys.push_back(key("joinfail/" + t.worker));
-      counts = detail::try_get_all(*store_, ckeys, store_deadline());
-    }
-  }
-  for (std::size_t i = 0; i < tickets.size(); ++i) {
-    const auto& t = tickets[i];
-    // A member that filed a second ticket (after a cool-down) is admitted once.
-    if (gen_.rank_of(t.id) >= 0 || std::find(out.begin(), out.end(), t.id) != out.end()) continue;
-    const auto failures = detail::join_failures::parse(counts[i]).count;
-    if (!t.worker.empty() && failures >= 2 && t.held_for < failures) {
-      const auto wait = cooldown{opts_.join_cooldown, opts_.join_cooldown_max}.after(failures);
-      holds.push_back({t.seq, wait.count(), failures, t.worker});
-      continue;
-    }
-    out.push_back(t.id);
-  }
-  return out;
-}
-
-template <kv_store Store, network Net>
-std::int64_t group_impl<Store, Net>::prefetch_tickets(Store& st, std::int64_t total) {
-  // The coordinator's heartbeat thread: reads the tickets after those it
-  // holds, up to `total`, in one batch (64 at most a round), then the
-  // failure counts of their workers (and again those of held tickets read
-  // before a recovery) in a second. No call while nothing is new. Returns
-  // the number of the first ticket it does not hold.
-  const std::int64_t floor = hb_tickets_floor_.load(std::memory_order_relaxed);
-  const std::int64_t epoch = failures_epoch_.load(std::memory_order_acquire);
-  const bool with_failures = opts_.join_cooldown.count() > 0;
-  std::int64_t from = floor + 1;
-  std::vector<std::pair<std::int64_t, std::string>> stale;  // held tickets whose counts are older: (number, worker)
-  {
-    std::lock_guard lk(hb_mutex_);
-    std::erase_if(hb_tickets_, [&](const auto& e) { return e.first <= floor; });
-    for (auto it = hb_tickets_.find(from); it != hb_tickets_.end() && it->first == from; ++it, ++from)
-      if (with_failures && it->second.failures_epoch != epoch)
-        stale.emplace_back(it->first, detail::join_ticket::parse(it->second.value).worker);
-  }
-  std::vector<std::string> keys;
-  for (std::int64_t t = from; t <= total && t < from + 64; ++t) keys.push_back(key("join/" + std::to_string(t)));
-  std::vector<std::pair<std::int64_t, prefetched_ticket>> got;
-  for (auto& v : detail::try_get_all(st, keys, store_deadline())) {
-    if (!v) break;  // taken but not yet written: the next round
-    got.emplace_back(from + static_cast<std::int64_t>(got.size()), prefetched_ticket{std::move(*v), -1, std::nullopt});
-  }
-  std::map<std::int64_t, std::optional<std::string>> counts;  // by ticket number
-  if (with_failures) {
-    for (auto& [n, t] : got) stale.emplace_back(n, detail::join_ticket::parse(t.value).worker);
-    std::vector<std::string> ckeys;
-    std::vector<std::int64_t> of;
-    for (auto& [n, worker] : stale) {
-      if (worker.empty())
-        counts[n] = std::nullopt;  // no worker key: no count to read
-      else
-        ckeys.push_back(key("joinfail/" + worker)), of.push_back(n);
-    }
-    auto values = detail::try_get_all(st, ckeys, store_deadline());
-    for (std::size_t k = 0; k < of.size(); ++k) counts[of[k]] = std::move(values[k]);
-  }
-  std::lock_guard lk(hb_mutex_);
-  for (auto& [n, t] : got) hb_tickets_.emplace(n, std::move(t));
-  for (auto& [n, c] : counts)
-    if (const auto it = hb_tickets_.find(n); it != hb_tickets_.end()) {
-      it->second.failures = std::move(c);
-      it->second.failures_epoch = epoch;
-    }
-  return from + static_cast<std::int64_t>(got.size());
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::answer_holds(Store& st, const std::vector<join_hold>& holds) const {
-  for (auto& h : holds) {
-    EBBFLOW_LOG_WARN("holding back worker '" << h.worker << "' (join ticket " << h.ticket << ") for "
-                                             << static_cast<double>(h.ms) / 1000 << " s: it failed " << h.failures
-                                             << " times in a row while joining");
-    st.set(key("held/" + std::to_string(h.ticket)), std::to_string(h.ms) + " " + std::to_string(h.failures),
-           store_deadline());
-  }
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::count_join_failures(const std::vector<detail::member_entry>& alive,
-                                                 std::set<member_id>& counted) {
-  if (opts_.join_cooldown.count() <= 0) return;
-  std::vector<member_id> lost;
-  for (auto& m : gen_.members)
-    if (!counted.contains(m.id) &&
-        std::none_of(alive.begin(), alive.end(), [&](const auto& a) { return a.id == m.id; }))
-      lost.push_back(m.id);
-  if (lost.empty()) return;
-  counted.insert(lost.begin(), lost.end());  // a recovery waiting below min_size asks again every few ms
-  std::vector<std::string> keys;
-  for (auto m : lost) keys.push_back(key("wkey/" + std::to_string(m)));
-  const auto workers = detail::try_get_all(*store_, keys, store_deadline());
-  for (std::size_t i = 0; i < lost.size(); ++i) {
-    if (!workers[i] || workers[i]->empty()) continue;  // an initial member, or a newcomer past its probation
-    // Every recovering member applies the failure before it reads join
-    // tickets; the record of who was counted makes it count once.
-    const std::string fkey = key("joinfail/" + *workers[i]);
-    auto cur = store_->try_get(fkey, store_deadline()).value_or("");
-    for (;;) {
-      auto f = detail::join_failures::parse(cur);
-      if (f.generation == gen_.generation && std::find(f.members.begin(), f.members.end(), lost[i]) != f.members.end())
-        break;
-      if (f.generation != gen_.generation) f.members.clear();
-      ++f.count;
-      f.generation = gen_.generation;
-      f.members.push_back(lost[i]);
-      const auto next = f.str();
-      const auto r = store_->compare_set(fkey, cur, next, store_deadline());
-      if (r.swapped) {
-        EBBFLOW_LOG_WARN("member " << lost[i] << " of worker '" << *workers[i]
-                                   << "' died while joining: its join failures in a row: " << f.count);
-        break;
-      }
-      cur = r.current;
-    }
-  }
-}
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/impl/group/join_tickets.hpp>
-// #include <ebbflow/elastic/impl/group/membership_change.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/impl/group/membership_change.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/group/membership_change.hpp
-//! Joins and leaves decided at a step boundary: which leaves apply, the
-//! next generation's record, and its wire-up in the background by the
-//! admission helper thread (lowest CPU priority, own store connection)
-//! while training goes on; or the blocking way, which falls back to
-//! recovery. The helper touches only what start_admission hands it.
-
-
-// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
-// #include <ebbflow/core/thread_name.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/scheduling.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
-
-#include <algorithm>
-#include <string>
-#include <thread>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-template <kv_store Store, network Net>
-std::vector<char> group_impl<Store, Net>::leaves_applied(const std::vector<double>& v, int n) {
-  // Every member decides from the control exchange alone, so all agree.
-  const std::size_t un = static_cast<std::size_t>(n);
-  const int joiners = static_cast<int>(v[0]);
-  std::vector<char> out(un, 0);
-  int leaving = 0;
-  for (std::size_t i = 0; i < un; ++i) leaving += out[i] = v[3 + 2 * un + i] > 0 ? 1 : 0;
-  if (leaving == 0 || (leaving == n && joiners == 0)) {  // no leave, or everybody leaves: the job ends
-    deferral_logged_ = false;
-    return out;
-  }
-  // The members that stay and the newcomers admitted with them must number
-  // at least min_size, and one member holding the state must stay when
-  // newcomers come: the lowest-ranked leavers stay one more generation
-  // (their leave request stands; they leave once others take their place).
-  const int below = opts_.min_size - (n - leaving + joiners);
-  int keep = std::max(below, leaving == n ? 1 : 0);
-  std::string kept;
-  for (std::size_t i = 0; i < un && keep > 0; ++i)
-    if (out[i]) {
-      out[i] = 0;
-      --keep;
-      detail::append_listed(kept, std::to_string(gen_.members[i].id));
-    }
-  if (!kept.empty() && rank_ == 0 && !deferral_logged_) {
-    if (below > 0)
-      EBBFLOW_LOG_WARN("member(s) " << kept << " asked to leave after step " << step_ - 1
-                                    << ", but the group would fall below EBBFLOW_MIN_SIZE=" << opts_.min_size
-                                    << ": they keep training until newcomers take their place");
-    else
-      EBBFLOW_LOG_INFO("member " << kept << " stays one more generation to hand the newcomers the state");
-  }
-  deferral_logged_ = !kept.empty();
-  return out;
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::write_record(Store& st, const std::string& gkey, const std::string& rec,
-                                          const std::vector<member_id>& joiners, std::int64_t g1) const {
-  // The record must be written before the joiners are told, and before the
-  // coordinator itself leaves. A concurrent recovery may have written
-  // another one first: then the joiners are not told (that record does not
-  // have them; they stay in the queue).
-  if (st.compare_set(gkey, "", rec, store_deadline()).current == rec)
-    for (auto j : joiners) st.set(key("joined/" + std::to_string(j)), std::to_string(g1), store_deadline());
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::change_membership(const std::vector<char>& leaving, int n) {
-  const auto started = steady_clock::now();
-  const std::size_t un = static_cast<std::size_t>(n);
-  const std::int64_t g1 = gen_.generation + 1;
-  const std::string gkey = gen_key(g1);
-  const auto leaves = [&](std::size_t i) { return leaving[i] != 0; };
-  const bool me_leaving = leaves(static_cast<std::size_t>(rank_));
-  // With a network that connects in the background, the rest of the change
-  // is done by a helper thread while this member keeps training.
-  const bool background = detail::can_preconnect<Net>() && opts_.preconnect && !me_leaving;
-  std::optional<std::string> record;  // the coordinator's, to write
-  if (rank_ == 0) {
-    detail::generation_record rec;
-    rec.generation = g1;
-    rec.reason = admitting_.empty() ? change_reason::leave : change_reason::join;
-    std::vector<member_id> ids;
-    for (std::size_t i = 0; i < un; ++i)
-      if (!leaves(i)) {
-        rec.members.push_back({gen_.members[i].id, step_});
-        ids.push_back(gen_.members[i].id);
-      }
-    for (auto j : admitting_) {
-      rec.members.push_back({j, -1});
-      ids.push_back(j);
-    }
-    rec.source = rec.members.empty() ? -1 : rec.members.front().id;
-    rec.source_step = step_;
-    if (!ids.empty()) {
-      auto p = plan_of(ids);
-      rec.plan.assign(p.begin(), p.end());
-    }
-    rec.plan_version = gen_.plan_version + 1;
-    rec.joins_seen = gen_.joins_seen;
-    record = to_value(rec.encode());
-    if (!background) {
-      try {
-        write_record(*store_, gkey, *record, admitting_, g1);
-      } catch (const system_error& e) {
-        // A coordinator that leaves goes even when the store is gone (a
-        // SIGTERMed job whose store died): the others cannot switch without
-        // the record and fail over, or end too when they all leave.
-        if (!me_leaving || !store_failure(e)) throw;
-        EBBFLOW_LOG_WARN("could not write the record of generation " << g1 << " (" << e.what()
-                                                                     << "): leaving without it");
-      }
-    }
-  }
-  if (me_leaving) {
-    if (detail::can_preconnect<Net>() && opts_.preconnect) {
-      // The others connect among themselves in the background; this member
-      // keeps training with them until they switch, then leaves.
-      next_generation nx;
-      nx.leaving = true;
-      nx.since = steady_clock::now();
-      next_ = std::move(nx);
-      return;
-    }
-    leave_now();
-    return;
-  }
-  std::vector<member_id> leavers;
-  for (std::size_t i = 0; i < un; ++i)
-    if (leaves(i)) leavers.push_back(gen_.members[i].id);
-  if (background) {
-    start_admission(std::move(record), gkey, g1, std::move(leavers), started);
-    return;
-  }
-  adopt_announced(g1, started);
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::adopt_announced(std::int64_t g1, steady_clock::time_point started,
-                                             std::optional<typename Net::transport_type> begun) {
-  // The blocking way: wait for generation g1's record (the coordinator wrote
-  // it, or a concurrent recovery did) and connect to it.
-  const std::string gkey = gen_key(g1);
-  try {
-    store_->wait({gkey}, deadline::after(opts_.op_timeout));
-  } catch (const system_error& e) {
-    EBBFLOW_LOG_WARN("generation " << g1 << " was not announced: " << e.what() << "; re-forming");
-    recover(gen_.generation, -1);
-    return;
-  }
-  auto rec = detail::generation_record::decode(to_bytes(*store_->try_get(gkey, store_deadline())));
-  if (rec.rank_of(id_) < 0) {  // a concurrent recovery excluded this member: rejoin
-    wait_admission();
-    return;
-  }
-  adopt_or_recover(std::move(rec), started, std::move(begun));
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::start_admission(std::optional<std::string> record, std::string gkey, std::int64_t g1,
-                                             std::vector<member_id> leavers, steady_clock::time_point started) {
-  // Joins and leaves without suspension: a helper thread writes the
-  // coordinator's record, reads the next generation's record and addresses
-  // and (where the network allows it) creates its endpoints, on a store
-  // connection of its own, while this member's training thread goes on; the
-  // members then connect to each other in the background, and end_step
-  // switches once all are wired up (poll_next).
-  if constexpr (detail::can_preconnect<Net>()) {
-    next_generation nx;
-    nx.since = started;
-    nx.g1 = g1;
-    nx.record = record;
-    nx.admitted = admitting_;
-    auto res = std::make_shared<admission_result>();
-    nx.admission = res;
-    std::vector<member_id> current;
-    for (auto& m : gen_.members) current.push_back(m.id);
-    // The helper starts a fifth of a step after the boundary (at most a
-    // quarter lease): right after a boundary every member needs its CPU (the
-    // control exchange completing, the next step's launches), and on a
-    // kernel without preemption even a lowest-priority thread's system calls
-    // (store requests, thread start-up) hold a shared core until they return.
-    const auto delay = std::min<steady_clock::duration>(step_interval_ / 5, opts_.lease / 4);
-    nx.helper = std::jthread([this, delay, res, record = std::move(record), joiners = admitting_,
-                              gkey = std::move(gkey), g1, leavers = std::move(leavers), current = std::move(current),
-                              rank = rank_, revoke = revoke_, cache = address_cache_,
-                              concurrent = detail::concurrent_connect(*net_)](std::stop_token stop) mutable {
-      // The lowest CPU priority: on a host whose cores the workers share,
-      // this work fills their idle time (their device time) and never delays
-      // a training thread that is ready to run.
-      detail::lowest_cpu_priority();
-      detail::sleep_until(steady_clock::now() + delay, stop);
-      try {
-        if (!aux_store_) aux_store_ = connect_store_();
-        Store& st = *aux_store_;
-        // The coordinator writes the record the others wait for. Tests make
-        // another member's helper late here (EBBFLOW_FAULT=admission-helper:
-        // sleep=MS) while the others' helpers start their transports.
-        if (record)
-          write_record(st, gkey, *record, joiners, g1);
-        else
-          fault_point("admission-helper", st, stop);
-        const auto d = deadline::after(opts_.op_timeout);
-        if (!detail::wait_key(st, gkey, d, stop))
-          throw system_error(make_error_code(stop.stop_requested() ? error::revoked : error::timeout),
-                             {.rank = rank,
-                              .generation = g1,
-                              .operation = "admission",
-                              .detail = "waiting for the record of generation " + std::to_string(g1)});
-        auto rec = detail::generation_record::decode(to_bytes(*st.try_get(gkey, store_deadline())));
-        const int r = rec.rank_of(id_);
-        if (r < 0) {
-          res->excluded = true;  // a concurrent recovery excluded this member
-        } else {
-          for (auto m : current)
-            if (rec.rank_of(m) < 0 && std::find(leavers.begin(), leavers.end(), m) == leavers.end())
-              res->blocking = true;  // excluded by a concurrent recovery: the blocking way sorts it out
-          if (!res->blocking) {
-            res->addrs = gather_addresses(rec, st, cache, rank, revoke, stop);
-            // The endpoints are made here, and their wire-up is driven from
-            // here while the training thread computes: the peers' connect
-            // messages are then handled in its compute (device) time rather
-            // than inside its collectives. Never while it is inside the group
-            // (in_group_), where it progresses the worker itself: this thread
-            // would hold the worker's lock at the lowest priority, and the
-            // training thread would wait for it. Bounded well below the lease
-            // (past which the members finish the change themselves); what
-            // is left completes as the training thread progresses the worker.
-            if (concurrent) {
-              res->transport.emplace(net_->start_connect(rec.generation, r, res->addrs));
-              const auto until =
-                  steady_clock::now() + std::min<steady_clock::duration>(4 * opts_.heartbeat, opts_.lease / 2);
-              while (!stop.stop_requested() && steady_clock::now() < until) {
-                if (in_group_.load(std::memory_order_relaxed) == 0 && res->transport->poll_connect()) break;
-                std::this_thread::sleep_for(std::chrono::microseconds(100));
-              }
-            }
-          }
-        }
-        res->cache = std::move(cache);
-        res->rec = std::move(rec);
-      } catch (...) {
-        res->error = std::current_exception();
-      }
-      res->done.store(true, std::memory_order_release);
-    });
-    ::ebbflow::detail::name_thread(nx.helper, "ebbflow-admit");
-    nx.prepared_seconds = std::chrono::duration<double>(steady_clock::now() - started).count();
-    next_ = std::move(nx);
-  } else {
-    (void)record, (void)gkey, (void)g1, (void)leavers, (void)started;
-  }
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::take_admission() {
-  // The helper is done: its result becomes this member's next generation.
-  auto res = std::move(next_->admission);
-  next_->helper.join();
-  if (res->rec) next_->rec = std::move(*res->rec);
-  if (res->error) {
-    next_->failed = true;
-    std::rethrow_exception(res->error);
-  }
-  address_cache_ = std::move(res->cache);
-  if (res->excluded || res->blocking) {
-    next_->excluded = res->excluded;
-    next_->failed = true;
-    return;
-  }
-  if (res->transport) {
-    next_->transport = std::move(res->transport);
-  } else {  // the network cannot connect from another thread: here, then
-    const auto t0 = steady_clock::now();
-    next_->transport.emplace(net_->start_connect(next_->rec.generation, next_->rec.rank_of(id_), res->addrs));
-    next_->prepared_seconds += std::chrono::duration<double>(steady_clock::now() - t0).count();
-  }
-  const double after_ms = std::chrono::duration<double>(steady_clock::now() - next_->since).count() * 1e3;
-  EBBFLOW_LOG_INFO("generation " << next_->rec.generation << ": connecting " << next_->rec.members.size()
-                                 << " members in the background (" << after_ms << " ms after the decision; "
-                                 << next_->prepared_seconds * 1e3 << " ms of it on the training thread)");
-}
-
-template <kv_store Store, network Net>
-int group_impl<Store, Net>::poll_next() {
-  // 1: wired up; 0: not yet; -1: failed or overdue (the group then switches
-  // the blocking way, which fails over to recovery).
-  if constexpr (detail::can_preconnect<Net>()) {
-    if (next_->leaving) return 1;  // nothing to connect: it leaves at the switch
-    if (next_->failed) return -1;
-    fault_point("preconnect");
-    try {
-      if (next_->admission) {
-        // The helper runs at the lowest CPU priority: on a host whose cores
-        // are all busy it may get no time at all. It has one lease; past
-        // that, the members finish the change on their training threads.
-        if (!next_->admission->done.load(std::memory_order_acquire)) {
-          if (steady_clock::now() - next_->since <= opts_.lease) return 0;
-          EBBFLOW_LOG_WARN("admission helper of generation "
-                           << next_->g1 << " not done after EBBFLOW_LEASE_MS=" << opts_.lease.count()
-                           << ": finishing the change on the training thread");
-          return -1;
-        }
-        take_admission();
-        if (next_->failed) return -1;
-      }
-      if (next_->transport->poll_connect()) return 1;
-      // A joiner that died before it wired up: noticed through its lease.
-      if (const int j = stale_member(next_->rec, next_->joiners, true); j >= 0) {
-        EBBFLOW_LOG_WARN("joiner " << next_->rec.members[static_cast<std::size_t>(j)].id
-                                   << " stopped heartbeating before it connected");
-        return -1;
-      }
-    } catch (const system_error& e) {
-      if (!detail::recoverable(e.code())) throw;
-      EBBFLOW_LOG_WARN("background connect of generation " << next_->rec.generation << " failed: " << e.what());
-      return -1;
-    }
-    return steady_clock::now() - next_->since > opts_.op_timeout ? -1 : 0;
-  } else {
-    return -1;
-  }
-}
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/impl/group/membership_change.hpp>
-// #include <ebbflow/elastic/impl/group/recovery.hpp>  (inlined here)
-// ---- begin <ebbflow/elastic/impl/group/recovery.hpp>
-// SPDX-License-Identifier: Apache-2.0
-//! @file impl/group/recovery.hpp
-//! Re-forming the group after a failure: abort the generation everywhere,
-//! report this member's committed step, decide who is alive (reported,
-//! marked dead, process gone on this host, lease), wait below min_size, and
-//! propose generation g+1 by compare-and-set (the first proposal wins);
-//! the newest committed step becomes the state's source.
-//! Training thread only.
-
-
-// #include <ebbflow/elastic/detail/group_impl.hpp>  (inlined)
-// #include <ebbflow/elastic/detail/store_ops.hpp>  (inlined)
-
-#include <set>
-#include <string>
-#include <thread>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic::detail {
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::recover(std::int64_t g, int lost_peer) {
-  // Everything a recovery decides goes through the store: without it the
-  // survivors cannot agree on the next generation, so none is decided. A
-  // replicated store that lost its quorum comes back: with
-  // store_outage_wait the recovery waits for it (its steps are idempotent:
-  // sets, and a compare-and-set whose first proposal wins), then goes on.
-  const auto give_up = deadline::after(opts_.store_outage_wait);
-  for (bool said = false;; said = true) {
-    try {
-      reform(g, lost_peer);
-      if (said) EBBFLOW_LOG_WARN("the store is back: generation " << g << "'s failure was handled");
-      return;
-    } catch (const system_error& e) {
-      if (!store_failure(e) || !recoverable(e.code())) throw;
-      if (give_up.expired())
-        fail(error::peer_lost, "generation " + std::to_string(g) + " failed and the store cannot be reached (" +
-                                   e.what() +
-                                   "): the group cannot re-form without its store (docs/elastic.md, \"When the "
-                                   "store dies\")");
-      if (!said)
-        EBBFLOW_LOG_WARN("generation " << g << " failed and the store cannot be reached (" << e.what()
-                                       << "): no membership decision until it is back; waiting up to "
-                                          "EBBFLOW_STORE_OUTAGE_MS="
-                                       << opts_.store_outage_wait.count() << " ms");
-      std::this_thread::sleep_for(std::min<steady_clock::duration>(opts_.heartbeat * 4, give_up.remaining()));
-    }
-  }
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::reform(std::int64_t g, int lost_peer) {
-  const auto started = steady_clock::now();
-  next_.reset();  // a join still connecting is redone by the recovery below
-  auto overall = deadline::after(opts_.op_timeout + opts_.min_size_wait);
-  for (;;) {
-    // 1. Stop every collective of g and tell the others. Its endpoints may
-    // hold traffic its peers will never answer: the next opens its own.
-    if (revoke_) revoke_->revoke();
-    if constexpr (requires { net_->discard_endpoints(); }) net_->discard_endpoints();
-    hb_generation_.store(-1);
-    const std::string gs = std::to_string(g);
-    store_->set(key("abort/" + gs), "1", store_deadline());
-    if (lost_peer >= 0 && lost_peer < size() && gen_.generation == g)
-      store_->set(dead_key(g, gen_.members[static_cast<std::size_t>(lost_peer)].id), "1", store_deadline());
-    // What this member holds: its committed step, or (no step yet) whether
-    // its buffers are still a launched worker's own initial state.
-    const std::int64_t holds = step_ >= 0 ? step_ : own_initial_state_ ? detail::own_initial_state : -1;
-    store_->set(key("recover/" + gs + "/" + std::to_string(id_)), std::to_string(holds), store_deadline());
-    EBBFLOW_LOG_WARN("generation " << g << " failed at step " << step_ << ": re-forming the group");
-
-    const std::string next_key = gen_key(g + 1);
-    std::set<member_id> failures_counted;  // lost members of g whose join failure this member applied
-    lease_seen hb_seen;
-    const auto unresolved_deadline = deadline::after(opts_.op_timeout);
-    const auto recovery_started = steady_clock::now();
-    bool waiting_logged = false, stuck_logged = false;
-    // Since when the members alive and the joiners waiting number fewer than
-    // min_size: the group gives up min_size_wait after that, not later.
-    std::optional<steady_clock::time_point> below_since;
-    std::optional<detail::generation_record> next;
-    // Each round asks the store in at most three pipelined batches, however
-    // large the group: the next record and who reported; of the others, who
-    // was reported lost; of the rest, their heartbeats.
-    std::vector<std::string> reported_keys{next_key};
-    for (auto& m : gen_.members)
-      if (m.id != id_) reported_keys.push_back(key("recover/" + gs + "/" + std::to_string(m.id)));
-    while (!next) {
-      const auto reported = detail::try_get_all(*store_, reported_keys, store_deadline());
-      if (const auto& cur = reported[0]) {
-        next = detail::generation_record::decode(to_bytes(*cur));
-        break;
-      }
-      // Who of g is alive (reported), dead (reported lost or lease expired), or undecided?
-      // Lost: marked dead in g by a peer, or its launcher saw its process exit.
-      std::vector<std::string> lost_keys, hb_keys;
-      std::vector<std::size_t> unreported, maybe_alive;  // indices into gen_.members
-      for (std::size_t i = 0, k = 1; i < gen_.members.size(); ++i) {
-        if (gen_.members[i].id == id_) continue;
-        if (!reported[k++]) {
-          unreported.push_back(i);
-          lost_keys.push_back(dead_key(g, gen_.members[i].id));
-          lost_keys.push_back(opts_.gone_key(gen_.members[i].id));
-        }
-      }
-      const auto lost_or_gone = detail::try_get_all(*store_, lost_keys, store_deadline());
-      std::vector<std::uint8_t> lost(unreported.size());
-      for (std::size_t j = 0; j < unreported.size(); ++j)
-        lost[j] = lost_or_gone[2 * j].has_value() || lost_or_gone[2 * j + 1].has_value();
-      // A member on this host whose process is gone is dead now, not only
-      // after its lease: when several die at once, a survivor revoked before
-      // its own transport saw a death reports none. Told to the others too
-      // (read back as lost in the next round).
-      std::vector<std::uint8_t> exited_here(unreported.size(), 0);
-      if constexpr (requires(const transport_type& t) {
-                      { t.peer_gone(0) } -> std::convertible_to<bool>;
-                    }) {
-        for (std::size_t j = 0; transport_ && gen_.generation == g && j < unreported.size(); ++j) {
-          const std::size_t i = unreported[j];
-          if (lost[j] || !transport_->peer_gone(static_cast<int>(i))) continue;
-          exited_here[j] = 1;
-          EBBFLOW_LOG_WARN("member " << gen_.members[i].id << " (rank " << i << " of generation " << g
-                                     << ") is gone: its process on this host exited");
-          store_->set(dead_key(g, gen_.members[i].id), "1", store_deadline());
-        }
-      }
-      for (std::size_t j = 0; j < unreported.size(); ++j) {
-        if (lost[j] || exited_here[j] || unresolved_deadline.expired())
-          continue;  // reported lost, or its process exited on this host, or too late
-        maybe_alive.push_back(unreported[j]);
-        hb_keys.push_back(key("hb/" + std::to_string(gen_.members[unreported[j]].id)));
-      }
-      std::vector<std::uint8_t> heartbeating(gen_.members.size(), 0);  // unreported, lease fresh
-      if (!hb_keys.empty()) {
-        const auto hbs =
-            detail::add_all(*store_, hb_keys, std::vector<std::int64_t>(hb_keys.size(), 0), store_deadline());
-        const auto now = steady_clock::now();
-        for (std::size_t j = 0; j < maybe_alive.size(); ++j)
-          heartbeating[maybe_alive[j]] = fresh(gen_.members[maybe_alive[j]].id, hbs[j], now, hb_seen);
-      }
-      std::vector<detail::member_entry> alive;
-      std::string undecided_ids;  // alive by their heartbeat, not yet in the recovery
-      bool undecided = false;
-      for (std::size_t i = 0, k = 1; i < gen_.members.size(); ++i) {
-        const member_id m = gen_.members[i].id;
-        if (m == id_) {
-          alive.push_back({id_, holds});
-        } else if (const auto& r = reported[k++]) {
-          alive.push_back({m, detail::parse_i64(*r)});
-        } else if (heartbeating[i]) {
-          undecided = true;
-          detail::append_listed(undecided_ids, std::to_string(m));
-        }
-      }
-      // A member whose heartbeat goes on but whose training thread does not
-      // come (stuck outside ebbflow: a data loader, a lock) is waited for
-      // until the operation deadline, then left out; say so once.
-      if (undecided && !stuck_logged && steady_clock::now() - recovery_started > opts_.lease) {
-        EBBFLOW_LOG_WARN(
-            "generation " << g << " failed; member(s) " << undecided_ids
-                          << " still send heartbeats but have not reached the recovery (a training "
-                             "thread stuck outside ebbflow?): waiting for them at most EBBFLOW_OP_TIMEOUT_MS="
-                          << std::chrono::duration_cast<std::chrono::milliseconds>(opts_.op_timeout).count()
-                          << " ms, then going on without them");
-        stuck_logged = true;
-      }
-      if (!undecided) {
-        count_join_failures(alive, failures_counted);  // before the tickets are read: a restarted newcomer's sees it
-        // Failure counts the heartbeat thread read before this are stale.
-        failures_epoch_.fetch_add(1, std::memory_order_acq_rel);
-        std::int64_t seen = gen_.joins_seen;
-        const std::size_t room =
-            static_cast<std::size_t>(std::max<std::int64_t>(0, opts_.max_size - static_cast<int>(alive.size())));
-        std::vector<join_hold> holds;
-        auto joiners = pending_joiners(seen, room, false, holds);
-        const int total = static_cast<int>(alive.size() + joiners.size());
-        if (total < opts_.min_size) {
-          const auto now = steady_clock::now();
-          if (!below_since) below_since = now;
-          if (!waiting_logged)
-            EBBFLOW_LOG_WARN("only " << total << " workers left, below EBBFLOW_MIN_SIZE=" << opts_.min_size
-                                     << ": waiting for workers to join (up to EBBFLOW_MIN_WAIT_MS="
-                                     << opts_.min_size_wait.count() << " ms)");
-          waiting_logged = true;
-          if (now - *below_since >= opts_.min_size_wait)
-            fail(error::timeout, "only " + std::to_string(total) + " worker(s) left after generation " + gs +
-                                     " failed, below EBBFLOW_MIN_SIZE=" + std::to_string(opts_.min_size) +
-                                     ", and none joined within EBBFLOW_MIN_WAIT_MS=" +
-                                     std::to_string(opts_.min_size_wait.count()) + " ms");
-        } else {
-          detail::generation_record rec;
-          rec.generation = g + 1;
-          rec.reason = change_reason::failure;
-          rec.members = alive;
-          for (auto j : joiners) rec.members.push_back({j, -1});
-          std::vector<member_id> ids;
-          for (auto& m : rec.members) ids.push_back(m.id);
-          rec.source = -1;
-          rec.source_step = -1;
-          for (auto& m : rec.members)
-            if (m.committed > rec.source_step) {
-              rec.source_step = m.committed;
-              rec.source = m.id;
-            }
-          // If nobody holds a step, none was ever trained: the member that
-          // formed generation 0 died before its state moved. A launched
-          // worker whose buffers no transfer wrote holds an initial state as
-          // valid as that one (as when launch rank 0 never registers): the
-          // first becomes the source, the others receive its state.
-          for (auto& m : rec.members) {
-            if (m.committed != detail::own_initial_state) continue;
-            m.committed = -1;
-            if (rec.source_step < 0) {
-              m.committed = rec.source_step = 0;
-              rec.source = m.id;
-            }
-          }
-          if (rec.source_step < 0) {  // only joiners that never got the state (and part-written members) are left
-            if (job_done()) fail_job_finished("finished before this worker received the training state");
-            fail(error::invalid_state, "no member holding the training state is left after generation " + gs +
-                                           " failed: the state is lost (restart from a checkpoint)");
-          }
-          auto p = plan_of(ids);
-          rec.plan.assign(p.begin(), p.end());
-          rec.plan_version = gen_.plan_version + 1;
-          rec.joins_seen = seen;
-          const std::string mine = to_value(rec.encode());
-          const std::string cur = store_->compare_set(next_key, "", mine, store_deadline()).current;
-          if (cur == mine) {
-            for (auto j : joiners)
-              store_->set(key("joined/" + std::to_string(j)), std::to_string(g + 1), store_deadline());
-            answer_holds(*store_, holds);
-          }
-          next = detail::generation_record::decode(to_bytes(cur));
-          break;
-        }
-      }
-      if (overall.expired())
-        fail(error::timeout, "could not re-form the group after generation " + gs +
-                                 " within EBBFLOW_OP_TIMEOUT_MS + EBBFLOW_MIN_WAIT_MS (" +
-                                 std::to_string((opts_.op_timeout + opts_.min_size_wait).count()) + " ms)" +
-                                 (undecided_ids.empty() ? "" : "; undecided: member(s) " + undecided_ids));
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    if (next->rank_of(id_) < 0 && leave_requested_.load()) {
-      leave_now();  // it was leaving anyway
-      return;
-    }
-    if (next->rank_of(id_) < 0) {
-      EBBFLOW_LOG_WARN("member " << id_ << " was left out of generation " << next->generation << ": rejoining");
-      wait_admission();
-      return;
-    }
-    if (next->reason != change_reason::failure) {
-      // A join or leave decided before the failure, whose members were
-      // connecting in the background. Its committed steps date from that
-      // decision, and the survivors may now be a step apart (a failure can
-      // hit after some of them committed a step): adopting it could pair
-      // different steps' gradients. Never adopted by a recovery: every member
-      // fails it over in turn, so the next record holds the real steps.
-      EBBFLOW_LOG_WARN("generation " << next->generation << " (" << name(next->reason)
-                                     << ") was decided before generation " << gs << " failed: failing it over too");
-      enter(std::move(*next));
-      g = gen_.generation;
-      lost_peer = -1;
-      continue;
-    }
-    try {
-      adopt(std::move(*next), started);
-      return;
-    } catch (const system_error& e) {
-      if (!detail::recoverable(e.code())) throw;
-      g = gen_.generation;
-      lost_peer = lost_in_adopt(e);
-    }
-  }
-}
-
-template <kv_store Store, network Net>
-int group_impl<Store, Net>::lost_peer_of(const system_error& e) const noexcept {
-  // Only a transport that saw a peer die may name it: a collective's error
-  // names the neighbour whose transfer failed, which in a ring is often a
-  // live member stuck behind the dead one. Reporting it dead would exclude it.
-  if (e.code() != errc::peer_lost) return -1;
-  if constexpr (requires(const transport_type& t) {
-                  { t.lost_peer() } -> std::convertible_to<int>;
-                }) {
-    return transport_ ? transport_->lost_peer() : -1;
-  } else {
-    return e.peer();
-  }
-}
-
-template <kv_store Store, network Net>
-int group_impl<Store, Net>::lost_in_adopt(const system_error& e) noexcept {
-  // adopt() runs no collective: a member its error names stopped heartbeating
-  // or never published its address, or its endpoint could not be made; it
-  // is not a live neighbour stuck behind a dead one (lost_peer_of). Nor can
-  // lost_peer_of ask the transport: the new one is not made yet.
-  return e.code() == errc::peer_lost ? e.peer() : -1;
-}
-
-template <kv_store Store, network Net>
-void group_impl<Store, Net>::take_own_initial_state() {
-  if (!own_initial_state_)
-    fail(error::invalid_state, "member " + std::to_string(id_) + " was made the source of generation " +
-                                   std::to_string(gen_.generation) + " without the training state");
-  const auto p = restored_.value_or(position{0, 0, 0});
-  step_ = p.step;
-  epoch_ = p.epoch;
-  cursor_ = p.cursor;
-  EBBFLOW_LOG_WARN("the member that formed the first generation died before its state moved: member "
-                   << id_ << " (launch rank " << launch_.rank << ") serves its own initial state"
-                   << (restored_ ? " and restored position" : "") << " (step " << step_ << ")");
-}
-
-}  // namespace elastic::detail
-EBBFLOW_END_NAMESPACE
-// ---- end <ebbflow/elastic/impl/group/recovery.hpp>
-// ---- end <ebbflow/elastic/detail/group_impl.hpp>
-// #include <ebbflow/elastic/group_options.hpp>  (inlined)
-// #include <ebbflow/elastic/group_types.hpp>  (inlined)
-// #include <ebbflow/elastic/kv_store.hpp>  (inlined)
-// #include <ebbflow/elastic/network.hpp>  (inlined)
-// #include <ebbflow/elastic/planning_policy.hpp>  (inlined)
-// #include <ebbflow/plan/work_stealing.hpp>  (inlined)  // plan::steal_report
-
-#include <csignal>
-#include <cstddef>
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <optional>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-EBBFLOW_BEGIN_NAMESPACE
-namespace elastic {
-
-//! Raised by `group` when it cannot go on: the store is gone, the membership
-//! stayed below `min_size` for `min_size_wait`, or this worker was never
-//! admitted. Carries errc::timeout / peer_lost / invalid_state / job_finished.
-using group_error = system_error;
-
-//! The elastic group. `Store` models `kv_store`, `Net` models `network`.
-//! `connect_store` makes one store client per thread that talks to the store:
-//! the training thread, the heartbeat thread (again after a lost connection)
-//! and the admission helper. The heartbeat thread and the helper may call it
-//! at the same time, so it must be thread-safe; the clients it returns need
-//! not be.
-template <kv_store Store, network Net>
-class group {
-  using impl_type = detail::group_impl<Store, Net>;
-
- public:
-  //! The transport handed to `collective`: `Net`'s, revocable by the heartbeat thread.
-  using transport_type = typename impl_type::transport_type;
-  //! Collectives over the current generation's transport.
-  using communicator_type = typename impl_type::communicator_type;
-  //! Connects a new store client (must not return nullptr; may throw, which the constructor passes on).
-  using store_factory = typename impl_type::store_factory;
-
-  //! Joins the job: as one of the initial `launch.world_size` workers (rank
-  //! `launch.rank`), or, with `opts.join`, as a newcomer admitted at a step
-  //! boundary. Blocks until this worker is a member (deadline
-  //! `opts.join_timeout`). Registered state is synchronised at the first
-  //! `begin_step`; register it before that.
-  //! @throws group_error, std::invalid_argument for bad options.
-  group(store_factory connect_store, Net& net, group_options opts, launch_info launch,
-        std::unique_ptr<planning_policy> policy = std::make_unique<uniform_policy>())
-      : impl_(std::move(connect_store), net, std::move(opts), std::move(launch), std::move(policy)) {}
-
-  group(const group&) = delete;
-  group& operator=(const group&) = delete;
-  //! Stops the heartbeat (the others see this worker as failed unless it left).
-  //! A member that ends between steps first waits, for at most a lease
-  //! (2 s at most), until every member of its generation ended too, so its
-  //! closing transport fails no peer still in the last step's exchange.
-  ~group() = default;
-
-  //! Registers a buffer that is part of the training state (parameters,
-  //! optimizer state, ...): streamed to joiners and to members behind after a
-  //! failure, each from one of the members holding the newest committed
-  //! step. Host memory; same name and size on every member; replicated
-  //! state (the same bits on members that committed the same steps).
-  //! @throws group_error (invalid_state) after the first `begin_step`.
-  void register_state(std::string name, std::span<std::byte> host_bytes) {
-    impl_.register_state(std::move(name), host_bytes);
-  }
-  //! Called after every membership change (e.g. to rescale the learning
-  //! rate). An exception it throws leaves `begin_step` as it is; the change
-  //! stays in effect.
-  void on_world_changed(std::function<void(const world_change&)> cb) { impl_.callbacks_.push_back(std::move(cb)); }
-
-  //! This member's share of the next step. Applies a pending switch or state
-  //! transfer first. @throws group_error when the group cannot go on.
-  step_info begin_step() { return impl_.begin_step(); }
-
-  //! Runs `f(communicator&)` (any collectives over this generation).
-  //! Returns false when a member failed: the step is aborted, the group
-  //! re-formed, and the caller must redo the step from `begin_step`.
-  //! Between `begin_step` and `end_step` only; after a false return, only
-  //! `begin_step` (@throws group_error, invalid_state, otherwise).
-  template <class F>
-  [[nodiscard]] bool collective(F&& f) {
-    return impl_.collective(std::forward<F>(f));
-  }
-  //! Sums `data` over all members (host memory). False: redo the step.
-  [[nodiscard]] bool allreduce(std::span<float> data) { return impl_.allreduce(data); }
-  //! As above, for doubles.
-  [[nodiscard]] bool allreduce(std::span<double> data) { return impl_.allreduce(data); }
-
-  //! In-step work stealing (plan/work_stealing.hpp) instead of processing
-  //! the own slice whole: calls `process(first, last)` for positions
-  //! [first, last) of this step's global batch (the sample at position p is
-  //! the one at `cursor + p` of the epoch's order), first for chunks of its
-  //! own slice, paced against its planned step time when the policy has
-  //! models, then for chunks taken from the ends of slices whose owners fall
-  //! behind. Each position is processed by exactly one member (atomic claims
-  //! on the job's store, keyed by generation and step). Call between
-  //! `begin_step` and the gradient allreduce on every member; weigh each
-  //! sample by 1 / global_batch (a member that processed nothing still
-  //! allreduces its zeros), and pass `processed` to `end_step`. `process`
-  //! must not call the group. Once per step attempt.
-  //! @throws group_error (invalid_state) when called twice, plan::plan_error
-  //! (bad settings), plan::plan_fault (a corrupt claim counter in the store),
-  //! the store's errors, and what `process` throws.
-  template <class Process>
-  plan::steal_report steal_step(Process&& process, const steal_settings& settings = {}) {
-    return impl_.steal_step(std::forward<Process>(process), settings);
-  }
-
-  //! Commits the step (call after the optimizer step) and runs the control
-  //! exchange: feeds every member's timing to the policy, applies new plans,
-  //! leaves and joins. `compute_seconds`: this member's compute time of the step.
-  void end_step(double compute_seconds) { impl_.commit(compute_seconds, std::nullopt); }
-  //! As above, after `steal_step`: `processed` samples (its report) took
-  //! `compute_seconds`, which is what the policy learns from.
-  void end_step(double compute_seconds, std::size_t processed) { impl_.commit(compute_seconds, processed); }
-
-  //! Resumes from a checkpoint: the step, epoch and cursor the job had
-  //! reached. Call before the first `begin_step` on every member (the
-  //! source's position travels with the initial state). Steps and epochs
-  //! up to 2^62; with `drop_last`, not a cursor inside the short last batch.
-  //! @throws group_error after the first begin_step, std::invalid_argument.
-  void restore_position(std::int64_t step, std::int64_t epoch, std::size_t cursor) {
-    impl_.restore_position(step, epoch, cursor);
-  }
-
-  //! Asks to leave at the next step boundary (thread-safe).
-  void request_leave() noexcept { impl_.leave_requested_.store(true); }
-  //! Marks the job finished: workers still waiting to join stop waiting, and
-  //! joiners admitted to a change still in flight (see `changing`) stop
-  //! waiting for the state with a clear error (job_finished); a worker
-  //! started later under this job is refused at once. `keep_training` calls
-  //! it when the steps are done; a loop that ends otherwise calls it after
-  //! its last step (on one member or on all: the same mark).
-  //! @throws system_error from the store.
-  void finish() { impl_.finish(); }
-  //! True while a membership change is unfinished: decided at an earlier
-  //! step boundary and still being prepared in the background, or switched
-  //! to with the state still to move at the next `begin_step`. Every member
-  //! sees the same value after `end_step` returns, so a loop that must not
-  //! end with a joiner stranded can run on while it is true.
-  [[nodiscard]] bool changing() const noexcept { return impl_.changing(); }
-
-  //! The condition of the training loop, `while (g.keep_training(total_steps))`:
-  //! true while this member should run another step, that is while it is
-  //! `active()` and either fewer than `total_steps` steps are committed or a
-  //! membership change is unfinished (`changing()`: a joiner admitted near
-  //! the end is taken in rather than stranded, so the job may commit a few
-  //! steps more than `total_steps`). Every member gets the same answer after
-  //! `end_step`. The first time it returns false because the steps are done,
-  //! it calls `finish()`, so a worker started later under this job is refused
-  //! at once (job_finished); a member that left returns false without it.
-  //! Once false, it stays false. A loop that ends otherwise (on a loss
-  //! target, a time limit, a signal) calls `finish()` itself.
-  //! @throws std::invalid_argument when total_steps is negative; what `finish` throws.
-  [[nodiscard]] bool keep_training(std::int64_t total_steps) { return impl_.keep_training(total_steps); }
-
-  //! False once this member left the group (after `request_leave` took effect).
-  [[nodiscard]] bool active() const noexcept { return impl_.active_; }
-  //! This member's rank in the current generation.
-  [[nodiscard]] int rank() const noexcept { return impl_.rank_; }
-  //! Members in the current generation.
-  [[nodiscard]] int size() const noexcept { return impl_.size(); }
-  //! The current generation (grows by one with every membership change).
-  [[nodiscard]] std::int64_t generation() const noexcept { return impl_.gen_.generation; }
-  //! Steps committed so far; -1 on a joiner until its state arrived at the first `begin_step`.
-  [[nodiscard]] std::int64_t step() const noexcept { return impl_.step_; }
-  //! The epoch of the next step.
-  [[nodiscard]] std::int64_t epoch() const noexcept { return impl_.epoch_; }
-  //! Position in the epoch's sample order where the next step's global batch starts.
-  [[nodiscard]] std::size_t cursor() const noexcept { return impl_.cursor_; }
-  //! This worker's job-wide id (from the store; never reused).
-  [[nodiscard]] member_id id() const noexcept { return impl_.id_; }
-  //! The plan in force: every member's batch for a full global batch, rank
-  //! order. Valid until the next membership change or re-plan.
-  [[nodiscard]] std::span<const std::uint64_t> plan() const noexcept { return impl_.gen_.plan; }
-  //! Every membership change this member saw, oldest first.
-  [[nodiscard]] const std::vector<world_change>& history() const noexcept { return impl_.history_; }
-  //! The transport of the current generation (valid until the next change).
-  [[nodiscard]] transport_type& transport() { return *impl_.transport_; }
-  //! The communicator of the current generation (valid until the next change).
-  [[nodiscard]] communicator_type& communicator() { return *impl_.comm_; }
-
- private:
-  impl_type impl_;  // all state and the protocol: elastic/detail/group_impl.hpp
-};
-
-//! Deduces the store type from what `connect_store` returns, so that a
-//! lambda works as well as a `std::function`:
-//! `elastic::group g([] { return std::make_unique<store_client>(...); }, net, opts, launch);`
-template <class Connect, class Net, class... Policy>
-requires std::invocable<Connect&> && requires { typename std::invoke_result_t<Connect&>::element_type; }
-group(Connect, Net&, group_options, launch_info, Policy&&...)
-    ->group<typename std::invoke_result_t<Connect&>::element_type, Net>;
-
-//! Makes `sig` (e.g. SIGTERM) request a graceful leave of every group in this
-//! process at its next step boundary, instead of killing it.
-inline void leave_on_signal(int sig = SIGTERM) { std::signal(sig, detail::on_leave_signal); }
-
-}  // namespace elastic
-EBBFLOW_END_NAMESPACE
-
-// Separate compilation (config.hpp): the group over UCX and the TCP store or
-// any_store is instantiated once, in ebbflow::compiled; a translation unit
-// here only declares that instantiation. The member definitions stay visible, so a
-// group over another store or network instantiates as in header-only mode.
-#if !EBBFLOW_HEADER_ONLY && EBBFLOW_HAS_ASIO && EBBFLOW_HAS_UCX
-// #include <ebbflow/elastic/any_store.hpp>  (inlined)
-// #include <ebbflow/elastic/tcp_store.hpp>  (inlined)
+// #include <ebbflow/elastic/group.hpp>  (inlined)
 // #include <ebbflow/elastic/ucx_network.hpp>  (inlined)
 EBBFLOW_BEGIN_NAMESPACE
-extern template class elastic::detail::group_impl<elastic::store_client, elastic::ucx_network>;
 extern template class elastic::detail::group_impl<elastic::any_store, elastic::ucx_network>;
 EBBFLOW_END_NAMESPACE
 #endif
-// ==== end <ebbflow/elastic/group.hpp>
+#endif
+#endif  // EBBFLOW_HAS_ASIO
+// ==== end <ebbflow/elastic/any_store.hpp>
 
 // ==== begin <ebbflow/elastic/loopback_network.hpp> ========================
 // SPDX-License-Identifier: Apache-2.0

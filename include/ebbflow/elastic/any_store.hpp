@@ -189,4 +189,12 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 extern template class plan::work_stealer<elastic::any_store>;
 EBBFLOW_END_NAMESPACE
+// ...and the group over this store and UCX (elastic/group.hpp).
+#if EBBFLOW_HAS_UCX
+#include <ebbflow/elastic/group.hpp>
+#include <ebbflow/elastic/ucx_network.hpp>
+EBBFLOW_BEGIN_NAMESPACE
+extern template class elastic::detail::group_impl<elastic::any_store, elastic::ucx_network>;
+EBBFLOW_END_NAMESPACE
+#endif
 #endif

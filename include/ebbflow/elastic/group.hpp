@@ -265,16 +265,9 @@ inline void leave_on_signal(int sig = SIGTERM) { std::signal(sig, detail::on_lea
 }  // namespace elastic
 EBBFLOW_END_NAMESPACE
 
-// Separate compilation (config.hpp): the group over UCX and the TCP store or
-// any_store is instantiated once, in ebbflow::compiled; a translation unit
-// here only declares that instantiation. The member definitions stay visible, so a
-// group over another store or network instantiates as in header-only mode.
-#if !EBBFLOW_HEADER_ONLY && EBBFLOW_HAS_ASIO && EBBFLOW_HAS_UCX
-#include <ebbflow/elastic/any_store.hpp>
-#include <ebbflow/elastic/tcp_store.hpp>
-#include <ebbflow/elastic/ucx_network.hpp>
-EBBFLOW_BEGIN_NAMESPACE
-extern template class elastic::detail::group_impl<elastic::store_client, elastic::ucx_network>;
-extern template class elastic::detail::group_impl<elastic::any_store, elastic::ucx_network>;
-EBBFLOW_END_NAMESPACE
-#endif
+// Separate compilation (config.hpp): the group over UCX and store_client or
+// any_store is instantiated once, in ebbflow::compiled; tcp_store.hpp and
+// any_store.hpp declare that instantiation (extern template), so a
+// translation unit pays for no store it does not include. The member
+// definitions stay visible: a group over another store or network
+// instantiates as in header-only mode.

@@ -314,4 +314,12 @@ EBBFLOW_END_NAMESPACE
 EBBFLOW_BEGIN_NAMESPACE
 extern template class plan::work_stealer<elastic::store_client>;
 EBBFLOW_END_NAMESPACE
+// ...and the group over this store and UCX (elastic/group.hpp).
+#if EBBFLOW_HAS_UCX
+#include <ebbflow/elastic/group.hpp>
+#include <ebbflow/elastic/ucx_network.hpp>
+EBBFLOW_BEGIN_NAMESPACE
+extern template class elastic::detail::group_impl<elastic::store_client, elastic::ucx_network>;
+EBBFLOW_END_NAMESPACE
+#endif
 #endif
