@@ -46,6 +46,19 @@ for e in /* /.[!.]*; do
     esac
   fi
 done
+# The tree under test may live in /tmp or /run itself (a clone in a
+# temporary folder): its top folder there is bound in too.
+for p in "$@"; do
+  case $p in
+    /tmp/?* | /run/?*)
+      top=$(cut -d/ -f1-3 <<<"$p")
+      if [[ ! -e $root$top ]]; then
+        mkdir -p "$root$top"
+        mount --rbind "$top" "$root$top"
+      fi
+      ;;
+  esac
+done
 if findmnt --mountpoint "$root" >/dev/null 2>&1; then
   echo "setup: $root is a mount point"
   exit 3
