@@ -207,8 +207,8 @@ int load(const std::string& addr, int members, int first, double seconds, int hb
       "\"hb_max_ms\":%.3f,\"wait_n\":%zu,\"wait_late_p50_ms\":%.3f,\"wait_late_p99_ms\":%.3f,\"coord_n\":%zu,"
       "\"coord_p99_ms\":%.3f}\n",
       members, first, static_cast<double>(t1 - t0) / 1e9, errors.load(), hb_lat.size(), pct(hb_lat, 0.5),
-      pct(hb_lat, 0.99), pct(hb_lat, 1.0), wait_lat.size(), pct(wait_lat, 0.5), pct(wait_lat, 0.99),
-      coord_lat.size(), pct(coord_lat, 0.99));
+      pct(hb_lat, 0.99), pct(hb_lat, 1.0), wait_lat.size(), pct(wait_lat, 0.5), pct(wait_lat, 0.99), coord_lat.size(),
+      pct(coord_lat, 0.99));
   return 0;
 }
 

@@ -83,17 +83,18 @@ args parse(int argc, char** argv) {
   args a;
   cli::parser p("elastic_train", "usage: elastic_train [options]   (under ebbflow-run; see the file comment)\n");
   training_args::add(p, a);
-  p.value("--straggle", "ID:FROM:TO:FACTOR[:PERIOD]",
-          "ID:FROM:TO:FACTOR[:PERIOD] (FACTOR in [1, 1000], PERIOD >= TO - FROM)",
-          [&a](const std::string& t) {
-            straggle& g = a.straggler;
-            char tail = 0;
-            const int n = std::sscanf(t.c_str(), "%lld:%lld:%lld:%lf:%lld%c", &g.id, &g.from, &g.to, &g.factor,
-                                      &g.period, &tail);
-            return (n == 4 || n == 5) && g.id >= 0 && g.from >= 0 && g.to >= g.from && g.factor >= 1 &&
-                   g.factor <= 1000 && g.period >= 0 && (g.period == 0 || g.period >= g.to - g.from);
-          },
-          "worker ID FACTOR times slower in steps [FROM, TO) (and again every\nPERIOD steps)")
+  p.value(
+       "--straggle", "ID:FROM:TO:FACTOR[:PERIOD]",
+       "ID:FROM:TO:FACTOR[:PERIOD] (FACTOR in [1, 1000], PERIOD >= TO - FROM)",
+       [&a](const std::string& t) {
+         straggle& g = a.straggler;
+         char tail = 0;
+         const int n =
+             std::sscanf(t.c_str(), "%lld:%lld:%lld:%lf:%lld%c", &g.id, &g.from, &g.to, &g.factor, &g.period, &tail);
+         return (n == 4 || n == 5) && g.id >= 0 && g.from >= 0 && g.to >= g.from && g.factor >= 1 && g.factor <= 1000 &&
+                g.period >= 0 && (g.period == 0 || g.period >= g.to - g.from);
+       },
+       "worker ID FACTOR times slower in steps [FROM, TO) (and again every\nPERIOD steps)")
       .flag("--steal", a.steal, "in-step work stealing through the job's store")
       .flag("--joiners-start-only", a.joiners_start_only,
             "a newcomer (EBBFLOW_JOIN=1) starts as every worker does (data set,\nmodel) and exits where it would "
@@ -360,8 +361,8 @@ int main(int argc, char** argv) try {
   // A loop that ends before keep_training does marks the job finished itself.
   if (stopped_for_checkpoint) g.finish();
   if (g.active() && g.rank() == 0) {
-    std::printf("finished %lld steps in %.2f s: world size %d, test accuracy %.4f\n",
-                static_cast<long long>(g.step()), std::chrono::duration<double>(clk::now() - t0).count(), g.size(),
+    std::printf("finished %lld steps in %.2f s: world size %d, test accuracy %.4f\n", static_cast<long long>(g.step()),
+                std::chrono::duration<double>(clk::now() - t0).count(), g.size(),
                 mlp::accuracy(sh, params, test.x, test.y));
     write_params(a.params_out, params);
   }

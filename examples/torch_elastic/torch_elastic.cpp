@@ -14,7 +14,7 @@
 
 #include <ebbflow/elastic/group.hpp>           // elastic::group
 #include <ebbflow/elastic/planner_policy.hpp>  // the exact batch planner as the group's policy
-#include <ebbflow/elastic/any_store.hpp>           // the job's store, picked by EBBFLOW_STORE
+#include <ebbflow/elastic/any_store.hpp>       // the job's store, picked by EBBFLOW_STORE
 #include <ebbflow/elastic/ucx_network.hpp>     // collectives over UCX
 #include <ebbflow/plan/sampler.hpp>            // plan::epoch_permutation
 #include <ebbflow/prefetch/prefetcher.hpp>     // prefetch::prefetcher
@@ -81,17 +81,16 @@ args parse(int argc, char** argv) {
   training_args::add(p, a);
   std::string codec_list;
   for (const char* c : codecs) codec_list += (codec_list.empty() ? "" : "|") + std::string(c);
-  p.value("--codec", codec_list, "one of " + codec_list,
-          [&a](const std::string& v) {
-            a.codec = v;
-            return std::ranges::find(codecs, v) != std::end(codecs);
-          },
-          "how the gradient is summed (default dense: the exact allreduce)")
+  p.value(
+       "--codec", codec_list, "one of " + codec_list,
+       [&a](const std::string& v) {
+         a.codec = v;
+         return std::ranges::find(codecs, v) != std::end(codecs);
+       },
+       "how the gradient is summed (default dense: the exact allreduce)")
       .text("--report", "DIR", a.report_dir, "metrics, events, sample logs and results go there")
-      .number("--eval-every", "N", a.eval_every, 1, 1 << 30,
-              "test accuracy every N steps (default 10)")
-      .number("--log-every", "N", a.log_every, 0, 1 << 30,
-              "a progress line every N steps (default 0: none)")
+      .number("--eval-every", "N", a.eval_every, 1, 1 << 30, "test accuracy every N steps (default 10)")
+      .number("--log-every", "N", a.log_every, 0, 1 << 30, "a progress line every N steps (default 0: none)")
       .flag("--progress", a.progress, "a live progress line on the terminal");
   p.parse(argc, argv);
   return a;
@@ -343,7 +342,7 @@ int main(int argc, char** argv) try {
   g.register_state("params", std::as_writable_bytes(floats_of(h_params)));
   g.register_state("momentum", std::as_writable_bytes(floats_of(h_momentum)));
   gradient_sum sum_gradients(g, a.codec);  // ebbflow: dense allreduce, or --codec fp16|int8|topk
-  bool state_changed = true;                   // the state may have arrived from another member
+  bool state_changed = true;               // the state may have arrived from another member
   demo::report report(a.report_dir, a.progress, a.log_every, a.steps);
   g.on_world_changed([&](const el::world_change& w) {
     state_changed = true;

@@ -1701,8 +1701,8 @@ struct launch_info {
   //! etcd://h1:p1,h2:p2[/prefix] or etcds://... (elastic/any_store.hpp picks
   //! the backend from it); empty when only MASTER_ADDR/MASTER_PORT are set.
   std::string store_address;
-  std::string token;                     //!< job secret (EBBFLOW_TOKEN); never logged
-  std::string source = "default";        //!< which launcher's variables were used
+  std::string token;               //!< job secret (EBBFLOW_TOKEN); never logged
+  std::string source = "default";  //!< which launcher's variables were used
 
   //! Reads, in order of precedence: ebbflow-run's `EBBFLOW_RANK`,
   //! `EBBFLOW_WORLD_SIZE`, `EBBFLOW_LOCAL_RANK`, `EBBFLOW_STORE`,
@@ -3307,8 +3307,9 @@ const error_context& request<T>::context() const {
       // doubling), whose messages never match, so no size is ever compared;
       // or a peer saw a message of the wrong size first and gave up (the
       // ring: only the ranks whose chunks differ see one).
-      ctx_.detail += "; the peer is slow or stopped, or the ranks disagree on the size (a peer may have failed "
-                     "with bad message)";
+      ctx_.detail +=
+          "; the peer is slow or stopped, or the ranks disagree on the size (a peer may have failed "
+          "with bad message)";
     } else if (ec_ == errc::bad_message) {
       // why_: both sizes of the message that did not fit, or the peer's size.
       ctx_.detail += why_ + (why_.empty() ? "; " : ": ") + "the ranks disagree on the size";
@@ -5427,8 +5428,8 @@ class transport {
     std::atomic<bool> cancel_pending{false};
     steady_clock::time_point next_probe{};  // when a waiting or polling caller probes local peers next
     unsigned idle_tests = 0;                // tests that found their request pending
-    std::vector<std::uint8_t> abandoned;  // by peer: sends it will never answer
-    std::vector<std::uint8_t> undrained;  // by peer: an abandoned receive still written after 1 s
+    std::vector<std::uint8_t> abandoned;    // by peer: sends it will never answer
+    std::vector<std::uint8_t> undrained;    // by peer: an abandoned receive still written after 1 s
     std::vector<ucp_ep_h> eps;
     std::vector<endpoint_pool::ref> refs;  // this transport's holds on the worker's endpoints
     int reused = 0;                        // endpoints taken over from earlier transports
@@ -17558,7 +17559,7 @@ EBBFLOW_END_NAMESPACE
 // #include <ebbflow/elastic/detail/json.hpp>  (inlined)
 // #include <ebbflow/elastic/detail/store_protocol.hpp>  (inlined)  // quote_key
 // #include <ebbflow/elastic/detail/tls.hpp>  (inlined)
-// #include <ebbflow/elastic/kv_store.hpp>  (inlined)               // add_to_counter
+// #include <ebbflow/elastic/kv_store.hpp>  (inlined)  // add_to_counter
 // #include <ebbflow/elastic/store_options.hpp>  (inlined)
 
 #include <algorithm>
@@ -17695,17 +17696,18 @@ class etcd_client {
     return out;
   }
 
-  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
-                                 deadline d, std::error_code& ec) {
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired, deadline d,
+                                 std::error_code& ec) {
     const std::string k = full(key);
     // An empty `expected` matches an absent key, and a key holding "" (as
     // the embedded store): first the absence, then the empty value.
     for (int pass = 0; pass < (expected.empty() ? 2 : 1); ++pass) {
-      const std::string cmp =
-          pass == 0 && expected.empty()
-              ? "{\"key\":\"" + json::base64(k) + "\",\"target\":\"CREATE\",\"result\":\"EQUAL\",\"create_revision\":\"0\"}"
-              : "{\"key\":\"" + json::base64(k) + "\",\"target\":\"VALUE\",\"result\":\"EQUAL\",\"value\":\"" +
-                    json::base64(expected) + "\"}";
+      const std::string cmp = pass == 0 && expected.empty()
+                                  ? "{\"key\":\"" + json::base64(k) +
+                                        "\",\"target\":\"CREATE\",\"result\":\"EQUAL\",\"create_revision\":\"0\"}"
+                                  : "{\"key\":\"" + json::base64(k) +
+                                        "\",\"target\":\"VALUE\",\"result\":\"EQUAL\",\"value\":\"" +
+                                        json::base64(expected) + "\"}";
       const std::string body = "{\"compare\":[" + cmp + "],\"success\":[{\"request_put\":{\"key\":\"" +
                                json::base64(k) + "\",\"value\":\"" + json::base64(desired) +
                                "\"}}],\"failure\":[{\"request_range\":" + range_req(k) + "}]}";
@@ -17819,8 +17821,8 @@ class etcd_client {
   enum class retry { always, unapplied };
   struct watch_state {
     std::unique_ptr<http_connection> conn;
-    std::vector<std::string> keys;  // full keys, sorted, unique
-    std::set<std::string> present;  // those that exist now (read at R, then events after R)
+    std::vector<std::string> keys;   // full keys, sorted, unique
+    std::set<std::string> present;   // those that exist now (read at R, then events after R)
     std::int64_t read_revision = 0;  // R
   };
 
@@ -17878,8 +17880,8 @@ class etcd_client {
   // One gateway call with failover: true with `out` on success. `retried`,
   // when given, says whether the request was sent again after an attempt
   // whose outcome is unknown.
-  bool call(const char* path, const std::string& body, deadline d, retry policy, json::value& out,
-            std::error_code& ec, bool* retried = nullptr) {
+  bool call(const char* path, const std::string& body, deadline d, retry policy, json::value& out, std::error_code& ec,
+            bool* retried = nullptr) {
     ec.clear();
     last_detail.clear();
     auto backoff = std::chrono::milliseconds(5);
@@ -17953,7 +17955,7 @@ class etcd_client {
         }
       } else if (o == http_outcome::not_sent) {
         rotate();
-      } else {  // lost or timed out after sending
+      } else {                                                    // lost or timed out after sending
         if (o == http_outcome::timeout && d.expired()) continue;  // reported above
         unknown = true;
         if (policy == retry::unapplied)
@@ -18012,8 +18014,8 @@ class etcd_client {
         if (!compare.empty()) compare += ",";
         compare += "{\"key\":\"" + b64 + "\",\"target\":\"MOD\",\"result\":\"EQUAL\",\"mod_revision\":\"" +
                    std::to_string(rev) + "\"}";
-        success += "{\"request_put\":{\"key\":\"" + b64 + "\",\"value\":\"" + json::base64(std::to_string(*next)) +
-                   "\"}}";
+        success +=
+            "{\"request_put\":{\"key\":\"" + b64 + "\",\"value\":\"" + json::base64(std::to_string(*next)) + "\"}}";
       }
       json::value r;
       const std::string body =
@@ -20578,8 +20580,7 @@ class any_store {
  public:
   //! Wraps `s`, any model of `kv_store` (moved in). `name` is what `backend()` says.
   template <kv_store S>
-    requires(!std::is_same_v<std::remove_cvref_t<S>, any_store>)
-  explicit any_store(S s, std::string name = "custom");
+  requires(!std::is_same_v<std::remove_cvref_t<S>, any_store>) explicit any_store(S s, std::string name = "custom");
 
   //! The store at `address` (any form in the file comment): the embedded
   //! store's client with `token` and `timeout` as its default deadline, or

@@ -155,8 +155,8 @@ struct launch_info {
   //! etcd://h1:p1,h2:p2[/prefix] or etcds://... (elastic/any_store.hpp picks
   //! the backend from it); empty when only MASTER_ADDR/MASTER_PORT are set.
   std::string store_address;
-  std::string token;                     //!< job secret (EBBFLOW_TOKEN); never logged
-  std::string source = "default";        //!< which launcher's variables were used
+  std::string token;               //!< job secret (EBBFLOW_TOKEN); never logged
+  std::string source = "default";  //!< which launcher's variables were used
 
   //! Reads, in order of precedence: ebbflow-run's `EBBFLOW_RANK`,
   //! `EBBFLOW_WORLD_SIZE`, `EBBFLOW_LOCAL_RANK`, `EBBFLOW_STORE`,

@@ -79,8 +79,7 @@ class any_store {
  public:
   //! Wraps `s`, any model of `kv_store` (moved in). `name` is what `backend()` says.
   template <kv_store S>
-    requires(!std::is_same_v<std::remove_cvref_t<S>, any_store>)
-  explicit any_store(S s, std::string name = "custom");
+  requires(!std::is_same_v<std::remove_cvref_t<S>, any_store>) explicit any_store(S s, std::string name = "custom");
 
   //! The store at `address` (any form in the file comment): the embedded
   //! store's client with `token` and `timeout` as its default deadline, or

@@ -212,8 +212,9 @@ const error_context& request<T>::context() const {
       // doubling), whose messages never match, so no size is ever compared;
       // or a peer saw a message of the wrong size first and gave up (the
       // ring: only the ranks whose chunks differ see one).
-      ctx_.detail += "; the peer is slow or stopped, or the ranks disagree on the size (a peer may have failed "
-                     "with bad message)";
+      ctx_.detail +=
+          "; the peer is slow or stopped, or the ranks disagree on the size (a peer may have failed "
+          "with bad message)";
     } else if (ec_ == errc::bad_message) {
       // why_: both sizes of the message that did not fit, or the peer's size.
       ctx_.detail += why_ + (why_.empty() ? "; " : ": ") + "the ranks disagree on the size";

@@ -332,8 +332,8 @@ class transport {
     std::atomic<bool> cancel_pending{false};
     steady_clock::time_point next_probe{};  // when a waiting or polling caller probes local peers next
     unsigned idle_tests = 0;                // tests that found their request pending
-    std::vector<std::uint8_t> abandoned;  // by peer: sends it will never answer
-    std::vector<std::uint8_t> undrained;  // by peer: an abandoned receive still written after 1 s
+    std::vector<std::uint8_t> abandoned;    // by peer: sends it will never answer
+    std::vector<std::uint8_t> undrained;    // by peer: an abandoned receive still written after 1 s
     std::vector<ucp_ep_h> eps;
     std::vector<endpoint_pool::ref> refs;  // this transport's holds on the worker's endpoints
     int reused = 0;                        // endpoints taken over from earlier transports

@@ -14,7 +14,7 @@
 #include <ebbflow/elastic/detail/json.hpp>
 #include <ebbflow/elastic/detail/store_protocol.hpp>  // quote_key
 #include <ebbflow/elastic/detail/tls.hpp>
-#include <ebbflow/elastic/kv_store.hpp>               // add_to_counter
+#include <ebbflow/elastic/kv_store.hpp>  // add_to_counter
 #include <ebbflow/elastic/store_options.hpp>
 
 #include <algorithm>
@@ -151,17 +151,18 @@ class etcd_client {
     return out;
   }
 
-  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired,
-                                 deadline d, std::error_code& ec) {
+  compare_set_result compare_set(std::string_view key, std::string_view expected, std::string_view desired, deadline d,
+                                 std::error_code& ec) {
     const std::string k = full(key);
     // An empty `expected` matches an absent key, and a key holding "" (as
     // the embedded store): first the absence, then the empty value.
     for (int pass = 0; pass < (expected.empty() ? 2 : 1); ++pass) {
-      const std::string cmp =
-          pass == 0 && expected.empty()
-              ? "{\"key\":\"" + json::base64(k) + "\",\"target\":\"CREATE\",\"result\":\"EQUAL\",\"create_revision\":\"0\"}"
-              : "{\"key\":\"" + json::base64(k) + "\",\"target\":\"VALUE\",\"result\":\"EQUAL\",\"value\":\"" +
-                    json::base64(expected) + "\"}";
+      const std::string cmp = pass == 0 && expected.empty()
+                                  ? "{\"key\":\"" + json::base64(k) +
+                                        "\",\"target\":\"CREATE\",\"result\":\"EQUAL\",\"create_revision\":\"0\"}"
+                                  : "{\"key\":\"" + json::base64(k) +
+                                        "\",\"target\":\"VALUE\",\"result\":\"EQUAL\",\"value\":\"" +
+                                        json::base64(expected) + "\"}";
       const std::string body = "{\"compare\":[" + cmp + "],\"success\":[{\"request_put\":{\"key\":\"" +
                                json::base64(k) + "\",\"value\":\"" + json::base64(desired) +
                                "\"}}],\"failure\":[{\"request_range\":" + range_req(k) + "}]}";
@@ -275,8 +276,8 @@ class etcd_client {
   enum class retry { always, unapplied };
   struct watch_state {
     std::unique_ptr<http_connection> conn;
-    std::vector<std::string> keys;  // full keys, sorted, unique
-    std::set<std::string> present;  // those that exist now (read at R, then events after R)
+    std::vector<std::string> keys;   // full keys, sorted, unique
+    std::set<std::string> present;   // those that exist now (read at R, then events after R)
     std::int64_t read_revision = 0;  // R
   };
 
@@ -334,8 +335,8 @@ class etcd_client {
   // One gateway call with failover: true with `out` on success. `retried`,
   // when given, says whether the request was sent again after an attempt
   // whose outcome is unknown.
-  bool call(const char* path, const std::string& body, deadline d, retry policy, json::value& out,
-            std::error_code& ec, bool* retried = nullptr) {
+  bool call(const char* path, const std::string& body, deadline d, retry policy, json::value& out, std::error_code& ec,
+            bool* retried = nullptr) {
     ec.clear();
     last_detail.clear();
     auto backoff = std::chrono::milliseconds(5);
@@ -409,7 +410,7 @@ class etcd_client {
         }
       } else if (o == http_outcome::not_sent) {
         rotate();
-      } else {  // lost or timed out after sending
+      } else {                                                    // lost or timed out after sending
         if (o == http_outcome::timeout && d.expired()) continue;  // reported above
         unknown = true;
         if (policy == retry::unapplied)
@@ -468,8 +469,8 @@ class etcd_client {
         if (!compare.empty()) compare += ",";
         compare += "{\"key\":\"" + b64 + "\",\"target\":\"MOD\",\"result\":\"EQUAL\",\"mod_revision\":\"" +
                    std::to_string(rev) + "\"}";
-        success += "{\"request_put\":{\"key\":\"" + b64 + "\",\"value\":\"" + json::base64(std::to_string(*next)) +
-                   "\"}}";
+        success +=
+            "{\"request_put\":{\"key\":\"" + b64 + "\",\"value\":\"" + json::base64(std::to_string(*next)) + "\"}}";
       }
       json::value r;
       const std::string body =
